@@ -1,0 +1,90 @@
+"""msgpack codec: Envelope <-> bytes, with the frame size cap and header checks.
+
+Decoding never raises anything but a BadRequest subclass, so the gateway can answer any bad
+frame with a typed error and carry on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from messages.envelope import PROTOCOL_VERSION, Envelope
+from messages.errors import FrameTooLarge, MalformedFrame, UnsupportedProtocol
+
+MAX_FRAME_BYTES = 1 << 20
+
+_HEADER_STR = ("type", "id", "sender", "target")
+
+
+def encode(env: Envelope) -> bytes:
+    frame: bytes = msgpack.packb(
+        {
+            "v": env.v,
+            "id": env.id,
+            "corr": env.corr,
+            "sender": env.sender,
+            "target": env.target,
+            "type": env.type,
+            "body": env.body,
+        },
+        use_bin_type=True,
+    )
+    return frame
+
+
+def peek_id(frame: bytes) -> str | None:
+    """Best effort: the message id of a frame that failed later checks, to correlate the error."""
+    try:
+        raw = msgpack.unpackb(frame, raw=False, max_bin_len=0, max_ext_len=0)
+    except Exception:
+        return None
+    if isinstance(raw, dict):
+        mid = raw.get("id")
+        if isinstance(mid, str) and 0 < len(mid) <= 64:
+            return mid
+    return None
+
+
+def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
+    if len(frame) > max_bytes:
+        raise FrameTooLarge(
+            f"frame of {len(frame)} bytes exceeds the {max_bytes}-byte limit",
+            size=len(frame),
+            limit=max_bytes,
+        )
+    try:
+        raw: Any = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise MalformedFrame(f"frame is not valid msgpack: {exc}", reason="msgpack") from None
+    if not isinstance(raw, dict):
+        raise MalformedFrame("frame is not a msgpack map", reason="not_a_map")
+    version = raw.get("v")
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedProtocol(
+            f"protocol version {version!r} is not supported (this node speaks {PROTOCOL_VERSION})",
+            got=version if isinstance(version, int | str) else None,
+            supported=PROTOCOL_VERSION,
+        )
+    for key in _HEADER_STR:
+        value = raw.get(key, "")
+        if not isinstance(value, str) or len(value) > 256:
+            raise MalformedFrame(f"envelope field {key!r} must be a short string", reason=key)
+    if not raw.get("type") or not raw.get("id"):
+        raise MalformedFrame("envelope needs a non-empty 'type' and 'id'", reason="header")
+    corr = raw.get("corr")
+    if corr is not None and not isinstance(corr, str):
+        raise MalformedFrame("envelope field 'corr' must be a string or nil", reason="corr")
+    body = raw.get("body", {})
+    if not isinstance(body, dict):
+        raise MalformedFrame("envelope field 'body' must be a map", reason="body")
+    return Envelope(
+        type=raw["type"],
+        body=body,
+        target=raw.get("target", ""),
+        id=raw["id"],
+        corr=corr,
+        sender=raw.get("sender", ""),
+        v=version,
+    )

@@ -1,0 +1,40 @@
+"""The envelope: the one frame shape every message travels in.
+
+Owns the header fields (protocol version, message id, correlation id, sender, target, type) and
+nothing about bodies. Header checks are hand-written because they run on every frame; body
+validation is pydantic's job (messages.protocol).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+#: Reply types. Every other type names a request body in messages.protocol.
+REPLY = "reply"
+ERROR = "error"
+
+
+def new_message_id() -> str:
+    """A short random id; 96 bits is plenty for correlation within one client."""
+    return os.urandom(12).hex()
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message: header plus an untyped body (validated separately, once)."""
+
+    type: str
+    body: dict[str, Any]
+    target: str = ""
+    id: str = field(default_factory=new_message_id)
+    corr: str | None = None
+    sender: str = ""
+    v: int = PROTOCOL_VERSION
+
+    def reply(self, type_: str, body: dict[str, Any], sender: str = "") -> Envelope:
+        """The envelope answering this one (correlated by id)."""
+        return Envelope(type=type_, body=body, target=self.sender, corr=self.id, sender=sender)

@@ -1,0 +1,75 @@
+"""Protocol of the node itself (answered by the gateway) and of fault injection.
+
+Fault-injection requests (`debug.*`) reach an owner actor only when the node was started with
+faults enabled (tests); otherwise they are refused with BadRequest and change nothing.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from messages.base import Ack, Message, Request, ResultType
+
+NODE = "node"
+
+
+class Pong(Message):
+    node_id: str
+    version: str
+    pid: int
+    uptime_s: float
+
+
+class Ping(Request):
+    type: Literal["node.ping"] = "node.ping"
+    target: ClassVar[str] = NODE
+    Result: ClassVar[ResultType] = Pong
+
+
+class ActorStatus(Message):
+    name: str
+    mailbox: int
+    mailbox_limit: int
+    restarts: int
+
+
+class NodeStatusResult(Message):
+    node_id: str
+    version: str
+    pid: int
+    uptime_s: float
+    state_dir: str
+    endpoints: list[str]
+    actors: list[ActorStatus]
+
+
+class NodeStatus(Request):
+    type: Literal["node.status"] = "node.status"
+    target: ClassVar[str] = NODE
+    Result: ClassVar[ResultType] = NodeStatusResult
+
+
+class Shutdown(Request):
+    """Ask the node to stop after replying. Runs are left to the supervisor's stop rules."""
+
+    type: Literal["node.shutdown"] = "node.shutdown"
+    target: ClassVar[str] = NODE
+    Result: ClassVar[ResultType] = Ack
+
+
+class DebugRaise(Request):
+    """Make the target actor raise an unexpected exception (tests supervision)."""
+
+    type: Literal["debug.raise"] = "debug.raise"
+
+
+class DebugSleep(Request):
+    """Keep the target actor busy for `ms` (tests backpressure)."""
+
+    type: Literal["debug.sleep"] = "debug.sleep"
+    ms: int = Field(ge=0, le=10_000)
+
+
+REQUESTS = (Ping, NodeStatus, Shutdown, DebugRaise, DebugSleep)

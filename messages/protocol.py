@@ -1,0 +1,56 @@
+"""The request union: every request body model, keyed by `type`, validated once at the boundary.
+
+The TypeAdapter is built once at import. Each actor protocol lives in its own module and lists
+its request classes in `REQUESTS`; adding a protocol means adding it to `_PROTOCOLS` below.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from messages import node
+from messages.base import Message, Request
+from messages.errors import BadRequest, UnknownMessageType
+
+_PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (node.REQUESTS,)
+
+REQUEST_CLASSES: tuple[type[Request], ...] = tuple(c for p in _PROTOCOLS for c in p)
+REQUEST_TYPES: frozenset[str] = frozenset(
+    str(c.model_fields["type"].default) for c in REQUEST_CLASSES
+)
+
+_ADAPTER: TypeAdapter[Request] = TypeAdapter(
+    Annotated[Union[REQUEST_CLASSES], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
+)
+
+
+def parse_request(type_: str, body: dict[str, Any]) -> Request:
+    """Validate an inbound body into its request model, or raise a typed BadRequest."""
+    if type_ not in REQUEST_TYPES:
+        raise UnknownMessageType(f"unknown message type {type_!r}", type=type_)
+    try:
+        return _ADAPTER.validate_python({**body, "type": type_})
+    except ValidationError as exc:
+        errors = [
+            {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
+            for e in exc.errors(include_url=False, include_context=False, include_input=False)
+        ]
+        first = errors[0] if errors else {"loc": "", "msg": "invalid"}
+        raise BadRequest(
+            f"invalid {type_} request: {first['loc']}: {first['msg']}",
+            reason="schema",
+            errors=errors,
+        ) from None
+
+
+def parse_result(request: Request, body: dict[str, Any]) -> Message:
+    """Validate a reply body into the result model the request declares."""
+    try:
+        return request.Result.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid reply to {request.type}: {exc}", reason="reply") from None
+
+
+__all__ = ["REQUEST_CLASSES", "REQUEST_TYPES", "Message", "Request", "parse_request"]

@@ -1,0 +1,103 @@
+"""Detached nodes: start one in the background and wait for it to be ready; stop one cleanly.
+
+Owns the start handshake (a pipe the detached node writes one line to once it is serving, so
+the parent waits on an event, not on a polling loop) and the stop sequence (ask the node to
+shut down, then wait for its process to exit).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from messages.errors import NodeError, NodeNotRunning, NodeTimeout
+from runtime.client import Client
+from runtime.node import read_pid_file
+from runtime.paths import LOG_NAME, ensure_state_dir
+from runtime.transport import ZmqTransport
+
+
+def start_detached(state_dir: Path, extra_args: list[str], timeout_s: float = 20.0) -> dict[str, object]:
+    """Start `subagents-node start` in its own session; return its pid record once serving."""
+    ensure_state_dir(state_dir)
+    read_fd, write_fd = os.pipe()
+    log_path = state_dir / LOG_NAME
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.cli",
+        "--state-dir",
+        str(state_dir),
+        "start",
+        "--ready-fd",
+        str(write_fd),
+        *extra_args,
+    ]
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], timeout_s)
+        line = os.read(read_fd, 4096).decode(errors="replace").strip() if ready else ""
+    finally:
+        os.close(read_fd)
+    if line == "ready":
+        record = read_pid_file(state_dir)
+        if record is not None:
+            return record
+    if proc.poll() is None and not line:
+        proc.kill()
+        raise NodeTimeout(
+            f"the detached node did not become ready within {timeout_s:g}s; see {log_path}",
+            address=str(state_dir),
+        )
+    raise NodeError(
+        f"the detached node failed to start: {line or 'exited'}; see {log_path}",
+        address=str(state_dir),
+    )
+
+
+def signal_ready(ready_fd: int | None, message: str) -> None:
+    if ready_fd is None:
+        return
+    try:
+        os.write(ready_fd, (message + "\n").encode())
+    finally:
+        os.close(ready_fd)
+
+
+def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
+    """Ask the node serving `state_dir` to shut down and wait for its process to exit."""
+    record = read_pid_file(state_dir)
+    if record is None:
+        raise NodeNotRunning(f"no node is running for {state_dir}", address=str(state_dir))
+    pid = int(str(record["pid"]))
+    client = Client(ZmqTransport(str(record["address"])), timeout=5.0)
+    try:
+        client.shutdown()
+    except NodeError:
+        pass  # fall back to a signal below
+    finally:
+        client.close()
+    try:
+        proc = psutil.Process(pid)
+        try:
+            proc.wait(timeout_s)
+        except psutil.TimeoutExpired:
+            proc.terminate()
+            proc.wait(5)
+    except psutil.NoSuchProcess:
+        pass
+    return pid

@@ -1,0 +1,54 @@
+"""Dispatcher: routes a validated request to the actor that owns its state.
+
+Owns the name -> actor table and the mailbox bound. A request for a saturated actor is refused
+with `Busy` at once: nothing is queued, so memory stays bounded under any flood. Requests for
+the node itself are answered by the node service in the caller's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pykka
+
+from actors.base import Job, Outcome, ReplyFn
+from messages.base import Request
+from messages.errors import BadRequest, Busy, UnknownTarget
+from messages.node import NODE
+
+
+class Dispatcher:
+    def __init__(self, node_service: Callable[[Request], Outcome], mailbox_limit: int) -> None:
+        self._node_service = node_service
+        self.mailbox_limit = mailbox_limit
+        self._actors: dict[str, pykka.ActorRef[pykka.ThreadingActor]] = {}
+
+    def register(self, name: str, ref: pykka.ActorRef[pykka.ThreadingActor]) -> None:
+        self._actors[name] = ref
+
+    def actors(self) -> dict[str, pykka.ActorRef[pykka.ThreadingActor]]:
+        return dict(self._actors)
+
+    def dispatch(self, request: Request, target: str, reply: ReplyFn) -> None:
+        """Queue `request` for its owner, or raise a typed error (nothing queued)."""
+        owner = request.target or target
+        if request.target and target and target != request.target:
+            raise BadRequest(
+                f"{request.type} is served by {request.target!r}, not {target!r}",
+                reason="wrong_target",
+            )
+        if owner == NODE:
+            reply(self._node_service(request))
+            return
+        ref = self._actors.get(owner)
+        if ref is None:
+            raise UnknownTarget(f"no actor named {owner!r} on this node", target=owner)
+        depth = ref.actor_inbox.qsize()
+        if depth >= self.mailbox_limit:
+            raise Busy(
+                f"{owner} is saturated ({depth} messages waiting); retry later",
+                target=owner,
+                mailbox=depth,
+                limit=self.mailbox_limit,
+            )
+        ref.tell(Job(request, reply))

@@ -1,0 +1,211 @@
+"""The transport seam: send a request, get its result or its typed error. Two implementations.
+
+- `InProcessTransport` hands the request model to the node's Dispatcher in the same process:
+  no encoding, used by the embedded node and the fast unit tests.
+- `ZmqTransport` speaks msgpack envelopes over a DEALER socket to a node's ROUTER. Each calling
+  thread gets its own DEALER (sockets are not thread-safe), so many threads can call at once
+  with no extra hop; a thread may have many requests outstanding (`submit`). Replies are matched
+  by correlation id and stale replies (for requests that timed out) are dropped. ZeroMQ
+  reconnects by itself after a node restart; a request in flight across the restart times out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Protocol
+
+import zmq
+
+from messages.base import Message, Request
+from messages.codec import decode, encode
+from messages.envelope import ERROR, Envelope
+from messages.errors import BadAddress, NodeNotRunning, NodeTimeout, SubagentsError
+from messages.protocol import parse_result
+from runtime.dispatch import Dispatcher
+from runtime.paths import check_endpoint, ipc_path
+
+#: Replies may be larger than requests (status listings); the node caps what it sends.
+_MAX_REPLY = 64 << 20
+
+
+class Transport(Protocol):
+    address: str
+
+    def call(self, request: Request, timeout: float) -> Message: ...
+
+    def close(self) -> None: ...
+
+
+def _raise_or_return(outcome: Message | SubagentsError) -> Message:
+    if isinstance(outcome, SubagentsError):
+        raise outcome
+    return outcome
+
+
+class _Box:
+    __slots__ = ("_event", "value")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.value: Message | SubagentsError | None = None
+
+    def set(self, value: Message | SubagentsError) -> None:
+        self.value = value
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+class InProcessTransport:
+    def __init__(self, dispatcher: Dispatcher, address: str) -> None:
+        self._dispatcher = dispatcher
+        self.address = address
+
+    def call(self, request: Request, timeout: float) -> Message:
+        box = _Box()
+        self._dispatcher.dispatch(request, request.target, box.set)
+        if not box.wait(timeout):
+            raise NodeTimeout(
+                f"no reply to {request.type} within {timeout:g}s",
+                address=self.address,
+                timeout_s=timeout,
+            )
+        assert box.value is not None
+        return _raise_or_return(box.value)
+
+    def close(self) -> None:
+        pass
+
+
+class PendingReply:
+    """A request on the wire. Resolve it with `result()` on the thread that submitted it."""
+
+    def __init__(self, channel: _Channel, request: Request, env: Envelope) -> None:
+        self._channel = channel
+        self.request = request
+        self.id = env.id
+
+    def result(self, timeout: float) -> Message:
+        if threading.get_ident() != self._channel.thread_id:
+            raise RuntimeError("a PendingReply must be resolved on the thread that submitted it")
+        reply = self._channel.wait(self.id, time.monotonic() + timeout, self.request)
+        if reply.type == ERROR:
+            raise SubagentsError.from_wire(reply.body)
+        return parse_result(self.request, reply.body)
+
+
+class _Channel:
+    """One thread's DEALER socket and the replies that arrived for it."""
+
+    def __init__(self, sock: zmq.Socket[bytes], address: str) -> None:
+        self.sock = sock
+        self.address = address
+        self.thread_id = threading.get_ident()
+        self.waiting: set[str] = set()
+        self.arrived: dict[str, Envelope] = {}
+
+    def send(self, env: Envelope) -> None:
+        self.waiting.add(env.id)
+        self.sock.send(encode(env))
+
+    def wait(self, corr: str, deadline: float, request: Request) -> Envelope:
+        try:
+            while corr not in self.arrived:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.sock.poll(max(1, int(remaining * 1000))):
+                    if corr in self.arrived:
+                        break
+                    raise NodeTimeout(
+                        f"the node at {self.address} did not answer {request.type} in time "
+                        f"(is it running?)",
+                        address=self.address,
+                    )
+                self._receive_ready()
+            return self.arrived.pop(corr)
+        finally:
+            self.waiting.discard(corr)
+
+    def _receive_ready(self) -> None:
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                env = decode(frame, _MAX_REPLY)
+            except SubagentsError:
+                continue  # a garbled reply cannot be matched to anything
+            if env.corr is not None and env.corr in self.waiting:
+                self.arrived[env.corr] = env
+
+
+class ZmqTransport:
+    def __init__(
+        self,
+        address: str,
+        zctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        sender: str = "",
+    ) -> None:
+        self.address = check_endpoint(address)
+        self._own_context = zctx is None
+        self._zctx: zmq.Context[zmq.Socket[bytes]] = zctx or zmq.Context()
+        self._sender = sender or f"client-{os.getpid()}"
+        self._local = threading.local()
+        self._channels: list[_Channel] = []
+        self._lock = threading.Lock()  # guards _channels, appended from several threads
+        self._closed = False
+
+    def _channel(self) -> _Channel:
+        channel: _Channel | None = getattr(self._local, "channel", None)
+        if channel is None:
+            if self._closed:
+                raise NodeNotRunning("this client is closed", address=self.address)
+            sock = self._zctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 10_000)
+            sock.setsockopt(zmq.SNDHWM, 10_000)
+            sock.setsockopt(zmq.RECONNECT_IVL, 50)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            try:
+                sock.connect(self.address)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise BadAddress(f"cannot connect to {self.address}: {exc}", address=self.address)
+            channel = _Channel(sock, self.address)
+            self._local.channel = channel
+            with self._lock:
+                self._channels.append(channel)
+        return channel
+
+    def _check_reachable(self) -> None:
+        path = ipc_path(self.address)
+        if path is not None and not path.exists():
+            raise NodeNotRunning(
+                f"no node is running at {self.address} (socket {path} does not exist); "
+                "start one with `subagents-node start`",
+                address=self.address,
+            )
+
+    def submit(self, request: Request) -> PendingReply:
+        self._check_reachable()
+        channel = self._channel()
+        env = Envelope(
+            type=request.type, body=request.to_body(), target=request.target, sender=self._sender
+        )
+        channel.send(env)
+        return PendingReply(channel, request, env)
+
+    def call(self, request: Request, timeout: float) -> Message:
+        return self.submit(request).result(timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = self._channels, []
+        for channel in channels:
+            channel.sock.close(linger=0)
+        if self._own_context:
+            self._zctx.term()
