@@ -198,7 +198,9 @@ class OwnerActor(pykka.ThreadingActor):
             try:
                 self._db.commit()
             except sqlite3.Error as exc:
-                log.exception("%s: commit failed; %d replies turn into errors", self.name, len(pending))
+                log.exception(
+                    "%s: commit failed; %d replies turn into errors", self.name, len(pending)
+                )
                 self._db.rollback()
                 pending = [
                     (reply, Internal(f"{self.name} could not commit: {exc}", actor=self.name))

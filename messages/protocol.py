@@ -10,11 +10,16 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from messages import node
+from messages import capacity, fanout, node, session
 from messages.base import Message, Request
 from messages.errors import BadRequest, UnknownMessageType
 
-_PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (node.REQUESTS,)
+_PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
+    node.REQUESTS,
+    capacity.REQUESTS,
+    fanout.REQUESTS,
+    session.REQUESTS,
+)
 
 REQUEST_CLASSES: tuple[type[Request], ...] = tuple(c for p in _PROTOCOLS for c in p)
 REQUEST_TYPES: frozenset[str] = frozenset(
@@ -22,7 +27,7 @@ REQUEST_TYPES: frozenset[str] = frozenset(
 )
 
 _ADAPTER: TypeAdapter[Request] = TypeAdapter(
-    Annotated[Union[REQUEST_CLASSES], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
+    Annotated[Union[REQUEST_CLASSES], Field(discriminator="type")]  # type: ignore[arg-type]  # noqa: UP007
 )
 
 

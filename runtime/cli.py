@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import sys
 from collections.abc import Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import click
@@ -34,7 +31,9 @@ EXIT_CODES: dict[type[SubagentsError], int] = {NodeNotRunning: 3, NodeTimeout: 4
 class CliError(click.ClickException):
     def __init__(self, err: SubagentsError) -> None:
         super().__init__(err.message)
-        self.exit_code = next((c for k, c in EXIT_CODES.items() if isinstance(err, k)), 1)
+        self.exit_code = next(  # type: ignore[misc]
+            (c for k, c in EXIT_CODES.items() if isinstance(err, k)), 1
+        )
         self.error = err
 
     def show(self, file: Any = None) -> None:
@@ -200,4 +199,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

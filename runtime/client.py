@@ -13,6 +13,9 @@ from typing import TypeVar
 from messages.base import Message, Request
 from messages.errors import BadRequest
 from messages.node import NodeStatus, NodeStatusResult, Ping, Pong, Shutdown
+from runtime.api_capacity import CapacityAPI
+from runtime.api_fanout import FanoutAPI
+from runtime.api_session import SessionAPI
 from runtime.paths import ENV_NODE, ipc_endpoint, resolve_state_dir
 from runtime.transport import Transport, ZmqTransport
 
@@ -25,6 +28,9 @@ class Client:
     def __init__(self, transport: Transport, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.transport = transport
         self.timeout = timeout
+        self.capacity = CapacityAPI(self)
+        self.fanout = FanoutAPI(self)
+        self.session = SessionAPI(self)
 
     @property
     def address(self) -> str:

@@ -22,7 +22,9 @@ from runtime.paths import LOG_NAME, ensure_state_dir
 from runtime.transport import ZmqTransport
 
 
-def start_detached(state_dir: Path, extra_args: list[str], timeout_s: float = 20.0) -> dict[str, object]:
+def start_detached(
+    state_dir: Path, extra_args: list[str], timeout_s: float = 20.0
+) -> dict[str, object]:
     """Start `subagents-node start` in its own session; return its pid record once serving."""
     ensure_state_dir(state_dir)
     read_fd, write_fd = os.pipe()

@@ -7,7 +7,9 @@ the node itself are answered by the node service in the caller's thread.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
+from typing import Any
 
 import pykka
 
@@ -17,16 +19,22 @@ from messages.errors import BadRequest, Busy, UnknownTarget
 from messages.node import NODE
 
 
+def mailbox_depth(ref: pykka.ActorRef[Any]) -> int:
+    """Messages waiting for the actor (ThreadingActor inboxes are queue.Queue)."""
+    inbox = ref.actor_inbox
+    return inbox.qsize() if isinstance(inbox, queue.Queue) else 0
+
+
 class Dispatcher:
     def __init__(self, node_service: Callable[[Request], Outcome], mailbox_limit: int) -> None:
         self._node_service = node_service
         self.mailbox_limit = mailbox_limit
-        self._actors: dict[str, pykka.ActorRef[pykka.ThreadingActor]] = {}
+        self._actors: dict[str, pykka.ActorRef[Any]] = {}
 
-    def register(self, name: str, ref: pykka.ActorRef[pykka.ThreadingActor]) -> None:
+    def register(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         self._actors[name] = ref
 
-    def actors(self) -> dict[str, pykka.ActorRef[pykka.ThreadingActor]]:
+    def actors(self) -> dict[str, pykka.ActorRef[Any]]:
         return dict(self._actors)
 
     def dispatch(self, request: Request, target: str, reply: ReplyFn) -> None:
@@ -43,7 +51,7 @@ class Dispatcher:
         ref = self._actors.get(owner)
         if ref is None:
             raise UnknownTarget(f"no actor named {owner!r} on this node", target=owner)
-        depth = ref.actor_inbox.qsize()
+        depth = mailbox_depth(ref)
         if depth >= self.mailbox_limit:
             raise Busy(
                 f"{owner} is saturated ({depth} messages waiting); retry later",

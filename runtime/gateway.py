@@ -10,6 +10,7 @@ I/O thread is woken through a pipe it polls beside the sockets.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -87,10 +88,9 @@ class Gateway:
         return reply
 
     def _wake(self) -> None:
-        try:
+        # A full pipe means a wake-up is already pending.
+        with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"\x01")
-        except BlockingIOError:
-            pass  # the pipe is full, so a wake-up is already pending
 
     # -- the I/O thread -----------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ class Gateway:
         try:
             for endpoint in self.endpoints:
                 sock.bind(endpoint)
-                self.bound.append(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+                self.bound.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
         except zmq.ZMQError:
             sock.close(linger=0)
             raise

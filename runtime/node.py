@@ -25,14 +25,14 @@ import psutil
 import pykka
 import zmq
 
-from actors.base import ActorContext, OwnerActor, Outcome
+from actors.base import ActorContext, Outcome, OwnerActor
 from messages.base import Ack, Request
 from messages.codec import MAX_FRAME_BYTES
 from messages.errors import BadAddress, BadRequest, NodeError
 from messages.node import ActorStatus, NodeStatus, NodeStatusResult, Ping, Pong, Shutdown
 from runtime import owners
 from runtime.client import Client
-from runtime.dispatch import Dispatcher
+from runtime.dispatch import Dispatcher, mailbox_depth
 from runtime.gateway import Gateway
 from runtime.paths import (
     DB_NAME,
@@ -122,7 +122,9 @@ class Node:
             self._gateway.start()
         except zmq.ZMQError as exc:
             self.stop()
-            raise BadAddress(f"cannot listen on {endpoints}: {exc}", address=",".join(endpoints))
+            raise BadAddress(
+                f"cannot listen on {endpoints}: {exc}", address=",".join(endpoints)
+            ) from None
         self.started_at = time.time()
         self._write_pid_file()
         log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
@@ -245,7 +247,7 @@ class Node:
             restarts = int(ref.proxy().restarts.get(timeout=1))
         return ActorStatus(
             name=name,
-            mailbox=ref.actor_inbox.qsize(),
+            mailbox=mailbox_depth(ref),
             mailbox_limit=self.dispatcher.mailbox_limit,
             restarts=restarts,
         )

@@ -3,5 +3,8 @@
 from __future__ import annotations
 
 from actors.base import OwnerActor
+from actors.fanout import FanoutBudget
+from actors.ledger import CapacityLedger
+from actors.session import SessionActor
 
-OWNERS: tuple[type[OwnerActor], ...] = ()
+OWNERS: tuple[type[OwnerActor], ...] = (CapacityLedger, FanoutBudget, SessionActor)

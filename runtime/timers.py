@@ -47,9 +47,7 @@ class Timers:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopped and (
-                    not self._heap or self._heap[0][0] > time.monotonic()
-                ):
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
                     timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._cond.wait(timeout)
                 if self._stopped:

@@ -173,7 +173,9 @@ class ZmqTransport:
                 sock.connect(self.address)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
-                raise BadAddress(f"cannot connect to {self.address}: {exc}", address=self.address)
+                raise BadAddress(
+                    f"cannot connect to {self.address}: {exc}", address=self.address
+                ) from None
             channel = _Channel(sock, self.address)
             self._local.channel = channel
             with self._lock:

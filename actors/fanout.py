@@ -1,0 +1,9 @@
+"""FanoutBudget (placeholder: being written)."""
+
+from __future__ import annotations
+
+from actors.base import OwnerActor
+
+
+class FanoutBudget(OwnerActor):
+    name = "fanout"
