@@ -8,3 +8,7 @@ from actors.ledger import CapacityLedger
 from actors.session import SessionActor
 
 OWNERS: tuple[type[OwnerActor], ...] = (CapacityLedger, FanoutBudget, SessionActor)
+
+#: Owner classes started per run or per child (not singletons); their table families are
+#: migrated at node start like the singletons'.
+PER_RUN: tuple[type[OwnerActor], ...] = ()
