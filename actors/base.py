@@ -64,6 +64,18 @@ class ActorContext:
     clock: Callable[[], float] = time.time
     faults: bool = False
     settings: Mapping[str, Any] = field(default_factory=dict)
+    #: Send a request to another owner; its outcome arrives through the reply function, on
+    #: another thread (an owner turns it into a Tick for itself). Raises Busy/UnknownTarget.
+    dispatch: Callable[[Request, str, ReplyFn], None] | None = None
+
+
+class _Deferred:
+    """Returned by a handler whose reply is sent later with `OwnerActor.reply_later`."""
+
+    __slots__ = ()
+
+
+DEFERRED: Any = _Deferred()
 
 
 class OwnerActor(pykka.ThreadingActor):
@@ -80,6 +92,8 @@ class OwnerActor(pykka.ThreadingActor):
         self.restarts = 0
         self._db: sqlite3.Connection | None = None
         self._pending: list[tuple[ReplyFn, Outcome]] = []
+        #: The reply function of the request being handled (for handlers that defer).
+        self.current_reply: ReplyFn | None = None
         self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
 
     # -- subclass API -------------------------------------------------------------------------
@@ -98,6 +112,10 @@ class OwnerActor(pykka.ThreadingActor):
     def db(self) -> sqlite3.Connection:
         assert self._db is not None, "store connection is opened in on_start"
         return self._db
+
+    def reply_later(self, reply: ReplyFn, outcome: Outcome) -> None:
+        """Answer a deferred request; delivered, like every reply, after the next commit."""
+        self._pending.append((reply, outcome))
 
     def after(self, delay_s: float, tick: Tick) -> Cancel:
         """Deliver `tick` to this actor's inbox after `delay_s` (never blocks, never polls)."""
@@ -150,6 +168,7 @@ class OwnerActor(pykka.ThreadingActor):
 
     def _run(self, request: Request, reply: ReplyFn) -> None:
         self._begin()
+        self.current_reply = reply
         try:
             outcome: Outcome = self._handle(request)
         except SubagentsError as err:
@@ -164,7 +183,8 @@ class OwnerActor(pykka.ThreadingActor):
             self._crashed(exc)
             return
         self._release()
-        self._pending.append((reply, outcome))
+        if outcome is not DEFERRED:
+            self._pending.append((reply, outcome))
 
     def _run_tick(self, tick: Tick) -> None:
         self._begin()

@@ -109,6 +109,7 @@ class Node:
             schedule=self._timers.schedule,
             faults=self.options.faults,
             settings=dict(self.options.settings),
+            dispatch=self.dispatcher.dispatch,
         )
         for cls in owners.OWNERS:
             ref = cls.start(ctx)
