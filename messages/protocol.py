@@ -10,7 +10,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from messages import capacity, fanout, node, session
+from messages import capacity, fanout, node, session, supervisor
 from messages.base import Message, Request
 from messages.errors import BadRequest, UnknownMessageType
 
@@ -19,6 +19,7 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     capacity.REQUESTS,
     fanout.REQUESTS,
     session.REQUESTS,
+    supervisor.REQUESTS,
 )
 
 REQUEST_CLASSES: tuple[type[Request], ...] = tuple(c for p in _PROTOCOLS for c in p)

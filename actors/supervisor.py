@@ -1,0 +1,613 @@
+"""RunSupervisor: the owner of every run record, and the driver of every run's children.
+
+Owns the "supervisor" table family (runs, run_children, run_events; see actors.runstore), the
+live runs of this node (their plans, their ChildActors, their deadlines) and the watchers
+waiting on run events. It admits launches through `actors.admission` (ledger calls go out as
+messages; their answers come back as ticks, so this thread never blocks on another owner),
+starts children group by group (parallel with a concurrency cap; chain steps in order, with
+`{previous}`), and settles each run once its last child has process-terminal proof: the run's
+state, its events, the session's view of it, and the capacity report that frees its slot.
+
+It never reads another owner's tables, never kills a process itself (ChildActors do), and never
+stores task text (R-MISC-1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from actors import runplan, runstore
+from actors.admission import Pipeline, admit
+from actors.base import DEFERRED, Cancel, OwnerActor, ReplyFn, Tick
+from actors.child import recover_children, start_child, stop_child
+from actors.invocation import ENV_TASK_DELIVERY, prepare_invocation
+from messages.base import Message, Request
+from messages.capacity import ProcessProof, ReportTerminal, SlotHandle
+from messages.errors import BadRequest, Internal, SubagentsError
+from messages.fanout import ENV_FANOUT, FanoutDescriptor, encode_descriptor, extend
+from messages.runs import ChildExited, ChildSpec, ChildStarted
+from messages.session import TrackRun
+from messages.supervisor import (
+    Launch,
+    LaunchResult,
+    ListRuns,
+    RunEvents,
+    RunList,
+    RunView,
+    Show,
+    Snapshots,
+    Stop,
+    Watch,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RunNotFound(SubagentsError):
+    code = "run_not_found"
+
+
+class RunIdAmbiguous(BadRequest):
+    code = "run_id_ambiguous"
+
+
+@dataclass
+class LiveRun:
+    """What the supervisor keeps in memory about a run that is still going."""
+
+    run_id: str
+    session_id: str
+    runner_id: str
+    run_dir: Path
+    handle: SlotHandle | None
+    launch: Launch | None  # None for runs recovered after a node restart: no new children
+    descriptor: FanoutDescriptor | None
+    groups: list[list[runplan.ChildPlan]] = field(default_factory=list)
+    next_group: int = 0
+    queue: deque[runplan.ChildPlan] = field(default_factory=deque)
+    running: dict[str, int] = field(default_factory=dict)  # child id -> child index
+    refs: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
+    outputs: dict[int, str] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+    error: str = ""
+    failed: bool = False
+    stop_state: str | None = None  # "stopped" (by request) or "failed" (run deadline)
+    proofs: list[str] = field(default_factory=list)  # proof states of ended children
+    cancel_deadline: Cancel | None = None
+
+
+@dataclass
+class Watcher:
+    reply: ReplyFn
+    after_seq: int
+    cancel: Cancel
+
+
+class RunSupervisor(OwnerActor):
+    name = "supervisor"
+    MIGRATIONS = runstore.MIGRATIONS
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._live: dict[str, LiveRun] = {}
+        self._admissions: dict[str, tuple[Pipeline, ReplyFn]] = {}
+        self._watchers: dict[str, dict[int, Watcher]] = {}
+        self._recovered = False
+
+    def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
+        return {
+            Launch: self._launch,
+            Watch: self._watch,
+            Show: self._show,
+            ListRuns: self._list,
+            Stop: self._stop_run,
+        }
+
+    # -- settings -----------------------------------------------------------------------------
+
+    @property
+    def _runs_root(self) -> Path:
+        return Path(str(self.ctx.settings.get("runs_dir", "runs")))
+
+    def run_dir(self, run_id: str) -> Path:
+        return self._runs_root / run_id
+
+    # -- start and recovery -------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a node restart: settle or keep watching the runs the store says are going.
+
+        Runs only once per node process: an in-place restart after a crash keeps the live runs
+        (their ChildActors still report to this actor).
+        """
+        if self._recovered:
+            return
+        self._recovered = True
+        unsettled = runstore.unsettled_runs(self.db)
+        for run_id in unsettled:
+            self._adopt_run(run_id)
+        if unsettled:
+            recover_children(self.ctx, self._to_self("child"))
+        for run_id in list(self._live):
+            self._advance(self._live[run_id])
+
+    def _adopt_run(self, run_id: str) -> None:
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        handle = SlotHandle.model_validate_json(row["capacity"]) if row["capacity"] else None
+        live = LiveRun(
+            run_id=run_id,
+            session_id=row["session_id"],
+            runner_id=row["runner_id"],
+            run_dir=Path(row["run_dir"]),
+            handle=handle,
+            launch=None,
+            descriptor=None,
+        )
+        for child in self.db.execute(
+            "SELECT child_id, idx, label, state, output FROM run_children WHERE run_id=?",
+            (run_id,),
+        ).fetchall():
+            live.labels[child[1]] = child[2]
+            if child[3] == "running":
+                live.running[child[0]] = child[1]
+            elif child[3] == "pending":
+                runstore.update_child(
+                    self.db,
+                    run_id,
+                    child[1],
+                    state="stopped",
+                    error="The node restarted before this child started.",
+                )
+                live.failed = True
+                live.error = live.error or "The node restarted before every child started."
+            else:
+                live.outputs[child[1]] = child[4]
+        self._live[run_id] = live
+        self._event(run_id, "run.recovered", {"running": len(live.running)})
+
+    # -- launch -------------------------------------------------------------------------------
+
+    def _launch(self, request: Launch) -> Message:
+        run_id = uuid.uuid4().hex[:12]
+        runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
+        assert self.current_reply is not None
+        self._admissions[run_id] = (admit(self, request, run_id, runner_id), self.current_reply)
+        self._step(run_id, None, None)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def _step(self, key: str, value: Message | None, error: SubagentsError | None) -> None:
+        pipeline, reply = self._admissions[key]
+        try:
+            request = pipeline.throw(error) if error is not None else pipeline.send(value)  # type: ignore[arg-type]
+        except StopIteration as done:
+            del self._admissions[key]
+            self.reply_later(reply, LaunchResult(run=done.value))
+            return
+        except SubagentsError as err:
+            del self._admissions[key]
+            self.reply_later(reply, err)
+            return
+        except Exception as exc:
+            del self._admissions[key]
+            self.reply_later(reply, Internal(f"launch failed: {exc!r}", actor=self.name))
+            raise
+        self._call(key, request)
+
+    def _to_self(self, name: str) -> Callable[[Any], None]:
+        """A callback (run on another thread) that delivers its argument as a tick to us."""
+        ref = self.actor_ref
+
+        def deliver(payload: Any) -> None:
+            with suppress(pykka.ActorDeadError):  # the node is stopping: nobody to tell
+                ref.tell(Tick(name, payload))
+
+        return deliver
+
+    def _call(self, key: str, request: Request) -> None:
+        """Send a request to another owner; its outcome comes back as a `resume` tick."""
+        deliver = self._to_self("resume")
+        assert self.ctx.dispatch is not None, "the node injects dispatch"
+        try:
+            self.ctx.dispatch(request, request.target, lambda o: deliver((key, o)))
+        except SubagentsError as err:
+            if key in self._admissions:
+                self._step(key, None, err)
+            else:
+                log.error("%s to %s failed: %s", request.type, request.target, err.message)
+
+    def on_tick(self, tick: Tick) -> None:
+        if tick.name == "resume":
+            key, outcome = tick.payload
+            if key in self._admissions:
+                if isinstance(outcome, SubagentsError):
+                    self._step(key, None, outcome)
+                else:
+                    self._step(key, outcome, None)
+            elif isinstance(outcome, SubagentsError):
+                log.error("supervisor bookkeeping call failed: %s", outcome.message)
+        elif tick.name == "child":
+            self._on_child_event(tick.payload)
+        elif tick.name == "deadline":
+            live = self._live.get(tick.payload)
+            if live is not None and live.stop_state is None and live.launch is not None:
+                ms = runplan.run_deadline_ms(live.launch)
+                self._stop_live(live, "failed", f"Run timed out after {ms} ms.")
+        elif tick.name == "watch_timeout":
+            run_id, watcher_id = tick.payload
+            watcher = self._watchers.get(run_id, {}).pop(watcher_id, None)
+            if watcher is not None:
+                self._answer_watcher(run_id, watcher)
+
+    def record_and_start(
+        self,
+        launch: Launch,
+        run_id: str,
+        runner_id: str,
+        descriptor: FanoutDescriptor,
+        handle: SlotHandle | None,
+        snapshots: Snapshots,
+    ) -> RunView:
+        """AdmissionHost: write the run and its pending children, then start the first group."""
+        now = self.ctx.clock()
+        groups = runplan.plan_children(launch)
+        deadline_ms = runplan.run_deadline_ms(launch)
+        first = groups[0][0].item.agent.name
+        label = first if launch.mode == "single" else f"{launch.mode}: {first}"
+        self.db.execute("SAVEPOINT record_run")
+        runstore.insert_run(
+            self.db,
+            {
+                "run_id": run_id,
+                "session_id": launch.session_id,
+                "mode": launch.mode,
+                "background": int(launch.background),
+                "state": "running",
+                "label": label,
+                "depth": launch.depth,
+                "parent_run_id": launch.parent_run_id,
+                "root_run_id": descriptor.root_run_id,
+                "run_dir": str(self.run_dir(run_id)),
+                "created_at": now,
+                "started_at": now,
+                "deadline_at": now + deadline_ms / 1000 if deadline_ms else None,
+                "runner_id": runner_id,
+                "fanout": encode_descriptor(descriptor),
+                "capacity": handle.model_dump_json() if handle else None,
+                "snapshots": snapshots,
+            },
+        )
+        for group in groups:
+            for child in group:
+                runstore.insert_child(
+                    self.db,
+                    {
+                        "run_id": run_id,
+                        "idx": child.index,
+                        "child_id": f"{run_id}-{child.index}",
+                        "step": child.step,
+                        "label": child.label,
+                        "agent": child.item.agent.name,
+                        "state": "pending",
+                    },
+                )
+        self.db.execute("RELEASE record_run")
+        live = LiveRun(
+            run_id=run_id,
+            session_id=launch.session_id,
+            runner_id=runner_id,
+            run_dir=self.run_dir(run_id),
+            handle=handle,
+            launch=launch,
+            descriptor=descriptor,
+            groups=groups,
+            labels={c.index: c.label for g in groups for c in g},
+        )
+        self._live[run_id] = live
+        self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
+        if deadline_ms:
+            live.cancel_deadline = self.after(deadline_ms / 1000, Tick("deadline", run_id))
+        self._call(run_id, TrackRun(session_id=launch.session_id, run_id=run_id, state="running"))
+        self._advance(live)
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        return view
+
+    # -- children -----------------------------------------------------------------------------
+
+    def _advance(self, live: LiveRun) -> None:
+        """Start what may start now; settle the run when nothing runs and nothing may start."""
+        launch = live.launch
+        may_start = (
+            launch is not None
+            and live.stop_state is None
+            and (not live.failed or launch.mode == "parallel")  # a failed chain step ends it
+        )
+        if may_start:
+            assert launch is not None
+            if not live.queue and not live.running and live.next_group < len(live.groups):
+                live.queue.extend(live.groups[live.next_group])
+                live.next_group += 1
+            # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
+            limit = launch.concurrency if launch.mode == "parallel" else max(1, len(live.queue))
+            while live.queue and len(live.running) < limit:
+                self._start_child(live, launch, live.queue.popleft())
+        nothing_left = not live.queue and live.next_group >= len(live.groups)
+        if not live.running and (not may_start or nothing_left):
+            self._settle(live)
+
+    def _start_child(self, live: LiveRun, launch: Launch, child: runplan.ChildPlan) -> None:
+        item = child.item
+        task = item.task
+        if launch.mode == "chain" and child.step > 0:
+            previous = [live.outputs.get(c.index, "") for c in live.groups[child.step - 1]]
+            task = runplan.substitute_previous(task, previous)
+        child_id = f"{live.run_id}-{child.index}"
+        child_dir = live.run_dir / f"child-{child.index}"
+        env = dict(launch.env if launch.env is not None else os.environ)
+        invocation = prepare_invocation(item.agent, task, child_dir, env.get(ENV_TASK_DELIVERY))
+        env.update(item.agent.env)
+        env.update(self._child_env(live, launch, child, child_dir))
+        if item.agent.fanout and live.descriptor is not None:
+            descriptor = (
+                extend(live.descriptor, child.segment) if child.segment else live.descriptor
+            )
+            env[ENV_FANOUT] = encode_descriptor(descriptor)
+        else:
+            env.pop(ENV_FANOUT, None)  # R-FAN-4: only fan-out agents inherit a budget
+        cwd = Path(launch.cwd, item.cwd) if item.cwd else Path(launch.cwd)
+        spec = ChildSpec(
+            child_id=child_id,
+            run_id=live.run_id,
+            session_id=live.session_id,
+            argv=invocation.argv,
+            cwd=str(cwd),
+            env=env,
+            stdin_path=invocation.stdin_path,
+            stdout_path=str(live.run_dir / f"external-{child.index}.stdout.log"),
+            stderr_path=str(live.run_dir / f"external-{child.index}.stderr.log"),
+            deadline_s=runplan.child_timeout_ms(launch, item) / 1000,
+        )
+        live.refs[child_id] = start_child(self.ctx, spec, self._to_self("child"))
+        live.running[child_id] = child.index
+        runstore.update_child(
+            self.db,
+            live.run_id,
+            child.index,
+            state="running",
+            stdout_path=spec.stdout_path,
+            stderr_path=spec.stderr_path,
+        )
+
+    def _child_env(
+        self, live: LiveRun, launch: Launch, child: runplan.ChildPlan, child_dir: Path
+    ) -> dict[str, str]:
+        agent_max = child.item.agent.max_subagent_depth
+        max_depth = launch.max_depth if agent_max is None else min(launch.max_depth, agent_max)
+        env = {
+            "SUBAGENTS_NODE": str(self.ctx.settings.get("node_address", "")),
+            "SUBAGENTS_SESSION": live.session_id,
+            "SUBAGENTS_RUN_ID": live.run_id,
+            "SUBAGENTS_CHILD_ID": f"{live.run_id}-{child.index}",
+            "SUBAGENTS_DEPTH": str(launch.depth + 1),
+            "SUBAGENTS_MAX_DEPTH": str(max_depth),
+            "SUBAGENTS_CHILD_DIR": str(child_dir),
+        }
+        output = child.item.output or child.item.agent.output
+        if output:
+            env["SUBAGENTS_OUTPUT"] = str(Path(launch.cwd, output))
+        return env
+
+    def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
+        row = self.db.execute(
+            "SELECT run_id, idx FROM run_children WHERE child_id=?", (event.child_id,)
+        ).fetchone()
+        if row is None:
+            log.warning("event for unknown child %s", event.child_id)
+            return
+        run_id, idx = str(row[0]), int(row[1])
+        if isinstance(event, ChildStarted):
+            runstore.update_child(
+                self.db, run_id, idx, pid=event.pid, started_at=event.started_at, state="running"
+            )
+            self._event(run_id, "child.started", {"child": idx, "pid": event.pid})
+            return
+        runstore.update_child(
+            self.db,
+            run_id,
+            idx,
+            state=event.state,
+            exit_code=event.exit_code,
+            signal=event.proof.signal,
+            started_at=event.started_at,
+            ended_at=event.ended_at,
+            error=event.error or "",
+            output=event.output,
+            proof_state=event.proof.state,
+        )
+        self._event(
+            run_id,
+            "child.exited",
+            {"child": idx, "state": event.state, "exit_code": event.exit_code},
+        )
+        live = self._live.get(run_id)
+        if live is None:
+            return
+        live.running.pop(event.child_id, None)
+        live.refs.pop(event.child_id, None)
+        live.outputs[idx] = event.output
+        live.proofs.append(event.proof.state)
+        if event.state != "complete" and live.stop_state is None:
+            live.failed = True
+            live.error = live.error or (event.error or f"child {live.labels.get(idx)} failed")
+        self._advance(live)
+
+    # -- settle -------------------------------------------------------------------------------
+
+    def _settle(self, live: LiveRun) -> None:
+        now = self.ctx.clock()
+        if live.stop_state == "stopped":
+            state = "stopped"
+        elif live.stop_state == "failed" or live.failed:
+            state = "failed"
+        else:
+            state = "complete"
+        self.db.execute(
+            "UPDATE run_children SET state='stopped' WHERE run_id=? AND state='pending'",
+            (live.run_id,),
+        )
+        output = self._output(live)
+        runstore.update_run(
+            self.db, live.run_id, state=state, ended_at=now, error=live.error, output=output
+        )
+        self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        self._write_summary(live.run_id)
+        if live.cancel_deadline is not None:
+            live.cancel_deadline()
+        if live.handle is not None:
+            self._call(live.run_id, self._terminal_report(live, state, now))
+        self._call(
+            live.run_id, TrackRun(session_id=live.session_id, run_id=live.run_id, state=state)
+        )
+        del self._live[live.run_id]
+
+    def _terminal_report(self, live: LiveRun, state: str, now: float) -> ReportTerminal:
+        """R-RUN-5 for the whole run: observed only when every child's tree was seen to end."""
+        assert live.handle is not None
+        proofs = live.proofs
+        if proofs and all(p == "not-started" for p in proofs):
+            proof_state, reason = "not-started", "no child process started"
+        elif all(p in ("observed", "not-started") for p in proofs):
+            proof_state, reason = "observed", "every child's process tree was observed to end"
+        else:
+            proof_state, reason = "unknown", "a child's process tree was not observed to end"
+        return ReportTerminal(
+            session_id=live.session_id,
+            run_id=live.run_id,
+            generation=live.handle.generation,
+            state=state,
+            live_process=False,
+            proof=ProcessProof(
+                state=proof_state,
+                runner_id=live.runner_id,
+                pid=os.getpid(),
+                observed_at=now,
+                reason=reason,
+                error=live.error if proof_state == "not-started" else "",
+            ),
+        )
+
+    def _output(self, live: LiveRun) -> str:
+        if not live.outputs:
+            return ""
+        launch = live.launch
+        if launch is not None and launch.mode == "parallel":
+            return "\n\n".join(
+                f"[{live.labels.get(i, i)}]\n{out.strip()}"
+                for i, out in sorted(live.outputs.items())
+            )
+        return live.outputs[max(live.outputs)]
+
+    def _write_summary(self, run_id: str) -> None:
+        view = runstore.view(self.db, run_id)
+        if view is None:
+            return
+        try:
+            path = Path(view.run_dir) / "summary.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(view.model_dump_json(indent=2))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("could not write the summary of run %s: %s", run_id, exc)
+
+    # -- events and watchers ------------------------------------------------------------------
+
+    def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        now = self.ctx.clock()
+        event = runstore.append_event(self.db, run_id, now, kind, data)
+        try:
+            with open(self.run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"ts": now, "runId": run_id, "type": kind, **data}) + "\n")
+        except OSError:
+            pass  # the events log is for people; the store has the event
+        for watcher_id, watcher in list(self._watchers.get(run_id, {}).items()):
+            if event.seq > watcher.after_seq:
+                del self._watchers[run_id][watcher_id]
+                watcher.cancel()
+                self._answer_watcher(run_id, watcher)
+
+    def _answer_watcher(self, run_id: str, watcher: Watcher) -> None:
+        view = runstore.view(self.db, run_id)
+        if view is None:
+            self.reply_later(watcher.reply, RunNotFound(f"Run not found: {run_id}", run_id=run_id))
+            return
+        events = runstore.events_after(self.db, run_id, watcher.after_seq)
+        last = events[-1].seq if events else watcher.after_seq
+        self.reply_later(watcher.reply, RunEvents(run=view, events=events, last_seq=last))
+
+    def _watch(self, request: Watch) -> Message:
+        run_id = self._resolve(request.run_id)
+        events = runstore.events_after(self.db, run_id, request.after_seq)
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        if events or request.wait_s == 0 or view.state not in ("queued", "running", "paused"):
+            last = events[-1].seq if events else request.after_seq
+            return RunEvents(run=view, events=events, last_seq=last)
+        assert self.current_reply is not None
+        watcher_id = id(self.current_reply)
+        cancel = self.after(request.wait_s, Tick("watch_timeout", (run_id, watcher_id)))
+        self._watchers.setdefault(run_id, {})[watcher_id] = Watcher(
+            self.current_reply, request.after_seq, cancel
+        )
+        return DEFERRED  # type: ignore[no-any-return]
+
+    # -- queries and stop ---------------------------------------------------------------------
+
+    def _resolve(self, run_id: str) -> str:
+        try:
+            found = runstore.resolve_run_id(self.db, run_id)
+        except LookupError:
+            raise RunIdAmbiguous(
+                f"Run id prefix '{run_id}' is ambiguous; give more characters.", run_id=run_id
+            ) from None
+        if found is None:
+            raise RunNotFound(f"Run not found: {run_id}", run_id=run_id)
+        return found
+
+    def _show(self, request: Show) -> Message:
+        view = runstore.view(self.db, self._resolve(request.run_id))
+        assert view is not None
+        return view
+
+    def _list(self, request: ListRuns) -> Message:
+        ids = runstore.list_runs(self.db, request.session_id, request.active_only, request.limit)
+        return RunList(runs=[v for v in (runstore.view(self.db, i) for i in ids) if v])
+
+    def _stop_run(self, request: Stop) -> Message:
+        run_id = self._resolve(request.run_id)
+        live = self._live.get(run_id)
+        if live is not None and live.stop_state is None:
+            self._stop_live(live, "stopped", "Stopped by request.")
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        return view
+
+    def _stop_live(self, live: LiveRun, state: str, reason: str) -> None:
+        live.stop_state = state
+        live.error = live.error or (reason if state == "failed" else "")
+        live.queue.clear()
+        self._event(live.run_id, "run.stopping", {"reason": reason})
+        for ref in list(live.refs.values()):
+            stop_child(ref, reason)
+        self._advance(live)

@@ -1,0 +1,202 @@
+"""Protocol of the RunSupervisor: launch, watch, show, list and stop runs.
+
+A launch carries everything the launcher resolved on its side (the agent definitions it found,
+its depth, its inherited fan-out descriptor and its configured limits), so a node can serve
+launchers with different project directories and configs. Limits are validated here; the
+lenient config resolvers of SPEC §2 live in runtime.config and run before a request is built.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from messages.base import Message, Request, ResultType
+from messages.runs import RunState
+
+SUPERVISOR = "supervisor"
+
+RunMode = Literal["single", "parallel", "chain"]
+#: A child the run has not started yet is `pending`; the others are messages.runs.ChildState.
+ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
+TaskDelivery = Literal["argv", "stdin", "file", "auto"]
+MAX_TIMEOUT_MS = 2_147_483_647
+_MAX_TASK = 1 << 19
+
+
+class AgentPlan(Message):
+    """An agent as the launcher resolved it (runtime.agents): a command line and its settings."""
+
+    name: str = Field(min_length=1, max_length=128)
+    command: list[str] = Field(min_length=1, max_length=256)
+    task_delivery: TaskDelivery = "auto"
+    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
+    env: dict[str, str] = Field(default_factory=dict)
+    output: str | None = None
+    fanout: bool = False
+    max_subagent_depth: int | None = Field(default=None, ge=0)
+    system_prompt: str = Field(default="", max_length=_MAX_TASK)
+    agent_dir: str = ""
+
+
+class TaskItem(Message):
+    agent: AgentPlan
+    task: str = Field(max_length=_MAX_TASK)
+    cwd: str | None = None
+    output: str | None = None
+
+
+class ChainStep(Message):
+    """A sequential step (one item) or a parallel step (several items run together)."""
+
+    items: list[TaskItem] = Field(min_length=1, max_length=256)
+    parallel: bool = False
+
+    @model_validator(mode="after")
+    def _one_item_unless_parallel(self) -> ChainStep:
+        if not self.parallel and len(self.items) != 1:
+            raise ValueError("a sequential chain step has exactly one item")
+        return self
+
+
+class Snapshots(Message):
+    """The ledgers as this launch left them (R-ADM-7, R-FAN-25)."""
+
+    capacity_used: int | None = None
+    capacity_limit: int | None = None
+    fanout_used: int
+    fanout_limit: int
+    fanout_remaining: int
+    fanout_root: str = ""
+
+
+class ChildView(Message):
+    child_id: str
+    index: int
+    label: str
+    agent: str
+    state: ChildViewState
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    error: str = ""
+    output: str = ""
+    stdout_path: str = ""
+    stderr_path: str = ""
+
+
+class RunView(Message):
+    run_id: str
+    session_id: str
+    mode: RunMode
+    background: bool
+    state: RunState
+    label: str
+    depth: int
+    parent_run_id: str | None
+    root_run_id: str
+    run_dir: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    deadline_at: float | None
+    error: str
+    output: str
+    snapshots: Snapshots
+    children: list[ChildView]
+
+
+class LaunchResult(Message):
+    run: RunView
+
+
+class Launch(Request):
+    type: Literal["runs.launch"] = "runs.launch"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = LaunchResult
+
+    session_id: str = Field(min_length=1, max_length=256)
+    mode: RunMode
+    background: bool
+    items: list[TaskItem] = Field(default_factory=list, max_length=1024)
+    chain: list[ChainStep] = Field(default_factory=list, max_length=256)
+    concurrency: int = Field(default=4, ge=1, le=64)
+    cwd: str = Field(min_length=1)
+    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
+    config_timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
+    depth: int = Field(default=0, ge=0)
+    max_depth: int = Field(default=2, ge=0)
+    inherited_fanout: str | None = None
+    parent_run_id: str | None = None
+    capacity_limit: int = Field(default=0, ge=0)
+    spawns_per_run: int = Field(default=64, ge=1)
+    spawns_per_session: int | None = Field(default=None, ge=0)
+    #: The launcher's environment, the base of every child's (None: the node's own).
+    env: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _shape_matches_mode(self) -> Launch:
+        if self.mode == "single" and (len(self.items) != 1 or self.chain):
+            raise ValueError("a single run has exactly one item and no chain")
+        if self.mode == "parallel" and (not self.items or self.chain):
+            raise ValueError("a parallel run has one or more items and no chain")
+        if self.mode == "chain" and (not self.chain or self.items):
+            raise ValueError("a chain run has one or more chain steps and no items")
+        return self
+
+
+class RunEvent(Message):
+    seq: int
+    ts: float
+    kind: str
+    data: dict[str, str | int | float | bool | None]
+
+
+class RunEvents(Message):
+    run: RunView
+    events: list[RunEvent]
+    last_seq: int
+
+
+class Watch(Request):
+    """Long-poll: answered as soon as the run has events after `after_seq`, or after `wait_s`."""
+
+    type: Literal["runs.watch"] = "runs.watch"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunEvents
+    run_id: str = Field(min_length=1)
+    after_seq: int = Field(default=0, ge=0)
+    wait_s: float = Field(default=10.0, ge=0, le=60)
+
+
+class Show(Request):
+    type: Literal["runs.show"] = "runs.show"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunView
+    run_id: str = Field(min_length=1, description="a run id or a unique prefix of one")
+
+
+class RunList(Message):
+    runs: list[RunView]
+
+
+class ListRuns(Request):
+    type: Literal["runs.list"] = "runs.list"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunList
+    session_id: str | None = None
+    active_only: bool = False
+    limit: int = Field(default=50, ge=1, le=1000)
+
+
+class Stop(Request):
+    type: Literal["runs.stop"] = "runs.stop"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunView
+    run_id: str = Field(min_length=1)
+
+
+REQUESTS = (Launch, Watch, Show, ListRuns, Stop)
