@@ -1,7 +1,374 @@
-"""Protocol of the session owner (placeholder: being written)."""
+"""Protocol of the session owner: the session spawn budget with grants (SPEC §6, R-SPN-1..6).
+
+Owns the request/result models of `session.*`, the session's typed errors and the texts of
+R-SPN-2/R-SPN-4/R-SPN-6. R-SPN-3 (how many spawns a launch requests) depends on the launch's
+shape and lives with the launch plan (actors.runplan). It must never import runtime or actors.
+
+Errors defined here (all carry their numbers in `details`):
+
+    SubagentsError
+    ├── SpawnBudgetExceeded   spawn_budget_exceeded   session_id, used, limit, requested, remaining
+    ├── GrantRejected         grant_rejected          session_id, reason (GRANT_REFUSALS), …
+    ├── NestedCallBlocked     nested_call_blocked     depth, max_depth           (R-CFG-8)
+    └── InvalidTimeout        invalid_timeout         name, value                (R-TMO-3)
+
+The last two belong to launch admission rather than to the owner; they live here because a
+launch is admitted for a session, and runtime.config (which raises them) may not define wire
+errors itself.
+"""
 
 from __future__ import annotations
 
-from messages.base import Request
+from collections.abc import Mapping
+from typing import Annotated, ClassVar, Literal
 
-REQUESTS: tuple[type[Request], ...] = ()
+from pydantic import Field
+
+from messages.base import Message, Request, ResultType
+from messages.errors import SubagentsError
+
+SESSION = "session"
+
+#: History entries kept per session (R-SPN-6: "keeps only the last 20 entries").
+GRANT_HISTORY_MAX = 20
+#: The largest count a limit or a request may carry: keeps every sum inside SQLite's integers.
+MAX_COUNT = 2_147_483_647
+
+SessionId = Annotated[str, Field(min_length=1, max_length=512)]
+RunId = Annotated[str, Field(min_length=1, max_length=512)]
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT)]
+
+RunState = Literal["queued", "running", "paused", "complete", "failed", "stopped", "rejected"]
+#: Runs in these states block grants (R-SPN-6: "queued or running").
+ACTIVE_RUN_STATES: frozenset[str] = frozenset({"queued", "running"})
+#: Runs in these states are forgotten by the session owner.
+TERMINAL_RUN_STATES: frozenset[str] = frozenset({"complete", "failed", "stopped", "rejected"})
+
+GrantAuthority = Literal["confirm", "auto", "forbid"]
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+class GrantRecord(Message):
+    """One applied grant (R-SPN-6). `granted_at` is wall-clock milliseconds since the epoch."""
+
+    session_id: str
+    amount: int
+    granted_at: int
+    previous_limit: int
+    limit: int
+
+
+class SpawnSnapshot(Message):
+    """The session's spawn budget (R-SPN-2). `None` limits mean unlimited.
+
+    A session that was never opened reads as unlimited with nothing used (`opened` False): the
+    owner knows no cap for it, and unlimited sessions never accumulate usage (R-SPN-5).
+    """
+
+    session_id: str
+    opened: bool
+    used: int
+    limit: int | None
+    granted: int
+    remaining: int | None
+    grant_remaining: int | None
+    configured: int | None
+    history: list[GrantRecord]
+
+    @property
+    def unlimited(self) -> bool:
+        return self.limit is None
+
+    def text(self) -> str:
+        """The spec's text form (R-SPN-2)."""
+        if self.limit is None:
+            return "Spawn budget: unlimited"
+        return (
+            f"Spawn budget: {self.used}/{self.limit} used, {self.remaining} remaining "
+            f"(configured {self.configured}; granted {self.granted}; "
+            f"grant allowance {self.grant_remaining})"
+        )
+
+
+class OpenSessionResult(Message):
+    """`created` is False for a repeated open; the first configured limit always stays."""
+
+    created: bool
+    requested_limit: int | None
+    limit_differs: bool
+    note: str
+    snapshot: SpawnSnapshot
+
+
+class ReserveResult(Message):
+    """`counted` is what was added to `used`: 0 for an unlimited session (R-SPN-5)."""
+
+    counted: int
+    snapshot: SpawnSnapshot
+
+
+class GrantBasis(Message):
+    """The budget state a user confirmed a grant against (R-SPN-6's last condition)."""
+
+    used: int
+    granted: int
+
+
+class GrantResult(Message):
+    """The answer to a grant that was not refused.
+
+    outcome:
+    - `granted`: applied; `entry` is the history record;
+    - `confirmation_required`: authority `confirm` and not yet confirmed; nothing changed. Show
+      `snapshot` to the user and resend with `confirmed=True, expected=basis`;
+    - `cancelled`: the user declined (built by the client; not an error, adds nothing).
+    """
+
+    applied: bool
+    outcome: Literal["granted", "confirmation_required", "cancelled"]
+    additional: int
+    entry: GrantRecord | None
+    basis: GrantBasis
+    snapshot: SpawnSnapshot
+
+    def text(self) -> str:
+        if self.entry is not None:
+            head = (
+                f"Granted {self.additional} more spawns "
+                f"(limit {self.entry.previous_limit} -> {self.entry.limit})."
+            )
+        elif self.outcome == "cancelled":
+            head = "Spawn budget grant cancelled; nothing changed."
+        else:
+            head = f"Grant {self.additional} more spawns? Confirmation required."
+        return f"{head}\n{self.snapshot.text()}"
+
+
+class TrackRunResult(Message):
+    """How many of the session's runs are queued or running after the update."""
+
+    active: int
+
+
+class TrackedRun(Message):
+    run_id: str
+    state: RunState
+    updated_at: float
+
+
+class SessionStatus(Message):
+    snapshot: SpawnSnapshot
+    active: int
+    runs: list[TrackedRun]
+
+    def text(self) -> str:
+        lines = [self.snapshot.text(), f"Active runs: {self.active}"]
+        lines += [f"  {r.run_id}  {r.state}" for r in self.runs]
+        return "\n".join(lines)
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class OpenSession(Request):
+    """Open a session with its configured spawn cap (R-SPN-1; R-CFG-4: None or 0 = unlimited).
+
+    Idempotent: a second open keeps the first limit and says so (`limit_differs`).
+    """
+
+    type: Literal["session.open"] = "session.open"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = OpenSessionResult
+    session_id: SessionId
+    configured_limit: Count | None = None
+
+
+class SpawnSnapshotQuery(Request):
+    type: Literal["session.spawn_snapshot"] = "session.spawn_snapshot"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = SpawnSnapshot
+    session_id: SessionId
+
+
+class SpawnPreflight(Request):
+    """Would `requested` spawns fit (R-SPN-4)? Changes nothing; answers the snapshot."""
+
+    type: Literal["session.spawn_preflight"] = "session.spawn_preflight"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = SpawnSnapshot
+    session_id: SessionId
+    requested: Count
+
+
+class SpawnReserve(Request):
+    """Preflight, then count the spawns when a cap exists (R-SPN-5)."""
+
+    type: Literal["session.spawn_reserve"] = "session.spawn_reserve"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = ReserveResult
+    session_id: SessionId
+    requested: Count
+
+
+class GrantSpawns(Request):
+    """Raise the session's limit by `additional` (R-SPN-6).
+
+    `depth` 0 is the root interactive parent. `additional` may be zero or negative on the wire
+    so that R-SPN-6's own rule refuses it, in the rule's order; only its magnitude is bounded.
+    """
+
+    type: Literal["session.grant"] = "session.grant"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = GrantResult
+    session_id: SessionId
+    additional: int = Field(strict=True, ge=-MAX_COUNT, le=MAX_COUNT)
+    depth: int = Field(default=0, strict=True, ge=0)
+    authority: GrantAuthority = "confirm"
+    confirmed: bool = False
+    expected: GrantBasis | None = None
+
+
+class TrackRun(Request):
+    """Record a run's state; terminal runs are forgotten. Answers the active-run count."""
+
+    type: Literal["session.track_run"] = "session.track_run"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = TrackRunResult
+    session_id: SessionId
+    run_id: RunId
+    state: RunState
+
+
+class SessionStatusQuery(Request):
+    type: Literal["session.status"] = "session.status"
+    target: ClassVar[str] = SESSION
+    Result: ClassVar[ResultType] = SessionStatus
+    session_id: SessionId
+
+
+REQUESTS: tuple[type[Request], ...] = (
+    OpenSession,
+    SpawnSnapshotQuery,
+    SpawnPreflight,
+    SpawnReserve,
+    GrantSpawns,
+    TrackRun,
+    SessionStatusQuery,
+)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class SpawnBudgetExceeded(SubagentsError):
+    """R-SPN-4: the declared run does not fit the session's remaining spawn budget."""
+
+    code = "spawn_budget_exceeded"
+
+    @classmethod
+    def build(
+        cls, session_id: str, used: int, limit: int, requested: int, remaining: int
+    ) -> SpawnBudgetExceeded:
+        return cls(
+            f"Subagent spawn limit reached for this session ({used}/{limit} used, "
+            f"{requested} requested). {remaining} remaining; the declared run cannot fit, so no "
+            "children were started. Grant budget explicitly from the root interactive session "
+            "or start a new session.",
+            session_id=session_id,
+            used=used,
+            limit=limit,
+            requested=requested,
+            remaining=remaining,
+        )
+
+    @property
+    def used(self) -> int:
+        return int(self.details["used"])
+
+    @property
+    def limit(self) -> int:
+        return int(self.details["limit"])
+
+    @property
+    def requested(self) -> int:
+        return int(self.details["requested"])
+
+    @property
+    def remaining(self) -> int:
+        return int(self.details["remaining"])
+
+
+GrantReason = Literal[
+    "not_root",
+    "unknown_session",
+    "children_active",
+    "not_positive",
+    "no_cap",
+    "over_allowance",
+    "forbidden",
+    "changed",
+]
+
+#: R-SPN-6's refusals, in the order the rules are checked, with their texts (spec wording
+#: where the spec gives one). Placeholders are filled from the error's details.
+GRANT_REFUSALS: Mapping[GrantReason, str] = {
+    "not_root": "Action 'grant-spawn-budget' is available only from the root interactive "
+    "parent session.",
+    "unknown_session": "Spawn budget grant rejected: session '{session_id}' is not known to "
+    "this node (it was never opened).",
+    "children_active": "Spawn budget grants are rejected while current-session children are "
+    "queued or running. {active} run(s) of this session are active; grant again once they have "
+    "finished or been stopped.",
+    "not_positive": "Spawn budget grant rejected: the additional budget must be a positive "
+    "integer (got {additional}).",
+    "no_cap": "The current session has no configured spawn cap, so it does not need a budget "
+    "grant.",
+    "over_allowance": "Spawn budget grant rejected: {additional} requested but only "
+    "{grant_remaining} of the original configured limit remains grantable.",
+    "forbidden": "Spawn budget grant rejected: the grant authority policy is 'forbid' "
+    "(grant_authority).",
+    "changed": "Spawn budget grant not applied: the session's budget changed after "
+    "confirmation (used {expected_used} -> {used}, granted {expected_granted} -> {granted}). "
+    "Review the budget and grant again.",
+}
+
+
+class GrantRejected(SubagentsError):
+    """A grant refused by one of R-SPN-6's rules; `reason` names the rule (GRANT_REFUSALS)."""
+
+    code = "grant_rejected"
+
+    @classmethod
+    def build(cls, reason: GrantReason, session_id: str, **numbers: int) -> GrantRejected:
+        text = GRANT_REFUSALS[reason].format(session_id=session_id, **numbers)
+        return cls(text, reason=reason, session_id=session_id, **numbers)
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
+
+
+class NestedCallBlocked(SubagentsError):
+    """R-CFG-8: the launch is at or beyond the maximum nesting depth; nothing was admitted."""
+
+    code = "nested_call_blocked"
+
+    @property
+    def depth(self) -> int:
+        return int(self.details["depth"])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.details["max_depth"])
+
+
+class InvalidTimeout(SubagentsError):
+    """R-TMO-3: a call's timeout_ms / max_runtime_ms is not acceptable."""
+
+    code = "invalid_timeout"
+
+    @property
+    def name(self) -> str:
+        return str(self.details.get("name", ""))
