@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from actors import runplan
 from messages.base import Message, Request
 from messages.capacity import Acquire, AcquireResult, MarkStarted, Rollback, SlotHandle
-from messages.errors import BadRequest, SubagentsError
+from messages.errors import SubagentsError
 from messages.fanout import (
     ClaimPaths,
     CreateBudget,
@@ -34,34 +34,19 @@ from messages.fanout import (
     decode_descriptor,
     extend,
 )
-from messages.session import OpenSession, SpawnPreflight, SpawnReserve
-from messages.supervisor import Launch, RunView, Snapshots
+from messages.session import NestedCallBlocked, OpenSession, SpawnPreflight, SpawnReserve
+from messages.supervisor import (
+    FanoutNotAuthorized,
+    Launch,
+    RunCwdMissing,
+    RunStorageFailed,
+    RunView,
+    Snapshots,
+)
 
 log = logging.getLogger(__name__)
 
 Pipeline = Generator[Request, Message, RunView]
-
-
-class DepthExceeded(BadRequest):
-    """R-CFG-8: the launcher is already at the maximum nesting depth."""
-
-    code = "depth_exceeded"
-
-
-class FanoutNotAuthorized(BadRequest):
-    """A nested launcher that inherited no fan-out budget: its agent lacks `fanout: true`."""
-
-    code = "fanout_not_authorized"
-
-
-class RunCwdMissing(BadRequest):
-    code = "cwd_missing"
-
-
-class RunStorageFailed(SubagentsError):
-    """R-ADM-2: the run directory could not be created."""
-
-    code = "run_storage_failed"
 
 
 class AdmissionHost(Protocol):
@@ -89,7 +74,7 @@ def _expect(result: Message, kind: type[Any]) -> Any:
 def validate(launch: Launch) -> None:
     """Checks that need no ledger: nesting depth, authorization, `{previous}`, directories."""
     if launch.depth >= launch.max_depth:
-        raise DepthExceeded(
+        raise NestedCallBlocked(
             f"Nested subagent call blocked (depth={launch.depth}, max={launch.max_depth}).",
             depth=launch.depth,
             max_depth=launch.max_depth,

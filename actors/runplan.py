@@ -10,17 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from messages.errors import BadRequest
-from messages.supervisor import Launch, TaskItem
+from messages.supervisor import Launch, PreviousUnavailable, TaskItem
 
 DEFAULT_TIMEOUT_MS = 30 * 60 * 1000  # R-TMO-2
 PREVIOUS = "{previous}"
-
-
-class PreviousUnavailable(BadRequest):
-    """A chain step refers to `{previous}` where no earlier step exists."""
-
-    code = "previous_unavailable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from actors.child import recover_children, start_child, stop_child
 from actors.invocation import ENV_TASK_DELIVERY, prepare_invocation
 from messages.base import Message, Request
 from messages.capacity import ProcessProof, ReportTerminal, SlotHandle
-from messages.errors import BadRequest, Internal, SubagentsError
+from messages.errors import Internal, SubagentsError
 from messages.fanout import ENV_FANOUT, FanoutDescriptor, encode_descriptor, extend
 from messages.runs import ChildExited, ChildSpec, ChildStarted
 from messages.session import TrackRun
@@ -43,7 +43,9 @@ from messages.supervisor import (
     LaunchResult,
     ListRuns,
     RunEvents,
+    RunIdAmbiguous,
     RunList,
+    RunNotFound,
     RunView,
     Show,
     Snapshots,
@@ -52,14 +54,6 @@ from messages.supervisor import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class RunNotFound(SubagentsError):
-    code = "run_not_found"
-
-
-class RunIdAmbiguous(BadRequest):
-    code = "run_id_ambiguous"
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from messages.base import Message, Request, ResultType
+from messages.errors import BadRequest, SubagentsError
 from messages.runs import RunState
 
 SUPERVISOR = "supervisor"
@@ -22,6 +23,8 @@ RunMode = Literal["single", "parallel", "chain"]
 ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
 MAX_TIMEOUT_MS = 2_147_483_647
+#: Counts travel as signed 32-bit integers in every ledger.
+MAX_COUNT = 2_147_483_647
 _MAX_TASK = 1 << 19
 
 
@@ -131,9 +134,9 @@ class Launch(Request):
     max_depth: int = Field(default=2, ge=0)
     inherited_fanout: str | None = None
     parent_run_id: str | None = None
-    capacity_limit: int = Field(default=0, ge=0)
-    spawns_per_run: int = Field(default=64, ge=1)
-    spawns_per_session: int | None = Field(default=None, ge=0)
+    capacity_limit: int = Field(default=0, ge=0, le=MAX_COUNT)
+    spawns_per_run: int = Field(default=64, ge=1, le=MAX_COUNT)
+    spawns_per_session: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     #: The launcher's environment, the base of every child's (None: the node's own).
     env: dict[str, str] | None = None
 
@@ -200,3 +203,39 @@ class Stop(Request):
 
 
 REQUESTS = (Launch, Watch, Show, ListRuns, Stop)
+
+
+# -- errors -----------------------------------------------------------------------------------
+# R-CFG-8's depth refusal is messages.session.NestedCallBlocked.
+
+
+class FanoutNotAuthorized(BadRequest):
+    """A nested launcher that inherited no fan-out budget: its agent lacks `fanout: true`."""
+
+    code = "fanout_not_authorized"
+
+
+class RunCwdMissing(BadRequest):
+    """The launch's working directory (or a task's) does not exist; nothing started."""
+
+    code = "cwd_missing"
+
+
+class PreviousUnavailable(BadRequest):
+    """A `{previous}` where no earlier chain step exists; nothing started."""
+
+    code = "previous_unavailable"
+
+
+class RunStorageFailed(SubagentsError):
+    """R-ADM-2: the run directory could not be created; the capacity slot was rolled back."""
+
+    code = "run_storage_failed"
+
+
+class RunNotFound(SubagentsError):
+    code = "run_not_found"
+
+
+class RunIdAmbiguous(BadRequest):
+    code = "run_id_ambiguous"

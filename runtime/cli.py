@@ -1,81 +1,21 @@
-"""The `subagents-node` command line (click).
+"""The `subagents-node` command line (click): the group and the node commands.
 
 Owns argument parsing and rendering only: every command is a client call (or a node start),
-every user error is a one-line message with a non-zero exit code, never a traceback.
-Exit codes: 1 refused by a ledger or invalid request, 2 bad usage or address, 3 node not
-running, 4 node timeout.
+every user error is a one-line message with a non-zero exit code, never a traceback. Command
+families live beside it (runtime/cli_runs.py, runtime/cli_ledgers.py) and register here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
-from collections.abc import Callable
-from functools import wraps
-from typing import Any, ParamSpec, TypeVar
 
 import click
 
-from messages.base import Message
-from messages.errors import BadAddress, NodeNotRunning, NodeTimeout, SubagentsError
-from runtime.client import Client, connect, default_address
-from runtime.paths import ENV_STATE_DIR, resolve_state_dir
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-EXIT_CODES: dict[type[SubagentsError], int] = {NodeNotRunning: 3, NodeTimeout: 4, BadAddress: 2}
-
-
-class CliError(click.ClickException):
-    def __init__(self, err: SubagentsError) -> None:
-        super().__init__(err.message)
-        self.exit_code = next(  # type: ignore[misc]
-            (c for k, c in EXIT_CODES.items() if isinstance(err, k)), 1
-        )
-        self.error = err
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
-
-
-def user_errors(fn: Callable[P, T]) -> Callable[P, T]:
-    """Turn typed errors into one-line messages with their exit code."""
-
-    @wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except SubagentsError as err:
-            raise CliError(err) from None
-
-    return wrapper
-
-
-class Ctx:
-    def __init__(self, state_dir: str | None, address: str | None, timeout: float) -> None:
-        self.state_dir = resolve_state_dir(state_dir)
-        self.explicit_state = state_dir is not None
-        self.address = address
-        self.timeout = timeout
-
-    def client(self) -> Client:
-        address = self.address or (
-            default_address(self.state_dir) if self.explicit_state else default_address()
-        )
-        return connect(address, timeout=self.timeout)
-
-
-def emit(data: Message | dict[str, Any], as_json: bool, text: str) -> None:
-    if as_json:
-        payload = data.model_dump(mode="json") if isinstance(data, Message) else data
-        click.echo(json.dumps(payload, indent=2, sort_keys=True))
-    else:
-        click.echo(text)
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+from messages.errors import SubagentsError
+from runtime import cli_runs
+from runtime.cli_common import Ctx, emit, json_option, user_errors
+from runtime.paths import ENV_STATE_DIR
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -153,10 +93,15 @@ def start(
 
 
 @cli.command()
+@click.argument("run_id", required=False)
+@json_option
 @click.pass_obj
 @user_errors
-def stop(obj: Ctx) -> None:
-    """Stop the node serving the state dir and wait for it to exit."""
+def stop(obj: Ctx, run_id: str | None, as_json: bool) -> None:
+    """Stop run RUN_ID (its process groups; state stopped), or with no RUN_ID the node."""
+    if run_id is not None:
+        cli_runs.stop_run(obj, run_id, as_json)
+        return
     from runtime import daemon
 
     pid = daemon.stop_node(obj.state_dir)
@@ -192,6 +137,10 @@ def status(obj: Ctx, as_json: bool) -> None:
         for a in st.actors
     ]
     emit(st, as_json, "\n".join(lines))
+
+
+for _command in cli_runs.COMMANDS:
+    cli.add_command(_command)
 
 
 def main() -> None:
