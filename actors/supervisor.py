@@ -35,7 +35,15 @@ from actors.invocation import ENV_TASK_DELIVERY, prepare_invocation
 from messages.base import Message, Request
 from messages.capacity import ProcessProof, ReportTerminal, SlotHandle
 from messages.errors import Internal, SubagentsError
-from messages.fanout import ENV_FANOUT, FanoutDescriptor, encode_descriptor, extend
+from messages.fanout import (
+    ENV_FANOUT,
+    FanoutDescriptor,
+    FanoutSnapshot,
+    ReadSnapshot,
+    decode_descriptor,
+    encode_descriptor,
+    extend,
+)
 from messages.runs import ChildExited, ChildSpec, ChildStarted
 from messages.session import TrackRun
 from messages.supervisor import (
@@ -78,6 +86,7 @@ class LiveRun:
     failed: bool = False
     stop_state: str | None = None  # "stopped" (by request) or "failed" (run deadline)
     proofs: list[str] = field(default_factory=list)  # proof states of ended children
+    settling: bool = False
     cancel_deadline: Cancel | None = None
 
 
@@ -224,7 +233,11 @@ class RunSupervisor(OwnerActor):
     def on_tick(self, tick: Tick) -> None:
         if tick.name == "resume":
             key, outcome = tick.payload
-            if key in self._admissions:
+            if key.startswith("settle:"):
+                live = self._live.get(key.removeprefix("settle:"))
+                if live is not None:
+                    self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
+            elif key in self._admissions:
                 if isinstance(outcome, SubagentsError):
                     self._step(key, None, outcome)
                 else:
@@ -339,7 +352,7 @@ class RunSupervisor(OwnerActor):
                 self._start_child(live, launch, live.queue.popleft())
         nothing_left = not live.queue and live.next_group >= len(live.groups)
         if not live.running and (not may_start or nothing_left):
-            self._settle(live)
+            self._finish(live)
 
     def _start_child(self, live: LiveRun, launch: Launch, child: runplan.ChildPlan) -> None:
         item = child.item
@@ -449,8 +462,31 @@ class RunSupervisor(OwnerActor):
 
     # -- settle -------------------------------------------------------------------------------
 
-    def _settle(self, live: LiveRun) -> None:
+    def _finish(self, live: LiveRun) -> None:
+        """Read the run's budget as it ends (R-FAN-26: nested claims included), then settle."""
+        if live.settling:
+            return
+        live.settling = True
+        row = runstore.run_row(self.db, live.run_id)
+        encoded = row["fanout"] if row is not None else ""
+        if not encoded:
+            self._settle(live, None)
+            return
+        self._call(f"settle:{live.run_id}", ReadSnapshot(descriptor=decode_descriptor(encoded)))
+
+    def _settle(self, live: LiveRun, fanout: FanoutSnapshot | None) -> None:
         now = self.ctx.clock()
+        if fanout is not None:
+            row = runstore.run_row(self.db, live.run_id)
+            assert row is not None
+            snapshots = Snapshots.model_validate_json(row["snapshots"]).model_copy(
+                update={
+                    "fanout_used": fanout.used,
+                    "fanout_limit": fanout.limit,
+                    "fanout_remaining": fanout.remaining,
+                }
+            )
+            runstore.update_run(self.db, live.run_id, snapshots=snapshots)
         if live.stop_state == "stopped":
             state = "stopped"
         elif live.stop_state == "failed" or live.failed:

@@ -59,9 +59,13 @@ class SessionAPI:
             configured_limit=configured_limit,
         )
 
-    def snapshot(self, session_id: str) -> SpawnSnapshot:
+    def spawn_snapshot(self, session_id: str) -> SpawnSnapshot:
         """R-SPN-2. A never-opened session reads as unlimited with nothing used."""
         return self._ask(SpawnSnapshotQuery, SpawnSnapshot, session_id=session_id)
+
+    def snapshot(self, session_id: str) -> SpawnSnapshot:
+        """Alias of `spawn_snapshot`."""
+        return self.spawn_snapshot(session_id)
 
     def preflight(self, session_id: str, requested: int) -> SpawnSnapshot:
         """R-SPN-4: raise SpawnBudgetExceeded unless `requested` fits; changes nothing."""

@@ -71,8 +71,15 @@ def start(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from runtime.config import load_config
+
+    config = load_config()
     options = NodeOptions(
-        state_dir=obj.state_dir, listen=listen, mailbox_limit=mailbox_limit, faults=faults
+        state_dir=obj.state_dir,
+        listen=(*config.settings.listen, *listen),
+        mailbox_limit=mailbox_limit,
+        faults=faults,
+        settings=config.actor_settings(),
     )
     node = Node(options)
     try:
