@@ -176,6 +176,7 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         error=row["error"],
         output=row["output"],
         snapshots=Snapshots.model_validate_json(row["snapshots"]),
+        fanout_descriptor=row["fanout"],
         children=[
             ChildView(
                 child_id=c[0],
@@ -199,12 +200,18 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
 
 
 def list_runs(
-    db: sqlite3.Connection, session_id: str | None, active_only: bool, limit: int
+    db: sqlite3.Connection,
+    session_id: str | None,
+    active_only: bool,
+    limit: int,
+    root_run_id: str | None = None,
 ) -> list[str]:
-    clauses, args = [], []
-    if session_id is not None:
-        clauses.append("session_id=?")
-        args.append(session_id)
+    clauses: list[str] = []
+    args: list[Any] = []
+    for column, value in (("session_id", session_id), ("root_run_id", root_run_id)):
+        if value is not None:
+            clauses.append(f"{column}=?")
+            args.append(value)
     if active_only:
         clauses.append("state IN ('queued', 'running', 'paused')")
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""

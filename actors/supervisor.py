@@ -621,7 +621,9 @@ class RunSupervisor(OwnerActor):
         return view
 
     def _list(self, request: ListRuns) -> Message:
-        ids = runstore.list_runs(self.db, request.session_id, request.active_only, request.limit)
+        ids = runstore.list_runs(
+            self.db, request.session_id, request.active_only, request.limit, request.root_run_id
+        )
         return RunList(runs=[v for v in (runstore.view(self.db, i) for i in ids) if v])
 
     def _stop_run(self, request: Stop) -> Message:

@@ -109,6 +109,8 @@ class RunView(Message):
     error: str
     output: str
     snapshots: Snapshots
+    #: The run's fan-out descriptor, encoded as children receive it (R-FAN-4).
+    fanout_descriptor: str = ""
     children: list[ChildView]
 
 
@@ -191,6 +193,7 @@ class ListRuns(Request):
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunList
     session_id: str | None = None
+    root_run_id: str | None = None
     active_only: bool = False
     limit: int = Field(default=50, ge=1, le=1000)
 

@@ -78,9 +78,15 @@ class RunsAPI:
         return self._client.ask(Show(run_id=run_id), RunView)
 
     def list(
-        self, session_id: str | None = None, active_only: bool = False, limit: int = 50
+        self,
+        session_id: str | None = None,
+        active_only: bool = False,
+        limit: int = 50,
+        root_run_id: str | None = None,
     ) -> list[RunView]:
-        request = ListRuns(session_id=session_id, active_only=active_only, limit=limit)
+        request = ListRuns(
+            session_id=session_id, active_only=active_only, limit=limit, root_run_id=root_run_id
+        )
         return self._client.ask(request, RunList).runs
 
     def stop(self, run_id: str) -> RunView:
