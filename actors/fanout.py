@@ -1,9 +1,359 @@
-"""FanoutBudget (placeholder: being written)."""
+"""FanoutBudget: the single owner of every run-tree fan-out budget and its claims (SPEC §5).
+
+Owns the tables `fanout_budgets` (the manifest and its running `used` count),
+`fanout_claims` (one row per claim, permanent unless it belongs to a reservation that ends
+without commit) and `fanout_reservations` (two-phase claims: pending → committed | aborted |
+expired), plus one timer that fires at the earliest pending deadline.
+
+Decisions are serialized by the actor (R-FAN-13's budget-wide exclusion, no lock files) and a
+batch is one transaction (no partial claims, §17). The cost of a claim does not grow with the
+claims already made: `used` lives on the budget row and claims are appended by sequence number.
+A reservation whose deadline has passed counts as expired for every request from that instant
+(requests expire due reservations first), and the timer makes it so in the store even when no
+request comes; after a restart `recover()` re-arms the earliest deadline (past ones fire at once).
+
+It must never release a committed or plain claim (R-FAN-15), never let a descriptor's own
+`limit` decide anything (the manifest's does, R-FAN-3), and never touch another owner's tables.
+"""
 
 from __future__ import annotations
 
-from actors.base import OwnerActor
+import re
+import sqlite3
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from actors.base import ActorContext, Cancel, OwnerActor, Tick
+from messages.base import Message, Request
+from messages.fanout import (
+    DESCRIPTOR_MISMATCH,
+    MAX_LIMIT,
+    AbortReservation,
+    ClaimPaths,
+    CommitReservation,
+    CreateBudget,
+    FanoutBudgetUnavailable,
+    FanoutDescriptor,
+    FanoutDescriptorMismatch,
+    FanoutLimitExceeded,
+    FanoutLimitInvalid,
+    FanoutRejection,
+    FanoutReservationCommitted,
+    FanoutReservationExpired,
+    FanoutReservationUnknown,
+    FanoutSnapshot,
+    ReadSnapshot,
+    ReservationGrant,
+    ReservePaths,
+    ValidateDescriptor,
+    qualify,
+)
+
+_SCHEMA_V1 = """
+CREATE TABLE fanout_budgets (
+    budget_id   TEXT PRIMARY KEY,
+    root_run_id TEXT NOT NULL,
+    claim_limit INTEGER NOT NULL CHECK (claim_limit > 0),
+    used        INTEGER NOT NULL DEFAULT 0 CHECK (used >= 0 AND used <= claim_limit),
+    next_seq    INTEGER NOT NULL DEFAULT 0,
+    created_at  REAL NOT NULL
+);
+CREATE TABLE fanout_reservations (
+    reservation_id TEXT PRIMARY KEY,
+    budget_id      TEXT NOT NULL REFERENCES fanout_budgets(budget_id),
+    claims         INTEGER NOT NULL CHECK (claims >= 0),
+    state          TEXT NOT NULL
+                   CHECK (state IN ('pending', 'committed', 'aborted', 'expired')),
+    created_at     REAL NOT NULL,
+    expires_at     REAL NOT NULL,
+    settled_at     REAL
+);
+CREATE INDEX fanout_reservations_due ON fanout_reservations(expires_at)
+    WHERE state = 'pending';
+CREATE TABLE fanout_claims (
+    budget_id      TEXT NOT NULL REFERENCES fanout_budgets(budget_id),
+    seq            INTEGER NOT NULL,
+    path           TEXT NOT NULL,
+    claimed_at     REAL NOT NULL,
+    reservation_id TEXT REFERENCES fanout_reservations(reservation_id),
+    PRIMARY KEY (budget_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX fanout_claims_by_reservation ON fanout_claims(reservation_id)
+    WHERE reservation_id IS NOT NULL
+"""
+
+_UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+EXPIRE = "fanout.expire"
+
+
+def budget_id_for(root_run_id: str) -> str:
+    """R-FAN-2: a fresh id, never reused: the sanitized root id plus a uuid."""
+    return f"{_UNSAFE_ID_CHARS.sub('_', root_run_id)[:120]}-{uuid.uuid4().hex}"
 
 
 class FanoutBudget(OwnerActor):
     name = "fanout"
+    MIGRATIONS = (_SCHEMA_V1,)
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        #: Deadline (wall s) the expiry timer is armed for; never later than any pending one.
+        self._armed: float | None = None
+        self._cancel_timer: Cancel | None = None
+
+    def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
+        return {
+            CreateBudget: self.create,
+            ValidateDescriptor: self.validate,
+            ClaimPaths: self.claim,
+            ReservePaths: self.reserve,
+            CommitReservation: self.commit,
+            AbortReservation: self.abort,
+            ReadSnapshot: self.snapshot,
+        }
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def create(self, req: CreateBudget) -> FanoutDescriptor:
+        limit = req.limit
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_LIMIT:
+            raise FanoutLimitInvalid.of(limit)
+        budget_id = budget_id_for(req.root_run_id)
+        self.db.execute(
+            "INSERT INTO fanout_budgets(budget_id, root_run_id, claim_limit, created_at) "
+            "VALUES (?, ?, ?, ?)",
+            (budget_id, req.root_run_id, limit, self.ctx.clock()),
+        )
+        return FanoutDescriptor(root_run_id=req.root_run_id, budget_id=budget_id, limit=limit)
+
+    def validate(self, req: ValidateDescriptor) -> FanoutDescriptor:
+        self._manifest(req.descriptor)
+        return req.descriptor
+
+    def snapshot(self, req: ReadSnapshot) -> FanoutSnapshot:
+        self._expire_due(self.ctx.clock())
+        return self._manifest(req.descriptor)
+
+    def claim(self, req: ClaimPaths) -> FanoutSnapshot:
+        self._expire_due(self.ctx.clock())
+        before = self._manifest(req.descriptor)
+        if not req.paths:
+            return before
+        self._admit(req.descriptor, req.paths, before, reservation_id=None)
+        return FanoutSnapshot.of(before.used + len(req.paths), before.limit)
+
+    def reserve(self, req: ReservePaths) -> ReservationGrant:
+        now = self.ctx.clock()
+        self._expire_due(now)
+        before = self._manifest(req.descriptor)
+        reservation_id = uuid.uuid4().hex
+        expires_at = now + req.ttl_s
+        self.db.execute(
+            "INSERT INTO fanout_reservations"
+            "(reservation_id, budget_id, claims, state, created_at, expires_at) "
+            "VALUES (?, ?, ?, 'pending', ?, ?)",
+            (reservation_id, req.descriptor.budget_id, len(req.paths), now, expires_at),
+        )
+        if req.paths:
+            self._admit(req.descriptor, req.paths, before, reservation_id)
+        self._arm(expires_at)
+        return ReservationGrant(
+            reservation_id=reservation_id,
+            budget_id=req.descriptor.budget_id,
+            claims=len(req.paths),
+            expires_at=expires_at,
+            snapshot=FanoutSnapshot.of(before.used + len(req.paths), before.limit),
+        )
+
+    def commit(self, req: CommitReservation) -> FanoutSnapshot:
+        now = self.ctx.clock()
+        self._expire_due(now)
+        budget_id, state = self._reservation(req.reservation_id)
+        if state in ("aborted", "expired"):
+            raise self._ended(req.reservation_id, budget_id, state)
+        if state == "pending":
+            self.db.execute(
+                "UPDATE fanout_reservations SET state = 'committed', settled_at = ? "
+                "WHERE reservation_id = ?",
+                (now, req.reservation_id),
+            )
+        return self._snapshot_of(budget_id)
+
+    def abort(self, req: AbortReservation) -> FanoutSnapshot:
+        now = self.ctx.clock()
+        self._expire_due(now)
+        budget_id, state = self._reservation(req.reservation_id)
+        if state == "committed":
+            raise FanoutReservationCommitted(
+                f"Run fan-out reservation {req.reservation_id} is already committed; "
+                "its claims are permanent.",
+                reservation_id=req.reservation_id,
+                budget_id=budget_id,
+                snapshot=self._snapshot_of(budget_id).model_dump(),
+            )
+        if state == "pending":
+            self._settle(req.reservation_id, "aborted", now)
+        return self._snapshot_of(budget_id)
+
+    # -- expiry -------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        self._disarm()
+        row = self.db.execute(
+            "SELECT MIN(expires_at) FROM fanout_reservations WHERE state = 'pending'"
+        ).fetchone()
+        if row[0] is not None:
+            self._arm(float(row[0]))
+
+    def on_tick(self, tick: Tick) -> None:
+        if tick.name != EXPIRE:
+            return
+        self._armed = self._cancel_timer = None
+        now = self.ctx.clock()
+        self._expire(now)
+        row = self.db.execute(
+            "SELECT MIN(expires_at) FROM fanout_reservations WHERE state = 'pending'"
+        ).fetchone()
+        if row[0] is not None:
+            self._arm(float(row[0]))
+
+    def on_stop(self) -> None:
+        self._disarm()
+        super().on_stop()
+
+    def _arm(self, deadline: float) -> None:
+        if self._armed is not None and self._armed <= deadline:
+            return
+        self._disarm()
+        self._armed = deadline
+        self._cancel_timer = self.after(deadline - self.ctx.clock(), Tick(EXPIRE))
+
+    def _disarm(self) -> None:
+        if self._cancel_timer is not None:
+            self._cancel_timer()
+        self._armed = self._cancel_timer = None
+
+    def _expire_due(self, now: float) -> None:
+        # The timer is armed no later than the earliest pending deadline, so before it nothing
+        # can be due and the common request skips the query.
+        if self._armed is not None and now >= self._armed:
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        due = self.db.execute(
+            "SELECT reservation_id FROM fanout_reservations "
+            "WHERE state = 'pending' AND expires_at <= ?",
+            (now,),
+        ).fetchall()
+        for (reservation_id,) in due:
+            self._settle(str(reservation_id), "expired", now)
+
+    def _settle(self, reservation_id: str, state: str, now: float) -> None:
+        """End a pending reservation without commit: its claims are deleted, `used` drops."""
+        budget_id, claims = self.db.execute(
+            "SELECT budget_id, claims FROM fanout_reservations WHERE reservation_id = ?",
+            (reservation_id,),
+        ).fetchone()
+        deleted = self.db.execute(
+            "DELETE FROM fanout_claims WHERE reservation_id = ?", (reservation_id,)
+        ).rowcount
+        if deleted != claims:
+            raise RuntimeError(
+                f"reservation {reservation_id} holds {deleted} claims, its record says {claims}"
+            )
+        self.db.execute(
+            "UPDATE fanout_budgets SET used = used - ? WHERE budget_id = ?", (claims, budget_id)
+        )
+        self.db.execute(
+            "UPDATE fanout_reservations SET state = ?, settled_at = ? WHERE reservation_id = ?",
+            (state, now, reservation_id),
+        )
+
+    # -- the store ----------------------------------------------------------------------------
+
+    def _manifest(self, descriptor: FanoutDescriptor) -> FanoutSnapshot:
+        """R-FAN-3: the budget the descriptor names, if it matches its manifest; its snapshot."""
+        row = self.db.execute(
+            "SELECT root_run_id, claim_limit, used FROM fanout_budgets WHERE budget_id = ?",
+            (descriptor.budget_id,),
+        ).fetchone()
+        if row is None:
+            raise FanoutBudgetUnavailable.unknown(descriptor.budget_id)
+        root_run_id, limit, used = str(row[0]), int(row[1]), int(row[2])
+        mismatched = [
+            name
+            for name, ours, theirs in (
+                ("root_run_id", root_run_id, descriptor.root_run_id),
+                ("limit", limit, descriptor.limit),
+            )
+            if ours != theirs
+        ]
+        if mismatched:
+            raise FanoutDescriptorMismatch(
+                DESCRIPTOR_MISMATCH, budget_id=descriptor.budget_id, mismatched=mismatched
+            )
+        return FanoutSnapshot.of(used, limit)
+
+    def _admit(
+        self,
+        descriptor: FanoutDescriptor,
+        paths: Sequence[str],
+        before: FanoutSnapshot,
+        reservation_id: str | None,
+    ) -> None:
+        """R-FAN-13/16: add every claim of the batch, or none and raise the rejection."""
+        qualified = [qualify(descriptor.parent_path, p) for p in paths]
+        n = len(qualified)
+        if n > before.remaining:
+            index = before.remaining if before.remaining < n else 0
+            raise FanoutLimitExceeded.of(
+                FanoutRejection(
+                    path=qualified[index],
+                    requested=n,
+                    used=before.used,
+                    limit=before.limit,
+                    remaining=before.remaining,
+                )
+            )
+        budget_id = descriptor.budget_id
+        (first,) = self.db.execute(
+            "UPDATE fanout_budgets SET used = used + ?, next_seq = next_seq + ? "
+            "WHERE budget_id = ? RETURNING next_seq - ?",
+            (n, n, budget_id, n),
+        ).fetchone()
+        now = self.ctx.clock()
+        self.db.executemany(
+            "INSERT INTO fanout_claims(budget_id, seq, path, claimed_at, reservation_id) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(budget_id, first + i, path, now, reservation_id) for i, path in enumerate(qualified)],
+        )
+
+    def _snapshot_of(self, budget_id: str) -> FanoutSnapshot:
+        used, limit = self.db.execute(
+            "SELECT used, claim_limit FROM fanout_budgets WHERE budget_id = ?", (budget_id,)
+        ).fetchone()
+        return FanoutSnapshot.of(int(used), int(limit))
+
+    def _reservation(self, reservation_id: str) -> tuple[str, str]:
+        row: sqlite3.Row | None = self.db.execute(
+            "SELECT budget_id, state FROM fanout_reservations WHERE reservation_id = ?",
+            (reservation_id,),
+        ).fetchone()
+        if row is None:
+            raise FanoutReservationUnknown(
+                f"Run fan-out reservation {reservation_id} is unknown.",
+                reservation_id=reservation_id,
+            )
+        return str(row[0]), str(row[1])
+
+    def _ended(self, reservation_id: str, budget_id: str, state: str) -> FanoutReservationExpired:
+        why = "expired" if state == "expired" else "was aborted"
+        return FanoutReservationExpired(
+            f"Run fan-out reservation {reservation_id} {why}; its claims were released and "
+            "nothing was committed.",
+            reservation_id=reservation_id,
+            budget_id=budget_id,
+            state=state,
+            snapshot=self._snapshot_of(budget_id).model_dump(),
+        )

@@ -1,7 +1,390 @@
-"""Protocol of the fanout owner (placeholder: being written)."""
+"""Protocol of the fan-out budget owner (SPEC §5, R-FAN-*): descriptor, requests, results, errors.
+
+Owns the shape of a run-tree budget as callers see it: the `FanoutDescriptor` a run carries (and
+hands its children in `$SUBAGENTS_RUN_FANOUT`), its env encoding, path qualification, the
+request/result models of the `fanout` owner and the typed errors it raises. Everything here is
+pure; it never reads a store or a clock, and it never decides admission (the owner does).
+
+    FanoutError                          code
+    ├── FanoutLimitInvalid               fanout_limit_invalid        limit, max
+    ├── FanoutDescriptorInvalid          fanout_descriptor_invalid   reason
+    ├── FanoutBudgetUnavailable          fanout_budget_unavailable   budget_id, reason
+    ├── FanoutDescriptorMismatch         fanout_descriptor_mismatch  budget_id, mismatched
+    ├── FanoutLimitExceeded              RUN_FANOUT_LIMIT            the rejection (R-FAN-16)
+    └── FanoutReservationError
+        ├── FanoutReservationUnknown     fanout_reservation_unknown  reservation_id
+        ├── FanoutReservationExpired     fanout_reservation_expired  reservation_id, state, snapshot
+        └── FanoutReservationCommitted   fanout_reservation_committed reservation_id, snapshot
+"""
 
 from __future__ import annotations
 
-from messages.base import Request
+import base64
+import binascii
+import json
+import re
+from typing import Annotated, Any, ClassVar, Literal
 
-REQUESTS: tuple[type[Request], ...] = ()
+from pydantic import (
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+
+from messages.base import Message, Request, ResultType
+from messages.errors import SubagentsError
+
+FANOUT = "fanout"
+ENV_FANOUT = "SUBAGENTS_RUN_FANOUT"
+
+#: Largest limit a budget accepts (like timeouts, capped at 2^31-1; SPEC §0.4).
+MAX_LIMIT = 2**31 - 1
+MAX_PATHS = 10_000
+MAX_PATH_CHARS = 512
+MAX_PARENT_PATH_CHARS = 2048
+MAX_TTL_S = 3600.0
+#: An encoded descriptor is a few hundred bytes; anything far larger is not one.
+MAX_ENCODED_CHARS = 8192
+
+LIMIT_INVALID = "Run fan-out limit must be a positive integer."
+DESCRIPTOR_MISSING = "Run fan-out budget descriptor is missing or invalid."
+DESCRIPTOR_INVALID = "Run fan-out budget descriptor is invalid."
+DESCRIPTOR_MISMATCH = "Run fan-out budget descriptor does not match its manifest."
+INHERITED_INVALID = "Invalid inherited run fan-out budget: {reason}"
+
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+ClaimPath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]
+
+
+# -- the descriptor ---------------------------------------------------------------------------
+
+
+class FanoutDescriptor(Message):
+    """What a run carries to name its budget (R-FAN-1, A-1): the budget's id at its owner.
+
+    `limit` and `root_run_id` must equal the owner's manifest (a descriptor can never raise its
+    own limit); `parent_path` prefixes every path this holder claims (R-FAN-11); `node` is the
+    owner's address, for people and for children that were not told one.
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    version: Literal[1] = 1
+    root_run_id: str = Field(min_length=1, max_length=256)
+    budget_id: str = Field(min_length=1, max_length=256)
+    limit: int = Field(gt=0, le=MAX_LIMIT)
+    parent_path: str = Field(default="", max_length=MAX_PARENT_PATH_CHARS)
+    node: str = Field(default="", max_length=512)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_an_int(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # True == 1 would otherwise pass as version 1
+            raise ValueError("version must be the integer 1")
+        return value
+
+    @field_validator("parent_path")
+    @classmethod
+    def _trimmed(cls, value: str) -> str:
+        # R-FAN-11 ignores surrounding whitespace; storing it trimmed keeps equality meaningful.
+        return value.strip()
+
+
+def qualify(parent_path: str, path: str) -> str:
+    """R-FAN-11: `path` under `parent_path` (labels for diagnostics, not uniqueness keys)."""
+    parent = parent_path.strip()
+    return f"{parent}/{path}" if parent else path
+
+
+def extend(descriptor: FanoutDescriptor, segment: str) -> FanoutDescriptor:
+    """R-FAN-12: the descriptor a child receives, its parent path extended by one segment."""
+    if not segment.strip():
+        raise ValueError("a parent-path segment must not be empty")
+    fields = descriptor.model_dump()
+    fields["parent_path"] = qualify(descriptor.parent_path, segment)
+    return FanoutDescriptor.model_validate(fields)
+
+
+def encode_descriptor(descriptor: FanoutDescriptor) -> str:
+    """R-FAN-4: unpadded base64url of the UTF-8 JSON; keys sorted, empty optional fields omitted."""
+    fields = descriptor.model_dump()
+    for optional in ("parent_path", "node"):
+        if not fields[optional]:
+            del fields[optional]
+    raw = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).rstrip(b"=").decode("ascii")
+
+
+def decode_descriptor(value: str) -> FanoutDescriptor:
+    """The descriptor in an encoded value, or `FanoutDescriptorInvalid` (R-FAN-3 wording)."""
+    if not isinstance(value, str) or not value.strip():
+        raise FanoutDescriptorInvalid(DESCRIPTOR_MISSING, reason="empty")
+    text = value.strip()
+    if len(text) > MAX_ENCODED_CHARS or not _BASE64URL.fullmatch(text):
+        raise FanoutDescriptorInvalid(DESCRIPTOR_MISSING, reason="not unpadded base64url")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        fields = json.loads(raw.decode("utf-8"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise FanoutDescriptorInvalid(DESCRIPTOR_MISSING, reason=f"undecodable: {exc}") from None
+    if not isinstance(fields, dict):
+        raise FanoutDescriptorInvalid(DESCRIPTOR_MISSING, reason="not a JSON object")
+    if "version" not in fields:
+        raise FanoutDescriptorInvalid(DESCRIPTOR_INVALID, reason="version: missing")
+    try:
+        return FanoutDescriptor.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        reason = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        raise FanoutDescriptorInvalid(DESCRIPTOR_INVALID, reason=reason) from None
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+class FanoutSnapshot(Message):
+    """R-FAN-17: the budget as it stands; reserved claims count as used."""
+
+    used: int
+    limit: int
+    remaining: int
+
+    @classmethod
+    def of(cls, used: int, limit: int) -> FanoutSnapshot:
+        return cls(used=used, limit=limit, remaining=max(0, limit - used))
+
+    @property
+    def text(self) -> str:
+        return f"Run fan-out: {self.used}/{self.limit} used, {self.remaining} remaining"
+
+
+class FanoutRejection(Message):
+    """R-FAN-16: why a batch was refused. Numbers are the values before the batch."""
+
+    code: Literal["RUN_FANOUT_LIMIT"] = "RUN_FANOUT_LIMIT"
+    path: str
+    requested: int
+    used: int
+    limit: int
+    remaining: int
+
+
+class ReservationGrant(Message):
+    """The answer to `reserve`: claims held until `commit`, `abort` or `expires_at` (wall s)."""
+
+    reservation_id: str
+    budget_id: str
+    claims: int
+    expires_at: float
+    snapshot: FanoutSnapshot
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class CreateBudget(Request):
+    """Make a new, empty budget (R-FAN-2). `limit` is checked by the owner, so that any
+    non-positive or non-integer value gets the spec's own message, not a schema error."""
+
+    type: Literal["fanout.create"] = "fanout.create"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = FanoutDescriptor
+
+    root_run_id: str = Field(min_length=1, max_length=256)
+    limit: JsonValue = None
+
+
+class ValidateDescriptor(Request):
+    """Check a descriptor against its owner's manifest (R-FAN-3); answers it normalized."""
+
+    type: Literal["fanout.validate"] = "fanout.validate"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = FanoutDescriptor
+
+    descriptor: FanoutDescriptor
+
+
+class ClaimPaths(Request):
+    """Claim one permanent unit per path, all or nothing (R-FAN-13/14/15)."""
+
+    type: Literal["fanout.claim"] = "fanout.claim"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = FanoutSnapshot
+
+    descriptor: FanoutDescriptor
+    paths: list[ClaimPath] = Field(max_length=MAX_PATHS)
+
+
+class ReservePaths(Request):
+    """Hold claims for `ttl_s` (two-phase claim-with-commit, R-FAN-14): they count as used
+    until committed (then permanent), aborted or expired (then freed)."""
+
+    type: Literal["fanout.reserve"] = "fanout.reserve"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = ReservationGrant
+
+    descriptor: FanoutDescriptor
+    paths: list[ClaimPath] = Field(max_length=MAX_PATHS)
+    ttl_s: float = Field(gt=0, le=MAX_TTL_S)
+
+
+class CommitReservation(Request):
+    """Make a pending reservation's claims permanent. Committing twice is harmless."""
+
+    type: Literal["fanout.commit"] = "fanout.commit"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = FanoutSnapshot
+
+    reservation_id: str = Field(min_length=1, max_length=128)
+
+
+class AbortReservation(Request):
+    """Free a pending reservation's claims. Aborting an ended one is harmless."""
+
+    type: Literal["fanout.abort"] = "fanout.abort"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = FanoutSnapshot
+
+    reservation_id: str = Field(min_length=1, max_length=128)
+
+
+class ReadSnapshot(Request):
+    type: Literal["fanout.snapshot"] = "fanout.snapshot"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = FanoutSnapshot
+
+    descriptor: FanoutDescriptor
+
+
+REQUESTS = (
+    CreateBudget,
+    ValidateDescriptor,
+    ClaimPaths,
+    ReservePaths,
+    CommitReservation,
+    AbortReservation,
+    ReadSnapshot,
+)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class FanoutError(SubagentsError):
+    """Base of the fan-out owner's refusals. A refusal never changes the budget."""
+
+    code = "fanout"
+
+    @property
+    def snapshot(self) -> FanoutSnapshot | None:
+        """The budget when the request was refused, where the error knows it."""
+        raw = self.details.get("snapshot")
+        return FanoutSnapshot.model_validate(raw) if isinstance(raw, dict) else None
+
+
+class FanoutLimitInvalid(FanoutError):
+    code = "fanout_limit_invalid"
+
+    @classmethod
+    def of(cls, limit: object) -> FanoutLimitInvalid:
+        too_large = isinstance(limit, int) and not isinstance(limit, bool) and limit > MAX_LIMIT
+        message = f"{LIMIT_INVALID[:-1]} no greater than {MAX_LIMIT}." if too_large else None
+        shown = limit if isinstance(limit, int | float | str | bool) or limit is None else None
+        return cls(message or LIMIT_INVALID, limit=shown, max=MAX_LIMIT)
+
+
+class FanoutDescriptorInvalid(FanoutError):
+    code = "fanout_descriptor_invalid"
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
+
+
+class FanoutBudgetUnavailable(FanoutError):
+    code = "fanout_budget_unavailable"
+
+    @classmethod
+    def unknown(cls, budget_id: str) -> FanoutBudgetUnavailable:
+        return cls(
+            f"Run fan-out budget directory is unavailable: unknown budget {budget_id}",
+            budget_id=budget_id,
+            reason="unknown budget",
+        )
+
+    @property
+    def budget_id(self) -> str:
+        return str(self.details.get("budget_id", ""))
+
+
+class FanoutDescriptorMismatch(FanoutError):
+    code = "fanout_descriptor_mismatch"
+
+    @property
+    def budget_id(self) -> str:
+        return str(self.details.get("budget_id", ""))
+
+    @property
+    def mismatched(self) -> list[str]:
+        """The descriptor fields that differ from the manifest (`limit`, `root_run_id`)."""
+        return [str(f) for f in self.details.get("mismatched", [])]
+
+
+class FanoutLimitExceeded(FanoutError):
+    """R-FAN-16. Details are exactly the rejection; no member of the batch was claimed."""
+
+    code = "RUN_FANOUT_LIMIT"
+
+    @classmethod
+    def of(cls, rejection: FanoutRejection) -> FanoutLimitExceeded:
+        r = rejection
+        return cls(
+            f"Run fan-out limit reached at {r.path} ({r.used}/{r.limit} used; "
+            f"{r.requested} requested, {r.remaining} remaining). No children from this "
+            "admission group were started. Start a new top-level run or raise "
+            "max_subagent_spawns_per_run.",
+            **r.model_dump(),
+        )
+
+    @property
+    def rejection(self) -> FanoutRejection:
+        return FanoutRejection.model_validate(self.details)
+
+    @property
+    def snapshot(self) -> FanoutSnapshot:
+        return FanoutSnapshot.of(int(self.details["used"]), int(self.details["limit"]))
+
+
+class FanoutReservationError(FanoutError):
+    code = "fanout_reservation"
+
+    @property
+    def reservation_id(self) -> str:
+        return str(self.details.get("reservation_id", ""))
+
+
+class FanoutReservationUnknown(FanoutReservationError):
+    """No reservation with this id was ever granted by this owner."""
+
+    code = "fanout_reservation_unknown"
+
+
+class FanoutReservationExpired(FanoutReservationError):
+    """The reservation is no longer pending: its deadline passed (`state` "expired") or its
+    holder aborted it ("aborted"). Its claims were freed; nothing was committed."""
+
+    code = "fanout_reservation_expired"
+
+    @property
+    def state(self) -> str:
+        return str(self.details.get("state", ""))
+
+
+class FanoutReservationCommitted(FanoutReservationError):
+    """Abort of a committed reservation: its claims are permanent (R-FAN-15)."""
+
+    code = "fanout_reservation_committed"
