@@ -152,4 +152,24 @@ def config_show(as_json: bool) -> None:
         click.echo(f"warning: {warning}", err=True)
 
 
-COMMANDS = (capacity, budget, grant, config_group)
+@click.command("debug-run")
+@click.argument("run_id")
+@click.option("--limit", type=int, help="Session capacity limit (default: config).")
+@json_option
+@click.pass_obj
+@user_errors
+def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
+    """Why a run does or does not hold capacity: lifecycle, proof, slot owner, verdict.
+
+    Never prints task text, environment values or output (R-DBG-3).
+    """
+    from runtime.debugrun import debug_run as lines_for
+
+    if limit is None:
+        limit = load_config().settings.max_active_async_runs_per_session
+    with obj.client() as client:
+        lines = lines_for(client, run_id, limit)
+    emit({"lines": lines}, as_json, "\n".join(lines))
+
+
+COMMANDS = (capacity, budget, grant, config_group, debug_run)
