@@ -172,4 +172,20 @@ def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
     emit({"lines": lines}, as_json, "\n".join(lines))
 
 
-COMMANDS = (capacity, budget, grant, config_group, debug_run)
+@click.command()
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@json_option
+@click.pass_obj
+def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Check the state dir, store, node, config and agent files; exit 1 on any failure."""
+    from runtime.doctor import render, run_checks
+    from runtime.node import VERSION
+
+    checks = run_checks(obj.state_dir, obj.address, Path.cwd(), agents_dirs, VERSION)
+    payload = {"checks": [c.__dict__ for c in checks]}
+    emit(payload, as_json, "\n".join(render(checks)))
+    if any(c.level == "fail" for c in checks):
+        raise SystemExit(1)
+
+
+COMMANDS = (capacity, budget, grant, config_group, debug_run, doctor)
