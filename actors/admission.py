@@ -11,6 +11,10 @@ Order (SPEC R-ADM-1, adapted by §0): depth guard -> fan-out authorization -> va
 mark_started. Once a slot is held, every failure rolls it back (R-ADM-2), and a handle that is
 still unstarted when the pipeline ends, by return or raise, is rolled back (R-ADM-3). Fan-out
 claims made before a later failure stay claimed (R-FAN-15).
+
+Fault injection (tests only): the host's `fault_points` names steps that fail with a typed
+`InjectedFault` (one per rollback point: FAULT_POINTS); the supervisor hands over a non-empty
+set only on a node started with faults enabled.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from messages.fanout import (
 from messages.session import NestedCallBlocked, OpenSession, SpawnPreflight, SpawnReserve
 from messages.supervisor import (
     FanoutNotAuthorized,
+    InjectedFault,
     Launch,
     RunCwdMissing,
     RunStorageFailed,
@@ -48,9 +53,23 @@ log = logging.getLogger(__name__)
 
 Pipeline = Generator[Request, Message, RunView]
 
+#: The steps at which a failure must roll a held slot back (R-ADM-2), plus the last two (R-ADM-3's
+#: finally-rule; a refused mark_started, R-ADM-5), by the names `fault_points` uses.
+FAULT_POINTS = (
+    "resolve_budget",
+    "claim_paths",
+    "create_run_dir",
+    "reserve_spawns",
+    "record_run",
+    "mark_started",
+)
+
 
 class AdmissionHost(Protocol):
     """What the pipeline needs from the RunSupervisor (its own state and its children)."""
+
+    @property
+    def fault_points(self) -> frozenset[str]: ...
 
     def run_dir(self, run_id: str) -> Path: ...
 
@@ -93,6 +112,11 @@ def validate(launch: Launch) -> None:
             raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
 
 
+def _inject(host: AdmissionHost, point: str) -> None:
+    if point in host.fault_points:
+        raise InjectedFault(f"injected failure at admission step {point}", point=point)
+
+
 def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> Pipeline:
     validate(launch)
     requested = runplan.requested_spawns(launch)
@@ -118,13 +142,16 @@ def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> P
             )
             handle, capacity = acquired.handle, acquired.snapshot
 
+        _inject(host, "resolve_budget")
         descriptor = yield from _resolve_budget(launch, run_id)
+        _inject(host, "claim_paths")
         fanout: FanoutSnapshot = _expect(
             (yield ClaimPaths(descriptor=descriptor, paths=runplan.static_paths(launch))),
             FanoutSnapshot,
         )
 
         run_dir = host.run_dir(run_id)
+        _inject(host, "create_run_dir")
         try:
             run_dir.mkdir(parents=True, mode=0o700)
         except OSError as exc:
@@ -132,6 +159,7 @@ def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> P
                 f"Failed to create run storage: {exc}", run_dir=str(run_dir)
             ) from None
 
+        _inject(host, "reserve_spawns")
         yield SpawnReserve(session_id=launch.session_id, requested=requested)
 
         snapshots = Snapshots(
@@ -142,9 +170,14 @@ def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> P
             fanout_remaining=fanout.remaining,
             fanout_root=descriptor.root_run_id,
         )
+        _inject(host, "record_run")
         view = host.record_and_start(launch, run_id, runner_id, descriptor, handle, snapshots)
+        _inject(host, "mark_started")
         if handle is not None:
-            yield MarkStarted(handle=handle, runner_id=runner_id, pid=os.getpid())
+            _expect(
+                (yield MarkStarted(handle=handle, runner_id=runner_id, pid=os.getpid())),
+                SlotHandle,
+            )
         started = True
         return view
     finally:

@@ -127,6 +127,21 @@ def events_after(db: sqlite3.Connection, run_id: str, after_seq: int) -> list[Ru
     return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
 
 
+def all_events_after(db: sqlite3.Connection, after_seq: int, limit: int) -> list[RunEvent]:
+    rows = db.execute(
+        "SELECT seq, ts, kind, data, run_id FROM run_events WHERE seq>? ORDER BY seq LIMIT ?",
+        (after_seq, limit),
+    ).fetchall()
+    return [
+        RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3]), run_id=r[4]) for r in rows
+    ]
+
+
+def last_event_seq(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT MAX(seq) FROM run_events").fetchone()
+    return int(row[0] or 0)
+
+
 def resolve_run_id(db: sqlite3.Connection, run_id_or_prefix: str) -> str | None:
     """An exact id, else a unique prefix; None when nothing matches. Ambiguity is an error."""
     row = db.execute("SELECT run_id FROM runs WHERE run_id=?", (run_id_or_prefix,)).fetchone()
@@ -154,7 +169,7 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         return None
     children = db.execute(
         "SELECT child_id, idx, label, agent, state, pid, exit_code, signal, started_at, "
-        "ended_at, error, output, stdout_path, stderr_path FROM run_children "
+        "ended_at, error, output, stdout_path, stderr_path, proof_state FROM run_children "
         "WHERE run_id=? ORDER BY idx",
         (run_id,),
     ).fetchall()
@@ -177,6 +192,7 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         output=row["output"],
         snapshots=Snapshots.model_validate_json(row["snapshots"]),
         fanout_descriptor=row["fanout"],
+        runner_id=row["runner_id"],
         children=[
             ChildView(
                 child_id=c[0],
@@ -193,6 +209,7 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
                 output=c[11],
                 stdout_path=c[12],
                 stderr_path=c[13],
+                proof_state=c[14],
             )
             for c in children
         ],

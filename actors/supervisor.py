@@ -47,6 +47,7 @@ from messages.fanout import (
 from messages.runs import ChildExited, ChildSpec, ChildStarted
 from messages.session import TrackRun
 from messages.supervisor import (
+    FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
@@ -59,6 +60,7 @@ from messages.supervisor import (
     Snapshots,
     Stop,
     Watch,
+    WatchAll,
 )
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,10 @@ class LiveRun:
     proofs: list[str] = field(default_factory=list)  # proof states of ended children
     settling: bool = False
     cancel_deadline: Cancel | None = None
+    deadline_ms: int | None = None  # the run-level deadline (R-TMO-5), if it has one
+    #: The pid mark_started recorded for the run's runner (this node). None for a run adopted
+    #: after a restart: the node that started it is gone, so its proof names the runner by id.
+    runner_pid: int | None = None
 
 
 @dataclass
@@ -95,6 +101,11 @@ class Watcher:
     reply: ReplyFn
     after_seq: int
     cancel: Cancel
+    limit: int = 500
+
+
+#: The watcher key of node-wide (fleet) watchers.
+FLEET = "*"
 
 
 class RunSupervisor(OwnerActor):
@@ -112,6 +123,7 @@ class RunSupervisor(OwnerActor):
         return {
             Launch: self._launch,
             Watch: self._watch,
+            WatchAll: self._watch_all,
             Show: self._show,
             ListRuns: self._list,
             Stop: self._stop_run,
@@ -125,6 +137,13 @@ class RunSupervisor(OwnerActor):
 
     def run_dir(self, run_id: str) -> Path:
         return self._runs_root / run_id
+
+    @property
+    def fault_points(self) -> frozenset[str]:
+        """Admission steps told to fail (tests): honoured only on a node started with faults."""
+        if not self.ctx.faults:
+            return frozenset()
+        return frozenset(str(p) for p in self.ctx.settings.get("fault_points", ()))
 
     # -- start and recovery -------------------------------------------------------------------
 
@@ -141,7 +160,10 @@ class RunSupervisor(OwnerActor):
         for run_id in unsettled:
             self._adopt_run(run_id)
         if unsettled:
-            recover_children(self.ctx, self._to_self("child"))
+            # Keep the adopted children's actors: a stop or a run deadline must reach them.
+            refs = recover_children(self.ctx, self._to_self("child"))
+            for live in self._live.values():
+                live.refs.update({c: refs[c] for c in live.running if c in refs})
         for run_id in list(self._live):
             self._advance(self._live[run_id])
 
@@ -178,6 +200,11 @@ class RunSupervisor(OwnerActor):
             else:
                 live.outputs[child[1]] = child[4]
         self._live[run_id] = live
+        if row["deadline_at"] is not None and row["started_at"] is not None:
+            # The run's own deadline outlives the node that set it; it may have passed already.
+            live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
+            remaining = max(0.0, row["deadline_at"] - self.ctx.clock())
+            live.cancel_deadline = self.after(remaining, Tick("deadline", run_id))
         self._event(run_id, "run.recovered", {"running": len(live.running)})
 
     # -- launch -------------------------------------------------------------------------------
@@ -200,13 +227,22 @@ class RunSupervisor(OwnerActor):
             return
         except SubagentsError as err:
             del self._admissions[key]
+            self._abandon(key, err.message)
             self.reply_later(reply, err)
             return
         except Exception as exc:
             del self._admissions[key]
+            self._abandon(key, f"launch failed: {exc!r}")
             self.reply_later(reply, Internal(f"launch failed: {exc!r}", actor=self.name))
             raise
         self._call(key, request)
+
+    def _abandon(self, run_id: str, reason: str) -> None:
+        """R-ADM-5: a launch that fails after its run started (mark_started refused) reports an
+        error, so the run must not go on unaccounted: its children are stopped, it fails."""
+        live = self._live.get(run_id)
+        if live is not None and live.stop_state is None:
+            self._stop_live(live, "failed", reason)
 
     def _to_self(self, name: str) -> Callable[[Any], None]:
         """A callback (run on another thread) that delivers its argument as a tick to us."""
@@ -248,13 +284,14 @@ class RunSupervisor(OwnerActor):
             self._on_child_event(tick.payload)
         elif tick.name == "deadline":
             live = self._live.get(tick.payload)
-            if live is not None and live.stop_state is None and live.launch is not None:
-                ms = runplan.run_deadline_ms(live.launch)
-                self._stop_live(live, "failed", f"Run timed out after {ms} ms.")
+            if live is not None and live.stop_state is None and live.deadline_ms:
+                self._stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
         elif tick.name == "watch_timeout":
             run_id, watcher_id = tick.payload
             watcher = self._watchers.get(run_id, {}).pop(watcher_id, None)
-            if watcher is not None:
+            if watcher is not None and run_id == FLEET:
+                self._answer_fleet(watcher)
+            elif watcher is not None:
                 self._answer_watcher(run_id, watcher)
 
     def record_and_start(
@@ -320,12 +357,16 @@ class RunSupervisor(OwnerActor):
             descriptor=descriptor,
             groups=groups,
             labels={c.index: c.label for g in groups for c in g},
+            deadline_ms=deadline_ms,
+            runner_pid=os.getpid(),
         )
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
         if deadline_ms:
             live.cancel_deadline = self.after(deadline_ms / 1000, Tick("deadline", run_id))
-        self._call(run_id, TrackRun(session_id=launch.session_id, run_id=run_id, state="running"))
+        # Bookkeeping keys never name an admission: their replies must not resume the pipeline.
+        track = TrackRun(session_id=launch.session_id, run_id=run_id, state="running")
+        self._call(f"track:{run_id}", track)
         self._advance(live)
         view = runstore.view(self.db, run_id)
         assert view is not None
@@ -506,9 +547,10 @@ class RunSupervisor(OwnerActor):
         if live.cancel_deadline is not None:
             live.cancel_deadline()
         if live.handle is not None:
-            self._call(live.run_id, self._terminal_report(live, state, now))
+            self._call(f"report:{live.run_id}", self._terminal_report(live, state, now))
         self._call(
-            live.run_id, TrackRun(session_id=live.session_id, run_id=live.run_id, state=state)
+            f"track:{live.run_id}",
+            TrackRun(session_id=live.session_id, run_id=live.run_id, state=state),
         )
         del self._live[live.run_id]
 
@@ -531,7 +573,7 @@ class RunSupervisor(OwnerActor):
             proof=ProcessProof(
                 state=proof_state,
                 runner_id=live.runner_id,
-                pid=os.getpid(),
+                pid=live.runner_pid,
                 observed_at=now,
                 reason=reason,
                 error=live.error if proof_state == "not-started" else "",
@@ -576,6 +618,29 @@ class RunSupervisor(OwnerActor):
                 del self._watchers[run_id][watcher_id]
                 watcher.cancel()
                 self._answer_watcher(run_id, watcher)
+        for watcher_id, watcher in list(self._watchers.get(FLEET, {}).items()):
+            del self._watchers[FLEET][watcher_id]
+            watcher.cancel()
+            self._answer_fleet(watcher)
+
+    def _answer_fleet(self, watcher: Watcher) -> None:
+        events = runstore.all_events_after(self.db, watcher.after_seq, watcher.limit)
+        last = events[-1].seq if events else watcher.after_seq
+        touched = dict.fromkeys(e.run_id for e in events)
+        runs = [v for v in (runstore.view(self.db, r) for r in touched) if v is not None]
+        self.reply_later(watcher.reply, FleetEvents(events=events, runs=runs, last_seq=last))
+
+    def _watch_all(self, request: WatchAll) -> Message:
+        events = runstore.all_events_after(self.db, request.after_seq, request.limit)
+        assert self.current_reply is not None
+        watcher = Watcher(self.current_reply, request.after_seq, lambda: None, request.limit)
+        if events or request.wait_s == 0:
+            self._answer_fleet(watcher)
+            return DEFERRED  # type: ignore[no-any-return]
+        watcher_id = id(self.current_reply)
+        watcher.cancel = self.after(request.wait_s, Tick("watch_timeout", (FLEET, watcher_id)))
+        self._watchers.setdefault(FLEET, {})[watcher_id] = watcher
+        return DEFERRED  # type: ignore[no-any-return]
 
     def _answer_watcher(self, run_id: str, watcher: Watcher) -> None:
         view = runstore.view(self.db, run_id)

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from messages.base import Message, Request, ResultType
 from messages.errors import BadRequest, SubagentsError
-from messages.runs import RunState
+from messages.runs import ProofState, RunState
 
 SUPERVISOR = "supervisor"
 
@@ -89,6 +89,8 @@ class ChildView(Message):
     output: str = ""
     stdout_path: str = ""
     stderr_path: str = ""
+    #: R-RUN-5: the proof its ChildActor wrote when it ended (None while it runs).
+    proof_state: ProofState | None = None
 
 
 class RunView(Message):
@@ -111,6 +113,8 @@ class RunView(Message):
     snapshots: Snapshots
     #: The run's fan-out descriptor, encoded as children receive it (R-FAN-4).
     fanout_descriptor: str = ""
+    #: This execution's runner id (§0.1): the identity its capacity slot records.
+    runner_id: str = ""
     children: list[ChildView]
 
 
@@ -158,6 +162,7 @@ class RunEvent(Message):
     ts: float
     kind: str
     data: dict[str, str | int | float | bool | None]
+    run_id: str = ""
 
 
 class RunEvents(Message):
@@ -205,7 +210,26 @@ class Stop(Request):
     run_id: str = Field(min_length=1)
 
 
-REQUESTS = (Launch, Watch, Show, ListRuns, Stop)
+class FleetEvents(Message):
+    """Events of every run after `after_seq` (node-wide order) and the runs they touched."""
+
+    events: list[RunEvent]
+    runs: list[RunView]
+    last_seq: int
+
+
+class WatchAll(Request):
+    """Long-poll over every run (the fleet view): answered on the next event, or after wait_s."""
+
+    type: Literal["runs.watch_all"] = "runs.watch_all"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = FleetEvents
+    after_seq: int = Field(default=0, ge=0)
+    wait_s: float = Field(default=10.0, ge=0, le=60)
+    limit: int = Field(default=500, ge=1, le=5000)
+
+
+REQUESTS = (Launch, Watch, WatchAll, Show, ListRuns, Stop)
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -234,6 +258,16 @@ class RunStorageFailed(SubagentsError):
     """R-ADM-2: the run directory could not be created; the capacity slot was rolled back."""
 
     code = "run_storage_failed"
+
+
+class InjectedFault(SubagentsError):
+    """A failure injected at a named admission step (nodes started with faults only; tests)."""
+
+    code = "injected_fault"
+
+    @property
+    def point(self) -> str:
+        return str(self.details.get("point", ""))
 
 
 class RunNotFound(SubagentsError):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from messages.errors import NodeTimeout
 from messages.runs import TERMINAL_RUN_STATES
 from messages.supervisor import (
+    FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
@@ -23,6 +24,7 @@ from messages.supervisor import (
     Show,
     Stop,
     Watch,
+    WatchAll,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +46,16 @@ class RunsAPI:
         return self._client.ask(
             Watch(run_id=run_id, after_seq=after_seq, wait_s=wait_s),
             RunEvents,
+            timeout=wait_s + self._client.timeout,
+        )
+
+    def watch_all(
+        self, after_seq: int = 0, wait_s: float = WATCH_WAIT_S, limit: int = 500
+    ) -> FleetEvents:
+        """Events of every run after `after_seq`, answered as soon as there are any."""
+        return self._client.ask(
+            WatchAll(after_seq=after_seq, wait_s=wait_s, limit=limit),
+            FleetEvents,
             timeout=wait_s + self._client.timeout,
         )
 

@@ -188,4 +188,17 @@ def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
         raise SystemExit(1)
 
 
-COMMANDS = (capacity, budget, grant, config_group, debug_run, doctor)
+@click.command()
+@click.option("--once", is_flag=True, help="Print one frame and exit (no live refresh).")
+@click.pass_obj
+@user_errors
+def fleet(obj: Ctx, once: bool) -> None:
+    """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits."""
+    from runtime.fleet import run_fleet
+
+    with obj.client() as client:
+        client.ping()
+        run_fleet(client, once=once)
+
+
+COMMANDS = (capacity, budget, grant, config_group, debug_run, doctor, fleet)
