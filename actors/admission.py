@@ -22,12 +22,21 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from actors import runplan
 from messages.base import Message, Request
-from messages.capacity import Acquire, AcquireResult, MarkStarted, Rollback, SlotHandle
+from messages.capacity import (
+    Acquire,
+    AcquireResult,
+    MarkStarted,
+    MarkWorkflowStarted,
+    Rollback,
+    SlotHandle,
+    Transfer,
+)
 from messages.errors import SubagentsError
 from messages.fanout import (
     ClaimPaths,
@@ -73,6 +82,9 @@ class AdmissionHost(Protocol):
 
     def run_dir(self, run_id: str) -> Path: ...
 
+    def check_workflow_child(self, launch: Launch) -> None:
+        """R-FAN-24: refuse internal workflow fields not backed by the workflow's token."""
+
     def record_and_start(
         self,
         launch: Launch,
@@ -81,6 +93,7 @@ class AdmissionHost(Protocol):
         descriptor: FanoutDescriptor,
         handle: SlotHandle | None,
         snapshots: Snapshots,
+        source_run_id: str | None = None,
     ) -> RunView: ...
 
 
@@ -117,37 +130,66 @@ def _inject(host: AdmissionHost, point: str) -> None:
         raise InjectedFault(f"injected failure at admission step {point}", point=point)
 
 
-def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> Pipeline:
+@dataclass(frozen=True)
+class ResumePlan:
+    """R-RES-3/4: what a resume reuses: the source's budget and, if it held one, its slot."""
+
+    source_run_id: str
+    descriptor: FanoutDescriptor
+    transfer: bool
+
+
+def admit(
+    host: AdmissionHost,
+    launch: Launch,
+    run_id: str,
+    runner_id: str,
+    resume: ResumePlan | None = None,
+) -> Pipeline:
     validate(launch)
-    requested = runplan.requested_spawns(launch)
-    yield OpenSession(session_id=launch.session_id, configured_limit=launch.spawns_per_session)
-    yield SpawnPreflight(session_id=launch.session_id, requested=requested)
+    host.check_workflow_child(launch)
+    # Resumes reuse the source's claim and are not new spawns (R-FAN-23).
+    requested = 0 if resume is not None else runplan.requested_spawns(launch)
+    if requested:
+        yield OpenSession(session_id=launch.session_id, configured_limit=launch.spawns_per_session)
+        yield SpawnPreflight(session_id=launch.session_id, requested=requested)
 
     handle: SlotHandle | None = None
     capacity = None
     started = False
     try:
         if runplan.capacity_eligible(launch):
-            acquired: AcquireResult = _expect(
-                (
-                    yield Acquire(
-                        session_id=launch.session_id,
-                        limit=launch.capacity_limit,
-                        run_id=run_id,
-                        kind="runner",
-                        async_dir=str(host.run_dir(run_id)),
-                    )
-                ),
-                AcquireResult,
-            )
+            take: Request
+            if resume is not None and resume.transfer:
+                # R-CAP-18..20: move the source's slot (or acquire when it holds none).
+                take = Transfer(
+                    session_id=launch.session_id,
+                    limit=launch.capacity_limit,
+                    source_run_id=resume.source_run_id,
+                    run_id=run_id,
+                    async_dir=str(host.run_dir(run_id)),
+                )
+            else:
+                take = Acquire(
+                    session_id=launch.session_id,
+                    limit=launch.capacity_limit,
+                    run_id=run_id,
+                    kind="workflow" if launch.mode == "workflow" else "runner",  # R-TOP-4
+                    async_dir=str(host.run_dir(run_id)),
+                )
+            acquired: AcquireResult = _expect((yield take), AcquireResult)
             handle, capacity = acquired.handle, acquired.snapshot
 
         _inject(host, "resolve_budget")
-        descriptor = yield from _resolve_budget(launch, run_id)
+        if resume is not None:
+            descriptor = resume.descriptor  # R-RES-4: the same budget, nothing claimed
+        else:
+            descriptor = yield from _resolve_budget(launch, run_id)
         _inject(host, "claim_paths")
+        paths = [] if resume is not None else runplan.static_paths(launch)
+        # An empty batch claims nothing but still validates the descriptor (R-FAN-13).
         fanout: FanoutSnapshot = _expect(
-            (yield ClaimPaths(descriptor=descriptor, paths=runplan.static_paths(launch))),
-            FanoutSnapshot,
+            (yield ClaimPaths(descriptor=descriptor, paths=paths)), FanoutSnapshot
         )
 
         run_dir = host.run_dir(run_id)
@@ -160,7 +202,8 @@ def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> P
             ) from None
 
         _inject(host, "reserve_spawns")
-        yield SpawnReserve(session_id=launch.session_id, requested=requested)
+        if requested:
+            yield SpawnReserve(session_id=launch.session_id, requested=requested)
 
         snapshots = Snapshots(
             capacity_used=capacity.used if capacity else None,
@@ -171,13 +214,18 @@ def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> P
             fanout_root=descriptor.root_run_id,
         )
         _inject(host, "record_run")
-        view = host.record_and_start(launch, run_id, runner_id, descriptor, handle, snapshots)
+        source = resume.source_run_id if resume is not None else None
+        view = host.record_and_start(
+            launch, run_id, runner_id, descriptor, handle, snapshots, source
+        )
         _inject(host, "mark_started")
         if handle is not None:
-            _expect(
-                (yield MarkStarted(handle=handle, runner_id=runner_id, pid=os.getpid())),
-                SlotHandle,
+            mark: Request = (
+                MarkWorkflowStarted(handle=handle)  # R-WF-1 step 5
+                if launch.mode == "workflow"
+                else MarkStarted(handle=handle, runner_id=runner_id, pid=os.getpid())
             )
+            _expect((yield mark), SlotHandle)
         started = True
         return view
     finally:
@@ -189,7 +237,11 @@ def admit(host: AdmissionHost, launch: Launch, run_id: str, runner_id: str) -> P
 
 
 def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, FanoutDescriptor]:
-    """R-FAN-8: the inherited budget extended by this run's short id, else a new budget."""
+    """R-FAN-8: the inherited budget extended by this run's short id, else a new budget.
+
+    A workflow uses an inherited budget unchanged (R-FAN-9, A-13), and so does a workflow
+    child whose host already extended it by `workflow[key]` and claimed it (R-FAN-20).
+    """
     if launch.inherited_fanout is not None:
         try:
             inherited = decode_descriptor(launch.inherited_fanout)
@@ -198,6 +250,8 @@ def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, 
             raise FanoutDescriptorInvalid(
                 f"Invalid inherited run fan-out budget: {reason}", reason=reason
             ) from None
+        if launch.mode == "workflow" or launch.fanout_admitted:
+            return inherited
         return extend(inherited, runplan.short_id(run_id))
     created = yield CreateBudget(root_run_id=runplan.short_id(run_id), limit=launch.spawns_per_run)
     descriptor: FanoutDescriptor = _expect(created, FanoutDescriptor)

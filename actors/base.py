@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import pykka
 
-from messages.base import Message, Request
+from messages.base import Ack, Message, Request
 from messages.errors import BadRequest, Internal, SubagentsError
 from messages.node import DebugRaise, DebugSleep
 
@@ -92,6 +92,7 @@ class OwnerActor(pykka.ThreadingActor):
         self.restarts = 0
         self._db: sqlite3.Connection | None = None
         self._pending: list[tuple[ReplyFn, Outcome]] = []
+        self._effects: list[Callable[[], None]] = []
         #: The reply function of the request being handled (for handlers that defer).
         self.current_reply: ReplyFn | None = None
         self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
@@ -210,10 +211,17 @@ class OwnerActor(pykka.ThreadingActor):
         if isinstance(request, DebugRaise):
             raise RuntimeError(f"injected fault in {self.name}")
         time.sleep(request.ms / 1000)
-        return Message()
+        return Ack()
+
+    def after_commit(self, effect: Callable[[], None]) -> None:
+        """Run `effect` once the current group transaction has committed (dropped if the
+        commit fails). For effects that must never get ahead of the state they depend on,
+        like a message to another owner that assumes a record of ours is durable."""
+        self._effects.append(effect)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
+        effects, self._effects = self._effects, []
         if self._db is not None and self._db.in_transaction:
             try:
                 self._db.commit()
@@ -229,6 +237,11 @@ class OwnerActor(pykka.ThreadingActor):
                 self._deliver(pending)
                 self._crashed(exc)
                 return
+        for effect in effects:
+            try:
+                effect()
+            except Exception:
+                log.exception("%s: an after-commit effect failed", self.name)
         self._deliver(pending)
 
     def _deliver(self, pending: list[tuple[ReplyFn, Outcome]]) -> None:

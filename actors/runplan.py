@@ -27,9 +27,14 @@ class ChildPlan:
 
 def plan_children(launch: Launch) -> list[list[ChildPlan]]:
     """The run's children, grouped: each group starts after the previous one completed."""
+    if launch.mode == "workflow":
+        # The host passes the workflow's descriptor as is (R-FAN-9) and claims per batch.
+        return [[ChildPlan(0, 0, "workflow", None, launch.items[0])]]
     if launch.mode == "single":
         item = launch.items[0]
-        segment = None if launch.background else "single"
+        # R-FAN-12: an async single passes its descriptor as is; a workflow host already
+        # extended a workflow child's by `workflow[key]`.
+        segment = None if launch.background or launch.fanout_admitted else "single"
         return [[ChildPlan(0, 0, "single", segment, item)]]
     if launch.mode == "parallel":
         return [
@@ -51,12 +56,19 @@ def plan_children(launch: Launch) -> list[list[ChildPlan]]:
 
 
 def static_paths(launch: Launch) -> list[str]:
-    """R-FAN-19: one claim per child, labelled with its static path."""
+    """R-FAN-19: one claim per child, labelled with its static path. None for a workflow
+    (its host claims `workflow[key]` per admission batch, R-WF-6) or for a child the
+    workflow host already admitted (R-FAN-20)."""
+    if launch.mode == "workflow" or launch.fanout_admitted:
+        return []
     return [child.label for group in plan_children(launch) for child in group]
 
 
 def requested_spawns(launch: Launch) -> int:
-    """R-SPN-3: the children this launch will start (chains: sum over steps)."""
+    """R-SPN-3: the children this launch will start (chains: sum over steps). A workflow host
+    is not a spawn; each workflow child counts when it is launched."""
+    if launch.mode == "workflow":
+        return 0
     return sum(len(group) for group in plan_children(launch))
 
 
@@ -93,16 +105,22 @@ def substitute_previous(task: str, previous_outputs: list[str]) -> str:
 
 
 def run_deadline_ms(launch: Launch) -> int | None:
-    """R-TMO-5: the run-level deadline. Singles are bounded by their child's deadline."""
-    if launch.mode == "single":
+    """R-TMO-5: the run-level deadline. Singles and workflows are bounded by their child's."""
+    if launch.mode in ("single", "workflow"):
         return None
     if launch.background:
         return launch.timeout_ms  # async composites: none unless the call gives one
     return launch.timeout_ms or launch.config_timeout_ms or DEFAULT_TIMEOUT_MS
 
 
-def child_timeout_ms(launch: Launch, item: TaskItem) -> int:
-    """R-TMO-4..6: call > agent > config > 30 min for singles; agent > 30 min in composites."""
+def child_timeout_ms(launch: Launch, item: TaskItem) -> int | None:
+    """R-TMO-4..7: call > agent > config > 30 min for singles; agent > 30 min in composites;
+    a workflow's script: the call's value, else config or 30 min in the foreground and no
+    deadline in the background (R-TMO-7)."""
+    if launch.mode == "workflow":
+        if launch.background:
+            return launch.timeout_ms
+        return launch.timeout_ms or launch.config_timeout_ms or DEFAULT_TIMEOUT_MS
     if launch.mode == "single":
         return (
             launch.timeout_ms

@@ -11,7 +11,7 @@ import json
 import sqlite3
 from typing import Any
 
-from messages.supervisor import ChildView, RunEvent, RunView, Snapshots
+from messages.supervisor import ChildView, IntercomMessage, RunEvent, RunView, Snapshots
 
 MIGRATIONS = (
     """
@@ -69,17 +69,40 @@ MIGRATIONS = (
     );
     CREATE INDEX run_events_by_run ON run_events(run_id, seq)
     """,
+    # 2: resume, workflows, intercom and chain appends.
+    """
+    ALTER TABLE runs ADD COLUMN source_run_id TEXT;
+    ALTER TABLE runs ADD COLUMN workflow_key TEXT;
+    ALTER TABLE runs ADD COLUMN workflow_token TEXT;
+    ALTER TABLE runs ADD COLUMN intercom TEXT NOT NULL DEFAULT 'on';
+    CREATE INDEX runs_by_parent ON runs(parent_run_id);
+    CREATE TABLE run_appends (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        seq INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        steps INTEGER NOT NULL,
+        reservation_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    )
+    """,
 )
 
 _RUN_COLUMNS = (
     "run_id, session_id, mode, background, state, label, depth, parent_run_id, root_run_id, "
     "run_dir, created_at, started_at, ended_at, deadline_at, error, output, runner_id, fanout, "
-    "capacity, snapshots"
+    "capacity, snapshots, source_run_id, workflow_key, workflow_token, intercom"
 )
 
 
 def insert_run(db: sqlite3.Connection, row: dict[str, Any]) -> None:
-    row = {"error": "", "output": "", **row, "snapshots": row["snapshots"].model_dump_json()}
+    row = {
+        "error": "",
+        "output": "",
+        "intercom": "on",
+        **row,
+        "snapshots": row["snapshots"].model_dump_json(),
+    }
     names = _RUN_COLUMNS.split(", ")
     db.execute(
         f"INSERT INTO runs({_RUN_COLUMNS}) VALUES({', '.join('?' for _ in names)})",
@@ -125,6 +148,27 @@ def events_after(db: sqlite3.Connection, run_id: str, after_seq: int) -> list[Ru
         (run_id, after_seq),
     ).fetchall()
     return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
+
+
+def events_of_kind(db: sqlite3.Connection, run_id: str, kind: str) -> list[RunEvent]:
+    rows = db.execute(
+        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND kind=? ORDER BY seq",
+        (run_id, kind),
+    ).fetchall()
+    return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
+
+
+def child_runs(db: sqlite3.Connection, parent_run_id: str) -> list[sqlite3.Row]:
+    rows: list[sqlite3.Row] = db.execute(
+        "SELECT run_id, state, background, workflow_key FROM runs WHERE parent_run_id=?",
+        (parent_run_id,),
+    ).fetchall()
+    return rows
+
+
+def proof_states(db: sqlite3.Connection, run_id: str) -> list[str | None]:
+    rows = db.execute("SELECT proof_state FROM run_children WHERE run_id=?", (run_id,))
+    return [r[0] for r in rows.fetchall()]
 
 
 def all_events_after(db: sqlite3.Connection, after_seq: int, limit: int) -> list[RunEvent]:
@@ -193,6 +237,17 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         snapshots=Snapshots.model_validate_json(row["snapshots"]),
         fanout_descriptor=row["fanout"],
         runner_id=row["runner_id"],
+        source_run_id=row["source_run_id"],
+        workflow_key=row["workflow_key"],
+        intercom=[
+            IntercomMessage(
+                run_id=run_id,
+                child_id=str(e.data.get("child") or ""),
+                text=str(e.data["text"]),
+                ts=e.ts,
+            )
+            for e in events_of_kind(db, run_id, "intercom")
+        ],
         children=[
             ChildView(
                 child_id=c[0],

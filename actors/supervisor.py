@@ -19,7 +19,7 @@ import logging
 import os
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,15 +27,17 @@ from typing import Any
 
 import pykka
 
-from actors import runplan, runstore
-from actors.admission import Pipeline, admit
+from actors import management, runplan, runstore
+from actors.admission import Pipeline, ResumePlan, admit
 from actors.base import DEFERRED, Cancel, OwnerActor, ReplyFn, Tick
 from actors.child import recover_children, start_child, stop_child
 from actors.invocation import ENV_TASK_DELIVERY, prepare_invocation
+from actors.recovery import write_recovery
 from messages.base import Message, Request
 from messages.capacity import ProcessProof, ReportTerminal, SlotHandle
 from messages.errors import Internal, SubagentsError
 from messages.fanout import (
+    CommitReservation,
     ENV_FANOUT,
     FanoutDescriptor,
     FanoutSnapshot,
@@ -47,20 +49,29 @@ from messages.fanout import (
 from messages.runs import ChildExited, ChildSpec, ChildStarted
 from messages.session import TrackRun
 from messages.supervisor import (
+    Append,
+    ChainStep,
     FleetEvents,
+    Intercom,
+    IntercomMessage,
+    IntercomOff,
     Launch,
     LaunchResult,
     ListRuns,
+    Rerun,
+    Resume,
     RunEvents,
     RunIdAmbiguous,
     RunList,
     RunNotFound,
+    RunStorageFailed,
     RunView,
     Show,
     Snapshots,
     Stop,
     Watch,
     WatchAll,
+    WorkflowChildRefused,
 )
 
 log = logging.getLogger(__name__)
@@ -94,6 +105,10 @@ class LiveRun:
     #: The pid mark_started recorded for the run's runner (this node). None for a run adopted
     #: after a restart: the node that started it is gone, so its proof names the runner by id.
     runner_pid: int | None = None
+    parent_run_id: str | None = None
+    mode: str = ""
+    pending_appends: int = 0
+    pending_steps: int = 0
 
 
 @dataclass
@@ -115,9 +130,13 @@ class RunSupervisor(OwnerActor):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self._live: dict[str, LiveRun] = {}
-        self._admissions: dict[str, tuple[Pipeline, ReplyFn]] = {}
+        self._admissions: dict[str, tuple[Generator[Any, Message, Message], ReplyFn]] = {}
+        self._appending: dict[str, tuple[LiveRun, int]] = {}
         self._watchers: dict[str, dict[int, Watcher]] = {}
         self._recovered = False
+        #: Settled workflows whose background children still lack proof (R-CAP-22): their
+        #: slot is re-reported whenever one of those children settles.
+        self._unproven_workflows: set[str] = set()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
@@ -127,6 +146,10 @@ class RunSupervisor(OwnerActor):
             Show: self._show,
             ListRuns: self._list,
             Stop: self._stop_run,
+            Resume: self._resume,
+            Rerun: self._rerun,
+            Append: self._append,
+            Intercom: self._intercom,
         }
 
     # -- settings -----------------------------------------------------------------------------
@@ -156,6 +179,9 @@ class RunSupervisor(OwnerActor):
         if self._recovered:
             return
         self._recovered = True
+        for run_id, seq, reservation in management.uncommitted_appends(self.db):
+            # R-APP-4 after a crash: the record is durable, so its claims must be too.
+            self._call(f"appendfix:{run_id}:{seq}", CommitReservation(reservation_id=reservation))
         unsettled = runstore.unsettled_runs(self.db)
         for run_id in unsettled:
             self._adopt_run(run_id)
@@ -209,13 +235,126 @@ class RunSupervisor(OwnerActor):
 
     # -- launch -------------------------------------------------------------------------------
 
-    def _launch(self, request: Launch) -> Message:
+    def _launch(self, request: Launch, resume: ResumePlan | None = None) -> Message:
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
-        self._admissions[run_id] = (admit(self, request, run_id, runner_id), self.current_reply)
+        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
+        self._admissions[run_id] = (pipeline, self.current_reply)
         self._step(run_id, None, None)
         return DEFERRED  # type: ignore[no-any-return]
+
+    def _resume(self, request: Resume) -> Message:
+        row = runstore.run_row(self.db, self._resolve(request.run_id))
+        assert row is not None
+        launch, plan = management.resume_launch(row, request)
+        return self._launch(launch, plan)
+
+    def _rerun(self, request: Rerun) -> Message:
+        row = runstore.run_row(self.db, self._resolve(request.run_id))
+        assert row is not None
+        return self._launch(management.rerun_launch(row, request))
+
+    def _append(self, request: Append) -> Message:
+        """R-APP-1..4: queue steps on a running background chain, claims and record together."""
+        run_id = self._resolve(request.run_id)
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        live = self._live.get(run_id)
+        if row["mode"] != "chain" or not row["background"]:
+            raise management.append_rejected(run_id, "it is not a background chain run")
+        if live is None or live.launch is None or live.stop_state or live.settling:
+            raise management.append_rejected(run_id, f"the run is {row['state']}")
+        busy = live.running or live.queue or live.next_group < len(live.groups)
+        if not busy and not live.pending_appends:
+            raise management.append_rejected(run_id, "no step is running or pending")
+        if live.descriptor is None:
+            raise management.append_rejected(
+                run_id, f"Run '{run_id}' is missing its run fan-out budget identity."
+            )
+        paths = management.append_paths(len(live.groups) + live.pending_steps, request.steps)
+        live.pending_appends += 1
+        live.pending_steps += len(request.steps)
+        key = f"append:{run_id}:{uuid.uuid4().hex[:8]}"
+        count = len(request.steps)
+
+        def pending_after() -> int:
+            self._appending.pop(key, None)
+            live.pending_appends -= 1
+            live.pending_steps -= count
+            return live.pending_appends
+
+        pipeline = management.append_pipeline(
+            self, run_id, live.descriptor, list(request.steps), paths, pending_after
+        )
+        assert self.current_reply is not None
+        self._admissions[key] = (pipeline, self.current_reply)
+        self._appending[key] = (live, count)
+        self._step(key, None, None)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def clock(self) -> float:
+        return self.ctx.clock()
+
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
+        """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
+        live = self._live[run_id]
+        index = len(live.labels)
+        for step in steps:
+            number = len(live.groups)
+            group = []
+            for j, item in enumerate(step.items):
+                label = f"chain[{number}].parallel[{j}]" if step.parallel else f"chain[{number}]"
+                group.append(runplan.ChildPlan(index, number, label, label, item))
+                runstore.insert_child(
+                    self.db,
+                    {
+                        "run_id": run_id,
+                        "idx": index,
+                        "child_id": f"{run_id}-{index}",
+                        "step": number,
+                        "label": label,
+                        "agent": item.agent.name,
+                        "state": "pending",
+                    },
+                )
+                live.labels[index] = label
+                index += 1
+            live.groups.append(group)
+        self._event(run_id, "chain.append", {"steps": len(steps)})
+        # Start the new steps (if the chain was idle) once this transaction has committed.
+        advance = self._to_self("advance")
+        self.after_commit(lambda: advance(run_id))
+        return live.pending_appends
+
+    def _intercom(self, request: Intercom) -> Message:
+        """R-ICB: a child's message to its run; refused when the run has intercom off."""
+        run_id = self._resolve(request.run_id)
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        if row["intercom"] == "off":
+            raise IntercomOff(f"Intercom is off for run {run_id}.", run_id=run_id)
+        now = self.ctx.clock()
+        self._event(run_id, "intercom", {"child": request.child_id or None, "text": request.text})
+        return IntercomMessage(run_id=run_id, child_id=request.child_id, text=request.text, ts=now)
+
+    def check_workflow_child(self, launch: Launch) -> None:
+        """AdmissionHost, R-FAN-24: only the live workflow's own host may pass its fields."""
+        if not (launch.workflow_key or launch.fanout_admitted or launch.workflow_token):
+            return
+        parent = runstore.run_row(self.db, launch.parent_run_id) if launch.parent_run_id else None
+        if (
+            parent is None
+            or parent["mode"] != "workflow"
+            or parent["state"] != "running"
+            or not launch.workflow_token
+            or parent["workflow_token"] != launch.workflow_token
+            or not launch.workflow_key
+        ):
+            raise WorkflowChildRefused(
+                "Public execution does not accept internal run fan-out fields.",
+                workflow_key=launch.workflow_key,
+            )
 
     def _step(self, key: str, value: Message | None, error: SubagentsError | None) -> None:
         pipeline, reply = self._admissions[key]
@@ -223,10 +362,11 @@ class RunSupervisor(OwnerActor):
             request = pipeline.throw(error) if error is not None else pipeline.send(value)  # type: ignore[arg-type]
         except StopIteration as done:
             del self._admissions[key]
-            self.reply_later(reply, LaunchResult(run=done.value))
+            self.reply_later(reply, done.value)
             return
         except SubagentsError as err:
             del self._admissions[key]
+            self._release_append(key)
             self._abandon(key, err.message)
             self.reply_later(reply, err)
             return
@@ -236,6 +376,15 @@ class RunSupervisor(OwnerActor):
             self.reply_later(reply, Internal(f"launch failed: {exc!r}", actor=self.name))
             raise
         self._call(key, request)
+
+    def _release_append(self, key: str) -> None:
+        """A failed append no longer holds the chain open (R-APP-1's pending count)."""
+        entry = self._appending.pop(key, None)
+        if entry is not None:
+            live, steps = entry
+            live.pending_appends -= 1
+            live.pending_steps -= steps
+            self._advance(live)
 
     def _abandon(self, run_id: str, reason: str) -> None:
         """R-ADM-5: a launch that fails after its run started (mark_started refused) reports an
@@ -254,8 +403,15 @@ class RunSupervisor(OwnerActor):
 
         return deliver
 
-    def _call(self, key: str, request: Request) -> None:
-        """Send a request to another owner; its outcome comes back as a `resume` tick."""
+    def _call(self, key: str, request: Request | management.Durable) -> None:
+        """Send a request to another owner; its outcome comes back as a `resume` tick.
+
+        A `Durable` request is sent only once our current transaction has committed.
+        """
+        if isinstance(request, management.Durable):
+            inner = request.request
+            self.after_commit(lambda: self._call(key, inner))
+            return
         deliver = self._to_self("resume")
         assert self.ctx.dispatch is not None, "the node injects dispatch"
         try:
@@ -269,7 +425,14 @@ class RunSupervisor(OwnerActor):
     def on_tick(self, tick: Tick) -> None:
         if tick.name == "resume":
             key, outcome = tick.payload
-            if key.startswith("settle:"):
+            if key.startswith("appendfix:"):
+                _, run_id, seq = key.split(":")
+                state = "committed" if not isinstance(outcome, SubagentsError) else "expired"
+                self.db.execute(
+                    "UPDATE run_appends SET state=? WHERE run_id=? AND seq=?",
+                    (state, run_id, int(seq)),
+                )
+            elif key.startswith("settle:"):
                 live = self._live.get(key.removeprefix("settle:"))
                 if live is not None:
                     self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
@@ -282,6 +445,10 @@ class RunSupervisor(OwnerActor):
                 log.error("supervisor bookkeeping call failed: %s", outcome.message)
         elif tick.name == "child":
             self._on_child_event(tick.payload)
+        elif tick.name == "advance":
+            live = self._live.get(tick.payload)
+            if live is not None:
+                self._advance(live)
         elif tick.name == "deadline":
             live = self._live.get(tick.payload)
             if live is not None and live.stop_state is None and live.deadline_ms:
@@ -302,9 +469,15 @@ class RunSupervisor(OwnerActor):
         descriptor: FanoutDescriptor,
         handle: SlotHandle | None,
         snapshots: Snapshots,
+        source_run_id: str | None = None,
     ) -> RunView:
         """AdmissionHost: write the run and its pending children, then start the first group."""
         now = self.ctx.clock()
+        encoded = encode_descriptor(descriptor)
+        try:  # R-FAN-6: the recovery descriptor exists before any child starts
+            write_recovery(self.run_dir(run_id), launch, encoded)
+        except OSError as exc:
+            raise RunStorageFailed(f"Failed to create run storage: {exc}") from None
         groups = runplan.plan_children(launch)
         deadline_ms = runplan.run_deadline_ms(launch)
         first = groups[0][0].item.agent.name
@@ -327,9 +500,13 @@ class RunSupervisor(OwnerActor):
                 "started_at": now,
                 "deadline_at": now + deadline_ms / 1000 if deadline_ms else None,
                 "runner_id": runner_id,
-                "fanout": encode_descriptor(descriptor),
+                "fanout": encoded,
                 "capacity": handle.model_dump_json() if handle else None,
                 "snapshots": snapshots,
+                "source_run_id": source_run_id,
+                "workflow_key": launch.workflow_key,
+                "workflow_token": management.new_token() if launch.mode == "workflow" else None,
+                "intercom": launch.intercom,
             },
         )
         for group in groups:
@@ -359,6 +536,8 @@ class RunSupervisor(OwnerActor):
             labels={c.index: c.label for g in groups for c in g},
             deadline_ms=deadline_ms,
             runner_pid=os.getpid(),
+            parent_run_id=launch.parent_run_id,
+            mode=launch.mode,
         )
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
@@ -391,7 +570,9 @@ class RunSupervisor(OwnerActor):
             limit = launch.concurrency if launch.mode == "parallel" else max(1, len(live.queue))
             while live.queue and len(live.running) < limit:
                 self._start_child(live, launch, live.queue.popleft())
-        nothing_left = not live.queue and live.next_group >= len(live.groups)
+        nothing_left = (
+            not live.queue and live.next_group >= len(live.groups) and not live.pending_appends
+        )
         if not live.running and (not may_start or nothing_left):
             self._finish(live)
 
@@ -407,7 +588,7 @@ class RunSupervisor(OwnerActor):
         invocation = prepare_invocation(item.agent, task, child_dir, env.get(ENV_TASK_DELIVERY))
         env.update(item.agent.env)
         env.update(self._child_env(live, launch, child, child_dir))
-        if item.agent.fanout and live.descriptor is not None:
+        if (item.agent.fanout or launch.mode == "workflow") and live.descriptor is not None:
             descriptor = (
                 extend(live.descriptor, child.segment) if child.segment else live.descriptor
             )
@@ -425,7 +606,7 @@ class RunSupervisor(OwnerActor):
             stdin_path=invocation.stdin_path,
             stdout_path=str(live.run_dir / f"external-{child.index}.stdout.log"),
             stderr_path=str(live.run_dir / f"external-{child.index}.stderr.log"),
-            deadline_s=runplan.child_timeout_ms(launch, item) / 1000,
+            deadline_s=_seconds(runplan.child_timeout_ms(launch, item)),
         )
         live.refs[child_id] = start_child(self.ctx, spec, self._to_self("child"))
         live.running[child_id] = child.index
@@ -452,6 +633,12 @@ class RunSupervisor(OwnerActor):
             "SUBAGENTS_MAX_DEPTH": str(max_depth),
             "SUBAGENTS_CHILD_DIR": str(child_dir),
         }
+        if launch.mode == "workflow":
+            # The host is the workflow's controller, not a nested agent: its children launch
+            # at the workflow's own depth, with the token that proves their admission.
+            row = runstore.run_row(self.db, live.run_id)
+            env["SUBAGENTS_DEPTH"] = str(launch.depth)
+            env["SUBAGENTS_WORKFLOW_TOKEN"] = str(row["workflow_token"] if row else "")
         output = child.item.output or child.item.agent.output
         if output:
             env["SUBAGENTS_OUTPUT"] = str(Path(launch.cwd, output))
@@ -548,6 +735,8 @@ class RunSupervisor(OwnerActor):
             live.cancel_deadline()
         if live.handle is not None:
             self._call(f"report:{live.run_id}", self._terminal_report(live, state, now))
+        if live.parent_run_id in self._unproven_workflows:
+            self._report_workflow(live.parent_run_id)
         self._call(
             f"track:{live.run_id}",
             TrackRun(session_id=live.session_id, run_id=live.run_id, state=state),
@@ -564,12 +753,19 @@ class RunSupervisor(OwnerActor):
             proof_state, reason = "observed", "every child's process tree was observed to end"
         else:
             proof_state, reason = "unknown", "a child's process tree was not observed to end"
+        proven, why = False, ""
+        if live.mode == "workflow":
+            proven, why = management.workflow_children_verdict(self.db, live.run_id)
+            if not proven:
+                self._unproven_workflows.add(live.run_id)
         return ReportTerminal(
             session_id=live.session_id,
             run_id=live.run_id,
             generation=live.handle.generation,
             state=state,
             live_process=False,
+            workflow_children_proven=proven,
+            reason=why,
             proof=ProcessProof(
                 state=proof_state,
                 runner_id=live.runner_id,
@@ -579,6 +775,35 @@ class RunSupervisor(OwnerActor):
                 error=live.error if proof_state == "not-started" else "",
             ),
         )
+
+    def _report_workflow(self, run_id: str) -> None:
+        """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""
+        row = runstore.run_row(self.db, run_id)
+        if row is None or not row["capacity"]:
+            self._unproven_workflows.discard(run_id)
+            return
+        proven, why = management.workflow_children_verdict(self.db, run_id)
+        if proven:
+            self._unproven_workflows.discard(run_id)
+        handle = SlotHandle.model_validate_json(row["capacity"])
+        proofs = runstore.proof_states(self.db, run_id)
+        observed = all(p in ("observed", "not-started") for p in proofs)
+        report = ReportTerminal(
+            session_id=row["session_id"],
+            run_id=run_id,
+            generation=handle.generation,
+            state=row["state"],
+            live_process=False,
+            workflow_children_proven=proven,
+            reason=why,
+            proof=ProcessProof(
+                state="observed" if observed else "unknown",
+                runner_id=row["runner_id"],
+                observed_at=self.ctx.clock(),
+                reason="workflow host process tree observed to end",
+            ),
+        )
+        self._call(f"report:{run_id}", report)
 
     def _output(self, live: LiveRun) -> str:
         if not live.outputs:
@@ -707,4 +932,17 @@ class RunSupervisor(OwnerActor):
         self._event(live.run_id, "run.stopping", {"reason": reason})
         for ref in list(live.refs.values()):
             stop_child(ref, reason)
+        # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
+        for other in list(self._live.values()):
+            if other.parent_run_id == live.run_id and other.stop_state is None:
+                self._stop_live(other, "stopped", reason)
         self._advance(live)
+
+
+def _launch_result(pipeline: Pipeline) -> Generator[Request, Message, Message]:
+    view = yield from pipeline
+    return LaunchResult(run=view)
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000

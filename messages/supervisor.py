@@ -18,7 +18,10 @@ from messages.runs import ProofState, RunState
 
 SUPERVISOR = "supervisor"
 
-RunMode = Literal["single", "parallel", "chain"]
+RunMode = Literal["single", "parallel", "chain", "workflow"]
+IntercomMode = Literal["on", "off"]
+#: R-WF-4: workflow child keys.
+WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 #: A child the run has not started yet is `pending`; the others are messages.runs.ChildState.
 ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
@@ -93,6 +96,13 @@ class ChildView(Message):
     proof_state: ProofState | None = None
 
 
+class IntercomMessage(Message):
+    run_id: str
+    child_id: str = ""
+    text: str
+    ts: float
+
+
 class RunView(Message):
     run_id: str
     session_id: str
@@ -115,6 +125,11 @@ class RunView(Message):
     fanout_descriptor: str = ""
     #: This execution's runner id (§0.1): the identity its capacity slot records.
     runner_id: str = ""
+    #: The run this one resumed (R-RES), and its workflow key if it is a workflow child.
+    source_run_id: str | None = None
+    workflow_key: str | None = None
+    #: Messages children sent to this run (R-ICB), oldest first.
+    intercom: list[IntercomMessage] = Field(default_factory=list)
     children: list[ChildView]
 
 
@@ -145,6 +160,14 @@ class Launch(Request):
     spawns_per_session: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     #: The launcher's environment, the base of every child's (None: the node's own).
     env: dict[str, str] | None = None
+    #: R-ICB-1..3: `off` disables intercom for this run only (children cannot message it).
+    intercom: IntercomMode = "on"
+    #: Workflow children (R-WF-3): the key, and the host's proof that it already claimed
+    #: `workflow[key]` (R-FAN-20). A launch carrying either without the workflow's token is
+    #: refused (R-FAN-24), so no child can skip its own claim.
+    workflow_key: str | None = Field(default=None, pattern=WORKFLOW_KEY)
+    fanout_admitted: bool = False
+    workflow_token: str | None = Field(default=None, max_length=128)
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> Launch:
@@ -154,6 +177,10 @@ class Launch(Request):
             raise ValueError("a parallel run has one or more items and no chain")
         if self.mode == "chain" and (not self.chain or self.items):
             raise ValueError("a chain run has one or more chain steps and no items")
+        if self.mode == "workflow" and (len(self.items) != 1 or self.chain):
+            raise ValueError("a workflow run has exactly one item (its host) and no chain")
+        if self.fanout_admitted and not self.workflow_key:
+            raise ValueError("fanout_admitted is set only by a workflow host, with a key")
         return self
 
 
@@ -229,7 +256,59 @@ class WatchAll(Request):
     limit: int = Field(default=500, ge=1, le=5000)
 
 
-REQUESTS = (Launch, Watch, WatchAll, Show, ListRuns, Stop)
+class Resume(Request):
+    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5)."""
+
+    type: Literal["runs.resume"] = "runs.resume"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = LaunchResult
+    run_id: str = Field(min_length=1)
+    message: str = Field(default="", max_length=_MAX_TASK)
+    #: The resuming launcher's depth and limit (R-TOP-1, R-CAP-18).
+    depth: int = Field(default=0, ge=0)
+    capacity_limit: int = Field(default=0, ge=0, le=MAX_COUNT)
+
+
+class Rerun(Request):
+    """Launch a finished run again with the same parameters and a new task (R-MISC-2)."""
+
+    type: Literal["runs.rerun"] = "runs.rerun"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = LaunchResult
+    run_id: str = Field(min_length=1)
+    task: str = Field(min_length=1, max_length=_MAX_TASK)
+    child: int = Field(default=0, ge=0)
+
+
+class AppendResult(Message):
+    run_id: str
+    steps: int
+    pending_appends: int
+    text: str
+
+
+class Append(Request):
+    """Queue steps on a running background chain; claims and the append exist together."""
+
+    type: Literal["runs.append"] = "runs.append"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = AppendResult
+    run_id: str = Field(min_length=1)
+    steps: list[ChainStep] = Field(min_length=1, max_length=64)
+
+
+class Intercom(Request):
+    """A child's message to its run (R-ICB): shown in the run's result and the fleet view."""
+
+    type: Literal["runs.intercom"] = "runs.intercom"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = IntercomMessage
+    run_id: str = Field(min_length=1)
+    child_id: str = Field(default="", max_length=128)
+    text: str = Field(min_length=1, max_length=4000)
+
+
+REQUESTS = (Launch, Watch, WatchAll, Show, ListRuns, Stop, Resume, Rerun, Append, Intercom)
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -276,3 +355,27 @@ class RunNotFound(SubagentsError):
 
 class RunIdAmbiguous(BadRequest):
     code = "run_id_ambiguous"
+
+
+class RunNotResumable(SubagentsError):
+    """R-RES-1/2: the run is running, stopped, or has no recovery descriptor."""
+
+    code = "run_not_resumable"
+
+
+class AppendRejected(SubagentsError):
+    """R-APP-1/2: the append's preconditions failed; nothing was claimed or queued."""
+
+    code = "append_rejected"
+
+
+class IntercomOff(SubagentsError):
+    """R-ICB-2: intercom is off for the target run."""
+
+    code = "intercom_off"
+
+
+class WorkflowChildRefused(BadRequest):
+    """R-FAN-24: internal workflow fields without the workflow's token."""
+
+    code = "workflow_child_refused"
