@@ -61,7 +61,8 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
     if not isinstance(raw, dict):
         raise MalformedFrame("frame is not a msgpack map", reason="not_a_map")
     version = raw.get("v")
-    if version != PROTOCOL_VERSION:
+    # `type(...) is int`: True and 1.0 compare equal to 1 but are not a protocol version.
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise UnsupportedProtocol(
             f"protocol version {version!r} is not supported (this node speaks {PROTOCOL_VERSION})",
             got=version if isinstance(version, int | str) else None,

@@ -15,6 +15,7 @@ from messages.errors import BadRequest
 from messages.node import NodeStatus, NodeStatusResult, Ping, Pong, Shutdown
 from runtime.api_capacity import CapacityAPI
 from runtime.api_fanout import FanoutAPI
+from runtime.api_runs import RunsAPI
 from runtime.api_session import SessionAPI
 from runtime.paths import ENV_NODE, ipc_endpoint, resolve_state_dir
 from runtime.transport import Transport, ZmqTransport
@@ -31,14 +32,24 @@ class Client:
         self.capacity = CapacityAPI(self)
         self.fanout = FanoutAPI(self)
         self.session = SessionAPI(self)
+        self.runs = RunsAPI(self)
 
     @property
     def address(self) -> str:
         return self.transport.address
 
-    def ask(self, request: Request, result: type[R], timeout: float | None = None) -> R:
-        """Send one request and return its typed result, or raise its typed error."""
-        outcome = self.transport.call(request, self.timeout if timeout is None else timeout)
+    def ask(
+        self,
+        request: Request,
+        result: type[R],
+        timeout: float | None = None,
+        target: str = "",
+    ) -> R:
+        """Send one request and return its typed result, or raise its typed error.
+
+        `target` is needed only by requests that leave their owner open (`debug.*`).
+        """
+        outcome = self.transport.call(request, self.timeout if timeout is None else timeout, target)
         if not isinstance(outcome, result):
             raise BadRequest(
                 f"{request.type} answered with {type(outcome).__name__}, not {result.__name__}",

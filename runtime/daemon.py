@@ -95,11 +95,44 @@ def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
         client.close()
     try:
         proc = psutil.Process(pid)
-        try:
-            proc.wait(timeout_s)
-        except psutil.TimeoutExpired:
-            proc.terminate()
-            proc.wait(5)
     except psutil.NoSuchProcess:
-        pass
+        return pid
+    if not wait_exited(proc, timeout_s):
+        proc.terminate()
+        if not wait_exited(proc, 5.0):
+            raise NodeTimeout(
+                f"the node (pid {pid}) did not exit after shutdown and SIGTERM",
+                address=str(record["address"]),
+                timeout_s=timeout_s + 5.0,
+            )
     return pid
+
+
+def wait_exited(proc: psutil.Process, timeout_s: float) -> bool:
+    """Wait for `proc` (not necessarily our child) to exit; True once it has.
+
+    A zombie has exited: only its reaper can collect it, and in a container pid 1 may never
+    do so, so waiting for the pid to vanish (psutil's wait) can hang. On Linux a pidfd becomes
+    readable exactly when the process terminates, so this waits on an event, not a poll.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        pidfd = None  # no pidfd support: fall back to psutil's wait
+    if pidfd is not None:
+        try:
+            ready, _, _ = select.select([pidfd], [], [], timeout_s)
+        finally:
+            os.close(pidfd)
+        return bool(ready)
+    try:
+        proc.wait(timeout_s)
+        return True
+    except psutil.TimeoutExpired:
+        pass
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -136,12 +136,15 @@ class Gateway:
             sock.close(linger=0)
 
     def _drain_wake(self) -> None:
-        self._wake_pending = False
+        # Empty the pipe first, then clear the flag: the other order loses a wake-up when a
+        # reply thread sets the flag and writes between the two steps (the byte is drained, the
+        # flag stays set, and later replies wait for an unrelated inbound frame).
         try:
             while os.read(self._wake_r, 4096):
                 pass
         except BlockingIOError:
             pass
+        self._wake_pending = False
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(_RECV_BATCH):

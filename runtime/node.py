@@ -87,6 +87,10 @@ class Node:
         self._refs: dict[str, pykka.ActorRef[OwnerActor]] = {}
         self._gateway: Gateway | None = None
         self._clients: list[Client] = []
+        #: Restarts per actor, counted as crashes are reported: `status` must never ask a busy
+        #: actor (the gateway's I/O thread would block behind its mailbox).
+        self._restarts: dict[str, int] = {}
+        self._intensity: RestartIntensity | None = None
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.store = Store(self.state_dir / DB_NAME, self.options.synchronous)
 
@@ -100,15 +104,19 @@ class Node:
         self._refuse_if_running()
         self.store.migrate({cls.name: cls.MIGRATIONS for cls in (*owners.OWNERS, *owners.PER_RUN)})
         self._timers = Timers()
-        intensity = RestartIntensity(
+        self._intensity = RestartIntensity(
             self._fail, self.options.restart_max, self.options.restart_window_s
         )
         ctx = ActorContext(
             open_db=self.store.connect,
-            report_crash=intensity.report,
+            report_crash=self._report_crash,
             schedule=self._timers.schedule,
             faults=self.options.faults,
-            settings=dict(self.options.settings),
+            settings={
+                "runs_dir": str(self.state_dir / "runs"),
+                "node_address": endpoints[0],
+                **self.options.settings,
+            },
             dispatch=self.dispatcher.dispatch,
         )
         for cls in owners.OWNERS:
@@ -160,6 +168,12 @@ class Node:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a stop is requested (signal, `node.shutdown`, or too many crashes)."""
         return self._stop_requested.wait(timeout)
+
+    def _report_crash(self, actor: str, exc: BaseException) -> None:
+        # Called from the crashed actor's own thread; each actor only bumps its own entry.
+        self._restarts[actor] = self._restarts.get(actor, 0) + 1
+        if self._intensity is not None:
+            self._intensity.report(actor, exc)
 
     def _fail(self, reason: str) -> None:
         log.critical("node stopping: %s", reason)
@@ -243,14 +257,11 @@ class Node:
         return BadRequest(f"the node does not serve {request.type}", reason="wrong_target")
 
     def _actor_status(self, name: str, ref: pykka.ActorRef[OwnerActor]) -> ActorStatus:
-        restarts = 0
-        with suppress(pykka.ActorDeadError):
-            restarts = int(ref.proxy().restarts.get(timeout=1))
         return ActorStatus(
             name=name,
             mailbox=mailbox_depth(ref),
             mailbox_limit=self.dispatcher.mailbox_limit,
-            restarts=restarts,
+            restarts=self._restarts.get(name, 0),
         )
 
     # -- the pid file: which process serves this state dir ------------------------------------
@@ -295,11 +306,15 @@ class Node:
 
 
 def read_pid_file(state_dir: Path) -> dict[str, object] | None:
-    """The live node serving `state_dir`, or None (a stale record of a dead process is None)."""
+    """The live node serving `state_dir`, or None (a stale record of a dead process is None).
+
+    A zombie is dead: after `kill -9` the process lingers until its reaper (often pid 1, which
+    in a container may never reap) collects it, and that must not block a restart.
+    """
     try:
         record = json.loads((state_dir / PID_NAME).read_text())
-        pid = int(record["pid"])
-        if psutil.Process(pid).create_time() != record["create_time"]:
+        proc = psutil.Process(int(record["pid"]))
+        if proc.create_time() != record["create_time"] or proc.status() == psutil.STATUS_ZOMBIE:
             return None
         return dict(record)
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):

@@ -31,9 +31,16 @@ _MAX_REPLY = 64 << 20
 
 
 class Transport(Protocol):
+    """Send one request and wait for its outcome.
+
+    `target` names the owner for requests that do not fix one themselves (the `debug.*`
+    fault-injection requests); a request with its own target ignores an empty one and refuses
+    a different one (BadRequest, from the Dispatcher).
+    """
+
     address: str
 
-    def call(self, request: Request, timeout: float) -> Message: ...
+    def call(self, request: Request, timeout: float, target: str = "") -> Message: ...
 
     def close(self) -> None: ...
 
@@ -64,9 +71,9 @@ class InProcessTransport:
         self._dispatcher = dispatcher
         self.address = address
 
-    def call(self, request: Request, timeout: float) -> Message:
+    def call(self, request: Request, timeout: float, target: str = "") -> Message:
         box = _Box()
-        self._dispatcher.dispatch(request, request.target, box.set)
+        self._dispatcher.dispatch(request, target or request.target, box.set)
         if not box.wait(timeout):
             raise NodeTimeout(
                 f"no reply to {request.type} within {timeout:g}s",
@@ -191,17 +198,21 @@ class ZmqTransport:
                 address=self.address,
             )
 
-    def submit(self, request: Request) -> PendingReply:
+    def submit(self, request: Request, target: str = "") -> PendingReply:
+        """Put `request` on the wire now; resolve the returned PendingReply later, same thread."""
         self._check_reachable()
         channel = self._channel()
         env = Envelope(
-            type=request.type, body=request.to_body(), target=request.target, sender=self._sender
+            type=request.type,
+            body=request.to_body(),
+            target=target or request.target,
+            sender=self._sender,
         )
         channel.send(env)
         return PendingReply(channel, request, env)
 
-    def call(self, request: Request, timeout: float) -> Message:
-        return self.submit(request).result(timeout)
+    def call(self, request: Request, timeout: float, target: str = "") -> Message:
+        return self.submit(request, target).result(timeout)
 
     def close(self) -> None:
         with self._lock:

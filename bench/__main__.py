@@ -1,0 +1,59 @@
+"""`python -m bench`: run every benchmark module, print its report, write bench/results.md.
+
+A benchmark is any `bench/<name>.py` that defines `main() -> str` (a markdown section). They
+run one after another (never concurrently: they would measure each other), in name order;
+`python -m bench NAME...` runs only those.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+from bench.common import machine_facts
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "results.md"
+_NOT_BENCHMARKS = {"__init__", "__main__", "common"}
+
+
+def benchmark_names() -> list[str]:
+    names = []
+    for path in sorted(BENCH_DIR.glob("*.py")):
+        if path.stem in _NOT_BENCHMARKS:
+            continue
+        module = importlib.import_module(f"bench.{path.stem}")
+        if inspect.isfunction(getattr(module, "main", None)):
+            names.append(path.stem)
+    return names
+
+
+def run(names: list[str]) -> str:
+    facts = machine_facts()
+    header = "# Benchmark results\n\n" + "\n".join(f"- {k}: {v}" for k, v in facts.items())
+    sections = [header]
+    print(header + "\n", flush=True)
+    for name in names:
+        print(f"running bench.{name} ...", file=sys.stderr, flush=True)
+        section = importlib.import_module(f"bench.{name}").main()
+        print(section, flush=True)
+        sections.append(section)
+    return "\n\n".join(sections) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    available = benchmark_names()
+    unknown = [name for name in argv if name not in available]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; have {', '.join(available)}")
+        return 2
+    report = run(argv or available)
+    RESULTS.write_text(report)
+    print(f"wrote {RESULTS}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
