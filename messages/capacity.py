@@ -1,7 +1,385 @@
-"""Protocol of the capacity owner (placeholder: being written)."""
+"""Protocol of the capacity owner: active async run slots per session (SPEC §4, R-CAP-*).
+
+Owns the request and result models the CapacityLedger serves and the errors it raises:
+
+    SubagentsError
+    └── CapacityError                    capacity_error
+        ├── CapacityExhausted            capacity_exhausted            used, limit
+        ├── CapacityOwnershipChanged     capacity_ownership_changed    run_id, session_id,
+        │                                                              slot, reason
+        ├── CapacityNotTransferable      capacity_not_transferable     source_run_id, reason
+        └── CapacityRunAlreadyHeld       capacity_run_already_held     run_id, session_id, slot
+
+A handle (`SlotHandle`) is what a launcher holds after an acquire or a transfer: the slot's
+place (session, index) and its compare-and-set identity (token, run id, generation; R-CAP-4).
+Every handle operation names all of it, so a stale or forged handle is refused (rollback
+answers false instead, R-CAP-17). Times are wall-clock seconds since the epoch.
+"""
 
 from __future__ import annotations
 
-from messages.base import Request
+from typing import Annotated, ClassVar, Literal
 
-REQUESTS: tuple[type[Request], ...] = ()
+from pydantic import Field
+
+from messages.base import Message, Request, ResultType
+from messages.errors import SubagentsError
+
+CAPACITY = "capacity"
+
+SlotKind = Literal["runner", "workflow"]
+#: States a run supervisor reports when a run stops running (R-RUN-2 minus queued/running).
+ReportedState = Literal["complete", "failed", "stopped", "rejected", "paused"]
+TERMINAL_STATES: frozenset[str] = frozenset({"complete", "failed", "stopped", "rejected"})
+ProofState = Literal["observed", "unknown", "not-started"]
+Relation = Literal["current", "source", "none"]
+VerdictKind = Literal["releasable", "retained", "not-owned"]
+
+#: A pool cap: 0 means unlimited (R-CFG-2). Strict, so 2.5, "4" and True are schema errors: the
+#: lenient mapping of odd config values to "unlimited" (R-CFG-1) is the config layer's job.
+Limit = Annotated[int, Field(ge=0, strict=True)]
+NonEmpty = Annotated[str, Field(min_length=1, max_length=512)]
+Ttl = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]
+
+
+# -- models ---------------------------------------------------------------------------------
+
+
+class SlotHandle(Message):
+    """The holder's copy of a slot: its place and its fencing identity."""
+
+    session_id: str
+    slot: int
+    token: str
+    run_id: str
+    generation: int
+    kind: SlotKind
+
+
+class CapacitySnapshot(Message):
+    """Occupied slots of a session pool, and the cap (0 = unlimited), R-CAP-26."""
+
+    used: int
+    limit: int
+
+
+class AcquireResult(Message):
+    """A granted slot, or no handle when the cap is unlimited (R-CAP-8), plus the snapshot."""
+
+    handle: SlotHandle | None
+    snapshot: CapacitySnapshot
+
+
+class RollbackResult(Message):
+    """R-CAP-15..17: whether the rollback happened and, for a transfer, the restored source."""
+
+    rolled_back: bool
+    handle: SlotHandle | None = None
+
+
+class ProcessProof(Message):
+    """Process-terminal proof of one runner execution, written by the process's parent."""
+
+    state: ProofState
+    runner_id: str = ""
+    pid: int | None = None
+    process_start_time: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    observed_at: float | None = None
+    reason: str = ""
+    error: str = ""
+
+
+class TerminalFacts(Message):
+    """What the run supervisor last reported about a slot's run (kept for verdicts)."""
+
+    state: ReportedState
+    live_process: bool = False
+    proof: ProcessProof | None = None
+    workflow_children_proven: bool = False
+    reason: str = ""
+    reported_at: float
+
+
+class SlotRecord(Message):
+    """The owner record of one occupied slot (R-CAP-2), as stored and as `inspect` shows it."""
+
+    session_id: str
+    session_key: str
+    slot: int
+    token: str
+    run_id: str
+    source_run_id: str | None = None
+    generation: int
+    kind: SlotKind
+    async_dir: str = ""
+    reserved_at: float
+    expires_at: float | None = None
+    runner_id: str | None = None
+    runner_started_at: float | None = None
+    pid: int | None = None
+    process_start_time: float | None = None
+    terminal_state: ReportedState | None = None
+    proof_state: str | None = None
+    terminal: TerminalFacts | None = None
+    #: The complete record this one replaced by a transfer; a rollback restores it (R-CAP-16).
+    prev_record: SlotRecord | None = None
+
+    @property
+    def started(self) -> bool:
+        """R-CAP-6: a record is started iff it has a runner id or a start time."""
+        return self.runner_id is not None or self.runner_started_at is not None
+
+    def handle(self) -> SlotHandle:
+        return SlotHandle(
+            session_id=self.session_id,
+            slot=self.slot,
+            token=self.token,
+            run_id=self.run_id,
+            generation=self.generation,
+            kind=self.kind,
+        )
+
+
+class Verdict(Message):
+    """A release verdict (§4.6) and the reason `inspect` and `debug.run` show."""
+
+    verdict: VerdictKind
+    reason: str
+
+
+class Inspection(Message):
+    """R-CAP-27: how a run relates to the slots, the owner record, and the release verdict."""
+
+    relation: Relation
+    owner: SlotRecord | None = None
+    verdict: Verdict
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+class Acquire(Request):
+    """Take the lowest free slot in [0, limit) for `run_id` (R-CAP-8..12)."""
+
+    type: Literal["capacity.acquire"] = "capacity.acquire"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = AcquireResult
+
+    session_id: NonEmpty
+    limit: Limit
+    run_id: NonEmpty
+    kind: SlotKind = "runner"
+    async_dir: str = ""
+    #: Seconds an unstarted slot lives; default: the node setting `reservation_ttl_s` (60).
+    ttl_s: Ttl | None = None
+
+
+class MarkStarted(Request):
+    """Record the runner's identity on the slot (R-CAP-13); idempotent for one runner id."""
+
+    type: Literal["capacity.mark_started"] = "capacity.mark_started"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = SlotHandle
+
+    handle: SlotHandle
+    runner_id: NonEmpty
+    pid: int | None = None
+    process_start_time: float | None = None
+
+
+class MarkWorkflowStarted(Request):
+    """Record that a workflow controller is live on its `workflow` slot (R-CAP-14)."""
+
+    type: Literal["capacity.mark_workflow_started"] = "capacity.mark_workflow_started"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = SlotHandle
+
+    handle: SlotHandle
+
+
+class Rollback(Request):
+    """Undo an unstarted acquire or transfer (R-CAP-15..17). Never raises for a mismatch."""
+
+    type: Literal["capacity.rollback"] = "capacity.rollback"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = RollbackResult
+
+    handle: SlotHandle
+
+
+class Transfer(Request):
+    """Move a finished source run's slot to its resume (R-CAP-18..20, A-2 resolved)."""
+
+    type: Literal["capacity.transfer"] = "capacity.transfer"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = AcquireResult
+
+    session_id: NonEmpty
+    limit: Limit
+    source_run_id: NonEmpty
+    run_id: NonEmpty
+    async_dir: str = ""
+    ttl_s: Ttl | None = None
+
+
+class ReportTerminal(Request):
+    """The run supervisor's report that a run ended or paused; applies §4.6's verdict."""
+
+    type: Literal["capacity.report_terminal"] = "capacity.report_terminal"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = Verdict
+
+    session_id: NonEmpty
+    run_id: NonEmpty
+    #: The slot generation the run held; None = whichever the run holds now.
+    generation: int | None = None
+    state: ReportedState
+    #: Whether a process (runner, or a workflow controller) of this run is still alive.
+    live_process: bool = False
+    proof: ProcessProof | None = None
+    #: Workflow slots only: every async child has matching observed proof (R-CAP-22 rule 7).
+    workflow_children_proven: bool = False
+    #: Workflow slots only: why the children are not proven, shown by `inspect`.
+    reason: str = ""
+
+
+class Inspect(Request):
+    """R-CAP-27: find the slot that records `run_id` as its owner or as its transfer source."""
+
+    type: Literal["capacity.inspect"] = "capacity.inspect"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = Inspection
+
+    run_id: NonEmpty
+    session_id: str | None = None
+
+
+class Snapshot(Request):
+    """R-CAP-26: `{used, limit}` of a session pool (limit 0 = unlimited)."""
+
+    type: Literal["capacity.snapshot"] = "capacity.snapshot"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = CapacitySnapshot
+
+    session_id: NonEmpty
+    limit: Limit = 0
+
+
+REQUESTS: tuple[type[Request], ...] = (
+    Acquire,
+    MarkStarted,
+    MarkWorkflowStarted,
+    Rollback,
+    Transfer,
+    ReportTerminal,
+    Inspect,
+    Snapshot,
+)
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class CapacityError(SubagentsError):
+    """Base of the capacity owner's refusals. A refused request changed nothing."""
+
+    code = "capacity_error"
+
+
+class CapacityExhausted(CapacityError):
+    """R-CAP-9/10/12: no free slot below the limit; carries the snapshot."""
+
+    code = "capacity_exhausted"
+
+    @classmethod
+    def of(cls, used: int, limit: int) -> CapacityExhausted:
+        return cls(
+            f"Active async run capacity exhausted: {used}/{limit} used.", used=used, limit=limit
+        )
+
+    @property
+    def used(self) -> int:
+        return int(self.details.get("used", 0))
+
+    @property
+    def limit(self) -> int:
+        return int(self.details.get("limit", 0))
+
+    @property
+    def snapshot(self) -> CapacitySnapshot:
+        return CapacitySnapshot(used=self.used, limit=self.limit)
+
+
+class CapacityOwnershipChanged(CapacityError):
+    """R-CAP-4/13/14: the handle no longer names the stored record (stale, forged or gone)."""
+
+    code = "capacity_ownership_changed"
+
+    @classmethod
+    def of(
+        cls, handle: SlotHandle, reason: str, workflow: bool = False
+    ) -> CapacityOwnershipChanged:
+        what = "workflow" if workflow else "run"
+        return cls(
+            f"Active async capacity ownership changed for {what} '{handle.run_id}'.",
+            run_id=handle.run_id,
+            session_id=handle.session_id,
+            slot=handle.slot,
+            reason=reason,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return str(self.details.get("run_id", ""))
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
+
+
+class CapacityNotTransferable(CapacityError):
+    """R-CAP-18 step 2 with A-2 resolved: the source is not terminal (or paused and live)."""
+
+    code = "capacity_not_transferable"
+
+    @classmethod
+    def of(cls, source_run_id: str, reason: str) -> CapacityNotTransferable:
+        return cls(
+            f"Active async capacity source '{source_run_id}' is not transferable.",
+            source_run_id=source_run_id,
+            reason=reason,
+        )
+
+    @property
+    def source_run_id(self) -> str:
+        return str(self.details.get("source_run_id", ""))
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
+
+
+class CapacityRunAlreadyHeld(CapacityError):
+    """A run may own at most one slot per session; a second acquire for it is refused."""
+
+    code = "capacity_run_already_held"
+
+    @classmethod
+    def of(cls, session_id: str, run_id: str, slot: int) -> CapacityRunAlreadyHeld:
+        return cls(
+            f"Run '{run_id}' already holds active async capacity slot {slot} "
+            f"in session '{session_id}'.",
+            run_id=run_id,
+            session_id=session_id,
+            slot=slot,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return str(self.details.get("run_id", ""))
+
+    @property
+    def slot(self) -> int:
+        return int(self.details.get("slot", -1))
