@@ -1,0 +1,164 @@
+"""Models shared by the RunSupervisor and the ChildActor (SPEC §9 R-RUN-2/3/5, R-EXT-3).
+
+Owns the shapes of a child process's life: what to start (`ChildSpec`), the process-terminal
+proof (`ProcessProof`), the two events a ChildActor emits (`ChildStarted`, `ChildExited`), the
+in-process `ChildStop` request, and the run and child state names.
+
+A ChildSpec's argv and stdin file may hold the task text; nothing here logs or persists them
+(R-MISC-1). `ChildStop` is served in process only (the supervisor talks to its ChildActors
+directly; the wire-level stop is the supervisor's), so `REQUESTS` is empty.
+
+Times are wall-clock seconds since the epoch; durations are seconds unless named `_ms`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from messages.base import Ack, Message, Request, ResultType
+
+CHILDREN = "children"
+
+RunState = Literal["queued", "running", "paused", "complete", "failed", "stopped", "rejected"]
+#: R-RUN-3: terminal is any state other than queued, running or paused.
+TERMINAL_RUN_STATES: frozenset[str] = frozenset({"complete", "failed", "stopped", "rejected"})
+
+ChildState = Literal["running", "complete", "failed", "stopped"]
+TERMINAL_CHILD_STATES: frozenset[str] = frozenset({"complete", "failed", "stopped"})
+
+#: R-RUN-5: `observed` releases capacity; `unknown` keeps it retained; `not-started` means no
+#: process ever existed; `pending` is the state of a live child's proof.
+ProofState = Literal["pending", "observed", "unknown", "not-started"]
+
+#: R-EXT-3: the in-memory tails of stdout and stderr.
+OUTPUT_TAIL_BYTES = 64 * 1024
+#: R-EXT-3: SIGTERM, then SIGKILL this many seconds later.
+DEFAULT_GRACE_S = 2.0
+#: R-EXT-3: the exit code reported for a child ended by a timeout or a stop.
+ENDED_EXIT_CODE = 1
+
+REASON_EXITED = "exit observed by the parent"
+REASON_GONE = "process gone before node restart"
+REASON_ADOPTED_EXITED = (
+    "adopted after node restart; exited with an unknown exit code (not its parent)"
+)
+REASON_NOT_STARTED = "spawn failed"
+REASON_TREE_UNVERIFIED = "process-tree-unverified: process group members survived SIGKILL"
+
+UNKNOWN_EXIT_ERROR = (
+    "The process ended while the node was not its parent; its exit status is unknown."
+)
+
+
+def is_terminal(state: str) -> bool:
+    """R-RUN-3 for run states (a child's `running` is the only non-terminal child state)."""
+    return state in TERMINAL_RUN_STATES
+
+
+def exit_error(code: int) -> str:
+    """R-EXT-3: the error of a non-zero exit with nothing on stderr."""
+    return f"External CLI exited with code {code}."
+
+
+def signal_error(signum: int) -> str:
+    return f"External CLI was terminated by signal {signum}."
+
+
+def timeout_error(timeout_s: float) -> str:
+    """The error of a child ended by its deadline (R-EXT-3 'the timeout message')."""
+    return f"Subagent timed out after {round(timeout_s * 1000)} ms."
+
+
+class ChildSpec(Message):
+    """Everything a ChildActor needs to start one child OS process.
+
+    `env` is complete (the supervisor merged the node's variables and the agent's); `deadline_s`
+    counts from the spawn; `argv` may carry the task and is never logged.
+    """
+
+    child_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    session_id: str = ""
+    argv: list[str] = Field(min_length=1)
+    cwd: str
+    env: dict[str, str]
+    stdin_path: str | None = None
+    stdout_path: str
+    stderr_path: str
+    deadline_s: float | None = Field(default=None, gt=0)
+    grace_s: float = Field(default=DEFAULT_GRACE_S, ge=0)
+
+
+class ProcessProof(Message):
+    """R-RUN-5 process-terminal proof of one child process, written by the process's observer.
+
+    `runner_id` is the child id (the "runner process instance id" of §0.1). `exit_code` and
+    `signal` are what the observer saw: both None when it could not know (not its parent).
+    """
+
+    version: Literal[1] = 1
+    state: ProofState
+    run_id: str
+    runner_id: str
+    pid: int | None = None
+    process_start_time: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    observed_at: float
+    reason: str
+    error: str | None = None
+
+
+class ChildStarted(Message):
+    """Emitted after the child's row (pid, start time, state running) is committed; again,
+    with `adopted`, when a restarted node found the process alive and watches it."""
+
+    type: Literal["child.started"] = "child.started"
+    child_id: str
+    run_id: str
+    pid: int
+    process_start_time: float
+    started_at: float
+    adopted: bool = False
+
+
+class ChildExited(Message):
+    """Emitted after the proof and the terminal state are committed; the last event of a child.
+
+    `exit_code` is the one reported to users (R-EXT-3: 1 after a timeout or a stop; None when
+    unknown); the proof keeps what was observed. `output` is the trimmed stdout tail.
+    """
+
+    type: Literal["child.exited"] = "child.exited"
+    child_id: str
+    run_id: str
+    state: ChildState
+    proof: ProcessProof
+    exit_code: int | None
+    output: str = ""
+    error: str | None = None
+    timed_out: bool = False
+    stopped: bool = False
+    started_at: float | None = None
+    ended_at: float
+
+
+ChildEvent = ChildStarted | ChildExited
+
+
+class ChildStop(Request):
+    """End the child's whole process group (SIGTERM, SIGKILL after the grace) as `stopped`.
+
+    Answered with Ack once the stop is recorded; the ChildExited event follows the exit. A child
+    that already ended answers Ack and changes nothing.
+    """
+
+    type: Literal["child.stop"] = "child.stop"
+    target: ClassVar[str] = CHILDREN
+    Result: ClassVar[ResultType] = Ack
+    reason: str = "Stopped by request."
+
+
+REQUESTS: tuple[type[Request], ...] = ()
