@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from actors import runplan
+from actors.invocation import check_command
 from messages.base import Message, Request
 from messages.capacity import (
     Acquire,
@@ -123,6 +124,8 @@ def validate(launch: Launch) -> None:
         path = Path(launch.cwd, cwd) if cwd else Path(launch.cwd)
         if not path.is_dir():
             raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
+    for item in items:
+        check_command(item.agent, launch.env)  # AgentCommandNotFound before any charge
 
 
 def _inject(host: AdmissionHost, point: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from messages.capacity import (
     TERMINAL_STATES,
-    ProcessProof,
+    RunnerProof,
     SlotHandle,
     SlotRecord,
     Verdict,
@@ -82,7 +82,7 @@ def transfer_refusal(source: SlotRecord) -> str | None:
     return None
 
 
-def proof_matches(record: SlotRecord, proof: ProcessProof) -> bool:
+def proof_matches(record: SlotRecord, proof: RunnerProof) -> bool:
     """A proof for another runner execution, or another process, reads as `unknown`."""
     if record.runner_id is None or proof.runner_id != record.runner_id:
         return False
@@ -95,7 +95,7 @@ def proof_matches(record: SlotRecord, proof: ProcessProof) -> bool:
     )
 
 
-def proof_state(record: SlotRecord, proof: ProcessProof | None) -> str:
+def proof_state(record: SlotRecord, proof: RunnerProof | None) -> str:
     """The proof state as R-CAP-21 reads it: missing, or unknown when it is not this run's."""
     if proof is None:
         return "missing"

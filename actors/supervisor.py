@@ -31,14 +31,13 @@ from actors import management, runplan, runstore
 from actors.admission import Pipeline, ResumePlan, admit
 from actors.base import DEFERRED, Cancel, OwnerActor, ReplyFn, Tick
 from actors.child import recover_children, start_child, stop_child
-from actors.invocation import ENV_TASK_DELIVERY, prepare_invocation
+from actors.invocation import ENV_OUTPUT, child_environment, prepare_invocation
 from actors.recovery import write_recovery
 from messages.base import Message, Request
-from messages.capacity import ProcessProof, ReportTerminal, SlotHandle
+from messages.capacity import ReportTerminal, RunnerProof, SlotHandle
 from messages.errors import Internal, SubagentsError
 from messages.fanout import (
     CommitReservation,
-    ENV_FANOUT,
     FanoutDescriptor,
     FanoutSnapshot,
     ReadSnapshot,
@@ -584,26 +583,42 @@ class RunSupervisor(OwnerActor):
             task = runplan.substitute_previous(task, previous)
         child_id = f"{live.run_id}-{child.index}"
         child_dir = live.run_dir / f"child-{child.index}"
-        env = dict(launch.env if launch.env is not None else os.environ)
-        invocation = prepare_invocation(item.agent, task, child_dir, env.get(ENV_TASK_DELIVERY))
-        env.update(item.agent.env)
-        env.update(self._child_env(live, launch, child, child_dir))
-        if (item.agent.fanout or launch.mode == "workflow") and live.descriptor is not None:
-            descriptor = (
-                extend(live.descriptor, child.segment) if child.segment else live.descriptor
-            )
-            env[ENV_FANOUT] = encode_descriptor(descriptor)
-        else:
-            env.pop(ENV_FANOUT, None)  # R-FAN-4: only fan-out agents inherit a budget
+        base = dict(launch.env if launch.env is not None else os.environ)
         cwd = Path(launch.cwd, item.cwd) if item.cwd else Path(launch.cwd)
+        try:
+            invocation = prepare_invocation(item.agent, task, child_dir, cwd=cwd, environ=base)
+        except SubagentsError as err:
+            # Admission checked the command and cwd; one that vanished since fails this child
+            # (no process ever existed: not-started) instead of the supervisor.
+            self._child_not_started(live, child, err.message)
+            return
+        env = child_environment(
+            base,
+            invocation,
+            fanout=item.agent.fanout or launch.mode == "workflow",
+            node_address=str(self.ctx.settings.get("node_address", "")),
+            session_id=live.session_id,
+            run_id=live.run_id,
+            child_id=child_id,
+            **self._child_depth(launch, child),
+            fanout_descriptor=self._child_descriptor(live, child),
+        )
+        env["SUBAGENTS_CHILD_DIR"] = str(child_dir)
+        if item.output:
+            env[ENV_OUTPUT] = str(Path(cwd, item.output))
+        if launch.mode == "workflow":
+            # The host is the workflow's controller, not a nested agent: its children launch
+            # at the workflow's own depth, with the token that proves their admission.
+            row = runstore.run_row(self.db, live.run_id)
+            env["SUBAGENTS_WORKFLOW_TOKEN"] = str(row["workflow_token"] if row else "")
         spec = ChildSpec(
             child_id=child_id,
             run_id=live.run_id,
             session_id=live.session_id,
-            argv=invocation.argv,
-            cwd=str(cwd),
+            argv=list(invocation.argv),
+            cwd=str(invocation.cwd),
             env=env,
-            stdin_path=invocation.stdin_path,
+            stdin_path=str(invocation.stdin_path) if invocation.stdin_path else None,
             stdout_path=str(live.run_dir / f"external-{child.index}.stdout.log"),
             stderr_path=str(live.run_dir / f"external-{child.index}.stderr.log"),
             deadline_s=_seconds(runplan.child_timeout_ms(launch, item)),
@@ -619,30 +634,37 @@ class RunSupervisor(OwnerActor):
             stderr_path=spec.stderr_path,
         )
 
-    def _child_env(
-        self, live: LiveRun, launch: Launch, child: runplan.ChildPlan, child_dir: Path
-    ) -> dict[str, str]:
+    def _child_depth(self, launch: Launch, child: runplan.ChildPlan) -> dict[str, int]:
+        """R-CFG-8: children run one level deeper, under the tighter of the two maxima."""
         agent_max = child.item.agent.max_subagent_depth
         max_depth = launch.max_depth if agent_max is None else min(launch.max_depth, agent_max)
-        env = {
-            "SUBAGENTS_NODE": str(self.ctx.settings.get("node_address", "")),
-            "SUBAGENTS_SESSION": live.session_id,
-            "SUBAGENTS_RUN_ID": live.run_id,
-            "SUBAGENTS_CHILD_ID": f"{live.run_id}-{child.index}",
-            "SUBAGENTS_DEPTH": str(launch.depth + 1),
-            "SUBAGENTS_MAX_DEPTH": str(max_depth),
-            "SUBAGENTS_CHILD_DIR": str(child_dir),
-        }
-        if launch.mode == "workflow":
-            # The host is the workflow's controller, not a nested agent: its children launch
-            # at the workflow's own depth, with the token that proves their admission.
-            row = runstore.run_row(self.db, live.run_id)
-            env["SUBAGENTS_DEPTH"] = str(launch.depth)
-            env["SUBAGENTS_WORKFLOW_TOKEN"] = str(row["workflow_token"] if row else "")
-        output = child.item.output or child.item.agent.output
-        if output:
-            env["SUBAGENTS_OUTPUT"] = str(Path(launch.cwd, output))
-        return env
+        depth = launch.depth if launch.mode == "workflow" else launch.depth + 1
+        return {"depth": depth, "max_depth": max_depth}
+
+    def _child_descriptor(self, live: LiveRun, child: runplan.ChildPlan) -> str | None:
+        """R-FAN-12: the run's descriptor extended by the child's segment (or as is)."""
+        if live.descriptor is None:
+            return None
+        descriptor = extend(live.descriptor, child.segment) if child.segment else live.descriptor
+        return encode_descriptor(descriptor)
+
+    def _child_not_started(self, live: LiveRun, child: runplan.ChildPlan, error: str) -> None:
+        now = self.ctx.clock()
+        runstore.update_child(
+            self.db,
+            live.run_id,
+            child.index,
+            state="failed",
+            ended_at=now,
+            error=error,
+            proof_state="not-started",
+        )
+        self._event(live.run_id, "child.exited", {"child": child.index, "state": "failed"})
+        live.proofs.append("not-started")
+        live.failed = True
+        live.error = live.error or error
+        advance = self._to_self("advance")
+        self.after_commit(lambda: advance(live.run_id))
 
     def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
         row = self.db.execute(
@@ -766,7 +788,7 @@ class RunSupervisor(OwnerActor):
             live_process=False,
             workflow_children_proven=proven,
             reason=why,
-            proof=ProcessProof(
+            proof=RunnerProof(
                 state=proof_state,
                 runner_id=live.runner_id,
                 pid=live.runner_pid,
@@ -796,7 +818,7 @@ class RunSupervisor(OwnerActor):
             live_process=False,
             workflow_children_proven=proven,
             reason=why,
-            proof=ProcessProof(
+            proof=RunnerProof(
                 state="observed" if observed else "unknown",
                 runner_id=row["runner_id"],
                 observed_at=self.ctx.clock(),

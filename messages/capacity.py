@@ -77,7 +77,7 @@ class RollbackResult(Message):
     handle: SlotHandle | None = None
 
 
-class ProcessProof(Message):
+class RunnerProof(Message):
     """Process-terminal proof of one runner execution, written by the process's parent."""
 
     state: ProofState
@@ -96,7 +96,7 @@ class TerminalFacts(Message):
 
     state: ReportedState
     live_process: bool = False
-    proof: ProcessProof | None = None
+    proof: RunnerProof | None = None
     workflow_children_proven: bool = False
     reason: str = ""
     reported_at: float
@@ -238,7 +238,7 @@ class ReportTerminal(Request):
     state: ReportedState
     #: Whether a process (runner, or a workflow controller) of this run is still alive.
     live_process: bool = False
-    proof: ProcessProof | None = None
+    proof: RunnerProof | None = None
     #: Workflow slots only: every async child has matching observed proof (R-CAP-22 rule 7).
     workflow_children_proven: bool = False
     #: Workflow slots only: why the children are not proven, shown by `inspect`.

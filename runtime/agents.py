@@ -1,7 +1,7 @@
 """Agents: Markdown files with YAML front matter, found in agent directories (SPEC §0.2, R-AGT-1).
 
 Owns the agent file format, its validation, and discovery with priority. What an agent and a task
-become for one child (argv, stdin, task file, environment) is runtime.task_delivery, re-exported
+become for one child (argv, stdin, task file, environment) is actors.invocation, re-exported
 here: `prepare_invocation(agent, task, run_dir) -> Invocation`.
 
 Front matter (snake_case): `name`, `description` (required), `command` (argv list, or a string
@@ -37,8 +37,7 @@ from pydantic import (
     field_validator,
 )
 
-from messages.agents import AgentInvalid, AgentNotFound
-from runtime.task_delivery import (
+from actors.invocation import (
     AUTO_FILE_THRESHOLD,
     ENV_TASK_DELIVERY,
     AgentLike,
@@ -48,6 +47,7 @@ from runtime.task_delivery import (
     resolve_delivery,
     stdin_text,
 )
+from messages.agents import AgentInvalid, AgentNotFound
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ arguments as `BadRequest` before anything is sent (the same check the node's gat
             h.mark_started(runner_id="x")
     client.capacity.snapshot("s1", limit=4)  # CapacitySnapshot(used, limit)
     client.capacity.transfer(session_id="s1", limit=4, source_run_id="a", run_id="b")
-    client.capacity.report_terminal("s1", "a", "complete", proof=ProcessProof(...))
+    client.capacity.report_terminal("s1", "a", "complete", proof=RunnerProof(...))
     client.capacity.inspect("a")             # Inspection(relation, owner, verdict)
 
 It must never decide capacity itself: the node's ledger is the only owner of slots.
@@ -31,11 +31,11 @@ from messages.capacity import (
     Inspection,
     MarkStarted,
     MarkWorkflowStarted,
-    ProcessProof,
     ReportedState,
     ReportTerminal,
     Rollback,
     RollbackResult,
+    RunnerProof,
     SlotHandle,
     SlotKind,
     Snapshot,
@@ -236,7 +236,7 @@ class CapacityAPI:
         *,
         generation: int | None = None,
         live_process: bool = False,
-        proof: ProcessProof | None = None,
+        proof: RunnerProof | None = None,
         workflow_children_proven: bool = False,
         reason: str = "",
     ) -> Verdict:

@@ -26,7 +26,7 @@ from messages.capacity import (
     CapacityOwnershipChanged,
     CapacityRunAlreadyHeld,
     CapacitySnapshot,
-    ProcessProof,
+    RunnerProof,
     SlotHandle,
 )
 from messages.codec import decode, encode
@@ -75,8 +75,8 @@ def _acquire(client: Client, session_id: str, run_id: str, limit: int = 4, **kw:
     return handle
 
 
-def _observed(runner_id: str, **kw: Any) -> ProcessProof:
-    return ProcessProof(state="observed", runner_id=runner_id, exit_code=0, **kw)
+def _observed(runner_id: str, **kw: Any) -> RunnerProof:
+    return RunnerProof(state="observed", runner_id=runner_id, exit_code=0, **kw)
 
 
 def _raw_call(address: str, type_: str, body: dict[str, Any]) -> Envelope:
@@ -470,7 +470,7 @@ def test_r_cap_21_matching_observed_proof_releases_the_slot(client: Client, sid:
 def test_r_cap_21_rule_6_startup_failure_with_an_error_releases(client: Client, sid: str) -> None:
     handle = _acquire(client, sid, "a")
     handle.mark_started(runner_id="runner-a")
-    proof = ProcessProof(state="not-started", runner_id="runner-a", error="handshake failed")
+    proof = RunnerProof(state="not-started", runner_id="runner-a", error="handshake failed")
     verdict = client.capacity.report_terminal(sid, "a", "failed", proof=proof)
     assert verdict.reason == "run failed before child startup completed"
     assert client.capacity.snapshot(sid).used == 0
@@ -485,11 +485,11 @@ _RETAINED: dict[str, tuple[bool, dict[str, Any]]] = {
     "process-terminal proof is missing": (True, {"state": "complete"}),
     "process-terminal proof is unknown": (
         True,
-        {"state": "failed", "proof": ProcessProof(state="unknown", runner_id="runner-a")},
+        {"state": "failed", "proof": RunnerProof(state="unknown", runner_id="runner-a")},
     ),
     "process-terminal proof is not-started": (
         True,
-        {"state": "failed", "proof": ProcessProof(state="not-started", runner_id="runner-a")},
+        {"state": "failed", "proof": RunnerProof(state="not-started", runner_id="runner-a")},
     ),
     "runner process is still live": (
         True,
@@ -524,7 +524,7 @@ def test_r_cap_21_inv_cap_8_runner_slot_is_retained_without_matching_proof(
     ids=["other-runner", "other-pid", "reused-pid"],
 )
 def test_r_cap_21_proof_of_another_process_reads_as_unknown(
-    client: Client, sid: str, proof: ProcessProof
+    client: Client, sid: str, proof: RunnerProof
 ) -> None:
     handle = _acquire(client, sid, "a")
     handle.mark_started(runner_id="runner-a", pid=10, process_start_time=1.5)
@@ -538,7 +538,7 @@ def test_r_cap_24_a_later_report_releases_what_an_earlier_one_retained(
 ) -> None:
     handle = _acquire(client, sid, "a")
     handle.mark_started(runner_id="runner-a")
-    unknown = ProcessProof(state="unknown", runner_id="runner-a", reason="stale-repair")
+    unknown = RunnerProof(state="unknown", runner_id="runner-a", reason="stale-repair")
     assert client.capacity.report_terminal(sid, "a", "failed", proof=unknown).verdict == "retained"
     verdict = client.capacity.report_terminal(sid, "a", "failed", proof=_observed("runner-a"))
     assert verdict.verdict == "releasable"

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from messages.capacity import ProcessProof
+from messages.capacity import RunnerProof
 from runtime import Client, connect
 from runtime.node import read_pid_file
 
@@ -38,7 +38,7 @@ GRANTS_PER_WORKER = 4
 
 _WORKER = r"""
 import json, random, sys, threading, time
-from messages.capacity import CapacityExhausted, ProcessProof
+from messages.capacity import CapacityExhausted, RunnerProof
 from runtime import connect
 
 address, session, limit, grants, name = sys.argv[1:6]
@@ -66,7 +66,7 @@ for n in range(grants):
     else:
         runner = f"runner-{run_id}"
         handle.mark_started(runner_id=runner)
-        proof = ProcessProof(state="observed", runner_id=runner, exit_code=0)
+        proof = RunnerProof(state="observed", runner_id=runner, exit_code=0)
         verdict = client.capacity.report_terminal(session, run_id, "complete", proof=proof)
         ok = verdict.verdict == "releasable"
     print(json.dumps({"slot": handle.slot, "acquired": acquired, "released": released,
@@ -251,7 +251,7 @@ def test_r_cap_7_kill_9_keeps_every_acknowledged_slot_and_ttl_still_applies(
         assert owner is not None and (owner.runner_id, owner.pid) == ("runner-1", 1234)
         assert client.capacity.snapshot("s").used == 2
         assert client.capacity.handle(wires["long"]).rollback() is True
-        proof = ProcessProof(state="observed", runner_id="runner-1", pid=1234)
+        proof = RunnerProof(state="observed", runner_id="runner-1", pid=1234)
         verdict = client.capacity.report_terminal("s", "running", "complete", proof=proof)
         assert verdict.verdict == "releasable"
         assert client.capacity.snapshot("s").used == 0

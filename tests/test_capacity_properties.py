@@ -39,7 +39,7 @@ from messages.capacity import (
     CapacityNotTransferable,
     CapacityOwnershipChanged,
     CapacityRunAlreadyHeld,
-    ProcessProof,
+    RunnerProof,
     SlotHandle,
     SlotRecord,
 )
@@ -486,10 +486,10 @@ class CapacityModel(RuleBasedStateMachine):
         run_id = self._pick_run(pick, weight)
         index = self._held(run_id)
         proofs = {
-            "observed": ProcessProof(state="observed", runner_id=RUNNER_OK),
-            "observed-other": ProcessProof(state="observed", runner_id="someone-else"),
-            "not-started": ProcessProof(state="not-started", runner_id=RUNNER_OK, error="x"),
-            "unknown": ProcessProof(state="unknown", runner_id=RUNNER_OK),
+            "observed": RunnerProof(state="observed", runner_id=RUNNER_OK),
+            "observed-other": RunnerProof(state="observed", runner_id="someone-else"),
+            "not-started": RunnerProof(state="not-started", runner_id=RUNNER_OK, error="x"),
+            "unknown": RunnerProof(state="unknown", runner_id=RUNNER_OK),
             "none": None,
         }
         verdict = self.api.report_terminal(
