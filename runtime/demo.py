@@ -12,6 +12,9 @@ node. Everything it reports comes from the node's own counters.
 
 from __future__ import annotations
 
+import argparse
+import json
+import shutil
 import sys
 import tempfile
 import time
@@ -89,7 +92,7 @@ def recursive_fanout(client: Client, ctx: LaunchContext, console: Console) -> Ru
 
 def report(
     client: Client, ctx: LaunchContext, runs: list[RunView], out: Path, console: Console
-) -> None:
+) -> dict[str, object]:
     console.rule("summary")
     table = Table()
     for column in ("run", "mode", "agent", "state", "children", "duration", "fan-out"):
@@ -115,18 +118,40 @@ def report(
     recursive = runs[-1]
     console.print(f"Recursive agent: {recursive.output.strip()}")
     console.print(f"Outputs: {out}")
-    for path in sorted(out.iterdir()):
+    outputs = sorted(out.iterdir())
+    for path in outputs:
         console.print(f"  {path.name} ({path.stat().st_size} bytes)")
+    return {
+        "runs": [
+            {
+                "run_id": r.run_id,
+                "mode": r.mode,
+                "state": r.state,
+                "children": len(r.children),
+                "fanout_used": r.snapshots.fanout_used,
+                "fanout_limit": r.snapshots.fanout_limit,
+                "fanout_descriptor": r.fanout_descriptor,
+            }
+            for r in runs
+        ],
+        "capacity": {"used": capacity.used, "limit": capacity.limit},
+        "session_id": ctx.session_id,
+        "outputs": [str(p) for p in outputs],
+    }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.demo", description=__doc__)
+    parser.add_argument("--out", type=Path, help="keep the outputs here (default: a temp dir)")
+    parser.add_argument("--summary-json", type=Path, help="also write the summary as JSON here")
+    args = parser.parse_args(argv)
     console = Console()
-    with tempfile.TemporaryDirectory(prefix="sa-demo-") as tmp:
-        root = Path(tmp)
-        out = root / "outputs"
-        out.mkdir()
-        with Node.embedded(state_dir=root / "state") as node:
-            console.print(f"node {node.node_id} at {node.address} (state {root / 'state'})")
+    out = args.out or Path(tempfile.mkdtemp(prefix="sa-demo-out-"))
+    out.mkdir(parents=True, exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix="sa-demo-"))  # short: the node's socket lives here
+    try:
+        with Node.embedded(state_dir=state / "state") as node:
+            console.print(f"node {node.node_id} at {node.address} (temporary state {state})")
             ctx = LaunchContext.from_environment(
                 cwd=REPO, agents_dirs=[AGENTS], session_id="demo", overrides=LIMITS
             )
@@ -134,11 +159,15 @@ def main() -> int:
             runs = [scouts_and_summary(client, ctx, out, console)]
             runs += capacity_wait(client, ctx, console)
             runs.append(recursive_fanout(client, ctx, console))
-            report(client, ctx, runs, out, console)
-        failed = [r.run_id for r in runs if r.state != "complete"]
-        if failed:
-            console.print(f"[red]runs that did not complete: {failed}[/]")
-            return 1
+            summary = report(client, ctx, runs, out, console)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary, indent=2))
+    failed = [r.run_id for r in runs if r.state != "complete"]
+    if failed:
+        console.print(f"[red]runs that did not complete: {failed}[/]")
+        return 1
     console.print("[green]demo complete[/]")
     return 0
 
