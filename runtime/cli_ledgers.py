@@ -163,13 +163,13 @@ def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
 
     Never prints task text, environment values or output (R-DBG-3).
     """
-    from runtime.debugrun import debug_run as lines_for
+    from runtime.debugrun import debug_run as report_for
 
     if limit is None:
         limit = load_config().settings.max_active_async_runs_per_session
     with obj.client() as client:
-        lines = lines_for(client, run_id, limit)
-    emit({"lines": lines}, as_json, "\n".join(lines))
+        report = report_for(client, run_id, limit)
+    emit(report.details, as_json, "\n".join(report.lines))
 
 
 @click.command()

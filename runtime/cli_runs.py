@@ -18,11 +18,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from messages.capacity import CapacitySnapshot
 from messages.errors import NodeNotRunning
 from messages.runs import TERMINAL_RUN_STATES
-from messages.supervisor import Launch, RunEvent, RunView
+from messages.session import SpawnSnapshot
+from messages.supervisor import IntercomMode, Launch, RunEvent, RunView
 from runtime.cli_common import Ctx, emit, json_option, user_errors
 from runtime.client import Client
+from runtime.config import load_config
 from runtime.launcher import LaunchContext
 
 
@@ -125,11 +128,11 @@ def follow(client: Client, run: RunView, as_json: bool) -> RunView:
         progress.close()
 
 
-def summary(run: RunView) -> str:
+def summary(run: RunView, capacity: bool = True) -> str:
     lines = [f"run {run.run_id} {run.state} ({run.mode}, {len(run.children)} children)"]
     snaps = run.snapshots
     lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
-    if snaps.capacity_limit is not None:
+    if capacity and snaps.capacity_limit is not None:
         limit = snaps.capacity_limit or "unlimited"
         lines.append(f"Active async capacity: {snaps.capacity_used}/{limit} used")
     if run.error:
@@ -165,6 +168,13 @@ def summary(run: RunView) -> str:
 @click.option("--timeout-ms", type=int, help="Deadline in milliseconds (1..2147483647).")
 @click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
 @click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
+@click.option(
+    "--intercom",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Whether this run's children may message it (R-ICB); for this run only.",
+)
 @json_option
 @click.pass_obj
 @user_errors
@@ -179,6 +189,7 @@ def run(
     timeout_ms: int | None,
     agents_dirs: tuple[str, ...],
     cwd: Path | None,
+    intercom: IntercomMode,
     as_json: bool,
 ) -> None:
     """Launch AGENT with TASK, or a --parallel / --chain file, under the three ledgers."""
@@ -188,12 +199,12 @@ def run(
     ctx = LaunchContext.from_environment(cwd=cwd, agents_dirs=agents_dirs, session_id=session)
     launch: Launch
     if parallel_file is not None:
-        launch = ctx.from_file("parallel", parallel_file, bool(background), timeout_ms)
+        launch = ctx.from_file("parallel", parallel_file, bool(background), timeout_ms, intercom)
     elif chain_file is not None:
-        launch = ctx.from_file("chain", chain_file, bool(background), timeout_ms)
+        launch = ctx.from_file("chain", chain_file, bool(background), timeout_ms, intercom)
     else:
         assert agent is not None and task is not None
-        launch = ctx.single(agent, task, background, timeout_ms)
+        launch = ctx.single(agent, task, background, timeout_ms, intercom)
     with node_client(obj, launch.background) as client:
         started = client.runs.launch(launch)
         if launch.background:
@@ -236,11 +247,33 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
     """Show one run (an id or a unique prefix): state, children, outputs, ledgers."""
     with obj.client() as client:
         found = client.runs.show(run_id)
-    lines = [summary(found), f"dir: {found.run_dir}"]
+        spawns, capacity = session_status(client, found)
+    lines = [
+        f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
+        spawns.text(),
+        f"Active async capacity: {capacity.used}/{capacity.limit or 'unlimited'} used",
+        summary(found, capacity=False),
+        f"dir: {found.run_dir}",
+    ]
     for child in found.children:
         code = "" if child.exit_code is None else f" exit {child.exit_code}"
         lines.append(f"  {child.label:<24} {child.agent:<16} {child.state}{code}")
-    emit(found, as_json, "\n".join(lines))
+    data = {
+        **found.model_dump(mode="json"),
+        "spawn_budget": spawns.model_dump(mode="json"),
+        "active_async_capacity": capacity.model_dump(mode="json"),
+    }
+    emit(data, as_json, "\n".join(lines))
+
+
+def session_status(client: Client, run: RunView) -> tuple[SpawnSnapshot, CapacitySnapshot]:
+    """R-STS-1: the run's session's spawn budget and its capacity pool (a snapshot reconciles
+    it), against the limit the run was launched under, else the configured one."""
+    limit = run.snapshots.capacity_limit
+    if limit is None:
+        limit = load_config().settings.max_active_async_runs_per_session
+    spawns = client.session.spawn_snapshot(run.session_id)
+    return spawns, client.capacity.snapshot(run.session_id, limit)
 
 
 def stop_run(obj: Ctx, run_id: str, as_json: bool) -> None:

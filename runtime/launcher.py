@@ -25,9 +25,9 @@ from typing import Any
 
 from messages.errors import BadRequest
 from messages.fanout import ENV_FANOUT
-from messages.supervisor import AgentPlan, ChainStep, Launch, RunMode, TaskItem
+from messages.supervisor import AgentPlan, ChainStep, IntercomMode, Launch, RunMode, TaskItem
 from runtime.agents import Agent, AgentCatalog, discover_agents
-from runtime.config import Configuration, current_depth, load_config
+from runtime.config import Configuration, current_depth, load_config, validate_call_timeout
 
 ENV_SESSION = "SUBAGENTS_SESSION"
 ENV_RUN_ID = "SUBAGENTS_RUN_ID"
@@ -86,8 +86,12 @@ class LaunchContext:
         chain: Sequence[ChainStep] = (),
         concurrency: int = 4,
         timeout_ms: int | None = None,
+        intercom: IntercomMode = "on",
     ) -> Launch:
         settings = self.config.settings
+        # R-TMO-3 as a typed error here: the Launch model would refuse it with a bare
+        # ValidationError, which a CLI user would see as a traceback.
+        timeout_ms = validate_call_timeout(timeout_ms)
         return Launch(
             session_id=self.session_id,
             mode=mode,
@@ -106,18 +110,31 @@ class LaunchContext:
             spawns_per_run=settings.max_subagent_spawns_per_run,
             spawns_per_session=settings.max_subagent_spawns_per_session or None,
             env=dict(self.env),
+            intercom=intercom,
         )
 
     def single(
-        self, agent: str, task: str, background: bool | None, timeout_ms: int | None
+        self,
+        agent: str,
+        task: str,
+        background: bool | None,
+        timeout_ms: int | None,
+        intercom: IntercomMode = "on",
     ) -> Launch:
         found = self.catalog.get(agent)
         run_async = background if background is not None else bool(found.run_async)  # R-AGT-3
         item = TaskItem(agent=agent_plan(found), task=task, cwd=found.cwd)
-        return self.launch("single", run_async, items=[item], timeout_ms=timeout_ms)
+        return self.launch(
+            "single", run_async, items=[item], timeout_ms=timeout_ms, intercom=intercom
+        )
 
     def from_file(
-        self, mode: RunMode, path: Path, background: bool, timeout_ms: int | None
+        self,
+        mode: RunMode,
+        path: Path,
+        background: bool,
+        timeout_ms: int | None,
+        intercom: IntercomMode = "on",
     ) -> Launch:
         data = _read_toml(path)
         if mode == "parallel":
@@ -131,7 +148,12 @@ class LaunchContext:
             if not isinstance(concurrency, int) or isinstance(concurrency, bool):
                 raise _bad(path, "concurrency must be an integer")
             return self.launch(
-                "parallel", background, items=items, concurrency=concurrency, timeout_ms=timeout_ms
+                "parallel",
+                background,
+                items=items,
+                concurrency=concurrency,
+                timeout_ms=timeout_ms,
+                intercom=intercom,
             )
         steps = data.get("steps")
         if not isinstance(steps, list) or not steps:
@@ -147,7 +169,9 @@ class LaunchContext:
                 chain.append(ChainStep(items=[self._item(e, path) for e in group], parallel=True))
             else:
                 chain.append(ChainStep(items=[self._item(step, path)]))
-        return self.launch("chain", background, chain=chain, timeout_ms=timeout_ms)
+        return self.launch(
+            "chain", background, chain=chain, timeout_ms=timeout_ms, intercom=intercom
+        )
 
     def _item(self, entry: object, path: Path) -> TaskItem:
         if not isinstance(entry, dict):
@@ -161,7 +185,7 @@ class LaunchContext:
             )
         extra = set(entry) - {"agent", "task", "cwd", "output"}
         if extra:
-            raise _bad(path, "unknown keys {sorted(extra)}")
+            raise _bad(path, f"unknown keys {sorted(extra)}")
         found = self.catalog.get(agent)
         return TaskItem(
             agent=agent_plan(found),
