@@ -13,7 +13,7 @@ import signal
 import click
 
 from messages.errors import SubagentsError
-from runtime import cli_ledgers, cli_manage, cli_runs
+from runtime import cli_ledgers, cli_manage, cli_runs, cli_workflow
 from runtime.cli_common import Ctx, emit, json_option, user_errors
 from runtime.paths import ENV_STATE_DIR
 
@@ -146,7 +146,12 @@ def status(obj: Ctx, as_json: bool) -> None:
     emit(st, as_json, "\n".join(lines))
 
 
-for _command in (*cli_runs.COMMANDS, *cli_ledgers.COMMANDS, *cli_manage.COMMANDS):
+for _command in (
+    *cli_runs.COMMANDS,
+    *cli_ledgers.COMMANDS,
+    *cli_manage.COMMANDS,
+    *cli_workflow.COMMANDS,
+):
     cli.add_command(_command)
 
 
