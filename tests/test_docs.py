@@ -1,0 +1,320 @@
+"""The docs are executable: every command they show runs here, and the CLI reference is current.
+
+What this module checks, page by page (README.md and docs/*.md):
+- ```sh blocks run, in order, in one bash session per page (`set -euo pipefail`), with the venv
+  first on PATH, in a fresh work dir under /tmp that stands in for the repository root (it links
+  `examples/`, `docs/` and `tests/`), with `SUBAGENTS_STATE_DIR` (and `XDG_*`) inside it. A page
+  must stop every node and run it starts: a node or agent process left behind fails the page.
+- ```python blocks run as scripts, one process each, in the same kind of work dir.
+- A ```text block right after an sh or python block is its expected output: every non-empty line
+  of it must appear as a line of the actual output (stdout and stderr, any order), after both are
+  normalized (run ids, pids, clock times, /tmp/sa-* paths; see `normalize`). A line `...` only
+  says that lines were left out.
+- An sh block whose every command is a `make` target (the README's quick start) is not run here:
+  CI runs `make test` itself and the demo's own test runs `make demo`. Any other shell-ish block
+  (bash, shell, zsh, console) is an error: a command in the docs must be executed.
+- ```toml blocks are subagents.toml examples and must load; ```markdown blocks that start with
+  `---` are agent files and must parse.
+- docs/cli.md equals what docs/gen_cli.py generates from click (so it cannot drift).
+
+The harness (reading, running, comparing) is tests/docs_support.py; run it on a page to see
+what its blocks print now: `.venv/bin/python tests/docs_support.py docs/operations.md`.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import re
+import shutil
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import psutil
+import pytest
+from docs_support import (
+    DOCS,
+    ESCAPES,
+    PAGES,
+    REPO,
+    Block,
+    Sandbox,
+    all_blocks,
+    blocks,
+    missing_lines,
+    new_sandbox,
+    run_page,
+    run_python,
+    runs_here,
+    split_output,
+    tail,
+)
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    box = new_sandbox()
+    try:
+        yield box
+    finally:
+        for proc in box.leftovers():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        shutil.rmtree(box.root, ignore_errors=True)
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+SH_PAGES = [p for p in PAGES if any(runs_here(b) for b in blocks(p))]
+PY_BLOCKS = all_blocks("python")
+
+
+@pytest.mark.parametrize("page", SH_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shell_example_runs_and_prints_what_the_page_shows(
+    page: Path, sandbox: Sandbox
+) -> None:
+    for block in (b for b in blocks(page) if runs_here(b)):
+        assert not ESCAPES.search(block.text), f"{block.where}: a block may not move the state dir"
+    result, sh = run_page(page, sandbox)
+    segments, finished = split_output(result.stdout, len(sh))
+    if result.returncode != 0:
+        failed = sh[min(finished, len(sh) - 1)]
+        pytest.fail(
+            f"{failed.where}: the sh block failed (exit {result.returncode}):\n"
+            f"{textwrap.indent(failed.text, '    $ ')}\n{tail(result.stdout)}"
+        )
+    for block, segment in zip(sh, segments, strict=True):
+        if block.expected is not None:
+            missing = missing_lines(block.expected, segment)
+            assert not missing, (
+                f"{block.where}: output lines the page shows but the commands did not print:\n"
+                + "\n".join(f"    {m}" for m in missing)
+                + f"\nactual output:\n{tail(segment)}"
+            )
+    left = sandbox.leftovers()
+    assert not left, (
+        f"{page.relative_to(REPO)} left processes running (stop what a page starts): "
+        + ", ".join(f"{p.pid} {p.name()}" for p in left)
+    )
+
+
+@pytest.mark.parametrize("block", PY_BLOCKS, ids=lambda b: b.where)
+def test_every_python_example_runs_and_prints_what_the_page_shows(
+    block: Block, sandbox: Sandbox
+) -> None:
+    result = run_python(block, sandbox)
+    assert result.returncode == 0, f"{block.where}: the example failed:\n{tail(result.stdout)}"
+    if block.expected is not None:
+        missing = missing_lines(block.expected, result.stdout)
+        assert not missing, (
+            f"{block.where}: output lines the page shows but the example did not print:\n"
+            + "\n".join(f"    {m}" for m in missing)
+            + f"\nactual output:\n{tail(result.stdout)}"
+        )
+    assert not sandbox.leftovers(), f"{block.where}: the example left processes running"
+
+
+def test_the_api_page_has_a_runnable_python_example() -> None:
+    assert [b for b in PY_BLOCKS if b.page == DOCS / "api.md"], "docs/api.md lost its example"
+
+
+def test_docs_show_no_command_that_is_not_executed() -> None:
+    """Commands live in ```sh blocks, which run above; only `make` targets are left to CI."""
+    problems = [
+        f"{b.where}: ```{b.lang} block (write commands in ```sh blocks, which are run)"
+        for page in PAGES
+        for b in blocks(page)
+        if b.lang in ("bash", "shell", "zsh", "console", "shell-session")
+    ]
+    assert not problems, "\n".join(problems)
+    for page in PAGES:  # the reader must not lose a block: every ```sh fence is one block
+        fences = page.read_text(encoding="utf-8").splitlines().count("```sh")
+        parsed = sum(b.lang == "sh" for b in blocks(page))
+        assert parsed == fences, f"{page.relative_to(REPO)}: {fences} sh fences, {parsed} read"
+    executed = sum(runs_here(b) for page in PAGES for b in blocks(page))
+    assert executed >= 10, f"only {executed} sh blocks are run: the docs lost their examples"
+
+
+def test_toml_examples_are_valid_subagents_toml(tmp_path: Path) -> None:
+    from runtime.config import load_config
+
+    examples = all_blocks("toml")
+    assert examples, "docs/configuration.md lost its subagents.toml example"
+    for block in examples:
+        project = tmp_path / "subagents.toml"
+        project.write_text(block.text, encoding="utf-8")
+        config = load_config(env={}, cwd=tmp_path, user_file=tmp_path / "none.toml")
+        assert config.files == (project,), block.where
+
+
+def test_agent_file_examples_parse() -> None:
+    from runtime.agents import parse_agent
+
+    examples = [b for b in all_blocks("markdown") if b.text.startswith("---\n")]
+    assert examples, "docs/agents.md lost its agent file example"
+    for block in examples:
+        agent = parse_agent(block.text, Path(f"{block.where}.md"))
+        assert agent.name and agent.command, block.where
+
+
+def _gen_cli() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_cli", DOCS / "gen_cli.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_reference_is_generated_from_click_and_current() -> None:
+    generated = _gen_cli().render()
+    current = (DOCS / "cli.md").read_text(encoding="utf-8")
+    assert current == generated, "docs/cli.md is stale: run .venv/bin/python docs/gen_cli.py"
+
+
+def test_cli_reference_names_every_command_and_visible_option() -> None:
+    import click
+
+    from runtime.cli import cli
+
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+
+    def walk(ctx: click.Context) -> Iterator[click.Context]:
+        group = ctx.command
+        assert isinstance(group, click.Group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None
+            sub = click.Context(command, info_name=name, parent=ctx)
+            yield sub
+            if isinstance(command, click.Group):
+                yield from walk(sub)
+
+    for ctx in walk(click.Context(cli, info_name="subagents-node")):
+        assert f"## {ctx.command_path}\n" in text, ctx.command_path
+        for param in ctx.command.get_params(ctx):
+            if isinstance(param, click.Option) and not param.hidden:
+                assert f"`{param.opts[0]}`" in text, f"{ctx.command_path} {param.opts[0]}"
+
+
+def _imported_roots(module: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_layering_the_architecture_page_states_holds_for_every_module() -> None:
+    """messages/ imports nothing of ours, actors/ never runtime/, and the product never imports
+    docs/ (so docs/gen_cli.py stays a documentation tool)."""
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    assert "| `messages/` |" in text and "| `actors/` |" in text, "the layering table moved"
+    forbidden = {
+        "messages": {"actors", "runtime", "bench", "tests", "docs"},
+        "actors": {"runtime", "bench", "tests", "docs"},
+        "runtime": {"bench", "tests", "docs"},
+    }
+    breaks = [
+        f"{module.relative_to(REPO)} imports {sorted(_imported_roots(module) & banned)}"
+        for folder, banned in forbidden.items()
+        for module in sorted((REPO / folder).glob("*.py"))
+        if _imported_roots(module) & banned
+    ]
+    assert not breaks, breaks
+
+
+def test_configuration_page_covers_every_setting_and_variable() -> None:
+    from runtime.config import ENV_NAMES, KEYS
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    assert not [k for k in KEYS if f"`{k}`" not in text], "undocumented settings"
+    assert not [v for v in ENV_NAMES.values() if f"`{v}`" not in text], "undocumented variables"
+
+
+def test_architecture_page_names_every_owner_and_table() -> None:
+    from runtime import owners
+
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    for owner in (*owners.OWNERS, *owners.PER_RUN):
+        assert f"`{owner.name}`" in text, f"owner {owner.name} ({owner.__name__})"
+        assert owner.__name__ in text, owner.__name__
+        for script in owner.MIGRATIONS:
+            for table in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", script):
+                assert f"`{table}`" in text, f"table {table} of {owner.name}"
+
+
+def test_architecture_page_names_every_request_type() -> None:
+    from messages.protocol import REQUEST_TYPES
+
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    missing = sorted(t for t in REQUEST_TYPES if f"`{t}`" not in text)
+    assert not missing, f"request types docs/architecture.md does not name: {missing}"
+
+
+def test_agents_page_covers_every_front_matter_field() -> None:
+    from runtime.agents import _FrontMatter
+
+    text = (DOCS / "agents.md").read_text(encoding="utf-8")
+    for name, field in _FrontMatter.model_fields.items():
+        key = field.alias or name
+        assert f"`{key}`" in text, f"front matter field {key}"
+
+
+def test_every_rule_id_the_docs_cite_is_cited_by_the_code_or_tests() -> None:
+    """A reader can look a rule up: grep finds where it is enforced or tested."""
+    cited = {m for page in PAGES for m in re.findall(r"\bR-[A-Z]+-\d+\b", page.read_text())}
+    code = "".join(
+        p.read_text(encoding="utf-8")
+        for folder in ("actors", "messages", "runtime", "tests")
+        for p in (REPO / folder).glob("*.py")
+        if p.name != "test_docs.py"
+    )
+    known = set(re.findall(r"\bR-[A-Z]+-\d+\b", code))
+    known |= {f"R-{m[0].upper()}-{m[1]}" for m in re.findall(r"test_r_([a-z]+)_(\d+)", code)}
+    assert cited, "the docs cite no rule ids"
+    assert not sorted(cited - known), f"rule ids cited nowhere in code or tests: {cited - known}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces become hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_relative_links_in_the_docs_point_at_files_and_headings_that_exist() -> None:
+    broken = []
+    for page in PAGES:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
+            if "://" in target:
+                continue
+            path = (page.parent / target) if target else page
+            if not path.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{page.relative_to(REPO)}: {target}#{anchor}")
+    assert not broken, broken
+
+
+# -- the harness checks itself, so a broken matcher cannot pass everything --------------------
+
+
+def test_harness_reports_an_expected_line_the_output_lacks() -> None:
+    shown = "run 0123456789ab complete (single, 1 children)\n...\nRun fan-out: 1/64 used\n"
+    printed = "run fedcba987654 complete (single, 1 children)\nRun fan-out: 2/64 used\n"
+    assert missing_lines(shown, printed) == ["Run fan-out: 1/64 used"]
+    assert missing_lines(shown, printed.replace("2/64", "1/64")) == []
+
+
+def test_harness_pairs_each_block_with_the_text_block_after_it(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```sh\necho hi\n```\n\n```text\nhi\n```\n\n```text\nnot output\n```\n"
+        "```` ```sh ```` at the start of a prose line opens no block\n"
+    )
+    found = blocks(page)
+    assert [(b.lang, b.expected) for b in found] == [("sh", "hi\n"), ("text", None)]
