@@ -109,6 +109,10 @@ class OwnerActor(pykka.ThreadingActor):
     def on_tick(self, tick: Tick) -> None:
         """Handle a timer tick (expiries). Runs in a savepoint like a request."""
 
+    def before_flush(self) -> None:
+        """Called once per group, inside its transaction, just before it commits: the place
+        for work worth doing once per group rather than once per message."""
+
     @property
     def db(self) -> sqlite3.Connection:
         assert self._db is not None, "store connection is opened in on_start"
@@ -149,6 +153,7 @@ class OwnerActor(pykka.ThreadingActor):
         elif isinstance(message, Tick):
             self._run_tick(message)
         if len(self._pending) >= self.GROUP_MAX or self.actor_inbox.empty():
+            self._before_flush()
             self._flush()
         return None
 
@@ -218,6 +223,19 @@ class OwnerActor(pykka.ThreadingActor):
         commit fails). For effects that must never get ahead of the state they depend on,
         like a message to another owner that assumes a record of ours is durable."""
         self._effects.append(effect)
+
+    def _before_flush(self) -> None:
+        if self._db is None or not self._db.in_transaction:
+            self.before_flush()
+            return
+        self.db.execute("SAVEPOINT request")
+        try:
+            self.before_flush()
+        except Exception as exc:
+            self._rollback()
+            self._crashed(exc)
+            return
+        self._release()
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []

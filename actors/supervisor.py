@@ -18,23 +18,22 @@ import json
 import logging
 import os
 import uuid
-from collections import deque
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pykka
 
-from actors import management, runplan, runstore
+from actors import child_launch, management, runplan, runstore, settlement
 from actors.admission import Pipeline, ResumePlan, admit
-from actors.base import DEFERRED, Cancel, OwnerActor, ReplyFn, Tick
+from actors.base import DEFERRED, OwnerActor, ReplyFn, Tick
 from actors.child import recover_children, start_child, stop_child
-from actors.invocation import ENV_OUTPUT, child_environment, prepare_invocation
+from actors.liverun import LiveRun
 from actors.recovery import write_recovery
+from actors.run_watchers import RunWatchers
 from messages.base import Message, Request
-from messages.capacity import ReportTerminal, RunnerProof, SlotHandle
+from messages.capacity import SlotHandle
 from messages.errors import Internal, SubagentsError
 from messages.fanout import (
     CommitReservation,
@@ -43,14 +42,12 @@ from messages.fanout import (
     ReadSnapshot,
     decode_descriptor,
     encode_descriptor,
-    extend,
 )
-from messages.runs import ChildExited, ChildSpec, ChildStarted
+from messages.runs import ChildExited, ChildStarted
 from messages.session import TrackRun
 from messages.supervisor import (
     Append,
     ChainStep,
-    FleetEvents,
     Intercom,
     IntercomMessage,
     IntercomOff,
@@ -59,7 +56,6 @@ from messages.supervisor import (
     ListRuns,
     Rerun,
     Resume,
-    RunEvents,
     RunIdAmbiguous,
     RunList,
     RunNotFound,
@@ -76,52 +72,6 @@ from messages.supervisor import (
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LiveRun:
-    """What the supervisor keeps in memory about a run that is still going."""
-
-    run_id: str
-    session_id: str
-    runner_id: str
-    run_dir: Path
-    handle: SlotHandle | None
-    launch: Launch | None  # None for runs recovered after a node restart: no new children
-    descriptor: FanoutDescriptor | None
-    groups: list[list[runplan.ChildPlan]] = field(default_factory=list)
-    next_group: int = 0
-    queue: deque[runplan.ChildPlan] = field(default_factory=deque)
-    running: dict[str, int] = field(default_factory=dict)  # child id -> child index
-    refs: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
-    outputs: dict[int, str] = field(default_factory=dict)
-    labels: dict[int, str] = field(default_factory=dict)
-    error: str = ""
-    failed: bool = False
-    stop_state: str | None = None  # "stopped" (by request) or "failed" (run deadline)
-    proofs: list[str] = field(default_factory=list)  # proof states of ended children
-    settling: bool = False
-    cancel_deadline: Cancel | None = None
-    deadline_ms: int | None = None  # the run-level deadline (R-TMO-5), if it has one
-    #: The pid mark_started recorded for the run's runner (this node). None for a run adopted
-    #: after a restart: the node that started it is gone, so its proof names the runner by id.
-    runner_pid: int | None = None
-    parent_run_id: str | None = None
-    mode: str = ""
-    pending_appends: int = 0
-    pending_steps: int = 0
-
-
-@dataclass
-class Watcher:
-    reply: ReplyFn
-    after_seq: int
-    cancel: Cancel
-    limit: int = 500
-
-
-#: The watcher key of node-wide (fleet) watchers.
-FLEET = "*"
-
-
 class RunSupervisor(OwnerActor):
     name = "supervisor"
     MIGRATIONS = runstore.MIGRATIONS
@@ -131,7 +81,7 @@ class RunSupervisor(OwnerActor):
         self._live: dict[str, LiveRun] = {}
         self._admissions: dict[str, tuple[Generator[Any, Message, Message], ReplyFn]] = {}
         self._appending: dict[str, tuple[LiveRun, int]] = {}
-        self._watchers: dict[str, dict[int, Watcher]] = {}
+        self._watchers = RunWatchers(self.after, self.reply_later)
         self._recovered = False
         #: Settled workflows whose background children still lack proof (R-CAP-22): their
         #: slot is re-reported whenever one of those children settles.
@@ -453,12 +403,8 @@ class RunSupervisor(OwnerActor):
             if live is not None and live.stop_state is None and live.deadline_ms:
                 self._stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
         elif tick.name == "watch_timeout":
-            run_id, watcher_id = tick.payload
-            watcher = self._watchers.get(run_id, {}).pop(watcher_id, None)
-            if watcher is not None and run_id == FLEET:
-                self._answer_fleet(watcher)
-            elif watcher is not None:
-                self._answer_watcher(run_id, watcher)
+            key, watcher_id = tick.payload
+            self._watchers.expired(self.db, key, watcher_id)
 
     def record_and_start(
         self,
@@ -576,55 +522,20 @@ class RunSupervisor(OwnerActor):
             self._finish(live)
 
     def _start_child(self, live: LiveRun, launch: Launch, child: runplan.ChildPlan) -> None:
-        item = child.item
-        task = item.task
-        if launch.mode == "chain" and child.step > 0:
-            previous = [live.outputs.get(c.index, "") for c in live.groups[child.step - 1]]
-            task = runplan.substitute_previous(task, previous)
-        child_id = f"{live.run_id}-{child.index}"
-        child_dir = live.run_dir / f"child-{child.index}"
-        base = dict(launch.env if launch.env is not None else os.environ)
-        cwd = Path(launch.cwd, item.cwd) if item.cwd else Path(launch.cwd)
+        token = None
+        if launch.mode == "workflow":
+            row = runstore.run_row(self.db, live.run_id)
+            token = str(row["workflow_token"]) if row is not None else None
+        address = str(self.ctx.settings.get("node_address", ""))
         try:
-            invocation = prepare_invocation(item.agent, task, child_dir, cwd=cwd, environ=base)
+            spec = child_launch.child_spec(live, launch, child, address, token)
         except SubagentsError as err:
             # Admission checked the command and cwd; one that vanished since fails this child
             # (no process ever existed: not-started) instead of the supervisor.
             self._child_not_started(live, child, err.message)
             return
-        env = child_environment(
-            base,
-            invocation,
-            fanout=item.agent.fanout or launch.mode == "workflow",
-            node_address=str(self.ctx.settings.get("node_address", "")),
-            session_id=live.session_id,
-            run_id=live.run_id,
-            child_id=child_id,
-            **self._child_depth(launch, child),
-            fanout_descriptor=self._child_descriptor(live, child),
-        )
-        env["SUBAGENTS_CHILD_DIR"] = str(child_dir)
-        if item.output:
-            env[ENV_OUTPUT] = str(Path(cwd, item.output))
-        if launch.mode == "workflow":
-            # The host is the workflow's controller, not a nested agent: its children launch
-            # at the workflow's own depth, with the token that proves their admission.
-            row = runstore.run_row(self.db, live.run_id)
-            env["SUBAGENTS_WORKFLOW_TOKEN"] = str(row["workflow_token"] if row else "")
-        spec = ChildSpec(
-            child_id=child_id,
-            run_id=live.run_id,
-            session_id=live.session_id,
-            argv=list(invocation.argv),
-            cwd=str(invocation.cwd),
-            env=env,
-            stdin_path=str(invocation.stdin_path) if invocation.stdin_path else None,
-            stdout_path=str(live.run_dir / f"external-{child.index}.stdout.log"),
-            stderr_path=str(live.run_dir / f"external-{child.index}.stderr.log"),
-            deadline_s=_seconds(runplan.child_timeout_ms(launch, item)),
-        )
-        live.refs[child_id] = start_child(self.ctx, spec, self._to_self("child"))
-        live.running[child_id] = child.index
+        live.refs[spec.child_id] = start_child(self.ctx, spec, self._to_self("child"))
+        live.running[spec.child_id] = child.index
         runstore.update_child(
             self.db,
             live.run_id,
@@ -633,20 +544,6 @@ class RunSupervisor(OwnerActor):
             stdout_path=spec.stdout_path,
             stderr_path=spec.stderr_path,
         )
-
-    def _child_depth(self, launch: Launch, child: runplan.ChildPlan) -> dict[str, int]:
-        """R-CFG-8: children run one level deeper, under the tighter of the two maxima."""
-        agent_max = child.item.agent.max_subagent_depth
-        max_depth = launch.max_depth if agent_max is None else min(launch.max_depth, agent_max)
-        depth = launch.depth if launch.mode == "workflow" else launch.depth + 1
-        return {"depth": depth, "max_depth": max_depth}
-
-    def _child_descriptor(self, live: LiveRun, child: runplan.ChildPlan) -> str | None:
-        """R-FAN-12: the run's descriptor extended by the child's segment (or as is)."""
-        if live.descriptor is None:
-            return None
-        descriptor = extend(live.descriptor, child.segment) if child.segment else live.descriptor
-        return encode_descriptor(descriptor)
 
     def _child_not_started(self, live: LiveRun, child: runplan.ChildPlan, error: str) -> None:
         now = self.ctx.clock()
@@ -737,26 +634,28 @@ class RunSupervisor(OwnerActor):
                 }
             )
             runstore.update_run(self.db, live.run_id, snapshots=snapshots)
-        if live.stop_state == "stopped":
-            state = "stopped"
-        elif live.stop_state == "failed" or live.failed:
-            state = "failed"
-        else:
-            state = "complete"
+        state = live.final_state()
         self.db.execute(
             "UPDATE run_children SET state='stopped' WHERE run_id=? AND state='pending'",
             (live.run_id,),
         )
-        output = self._output(live)
         runstore.update_run(
-            self.db, live.run_id, state=state, ended_at=now, error=live.error, output=output
+            self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
         )
         self._event(live.run_id, f"run.{state}", {"error": live.error or None})
-        self._write_summary(live.run_id)
+        view = runstore.view(self.db, live.run_id)
+        if view is not None:
+            settlement.write_summary(view)
         if live.cancel_deadline is not None:
             live.cancel_deadline()
         if live.handle is not None:
-            self._call(f"report:{live.run_id}", self._terminal_report(live, state, now))
+            verdict = (False, "")
+            if live.mode == "workflow":
+                verdict = management.workflow_children_verdict(self.db, live.run_id)
+                if not verdict[0]:
+                    self._unproven_workflows.add(live.run_id)
+            report = settlement.terminal_report(live, state, now, verdict)
+            self._call(f"report:{live.run_id}", report)
         if live.parent_run_id in self._unproven_workflows:
             self._report_workflow(live.parent_run_id)
         self._call(
@@ -765,154 +664,45 @@ class RunSupervisor(OwnerActor):
         )
         del self._live[live.run_id]
 
-    def _terminal_report(self, live: LiveRun, state: str, now: float) -> ReportTerminal:
-        """R-RUN-5 for the whole run: observed only when every child's tree was seen to end."""
-        assert live.handle is not None
-        proofs = live.proofs
-        if proofs and all(p == "not-started" for p in proofs):
-            proof_state, reason = "not-started", "no child process started"
-        elif all(p in ("observed", "not-started") for p in proofs):
-            proof_state, reason = "observed", "every child's process tree was observed to end"
-        else:
-            proof_state, reason = "unknown", "a child's process tree was not observed to end"
-        proven, why = False, ""
-        if live.mode == "workflow":
-            proven, why = management.workflow_children_verdict(self.db, live.run_id)
-            if not proven:
-                self._unproven_workflows.add(live.run_id)
-        return ReportTerminal(
-            session_id=live.session_id,
-            run_id=live.run_id,
-            generation=live.handle.generation,
-            state=state,
-            live_process=False,
-            workflow_children_proven=proven,
-            reason=why,
-            proof=RunnerProof(
-                state=proof_state,
-                runner_id=live.runner_id,
-                pid=live.runner_pid,
-                observed_at=now,
-                reason=reason,
-                error=live.error if proof_state == "not-started" else "",
-            ),
-        )
-
     def _report_workflow(self, run_id: str) -> None:
         """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""
         row = runstore.run_row(self.db, run_id)
         if row is None or not row["capacity"]:
             self._unproven_workflows.discard(run_id)
             return
-        proven, why = management.workflow_children_verdict(self.db, run_id)
-        if proven:
+        verdict = management.workflow_children_verdict(self.db, run_id)
+        if verdict[0]:
             self._unproven_workflows.discard(run_id)
-        handle = SlotHandle.model_validate_json(row["capacity"])
         proofs = runstore.proof_states(self.db, run_id)
-        observed = all(p in ("observed", "not-started") for p in proofs)
-        report = ReportTerminal(
-            session_id=row["session_id"],
-            run_id=run_id,
-            generation=handle.generation,
-            state=row["state"],
-            live_process=False,
-            workflow_children_proven=proven,
-            reason=why,
-            proof=RunnerProof(
-                state="observed" if observed else "unknown",
-                runner_id=row["runner_id"],
-                observed_at=self.ctx.clock(),
-                reason="workflow host process tree observed to end",
-            ),
-        )
+        report = settlement.workflow_rereport(row, verdict, proofs, self.ctx.clock())
         self._call(f"report:{run_id}", report)
-
-    def _output(self, live: LiveRun) -> str:
-        if not live.outputs:
-            return ""
-        launch = live.launch
-        if launch is not None and launch.mode == "parallel":
-            return "\n\n".join(
-                f"[{live.labels.get(i, i)}]\n{out.strip()}"
-                for i, out in sorted(live.outputs.items())
-            )
-        return live.outputs[max(live.outputs)]
-
-    def _write_summary(self, run_id: str) -> None:
-        view = runstore.view(self.db, run_id)
-        if view is None:
-            return
-        try:
-            path = Path(view.run_dir) / "summary.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(view.model_dump_json(indent=2))
-            tmp.replace(path)
-        except OSError as exc:
-            log.warning("could not write the summary of run %s: %s", run_id, exc)
 
     # -- events and watchers ------------------------------------------------------------------
 
     def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         now = self.ctx.clock()
-        event = runstore.append_event(self.db, run_id, now, kind, data)
+        runstore.append_event(self.db, run_id, now, kind, data)
         try:
             with open(self.run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"ts": now, "runId": run_id, "type": kind, **data}) + "\n")
         except OSError:
             pass  # the events log is for people; the store has the event
-        for watcher_id, watcher in list(self._watchers.get(run_id, {}).items()):
-            if event.seq > watcher.after_seq:
-                del self._watchers[run_id][watcher_id]
-                watcher.cancel()
-                self._answer_watcher(run_id, watcher)
-        for watcher_id, watcher in list(self._watchers.get(FLEET, {}).items()):
-            del self._watchers[FLEET][watcher_id]
-            watcher.cancel()
-            self._answer_fleet(watcher)
+        self._watchers.touched(run_id)
 
-    def _answer_fleet(self, watcher: Watcher) -> None:
-        events = runstore.all_events_after(self.db, watcher.after_seq, watcher.limit)
-        last = events[-1].seq if events else watcher.after_seq
-        touched = dict.fromkeys(e.run_id for e in events)
-        runs = [v for v in (runstore.view(self.db, r) for r in touched) if v is not None]
-        self.reply_later(watcher.reply, FleetEvents(events=events, runs=runs, last_seq=last))
+    def before_flush(self) -> None:
+        """Answer the watchers of every run that had events, once per commit group."""
+        self._watchers.answer_touched(self.db)
 
     def _watch_all(self, request: WatchAll) -> Message:
-        events = runstore.all_events_after(self.db, request.after_seq, request.limit)
         assert self.current_reply is not None
-        watcher = Watcher(self.current_reply, request.after_seq, lambda: None, request.limit)
-        if events or request.wait_s == 0:
-            self._answer_fleet(watcher)
-            return DEFERRED  # type: ignore[no-any-return]
-        watcher_id = id(self.current_reply)
-        watcher.cancel = self.after(request.wait_s, Tick("watch_timeout", (FLEET, watcher_id)))
-        self._watchers.setdefault(FLEET, {})[watcher_id] = watcher
+        self._watchers.watch_all(self.db, request, self.current_reply)
         return DEFERRED  # type: ignore[no-any-return]
-
-    def _answer_watcher(self, run_id: str, watcher: Watcher) -> None:
-        view = runstore.view(self.db, run_id)
-        if view is None:
-            self.reply_later(watcher.reply, RunNotFound(f"Run not found: {run_id}", run_id=run_id))
-            return
-        events = runstore.events_after(self.db, run_id, watcher.after_seq)
-        last = events[-1].seq if events else watcher.after_seq
-        self.reply_later(watcher.reply, RunEvents(run=view, events=events, last_seq=last))
 
     def _watch(self, request: Watch) -> Message:
-        run_id = self._resolve(request.run_id)
-        events = runstore.events_after(self.db, run_id, request.after_seq)
-        view = runstore.view(self.db, run_id)
-        assert view is not None
-        if events or request.wait_s == 0 or view.state not in ("queued", "running", "paused"):
-            last = events[-1].seq if events else request.after_seq
-            return RunEvents(run=view, events=events, last_seq=last)
         assert self.current_reply is not None
-        watcher_id = id(self.current_reply)
-        cancel = self.after(request.wait_s, Tick("watch_timeout", (run_id, watcher_id)))
-        self._watchers.setdefault(run_id, {})[watcher_id] = Watcher(
-            self.current_reply, request.after_seq, cancel
-        )
-        return DEFERRED  # type: ignore[no-any-return]
+        run_id = self._resolve(request.run_id)
+        answer = self._watchers.watch(self.db, run_id, request, self.current_reply)
+        return answer if answer is not None else DEFERRED
 
     # -- queries and stop ---------------------------------------------------------------------
 
@@ -964,7 +754,3 @@ class RunSupervisor(OwnerActor):
 def _launch_result(pipeline: Pipeline) -> Generator[Request, Message, Message]:
     view = yield from pipeline
     return LaunchResult(run=view)
-
-
-def _seconds(ms: int | None) -> float | None:
-    return None if ms is None else ms / 1000
