@@ -17,8 +17,7 @@ import psutil
 
 from messages.errors import NodeError, NodeNotRunning, NodeTimeout
 from runtime.client import Client
-from runtime.node import read_pid_file
-from runtime.paths import LOG_NAME, ensure_state_dir
+from runtime.paths import LOG_NAME, ensure_state_dir, read_pid_file
 from runtime.transport import ZmqTransport
 
 

@@ -42,6 +42,7 @@ from runtime.paths import (
     ipc_endpoint,
     ipc_path,
     is_loopback_tcp,
+    read_pid_file,
     resolve_state_dir,
 )
 from runtime.store import Store
@@ -303,22 +304,6 @@ class Node:
         if record is not None and record.get("node_id") == self.node_id:
             with suppress(FileNotFoundError):
                 self.pid_file.unlink()
-
-
-def read_pid_file(state_dir: Path) -> dict[str, object] | None:
-    """The live node serving `state_dir`, or None (a stale record of a dead process is None).
-
-    A zombie is dead: after `kill -9` the process lingers until its reaper (often pid 1, which
-    in a container may never reap) collects it, and that must not block a restart.
-    """
-    try:
-        record = json.loads((state_dir / PID_NAME).read_text())
-        proc = psutil.Process(int(record["pid"]))
-        if proc.create_time() != record["create_time"] or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return dict(record)
-    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-        return None
 
 
 def _temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[Path]:

@@ -6,9 +6,12 @@ state dir; always mode 0700) and the default endpoint `ipc://<state>/node.sock`.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+
+import psutil
 
 from messages.errors import BadAddress
 
@@ -75,3 +78,19 @@ def check_endpoint(endpoint: str) -> str:
 def is_loopback_tcp(endpoint: str) -> bool:
     host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def read_pid_file(state_dir: Path) -> dict[str, object] | None:
+    """The live node serving `state_dir`, or None (a stale record of a dead process is None).
+
+    A zombie is dead: after `kill -9` the process lingers until its reaper (often pid 1, which
+    in a container may never reap) collects it, and that must not block a restart.
+    """
+    try:
+        record = json.loads((state_dir / PID_NAME).read_text())
+        proc = psutil.Process(int(record["pid"]))
+        if proc.create_time() != record["create_time"] or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return dict(record)
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import zmq
@@ -24,7 +26,7 @@ from messages.envelope import ERROR, Envelope
 from messages.errors import BadAddress, NodeNotRunning, NodeTimeout, SubagentsError
 from messages.protocol import parse_result
 from runtime.dispatch import Dispatcher
-from runtime.paths import check_endpoint, ipc_path
+from runtime.paths import PID_NAME, check_endpoint, ipc_path, read_pid_file
 
 #: Replies may be larger than requests (status listings); the node caps what it sends.
 _MAX_REPLY = 64 << 20
@@ -107,9 +109,10 @@ class PendingReply:
 class _Channel:
     """One thread's DEALER socket and the replies that arrived for it."""
 
-    def __init__(self, sock: zmq.Socket[bytes], address: str) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], address: str, diagnose: Callable[[], str]) -> None:
         self.sock = sock
         self.address = address
+        self.diagnose = diagnose  # why a request timed out, when that can be told
         self.thread_id = threading.get_ident()
         self.waiting: set[str] = set()
         self.arrived: dict[str, Envelope] = {}
@@ -125,9 +128,11 @@ class _Channel:
                 if remaining <= 0 or not self.sock.poll(max(1, int(remaining * 1000))):
                     if corr in self.arrived:
                         break
+                    # The outcome is unknown (the request may have been applied), so this
+                    # stays a timeout even when the node is known to be gone.
                     raise NodeTimeout(
                         f"the node at {self.address} did not answer {request.type} in time "
-                        f"(is it running?)",
+                        f"({self.diagnose()})",
                         address=self.address,
                     )
                 self._receive_ready()
@@ -170,6 +175,7 @@ class ZmqTransport:
         if channel is None:
             if self._closed:
                 raise NodeNotRunning("this client is closed", address=self.address)
+            self._check_reachable(stale=True)
             sock = self._zctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 10_000)
@@ -183,18 +189,42 @@ class ZmqTransport:
                 raise BadAddress(
                     f"cannot connect to {self.address}: {exc}", address=self.address
                 ) from None
-            channel = _Channel(sock, self.address)
+            channel = _Channel(sock, self.address, self._why_silent)
             self._local.channel = channel
             with self._lock:
                 self._channels.append(channel)
         return channel
 
-    def _check_reachable(self) -> None:
+    def _why_silent(self) -> str:
         path = ipc_path(self.address)
-        if path is not None and not path.exists():
+        if path is not None and (not path.exists() or self._stale(path)):
+            return "its node is not running any more"
+        return "is it running?"
+
+    @staticmethod
+    def _stale(path: Path) -> bool:
+        """A socket left behind by a node killed with -9: its pid record names a dead process."""
+        return (path.parent / PID_NAME).exists() and read_pid_file(path.parent) is None
+
+    def _check_reachable(self, stale: bool = False) -> None:
+        """For ipc: raise NodeNotRunning when no socket is there, or its node is gone.
+
+        Checked when a thread first uses the transport and when a request times out, never
+        on the hot path: a node killed with -9 leaves its socket file behind.
+        """
+        path = ipc_path(self.address)
+        if path is None:
+            return
+        if not path.exists():
             raise NodeNotRunning(
                 f"no node is running at {self.address} (socket {path} does not exist); "
                 "start one with `subagents-node start`",
+                address=self.address,
+            )
+        if stale and self._stale(path):
+            raise NodeNotRunning(
+                f"no node is running at {self.address}: the node that served it is gone "
+                "(stale socket); start one with `subagents-node start`",
                 address=self.address,
             )
 

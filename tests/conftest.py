@@ -51,8 +51,8 @@ from messages.node import NodeStatusResult
 from runtime.cli import cli
 from runtime.client import Client
 from runtime.daemon import stop_node, wait_exited
-from runtime.node import Node, read_pid_file
-from runtime.paths import LOG_NAME
+from runtime.node import Node
+from runtime.paths import LOG_NAME, read_pid_file
 from runtime.transport import ZmqTransport
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ import pytest
 
 from messages.capacity import RunnerProof
 from runtime import Client, connect
-from runtime.node import read_pid_file
+from runtime.paths import read_pid_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION = "race"

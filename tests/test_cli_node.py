@@ -21,7 +21,7 @@ from conftest import NodeProcess, new_state_dir, run_cli, running_node
 
 from runtime.cli import cli
 from runtime.daemon import wait_exited
-from runtime.node import read_pid_file
+from runtime.paths import read_pid_file
 
 
 @pytest.fixture(scope="module")

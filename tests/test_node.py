@@ -36,9 +36,9 @@ from messages.errors import (
     SubagentsError,
 )
 from messages.node import DebugRaise, DebugSleep, NodeStatus, Ping, Pong
-from runtime.node import Node, NodeOptions, read_pid_file
+from runtime.node import Node, NodeOptions
 from runtime.owners import OWNERS
-from runtime.paths import DB_NAME
+from runtime.paths import DB_NAME, read_pid_file
 from runtime.store import Store
 from runtime.supervision import RestartIntensity
 from runtime.transport import PendingReply, ZmqTransport
