@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pykka
@@ -383,17 +383,30 @@ def start_child(
     return ChildActor.start(ctx, on_event, spec=spec)
 
 
-def recover_children(ctx: ActorContext, on_event: EventSink) -> dict[str, pykka.ActorRef[Any]]:
+def recover_children(
+    ctx: ActorContext, on_event: EventSink, expected: Iterable[str] = ()
+) -> dict[str, pykka.ActorRef[Any]]:
     """After a node restart: one ChildActor per child still recorded as running.
 
     Each one settles its child with `observed` proof if the process is gone, or adopts it and
     settles it when it exits. Returns the actors by child id (they stop themselves once settled).
+    A child in `expected` (the supervisor still waits for it) that had already settled gets its
+    stored exit replayed to `on_event`: the node died between the two commits.
     """
     conn = ctx.open_db()
     try:
         child_ids = rows.running_child_ids(conn)
+        replays = []
+        for child_id in expected:
+            row = None if child_id in child_ids else rows.read_row(conn, child_id)
+            if row is not None:
+                exited = rows.settled_exit(conn, child_id, cp.tail(str(row["stdout_path"])))
+                if exited is not None:
+                    replays.append(exited)
     finally:
         conn.close()
+    for exited in replays:
+        on_event(exited)
     return {
         child_id: ChildActor.start(ctx, on_event, resume_child_id=child_id)
         for child_id in child_ids

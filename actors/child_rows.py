@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from messages.runs import ChildEvent, ChildExited, ChildSpec, ChildStarted
+from messages.runs import ChildEvent, ChildExited, ChildSpec, ChildStarted, ProcessProof
 
 SCHEMA = """
 CREATE TABLE children (
@@ -96,6 +96,30 @@ def read_row(db: sqlite3.Connection, child_id: str) -> sqlite3.Row | None:
         "SELECT * FROM children WHERE child_id = ?", (child_id,)
     ).fetchone()
     return row
+
+
+def settled_exit(db: sqlite3.Connection, child_id: str, output: str) -> ChildExited | None:
+    """The exit a settled child reported (rebuilt from its row), or None if it is not settled.
+
+    Replayed after a restart for a child whose settlement was committed here but never reached
+    the supervisor (the node died in between), so its run can settle too.
+    """
+    row = read_row(db, child_id)
+    if row is None or row["state"] == "running" or not row["proof"]:
+        return None
+    return ChildExited(
+        child_id=child_id,
+        run_id=row["run_id"],
+        state=row["state"],
+        proof=ProcessProof.model_validate_json(row["proof"]),
+        exit_code=row["exit_code"],
+        output=output,
+        error=row["end_message"] or None,
+        timed_out=row["end_reason"] == "timed_out",
+        stopped=row["end_reason"] == "stopped",
+        started_at=row["started_at"],
+        ended_at=row["ended_at"] or row["started_at"] or 0.0,
+    )
 
 
 def running_child_ids(db: sqlite3.Connection) -> list[str]:

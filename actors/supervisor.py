@@ -136,7 +136,8 @@ class RunSupervisor(OwnerActor):
             self._adopt_run(run_id)
         if unsettled:
             # Keep the adopted children's actors: a stop or a run deadline must reach them.
-            refs = recover_children(self.ctx, self._to_self("child"))
+            waiting = [c for live in self._live.values() for c in live.running]
+            refs = recover_children(self.ctx, self._to_self("child"), waiting)
             for live in self._live.values():
                 live.refs.update({c: refs[c] for c in live.running if c in refs})
         for run_id in list(self._live):

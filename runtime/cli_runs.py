@@ -52,7 +52,11 @@ def node_client(obj: Ctx, background: bool) -> Iterator[Client]:
         else:
             from runtime.node import Node
 
-            with Node.embedded(state_dir=obj.state_dir) as node:
+            from runtime.config import load_config
+
+            # The same settings a `start`ed node would load (reservation TTL, grant authority).
+            settings = load_config().actor_settings()
+            with Node.embedded(state_dir=obj.state_dir, settings=settings) as node:
                 yield node.client()
             return
     try:

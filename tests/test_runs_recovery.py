@@ -13,6 +13,7 @@ from __future__ import annotations
 import select
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -173,3 +174,37 @@ def test_after_a_node_restart_stop_and_a_run_deadline_still_end_the_adopted_chil
     assert timed_out.children[0].state == "stopped"
     for child in (stopped_child, timed_child):
         child.wait_exit()  # ended by the restarted node, not released by the test
+
+
+def test_a_child_exit_committed_just_before_the_node_died_is_replayed_and_settles_its_run(
+    agents: Path,
+) -> None:
+    """The child's own row was settled, but the supervisor never recorded it (the node died
+    between the two commits): on restart the exit is replayed and the run settles, freeing its
+    capacity slot, instead of waiting forever."""
+    state = new_state_dir()
+    try:
+        ctx = launch_context(agents, max_active_async_runs_per_session=1)
+        with Node.embedded(state_dir=state) as node:
+            client = node.client()
+            run = client.runs.launch(ctx.single("echo", "quick-output", True, None))
+            done = client.runs.wait(run.run_id, timeout=30)
+            assert done.state == "complete"
+        # Rewind the supervisor's rows to "still running" (the child's own row stays settled).
+        with sqlite3.connect(state / "state.db") as db:
+            db.execute(
+                "UPDATE runs SET state='running', ended_at=NULL WHERE run_id=?", (run.run_id,)
+            )
+            db.execute(
+                "UPDATE run_children SET state='running', proof_state=NULL WHERE run_id=?",
+                (run.run_id,),
+            )
+        with Node.embedded(state_dir=state) as node:
+            client = node.client()
+            settled = client.runs.wait(run.run_id, timeout=30)
+            assert settled.state == "complete"
+            assert settled.children[0].proof_state == "observed"
+            assert "quick-output" in settled.output
+            assert client.capacity.snapshot(ctx.session_id, limit=1).used == 0
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
