@@ -70,6 +70,7 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         )
     first = launch.items or [i for step in launch.chain[:1] for i in step.items]
     update: dict[str, object] = {
+        "env": request.env,
         "background": True,
         "depth": request.depth,
         "capacity_limit": request.capacity_limit,
@@ -121,6 +122,7 @@ def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
     return launch.model_copy(
         update={
             "mode": "single",
+            "env": request.env,
             "items": [item],
             "chain": [],
             "background": False,

@@ -1,7 +1,9 @@
 """The recovery descriptor: what a finished run needs to be resumed or rerun (R-FAN-6, R-RES-2).
 
-Owns one file per run, `<run dir>/recovery.json` (mode 0600: it holds the launch, tasks and
-environment included), written before the run's children start and read by resume and rerun.
+Owns one file per run, `<run dir>/recovery.json` (mode 0600: it holds the launch and its task
+text, which resume and rerun need), written before the run's children start. The launcher's
+environment is never written (it may hold credentials): a resume or rerun runs with the
+environment of whoever asks for it.
 The fan-out descriptor inside it is validated on read, so a chained resume keeps using one
 budget (R-RES-4). It is never logged and never shown by `debug-run`.
 """
@@ -22,6 +24,7 @@ RECOVERY = "recovery.json"
 
 def write_recovery(run_dir: Path, launch: Launch, descriptor: str) -> None:
     """Atomic, private write; raises OSError for the caller's rollback (R-FAN-6)."""
+    launch = launch.model_copy(update={"env": None})
     data = {"version": 1, "launch": launch.model_dump(mode="json"), "fanout": descriptor}
     tmp = run_dir / f".{RECOVERY}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -267,6 +267,8 @@ class Resume(Request):
     #: The resuming launcher's depth and limit (R-TOP-1, R-CAP-18).
     depth: int = Field(default=0, ge=0)
     capacity_limit: int = Field(default=0, ge=0, le=MAX_COUNT)
+    #: The resuming launcher's environment (never persisted; None: the node's own).
+    env: dict[str, str] | None = None
 
 
 class Rerun(Request):
@@ -278,6 +280,8 @@ class Rerun(Request):
     run_id: str = Field(min_length=1)
     task: str = Field(min_length=1, max_length=_MAX_TASK)
     child: int = Field(default=0, ge=0)
+    #: The rerunning launcher's environment (never persisted; None: the node's own).
+    env: dict[str, str] | None = None
 
 
 class AppendResult(Message):

@@ -39,7 +39,13 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
     budget without claiming (R-RES-4).
     """
     limit = load_config().settings.max_active_async_runs_per_session
-    request = Resume(run_id=run_id, message=message, depth=current_depth(), capacity_limit=limit)
+    request = Resume(
+        run_id=run_id,
+        message=message,
+        depth=current_depth(),
+        capacity_limit=limit,
+        env=dict(os.environ),
+    )
     with obj.client() as client:
         run = client.ask(request, LaunchResult).run
     emit(run, as_json, run.run_id)
@@ -55,7 +61,8 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
 def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     """Run a finished run's child again with the same parameters and a new task (foreground)."""
     with obj.client() as client:
-        run = client.ask(Rerun(run_id=run_id, task=task, child=child), LaunchResult).run
+        request = Rerun(run_id=run_id, task=task, child=child, env=dict(os.environ))
+        run = client.ask(request, LaunchResult).run
         final = follow(client, run, as_json)
     emit(final, as_json, summary(final))
     if final.state != "complete":

@@ -50,9 +50,8 @@ def node_client(obj: Ctx, background: bool) -> Iterator[Client]:
             )
             client = obj.client()
         else:
-            from runtime.node import Node
-
             from runtime.config import load_config
+            from runtime.node import Node
 
             # The same settings a `start`ed node would load (reservation TTL, grant authority).
             settings = load_config().actor_settings()

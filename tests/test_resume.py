@@ -27,12 +27,14 @@ from manage_support import embedded, hold_with_unknown_proof
 from runs_support import Gate, Ledgers, launch_context, ledgers, script_agents, wait_until
 
 from actors.admission import FAULT_POINTS
-from actors.recovery import RECOVERY
+from actors.recovery import RECOVERY, read_recovery, write_recovery
 from messages.capacity import CapacityExhausted
 from messages.errors import BadRequest, SubagentsError
 from messages.fanout import decode_descriptor
 from messages.supervisor import (
+    AgentPlan,
     InjectedFault,
+    Launch,
     LaunchResult,
     Rerun,
     Resume,
@@ -392,3 +394,23 @@ def test_r_misc_2_rerun_of_a_running_run_is_refused_and_changes_nothing(
     assert everything(client, run) == before
     child.release(0)
     client.runs.wait(run.run_id, timeout=20)
+
+
+def test_recovery_descriptor_never_holds_the_launcher_environment(tmp_path: Path) -> None:
+    """recovery.json keeps what resume needs (the task), never the launcher's variables,
+    which may hold credentials; a resume runs with the resumer's environment instead."""
+    launch = Launch(
+        session_id="s",
+        mode="single",
+        background=True,
+        items=[TaskItem(agent=AgentPlan(name="a", command=["true"]), task="the task")],
+        cwd=str(tmp_path),
+        env={"API_KEY": "sk-secret-value"},
+    )
+    write_recovery(tmp_path, launch, "descriptor-is-checked-on-read")
+    text = (tmp_path / "recovery.json").read_text()
+    assert "sk-secret-value" not in text and "API_KEY" not in text
+    assert json.loads(text)["launch"]["items"][0]["task"] == "the task"
+    assert (tmp_path / "recovery.json").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(RunNotResumable):  # the planted descriptor does not decode
+        read_recovery(tmp_path, "r1")
