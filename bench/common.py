@@ -146,7 +146,7 @@ def measure(
 def detached_node(*start_args: str) -> Iterator[str]:
     """A real node process (`start --detach`) on a fresh short state dir; yields its address."""
     from runtime.daemon import stop_node
-    from runtime.node import read_pid_file
+    from runtime.paths import read_pid_file
 
     state_dir = Path(tempfile.mkdtemp(prefix="sa-bench-", dir="/tmp"))
     cli = [sys.executable, "-m", "runtime.cli", "--state-dir", str(state_dir)]

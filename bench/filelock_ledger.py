@@ -8,9 +8,10 @@ can measure our actors against the design they replace on the same machine, in t
   detection with kill(pid, 0), the synchronous back-off schedule, re-validate, readdir to count,
   one O_EXCL claim file per claim scanning from index 0, re-validate + readdir for the commit,
   then unlock (read owner, compare token, remove).
-- capacity: reconcile (readdir + owner.json + status.json per slot), readdir to count,
-  `mkdir slot-i` from i = 0 until one succeeds, owner.json write, then the snapshot's second
-  reconcile; rollback = exclusive `capacity.claim`, read, rename, recursive remove.
+- capacity: reconcile (readdir, then owner.json + status.json per slot and a runner slot's
+  process-terminal.json), readdir to count, `mkdir slot-i` from i = 0 until one succeeds,
+  owner.json write, then the snapshot's second reconcile; rollback = exclusive
+  `capacity.claim` (create, write, close), read, rename, recursive remove.
 """
 
 from __future__ import annotations
@@ -120,9 +121,9 @@ class FileLockFanout:
             used = len(os.listdir(claims))
             if len(paths) > limit - used:
                 raise LimitRejected(f"{used}/{limit}")
-            index = 0
             for path in paths:
-                while True:  # scanning from index 0: u + i failed opens per claim
+                index = 0  # every claim scans from index 0: u + i failed opens (§17 step 5)
+                while True:
                     name = claims / f"{index:06d}.json"
                     index += 1
                     try:
@@ -156,7 +157,10 @@ class FileLockCapacity:
             count += 1
             with contextlib.suppress(OSError, ValueError):
                 owner = json.loads((self.pool / entry / "owner.json").read_text())
-                json.loads((Path(owner["asyncDir"]) / "status.json").read_text())
+                run_dir = Path(owner["asyncDir"])
+                json.loads((run_dir / "status.json").read_text())
+                if owner.get("kind") == "runner":  # a runner slot also needs its proof
+                    json.loads((run_dir / "process-terminal.json").read_text())
         return count
 
     def acquire(self, run_id: str, limit: int) -> int:
@@ -170,8 +174,9 @@ class FileLockCapacity:
             raise CapacityFull(f"{used}/{limit}")
         self.pool.mkdir(parents=True, exist_ok=True)
         async_dir = self.status_dir / run_id
-        async_dir.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(async_dir / "status.json", {"runId": run_id, "state": "queued"})
+        if not (async_dir / "status.json").exists():  # the run's own record, not the ledger's
+            async_dir.mkdir(parents=True, exist_ok=True)
+            _write_json_atomic(async_dir / "status.json", {"runId": run_id, "state": "queued"})
         for index in range(limit):
             slot = self.pool / f"slot-{index}"
             try:
@@ -201,8 +206,9 @@ class FileLockCapacity:
         try:
             fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
-            return False
-        os.close(fd)
+            return False  # no staleness detection, no retry (§17)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "token": uuid.uuid4().hex}))
         try:
             json.loads((slot / "owner.json").read_text())
             moved = self.pool / f".slot-{index}.released-{uuid.uuid4().hex}"

@@ -61,7 +61,7 @@ class Row:
 def node_process() -> Iterator[tuple[Client, int]]:
     """A detached node on a fresh short state dir: a connected client and the node's pid."""
     from runtime.daemon import stop_node
-    from runtime.node import read_pid_file
+    from runtime.paths import read_pid_file
 
     state_dir = Path(tempfile.mkdtemp(prefix="sa-bench-", dir="/tmp"))
     cli = [sys.executable, "-m", "runtime.cli", "--state-dir", str(state_dir)]
