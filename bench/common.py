@@ -14,6 +14,7 @@ import datetime
 import multiprocessing
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -160,9 +161,7 @@ def detached_node(*start_args: str) -> Iterator[str]:
         yield str(record["address"])
     finally:
         stop_node(state_dir)
-        for path in state_dir.iterdir():
-            path.unlink()
-        state_dir.rmdir()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def machine_facts() -> dict[str, str]:
