@@ -125,7 +125,10 @@ class _Channel:
         try:
             while corr not in self.arrived:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.sock.poll(max(1, int(remaining * 1000))):
+                # One blocking receive with a timeout: fewer calls (and system calls) per
+                # reply than poll-then-receive, which matters at tens of µs per call on VMs.
+                frame = self._receive(remaining) if remaining > 0 else None
+                if frame is None:
                     if corr in self.arrived:
                         break
                     # The outcome is unknown (the request may have been applied), so this
@@ -135,23 +138,26 @@ class _Channel:
                         f"({self.diagnose()})",
                         address=self.address,
                     )
-                self._receive_ready()
+                self._keep(frame)
             return self.arrived.pop(corr)
         finally:
             self.waiting.discard(corr)
 
-    def _receive_ready(self) -> None:
-        while True:
-            try:
-                frame = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                env = decode(frame, _MAX_REPLY)
-            except SubagentsError:
-                continue  # a garbled reply cannot be matched to anything
-            if env.corr is not None and env.corr in self.waiting:
-                self.arrived[env.corr] = env
+    def _receive(self, timeout_s: float) -> bytes | None:
+        self.sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))
+        try:
+            return self.sock.recv()
+        except zmq.Again:
+            return None
+
+    def _keep(self, frame: bytes) -> None:
+        """File a reply under its correlation id; stale and garbled replies are dropped."""
+        try:
+            env = decode(frame, _MAX_REPLY)
+        except SubagentsError:
+            return  # a garbled reply cannot be matched to anything
+        if env.corr is not None and env.corr in self.waiting:
+            self.arrived[env.corr] = env
 
 
 class ZmqTransport:
