@@ -14,7 +14,9 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Protocol
 
+from actors import runplan, runstore
 from actors.admission import ResumePlan
+from actors.liverun import LiveRun
 from actors.recovery import read_recovery
 from messages.base import Message, Request
 from messages.errors import BadRequest, SubagentsError
@@ -35,6 +37,7 @@ from messages.supervisor import (
     Resume,
     RunNotResumable,
     TaskItem,
+    WorkflowChildRefused,
 )
 
 #: How long an append's claims are held while its record becomes durable (R-APP-4).
@@ -259,3 +262,63 @@ def workflow_children_verdict(db: sqlite3.Connection, run_id: str) -> tuple[bool
 
 def new_token() -> str:
     return uuid.uuid4().hex
+
+
+def check_appendable(row: sqlite3.Row, live: LiveRun | None) -> FanoutDescriptor:
+    """R-APP-1/2: the run must be a running background chain with a step still to come."""
+    run_id = str(row["run_id"])
+    if row["mode"] != "chain" or not row["background"]:
+        raise append_rejected(run_id, "it is not a background chain run")
+    if live is None or live.launch is None or live.stop_state or live.settling:
+        raise append_rejected(run_id, f"the run is {row['state']}")
+    busy = live.running or live.queue or live.next_group < len(live.groups)
+    if not busy and not live.pending_appends:
+        raise append_rejected(run_id, "no step is running or pending")
+    if live.descriptor is None:
+        raise append_rejected(run_id, f"Run '{run_id}' is missing its run fan-out budget identity.")
+    return live.descriptor
+
+
+def extend_chain(db: sqlite3.Connection, live: LiveRun, steps: list[ChainStep]) -> None:
+    """Committed appended steps become the chain's last groups, their children pending."""
+    index = len(live.labels)
+    for step in steps:
+        number = len(live.groups)
+        group = []
+        for j, item in enumerate(step.items):
+            label = f"chain[{number}].parallel[{j}]" if step.parallel else f"chain[{number}]"
+            group.append(runplan.ChildPlan(index, number, label, label, item))
+            runstore.insert_child(
+                db,
+                {
+                    "run_id": live.run_id,
+                    "idx": index,
+                    "child_id": f"{live.run_id}-{index}",
+                    "step": number,
+                    "label": label,
+                    "agent": item.agent.name,
+                    "state": "pending",
+                },
+            )
+            live.labels[index] = label
+            index += 1
+        live.groups.append(group)
+
+
+def check_workflow_child(db: sqlite3.Connection, launch: Launch) -> None:
+    """R-FAN-24: only the running workflow's own host (its token) may pass workflow fields."""
+    if not (launch.workflow_key or launch.fanout_admitted or launch.workflow_token):
+        return
+    parent = runstore.run_row(db, launch.parent_run_id) if launch.parent_run_id else None
+    if (
+        parent is None
+        or parent["mode"] != "workflow"
+        or parent["state"] != "running"
+        or not launch.workflow_token
+        or parent["workflow_token"] != launch.workflow_token
+        or not launch.workflow_key
+    ):
+        raise WorkflowChildRefused(
+            "Public execution does not accept internal run fan-out fields.",
+            workflow_key=launch.workflow_key,
+        )

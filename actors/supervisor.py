@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
@@ -29,7 +28,7 @@ from actors import child_launch, management, runplan, runstore, settlement
 from actors.admission import Pipeline, ResumePlan, admit
 from actors.base import DEFERRED, OwnerActor, ReplyFn, Tick
 from actors.child import recover_children, start_child, stop_child
-from actors.liverun import LiveRun
+from actors.liverun import LiveRun, adopt_from_store, new_live_run
 from actors.recovery import write_recovery
 from actors.run_watchers import RunWatchers
 from messages.base import Message, Request
@@ -66,7 +65,6 @@ from messages.supervisor import (
     Stop,
     Watch,
     WatchAll,
-    WorkflowChildRefused,
 )
 
 log = logging.getLogger(__name__)
@@ -144,37 +142,7 @@ class RunSupervisor(OwnerActor):
             self._advance(self._live[run_id])
 
     def _adopt_run(self, run_id: str) -> None:
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None
-        handle = SlotHandle.model_validate_json(row["capacity"]) if row["capacity"] else None
-        live = LiveRun(
-            run_id=run_id,
-            session_id=row["session_id"],
-            runner_id=row["runner_id"],
-            run_dir=Path(row["run_dir"]),
-            handle=handle,
-            launch=None,
-            descriptor=None,
-        )
-        for child in self.db.execute(
-            "SELECT child_id, idx, label, state, output FROM run_children WHERE run_id=?",
-            (run_id,),
-        ).fetchall():
-            live.labels[child[1]] = child[2]
-            if child[3] == "running":
-                live.running[child[0]] = child[1]
-            elif child[3] == "pending":
-                runstore.update_child(
-                    self.db,
-                    run_id,
-                    child[1],
-                    state="stopped",
-                    error="The node restarted before this child started.",
-                )
-                live.failed = True
-                live.error = live.error or "The node restarted before every child started."
-            else:
-                live.outputs[child[1]] = child[4]
+        live, row = adopt_from_store(self.db, run_id)
         self._live[run_id] = live
         if row["deadline_at"] is not None and row["started_at"] is not None:
             # The run's own deadline outlives the node that set it; it may have passed already.
@@ -209,19 +177,10 @@ class RunSupervisor(OwnerActor):
         """R-APP-1..4: queue steps on a running background chain, claims and record together."""
         run_id = self._resolve(request.run_id)
         row = runstore.run_row(self.db, run_id)
-        assert row is not None
+        assert row is not None and self.current_reply is not None
         live = self._live.get(run_id)
-        if row["mode"] != "chain" or not row["background"]:
-            raise management.append_rejected(run_id, "it is not a background chain run")
-        if live is None or live.launch is None or live.stop_state or live.settling:
-            raise management.append_rejected(run_id, f"the run is {row['state']}")
-        busy = live.running or live.queue or live.next_group < len(live.groups)
-        if not busy and not live.pending_appends:
-            raise management.append_rejected(run_id, "no step is running or pending")
-        if live.descriptor is None:
-            raise management.append_rejected(
-                run_id, f"Run '{run_id}' is missing its run fan-out budget identity."
-            )
+        descriptor = management.check_appendable(row, live)
+        assert live is not None
         paths = management.append_paths(len(live.groups) + live.pending_steps, request.steps)
         live.pending_appends += 1
         live.pending_steps += len(request.steps)
@@ -235,9 +194,8 @@ class RunSupervisor(OwnerActor):
             return live.pending_appends
 
         pipeline = management.append_pipeline(
-            self, run_id, live.descriptor, list(request.steps), paths, pending_after
+            self, run_id, descriptor, list(request.steps), paths, pending_after
         )
-        assert self.current_reply is not None
         self._admissions[key] = (pipeline, self.current_reply)
         self._appending[key] = (live, count)
         self._step(key, None, None)
@@ -249,28 +207,7 @@ class RunSupervisor(OwnerActor):
     def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
         """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
         live = self._live[run_id]
-        index = len(live.labels)
-        for step in steps:
-            number = len(live.groups)
-            group = []
-            for j, item in enumerate(step.items):
-                label = f"chain[{number}].parallel[{j}]" if step.parallel else f"chain[{number}]"
-                group.append(runplan.ChildPlan(index, number, label, label, item))
-                runstore.insert_child(
-                    self.db,
-                    {
-                        "run_id": run_id,
-                        "idx": index,
-                        "child_id": f"{run_id}-{index}",
-                        "step": number,
-                        "label": label,
-                        "agent": item.agent.name,
-                        "state": "pending",
-                    },
-                )
-                live.labels[index] = label
-                index += 1
-            live.groups.append(group)
+        management.extend_chain(self.db, live, steps)
         self._event(run_id, "chain.append", {"steps": len(steps)})
         # Start the new steps (if the chain was idle) once this transaction has committed.
         advance = self._to_self("advance")
@@ -290,21 +227,7 @@ class RunSupervisor(OwnerActor):
 
     def check_workflow_child(self, launch: Launch) -> None:
         """AdmissionHost, R-FAN-24: only the live workflow's own host may pass its fields."""
-        if not (launch.workflow_key or launch.fanout_admitted or launch.workflow_token):
-            return
-        parent = runstore.run_row(self.db, launch.parent_run_id) if launch.parent_run_id else None
-        if (
-            parent is None
-            or parent["mode"] != "workflow"
-            or parent["state"] != "running"
-            or not launch.workflow_token
-            or parent["workflow_token"] != launch.workflow_token
-            or not launch.workflow_key
-        ):
-            raise WorkflowChildRefused(
-                "Public execution does not accept internal run fan-out fields.",
-                workflow_key=launch.workflow_key,
-            )
+        management.check_workflow_child(self.db, launch)
 
     def _step(self, key: str, value: Message | None, error: SubagentsError | None) -> None:
         pipeline, reply = self._admissions[key]
@@ -419,72 +342,24 @@ class RunSupervisor(OwnerActor):
     ) -> RunView:
         """AdmissionHost: write the run and its pending children, then start the first group."""
         now = self.ctx.clock()
-        encoded = encode_descriptor(descriptor)
         try:  # R-FAN-6: the recovery descriptor exists before any child starts
-            write_recovery(self.run_dir(run_id), launch, encoded)
+            write_recovery(self.run_dir(run_id), launch, encode_descriptor(descriptor))
         except OSError as exc:
             raise RunStorageFailed(f"Failed to create run storage: {exc}") from None
-        groups = runplan.plan_children(launch)
-        deadline_ms = runplan.run_deadline_ms(launch)
-        first = groups[0][0].item.agent.name
-        label = first if launch.mode == "single" else f"{launch.mode}: {first}"
-        self.db.execute("SAVEPOINT record_run")
-        runstore.insert_run(
+        live = new_live_run(
             self.db,
-            {
-                "run_id": run_id,
-                "session_id": launch.session_id,
-                "mode": launch.mode,
-                "background": int(launch.background),
-                "state": "running",
-                "label": label,
-                "depth": launch.depth,
-                "parent_run_id": launch.parent_run_id,
-                "root_run_id": descriptor.root_run_id,
-                "run_dir": str(self.run_dir(run_id)),
-                "created_at": now,
-                "started_at": now,
-                "deadline_at": now + deadline_ms / 1000 if deadline_ms else None,
-                "runner_id": runner_id,
-                "fanout": encoded,
-                "capacity": handle.model_dump_json() if handle else None,
-                "snapshots": snapshots,
-                "source_run_id": source_run_id,
-                "workflow_key": launch.workflow_key,
-                "workflow_token": management.new_token() if launch.mode == "workflow" else None,
-                "intercom": launch.intercom,
-            },
-        )
-        for group in groups:
-            for child in group:
-                runstore.insert_child(
-                    self.db,
-                    {
-                        "run_id": run_id,
-                        "idx": child.index,
-                        "child_id": f"{run_id}-{child.index}",
-                        "step": child.step,
-                        "label": child.label,
-                        "agent": child.item.agent.name,
-                        "state": "pending",
-                    },
-                )
-        self.db.execute("RELEASE record_run")
-        live = LiveRun(
-            run_id=run_id,
-            session_id=launch.session_id,
-            runner_id=runner_id,
+            launch,
+            run_id,
+            runner_id,
+            descriptor,
+            handle,
+            snapshots,
+            source_run_id,
             run_dir=self.run_dir(run_id),
-            handle=handle,
-            launch=launch,
-            descriptor=descriptor,
-            groups=groups,
-            labels={c.index: c.label for g in groups for c in g},
-            deadline_ms=deadline_ms,
-            runner_pid=os.getpid(),
-            parent_run_id=launch.parent_run_id,
-            mode=launch.mode,
+            now=now,
+            workflow_token=management.new_token(),
         )
+        deadline_ms = live.deadline_ms
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
         if deadline_ms:
