@@ -18,6 +18,7 @@ It must never touch another owner's tables, and never block on another actor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
@@ -93,6 +94,7 @@ class OwnerActor(pykka.ThreadingActor):
         self._db: sqlite3.Connection | None = None
         self._pending: list[tuple[ReplyFn, Outcome]] = []
         self._effects: list[Callable[[], None]] = []
+        self._crashing = False
         #: The reply function of the request being handled (for handlers that defer).
         self.current_reply: ReplyFn | None = None
         self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
@@ -168,15 +170,25 @@ class OwnerActor(pykka.ThreadingActor):
         self.db.execute("RELEASE request")
 
     def _rollback(self) -> None:
-        if self.db.in_transaction:
-            self.db.execute("ROLLBACK TO request")
-            self.db.execute("RELEASE request")
+        """Undo the current message. A store too broken to roll back is left to the restart
+        (`_crashed` reopens the connection; the uncommitted group dies with the old one)."""
+        try:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK TO request")
+                self.db.execute("RELEASE request")
+        except sqlite3.Error:
+            log.exception(
+                "%s: rollback failed; the restart discards the open transaction", self.name
+            )
 
     def _run(self, request: Request, reply: ReplyFn) -> None:
-        self._begin()
         self.current_reply = reply
         try:
+            # Inside the try: an SQLite error on BEGIN (a lock wait that timed out) answers this
+            # message and restarts the owner; it must never end the actor.
+            self._begin()
             outcome: Outcome = self._handle(request)
+            self._release()
         except SubagentsError as err:
             self._rollback()
             self._pending.append((reply, err))
@@ -188,19 +200,17 @@ class OwnerActor(pykka.ThreadingActor):
             )
             self._crashed(exc)
             return
-        self._release()
         if outcome is not DEFERRED:
             self._pending.append((reply, outcome))
 
     def _run_tick(self, tick: Tick) -> None:
-        self._begin()
         try:
+            self._begin()
             self.on_tick(tick)
+            self._release()
         except Exception as exc:
             self._rollback()
             self._crashed(exc)
-            return
-        self._release()
 
     def _handle(self, request: Request) -> Message:
         handler = self._handlers.get(type(request))
@@ -247,7 +257,8 @@ class OwnerActor(pykka.ThreadingActor):
                 log.exception(
                     "%s: commit failed; %d replies turn into errors", self.name, len(pending)
                 )
-                self._db.rollback()
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.rollback()
                 pending = [
                     (reply, Internal(f"{self.name} could not commit: {exc}", actor=self.name))
                     for reply, _ in pending
@@ -271,10 +282,16 @@ class OwnerActor(pykka.ThreadingActor):
 
     def _crashed(self, exc: BaseException) -> None:
         log.error("%s crashed: %r; restarting from the store", self.name, exc, exc_info=exc)
-        self._flush()
+        if not self._crashing:  # a commit that fails while crashing must not recurse
+            self._crashing = True
+            try:
+                self._flush()
+            finally:
+                self._crashing = False
         self.restarts += 1
         self.ctx.report_crash(self.name, exc)
         if self._db is not None:
-            self._db.close()
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
         self._db = self.ctx.open_db()
         self.recover()

@@ -15,7 +15,7 @@ import pykka
 
 from actors.base import Job, Outcome, ReplyFn
 from messages.base import Request
-from messages.errors import BadRequest, Busy, UnknownTarget
+from messages.errors import BadRequest, Busy, Internal, UnknownTarget
 from messages.node import NODE
 
 
@@ -59,4 +59,8 @@ class Dispatcher:
                 mailbox=depth,
                 limit=self.mailbox_limit,
             )
-        ref.tell(Job(request, reply))
+        try:
+            ref.tell(Job(request, reply))
+        except pykka.ActorDeadError:
+            # Only when the node is stopping, or an owner could not even reopen its store.
+            raise Internal(f"{owner} is not running on this node", actor=owner) from None
