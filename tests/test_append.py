@@ -12,15 +12,16 @@ Embedded node, real children; the racing appends come from separate ZeroMQ clien
 
 from __future__ import annotations
 
-import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import new_state_dir
-from manage_support import embedded, store_rows
-from runs_support import Gate, events_of, launch_context, script_agents
+from manage_support import store_rows
+from run_fixtures import agents as agents
+from run_fixtures import client as client
+from run_fixtures import embedded_run_node as embedded_run_node
+from run_fixtures import gate as gate
+from runs_support import Gate, events_of, launch_context
 
 from messages.errors import SubagentsError
 from messages.fanout import FanoutDescriptor, FanoutLimitExceeded, decode_descriptor
@@ -36,31 +37,6 @@ from messages.supervisor import (
 from runtime.client import Client
 from runtime.launcher import LaunchContext
 from runtime.node import Node
-
-
-@pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(state_dir: Path) -> Iterator[Node]:
-    with embedded(state_dir) as started:
-        yield started
-
-
-@pytest.fixture
-def client(node: Node) -> Client:
-    return node.client()
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 def echo(ctx: LaunchContext, *tasks: str) -> ChainStep:

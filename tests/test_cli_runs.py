@@ -10,36 +10,19 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import Result
-from conftest import NodeProcess, new_state_dir, run_cli
-from runs_support import EXAMPLE_AGENTS, Gate, launch_context, script_agents, write_agent
+from conftest import NodeProcess, run_cli
+from run_fixtures import agents as agents
+from run_fixtures import detached_run_node as detached_run_node
+from run_fixtures import gate as gate
+from runs_support import EXAMPLE_AGENTS, Gate, launch_context, write_agent
 
 Invoke = Callable[..., Result]
-
-
-@pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(start_node: Callable[..., NodeProcess], state_dir: Path) -> NodeProcess:
-    return start_node(state_dir=state_dir)
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

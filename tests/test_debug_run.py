@@ -24,7 +24,10 @@ from typing import Any
 import pytest
 from click.testing import Result
 from conftest import new_state_dir
-from manage_support import embedded, hold_with_unknown_proof, leaky_agent
+from manage_support import hold_with_unknown_proof, leaky_agent
+from run_fixtures import client as client
+from run_fixtures import embedded_run_node as embedded_run_node
+from run_fixtures import gate as gate
 from runs_support import Gate, launch_context, script_agents, wait_until
 
 from actors.recovery import RECOVERY
@@ -51,24 +54,6 @@ def agents(secrets: dict[str, str]) -> Iterator[Path]:
     found = script_agents(directory / "agents")
     yield leaky_agent(found, secrets["stdout"], secrets["stderr"])
     shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(state_dir: Path) -> Iterator[Node]:
-    with embedded(state_dir) as started:
-        yield started
-
-
-@pytest.fixture
-def client(node: Node) -> Client:
-    return node.client()
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 from conftest import new_state_dir
-from manage_support import embedded, talker_agents
+from manage_support import talker_agents
+from run_fixtures import client as client
+from run_fixtures import embedded_run_node as embedded_run_node
 from runs_support import events_of, launch_context, new_session, script_agents
 
 from messages.supervisor import Intercom, IntercomMessage, IntercomOff, RunNotFound, TaskItem
 from runtime.client import Client
-from runtime.node import Node
 
 
 @pytest.fixture
@@ -30,17 +31,6 @@ def agents() -> Iterator[Path]:
     directory = new_state_dir()
     yield talker_agents(script_agents(directory / "agents"))
     shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(state_dir: Path) -> Iterator[Node]:
-    with embedded(state_dir) as started:
-        yield started
-
-
-@pytest.fixture
-def client(node: Node) -> Client:
-    return node.client()
 
 
 def test_r_icb_children_message_their_run_with_the_cli_and_the_api_and_the_run_view_shows_both(

@@ -15,16 +15,17 @@ on one node and resume it on a second node over the same state dir.
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_state_dir
 from manage_support import embedded, hold_with_unknown_proof
-from runs_support import Gate, Ledgers, launch_context, ledgers, script_agents, wait_until
+from run_fixtures import agents as agents
+from run_fixtures import client as client
+from run_fixtures import embedded_run_node as embedded_run_node
+from run_fixtures import gate as gate
+from runs_support import Gate, Ledgers, launch_context, ledgers, wait_until
 
 from actors.admission import FAULT_POINTS
 from actors.recovery import RECOVERY, read_recovery, write_recovery
@@ -45,39 +46,13 @@ from messages.supervisor import (
 )
 from runtime.client import Client
 from runtime.launcher import LaunchContext
-from runtime.node import Node
 
 LIMIT = 2
 
 
 @pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(state_dir: Path) -> Iterator[Node]:
-    with embedded(state_dir) as started:
-        yield started
-
-
-@pytest.fixture
-def client(node: Node) -> Client:
-    return node.client()
-
-
-@pytest.fixture
 def ctx(agents: Path) -> LaunchContext:
     return launch_context(agents, max_active_async_runs_per_session=LIMIT)
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 def resume(client: Client, run_id: str, message: str = "", limit: int = LIMIT) -> RunView:

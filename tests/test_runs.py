@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import new_state_dir
+from run_fixtures import agents as agents
+from run_fixtures import client as client
+from run_fixtures import embedded_run_node as embedded_run_node
+from run_fixtures import gate as gate
 from runs_support import (
     Gate,
     events_of,
@@ -25,8 +26,6 @@ from runs_support import (
     peak_overlap,
     process_gone,
     read_fifo,
-    script_agents,
-    stop_active_runs,
     wait_until,
     wait_view,
 )
@@ -36,32 +35,6 @@ from messages.supervisor import AgentPlan, ChainStep, RunView, TaskItem
 from runtime.client import Client
 from runtime.launcher import LaunchContext
 from runtime.node import Node
-
-
-@pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(state_dir: Path) -> Iterator[Node]:
-    with Node.embedded(state_dir=state_dir) as embedded:
-        yield embedded
-        stop_active_runs(embedded.client())
-
-
-@pytest.fixture
-def client(node: Node) -> Client:
-    return node.client()
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 def item(ctx: LaunchContext, agent: str, task: str) -> TaskItem:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -21,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_state_dir
+from run_fixtures import agents as agents
+from run_fixtures import gate as gate
 from runs_support import (
     Gate,
     launch_context,
     ledgers,
     new_session,
     process_gone,
-    script_agents,
     stop_active_runs,
     wait_until,
     write_agent,
@@ -81,20 +80,6 @@ def start_embedded(state_dir: Path) -> Iterator[StartNode]:
 @pytest.fixture
 def client(start_embedded: StartNode) -> Client:
     return start_embedded().client()
-
-
-@pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 def echo_items(ctx: LaunchContext, count: int) -> list[TaskItem]:

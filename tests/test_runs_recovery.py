@@ -17,17 +17,17 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from conftest import REPO, NodeProcess, new_state_dir
+from run_fixtures import agents as agents
+from run_fixtures import gate as gate
 from runs_support import (
     Gate,
     launch_context,
     new_session,
     process_gone,
-    script_agents,
     wait_until,
     wait_view,
 )
@@ -45,20 +45,6 @@ handle = client.capacity.acquire(sys.argv[2], 1, sys.argv[3])
 print(handle.slot, flush=True)
 sys.stdin.read()  # a launcher stuck before it starts its run, until it is killed
 """
-
-
-@pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def gate(state_dir: Path) -> Iterator[Gate]:
-    opened = Gate(state_dir)
-    yield opened
-    opened.close()
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:

@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 from conftest import new_state_dir, run_cli
+from run_fixtures import agents as agents
+from run_fixtures import client as client
+from run_fixtures import embedded_run_node as embedded_run_node
 from runs_support import (
     Gate,
     launch_context,
     new_session,
     process_gone,
-    script_agents,
-    stop_active_runs,
     wait_until,
     wait_view,
 )
@@ -41,7 +42,6 @@ from messages.supervisor import (
 )
 from runtime.cli_workflow import read_result, workflow_launch
 from runtime.client import Client
-from runtime.node import Node
 from runtime.workflow_api import WorkflowEnv, WorkflowOutputCollision, WorkflowRuns, WorkflowSettled
 from runtime.workflow_outputs import (
     aggregate_path,
@@ -54,29 +54,10 @@ WAIT_S = 30.0
 
 
 @pytest.fixture
-def agents() -> Iterator[Path]:
-    directory = new_state_dir()
-    yield script_agents(directory / "agents")
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
 def work() -> Iterator[Path]:
     directory = new_state_dir()
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def node(state_dir: Path) -> Iterator[Node]:
-    with Node.embedded(state_dir=state_dir) as embedded:
-        yield embedded
-        stop_active_runs(embedded.client())
-
-
-@pytest.fixture
-def client(node: Node) -> Client:
-    return node.client()
 
 
 @pytest.fixture
