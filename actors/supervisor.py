@@ -85,6 +85,15 @@ class RunSupervisor(OwnerActor):
         #: slot is re-reported whenever one of those children settles.
         self._unproven_workflows: set[str] = set()
 
+    def on_stop(self) -> None:
+        """Stopping with the node leaves children running (the next node adopts them), but
+        their actors stop with us: a program that embeds a node must be able to exit."""
+        for live in self._live.values():
+            for ref in live.refs.values():
+                with suppress(pykka.ActorDeadError):
+                    ref.stop(block=False)
+        super().on_stop()
+
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
             Launch: self._launch,

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import select
 import shutil
 import signal
@@ -192,5 +193,41 @@ def test_a_child_exit_committed_just_before_the_node_died_is_replayed_and_settle
             assert settled.children[0].proof_state == "observed"
             assert "quick-output" in settled.output
             assert client.capacity.snapshot(ctx.session_id, limit=1).used == 0
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+EMBED_AND_EXIT = """\
+import sys
+import runtime
+from messages.supervisor import AgentPlan, Launch, TaskItem
+
+sleeper = AgentPlan(name="sleep", command=["/bin/sleep", "{task}"], task_delivery="argv")
+with runtime.Node.embedded(state_dir=sys.argv[1]) as node:
+    run = node.client().runs.launch(
+        Launch(session_id="s", mode="single", background=True, cwd="/tmp",
+               items=[TaskItem(agent=sleeper, task="60")])
+    )
+    print(run.children[0].child_id, flush=True)
+"""
+
+
+def test_a_program_embedding_a_node_exits_while_a_background_child_runs_on() -> None:
+    """Stopping a node leaves its children running for the next node to adopt, but must not
+    keep the program that embedded it alive until they end."""
+    state = new_state_dir()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", EMBED_AND_EXIT, str(state)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr
+        with sqlite3.connect(state / "state.db") as db:
+            (pid,) = db.execute("SELECT pid FROM children").fetchone()
+        assert not process_gone(pid)  # still running, waiting to be adopted
+        os.kill(pid, signal.SIGKILL)
     finally:
         shutil.rmtree(state, ignore_errors=True)
