@@ -164,6 +164,9 @@ def check_config(config: Configuration) -> Iterator[Check]:
     yield Check("config", "ok", f"valid ({files})")
     for warning in config.warnings:
         yield Check("config", "warn", warning, "fix or unset the value")
+    for key, value, source in config.rows():
+        if source.kind != "default":  # where every value that is not a default came from
+            yield Check(f"config {key}", "ok", f"{value} (from {source})")
     settings = config.settings
     cap = settings.max_active_async_runs_per_session
     origin = config.origins["max_active_async_runs_per_session"]

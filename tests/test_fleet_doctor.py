@@ -186,3 +186,22 @@ def test_doctor_json_lists_every_check(state_dir: Path) -> None:
     checks = json.loads(result.stdout)["checks"]
     assert {c["name"] for c in checks} >= {"state dir mode", "node"}
     assert all(c["level"] in ("ok", "warn", "fail") for c in checks)
+
+
+def test_doctor_says_which_file_or_variable_each_configured_value_came_from(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "subagents.toml").write_text("max_subagent_spawns_per_run = 12\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "--state-dir", str(state_dir), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+        env={**os.environ, "SUBAGENTS_MAX_DEPTH": "3"},
+    )
+    out = proc.stdout
+    assert f"config max_subagent_spawns_per_run: 12 (from project config {project}" in out
+    assert "config max_subagent_depth: 3 (from environment variable SUBAGENTS_MAX_DEPTH)" in out
