@@ -25,7 +25,7 @@ from rich.text import Text
 
 from messages.errors import SubagentsError
 from messages.supervisor import RunView
-from runtime.client import Client
+from runtime.client import Client, connect
 
 ACTIVE = ("queued", "running", "paused")
 
@@ -118,16 +118,23 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
     return Group(*parts)
 
 
-def poll(client: Client, state: FleetState, stop: threading.Event) -> None:
-    """Follow node events until `stop`; each answer comes as soon as any run changes."""
+def poll(address: str, state: FleetState, stop: threading.Event) -> None:
+    """Follow node events until `stop`; each answer comes as soon as any run changes.
+
+    The thread owns its client (ZeroMQ sockets belong to one thread) and closes it itself, so
+    the view can quit without waiting for a long-poll that is still out.
+    """
+    client = connect(address)
     try:
         state.apply(client.runs.list(limit=100), 0)
         while not stop.is_set():
-            batch = client.runs.watch_all(state.last_seq, wait_s=5.0)
+            batch = client.runs.watch_all(state.last_seq, wait_s=2.0)
             state.apply(batch.runs, batch.last_seq)
     except SubagentsError as err:
         state.error = err.message
         state.changed.set()
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager
@@ -154,7 +161,7 @@ def run_fleet(client: Client, once: bool = False) -> None:
         Console().print(render(state.snapshot(), time.time()))
         return
     stop = threading.Event()
-    poller = threading.Thread(target=poll, args=(client, state, stop), daemon=True)
+    poller = threading.Thread(target=poll, args=(client.address, state, stop), daemon=True)
     poller.start()
     with keys() as interactive, Live(render([], time.time()), auto_refresh=False) as live:
         while not stop.is_set():
