@@ -17,6 +17,7 @@ from typing import Protocol
 from actors import runplan, runstore
 from actors.admission import ResumePlan
 from actors.liverun import LiveRun
+from actors.pipelines import Durable
 from actors.recovery import read_recovery
 from messages.base import Message, Request
 from messages.errors import BadRequest, SubagentsError
@@ -162,13 +163,6 @@ class AppendHost(Protocol):
 
     def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
         """Add the committed steps to the live run; answers its pending-append count."""
-
-
-class Durable(Message):
-    """Marker the supervisor recognises: send `request` only after the next commit."""
-
-    model_config = {"arbitrary_types_allowed": True, "frozen": True}
-    request: Request
 
 
 def append_pipeline(

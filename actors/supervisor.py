@@ -26,14 +26,15 @@ import pykka
 
 from actors import child_launch, management, runplan, runstore, settlement
 from actors.admission import Pipeline, ResumePlan, admit
-from actors.base import DEFERRED, OwnerActor, ReplyFn, Tick
+from actors.base import DEFERRED, OwnerActor, Tick
 from actors.child import recover_children, start_child, stop_child
 from actors.liverun import LiveRun, adopt_from_store, new_live_run
+from actors.pipelines import Pipelines
 from actors.recovery import write_recovery
 from actors.run_watchers import RunWatchers
 from messages.base import Message, Request
 from messages.capacity import SlotHandle
-from messages.errors import Internal, SubagentsError
+from messages.errors import SubagentsError
 from messages.fanout import (
     CommitReservation,
     FanoutDescriptor,
@@ -77,7 +78,9 @@ class RunSupervisor(OwnerActor):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self._live: dict[str, LiveRun] = {}
-        self._admissions: dict[str, tuple[Generator[Any, Message, Message], ReplyFn]] = {}
+        self._pipelines = Pipelines(
+            ctx, self._to_self("resume"), self.reply_later, self.after_commit, self._failed
+        )
         self._appending: dict[str, tuple[LiveRun, int]] = {}
         self._watchers = RunWatchers(self.after, self.reply_later)
         self._recovered = False
@@ -167,8 +170,7 @@ class RunSupervisor(OwnerActor):
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
         pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
-        self._admissions[run_id] = (pipeline, self.current_reply)
-        self._step(run_id, None, None)
+        self._pipelines.start(run_id, pipeline, self.current_reply)
         return DEFERRED  # type: ignore[no-any-return]
 
     def _resume(self, request: Resume) -> Message:
@@ -205,9 +207,8 @@ class RunSupervisor(OwnerActor):
         pipeline = management.append_pipeline(
             self, run_id, descriptor, list(request.steps), paths, pending_after
         )
-        self._admissions[key] = (pipeline, self.current_reply)
         self._appending[key] = (live, count)
-        self._step(key, None, None)
+        self._pipelines.start(key, pipeline, self.current_reply)
         return DEFERRED  # type: ignore[no-any-return]
 
     def clock(self) -> float:
@@ -238,42 +239,19 @@ class RunSupervisor(OwnerActor):
         """AdmissionHost, R-FAN-24: only the live workflow's own host may pass its fields."""
         management.check_workflow_child(self.db, launch)
 
-    def _step(self, key: str, value: Message | None, error: SubagentsError | None) -> None:
-        pipeline, reply = self._admissions[key]
-        try:
-            request = pipeline.throw(error) if error is not None else pipeline.send(value)  # type: ignore[arg-type]
-        except StopIteration as done:
-            del self._admissions[key]
-            self.reply_later(reply, done.value)
-            return
-        except SubagentsError as err:
-            del self._admissions[key]
-            self._release_append(key)
-            self._abandon(key, err.message)
-            self.reply_later(reply, err)
-            return
-        except Exception as exc:
-            del self._admissions[key]
-            self._abandon(key, f"launch failed: {exc!r}")
-            self.reply_later(reply, Internal(f"launch failed: {exc!r}", actor=self.name))
-            raise
-        self._call(key, request)
-
-    def _release_append(self, key: str) -> None:
-        """A failed append no longer holds the chain open (R-APP-1's pending count)."""
+    def _failed(self, key: str, reason: str) -> None:
+        """A pipeline ended with an error: a failed append no longer holds its chain open
+        (R-APP-1's pending count), and a launch that failed after its run started must not go
+        on unaccounted (R-ADM-5): the run's children are stopped and the run fails."""
         entry = self._appending.pop(key, None)
         if entry is not None:
             live, steps = entry
             live.pending_appends -= 1
             live.pending_steps -= steps
             self._advance(live)
-
-    def _abandon(self, run_id: str, reason: str) -> None:
-        """R-ADM-5: a launch that fails after its run started (mark_started refused) reports an
-        error, so the run must not go on unaccounted: its children are stopped, it fails."""
-        live = self._live.get(run_id)
-        if live is not None and live.stop_state is None:
-            self._stop_live(live, "failed", reason)
+        live_run = self._live.get(key)
+        if live_run is not None and live_run.stop_state is None:
+            self._stop_live(live_run, "failed", reason)
 
     def _to_self(self, name: str) -> Callable[[Any], None]:
         """A callback (run on another thread) that delivers its argument as a tick to us."""
@@ -285,24 +263,9 @@ class RunSupervisor(OwnerActor):
 
         return deliver
 
-    def _call(self, key: str, request: Request | management.Durable) -> None:
-        """Send a request to another owner; its outcome comes back as a `resume` tick.
-
-        A `Durable` request is sent only once our current transaction has committed.
-        """
-        if isinstance(request, management.Durable):
-            inner = request.request
-            self.after_commit(lambda: self._call(key, inner))
-            return
-        deliver = self._to_self("resume")
-        assert self.ctx.dispatch is not None, "the node injects dispatch"
-        try:
-            self.ctx.dispatch(request, request.target, lambda o: deliver((key, o)))
-        except SubagentsError as err:
-            if key in self._admissions:
-                self._step(key, None, err)
-            else:
-                log.error("%s to %s failed: %s", request.type, request.target, err.message)
+    def _call(self, key: str, request: Request) -> None:
+        """A bookkeeping request to another owner (its answer is only logged if it fails)."""
+        self._pipelines.call(key, request)
 
     def on_tick(self, tick: Tick) -> None:
         if tick.name == "resume":
@@ -318,11 +281,8 @@ class RunSupervisor(OwnerActor):
                 live = self._live.get(key.removeprefix("settle:"))
                 if live is not None:
                     self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
-            elif key in self._admissions:
-                if isinstance(outcome, SubagentsError):
-                    self._step(key, None, outcome)
-                else:
-                    self._step(key, outcome, None)
+            elif self._pipelines.resume(key, outcome):
+                pass
             elif isinstance(outcome, SubagentsError):
                 log.error("supervisor bookkeeping call failed: %s", outcome.message)
         elif tick.name == "child":

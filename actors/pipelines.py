@@ -1,0 +1,103 @@
+"""Pipelines: multi-step work an owner does across other owners, without blocking its thread.
+
+Owns the pipelines in flight (a generator and the reply it will answer) and the routing of
+their steps. A pipeline is a generator that yields a request for another owner and receives its
+result (or has its typed error thrown in); the driver sends each request through the node's
+dispatcher and the answer comes back to the owner as a `resume` tick, which `resume` feeds to
+the right generator. A `Durable` request is sent only after the owner's current transaction
+commits. The generator's return value is its reply. Fire-and-forget calls (bookkeeping) use
+keys that name no pipeline; their errors are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from typing import Any
+
+from actors.base import ActorContext, Outcome, ReplyFn
+from messages.base import Message, Request
+from messages.errors import Internal, SubagentsError
+
+log = logging.getLogger(__name__)
+
+Pipeline = Generator[Any, Message, Message]
+
+
+class Durable:
+    """Yielded instead of a request: send it only once the owner's transaction has committed."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+
+class Pipelines:
+    def __init__(
+        self,
+        ctx: ActorContext,
+        deliver: Callable[[Any], None],
+        reply_later: Callable[[ReplyFn, Outcome], None],
+        after_commit: Callable[[Callable[[], None]], None],
+        on_failed: Callable[[str, str], None],
+    ) -> None:
+        """`deliver` brings an answer back to the owner as a tick; `on_failed(key, reason)`
+        lets the owner clean up after a pipeline that ended with an error."""
+        self._ctx = ctx
+        self._deliver = deliver
+        self._reply_later = reply_later
+        self._after_commit = after_commit
+        self._on_failed = on_failed
+        self._running: dict[str, tuple[Pipeline, ReplyFn]] = {}
+
+    def start(self, key: str, pipeline: Pipeline, reply: ReplyFn) -> None:
+        self._running[key] = (pipeline, reply)
+        self._step(key, None, None)
+
+    def resume(self, key: str, outcome: Message | SubagentsError) -> bool:
+        """Feed an answer to its pipeline; False when the key names none (bookkeeping)."""
+        if key not in self._running:
+            return False
+        if isinstance(outcome, SubagentsError):
+            self._step(key, None, outcome)
+        else:
+            self._step(key, outcome, None)
+        return True
+
+    def call(self, key: str, request: Request | Durable) -> None:
+        """Send a request to another owner; its outcome comes back through `deliver`."""
+        if isinstance(request, Durable):
+            inner = request.request
+            self._after_commit(lambda: self.call(key, inner))
+            return
+        assert self._ctx.dispatch is not None, "the node injects dispatch"
+        deliver = self._deliver
+        try:
+            self._ctx.dispatch(request, request.target, lambda o: deliver((key, o)))
+        except SubagentsError as err:  # Busy, or the target is gone: nothing was queued
+            if key in self._running:
+                self._step(key, None, err)
+            else:
+                log.error("%s to %s failed: %s", request.type, request.target, err.message)
+
+    def _step(self, key: str, value: Message | None, error: SubagentsError | None) -> None:
+        pipeline, reply = self._running[key]
+        try:
+            # A first send(None) primes the generator.
+            request = pipeline.throw(error) if error else pipeline.send(value)  # type: ignore[arg-type]
+        except StopIteration as done:
+            del self._running[key]
+            self._reply_later(reply, done.value)
+            return
+        except SubagentsError as err:
+            del self._running[key]
+            self._on_failed(key, err.message)
+            self._reply_later(reply, err)
+            return
+        except Exception as exc:
+            del self._running[key]
+            self._on_failed(key, f"failed: {exc!r}")
+            self._reply_later(reply, Internal(f"failed: {exc!r}", actor="pipeline"))
+            raise  # a bug: let the owner crash and restart from the store
+        self.call(key, request)
