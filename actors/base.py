@@ -183,6 +183,9 @@ class OwnerActor(pykka.ThreadingActor):
 
     def _run(self, request: Request, reply: ReplyFn) -> None:
         self.current_reply = reply
+        if request.read_only and not self.db.in_transaction:
+            self._run_read_only(request, reply)
+            return
         try:
             # Inside the try: an SQLite error on BEGIN (a lock wait that timed out) answers this
             # message and restarts the owner; it must never end the actor.
@@ -195,6 +198,23 @@ class OwnerActor(pykka.ThreadingActor):
             return
         except Exception as exc:
             self._rollback()
+            self._pending.append(
+                (reply, Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name))
+            )
+            self._crashed(exc)
+            return
+        if outcome is not DEFERRED:
+            self._pending.append((reply, outcome))
+
+    def _run_read_only(self, request: Request, reply: ReplyFn) -> None:
+        """A query with no group open: answered without the store's write lock, so queries
+        (status views, long-polls) never make other owners' writers wait."""
+        try:
+            outcome: Outcome = self._handle(request)
+        except SubagentsError as err:
+            self._pending.append((reply, err))
+            return
+        except Exception as exc:
             self._pending.append(
                 (reply, Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name))
             )

@@ -37,3 +37,6 @@ class Request(Message):
     type: str
     target: ClassVar[str] = ""
     Result: ClassVar[ResultType] = Ack
+    #: True for queries that never write: the owner may answer them without taking the
+    #: store's write lock (only the owner writes its tables, so plain reads are consistent).
+    read_only: ClassVar[bool] = False

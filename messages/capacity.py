@@ -249,6 +249,7 @@ class Inspect(Request):
     """R-CAP-27: find the slot that records `run_id` as its owner or as its transfer source."""
 
     type: Literal["capacity.inspect"] = "capacity.inspect"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = Inspection
 
@@ -260,6 +261,7 @@ class Snapshot(Request):
     """R-CAP-26: `{used, limit}` of a session pool (limit 0 = unlimited)."""
 
     type: Literal["capacity.snapshot"] = "capacity.snapshot"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = CapacitySnapshot
 

@@ -187,6 +187,7 @@ class OpenSession(Request):
 
 class SpawnSnapshotQuery(Request):
     type: Literal["session.spawn_snapshot"] = "session.spawn_snapshot"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = SpawnSnapshot
     session_id: SessionId
@@ -196,6 +197,7 @@ class SpawnPreflight(Request):
     """Would `requested` spawns fit (R-SPN-4)? Changes nothing; answers the snapshot."""
 
     type: Literal["session.spawn_preflight"] = "session.spawn_preflight"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = SpawnSnapshot
     session_id: SessionId
@@ -243,6 +245,7 @@ class TrackRun(Request):
 
 class SessionStatusQuery(Request):
     type: Literal["session.status"] = "session.status"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = SessionStatus
     session_id: SessionId

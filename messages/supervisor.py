@@ -202,6 +202,7 @@ class Watch(Request):
     """Long-poll: answered as soon as the run has events after `after_seq`, or after `wait_s`."""
 
     type: Literal["runs.watch"] = "runs.watch"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunEvents
     run_id: str = Field(min_length=1)
@@ -211,6 +212,7 @@ class Watch(Request):
 
 class Show(Request):
     type: Literal["runs.show"] = "runs.show"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunView
     run_id: str = Field(min_length=1, description="a run id or a unique prefix of one")
@@ -222,6 +224,7 @@ class RunList(Message):
 
 class ListRuns(Request):
     type: Literal["runs.list"] = "runs.list"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunList
     session_id: str | None = None
@@ -249,6 +252,7 @@ class WatchAll(Request):
     """Long-poll over every run (the fleet view): answered on the next event, or after wait_s."""
 
     type: Literal["runs.watch_all"] = "runs.watch_all"
+    read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = FleetEvents
     after_seq: int = Field(default=0, ge=0)

@@ -48,3 +48,31 @@ def test_a_locked_store_answers_internal_and_the_owner_keeps_serving(tmp_path: P
     finally:
         blocker.close()
         ref.stop()
+
+
+def test_a_read_only_query_is_answered_while_another_writer_holds_the_store(
+    tmp_path: Path,
+) -> None:
+    """Queries never take the write lock: they are answered even while another connection
+    holds it (a write would wait for it, or fail after its busy timeout)."""
+    from actors.ledger import CapacityLedger
+    from messages.capacity import CapacitySnapshot, Snapshot
+
+    store = Store(tmp_path / "state.db")
+    store.migrate({CapacityLedger.name: CapacityLedger.MIGRATIONS})
+
+    def open_db() -> sqlite3.Connection:
+        conn = store.connect()
+        conn.execute("PRAGMA busy_timeout=50")
+        return conn
+
+    ref = CapacityLedger.start(ActorContext(open_db=open_db))
+    blocker = store.connect()
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        answer = ask(ref, Snapshot(session_id="s", limit=4))
+        assert answer == CapacitySnapshot(used=0, limit=4)
+        blocker.execute("ROLLBACK")
+    finally:
+        blocker.close()
+        ref.stop()
