@@ -108,7 +108,8 @@ def validate(launch: Launch) -> None:
     """Checks that need no ledger: nesting depth, authorization, `{previous}`, directories."""
     if launch.depth >= launch.max_depth:
         raise NestedCallBlocked(
-            f"Nested subagent call blocked (depth={launch.depth}, max={launch.max_depth}).",
+            f"Nested subagent call blocked (depth={launch.depth}, max={launch.max_depth}). "
+            "Raise max_subagent_depth (or SUBAGENTS_MAX_DEPTH) to allow deeper nesting.",
             depth=launch.depth,
             max_depth=launch.max_depth,
         )

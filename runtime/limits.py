@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from messages.session import InvalidTimeout, NestedCallBlocked
+from messages.session import InvalidTimeout
 
 #: R-TMO-1 / §0.4: the largest timeout accepted anywhere (2^31 - 1 ms, about 24.8 days).
 MAX_TIMEOUT_MS = 2_147_483_647
@@ -98,23 +98,6 @@ def resolve_max_depth(env_value: str | None, config_value: object) -> int:
     return DEFAULT_MAX_DEPTH
 
 
-def check_depth(depth: int, max_depth: int) -> None:
-    """R-CFG-8 depth guard: refuse a launch at depth >= max before any admission."""
-    if depth >= max_depth:
-        raise NestedCallBlocked(
-            f"Nested subagent call blocked (depth={depth}, max={max_depth}). Raise "
-            "max_subagent_depth (or SUBAGENTS_MAX_DEPTH) to allow deeper nesting.",
-            depth=depth,
-            max_depth=max_depth,
-        )
-
-
-def child_depth_env(depth: int, max_depth: int, agent_max_depth: int | None) -> dict[str, str]:
-    """R-CFG-8: a child runs at depth + 1 with max depth min(parent max, agent max)."""
-    child_max = max_depth if agent_max_depth is None else min(max_depth, agent_max_depth)
-    return {ENV_DEPTH: str(depth + 1), ENV_MAX_DEPTH: str(child_max)}
-
-
 def resolve_timeout_ms(value: object) -> int | None:
     """R-TMO-1: the config default counts only as an integer in [1, 2147483647]; else None
     (the built-in defaults apply)."""
@@ -151,23 +134,3 @@ def validate_call_timeout(timeout_ms: object = None, max_runtime_ms: object = No
             value=repr(timeout_ms),
         )
     return given[0][1] if given else None
-
-
-def effective_timeout_ms(
-    *,
-    call_ms: int | None,
-    agent_ms: int | None,
-    config_ms: int | None,
-    foreground: bool,
-    single: bool,
-) -> int | None:
-    """R-TMO-4/5: call > agent (single launches only) > config > built-in 30 min; an async
-    composite (chain, tasks, workflow) gets no top-level deadline from config or built-ins."""
-    if call_ms is not None:
-        return call_ms
-    if single and agent_ms is not None:
-        return agent_ms
-    if not foreground and not single:
-        return None
-    config = resolve_timeout_ms(config_ms)
-    return config if config is not None else DEFAULT_TIMEOUT_MS

@@ -11,16 +11,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors import runplan
+from actors.admission import validate
+from actors.child_launch import child_depth
 from messages.session import InvalidTimeout, NestedCallBlocked
+from messages.supervisor import AgentPlan, Launch, TaskItem
 from runtime.config import (
     DEFAULT_TIMEOUT_MS,
     MAX_TIMEOUT_MS,
     ConfigError,
     Settings,
-    check_depth,
-    child_depth_env,
     current_depth,
-    effective_timeout_ms,
     load_config,
     resolve_capacity_limit,
     resolve_max_depth,
@@ -139,12 +140,35 @@ def test_r_cfg_8_max_depth_env_then_config_then_2(
     assert resolve_max_depth(env, config) == expected
 
 
+def launch_at(
+    depth: int,
+    max_depth: int,
+    agent_max: int | None = None,
+    **fields: object,
+) -> Launch:
+    """A launch as admission sees it (the rules under test are the ones the node runs)."""
+    agent = AgentPlan(name="a", command=["/bin/true"], max_subagent_depth=agent_max)
+    return Launch.model_validate(
+        {
+            "session_id": "s",
+            "mode": "single",
+            "background": False,
+            "items": [TaskItem(agent=agent, task="t")],
+            "cwd": "/",
+            "depth": depth,
+            "max_depth": max_depth,
+            "inherited_fanout": "inherited" if depth > 0 else None,
+            **fields,
+        }
+    )
+
+
 @pytest.mark.parametrize(("depth", "max_depth"), [(2, 2), (3, 2), (0, 0)])
 def test_r_cfg_8_depth_at_or_beyond_max_is_blocked_with_the_spec_text(
     depth: int, max_depth: int
 ) -> None:
     with pytest.raises(NestedCallBlocked) as info:
-        check_depth(depth, max_depth)
+        validate(launch_at(depth, max_depth))
     assert info.value.message.startswith(
         f"Nested subagent call blocked (depth={depth}, max={max_depth})."
     )
@@ -152,14 +176,17 @@ def test_r_cfg_8_depth_at_or_beyond_max_is_blocked_with_the_spec_text(
 
 
 def test_r_cfg_8_depth_below_max_passes() -> None:
-    check_depth(0, 2)
-    check_depth(1, 2)
+    validate(launch_at(0, 2))
+    validate(launch_at(1, 2))
 
 
 def test_r_cfg_8_children_get_depth_plus_1_and_the_tighter_max() -> None:
-    assert child_depth_env(0, 2, None) == {"SUBAGENTS_DEPTH": "1", "SUBAGENTS_MAX_DEPTH": "2"}
-    assert child_depth_env(1, 3, 2) == {"SUBAGENTS_DEPTH": "2", "SUBAGENTS_MAX_DEPTH": "2"}
-    assert child_depth_env(1, 2, 5)["SUBAGENTS_MAX_DEPTH"] == "2"
+    def child_of(launch: Launch) -> dict[str, int]:
+        return child_depth(launch, runplan.plan_children(launch)[0][0])
+
+    assert child_of(launch_at(0, 2)) == {"depth": 1, "max_depth": 2}
+    assert child_of(launch_at(1, 3, agent_max=2)) == {"depth": 2, "max_depth": 2}
+    assert child_of(launch_at(1, 2, agent_max=5))["max_depth"] == 2
 
 
 @pytest.mark.parametrize(("raw", "expected"), [(None, 0), ("", 0), ("0", 0), ("3", 3)])
@@ -256,9 +283,18 @@ def test_r_tmo_5_precedence_call_agent_config_builtin_and_no_deadline_for_async_
     single: bool,
     expected: int | None,
 ) -> None:
-    got = effective_timeout_ms(
-        call_ms=call, agent_ms=agent, config_ms=config, foreground=foreground, single=single
+    item = TaskItem(agent=AgentPlan(name="a", command=["/bin/true"], timeout_ms=agent), task="t")
+    launch = launch_at(
+        0,
+        2,
+        mode="single" if single else "parallel",
+        background=not foreground,
+        items=[item] if single else [item, item],
+        timeout_ms=call,
+        config_timeout_ms=resolve_timeout_ms(config),  # R-TMO-1 filters the config value first
     )
+    # A single's deadline is its child's; a composite's is the run's own.
+    got = runplan.child_timeout_ms(launch, item) if single else runplan.run_deadline_ms(launch)
     assert got == expected
 
 
