@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from actors import runstore
@@ -23,7 +24,7 @@ _SETTLED = ("observed", "not-started")
 
 
 def runner_proof(
-    proofs: list[str], runner_id: str, pid: int | None, now: float, error: str
+    proofs: Sequence[str], runner_id: str, pid: int | None, now: float, error: str
 ) -> RunnerProof:
     if proofs and all(p == "not-started" for p in proofs):
         state, reason = "not-started", "no child process started"

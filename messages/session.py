@@ -26,6 +26,7 @@ from pydantic import Field
 
 from messages.base import Message, Request, ResultType
 from messages.errors import SubagentsError
+from messages.runs import RunState
 
 SESSION = "session"
 
@@ -38,7 +39,6 @@ SessionId = Annotated[str, Field(min_length=1, max_length=512)]
 RunId = Annotated[str, Field(min_length=1, max_length=512)]
 Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT)]
 
-RunState = Literal["queued", "running", "paused", "complete", "failed", "stopped", "rejected"]
 #: Runs in these states block grants (R-SPN-6: "queued or running").
 ACTIVE_RUN_STATES: frozenset[str] = frozenset({"queued", "running"})
 #: Runs in these states are forgotten by the session owner.

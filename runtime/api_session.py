@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from messages.base import Message, Request
 from messages.protocol import parse_request
+from messages.runs import RunState
 from messages.session import (
     GrantAuthority,
     GrantBasis,
@@ -26,7 +27,6 @@ from messages.session import (
     OpenSession,
     OpenSessionResult,
     ReserveResult,
-    RunState,
     SessionStatus,
     SessionStatusQuery,
     SpawnPreflight,

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from actors.settlement import runner_proof
 from messages.capacity import CapacitySnapshot, Inspection
 from messages.session import SpawnSnapshot
 from messages.supervisor import RunView
@@ -25,15 +26,12 @@ def _when(ts: float | None) -> str:
 
 
 def _proof_state(run: RunView) -> str:
-    """The run's process-terminal state as the status carries it (R-RUN-5)."""
-    proofs = [c.proof_state for c in run.children if c.proof_state]
+    """The run's process-terminal state (R-RUN-5): pending while it runs, then exactly what
+    the supervisor's settlement reported to the capacity ledger."""
     if run.state in ("queued", "running", "paused"):
         return "pending"
-    if proofs and all(p == "not-started" for p in proofs):
-        return "not-started"
-    if proofs and all(p in ("observed", "not-started") for p in proofs):
-        return "observed"
-    return "unknown"
+    proofs = [c.proof_state for c in run.children if c.proof_state]
+    return runner_proof(proofs, run.runner_id, None, 0.0, "").state
 
 
 def _run_proof(run: RunView) -> str:

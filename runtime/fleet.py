@@ -9,7 +9,6 @@ updates from events, never by re-reading state files. A one-second tick only adv
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import sys
 import termios
@@ -23,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from actors.child_process import tail
 from messages.errors import SubagentsError
 from messages.supervisor import RunView
 from runtime.client import Client, connect
@@ -56,17 +56,8 @@ class FleetState:
 
 def last_line(path: str, limit: int = 4096) -> str:
     """The last non-empty line of a log file (read from its end; never the whole file)."""
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - limit))
-            lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:80] if lines else ""
+    text = tail(path, limit) if path else ""
+    return text.splitlines()[-1][:80] if text else ""
 
 
 def gauge(used: int | None, limit: int | None, width: int = 10) -> str:
