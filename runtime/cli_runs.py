@@ -30,8 +30,12 @@ from runtime.launcher import LaunchContext
 
 
 @contextlib.contextmanager
-def node_client(obj: Ctx, background: bool) -> Iterator[Client]:
-    """A client for the node; starts one (embedded, or detached for background runs) if none."""
+def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Client]:
+    """A client for the node; starts one (embedded, or detached for background runs) if none.
+
+    An embedded node gets the settings the launcher already loaded, the same a `start`ed node
+    would load (reservation TTL, grant authority).
+    """
     client = obj.client()
     try:
         client.ping(timeout=2.0)
@@ -50,11 +54,9 @@ def node_client(obj: Ctx, background: bool) -> Iterator[Client]:
             )
             client = obj.client()
         else:
-            from runtime.config import load_config
             from runtime.node import Node
 
-            # The same settings a `start`ed node would load (reservation TTL, grant authority).
-            settings = load_config().actor_settings()
+            settings = ctx.config.actor_settings()
             with Node.embedded(state_dir=obj.state_dir, settings=settings) as node:
                 yield node.client()
             return
@@ -208,7 +210,7 @@ def run(
     else:
         assert agent is not None and task is not None
         launch = ctx.single(agent, task, background, timeout_ms, intercom)
-    with node_client(obj, launch.background) as client:
+    with node_client(obj, ctx, launch.background) as client:
         started = client.runs.launch(launch)
         if launch.background:
             emit(started, as_json, f"{started.run_id}")

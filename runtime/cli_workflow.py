@@ -140,7 +140,7 @@ def workflow(
         agents_dirs=agents_dirs,
         intercom=intercom,
     )
-    with node_client(obj, background) as client:
+    with node_client(obj, ctx, background) as client:
         started = client.runs.launch(launch)
         if background:
             emit(started, as_json, started.run_id)
