@@ -22,26 +22,29 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from actors.base import ActorContext, Cancel, OwnerActor, Tick
-from messages.base import Message, Request
-from messages.fanout import (
+from subagents_node.actors.owner import ActorContext, Cancel, OwnerActor, Tick
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.errors import (
+    FanoutBudgetUnavailable,
+    FanoutDescriptorMismatch,
+    FanoutLimitExceeded,
+    FanoutLimitInvalid,
+    FanoutReservationCommitted,
+    FanoutReservationExpired,
+    FanoutReservationUnknown,
+)
+from subagents_node.messages.fanout import (
     DESCRIPTOR_MISMATCH,
     MAX_LIMIT,
     AbortReservation,
     ClaimPaths,
     CommitReservation,
     CreateBudget,
-    FanoutBudgetUnavailable,
     FanoutDescriptor,
-    FanoutDescriptorMismatch,
-    FanoutLimitExceeded,
-    FanoutLimitInvalid,
     FanoutRejection,
-    FanoutReservationCommitted,
-    FanoutReservationExpired,
-    FanoutReservationUnknown,
     FanoutSnapshot,
     ReadSnapshot,
     ReservationGrant,
@@ -84,7 +87,12 @@ CREATE INDEX fanout_claims_by_reservation ON fanout_claims(reservation_id)
 """
 
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
-EXPIRE = "fanout.expire"
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationsDue(Tick):
+    """The timer armed for the earliest pending reservation deadline went off. It names no
+    reservation: the tick expires every reservation due by then and re-arms for the next."""
 
 
 def budget_id_for(root_run_id: str) -> str:
@@ -207,16 +215,16 @@ class FanoutBudget(OwnerActor):
             self._arm(float(row[0]))
 
     def on_tick(self, tick: Tick) -> None:
-        if tick.name != EXPIRE:
-            return
-        self._armed = self._cancel_timer = None
-        now = self.ctx.clock()
-        self._expire(now)
-        row = self.db.execute(
-            "SELECT MIN(expires_at) FROM fanout_reservations WHERE state = 'pending'"
-        ).fetchone()
-        if row[0] is not None:
-            self._arm(float(row[0]))
+        match tick:
+            case ReservationsDue():
+                self._armed = self._cancel_timer = None
+                now = self.ctx.clock()
+                self._expire(now)
+                row = self.db.execute(
+                    "SELECT MIN(expires_at) FROM fanout_reservations WHERE state = 'pending'"
+                ).fetchone()
+                if row[0] is not None:
+                    self._arm(float(row[0]))
 
     def on_stop(self) -> None:
         self._disarm()
@@ -227,7 +235,7 @@ class FanoutBudget(OwnerActor):
             return
         self._disarm()
         self._armed = deadline
-        self._cancel_timer = self.after(deadline - self.ctx.clock(), Tick(EXPIRE))
+        self._cancel_timer = self.after(deadline - self.ctx.clock(), ReservationsDue())
 
     def _disarm(self) -> None:
         if self._cancel_timer is not None:

@@ -3,25 +3,33 @@
 Owns the pipelines in flight (a generator and the reply it will answer) and the routing of
 their steps. A pipeline is a generator that yields a request for another owner and receives its
 result (or has its typed error thrown in); the driver sends each request through the node's
-dispatcher and the answer comes back to the owner as a `resume` tick, which `resume` feeds to
+dispatcher, and the answer comes back through the owner's `deliver(key, outcome)`, which makes
+it a tick of the owner's own; handling that tick, the owner calls `resume`, which feeds it to
 the right generator. A `Durable` request is sent only after the owner's current transaction
 commits. The generator's return value is its reply. Fire-and-forget calls (bookkeeping) use
 keys that name no pipeline; their errors are logged.
+
+Keys are the owner's own frozen, hashable types (`Pipelines` is generic over them): an answer
+is routed by its key's type and fields, never by parsing a string. The driver never touches
+a table (the generators do, on the owner's thread) and never waits for an answer.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Callable, Generator, Hashable
+from typing import Any, Generic, TypeVar
 
-from actors.base import ActorContext, Outcome, ReplyFn
-from messages.base import Message, Request
-from messages.errors import Internal, SubagentsError
+from subagents_node.actors.owner import ActorContext, Outcome, ReplyFn
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.errors import Internal, SubagentsError
 
 log = logging.getLogger(__name__)
 
 Pipeline = Generator[Any, Message, Message]
+
+#: The owner's key type: a frozen dataclass (or a union of them) naming one call's answer.
+K = TypeVar("K", bound=Hashable)
 
 
 class Durable:
@@ -33,29 +41,30 @@ class Durable:
         self.request = request
 
 
-class Pipelines:
+class Pipelines(Generic[K]):
     def __init__(
         self,
         ctx: ActorContext,
-        deliver: Callable[[Any], None],
+        deliver: Callable[[K, Outcome], None],
         reply_later: Callable[[ReplyFn, Outcome], None],
         after_commit: Callable[[Callable[[], None]], None],
-        on_failed: Callable[[str, str], None],
+        on_failed: Callable[[K, str], None],
     ) -> None:
-        """`deliver` brings an answer back to the owner as a tick; `on_failed(key, reason)`
-        lets the owner clean up after a pipeline that ended with an error."""
+        """`deliver(key, outcome)` brings an answer back to the owner as a tick (it runs on
+        another thread); `on_failed(key, reason)` lets the owner clean up after a pipeline
+        that ended with an error."""
         self._ctx = ctx
         self._deliver = deliver
         self._reply_later = reply_later
         self._after_commit = after_commit
         self._on_failed = on_failed
-        self._running: dict[str, tuple[Pipeline, ReplyFn]] = {}
+        self._running: dict[K, tuple[Pipeline, ReplyFn]] = {}
 
-    def start(self, key: str, pipeline: Pipeline, reply: ReplyFn) -> None:
+    def start(self, key: K, pipeline: Pipeline, reply: ReplyFn) -> None:
         self._running[key] = (pipeline, reply)
         self._step(key, None, None)
 
-    def resume(self, key: str, outcome: Message | SubagentsError) -> bool:
+    def resume(self, key: K, outcome: Outcome) -> bool:
         """Feed an answer to its pipeline; False when the key names none (bookkeeping)."""
         if key not in self._running:
             return False
@@ -65,7 +74,7 @@ class Pipelines:
             self._step(key, outcome, None)
         return True
 
-    def call(self, key: str, request: Request | Durable) -> None:
+    def call(self, key: K, request: Request | Durable) -> None:
         """Send a request to another owner; its outcome comes back through `deliver`."""
         if isinstance(request, Durable):
             inner = request.request
@@ -74,14 +83,14 @@ class Pipelines:
         assert self._ctx.dispatch is not None, "the node injects dispatch"
         deliver = self._deliver
         try:
-            self._ctx.dispatch(request, request.target, lambda o: deliver((key, o)))
+            self._ctx.dispatch(request, request.target, lambda o: deliver(key, o))
         except SubagentsError as err:  # Busy, or the target is gone: nothing was queued
             if key in self._running:
                 self._step(key, None, err)
             else:
                 log.error("%s to %s failed: %s", request.type, request.target, err.message)
 
-    def _step(self, key: str, value: Message | None, error: SubagentsError | None) -> None:
+    def _step(self, key: K, value: Message | None, error: SubagentsError | None) -> None:
         pipeline, reply = self._running[key]
         try:
             # A first send(None) primes the generator.

@@ -26,15 +26,15 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actors.base import OwnerActor
-from messages.base import Message, Request
-from messages.session import (
+from subagents_node.actors.owner import OwnerActor
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.errors import GrantRejected, SpawnBudgetExceeded
+from subagents_node.messages.session import (
     ACTIVE_RUN_STATES,
     GRANT_HISTORY_MAX,
     TERMINAL_RUN_STATES,
     GrantBasis,
     GrantRecord,
-    GrantRejected,
     GrantResult,
     GrantSpawns,
     OpenSession,
@@ -42,7 +42,6 @@ from messages.session import (
     ReserveResult,
     SessionStatus,
     SessionStatusQuery,
-    SpawnBudgetExceeded,
     SpawnPreflight,
     SpawnReserve,
     SpawnSnapshot,

@@ -56,8 +56,8 @@ from bench.clientpool import ClientPool, Outcomes, Run
 from bench.common import ClientResult, Measurement, detached_node
 from bench.filelock_ledger import FileLockFanout
 from bench.roundtrip import echo_server, floor_client
-from messages.fanout import encode_descriptor
-from runtime.client import Client, connect
+from subagents_node.client.client import Client, connect
+from subagents_node.messages.fanout import encode_descriptor
 
 CLIENT_COUNTS = (1, 4, 8, 16)
 BATCHES = (1, 4)

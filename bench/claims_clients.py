@@ -42,8 +42,9 @@ def _paths(batch: int) -> Callable[[], list[str]]:
 
 def our_claims(descriptor: str, batch: int, address: str) -> tuple[Call, Closer]:
     """`client.fanout.claim(desc, paths)` over ipc: the public API, validation included."""
-    from messages.fanout import FanoutLimitExceeded, decode_descriptor
-    from runtime.client import connect
+    from subagents_node.client.client import connect
+    from subagents_node.messages.errors import FanoutLimitExceeded
+    from subagents_node.messages.fanout import decode_descriptor
 
     client = connect(address)
     desc = decode_descriptor(descriptor)
@@ -74,8 +75,9 @@ def filelock_claims(batch: int, budget_dir: str) -> tuple[Call, Closer]:
 
 def our_claims_rotating(descriptors: tuple[str, ...], address: str) -> tuple[Call, Closer]:
     """Single-path claims on each budget in turn: request i goes to budget i mod len."""
-    from messages.fanout import FanoutLimitExceeded, decode_descriptor
-    from runtime.client import connect
+    from subagents_node.client.client import connect
+    from subagents_node.messages.errors import FanoutLimitExceeded
+    from subagents_node.messages.fanout import decode_descriptor
 
     client = connect(address)
     budgets = itertools.cycle([decode_descriptor(d) for d in descriptors])
@@ -116,8 +118,8 @@ def our_cycles(shared_session: str, limit: int, address: str) -> tuple[Call, Clo
 
     `shared_session` empty: a session of its own per client process.
     """
-    from messages.capacity import CapacityExhausted
-    from runtime.client import connect
+    from subagents_node.client.client import connect
+    from subagents_node.messages.errors import CapacityExhausted
 
     client = connect(address)
     session_id = _session(shared_session)

@@ -146,11 +146,11 @@ def measure(
 @contextlib.contextmanager
 def detached_node(*start_args: str) -> Iterator[str]:
     """A real node process (`start --detach`) on a fresh short state dir; yields its address."""
-    from runtime.daemon import stop_node
-    from runtime.paths import read_pid_file
+    from subagents_node.client.paths import read_pid_file
+    from subagents_node.node.daemon import stop_node
 
     state_dir = Path(tempfile.mkdtemp(prefix="sa-bench-", dir="/tmp"))
-    cli = [sys.executable, "-m", "runtime.cli", "--state-dir", str(state_dir)]
+    cli = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir)]
     subprocess.run(
         [*cli, "start", "--detach", *start_args], check=True, cwd=REPO, stdout=subprocess.DEVNULL
     )

@@ -41,7 +41,7 @@ class RayBudget:
 
 
 def _ours(descriptor: str, address: str) -> tuple[Call, Closer]:
-    from runtime.client import connect
+    from subagents_node.client.client import connect
 
     client = connect(address)
     return (lambda: client.fanout.claim(descriptor, ["x"])), client.close
@@ -77,8 +77,8 @@ def main() -> str:
     except ImportError:
         return f"{title}\n\nSkipped: Ray is not installed (`pip install -e '.[ray]'`)."
 
-    from messages.fanout import encode_descriptor
-    from runtime.client import connect
+    from subagents_node.client.client import connect
+    from subagents_node.messages.fanout import encode_descriptor
 
     with detached_node() as address:
         with connect(address) as client:

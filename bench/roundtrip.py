@@ -30,11 +30,11 @@ from bench.common import (
     markdown_table,
     measure,
 )
-from messages.base import Ack
-from messages.codec import decode, encode
-from messages.envelope import Envelope
-from messages.node import DebugSleep
-from messages.protocol import parse_request
+from subagents_node.messages.base import Ack
+from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.envelope import Envelope
+from subagents_node.messages.node import DebugSleep
+from subagents_node.messages.protocol import parse_request
 
 #: Requests per client process, by client count: bounded work, roughly equal wall time.
 COUNTS = {1: 4000, 4: 1500, 16: 400}
@@ -94,14 +94,14 @@ def floor_client(address: str) -> tuple[Call, Callable[[], None]]:
 
 
 def ping_client(address: str) -> tuple[Call, Callable[[], None]]:
-    from runtime.client import connect
+    from subagents_node.client.client import connect
 
     client = connect(address)
     return client.ping, client.close
 
 
 def actor_client(address: str) -> tuple[Call, Callable[[], None]]:
-    from runtime.client import connect
+    from subagents_node.client.client import connect
 
     client = connect(address)
     request = DebugSleep(ms=0)

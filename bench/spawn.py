@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import REPO, markdown_table
-from messages.supervisor import AgentPlan, Launch, TaskItem
-from runtime.client import Client, connect
+from subagents_node.client.client import Client, connect
+from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 
 CHILDREN = 200
 CONCURRENCIES = (1, 8)
@@ -60,11 +60,11 @@ class Row:
 @contextlib.contextmanager
 def node_process() -> Iterator[tuple[Client, int]]:
     """A detached node on a fresh short state dir: a connected client and the node's pid."""
-    from runtime.daemon import stop_node
-    from runtime.paths import read_pid_file
+    from subagents_node.client.paths import read_pid_file
+    from subagents_node.node.daemon import stop_node
 
     state_dir = Path(tempfile.mkdtemp(prefix="sa-bench-", dir="/tmp"))
-    cli = [sys.executable, "-m", "runtime.cli", "--state-dir", str(state_dir)]
+    cli = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir)]
     try:
         subprocess.run([*cli, "start", "--detach"], check=True, cwd=REPO, capture_output=True)
         record = read_pid_file(state_dir)

@@ -138,7 +138,7 @@ def _section(ctx: click.Context) -> list[str]:
 
 
 def _exit_codes() -> list[str]:
-    from runtime.cli_common import EXIT_CODES
+    from subagents_node.cli.common import EXIT_CODES
 
     meanings: dict[int, list[str]] = {
         0: ["success"],
@@ -161,7 +161,7 @@ def _exit_codes() -> list[str]:
 
 
 def render() -> str:
-    from runtime.cli import cli
+    from subagents_node.cli import cli
 
     root = click.Context(cli, info_name=PROG)
     commands = list(_walk(root))

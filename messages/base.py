@@ -1,10 +1,17 @@
-"""Base classes for body models: immutable, no unknown fields, one `type` discriminator."""
+"""Base classes for body models (immutable, no unknown fields, one `type` discriminator), and
+the two validations every side runs: a request against its own model, a reply against the
+result model its request declares.
+
+It must never import an owner's schema module: a client that validates one request loads only
+that request's module (`protocol.py` builds the union of all of them, for the node)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from subagents_node.messages.errors import BadRequest
 
 
 class Message(BaseModel):
@@ -40,3 +47,43 @@ class Request(Message):
     #: True for queries that never write: the owner may answer them without taking the
     #: store's write lock (only the owner writes its tables, so plain reads are consistent).
     read_only: ClassVar[bool] = False
+
+
+Q = TypeVar("Q", bound=Request)
+
+
+def schema_error(type_: str, exc: ValidationError) -> BadRequest:
+    """A typed BadRequest naming the first invalid field; the field list is capped, so a
+    request cannot make its own error reply much larger than itself."""
+    errors = [
+        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+    first = errors[0] if errors else {"loc": "", "msg": "invalid"}
+    return BadRequest(
+        f"invalid {type_} request: {first['loc']}: {first['msg']}",
+        reason="schema",
+        errors=errors[:MAX_REPORTED_FIELD_ERRORS],
+        error_count=len(errors),
+    )
+
+
+#: how many field errors a BadRequest lists (the count says how many there were)
+MAX_REPORTED_FIELD_ERRORS = 10
+
+
+def validate_request(kind: type[Q], fields: dict[str, Any]) -> Q:
+    """Build a request the way the node's gateway validates it: a bad value is a BadRequest."""
+    type_ = str(kind.model_fields["type"].default)
+    try:
+        return kind.model_validate({**fields, "type": type_})
+    except ValidationError as exc:
+        raise schema_error(type_, exc) from None
+
+
+def parse_result(request: Request, body: dict[str, Any]) -> Message:
+    """Validate a reply body into the result model the request declares."""
+    try:
+        return request.Result.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid reply to {request.type}: {exc}", reason="reply") from None

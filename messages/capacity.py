@@ -22,8 +22,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from messages.base import Message, Request, ResultType
-from messages.errors import SubagentsError
+from subagents_node.messages.base import Message, Request, ResultType
 
 CAPACITY = "capacity"
 
@@ -279,109 +278,3 @@ REQUESTS: tuple[type[Request], ...] = (
     Inspect,
     Snapshot,
 )
-
-
-# -- errors ---------------------------------------------------------------------------------
-
-
-class CapacityError(SubagentsError):
-    """Base of the capacity owner's refusals. A refused request changed nothing."""
-
-    code = "capacity_error"
-
-
-class CapacityExhausted(CapacityError):
-    """R-CAP-9/10/12: no free slot below the limit; carries the snapshot."""
-
-    code = "capacity_exhausted"
-
-    @classmethod
-    def of(cls, used: int, limit: int) -> CapacityExhausted:
-        return cls(
-            f"Active async run capacity exhausted: {used}/{limit} used.", used=used, limit=limit
-        )
-
-    @property
-    def used(self) -> int:
-        return int(self.details.get("used", 0))
-
-    @property
-    def limit(self) -> int:
-        return int(self.details.get("limit", 0))
-
-    @property
-    def snapshot(self) -> CapacitySnapshot:
-        return CapacitySnapshot(used=self.used, limit=self.limit)
-
-
-class CapacityOwnershipChanged(CapacityError):
-    """R-CAP-4/13/14: the handle no longer names the stored record (stale, forged or gone)."""
-
-    code = "capacity_ownership_changed"
-
-    @classmethod
-    def of(
-        cls, handle: SlotHandle, reason: str, workflow: bool = False
-    ) -> CapacityOwnershipChanged:
-        what = "workflow" if workflow else "run"
-        return cls(
-            f"Active async capacity ownership changed for {what} '{handle.run_id}'.",
-            run_id=handle.run_id,
-            session_id=handle.session_id,
-            slot=handle.slot,
-            reason=reason,
-        )
-
-    @property
-    def run_id(self) -> str:
-        return str(self.details.get("run_id", ""))
-
-    @property
-    def reason(self) -> str:
-        return str(self.details.get("reason", ""))
-
-
-class CapacityNotTransferable(CapacityError):
-    """R-CAP-18 step 2 with A-2 resolved: the source is not terminal (or paused and live)."""
-
-    code = "capacity_not_transferable"
-
-    @classmethod
-    def of(cls, source_run_id: str, reason: str) -> CapacityNotTransferable:
-        return cls(
-            f"Active async capacity source '{source_run_id}' is not transferable.",
-            source_run_id=source_run_id,
-            reason=reason,
-        )
-
-    @property
-    def source_run_id(self) -> str:
-        return str(self.details.get("source_run_id", ""))
-
-    @property
-    def reason(self) -> str:
-        return str(self.details.get("reason", ""))
-
-
-class CapacityRunAlreadyHeld(CapacityError):
-    """A run may own at most one slot per session; a second acquire for it is refused."""
-
-    code = "capacity_run_already_held"
-
-    @classmethod
-    def of(cls, session_id: str, run_id: str, slot: int) -> CapacityRunAlreadyHeld:
-        return cls(
-            f"Run '{run_id}' already holds active async capacity slot {slot} "
-            f"in session '{session_id}'.",
-            run_id=run_id,
-            session_id=session_id,
-            slot=slot,
-        )
-
-    @property
-    def run_id(self) -> str:
-        return str(self.details.get("run_id", ""))
-
-    @property
-    def slot(self) -> int:
-        return int(self.details.get("slot", -1))

@@ -10,8 +10,8 @@ from typing import Any
 
 import msgpack
 
-from messages.envelope import PROTOCOL_VERSION, Envelope
-from messages.errors import FrameTooLarge, MalformedFrame, UnsupportedProtocol
+from subagents_node.messages.envelope import PROTOCOL_VERSION, Envelope
+from subagents_node.messages.errors import FrameTooLarge, MalformedFrame, UnsupportedProtocol
 
 MAX_FRAME_BYTES = 1 << 20
 

@@ -34,14 +34,15 @@ from pydantic import (
     field_validator,
 )
 
-from messages.base import Message, Request, ResultType
-from messages.errors import SubagentsError
+from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.constants import MAX_INT32
+from subagents_node.messages.errors import FanoutDescriptorInvalid
 
 FANOUT = "fanout"
 ENV_FANOUT = "SUBAGENTS_RUN_FANOUT"
 
 #: Largest limit a budget accepts (like timeouts, capped at 2^31-1; SPEC §0.4).
-MAX_LIMIT = 2**31 - 1
+MAX_LIMIT = MAX_INT32
 MAX_PATHS = 10_000
 MAX_PATH_CHARS = 512
 MAX_PARENT_PATH_CHARS = 2048
@@ -49,7 +50,6 @@ MAX_TTL_S = 3600.0
 #: An encoded descriptor is a few hundred bytes; anything far larger is not one.
 MAX_ENCODED_CHARS = 8192
 
-LIMIT_INVALID = "Run fan-out limit must be a positive integer."
 DESCRIPTOR_MISSING = "Run fan-out budget descriptor is missing or invalid."
 DESCRIPTOR_INVALID = "Run fan-out budget descriptor is invalid."
 DESCRIPTOR_MISMATCH = "Run fan-out budget descriptor does not match its manifest."
@@ -269,122 +269,3 @@ REQUESTS = (
     AbortReservation,
     ReadSnapshot,
 )
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-
-class FanoutError(SubagentsError):
-    """Base of the fan-out owner's refusals. A refusal never changes the budget."""
-
-    code = "fanout"
-
-    @property
-    def snapshot(self) -> FanoutSnapshot | None:
-        """The budget when the request was refused, where the error knows it."""
-        raw = self.details.get("snapshot")
-        return FanoutSnapshot.model_validate(raw) if isinstance(raw, dict) else None
-
-
-class FanoutLimitInvalid(FanoutError):
-    code = "fanout_limit_invalid"
-
-    @classmethod
-    def of(cls, limit: object) -> FanoutLimitInvalid:
-        too_large = isinstance(limit, int) and not isinstance(limit, bool) and limit > MAX_LIMIT
-        message = f"{LIMIT_INVALID[:-1]} no greater than {MAX_LIMIT}." if too_large else None
-        shown = limit if isinstance(limit, int | float | str | bool) or limit is None else None
-        return cls(message or LIMIT_INVALID, limit=shown, max=MAX_LIMIT)
-
-
-class FanoutDescriptorInvalid(FanoutError):
-    code = "fanout_descriptor_invalid"
-
-    @property
-    def reason(self) -> str:
-        return str(self.details.get("reason", ""))
-
-
-class FanoutBudgetUnavailable(FanoutError):
-    code = "fanout_budget_unavailable"
-
-    @classmethod
-    def unknown(cls, budget_id: str) -> FanoutBudgetUnavailable:
-        return cls(
-            f"Run fan-out budget directory is unavailable: unknown budget {budget_id}",
-            budget_id=budget_id,
-            reason="unknown budget",
-        )
-
-    @property
-    def budget_id(self) -> str:
-        return str(self.details.get("budget_id", ""))
-
-
-class FanoutDescriptorMismatch(FanoutError):
-    code = "fanout_descriptor_mismatch"
-
-    @property
-    def budget_id(self) -> str:
-        return str(self.details.get("budget_id", ""))
-
-    @property
-    def mismatched(self) -> list[str]:
-        """The descriptor fields that differ from the manifest (`limit`, `root_run_id`)."""
-        return [str(f) for f in self.details.get("mismatched", [])]
-
-
-class FanoutLimitExceeded(FanoutError):
-    """R-FAN-16. Details are exactly the rejection; no member of the batch was claimed."""
-
-    code = "RUN_FANOUT_LIMIT"
-
-    @classmethod
-    def of(cls, rejection: FanoutRejection) -> FanoutLimitExceeded:
-        r = rejection
-        return cls(
-            f"Run fan-out limit reached at {r.path} ({r.used}/{r.limit} used; "
-            f"{r.requested} requested, {r.remaining} remaining). No children from this "
-            "admission group were started. Start a new top-level run or raise "
-            "max_subagent_spawns_per_run.",
-            **r.model_dump(),
-        )
-
-    @property
-    def rejection(self) -> FanoutRejection:
-        return FanoutRejection.model_validate(self.details)
-
-    @property
-    def snapshot(self) -> FanoutSnapshot:
-        return FanoutSnapshot.of(int(self.details["used"]), int(self.details["limit"]))
-
-
-class FanoutReservationError(FanoutError):
-    code = "fanout_reservation"
-
-    @property
-    def reservation_id(self) -> str:
-        return str(self.details.get("reservation_id", ""))
-
-
-class FanoutReservationUnknown(FanoutReservationError):
-    """No reservation with this id was ever granted by this owner."""
-
-    code = "fanout_reservation_unknown"
-
-
-class FanoutReservationExpired(FanoutReservationError):
-    """The reservation is no longer pending: its deadline passed (`state` "expired") or its
-    holder aborted it ("aborted"). Its claims were freed; nothing was committed."""
-
-    code = "fanout_reservation_expired"
-
-    @property
-    def state(self) -> str:
-        return str(self.details.get("state", ""))
-
-
-class FanoutReservationCommitted(FanoutReservationError):
-    """Abort of a committed reservation: its claims are permanent (R-FAN-15)."""
-
-    code = "fanout_reservation_committed"

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from messages.base import Ack, Message, Request, ResultType
+from subagents_node.messages.base import Ack, Message, Request, ResultType
 
 NODE = "node"
 

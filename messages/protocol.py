@@ -10,9 +10,9 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from messages import capacity, fanout, node, session, supervisor
-from messages.base import Message, Request
-from messages.errors import BadRequest, UnknownMessageType
+from subagents_node.messages import capacity, fanout, node, session, supervisor
+from subagents_node.messages.base import Message, Request, schema_error
+from subagents_node.messages.errors import UnknownMessageType
 
 _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     node.REQUESTS,
@@ -39,24 +39,7 @@ def parse_request(type_: str, body: dict[str, Any]) -> Request:
     try:
         return _ADAPTER.validate_python({**body, "type": type_})
     except ValidationError as exc:
-        errors = [
-            {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
-            for e in exc.errors(include_url=False, include_context=False, include_input=False)
-        ]
-        first = errors[0] if errors else {"loc": "", "msg": "invalid"}
-        raise BadRequest(
-            f"invalid {type_} request: {first['loc']}: {first['msg']}",
-            reason="schema",
-            errors=errors,
-        ) from None
-
-
-def parse_result(request: Request, body: dict[str, Any]) -> Message:
-    """Validate a reply body into the result model the request declares."""
-    try:
-        return request.Result.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(f"invalid reply to {request.type}: {exc}", reason="reply") from None
+        raise schema_error(type_, exc) from None
 
 
 __all__ = ["REQUEST_CLASSES", "REQUEST_TYPES", "Message", "Request", "parse_request"]

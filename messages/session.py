@@ -19,14 +19,12 @@ errors itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from messages.base import Message, Request, ResultType
-from messages.errors import SubagentsError
-from messages.runs import RunState
+from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.runs import RunState
 
 SESSION = "session"
 
@@ -260,118 +258,3 @@ REQUESTS: tuple[type[Request], ...] = (
     TrackRun,
     SessionStatusQuery,
 )
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-
-class SpawnBudgetExceeded(SubagentsError):
-    """R-SPN-4: the declared run does not fit the session's remaining spawn budget."""
-
-    code = "spawn_budget_exceeded"
-
-    @classmethod
-    def build(
-        cls, session_id: str, used: int, limit: int, requested: int, remaining: int
-    ) -> SpawnBudgetExceeded:
-        return cls(
-            f"Subagent spawn limit reached for this session ({used}/{limit} used, "
-            f"{requested} requested). {remaining} remaining; the declared run cannot fit, so no "
-            "children were started. Grant budget explicitly from the root interactive session "
-            "or start a new session.",
-            session_id=session_id,
-            used=used,
-            limit=limit,
-            requested=requested,
-            remaining=remaining,
-        )
-
-    @property
-    def used(self) -> int:
-        return int(self.details["used"])
-
-    @property
-    def limit(self) -> int:
-        return int(self.details["limit"])
-
-    @property
-    def requested(self) -> int:
-        return int(self.details["requested"])
-
-    @property
-    def remaining(self) -> int:
-        return int(self.details["remaining"])
-
-
-GrantReason = Literal[
-    "not_root",
-    "unknown_session",
-    "children_active",
-    "not_positive",
-    "no_cap",
-    "over_allowance",
-    "forbidden",
-    "changed",
-]
-
-#: R-SPN-6's refusals, in the order the rules are checked, with their texts (spec wording
-#: where the spec gives one). Placeholders are filled from the error's details.
-GRANT_REFUSALS: Mapping[GrantReason, str] = {
-    "not_root": "Action 'grant-spawn-budget' is available only from the root interactive "
-    "parent session.",
-    "unknown_session": "Spawn budget grant rejected: session '{session_id}' is not known to "
-    "this node (it was never opened).",
-    "children_active": "Spawn budget grants are rejected while current-session children are "
-    "queued or running. {active} run(s) of this session are active; grant again once they have "
-    "finished or been stopped.",
-    "not_positive": "Spawn budget grant rejected: the additional budget must be a positive "
-    "integer (got {additional}).",
-    "no_cap": "The current session has no configured spawn cap, so it does not need a budget "
-    "grant.",
-    "over_allowance": "Spawn budget grant rejected: {additional} requested but only "
-    "{grant_remaining} of the original configured limit remains grantable.",
-    "forbidden": "Spawn budget grant rejected: the grant authority policy is 'forbid' "
-    "(grant_authority).",
-    "changed": "Spawn budget grant not applied: the session's budget changed after "
-    "confirmation (used {expected_used} -> {used}, granted {expected_granted} -> {granted}). "
-    "Review the budget and grant again.",
-}
-
-
-class GrantRejected(SubagentsError):
-    """A grant refused by one of R-SPN-6's rules; `reason` names the rule (GRANT_REFUSALS)."""
-
-    code = "grant_rejected"
-
-    @classmethod
-    def build(cls, reason: GrantReason, session_id: str, **numbers: int) -> GrantRejected:
-        text = GRANT_REFUSALS[reason].format(session_id=session_id, **numbers)
-        return cls(text, reason=reason, session_id=session_id, **numbers)
-
-    @property
-    def reason(self) -> str:
-        return str(self.details.get("reason", ""))
-
-
-class NestedCallBlocked(SubagentsError):
-    """R-CFG-8: the launch is at or beyond the maximum nesting depth; nothing was admitted."""
-
-    code = "nested_call_blocked"
-
-    @property
-    def depth(self) -> int:
-        return int(self.details["depth"])
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.details["max_depth"])
-
-
-class InvalidTimeout(SubagentsError):
-    """R-TMO-3: a call's timeout_ms / max_runtime_ms is not acceptable."""
-
-    code = "invalid_timeout"
-
-    @property
-    def name(self) -> str:
-        return str(self.details.get("name", ""))

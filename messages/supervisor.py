@@ -12,9 +12,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from messages.base import Message, Request, ResultType
-from messages.errors import BadRequest, SubagentsError
-from messages.runs import ProofState, RunState
+from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.runs import ProofState, RunState
 
 SUPERVISOR = "supervisor"
 
@@ -317,73 +316,3 @@ class Intercom(Request):
 
 
 REQUESTS = (Launch, Watch, WatchAll, Show, ListRuns, Stop, Resume, Rerun, Append, Intercom)
-
-
-# -- errors -----------------------------------------------------------------------------------
-# R-CFG-8's depth refusal is messages.session.NestedCallBlocked.
-
-
-class FanoutNotAuthorized(BadRequest):
-    """A nested launcher that inherited no fan-out budget: its agent lacks `fanout: true`."""
-
-    code = "fanout_not_authorized"
-
-
-class RunCwdMissing(BadRequest):
-    """The launch's working directory (or a task's) does not exist; nothing started."""
-
-    code = "cwd_missing"
-
-
-class PreviousUnavailable(BadRequest):
-    """A `{previous}` where no earlier chain step exists; nothing started."""
-
-    code = "previous_unavailable"
-
-
-class RunStorageFailed(SubagentsError):
-    """R-ADM-2: the run directory could not be created; the capacity slot was rolled back."""
-
-    code = "run_storage_failed"
-
-
-class InjectedFault(SubagentsError):
-    """A failure injected at a named admission step (nodes started with faults only; tests)."""
-
-    code = "injected_fault"
-
-    @property
-    def point(self) -> str:
-        return str(self.details.get("point", ""))
-
-
-class RunNotFound(SubagentsError):
-    code = "run_not_found"
-
-
-class RunIdAmbiguous(BadRequest):
-    code = "run_id_ambiguous"
-
-
-class RunNotResumable(SubagentsError):
-    """R-RES-1/2: the run is running, stopped, or has no recovery descriptor."""
-
-    code = "run_not_resumable"
-
-
-class AppendRejected(SubagentsError):
-    """R-APP-1/2: the append's preconditions failed; nothing was claimed or queued."""
-
-    code = "append_rejected"
-
-
-class IntercomOff(SubagentsError):
-    """R-ICB-2: intercom is off for the target run."""
-
-    code = "intercom_off"
-
-
-class WorkflowChildRefused(BadRequest):
-    """R-FAN-24: internal workflow fields without the workflow's token."""
-
-    code = "workflow_child_refused"

@@ -13,6 +13,7 @@ node. Everything it reports comes from the node's own counters.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
@@ -23,16 +24,32 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from messages.capacity import CapacityExhausted
-from messages.supervisor import ChainStep, RunView, TaskItem
-from runtime.cli_runs import Progress
-from runtime.client import Client
-from runtime.launcher import LaunchContext
-from runtime.node import Node
+from subagents_node import examples
+from subagents_node.cli.runs import Progress
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import CapacityExhausted
+from subagents_node.messages.supervisor import ChainStep, RunView, TaskItem
+from subagents_node.node.node import Node
 
-REPO = Path(__file__).resolve().parent.parent
-AGENTS = REPO / "examples" / "agents"
-SCOUTED = ("actors", "messages", "runtime", "tests")
+#: the demo reads the product's own code and runs the example agents shipped with it, so it works
+#: the same from a clone and from an installed wheel
+SCOUTED = {
+    "actors": "subagents_node.actors",
+    "messages": "subagents_node.messages",
+    "runtime": "subagents_node",
+    "examples": "subagents_node.examples",
+}
+AGENTS = Path(examples.__file__).resolve().parent / "agents"
+
+
+def source_dir(package: str) -> Path:
+    """Where an installed package's files are (the repository's folders in an editable install)."""
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    return Path(module.__file__).resolve().parent
+
+
 LIMITS = {
     "max_active_async_runs_per_session": 1,
     "max_subagent_spawns_per_run": 12,
@@ -55,8 +72,10 @@ def scouts_and_summary(client: Client, ctx: LaunchContext, out: Path, console: C
     step0 = ChainStep(
         parallel=True,
         items=[
-            TaskItem(agent=scout, task=f"dir={REPO / name} pattern=class |def ", output=str(r))
-            for name, r in zip(SCOUTED, reports, strict=True)
+            TaskItem(
+                agent=scout, task=f"dir={source_dir(package)} pattern=class |def ", output=str(r)
+            )
+            for package, r in zip(SCOUTED.values(), reports, strict=True)
         ],
     )
     summary = TaskItem(
@@ -141,7 +160,7 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m subagents_node.demo", description=__doc__)
     parser.add_argument("--out", type=Path, help="keep the outputs here (default: a temp dir)")
     parser.add_argument("--summary-json", type=Path, help="also write the summary as JSON here")
     args = parser.parse_args(argv)
@@ -153,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         with Node.embedded(state_dir=state / "state") as node:
             console.print(f"node {node.node_id} at {node.address} (temporary state {state})")
             ctx = LaunchContext.from_environment(
-                cwd=REPO, agents_dirs=[AGENTS], session_id="demo", overrides=LIMITS
+                cwd=out, agents_dirs=[AGENTS], session_id="demo", overrides=LIMITS
             )
             client = node.client()
             runs = [scouts_and_summary(client, ctx, out, console)]

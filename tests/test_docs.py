@@ -17,8 +17,8 @@ What this module checks, page by page (README.md and docs/*.md):
   `---` are agent files and must parse.
 - docs/cli.md equals what docs/gen_cli.py generates from click (so it cannot drift).
 
-The harness (reading, running, comparing) is tests/docs_support.py; run it on a page to see
-what its blocks print now: `.venv/bin/python tests/docs_support.py docs/operations.md`.
+The harness (reading, running, comparing) is tests/support/docs.py; run it on a page to see
+what its blocks print now: `.venv/bin/python -m tests.support.docs docs/operations.md`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import contextlib
 import importlib.util
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,8 @@ from types import ModuleType
 
 import psutil
 import pytest
-from docs_support import (
+
+from tests.support.docs import (
     DOCS,
     ESCAPES,
     PAGES,
@@ -139,7 +142,7 @@ def test_docs_show_no_command_that_is_not_executed() -> None:
 
 
 def test_toml_examples_are_valid_subagents_toml(tmp_path: Path) -> None:
-    from runtime.config import load_config
+    from subagents_node.launch.config import load_config
 
     examples = all_blocks("toml")
     assert examples, "docs/configuration.md lost its subagents.toml example"
@@ -151,7 +154,7 @@ def test_toml_examples_are_valid_subagents_toml(tmp_path: Path) -> None:
 
 
 def test_agent_file_examples_parse() -> None:
-    from runtime.agents import parse_agent
+    from subagents_node.launch.agents import parse_agent
 
     examples = [b for b in all_blocks("markdown") if b.text.startswith("---\n")]
     assert examples, "docs/agents.md lost its agent file example"
@@ -177,7 +180,7 @@ def test_cli_reference_is_generated_from_click_and_current() -> None:
 def test_cli_reference_names_every_command_and_visible_option() -> None:
     import click
 
-    from runtime.cli import cli
+    from subagents_node.cli import cli
 
     text = (DOCS / "cli.md").read_text(encoding="utf-8")
 
@@ -199,37 +202,83 @@ def test_cli_reference_names_every_command_and_visible_option() -> None:
                 assert f"`{param.opts[0]}`" in text, f"{ctx.command_path} {param.opts[0]}"
 
 
-def _imported_roots(module: Path) -> set[str]:
-    roots = set()
+#: each package of the product (as the architecture page's layering table names it) and the
+#: packages it must never import; checked against every import in every module, lazy ones too
+FORBIDDEN: dict[str, set[str]] = {
+    "messages/": {"actors/", "runtime/", "bench", "tests", "docs"},
+    "actors/": {"runtime/", "bench", "tests", "docs"},
+    "runtime/client/": {"runtime/node/", "actors/", "runtime/cli/", "runtime/workflow/", "bench"},
+    "runtime/": {"bench", "tests", "docs"},
+}
+
+
+def _layer(module_name: str) -> str | None:
+    """The package of ours an import names, in the table's terms (None: not ours)."""
+    parts = module_name.split(".")
+    if parts[0] in ("bench", "tests", "docs"):
+        return parts[0]
+    if parts[0] != "subagents_node":
+        return None
+    if len(parts) > 1 and parts[1] in ("actors", "messages"):
+        return f"{parts[1]}/"
+    if len(parts) > 1 and parts[1] in ("node", "client", "cli", "launch", "workflow"):
+        return f"runtime/{parts[1]}/"
+    return "runtime/"
+
+
+def _imported_layers(module: Path) -> set[str]:
+    layers = set()
     for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            roots |= {a.name.split(".")[0] for a in node.names}
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.add(node.module.split(".")[0])
-    return roots
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        layers |= {layer for n in names if (layer := _layer(n)) is not None}
+    return layers
+
+
+def _banned(layers: set[str], banned: set[str]) -> set[str]:
+    """`runtime/` bans the whole runtime tree; `runtime/node/` only that package."""
+    return {
+        layer
+        for layer in layers
+        for b in banned
+        if layer == b or (b.endswith("/") and layer.startswith(b))
+    }
 
 
 def test_layering_the_architecture_page_states_holds_for_every_module() -> None:
-    """messages/ imports nothing of ours, actors/ never runtime/, and the product never imports
-    docs/ (so docs/gen_cli.py stays a documentation tool)."""
+    """messages/ imports nothing of ours, actors/ never runtime/, the client side neither the
+    node nor the actors, and the product never imports docs/, bench/ or tests/."""
     text = (DOCS / "architecture.md").read_text(encoding="utf-8")
-    assert "| `messages/` |" in text and "| `actors/` |" in text, "the layering table moved"
-    forbidden = {
-        "messages": {"actors", "runtime", "bench", "tests", "docs"},
-        "actors": {"runtime", "bench", "tests", "docs"},
-        "runtime": {"bench", "tests", "docs"},
-    }
-    breaks = [
-        f"{module.relative_to(REPO)} imports {sorted(_imported_roots(module) & banned)}"
-        for folder, banned in forbidden.items()
-        for module in sorted((REPO / folder).glob("*.py"))
-        if _imported_roots(module) & banned
-    ]
+    for package in FORBIDDEN:
+        assert f"| `{package}` |" in text, f"the layering table lost its row for {package}"
+    breaks = []
+    for package, banned in FORBIDDEN.items():
+        for module in sorted((REPO / package).rglob("*.py")):
+            inner = module.relative_to(REPO).as_posix()
+            if package == "runtime/" and inner.startswith("runtime/client/"):
+                continue  # checked under its own, stricter row
+            own = {package} if package != "runtime/" else set()
+            if hits := _banned(_imported_layers(module), banned) - own:
+                breaks.append(f"{inner} imports {sorted(hits)}")
     assert not breaks, breaks
 
 
+def test_importing_the_client_loads_no_node_code_pykka_or_sqlite() -> None:
+    """What a child agent pays to launch sub-runs: the client, its transport and schemas only."""
+    probe = (
+        "import sys; import subagents_node.client.client as c; c.connect('ipc:///nonexistent');"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('subagents_node.node',"
+        "'subagents_node.actors', 'pykka', 'sqlite3', 'psutil')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [], out.stdout
+
+
 def test_configuration_page_covers_every_setting_and_variable() -> None:
-    from runtime.config import ENV_NAMES, KEYS
+    from subagents_node.launch.config import ENV_NAMES, KEYS
 
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     assert not [k for k in KEYS if f"`{k}`" not in text], "undocumented settings"
@@ -237,7 +286,7 @@ def test_configuration_page_covers_every_setting_and_variable() -> None:
 
 
 def test_architecture_page_names_every_owner_and_table() -> None:
-    from runtime import owners
+    from subagents_node.node import owners
 
     text = (DOCS / "architecture.md").read_text(encoding="utf-8")
     for owner in (*owners.OWNERS, *owners.PER_RUN):
@@ -249,7 +298,7 @@ def test_architecture_page_names_every_owner_and_table() -> None:
 
 
 def test_architecture_page_names_every_request_type() -> None:
-    from messages.protocol import REQUEST_TYPES
+    from subagents_node.messages.protocol import REQUEST_TYPES
 
     text = (DOCS / "architecture.md").read_text(encoding="utf-8")
     missing = sorted(t for t in REQUEST_TYPES if f"`{t}`" not in text)
@@ -257,7 +306,7 @@ def test_architecture_page_names_every_request_type() -> None:
 
 
 def test_agents_page_covers_every_front_matter_field() -> None:
-    from runtime.agents import _FrontMatter
+    from subagents_node.launch.agents import _FrontMatter
 
     text = (DOCS / "agents.md").read_text(encoding="utf-8")
     for name, field in _FrontMatter.model_fields.items():
@@ -271,7 +320,7 @@ def test_every_rule_id_the_docs_cite_is_cited_by_the_code_or_tests() -> None:
     code = "".join(
         p.read_text(encoding="utf-8")
         for folder in ("actors", "messages", "runtime", "tests")
-        for p in (REPO / folder).glob("*.py")
+        for p in (REPO / folder).rglob("*.py")
         if p.name != "test_docs.py"
     )
     known = set(re.findall(r"\bR-[A-Z]+-\d+\b", code))

@@ -2,7 +2,7 @@
 
 Task: `depth=N width=W [agent=recursive]`. At depth 0 it is a leaf. Otherwise it launches W
 children at once, each with task `depth=N-1 width=W`, using the command in `$SUBAGENTS_LAUNCH`
-(a JSON list or a shell-like string; default `python -m runtime.cli run`) followed by
+(a JSON list or a shell-like string; default `python -m subagents_node run`) followed by
 `--agents-dir <this dir> <agent> <task>`. A launch that exits 0 was admitted; one that exits
 non-zero with an admission refusal on stderr (the fan-out budget, the session spawn budget, the
 depth guard) was refused; anything else failed.
@@ -34,7 +34,7 @@ SUBTREE = re.compile(r"subtree_admitted=(\d+) subtree_refused=(\d+)")
 def launch_command() -> list[str]:
     raw = os.environ.get("SUBAGENTS_LAUNCH", "").strip()
     if not raw:
-        return [sys.executable, "-m", "runtime.cli", "run"]
+        return [sys.executable, "-m", "subagents_node", "run"]
     return [str(a) for a in json.loads(raw)] if raw.startswith("[") else shlex.split(raw)
 
 

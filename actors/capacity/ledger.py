@@ -1,0 +1,355 @@
+"""CapacityLedger: the single owner of every active async capacity slot of every session (§4).
+
+Owns table `capacity_slots` (one row per occupied slot, keyed by session id and slot index;
+released slots are deleted, so no query grows with history) and the TTL timers of unstarted
+slots. Serializing every request in this one actor is R-CAP-5's slot exclusion; each request's
+insert or update is one statement in the owner's transaction, so a slot and its owner record
+appear together or not at all (R-CAP-11).
+
+What it decides, and from what:
+- acquire / transfer / rollback / mark_started follow R-CAP-8..20, fenced by the handle's
+  (token, run id, generation) and kind (R-CAP-4); a stale handle is refused and changes nothing.
+- Release verdicts (R-CAP-21/22) are computed from the facts the run supervisor reports in
+  `capacity.report_terminal`; the ledger never reads run directories, status files or another
+  owner's tables. A releasable verdict deletes the slot at once, which is R-CAP-23's reconcile
+  done at the only moment its inputs change; everything else is retained, and `inspect`
+  explains why from the stored facts.
+- An unstarted slot whose TTL passes is rolled back by the owner (§0.4): a fresh slot is freed,
+  a transferred one gets its source record back. Timer ticks name the slot's token and
+  generation, so a tick never touches a slot that has since started or changed hands; `recover`
+  re-arms the timers after a restart, and past deadlines expire at once.
+
+The table's SQL lives in `capacity/slots.py` and the rules, as pure functions, in
+`capacity/rules.py`; this module sequences them. It must never block on another actor,
+never call commit/BEGIN itself (the base class owns the transaction), and never free a slot
+for any other reason (R-CAP-25).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from subagents_node.actors.capacity import slots
+from subagents_node.actors.capacity.rules import (
+    NO_SLOT,
+    lowest_free,
+    mismatch,
+    proof_state,
+    session_key,
+    started,
+    transfer_refusal,
+    verdict_of,
+)
+from subagents_node.actors.owner import OwnerActor, Tick
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.capacity import (
+    Acquire,
+    AcquireResult,
+    CapacitySnapshot,
+    Inspect,
+    Inspection,
+    MarkStarted,
+    MarkWorkflowStarted,
+    ReportTerminal,
+    Rollback,
+    RollbackResult,
+    SlotHandle,
+    SlotRecord,
+    Snapshot,
+    TerminalFacts,
+    Transfer,
+    Verdict,
+)
+from subagents_node.messages.errors import (
+    CapacityExhausted,
+    CapacityNotTransferable,
+    CapacityOwnershipChanged,
+    CapacityRunAlreadyHeld,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlotTtlExpired(Tick):
+    """An unstarted slot's TTL passed. It carries the token and generation the slot had when
+    the timer was armed: a slot that started or changed hands since no longer matches them."""
+
+    session_id: str
+    slot: int
+    token: str
+    generation: int
+
+
+class CapacityLedger(OwnerActor):
+    name = "capacity"
+    MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1,)
+
+    def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
+        return {
+            Acquire: self.acquire,
+            MarkStarted: self.mark_started,
+            MarkWorkflowStarted: self.mark_workflow_started,
+            Rollback: self.rollback,
+            Transfer: self.transfer,
+            ReportTerminal: self.report_terminal,
+            Inspect: self.inspect,
+            Snapshot: self.snapshot,
+        }
+
+    def recover(self) -> None:
+        """Re-arm the TTL of every unstarted slot; deadlines already past fire at once."""
+        waiting = slots.unstarted(self.db)
+        for record in waiting:
+            self._arm(record)
+        if waiting:
+            log.info("capacity: re-armed %d reservation deadlines", len(waiting))
+
+    def on_tick(self, tick: Tick) -> None:
+        match tick:
+            case SlotTtlExpired(
+                session_id=session_id, slot=slot, token=token, generation=generation
+            ):
+                self._expire(session_id, slot, token, generation)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def acquire(self, req: Acquire) -> AcquireResult:
+        """R-CAP-8..12: nothing when unlimited, else the lowest free index below the limit."""
+        if req.limit == 0:
+            return AcquireResult(handle=None, snapshot=self._snapshot(req.session_id, 0))
+        self._refuse_second_slot(req.session_id, req.run_id)
+        occupied = slots.occupied(self.db, req.session_id)
+        index = lowest_free(occupied, req.limit)
+        if index is None:
+            raise CapacityExhausted.of(len(occupied), req.limit)
+        now = self.ctx.clock()
+        record = SlotRecord(
+            session_id=req.session_id,
+            session_key=session_key(req.session_id),
+            slot=index,
+            token=uuid.uuid4().hex,
+            run_id=req.run_id,
+            generation=0,
+            kind=req.kind,
+            async_dir=req.async_dir,
+            reserved_at=now,
+            expires_at=now + self._ttl(req.ttl_s),
+        )
+        slots.insert(self.db, record)
+        self._arm(record)
+        snapshot = CapacitySnapshot(used=len(occupied) + 1, limit=req.limit)
+        return AcquireResult(handle=record.handle(), snapshot=snapshot)
+
+    def mark_started(self, req: MarkStarted) -> SlotHandle:
+        """R-CAP-13, A-14 resolved: cannot fail for the current handle; same runner = no-op."""
+        record = self._current(req.handle, workflow=False)
+        if record.runner_id is not None:
+            if record.runner_id != req.runner_id:
+                raise CapacityOwnershipChanged.of(req.handle, "runner_conflict")
+            return record.handle()
+        now = self.ctx.clock()
+        runner = started(
+            record,
+            runner_id=req.runner_id,
+            runner_started_at=record.runner_started_at or now,
+            pid=req.pid,
+            process_start_time=req.process_start_time,
+        )
+        slots.update(self.db, runner)
+        return record.handle()
+
+    def mark_workflow_started(self, req: MarkWorkflowStarted) -> SlotHandle:
+        """R-CAP-14: only for `workflow` records, and only the start time is set."""
+        record = self._current(req.handle, workflow=True)
+        if record.kind != "workflow":
+            raise CapacityOwnershipChanged.of(req.handle, "kind_mismatch", workflow=True)
+        if record.runner_started_at is None:
+            slots.update(self.db, started(record, runner_started_at=self.ctx.clock()))
+        return record.handle()
+
+    def rollback(self, req: Rollback) -> RollbackResult:
+        """R-CAP-15..17: undo an unstarted grant; otherwise false, and nothing changed."""
+        record = slots.load(self.db, req.handle.session_id, req.handle.slot)
+        if record is None or mismatch(record, req.handle) or record.started:
+            return RollbackResult(rolled_back=False)
+        restored = self._undo(record)
+        return RollbackResult(rolled_back=True, handle=restored.handle() if restored else None)
+
+    def transfer(self, req: Transfer) -> AcquireResult:
+        """R-CAP-18..20: hand a finished source's slot to its resume, without a second charge."""
+        source = slots.held_by(self.db, req.session_id, req.source_run_id)
+        if source is None:
+            return self.acquire(
+                Acquire(
+                    session_id=req.session_id,
+                    limit=req.limit,
+                    run_id=req.run_id,
+                    kind="runner",
+                    async_dir=req.async_dir,
+                    ttl_s=req.ttl_s,
+                )
+            )
+        self._refuse_second_slot(req.session_id, req.run_id)
+        refusal = transfer_refusal(source)
+        if refusal is not None:
+            raise CapacityNotTransferable.of(req.source_run_id, refusal)
+        now = self.ctx.clock()
+        record = SlotRecord(
+            session_id=source.session_id,
+            session_key=source.session_key,
+            slot=source.slot,
+            token=source.token,
+            run_id=req.run_id,
+            source_run_id=source.run_id,
+            generation=source.generation + 1,
+            kind="runner",
+            async_dir=req.async_dir,
+            reserved_at=now,
+            expires_at=now + self._ttl(req.ttl_s),
+            prev_record=source,
+        )
+        slots.update(self.db, record)
+        self._arm(record)
+        snapshot = self._snapshot(req.session_id, req.limit)
+        return AcquireResult(handle=record.handle(), snapshot=snapshot)
+
+    def report_terminal(self, req: ReportTerminal) -> Verdict:
+        """Store the run supervisor's facts about a run and apply R-CAP-21/22 at once."""
+        record = slots.held_by(self.db, req.session_id, req.run_id)
+        if record is None:
+            return self._unowned(req.session_id, req.run_id)
+        if req.generation is not None and req.generation != record.generation:
+            return Verdict(
+                verdict="not-owned",
+                reason=f"the run holds generation {record.generation}, "
+                f"not the reported {req.generation}",
+            )
+        facts = TerminalFacts(
+            state=req.state,
+            live_process=req.live_process,
+            proof=req.proof,
+            workflow_children_proven=req.workflow_children_proven,
+            reason=req.reason,
+            reported_at=self.ctx.clock(),
+        )
+        reported = record.model_copy(
+            update={
+                "terminal_state": req.state,
+                "proof_state": proof_state(record, req.proof),
+                "terminal": facts,
+            }
+        )
+        verdict = verdict_of(reported)
+        if verdict.verdict == "releasable":
+            slots.delete(self.db, reported)
+            log.debug("capacity: released slot %d of %s: %s", record.slot, record.run_id, verdict)
+        else:
+            slots.update(self.db, reported)
+        return verdict
+
+    def inspect(self, req: Inspect) -> Inspection:
+        """R-CAP-27: the slot the run owns, else the slot it was transferred from, else none."""
+        owner = slots.find_owner(self.db, req.run_id, req.session_id)
+        if owner is not None:
+            return Inspection(relation="current", owner=owner, verdict=verdict_of(owner))
+        successor = slots.find_successor(self.db, req.run_id, req.session_id)
+        if successor is not None:
+            return Inspection(
+                relation="source", owner=successor, verdict=_transferred_to(successor.run_id)
+            )
+        return Inspection(relation="none", verdict=Verdict(verdict="not-owned", reason=NO_SLOT))
+
+    def snapshot(self, req: Snapshot) -> CapacitySnapshot:
+        """R-CAP-26. Nothing to reconcile first: releasable slots were freed when reported."""
+        return self._snapshot(req.session_id, req.limit)
+
+    # -- slot life ----------------------------------------------------------------------------
+
+    def _current(self, handle: SlotHandle, workflow: bool) -> SlotRecord:
+        """The stored record the handle names, or the ownership error (R-CAP-4)."""
+        record = slots.load(self.db, handle.session_id, handle.slot)
+        if record is None:
+            raise CapacityOwnershipChanged.of(handle, "slot_gone", workflow=workflow)
+        reason = mismatch(record, handle)
+        if reason:
+            raise CapacityOwnershipChanged.of(handle, reason, workflow=workflow)
+        return record
+
+    def _refuse_second_slot(self, session_id: str, run_id: str) -> None:
+        held = slots.held_by(self.db, session_id, run_id)
+        if held is not None:
+            raise CapacityRunAlreadyHeld.of(session_id, run_id, held.slot)
+
+    def _undo(self, record: SlotRecord) -> SlotRecord | None:
+        """Free a fresh grant, or put back the complete record a transfer replaced (R-CAP-16).
+
+        Returns the restored source record, if any.
+        """
+        source = record.prev_record
+        if source is None or slots.held_by(self.db, source.session_id, source.run_id):
+            # A source that took another slot since is represented there; restoring it here
+            # would give one run two slots, so this one is simply freed.
+            slots.delete(self.db, record)
+            return None
+        slots.update(self.db, source)
+        self._arm(source)
+        return source
+
+    def _expire(self, session_id: str, slot: int, token: str, generation: int) -> None:
+        """§0.4: an unstarted slot past its TTL is rolled back by its owner."""
+        record = slots.load(self.db, session_id, slot)
+        if record is None or (record.token, record.generation) != (token, generation):
+            return  # fenced: the slot changed hands after this deadline was armed
+        if record.started or record.expires_at is None:
+            return
+        if record.expires_at > self.ctx.clock():
+            self._arm(record)  # re-armed by a restore; its own deadline is still ahead
+            return
+        log.warning(
+            "capacity: run %s (session %s, slot %d) did not start within its TTL; rolled back",
+            record.run_id,
+            record.session_id,
+            record.slot,
+        )
+        self._undo(record)
+
+    def _unowned(self, session_id: str, run_id: str) -> Verdict:
+        """The verdict for a report about a run that owns no slot in the session."""
+        successor = slots.find_successor(self.db, run_id, session_id)
+        if successor is not None:
+            return _transferred_to(successor.run_id)
+        elsewhere = slots.find_owner(self.db, run_id, None)
+        if elsewhere is not None:
+            # R-CAP-21 rule 3, A-21: a report never frees a slot owned in another session.
+            return Verdict(
+                verdict="retained",
+                reason=f"status session {session_id} does not match owner session "
+                f"{elsewhere.session_id}",
+            )
+        return Verdict(verdict="not-owned", reason=NO_SLOT)
+
+    def _ttl(self, ttl_s: float | None) -> float:
+        if ttl_s is not None:
+            return ttl_s
+        return float(self.ctx.settings.get("reservation_ttl_s", DEFAULT_TTL_S))
+
+    def _arm(self, record: SlotRecord) -> None:
+        """Deliver an expiry tick at the record's deadline, fenced by its token and generation."""
+        if record.expires_at is None:
+            return
+        expired = SlotTtlExpired(record.session_id, record.slot, record.token, record.generation)
+        self.after(record.expires_at - self.ctx.clock(), expired)
+
+    def _snapshot(self, session_id: str, limit: int) -> CapacitySnapshot:
+        return CapacitySnapshot(used=slots.used(self.db, session_id), limit=limit)
+
+
+def _transferred_to(run_id: str) -> Verdict:
+    return Verdict(verdict="not-owned", reason=f"slot was transferred to {run_id}")

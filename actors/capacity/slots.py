@@ -1,0 +1,156 @@
+"""The `capacity_slots` table: its schema and the row <-> SlotRecord mapping. SQL only.
+
+Owned by the CapacityLedger: only its connection, inside its transaction, calls these functions
+(they take that connection). One row per occupied slot, keyed by (session id, slot index);
+releasing a slot deletes its row, so every query here is bounded by the slots occupied now,
+never by the history of a pool. The nested parts of a record (the last terminal report and the
+pre-transfer record) are stored as JSON so that a rollback restores them exactly.
+It must never decide anything: the rules live in `capacity/rules.py` and the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from subagents_node.messages.capacity import SlotRecord
+
+SCHEMA_V1 = """
+CREATE TABLE capacity_slots (
+    session_id TEXT NOT NULL,
+    slot INTEGER NOT NULL CHECK (slot >= 0),
+    session_key TEXT NOT NULL,
+    token TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    source_run_id TEXT,
+    generation INTEGER NOT NULL CHECK (generation >= 0),
+    kind TEXT NOT NULL CHECK (kind IN ('runner', 'workflow')),
+    async_dir TEXT NOT NULL,
+    reserved_at REAL NOT NULL,
+    expires_at REAL,
+    runner_id TEXT,
+    runner_started_at REAL,
+    pid INTEGER,
+    process_start_time REAL,
+    terminal_state TEXT,
+    proof_state TEXT,
+    terminal TEXT,
+    prev_record TEXT,
+    PRIMARY KEY (session_id, slot)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX capacity_slots_session_run ON capacity_slots (session_id, run_id);
+CREATE INDEX capacity_slots_run ON capacity_slots (run_id);
+CREATE INDEX capacity_slots_source ON capacity_slots (source_run_id)
+    WHERE source_run_id IS NOT NULL;
+CREATE INDEX capacity_slots_expiry ON capacity_slots (expires_at) WHERE expires_at IS NOT NULL
+"""
+
+_KEY = ("session_id", "slot")
+_COLUMNS: tuple[str, ...] = tuple(SlotRecord.model_fields)
+_VALUES = tuple(c for c in _COLUMNS if c not in _KEY)
+_JSON = frozenset({"terminal", "prev_record"})
+
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM capacity_slots"
+_INSERT = (
+    f"INSERT INTO capacity_slots ({', '.join(_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _COLUMNS)})"
+)
+_UPDATE = (
+    f"UPDATE capacity_slots SET {', '.join(f'{c} = ?' for c in _VALUES)} "
+    "WHERE session_id = ? AND slot = ?"
+)
+_FIRST = "ORDER BY session_id, slot LIMIT 1"
+
+
+def load(db: sqlite3.Connection, session_id: str, slot: int) -> SlotRecord | None:
+    """The record at (session, slot), or None when the slot is free."""
+    row = db.execute(f"{_SELECT} WHERE session_id = ? AND slot = ?", (session_id, slot))
+    return _first(row)
+
+
+def held_by(db: sqlite3.Connection, session_id: str, run_id: str) -> SlotRecord | None:
+    """The session's slot whose owner is `run_id` (at most one: a unique index says so)."""
+    row = db.execute(f"{_SELECT} WHERE session_id = ? AND run_id = ?", (session_id, run_id))
+    return _first(row)
+
+
+def find_owner(db: sqlite3.Connection, run_id: str, session_id: str | None) -> SlotRecord | None:
+    """The first slot owned by `run_id`, in the given session or in any."""
+    if session_id is None:
+        return _first(db.execute(f"{_SELECT} WHERE run_id = ? {_FIRST}", (run_id,)))
+    return held_by(db, session_id, run_id)
+
+
+def find_successor(
+    db: sqlite3.Connection, run_id: str, session_id: str | None
+) -> SlotRecord | None:
+    """The first slot that was transferred away from `run_id` (its immediate source)."""
+    if session_id is None:
+        rows = db.execute(f"{_SELECT} WHERE source_run_id = ? {_FIRST}", (run_id,))
+    else:
+        rows = db.execute(
+            f"{_SELECT} WHERE source_run_id = ? AND session_id = ? {_FIRST}",
+            (run_id, session_id),
+        )
+    return _first(rows)
+
+
+def occupied(db: sqlite3.Connection, session_id: str) -> list[int]:
+    """The occupied slot indices of a session pool, ascending (served by the primary key)."""
+    rows = db.execute(
+        "SELECT slot FROM capacity_slots WHERE session_id = ? ORDER BY slot", (session_id,)
+    )
+    return [int(r[0]) for r in rows]
+
+
+def used(db: sqlite3.Connection, session_id: str) -> int:
+    """R-CAP-3: every occupied slot counts, including those at or above a lowered limit."""
+    (count,) = db.execute(
+        "SELECT COUNT(*) FROM capacity_slots WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    return int(count)
+
+
+def unstarted(db: sqlite3.Connection) -> list[SlotRecord]:
+    """Every slot still waiting for its start, i.e. with a reservation deadline."""
+    return [_record(r) for r in db.execute(f"{_SELECT} WHERE expires_at IS NOT NULL")]
+
+
+def insert(db: sqlite3.Connection, record: SlotRecord) -> None:
+    data = _row(record)
+    db.execute(_INSERT, tuple(data[c] for c in _COLUMNS))
+
+
+def update(db: sqlite3.Connection, record: SlotRecord) -> None:
+    """Replace the record at the same (session, slot) in place."""
+    data = _row(record)
+    db.execute(_UPDATE, (*(data[c] for c in _VALUES), record.session_id, record.slot))
+
+
+def delete(db: sqlite3.Connection, record: SlotRecord) -> None:
+    db.execute(
+        "DELETE FROM capacity_slots WHERE session_id = ? AND slot = ?",
+        (record.session_id, record.slot),
+    )
+
+
+def _row(record: SlotRecord) -> dict[str, Any]:
+    data = record.model_dump(mode="json")
+    for column in _JSON:
+        if data[column] is not None:
+            data[column] = json.dumps(data[column], separators=(",", ":"))
+    return data
+
+
+def _record(row: sqlite3.Row) -> SlotRecord:
+    data = {c: row[c] for c in _COLUMNS}
+    for column in _JSON:
+        if data[column] is not None:
+            data[column] = json.loads(data[column])
+    return SlotRecord.model_validate(data)
+
+
+def _first(cursor: sqlite3.Cursor) -> SlotRecord | None:
+    row = cursor.fetchone()
+    return None if row is None else _record(row)

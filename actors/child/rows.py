@@ -1,0 +1,213 @@
+"""The `children` table: its schema and the statements a ChildActor runs on its own row.
+
+Owns the row layout and nothing else: only ChildActor calls these, each on the row of its own
+child id, inside the transaction its OwnerActor base opened. A row never holds argv, env or
+stdin (they may hold the task, R-MISC-1, R-MISC-2): only identities, times, states and proof.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from subagents_node.messages.runs import (
+    ChildEvent,
+    ChildExited,
+    ChildSpec,
+    ChildStarted,
+    ProcessProof,
+)
+
+SCHEMA = """
+CREATE TABLE children (
+    child_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    session_id TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL CHECK (state IN ('running', 'complete', 'failed', 'stopped')),
+    pid INTEGER,
+    process_start_time REAL,
+    identity_start REAL,
+    boot_id TEXT NOT NULL DEFAULT '',
+    started_at REAL,
+    ended_at REAL,
+    deadline_at REAL,
+    timeout_s REAL,
+    grace_s REAL NOT NULL,
+    stdout_path TEXT NOT NULL,
+    stderr_path TEXT NOT NULL,
+    end_reason TEXT,
+    end_message TEXT,
+    exit_code INTEGER,
+    signal INTEGER,
+    proof TEXT
+);
+CREATE INDEX children_running ON children(state) WHERE state = 'running';
+CREATE INDEX children_by_run ON children(run_id)
+"""
+
+
+@dataclass
+class ChildRecord:
+    """What the store keeps about one child (and what a restart needs to adopt it)."""
+
+    child_id: str
+    run_id: str
+    session_id: str
+    stdout_path: str
+    stderr_path: str
+    grace_s: float
+    timeout_s: float | None = None
+    pid: int | None = None
+    #: psutil's create_time (wall clock, for people and the proof).
+    start_time: float | None = None
+    #: The identity clock of process_tree.start_time_of, and the boot it counts from.
+    identity_start: float | None = None
+    boot_id: str = ""
+    started_at: float | None = None
+    deadline_at: float | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ChildSpec) -> ChildRecord:
+        return cls(
+            child_id=spec.child_id,
+            run_id=spec.run_id,
+            session_id=spec.session_id,
+            stdout_path=spec.stdout_path,
+            stderr_path=spec.stderr_path,
+            grace_s=spec.grace_s,
+            timeout_s=spec.deadline_s,
+        )
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> ChildRecord:
+        return cls(
+            child_id=row["child_id"],
+            run_id=row["run_id"],
+            session_id=row["session_id"],
+            stdout_path=row["stdout_path"],
+            stderr_path=row["stderr_path"],
+            grace_s=row["grace_s"],
+            timeout_s=row["timeout_s"],
+            pid=row["pid"],
+            start_time=row["process_start_time"],
+            identity_start=row["identity_start"],
+            boot_id=row["boot_id"],
+            started_at=row["started_at"],
+            deadline_at=row["deadline_at"],
+        )
+
+
+def read_row(db: sqlite3.Connection, child_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = db.execute(
+        "SELECT * FROM children WHERE child_id = ?", (child_id,)
+    ).fetchone()
+    return row
+
+
+def settled_exit(db: sqlite3.Connection, child_id: str, output: str) -> ChildExited | None:
+    """The exit a settled child reported (rebuilt from its row), or None if it is not settled.
+
+    Replayed after a restart for a child whose settlement was committed here but never reached
+    the supervisor (the node died in between), so its run can settle too.
+    """
+    row = read_row(db, child_id)
+    if row is None or row["state"] == "running" or not row["proof"]:
+        return None
+    return ChildExited(
+        child_id=child_id,
+        run_id=row["run_id"],
+        state=row["state"],
+        proof=ProcessProof.model_validate_json(row["proof"]),
+        exit_code=row["exit_code"],
+        output=output,
+        error=row["end_message"] or None,
+        timed_out=row["end_reason"] == "timed_out",
+        stopped=row["end_reason"] == "stopped",
+        started_at=row["started_at"],
+        ended_at=row["ended_at"] or row["started_at"] or 0.0,
+    )
+
+
+def running_child_ids(db: sqlite3.Connection) -> list[str]:
+    rows = db.execute(
+        "SELECT child_id FROM children WHERE state = 'running' ORDER BY started_at"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def insert_running(
+    db: sqlite3.Connection,
+    record: ChildRecord,
+    end_reason: str | None = None,
+    end_message: str | None = None,
+) -> None:
+    """The row of a started child; a stop may already have been asked for (`end_*`)."""
+    db.execute(
+        "INSERT INTO children (child_id, run_id, session_id, state, pid, process_start_time, "
+        "identity_start, boot_id, started_at, deadline_at, timeout_s, grace_s, stdout_path, "
+        "stderr_path, end_reason, end_message) "
+        "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.child_id,
+            record.run_id,
+            record.session_id,
+            record.pid,
+            record.start_time,
+            record.identity_start,
+            record.boot_id,
+            record.started_at,
+            record.deadline_at,
+            record.timeout_s,
+            record.grace_s,
+            record.stdout_path,
+            record.stderr_path,
+            end_reason,
+            end_message,
+        ),
+    )
+
+
+def record_end(db: sqlite3.Connection, child_id: str, reason: str, message: str) -> None:
+    db.execute(
+        "UPDATE children SET end_reason = ?, end_message = ? WHERE child_id = ?",
+        (reason, message, child_id),
+    )
+
+
+def write_settlement(db: sqlite3.Connection, record: ChildRecord, event: ChildExited) -> None:
+    """The terminal state and its proof, in the caller's transaction (one row, upserted: a
+    child that never started has no row yet)."""
+    proof = event.proof
+    db.execute(
+        "INSERT INTO children (child_id, run_id, session_id, state, pid, process_start_time, "
+        "started_at, ended_at, deadline_at, timeout_s, grace_s, stdout_path, stderr_path, "
+        "exit_code, signal, proof) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(child_id) DO UPDATE SET state = excluded.state, "
+        "ended_at = excluded.ended_at, exit_code = excluded.exit_code, "
+        "signal = excluded.signal, proof = excluded.proof",
+        (
+            record.child_id,
+            record.run_id,
+            record.session_id,
+            event.state,
+            record.pid,
+            record.start_time,
+            record.started_at,
+            event.ended_at,
+            record.deadline_at,
+            record.timeout_s,
+            record.grace_s,
+            record.stdout_path,
+            record.stderr_path,
+            proof.exit_code,
+            proof.signal,
+            proof.model_dump_json(),
+        ),
+    )
+
+
+def committed(event: ChildEvent, row: sqlite3.Row | None) -> bool:
+    """Did the state this event reports reach the store?"""
+    if row is None:
+        return False
+    return isinstance(event, ChildStarted) or row["state"] != "running"

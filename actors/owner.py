@@ -1,0 +1,322 @@
+"""OwnerActor: the single owner of one family of tables, and the rules every owner follows.
+
+What it owns: its SQLite connection (opened in its own thread), the transaction that groups the
+mutations waiting in its inbox, and the replies that wait for that transaction to commit.
+
+The rules, enforced here so no subclass can forget them:
+- One message at a time (pykka). Each request runs inside a SAVEPOINT: a typed error rolls the
+  request back, so a refused request changes nothing.
+- Group commit: while more messages wait in the inbox, the open transaction keeps growing (up to
+  `GROUP_MAX` requests); when the inbox is empty, the transaction commits and only then are the
+  grouped replies sent. No reply leaves before the state it reports is durable.
+- Crash: an unexpected exception rolls its request back, answers it with `Internal`, commits the
+  rest of the group, reports the crash (the runtime's restart-intensity limit may stop the node)
+  and restarts the actor in place: a fresh connection and `recover()` from the store. Messages
+  still queued survive the restart; in-memory caches do not.
+It must never touch another owner's tables, and never block on another actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pykka
+
+from subagents_node.messages.base import Ack, Message, Request
+from subagents_node.messages.errors import BadRequest, Internal, SubagentsError
+from subagents_node.messages.node import DebugRaise, DebugSleep
+
+log = logging.getLogger(__name__)
+
+Outcome = Message | SubagentsError
+ReplyFn = Callable[[Outcome], None]
+Cancel = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated request and where its outcome goes (a socket reply or an in-process future)."""
+
+    request: Request
+    reply: ReplyFn
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A timer callback or an answer delivered through the inbox, so it runs serialized with
+    requests.
+
+    Each owner subclasses it (frozen and slotted too) next to the code that handles it, one
+    class per thing that happened, and its `on_tick` matches on the class, so mypy checks
+    every field a handler reads.
+    """
+
+
+@dataclass(frozen=True)
+class ActorContext:
+    """Everything an owner needs from the runtime, injected (actors never import runtime)."""
+
+    open_db: Callable[[], sqlite3.Connection]
+    report_crash: Callable[[str, BaseException], None] = lambda name, exc: None
+    schedule: Callable[[float, Callable[[], None]], Cancel] | None = None
+    clock: Callable[[], float] = time.time
+    faults: bool = False
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    #: Send a request to another owner; its outcome arrives through the reply function, on
+    #: another thread (an owner turns it into a Tick of its own for itself). Raises
+    #: Busy/UnknownTarget.
+    dispatch: Callable[[Request, str, ReplyFn], None] | None = None
+
+
+class _Deferred:
+    """Returned by a handler whose reply is sent later with `OwnerActor.reply_later`."""
+
+    __slots__ = ()
+
+
+DEFERRED: Any = _Deferred()
+
+
+class OwnerActor(pykka.ThreadingActor):
+    """Base class for the ledger owners. Subclasses set `name`, `MIGRATIONS` and `handlers()`."""
+
+    name: ClassVar[str] = "owner"
+    #: Ordered DDL scripts for this owner's table family; applied by the runtime's Store.
+    MIGRATIONS: ClassVar[Sequence[str]] = ()
+    GROUP_MAX: ClassVar[int] = 256
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.restarts = 0
+        self._db: sqlite3.Connection | None = None
+        self._pending: list[tuple[ReplyFn, Outcome]] = []
+        self._effects: list[Callable[[], None]] = []
+        self._crashing = False
+        #: The reply function of the request being handled (for handlers that defer).
+        self.current_reply: ReplyFn | None = None
+        self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
+
+    # -- subclass API -------------------------------------------------------------------------
+
+    def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
+        """Map each request class this owner serves to its handler."""
+        return {}
+
+    def recover(self) -> None:
+        """Rebuild whatever the owner keeps besides the store (timers, caches) from the store."""
+
+    def on_tick(self, tick: Tick) -> None:
+        """Handle a tick of this owner's own `Tick` subclasses (`match tick:`); runs in a
+        savepoint like a request."""
+
+    def before_flush(self) -> None:
+        """Called once per group, inside its transaction, just before it commits: the place
+        for work worth doing once per group rather than once per message."""
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        assert self._db is not None, "store connection is opened in on_start"
+        return self._db
+
+    def reply_later(self, reply: ReplyFn, outcome: Outcome) -> None:
+        """Answer a deferred request; delivered, like every reply, after the next commit."""
+        self._pending.append((reply, outcome))
+
+    def after(self, delay_s: float, tick: Tick) -> Cancel:
+        """Deliver `tick` to this actor's inbox after `delay_s` (never blocks, never polls)."""
+        if self.ctx.schedule is None:
+            return lambda: None
+        ref = self.actor_ref
+
+        def fire() -> None:
+            if ref.is_alive():
+                ref.tell(tick)
+
+        return self.ctx.schedule(max(0.0, delay_s), fire)
+
+    # -- pykka hooks --------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        self._db = self.ctx.open_db()
+        self.recover()
+        self._flush()
+
+    def on_stop(self) -> None:
+        self._flush()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Job):
+            self._run(message.request, message.reply)
+        elif isinstance(message, Tick):
+            self._run_tick(message)
+        if len(self._pending) >= self.GROUP_MAX or self.actor_inbox.empty():
+            self._before_flush()
+            self._flush()
+        return None
+
+    # -- the rules ----------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+        self.db.execute("SAVEPOINT request")
+
+    def _release(self) -> None:
+        self.db.execute("RELEASE request")
+
+    def _rollback(self) -> None:
+        """Undo the current message. A store too broken to roll back is left to the restart
+        (`_crashed` reopens the connection; the uncommitted group dies with the old one)."""
+        try:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK TO request")
+                self.db.execute("RELEASE request")
+        except sqlite3.Error:
+            log.exception(
+                "%s: rollback failed; the restart discards the open transaction", self.name
+            )
+
+    def _run(self, request: Request, reply: ReplyFn) -> None:
+        self.current_reply = reply
+        if request.read_only and not self.db.in_transaction:
+            self._run_read_only(request, reply)
+            return
+        try:
+            # Inside the try: an SQLite error on BEGIN (a lock wait that timed out) answers this
+            # message and restarts the owner; it must never end the actor.
+            self._begin()
+            outcome: Outcome = self._handle(request)
+            self._release()
+        except SubagentsError as err:
+            self._rollback()
+            self._pending.append((reply, err))
+            return
+        except Exception as exc:
+            self._rollback()
+            self._pending.append(
+                (reply, Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name))
+            )
+            self._crashed(exc)
+            return
+        if outcome is not DEFERRED:
+            self._pending.append((reply, outcome))
+
+    def _run_read_only(self, request: Request, reply: ReplyFn) -> None:
+        """A query with no group open: answered without the store's write lock, so queries
+        (status views, long-polls) never make other owners' writers wait."""
+        try:
+            outcome: Outcome = self._handle(request)
+        except SubagentsError as err:
+            self._pending.append((reply, err))
+            return
+        except Exception as exc:
+            self._pending.append(
+                (reply, Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name))
+            )
+            self._crashed(exc)
+            return
+        if outcome is not DEFERRED:
+            self._pending.append((reply, outcome))
+
+    def _run_tick(self, tick: Tick) -> None:
+        try:
+            self._begin()
+            self.on_tick(tick)
+            self._release()
+        except Exception as exc:
+            self._rollback()
+            self._crashed(exc)
+
+    def _handle(self, request: Request) -> Message:
+        handler = self._handlers.get(type(request))
+        if handler is not None:
+            return handler(request)
+        if isinstance(request, DebugRaise | DebugSleep):
+            return self._debug(request)
+        raise BadRequest(f"{self.name} does not serve {request.type}", reason="wrong_target")
+
+    def _debug(self, request: DebugRaise | DebugSleep) -> Message:
+        if not self.ctx.faults:
+            raise BadRequest("fault injection is disabled on this node", reason="faults_disabled")
+        if isinstance(request, DebugRaise):
+            raise RuntimeError(f"injected fault in {self.name}")
+        time.sleep(request.ms / 1000)
+        return Ack()
+
+    def after_commit(self, effect: Callable[[], None]) -> None:
+        """Run `effect` once the current group transaction has committed (dropped if the
+        commit fails). For effects that must never get ahead of the state they depend on,
+        like a message to another owner that assumes a record of ours is durable."""
+        self._effects.append(effect)
+
+    def _before_flush(self) -> None:
+        if self._db is None or not self._db.in_transaction:
+            self.before_flush()
+            return
+        self.db.execute("SAVEPOINT request")
+        try:
+            self.before_flush()
+        except Exception as exc:
+            self._rollback()
+            self._crashed(exc)
+            return
+        self._release()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        effects, self._effects = self._effects, []
+        if self._db is not None and self._db.in_transaction:
+            try:
+                self._db.commit()
+            except sqlite3.Error as exc:
+                log.exception(
+                    "%s: commit failed; %d replies turn into errors", self.name, len(pending)
+                )
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.rollback()
+                pending = [
+                    (reply, Internal(f"{self.name} could not commit: {exc}", actor=self.name))
+                    for reply, _ in pending
+                ]
+                self._deliver(pending)
+                self._crashed(exc)
+                return
+        for effect in effects:
+            try:
+                effect()
+            except Exception:
+                log.exception("%s: an after-commit effect failed", self.name)
+        self._deliver(pending)
+
+    def _deliver(self, pending: list[tuple[ReplyFn, Outcome]]) -> None:
+        for reply, outcome in pending:
+            try:
+                reply(outcome)
+            except Exception:
+                log.exception("%s: delivering a reply failed", self.name)
+
+    def _crashed(self, exc: BaseException) -> None:
+        log.error("%s crashed: %r; restarting from the store", self.name, exc, exc_info=exc)
+        if not self._crashing:  # a commit that fails while crashing must not recurse
+            self._crashing = True
+            try:
+                self._flush()
+            finally:
+                self._crashing = False
+        self.restarts += 1
+        self.ctx.report_crash(self.name, exc)
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+        self._db = self.ctx.open_db()
+        self.recover()

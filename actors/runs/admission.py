@@ -1,0 +1,261 @@
+"""Launch admission: the R-ADM-1 pipeline, written as a generator the RunSupervisor drives.
+
+Owns the order of admission and its rollback obligations, nothing else. The generator yields
+each ledger request (capacity, fan-out, session) and receives its result, or has the typed error
+thrown in, so the supervisor never blocks its thread on another owner. Local steps (the run dir,
+the run's rows, starting children) are the host's.
+
+Order (SPEC R-ADM-1, adapted by §0): depth guard -> fan-out authorization -> validation
+(`{previous}`, cwd) -> session spawn preflight -> capacity acquire (top-level background only)
+-> fan-out budget resolve + static claim -> run dir -> spawn reserve -> record + start ->
+mark_started. Once a slot is held, every failure rolls it back (R-ADM-2), and a handle that is
+still unstarted when the pipeline ends, by return or raise, is rolled back (R-ADM-3). Fan-out
+claims made before a later failure stay claimed (R-FAN-15).
+
+Fault injection (tests only): the host's `fault_points` names steps that fail with a typed
+`InjectedFault` (one per rollback point: FAULT_POINTS); the supervisor hands over a non-empty
+set only on a node started with faults enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from subagents_node.actors.runs import runplan
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.capacity import (
+    Acquire,
+    AcquireResult,
+    MarkStarted,
+    MarkWorkflowStarted,
+    Rollback,
+    SlotHandle,
+    Transfer,
+)
+from subagents_node.messages.delivery import check_command
+from subagents_node.messages.errors import (
+    FanoutDescriptorInvalid,
+    FanoutNotAuthorized,
+    InjectedFault,
+    NestedCallBlocked,
+    RunCwdMissing,
+    RunStorageFailed,
+    SubagentsError,
+)
+from subagents_node.messages.fanout import (
+    ClaimPaths,
+    CreateBudget,
+    FanoutDescriptor,
+    FanoutSnapshot,
+    decode_descriptor,
+    extend,
+)
+from subagents_node.messages.session import OpenSession, SpawnPreflight, SpawnReserve
+from subagents_node.messages.supervisor import Launch, RunView, Snapshots
+
+log = logging.getLogger(__name__)
+
+Pipeline = Generator[Request, Message, RunView]
+
+#: The steps at which a failure must roll a held slot back (R-ADM-2), plus the last two (R-ADM-3's
+#: finally-rule; a refused mark_started, R-ADM-5), by the names `fault_points` uses.
+FAULT_POINTS = (
+    "resolve_budget",
+    "claim_paths",
+    "create_run_dir",
+    "reserve_spawns",
+    "record_run",
+    "mark_started",
+)
+
+
+class AdmissionHost(Protocol):
+    """What the pipeline needs from the RunSupervisor (its own state and its children)."""
+
+    @property
+    def fault_points(self) -> frozenset[str]: ...
+
+    def run_dir(self, run_id: str) -> Path: ...
+
+    def check_workflow_child(self, launch: Launch) -> None:
+        """R-FAN-24: refuse internal workflow fields not backed by the workflow's token."""
+
+    def record_and_start(
+        self,
+        launch: Launch,
+        run_id: str,
+        runner_id: str,
+        descriptor: FanoutDescriptor,
+        handle: SlotHandle | None,
+        snapshots: Snapshots,
+        source_run_id: str | None = None,
+    ) -> RunView: ...
+
+
+def _expect(result: Message, kind: type[Any]) -> Any:
+    if not isinstance(result, kind):
+        raise TypeError(f"expected {kind.__name__}, got {type(result).__name__}")
+    return result
+
+
+def validate(launch: Launch) -> None:
+    """Checks that need no ledger: nesting depth, authorization, `{previous}`, directories."""
+    if launch.depth >= launch.max_depth:
+        raise NestedCallBlocked(
+            f"Nested subagent call blocked (depth={launch.depth}, max={launch.max_depth}). "
+            "Raise max_subagent_depth (or SUBAGENTS_MAX_DEPTH) to allow deeper nesting.",
+            depth=launch.depth,
+            max_depth=launch.max_depth,
+        )
+    if launch.depth > 0 and launch.inherited_fanout is None:
+        raise FanoutNotAuthorized(
+            "This child was not given a run fan-out budget, so it may not launch subagents "
+            "(its agent needs `fanout: true`).",
+            depth=launch.depth,
+        )
+    runplan.check_previous(launch)
+    items = launch.items or [item for step in launch.chain for item in step.items]
+    for cwd in [launch.cwd, *(i.cwd for i in items if i.cwd)]:
+        path = Path(launch.cwd, cwd) if cwd else Path(launch.cwd)
+        if not path.is_dir():
+            raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
+    for item in items:
+        check_command(item.agent, launch.env)  # AgentCommandNotFound before any charge
+
+
+def _inject(host: AdmissionHost, point: str) -> None:
+    if point in host.fault_points:
+        raise InjectedFault(f"injected failure at admission step {point}", point=point)
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """R-RES-3/4: what a resume reuses: the source's budget and, if it held one, its slot."""
+
+    source_run_id: str
+    descriptor: FanoutDescriptor
+    transfer: bool
+
+
+def admit(
+    host: AdmissionHost,
+    launch: Launch,
+    run_id: str,
+    runner_id: str,
+    resume: ResumePlan | None = None,
+) -> Pipeline:
+    validate(launch)
+    host.check_workflow_child(launch)
+    # Resumes reuse the source's claim and are not new spawns (R-FAN-23).
+    requested = 0 if resume is not None else runplan.requested_spawns(launch)
+    if requested:
+        yield OpenSession(session_id=launch.session_id, configured_limit=launch.spawns_per_session)
+        yield SpawnPreflight(session_id=launch.session_id, requested=requested)
+
+    handle: SlotHandle | None = None
+    capacity = None
+    started = False
+    try:
+        if runplan.capacity_eligible(launch):
+            take: Request
+            if resume is not None and resume.transfer:
+                # R-CAP-18..20: move the source's slot (or acquire when it holds none).
+                take = Transfer(
+                    session_id=launch.session_id,
+                    limit=launch.capacity_limit,
+                    source_run_id=resume.source_run_id,
+                    run_id=run_id,
+                    async_dir=str(host.run_dir(run_id)),
+                )
+            else:
+                take = Acquire(
+                    session_id=launch.session_id,
+                    limit=launch.capacity_limit,
+                    run_id=run_id,
+                    kind="workflow" if launch.mode == "workflow" else "runner",  # R-TOP-4
+                    async_dir=str(host.run_dir(run_id)),
+                )
+            acquired: AcquireResult = _expect((yield take), AcquireResult)
+            handle, capacity = acquired.handle, acquired.snapshot
+
+        _inject(host, "resolve_budget")
+        if resume is not None:
+            descriptor = resume.descriptor  # R-RES-4: the same budget, nothing claimed
+        else:
+            descriptor = yield from _resolve_budget(launch, run_id)
+        _inject(host, "claim_paths")
+        paths = [] if resume is not None else runplan.static_paths(launch)
+        # An empty batch claims nothing but still validates the descriptor (R-FAN-13).
+        fanout: FanoutSnapshot = _expect(
+            (yield ClaimPaths(descriptor=descriptor, paths=paths)), FanoutSnapshot
+        )
+
+        run_dir = host.run_dir(run_id)
+        _inject(host, "create_run_dir")
+        try:
+            run_dir.mkdir(parents=True, mode=0o700)
+        except OSError as exc:
+            raise RunStorageFailed(
+                f"Failed to create run storage: {exc}", run_dir=str(run_dir)
+            ) from None
+
+        _inject(host, "reserve_spawns")
+        if requested:
+            yield SpawnReserve(session_id=launch.session_id, requested=requested)
+
+        snapshots = Snapshots(
+            capacity_used=capacity.used if capacity else None,
+            capacity_limit=capacity.limit if capacity else None,
+            fanout_used=fanout.used,
+            fanout_limit=fanout.limit,
+            fanout_remaining=fanout.remaining,
+            fanout_root=descriptor.root_run_id,
+        )
+        _inject(host, "record_run")
+        source = resume.source_run_id if resume is not None else None
+        view = host.record_and_start(
+            launch, run_id, runner_id, descriptor, handle, snapshots, source
+        )
+        _inject(host, "mark_started")
+        if handle is not None:
+            mark: Request = (
+                MarkWorkflowStarted(handle=handle)  # R-WF-1 step 5
+                if launch.mode == "workflow"
+                else MarkStarted(handle=handle, runner_id=runner_id, pid=os.getpid())
+            )
+            _expect((yield mark), SlotHandle)
+        started = True
+        return view
+    finally:
+        if handle is not None and not started:
+            try:
+                yield Rollback(handle=handle)  # R-ADM-2 / R-ADM-3
+            except SubagentsError as err:
+                log.error("rollback of run %s's capacity slot failed: %s", run_id, err.message)
+
+
+def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, FanoutDescriptor]:
+    """R-FAN-8: the inherited budget extended by this run's short id, else a new budget.
+
+    A workflow uses an inherited budget unchanged (R-FAN-9, A-13), and so does a workflow
+    child whose host already extended it by `workflow[key]` and claimed it (R-FAN-20).
+    """
+    if launch.inherited_fanout is not None:
+        try:
+            inherited = decode_descriptor(launch.inherited_fanout)
+        except FanoutDescriptorInvalid as err:
+            reason = err.details.get("reason", err.message)
+            raise FanoutDescriptorInvalid(
+                f"Invalid inherited run fan-out budget: {reason}", reason=reason
+            ) from None
+        if launch.mode == "workflow" or launch.fanout_admitted:
+            return inherited
+        return extend(inherited, runplan.short_id(run_id))
+    created = yield CreateBudget(root_run_id=runplan.short_id(run_id), limit=launch.spawns_per_run)
+    descriptor: FanoutDescriptor = _expect(created, FanoutDescriptor)
+    return descriptor

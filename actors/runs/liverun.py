@@ -1,0 +1,193 @@
+"""LiveRun: what the RunSupervisor keeps in memory about one run that is still going.
+
+It holds the run's plan, its queue, its ChildActors and what its settlement needs (outputs,
+proofs, the first error); nothing in it is the truth, the supervisor's tables are. The two
+constructors are the two ways a run becomes live: `new_live_run` writes a newly admitted run's
+rows (in the supervisor's transaction) and `adopt_from_store` rebuilds a run a restarted node
+adopts (with no launch, so it starts no new children and settles once its running ones have).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from subagents_node.actors.owner import Cancel
+from subagents_node.actors.runs import runplan, runstore
+from subagents_node.messages.capacity import SlotHandle
+from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
+from subagents_node.messages.supervisor import Launch, Snapshots
+
+
+@dataclass
+class LiveRun:
+    run_id: str
+    session_id: str
+    runner_id: str
+    run_dir: Path
+    handle: SlotHandle | None
+    launch: Launch | None  # None for runs recovered after a node restart: no new children
+    descriptor: FanoutDescriptor | None
+    groups: list[list[runplan.ChildPlan]] = field(default_factory=list)
+    next_group: int = 0
+    queue: deque[runplan.ChildPlan] = field(default_factory=deque)
+    running: dict[str, int] = field(default_factory=dict)  # child id -> child index
+    refs: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
+    outputs: dict[int, str] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+    error: str = ""
+    failed: bool = False
+    stop_state: str | None = None  # "stopped" (by request) or "failed" (run deadline)
+    proofs: list[str] = field(default_factory=list)  # proof states of ended children
+    settling: bool = False
+    cancel_deadline: Cancel | None = None
+    deadline_ms: int | None = None  # the run-level deadline (R-TMO-5), if it has one
+    #: The pid mark_started recorded for the run's runner (this node). None for a run adopted
+    #: after a restart: the node that started it is gone, so its proof names the runner by id.
+    runner_pid: int | None = None
+    parent_run_id: str | None = None
+    mode: str = ""
+    pending_appends: int = 0
+    pending_steps: int = 0
+
+    def output(self) -> str:
+        """The run's output: the last child's, or every task's, labelled, for parallel runs."""
+        if not self.outputs:
+            return ""
+        if self.launch is not None and self.launch.mode == "parallel":
+            return "\n\n".join(
+                f"[{self.labels.get(i, i)}]\n{out.strip()}"
+                for i, out in sorted(self.outputs.items())
+            )
+        return self.outputs[max(self.outputs)]
+
+    def final_state(self) -> str:
+        if self.stop_state == "stopped":
+            return "stopped"
+        if self.stop_state == "failed" or self.failed:
+            return "failed"
+        return "complete"
+
+
+def adopt_from_store(db: sqlite3.Connection, run_id: str) -> tuple[LiveRun, sqlite3.Row]:
+    """After a node restart: the LiveRun of an unsettled run, rebuilt from its rows.
+
+    It starts no new children (no launch): children still pending are marked stopped and the run
+    will fail once the running ones have settled.
+    """
+    row = runstore.run_row(db, run_id)
+    assert row is not None
+    handle = SlotHandle.model_validate_json(row["capacity"]) if row["capacity"] else None
+    live = LiveRun(
+        run_id=run_id,
+        session_id=row["session_id"],
+        runner_id=row["runner_id"],
+        run_dir=Path(row["run_dir"]),
+        handle=handle,
+        launch=None,
+        descriptor=None,
+        parent_run_id=row["parent_run_id"],
+        mode=row["mode"],
+    )
+    children = db.execute(
+        "SELECT child_id, idx, label, state, output FROM run_children WHERE run_id=?", (run_id,)
+    ).fetchall()
+    for child_id, idx, label, state, output in children:
+        live.labels[idx] = label
+        if state == "running":
+            live.running[child_id] = idx
+        elif state == "pending":
+            runstore.update_child(
+                db,
+                run_id,
+                idx,
+                state="stopped",
+                error="The node restarted before this child started.",
+            )
+            live.failed = True
+            live.error = live.error or "The node restarted before every child started."
+        else:
+            live.outputs[idx] = output
+    return live, row
+
+
+def new_live_run(
+    db: sqlite3.Connection,
+    launch: Launch,
+    run_id: str,
+    runner_id: str,
+    descriptor: FanoutDescriptor,
+    handle: SlotHandle | None,
+    snapshots: Snapshots,
+    source_run_id: str | None,
+    *,
+    run_dir: Path,
+    now: float,
+    workflow_token: str,
+) -> LiveRun:
+    """Write an admitted run and its pending children (one savepoint); its LiveRun."""
+    groups = runplan.plan_children(launch)
+    deadline_ms = runplan.run_deadline_ms(launch)
+    first = groups[0][0].item.agent.name
+    db.execute("SAVEPOINT record_run")
+    runstore.insert_run(
+        db,
+        {
+            "run_id": run_id,
+            "session_id": launch.session_id,
+            "mode": launch.mode,
+            "background": int(launch.background),
+            "state": "running",
+            "label": first if launch.mode == "single" else f"{launch.mode}: {first}",
+            "depth": launch.depth,
+            "parent_run_id": launch.parent_run_id,
+            "root_run_id": descriptor.root_run_id,
+            "run_dir": str(run_dir),
+            "created_at": now,
+            "started_at": now,
+            "deadline_at": now + deadline_ms / 1000 if deadline_ms else None,
+            "runner_id": runner_id,
+            "fanout": encode_descriptor(descriptor),
+            "capacity": handle.model_dump_json() if handle else None,
+            "snapshots": snapshots,
+            "source_run_id": source_run_id,
+            "workflow_key": launch.workflow_key,
+            "workflow_token": workflow_token if launch.mode == "workflow" else None,
+            "intercom": launch.intercom,
+        },
+    )
+    for child in (c for group in groups for c in group):
+        runstore.insert_child(
+            db,
+            {
+                "run_id": run_id,
+                "idx": child.index,
+                "child_id": f"{run_id}-{child.index}",
+                "step": child.step,
+                "label": child.label,
+                "agent": child.item.agent.name,
+                "state": "pending",
+            },
+        )
+    db.execute("RELEASE record_run")
+    return LiveRun(
+        run_id=run_id,
+        session_id=launch.session_id,
+        runner_id=runner_id,
+        run_dir=run_dir,
+        handle=handle,
+        launch=launch,
+        descriptor=descriptor,
+        groups=groups,
+        labels={c.index: c.label for g in groups for c in g},
+        deadline_ms=deadline_ms,
+        runner_pid=os.getpid(),
+        parent_run_id=launch.parent_run_id,
+        mode=launch.mode,
+    )

@@ -1,0 +1,321 @@
+"""Run management: resume, rerun, chain append and the workflow children verdict (SPEC §10-12).
+
+Owns the rules, not the state: each function reads the supervisor's tables and the run's
+recovery descriptor and returns what the RunSupervisor should do (a launch to admit, the paths
+an append claims, whether a workflow's background children are proven). The append pipeline is
+a generator the supervisor drives like admission, so its fan-out calls never block the actor.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Protocol
+
+from subagents_node.actors.pipelines import Durable
+from subagents_node.actors.runs import runplan, runstore
+from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.actors.runs.recovery import read_recovery
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.errors import (
+    AppendRejected,
+    BadRequest,
+    FanoutLimitExceeded,
+    RunNotResumable,
+    SubagentsError,
+    WorkflowChildRefused,
+)
+from subagents_node.messages.fanout import (
+    AbortReservation,
+    CommitReservation,
+    FanoutDescriptor,
+    ReservationGrant,
+    ReservePaths,
+)
+from subagents_node.messages.supervisor import (
+    AppendResult,
+    ChainStep,
+    Launch,
+    Rerun,
+    Resume,
+    TaskItem,
+)
+
+#: How long an append's claims are held while its record becomes durable (R-APP-4).
+APPEND_TTL_S = 300.0
+ACTIVE = ("queued", "running", "paused")
+
+
+def _with_message(item: TaskItem, message: str) -> TaskItem:
+    return item if not message else item.model_copy(update={"task": f"{item.task}\n\n{message}"})
+
+
+def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan]:
+    """R-RES-1..4: the relaunch of a finished run and what it reuses."""
+    run_id, state = str(row["run_id"]), str(row["state"])
+    if state in ACTIVE:
+        raise RunNotResumable(
+            f"Run '{run_id}' is still {state}; it cannot be resumed while it runs.",
+            run_id=run_id,
+            reason=state,
+        )
+    if state == "stopped":
+        raise RunNotResumable(
+            f"Run '{run_id}' was stopped and cannot be resumed. Start a new run instead.",
+            run_id=run_id,
+            reason="stopped",
+        )
+    launch, descriptor = read_recovery(Path(row["run_dir"]), run_id)
+    if launch.mode == "workflow":
+        raise RunNotResumable(
+            f"Run '{run_id}' is a workflow; run its script again instead.",
+            run_id=run_id,
+            reason="workflow",
+        )
+    first = launch.items or [i for step in launch.chain[:1] for i in step.items]
+    update: dict[str, object] = {
+        "env": request.env,
+        "background": True,
+        "depth": request.depth,
+        "capacity_limit": request.capacity_limit,
+        # A resume is a top-level launch of the resuming process (R-RES-3); the budget comes
+        # from the recovery descriptor (R-RES-4), not from an inherited route.
+        "inherited_fanout": None,
+        "parent_run_id": None,
+        "workflow_key": None,
+        "fanout_admitted": False,
+        "workflow_token": None,
+    }
+    if launch.items:
+        update["items"] = [_with_message(i, request.message) for i in first]
+    else:
+        head = launch.chain[0].model_copy(
+            update={"items": [_with_message(i, request.message) for i in first]}
+        )
+        update["chain"] = [head, *launch.chain[1:]]
+    relaunch = launch.model_copy(update=update)
+    plan = ResumePlan(
+        source_run_id=run_id, descriptor=descriptor, transfer=row["capacity"] is not None
+    )
+    return relaunch, plan
+
+
+def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
+    """R-MISC-2's rerun contract: the same parameters, a new task, in the foreground."""
+    run_id, state = str(row["run_id"]), str(row["state"])
+    if state in ACTIVE:
+        raise RunNotResumable(
+            f"Run '{run_id}' is still {state}; rerun needs a finished run.",
+            run_id=run_id,
+            reason=state,
+        )
+    launch, _ = read_recovery(Path(row["run_dir"]), run_id)
+    if launch.mode == "workflow":
+        raise RunNotResumable(
+            f"Run '{run_id}' is a workflow; run its script again instead.",
+            run_id=run_id,
+            reason="workflow",
+        )
+    items = launch.items or [i for step in launch.chain for i in step.items]
+    if request.child >= len(items):
+        raise BadRequest(
+            f"run '{run_id}' has {len(items)} children; there is no child {request.child}",
+            reason="child",
+        )
+    item = items[request.child].model_copy(update={"task": request.task})
+    return launch.model_copy(
+        update={
+            "mode": "single",
+            "env": request.env,
+            "items": [item],
+            "chain": [],
+            "background": False,
+            "workflow_key": None,
+            "fanout_admitted": False,
+            "workflow_token": None,
+        }
+    )
+
+
+def append_paths(start: int, steps: list[ChainStep]) -> list[str]:
+    """R-APP-3: static paths of steps appended at absolute index `start`."""
+    paths: list[str] = []
+    for offset, step in enumerate(steps):
+        index = start + offset
+        if step.parallel:
+            paths += [f"chain[{index}].parallel[{j}]" for j in range(len(step.items))]
+        else:
+            paths.append(f"chain[{index}]")
+    return paths
+
+
+def append_rejected(run_id: str, problem: str, **details: object) -> AppendRejected:
+    return AppendRejected(
+        f"Failed to append step to chain run {run_id}: {problem}", run_id=run_id, **details
+    )
+
+
+class AppendHost(Protocol):
+    @property
+    def db(self) -> sqlite3.Connection: ...
+
+    def clock(self) -> float: ...
+
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
+        """Add the committed steps to the live run; answers its pending-append count."""
+
+
+def append_pipeline(
+    host: AppendHost,
+    run_id: str,
+    descriptor: FanoutDescriptor,
+    steps: list[ChainStep],
+    paths: list[str],
+    pending_after: Callable[[], int],
+) -> Generator[Request | Durable, Message, Message]:
+    """R-APP-4: claims (reserved) -> durable append record -> commit the claims -> queue.
+
+    The record is committed before the claims are: a crash in between leaves a record whose
+    reservation the recovering supervisor commits, so claims exist iff the append does.
+    """
+    try:
+        grant = yield ReservePaths(descriptor=descriptor, paths=paths, ttl_s=APPEND_TTL_S)
+    except FanoutLimitExceeded as err:
+        raise FanoutLimitExceeded(
+            f"Failed to append step to chain run {run_id}: {err.message}", **err.details
+        ) from None
+    assert isinstance(grant, ReservationGrant)
+    row = host.db.execute(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM run_appends WHERE run_id=?", (run_id,)
+    ).fetchone()
+    seq = int(row[0])
+    host.db.execute(
+        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state) "
+        "VALUES(?, ?, ?, ?, ?, 'pending')",
+        (run_id, seq, host.clock(), len(steps), grant.reservation_id),
+    )
+    try:
+        yield Durable(request=CommitReservation(reservation_id=grant.reservation_id))
+    except SubagentsError:
+        host.db.execute("DELETE FROM run_appends WHERE run_id=? AND seq=?", (run_id, seq))
+        raise
+    host.db.execute(
+        "UPDATE run_appends SET state='committed' WHERE run_id=? AND seq=?", (run_id, seq)
+    )
+    host.extend_chain(run_id, steps)
+    pending = pending_after()
+    return AppendResult(
+        run_id=run_id,
+        steps=len(steps),
+        pending_appends=pending,
+        text=(
+            f"Append queued for chain run {run_id}: {len(steps)} step(s). It becomes eligible "
+            f"after the chain's already-queued steps finish. Pending appends: {pending}."
+        ),
+    )
+
+
+def uncommitted_appends(db: sqlite3.Connection) -> list[tuple[str, int, str]]:
+    """Append records whose claims were reserved but maybe not committed (crash recovery)."""
+    rows = db.execute(
+        "SELECT run_id, seq, reservation_id FROM run_appends WHERE state='pending'"
+    ).fetchall()
+    return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+
+def abort_request(reservation_id: str) -> AbortReservation:
+    return AbortReservation(reservation_id=reservation_id)
+
+
+def workflow_children_verdict(db: sqlite3.Connection, run_id: str) -> tuple[bool, str]:
+    """R-CAP-22 rule 7: every child finished, and every background child's tree proven."""
+    rows = db.execute(
+        "SELECT run_id, state, background, workflow_key FROM runs WHERE parent_run_id=? "
+        "ORDER BY created_at",
+        (run_id,),
+    ).fetchall()
+    for child in rows:
+        label = child["workflow_key"] or child["run_id"]
+        if child["state"] in ACTIVE:
+            return False, f"workflow child {label} is still {child['state']}"
+        if not child["background"]:
+            continue  # awaited foreground children are covered by the workflow's settlement
+        proofs = [
+            r[0]
+            for r in db.execute(
+                "SELECT proof_state FROM run_children WHERE run_id=?", (child["run_id"],)
+            ).fetchall()
+        ]
+        bad = [p for p in proofs if p not in ("observed", "not-started")]
+        if bad:
+            return False, (
+                f"async workflow child {label} process-terminal proof is {bad[0] or 'missing'}"
+            )
+    return True, "workflow is terminal, controller is gone, and async children have observed proof"
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def check_appendable(row: sqlite3.Row, live: LiveRun | None) -> FanoutDescriptor:
+    """R-APP-1/2: the run must be a running background chain with a step still to come."""
+    run_id = str(row["run_id"])
+    if row["mode"] != "chain" or not row["background"]:
+        raise append_rejected(run_id, "it is not a background chain run")
+    if live is None or live.launch is None or live.stop_state or live.settling:
+        raise append_rejected(run_id, f"the run is {row['state']}")
+    busy = live.running or live.queue or live.next_group < len(live.groups)
+    if not busy and not live.pending_appends:
+        raise append_rejected(run_id, "no step is running or pending")
+    if live.descriptor is None:
+        raise append_rejected(run_id, f"Run '{run_id}' is missing its run fan-out budget identity.")
+    return live.descriptor
+
+
+def extend_chain(db: sqlite3.Connection, live: LiveRun, steps: list[ChainStep]) -> None:
+    """Committed appended steps become the chain's last groups, their children pending."""
+    index = len(live.labels)
+    for step in steps:
+        number = len(live.groups)
+        group = []
+        for j, item in enumerate(step.items):
+            label = f"chain[{number}].parallel[{j}]" if step.parallel else f"chain[{number}]"
+            group.append(runplan.ChildPlan(index, number, label, label, item))
+            runstore.insert_child(
+                db,
+                {
+                    "run_id": live.run_id,
+                    "idx": index,
+                    "child_id": f"{live.run_id}-{index}",
+                    "step": number,
+                    "label": label,
+                    "agent": item.agent.name,
+                    "state": "pending",
+                },
+            )
+            live.labels[index] = label
+            index += 1
+        live.groups.append(group)
+
+
+def check_workflow_child(db: sqlite3.Connection, launch: Launch) -> None:
+    """R-FAN-24: only the running workflow's own host (its token) may pass workflow fields."""
+    if not (launch.workflow_key or launch.fanout_admitted or launch.workflow_token):
+        return
+    parent = runstore.run_row(db, launch.parent_run_id) if launch.parent_run_id else None
+    if (
+        parent is None
+        or parent["mode"] != "workflow"
+        or parent["state"] != "running"
+        or not launch.workflow_token
+        or parent["workflow_token"] != launch.workflow_token
+        or not launch.workflow_key
+    ):
+        raise WorkflowChildRefused(
+            "Public execution does not accept internal run fan-out fields.",
+            workflow_key=launch.workflow_key,
+        )

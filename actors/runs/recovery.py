@@ -1,0 +1,64 @@
+"""The recovery descriptor: what a finished run needs to be resumed or rerun (R-FAN-6, R-RES-2).
+
+Owns one file per run, `<run dir>/recovery.json` (mode 0600: it holds the launch and its task
+text, which resume and rerun need), written before the run's children start. The launcher's
+environment is never written (it may hold credentials): a resume or rerun runs with the
+environment of whoever asks for it.
+The fan-out descriptor inside it is validated on read, so a chained resume keeps using one
+budget (R-RES-4). It is never logged and never shown by `debug-run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from subagents_node.messages.errors import FanoutDescriptorInvalid, RunNotResumable
+from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
+from subagents_node.messages.supervisor import Launch
+
+RECOVERY = "recovery.json"
+
+
+def write_recovery(run_dir: Path, launch: Launch, descriptor: str) -> None:
+    """Atomic, private write; raises OSError for the caller's rollback (R-FAN-6)."""
+    launch = launch.model_copy(update={"env": None})
+    data = {"version": 1, "launch": launch.model_dump(mode="json"), "fanout": descriptor}
+    tmp = run_dir / f".{RECOVERY}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    tmp.replace(run_dir / RECOVERY)
+
+
+def read_recovery(run_dir: Path, run_id: str) -> tuple[Launch, FanoutDescriptor]:
+    path = run_dir / RECOVERY
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunNotResumable(
+            f"Async child '{run_id}' is missing its required run fan-out recovery identity. "
+            "Start a new run instead.",
+            run_id=run_id,
+            reason="no_recovery",
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise RunNotResumable(
+            f"Invalid persisted run fan-out budget '{path}': {exc}",
+            run_id=run_id,
+            reason="invalid_recovery",
+        ) from None
+    try:
+        launch = Launch.model_validate(data["launch"])
+        descriptor = decode_descriptor(str(data["fanout"]))
+    except (KeyError, TypeError, ValidationError, FanoutDescriptorInvalid) as exc:
+        reason = getattr(exc, "message", str(exc))
+        raise RunNotResumable(
+            f"Invalid persisted run fan-out budget '{path}': {reason}",
+            run_id=run_id,
+            reason="invalid_recovery",
+        ) from None
+    return launch, descriptor

@@ -1,0 +1,304 @@
+"""The RunSupervisor's tables: runs, their children, and their event log.
+
+Owns the SQL of the "supervisor" table family and the mapping between rows and the views sent
+to clients. Only the RunSupervisor's connection calls these functions (one writer per family).
+Task text is never stored (R-MISC-1): rows hold labels, agent names, states and outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from subagents_node.messages.supervisor import (
+    ChildView,
+    IntercomMessage,
+    RunEvent,
+    RunView,
+    Snapshots,
+)
+
+MIGRATIONS = (
+    """
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        background INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        label TEXT NOT NULL,
+        depth INTEGER NOT NULL,
+        parent_run_id TEXT,
+        root_run_id TEXT NOT NULL,
+        run_dir TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        deadline_at REAL,
+        error TEXT NOT NULL DEFAULT '',
+        output TEXT NOT NULL DEFAULT '',
+        runner_id TEXT NOT NULL,
+        fanout TEXT NOT NULL DEFAULT '',
+        capacity TEXT,
+        snapshots TEXT NOT NULL
+    );
+    CREATE INDEX runs_by_session ON runs(session_id, created_at);
+    CREATE INDEX runs_by_state ON runs(state);
+    CREATE TABLE run_children (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        idx INTEGER NOT NULL,
+        child_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        label TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        state TEXT NOT NULL,
+        pid INTEGER,
+        exit_code INTEGER,
+        signal INTEGER,
+        started_at REAL,
+        ended_at REAL,
+        error TEXT NOT NULL DEFAULT '',
+        output TEXT NOT NULL DEFAULT '',
+        stdout_path TEXT NOT NULL DEFAULT '',
+        stderr_path TEXT NOT NULL DEFAULT '',
+        proof_state TEXT,
+        PRIMARY KEY (run_id, idx)
+    );
+    CREATE UNIQUE INDEX run_children_by_id ON run_children(child_id);
+    CREATE TABLE run_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX run_events_by_run ON run_events(run_id, seq)
+    """,
+    # 2: resume, workflows, intercom and chain appends.
+    """
+    ALTER TABLE runs ADD COLUMN source_run_id TEXT;
+    ALTER TABLE runs ADD COLUMN workflow_key TEXT;
+    ALTER TABLE runs ADD COLUMN workflow_token TEXT;
+    ALTER TABLE runs ADD COLUMN intercom TEXT NOT NULL DEFAULT 'on';
+    CREATE INDEX runs_by_parent ON runs(parent_run_id);
+    CREATE TABLE run_appends (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        seq INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        steps INTEGER NOT NULL,
+        reservation_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    )
+    """,
+)
+
+_RUN_COLUMNS = (
+    "run_id, session_id, mode, background, state, label, depth, parent_run_id, root_run_id, "
+    "run_dir, created_at, started_at, ended_at, deadline_at, error, output, runner_id, fanout, "
+    "capacity, snapshots, source_run_id, workflow_key, workflow_token, intercom"
+)
+
+
+def insert_run(db: sqlite3.Connection, row: dict[str, Any]) -> None:
+    row = {
+        "error": "",
+        "output": "",
+        "intercom": "on",
+        **row,
+        "snapshots": row["snapshots"].model_dump_json(),
+    }
+    names = _RUN_COLUMNS.split(", ")
+    db.execute(
+        f"INSERT INTO runs({_RUN_COLUMNS}) VALUES({', '.join('?' for _ in names)})",
+        [row.get(n) for n in names],
+    )
+
+
+def update_run(db: sqlite3.Connection, run_id: str, **fields: Any) -> None:
+    if "snapshots" in fields:
+        fields["snapshots"] = fields["snapshots"].model_dump_json()
+    sets = ", ".join(f"{k}=?" for k in fields)
+    db.execute(f"UPDATE runs SET {sets} WHERE run_id=?", [*fields.values(), run_id])
+
+
+def insert_child(db: sqlite3.Connection, row: dict[str, Any]) -> None:
+    names = list(row)
+    db.execute(
+        f"INSERT INTO run_children({', '.join(names)}) VALUES({', '.join('?' for _ in names)})",
+        [row[n] for n in names],
+    )
+
+
+def update_child(db: sqlite3.Connection, run_id: str, idx: int, **fields: Any) -> None:
+    sets = ", ".join(f"{k}=?" for k in fields)
+    db.execute(
+        f"UPDATE run_children SET {sets} WHERE run_id=? AND idx=?", [*fields.values(), run_id, idx]
+    )
+
+
+def append_event(
+    db: sqlite3.Connection, run_id: str, ts: float, kind: str, data: dict[str, Any]
+) -> RunEvent:
+    cur = db.execute(
+        "INSERT INTO run_events(run_id, ts, kind, data) VALUES(?, ?, ?, ?)",
+        (run_id, ts, kind, json.dumps(data)),
+    )
+    return RunEvent(seq=int(cur.lastrowid or 0), ts=ts, kind=kind, data=data)
+
+
+def events_after(db: sqlite3.Connection, run_id: str, after_seq: int) -> list[RunEvent]:
+    rows = db.execute(
+        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND seq>? ORDER BY seq",
+        (run_id, after_seq),
+    ).fetchall()
+    return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
+
+
+def events_of_kind(db: sqlite3.Connection, run_id: str, kind: str) -> list[RunEvent]:
+    rows = db.execute(
+        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND kind=? ORDER BY seq",
+        (run_id, kind),
+    ).fetchall()
+    return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
+
+
+def child_runs(db: sqlite3.Connection, parent_run_id: str) -> list[sqlite3.Row]:
+    rows: list[sqlite3.Row] = db.execute(
+        "SELECT run_id, state, background, workflow_key FROM runs WHERE parent_run_id=?",
+        (parent_run_id,),
+    ).fetchall()
+    return rows
+
+
+def proof_states(db: sqlite3.Connection, run_id: str) -> list[str | None]:
+    rows = db.execute("SELECT proof_state FROM run_children WHERE run_id=?", (run_id,))
+    return [r[0] for r in rows.fetchall()]
+
+
+def all_events_after(db: sqlite3.Connection, after_seq: int, limit: int) -> list[RunEvent]:
+    rows = db.execute(
+        "SELECT seq, ts, kind, data, run_id FROM run_events WHERE seq>? ORDER BY seq LIMIT ?",
+        (after_seq, limit),
+    ).fetchall()
+    return [
+        RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3]), run_id=r[4]) for r in rows
+    ]
+
+
+def last_event_seq(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT MAX(seq) FROM run_events").fetchone()
+    return int(row[0] or 0)
+
+
+def resolve_run_id(db: sqlite3.Connection, run_id_or_prefix: str) -> str | None:
+    """An exact id, else a unique prefix; None when nothing matches. Ambiguity is an error."""
+    row = db.execute("SELECT run_id FROM runs WHERE run_id=?", (run_id_or_prefix,)).fetchone()
+    if row:
+        return str(row[0])
+    escaped = run_id_or_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    rows = db.execute(
+        "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' LIMIT 2", (escaped + "%",)
+    ).fetchall()
+    if len(rows) > 1:
+        raise LookupError(run_id_or_prefix)
+    return str(rows[0][0]) if rows else None
+
+
+def run_row(db: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = db.execute(
+        f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,)
+    ).fetchone()
+    return row
+
+
+def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
+    row = run_row(db, run_id)
+    if row is None:
+        return None
+    children = db.execute(
+        "SELECT child_id, idx, label, agent, state, pid, exit_code, signal, started_at, "
+        "ended_at, error, output, stdout_path, stderr_path, proof_state FROM run_children "
+        "WHERE run_id=? ORDER BY idx",
+        (run_id,),
+    ).fetchall()
+    return RunView(
+        run_id=row["run_id"],
+        session_id=row["session_id"],
+        mode=row["mode"],
+        background=bool(row["background"]),
+        state=row["state"],
+        label=row["label"],
+        depth=row["depth"],
+        parent_run_id=row["parent_run_id"],
+        root_run_id=row["root_run_id"],
+        run_dir=row["run_dir"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        deadline_at=row["deadline_at"],
+        error=row["error"],
+        output=row["output"],
+        snapshots=Snapshots.model_validate_json(row["snapshots"]),
+        fanout_descriptor=row["fanout"],
+        runner_id=row["runner_id"],
+        source_run_id=row["source_run_id"],
+        workflow_key=row["workflow_key"],
+        intercom=[
+            IntercomMessage(
+                run_id=run_id,
+                child_id=str(e.data.get("child") or ""),
+                text=str(e.data["text"]),
+                ts=e.ts,
+            )
+            for e in events_of_kind(db, run_id, "intercom")
+        ],
+        children=[
+            ChildView(
+                child_id=c[0],
+                index=c[1],
+                label=c[2],
+                agent=c[3],
+                state=c[4],
+                pid=c[5],
+                exit_code=c[6],
+                signal=c[7],
+                started_at=c[8],
+                ended_at=c[9],
+                error=c[10],
+                output=c[11],
+                stdout_path=c[12],
+                stderr_path=c[13],
+                proof_state=c[14],
+            )
+            for c in children
+        ],
+    )
+
+
+def list_runs(
+    db: sqlite3.Connection,
+    session_id: str | None,
+    active_only: bool,
+    limit: int,
+    root_run_id: str | None = None,
+) -> list[str]:
+    clauses: list[str] = []
+    args: list[Any] = []
+    for column, value in (("session_id", session_id), ("root_run_id", root_run_id)):
+        if value is not None:
+            clauses.append(f"{column}=?")
+            args.append(value)
+    if active_only:
+        clauses.append("state IN ('queued', 'running', 'paused')")
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = db.execute(
+        f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT ?", [*args, limit]
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def unsettled_runs(db: sqlite3.Connection) -> list[str]:
+    rows = db.execute("SELECT run_id FROM runs WHERE state IN ('queued', 'running', 'paused')")
+    return [str(r[0]) for r in rows.fetchall()]

@@ -1,0 +1,692 @@
+"""RunSupervisor: the owner of every run record, and the driver of every run's children.
+
+Owns the "supervisor" table family (runs, run_children, run_events; see runs/runstore.py), the
+live runs of this node (their plans, their ChildActors, their deadlines) and the watchers
+waiting on run events. It admits launches through `runs/admission.py` (ledger calls go out as
+messages; their answers come back as `Answer` ticks, routed by the call's typed key, so this
+thread never blocks on another owner), starts children group by group (parallel with a
+concurrency cap; chain steps in order, with `{previous}`), and settles each run once its last
+child has process-terminal proof: the run's state, its events, the session's view of it, and
+the capacity report that frees its slot.
+
+It never reads another owner's tables, never kills a process itself (ChildActors do), and never
+stores task text (R-MISC-1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Generator, Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeAlias
+
+import pykka
+
+from subagents_node.actors.child.actor import recover_children, start_child, stop_child
+from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
+from subagents_node.actors.pipelines import Pipelines
+from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
+from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
+from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
+from subagents_node.actors.runs.recovery import write_recovery
+from subagents_node.actors.runs.watchers import RunWatchers, WatchTimeout
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.capacity import SlotHandle
+from subagents_node.messages.errors import (
+    IntercomOff,
+    RunIdAmbiguous,
+    RunNotFound,
+    RunStorageFailed,
+    SubagentsError,
+)
+from subagents_node.messages.fanout import (
+    CommitReservation,
+    FanoutDescriptor,
+    FanoutSnapshot,
+    ReadSnapshot,
+    decode_descriptor,
+    encode_descriptor,
+)
+from subagents_node.messages.runs import ChildEvent, ChildExited, ChildStarted
+from subagents_node.messages.session import TrackRun
+from subagents_node.messages.supervisor import (
+    Append,
+    ChainStep,
+    Intercom,
+    IntercomMessage,
+    Launch,
+    LaunchResult,
+    ListRuns,
+    Rerun,
+    Resume,
+    RunList,
+    RunView,
+    Show,
+    Snapshots,
+    Stop,
+    Watch,
+    WatchAll,
+)
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+
+
+# -- call keys: what the answer to a call to another owner is for ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchKey:
+    """The admission pipeline of run `run_id` (a launch, resume or rerun)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppendKey:
+    """An append pipeline on run `run_id`; `token` tells concurrent appends apart."""
+
+    run_id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppendFix:
+    """Recovery committing the reservation of durable append record `seq` (R-APP-4)."""
+
+    run_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """The budget read of a run that is ending; its answer settles the run."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """Bookkeeping: the session's view of the run's state (a failure is only logged)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Bookkeeping: a capacity report about the run's slot (a failure is only logged)."""
+
+    run_id: str
+
+
+CallKey: TypeAlias = LaunchKey | AppendKey | AppendFix | Settle | Track | Report
+
+
+# -- ticks ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer(Tick):
+    """Another owner answered the call named by `key` (what the pipelines deliver)."""
+
+    key: CallKey
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEventArrived(Tick):
+    """A ChildActor reports that its child started or exited (committed on its side)."""
+
+    event: ChildEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Advance(Tick):
+    """Run `run_id` may have children to start or be done: steps were appended, or a child
+    could not start. Told after the commit that records the change, so the run moves on from
+    durable state."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunDeadline(Tick):
+    """Run `run_id`'s own deadline passed."""
+
+    run_id: str
+
+
+class RunSupervisor(OwnerActor):
+    name = "supervisor"
+    MIGRATIONS = runstore.MIGRATIONS
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._live: dict[str, LiveRun] = {}
+        self._pipelines: Pipelines[CallKey] = Pipelines(
+            ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
+        )
+        self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
+        self._watchers = RunWatchers(self.after, self.reply_later)
+        self._recovered = False
+        #: Settled workflows whose background children still lack proof (R-CAP-22): their
+        #: slot is re-reported whenever one of those children settles.
+        self._unproven_workflows: set[str] = set()
+
+    def on_stop(self) -> None:
+        """Stopping with the node leaves children running (the next node adopts them), but
+        their actors stop with us: a program that embeds a node must be able to exit."""
+        for live in self._live.values():
+            for ref in live.refs.values():
+                with suppress(pykka.ActorDeadError):
+                    ref.stop(block=False)
+        super().on_stop()
+
+    def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
+        return {
+            Launch: self._launch,
+            Watch: self._watch,
+            WatchAll: self._watch_all,
+            Show: self._show,
+            ListRuns: self._list,
+            Stop: self._stop_run,
+            Resume: self._resume,
+            Rerun: self._rerun,
+            Append: self._append,
+            Intercom: self._intercom,
+        }
+
+    # -- settings -----------------------------------------------------------------------------
+
+    @property
+    def _runs_root(self) -> Path:
+        return Path(str(self.ctx.settings.get("runs_dir", "runs")))
+
+    def run_dir(self, run_id: str) -> Path:
+        return self._runs_root / run_id
+
+    @property
+    def fault_points(self) -> frozenset[str]:
+        """Admission steps told to fail (tests): honoured only on a node started with faults."""
+        if not self.ctx.faults:
+            return frozenset()
+        return frozenset(str(p) for p in self.ctx.settings.get("fault_points", ()))
+
+    # -- start and recovery -------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a node restart: settle or keep watching the runs the store says are going.
+
+        Runs only once per node process: an in-place restart after a crash keeps the live runs
+        (their ChildActors still report to this actor).
+        """
+        if self._recovered:
+            return
+        self._recovered = True
+        for run_id, seq, reservation in management.uncommitted_appends(self.db):
+            # R-APP-4 after a crash: the record is durable, so its claims must be too.
+            self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
+        unsettled = runstore.unsettled_runs(self.db)
+        for run_id in unsettled:
+            self._adopt_run(run_id)
+        if unsettled:
+            # Keep the adopted children's actors: a stop or a run deadline must reach them.
+            waiting = [c for live in self._live.values() for c in live.running]
+            refs = recover_children(self.ctx, self._to_self(ChildEventArrived), waiting)
+            for live in self._live.values():
+                live.refs.update({c: refs[c] for c in live.running if c in refs})
+        for run_id in list(self._live):
+            self._advance(self._live[run_id])
+
+    def _adopt_run(self, run_id: str) -> None:
+        live, row = adopt_from_store(self.db, run_id)
+        self._live[run_id] = live
+        if row["deadline_at"] is not None and row["started_at"] is not None:
+            # The run's own deadline outlives the node that set it; it may have passed already.
+            live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
+            remaining = max(0.0, row["deadline_at"] - self.ctx.clock())
+            live.cancel_deadline = self.after(remaining, RunDeadline(run_id))
+        self._event(run_id, "run.recovered", {"running": len(live.running)})
+
+    # -- launch -------------------------------------------------------------------------------
+
+    def _launch(self, request: Launch, resume: ResumePlan | None = None) -> Message:
+        run_id = uuid.uuid4().hex[:12]
+        runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
+        assert self.current_reply is not None
+        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
+        self._pipelines.start(LaunchKey(run_id), pipeline, self.current_reply)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def _resume(self, request: Resume) -> Message:
+        row = runstore.run_row(self.db, self._resolve(request.run_id))
+        assert row is not None
+        launch, plan = management.resume_launch(row, request)
+        return self._launch(launch, plan)
+
+    def _rerun(self, request: Rerun) -> Message:
+        row = runstore.run_row(self.db, self._resolve(request.run_id))
+        assert row is not None
+        return self._launch(management.rerun_launch(row, request))
+
+    def _append(self, request: Append) -> Message:
+        """R-APP-1..4: queue steps on a running background chain, claims and record together."""
+        run_id = self._resolve(request.run_id)
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None and self.current_reply is not None
+        live = self._live.get(run_id)
+        descriptor = management.check_appendable(row, live)
+        assert live is not None
+        paths = management.append_paths(len(live.groups) + live.pending_steps, request.steps)
+        live.pending_appends += 1
+        live.pending_steps += len(request.steps)
+        key = AppendKey(run_id, uuid.uuid4().hex[:8])
+        count = len(request.steps)
+
+        def pending_after() -> int:
+            self._appending.pop(key, None)
+            live.pending_appends -= 1
+            live.pending_steps -= count
+            return live.pending_appends
+
+        pipeline = management.append_pipeline(
+            self, run_id, descriptor, list(request.steps), paths, pending_after
+        )
+        self._appending[key] = (live, count)
+        self._pipelines.start(key, pipeline, self.current_reply)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def clock(self) -> float:
+        return self.ctx.clock()
+
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
+        """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
+        live = self._live[run_id]
+        management.extend_chain(self.db, live, steps)
+        self._event(run_id, "chain.append", {"steps": len(steps)})
+        # Start the new steps (if the chain was idle) once this transaction has committed.
+        advance = self._to_self(Advance)
+        self.after_commit(lambda: advance(run_id))
+        return live.pending_appends
+
+    def _intercom(self, request: Intercom) -> Message:
+        """R-ICB: a child's message to its run; refused when the run has intercom off."""
+        run_id = self._resolve(request.run_id)
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        if row["intercom"] == "off":
+            raise IntercomOff(f"Intercom is off for run {run_id}.", run_id=run_id)
+        now = self.ctx.clock()
+        self._event(run_id, "intercom", {"child": request.child_id or None, "text": request.text})
+        return IntercomMessage(run_id=run_id, child_id=request.child_id, text=request.text, ts=now)
+
+    def check_workflow_child(self, launch: Launch) -> None:
+        """AdmissionHost, R-FAN-24: only the live workflow's own host may pass its fields."""
+        management.check_workflow_child(self.db, launch)
+
+    def _failed(self, key: CallKey, reason: str) -> None:
+        """A pipeline ended with an error: a failed append no longer holds its chain open
+        (R-APP-1's pending count), and a launch that failed after its run started must not go
+        on unaccounted (R-ADM-5): the run's children are stopped and the run fails."""
+        match key:
+            case AppendKey():
+                entry = self._appending.pop(key, None)
+                if entry is not None:
+                    live, steps = entry
+                    live.pending_appends -= 1
+                    live.pending_steps -= steps
+                    self._advance(live)
+            case LaunchKey(run_id=run_id):
+                live_run = self._live.get(run_id)
+                if live_run is not None and live_run.stop_state is None:
+                    self._stop_live(live_run, "failed", reason)
+
+    def _to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
+        """A callback (run on another thread) that delivers the tick `make` builds to us."""
+        ref = self.actor_ref
+
+        def deliver(*args: P.args, **kwargs: P.kwargs) -> None:
+            with suppress(pykka.ActorDeadError):  # the node is stopping: nobody to tell
+                ref.tell(make(*args, **kwargs))
+
+        return deliver
+
+    def _call(self, key: CallKey, request: Request) -> None:
+        """A bookkeeping request to another owner (its answer is only logged if it fails)."""
+        self._pipelines.call(key, request)
+
+    def on_tick(self, tick: Tick) -> None:
+        match tick:
+            case Answer(key=AppendFix(run_id=run_id, seq=seq), outcome=outcome):
+                state = "committed" if not isinstance(outcome, SubagentsError) else "expired"
+                self.db.execute(
+                    "UPDATE run_appends SET state=? WHERE run_id=? AND seq=?",
+                    (state, run_id, seq),
+                )
+            case Answer(key=Settle(run_id=run_id), outcome=outcome):
+                live = self._live.get(run_id)
+                if live is not None:
+                    self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
+            case Answer(key=key, outcome=outcome):
+                # Launch and append keys resume their pipeline. Track and Report name none:
+                # their work is done by the callee, so only a failure is worth a line.
+                if not self._pipelines.resume(key, outcome) and isinstance(outcome, SubagentsError):
+                    log.error("supervisor bookkeeping call failed: %s", outcome.message)
+            case ChildEventArrived(event=event):
+                self._on_child_event(event)
+            case Advance(run_id=run_id):
+                live = self._live.get(run_id)
+                if live is not None:
+                    self._advance(live)
+            case RunDeadline(run_id=run_id):
+                live = self._live.get(run_id)
+                if live is not None and live.stop_state is None and live.deadline_ms:
+                    self._stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
+            case WatchTimeout(key=watch_key, watcher_id=watcher_id):
+                self._watchers.expired(self.db, watch_key, watcher_id)
+
+    def record_and_start(
+        self,
+        launch: Launch,
+        run_id: str,
+        runner_id: str,
+        descriptor: FanoutDescriptor,
+        handle: SlotHandle | None,
+        snapshots: Snapshots,
+        source_run_id: str | None = None,
+    ) -> RunView:
+        """AdmissionHost: write the run and its pending children, then start the first group."""
+        now = self.ctx.clock()
+        try:  # R-FAN-6: the recovery descriptor exists before any child starts
+            write_recovery(self.run_dir(run_id), launch, encode_descriptor(descriptor))
+        except OSError as exc:
+            raise RunStorageFailed(f"Failed to create run storage: {exc}") from None
+        live = new_live_run(
+            self.db,
+            launch,
+            run_id,
+            runner_id,
+            descriptor,
+            handle,
+            snapshots,
+            source_run_id,
+            run_dir=self.run_dir(run_id),
+            now=now,
+            workflow_token=management.new_token(),
+        )
+        deadline_ms = live.deadline_ms
+        self._live[run_id] = live
+        self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
+        if deadline_ms:
+            live.cancel_deadline = self.after(deadline_ms / 1000, RunDeadline(run_id))
+        # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
+        track = TrackRun(session_id=launch.session_id, run_id=run_id, state="running")
+        self._call(Track(run_id), track)
+        self._advance(live)
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        return view
+
+    # -- children -----------------------------------------------------------------------------
+
+    def _advance(self, live: LiveRun) -> None:
+        """Start what may start now; settle the run when nothing runs and nothing may start."""
+        launch = live.launch
+        may_start = (
+            launch is not None
+            and live.stop_state is None
+            and (not live.failed or launch.mode == "parallel")  # a failed chain step ends it
+        )
+        if may_start:
+            assert launch is not None
+            if not live.queue and not live.running and live.next_group < len(live.groups):
+                live.queue.extend(live.groups[live.next_group])
+                live.next_group += 1
+            # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
+            limit = launch.concurrency if launch.mode == "parallel" else max(1, len(live.queue))
+            while live.queue and len(live.running) < limit:
+                self._start_child(live, launch, live.queue.popleft())
+        nothing_left = (
+            not live.queue and live.next_group >= len(live.groups) and not live.pending_appends
+        )
+        if not live.running and (not may_start or nothing_left):
+            self._finish(live)
+
+    def _start_child(self, live: LiveRun, launch: Launch, child: runplan.ChildPlan) -> None:
+        token = None
+        if launch.mode == "workflow":
+            row = runstore.run_row(self.db, live.run_id)
+            token = str(row["workflow_token"]) if row is not None else None
+        address = str(self.ctx.settings.get("node_address", ""))
+        try:
+            spec = child_launch.child_spec(live, launch, child, address, token)
+        except SubagentsError as err:
+            # Admission checked the command and cwd; one that vanished since fails this child
+            # (no process ever existed: not-started) instead of the supervisor.
+            self._child_not_started(live, child, err.message)
+            return
+        live.refs[spec.child_id] = start_child(self.ctx, spec, self._to_self(ChildEventArrived))
+        live.running[spec.child_id] = child.index
+        runstore.update_child(
+            self.db,
+            live.run_id,
+            child.index,
+            state="running",
+            stdout_path=spec.stdout_path,
+            stderr_path=spec.stderr_path,
+        )
+
+    def _child_not_started(self, live: LiveRun, child: runplan.ChildPlan, error: str) -> None:
+        now = self.ctx.clock()
+        runstore.update_child(
+            self.db,
+            live.run_id,
+            child.index,
+            state="failed",
+            ended_at=now,
+            error=error,
+            proof_state="not-started",
+        )
+        self._event(live.run_id, "child.exited", {"child": child.index, "state": "failed"})
+        live.proofs.append("not-started")
+        live.failed = True
+        live.error = live.error or error
+        advance = self._to_self(Advance)
+        self.after_commit(lambda: advance(live.run_id))
+
+    def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
+        row = self.db.execute(
+            "SELECT run_id, idx FROM run_children WHERE child_id=?", (event.child_id,)
+        ).fetchone()
+        if row is None:
+            log.warning("event for unknown child %s", event.child_id)
+            return
+        run_id, idx = str(row[0]), int(row[1])
+        if isinstance(event, ChildStarted):
+            runstore.update_child(
+                self.db, run_id, idx, pid=event.pid, started_at=event.started_at, state="running"
+            )
+            self._event(run_id, "child.started", {"child": idx, "pid": event.pid})
+            return
+        runstore.update_child(
+            self.db,
+            run_id,
+            idx,
+            state=event.state,
+            exit_code=event.exit_code,
+            signal=event.proof.signal,
+            started_at=event.started_at,
+            ended_at=event.ended_at,
+            error=event.error or "",
+            output=event.output,
+            proof_state=event.proof.state,
+        )
+        self._event(
+            run_id,
+            "child.exited",
+            {"child": idx, "state": event.state, "exit_code": event.exit_code},
+        )
+        live = self._live.get(run_id)
+        if live is None:
+            return
+        live.running.pop(event.child_id, None)
+        live.refs.pop(event.child_id, None)
+        live.outputs[idx] = event.output
+        live.proofs.append(event.proof.state)
+        if event.state != "complete" and live.stop_state is None:
+            live.failed = True
+            live.error = live.error or (event.error or f"child {live.labels.get(idx)} failed")
+        self._advance(live)
+
+    # -- settle -------------------------------------------------------------------------------
+
+    def _finish(self, live: LiveRun) -> None:
+        """Read the run's budget as it ends (R-FAN-26: nested claims included), then settle."""
+        if live.settling:
+            return
+        live.settling = True
+        row = runstore.run_row(self.db, live.run_id)
+        encoded = row["fanout"] if row is not None else ""
+        if not encoded:
+            self._settle(live, None)
+            return
+        self._call(Settle(live.run_id), ReadSnapshot(descriptor=decode_descriptor(encoded)))
+
+    def _settle(self, live: LiveRun, fanout: FanoutSnapshot | None) -> None:
+        now = self.ctx.clock()
+        if fanout is not None:
+            row = runstore.run_row(self.db, live.run_id)
+            assert row is not None
+            snapshots = Snapshots.model_validate_json(row["snapshots"]).model_copy(
+                update={
+                    "fanout_used": fanout.used,
+                    "fanout_limit": fanout.limit,
+                    "fanout_remaining": fanout.remaining,
+                }
+            )
+            runstore.update_run(self.db, live.run_id, snapshots=snapshots)
+        state = live.final_state()
+        self.db.execute(
+            "UPDATE run_children SET state='stopped' WHERE run_id=? AND state='pending'",
+            (live.run_id,),
+        )
+        runstore.update_run(
+            self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
+        )
+        self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        view = runstore.view(self.db, live.run_id)
+        if view is not None:
+            settlement.write_summary(view)
+        if live.cancel_deadline is not None:
+            live.cancel_deadline()
+        if live.handle is not None:
+            verdict = (False, "")
+            if live.mode == "workflow":
+                verdict = management.workflow_children_verdict(self.db, live.run_id)
+                if not verdict[0]:
+                    self._unproven_workflows.add(live.run_id)
+            report = settlement.terminal_report(live, state, now, verdict)
+            self._call(Report(live.run_id), report)
+        if live.parent_run_id in self._unproven_workflows:
+            self._report_workflow(live.parent_run_id)
+        self._call(
+            Track(live.run_id),
+            TrackRun(session_id=live.session_id, run_id=live.run_id, state=state),
+        )
+        del self._live[live.run_id]
+
+    def _report_workflow(self, run_id: str) -> None:
+        """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""
+        row = runstore.run_row(self.db, run_id)
+        if row is None or not row["capacity"]:
+            self._unproven_workflows.discard(run_id)
+            return
+        verdict = management.workflow_children_verdict(self.db, run_id)
+        if verdict[0]:
+            self._unproven_workflows.discard(run_id)
+        proofs = runstore.proof_states(self.db, run_id)
+        report = settlement.workflow_rereport(row, verdict, proofs, self.ctx.clock())
+        self._call(Report(run_id), report)
+
+    # -- events and watchers ------------------------------------------------------------------
+
+    def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        now = self.ctx.clock()
+        runstore.append_event(self.db, run_id, now, kind, data)
+        try:
+            with open(self.run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"ts": now, "runId": run_id, "type": kind, **data}) + "\n")
+        except OSError:
+            pass  # the events log is for people; the store has the event
+        self._watchers.touched(run_id)
+
+    def before_flush(self) -> None:
+        """Answer the watchers of every run that had events, once per commit group."""
+        self._watchers.answer_touched(self.db)
+
+    def _watch_all(self, request: WatchAll) -> Message:
+        assert self.current_reply is not None
+        self._watchers.watch_all(self.db, request, self.current_reply)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def _watch(self, request: Watch) -> Message:
+        assert self.current_reply is not None
+        run_id = self._resolve(request.run_id)
+        answer = self._watchers.watch(self.db, run_id, request, self.current_reply)
+        return answer if answer is not None else DEFERRED
+
+    # -- queries and stop ---------------------------------------------------------------------
+
+    def _resolve(self, run_id: str) -> str:
+        try:
+            found = runstore.resolve_run_id(self.db, run_id)
+        except LookupError:
+            raise RunIdAmbiguous(
+                f"Run id prefix '{run_id}' is ambiguous; give more characters.", run_id=run_id
+            ) from None
+        if found is None:
+            raise RunNotFound(f"Run not found: {run_id}", run_id=run_id)
+        return found
+
+    def _show(self, request: Show) -> Message:
+        view = runstore.view(self.db, self._resolve(request.run_id))
+        assert view is not None
+        return view
+
+    def _list(self, request: ListRuns) -> Message:
+        ids = runstore.list_runs(
+            self.db, request.session_id, request.active_only, request.limit, request.root_run_id
+        )
+        return RunList(runs=[v for v in (runstore.view(self.db, i) for i in ids) if v])
+
+    def _stop_run(self, request: Stop) -> Message:
+        run_id = self._resolve(request.run_id)
+        live = self._live.get(run_id)
+        if live is not None and live.stop_state is None:
+            self._stop_live(live, "stopped", "Stopped by request.")
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        return view
+
+    def _stop_live(self, live: LiveRun, state: str, reason: str) -> None:
+        live.stop_state = state
+        live.error = live.error or (reason if state == "failed" else "")
+        live.queue.clear()
+        self._event(live.run_id, "run.stopping", {"reason": reason})
+        for ref in list(live.refs.values()):
+            stop_child(ref, reason)
+        # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
+        for other in list(self._live.values()):
+            if other.parent_run_id == live.run_id and other.stop_state is None:
+                self._stop_live(other, "stopped", reason)
+        self._advance(live)
+
+
+def _launch_result(pipeline: Pipeline) -> Generator[Request, Message, Message]:
+    view = yield from pipeline
+    return LaunchResult(run=view)

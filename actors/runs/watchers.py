@@ -1,0 +1,111 @@
+"""RunWatchers: the long-poll watchers of one run (`runs.watch`) or of every run (`watch_all`).
+
+Owns the waiting replies and their timeout timers. A watcher is answered as soon as its run has
+a new event, but answers are computed once per commit group (`answer_touched`, called by the
+supervisor just before it commits), not once per event: a run with hundreds of children emits
+hundreds of events, and rebuilding its view per event made watching quadratic. Answers are
+queued with the owner's `reply_later`, so none leaves before the events it reports are durable.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from subagents_node.actors.owner import Cancel, Outcome, ReplyFn, Tick
+from subagents_node.actors.runs import runstore
+from subagents_node.messages.errors import RunNotFound
+from subagents_node.messages.supervisor import FleetEvents, RunEvents, Watch, WatchAll
+
+#: The key of node-wide (fleet) watchers.
+FLEET = "*"
+ACTIVE = ("queued", "running", "paused")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchTimeout(Tick):
+    """A waiting watcher's `wait_s` passed with no new event: answer it with what there is.
+    `key` is its run id (or FLEET); `watcher_id` tells it from the others waiting there."""
+
+    key: str
+    watcher_id: int
+
+
+@dataclass
+class Watcher:
+    reply: ReplyFn
+    after_seq: int
+    cancel: Cancel
+    limit: int = 500
+
+
+class RunWatchers:
+    def __init__(
+        self,
+        after: Callable[[float, Tick], Cancel],
+        reply_later: Callable[[ReplyFn, Outcome], None],
+    ) -> None:
+        self._after = after
+        self._reply_later = reply_later
+        self._waiting: dict[str, dict[int, Watcher]] = {}
+        self._touched: set[str] = set()
+
+    def watch(
+        self, db: sqlite3.Connection, run_id: str, request: Watch, reply: ReplyFn
+    ) -> RunEvents | None:
+        """The answer now, or None when the reply waits for the run's next event."""
+        events = runstore.events_after(db, run_id, request.after_seq)
+        view = runstore.view(db, run_id)
+        assert view is not None
+        if events or request.wait_s == 0 or view.state not in ACTIVE:
+            last = events[-1].seq if events else request.after_seq
+            return RunEvents(run=view, events=events, last_seq=last)
+        self._wait(run_id, Watcher(reply, request.after_seq, lambda: None), request.wait_s)
+        return None
+
+    def watch_all(self, db: sqlite3.Connection, request: WatchAll, reply: ReplyFn) -> None:
+        watcher = Watcher(reply, request.after_seq, lambda: None, request.limit)
+        if request.wait_s == 0 or runstore.last_event_seq(db) > request.after_seq:
+            self._answer(db, FLEET, watcher)
+        else:
+            self._wait(FLEET, watcher, request.wait_s)
+
+    def touched(self, run_id: str) -> None:
+        """The run has a new event (answered at the next `answer_touched`)."""
+        self._touched.add(run_id)
+
+    def answer_touched(self, db: sqlite3.Connection) -> None:
+        touched, self._touched = self._touched, set()
+        if not touched:
+            return
+        for key in (*touched, FLEET):
+            for watcher in self._waiting.pop(key, {}).values():
+                watcher.cancel()
+                self._answer(db, key, watcher)
+
+    def expired(self, db: sqlite3.Connection, key: str, watcher_id: int) -> None:
+        watcher = self._waiting.get(key, {}).pop(watcher_id, None)
+        if watcher is not None:
+            self._answer(db, key, watcher)
+
+    def _wait(self, key: str, watcher: Watcher, wait_s: float) -> None:
+        watcher_id = id(watcher.reply)
+        watcher.cancel = self._after(wait_s, WatchTimeout(key, watcher_id))
+        self._waiting.setdefault(key, {})[watcher_id] = watcher
+
+    def _answer(self, db: sqlite3.Connection, key: str, watcher: Watcher) -> None:
+        if key == FLEET:
+            events = runstore.all_events_after(db, watcher.after_seq, watcher.limit)
+            last = events[-1].seq if events else watcher.after_seq
+            touched = dict.fromkeys(e.run_id for e in events)
+            runs = [v for v in (runstore.view(db, r) for r in touched) if v is not None]
+            self._reply_later(watcher.reply, FleetEvents(events=events, runs=runs, last_seq=last))
+            return
+        view = runstore.view(db, key)
+        if view is None:
+            self._reply_later(watcher.reply, RunNotFound(f"Run not found: {key}", run_id=key))
+            return
+        events = runstore.events_after(db, key, watcher.after_seq)
+        last = events[-1].seq if events else watcher.after_seq
+        self._reply_later(watcher.reply, RunEvents(run=view, events=events, last_seq=last))

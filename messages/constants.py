@@ -1,0 +1,50 @@
+"""One home for every constant more than one module relies on: the version, the environment
+variable names a node, a launcher and a child agent share, and the numeric domains.
+
+It imports nothing of ours and must never hold state: constants only.
+"""
+
+from __future__ import annotations
+
+DISTRIBUTION = "subagents-node"
+
+
+def version() -> str:
+    """The one source of the version: the installed package's metadata (pyproject.toml).
+
+    A function, not a constant: reading the metadata costs ~25 ms of imports, which a client
+    that never shows the version should not pay."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version(DISTRIBUTION)
+    except PackageNotFoundError:  # running from a tree that was never installed
+        return "0+unknown"
+
+
+#: The largest call or config timeout, and most counts (SPEC §0.4, resolving A-8).
+MAX_INT32 = 2_147_483_647
+#: SQLite's INTEGER range: nothing from outside may carry an integer beyond it to a store.
+SQLITE_MIN_INT = -(2**63)
+SQLITE_MAX_INT = 2**63 - 1
+
+# -- environment variables (SPEC §0.1) ---------------------------------------------------------
+#: where the node keeps its state; where a client finds the node
+ENV_STATE_DIR = "SUBAGENTS_STATE_DIR"
+ENV_NODE = "SUBAGENTS_NODE"
+#: what every child inherits from its launcher
+ENV_SESSION = "SUBAGENTS_SESSION"
+ENV_RUN_ID = "SUBAGENTS_RUN_ID"
+ENV_CHILD_ID = "SUBAGENTS_CHILD_ID"
+ENV_CHILD_DIR = "SUBAGENTS_CHILD_DIR"
+ENV_DEPTH = "SUBAGENTS_DEPTH"
+ENV_MAX_DEPTH = "SUBAGENTS_MAX_DEPTH"
+ENV_FANOUT = "SUBAGENTS_RUN_FANOUT"
+ENV_OUTPUT = "SUBAGENTS_OUTPUT"
+ENV_TASK_FILE = "SUBAGENTS_TASK_FILE"
+ENV_AGENT = "SUBAGENTS_AGENT"
+ENV_TASK_DELIVERY = "SUBAGENTS_TASK_DELIVERY"
+ENV_WORKFLOW_TOKEN = "SUBAGENTS_WORKFLOW_TOKEN"
+#: tests only: serve the fault-injection requests
+ENV_TEST_FAULTS = "SUBAGENTS_TEST_FAULTS"

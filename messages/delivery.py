@@ -1,0 +1,245 @@
+"""Task delivery: one agent + one task -> the child's argv, stdin, task file and environment.
+
+Owns SPEC §0.2's delivery modes (R-EXT-3, R-TSK-1): `argv` substitutes `{task}`; `stdin` feeds
+exactly `<System instructions>\n{trimmed prompt}\n\n<Task>\n{task}`; `file` writes a private
+(0600) `task.md` whose path replaces `{task_file}` (and `{task}` becomes `@path`, R-TSK-1);
+`auto` takes the form the command asks for and switches to `file` for tasks over 8,000
+characters; `SUBAGENTS_TASK_DELIVERY=file` forces the file. Also resolves the command (argv[0])
+and assembles the child's complete environment.
+
+Placeholders: `{task}`, `{task_file}`, `{system_prompt_file}`, `{agent_dir}`, `{python}` (this
+interpreter, so shipped examples are portable). Substitution is a single pass, so a task that
+contains `{task_file}` stays literal text. Everything is checked (cwd, command) before any file
+is written. It never logs task text (R-MISC-1) and never starts a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from subagents_node.messages.errors import AgentCommandNotFound, AgentInvalid, BadRequest
+from subagents_node.messages.fanout import ENV_FANOUT
+
+log = logging.getLogger(__name__)
+
+Delivery = Literal["argv", "stdin", "file"]
+
+#: R-TSK-1: `auto` switches to a task file for tasks longer than this many characters.
+AUTO_FILE_THRESHOLD = 8000
+ENV_TASK_DELIVERY = "SUBAGENTS_TASK_DELIVERY"
+ENV_OUTPUT = "SUBAGENTS_OUTPUT"
+ENV_TASK_FILE = "SUBAGENTS_TASK_FILE"
+ENV_AGENT = "SUBAGENTS_AGENT"
+ENV_NODE = "SUBAGENTS_NODE"
+#: Variables that describe one child only; never inherited from a launcher that is a child.
+_PER_CHILD = (ENV_OUTPUT, ENV_TASK_FILE, ENV_AGENT, ENV_FANOUT)
+
+_PLACEHOLDER = re.compile(r"\{(task|task_file|system_prompt_file|agent_dir|python)\}")
+
+
+class AgentLike(Protocol):
+    """What `prepare_invocation` reads: an `Agent`, or the supervisor's `AgentPlan`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def command(self) -> Sequence[str]: ...
+    @property
+    def task_delivery(self) -> str: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def output(self) -> str | None: ...
+    @property
+    def system_prompt(self) -> str: ...
+    @property
+    def agent_dir(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How one child receives its task. `env` holds only what the agent adds; the supervisor
+    lays it over the launcher's environment (see `child_environment`)."""
+
+    argv: tuple[str, ...]
+    stdin_path: Path | None
+    task_file: Path | None
+    env: Mapping[str, str]
+    cwd: Path
+    delivery: Delivery
+    output_path: Path | None
+
+
+def resolve_delivery(
+    agent: AgentLike, task: str, environ: Mapping[str, str] | None = None
+) -> Delivery:
+    """R-TSK-1 and §0.2: SUBAGENTS_TASK_DELIVERY=file forces the file (any other value means
+    auto); an explicit agent setting is used as is; `auto` takes the form the command asks for
+    ({task} -> argv, {task_file} -> file, neither -> stdin) and switches to file for tasks
+    over 8,000 characters."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_TASK_DELIVERY, "").strip().lower() == "file":
+        return "file"
+    if agent.task_delivery in ("argv", "stdin", "file"):
+        return agent.task_delivery  # type: ignore[return-value]
+    if len(task) > AUTO_FILE_THRESHOLD:
+        return "file"
+    if any("{task}" in arg for arg in agent.command):
+        return "argv"
+    if any("{task_file}" in arg for arg in agent.command):
+        return "file"
+    return "stdin"
+
+
+def stdin_text(system_prompt: str, task: str) -> str:
+    """R-EXT-3: exactly what a stdin-delivered child reads."""
+    return f"<System instructions>\n{system_prompt.strip()}\n\n<Task>\n{task}"
+
+
+def prepare_invocation(
+    agent: AgentLike,
+    task: str,
+    run_dir: Path,
+    *,
+    cwd: Path | None = None,
+    label: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> Invocation:
+    """Check everything first (cwd, command), then write the child's private files (0600) in
+    `run_dir` and return its argv. `label` keeps the files of several children apart."""
+    env_in = os.environ if environ is None else environ
+    workdir = _workdir(agent, cwd)
+    delivery = resolve_delivery(agent, task, env_in)
+    values = {"python": sys.executable, "agent_dir": agent.agent_dir}
+    search_path = agent.env.get("PATH", env_in.get("PATH", os.defpath))
+    command0 = _resolve_command(agent, _substitute(agent.command[0], values), search_path)
+
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    prefix = f"{label}." if label else ""
+    uses = {m for arg in agent.command for m in _PLACEHOLDER.findall(arg)}
+    task_file = stdin_path = None
+    if delivery == "file" or "task_file" in uses:
+        task_file = _write_private(run_dir / f"{prefix}task.md", task)
+    if delivery == "stdin":
+        stdin_path = _write_private(
+            run_dir / f"{prefix}stdin.txt", stdin_text(agent.system_prompt, task)
+        )
+    if "system_prompt_file" in uses:
+        prompt = _write_private(run_dir / f"{prefix}system-prompt.md", agent.system_prompt.strip())
+        values["system_prompt_file"] = str(prompt)
+    values["task_file"] = str(task_file or "")
+    values["task"] = {"argv": task, "file": f"@{task_file}", "stdin": ""}[delivery]
+    argv = (command0, *(_substitute(arg, values) for arg in agent.command[1:]))
+
+    env = dict(agent.env)
+    env[ENV_AGENT] = agent.name
+    if task_file is not None:
+        env[ENV_TASK_FILE] = str(task_file)
+    output_path = workdir / agent.output if agent.output else None
+    if output_path is not None:
+        env[ENV_OUTPUT] = str(output_path)
+    log.debug("agent %s: task of %d characters delivered by %s", agent.name, len(task), delivery)
+    return Invocation(argv, stdin_path, task_file, env, workdir, delivery, output_path)
+
+
+def _substitute(arg: str, values: Mapping[str, str]) -> str:
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), arg)
+
+
+def _workdir(agent: AgentLike, cwd: Path | None) -> Path:
+    base = cwd if cwd is not None else Path.cwd()
+    if not base.is_dir():
+        raise BadRequest(
+            f"the working directory {base} does not exist", reason="cwd", cwd=str(base)
+        )
+    own = getattr(agent, "cwd", None)
+    if not own:
+        return base
+    workdir = base / Path(own).expanduser()
+    if not workdir.is_dir():
+        raise AgentInvalid.of(
+            getattr(agent, "path", agent.agent_dir), f"cwd {workdir} does not exist"
+        )
+    return workdir
+
+
+def check_command(agent: AgentLike, environ: Mapping[str, str] | None = None) -> str:
+    """The agent's argv[0] resolved, or AgentCommandNotFound (checked before admission)."""
+    env_in = os.environ if environ is None else environ
+    values = {"python": sys.executable, "agent_dir": agent.agent_dir}
+    search_path = agent.env.get("PATH", env_in.get("PATH", os.defpath))
+    return _resolve_command(agent, _substitute(agent.command[0], values), search_path)
+
+
+def _resolve_command(agent: AgentLike, command: str, search_path: str) -> str:
+    """argv[0] as an absolute path: `./x` and `dir/x` beside the agent file, bare names on
+    PATH (the child's PATH when the agent sets one)."""
+    candidate = Path(command).expanduser()
+    if not candidate.is_absolute() and "/" not in command:
+        found = shutil.which(command, path=search_path)
+        if found is None:
+            raise AgentCommandNotFound.of(agent.name, command, agent.agent_dir, "not on PATH")
+        return found
+    if not candidate.is_absolute():
+        candidate = Path(agent.agent_dir) / candidate
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    raise AgentCommandNotFound.of(
+        agent.name, command, candidate, f"no executable file at {candidate}"
+    )
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """A file only this user can read (the task may be private), replaced if it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
+
+
+# -- the child's environment -----------------------------------------------------------------
+
+
+def child_environment(
+    base: Mapping[str, str],
+    invocation: Invocation,
+    *,
+    fanout: bool,
+    node_address: str,
+    session_id: str,
+    run_id: str,
+    child_id: str,
+    depth: int,
+    max_depth: int,
+    fanout_descriptor: str | None,
+) -> dict[str, str]:
+    """The complete environment of one child: the launcher's, then the agent's additions, then
+    the node's variables (which an agent cannot override). `depth` and `max_depth` are the
+    child's own (R-CFG-8). The fan-out descriptor is passed only to `fanout: true` agents and
+    removed for every other child (§0.2, R-FAN-4)."""
+    env = dict(base)
+    for inherited in _PER_CHILD:  # a nested launcher's own task file is not its child's
+        env.pop(inherited, None)
+    env.update(invocation.env)
+    env.update(
+        {
+            ENV_NODE: node_address,
+            "SUBAGENTS_SESSION": session_id,
+            "SUBAGENTS_RUN_ID": run_id,
+            "SUBAGENTS_CHILD_ID": child_id,
+            "SUBAGENTS_DEPTH": str(depth),
+            "SUBAGENTS_MAX_DEPTH": str(max_depth),
+        }
+    )
+    if fanout and fanout_descriptor is not None:
+        env[ENV_FANOUT] = fanout_descriptor
+    return env

@@ -1,0 +1,257 @@
+"""`doctor`: checks a person can act on, each with ok / warn / fail and a fix.
+
+Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the store
+(every table family at the version this installation knows, SQLite's integrity check), the
+node (reachable, same version), the configuration (valid; where each value came from) and every
+agent file (parses; its command resolves). It also states how the ledgers count (R-STS-2).
+It never changes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import stat
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from subagents_node.client.client import Client
+from subagents_node.client.paths import DB_NAME, ipc_endpoint
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.launch.agents import Agent, discover_agents
+from subagents_node.launch.config import Configuration, load_config
+from subagents_node.messages.errors import SubagentsError
+from subagents_node.node import owners
+
+Level = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    level: Level
+    detail: str
+    fix: str = ""
+
+
+def check_state_dir(state_dir: Path) -> Iterator[Check]:
+    if not state_dir.exists():
+        yield Check(
+            "state dir",
+            "warn",
+            f"{state_dir} does not exist yet",
+            "it is created (mode 0700) by `subagents-node start`",
+        )
+        return
+    if not state_dir.is_dir():
+        yield Check(
+            "state dir",
+            "fail",
+            f"{state_dir} is not a directory",
+            "remove it or choose another --state-dir",
+        )
+        return
+    mode = stat.S_IMODE(state_dir.stat().st_mode)
+    if mode != 0o700:
+        yield Check(
+            "state dir mode",
+            "fail",
+            f"{state_dir} has mode {mode:o}, not 700",
+            f"chmod 700 {state_dir}",
+        )
+    else:
+        yield Check("state dir mode", "ok", f"{state_dir} is 0700")
+    if os.access(state_dir, os.W_OK | os.X_OK):
+        yield Check("state dir writable", "ok", "writable")
+    else:
+        yield Check(
+            "state dir writable",
+            "fail",
+            f"{state_dir} is not writable",
+            f"fix its ownership: chown $USER {state_dir}",
+        )
+
+
+def check_store(state_dir: Path) -> Iterator[Check]:
+    path = state_dir / DB_NAME
+    if not path.exists():
+        yield Check("store", "warn", f"{path} does not exist yet", "it is created on first start")
+        return
+    expected = {cls.name: len(cls.MIGRATIONS) for cls in (*owners.OWNERS, *owners.PER_RUN)}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+            rows = conn.execute("SELECT family, version FROM schema_migrations").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        yield Check(
+            "store",
+            "fail",
+            f"{path} cannot be read: {exc}",
+            f"move it aside (mv {path} {path}.broken) and restart the node; ledgers start empty",
+        )
+        return
+    if integrity != "ok":
+        yield Check(
+            "store integrity",
+            "fail",
+            f"integrity check: {integrity[:200]}",
+            f"stop the node, copy {path} for a post-mortem, then move it aside",
+        )
+    else:
+        yield Check("store integrity", "ok", "PRAGMA integrity_check: ok")
+    found = {str(r[0]): int(r[1]) for r in rows}
+    for family, version in sorted(expected.items()):
+        have = found.get(family)
+        if have is None:
+            yield Check(
+                f"schema {family}", "warn", "not created yet", "start the node once to migrate"
+            )
+        elif have > version:
+            yield Check(
+                f"schema {family}",
+                "fail",
+                f"version {have} is newer than this installation ({version})",
+                "upgrade subagents-node",
+            )
+        elif have < version:
+            yield Check(
+                f"schema {family}",
+                "warn",
+                f"version {have}, will migrate to {version}",
+                "restart the node to migrate",
+            )
+        else:
+            yield Check(f"schema {family}", "ok", f"version {have}")
+
+
+def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[Check]:
+    try:
+        endpoint = address or ipc_endpoint(state_dir)
+        client = Client(ZmqTransport(endpoint), timeout=3.0)
+    except SubagentsError as err:
+        yield Check("node", "fail", err.message, "choose a shorter --state-dir")
+        return
+    try:
+        pong = client.ping()
+    except SubagentsError as err:
+        yield Check(
+            "node",
+            "warn",
+            f"not reachable at {endpoint}: {err.message}",
+            "start one: subagents-node start --detach",
+        )
+        return
+    finally:
+        client.close()
+    level: Level = "ok" if pong.version == version else "warn"
+    yield Check(
+        "node",
+        level,
+        f"{pong.node_id} pid {pong.pid} v{pong.version} at {endpoint}",
+        "" if level == "ok" else "restart the node to run this version",
+    )
+
+
+def check_config(config: Configuration) -> Iterator[Check]:
+    files = ", ".join(str(f) for f in config.files) or "no config file"
+    yield Check("config", "ok", f"valid ({files})")
+    for warning in config.warnings:
+        yield Check("config", "warn", warning, "fix or unset the value")
+    for key, value, source in config.rows():
+        if source.kind != "default":  # where every value that is not a default came from
+            yield Check(f"config {key}", "ok", f"{value} (from {source})")
+    settings = config.settings
+    cap = settings.max_active_async_runs_per_session
+    origin = config.origins["max_active_async_runs_per_session"]
+    yield Check(
+        "capacity (R-STS-2)",
+        "ok",
+        f"usage limit {cap or 'unlimited'} per session (from {origin}); "
+        "counts top-level background runs of a session only; foreground runs and workflow "
+        "children are not charged; a slot is released only on process-terminal proof",
+    )
+    yield Check(
+        "fan-out (R-STS-2)",
+        "ok",
+        f"{settings.max_subagent_spawns_per_run} launches per run tree (from "
+        f"{config.origins['max_subagent_spawns_per_run']}); claims are never released",
+    )
+
+
+def agent_command_problem(agent: Agent) -> str | None:
+    """Why the agent's command cannot start, or None."""
+    first = (
+        agent.command[0].replace("{python}", sys.executable).replace("{agent_dir}", agent.agent_dir)
+    )
+    if "/" not in first:
+        return None if shutil.which(first) else f"{first!r} is not on PATH"
+    path = Path(first) if Path(first).is_absolute() else Path(agent.agent_dir, first)
+    if path.is_file() and os.access(path, os.X_OK):
+        return None
+    return f"no executable file at {path}"
+
+
+def check_agents(cwd: Path, agents_dirs: tuple[str, ...]) -> Iterator[Check]:
+    try:
+        catalog = discover_agents(cwd, agents_dirs)
+    except SubagentsError as err:
+        yield Check("agents", "fail", err.message, "fix or remove the --agents-dir")
+        return
+    for problem in catalog.problems:
+        yield Check(
+            "agent file", "fail", problem.message, "fix the front matter (see docs/agents.md)"
+        )
+    for name in catalog.names():
+        agent = catalog.agents[name]
+        missing = agent_command_problem(agent)
+        if missing:
+            yield Check(
+                f"agent {name}",
+                "fail",
+                f"{agent.path}: {missing}",
+                "install the command or fix `command:` in the front matter",
+            )
+        else:
+            yield Check(f"agent {name}", "ok", f"{agent.path} ({agent.scope})")
+    if not catalog.agents and not catalog.problems:
+        yield Check(
+            "agents",
+            "warn",
+            "no agent files found",
+            "add one under ./.subagents/agents/ (see docs/agents.md)",
+        )
+
+
+def run_checks(
+    state_dir: Path, address: str | None, cwd: Path, agents_dirs: tuple[str, ...], version: str
+) -> list[Check]:
+    checks = [*check_state_dir(state_dir), *check_store(state_dir)]
+    checks += check_node(state_dir, address, version)
+    try:
+        config = load_config(cwd=cwd)
+    except SubagentsError as err:
+        checks.append(Check("config", "fail", err.message, "fix the value it names"))
+    else:
+        checks += check_config(config)
+        agents_dirs = (*agents_dirs, *(str(d) for d in config.settings.agent_dirs))
+    checks += check_agents(cwd, agents_dirs)
+    return checks
+
+
+_MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+
+
+def render(checks: list[Check]) -> list[str]:
+    lines = []
+    for check in checks:
+        lines.append(f"[{_MARK[check.level]}] {check.name}: {check.detail}")
+        if check.fix and check.level != "ok":
+            lines.append(f"       fix: {check.fix}")
+    return lines

@@ -1,0 +1,166 @@
+"""`fleet`: a live terminal view of sessions and runs, fed by node events.
+
+Owns the view's state (the runs it has seen, by id) and its rendering. A background thread
+long-polls `runs.watch_all`: the node answers as soon as any run has an event, so the view
+updates from events, never by re-reading state files. A one-second tick only advances clocks
+(elapsed, time to deadline) and re-reads the last line of running children's logs. `q` quits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import sys
+import termios
+import threading
+import time
+import tty
+from collections.abc import Iterator
+
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from subagents_node.actors.child.process import tail
+from subagents_node.client.client import Client, connect
+from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.supervisor import RunView
+
+ACTIVE = ("queued", "running", "paused")
+
+
+class FleetState:
+    """The runs the view knows, updated from fleet events."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunView] = {}
+        self.last_seq = 0
+        self.error = ""
+        self._lock = threading.Lock()  # the poller thread writes, the render thread reads
+        self.changed = threading.Event()
+
+    def apply(self, runs: list[RunView], last_seq: int) -> None:
+        with self._lock:
+            for run in runs:
+                self.runs[run.run_id] = run
+            self.last_seq = max(self.last_seq, last_seq)
+        self.changed.set()
+
+    def snapshot(self) -> list[RunView]:
+        with self._lock:
+            runs = list(self.runs.values())
+        # Active runs first, newest first within each group.
+        return sorted(runs, key=lambda r: (r.state not in ACTIVE, -r.created_at))
+
+
+def last_line(path: str, limit: int = 4096) -> str:
+    """The last non-empty line of a log file (read from its end; never the whole file)."""
+    text = tail(path, limit) if path else ""
+    return text.splitlines()[-1][:80] if text else ""
+
+
+def gauge(used: int | None, limit: int | None, width: int = 10) -> str:
+    if used is None or limit is None:
+        return "-"
+    if limit == 0:
+        return f"{used}/∞"
+    filled = min(width, round(width * used / limit)) if limit else 0
+    return f"{'█' * filled}{'░' * (width - filled)} {used}/{limit}"
+
+
+def render(runs: list[RunView], now: float, error: str = "") -> Group:
+    table = Table(title="subagents fleet  (q quits)", expand=True)
+    for column in (
+        "session",
+        "run",
+        "state",
+        "agent",
+        "elapsed",
+        "deadline",
+        "capacity",
+        "fan-out",
+        "last output",
+    ):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    for run in runs[:40]:
+        start = run.started_at or run.created_at
+        elapsed = (run.ended_at or now) - start
+        deadline = "-"
+        if run.deadline_at and run.state in ACTIVE:
+            deadline = f"{max(0.0, run.deadline_at - now):.0f}s"
+        snaps = run.snapshots
+        running = [c for c in run.children if c.state == "running"]
+        output = last_line(running[-1].stdout_path) if running else ""
+        table.add_row(
+            run.session_id,
+            run.run_id,
+            run.state,
+            run.label,
+            f"{elapsed:.1f}s",
+            deadline,
+            gauge(snaps.capacity_used, snaps.capacity_limit),
+            gauge(snaps.fanout_used, snaps.fanout_limit),
+            output,
+        )
+    parts: list[Table | Text] = [table]
+    if error:
+        parts.append(Text(f"node: {error}", style="red"))
+    return Group(*parts)
+
+
+def poll(address: str, state: FleetState, stop: threading.Event) -> None:
+    """Follow node events until `stop`; each answer comes as soon as any run changes.
+
+    The thread owns its client (ZeroMQ sockets belong to one thread) and closes it itself, so
+    the view can quit without waiting for a long-poll that is still out.
+    """
+    client = connect(address)
+    try:
+        state.apply(client.runs.list(limit=100), 0)
+        while not stop.is_set():
+            batch = client.runs.watch_all(state.last_seq, wait_s=2.0)
+            state.apply(batch.runs, batch.last_seq)
+    except SubagentsError as err:
+        state.error = err.message
+        state.changed.set()
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def keys() -> Iterator[bool]:
+    """cbreak mode on a terminal (so `q` arrives without Enter); yields whether it is one."""
+    if not sys.stdin.isatty():
+        yield False
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield True
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def run_fleet(client: Client, once: bool = False) -> None:
+    state = FleetState()
+    if once:
+        state.apply(client.runs.list(limit=100), 0)
+        from rich.console import Console
+
+        Console().print(render(state.snapshot(), time.time()))
+        return
+    stop = threading.Event()
+    poller = threading.Thread(target=poll, args=(client.address, state, stop), daemon=True)
+    poller.start()
+    with keys() as interactive, Live(render([], time.time()), auto_refresh=False) as live:
+        while not stop.is_set():
+            state.changed.clear()
+            live.update(render(state.snapshot(), time.time(), state.error), refresh=True)
+            if interactive:
+                ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+                if ready and sys.stdin.read(1) in ("q", "Q"):
+                    stop.set()
+            else:
+                state.changed.wait(1.0)

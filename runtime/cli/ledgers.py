@@ -1,0 +1,205 @@
+"""Ledger commands: `capacity`, `budget`, `grant`, and `config show`.
+
+Each is a thin view over the client API; the numbers come from the owners, never from files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.launch.config import current_depth, load_config
+from subagents_node.messages.errors import RunNotFound
+from subagents_node.messages.supervisor import RunView
+
+
+def _limit_text(limit: int) -> str:
+    return "unlimited" if limit == 0 else str(limit)  # R-CFG-2
+
+
+@click.command()
+@click.option(
+    "--session", help="Session id (default: $SUBAGENTS_SESSION).", envvar="SUBAGENTS_SESSION"
+)
+@click.option("--limit", type=int, help="Session limit to report against (default: config).")
+@json_option
+@click.pass_obj
+@user_errors
+def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) -> None:
+    """Active async capacity of a session: used/limit and who holds each slot."""
+    if not session:
+        raise click.UsageError("give --session (or set $SUBAGENTS_SESSION)")
+    if limit is None:
+        limit = load_config().settings.max_active_async_runs_per_session
+    with obj.client() as client:
+        snap = client.capacity.snapshot(session, limit=limit)
+        active = [r for r in client.runs.list(session, active_only=True) if r.background]
+        holders = [(r, client.capacity.inspect(r.run_id, session)) for r in active]
+    if as_json:
+        emit(
+            {
+                "session_id": session,
+                "used": snap.used,
+                "limit": snap.limit,
+                "holders": [{"run_id": r.run_id, **i.model_dump(mode="json")} for r, i in holders],
+            },
+            True,
+            "",
+        )
+        return
+    lines = [f"Active async capacity: {snap.used}/{_limit_text(snap.limit)} used"]
+    for run, inspection in holders:
+        owner = inspection.owner
+        slot = f"slot {owner.slot}, generation {owner.generation}" if owner else "no slot"
+        lines.append(
+            f"  {run.run_id} {run.state:<8} {slot}: {inspection.verdict.verdict} "
+            f"— {inspection.verdict.reason}"
+        )
+    click.echo("\n".join(lines))
+
+
+@click.command()
+@click.argument("root")
+@json_option
+@click.pass_obj
+@user_errors
+def budget(obj: Ctx, root: str, as_json: bool) -> None:
+    """The fan-out budget of the run tree ROOT (its root run id, or any run in the tree)."""
+    with obj.client() as client:
+        tree = client.runs.list(root_run_id=root, limit=1000)
+        if not tree:
+            try:
+                tree = [client.runs.show(root)]
+            except RunNotFound:
+                raise RunNotFound(
+                    f"No run tree with root '{root}' and no run with that id.", run_id=root
+                ) from None
+        first: RunView = tree[-1]
+        snap = client.fanout.snapshot(first.fanout_descriptor)
+        if first.root_run_id != root:
+            tree = client.runs.list(root_run_id=first.root_run_id, limit=1000)
+    payload = {
+        "root_run_id": first.root_run_id,
+        **snap.model_dump(mode="json"),
+        "runs": [r.run_id for r in tree],
+    }
+    text = (
+        f"Run fan-out: {snap.used}/{snap.limit} used, {snap.remaining} remaining\n"
+        f"root {first.root_run_id}, {len(tree)} run(s) in the tree; claims are never released"
+    )
+    emit(payload, as_json, text)
+
+
+@click.command()
+@click.option("--session", required=True, help="The session to grant spawns to.")
+@click.argument("additional", type=int)
+@click.option("--yes", is_flag=True, help="Apply without asking for confirmation.")
+@json_option
+@click.pass_obj
+@user_errors
+def grant(obj: Ctx, session: str, additional: int, yes: bool, as_json: bool) -> None:
+    """Raise a session's spawn budget by ADDITIONAL (only from the root session, R-SPN-6)."""
+    authority = load_config().settings.grant_authority
+
+    def confirm(preview: object) -> bool:
+        click.echo(getattr(preview, "text", lambda: "")(), err=True)
+        return click.confirm("Apply this grant?", err=True)
+
+    with obj.client() as client:
+        result = client.session.grant(
+            session,
+            additional,
+            depth=current_depth(),
+            authority=authority,
+            yes=yes,
+            confirm=None if as_json else confirm,
+        )
+    emit(result, as_json, result.text())
+    if not result.applied:
+        raise SystemExit(1)
+
+
+@click.group("config")
+def config_group() -> None:
+    """Configuration: subagents.toml (project, then user), SUBAGENTS_* variables, flags."""
+
+
+@config_group.command("show")
+@json_option
+@user_errors
+def config_show(as_json: bool) -> None:
+    """Print every effective setting and where its value came from."""
+    config = load_config(cwd=Path.cwd())
+    rows = config.rows()
+    if as_json:
+        emit(
+            {
+                "settings": config.settings.model_dump(mode="json"),
+                "sources": {key: str(origin) for key, _, origin in rows},
+                "files": [str(f) for f in config.files],
+                "warnings": list(config.warnings),
+            },
+            True,
+            "",
+        )
+        return
+    width = max(len(key) for key, _, _ in rows)
+    for key, value, origin in rows:
+        shown = ", ".join(map(str, value)) if isinstance(value, tuple) else value
+        click.echo(f"{key:<{width}}  {shown!s:<24} {origin}")
+    for warning in config.warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@click.command("debug-run")
+@click.argument("run_id")
+@click.option("--limit", type=int, help="Session capacity limit (default: config).")
+@json_option
+@click.pass_obj
+@user_errors
+def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
+    """Why a run does or does not hold capacity: lifecycle, proof, slot owner, verdict.
+
+    Never prints task text, environment values or output (R-DBG-3).
+    """
+    from subagents_node.cli.debugrun import debug_run as report_for
+
+    if limit is None:
+        limit = load_config().settings.max_active_async_runs_per_session
+    with obj.client() as client:
+        report = report_for(client, run_id, limit)
+    emit(report.details, as_json, "\n".join(report.lines))
+
+
+@click.command()
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@json_option
+@click.pass_obj
+def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Check the state dir, store, node, config and agent files; exit 1 on any failure."""
+    from subagents_node.cli.doctor import render, run_checks
+    from subagents_node.messages.constants import version
+
+    checks = run_checks(obj.state_dir, obj.address, Path.cwd(), agents_dirs, version())
+    payload = {"checks": [c.__dict__ for c in checks]}
+    emit(payload, as_json, "\n".join(render(checks)))
+    if any(c.level == "fail" for c in checks):
+        raise SystemExit(1)
+
+
+@click.command()
+@click.option("--once", is_flag=True, help="Print one frame and exit (no live refresh).")
+@click.pass_obj
+@user_errors
+def fleet(obj: Ctx, once: bool) -> None:
+    """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits."""
+    from subagents_node.cli.fleet import run_fleet
+
+    with obj.client() as client:
+        client.ping()
+        run_fleet(client, once=once)
+
+
+COMMANDS = (capacity, budget, grant, config_group, debug_run, doctor, fleet)

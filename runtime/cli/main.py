@@ -1,0 +1,198 @@
+"""The `subagents-node` command line (click): the group and the node commands.
+
+Owns argument parsing and rendering only: every command is a client call (or a node start),
+every user error is a one-line message with a non-zero exit code, never a traceback. Command
+families live beside it (cli/runs.py, cli/ledgers.py, cli/manage.py, cli/workflow.py), each
+listing its commands in `COMMANDS`; `LAZY_COMMANDS` names them here so that a command imports
+only its own family (tests/cli/test_cli_node.py checks the two lists agree).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import click
+
+from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.messages.constants import DISTRIBUTION, ENV_NODE, ENV_STATE_DIR, ENV_TEST_FAULTS
+from subagents_node.messages.errors import SubagentsError
+
+#: command name -> (module, attribute): the families are imported only when their command runs
+#: (or when help lists them), so `--version` and `ping` load none of them.
+LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "run": ("subagents_node.cli.runs", "run"),
+        "runs": ("subagents_node.cli.runs", "runs_command"),
+        "show": ("subagents_node.cli.runs", "show"),
+        "agents": ("subagents_node.cli.runs", "agents"),
+        "capacity": ("subagents_node.cli.ledgers", "capacity"),
+        "budget": ("subagents_node.cli.ledgers", "budget"),
+        "grant": ("subagents_node.cli.ledgers", "grant"),
+        "config": ("subagents_node.cli.ledgers", "config_group"),
+        "debug-run": ("subagents_node.cli.ledgers", "debug_run"),
+        "doctor": ("subagents_node.cli.ledgers", "doctor"),
+        "fleet": ("subagents_node.cli.ledgers", "fleet"),
+        "resume": ("subagents_node.cli.manage", "resume"),
+        "rerun": ("subagents_node.cli.manage", "rerun"),
+        "append": ("subagents_node.cli.manage", "append"),
+        "intercom": ("subagents_node.cli.manage", "intercom"),
+        "workflow": ("subagents_node.cli.workflow", "workflow"),
+    }
+)
+
+
+class LazyGroup(click.Group):
+    """A click group whose command families load on first use (click's documented pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS:
+            module_name, attribute = LAZY_COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module_name), attribute)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    envvar=ENV_STATE_DIR,
+    help=f"Node state directory (default: ${ENV_STATE_DIR}, else the XDG state dir).",
+)
+@click.option(
+    "--address",
+    envvar=ENV_NODE,
+    help="Node address, ipc://PATH or tcp://HOST:PORT (default: $SUBAGENTS_NODE, "
+    "else the state dir's socket).",
+)
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for a reply.")
+@click.version_option(package_name=DISTRIBUTION, prog_name="subagents-node")
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout: float) -> None:
+    """Launch and supervise agent child processes under hard, single-owner ledgers."""
+    ctx.obj = Ctx(state_dir, address, timeout)
+
+
+@cli.command()
+@click.option("--detach", is_flag=True, help="Run in the background; return once it serves.")
+@click.option("--listen", multiple=True, help="Extra endpoint, e.g. tcp://127.0.0.1:7700.")
+@click.option("--mailbox-limit", default=1024, show_default=True, help="Max queued per actor.")
+@click.option("--faults", is_flag=True, hidden=True, envvar=ENV_TEST_FAULTS)
+@click.option("--ready-fd", type=int, hidden=True)
+@click.option("--verbose", "-v", is_flag=True, help="Log at debug level.")
+@click.pass_obj
+@user_errors
+def start(
+    obj: Ctx,
+    detach: bool,
+    listen: tuple[str, ...],
+    mailbox_limit: int,
+    faults: bool,
+    ready_fd: int | None,
+    verbose: bool,
+) -> None:
+    """Start a node serving the state dir (foreground unless --detach)."""
+    from subagents_node.node import daemon
+    from subagents_node.node.node import Node, NodeOptions
+
+    if detach:
+        extra = [a for item in listen for a in ("--listen", item)]
+        extra += ["--mailbox-limit", str(mailbox_limit)] + (["--faults"] if faults else [])
+        record = daemon.start_detached(obj.state_dir, extra)
+        click.echo(f"node started (pid {record['pid']}) at {record['address']}")
+        return
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from subagents_node.launch.config import load_config
+
+    config = load_config()
+    options = NodeOptions(
+        state_dir=obj.state_dir,
+        listen=(*config.settings.listen, *listen),
+        mailbox_limit=mailbox_limit,
+        faults=faults,
+        settings=config.actor_settings(),
+    )
+    node = Node(options)
+    try:
+        node.start()
+    except SubagentsError as err:
+        daemon.signal_ready(ready_fd, f"error: {err.message}")
+        raise
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: node.request_stop())
+    daemon.signal_ready(ready_fd, "ready")
+    click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
+    try:
+        node.wait()
+    finally:
+        node.stop()
+    if node.failure:
+        raise click.ClickException(node.failure)
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@json_option
+@click.pass_obj
+@user_errors
+def stop(obj: Ctx, run_id: str | None, as_json: bool) -> None:
+    """Stop run RUN_ID (its process groups; state stopped), or with no RUN_ID the node."""
+    if run_id is not None:
+        from subagents_node.cli.runs import stop_run
+
+        stop_run(obj, run_id, as_json)
+        return
+    from subagents_node.node import daemon
+
+    pid = daemon.stop_node(obj.state_dir)
+    click.echo(f"node stopped (pid {pid})")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+@user_errors
+def ping(obj: Ctx, as_json: bool) -> None:
+    """Check that the node answers."""
+    with obj.client() as client:
+        pong = client.ping()
+    emit(pong, as_json, f"pong from {pong.node_id} (pid {pong.pid}, v{pong.version})")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+@user_errors
+def status(obj: Ctx, as_json: bool) -> None:
+    """Show the node: endpoints, uptime, actors and their mailboxes."""
+    with obj.client() as client:
+        st = client.status()
+    lines = [
+        f"node {st.node_id} v{st.version} pid {st.pid} up {st.uptime_s:.0f}s",
+        f"state dir: {st.state_dir}",
+        f"endpoints: {', '.join(st.endpoints)}",
+    ]
+    lines += [
+        f"  {a.name:<12} mailbox {a.mailbox}/{a.mailbox_limit}  restarts {a.restarts}"
+        for a in st.actors
+    ]
+    emit(st, as_json, "\n".join(lines))
+
+
+def main() -> None:
+    cli(prog_name="subagents-node")
+
+
+if __name__ == "__main__":
+    main()

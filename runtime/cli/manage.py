@@ -1,0 +1,115 @@
+"""Run-management commands: `resume`, `rerun`, `append`, `intercom send` (SPEC §10-13).
+
+Each is one request to the RunSupervisor; the rules (what may be resumed, how an append is
+claimed, when intercom is off) live in the node, so every client gets the same answers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.runs import follow, summary
+from subagents_node.launch.config import current_depth, load_config
+from subagents_node.launch.launcher import ENV_RUN_ID, LaunchContext
+from subagents_node.messages.supervisor import (
+    Append,
+    AppendResult,
+    Intercom,
+    IntercomMessage,
+    LaunchResult,
+    Rerun,
+    Resume,
+)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--message", "-m", default="", help="Follow-up appended to the task.")
+@json_option
+@click.pass_obj
+@user_errors
+def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
+    """Relaunch finished background run RUN_ID in the background, moving its capacity slot.
+
+    A stopped or still-running run is refused. The resumed run reuses the source's fan-out
+    budget without claiming (R-RES-4).
+    """
+    limit = load_config().settings.max_active_async_runs_per_session
+    request = Resume(
+        run_id=run_id,
+        message=message,
+        depth=current_depth(),
+        capacity_limit=limit,
+        env=dict(os.environ),
+    )
+    with obj.client() as client:
+        run = client.ask(request, LaunchResult).run
+    emit(run, as_json, run.run_id)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--task", "-t", required=True, help="The new task.")
+@click.option("--child", default=0, show_default=True, help="Which child's parameters to reuse.")
+@json_option
+@click.pass_obj
+@user_errors
+def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
+    """Run a finished run's child again with the same parameters and a new task (foreground)."""
+    with obj.client() as client:
+        request = Rerun(run_id=run_id, task=task, child=child, env=dict(os.environ))
+        run = client.ask(request, LaunchResult).run
+        final = follow(client, run, as_json)
+    emit(final, as_json, summary(final))
+    if final.state != "complete":
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@json_option
+@click.pass_obj
+@user_errors
+def append(
+    obj: Ctx, run_id: str, steps_file: Path, agents_dirs: tuple[str, ...], as_json: bool
+) -> None:
+    """Queue the [[steps]] of STEPS_FILE (chain TOML) on running background chain RUN_ID.
+
+    The steps' fan-out claims and the queued append exist together or not at all (R-APP-4).
+    """
+    ctx = LaunchContext.from_environment(agents_dirs=agents_dirs)
+    steps = ctx.from_file("chain", steps_file, True, None).chain
+    with obj.client() as client:
+        result = client.ask(Append(run_id=run_id, steps=steps), AppendResult)
+    emit(result, as_json, result.text)
+
+
+@click.group()
+def intercom() -> None:
+    """Messages from a child to the run that launched it (R-ICB)."""
+
+
+@intercom.command("send")
+@click.argument("text")
+@click.option("--run", "run_id", help="Target run (default: $SUBAGENTS_RUN_ID, this child's run).")
+@json_option
+@click.pass_obj
+@user_errors
+def intercom_send(obj: Ctx, text: str, run_id: str | None, as_json: bool) -> None:
+    """Send TEXT to the parent run; refused when that run has intercom off."""
+    target = run_id or os.environ.get(ENV_RUN_ID, "").strip()
+    if not target:
+        raise click.UsageError("not inside a child: give --run RUN_ID")
+    child = os.environ.get("SUBAGENTS_CHILD_ID", "")
+    with obj.client() as client:
+        sent = client.ask(Intercom(run_id=target, child_id=child, text=text), IntercomMessage)
+    emit(sent, as_json, f"sent to run {sent.run_id}")
+
+
+COMMANDS = (resume, rerun, append, intercom)

@@ -1,0 +1,334 @@
+"""Run commands: `run`, `runs`, `show`, `agents`, and the run half of `stop`.
+
+`run` launches a single agent, or a parallel / chain file. Foreground runs follow the run's
+events as they happen (a live table on a terminal, plain lines otherwise) and exit 0 only when
+the run completed; Ctrl-C stops the run. With no node running, a foreground `run` starts an
+embedded node for its own duration (its children reach it through $SUBAGENTS_NODE) and a
+background `run --async` starts a detached node first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.client.client import Client
+from subagents_node.launch.config import load_config
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.capacity import CapacitySnapshot
+from subagents_node.messages.errors import NodeNotRunning
+from subagents_node.messages.runs import TERMINAL_RUN_STATES
+from subagents_node.messages.session import SpawnSnapshot
+from subagents_node.messages.supervisor import IntercomMode, Launch, RunEvent, RunView
+
+
+@contextlib.contextmanager
+def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Client]:
+    """A client for the node; starts one (embedded, or detached for background runs) if none.
+
+    An embedded node gets the settings the launcher already loaded, the same a `start`ed node
+    would load (reservation TTL, grant authority).
+    """
+    client = obj.client()
+    try:
+        client.ping(timeout=2.0)
+    except NodeNotRunning:
+        client.close()
+        if obj.address:
+            raise
+        if background:
+            from subagents_node.node import daemon
+
+            record = daemon.start_detached(obj.state_dir, [])
+            click.echo(
+                f"started a node (pid {record['pid']}) for background runs; "
+                "stop it with `subagents-node stop`",
+                err=True,
+            )
+            client = obj.client()
+        else:
+            from subagents_node.node.node import Node
+
+            settings = ctx.config.actor_settings()
+            with Node.embedded(state_dir=obj.state_dir, settings=settings) as node:
+                yield node.client()
+            return
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def describe(event: RunEvent, run: RunView) -> str | None:
+    """One plain line per event (no task text, R-MISC-1)."""
+    data = event.data
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.ts))
+    if event.kind == "child.started":
+        child = run.children[int(data["child"] or 0)]
+        return f"{stamp} started {child.label} ({child.agent}) pid {data['pid']}"
+    if event.kind == "child.exited":
+        child = run.children[int(data["child"] or 0)]
+        code = data.get("exit_code")
+        return f"{stamp} {child.label} ({child.agent}) {data['state']} (exit {code})"
+    if event.kind.startswith("run."):
+        extra = f": {data['error']}" if data.get("error") else ""
+        return f"{stamp} run {run.run_id} {event.kind[4:]}{extra}"
+    return None
+
+
+class Progress:
+    """Live progress: a rich table on a terminal, plain lines otherwise."""
+
+    def __init__(self, live: bool) -> None:
+        self._live = None
+        if live:
+            from rich.live import Live
+
+            self._live = Live(refresh_per_second=8, transient=True)
+            self._live.start()
+
+    def update(self, event: RunEvent, run: RunView) -> None:
+        if self._live is not None:
+            self._live.update(run_table(run))
+            return
+        line = describe(event, run)
+        if line:
+            click.echo(line, err=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+
+def run_table(run: RunView) -> Table:
+    table = Table(title=f"run {run.run_id} · {run.label} · {run.state}", expand=False)
+    for column in ("child", "agent", "state", "pid", "elapsed"):
+        table.add_column(column)
+    now = time.time()
+    for child in run.children:
+        elapsed = ""
+        if child.started_at:
+            elapsed = f"{(child.ended_at or now) - child.started_at:.1f}s"
+        table.add_row(child.label, child.agent, child.state, str(child.pid or ""), elapsed)
+    return table
+
+
+def follow(client: Client, run: RunView, as_json: bool) -> RunView:
+    progress = Progress(live=sys.stderr.isatty() and not as_json)
+    try:
+        return client.runs.wait(run.run_id, on_event=progress.update)
+    except KeyboardInterrupt:
+        progress.close()
+        click.echo(f"stopping run {run.run_id}…", err=True)
+        client.runs.stop(run.run_id)
+        return client.runs.wait(run.run_id)
+    finally:
+        progress.close()
+
+
+def summary(run: RunView, capacity: bool = True) -> str:
+    lines = [f"run {run.run_id} {run.state} ({run.mode}, {len(run.children)} children)"]
+    snaps = run.snapshots
+    lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
+    if capacity and snaps.capacity_limit is not None:
+        limit = snaps.capacity_limit or "unlimited"
+        lines.append(f"Active async capacity: {snaps.capacity_used}/{limit} used")
+    if run.error:
+        lines.append(f"error: {run.error}")
+    if run.output:
+        lines.append(run.output.rstrip())
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("agent", required=False)
+@click.argument("task", required=False)
+@click.option(
+    "--parallel",
+    "parallel_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Run the [[tasks]] of a TOML file in parallel.",
+)
+@click.option(
+    "--chain",
+    "chain_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Run the [[steps]] of a TOML file in order ({previous} = last output).",
+)
+@click.option(
+    "--async/--foreground",
+    "background",
+    default=None,
+    help="Run in the background and return the run id (default: the agent's "
+    "`async`, else foreground).",
+)
+@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION, else a new one).")
+@click.option("--timeout-ms", type=int, help="Deadline in milliseconds (1..2147483647).")
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
+@click.option(
+    "--intercom",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Whether this run's children may message it (R-ICB); for this run only.",
+)
+@json_option
+@click.pass_obj
+@user_errors
+def run(
+    obj: Ctx,
+    agent: str | None,
+    task: str | None,
+    parallel_file: Path | None,
+    chain_file: Path | None,
+    background: bool | None,
+    session: str | None,
+    timeout_ms: int | None,
+    agents_dirs: tuple[str, ...],
+    cwd: Path | None,
+    intercom: IntercomMode,
+    as_json: bool,
+) -> None:
+    """Launch AGENT with TASK, or a --parallel / --chain file, under the three ledgers."""
+    files = [f for f in (parallel_file, chain_file) if f is not None]
+    if len(files) > 1 or (files and (agent or task)) or (not files and not (agent and task)):
+        raise click.UsageError("give AGENT and TASK, or exactly one of --parallel / --chain")
+    ctx = LaunchContext.from_environment(cwd=cwd, agents_dirs=agents_dirs, session_id=session)
+    launch: Launch
+    if parallel_file is not None:
+        launch = ctx.from_file("parallel", parallel_file, bool(background), timeout_ms, intercom)
+    elif chain_file is not None:
+        launch = ctx.from_file("chain", chain_file, bool(background), timeout_ms, intercom)
+    else:
+        assert agent is not None and task is not None
+        launch = ctx.single(agent, task, background, timeout_ms, intercom)
+    with node_client(obj, ctx, launch.background) as client:
+        started = client.runs.launch(launch)
+        if launch.background:
+            emit(started, as_json, f"{started.run_id}")
+            return
+        final = follow(client, started, as_json)
+    emit(final, as_json, summary(final))
+    if final.state != "complete":
+        raise SystemExit(1)
+
+
+@click.command("runs")
+@click.option("--session", help="Only this session's runs.")
+@click.option("--active", is_flag=True, help="Only queued, running or paused runs.")
+@click.option("--limit", default=50, show_default=True)
+@json_option
+@click.pass_obj
+@user_errors
+def runs_command(obj: Ctx, session: str | None, active: bool, limit: int, as_json: bool) -> None:
+    """List runs, newest first."""
+    with obj.client() as client:
+        found = client.runs.list(session, active, limit)
+    if as_json:
+        emit({"runs": [r.model_dump(mode="json") for r in found]}, True, "")
+        return
+    rows = [
+        f"{r.run_id}  {r.state:<9} {r.mode:<8} {r.label[:30]:<30} "
+        f"{len(r.children)} children  session {r.session_id}"
+        for r in found
+    ]
+    click.echo("\n".join(rows) if rows else "no runs")
+
+
+@click.command()
+@click.argument("run_id")
+@json_option
+@click.pass_obj
+@user_errors
+def show(obj: Ctx, run_id: str, as_json: bool) -> None:
+    """Show one run (an id or a unique prefix): state, children, outputs, ledgers."""
+    with obj.client() as client:
+        found = client.runs.show(run_id)
+        spawns, capacity = session_status(client, found)
+    lines = [
+        f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
+        spawns.text(),
+        f"Active async capacity: {capacity.used}/{capacity.limit or 'unlimited'} used",
+        summary(found, capacity=False),
+        f"dir: {found.run_dir}",
+    ]
+    for child in found.children:
+        code = "" if child.exit_code is None else f" exit {child.exit_code}"
+        lines.append(f"  {child.label:<24} {child.agent:<16} {child.state}{code}")
+    data = {
+        **found.model_dump(mode="json"),
+        "spawn_budget": spawns.model_dump(mode="json"),
+        "active_async_capacity": capacity.model_dump(mode="json"),
+    }
+    emit(data, as_json, "\n".join(lines))
+
+
+def session_status(client: Client, run: RunView) -> tuple[SpawnSnapshot, CapacitySnapshot]:
+    """R-STS-1: the run's session's spawn budget and its capacity pool (a snapshot reconciles
+    it), against the limit the run was launched under, else the configured one."""
+    limit = run.snapshots.capacity_limit
+    if limit is None:
+        limit = load_config().settings.max_active_async_runs_per_session
+    spawns = client.session.spawn_snapshot(run.session_id)
+    return spawns, client.capacity.snapshot(run.session_id, limit)
+
+
+def stop_run(obj: Ctx, run_id: str, as_json: bool) -> None:
+    with obj.client() as client:
+        client.runs.stop(run_id)
+        final = client.runs.wait(run_id, timeout=30)
+    emit(final, as_json, f"run {final.run_id} {final.state}")
+
+
+@click.command()
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@json_option
+@user_errors
+def agents(agents_dirs: tuple[str, ...], as_json: bool) -> None:
+    """List the agents this directory can launch (explicit > project > user)."""
+    from subagents_node.launch.agents import discover_agents
+
+    catalog = discover_agents(Path.cwd(), agents_dirs)
+    if as_json:
+        emit(
+            {
+                "agents": [
+                    {
+                        "name": a.name,
+                        "description": a.description,
+                        "path": str(a.path),
+                        "scope": a.scope,
+                        "fanout": a.fanout,
+                    }
+                    for a in catalog.agents.values()
+                ],
+                "problems": [p.message for p in catalog.problems],
+            },
+            True,
+            "",
+        )
+        return
+    for name in catalog.names():
+        agent = catalog.agents[name]
+        fan = " [fanout]" if agent.fanout else ""
+        click.echo(f"{name:<20} {agent.scope:<8} {agent.description}{fan}")
+    for problem in catalog.problems:
+        click.echo(f"warning: {problem.message}", err=True)
+    if not catalog.agents:
+        click.echo(
+            "no agents found (looked in: "
+            + ", ".join(str(d.path) for d in catalog.directories)
+            + ")"
+        )
+
+
+COMMANDS = (run, runs_command, show, agents)
+__all__ = ["COMMANDS", "TERMINAL_RUN_STATES", "stop_run"]

@@ -1,0 +1,110 @@
+"""`workflow`: run a Python workflow script under the node (SPEC §12).
+
+    subagents-node workflow SCRIPT.py [--async] [--output PATH] [--session S]
+        [--timeout-ms N] [--agents-dir D] [--intercom on|off] [--cwd DIR] [--json]
+
+Builds one `runs.launch` request (mode `workflow`) whose single item is the workflow host
+(`python -m subagents_node.workflow.host SCRIPT`, see workflow/host.py); the node starts it as
+the run's child and the host admits and launches the script's children. Foreground (the
+default) follows the run like `run` does and prints the script's result; `--async` prints the
+run id and returns (top-level background workflows hold one `workflow` capacity slot, R-TOP-4).
+
+Defaults: the command is foreground unless `--async` is given, like `run` (SPEC R-CFG-6 makes
+the tool call's workflows async by default; a person at a terminal expects to see the result).
+The script's timeout (R-TMO-7) is `--timeout-ms`, else the configured `timeout_ms` or 30 min in
+the foreground, and none in the background.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.runs import follow, node_client, summary
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.supervisor import IntercomMode
+from subagents_node.node.inprocess import InProcessTransport
+from subagents_node.workflow.launch import RESULT_FILE, workflow_launch, workflow_result
+
+
+def drain_children(client: Client, run_id: str) -> None:
+    """An embedded node ends with this command, and its children with it: background children
+    the script left running are awaited first (a running node keeps them going instead)."""
+    active = [
+        r for r in client.runs.list(active_only=True, limit=1000) if r.parent_run_id == run_id
+    ]
+    if active:
+        click.echo(
+            f"waiting for {len(active)} background child run(s) of workflow {run_id}: this "
+            "command's embedded node stops when it returns (start a node to leave them running)",
+            err=True,
+        )
+    for run in active:
+        client.runs.wait(run.run_id)
+
+
+@click.command()
+@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--async/--foreground",
+    "background",
+    default=False,
+    help="Run in the background and print the run id (default: foreground).",
+)
+@click.option("--output", help="Aggregate output file; children default to NAME.KEY.EXT beside it.")
+@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION, else a new one).")
+@click.option("--timeout-ms", type=int, help="The script's wall-clock limit in milliseconds.")
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--intercom",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Whether the workflow's children may message their runs (R-ICB-3).",
+)
+@click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
+@json_option
+@click.pass_obj
+@user_errors
+def workflow(
+    obj: Ctx,
+    script: Path,
+    background: bool,
+    output: str | None,
+    session: str | None,
+    timeout_ms: int | None,
+    agents_dirs: tuple[str, ...],
+    intercom: IntercomMode,
+    cwd: Path | None,
+    as_json: bool,
+) -> None:
+    """Run the workflow SCRIPT: a Python file defining main(runs)."""
+    ctx = LaunchContext.from_environment(cwd=cwd, agents_dirs=agents_dirs, session_id=session)
+    launch = workflow_launch(
+        ctx,
+        script,
+        background=background,
+        output=output,
+        timeout_ms=timeout_ms,
+        agents_dirs=agents_dirs,
+        intercom=intercom,
+    )
+    with node_client(obj, ctx, background) as client:
+        started = client.runs.launch(launch)
+        if background:
+            emit(started, as_json, started.run_id)
+            return
+        final = follow(client, started, as_json)
+        if isinstance(client.transport, InProcessTransport):
+            drain_children(client, final.run_id)
+    result = workflow_result(final)
+    data = {"run": final.model_dump(mode="json"), "result": result}
+    emit(data, as_json, f"{summary(final)}\nresult: {Path(final.run_dir) / RESULT_FILE}")
+    if final.state != "complete":
+        raise SystemExit(1)
+
+
+COMMANDS = (workflow,)

@@ -1,0 +1,268 @@
+"""Client API of the capacity owner: `client.capacity` and the `CapacityHandle` it returns.
+
+Owns nothing but the caller's copy of a handle. Every method is one request to the node's
+CapacityLedger; refusals arrive as the typed errors of `messages/errors.py`, and invalid
+arguments as `BadRequest` before anything is sent (the same check the node's gateway makes).
+
+    h = client.capacity.acquire(session_id="s1", limit=4, run_id="a", kind="runner")
+    if h is not None:                        # None: the cap is unlimited, nothing recorded
+        with h:                              # R-ADM-3's finally-rule: roll back unless started
+            start_the_runner()
+            h.mark_started(runner_id="x")
+    client.capacity.snapshot("s1", limit=4)  # CapacitySnapshot(used, limit)
+    client.capacity.transfer(session_id="s1", limit=4, source_run_id="a", run_id="b")
+    client.capacity.report_terminal("s1", "a", "complete", proof=RunnerProof(...))
+    client.capacity.inspect("a")             # Inspection(relation, owner, verdict)
+
+It must never decide capacity itself: the node's ledger is the only owner of slots.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from subagents_node.messages.base import Message, Request, validate_request
+from subagents_node.messages.capacity import (
+    Acquire,
+    AcquireResult,
+    CapacitySnapshot,
+    Inspect,
+    Inspection,
+    MarkStarted,
+    MarkWorkflowStarted,
+    ReportedState,
+    ReportTerminal,
+    Rollback,
+    RollbackResult,
+    RunnerProof,
+    SlotHandle,
+    SlotKind,
+    Snapshot,
+    Transfer,
+    Verdict,
+)
+from subagents_node.messages.errors import SubagentsError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from subagents_node.client.client import Client
+
+log = logging.getLogger(__name__)
+
+Q = TypeVar("Q", bound=Request)
+R = TypeVar("R", bound=Message)
+
+
+def build(request_class: type[Q], /, **fields: Any) -> Q:
+    """Validate a request the way the gateway does, so a bad argument is a typed BadRequest."""
+    request = validate_request(request_class, fields)
+    assert isinstance(request, request_class)
+    return request
+
+
+class CapacityHandle:
+    """A held slot: the ledger's handle plus the client that acts on it.
+
+    The handle names the slot and its fencing identity (token, run id, generation); the ledger
+    refuses any operation whose identity is no longer current. After a successful rollback of a
+    transfer the handle names the restored source record (R-CAP-16).
+    """
+
+    def __init__(
+        self, api: CapacityAPI, wire: SlotHandle, snapshot: CapacitySnapshot | None = None
+    ) -> None:
+        self._api = api
+        self._wire = wire
+        self.snapshot = snapshot
+        self.started = False
+
+    @property
+    def wire(self) -> SlotHandle:
+        """The handle as it travels (pass it to another process; rebuild with `api.handle`)."""
+        return self._wire
+
+    @property
+    def session_id(self) -> str:
+        return self._wire.session_id
+
+    @property
+    def slot(self) -> int:
+        return self._wire.slot
+
+    @property
+    def token(self) -> str:
+        return self._wire.token
+
+    @property
+    def run_id(self) -> str:
+        return self._wire.run_id
+
+    @property
+    def generation(self) -> int:
+        return self._wire.generation
+
+    @property
+    def kind(self) -> SlotKind:
+        return self._wire.kind
+
+    def mark_started(
+        self, runner_id: str, pid: int | None = None, process_start_time: float | None = None
+    ) -> CapacityHandle:
+        """R-CAP-13: record the runner's identity. Raises CapacityOwnershipChanged if stale."""
+        request = build(
+            MarkStarted,
+            handle=self._wire,
+            runner_id=runner_id,
+            pid=pid,
+            process_start_time=process_start_time,
+        )
+        self.started = True  # the caller's copy first (R-CAP-13): no rollback after this
+        self._wire = self._api.ask(request, SlotHandle)
+        return self
+
+    def mark_workflow_started(self) -> CapacityHandle:
+        """R-CAP-14: the controller of this workflow slot is live."""
+        request = build(MarkWorkflowStarted, handle=self._wire)
+        self.started = True
+        self._wire = self._api.ask(request, SlotHandle)
+        return self
+
+    def rollback(self) -> bool:
+        """R-CAP-15..17: undo an unstarted grant. False after a start, or when not current."""
+        if self.started:
+            return False
+        result = self._api.ask(build(Rollback, handle=self._wire), RollbackResult)
+        if result.rolled_back and result.handle is not None:
+            self._wire = result.handle
+        return result.rolled_back
+
+    def __enter__(self) -> CapacityHandle:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """The finally-rule (R-ADM-3, A-15): a slot that did not start does not survive."""
+        if self.started:
+            return
+        try:
+            self.rollback()
+        except SubagentsError as err:
+            # Unreachable or busy node: its TTL frees an unstarted slot anyway, and the caller's
+            # own error (if any) must not be masked by this one.
+            log.warning("capacity: rollback of run %s failed: %s", self.run_id, err.message)
+
+    def __repr__(self) -> str:
+        return (
+            f"CapacityHandle(session_id={self.session_id!r}, slot={self.slot}, "
+            f"run_id={self.run_id!r}, generation={self.generation}, kind={self.kind!r}, "
+            f"started={self.started})"
+        )
+
+
+class CapacityAPI:
+    """`client.capacity`: the active async capacity ledger of the connected node (SPEC §4)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def ask(self, request: Request, result: type[R]) -> R:
+        """One request to the ledger; its typed result, or its typed error raised."""
+        return self._client.ask(request, result)
+
+    def acquire(
+        self,
+        session_id: str,
+        limit: int,
+        run_id: str,
+        kind: SlotKind = "runner",
+        async_dir: str = "",
+        ttl_s: float | None = None,
+    ) -> CapacityHandle | None:
+        """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0.
+
+        Raises CapacityExhausted (with `.snapshot`) when the pool is full.
+        """
+        request = build(
+            Acquire,
+            session_id=session_id,
+            limit=limit,
+            run_id=run_id,
+            kind=kind,
+            async_dir=async_dir,
+            ttl_s=ttl_s,
+        )
+        return self._granted(self.ask(request, AcquireResult))
+
+    def transfer(
+        self,
+        session_id: str,
+        limit: int,
+        source_run_id: str,
+        run_id: str,
+        async_dir: str = "",
+        ttl_s: float | None = None,
+    ) -> CapacityHandle | None:
+        """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one.
+
+        Raises CapacityNotTransferable while the source may still be running.
+        """
+        request = build(
+            Transfer,
+            session_id=session_id,
+            limit=limit,
+            source_run_id=source_run_id,
+            run_id=run_id,
+            async_dir=async_dir,
+            ttl_s=ttl_s,
+        )
+        return self._granted(self.ask(request, AcquireResult))
+
+    def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
+        """R-CAP-26: `{used, limit}` of the session pool; limit 0 means unlimited."""
+        return self.ask(build(Snapshot, session_id=session_id, limit=limit), CapacitySnapshot)
+
+    def report_terminal(
+        self,
+        session_id: str,
+        run_id: str,
+        state: ReportedState,
+        *,
+        generation: int | None = None,
+        live_process: bool = False,
+        proof: RunnerProof | None = None,
+        workflow_children_proven: bool = False,
+        reason: str = "",
+    ) -> Verdict:
+        """Tell the ledger a run ended or paused; a releasable verdict frees its slot."""
+        request = build(
+            ReportTerminal,
+            session_id=session_id,
+            run_id=run_id,
+            generation=generation,
+            state=state,
+            live_process=live_process,
+            proof=proof,
+            workflow_children_proven=workflow_children_proven,
+            reason=reason,
+        )
+        return self.ask(request, Verdict)
+
+    def inspect(self, run_id: str, session_id: str | None = None) -> Inspection:
+        """R-CAP-27: which slot records `run_id`, and whether it could be released now."""
+        return self.ask(build(Inspect, run_id=run_id, session_id=session_id), Inspection)
+
+    def handle(self, wire: SlotHandle | dict[str, Any]) -> CapacityHandle:
+        """A handle rebuilt from its wire form, e.g. one passed in from another process."""
+        model = wire if isinstance(wire, SlotHandle) else SlotHandle.model_validate(wire)
+        return CapacityHandle(self, model)
+
+    def _granted(self, result: AcquireResult) -> CapacityHandle | None:
+        if result.handle is None:
+            return None
+        return CapacityHandle(self, result.handle, result.snapshot)

@@ -1,0 +1,118 @@
+"""Client: the one API the CLI, Python programs and child agents use to talk to a node.
+
+Owns nothing but a transport. Every method is one request; every failure is a typed
+`SubagentsError` carrying what the caller needs (snapshots, limits). Ledger APIs hang off the
+client as `client.capacity`, `client.fanout` and `client.session`.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import TYPE_CHECKING, TypeVar
+
+from subagents_node.client.paths import ENV_NODE, ipc_endpoint, resolve_state_dir
+from subagents_node.client.transport import Transport, ZmqTransport
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.errors import BadRequest
+from subagents_node.messages.node import NodeStatus, NodeStatusResult, Ping, Pong, Shutdown
+
+if TYPE_CHECKING:
+    from subagents_node.client.capacity import CapacityAPI
+    from subagents_node.client.fanout import FanoutAPI
+    from subagents_node.client.runs import RunsAPI
+    from subagents_node.client.session import SessionAPI
+
+R = TypeVar("R", bound=Message)
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class Client:
+    """A connection to one node: `ask` sends any request; `capacity`, `fanout`, `session` and
+    `runs` are the typed APIs of the owners (each loaded on first use, so a command that only
+    pings never imports the ledgers' schemas). Thread-safe; a context manager; `close()`
+    releases the sockets."""
+
+    def __init__(self, transport: Transport, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.transport = transport
+        self.timeout = timeout
+
+    @cached_property
+    def capacity(self) -> CapacityAPI:
+        from subagents_node.client.capacity import CapacityAPI
+
+        return CapacityAPI(self)
+
+    @cached_property
+    def fanout(self) -> FanoutAPI:
+        from subagents_node.client.fanout import FanoutAPI
+
+        return FanoutAPI(self)
+
+    @cached_property
+    def session(self) -> SessionAPI:
+        from subagents_node.client.session import SessionAPI
+
+        return SessionAPI(self)
+
+    @cached_property
+    def runs(self) -> RunsAPI:
+        from subagents_node.client.runs import RunsAPI
+
+        return RunsAPI(self)
+
+    @property
+    def address(self) -> str:
+        return self.transport.address
+
+    def ask(
+        self,
+        request: Request,
+        result: type[R],
+        timeout: float | None = None,
+        target: str = "",
+    ) -> R:
+        """Send one request and return its typed result, or raise its typed error.
+
+        `target` is needed only by requests that leave their owner open (`debug.*`).
+        """
+        outcome = self.transport.call(request, self.timeout if timeout is None else timeout, target)
+        if not isinstance(outcome, result):
+            raise BadRequest(
+                f"{request.type} answered with {type(outcome).__name__}, not {result.__name__}",
+                reason="reply",
+            )
+        return outcome
+
+    def ping(self, timeout: float | None = None) -> Pong:
+        return self.ask(Ping(), Pong, timeout)
+
+    def status(self) -> NodeStatusResult:
+        return self.ask(NodeStatus(), NodeStatusResult)
+
+    def shutdown(self) -> None:
+        self.ask(Shutdown(), Message)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def default_address(state_dir: str | os.PathLike[str] | None = None) -> str:
+    """The address from $SUBAGENTS_NODE, else the default state dir's ipc socket."""
+    if state_dir is None:
+        env = os.environ.get(ENV_NODE, "").strip()
+        if env:
+            return env
+    return ipc_endpoint(resolve_state_dir(state_dir))
+
+
+def connect(address: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Client:
+    """A client for the node at `address` (else $SUBAGENTS_NODE, else the default state dir)."""
+    return Client(ZmqTransport(address or default_address()), timeout=timeout)

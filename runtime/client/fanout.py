@@ -1,0 +1,167 @@
+"""Client API of the fan-out budget owner: `client.fanout` (SPEC §5).
+
+Owns nothing but the shape callers use; every method is one request to the `fanout` owner and
+every refusal is a typed error from `subagents_node.messages.fanout`::
+
+    desc = c.fanout.create(root_run_id="r1", limit=64)          # FanoutDescriptor
+    snap = c.fanout.claim(desc, ["tasks[0]", "tasks[1]"])       # FanoutSnapshot
+    res = c.fanout.reserve(desc, ["chain[3]"], ttl_s=30)        # Reservation
+    res.commit()                                                # or res.abort()
+    c.fanout.snapshot(desc); c.fanout.validate(desc)
+    c.fanout.from_env()                                         # $SUBAGENTS_RUN_FANOUT or None
+
+A descriptor may be given as the model or as its encoded string. Requests are built through
+the same validation the gateway applies, so a bad argument is the same `BadRequest` in-process
+and over the wire.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from subagents_node.messages.base import Message, Request, validate_request
+from subagents_node.messages.errors import FanoutError
+from subagents_node.messages.fanout import (
+    ENV_FANOUT,
+    INHERITED_INVALID,
+    AbortReservation,
+    ClaimPaths,
+    CommitReservation,
+    CreateBudget,
+    FanoutDescriptor,
+    FanoutSnapshot,
+    ReadSnapshot,
+    ReservationGrant,
+    ReservePaths,
+    ValidateDescriptor,
+    decode_descriptor,
+)
+
+if TYPE_CHECKING:
+    from subagents_node.client.client import Client
+
+R = TypeVar("R", bound=Message)
+
+DescriptorLike = FanoutDescriptor | str
+
+
+def as_descriptor(descriptor: DescriptorLike) -> FanoutDescriptor:
+    """The model itself, or the descriptor an encoded string holds (FanoutDescriptorInvalid)."""
+    return descriptor if isinstance(descriptor, FanoutDescriptor) else decode_descriptor(descriptor)
+
+
+class Reservation:
+    """Claims held by the owner until `commit()` (permanent) or `abort()` / `expires_at` (freed).
+
+    As a context manager it commits when the block succeeds and aborts when it raises.
+    """
+
+    def __init__(self, api: FanoutAPI, grant: ReservationGrant) -> None:
+        self._api = api
+        self.grant = grant
+
+    @property
+    def reservation_id(self) -> str:
+        return self.grant.reservation_id
+
+    @property
+    def expires_at(self) -> float:
+        return self.grant.expires_at
+
+    @property
+    def snapshot(self) -> FanoutSnapshot:
+        """The budget right after the reservation was granted."""
+        return self.grant.snapshot
+
+    def commit(self) -> FanoutSnapshot:
+        return self._api.commit(self.reservation_id)
+
+    def abort(self) -> FanoutSnapshot:
+        return self._api.abort(self.reservation_id)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.commit()
+            return
+        try:
+            self.abort()
+        except Exception as abort_error:  # the block's own error is the one to report
+            if exc is not None:
+                exc.add_note(f"aborting reservation {self.reservation_id} failed: {abort_error}")
+
+    def __repr__(self) -> str:
+        return f"Reservation({self.reservation_id!r}, claims={self.grant.claims})"
+
+
+class FanoutAPI:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self, root_run_id: str, limit: int) -> FanoutDescriptor:
+        """A new, empty budget (R-FAN-2); its descriptor names this node as the owner."""
+        descriptor = self._ask(CreateBudget, FanoutDescriptor, root_run_id=root_run_id, limit=limit)
+        if descriptor.node:
+            return descriptor
+        return descriptor.model_copy(update={"node": self._client.address})
+
+    def validate(self, descriptor: DescriptorLike) -> FanoutDescriptor:
+        """The descriptor checked against its manifest (R-FAN-3)."""
+        return self._ask(ValidateDescriptor, FanoutDescriptor, descriptor=as_descriptor(descriptor))
+
+    def claim(self, descriptor: DescriptorLike, paths: Iterable[str]) -> FanoutSnapshot:
+        """Claim one unit per path, all or nothing; raises FanoutLimitExceeded (R-FAN-16)."""
+        return self._ask(
+            ClaimPaths, FanoutSnapshot, descriptor=as_descriptor(descriptor), paths=list(paths)
+        )
+
+    def reserve(
+        self, descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
+    ) -> Reservation:
+        """Hold claims for at most `ttl_s` seconds until `commit()` or `abort()`."""
+        grant = self._ask(
+            ReservePaths,
+            ReservationGrant,
+            descriptor=as_descriptor(descriptor),
+            paths=list(paths),
+            ttl_s=ttl_s,
+        )
+        return Reservation(self, grant)
+
+    def commit(self, reservation_id: str) -> FanoutSnapshot:
+        return self._ask(CommitReservation, FanoutSnapshot, reservation_id=reservation_id)
+
+    def abort(self, reservation_id: str) -> FanoutSnapshot:
+        return self._ask(AbortReservation, FanoutSnapshot, reservation_id=reservation_id)
+
+    def snapshot(self, descriptor: DescriptorLike) -> FanoutSnapshot:
+        return self._ask(ReadSnapshot, FanoutSnapshot, descriptor=as_descriptor(descriptor))
+
+    def from_env(self, environ: Mapping[str, str] | None = None) -> FanoutDescriptor | None:
+        """The inherited budget in $SUBAGENTS_RUN_FANOUT, validated by its owner; None if unset.
+
+        A value that fails to decode or validate raises its own error type, worded as R-FAN-5:
+        `Invalid inherited run fan-out budget: {reason}`.
+        """
+        value = (os.environ if environ is None else environ).get(ENV_FANOUT, "")
+        if not value.strip():
+            return None
+        try:
+            return self.validate(decode_descriptor(value))
+        except FanoutError as err:
+            reason = INHERITED_INVALID.format(reason=err.message)
+            raise type(err)(reason, **err.details) from None
+
+    def _ask(self, kind: type[Request], result: type[R], **fields: Any) -> R:
+        request = validate_request(kind, fields)
+        return self._client.ask(request, result)

@@ -1,0 +1,322 @@
+"""Agents: Markdown files with YAML front matter, found in agent directories (SPEC §0.2, R-AGT-1).
+
+Owns the agent file format, its validation, and discovery with priority. What an agent and a task
+become for one child (argv, stdin, task file, environment) is actors.invocation, re-exported
+here: `prepare_invocation(agent, task, run_dir) -> Invocation`.
+
+Front matter (snake_case): `name`, `description` (required), `command` (argv list, or a string
+split like a shell would, with no shell), `task_delivery` (argv|stdin|file|auto, default auto),
+`timeout_ms`, `env`, `output` (a path or false), `fanout`, `async`, `max_subagent_depth`, `cwd`.
+Unknown keys are kept as `extras`, with a warning. The body is the system prompt.
+
+Discovery, highest priority first: each `--agents-dir` (earlier wins), the project's
+`./.subagents/agents/`, the user's `$XDG_CONFIG_HOME/subagents-node/agents/`; `*.chain.md` files
+are not agents. A file that cannot be used is skipped and reported (R-AGT-1) unless asked for by
+name, when its AgentInvalid is raised. It never reads task text and never starts a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+from subagents_node.messages.delivery import (
+    AUTO_FILE_THRESHOLD,
+    ENV_TASK_DELIVERY,
+    AgentLike,
+    Invocation,
+    child_environment,
+    prepare_invocation,
+    resolve_delivery,
+    stdin_text,
+)
+from subagents_node.messages.errors import AgentInvalid, AgentNotFound
+
+log = logging.getLogger(__name__)
+
+TaskDelivery = Literal["argv", "stdin", "file", "auto"]
+Scope = Literal["explicit", "project", "user"]
+
+MAX_TIMEOUT_MS = 2_147_483_647
+PROJECT_AGENTS_DIR = Path(".subagents") / "agents"
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class _FrontMatter(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    name: StrictStr = Field(min_length=1, max_length=128, pattern=_NAME)
+    description: StrictStr = Field(min_length=1)
+    command: list[StrictStr] = Field(min_length=1)
+    task_delivery: TaskDelivery = "auto"
+    timeout_ms: StrictInt | None = Field(default=None, gt=0, le=MAX_TIMEOUT_MS)
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    output: StrictStr | None = None
+    fanout: StrictBool = False
+    run_async: StrictBool | None = Field(default=None, alias="async")
+    max_subagent_depth: StrictInt | None = Field(default=None, ge=0)
+    cwd: StrictStr | None = None
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split the command string: {exc}") from None
+        return value
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _false_is_none(cls, value: Any) -> Any:
+        if value is False:
+            return None
+        if value is True:
+            raise ValueError("output is a path, or false")
+        return value
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A validated agent definition. `command` is as written (placeholders unresolved)."""
+
+    name: str
+    description: str
+    command: tuple[str, ...]
+    system_prompt: str
+    path: Path
+    scope: Scope
+    task_delivery: TaskDelivery = "auto"
+    timeout_ms: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str | None = None
+    fanout: bool = False
+    run_async: bool | None = None
+    max_subagent_depth: int | None = None
+    cwd: str | None = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def agent_dir(self) -> str:
+        return str(self.path.parent)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+
+def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
+    """Validate one agent file's text, or raise AgentInvalid naming the file and the reason."""
+    try:
+        header, body = _split_front_matter(text)
+    except ValueError as exc:
+        raise AgentInvalid.of(path, str(exc)) from None
+    try:
+        data = yaml.safe_load(header)
+    except yaml.YAMLError as exc:
+        raise AgentInvalid.of(path, f"bad YAML front matter: {_yaml_problem(exc)}") from None
+    if not isinstance(data, dict):
+        raise AgentInvalid.of(path, "the front matter is not a mapping of keys to values")
+    try:
+        front = _FrontMatter.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "front matter"
+        reason = f"{where}: {first['msg']}"
+        raise AgentInvalid(
+            f"Invalid agent file {path}: {reason}", path=str(path), reason=reason
+        ) from None
+    _check_delivery(front, path)
+    extras = dict(front.model_extra or {})
+    if extras:
+        log.warning(
+            "agent %s (%s): unknown keys kept as extras: %s", front.name, path, sorted(extras)
+        )
+    return Agent(
+        name=front.name,
+        description=front.description.strip(),
+        command=tuple(front.command),
+        system_prompt=body.strip(),
+        path=path,
+        scope=scope,
+        task_delivery=front.task_delivery,
+        timeout_ms=front.timeout_ms,
+        env=dict(front.env),
+        output=front.output,
+        fanout=front.fanout,
+        run_async=front.run_async,
+        max_subagent_depth=front.max_subagent_depth,
+        cwd=front.cwd,
+        extras=extras,
+    )
+
+
+def load_agent_file(path: Path, scope: Scope = "explicit") -> Agent:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AgentInvalid.of(path, f"cannot read the file: {exc}") from None
+    return parse_agent(text, path, scope)
+
+
+def _split_front_matter(text: str) -> tuple[str, str]:
+    lines = text.lstrip("\ufeff").splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        raise ValueError("no YAML front matter (the file must start with a '---' line)")
+    for i in range(1, len(lines)):
+        if lines[i].strip() in ("---", "..."):
+            return "".join(lines[1:i]), "".join(lines[i + 1 :])
+    raise ValueError("the front matter is not closed by a '---' line")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        # +2: marks count from 0 and the file's first line is the opening '---'.
+        return f"{exc.problem} (line {exc.problem_mark.line + 2})"
+    return str(exc)
+
+
+def _check_delivery(front: _FrontMatter, path: Path) -> None:
+    has_task = any("{task}" in arg for arg in front.command)
+    if front.task_delivery == "argv" and not has_task:
+        raise AgentInvalid.of(path, "task_delivery argv needs a {task} placeholder in command")
+    if front.task_delivery == "stdin" and has_task:
+        raise AgentInvalid.of(path, "task_delivery stdin cannot use a {task} placeholder")
+
+
+# -- discovery -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentDirectory:
+    path: Path
+    scope: Scope
+
+
+def user_agents_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME", "").strip() or str(Path.home() / ".config")
+    return Path(base) / "subagents-node" / "agents"
+
+
+def agent_directories(
+    cwd: Path | None = None,
+    agents_dirs: Sequence[str | os.PathLike[str]] = (),
+    environ: Mapping[str, str] | None = None,
+) -> list[AgentDirectory]:
+    """The directories searched, highest priority first: explicit > project > user."""
+    dirs = [AgentDirectory(Path(d).expanduser(), "explicit") for d in agents_dirs]
+    dirs.append(AgentDirectory((cwd or Path.cwd()) / PROJECT_AGENTS_DIR, "project"))
+    dirs.append(AgentDirectory(user_agents_dir(environ), "user"))
+    return dirs
+
+
+@dataclass(frozen=True)
+class AgentCatalog:
+    """Every usable agent by name (after priority), and the files that were refused."""
+
+    agents: Mapping[str, Agent]
+    problems: tuple[AgentInvalid, ...]
+    directories: tuple[AgentDirectory, ...]
+
+    def names(self) -> list[str]:
+        return sorted(self.agents)
+
+    def get(self, name: str) -> Agent:
+        """The agent called `name`; AgentInvalid when only a broken file answers to that name
+        (more useful than "not found"); else AgentNotFound listing the names that exist."""
+        agent = self.agents.get(name)
+        if agent is not None:
+            return agent
+        for problem in self.problems:
+            if Path(problem.path).name in (f"{name}.md", name):
+                raise problem
+        raise AgentNotFound.of(name, self.names())
+
+
+def discover_agents(
+    cwd: Path | None = None,
+    agents_dirs: Sequence[str | os.PathLike[str]] = (),
+    environ: Mapping[str, str] | None = None,
+) -> AgentCatalog:
+    directories = agent_directories(cwd, agents_dirs, environ)
+    agents: dict[str, Agent] = {}
+    problems: list[AgentInvalid] = []
+    for directory in reversed(directories):  # lowest priority first: later ones override
+        if directory.scope == "explicit" and not directory.path.is_dir():
+            raise AgentInvalid.of(directory.path, "agents directory does not exist")
+        found: dict[str, Agent] = {}
+        for path in _agent_files(directory.path):
+            try:
+                agent = load_agent_file(path, directory.scope)
+            except AgentInvalid as problem:
+                log.warning("skipping agent file: %s", problem.message)
+                problems.append(problem)
+                continue
+            if agent.name in found:
+                log.warning(
+                    "agent %r defined twice in %s; using %s",
+                    agent.name,
+                    directory.path,
+                    found[agent.name].path,
+                )
+                continue
+            found[agent.name] = agent
+        agents.update(found)
+    return AgentCatalog(agents, tuple(problems), tuple(directories))
+
+
+def find_agent(
+    name: str,
+    cwd: Path | None = None,
+    agents_dirs: Sequence[str | os.PathLike[str]] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Agent:
+    return discover_agents(cwd, agents_dirs, environ).get(name)
+
+
+def _agent_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(
+        p for p in directory.rglob("*.md") if p.is_file() and not p.name.endswith(".chain.md")
+    )
+
+
+__all__ = [
+    "AUTO_FILE_THRESHOLD",
+    "ENV_TASK_DELIVERY",
+    "Agent",
+    "AgentCatalog",
+    "AgentDirectory",
+    "AgentLike",
+    "Invocation",
+    "agent_directories",
+    "child_environment",
+    "discover_agents",
+    "find_agent",
+    "load_agent_file",
+    "parse_agent",
+    "prepare_invocation",
+    "resolve_delivery",
+    "stdin_text",
+    "user_agents_dir",
+]

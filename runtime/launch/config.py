@@ -1,0 +1,379 @@
+"""Configuration: the settings a node and a launch run with, and where each value came from.
+
+Owns the `Settings` model (DESIGN §6), the layered loader, and this process's depth
+(`current_depth`). The spec's lenient rules are pure functions in runtime.limits, re-exported
+here. It never talks to a node and never writes a file.
+
+Sources, lowest to highest: defaults; the user file `$XDG_CONFIG_HOME/subagents-node/
+subagents.toml`; the project file `./subagents.toml`; `SUBAGENTS_*` environment variables;
+explicit overrides (CLI flags). `Configuration.origins` records, per key, which one won.
+
+Validation (SPEC §0.4, resolving A-16): a value in a file that does not fit its key is a
+`ConfigError` naming the key and the file; so is an unknown key (a typo must not pass silently)
+and a file that is not valid TOML. Nothing is ever dropped silently, and one bad key never
+discards the rest of a file. Environment variables the spec names (`SUBAGENTS_MAX_SPAWNS_PER_RUN`,
+`SUBAGENTS_MAX_SPAWNS_PER_SESSION`, `SUBAGENTS_MAX_DEPTH`) keep the spec's lenient rules: an
+unusable value falls through to the next source and is reported in `warnings`. Every other
+`SUBAGENTS_*` variable is validated like a file value and names the variable when invalid.
+Empty environment values count as unset everywhere (R-CFG-4 leaves this to the port; the
+original read an empty string as 0, which silently disabled the session cap or forced max
+depth 0).
+
+Relative paths (`agent_dirs`, `state_dir`) are anchored at the directory of the file that set
+them, or at the working directory for environment variables and overrides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from subagents_node.client.paths import check_endpoint
+from subagents_node.launch.limits import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_SPAWNS_PER_RUN,
+    DEFAULT_TIMEOUT_MS,
+    ENV_DEPTH,
+    ENV_MAX_DEPTH,
+    MAX_TIMEOUT_MS,
+    as_integer,
+    parse_env_int,
+    resolve_capacity_limit,
+    resolve_max_depth,
+    resolve_spawns_per_run,
+    resolve_spawns_per_session,
+    resolve_timeout_ms,
+    validate_call_timeout,
+)
+from subagents_node.messages.errors import ConfigError, SubagentsError
+from subagents_node.messages.session import MAX_COUNT, GrantAuthority
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "subagents.toml"
+APP_DIR = "subagents-node"
+
+#: The environment variable of each key (SPEC §0.1 names the first three).
+ENV_NAMES: Mapping[str, str] = {
+    "max_subagent_spawns_per_run": "SUBAGENTS_MAX_SPAWNS_PER_RUN",
+    "max_subagent_spawns_per_session": "SUBAGENTS_MAX_SPAWNS_PER_SESSION",
+    "max_subagent_depth": ENV_MAX_DEPTH,
+    "max_active_async_runs_per_session": "SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION",
+    "timeout_ms": "SUBAGENTS_TIMEOUT_MS",
+    "reservation_ttl_s": "SUBAGENTS_RESERVATION_TTL_S",
+    "agent_dirs": "SUBAGENTS_AGENT_DIRS",
+    "listen": "SUBAGENTS_LISTEN",
+    "grant_authority": "SUBAGENTS_GRANT_AUTHORITY",
+    "state_dir": "SUBAGENTS_STATE_DIR",
+}
+
+
+#: The spec-named variables resolved leniently: each key's resolver and the smallest value it
+#: takes from the environment (anything else falls through, R-CFG-3/4/8).
+_LENIENT: Mapping[str, tuple[Callable[[str | None, object], int], int]] = {
+    "max_subagent_spawns_per_run": (resolve_spawns_per_run, 1),
+    "max_subagent_spawns_per_session": (resolve_spawns_per_session, 0),
+    "max_subagent_depth": (resolve_max_depth, 0),
+}
+
+
+class Settings(BaseModel):
+    """Validated settings. Counts use 0 for "unlimited" where the key allows it (R-CFG-2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: R-CFG-1: active async capacity per session; 0 = unlimited.
+    max_active_async_runs_per_session: int = Field(0, strict=True, ge=0, le=MAX_COUNT)
+    #: R-CFG-3: fan-out claims per run tree.
+    max_subagent_spawns_per_run: int = Field(
+        DEFAULT_SPAWNS_PER_RUN, strict=True, ge=1, le=MAX_COUNT
+    )
+    #: R-CFG-4: session spawn budget; 0 = unlimited.
+    max_subagent_spawns_per_session: int = Field(0, strict=True, ge=0, le=MAX_COUNT)
+    #: R-TMO-1: default launch timeout; None = the built-in defaults (R-TMO-2).
+    timeout_ms: int | None = Field(None, strict=True, ge=1, le=MAX_TIMEOUT_MS)
+    #: R-CFG-8: launches at depth >= this are refused.
+    max_subagent_depth: int = Field(DEFAULT_MAX_DEPTH, strict=True, ge=0, le=MAX_COUNT)
+    #: §0.4: an acquired capacity slot never started within this many seconds is freed.
+    reservation_ttl_s: float = Field(60.0, strict=True, gt=0, le=86_400)
+    #: Extra agent directories, searched before the project and user ones.
+    agent_dirs: tuple[Path, ...] = ()
+    #: Extra endpoints the node listens on besides its state dir's socket.
+    listen: tuple[str, ...] = ()
+    #: R-SPN-6's authority policy for spawn-budget grants.
+    grant_authority: GrantAuthority = "confirm"
+    #: None = $SUBAGENTS_STATE_DIR's rules in runtime.paths (XDG state dir).
+    state_dir: Path | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for endpoint in value:
+            try:
+                check_endpoint(endpoint)
+            except SubagentsError as err:
+                raise ValueError(err.message) from None
+        return value
+
+
+KEYS: tuple[str, ...] = tuple(Settings.model_fields)
+_PATH_KEYS = frozenset({"agent_dirs", "state_dir"})
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a value came from: `kind` and, for files and variables, which one."""
+
+    kind: Literal["default", "user", "project", "env", "override"]
+    where: str = ""
+
+    def __str__(self) -> str:
+        if self.kind in ("user", "project"):
+            return f"{self.kind} config {self.where}"
+        if self.kind == "env":
+            return f"environment variable {self.where}"
+        return "command line" if self.kind == "override" else "default"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    settings: Settings
+    origins: Mapping[str, Origin]
+    warnings: tuple[str, ...] = ()
+    files: tuple[Path, ...] = ()
+
+    def rows(self) -> list[tuple[str, Any, Origin]]:
+        """(key, value, origin) for every key, in model order (for `config show`)."""
+        return [(k, getattr(self.settings, k), self.origins[k]) for k in KEYS]
+
+    def actor_settings(self) -> dict[str, Any]:
+        """The settings as plain values, for `NodeOptions.settings` / `ActorContext.settings`."""
+        return self.settings.model_dump(mode="json")
+
+
+# -- the loader -------------------------------------------------------------------------------
+
+
+def user_config_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    base = env.get("XDG_CONFIG_HOME", "").strip() or str(Path.home() / ".config")
+    return Path(base) / APP_DIR / CONFIG_NAME
+
+
+def project_config_path(cwd: Path | None = None) -> Path:
+    return (cwd or Path.cwd()) / CONFIG_NAME
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse one TOML file; a missing file is empty, an unreadable or invalid one an error."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"cannot parse {path}: {exc}", key="", source=str(path), reason="toml", file=str(path)
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            key="",
+            source=str(path),
+            reason="io",
+            file=str(path),
+        ) from None
+
+
+def load_config(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    user_file: Path | None = None,
+    project_file: Path | None = None,
+) -> Configuration:
+    """Resolve the settings from every source (see the module docstring), or raise ConfigError.
+
+    `overrides` holds explicit values (CLI flags); None values mean "flag not given".
+    """
+    env = os.environ if env is None else env
+    cwd = cwd or Path.cwd()
+    values: dict[str, Any] = {}
+    origins: dict[str, Origin] = {key: Origin("default") for key in KEYS}
+    warnings: list[str] = []
+    files: list[Path] = []
+    layers: tuple[tuple[Literal["user", "project"], Path], ...] = (
+        ("user", user_file or user_config_path(env)),
+        ("project", project_file or project_config_path(cwd)),
+    )
+    for kind, path in layers:
+        if not path.is_file():
+            continue
+        raw = read_config_file(path)
+        files.append(path)
+        _apply(values, origins, _anchor(raw, path.parent), Origin(kind, str(path)))
+    _apply_env(values, origins, warnings, env, cwd)
+    explicit = {k: v for k, v in (overrides or {}).items() if v is not None}
+    _apply(values, origins, _anchor(explicit, cwd), Origin("override"))
+    for warning in warnings:
+        log.warning("%s", warning)
+    return Configuration(
+        settings=Settings.model_validate(values),
+        origins=origins,
+        warnings=tuple(warnings),
+        files=tuple(files),
+    )
+
+
+def _apply(
+    values: dict[str, Any], origins: dict[str, Origin], layer: Mapping[str, Any], origin: Origin
+) -> None:
+    """Merge one source's values, validating them against what is already resolved."""
+    for key in layer:
+        if key not in Settings.model_fields:
+            raise ConfigError(
+                f"unknown key {key!r} in {origin} (known keys: {', '.join(KEYS)})",
+                key=key,
+                source=str(origin),
+                reason="unknown_key",
+                file=origin.where if origin.kind in ("user", "project") else "",
+            )
+    try:
+        Settings.model_validate({**values, **layer})
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        first = errors[0]
+        key = str(first["loc"][0]) if first["loc"] else ""
+        raise ConfigError(
+            f"invalid value for {key!r} in {origin}: {first['msg']} (got {layer.get(key)!r})",
+            key=key,
+            source=str(origin),
+            reason="invalid_value",
+            value=repr(layer.get(key)),
+            file=origin.where if origin.kind in ("user", "project") else "",
+        ) from None
+    values.update(layer)
+    origins.update({key: origin for key in layer})
+
+
+def _apply_env(
+    values: dict[str, Any],
+    origins: dict[str, Origin],
+    warnings: list[str],
+    env: Mapping[str, str],
+    cwd: Path,
+) -> None:
+    strict: dict[str, Any] = {}
+    for key, var in ENV_NAMES.items():
+        raw = env.get(var)
+        if raw is None or not raw.strip():
+            continue
+        lenient = _LENIENT.get(key)
+        if lenient is None:
+            strict[key] = _parse_env(key, raw, cwd)
+            continue
+        resolve, floor = lenient
+        number = parse_env_int(raw)
+        if number is None or number < floor:
+            warnings.append(
+                f"{var}={raw!r} is not a {'positive' if floor else 'non-negative'} integer; "
+                f"ignored, {key} comes from {origins[key]}"
+            )
+            continue
+        _apply(values, origins, {key: resolve(raw, values.get(key))}, Origin("env", var))
+    for key, value in strict.items():
+        _apply(values, origins, {key: value}, Origin("env", ENV_NAMES[key]))
+
+
+def _parse_env(key: str, raw: str, cwd: Path) -> Any:
+    """Turn a variable's text into the key's type; what cannot be converted stays text so
+    validation reports it with the variable's name."""
+    text = raw.strip()
+    if key == "agent_dirs":
+        return tuple(str(cwd / Path(p).expanduser()) for p in raw.split(os.pathsep) if p.strip())
+    if key == "listen":
+        return tuple(part for part in text.replace(",", " ").split() if part)
+    if key == "state_dir":
+        return str(cwd / Path(text).expanduser())
+    if key == "reservation_ttl_s":
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    if key in ("timeout_ms", "max_active_async_runs_per_session"):
+        try:
+            return int(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _anchor(layer: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """Anchor relative paths at `base`; values of the wrong type are left for validation."""
+    out = dict(layer)
+    for key in _PATH_KEYS & set(out):
+        value = out[key]
+        if isinstance(value, str | Path):
+            out[key] = str(base / Path(value).expanduser())
+        elif isinstance(value, list | tuple) and all(isinstance(v, str | Path) for v in value):
+            out[key] = tuple(str(base / Path(v).expanduser()) for v in value)
+    return out
+
+
+def current_depth(env: Mapping[str, str] | None = None) -> int:
+    """R-CFG-8: this process's depth from SUBAGENTS_DEPTH (unset or empty: 0).
+
+    The node sets it for every child; a value that is not a non-negative integer means the
+    environment was tampered with, so it is an error rather than a silent depth 0.
+    """
+    raw = (os.environ if env is None else env).get(ENV_DEPTH)
+    if raw is None or not raw.strip():
+        return 0
+    number = parse_env_int(raw)
+    if number is None or number < 0:
+        raise ConfigError(
+            f"invalid value for 'depth' in environment variable {ENV_DEPTH}: "
+            f"expected a non-negative integer (got {raw!r})",
+            key="depth",
+            source=f"environment variable {ENV_DEPTH}",
+            reason="invalid_value",
+            value=repr(raw),
+        )
+    return number
+
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_SPAWNS_PER_RUN",
+    "DEFAULT_TIMEOUT_MS",
+    "ENV_DEPTH",
+    "ENV_MAX_DEPTH",
+    "ENV_NAMES",
+    "KEYS",
+    "MAX_TIMEOUT_MS",
+    "ConfigError",
+    "Configuration",
+    "Origin",
+    "Settings",
+    "as_integer",
+    "current_depth",
+    "load_config",
+    "parse_env_int",
+    "project_config_path",
+    "read_config_file",
+    "resolve_capacity_limit",
+    "resolve_max_depth",
+    "resolve_spawns_per_run",
+    "resolve_spawns_per_session",
+    "resolve_timeout_ms",
+    "user_config_path",
+    "validate_call_timeout",
+]

@@ -1,0 +1,52 @@
+"""InProcessTransport: the transport seam for a client in the node's own process.
+
+It hands request models to the node's Dispatcher (no encoding) and waits for the outcome, so an
+embedded node's client and the fast unit tests exercise the same owners as a socket would. It
+lives on the node side because it needs the Dispatcher; the client side never imports it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.errors import NodeTimeout, SubagentsError
+from subagents_node.node.dispatch import Dispatcher
+
+
+class _Box:
+    __slots__ = ("_event", "value")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.value: Message | SubagentsError | None = None
+
+    def set(self, value: Message | SubagentsError) -> None:
+        self.value = value
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+class InProcessTransport:
+    def __init__(self, dispatcher: Dispatcher, address: str) -> None:
+        self._dispatcher = dispatcher
+        self.address = address
+
+    def call(self, request: Request, timeout: float, target: str = "") -> Message:
+        box = _Box()
+        self._dispatcher.dispatch(request, target or request.target, box.set)
+        if not box.wait(timeout):
+            raise NodeTimeout(
+                f"no reply to {request.type} within {timeout:g}s",
+                address=self.address,
+                timeout_s=timeout,
+            )
+        assert box.value is not None
+        if isinstance(box.value, SubagentsError):
+            raise box.value
+        return box.value
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,105 @@
+"""The SQLite store: one database file (WAL) shared by the owner actors, one table family each.
+
+Owns the file, its pragmas and the migration bookkeeping. It never reads or writes a ledger
+table itself: each family's DDL comes from its owner actor (`OwnerActor.MIGRATIONS`) and only
+that actor's connection touches those tables afterwards.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from subagents_node.messages.errors import StoreError
+
+#: Version of the store's own layout (the migration bookkeeping), in PRAGMA user_version.
+LAYOUT_VERSION = 1
+
+
+class Store:
+    def __init__(self, path: Path, synchronous: str = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError("synchronous must be NORMAL or FULL")
+        self.path = path
+        self.synchronous = synchronous
+
+    def connect(self) -> sqlite3.Connection:
+        """A new connection for one owner thread. Autocommit mode: owners BEGIN explicitly."""
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the state database {self.path}: {exc}") from exc
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def migrate(self, families: Mapping[str, Sequence[str]]) -> dict[str, int]:
+        """Apply every family's pending migrations, each in its own transaction."""
+        conn = self.connect()
+        try:
+            layout = conn.execute("PRAGMA user_version").fetchone()[0]
+            if layout > LAYOUT_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer subagents-node "
+                    f"(layout {layout} > {LAYOUT_VERSION}); upgrade this installation"
+                )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(family TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+            )
+            conn.execute(f"PRAGMA user_version={LAYOUT_VERSION}")
+            versions: dict[str, int] = {}
+            for family, scripts in families.items():
+                row = conn.execute(
+                    "SELECT version FROM schema_migrations WHERE family=?", (family,)
+                ).fetchone()
+                current = int(row[0]) if row else 0
+                if current > len(scripts):
+                    raise StoreError(
+                        f"table family {family!r} is at version {current}, newer than this "
+                        f"installation knows ({len(scripts)}); upgrade subagents-node"
+                    )
+                for version in range(current + 1, len(scripts) + 1):
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        for statement in _statements(scripts[version - 1]):
+                            conn.execute(statement)
+                        conn.execute(
+                            "INSERT INTO schema_migrations(family, version) VALUES(?, ?) "
+                            "ON CONFLICT(family) DO UPDATE SET version=excluded.version",
+                            (family, version),
+                        )
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                versions[family] = len(scripts)
+            return versions
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot migrate the state database {self.path}: {exc}") from exc
+        finally:
+            conn.close()
+
+    def versions(self) -> dict[str, int]:
+        conn = self.connect()
+        try:
+            rows = conn.execute("SELECT family, version FROM schema_migrations").fetchall()
+            return {str(r[0]): int(r[1]) for r in rows}
+        except sqlite3.Error:
+            return {}
+        finally:
+            conn.close()
+
+    def integrity_check(self) -> str:
+        conn = self.connect()
+        try:
+            return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+        finally:
+            conn.close()
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]

@@ -1,0 +1,341 @@
+"""The `runs` handle a workflow script receives (SPEC §12: R-WF-3..8, R-WF-10, R-WF-11).
+
+Owns the workflow's admission state inside the host process: the keys launched so far and their
+parameters, the output paths earlier groups claimed, one step per launched key (with its async
+classification and run id) and the call trace. Every `runs.run` and `runs.all` call is one
+admission group (R-WF-5), admitted in this order (R-WF-6):
+
+1. keys (R-WF-4), agents and output paths are checked, collisions refused (R-WF-8);
+2. `workflow[key]` is claimed for every new member as ONE batch at the budget's owner
+   (all or nothing, R-FAN-13/16), qualified by the workflow descriptor's parent path;
+3. only then are the output paths recorded, and each child launched as a workflow child:
+   its key, `fanout_admitted` (so it claims nothing itself, R-FAN-20), the workflow's token
+   (R-FAN-24), the workflow as parent (never charged capacity, R-TOP-7) and the descriptor
+   extended by `workflow[key]` (R-FAN-12).
+
+A group refused at step 1 or 2 launches nothing and raises its typed error in the script. A
+member whose own launch is refused after admission (its claim stays, R-FAN-15) comes back as
+a failed result that never launched (async = false, A-6). Foreground members are awaited;
+background ones (`async_=True`) are not, and may outlive the workflow.
+
+It never claims for a reused key, never launches once the workflow has settled, never hands a
+child its token or the aggregate output path, and changes node state only through requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from subagents_node.client.client import Client
+from subagents_node.launch.agents import Agent
+from subagents_node.launch.launcher import LaunchContext, agent_plan
+from subagents_node.messages.errors import (
+    FanoutLimitExceeded,
+    SubagentsError,
+    WorkflowCallInvalid,
+    WorkflowError,
+    WorkflowKeyConflict,
+    WorkflowKeyInvalid,
+    WorkflowOutputCollision,
+    WorkflowSettled,
+)
+from subagents_node.messages.fanout import FanoutSnapshot, encode_descriptor, extend
+from subagents_node.messages.supervisor import IntercomMode, Launch, RunView, TaskItem
+from subagents_node.workflow.calls import (
+    ENV_WORKFLOW_TOKEN,
+    ChildCall,
+    ChildResult,
+    Step,
+    WorkflowEnv,
+    step_status,
+    to_jsonable,
+)
+from subagents_node.workflow.outputs import check_collisions, resolve_output
+from subagents_node.workflow.stop import WorkflowStopped
+
+__all__ = [
+    "ENV_WORKFLOW_TOKEN",
+    "ChildCall",
+    "ChildResult",
+    "FanoutLimitExceeded",
+    "Step",
+    "WorkflowCallInvalid",
+    "WorkflowEnv",
+    "WorkflowError",
+    "WorkflowKeyConflict",
+    "WorkflowKeyInvalid",
+    "WorkflowOutputCollision",
+    "WorkflowRuns",
+    "WorkflowSettled",
+    "WorkflowStopped",
+    "to_jsonable",
+]
+
+#: The host's own variables: a child gets its own values from the node, or none at all.
+_HOST_ONLY = (
+    ENV_WORKFLOW_TOKEN,
+    "SUBAGENTS_OUTPUT",
+    "SUBAGENTS_TASK_FILE",
+    "SUBAGENTS_CHILD_ID",
+    "SUBAGENTS_CHILD_DIR",
+    "SUBAGENTS_AGENT",
+)
+
+
+class WorkflowRuns:
+    """The `runs` object of a workflow script. Calls from several threads take turns."""
+
+    def __init__(
+        self,
+        client: Client,
+        launcher: LaunchContext,
+        env: WorkflowEnv,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._client = client
+        self._launcher = launcher
+        self.env = env
+        self._on_change = on_change
+        self._lock = threading.RLock()
+        self.steps: dict[str, Step] = {}
+        self.trace: list[dict[str, Any]] = []
+        self.fanout: FanoutSnapshot | None = None
+        self.emits: list[Any] = []
+        self.console_lines: list[str] = []
+        self._claimed: dict[Path, str] = {}
+        self._settled = False
+
+    # -- the script's API ---------------------------------------------------------------------
+
+    def run(
+        self,
+        key: str,
+        agent: str,
+        task: str,
+        *,
+        output: str | bool | None = None,
+        async_: bool = False,
+        cwd: str | None = None,
+        timeout_ms: int | None = None,
+        intercom: IntercomMode | None = None,
+    ) -> ChildResult:
+        """Launch one child (a group of one); wait for it unless `async_`."""
+        call = ChildCall(key, agent, task, output, async_, cwd, timeout_ms, intercom)
+        return self.all([call])[0]
+
+    def all(self, specs: Iterable[ChildCall | Mapping[str, Any]]) -> list[ChildResult]:
+        """Launch a batch as ONE admission group; wait for its foreground members. Results come
+        back in the order of `specs`; a refused group raises and launches nothing."""
+        with self._lock:
+            if self._settled:
+                raise WorkflowSettled("The workflow has already settled; nothing more is admitted.")
+            calls = [ChildCall.of(spec) for spec in specs]
+            members = self._members(calls)
+            try:
+                self._admit(members)
+            except SubagentsError as err:
+                for step, _ in members:
+                    self._trace("failed", step, error=err.message)
+                self._on_change()
+                raise
+            for step, agent in members:
+                self._launch(step, agent)
+            fresh = {step.key for step, _ in members}
+            for call in calls:
+                if call.key in fresh:
+                    fresh.discard(call.key)  # its first occurrence is the launch itself
+                else:
+                    self._trace("reused", self.steps[call.key])
+            self._on_change()
+            for step, _ in members:
+                if step.status == "running" and not step.async_:
+                    self._await(step)
+            return [self._result_of(call) for call in calls]
+
+    def emit(self, value: Any) -> None:
+        """Add a value to the workflow's result, as it is now (a JSON copy)."""
+        self.emits.append(to_jsonable(value))
+        self._on_change()
+
+    def console(self, *values: object, sep: str = " ") -> None:
+        """A console line for the result (`print()` in a script lands here too)."""
+        self.console_lines.append(sep.join(str(v) for v in values))
+
+    def budget(self) -> FanoutSnapshot:
+        """The workflow's fan-out budget as it stands (R-FAN-17), nested claims included."""
+        return self._client.fanout.snapshot(self.env.descriptor)
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def _members(self, calls: list[ChildCall]) -> list[tuple[Step, Agent]]:
+        """R-WF-5: the group's new keys (repeats and earlier keys reuse); R-WF-7: their outputs."""
+        members: list[tuple[Step, Agent]] = []
+        fresh: dict[str, ChildCall] = {}
+        for call in calls:
+            earlier = self.steps[call.key].call if call.key in self.steps else fresh.get(call.key)
+            if earlier is not None:
+                if earlier.params() != call.params():
+                    raise WorkflowKeyConflict(
+                        f"Workflow child key '{call.key}' was already used with different "
+                        "parameters; use a new key.",
+                        key=call.key,
+                    )
+                continue
+            fresh[call.key] = call
+            agent = self._launcher.catalog.get(call.agent)
+            child_cwd = self.env.cwd / (call.cwd or agent.cwd or "")
+            path = resolve_output(
+                call.output,
+                key=call.key,
+                agent_output=agent.output,
+                child_cwd=child_cwd,
+                aggregate=self.env.aggregate,
+                run_dir=self.env.run_dir,
+            )
+            members.append((Step(call.key, agent.name, call, path), agent))
+        return members
+
+    def _admit(self, members: list[tuple[Step, Agent]]) -> None:
+        """R-WF-6: collisions before the claim; the claim before the output paths are held."""
+        check_collisions(
+            [(step.key, step.output_path) for step, _ in members],
+            self.env.aggregate,
+            self._claimed,
+        )
+        if not members:
+            return
+        paths = [f"workflow[{step.key}]" for step, _ in members]
+        self.fanout = self._client.fanout.claim(self.env.descriptor, paths)
+        for step, _ in members:
+            if step.output_path is not None:
+                self._claimed[step.output_path] = step.key
+            self.steps[step.key] = step
+
+    def _child_launch(self, step: Step, agent: Agent) -> Launch:
+        call = step.call
+        plan = agent_plan(agent)
+        if step.output_path is None:
+            plan = plan.model_copy(update={"output": None})  # `output: false`: no file at all
+        item = TaskItem(
+            agent=plan,
+            task=call.task,
+            cwd=call.cwd or agent.cwd,
+            output=str(step.output_path) if step.output_path is not None else None,
+        )
+        base = self._launcher.launch(
+            "single", call.async_, items=[item], timeout_ms=call.timeout_ms
+        )
+        fields_ = base.model_dump()
+        fields_.update(
+            env={k: v for k, v in (base.env or {}).items() if k not in _HOST_ONLY},
+            parent_run_id=self.env.run_id,
+            workflow_key=step.key,
+            fanout_admitted=True,
+            workflow_token=self.env.token,
+            inherited_fanout=encode_descriptor(
+                extend(self.env.descriptor, f"workflow[{step.key}]")
+            ),
+            intercom=call.intercom or self.env.intercom,  # R-ICB-3
+        )
+        return Launch.model_validate(fields_)
+
+    def _launch(self, step: Step, agent: Agent) -> None:
+        try:
+            view = self._client.runs.launch(self._child_launch(step, agent))
+        except SubagentsError as err:
+            # Admitted but refused by the node (spawn budget, depth, a stopped workflow): it
+            # never launched, so it needs no proof (A-6). Its claim stays (R-FAN-15).
+            step.status, step.async_, step.error = "failed", False, err.message
+            step.result = self._result(step, None)
+            self._trace("failed", step, error=err.message)
+            return
+        step.view, step.run_id, step.async_ = view, view.run_id, step.call.async_
+        step.status = "running"
+        self._trace("started", step)
+        if step.async_:
+            step.result = self._result(step, view)
+
+    def _await(self, step: Step) -> None:
+        assert step.run_id is not None
+        view = self._client.runs.wait(step.run_id)
+        self._settle_step(step, view)
+        self._on_change()
+
+    def _settle_step(self, step: Step, view: RunView) -> None:
+        step.view = view
+        if step.stopped:
+            return  # R-WF-10: a stopped step ignores later updates
+        step.status = step_status(view.state)
+        step.error = view.error
+        step.stopped = view.state == "stopped"
+        step.result = self._result(step, view)
+        self._trace(step.status, step, error=view.error or None)
+
+    def _result(self, step: Step, view: RunView | None, state: str | None = None) -> ChildResult:
+        state = state or (view.state if view is not None else "failed")
+        terminal = state not in ("queued", "running", "paused")
+        return ChildResult(
+            key=step.key,
+            agent=step.agent,
+            run_id=step.run_id,
+            state=state,
+            success=(state == "complete") if terminal else None,
+            output=view.output if view is not None else "",
+            output_path=str(step.output_path) if step.output_path is not None else None,
+            error=step.error or (view.error if view is not None else ""),
+            async_=bool(step.async_),
+        )
+
+    def _result_of(self, call: ChildCall) -> ChildResult:
+        step = self.steps[call.key]
+        assert step.result is not None
+        return step.result
+
+    def _trace(self, event: str, step: Step, **extra: Any) -> None:
+        entry: dict[str, Any] = {"ts": time.time(), "event": event, "key": step.key}
+        entry.update(agent=step.agent, runId=step.run_id)
+        entry.update({k: v for k, v in extra.items() if v is not None})
+        self.trace.append(entry)
+
+    # -- the host's side ----------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """The script ended: every later call is refused (R-WF-5)."""
+        self._settled = True
+
+    def abort(self, reason: str) -> None:
+        """R-WF-10: every launched child without a result is stopped and marked `stopped`.
+        Runs without the lock: the script's thread may hold it while the stop interrupts it."""
+        self._settled = True
+        for step in list(self.steps.values()):
+            if step.status not in ("pending", "running") or step.result is not None:
+                continue
+            if step.status == "pending":
+                step.async_ = False  # admitted, never launched (A-6)
+            step.status, step.stopped, step.error = "stopped", True, reason
+            step.result = self._result(step, step.view, state="stopped")
+            self._trace("stopped", step, error=reason)
+            if step.run_id is not None:
+                # A stopped workflow's children are stopped by the node too; a deadline's not.
+                with contextlib.suppress(SubagentsError):
+                    self._client.runs.stop(step.run_id)
+
+    def refresh(self) -> None:
+        """Re-read the background children (they may have ended) for the result file."""
+        for step in self.steps.values():
+            if not step.async_ or step.run_id is None or step.stopped:
+                continue
+            try:
+                view = self._client.runs.show(step.run_id)
+            except SubagentsError:
+                continue
+            step.view = view
+            if view.state not in ("queued", "running", "paused"):
+                step.status = step_status(view.state)
+                step.error = view.error
+            step.result = self._result(step, view)

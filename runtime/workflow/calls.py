@@ -1,0 +1,178 @@
+"""The values a workflow script hands to `runs` and gets back (SPEC R-WF-4, R-WF-11, R-RUN-7).
+
+Owns their shapes and their validation: `ChildCall` (one `runs.run` call; a reuse of its key must
+repeat its parameters exactly), `ChildResult` (what a call answers), `Step` (one launched key:
+status, async classification, run id), `WorkflowEnv` (the workflow run the host serves) and the
+JSON form of a script's values. Pure data: nothing here talks to a node or touches a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from subagents_node.messages.errors import WorkflowCallInvalid, WorkflowKeyInvalid
+from subagents_node.messages.fanout import FanoutDescriptor
+from subagents_node.messages.supervisor import WORKFLOW_KEY, IntercomMode, RunView
+
+ENV_WORKFLOW_TOKEN = "SUBAGENTS_WORKFLOW_TOKEN"
+_KEY = re.compile(WORKFLOW_KEY)
+
+StepStatus = Literal["pending", "running", "completed", "failed", "stopped"]
+_STEP_STATUS: Mapping[str, StepStatus] = {"complete": "completed", "stopped": "stopped"}
+
+
+def step_status(run_state: str) -> StepStatus:
+    """R-WF-11: a child run's terminal state as its step's status (anything else: failed)."""
+    return _STEP_STATUS.get(run_state, "failed")
+
+
+@dataclass(frozen=True)
+class WorkflowEnv:
+    """What the node told the host about its workflow run (through its environment)."""
+
+    run_id: str
+    session_id: str
+    token: str
+    descriptor: FanoutDescriptor
+    run_dir: Path
+    cwd: Path
+    aggregate: Path | None = None
+    intercom: IntercomMode = "on"
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class ChildCall:
+    """One `runs.run` call, validated: the key and the parameters a reuse must repeat."""
+
+    key: str
+    agent: str
+    task: str
+    output: str | bool | None = None
+    async_: bool = False
+    cwd: str | None = None
+    timeout_ms: int | None = None
+    intercom: IntercomMode | None = None
+
+    @classmethod
+    def of(cls, spec: ChildCall | Mapping[str, Any]) -> ChildCall:
+        """From a dict spec (`async` is accepted for `async_`), checking every field."""
+        if isinstance(spec, ChildCall):
+            return cls._checked(spec)
+        if not isinstance(spec, Mapping):
+            raise WorkflowCallInvalid(
+                f"a runs.all entry is a dict of run() arguments, not {type(spec).__name__}",
+                field="spec",
+            )
+        unknown = sorted(set(spec) - {f.name for f in fields(cls)} - {"async"})
+        if unknown:
+            raise WorkflowCallInvalid(
+                f"unknown runs.run argument(s): {', '.join(map(str, unknown))}",
+                key=str(spec.get("key", "")),
+                field=str(unknown[0]),
+            )
+        values = dict(spec)
+        if "async" in values:
+            values["async_"] = values.pop("async")
+        for name in ("key", "agent", "task"):
+            if name not in values:
+                raise WorkflowCallInvalid(
+                    f"runs.run needs '{name}'", key=str(values.get("key", "")), field=name
+                )
+        return cls._checked(cls(**values))
+
+    @classmethod
+    def _checked(cls, call: ChildCall) -> ChildCall:
+        key = call.key
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise WorkflowKeyInvalid(
+                f"Workflow child key {key!r} is invalid: a key matches {WORKFLOW_KEY}.",
+                key=str(key),
+            )
+        problems = {
+            "agent": isinstance(call.agent, str) and bool(call.agent),
+            "task": isinstance(call.task, str),
+            "output": call.output is None or isinstance(call.output, str | bool),
+            "async_": isinstance(call.async_, bool),
+            "cwd": call.cwd is None or isinstance(call.cwd, str),
+            "timeout_ms": call.timeout_ms is None
+            or (
+                isinstance(call.timeout_ms, int)
+                and not isinstance(call.timeout_ms, bool)
+                and call.timeout_ms > 0
+            ),
+            "intercom": call.intercom in (None, "on", "off"),
+        }
+        bad = [name for name, ok in problems.items() if not ok]
+        if bad:
+            raise WorkflowCallInvalid(
+                f"runs.run('{key}'): invalid {bad[0]}: {getattr(call, bad[0])!r}",
+                key=key,
+                field=bad[0],
+            )
+        return call
+
+    def params(self) -> tuple[object, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name != "key")
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    """What `runs.run` answers. `success` is None while a background child still runs."""
+
+    key: str
+    agent: str
+    run_id: str | None
+    state: str
+    success: bool | None
+    output: str = ""
+    output_path: str | None = None
+    error: str = ""
+    async_: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name.rstrip("_"): getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Step:
+    """One launched key: its status, async classification and run id (R-WF-11)."""
+
+    key: str
+    agent: str
+    call: ChildCall
+    output_path: Path | None
+    status: StepStatus = "pending"
+    async_: bool | None = None
+    run_id: str | None = None
+    error: str = ""
+    stopped: bool = False
+    result: ChildResult | None = None
+    view: RunView | None = field(default=None, repr=False)
+
+
+def to_jsonable(value: Any) -> Any:
+    """A script's value (or an emit) as JSON data; anything else becomes its repr."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, ChildResult):
+        return value.to_dict()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return repr(value)

@@ -1,0 +1,258 @@
+"""The workflow host: the process that runs a workflow script (SPEC §12).
+
+    python -m subagents_node.workflow.host SCRIPT [--agents-dir D ...] [--intercom on|off]
+
+Started by the RunSupervisor as a workflow run's only child (`subagents-node workflow` builds
+that run), with SUBAGENTS_NODE, SUBAGENTS_SESSION, SUBAGENTS_RUN_ID (the workflow run),
+SUBAGENTS_RUN_FANOUT (its budget), SUBAGENTS_WORKFLOW_TOKEN, SUBAGENTS_DEPTH (the workflow's
+own), SUBAGENTS_CHILD_DIR and, with an aggregate output, SUBAGENTS_OUTPUT.
+
+Owns one script execution. The script is run as a module with `runs` (runtime.workflow_api),
+`emit` and `console` in its globals and must define `main(runs)`: its return value is the
+workflow's value, `emit(value)` adds to the result, and `console(...)` or `print(...)` add
+console lines. When it ends, the host writes the aggregate output (R-WF-9), `result.json`
+(R-RUN-7) and `status.json` (R-RUN-4, also rewritten at every admission) in the workflow's run
+dir, prints the summary on stdout (the run's output) and, unless the script returned, the error
+on stderr (the run's error) and exits non-zero. On SIGTERM (a stop, or the script's deadline,
+R-TMO-7) it stops the children it awaits, marks them stopped (R-WF-10) and writes the same
+files within the node's stop grace.
+
+It never writes the node's state (only requests do), never hands its token to a child, and
+admits nothing once the script has ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from subagents_node.client.client import Client, connect
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import SubagentsError, WorkflowHostError
+from subagents_node.messages.fanout import ENV_FANOUT, decode_descriptor
+from subagents_node.messages.supervisor import IntercomMode
+from subagents_node.workflow.api import ENV_WORKFLOW_TOKEN, WorkflowEnv, WorkflowRuns
+from subagents_node.workflow.launch import RESULT_FILE
+from subagents_node.workflow.report import (
+    STATUS_FILE,
+    Outcome,
+    display_text,
+    result_document,
+    status_document,
+    summary_line,
+    write_aggregate,
+    write_json,
+)
+from subagents_node.workflow.stop import WorkflowStopped
+
+_REQUIRED = (
+    "SUBAGENTS_NODE",
+    "SUBAGENTS_SESSION",
+    "SUBAGENTS_RUN_ID",
+    ENV_FANOUT,
+    ENV_WORKFLOW_TOKEN,
+    "SUBAGENTS_CHILD_DIR",
+)
+#: The event the supervisor records when a run is told to stop (actors.supervisor).
+_STOP_EVENT = "run.stopping"
+
+
+def workflow_env(environ: Mapping[str, str], cwd: Path, intercom: IntercomMode) -> WorkflowEnv:
+    """The workflow run this host serves, from the variables its node set."""
+    missing = [name for name in _REQUIRED if not environ.get(name, "").strip()]
+    if missing:
+        raise WorkflowHostError(
+            f"the workflow host runs inside a workflow run (missing {', '.join(missing)}); "
+            "start one with `subagents-node workflow SCRIPT`",
+            variable=missing[0],
+        )
+    aggregate = environ.get("SUBAGENTS_OUTPUT", "").strip()
+    return WorkflowEnv(
+        run_id=environ["SUBAGENTS_RUN_ID"],
+        session_id=environ["SUBAGENTS_SESSION"],
+        token=environ[ENV_WORKFLOW_TOKEN],
+        descriptor=decode_descriptor(environ[ENV_FANOUT]),
+        run_dir=Path(environ["SUBAGENTS_CHILD_DIR"]).parent,
+        cwd=cwd,
+        aggregate=Path(os.path.normpath(aggregate)) if aggregate else None,
+        intercom=intercom,
+    )
+
+
+class ConsoleWriter:
+    """sys.stdout while the script runs: complete lines become the workflow's console lines."""
+
+    def __init__(self, runs: WorkflowRuns) -> None:
+        self._runs = runs
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._runs.console(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._runs.console(self._partial)
+            self._partial = ""
+
+
+def run_script(path: Path, runs: WorkflowRuns) -> Any:
+    """Execute the script with `runs`, `emit` and `console` in its globals; call `main(runs)`."""
+    sys.path.insert(0, str(path.parent))  # the script may import its neighbours
+    writer = ConsoleWriter(runs)
+    try:
+        with contextlib.redirect_stdout(writer):
+            namespace = runpy.run_path(
+                str(path),
+                init_globals={"runs": runs, "emit": runs.emit, "console": runs.console},
+                run_name="__workflow__",
+            )
+            entry = namespace.get("main")
+            if not callable(entry):
+                raise TypeError(f"the workflow script {path} must define main(runs)")
+            return entry(runs)
+    finally:
+        writer.flush()
+
+
+def _error_text(exc: BaseException) -> str:
+    message = exc.message if isinstance(exc, SubagentsError) else str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _stop_reason(client: Client, run_id: str) -> tuple[str, str]:
+    """A stop request shows as `run.stopping` in the run's events; without one, the SIGTERM
+    came from the script's own deadline (R-TMO-7): failed, not stopped (R-WF-10)."""
+    with contextlib.suppress(SubagentsError):
+        for event in client.runs.watch(run_id, 0, wait_s=0).events:
+            if event.kind == _STOP_EVENT:
+                return "stopped", str(event.data.get("reason") or "Stopped by request.")
+    return "failed", "The workflow script was ended before it finished (its timeout passed)."
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough: the files come next
+    raise WorkflowStopped()
+
+
+class Host:
+    """One script execution and what it leaves behind."""
+
+    def __init__(
+        self, client: Client, launcher: LaunchContext, env: WorkflowEnv, script: Path
+    ) -> None:
+        self.client = client
+        self.runs = WorkflowRuns(client, launcher, env, on_change=self.write_status)
+        self.script = script
+        self.outcome = Outcome(started_at=time.time())
+
+    def write_status(self) -> None:
+        with contextlib.suppress(OSError):  # status.json is for people; the node has the truth
+            doc = status_document(self.outcome, self.runs, time.time())
+            write_json(self.runs.env.run_dir / STATUS_FILE, doc)
+
+    def execute(self) -> None:
+        outcome = self.outcome
+        outcome.state = "running"
+        self.write_status()
+        signal.signal(signal.SIGTERM, _raise_stop)
+        try:
+            outcome.value = run_script(self.script, self.runs)
+            outcome.state = "complete"
+        except WorkflowStopped:
+            outcome.state, outcome.error = _stop_reason(self.client, self.runs.env.run_id)
+            self.runs.abort(outcome.error)
+        except SystemExit as exc:
+            if exc.code in (None, 0):
+                outcome.state = "complete"
+            else:
+                outcome.state, outcome.error = "failed", f"SystemExit: {exc.code}"
+        except Exception as exc:
+            outcome.state, outcome.error = "failed", _error_text(exc)
+            outcome.traceback = "".join(traceback.format_exception(exc))
+        finally:
+            # The files must be written even if a second SIGTERM arrives meanwhile.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.runs.settle()
+            outcome.ended_at = time.time()
+
+    def finish(self, out: TextIO, err: TextIO) -> int:
+        """R-WF-9 then R-RUN-7: the aggregate, the result file, the final status, the text."""
+        outcome, env = self.outcome, self.runs.env
+        if outcome.state != "stopped":
+            self.runs.refresh()  # background children may have ended already
+        if env.background:
+            text = summary_line(outcome, self.runs)
+        else:
+            text = display_text(outcome, self.runs)
+        if env.aggregate is not None:
+            problem = write_aggregate(env.aggregate, text)
+            if problem is not None:
+                text = f"{text}\n\n{problem}"
+        now = time.time()
+        try:
+            write_json(env.run_dir / RESULT_FILE, result_document(outcome, self.runs, text, now))
+        except OSError as exc:
+            print(f"cannot write {env.run_dir / RESULT_FILE}: {exc}", file=err)
+        self.write_status()
+        print(text, file=out, flush=True)
+        if outcome.state == "complete":
+            return 0
+        print(outcome.error or "Workflow failed.", file=err, flush=True)
+        return 143 if outcome.state == "stopped" else 1
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m subagents_node.workflow.host")
+    parser.add_argument("script", type=Path)
+    parser.add_argument("--agents-dir", dest="agents_dirs", action="append", default=[])
+    parser.add_argument("--intercom", choices=("on", "off"), default="on")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    try:
+        env = workflow_env(os.environ, Path.cwd(), args.intercom)
+    except SubagentsError as err:
+        print(f"workflow host: {err.message}", file=sys.stderr)
+        return 2
+    with connect(os.environ["SUBAGENTS_NODE"]) as client:
+        with contextlib.suppress(SubagentsError):
+            env = _with_mode(env, client)
+        try:
+            launcher = LaunchContext.from_environment(
+                cwd=env.cwd,
+                env=os.environ,
+                agents_dirs=args.agents_dirs,
+                session_id=env.session_id,
+            )
+        except SubagentsError as err:
+            print(f"workflow host: {err.message}", file=sys.stderr)
+            return 2
+        host = Host(client, launcher, env, args.script.resolve())
+        host.execute()
+        return host.finish(sys.stdout, sys.stderr)
+
+
+def _with_mode(env: WorkflowEnv, client: Client) -> WorkflowEnv:
+    """Foreground or background decides the text (R-WF-9); the node knows which it is."""
+    return dataclasses.replace(env, background=client.runs.show(env.run_id).background)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

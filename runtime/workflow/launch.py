@@ -1,0 +1,63 @@
+"""The launch request of a workflow (SPEC §12, R-WF-7, R-TMO-7): the entry point a program uses
+to run a workflow script under a node, and the one the `workflow` command uses.
+
+It only builds the request; it never talks to a node.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import InvalidTimeout
+from subagents_node.messages.supervisor import AgentPlan, IntercomMode, Launch, RunView, TaskItem
+from subagents_node.workflow.outputs import aggregate_path
+
+#: what the workflow host leaves in the run directory (R-RUN-7)
+RESULT_FILE = "result.json"
+
+HOST_MODULE = "subagents_node.workflow.host"
+
+
+def workflow_launch(
+    ctx: LaunchContext,
+    script: Path,
+    *,
+    background: bool,
+    output: str | None = None,
+    timeout_ms: int | None = None,
+    agents_dirs: tuple[str, ...] = (),
+    intercom: IntercomMode = "on",
+) -> Launch:
+    """The `runs.launch` request of a workflow: its host as the one item, with the aggregate
+    output (R-WF-7) as the item's output."""
+    if timeout_ms is not None and timeout_ms <= 0:
+        raise InvalidTimeout(
+            "workflow script timeout must be a positive integer.",
+            name="timeout_ms",
+            value=repr(timeout_ms),
+        )
+    command = [sys.executable, "-m", HOST_MODULE, "{task}", "--intercom", intercom]
+    for directory in agents_dirs:
+        command += ["--agents-dir", str(Path(directory).expanduser().resolve())]
+    host = AgentPlan(name="workflow", command=command, task_delivery="argv")
+    aggregate = aggregate_path(output, ctx.cwd)
+    item = TaskItem(
+        agent=host,
+        task=str(script.expanduser().resolve()),
+        output=str(aggregate) if aggregate is not None else None,
+    )
+    launch = ctx.launch("workflow", background, items=[item], timeout_ms=timeout_ms)
+    return launch.model_copy(update={"intercom": intercom})
+
+
+def workflow_result(run: RunView) -> dict[str, Any] | None:
+    """The host's result.json (R-RUN-7), or None when it left none (killed, never started)."""
+    try:
+        data = json.loads((Path(run.run_dir) / RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,201 @@
+"""What a workflow leaves for people and tools: status.json, result.json, the aggregate, the text.
+
+Owns the shapes of the workflow host's files in the workflow's run dir (SPEC R-RUN-4 status,
+R-RUN-7 result with per-child entries, R-WF-11 steps) and of its text (R-WF-9: the one-line
+summary of a background workflow, the full display text of a foreground one). Every file is
+written atomically (a temp file, then rename). It never decides an outcome and never talks to
+a node; it formats what the host hands it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from subagents_node.workflow.api import Step, WorkflowRuns, to_jsonable
+
+PREVIEW_CHARS = 1000
+STATUS_FILE = "status.json"
+
+
+@dataclass
+class Outcome:
+    """How the script ended: `complete` (it returned), `failed` (it raised, or was ended by
+    its deadline) or `stopped` (the workflow was stopped)."""
+
+    state: str = "running"
+    value: Any = None
+    error: str = ""
+    started_at: float = 0.0
+    ended_at: float | None = None
+    #: The script's traceback when it raised (kept in result.json, not in the run's error).
+    traceback: str = ""
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(to_jsonable(value), ensure_ascii=False)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def _trace_line(entry: Mapping[str, Any]) -> str:
+    line = f"{entry['event']} {entry['key']} ({entry.get('agent', '?')})"
+    if entry.get("runId"):
+        line += f" run {entry['runId']}"
+    if entry.get("error"):
+        line += f": {str(entry['error']).strip().splitlines()[0][:200]}"
+    return line
+
+
+def _headline(outcome: Outcome, runs: WorkflowRuns) -> str:
+    if outcome.state == "complete":
+        return f"Workflow completed with {len(runs.steps)} child run(s)."
+    if outcome.state == "stopped":
+        return f"Workflow stopped: {outcome.error}" if outcome.error else "Workflow stopped."
+    return f"Workflow failed: {outcome.error}" if outcome.error else "Workflow failed."
+
+
+def summary_line(outcome: Outcome, runs: WorkflowRuns) -> str:
+    """R-WF-9 for a background workflow: the one-line summary, or the error text."""
+    if outcome.state != "complete":
+        return outcome.error or "Workflow failed."
+    emitted = ""
+    if runs.emits:
+        emitted = f" Emitted: {_preview(runs.emits)}"
+    return (
+        f"{_headline(outcome, runs)} Return: {_preview(outcome.value)}{emitted} "
+        f"Trace: {len(runs.trace)} event(s)."
+    )
+
+
+def display_text(outcome: Outcome, runs: WorkflowRuns) -> str:
+    """R-WF-9 for a foreground workflow: value, emits, console and call trace, in full."""
+    lines = [_headline(outcome, runs)]
+    if outcome.state == "complete":
+        lines.append(f"Return: {json.dumps(to_jsonable(outcome.value), ensure_ascii=False)}")
+    if runs.emits:
+        lines.append("Emitted:")
+        lines += [f"  - {json.dumps(to_jsonable(e), ensure_ascii=False)}" for e in runs.emits]
+    if runs.console_lines:
+        lines.append("Console:")
+        lines += [f"  {line}" for line in runs.console_lines]
+    lines.append(f"Trace: {len(runs.trace)} event(s)")
+    lines += [f"  - {_trace_line(entry)}" for entry in runs.trace]
+    return "\n".join(lines)
+
+
+def step_json(step: Step) -> dict[str, Any]:
+    """R-WF-11: the step as debug tools and the capacity verdict read it."""
+    data: dict[str, Any] = {
+        "workflowKey": step.key,
+        "agent": step.agent,
+        "status": step.status,
+        "async": step.async_,
+        "runId": step.run_id,
+        "outputPath": str(step.output_path) if step.output_path is not None else None,
+    }
+    if step.stopped:
+        data["stopped"] = True
+    if step.error:
+        data["error"] = step.error
+    return data
+
+
+def child_json(step: Step) -> dict[str, Any]:
+    """R-RUN-7's per-child entry. `outputState` is `present` when the child left its output
+    file (or, with no file, printed something), else `absent`."""
+    result = step.result
+    output = result.output if result is not None else ""
+    path = step.output_path
+    present = path.is_file() if path is not None else bool(output.strip())
+    data: dict[str, Any] = {
+        "workflowKey": step.key,
+        "agent": step.agent,
+        "runId": step.run_id,
+        "output": output,
+        "outputState": "present" if present else "absent",
+        "structuredOutput": None,
+        "success": result.success if result is not None else False,
+        "state": result.state if result is not None else step.status,
+    }
+    if path is not None:
+        data["artifactPaths"] = {"outputPath": str(path)}
+    return data
+
+
+def status_document(outcome: Outcome, runs: WorkflowRuns, now: float) -> dict[str, Any]:
+    """R-RUN-4: the workflow's status as its host sees it (mode workflow, the host's pid)."""
+    env = runs.env
+    return {
+        "runId": env.run_id,
+        "sessionId": env.session_id,
+        "mode": "workflow",
+        "state": outcome.state,
+        "pid": os.getpid(),
+        "startedAt": outcome.started_at,
+        "lastUpdate": now,
+        "runFanoutBudget": runs.fanout.model_dump() if runs.fanout is not None else None,
+        "steps": [step_json(s) for s in runs.steps.values()],
+    }
+
+
+def result_document(
+    outcome: Outcome, runs: WorkflowRuns, summary: str, now: float
+) -> dict[str, Any]:
+    """R-RUN-7 for a workflow (agent and mode `workflow`), plus the script's own record."""
+    env = runs.env
+    ended = outcome.ended_at or now
+    data: dict[str, Any] = {
+        "id": env.run_id,
+        "runId": env.run_id,
+        "toolCallId": env.run_id,
+        "agent": "workflow",
+        "mode": "workflow",
+        "success": outcome.state == "complete",
+        "state": outcome.state,
+        "summary": summary,
+        "results": [child_json(s) for s in runs.steps.values()],
+        "steps": [step_json(s) for s in runs.steps.values()],
+        "value": to_jsonable(outcome.value),
+        "emits": [to_jsonable(e) for e in runs.emits],
+        "console": list(runs.console_lines),
+        "trace": list(runs.trace),
+        "runFanoutBudget": runs.fanout.model_dump() if runs.fanout is not None else None,
+        "aggregateOutput": str(env.aggregate) if env.aggregate is not None else None,
+        "asyncDir": str(env.run_dir),
+        "cwd": str(env.cwd),
+        "sessionId": env.session_id,
+        "timestamp": round(now * 1000),
+        "durationMs": round((ended - outcome.started_at) * 1000),
+    }
+    if outcome.state == "complete":
+        data["output"] = summary
+    else:
+        data["error"] = outcome.error or "Workflow failed."
+    if outcome.state == "stopped":
+        data["stopped"] = True
+    if outcome.traceback:
+        data["traceback"] = outcome.traceback
+    return data
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomic replace-write (R-RUN-4); raises OSError for the caller to report."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_aggregate(path: Path, text: str) -> str | None:
+    """R-WF-9: the aggregate file; on failure the `Output file error` text, else None."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        return f"Output file error: {path}\n{exc.strerror or exc}"
+    return None

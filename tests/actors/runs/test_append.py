@@ -1,0 +1,253 @@
+"""Chain append: steps queued on a running background chain (SPEC §11 R-APP, INV-APP-1).
+
+An append's fan-out claims are reserved, its record is made durable, and only then are the
+claims committed (R-APP-4), so the claims exist iff the append does: the tests read both from
+the node's store (`run_appends` and the fan-out owner's claims and reservations). Appends that
+race for the last claims of a budget are admitted exactly as far as they fit, all or nothing
+(R-FAN-13); appended steps run after the steps already queued, in order (R-APP-6); an append to
+anything but a running background chain is refused and changes nothing (R-APP-1).
+
+Embedded node, real children; the racing appends come from separate ZeroMQ clients.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import (
+    AppendRejected,
+    FanoutLimitExceeded,
+    RunNotFound,
+    SubagentsError,
+)
+from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
+from subagents_node.messages.supervisor import Append, AppendResult, ChainStep, RunView, TaskItem
+from subagents_node.node.node import Node
+from tests.support.manage import store_rows
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import client as client
+from tests.support.run_fixtures import embedded_run_node as embedded_run_node
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, events_of, launch_context
+
+
+def echo(ctx: LaunchContext, *tasks: str) -> ChainStep:
+    """A sequential step (one task) or a parallel step (several)."""
+    items = [TaskItem(agent=ctx.plan("echo"), task=t) for t in tasks]
+    return ChainStep(items=items, parallel=len(items) > 1)
+
+
+def gated_chain(
+    client: Client, ctx: LaunchContext, gate: Gate, *later: ChainStep, background: bool = True
+) -> RunView:
+    """A chain whose first step waits at the gate (so the chain stays running), then `later`."""
+    first = ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))])
+    run = client.runs.launch(ctx.launch("chain", background, chain=[first, *later]))
+    gate.accept(1)
+    return run
+
+
+def append(client: Client, run_id: str, *steps: ChainStep) -> AppendResult:
+    return client.ask(Append(run_id=run_id, steps=list(steps)), AppendResult)
+
+
+def budget_of(run: RunView) -> FanoutDescriptor:
+    return decode_descriptor(run.fanout_descriptor)
+
+
+def appends_of(state_dir: Path, run_id: str) -> list[tuple[str, int, str]]:
+    """The run's append records: (reservation id, step count, state)."""
+    return [
+        (str(r[0]), int(r[1]), str(r[2]))
+        for r in store_rows(
+            state_dir,
+            "SELECT reservation_id, steps, state FROM run_appends WHERE run_id=? ORDER BY seq",
+            run_id,
+        )
+    ]
+
+
+def reserved_claims(state_dir: Path, budget: FanoutDescriptor) -> dict[str, list[str]]:
+    """The budget's claims made through reservations, by reservation id, in claim order."""
+    claims: dict[str, list[str]] = {}
+    for reservation, path in store_rows(
+        state_dir,
+        "SELECT reservation_id, path FROM fanout_claims "
+        "WHERE budget_id=? AND reservation_id IS NOT NULL ORDER BY seq",
+        budget.budget_id,
+    ):
+        claims.setdefault(str(reservation), []).append(str(path))
+    return claims
+
+
+def reservations(state_dir: Path, budget: FanoutDescriptor) -> dict[str, str]:
+    rows = store_rows(
+        state_dir,
+        "SELECT reservation_id, state FROM fanout_reservations WHERE budget_id=?",
+        budget.budget_id,
+    )
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def chain_facts(client: Client, run: RunView) -> tuple[object, ...]:
+    """What an append would change: the run's steps and events, and its budget's usage."""
+    view = client.runs.show(run.run_id)
+    kinds = [e.kind for e in events_of(client, run.run_id) if e.kind != "child.started"]
+    return (
+        view.state,
+        [c.label for c in view.children],
+        kinds,
+        client.fanout.snapshot(budget_of(run)),
+    )
+
+
+# -- racing appends (R-APP-4, R-FAN-13, INV-APP-1) -------------------------------------------------
+
+
+def test_r_app_4_two_appends_racing_for_a_nearly_full_budget_admit_exactly_the_one_that_fits(
+    node: Node, client: Client, agents: Path, gate: Gate, state_dir: Path
+) -> None:
+    ctx = launch_context(agents, max_subagent_spawns_per_run=4)
+    run = gated_chain(client, ctx, gate)
+    budget = budget_of(run)
+    assert client.fanout.snapshot(budget).remaining == 3  # room for one 2-step append, not two
+
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, AppendResult | SubagentsError] = {}
+
+    def racer(name: str) -> None:
+        with node.client("zmq") as own:
+            barrier.wait(timeout=10)
+            try:
+                outcomes[name] = append(
+                    own, run.run_id, echo(ctx, f"{name}1"), echo(ctx, f"{name}2")
+                )
+            except SubagentsError as err:
+                outcomes[name] = err
+
+    threads = [threading.Thread(target=racer, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+
+    admitted = [n for n, o in outcomes.items() if isinstance(o, AppendResult)]
+    refused = [o for o in outcomes.values() if isinstance(o, FanoutLimitExceeded)]
+    assert len(admitted) == 1 and len(refused) == 1, outcomes
+    [winner], [loser] = admitted, refused
+    assert loser.message == (
+        f"Failed to append step to chain run {run.run_id}: Run fan-out limit reached at chain[4] "
+        "(3/4 used; 2 requested, 1 remaining). No children from this admission group were "
+        "started. Start a new top-level run or raise max_subagent_spawns_per_run."
+    )
+    assert (loser.rejection.used, loser.rejection.remaining) == (3, 1)  # values before the batch
+    # INV-APP-1: one append record, one committed reservation, and exactly its claims.
+    [(reservation, steps, state)] = appends_of(state_dir, run.run_id)
+    assert (steps, state) == (2, "committed")
+    assert reservations(state_dir, budget) == {reservation: "committed"}
+    assert reserved_claims(state_dir, budget) == {reservation: ["chain[1]", "chain[2]"]}
+    assert client.fanout.snapshot(budget).used == 3  # the loser took nothing (all or nothing)
+
+    gate.children[0].release(0)
+    done = client.runs.wait(run.run_id, timeout=20)
+    assert done.state == "complete"
+    assert [(c.label, c.output) for c in done.children[1:]] == [
+        ("chain[1]", f"{winner}1"),
+        ("chain[2]", f"{winner}2"),
+    ]
+
+
+# -- order (R-APP-3, R-APP-5, R-APP-6) -------------------------------------------------------------
+
+
+def test_r_app_6_appended_steps_run_after_the_queued_ones_in_the_order_they_were_appended(
+    client: Client, agents: Path, gate: Gate, state_dir: Path
+) -> None:
+    ctx = launch_context(agents)
+    run = gated_chain(client, ctx, gate, echo(ctx, "queued"))
+    budget = budget_of(run)
+
+    first = append(client, run.run_id, echo(ctx, "third after {previous}"))
+    second = append(client, run.run_id, echo(ctx, "p0", "p1"), echo(ctx, "last after {previous}"))
+
+    assert first.text == (
+        f"Append queued for chain run {run.run_id}: 1 step(s). It becomes eligible after the "
+        "chain's already-queued steps finish. Pending appends: 0."
+    )
+    assert (second.steps, second.run_id) == (2, run.run_id)
+    # R-APP-3: absolute indices after the run's own steps and earlier appends.
+    [(r1, _, _), (r2, _, _)] = appends_of(state_dir, run.run_id)
+    assert reserved_claims(state_dir, budget) == {
+        r1: ["chain[2]"],
+        r2: ["chain[3].parallel[0]", "chain[3].parallel[1]", "chain[4]"],
+    }
+    assert client.fanout.snapshot(budget).used == 2 + 1 + 3
+
+    gate.children[0].release(0)
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete"
+    assert [c.label for c in done.children] == [
+        "chain[0]",
+        "chain[1]",
+        "chain[2]",
+        "chain[3].parallel[0]",
+        "chain[3].parallel[1]",
+        "chain[4]",
+    ]
+    outputs = {c.label: c.output for c in done.children}
+    assert outputs["chain[2]"] == "third after queued"
+    assert outputs["chain[4]"] == "last after p0\n\np1"
+    assert done.output == "last after p0\n\np1"
+    # Each step started only after every child of the step before it had ended.
+    steps: dict[int, list[tuple[float, float]]] = {}
+    for child in done.children:
+        step = int(child.label.split("]")[0].removeprefix("chain["))
+        assert child.started_at is not None and child.ended_at is not None
+        steps.setdefault(step, []).append((child.started_at, child.ended_at))
+    for step in range(1, 5):
+        assert min(s for s, _ in steps[step]) >= max(e for _, e in steps[step - 1])
+
+
+# -- refusals change nothing (R-APP-1) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["finished chain", "background single", "foreground chain"])
+def test_r_app_1_append_to_anything_but_a_running_background_chain_is_refused_and_changes_nothing(
+    client: Client, agents: Path, gate: Gate, state_dir: Path, target: str
+) -> None:
+    ctx = launch_context(agents)
+    if target == "finished chain":
+        run = client.runs.launch(ctx.launch("chain", True, chain=[echo(ctx, "done")]))
+        run = client.runs.wait(run.run_id, timeout=20)
+        problem = "the run is complete"
+    elif target == "background single":
+        run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+        gate.accept(1)
+        problem = "it is not a background chain run"
+    else:
+        run = gated_chain(client, ctx, gate, background=False)
+        problem = "it is not a background chain run"
+    before = chain_facts(client, run)
+
+    with pytest.raises(AppendRejected) as refused:
+        append(client, run.run_id, echo(ctx, "x"), echo(ctx, "y", "z"))
+
+    assert refused.value.message == f"Failed to append step to chain run {run.run_id}: {problem}"
+    assert chain_facts(client, run) == before
+    assert appends_of(state_dir, run.run_id) == []
+    assert reservations(state_dir, budget_of(run)) == {}
+    for child in gate.children:
+        child.release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+
+
+def test_r_app_1_append_to_an_unknown_run_is_refused(client: Client, agents: Path) -> None:
+    ctx = launch_context(agents)
+    with pytest.raises(RunNotFound):
+        append(client, "0123456789ab", echo(ctx, "x"))

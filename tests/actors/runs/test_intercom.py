@@ -1,0 +1,103 @@
+"""Intercom: a child's messages to the run that launched it, and the per-run `off` (R-ICB-1..3).
+
+A child sends with `subagents-node intercom send TEXT` or with the client API, addressed by the
+$SUBAGENTS_RUN_ID and $SUBAGENTS_CHILD_ID the node gave it; the run's view (its result, and the
+fleet's event feed) shows each message with the child that sent it. A run launched with
+`intercom: off` refuses them (IntercomOff) and records nothing, and the override is that run's
+only: another run of the same session still hears its children (R-ICB-1).
+
+Embedded node; the children are real processes that reach the node through $SUBAGENTS_NODE.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import IntercomOff, RunNotFound
+from subagents_node.messages.supervisor import Intercom, IntercomMessage, TaskItem
+from tests.support.manage import talker_agents
+from tests.support.nodes import new_state_dir
+from tests.support.run_fixtures import client as client
+from tests.support.run_fixtures import embedded_run_node as embedded_run_node
+from tests.support.runs import events_of, launch_context, new_session, script_agents
+
+
+@pytest.fixture
+def agents() -> Iterator[Path]:
+    directory = new_state_dir()
+    yield talker_agents(script_agents(directory / "agents"))
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_r_icb_children_message_their_run_with_the_cli_and_the_api_and_the_run_view_shows_both(
+    client: Client, agents: Path
+) -> None:
+    ctx = launch_context(agents)
+    items = [
+        TaskItem(agent=ctx.plan("talker"), task="found 3 TODOs"),
+        TaskItem(agent=ctx.plan("api_talker"), task="need more time"),
+    ]
+    run = client.runs.launch(ctx.launch("parallel", True, items=items))
+
+    done = client.runs.wait(run.run_id, timeout=30)
+
+    assert done.state == "complete", [c.error for c in done.children]
+    by_child = {m.child_id: m for m in done.intercom}
+    assert {c: m.text for c, m in by_child.items()} == {
+        f"{run.run_id}-0": "found 3 TODOs",
+        f"{run.run_id}-1": "need more time",
+    }
+    assert all(m.run_id == run.run_id for m in done.intercom)
+    assert done.children[0].output == f"sent to run {run.run_id}"
+    assert done.children[1].output == "sent need more time"
+    # The fleet view is fed by the node-wide event stream: the messages are in it.
+    fleet = client.runs.watch_all(0, wait_s=0, limit=5000)
+    texts = [e.data["text"] for e in fleet.events if e.kind == "intercom"]
+    assert sorted(texts) == ["found 3 TODOs", "need more time"]
+    assert any(r.run_id == run.run_id and len(r.intercom) == 2 for r in fleet.runs)
+
+
+def test_r_icb_2_a_run_with_intercom_off_refuses_its_childs_message_and_records_nothing(
+    client: Client, agents: Path
+) -> None:
+    session = new_session()
+    ctx = launch_context(agents, session=session)
+    quiet = client.runs.launch(ctx.single("talker", "hello?", True, None, intercom="off"))
+    heard = client.runs.launch(ctx.single("talker", "hello!", True, None))
+
+    quiet_done = client.runs.wait(quiet.run_id, timeout=30)
+    heard_done = client.runs.wait(heard.run_id, timeout=30)
+
+    # The child's `intercom send` failed with the typed error's text and exit code 1.
+    [child] = quiet_done.children
+    assert (quiet_done.state, child.exit_code) == ("failed", 1)
+    assert child.error == f"error: Intercom is off for run {quiet.run_id}."
+    assert quiet_done.intercom == []
+    assert [e for e in events_of(client, quiet.run_id) if e.kind == "intercom"] == []
+    # R-ICB-1: the override is this run's only.
+    assert heard_done.state == "complete"
+    assert [m.text for m in heard_done.intercom] == ["hello!"]
+
+
+def test_r_icb_2_the_api_refuses_a_message_to_a_run_with_intercom_off_with_a_typed_error(
+    client: Client, agents: Path
+) -> None:
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("echo", "quiet", True, None, intercom="off"))
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    with pytest.raises(IntercomOff) as refused:
+        client.ask(Intercom(run_id=run.run_id, text="anyone?"), IntercomMessage)
+
+    assert refused.value.details["run_id"] == run.run_id
+    assert client.runs.show(run.run_id) == done
+
+
+def test_r_icb_a_message_to_an_unknown_run_is_refused(client: Client) -> None:
+    with pytest.raises(RunNotFound):
+        client.ask(Intercom(run_id="0123456789ab", text="hello"), IntercomMessage)

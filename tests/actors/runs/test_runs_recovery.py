@@ -1,0 +1,232 @@
+"""Crashes: a launcher killed between acquire and start, and a node killed with -9 (SPEC §0.4).
+
+- A slot acquired by a launcher that dies before it starts anything is freed by the reservation
+  TTL (`reservation_ttl_s`, 1 s here) and by nothing else.
+- After `kill -9` of a node whose run has two children, one of which exits while no node is
+  running, a restarted node settles the dead child with observed proof, adopts the live one and
+  settles it when it exits; the run then ends and its capacity slot is released (R-CAP-21/25,
+  R-RUN-5). Real node processes, real sockets, real children; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from subagents_node.messages.runs import UNKNOWN_EXIT_ERROR
+from subagents_node.messages.supervisor import RunView, TaskItem
+from subagents_node.node.node import Node
+from tests.support.nodes import REPO, NodeProcess, new_state_dir
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import (
+    Gate,
+    launch_context,
+    new_session,
+    process_gone,
+    wait_until,
+    wait_view,
+)
+
+ACQUIRE_THEN_HANG = """\
+import sys
+from subagents_node.client.client import connect
+
+client = connect(sys.argv[1])
+handle = client.capacity.acquire(sys.argv[2], 1, sys.argv[3])
+print(handle.slot, flush=True)
+sys.stdin.read()  # a launcher stuck before it starts its run, until it is killed
+"""
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "the launcher never reported its slot"
+    return proc.stdout.readline().strip()
+
+
+def test_a_slot_acquired_by_a_launcher_killed_before_it_started_is_freed_by_the_reservation_ttl(
+    state_dir: Path,
+) -> None:
+    ttl_s = 1.0
+    session, run_id = new_session(), "launcher-crashed-run"
+    with Node.embedded(state_dir=state_dir, settings={"reservation_ttl_s": ttl_s}) as node:
+        client = node.client()
+        began = time.monotonic()
+        with subprocess.Popen(
+            [sys.executable, "-c", ACQUIRE_THEN_HANG, node.address, session, run_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        ) as launcher:
+            try:
+                assert read_line(launcher) == "0"
+                assert client.capacity.snapshot(session, 1).used == 1
+                owner = client.capacity.inspect(run_id, session).owner
+                assert owner is not None and owner.runner_started_at is None
+                assert owner.expires_at is not None
+            finally:
+                launcher.send_signal(signal.SIGKILL)
+
+        wait_until(lambda: client.capacity.snapshot(session, 1).used == 0, 15, "TTL expiry")
+
+        assert time.monotonic() - began >= ttl_s  # freed by the TTL, not by the crash itself
+        assert client.capacity.inspect(run_id, session).relation == "none"
+        handle = client.capacity.acquire(session, 1, "next-run")
+        assert handle is not None and handle.slot == 0
+
+
+def child_of(run: RunView, pid: int) -> int:
+    return next(c.index for c in run.children if c.pid == pid)
+
+
+def test_node_kill_9_and_restart_settles_dead_children_with_proof_and_adopts_live_ones(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    first_node = start_node(state_dir=state_dir)
+    client = first_node.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=1)
+    tasks = [TaskItem(agent=ctx.plan("gate"), task=str(gate.path)) for _ in range(2)]
+    run = client.runs.launch(ctx.launch("parallel", True, items=tasks, concurrency=2))
+    short, long = gate.accept(2)
+    running = wait_view(client, run.run_id, lambda v: all(c.pid for c in v.children))
+    short_index, long_index = child_of(running, short.pid), child_of(running, long.pid)
+    assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+
+    first_node.kill()
+    short.release(0)
+    short.wait_exit()  # it ended while no node was running: nobody observed its exit code
+    assert process_gone(short.pid) and not process_gone(long.pid)
+
+    second_node = start_node(state_dir=state_dir)
+    client = second_node.client()
+    recovered = wait_view(client, run.run_id, lambda v: v.children[short_index].state != "running")
+
+    dead, live = recovered.children[short_index], recovered.children[long_index]
+    assert (dead.state, dead.proof_state, dead.error) == ("failed", "observed", UNKNOWN_EXIT_ERROR)
+    assert (live.state, live.proof_state) == ("running", None)
+    assert recovered.state == "running"
+    assert client.capacity.snapshot(ctx.session_id, 1).used == 1  # a live child keeps the slot
+
+    long.release(0)
+    long.wait_exit()
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "failed"  # neither exit status could be observed by a parent
+    assert done.error == UNKNOWN_EXIT_ERROR
+    assert [c.proof_state for c in done.children] == ["observed", "observed"]
+    assert done.children[long_index].state == "failed"
+    kinds = [e.kind for e in client.runs.watch(run.run_id, 0, 0).events]
+    assert kinds.count("run.recovered") == 1 and kinds[-1] == "run.failed"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    assert client.capacity.inspect(run.run_id).relation == "none"
+
+
+def test_after_a_node_restart_stop_and_a_run_deadline_still_end_the_adopted_children(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    first_node = start_node(state_dir=state_dir)
+    client = first_node.client()
+    ctx = launch_context(agents)
+    item = TaskItem(agent=ctx.plan("gate"), task=str(gate.path))
+    to_stop = client.runs.launch(ctx.launch("parallel", True, items=[item]))
+    [stopped_child] = gate.accept(1)
+    # R-TMO-5: an async composite has a run deadline only when the call gives one.
+    timed = client.runs.launch(ctx.launch("parallel", True, items=[item], timeout_ms=2500))
+    [timed_child] = gate.accept(1)
+    assert timed.deadline_at is not None
+    for run, child in ((to_stop, stopped_child), (timed, timed_child)):
+        wait_view(client, run.run_id, lambda v, pid=child.pid: v.children[0].pid == pid)
+
+    first_node.kill()
+    client = start_node(state_dir=state_dir).client()
+    client.runs.stop(to_stop.run_id)
+
+    stopped = client.runs.wait(to_stop.run_id, timeout=20)
+    timed_out = client.runs.wait(timed.run_id, timeout=20)
+
+    assert (stopped.state, stopped.children[0].state) == ("stopped", "stopped")
+    assert (timed_out.state, timed_out.error) == ("failed", "Run timed out after 2500 ms.")
+    assert timed_out.children[0].state == "stopped"
+    for child in (stopped_child, timed_child):
+        child.wait_exit()  # ended by the restarted node, not released by the test
+
+
+def test_a_child_exit_committed_just_before_the_node_died_is_replayed_and_settles_its_run(
+    agents: Path,
+) -> None:
+    """The child's own row was settled, but the supervisor never recorded it (the node died
+    between the two commits): on restart the exit is replayed and the run settles, freeing its
+    capacity slot, instead of waiting forever."""
+    state = new_state_dir()
+    try:
+        ctx = launch_context(agents, max_active_async_runs_per_session=1)
+        with Node.embedded(state_dir=state) as node:
+            client = node.client()
+            run = client.runs.launch(ctx.single("echo", "quick-output", True, None))
+            done = client.runs.wait(run.run_id, timeout=30)
+            assert done.state == "complete"
+        # Rewind the supervisor's rows to "still running" (the child's own row stays settled).
+        with sqlite3.connect(state / "state.db") as db:
+            db.execute(
+                "UPDATE runs SET state='running', ended_at=NULL WHERE run_id=?", (run.run_id,)
+            )
+            db.execute(
+                "UPDATE run_children SET state='running', proof_state=NULL WHERE run_id=?",
+                (run.run_id,),
+            )
+        with Node.embedded(state_dir=state) as node:
+            client = node.client()
+            settled = client.runs.wait(run.run_id, timeout=30)
+            assert settled.state == "complete"
+            assert settled.children[0].proof_state == "observed"
+            assert "quick-output" in settled.output
+            assert client.capacity.snapshot(ctx.session_id, limit=1).used == 0
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+EMBED_AND_EXIT = """\
+import sys
+import subagents_node
+from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
+
+sleeper = AgentPlan(name="sleep", command=["/bin/sleep", "{task}"], task_delivery="argv")
+with subagents_node.Node.embedded(state_dir=sys.argv[1]) as node:
+    run = node.client().runs.launch(
+        Launch(session_id="s", mode="single", background=True, cwd="/tmp",
+               items=[TaskItem(agent=sleeper, task="60")])
+    )
+    print(run.children[0].child_id, flush=True)
+"""
+
+
+def test_a_program_embedding_a_node_exits_while_a_background_child_runs_on() -> None:
+    """Stopping a node leaves its children running for the next node to adopt, but must not
+    keep the program that embedded it alive until they end."""
+    state = new_state_dir()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", EMBED_AND_EXIT, str(state)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr
+        with sqlite3.connect(state / "state.db") as db:
+            (pid,) = db.execute("SELECT pid FROM children").fetchone()
+        assert not process_gone(pid)  # still running, waiting to be adopted
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)

@@ -1,0 +1,681 @@
+"""The active async capacity ledger, rule by rule (SPEC §4 R-CAP-*, §0.4, A-2, A-14, A-17).
+
+Every test talks to a real CapacityLedger inside an embedded node through the client API
+(in-process transport unless it says zmq). A refused request must change nothing: `_state`
+captures the pool before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from subagents_node import Client, Node
+from subagents_node.client.capacity import CapacityHandle
+from subagents_node.messages.capacity import CapacitySnapshot, RunnerProof, SlotHandle
+from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.errors import (
+    BadRequest,
+    CapacityExhausted,
+    CapacityNotTransferable,
+    CapacityOwnershipChanged,
+    CapacityRunAlreadyHeld,
+)
+
+# -- fixtures -------------------------------------------------------------------------------
+
+
+def _state_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    directory = _state_dir()
+    try:
+        with Node.embedded(state_dir=directory) as running:
+            yield running
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(node: Node) -> Client:
+    return node.client()
+
+
+@pytest.fixture
+def sid() -> str:
+    """A fresh session: pools of different sessions never interact (R-CAP-1)."""
+    return f"session-{uuid.uuid4().hex[:8]}"
+
+
+def _state(client: Client, session_id: str, *runs: str) -> tuple[Any, ...]:
+    """Everything observable about a pool: used, and each run's inspection."""
+    used = client.capacity.snapshot(session_id).used
+    return (used, *(client.capacity.inspect(r, session_id).model_dump() for r in runs))
+
+
+def _acquire(client: Client, session_id: str, run_id: str, limit: int = 4, **kw: Any) -> Any:
+    handle = client.capacity.acquire(session_id=session_id, limit=limit, run_id=run_id, **kw)
+    assert handle is not None
+    return handle
+
+
+def _observed(runner_id: str, **kw: Any) -> RunnerProof:
+    return RunnerProof(state="observed", runner_id=runner_id, exit_code=0, **kw)
+
+
+def _raw_call(address: str, type_: str, body: dict[str, Any]) -> Envelope:
+    """One hand-made frame to the node's socket, bypassing the client's validation."""
+    with zmq.Context() as zctx, zctx.socket(zmq.DEALER) as sock:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        sock.send(encode(Envelope(type=type_, body={**body, "run_id": "b"}, target="capacity")))
+        assert sock.poll(5000), "no reply from the node"
+        return decode(sock.recv())
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until `condition()` holds (the node's timers act on their own schedule)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        pause.wait(0.02)
+
+
+def _finished_source(client: Client, session_id: str, run_id: str = "a") -> CapacityHandle:
+    """A started run that ended without proof: terminal, so transferable, and still held."""
+    handle = _acquire(client, session_id, run_id)
+    handle.mark_started(runner_id=f"runner-{run_id}", pid=4242, process_start_time=17.5)
+    verdict = client.capacity.report_terminal(session_id, run_id, "failed")
+    assert verdict.verdict == "retained"
+    return handle
+
+
+# -- acquire --------------------------------------------------------------------------------
+
+
+def test_r_cap_8_inv_cap_6_unlimited_acquire_records_nothing(client: Client, sid: str) -> None:
+    for _ in range(3):
+        assert client.capacity.acquire(session_id=sid, limit=0, run_id="a") is None
+    assert client.capacity.snapshot(sid) == CapacitySnapshot(used=0, limit=0)
+    assert client.capacity.inspect("a", sid).relation == "none"
+
+
+def test_r_cap_10_acquire_takes_the_lowest_free_index(client: Client, sid: str) -> None:
+    handles = {run: _acquire(client, sid, run) for run in "abc"}
+    assert [h.slot for h in handles.values()] == [0, 1, 2]
+    assert handles["b"].rollback()
+    assert _acquire(client, sid, "d").slot == 1
+    assert _acquire(client, sid, "e").slot == 3
+
+
+def test_r_cap_2_acquire_creates_a_complete_owner_record(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a", kind="workflow", async_dir="/runs/a", ttl_s=30)
+    owner = client.capacity.inspect("a", sid).owner
+    assert owner is not None
+    assert owner.session_key == hashlib.sha256(sid.encode()).hexdigest()
+    assert (owner.slot, owner.token, owner.generation) == (0, handle.token, 0)
+    assert (owner.kind, owner.async_dir, owner.source_run_id) == ("workflow", "/runs/a", None)
+    assert owner.expires_at == pytest.approx(owner.reserved_at + 30)
+    assert not owner.started
+    assert handle.snapshot == CapacitySnapshot(used=1, limit=4)
+
+
+def test_r_cap_9_r_cap_12_exhausted_error_carries_the_snapshot_and_changes_nothing(
+    client: Client, sid: str
+) -> None:
+    _acquire(client, sid, "a", limit=2)
+    _acquire(client, sid, "b", limit=2)
+    before = _state(client, sid, "a", "b", "c")
+    with pytest.raises(CapacityExhausted) as caught:
+        client.capacity.acquire(session_id=sid, limit=2, run_id="c")
+    assert caught.value.message == "Active async run capacity exhausted: 2/2 used."
+    assert caught.value.snapshot == CapacitySnapshot(used=2, limit=2)
+    assert caught.value.details == {"used": 2, "limit": 2}
+    assert _state(client, sid, "a", "b", "c") == before
+
+
+def test_r_cap_12_exhausted_error_crosses_the_wire_with_its_snapshot(
+    node: Node, client: Client, sid: str
+) -> None:
+    _acquire(client, sid, "a", limit=1)
+    remote = node.client("zmq")
+    with pytest.raises(CapacityExhausted) as caught:
+        remote.capacity.acquire(session_id=sid, limit=1, run_id="b")
+    assert caught.value.snapshot == CapacitySnapshot(used=1, limit=1)
+    assert str(caught.value) == "Active async run capacity exhausted: 1/1 used."
+
+
+def test_r_cap_3_a_17_slots_above_a_lowered_limit_still_count(client: Client, sid: str) -> None:
+    handles = [_acquire(client, sid, run, limit=3) for run in "abc"]
+    with pytest.raises(CapacityExhausted, match=r"3/2 used"):
+        client.capacity.acquire(session_id=sid, limit=2, run_id="d")
+    assert handles[0].rollback()
+    with pytest.raises(CapacityExhausted, match=r"2/2 used"):
+        client.capacity.acquire(session_id=sid, limit=2, run_id="d")
+    assert handles[1].rollback()
+    assert _acquire(client, sid, "d", limit=2).slot == 0
+    assert client.capacity.snapshot(sid, 2) == CapacitySnapshot(used=2, limit=2)
+
+
+def test_r_cap_1_pools_of_different_sessions_never_interact(client: Client, sid: str) -> None:
+    other = f"{sid}-other"
+    _acquire(client, sid, "a", limit=1)
+    assert _acquire(client, other, "a", limit=1).slot == 0
+    assert client.capacity.snapshot(sid).used == 1
+    assert client.capacity.snapshot(other).used == 1
+
+
+def test_acquire_refuses_a_run_that_already_holds_a_slot(client: Client, sid: str) -> None:
+    _acquire(client, sid, "a")
+    before = _state(client, sid, "a")
+    with pytest.raises(CapacityRunAlreadyHeld) as caught:
+        client.capacity.acquire(session_id=sid, limit=4, run_id="a")
+    assert (caught.value.run_id, caught.value.slot) == ("a", 0)
+    assert _state(client, sid, "a") == before
+
+
+@pytest.mark.parametrize("limit", [-1, 2.5, "4", True, None])
+@pytest.mark.parametrize("transport", ["inproc", "zmq"])
+def test_r_cfg_1_bad_limit_is_a_schema_error_not_unlimited(
+    node: Node, client: Client, sid: str, limit: Any, transport: str
+) -> None:
+    caller = client if transport == "inproc" else node.client("zmq")
+    _acquire(client, sid, "a")
+    before = _state(client, sid, "a", "b")
+    with pytest.raises(BadRequest) as caught:
+        caller.capacity.acquire(session_id=sid, limit=limit, run_id="b")
+    assert caught.value.details["reason"] == "schema"
+    if transport == "zmq":  # the gateway refuses the same body from a client that skips the check
+        reply = _raw_call(node.address, "capacity.acquire", {"session_id": sid, "limit": limit})
+        assert (reply.type, reply.body["code"]) == (ERROR, "bad_request")
+        assert "limit" in reply.body["message"]
+    assert _state(client, sid, "a", "b") == before
+
+
+# -- mark started ---------------------------------------------------------------------------
+
+
+def test_r_cap_13_mark_started_records_the_runner_identity(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a", ttl_s=30)
+    handle.mark_started(runner_id="runner-1", pid=99, process_start_time=12.25)
+    owner = client.capacity.inspect("a", sid).owner
+    assert owner is not None and owner.started
+    assert (owner.runner_id, owner.pid, owner.process_start_time) == ("runner-1", 99, 12.25)
+    assert owner.runner_started_at is not None and owner.expires_at is None
+    assert handle.started
+
+
+def test_r_cap_13_mark_started_is_idempotent_for_the_same_runner(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-1")
+    before = _state(client, sid, "a")
+    client.capacity.handle(handle.wire).mark_started(runner_id="runner-1")
+    assert _state(client, sid, "a") == before
+
+
+def test_r_cap_13_a_second_runner_identity_is_refused(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-1")
+    before = _state(client, sid, "a")
+    with pytest.raises(CapacityOwnershipChanged) as caught:
+        client.capacity.handle(handle.wire).mark_started(runner_id="runner-2")
+    assert caught.value.reason == "runner_conflict"
+    assert _state(client, sid, "a") == before
+
+
+_FORGERIES: dict[str, Callable[[SlotHandle], SlotHandle]] = {
+    "token_mismatch": lambda h: h.model_copy(update={"token": uuid.uuid4().hex}),
+    "generation_mismatch": lambda h: h.model_copy(update={"generation": h.generation + 1}),
+    "run_mismatch": lambda h: h.model_copy(update={"run_id": "intruder"}),
+    "kind_mismatch": lambda h: h.model_copy(update={"kind": "workflow"}),
+    "slot_gone": lambda h: h.model_copy(update={"slot": 7}),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(_FORGERIES))
+def test_r_cap_4_stale_or_forged_handles_are_refused_and_change_nothing(
+    client: Client, sid: str, reason: str
+) -> None:
+    handle = _acquire(client, sid, "a")
+    forged = client.capacity.handle(_FORGERIES[reason](handle.wire))
+    before = _state(client, sid, "a", "intruder")
+    with pytest.raises(CapacityOwnershipChanged) as caught:
+        forged.mark_started(runner_id="runner-x")
+    assert caught.value.reason == reason
+    assert caught.value.message == (
+        f"Active async capacity ownership changed for run '{forged.run_id}'."
+    )
+    assert not client.capacity.handle(_FORGERIES[reason](handle.wire)).rollback()
+    assert _state(client, sid, "a", "intruder") == before
+
+
+def test_a_14_mark_started_cannot_fail_for_the_current_handle(client: Client, sid: str) -> None:
+    handles = [_acquire(client, sid, run) for run in "abcd"]
+    for index, handle in enumerate(handles):
+        handle.mark_started(runner_id=f"runner-{index}")
+    assert all(client.capacity.inspect(h.run_id, sid).owner.started for h in handles)  # type: ignore[union-attr]
+
+
+def test_r_cap_14_mark_workflow_started_sets_only_the_start_time(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "wf", kind="workflow")
+    handle.mark_workflow_started()
+    owner = client.capacity.inspect("wf", sid).owner
+    assert owner is not None and owner.started
+    assert owner.runner_id is None and owner.runner_started_at is not None
+
+
+def test_r_cap_14_workflow_start_of_a_runner_slot_is_refused(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    before = _state(client, sid, "a")
+    with pytest.raises(CapacityOwnershipChanged) as caught:
+        client.capacity.handle(handle.wire).mark_workflow_started()
+    assert caught.value.message == "Active async capacity ownership changed for workflow 'a'."
+    assert _state(client, sid, "a") == before
+
+
+# -- rollback -------------------------------------------------------------------------------
+
+
+def test_r_cap_15_rollback_removes_a_fresh_unstarted_slot(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    assert handle.rollback() is True
+    assert client.capacity.snapshot(sid).used == 0
+    assert client.capacity.inspect("a", sid).relation == "none"
+
+
+def test_r_cap_17_rollback_is_idempotent(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    assert handle.rollback() is True
+    assert handle.rollback() is False
+    assert client.capacity.snapshot(sid).used == 0
+
+
+def test_r_cap_17_inv_cap_3_rollback_after_start_is_refused_and_changes_nothing(
+    client: Client, sid: str
+) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-1")
+    before = _state(client, sid, "a")
+    assert handle.rollback() is False  # the caller's copy knows it started
+    assert client.capacity.handle(handle.wire).rollback() is False  # so does the ledger
+    assert _state(client, sid, "a") == before
+
+
+def test_r_cap_17_rollback_of_a_slot_now_owned_by_another_run_returns_false(
+    client: Client, sid: str
+) -> None:
+    stale = _acquire(client, sid, "a")
+    assert stale.rollback()
+    _acquire(client, sid, "b")
+    before = _state(client, sid, "a", "b")
+    assert client.capacity.handle(stale.wire).rollback() is False
+    assert _state(client, sid, "a", "b") == before
+
+
+def test_r_adm_3_handle_context_rolls_back_unless_started(client: Client, sid: str) -> None:
+    with pytest.raises(RuntimeError), _acquire(client, sid, "a"):
+        raise RuntimeError("spawn failed")
+    with _acquire(client, sid, "b") as handle:
+        handle.mark_started(runner_id="runner-b")
+    assert client.capacity.inspect("a", sid).relation == "none"
+    assert client.capacity.inspect("b", sid).relation == "current"
+
+
+# -- transfer -------------------------------------------------------------------------------
+
+
+def test_r_cap_18_transfer_replaces_the_record_and_keeps_token_and_slot(
+    client: Client, sid: str
+) -> None:
+    source = _finished_source(client, sid)
+    moved = client.capacity.transfer(
+        session_id=sid, limit=4, source_run_id="a", run_id="b", async_dir="/runs/b"
+    )
+    assert moved is not None
+    owner = client.capacity.inspect("b", sid).owner
+    assert owner is not None
+    assert (owner.slot, owner.token, owner.generation) == (source.slot, source.token, 1)
+    assert (owner.run_id, owner.source_run_id, owner.kind) == ("b", "a", "runner")
+    assert owner.async_dir == "/runs/b" and not owner.started and owner.terminal is None
+    assert owner.expires_at is not None
+    assert (moved.run_id, moved.generation) == ("b", 1)
+    seen = client.capacity.inspect("a", sid)
+    assert seen.relation == "source"
+    assert seen.verdict.reason == "slot was transferred to b"
+
+
+def test_r_cap_16_inv_cap_4_transfer_then_rollback_restores_the_exact_source_record(
+    client: Client, sid: str
+) -> None:
+    _finished_source(client, sid)
+    before = _state(client, sid, "a", "b")
+    moved = client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    assert moved is not None and moved.rollback() is True
+    assert _state(client, sid, "a", "b") == before
+    assert (moved.run_id, moved.generation) == ("a", 0)  # the handle names the source again
+    assert moved.rollback() is False  # the restored source is started
+
+
+def test_r_cap_19_inv_cap_4_transfer_ignores_the_limit_and_keeps_used(
+    client: Client, sid: str
+) -> None:
+    _finished_source(client, sid)
+    _acquire(client, sid, "x")
+    moved = client.capacity.transfer(session_id=sid, limit=1, source_run_id="a", run_id="b")
+    assert moved is not None and moved.snapshot == CapacitySnapshot(used=2, limit=1)
+    assert client.capacity.snapshot(sid).used == 2
+
+
+def test_r_cap_20_transfer_without_a_source_slot_acquires(client: Client, sid: str) -> None:
+    assert client.capacity.transfer(session_id=sid, limit=0, source_run_id="a", run_id="b") is None
+    moved = client.capacity.transfer(session_id=sid, limit=1, source_run_id="a", run_id="b")
+    assert moved is not None and (moved.slot, moved.generation, moved.kind) == (0, 0, "runner")
+    with pytest.raises(CapacityExhausted, match=r"1/1 used"):
+        client.capacity.transfer(session_id=sid, limit=1, source_run_id="a", run_id="c")
+
+
+@pytest.mark.parametrize(
+    ("report", "reason"),
+    [
+        (None, "run is still running"),
+        ({"state": "paused", "live_process": True}, "run is paused but its process is still live"),
+        ({"state": "failed", "live_process": True}, "run is failed but its process is still live"),
+    ],
+)
+def test_r_cap_18_a_2_transfer_from_a_source_that_may_run_is_refused(
+    client: Client, sid: str, report: dict[str, Any] | None, reason: str
+) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-a")
+    if report is not None:
+        client.capacity.report_terminal(sid, "a", **report)
+    before = _state(client, sid, "a", "b")
+    with pytest.raises(CapacityNotTransferable) as caught:
+        client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    assert caught.value.message == "Active async capacity source 'a' is not transferable."
+    assert caught.value.reason == reason
+    assert _state(client, sid, "a", "b") == before
+
+
+def test_a_2_a_paused_source_without_a_live_process_is_transferable(
+    client: Client, sid: str
+) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-a")
+    assert client.capacity.report_terminal(sid, "a", "paused").reason == "run is still paused"
+    moved = client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    assert moved is not None and moved.slot == handle.slot
+
+
+def test_transfer_to_a_run_that_already_holds_a_slot_is_refused(client: Client, sid: str) -> None:
+    _finished_source(client, sid)
+    _acquire(client, sid, "b")
+    before = _state(client, sid, "a", "b")
+    for new_run in ("b", "a"):
+        with pytest.raises(CapacityRunAlreadyHeld):
+            client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id=new_run)
+    assert _state(client, sid, "a", "b") == before
+
+
+def test_r_cap_27_only_the_immediate_transfer_source_is_remembered(
+    client: Client, sid: str
+) -> None:
+    a, b, c = (f"{sid}-{name}" for name in "abc")  # unique everywhere: inspected in all pools
+    _finished_source(client, sid, a)
+    moved = client.capacity.transfer(session_id=sid, limit=4, source_run_id=a, run_id=b)
+    assert moved is not None
+    moved.mark_started(runner_id="runner-b")
+    client.capacity.report_terminal(sid, b, "stopped")
+    assert client.capacity.transfer(session_id=sid, limit=4, source_run_id=b, run_id=c)
+    assert client.capacity.inspect(a).relation == "none"
+    assert client.capacity.inspect(b).verdict.reason == f"slot was transferred to {c}"
+    assert client.capacity.inspect(c).relation == "current"
+
+
+# -- release verdicts -----------------------------------------------------------------------
+
+
+def test_r_cap_21_matching_observed_proof_releases_the_slot(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-a", pid=10, process_start_time=1.5)
+    verdict = client.capacity.report_terminal(
+        sid, "a", "complete", proof=_observed("runner-a", pid=10, process_start_time=1.5)
+    )
+    assert (verdict.verdict, verdict.reason) == (
+        "releasable",
+        "matching observed process-terminal proof is present",
+    )
+    assert client.capacity.snapshot(sid).used == 0
+    assert client.capacity.inspect("a", sid).relation == "none"
+
+
+def test_r_cap_21_rule_6_startup_failure_with_an_error_releases(client: Client, sid: str) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-a")
+    proof = RunnerProof(state="not-started", runner_id="runner-a", error="handshake failed")
+    verdict = client.capacity.report_terminal(sid, "a", "failed", proof=proof)
+    assert verdict.reason == "run failed before child startup completed"
+    assert client.capacity.snapshot(sid).used == 0
+
+
+_RETAINED: dict[str, tuple[bool, dict[str, Any]]] = {
+    "runner process identity has not been recorded": (
+        False,
+        {"state": "failed", "proof": _observed("runner-a")},
+    ),
+    "run is still paused": (True, {"state": "paused"}),
+    "process-terminal proof is missing": (True, {"state": "complete"}),
+    "process-terminal proof is unknown": (
+        True,
+        {"state": "failed", "proof": RunnerProof(state="unknown", runner_id="runner-a")},
+    ),
+    "process-terminal proof is not-started": (
+        True,
+        {"state": "failed", "proof": RunnerProof(state="not-started", runner_id="runner-a")},
+    ),
+    "runner process is still live": (
+        True,
+        {"state": "complete", "live_process": True, "proof": _observed("runner-a")},
+    ),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(_RETAINED))
+def test_r_cap_21_inv_cap_8_runner_slot_is_retained_without_matching_proof(
+    client: Client, sid: str, reason: str
+) -> None:
+    started, report = _RETAINED[reason]
+    handle = _acquire(client, sid, "a")
+    if started:
+        handle.mark_started(runner_id="runner-a")
+    verdict = client.capacity.report_terminal(sid, "a", **report)
+    assert (verdict.verdict, verdict.reason) == ("retained", reason)
+    seen = client.capacity.inspect("a", sid)
+    assert seen.verdict == verdict
+    assert seen.owner is not None and seen.owner.terminal_state == report["state"]
+    assert client.capacity.snapshot(sid).used == 1
+
+
+@pytest.mark.parametrize(
+    "proof",
+    [
+        _observed("runner-other"),
+        _observed("runner-a", pid=11),
+        _observed("runner-a", process_start_time=2.0),
+    ],
+    ids=["other-runner", "other-pid", "reused-pid"],
+)
+def test_r_cap_21_proof_of_another_process_reads_as_unknown(
+    client: Client, sid: str, proof: RunnerProof
+) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-a", pid=10, process_start_time=1.5)
+    verdict = client.capacity.report_terminal(sid, "a", "complete", proof=proof)
+    assert verdict.reason == "process-terminal proof is unknown"
+    assert client.capacity.inspect("a", sid).owner.proof_state == "unknown"  # type: ignore[union-attr]
+
+
+def test_r_cap_24_a_later_report_releases_what_an_earlier_one_retained(
+    client: Client, sid: str
+) -> None:
+    handle = _acquire(client, sid, "a")
+    handle.mark_started(runner_id="runner-a")
+    unknown = RunnerProof(state="unknown", runner_id="runner-a", reason="stale-repair")
+    assert client.capacity.report_terminal(sid, "a", "failed", proof=unknown).verdict == "retained"
+    verdict = client.capacity.report_terminal(sid, "a", "failed", proof=_observed("runner-a"))
+    assert verdict.verdict == "releasable"
+    assert client.capacity.snapshot(sid).used == 0
+
+
+@pytest.mark.parametrize(
+    ("report", "verdict", "reason"),
+    [
+        (None, "retained", "workflow is still running"),
+        ({"state": "paused"}, "retained", "workflow is still paused"),
+        (
+            {"state": "complete", "live_process": True, "workflow_children_proven": True},
+            "retained",
+            "workflow controller is still live",
+        ),
+        (
+            {"state": "failed", "reason": "async workflow child scan is still running"},
+            "retained",
+            "async workflow child scan is still running",
+        ),
+        (
+            {"state": "complete", "workflow_children_proven": True},
+            "releasable",
+            "workflow is terminal, controller is gone, and async children have observed proof",
+        ),
+    ],
+)
+def test_r_cap_22_inv_cap_8_workflow_verdict(
+    client: Client, sid: str, report: dict[str, Any] | None, verdict: str, reason: str
+) -> None:
+    handle = _acquire(client, sid, "wf", kind="workflow")
+    handle.mark_workflow_started()
+    if report is None:
+        seen = client.capacity.inspect("wf", sid).verdict
+    else:
+        seen = client.capacity.report_terminal(sid, "wf", **report)
+    assert (seen.verdict, seen.reason) == (verdict, reason)
+    assert client.capacity.snapshot(sid).used == (0 if verdict == "releasable" else 1)
+
+
+def test_reports_about_runs_without_a_slot_change_nothing(client: Client, sid: str) -> None:
+    _finished_source(client, sid, "a")
+    assert client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    _acquire(client, f"{sid}-other", "z").mark_started(runner_id="runner-z")
+    before = _state(client, sid, "a", "b", "z")
+    cases = {
+        "a": ("not-owned", "slot was transferred to b"),
+        "nobody": ("not-owned", "no active-capacity slot records this run"),
+        "z": ("retained", f"status session {sid} does not match owner session {sid}-other"),
+    }
+    for run_id, expected in cases.items():
+        seen = client.capacity.report_terminal(sid, run_id, "complete", proof=_observed("r"))
+        assert (seen.verdict, seen.reason) == expected
+    stale = client.capacity.report_terminal(sid, "b", "complete", generation=0)
+    assert stale.verdict == "not-owned"
+    assert _state(client, sid, "a", "b", "z") == before
+
+
+def test_r_cap_25_inspect_and_snapshot_never_free_capacity(client: Client, sid: str) -> None:
+    _finished_source(client, sid)
+    for _ in range(3):
+        client.capacity.inspect("a")
+        client.capacity.snapshot(sid, 1)
+    assert client.capacity.snapshot(sid).used == 1
+
+
+def test_r_cap_26_snapshot_reports_an_unlimited_cap_as_0(client: Client, sid: str) -> None:
+    _acquire(client, sid, "a")
+    assert client.capacity.snapshot(sid, 0) == CapacitySnapshot(used=1, limit=0)
+    assert client.capacity.snapshot(sid, 3) == CapacitySnapshot(used=1, limit=3)
+
+
+def test_r_cap_27_inspect_of_an_unknown_run_is_none(client: Client) -> None:
+    seen = client.capacity.inspect(f"never-{uuid.uuid4().hex}")
+    assert (seen.relation, seen.owner) == ("none", None)
+    assert seen.verdict.reason == "no active-capacity slot records this run"
+
+
+# -- reservation TTL (§0.4) and durability (R-CAP-7) -----------------------------------------
+
+
+def test_unstarted_slot_is_freed_after_its_ttl_and_started_one_is_kept(
+    client: Client, sid: str
+) -> None:
+    lapsed = _acquire(client, sid, "a", ttl_s=0.2)
+    kept = _acquire(client, sid, "b", ttl_s=0.2)
+    kept.mark_started(runner_id="runner-b")
+    _wait_for(lambda: client.capacity.snapshot(sid).used == 1)
+    assert client.capacity.inspect("a", sid).relation == "none"
+    assert client.capacity.inspect("b", sid).relation == "current"
+    with pytest.raises(CapacityOwnershipChanged, match="for run 'a'"):
+        lapsed.mark_started(runner_id="too-late")
+
+
+def test_ttl_expiry_of_an_unstarted_transfer_restores_the_source(client: Client, sid: str) -> None:
+    _finished_source(client, sid)
+    before = _state(client, sid, "a", "b")
+    assert client.capacity.transfer(
+        session_id=sid, limit=4, source_run_id="a", run_id="b", ttl_s=0.2
+    )
+    _wait_for(lambda: client.capacity.inspect("a", sid).relation == "current")
+    assert _state(client, sid, "a", "b") == before
+
+
+def test_reservation_ttl_defaults_to_the_node_setting() -> None:
+    directory = _state_dir()
+    try:
+        with Node.embedded(state_dir=directory, settings={"reservation_ttl_s": 0.3}) as node:
+            client = node.client()
+            _acquire(client, "s", "a")
+            owner = client.capacity.inspect("a").owner
+            assert owner is not None and owner.expires_at is not None
+            assert owner.expires_at - owner.reserved_at == pytest.approx(0.3)
+            _wait_for(lambda: client.capacity.snapshot("s").used == 0)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_r_cap_7_slots_and_deadlines_survive_a_node_restart() -> None:
+    directory = _state_dir()
+    try:
+        with Node.embedded(state_dir=directory) as node:
+            client = node.client()
+            running = _acquire(client, "s", "running")
+            running.mark_started(runner_id="runner-1")
+            short = _acquire(client, "s", "short", ttl_s=0.5)
+            long = _acquire(client, "s", "long", ttl_s=300)
+            wires = (running.wire, short.wire, long.wire)
+        with Node.embedded(state_dir=directory) as node:
+            client = node.client()
+            _wait_for(lambda: client.capacity.inspect("short").relation == "none")
+            assert client.capacity.snapshot("s").used == 2
+            assert client.capacity.handle(wires[2]).rollback() is True
+            verdict = client.capacity.report_terminal(
+                "s", "running", "complete", proof=_observed("runner-1")
+            )
+            assert verdict.verdict == "releasable"
+            assert client.capacity.handle(wires[1]).rollback() is False
+            assert client.capacity.snapshot("s").used == 0
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

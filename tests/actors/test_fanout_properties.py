@@ -1,0 +1,442 @@
+"""Properties of the fan-out budget owner (SPEC §16 INV-FAN-*), and its reservation deadlines.
+
+The owner runs as a real actor on a real SQLite store, but with a hand-moved clock and timer
+queue injected through its ActorContext: a test moves time forward and the owner's expiry timer
+fires at once, so deadlines are tested exactly and nothing waits on wall time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    rule,
+)
+
+from subagents_node.actors.fanout import FanoutBudget
+from subagents_node.actors.owner import ActorContext
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import (
+    BadRequest,
+    FanoutDescriptorMismatch,
+    FanoutLimitExceeded,
+    FanoutReservationCommitted,
+    FanoutReservationExpired,
+)
+from subagents_node.messages.fanout import (
+    MAX_LIMIT,
+    FanoutDescriptor,
+    FanoutSnapshot,
+    decode_descriptor,
+    encode_descriptor,
+    extend,
+    qualify,
+)
+from subagents_node.node.dispatch import Dispatcher
+from subagents_node.node.inprocess import InProcessTransport
+from subagents_node.node.store import Store
+from tests.support.nodes import new_state_dir
+
+
+@dataclass
+class _Timer:
+    due: float
+    fn: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualTime:
+    """The owner's clock and timer queue (ActorContext.clock / .schedule), moved by the test."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+        self._lock = threading.Lock()  # the owner schedules from its thread
+        self._timers: list[_Timer] = []
+
+    def clock(self) -> float:
+        with self._lock:
+            return self.now
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
+        timer = _Timer(self.clock() + delay_s, fn)
+        if delay_s <= 0:
+            fn()  # like the node's timer thread: a past deadline fires at once
+            return timer.cancel
+        with self._lock:
+            self._timers.append(timer)
+        return timer.cancel
+
+    def armed(self) -> list[float]:
+        with self._lock:
+            return sorted(t.due for t in self._timers if not t.cancelled)
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and fire every timer that is now due, earliest first."""
+        with self._lock:
+            self.now += seconds
+            due = sorted((t for t in self._timers if t.due <= self.now), key=lambda t: t.due)
+            self._timers = [t for t in self._timers if t.due > self.now]
+        for timer in due:
+            if not timer.cancelled:
+                timer.fn()
+
+
+class OwnerHarness:
+    """One FanoutBudget on its own store, reached through the in-process client."""
+
+    def __init__(self) -> None:
+        self.dir = new_state_dir()
+        self.store = Store(self.dir / "state.db")
+        self.store.migrate({FanoutBudget.name: FanoutBudget.MIGRATIONS})
+        self.time = ManualTime()
+        self.ctx = ActorContext(
+            open_db=self.store.connect, schedule=self.time.schedule, clock=self.time.clock
+        )
+        self.dispatcher = Dispatcher(lambda request: BadRequest("no node here"), 10_000)
+        self.start()
+        self.fanout = Client(InProcessTransport(self.dispatcher, "inproc://fanout")).fanout
+        self._probe = self.fanout.create("probe", 1)
+
+    def start(self) -> None:
+        self.ref = FanoutBudget.start(self.ctx)
+        self.dispatcher.register(FanoutBudget.name, self.ref)
+
+    def stop(self) -> None:
+        self.ref.stop(block=True)
+
+    def restart(self) -> None:
+        """Stop the owner and start a new one on the same store (recover() runs)."""
+        self.stop()
+        self.start()
+
+    def sync(self) -> None:
+        """Return once the owner has handled everything sent before (timer ticks included).
+
+        `validate` neither expires nor changes anything, so what the store shows afterwards is
+        what the ticks did."""
+        self.fanout.validate(self._probe)
+
+    def rows(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(f"file:{self.store.path}?mode=ro", uri=True) as conn:
+            return [tuple(row) for row in conn.execute(sql, args)]
+
+    def overdue_pending(self) -> int:
+        (row,) = self.rows(
+            "SELECT COUNT(*) FROM fanout_reservations WHERE state = 'pending' AND expires_at <= ?",
+            self.time.now,
+        )
+        return int(str(row[0]))
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def owner() -> Iterator[OwnerHarness]:
+    harness = OwnerHarness()
+    yield harness
+    harness.close()
+
+
+# -- reservation deadlines (SPEC §0.4, DESIGN §2) ---------------------------------------------
+
+
+def test_r_fan_14_a_reservation_not_settled_by_its_deadline_is_aborted_by_the_owner(
+    owner: OwnerHarness,
+) -> None:
+    desc = owner.fanout.create("r1", 3)
+    res = owner.fanout.reserve(desc, ["a", "b"], ttl_s=30)
+    assert res.expires_at == owner.time.now + 30
+    owner.time.advance(29.5)
+    owner.sync()
+    assert owner.fanout.snapshot(desc).used == 2
+    owner.time.advance(0.5)
+    owner.sync()
+    assert owner.rows(
+        "SELECT state FROM fanout_reservations WHERE reservation_id = ?", res.reservation_id
+    ) == [("expired",)]
+    assert owner.rows("SELECT COUNT(*) FROM fanout_claims WHERE budget_id = ?", desc.budget_id) == [
+        (0,)
+    ]
+    before = owner.fanout.snapshot(desc)
+    assert before == FanoutSnapshot(used=0, limit=3, remaining=3)
+    with pytest.raises(FanoutReservationExpired) as caught:
+        res.commit()
+    assert caught.value.state == "expired"
+    assert owner.fanout.snapshot(desc) == before
+
+
+def test_r_fan_14_a_commit_after_the_deadline_is_refused_even_before_the_timer_fires(
+    owner: OwnerHarness,
+) -> None:
+    desc = owner.fanout.create("r1", 3)
+    res = owner.fanout.reserve(desc, ["a"], ttl_s=10)
+    owner.stop()  # nobody hears the timer
+    owner.time.advance(10)
+    owner.ctx = ActorContext(open_db=owner.store.connect, clock=owner.time.clock)  # no timers
+    owner.start()
+    with pytest.raises(FanoutReservationExpired):
+        res.commit()
+    assert owner.fanout.claim(desc, ["b", "c", "d"]).used == 3
+
+
+def test_r_fan_14_recover_rearms_the_earliest_pending_deadline_after_a_restart(
+    owner: OwnerHarness,
+) -> None:
+    desc = owner.fanout.create("r1", 5)
+    soon = owner.fanout.reserve(desc, ["a"], ttl_s=10)
+    later = owner.fanout.reserve(desc, ["b", "c"], ttl_s=100)
+    owner.restart()
+    owner.sync()
+    assert owner.time.armed() == [soon.expires_at]  # one timer, at the earliest deadline
+    owner.time.advance(10)
+    owner.sync()
+    assert owner.time.armed() == [later.expires_at]
+    states = dict(owner.rows("SELECT reservation_id, state FROM fanout_reservations"))
+    assert (states[soon.reservation_id], states[later.reservation_id]) == ("expired", "pending")
+    owner.restart()
+    owner.time.advance(90)
+    owner.sync()
+    assert owner.overdue_pending() == 0
+    assert owner.fanout.snapshot(desc).used == 0
+
+
+def test_r_fan_14_a_deadline_that_passed_while_the_owner_was_down_aborts_at_once(
+    owner: OwnerHarness,
+) -> None:
+    desc = owner.fanout.create("r1", 2)
+    res = owner.fanout.reserve(desc, ["a", "b"], ttl_s=5)
+    committed = owner.fanout.reserve(desc, [], ttl_s=5)
+    committed.commit()
+    owner.stop()
+    owner.time.advance(60)
+    owner.start()
+    owner.sync()
+    assert owner.overdue_pending() == 0
+    assert owner.rows(
+        "SELECT state FROM fanout_reservations WHERE reservation_id = ?", res.reservation_id
+    ) == [("expired",)]
+    assert owner.fanout.snapshot(desc).used == 0
+
+
+# -- INV-FAN-7: encoding and qualification ----------------------------------------------------
+
+_text = st.text(min_size=1, max_size=40)
+_segment = st.text(min_size=1, max_size=20).filter(lambda s: s == s.strip() and "/" not in s)
+
+descriptors = st.builds(
+    FanoutDescriptor,
+    root_run_id=_text,
+    budget_id=_text,
+    limit=st.integers(1, MAX_LIMIT),
+    parent_path=st.text(max_size=40),
+    node=st.text(max_size=40),
+)
+
+
+@given(descriptors)
+def test_inv_fan_7_decode_of_encode_is_the_descriptor(desc: FanoutDescriptor) -> None:
+    encoded = encode_descriptor(desc)
+    assert decode_descriptor(encoded) == desc
+    assert encoded.isascii() and "=" not in encoded
+
+
+def test_inv_fan_7_decode_of_encode_equals_validate(owner: OwnerHarness) -> None:
+    base = owner.fanout.create("r1", 9)
+
+    @settings(max_examples=40, deadline=None)
+    @given(parent=st.text(max_size=30), node=st.text(max_size=30))
+    def check(parent: str, node: str) -> None:
+        desc = FanoutDescriptor.model_validate(
+            {**base.model_dump(), "parent_path": parent, "node": node}
+        )
+        assert owner.fanout.validate(desc) == decode_descriptor(encode_descriptor(desc)) == desc
+
+    check()
+
+
+@given(a=_segment, b=_segment, path=_segment)
+def test_inv_fan_7_qualification_composes(a: str, b: str, path: str) -> None:
+    root = FanoutDescriptor(root_run_id="r", budget_id="b", limit=1)
+    child = extend(extend(root, a), b)
+    assert child.parent_path == f"{a}/{b}"
+    assert qualify(child.parent_path, path) == f"{a}/{b}/{path}"
+
+
+# -- the owner against a reference model (INV-FAN-1..8) ---------------------------------------
+
+
+@dataclass
+class ModelReservation:
+    budget_id: str
+    claims: int
+    deadline: float
+    state: str = "pending"
+
+
+@dataclass
+class ModelBudget:
+    limit: int
+    permanent: int = 0
+
+
+class FanoutMachine(RuleBasedStateMachine):
+    budgets = Bundle("budgets")
+    reservations = Bundle("reservations")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner = OwnerHarness()
+        self.model: dict[str, ModelBudget] = {}
+        self.held: dict[str, ModelReservation] = {}
+
+    def teardown(self) -> None:
+        self.owner.close()
+
+    def pending_claims(self, budget_id: str) -> int:
+        return sum(
+            r.claims
+            for r in self.held.values()
+            if r.budget_id == budget_id and r.state == "pending"
+        )
+
+    def expected(self, budget_id: str) -> FanoutSnapshot:
+        used = self.model[budget_id].permanent + self.pending_claims(budget_id)
+        return FanoutSnapshot.of(used, self.model[budget_id].limit)
+
+    def expect_rejection(
+        self, desc: FanoutDescriptor, paths: list[str], call: Callable[[], object]
+    ) -> None:
+        before = self.expected(desc.budget_id)
+        with pytest.raises(FanoutLimitExceeded) as caught:
+            call()
+        rejection = caught.value.rejection
+        # INV-FAN-6
+        assert rejection.requested == len(paths)
+        assert (rejection.used, rejection.limit, rejection.remaining) == (
+            before.used,
+            before.limit,
+            before.remaining,
+        )
+        assert rejection.used + rejection.remaining == rejection.limit
+        assert rejection.path == qualify(desc.parent_path, paths[rejection.remaining])
+
+    @rule(
+        target=budgets,
+        limit=st.integers(1, 6),
+        segment=st.sampled_from(["", "workflow[scan]", "r1", "chain[0].parallel[1]"]),
+    )
+    def create(self, limit: int, segment: str) -> FanoutDescriptor:
+        desc = self.owner.fanout.create("root", limit)
+        self.model[desc.budget_id] = ModelBudget(limit)
+        return extend(desc, segment) if segment else desc
+
+    @rule(desc=budgets, n=st.integers(0, 4))
+    def claim(self, desc: FanoutDescriptor, n: int) -> None:
+        paths = [f"tasks[{i}]" for i in range(n)]
+        before = self.expected(desc.budget_id)
+        if n > before.remaining:
+            self.expect_rejection(desc, paths, lambda: self.owner.fanout.claim(desc, paths))
+            return
+        snap = self.owner.fanout.claim(desc, paths)
+        self.model[desc.budget_id].permanent += n
+        assert snap.used == before.used + n  # INV-FAN-2
+
+    @rule(target=reservations, desc=budgets, n=st.integers(0, 3), ttl=st.integers(1, 20))
+    def reserve(self, desc: FanoutDescriptor, n: int, ttl: int) -> object:
+        paths = [f"chain[{i}]" for i in range(n)]
+        before = self.expected(desc.budget_id)
+        if n > before.remaining:
+            self.expect_rejection(
+                desc, paths, lambda: self.owner.fanout.reserve(desc, paths, ttl_s=ttl)
+            )
+            return multiple()
+        res = self.owner.fanout.reserve(desc, paths, ttl_s=ttl)
+        assert res.snapshot.used == before.used + n
+        self.held[res.reservation_id] = ModelReservation(
+            desc.budget_id, n, self.owner.time.now + ttl
+        )
+        return res.reservation_id
+
+    @rule(reservation_id=reservations)
+    def commit(self, reservation_id: str) -> None:
+        held = self.held[reservation_id]
+        if held.state in ("aborted", "expired"):
+            with pytest.raises(FanoutReservationExpired) as caught:
+                self.owner.fanout.commit(reservation_id)
+            assert caught.value.state == held.state
+            return
+        self.owner.fanout.commit(reservation_id)
+        if held.state == "pending":
+            held.state = "committed"
+            self.model[held.budget_id].permanent += held.claims
+
+    @rule(reservation_id=reservations)
+    def abort(self, reservation_id: str) -> None:
+        held = self.held[reservation_id]
+        if held.state == "committed":
+            with pytest.raises(FanoutReservationCommitted):
+                self.owner.fanout.abort(reservation_id)
+            return
+        self.owner.fanout.abort(reservation_id)
+        if held.state == "pending":
+            held.state = "aborted"
+
+    @rule(seconds=st.integers(0, 15))
+    def advance(self, seconds: int) -> None:
+        self.owner.time.advance(seconds)
+        for held in self.held.values():
+            if held.state == "pending" and held.deadline <= self.owner.time.now:
+                held.state = "expired"
+        self.owner.sync()
+        assert self.owner.overdue_pending() == 0  # the timer did it, not a request
+
+    @rule()
+    def restart(self) -> None:
+        self.owner.restart()
+        self.owner.sync()
+
+    @rule(desc=budgets, raise_by=st.integers(1, 3))
+    def forged_limit_is_refused(self, desc: FanoutDescriptor, raise_by: int) -> None:
+        forged = desc.model_copy(update={"limit": desc.limit + raise_by})
+        with pytest.raises(FanoutDescriptorMismatch):  # INV-FAN-8
+            self.owner.fanout.claim(forged, ["x"])
+
+    @invariant()
+    def snapshots_match_the_model(self) -> None:
+        for budget_id in self.model:
+            desc = FanoutDescriptor(
+                root_run_id="root", budget_id=budget_id, limit=self.model[budget_id].limit
+            )
+            snap = self.owner.fanout.snapshot(desc)
+            assert snap == self.expected(budget_id)
+            assert snap.used <= snap.limit  # INV-FAN-1
+
+    @invariant()
+    def used_equals_the_stored_claims(self) -> None:
+        rows = self.owner.rows(
+            "SELECT b.budget_id, b.used, (SELECT COUNT(*) FROM fanout_claims c "
+            "WHERE c.budget_id = b.budget_id) FROM fanout_budgets b"
+        )
+        for budget_id, used, claims in rows:
+            assert used == claims, budget_id
+
+
+FanoutMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_inv_fan_owner_matches_the_reference_model = FanoutMachine.TestCase

@@ -1,0 +1,225 @@
+"""The `subagents-node` command line for the node itself (issue 2, item 7).
+
+start/stop/ping/status with and without --json; user errors are one line on stderr with a
+non-zero exit code and never a traceback: 3 node not running, 2 bad address, 4 timeout;
+`--help` works for every command. Start and stop run as real processes; the query commands run
+both ways (real subprocess and click's CliRunner) against real nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import zmq
+from click.testing import Result
+
+from subagents_node.cli import cli
+from subagents_node.client.paths import read_pid_file
+from subagents_node.node.daemon import wait_exited
+from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[NodeProcess]:
+    with running_node() as node:
+        yield node
+
+
+def assert_one_line_error(result: Result, exit_code: int, *fragments: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# -- real processes -------------------------------------------------------------------------------
+
+
+def test_start_detach_ping_status_stop_as_real_processes(state_dir: Path) -> None:
+    started = run_cli("start", "--detach", state_dir=state_dir)
+    assert started.returncode == 0, started.stderr
+    match = re.fullmatch(r"node started \(pid (\d+)\) at (ipc://\S+)\n", started.stdout)
+    assert match, started.stdout
+    pid, address = int(match[1]), match[2]
+    assert address == f"ipc://{state_dir.resolve()}/node.sock"
+    proc = psutil.Process(pid)
+    try:
+        ping = run_cli("ping", state_dir=state_dir)
+        assert ping.returncode == 0
+        assert re.fullmatch(rf"pong from node-\w+ \(pid {pid}, v[\d.]+\)\n", ping.stdout)
+
+        pong = json.loads(run_cli("ping", "--json", state_dir=state_dir).stdout)
+        assert set(pong) == {"node_id", "version", "pid", "uptime_s"}
+        assert pong["pid"] == pid
+
+        status = run_cli("status", state_dir=state_dir)
+        assert status.returncode == 0
+        assert f"pid {pid}" in status.stdout
+        assert f"endpoints: {address}" in status.stdout
+        assert re.search(r"capacity\s+mailbox 0/1024\s+restarts 0", status.stdout)
+
+        listing = json.loads(run_cli("status", "--json", state_dir=state_dir).stdout)
+        assert listing["endpoints"] == [address]
+        assert {"capacity", "fanout", "session"} <= {a["name"] for a in listing["actors"]}
+    finally:
+        stopped = run_cli("stop", state_dir=state_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout == f"node stopped (pid {pid})\n"
+    assert wait_exited(proc, 5.0)
+    assert read_pid_file(state_dir) is None
+    assert not (state_dir / "node.sock").exists()
+
+    after = run_cli("ping", state_dir=state_dir)
+    assert after.returncode == 3
+    assert after.stderr.startswith("error: no node is running at ")
+    assert run_cli("stop", state_dir=state_dir).returncode == 3
+
+
+def test_console_script_help_and_version_work_as_a_real_process() -> None:
+    helped = run_cli("--help")
+    assert helped.returncode == 0
+    for command in ("start", "stop", "ping", "status"):
+        assert command in helped.stdout
+    version = run_cli("--version")
+    assert version.returncode == 0
+    assert version.stdout.startswith("subagents-node, version ")
+
+
+# -- the query commands in-process ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["state-dir", "address", "env"])
+def test_ping_and_status_find_the_node_by_state_dir_address_or_environment(
+    how: str,
+    served: NodeProcess,
+    invoke: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if how == "state-dir":
+        prefix = ["--state-dir", str(served.state_dir)]
+    elif how == "address":
+        prefix = ["--address", served.address]
+    else:
+        monkeypatch.setenv("SUBAGENTS_NODE", served.address)
+        prefix = []
+    ping = invoke(*prefix, "ping")
+    assert ping.exit_code == 0
+    assert f"(pid {served.pid}," in ping.stdout
+    status = json.loads(invoke(*prefix, "status", "--json").stdout)
+    assert status["pid"] == served.pid
+    assert status["state_dir"] == str(served.state_dir.resolve())
+
+
+def test_json_output_is_the_result_model_and_nothing_else(
+    served: NodeProcess, invoke: Callable[..., Result]
+) -> None:
+    result = invoke("--address", served.address, "status", "--json")
+    assert result.exit_code == 0
+    status = json.loads(result.stdout)
+    assert set(status) == {
+        "node_id",
+        "version",
+        "pid",
+        "uptime_s",
+        "state_dir",
+        "endpoints",
+        "actors",
+    }
+    for actor in status["actors"]:
+        assert set(actor) == {"name", "mailbox", "mailbox_limit", "restarts"}
+
+
+# -- exit codes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["ping"], ["ping", "--json"], ["status"], ["stop"]])
+def test_node_not_running_exits_3_with_one_line(
+    command: list[str], state_dir: Path, invoke: Callable[..., Result]
+) -> None:
+    result = invoke("--state-dir", str(state_dir), *command)
+    assert_one_line_error(result, 3, str(state_dir))
+
+
+@pytest.mark.parametrize(
+    "address", ["localhost:7700", "tcp://no-port", "tcp://:7700", "ipc://", "http://x:1"]
+)
+def test_bad_address_exits_2_with_one_line(address: str, invoke: Callable[..., Result]) -> None:
+    result = invoke("--address", address, "ping")
+    assert_one_line_error(result, 2, "bad node address", repr(address))
+
+
+def test_state_dir_too_long_for_an_ipc_socket_exits_2(invoke: Callable[..., Result]) -> None:
+    too_long = "/tmp/" + "d" * 120
+    result = invoke("--state-dir", too_long, "status")
+    assert_one_line_error(result, 2, "longer than 107 bytes")
+
+
+@pytest.mark.parametrize("command", ["ping", "status"])
+def test_node_that_never_answers_exits_4_after_the_timeout(
+    command: str, invoke: Callable[..., Result]
+) -> None:
+    directory = new_state_dir()
+    address = f"ipc://{directory}/node.sock"
+    zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    mute = zctx.socket(zmq.ROUTER)  # accepts the connection, reads, never replies
+    try:
+        mute.bind(address)
+        result = invoke("--address", address, "--timeout", "0.5", command)
+    finally:
+        mute.close(linger=0)
+        zctx.term()
+        for path in directory.iterdir():
+            path.unlink()
+        directory.rmdir()
+    assert_one_line_error(result, 4, "did not answer", address)
+
+
+@pytest.mark.parametrize("command", [None, *sorted(cli.commands)])
+def test_help_works_for_every_command(command: str | None, invoke: Callable[..., Result]) -> None:
+    args = ["--help"] if command is None else [command, "--help"]
+    result = invoke(*args)
+    assert result.exit_code == 0
+    usage = "Usage: subagents-node" + ("" if command is None else f" {command}")
+    assert result.stdout.startswith(usage)
+
+
+def test_every_command_family_is_named_in_the_lazy_table_and_nothing_else_is() -> None:
+    """`subagents-node CMD` imports only CMD's family: the lazy table must name each command
+    of each family's COMMANDS exactly once, with the attribute that holds it."""
+    import importlib
+
+    from subagents_node.cli.main import LAZY_COMMANDS
+
+    families = ("runs", "ledgers", "manage", "workflow")
+    declared = {}
+    for family in families:
+        module = importlib.import_module(f"subagents_node.cli.{family}")
+        for command in module.COMMANDS:
+            (attribute,) = [k for k, v in vars(module).items() if v is command]
+            declared[command.name] = (module.__name__, attribute)
+    assert declared == dict(LAZY_COMMANDS)
+
+
+def test_version_and_help_of_one_command_load_no_other_command_family() -> None:
+    probe = (
+        "import sys\n"
+        "from subagents_node.cli import cli\n"
+        "try:\n"
+        "    cli(['ping', '--help'], prog_name='subagents-node')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = [m for m in sys.modules if m.startswith('subagents_node.cli.')]\n"
+        "print(' '.join(sorted(loaded)), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stderr.split() == ["subagents_node.cli.common", "subagents_node.cli.main"]

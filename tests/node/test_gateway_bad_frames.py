@@ -1,0 +1,209 @@
+"""Bad input at the gateway (issue 2, "Bad input"; DESIGN §4).
+
+Every invalid inbound frame, sent from a raw ZeroMQ DEALER to a real node process, is answered
+with a typed error reply when it can be addressed (correlated to the frame's id whenever an id
+can be read), dropped otherwise, logged, and the node keeps serving: a valid request then
+succeeds on the same socket and on a new one, and the node process is still alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from subagents_node.messages.codec import MAX_FRAME_BYTES, encode
+from subagents_node.messages.envelope import PROTOCOL_VERSION, REPLY, Envelope
+from tests.support.nodes import NodeProcess, RawPeer, error_of, running_node
+
+FRAME_ID = "bad-frame-1"
+
+
+def raw_map(**fields: Any) -> bytes:
+    """A msgpack map: a valid node.ping envelope with `fields` overridden (None deletes one)."""
+    raw: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": FRAME_ID, "type": "node.ping", "body": {}}
+    for key, value in fields.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    packed: bytes = msgpack.packb(raw, use_bin_type=True)
+    return packed
+
+
+def frame_of_size(size: int) -> bytes:
+    """A well-formed envelope (with id FRAME_ID) padded to exactly `size` bytes."""
+    base = len(raw_map(body={"pad": "x" * 70_000}))  # str32 header from here on: linear growth
+    frame = raw_map(body={"pad": "x" * (70_000 + size - base)})
+    assert len(frame) == size
+    return frame
+
+
+@dataclass(frozen=True)
+class BadFrame:
+    name: str
+    frames: Callable[[], list[bytes]]
+    code: str
+    reason: str | None
+    correlated: bool  # the error reply names FRAME_ID as its corr
+
+
+def one(**fields: Any) -> Callable[[], list[bytes]]:
+    return lambda: [raw_map(**fields)]
+
+
+CASES = [
+    BadFrame("not-msgpack", lambda: [b"\xc1\xc1garbage"], "malformed_frame", "msgpack", False),
+    BadFrame("empty-frame", lambda: [b""], "malformed_frame", "msgpack", False),
+    BadFrame("truncated-msgpack", lambda: [raw_map()[:-3]], "malformed_frame", "msgpack", False),
+    BadFrame(
+        "msgpack-but-not-a-map",
+        lambda: [msgpack.packb(["node.ping", FRAME_ID])],
+        "malformed_frame",
+        "not_a_map",
+        False,
+    ),
+    BadFrame("missing-id", one(id=None), "malformed_frame", "header", False),
+    BadFrame("missing-type", one(type=None), "malformed_frame", "header", True),
+    BadFrame("id-not-a-string", one(id=7), "malformed_frame", "id", False),
+    BadFrame("type-not-a-string", one(type=["node.ping"]), "malformed_frame", "type", True),
+    BadFrame("target-too-long", one(target="t" * 300), "malformed_frame", "target", True),
+    BadFrame("corr-not-a-string", one(corr=5), "malformed_frame", "corr", True),
+    BadFrame("body-not-a-map", one(body=[1, 2]), "malformed_frame", "body", True),
+    BadFrame("unknown-message-type", one(type="node.nope"), "unknown_type", None, True),
+    BadFrame(
+        "schema-negative-ms",
+        one(type="debug.sleep", target="capacity", body={"ms": -1}),
+        "bad_request",
+        "schema",
+        True,
+    ),
+    BadFrame(
+        "schema-ill-typed-field",
+        one(type="debug.sleep", target="capacity", body={"ms": "soon"}),
+        "bad_request",
+        "schema",
+        True,
+    ),
+    BadFrame("schema-extra-field", one(body={"extra": 1}), "bad_request", "schema", True),
+    BadFrame("wrong-protocol-version", one(v=2), "unsupported_protocol", None, True),
+    BadFrame("missing-protocol-version", one(v=None), "unsupported_protocol", None, True),
+    BadFrame(
+        "unknown-target",
+        one(type="debug.sleep", target="nobody", body={"ms": 0}),
+        "unknown_target",
+        None,
+        True,
+    ),
+    BadFrame("wrong-target", one(target="capacity"), "bad_request", "wrong_target", True),
+    BadFrame(
+        "just-over-the-size-cap",
+        lambda: [frame_of_size(MAX_FRAME_BYTES + 1)],
+        "frame_too_large",
+        None,
+        True,
+    ),
+    BadFrame(
+        "multi-frame-message",
+        lambda: [encode(Envelope(type="node.ping", body={}, id=FRAME_ID))] * 2,
+        "malformed_frame",
+        None,
+        False,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[NodeProcess]:
+    """One node for the whole module: that it survives every case in turn is part of the point."""
+    with running_node("--faults") as node:
+        yield node
+
+
+def assert_still_serving(
+    node: NodeProcess, peer: RawPeer, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    assert peer.ping().type == REPLY
+    assert raw_dealer(node.address).ping().type == REPLY
+    assert node.alive()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bad_frame_gets_a_typed_error_reply_and_the_node_keeps_serving(
+    case: BadFrame, served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    peer = raw_dealer(served.address)
+    peer.send_frames(*case.frames())
+    reply = peer.recv_env(timeout=10)
+    assert reply is not None, f"no error reply to {case.name}"
+    err = error_of(reply)
+    assert err.code == case.code, err.message
+    assert err.details.get("reason") == case.reason
+    assert reply.corr == (FRAME_ID if case.correlated else None)
+    assert err.message
+    assert f"refused a frame: {case.code}" in served.log()
+    assert_still_serving(served, peer, raw_dealer)
+
+
+def test_frame_too_large_reply_names_the_size_and_the_limit(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    peer = raw_dealer(served.address)
+    peer.send_frames(frame_of_size(MAX_FRAME_BYTES + 1))
+    reply = peer.recv_env(timeout=10)
+    assert reply is not None
+    assert error_of(reply).details == {"size": MAX_FRAME_BYTES + 1, "limit": MAX_FRAME_BYTES}
+
+
+def test_a_frame_at_the_size_cap_is_decoded_and_judged_by_its_content(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    peer = raw_dealer(served.address)
+    peer.send_frames(frame_of_size(MAX_FRAME_BYTES))
+    reply = peer.recv_env(timeout=10)
+    assert reply is not None
+    assert error_of(reply).code == "bad_request"  # the padding is an unknown field, not a size
+
+
+def test_far_oversize_frame_is_dropped_by_zmq_without_reply_and_the_node_keeps_serving(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    peer = raw_dealer(served.address)
+    assert peer.ping().type == REPLY  # connected before we watch the connection
+    monitor = peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    try:
+        peer.send_frames(b"\x00" * (4 * MAX_FRAME_BYTES + 1024))
+        events = []
+        while zmq.EVENT_CONNECTED not in events:
+            assert monitor.poll(10_000), f"no reconnect after the node dropped us: {events}"
+            events.append(recv_monitor_message(monitor)["event"])
+        assert events[0] == zmq.EVENT_DISCONNECTED  # zmq cut the connection: nothing answered
+    finally:
+        peer.sock.disable_monitor()
+        monitor.close(linger=0)
+    ping = Envelope(type="node.ping", body={})
+    peer.send_env(ping)
+    reply = peer.recv_env(timeout=10)
+    assert reply is not None
+    assert (reply.type, reply.corr) == (REPLY, ping.id)  # no error reply for the dropped frame
+    assert_still_serving(served, peer, raw_dealer)
+
+
+def test_a_burst_of_every_bad_frame_on_one_socket_gets_one_reply_each(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    peer = raw_dealer(served.address)
+    for case in CASES:
+        peer.send_frames(*case.frames())
+    codes = []
+    for _ in CASES:
+        reply = peer.recv_env(timeout=10)
+        assert reply is not None
+        codes.append(error_of(reply).code)
+    assert codes == [case.code for case in CASES]  # one socket, one I/O thread: in order
+    assert_still_serving(served, peer, raw_dealer)

@@ -1,0 +1,683 @@
+"""Workflows end to end: a real host process per workflow, real children, a real node (SPEC §12).
+
+Each test writes a small workflow script, launches it as `subagents-node workflow` would
+(runtime.cli_workflow.workflow_launch) on an embedded node whose ipc socket the host and its
+children reach through $SUBAGENTS_NODE, and reads what the node and the host's files say:
+child runs (their parent is the workflow), the fan-out budget, the capacity pool and
+result.json. Gate children (tests.runs_support) hold a workflow open until the test releases
+them; every wait is on an event or re-reads a snapshot with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import IntercomOff, WorkflowChildRefused
+from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.runs import TERMINAL_RUN_STATES
+from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
+from subagents_node.workflow.api import (
+    WorkflowEnv,
+    WorkflowOutputCollision,
+    WorkflowRuns,
+    WorkflowSettled,
+)
+from subagents_node.workflow.launch import workflow_launch, workflow_result
+from subagents_node.workflow.outputs import (
+    aggregate_path,
+    check_collisions,
+    default_output,
+    resolve_output,
+)
+from tests.support.nodes import new_state_dir, run_cli
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import client as client
+from tests.support.run_fixtures import embedded_run_node as embedded_run_node
+from tests.support.runs import (
+    Gate,
+    launch_context,
+    new_session,
+    process_gone,
+    wait_until,
+    wait_view,
+)
+
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    directory = new_state_dir()
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def gate(work: Path) -> Iterator[Gate]:
+    opened = Gate(work)
+    yield opened
+    opened.close()
+
+
+class Workflow:
+    """One launched workflow: its run, its session, and what it left behind."""
+
+    def __init__(self, client: Client, run: RunView, session: str, capacity_limit: int) -> None:
+        self.client = client
+        self.run = run
+        self.session = session
+        self.capacity_limit = capacity_limit
+
+    def wait(self) -> RunView:
+        self.run = self.client.runs.wait(self.run.run_id, timeout=WAIT_S)
+        return self.run
+
+    def result(self) -> dict[str, Any]:
+        found = workflow_result(self.run)
+        assert found is not None, f"no result.json in {self.run.run_dir}"
+        return found
+
+    def value(self) -> Any:
+        return self.result()["value"]
+
+    def children(self) -> dict[str, RunView]:
+        """The workflow's child runs by key (the node's view, not the host's)."""
+        runs = self.client.runs.list(limit=1000)
+        return {r.workflow_key or r.run_id: r for r in runs if r.parent_run_id == self.run.run_id}
+
+    def fanout_used(self) -> int:
+        return self.client.fanout.snapshot(decode_descriptor(self.run.fanout_descriptor)).used
+
+    def capacity_used(self) -> int:
+        return self.client.capacity.snapshot(self.session, self.capacity_limit).used
+
+
+def start_workflow(
+    client: Client,
+    agents: Path,
+    work: Path,
+    script: str,
+    *,
+    background: bool = False,
+    output: str | None = None,
+    timeout_ms: int | None = None,
+    env: dict[str, str] | None = None,
+    **config: Any,
+) -> Workflow:
+    path = work / "workflow.py"
+    path.write_text(textwrap.dedent(script))
+    session = new_session()
+    ctx = launch_context(agents, session=session, cwd=work, env=env, **config)
+    launch = workflow_launch(
+        ctx,
+        path,
+        background=background,
+        output=output,
+        timeout_ms=timeout_ms,
+        agents_dirs=(str(agents),),
+    )
+    run = client.runs.launch(launch)
+    limit = int(config.get("max_active_async_runs_per_session", 0))
+    return Workflow(client, run, session, limit)
+
+
+# -- admission groups (R-WF-5, R-WF-6, R-WF-8) ---------------------------------------------------
+
+_THREE_BATCHES = """
+from subagents_node.errors import WorkflowOutputCollision
+
+def main(runs):
+    first = runs.all([
+        {"key": "a1", "agent": "echo", "task": "one"},
+        {"key": "a2", "agent": "echo", "task": "two"},
+    ])
+    before = runs.budget().used
+    try:
+        runs.all(SECOND)
+        collided = None
+    except WorkflowOutputCollision as err:
+        collided = err.message
+    after = runs.budget().used
+    third = runs.all([
+        {"key": "c1", "agent": "echo", "task": "five"},
+        {"key": "c2", "agent": "echo", "task": "six"},
+    ])
+    return {
+        "before": before,
+        "after": after,
+        "collided": collided,
+        "outputs": [r.output for r in first + third],
+    }
+"""
+
+_SECOND_BATCHES = {
+    "two children on one path": (
+        '[{"key": "b1", "agent": "echo", "task": "three", "output": "same.md"},'
+        ' {"key": "b2", "agent": "echo", "task": "four", "output": "same.md"}]',
+        "Workflow children 'b1' and 'b2' resolve output to the same path: {work}/same.md. "
+        "Use distinct child output paths.",
+    ),
+    "a child on the aggregate path": (
+        '[{"key": "b1", "agent": "echo", "task": "three"},'
+        ' {"key": "b2", "agent": "echo", "task": "four", "output": "report.md"}]',
+        "Workflow child 'b2' output resolves to the workflow aggregate output path: "
+        "{work}/report.md. Use a distinct child output path.",
+    ),
+    "a path an earlier group claimed": (
+        '[{"key": "b1", "agent": "echo", "task": "three", "output": "report.a1.md"}]',
+        "Workflow children 'a1' and 'b1' resolve output to the same path: {work}/report.a1.md. "
+        "Use distinct child output paths.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_SECOND_BATCHES))
+def test_r_wf_8_a_colliding_batch_consumes_no_fanout_and_the_batches_around_it_run(
+    client: Client, agents: Path, work: Path, case: str
+) -> None:
+    second, message = _SECOND_BATCHES[case]
+    flow = start_workflow(
+        client, agents, work, _THREE_BATCHES.replace("SECOND", second), output="report.md"
+    )
+
+    assert flow.wait().state == "complete", flow.run.error
+    value = flow.value()
+    assert value["collided"] == message.format(work=work)
+    # R-WF-6: the collision was refused before the claim, so the budget did not move.
+    assert (value["before"], value["after"]) == (2, 2)
+    assert value["outputs"] == ["one", "two", "five", "six"]
+    assert sorted(flow.children()) == ["a1", "a2", "c1", "c2"]
+    assert flow.fanout_used() == 4
+    # R-WF-7: children without an output write beside the aggregate as NAME.KEY.EXT.
+    steps = {s["workflowKey"]: s for s in flow.result()["steps"]}
+    assert steps["a1"]["outputPath"] == str(work / "report.a1.md")
+
+
+def test_r_fan_16_a_group_over_the_fanout_limit_starts_nothing_and_claims_nothing(
+    client: Client, agents: Path, work: Path
+) -> None:
+    script = """
+    from subagents_node.errors import FanoutLimitExceeded
+
+    def main(runs):
+        try:
+            runs.all([{"key": f"k{i}", "agent": "echo", "task": str(i)} for i in range(3)])
+        except FanoutLimitExceeded as err:
+            refused = {"message": err.message, **err.rejection.model_dump()}
+        used_after_refusal = runs.budget().used
+        fits = runs.all([{"key": f"k{i}", "agent": "echo", "task": str(i)} for i in range(2)])
+        return {"refused": refused, "used": used_after_refusal, "ran": [r.key for r in fits]}
+    """
+    flow = start_workflow(client, agents, work, script, max_subagent_spawns_per_run=2)
+
+    assert flow.wait().state == "complete", flow.run.error
+    value = flow.value()
+    refused = value["refused"]
+    assert (refused["requested"], refused["used"], refused["limit"]) == (3, 0, 2)
+    assert (refused["remaining"], refused["path"]) == (2, "workflow[k2]")
+    assert "No children from this admission group were started." in refused["message"]
+    assert value["used"] == 0
+    assert value["ran"] == ["k0", "k1"]
+    assert sorted(flow.children()) == ["k0", "k1"]
+    assert flow.fanout_used() == 2
+    # The refused members are in the trace as failed, and never became steps.
+    trace = flow.result()["trace"]
+    assert [e["event"] for e in trace[:3]] == ["failed"] * 3
+    assert [s["workflowKey"] for s in flow.result()["steps"]] == ["k0", "k1"]
+
+
+def test_r_wf_4_same_key_same_parameters_reuses_and_different_parameters_are_refused(
+    client: Client, agents: Path, work: Path
+) -> None:
+    script = """
+    from subagents_node.errors import WorkflowKeyConflict, WorkflowKeyInvalid
+
+    def main(runs):
+        first = runs.run("scan", "echo", "same task")
+        again = runs.run("scan", "echo", "same task")
+        both = runs.all([
+            {"key": "twin", "agent": "echo", "task": "t"},
+            {"key": "twin", "agent": "echo", "task": "t"},
+        ])
+        refused = []
+        for bad in (lambda: runs.run("scan", "echo", "other task"),
+                    lambda: runs.run("-bad key", "echo", "x")):
+            try:
+                bad()
+            except (WorkflowKeyConflict, WorkflowKeyInvalid) as err:
+                refused.append(err.code)
+        return {"same": first == again, "twins": [r.run_id for r in both],
+                "refused": refused, "used": runs.budget().used}
+    """
+    flow = start_workflow(client, agents, work, script)
+
+    assert flow.wait().state == "complete", flow.run.error
+    value = flow.value()
+    assert value["same"] is True
+    assert value["twins"][0] == value["twins"][1]
+    assert value["refused"] == ["workflow_key_conflict", "workflow_key_invalid"]
+    assert value["used"] == 2  # scan and twin: reuses and refusals claim nothing
+    assert sorted(flow.children()) == ["scan", "twin"]
+    assert [e["event"] for e in flow.result()["trace"]].count("reused") == 2
+
+
+def test_a_6_a_child_refused_after_admission_never_launched_and_is_classified_not_async(
+    client: Client, agents: Path, work: Path
+) -> None:
+    script = """
+    def main(runs):
+        ok, refused = runs.all([
+            {"key": "first", "agent": "echo", "task": "fits"},
+            {"key": "second", "agent": "echo", "task": "over the session cap", "async": True},
+        ])
+        return {"ok": ok.success, "refused": [refused.success, refused.run_id, refused.error]}
+    """
+    env = {"SUBAGENTS_MAX_SPAWNS_PER_SESSION": "1"}
+    flow = start_workflow(client, agents, work, script, env=env)
+
+    assert flow.wait().state == "complete", flow.run.error
+    ok, (success, run_id, error) = flow.value()["ok"], flow.value()["refused"]
+    assert ok is True
+    assert (success, run_id) == (False, None)
+    assert error.startswith("Subagent spawn limit reached for this session")
+    steps = {s["workflowKey"]: s for s in flow.result()["steps"]}
+    assert (steps["second"]["status"], steps["second"]["async"]) == ("failed", False)
+    assert steps["second"]["runId"] is None
+    assert flow.fanout_used() == 2  # R-FAN-15: its claim stays
+    assert sorted(flow.children()) == ["first"]
+
+
+# -- R-FAN-24: only the workflow's own host may launch its children ---------------------------
+
+
+def test_r_fan_24_a_forged_workflow_child_launch_is_refused_and_changes_nothing(
+    client: Client, agents: Path, work: Path, gate: Gate
+) -> None:
+    script = f"""
+    def main(runs):
+        return runs.run("hold", "gate", {str(gate.path)!r}).output
+    """
+    flow = start_workflow(client, agents, work, script)
+    [held] = gate.accept(1)
+    running = wait_view(client, flow.run.run_id, lambda v: v.children[0].pid is not None)
+    host_pid = running.children[0].pid
+    ctx = launch_context(agents, session=flow.session, cwd=work)
+    plain = ctx.single("echo", "forged", False, None)
+    workflow_fields = {
+        "parent_run_id": flow.run.run_id,
+        "workflow_key": "forged",
+        "fanout_admitted": True,
+        "inherited_fanout": flow.run.fanout_descriptor,
+    }
+    before = (flow.fanout_used(), sorted(r.run_id for r in client.runs.list(limit=1000)))
+
+    for token in (None, "0" * 32):
+        forged = plain.model_copy(update={**workflow_fields, "workflow_token": token})
+        with pytest.raises(WorkflowChildRefused) as refused:
+            client.runs.launch(forged)
+        assert refused.value.message == (
+            "Public execution does not accept internal run fan-out fields."
+        )
+
+    after = (flow.fanout_used(), sorted(r.run_id for r in client.runs.list(limit=1000)))
+    assert after == before
+    # The same launch with the workflow's real token (its host's environment) is accepted.
+    environ = Path(f"/proc/{host_pid}/environ").read_bytes().split(b"\0")
+    token = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"SUBAGENTS_WORKFLOW_TOKEN="))
+    genuine = plain.model_copy(update={**workflow_fields, "workflow_token": token.decode()})
+    accepted = client.runs.launch(genuine)
+    assert client.runs.wait(accepted.run_id, timeout=WAIT_S).state == "complete"
+    held.release(0)
+    assert flow.wait().state == "complete", flow.run.error
+
+
+# -- capacity (R-TOP-4, R-TOP-7, R-CAP-22) -----------------------------------------------------
+
+
+def test_r_cap_22_a_background_workflow_holds_its_slot_until_its_async_children_have_proof(
+    client: Client, agents: Path, work: Path, gate: Gate
+) -> None:
+    script = f"""
+    def main(runs):
+        child = runs.run("slow", "gate", {str(gate.path)!r}, async_=True)
+        return child.run_id
+    """
+    flow = start_workflow(
+        client, agents, work, script, background=True, max_active_async_runs_per_session=2
+    )
+    [slow] = gate.accept(1)
+
+    assert flow.wait().state == "complete", flow.run.error
+    child = flow.children()["slow"]
+    assert child.run_id == flow.value() and child.state == "running"
+    # R-TOP-4: one `workflow` slot; R-TOP-7: its async child took none. A snapshot reconciles,
+    # and the verdict retains the slot while the child has no proof.
+    assert flow.capacity_used() == 1
+    inspection = client.capacity.inspect(flow.run.run_id, flow.session)
+    assert inspection.owner is not None and inspection.owner.kind == "workflow"
+    assert inspection.verdict.verdict == "retained"
+    assert "slow" in inspection.verdict.reason
+
+    slow.release(0)
+    assert client.runs.wait(child.run_id, timeout=WAIT_S).state == "complete"
+    wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
+
+
+def test_r_top_4_a_foreground_workflow_takes_no_capacity(
+    client: Client, agents: Path, work: Path
+) -> None:
+    script = """
+    def main(runs):
+        return runs.run("one", "echo", "x").output
+    """
+    flow = start_workflow(client, agents, work, script, max_active_async_runs_per_session=1)
+    assert flow.run.snapshots.capacity_used is None
+    assert flow.capacity_used() == 0
+    assert flow.wait().state == "complete"
+
+
+# -- stop and deadline (R-WF-10, R-TMO-7) ------------------------------------------------------
+
+
+def test_r_wf_10_stopping_a_workflow_marks_its_running_children_stopped_not_failed(
+    client: Client, agents: Path, work: Path, gate: Gate
+) -> None:
+    script = f"""
+    def main(runs):
+        runs.all([
+            {{"key": "waits", "agent": "gate", "task": {str(gate.path)!r}}},
+            {{"key": "detached", "agent": "gate", "task": {str(gate.path)!r}, "async": True}},
+        ])
+    """
+    flow = start_workflow(
+        client, agents, work, script, background=True, max_active_async_runs_per_session=2
+    )
+    held = gate.accept(2)
+
+    client.runs.stop(flow.run.run_id)
+
+    assert flow.wait().state == "stopped"
+    children = flow.children()
+    for key in ("waits", "detached"):
+        done = client.runs.wait(children[key].run_id, timeout=WAIT_S)
+        assert done.state == "stopped", (key, done.error)
+    for child in held:
+        wait_until(lambda c=child: process_gone(c.pid), what=f"gate {child.pid} to end")
+    result = flow.result()
+    assert (result["state"], result["stopped"], result["success"]) == ("stopped", True, False)
+    steps = {s["workflowKey"]: s for s in result["steps"]}
+    assert (steps["waits"]["status"], steps["waits"].get("stopped")) == ("stopped", True)
+    assert steps["detached"]["async"] is True
+    assert "stopped" in [e["event"] for e in result["trace"]]
+    wait_until(lambda: flow.capacity_used() == 0, what="the stopped workflow's slot")
+
+
+def test_r_tmo_7_the_script_deadline_fails_the_workflow_and_stops_the_child_it_awaits(
+    client: Client, agents: Path, work: Path, gate: Gate
+) -> None:
+    script = f"""
+    def main(runs):
+        runs.run("forever", "gate", {str(gate.path)!r})
+    """
+    flow = start_workflow(client, agents, work, script, timeout_ms=1500)
+    [held] = gate.accept(1)
+
+    done = flow.wait()
+
+    assert done.state == "failed"
+    assert "timed out" in done.error.lower() or "timeout" in done.error.lower(), done.error
+    child = flow.children()["forever"]
+    assert client.runs.wait(child.run_id, timeout=WAIT_S).state == "stopped"
+    wait_until(lambda: process_gone(held.pid), what="the awaited child to end")
+    result = flow.result()
+    assert result["state"] == "failed"
+    assert result["steps"][0]["status"] == "stopped"
+
+
+# -- results (R-RUN-7, R-WF-9, R-WF-11) --------------------------------------------------------
+
+_GREETER = """
+def main(runs):
+    greeting = runs.run("greet", "echo", "hello")
+    emit({"seen": greeting.output})
+    print("printed line")
+    console("console line")
+    return {"greeting": greeting.output, "success": greeting.success}
+"""
+
+
+def test_r_wf_9_a_foreground_workflow_returns_its_value_emits_and_console_and_writes_the_aggregate(
+    client: Client, agents: Path, work: Path
+) -> None:
+    flow = start_workflow(client, agents, work, _GREETER, output="out/report.md")
+
+    done = flow.wait()
+
+    assert done.state == "complete", done.error
+    result = flow.result()
+    assert (result["agent"], result["mode"], result["success"]) == ("workflow", "workflow", True)
+    assert result["value"] == {"greeting": "hello", "success": True}
+    assert result["emits"] == [{"seen": "hello"}]
+    assert result["console"] == ["printed line", "console line"]
+    [child] = result["results"]
+    assert (child["workflowKey"], child["agent"], child["output"]) == ("greet", "echo", "hello")
+    assert child["runId"] == flow.children()["greet"].run_id
+    assert child["artifactPaths"] == {"outputPath": str(work / "out" / "report.greet.md")}
+    [step] = result["steps"]
+    assert (step["status"], step["async"], step["runId"]) == ("completed", False, child["runId"])
+    # The full display text is the run's output and the aggregate file (R-WF-9, foreground).
+    aggregate = (work / "out" / "report.md").read_text()
+    assert aggregate.strip() == done.output.strip() == result["summary"].strip()
+    assert done.output.startswith("Workflow completed with 1 child run(s).")
+    for line in ('Return: {"greeting": "hello", "success": true}', "  console line"):
+        assert line in done.output.splitlines()
+    status = json.loads((Path(done.run_dir) / "status.json").read_text())
+    assert (status["mode"], status["state"], status["runId"]) == (
+        "workflow",
+        "complete",
+        done.run_id,
+    )
+
+
+def test_r_wf_9_a_background_workflow_summarises_in_one_line_and_defaults_child_outputs(
+    client: Client, agents: Path, work: Path
+) -> None:
+    flow = start_workflow(client, agents, work, _GREETER, background=True)
+
+    done = flow.wait()
+
+    assert done.state == "complete", done.error
+    assert done.background
+    assert done.output == (
+        'Workflow completed with 1 child run(s). Return: {"greeting": "hello", "success": true} '
+        'Emitted: [{"seen": "hello"}] Trace: 2 event(s).'
+    )
+    # R-WF-7: without an aggregate, a child writes into the workflow's run dir.
+    [step] = flow.result()["steps"]
+    assert step["outputPath"] == str(Path(done.run_dir) / "outputs" / "greet.md")
+
+
+def test_a_workflow_script_that_raises_fails_the_run_with_its_error(
+    client: Client, agents: Path, work: Path
+) -> None:
+    script = """
+    def main(runs):
+        runs.run("before", "echo", "x")
+        raise ValueError("the script broke")
+    """
+    flow = start_workflow(client, agents, work, script)
+
+    done = flow.wait()
+
+    assert done.state == "failed"
+    assert done.error == "ValueError: the script broke"
+    result = flow.result()
+    assert (result["state"], result["success"]) == ("failed", False)
+    assert result["error"] == "ValueError: the script broke"
+    assert 'raise ValueError("the script broke")' in result["traceback"]
+    assert [s["status"] for s in result["steps"]] == ["completed"]
+
+
+def test_a_workflow_script_without_main_fails_with_a_clear_error(
+    client: Client, agents: Path, work: Path
+) -> None:
+    flow = start_workflow(client, agents, work, "VALUE = 1\n")
+    done = flow.wait()
+    assert done.state == "failed"
+    assert done.error.startswith("TypeError: the workflow script") and "main(runs)" in done.error
+
+
+def test_r_wf_5_the_runs_handle_admits_nothing_once_the_workflow_has_settled(
+    client: Client, agents: Path, work: Path
+) -> None:
+    ctx = launch_context(agents, cwd=work)
+    descriptor = client.fanout.create(root_run_id="settled", limit=4)
+    env = WorkflowEnv(
+        run_id="not-a-run",
+        session_id=ctx.session_id,
+        token="t",
+        descriptor=descriptor,
+        run_dir=work,
+        cwd=work,
+    )
+    runs = WorkflowRuns(client, ctx, env)
+    runs.settle()
+
+    with pytest.raises(WorkflowSettled):
+        runs.run("late", "echo", "x")
+
+    assert client.fanout.snapshot(descriptor).used == 0
+    assert client.runs.list(limit=10) == []
+
+
+def test_r_icb_3_a_workflow_child_takes_its_own_intercom_setting_else_the_workflows(
+    client: Client, agents: Path, work: Path
+) -> None:
+    script = """
+    def main(runs):
+        runs.all([
+            {"key": "inherits", "agent": "echo", "task": "x"},
+            {"key": "own", "agent": "echo", "task": "y", "intercom": "on"},
+        ])
+    """
+    path = work / "workflow.py"
+    path.write_text(textwrap.dedent(script))
+    ctx = launch_context(agents, cwd=work)
+    launch = workflow_launch(
+        ctx, path, background=False, agents_dirs=(str(agents),), intercom="off"
+    )
+    flow = Workflow(client, client.runs.launch(launch), ctx.session_id, 0)
+    assert flow.wait().state == "complete", flow.run.error
+    children = flow.children()
+
+    def send(run_id: str) -> IntercomMessage:
+        return client.ask(Intercom(run_id=run_id, text="hello parent"), IntercomMessage)
+
+    with pytest.raises(IntercomOff):
+        send(flow.run.run_id)
+    with pytest.raises(IntercomOff):
+        send(children["inherits"].run_id)
+    assert send(children["own"].run_id).text == "hello parent"
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def test_cli_workflow_json_runs_in_the_foreground_and_prints_run_and_result(
+    agents: Path, work: Path, state_dir: Path
+) -> None:
+    script = work / "hello.py"
+    script.write_text("def main(runs):\n    return runs.run('hi', 'echo', 'from the cli').output\n")
+
+    done = run_cli(
+        "workflow", str(script), "--agents-dir", str(agents), "--json", state_dir=state_dir
+    )
+
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["run"]["mode"], data["run"]["state"]) == ("workflow", "complete")
+    assert data["run"]["background"] is False
+    assert data["result"]["value"] == "from the cli"
+    assert data["result"]["results"][0]["workflowKey"] == "hi"
+
+
+def test_cli_workflow_async_prints_the_run_id_and_the_run_completes(
+    agents: Path, work: Path, start_node: Any
+) -> None:
+    node = start_node()
+    script = work / "hello.py"
+    script.write_text("def main(runs):\n    return runs.run('hi', 'echo', 'later').output\n")
+
+    done = run_cli(
+        "workflow",
+        str(script),
+        "--async",
+        "--agents-dir",
+        str(agents),
+        "--json",
+        state_dir=node.state_dir,
+    )
+
+    assert done.returncode == 0, done.stderr
+    started = json.loads(done.stdout)
+    assert (started["mode"], started["background"]) == ("workflow", True)
+    client = node.client()
+    final = client.runs.wait(started["run_id"], timeout=WAIT_S)
+    assert final.state in TERMINAL_RUN_STATES
+    assert final.state == "complete", final.error
+    assert workflow_result(final) is not None
+
+
+def test_r_tmo_7_cli_refuses_a_non_positive_script_timeout(work: Path, state_dir: Path) -> None:
+    script = work / "noop.py"
+    script.write_text("def main(runs):\n    return None\n")
+
+    done = run_cli("workflow", str(script), "--timeout-ms", "0", state_dir=state_dir)
+
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: workflow script timeout must be a positive integer."
+
+
+# -- output paths, without a node (R-WF-7, A-9) ------------------------------------------------
+
+
+def test_r_wf_7_child_outputs_resolve_default_agent_explicit_and_none() -> None:
+    run_dir, cwd = Path("/runs/w1"), Path("/work")
+    aggregate = aggregate_path("out/report.txt", cwd)
+    assert aggregate == Path("/work/out/report.txt")
+
+    def resolve(output: str | bool | None, agent_output: str | None = None) -> Path | None:
+        return resolve_output(
+            output,
+            key="scan",
+            agent_output=agent_output,
+            child_cwd=cwd / "sub",
+            aggregate=aggregate,
+            run_dir=run_dir,
+        )
+
+    assert resolve(None) == Path("/work/out/report.scan.txt")
+    assert resolve(True, "notes.md") == resolve("true", "notes.md") == Path("/work/sub/notes.md")
+    assert resolve(True) == Path("/work/out/report.scan.txt")  # an agent without `output`
+    assert resolve(False) is None and resolve("false") is None
+    assert resolve("../x.md") == Path("/work/x.md")
+    assert resolve("/abs/y.md") == Path("/abs/y.md")
+    assert default_output("scan", None, run_dir) == Path("/runs/w1/outputs/scan.md")
+    assert default_output("k", Path("/w/report"), run_dir) == Path("/w/report.k.md")
+    for no_aggregate in (None, "", "true", "false", " TRUE "):
+        assert aggregate_path(no_aggregate, cwd) is None  # A-9
+
+
+def test_r_wf_8_children_without_an_output_file_never_collide() -> None:
+    check_collisions([("a", None), ("b", None)], None, {})
+    with pytest.raises(WorkflowOutputCollision) as clash:
+        check_collisions([("a", Path("/p")), ("b", None), ("c", Path("/p"))], None, {})
+    assert (clash.value.first, clash.value.key, clash.value.path) == ("a", "c", "/p")
