@@ -2,7 +2,9 @@
 
 A benchmark is any `bench/<name>.py` that defines `main() -> str` (a markdown section). They
 run one after another (never concurrently: they would measure each other), in name order;
-`python -m bench NAME...` runs only those.
+`python -m bench NAME...` runs only those and replaces only their sections of results.md (each
+section is marked with `<!-- bench:NAME -->` and carries the date and load it was measured at),
+so one benchmark can be re-measured without re-running the others.
 """
 
 from __future__ import annotations
@@ -30,17 +32,33 @@ def benchmark_names() -> list[str]:
     return names
 
 
-def run(names: list[str]) -> str:
+MARK = "<!-- bench:{} -->"
+
+
+def _sections(text: str) -> dict[str, str]:
+    """The marked sections of an existing results.md, by benchmark name."""
+    found: dict[str, str] = {}
+    for chunk in text.split("<!-- bench:")[1:]:
+        name, _, body = chunk.partition(" -->\n")
+        found[name.strip()] = body.strip()
+    return found
+
+
+def run(names: list[str], previous: str) -> str:
     facts = machine_facts()
     header = "# Benchmark results\n\n" + "\n".join(f"- {k}: {v}" for k, v in facts.items())
-    sections = [header]
     print(header + "\n", flush=True)
+    sections = _sections(previous)
     for name in names:
         print(f"running bench.{name} ...", file=sys.stderr, flush=True)
         section = importlib.import_module(f"bench.{name}").main()
+        stamp = f"_Measured {facts['date']}, load {facts['load average (1/5/15 min)']}._"
+        sections[name] = f"{section}\n\n{stamp}"
         print(section, flush=True)
-        sections.append(section)
-    return "\n\n".join(sections) + "\n"
+    body = [
+        f"{MARK.format(name)}\n{sections[name]}" for name in benchmark_names() if name in sections
+    ]
+    return "\n\n".join([header, *body]) + "\n"
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +67,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; have {', '.join(available)}")
         return 2
-    report = run(argv or available)
+    previous = RESULTS.read_text() if RESULTS.exists() else ""
+    report = run(argv or available, previous)
     RESULTS.write_text(report)
     print(f"wrote {RESULTS}", file=sys.stderr)
     return 0
