@@ -18,6 +18,7 @@ answers false instead, R-CAP-17). Times are wall-clock seconds since the epoch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
@@ -76,6 +77,10 @@ class RollbackResult(Message):
     handle: SlotHandle | None = None
 
 
+#: a child's proof states that end it for good (R-RUN-5): seen to end, or never started
+SETTLED_PROOFS = ("observed", "not-started")
+
+
 class RunnerProof(Message):
     """Process-terminal proof of one runner execution, written by the process's parent."""
 
@@ -88,6 +93,28 @@ class RunnerProof(Message):
     observed_at: float | None = None
     reason: str = ""
     error: str = ""
+
+    @classmethod
+    def of_children(
+        cls, proofs: Sequence[str], runner_id: str, pid: int | None, now: float, error: str
+    ) -> RunnerProof:
+        """The run-level proof from its children's: observed only when every child's tree was
+        seen to end, not-started when no child process ever existed (R-RUN-5, R-CAP-21).
+        Here, not in the supervisor, because `debug-run` shows the same verdict client-side."""
+        if proofs and all(p == "not-started" for p in proofs):
+            state, reason = "not-started", "no child process started"
+        elif all(p in SETTLED_PROOFS for p in proofs):
+            state, reason = "observed", "every child's process tree was observed to end"
+        else:
+            state, reason = "unknown", "a child's process tree was not observed to end"
+        return cls(
+            state=state,
+            runner_id=runner_id,
+            pid=pid,
+            observed_at=now,
+            reason=reason,
+            error=error if state == "not-started" else "",
+        )
 
 
 class TerminalFacts(Message):

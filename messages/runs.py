@@ -13,6 +13,7 @@ Times are wall-clock seconds since the epoch; durations are seconds unless named
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -162,3 +163,18 @@ class ChildStop(Request):
 
 
 REQUESTS: tuple[type[Request], ...] = ()
+
+
+def output_tail(path: str, limit: int = OUTPUT_TAIL_BYTES) -> str:
+    """The trimmed last `limit` bytes of a log (R-EXT-3's in-memory tail), read at the end.
+
+    A child's output is this tail of its stdout; the node and the fleet view read it the same
+    way, so it lives with the wire models both sides import."""
+    try:
+        with open(path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - limit))
+            data = log.read(limit)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace").strip()

@@ -263,6 +263,13 @@ def test_layering_the_architecture_page_states_holds_for_every_module() -> None:
             own = {package} if package != "runtime/" else set()
             if hits := _banned(_imported_layers(module), banned) - own:
                 breaks.append(f"{inner} imports {sorted(hits)}")
+    # only the node process hosts actors: the CLI, the launcher and workflows reach them by message
+    breaks += [
+        f"{m.relative_to(REPO).as_posix()} imports actors/"
+        for m in sorted((REPO / "runtime").rglob("*.py"))
+        if not m.relative_to(REPO).as_posix().startswith("runtime/node/")
+        and "actors/" in _imported_layers(m)
+    ]
     assert not breaks, breaks
 
 

@@ -56,6 +56,7 @@ from subagents_node.messages.runs import (
     ChildExited,
     ChildSpec,
     ChildStop,
+    output_tail,
     timeout_error,
 )
 
@@ -454,7 +455,7 @@ def recover_children(
         for child_id in expected:
             row = None if child_id in child_ids else rows.read_row(conn, child_id)
             if row is not None:
-                exited = rows.settled_exit(conn, child_id, cp.tail(str(row["stdout_path"])))
+                exited = rows.settled_exit(conn, child_id, output_tail(str(row["stdout_path"])))
                 if exited is not None:
                     replays.append(exited)
     finally:

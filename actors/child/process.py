@@ -30,7 +30,6 @@ from subagents_node.messages.base import Message
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.runs import (
     ENDED_EXIT_CODE,
-    OUTPUT_TAIL_BYTES,
     REASON_EXITED,
     REASON_NOT_STARTED,
     REASON_TREE_UNVERIFIED,
@@ -41,6 +40,7 @@ from subagents_node.messages.runs import (
     ChildState,
     ProcessProof,
     exit_error,
+    output_tail,
     signal_error,
 )
 
@@ -209,10 +209,10 @@ def outcome(
         state, error, exit_code = "complete", None, 0
     elif facts.exit_code is not None:
         state, exit_code = "failed", facts.exit_code
-        error = tail(record.stderr_path) or exit_error(facts.exit_code)
+        error = output_tail(record.stderr_path) or exit_error(facts.exit_code)
     elif facts.signal is not None:
         state, exit_code = "failed", None
-        error = tail(record.stderr_path) or signal_error(facts.signal)
+        error = output_tail(record.stderr_path) or signal_error(facts.signal)
     else:
         state, error, exit_code = "failed", UNKNOWN_EXIT_ERROR, None
     return ChildExited(
@@ -221,7 +221,7 @@ def outcome(
         state=state,
         proof=proof,
         exit_code=exit_code,
-        output=tail(record.stdout_path),
+        output=output_tail(record.stdout_path),
         error=error,
         timed_out=end_reason == "timed_out",
         stopped=end_reason == "stopped",
@@ -249,15 +249,3 @@ def not_started(record: ChildRecord, error: str, now: float) -> ChildExited:
         error=error,
         ended_at=now,
     )
-
-
-def tail(path: str, limit: int = OUTPUT_TAIL_BYTES) -> str:
-    """The trimmed last `limit` bytes of a log (R-EXT-3's in-memory tail), read at the end."""
-    try:
-        with open(path, "rb") as log:
-            size = log.seek(0, os.SEEK_END)
-            log.seek(max(0, size - limit))
-            data = log.read(limit)
-    except OSError:
-        return ""
-    return data.decode("utf-8", "replace").strip()

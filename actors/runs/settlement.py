@@ -10,36 +10,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
 
 from subagents_node.actors.runs import runstore
 from subagents_node.actors.runs.liverun import LiveRun
-from subagents_node.messages.capacity import ReportTerminal, RunnerProof, SlotHandle
+from subagents_node.messages.capacity import SETTLED_PROOFS, ReportTerminal, RunnerProof, SlotHandle
 from subagents_node.messages.supervisor import RunView
 
 log = logging.getLogger(__name__)
-
-_SETTLED = ("observed", "not-started")
-
-
-def runner_proof(
-    proofs: Sequence[str], runner_id: str, pid: int | None, now: float, error: str
-) -> RunnerProof:
-    if proofs and all(p == "not-started" for p in proofs):
-        state, reason = "not-started", "no child process started"
-    elif all(p in _SETTLED for p in proofs):
-        state, reason = "observed", "every child's process tree was observed to end"
-    else:
-        state, reason = "unknown", "a child's process tree was not observed to end"
-    return RunnerProof(
-        state=state,
-        runner_id=runner_id,
-        pid=pid,
-        observed_at=now,
-        reason=reason,
-        error=error if state == "not-started" else "",
-    )
 
 
 def terminal_report(
@@ -56,7 +34,9 @@ def terminal_report(
         live_process=False,
         workflow_children_proven=proven,
         reason=why,
-        proof=runner_proof(live.proofs, live.runner_id, live.runner_pid, now, live.error),
+        proof=RunnerProof.of_children(
+            live.proofs, live.runner_id, live.runner_pid, now, live.error
+        ),
     )
 
 
@@ -66,7 +46,7 @@ def workflow_rereport(
     """R-CAP-22: a settled workflow's slot, re-judged once one of its children settled."""
     handle = SlotHandle.model_validate_json(row["capacity"])
     proven, why = children_verdict
-    observed = all(p in _SETTLED for p in proofs)
+    observed = all(p in SETTLED_PROOFS for p in proofs)
     return ReportTerminal(
         session_id=row["session_id"],
         run_id=row["run_id"],

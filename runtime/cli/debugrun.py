@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from subagents_node.actors.runs.settlement import runner_proof
 from subagents_node.client.client import Client
-from subagents_node.messages.capacity import CapacitySnapshot, Inspection
+from subagents_node.messages.capacity import CapacitySnapshot, Inspection, RunnerProof
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import RunView
 
@@ -31,7 +30,7 @@ def _proof_state(run: RunView) -> str:
     if run.state in ("queued", "running", "paused"):
         return "pending"
     proofs = [c.proof_state for c in run.children if c.proof_state]
-    return runner_proof(proofs, run.runner_id, None, 0.0, "").state
+    return RunnerProof.of_children(proofs, run.runner_id, None, 0.0, "").state
 
 
 def _run_proof(run: RunView) -> str:

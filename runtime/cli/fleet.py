@@ -22,9 +22,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from subagents_node.actors.child.process import tail
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.runs import output_tail
 from subagents_node.messages.supervisor import RunView
 
 ACTIVE = ("queued", "running", "paused")
@@ -56,7 +56,7 @@ class FleetState:
 
 def last_line(path: str, limit: int = 4096) -> str:
     """The last non-empty line of a log file (read from its end; never the whole file)."""
-    text = tail(path, limit) if path else ""
+    text = output_tail(path, limit) if path else ""
     return text.splitlines()[-1][:80] if text else ""
 
 

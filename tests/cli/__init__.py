@@ -1,1 +1,1 @@
-"""Tests: /cli"""
+"""Tests of the command line, in process (CliRunner) and as real processes."""

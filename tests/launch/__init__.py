@@ -1,1 +1,1 @@
-"""Tests: /launch"""
+"""Tests of agents and configuration (subagents_node.launch)."""

@@ -1,1 +1,1 @@
-"""Tests: /node"""
+"""Tests of the node process: gateway, supervision, and several processes racing one node."""

@@ -1,1 +1,1 @@
-"""Tests: /support"""
+"""The test harness: node processes and fixtures, run helpers, the docs runner."""

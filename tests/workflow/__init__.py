@@ -1,1 +1,1 @@
-"""Tests: /workflow"""
+"""Tests of workflows: the host, its runs handle, outputs and reports."""

@@ -1,7 +1,7 @@
 """Workflows end to end: a real host process per workflow, real children, a real node (SPEC §12).
 
 Each test writes a small workflow script, launches it as `subagents-node workflow` would
-(runtime.cli_workflow.workflow_launch) on an embedded node whose ipc socket the host and its
+(subagents_node.workflow_launch) on an embedded node whose ipc socket the host and its
 children reach through $SUBAGENTS_NODE, and reads what the node and the host's files say:
 child runs (their parent is the workflow), the fan-out budget, the capacity pool and
 result.json. Gate children (tests.runs_support) hold a workflow open until the test releases

@@ -1,1 +1,1 @@
-"""Tests: /actors/runs"""
+"""Tests of the run supervisor: launch, admission, recovery, resume, append, intercom."""
