@@ -168,3 +168,17 @@ def test_r_run_3_a_run_is_launched_and_followed_while_the_loop_keeps_serving(
                 await client.runs.show("no-such-run")
 
     asyncio.run(go())
+
+
+def test_importing_the_async_client_loads_no_node_code_pykka_sqlite_or_mcp() -> None:
+    """What a child agent pays for an asyncio client: the client, its transport and schemas."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, subagents_node; subagents_node.AsyncClient('ipc:///nonexistent').runs;"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('subagents_node.node',"
+        "'subagents_node.actors', 'subagents_node.mcp', 'pykka', 'sqlite3', 'mcp')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [], out.stdout

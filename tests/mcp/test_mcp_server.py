@@ -212,3 +212,84 @@ def test_r_fan_8_an_agent_childs_own_mcp_server_claims_from_the_parent_run_tree(
     ]
     assert [(r.mode, r.depth, r.state) for r in nested] == [("parallel", 1, "complete")]
     assert nested[0].session_id == parent.session_id
+
+
+@pytest.mark.slow
+def test_chain_stop_resume_and_append_through_the_tools(node: NodeProcess) -> None:
+    """The rest of the launcher's operations, each through its tool, on one server."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+    sleep = {"agent": "sleeper", "task": "seconds=0"}
+
+    async def go() -> dict[str, CallToolResult]:
+        async with mcp_session(env) as session:
+            out: dict[str, CallToolResult] = {}
+            out["chain"] = await session.call_tool("run", {"chain": [sleep, {"parallel": [sleep]}]})
+            long = {"agent": "sleeper", "task": "seconds=60", "background": True}
+            victim = await session.call_tool("run", long)
+            out["stop"] = await session.call_tool("stop", {"run_id": run_id(victim)})
+            short = await session.call_tool("run", {**sleep, "background": True})
+            await session.call_tool("wait", {"run_id": run_id(short)})
+            out["resume"] = await session.call_tool("resume", {"run_id": run_id(short)})
+            out["resumed"] = await session.call_tool("wait", {"run_id": run_id(out["resume"])})
+            first = {"agent": "sleeper", "task": "seconds=1"}
+            chain = await session.call_tool("run", {"chain": [first], "background": True})
+            out["append"] = await session.call_tool(
+                "append", {"run_id": run_id(chain), "steps": [sleep]}
+            )
+            out["appended"] = await session.call_tool("wait", {"run_id": run_id(chain)})
+            out["early"] = await session.call_tool(
+                "wait", {"run_id": run_id(victim), "timeout_s": 0.1}
+            )
+            return out
+
+    out = asyncio.run(go())
+    for name, result in out.items():
+        assert not result.is_error, f"{name}: {text_of(result)}"
+    assert data(out["chain"])["mode"] == "chain" and data(out["chain"])["state"] == "complete"
+    assert len(data(out["chain"])["children"]) == 2
+    assert data(out["stop"])["state"] == "stopped"
+    assert data(out["resumed"])["state"] == "complete"
+    assert "resumes" in text_of(out["resume"])
+    assert data(out["append"])["steps"] == 1
+    assert [c["state"] for c in data(out["appended"])["children"]] == ["complete", "complete"]
+    assert data(out["early"])["state"] == "stopped"  # settled already: no waiting
+
+
+def run_id(result: CallToolResult) -> str:
+    return str(data(result)["run_id"])
+
+
+def data(result: CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict), text_of(result)
+    return result.structured_content
+
+
+def test_the_registration_examples_in_docs_mcp_name_this_server() -> None:
+    """docs/mcp.md's Claude Code / Gemini CLI JSON and Codex CLI TOML snippets parse, start
+    `subagents-node mcp`, and (Codex, which filters the environment) forward every variable a
+    child's server needs to stay on its run tree's ledgers."""
+    import json
+    import tomllib
+
+    from subagents_node.messages import constants
+    from tests.support.docs import blocks
+
+    page = blocks(REPO / "docs" / "mcp.md")
+    configs = [json.loads(b.text) for b in page if b.lang == "json"]
+    assert len(configs) == 2
+    for config in configs:
+        server = config["mcpServers"]["subagents"]
+        assert server["command"] == "subagents-node" and server["args"][0] == "mcp"
+    (codex,) = [tomllib.loads(b.text) for b in page if b.text.startswith("[mcp_servers.")]
+    server = codex["mcp_servers"]["subagents"]
+    assert server["command"] == "subagents-node" and server["args"][0] == "mcp"
+    needed = {
+        constants.ENV_NODE,
+        constants.ENV_STATE_DIR,
+        constants.ENV_SESSION,
+        constants.ENV_DEPTH,
+        constants.ENV_MAX_DEPTH,
+        constants.ENV_FANOUT,
+        constants.ENV_RUN_ID,
+    }
+    assert set(server["env_vars"]) == needed
