@@ -26,10 +26,10 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
     budget, depth and session), else the state dir's node, else an embedded node that lives
     as long as the server. See docs/mcp.md.
     """
-    from subagents_node.mcp.server import node_client, serve
+    from subagents_node.mcp.server import node_address, serve
 
-    with node_client(obj.address, obj.state_dir, obj.timeout) as client:
-        serve(client, dict(os.environ), agents_dirs, session)
+    with node_address(obj.address, obj.state_dir, obj.timeout) as address:
+        serve(address, obj.timeout, dict(os.environ), agents_dirs, session)
 
 
 COMMANDS = (mcp_command,)

@@ -14,21 +14,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from subagents_node.client.client import Client, connect
+from subagents_node.client.aio import AsyncClient
+from subagents_node.client.client import connect, default_address
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.constants import version
 from subagents_node.messages.errors import NodeNotRunning, SubagentsError
 
 P = ParamSpec("P")
+
+#: The `wait` tool's default: under the shortest default tool timeout of the agent CLIs (Codex
+#: CLI's 60 s), so a plain `wait` answers "still running" instead of being abandoned.
+WAIT_DEFAULT_S = 50.0
 
 INSTRUCTIONS = (
     "Launch sub-agents under the node's ledgers: list agents, run one (or several in parallel, "
@@ -73,13 +79,15 @@ AgentsDirs = Annotated[
 ]
 
 
-def tool_result(answer: Callable[P, ToolAnswer]) -> Callable[P, CallToolResult]:
+def tool_result(
+    answer: Callable[P, Awaitable[ToolAnswer]],
+) -> Callable[P, Awaitable[CallToolResult]]:
     """A tool's answer as a CallToolResult; a typed error as a tool error with its message."""
 
     @functools.wraps(answer)
-    def call(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
+    async def call(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
         try:
-            done = answer(*args, **kwargs)
+            done = await answer(*args, **kwargs)
         except SubagentsError as err:
             return CallToolResult(
                 content=[TextContent(type="text", text=err.message)],
@@ -106,13 +114,13 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
 
     @server.tool(annotations=reads, structured_output=False)
     @tool_result
-    def agents(agents_dirs: AgentsDirs = []) -> ToolAnswer:  # noqa: B006 (a schema default)
+    async def agents(agents_dirs: AgentsDirs = []) -> ToolAnswer:  # noqa: B006 (a schema default)
         """List the agents this server can launch: name, description, whether it fans out."""
-        return tools.agents(agents_dirs)
+        return await tools.agents(agents_dirs)
 
     @server.tool(annotations=launches, structured_output=False)
     @tool_result
-    def run(
+    async def run(
         agent: Annotated[str | None, Field(description="Agent of a single run.")] = None,
         task: Annotated[str | None, Field(description="Task of a single run.")] = None,
         tasks: Annotated[
@@ -144,7 +152,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     ) -> ToolAnswer:
         """Launch a run under the ledgers: `agent` + `task` (single), `tasks` (parallel) or
         `chain`. Foreground returns the output; background returns the run id."""
-        return tools.run(
+        return await tools.run(
             agent,
             task,
             [t.model_dump(exclude_none=True) for t in tasks or ()],
@@ -159,13 +167,13 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
 
     @server.tool(annotations=reads, structured_output=False)
     @tool_result
-    def status() -> ToolAnswer:
+    async def status() -> ToolAnswer:
         """The node, this session's spawn budget and capacity, and the run tree's fan-out."""
-        return tools.status()
+        return await tools.status()
 
     @server.tool(annotations=reads, structured_output=False)
     @tool_result
-    def logs(
+    async def logs(
         run_id: RunId,
         child: Annotated[
             int | None, Field(ge=0, description="Only this child (its index); default: all.")
@@ -176,40 +184,40 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         ] = 16_000,
     ) -> ToolAnswer:
         """A run's child logs (stdout and stderr, labelled), the last `max_bytes` of each."""
-        return tools.logs(run_id, child, max_bytes)
+        return await tools.logs(run_id, child, max_bytes)
 
     @server.tool(annotations=reads, structured_output=False)
     @tool_result
-    def wait(
+    async def wait(
         run_id: RunId,
         timeout_s: Annotated[
             float, Field(gt=0, le=86_400, description="Give up after this many seconds.")
-        ] = 300.0,
+        ] = WAIT_DEFAULT_S,
     ) -> ToolAnswer:
         """Wait until a run settles and return its end and output (or that it still runs)."""
-        return tools.wait(run_id, timeout_s)
+        return await tools.wait(run_id, timeout_s)
 
     @server.tool(
         annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False),
         structured_output=False,
     )
     @tool_result
-    def stop(run_id: RunId) -> ToolAnswer:
+    async def stop(run_id: RunId) -> ToolAnswer:
         """Stop a run: its children's process groups get SIGTERM, then SIGKILL."""
-        return tools.stop(run_id)
+        return await tools.stop(run_id)
 
     @server.tool(annotations=launches, structured_output=False)
     @tool_result
-    def resume(
+    async def resume(
         run_id: RunId,
         message: Annotated[str, Field(description="Follow-up appended to the task.")] = "",
     ) -> ToolAnswer:
         """Relaunch a finished background run in the background, moving its capacity slot."""
-        return tools.resume(run_id, message)
+        return await tools.resume(run_id, message)
 
     @server.tool(annotations=launches, structured_output=False)
     @tool_result
-    def append(
+    async def append(
         run_id: RunId,
         steps: Annotated[
             list[ChainStepSpec], Field(min_length=1, description="Steps to queue on the chain.")
@@ -217,42 +225,37 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         agents_dirs: AgentsDirs = [],  # noqa: B006 (a schema default)
     ) -> ToolAnswer:
         """Queue steps on a running background chain (their fan-out claims come first)."""
-        return tools.append(run_id, [s.as_step() for s in steps], agents_dirs)
+        return await tools.append(run_id, [s.as_step() for s in steps], agents_dirs)
 
     return server
 
 
 @contextlib.contextmanager
-def node_client(address: str | None, state_dir: Path, timeout: float) -> Iterator[Client]:
+def node_address(address: str | None, state_dir: Path, timeout: float) -> Iterator[str]:
     """The node to serve: `address` (explicit or $SUBAGENTS_NODE) must answer; without one the
-    state dir's node is used when it runs, else an embedded node, stopped on exit."""
-    from subagents_node.client.client import default_address
-
-    client = connect(address or default_address(state_dir), timeout=timeout)
-    try:
-        client.ping(timeout=min(timeout, 2.0))
-    except NodeNotRunning:
-        client.close()
-        if address:
-            raise
-        from subagents_node.node.node import Node
-
-        settings = LaunchContext.from_environment().config.actor_settings()
-        with Node.embedded(state_dir=state_dir, settings=settings) as node:
-            embedded = connect(node.address, timeout=timeout)
-            try:
-                yield embedded
-            finally:
-                embedded.close()
+    state dir's node is used when it runs, else an embedded node that is stopped on exit."""
+    target = address or default_address(state_dir)
+    with connect(target, timeout=timeout) as probe:
+        try:
+            probe.ping(timeout=min(timeout, 2.0))
+            running = True
+        except NodeNotRunning:
+            if address:
+                raise
+            running = False
+    if running:
+        yield target
         return
-    try:
-        yield client
-    finally:
-        client.close()
+    from subagents_node.node.node import Node
+
+    settings = LaunchContext.from_environment().config.actor_settings()
+    with Node.embedded(state_dir=state_dir, settings=settings) as node:
+        yield node.address
 
 
 def serve(
-    client: Client,
+    address: str,
+    timeout: float,
     env: Mapping[str, str],
     agents_dirs: tuple[str, ...] = (),
     session_id: str | None = None,
@@ -261,5 +264,10 @@ def serve(
     # The session is resolved once, as the CLI would: every launch of this server's client
     # (one agent CLI session) counts against the same session's ledgers.
     ctx = LaunchContext.from_environment(env=env, agents_dirs=agents_dirs, session_id=session_id)
-    tools = LauncherTools(client, ctx.session_id, env, agents_dirs, ctx.cwd)
-    build_server(tools).run("stdio")
+
+    async def main() -> None:
+        async with AsyncClient(address, timeout=timeout) as client:
+            tools = LauncherTools(client, ctx.session_id, env, agents_dirs, ctx.cwd)
+            await build_server(tools).run_stdio_async()
+
+    anyio.run(main)

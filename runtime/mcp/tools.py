@@ -2,7 +2,9 @@
 
 Owns the mapping from a tool call to client calls and back to text a model reads (plus the
 same facts as structured content). Every launch is built by `LaunchContext`, exactly as the
-CLI builds it, and sent through the ordinary `Client`; the ledgers' decisions are the node's.
+CLI builds it, and sent through `AsyncClient` (the `Client` API for asyncio), so a call the MCP
+client cancels stops waiting at once; the ledgers' decisions are the node's. A foreground run
+whose call is cancelled is stopped, as Ctrl-C stops a foreground `subagents-node run`.
 Refusals are not handled here: they propagate as `SubagentsError` and the server turns each
 into a tool error carrying the ledger's message.
 
@@ -17,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from subagents_node.client.client import Client
+import anyio
+
+from subagents_node.client.aio import AsyncClient
 from subagents_node.launch.agents import discover_agents
 from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
@@ -58,7 +62,7 @@ class LauncherTools:
     tree's budget, depth and session through it.
     """
 
-    client: Client
+    client: AsyncClient
     session_id: str
     env: Mapping[str, str]
     agents_dirs: tuple[str, ...] = ()
@@ -74,7 +78,7 @@ class LauncherTools:
 
     # -- tools ---------------------------------------------------------------------------------
 
-    def agents(self, agents_dirs: Sequence[str] = ()) -> ToolAnswer:
+    async def agents(self, agents_dirs: Sequence[str] = ()) -> ToolAnswer:
         catalog = discover_agents(
             self.cwd or Path.cwd(), [*self.agents_dirs, *agents_dirs], self.env
         )
@@ -93,7 +97,7 @@ class LauncherTools:
         problems = [p.message for p in catalog.problems]
         return ToolAnswer("\n".join(lines), {"agents": found, "problems": problems})
 
-    def run(
+    async def run(
         self,
         agent: str | None,
         task: str | None,
@@ -118,7 +122,7 @@ class LauncherTools:
             agents_dirs,
             cwd,
         )
-        started = self.client.runs.launch(launch)
+        started = await self.client.runs.launch(launch)
         if launch.background:
             text = (
                 f"run {started.run_id} started in the background "
@@ -126,15 +130,22 @@ class LauncherTools:
                 "follow it with the wait and logs tools"
             )
             return ToolAnswer(text, run_data(started))
-        final = self.client.runs.wait(started.run_id)
+        try:
+            final = await self.client.runs.wait(started.run_id)
+        except anyio.get_cancelled_exc_class():
+            # The MCP client gave up on a foreground run (its user interrupted it): stop the
+            # run, as Ctrl-C does for the CLI, instead of leaving it running unowned.
+            with anyio.CancelScope(shield=True):
+                await self.client.runs.stop(started.run_id)
+            raise
         return ToolAnswer(summary(final), run_data(final))
 
-    def status(self) -> ToolAnswer:
-        pong = self.client.ping()
-        node = self.client.status()
+    async def status(self) -> ToolAnswer:
+        pong = await self.client.ping()
+        node = await self.client.status()
         config = self.context().config.settings
-        spawns = self.client.session.spawn_snapshot(self.session_id)
-        capacity = self.client.capacity.snapshot(
+        spawns = await self.client.session.spawn_snapshot(self.session_id)
+        capacity = await self.client.capacity.snapshot(
             self.session_id, config.max_active_async_runs_per_session
         )
         lines = [
@@ -152,15 +163,15 @@ class LauncherTools:
         }
         inherited = self.env.get(ENV_FANOUT, "").strip()
         if inherited:  # this server runs inside a run tree: its launches draw on that budget
-            fanout = self.client.fanout.snapshot(inherited)
+            fanout = await self.client.fanout.snapshot(inherited)
             lines.append(f"{fanout.text} (this run tree)")
             data["run_fanout"] = fanout.model_dump(mode="json")
         return ToolAnswer("\n".join(lines), data)
 
-    def logs(self, run_id: str, child: int | None, max_bytes: int) -> ToolAnswer:
+    async def logs(self, run_id: str, child: int | None, max_bytes: int) -> ToolAnswer:
         if not 1 <= max_bytes <= MAX_LOG_BYTES:
             raise BadRequest(f"max_bytes must be 1..{MAX_LOG_BYTES}", field="max_bytes")
-        run = self.client.runs.show(run_id)
+        run = await self.client.runs.show(run_id)
         children = run.children
         if child is not None:
             if not 0 <= child < len(children):
@@ -184,24 +195,24 @@ class LauncherTools:
         header = f"run {run.run_id} {run.state}"
         return ToolAnswer("\n".join([header, *sections]), {"run_id": run.run_id, "children": data})
 
-    def wait(self, run_id: str, timeout_s: float) -> ToolAnswer:
+    async def wait(self, run_id: str, timeout_s: float) -> ToolAnswer:
         try:
-            final = self.client.runs.wait(run_id, timeout=timeout_s)
+            final = await self.client.runs.wait(run_id, timeout=timeout_s)
         except NodeTimeout:
             # Not a failure of the tool: the run is simply not over yet.
-            view = self.client.runs.show(run_id)
+            view = await self.client.runs.show(run_id)
             if view.state in TERMINAL_RUN_STATES:
                 return ToolAnswer(summary(view), run_data(view))
             text = f"run {view.run_id} is still {view.state} after {timeout_s:g}s"
             return ToolAnswer(text, {**run_data(view), "timed_out": True})
         return ToolAnswer(summary(final), {**run_data(final), "timed_out": False})
 
-    def stop(self, run_id: str) -> ToolAnswer:
-        self.client.runs.stop(run_id)
-        final = self.client.runs.wait(run_id, timeout=STOP_WAIT_S)
+    async def stop(self, run_id: str) -> ToolAnswer:
+        await self.client.runs.stop(run_id)
+        final = await self.client.runs.wait(run_id, timeout=STOP_WAIT_S)
         return ToolAnswer(f"run {final.run_id} {final.state}", run_data(final))
 
-    def resume(self, run_id: str, message: str) -> ToolAnswer:
+    async def resume(self, run_id: str, message: str) -> ToolAnswer:
         ctx = self.context()
         request = Resume(
             run_id=run_id,
@@ -210,11 +221,11 @@ class LauncherTools:
             capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
             env=dict(self.env),
         )
-        run = self.client.ask(request, LaunchResult).run
+        run = (await self.client.ask(request, LaunchResult)).run
         text = f"run {run.run_id} resumes {run_id} in the background"
         return ToolAnswer(text, run_data(run))
 
-    def append(
+    async def append(
         self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
     ) -> ToolAnswer:
         chain = (
@@ -222,7 +233,7 @@ class LauncherTools:
             .from_mapping("chain", {"steps": list(steps)}, True, None, path="steps")
             .chain
         )
-        result = self.client.ask(Append(run_id=run_id, steps=chain), AppendResult)
+        result = await self.client.ask(Append(run_id=run_id, steps=chain), AppendResult)
         return ToolAnswer(result.text, result.model_dump(mode="json"))
 
     # -- helpers -------------------------------------------------------------------------------

@@ -13,11 +13,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 
+from subagents_node import AsyncClient
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import FanoutLimitExceeded
 from tests.support.nodes import REPO, NodeProcess
@@ -128,6 +130,28 @@ def test_a_background_run_returns_its_id_and_wait_and_logs_follow_it(node: NodeP
     assert "slept 0.2" in child["stdout"]
     assert node.client().runs.show(run_id).state == "complete"  # the very run, on that node
     assert unknown.is_error and "no-such-run" in text_of(unknown)
+
+
+def test_a_foreground_run_whose_call_the_client_cancels_is_stopped(node: NodeProcess) -> None:
+    """An MCP client that abandons a foreground `run` (its user pressed Esc) sends
+    notifications/cancelled: the server stops the run, as Ctrl-C does for the CLI."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+
+    async def go() -> None:
+        # The loop must stay free while the SDK sends its cancellation: an AsyncClient.
+        async with mcp_session(env) as session, AsyncClient(node.address) as client:
+            long = {"agent": "sleeper", "task": "seconds=60"}
+            # The deadline abandons the call once the run has surely started (R-RUN-3).
+            with anyio.move_on_after(2.0) as deadline:
+                await session.call_tool("run", long)
+            assert deadline.cancelled_caught, "the 60 s run cannot have answered"
+            (run,) = await client.runs.list()
+            final = await client.runs.wait(run.run_id, timeout=30)
+            assert final.state == "stopped"
+            status = await session.call_tool("status", {})  # the server still serves
+            assert not status.is_error
+
+    asyncio.run(go())
 
 
 def test_r_fan_16_a_fan_out_refusal_is_a_tool_error_with_the_rejection_text(
