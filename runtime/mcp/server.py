@@ -21,12 +21,13 @@ from typing import Annotated, Any, Literal, ParamSpec
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import connect, default_address
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
+from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import version
 from subagents_node.messages.errors import NodeNotRunning, SubagentsError
 
@@ -87,7 +88,10 @@ def tool_result(
     @functools.wraps(answer)
     async def call(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
         try:
-            done = await answer(*args, **kwargs)
+            try:
+                done = await answer(*args, **kwargs)
+            except ValidationError as exc:  # a request model refused what the tool built
+                raise schema_error(answer.__name__, exc) from None
         except SubagentsError as err:
             return CallToolResult(
                 content=[TextContent(type="text", text=err.message)],

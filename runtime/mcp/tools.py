@@ -280,6 +280,8 @@ def read_tail(path: str, limit: int) -> tuple[str, bool]:
             data = log.read(limit)
     except FileNotFoundError:
         return "", False  # the child has not written (or started) yet
+    except OSError as exc:
+        return f"(cannot read {path}: {exc.strerror})", False
     return data.decode("utf-8", "replace"), size > limit
 
 

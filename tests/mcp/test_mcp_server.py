@@ -172,13 +172,21 @@ def test_r_fan_16_a_fan_out_refusal_is_a_tool_error_with_the_rejection_text(
 
 def test_bad_arguments_are_a_tool_error_and_launch_nothing(node: NodeProcess) -> None:
     env = server_env(SUBAGENTS_NODE=node.address)
-    both, unknown = call(
+    pair = [{"agent": "sleeper", "task": "y"}] * 2
+    both, unknown, wide, deadline = call(
         env,
-        ("run", {"agent": "sleeper", "task": "x", "tasks": [{"agent": "sleeper", "task": "y"}]}),
+        ("run", {"agent": "sleeper", "task": "x", "tasks": pair}),
         ("run", {"agent": "no-such-agent", "task": "x"}),
+        ("run", {"tasks": pair, "concurrency": 65}),
+        ("run", {"agent": "sleeper", "task": "x", "timeout_ms": 0}),
     )
     assert both.is_error and "give agent and task" in text_of(both)
     assert unknown.is_error and "Unknown agent 'no-such-agent'" in text_of(unknown)
+    assert wide.is_error
+    assert text_of(wide).startswith("invalid run request: concurrency: ")
+    assert deadline.is_error and "timeout" in text_of(deadline).lower()
+    for refused in (both, unknown, wide, deadline):
+        assert "\n" not in text_of(refused), "a refusal is one line"
     assert node.client().runs.list() == []
 
 
