@@ -68,6 +68,15 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
             run_id=run_id,
             reason="stopped",
         )
+    if not row["background"]:
+        # Our choice for R-RES-3's foreground source: a resume is a background relaunch, so a
+        # foreground run (whose caller saw it end) is rerun, not resumed.
+        raise RunNotResumable(
+            f"Run '{run_id}' ran in the foreground; only background runs can be resumed. "
+            f"Use `rerun {run_id} --task TASK` to run it again.",
+            run_id=run_id,
+            reason="foreground",
+        )
     launch, descriptor = read_recovery(Path(row["run_dir"]), run_id)
     if launch.mode == "workflow":
         raise RunNotResumable(

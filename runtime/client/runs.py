@@ -1,15 +1,19 @@
-"""Client API for runs: launch, watch, wait, show, list, stop (attached as `client.runs`).
+"""Client API for runs: launch, watch, wait, settle, logs, show, list, stop (`client.runs`).
 
-`wait()` follows a run through long-poll `watch` requests: each one is answered by the node as
-soon as the run has new events, so nothing here polls.
+`wait()` and `settle()` follow runs through long-poll `watch` requests: each one is answered by
+the node as soon as the run has new events, so nothing here polls. `logs()` streams the child
+logs (client/logs.py: inotify for new bytes, the same long-poll for the run's end). Requests
+are built with `validate_request`, so a bad argument is a typed `BadRequest`, never pydantic's
+ValidationError.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from subagents_node.messages.base import validate_request
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
@@ -29,6 +33,7 @@ from subagents_node.messages.supervisor import (
 
 if TYPE_CHECKING:
     from subagents_node.client.client import Client
+    from subagents_node.client.logs import LogLine
 
 #: How long one watch request may wait at the node before answering with no events.
 WATCH_WAIT_S = 10.0
@@ -43,8 +48,11 @@ class RunsAPI:
         return self._client.ask(launch, LaunchResult).run
 
     def watch(self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S) -> RunEvents:
+        request = validate_request(
+            Watch, {"run_id": run_id, "after_seq": after_seq, "wait_s": wait_s}
+        )
         return self._client.ask(
-            Watch(run_id=run_id, after_seq=after_seq, wait_s=wait_s),
+            request,
             RunEvents,
             timeout=wait_s + self._client.timeout,
         )
@@ -53,8 +61,11 @@ class RunsAPI:
         self, after_seq: int = 0, wait_s: float = WATCH_WAIT_S, limit: int = 500
     ) -> FleetEvents:
         """Events of every run after `after_seq`, answered as soon as there are any."""
+        request = validate_request(
+            WatchAll, {"after_seq": after_seq, "wait_s": wait_s, "limit": limit}
+        )
         return self._client.ask(
-            WatchAll(after_seq=after_seq, wait_s=wait_s, limit=limit),
+            request,
             FleetEvents,
             timeout=wait_s + self._client.timeout,
         )
@@ -86,8 +97,47 @@ class RunsAPI:
                     timeout_s=timeout,
                 )
 
+    def settle(
+        self,
+        run_ids: Sequence[str],
+        timeout: float | None = None,
+        on_end: Callable[[RunView], None] | None = None,
+    ) -> list[RunView]:
+        """Block until every run is terminal, or until `timeout` seconds have passed.
+
+        Returns the latest view of each run, in the order given: a view that is not terminal
+        means the deadline came first (nothing is raised for that). `on_end` sees each run
+        once it has ended, in the order given. Unknown or ambiguous ids raise before any wait.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        views = [self.show(run_id) for run_id in run_ids]
+        for i, view in enumerate(views):
+            seq = 0
+            while view.state not in TERMINAL_RUN_STATES:
+                wait_s = WATCH_WAIT_S
+                if deadline is not None:
+                    wait_s = min(wait_s, deadline - time.monotonic())
+                    if wait_s <= 0:
+                        return views
+                batch = self.watch(view.run_id, seq, wait_s)
+                seq, view = batch.last_seq, batch.run
+                views[i] = view
+            if on_end is not None:
+                on_end(view)
+        return views
+
+    def logs(
+        self, run_id: str, child: str | None = None, follow: bool = False
+    ) -> Iterator[LogLine]:
+        """The lines of run `run_id`'s child logs (all children, or the one labelled `child`),
+        stdout and stderr labelled; with `follow`, new lines as they are written until the run
+        ends. The logs are read from the run's directory, so the node must be on this host."""
+        from subagents_node.client.logs import follow_logs
+
+        return follow_logs(self._client, run_id, child, follow)
+
     def show(self, run_id: str) -> RunView:
-        return self._client.ask(Show(run_id=run_id), RunView)
+        return self._client.ask(validate_request(Show, {"run_id": run_id}), RunView)
 
     def list(
         self,
@@ -96,10 +146,13 @@ class RunsAPI:
         limit: int = 50,
         root_run_id: str | None = None,
     ) -> list[RunView]:
-        request = ListRuns(
-            session_id=session_id, active_only=active_only, limit=limit, root_run_id=root_run_id
-        )
-        return self._client.ask(request, RunList).runs
+        fields = {
+            "session_id": session_id,
+            "active_only": active_only,
+            "limit": limit,
+            "root_run_id": root_run_id,
+        }
+        return self._client.ask(validate_request(ListRuns, fields), RunList).runs
 
     def stop(self, run_id: str) -> RunView:
-        return self._client.ask(Stop(run_id=run_id), RunView)
+        return self._client.ask(validate_request(Stop, {"run_id": run_id}), RunView)

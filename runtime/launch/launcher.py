@@ -16,8 +16,8 @@ decides everything else. Parallel and chain runs come from TOML files:
 from __future__ import annotations
 
 import os
+import pwd
 import tomllib
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,37 @@ from subagents_node.messages.supervisor import (
 
 ENV_SESSION = "SUBAGENTS_SESSION"
 ENV_RUN_ID = "SUBAGENTS_RUN_ID"
+#: SPEC §0.1: a parallel file runs at most this many children at once (the Launch domain).
+MAX_CONCURRENCY = 64
+
+
+def terminal_session_id() -> str:
+    """SPEC §0.1: the caller's Unix session as a session id, `term-USER-SID-START`.
+
+    Every process started from one terminal (one login shell) shares the session leader, so
+    every command typed there shares one session and its limits. The leader's start time (in
+    clock ticks since boot, from /proc) keeps a later session that reuses the pid apart; when
+    the leader has already exited, `0` stands for it (the kernel keeps a session's id unused
+    while any member lives, so the id stays unique among live sessions).
+    """
+    sid = os.getsid(0)
+    try:
+        with open(f"/proc/{sid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        start = fields[19].decode()  # field 22, starttime
+    except (OSError, IndexError):
+        start = "0"
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = str(os.getuid())
+    return f"term-{user}-{sid}-{start}"
+
+
+def resolve_session(session_id: str | None, env: Mapping[str, str]) -> str:
+    """`--session`, else $SUBAGENTS_SESSION (children inherit it), else the terminal's."""
+    return (session_id or "").strip() or env.get(ENV_SESSION, "").strip() or terminal_session_id()
 
 
 @dataclass(frozen=True)
@@ -77,7 +108,7 @@ class LaunchContext:
         cwd = (cwd or Path.cwd()).resolve()
         config = load_config(overrides, env=env, cwd=cwd)
         dirs = [*agents_dirs, *config.settings.agent_dirs]
-        session = session_id or env.get(ENV_SESSION, "").strip() or f"cli-{uuid.uuid4().hex[:8]}"
+        session = resolve_session(session_id, env)
         return cls(
             cwd=cwd,
             env=env,
@@ -159,8 +190,12 @@ class LaunchContext:
                 )
             items = [self._item(entry, path) for entry in tasks]
             concurrency = data.get("concurrency", 4)
-            if not isinstance(concurrency, int) or isinstance(concurrency, bool):
-                raise _bad(path, "concurrency must be an integer")
+            if (
+                not isinstance(concurrency, int)
+                or isinstance(concurrency, bool)
+                or not 1 <= concurrency <= MAX_CONCURRENCY
+            ):
+                raise _bad(path, f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}")
             return self.launch(
                 "parallel",
                 background,
