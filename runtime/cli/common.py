@@ -63,8 +63,19 @@ def user_errors(fn: Callable[P, T]) -> Callable[P, T]:
             return fn(*args, **kwargs)
         except SubagentsError as err:
             raise CliError(err, as_json=bool(kwargs.get("as_json"))) from None
+        except OSError as exc:  # a path or descriptor the user gave that the system refused
+            raise CliError(file_error(exc), as_json=bool(kwargs.get("as_json"))) from None
 
     return wrapper
+
+
+def file_error(exc: OSError) -> SubagentsError:
+    """An OSError from a user's path as a typed error naming the path (shortened)."""
+    from subagents_node.messages.errors import BadRequest
+
+    name = str(exc.filename or "")
+    shown = f": {name[:120]}{'…' if len(name) > 120 else ''}" if name else ""
+    return BadRequest(f"{exc.strerror or exc}{shown}", reason="os_error", errno=exc.errno)
 
 
 class Ctx:

@@ -212,6 +212,9 @@ def check_agents(cwd: Path, agents_dirs: tuple[str, ...]) -> Iterator[Check]:
     except SubagentsError as err:
         yield Check("agents", "fail", err.message, "fix or remove the --agents-dir")
         return
+    except OSError as exc:  # a directory name the system refuses (too long, not readable)
+        yield Check("agents", "fail", f"{exc.strerror}", "fix or remove the --agents-dir")
+        return
     for problem in catalog.problems:
         yield Check(
             "agent file", "fail", problem.message, "fix the front matter (see docs/agents.md)"

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
-from subagents_node.cli.params import COUNT, POSITIVE_COUNT, RUN_ID, SESSION
+from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, SESSION
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.messages.errors import RunNotFound
 from subagents_node.messages.supervisor import RunView
@@ -181,7 +181,9 @@ def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @json_option
 @click.pass_obj
 def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:

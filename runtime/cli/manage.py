@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
-from subagents_node.cli.params import COUNT, RUN_ID
+from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
 from subagents_node.cli.runs import follow, summary
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.launcher import ENV_RUN_ID, LaunchContext
@@ -79,7 +79,9 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
 @click.command()
 @click.argument("run_id", type=RUN_ID)
 @click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @json_option
 @click.pass_obj
 @user_errors

@@ -12,6 +12,7 @@ shell prompt must never show an error or wait. It never changes anything at the 
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,24 @@ class SecondsType(click.ParamType[float]):
         return number
 
 
+class PathTextType(click.ParamType[str]):
+    """A path as text: not empty, no NUL, at most 4096 bytes, each part at most 255 bytes
+    (the kernel's limits, so a bad one is a usage error here, not an OSError later)."""
+
+    name = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        raw = os.fsencode(text)
+        if not text.strip() or b"\0" in raw or len(raw) > 4096:
+            self.fail(f"{text[:80]!r} is not a usable path", param, ctx)
+        if any(len(part) > 255 for part in raw.split(b"/")):
+            self.fail(f"{text[:80]!r}…: a path component is longer than 255 bytes", param, ctx)
+        return text
+
+
 RUN_ID = RunIdType()
+PATH_TEXT = PathTextType()
 SESSION = SessionType()
 AGENT = AgentNameType()
 SECONDS = SecondsType()

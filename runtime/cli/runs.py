@@ -19,7 +19,7 @@ import click
 from rich.table import Table
 
 from subagents_node.cli.common import EXIT_INTERRUPTED, Ctx, emit, json_option, plural, user_errors
-from subagents_node.cli.params import AGENT, RUN_ID, SESSION
+from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext
@@ -205,7 +205,9 @@ def summary(run: RunView, capacity: bool = True) -> str:
     type=click.IntRange(1, MAX_TIMEOUT_MS),
     help="Deadline in milliseconds (1..2147483647).",
 )
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
 @click.option(
     "--intercom",
@@ -331,7 +333,9 @@ def stop_run(obj: Ctx, run_id: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @json_option
 @user_errors
 def agents(agents_dirs: tuple[str, ...], as_json: bool) -> None:

@@ -31,7 +31,7 @@ Cli = Callable[..., Result]
 _CLI = (sys.executable, "-m", "subagents_node")
 
 #: Prints a line on each stream, then waits at the gate (its task), then prints its release.
-_TALKER = '''\
+_TALKER = """\
 import socket, sys
 print("first line", flush=True)
 print("a warning", file=sys.stderr, flush=True)
@@ -39,13 +39,18 @@ sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(sys.argv[1])
 sock.sendall(b"0\\n")
 print("released " + sock.recv(64).decode().strip(), flush=True)
-'''
+"""
 
 
 @pytest.fixture
 def talker(agents: Path) -> Path:
     (agents / "talker.py").write_text(_TALKER)
-    write_agent(agents, "talker", "Talks, then waits at a gate.", '["{python}", "{agent_dir}/talker.py", "{task}"]')
+    write_agent(
+        agents,
+        "talker",
+        "Talks, then waits at a gate.",
+        '["{python}", "{agent_dir}/talker.py", "{task}"]',
+    )
     return agents
 
 
@@ -220,3 +225,65 @@ def test_session_flag_and_variable_win_over_the_terminal_session(
     from_env = cli("run", "--async", "--json", "echo", "y")
     view = __import__("json").loads(from_env.stdout)
     assert (view["session_id"], len(view["run_id"])) == ("inherited", 12)
+
+
+# -- fixes (issue 14 item 4) --------------------------------------------------------------------
+
+
+def test_doctor_resolves_an_agents_command_on_the_agents_own_env_path(
+    invoke: Cli, state_dir: Path, tmp_path: Path
+) -> None:
+    private = tmp_path / "private-bin"
+    private.mkdir()
+    tool = private / "my-private-agent"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o755)
+    agents_dir = tmp_path / "agents"
+    write_agent(agents_dir, "private", "On a private PATH.", '["my-private-agent", "{task}"]')
+    text = (agents_dir / "private.md").read_text()
+    (agents_dir / "private.md").write_text(
+        text.replace("---\nYou", f"env:\n  PATH: {private}\n---\nYou", 1)
+    )
+    result = invoke("--state-dir", str(state_dir), "doctor", "--agents-dir", str(agents_dir))
+    assert "[ok  ] agent private:" in result.stdout, result.stdout
+
+
+def test_resume_refuses_a_foreground_run_with_a_clear_error(cli: Cli, node: NodeProcess) -> None:
+    done = cli("run", "echo", "in the foreground", "--json")
+    run_id = __import__("json").loads(done.stdout)["run_id"]
+    result = cli("resume", run_id)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: Run '{run_id}' ran in the foreground; only background runs can be resumed. "
+        f"Use `rerun {run_id} --task TASK` to run it again."
+    )
+
+
+def test_the_sleeper_resumed_with_a_message_keeps_it_out_of_its_seconds_field(
+    cli: Cli, node: NodeProcess
+) -> None:
+    run_id = started_async(cli, "sleeper", "seconds=0.1")
+    assert cli("wait", run_id).exit_code == 0
+    resumed = cli("resume", run_id, "-m", "again")
+    assert resumed.exit_code == 0, resumed.output
+    waited = cli("wait", resumed.stdout.strip())
+    assert waited.exit_code == 0, waited.output  # was: could not convert '0.1\n\nagain'
+
+
+def test_json_errors_are_one_object_on_stderr(cli: Cli, node: NodeProcess) -> None:
+    result = cli("show", "fffffffffff0", "--json")
+    assert result.exit_code == 1
+    error = __import__("json").loads(result.stderr)["error"]
+    assert error["code"] == "run_not_found" and "fffffffffff0" in error["message"]
+
+
+def test_runs_lists_a_header_with_age_and_duration_and_correct_plurals(
+    cli: Cli, node: NodeProcess
+) -> None:
+    run_id = started_async(cli, "echo", "x")
+    assert cli("wait", run_id).exit_code == 0
+    lines = cli("runs").stdout.splitlines()
+    assert lines[0].split() == [
+        "RUN", "STATE", "MODE", "AGE", "DURATION", "CHILDREN", "SESSION", "LABEL"
+    ]  # fmt: skip
+    assert re.match(rf"{run_id}\s+complete\s+single\s+\S+s\s+\S+s\s+1 child\s", lines[1])
