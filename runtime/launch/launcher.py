@@ -21,7 +21,9 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from subagents_node.launch.agents import Agent, AgentCatalog, discover_agents
 from subagents_node.launch.config import (
@@ -30,6 +32,7 @@ from subagents_node.launch.config import (
     load_config,
     validate_call_timeout,
 )
+from subagents_node.messages.base import Message, schema_error
 from subagents_node.messages.errors import RunFileInvalid
 from subagents_node.messages.fanout import ENV_FANOUT
 from subagents_node.messages.supervisor import (
@@ -40,6 +43,8 @@ from subagents_node.messages.supervisor import (
     RunMode,
     TaskItem,
 )
+
+M = TypeVar("M", bound=Message)
 
 ENV_SESSION = "SUBAGENTS_SESSION"
 ENV_RUN_ID = "SUBAGENTS_RUN_ID"
@@ -137,7 +142,8 @@ class LaunchContext:
         # R-TMO-3 as a typed error here: the Launch model would refuse it with a bare
         # ValidationError, which a CLI user would see as a traceback.
         timeout_ms = validate_call_timeout(timeout_ms)
-        return Launch(
+        return _build(
+            Launch,
             session_id=self.session_id,
             mode=mode,
             background=background,
@@ -168,7 +174,7 @@ class LaunchContext:
     ) -> Launch:
         found = self.catalog.get(agent)
         run_async = background if background is not None else bool(found.run_async)  # R-AGT-3
-        item = TaskItem(agent=agent_plan(found), task=task, cwd=found.cwd)
+        item = _build(TaskItem, agent=agent_plan(found), task=task, cwd=found.cwd)
         return self.launch(
             "single", run_async, items=[item], timeout_ms=timeout_ms, intercom=intercom
         )
@@ -215,9 +221,10 @@ class LaunchContext:
                     raise RunFileInvalid(
                         f"{path}: 'parallel' must be a non-empty list", file=str(path)
                     )
-                chain.append(ChainStep(items=[self._item(e, path) for e in group], parallel=True))
+                items = [self._item(e, path) for e in group]
+                chain.append(_build(ChainStep, items=items, parallel=True))
             else:
-                chain.append(ChainStep(items=[self._item(step, path)]))
+                chain.append(_build(ChainStep, items=[self._item(step, path)]))
         return self.launch(
             "chain", background, chain=chain, timeout_ms=timeout_ms, intercom=intercom
         )
@@ -236,12 +243,22 @@ class LaunchContext:
         if extra:
             raise _bad(path, f"unknown keys {sorted(extra)}")
         found = self.catalog.get(agent)
-        return TaskItem(
+        return _build(
+            TaskItem,
             agent=agent_plan(found),
             task=task,
             cwd=entry.get("cwd") or found.cwd,
             output=entry.get("output"),
         )
+
+
+def _build(kind: type[M], **fields: Any) -> M:
+    """A wire model from what a person gave: a value out of its domain (a session id from the
+    environment, a task over the size cap) is a typed BadRequest naming the field."""
+    try:
+        return kind.model_validate(fields)
+    except ValidationError as exc:
+        raise schema_error(kind.__name__, exc) from None
 
 
 def _bad(path: Path, problem: str) -> RunFileInvalid:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -287,3 +288,69 @@ def test_runs_lists_a_header_with_age_and_duration_and_correct_plurals(
         "RUN", "STATE", "MODE", "AGE", "DURATION", "CHILDREN", "SESSION", "LABEL"
     ]  # fmt: skip
     assert re.match(rf"{run_id}\s+complete\s+single\s+\S+s\s+\S+s\s+1 child\s", lines[1])
+
+
+def test_a_child_killed_by_a_signal_is_shown_with_the_signal_name(
+    cli: Cli, node: NodeProcess, agents: Path
+) -> None:
+    command = '["{python}", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]'
+    write_agent(agents, "selfkill", "Ends itself with SIGTERM.", command)
+    result = cli("run", "selfkill", "now")
+    assert result.exit_code == 1
+    assert "single (selfkill) failed (killed by SIGTERM)" in result.stderr
+    run_id = re.search(r"run ([0-9a-f]{12}) failed", result.stdout)
+    assert run_id, result.stdout
+    assert re.search(
+        r"single\s+selfkill\s+failed \(killed by SIGTERM\)", cli("show", run_id[1]).stdout
+    )
+
+
+def test_ctrl_c_on_a_foreground_run_stops_it_and_exits_130(
+    node: NodeProcess, state_dir: Path
+) -> None:
+    command = [*_CLI, "--state-dir", str(state_dir), "run", "--agents-dir", str(EXAMPLE_AGENTS)]
+    with subprocess.Popen(
+        [*command, "sleeper", "seconds=60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        cwd=REPO,
+    ) as proc:
+        assert proc.stderr is not None and proc.stdout is not None
+        seen = b""
+        deadline = time.monotonic() + WAIT_S
+        while b"started single" not in seen:
+            ready, _, _ = select.select([proc.stderr], [], [], max(0, deadline - time.monotonic()))
+            assert ready, seen
+            seen += os.read(proc.stderr.fileno(), 4096)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(WAIT_S) == 130
+        assert re.search(rb"run [0-9a-f]{12} stopped", proc.stdout.read())
+
+
+def test_fleet_once_json_lists_the_runs_with_full_ids(cli: Cli, node: NodeProcess) -> None:
+    run_id = started_async(cli, "echo", "x")
+    result = cli("fleet", "--once", "--json")
+    assert result.exit_code == 0, result.output
+    runs = __import__("json").loads(result.stdout)["runs"]
+    assert [r["run_id"] for r in runs] == [run_id]
+
+
+def test_completion_offers_run_ids_from_the_node_and_nothing_without_one(
+    cli: Cli, node: NodeProcess, state_dir: Path
+) -> None:
+    run_id = started_async(cli, "echo", "x")
+
+    def complete(directory: Path) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "_SUBAGENTS_NODE_COMPLETE": "bash_complete",
+            "COMP_WORDS": f"subagents-node --state-dir {directory} show {run_id[:3]}",
+            "COMP_CWORD": "4",
+        }
+        return subprocess.run(_CLI, env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+    offered = complete(state_dir)
+    assert offered.returncode == 0 and f"plain,{run_id}" in offered.stdout.splitlines()
+    silent = complete(state_dir / "no-node-here")
+    assert (silent.returncode, silent.stdout.strip(), silent.stderr) == (0, "", "")

@@ -188,3 +188,31 @@ def test_the_cli_sweep_every_command_and_option_with_bad_values_exits_with_one_l
         if len(lines) > 1 or (not lines and not started) or "Traceback" in stderr:
             failures.append(f"{args!r}: exit {code}, stderr {stderr[:300]!r}")
     assert not failures, "\n".join(failures[:30])
+
+
+def _environment_names() -> list[str]:
+    from subagents_node.launch.config import ENV_NAMES
+    from subagents_node.messages import constants
+
+    names = {v for k, v in vars(constants).items() if k.startswith("ENV_")}
+    return sorted((names | set(ENV_NAMES.values())) - {"SUBAGENTS_TEST_FAULTS"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _environment_names())
+def test_the_cli_sweep_malformed_environment_variables_exit_with_one_line(
+    name: str, swept_node: NodeProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every variable a user (or a tampered parent) can set, malformed, for a launch and a
+    listing: one line or success, never a traceback."""
+    for value in ("-1", "x", "9" * 30, "\x01", "tcp://127.0.0.1:0;0.0.0.0:1", "x" * 5000):
+        monkeypatch.setenv(name, value)
+        for args in (
+            ["runs", "--limit", "1"],
+            ["run", "--agents-dir", str(EXAMPLE_AGENTS), "sleeper", "seconds=0"],
+        ):
+            code, stderr = _one_line_error(swept_node.state_dir, args)
+            lines = [ln for ln in stderr.splitlines() if ln.strip() and not _PROGRESS.match(ln)]
+            assert "Traceback" not in stderr, (name, value, stderr)
+            assert code == 0 or len(lines) <= 1, (name, value[:40], args, stderr[:500])
+        monkeypatch.delenv(name)
