@@ -131,7 +131,8 @@ def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
     items = launch.items or [i for step in launch.chain for i in step.items]
     if request.child >= len(items):
         raise BadRequest(
-            f"run '{run_id}' has {len(items)} children; there is no child {request.child}",
+            f"run '{run_id}' has {len(items)} {'child' if len(items) == 1 else 'children'}; "
+            f"there is no child {request.child}",
             reason="child",
         )
     item = items[request.child].model_copy(update={"task": request.task})

@@ -28,7 +28,6 @@ from subagents_node.messages.errors import NodeNotRunning
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
-    MAX_TIMEOUT_MS,
     ChildView,
     IntercomMode,
     Launch,
@@ -47,8 +46,10 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
     client = obj.client()
     try:
         client.ping(timeout=2.0)
-    except NodeNotRunning:
-        client.close()
+    except BaseException as err:
+        client.close()  # any other failure (a timeout, Ctrl-C) must not leak the socket
+        if not isinstance(err, NodeNotRunning):
+            raise
         if obj.address:
             raise
         if background:
@@ -202,7 +203,7 @@ def summary(run: RunView, capacity: bool = True) -> str:
 )
 @click.option(
     "--timeout-ms",
-    type=click.IntRange(1, MAX_TIMEOUT_MS),
+    type=int,  # the launcher refuses a bad one with R-TMO-3's own message
     help="Deadline in milliseconds (1..2147483647).",
 )
 @click.option(

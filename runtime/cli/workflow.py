@@ -26,7 +26,7 @@ from subagents_node.cli.params import PATH_TEXT, SESSION
 from subagents_node.cli.runs import follow, node_client, summary
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.supervisor import MAX_TIMEOUT_MS, IntercomMode
+from subagents_node.messages.supervisor import IntercomMode
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.workflow.launch import RESULT_FILE, workflow_launch, workflow_result
 
@@ -67,8 +67,8 @@ def drain_children(client: Client, run_id: str) -> None:
 )
 @click.option(
     "--timeout-ms",
-    type=click.IntRange(1, MAX_TIMEOUT_MS),
-    help="The script's wall-clock limit in milliseconds.",
+    type=int,  # the workflow launcher refuses a bad one with R-TMO-7's own message
+    help="The script's wall-clock limit in milliseconds (1..2147483647).",
 )
 @click.option(
     "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
