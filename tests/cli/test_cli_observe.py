@@ -209,6 +209,12 @@ def test_session_defaults_to_the_terminal_so_one_shell_shares_its_capacity_and_s
     second = _async_run(state_dir)  # the same Unix session: the same ledger session
     assert second.returncode == 1
     assert "Active async run capacity exhausted: 1/1 used." in second.stderr
+    env = {**os.environ, "SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION": "1"}
+    shown = subprocess.run(  # `capacity` with no --session reports this terminal's session
+        [*_CLI, "--state-dir", str(state_dir), "capacity"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert shown.stdout.splitlines()[0] == "Active async capacity: 1/1 used", shown.stdout
 
     others = [_async_run(state_dir, "setsid", "-w") for _ in range(2)]
     assert [o.returncode for o in others] == [0, 0], [o.stderr for o in others]
