@@ -138,12 +138,14 @@ def _section(ctx: click.Context) -> list[str]:
 
 
 def _exit_codes() -> list[str]:
-    from subagents_node.cli.common import EXIT_CODES
+    from subagents_node.cli.common import EXIT_CODES, EXIT_INTERRUPTED, EXIT_TIMEOUT
 
     meanings: dict[int, list[str]] = {
         0: ["success"],
-        1: ["refused by a ledger, invalid input, or a foreground run that did not complete"],
-        2: ["bad usage (click)"],
+        1: ["refused by a ledger, invalid input, or a run that did not complete"],
+        2: ["bad usage or an out-of-range value (click)"],
+        EXIT_TIMEOUT: ["`wait --timeout` came before every run ended"],
+        EXIT_INTERRUPTED: ["interrupted by Ctrl-C (a foreground run is stopped first)"],
     }
     for error, code in sorted(EXIT_CODES.items(), key=lambda item: item[0].__name__):
         meanings.setdefault(code, []).append(f"`{error.__name__}`")
@@ -152,7 +154,8 @@ def _exit_codes() -> list[str]:
     return [
         "## Exit codes",
         "",
-        "A user error prints one line, `error: <message>`, on stderr and exits with the code",
+        "A user error prints one line, `error: <message>`, on stderr (with `--json`, one",
+        'object `{"error": {"code", "message", "details"}}`) and exits with the code',
         "of its typed error (`runtime/cli/common.py`):",
         "",
         *rows,

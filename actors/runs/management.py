@@ -68,6 +68,15 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
             run_id=run_id,
             reason="stopped",
         )
+    if not row["background"]:
+        # Our choice for R-RES-3's foreground source: a resume is a background relaunch, so a
+        # foreground run (whose caller saw it end) is rerun, not resumed.
+        raise RunNotResumable(
+            f"Run '{run_id}' ran in the foreground; only background runs can be resumed. "
+            f"Use `rerun {run_id} --task TASK` to run it again.",
+            run_id=run_id,
+            reason="foreground",
+        )
     launch, descriptor = read_recovery(Path(row["run_dir"]), run_id)
     if launch.mode == "workflow":
         raise RunNotResumable(
@@ -122,7 +131,8 @@ def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
     items = launch.items or [i for step in launch.chain for i in step.items]
     if request.child >= len(items):
         raise BadRequest(
-            f"run '{run_id}' has {len(items)} children; there is no child {request.child}",
+            f"run '{run_id}' has {len(items)} {'child' if len(items) == 1 else 'children'}; "
+            f"there is no child {request.child}",
             reason="child",
         )
     item = items[request.child].model_copy(update={"task": request.task})

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import sys
 from pathlib import Path
 
 TASK_MARK = "\n<Task>\n"
+#: A quoted value: '...' or "..." (it may span lines; nothing after its closing quote counts).
+_QUOTED = re.compile(r"(['\"])(.*?)\1", re.DOTALL)
 
 
 def read_task(args: list[str]) -> str:
@@ -35,18 +36,20 @@ def read_task(args: list[str]) -> str:
 def parse_fields(task: str, keys: tuple[str, ...]) -> dict[str, str]:
     """`key=value` pairs from a task such as `dir=runtime pattern=TODO|class `.
 
-    A value runs to the next ` key=` (so it may contain spaces) or is quoted ('...' or "...").
-    Text before the first key is ignored, so a task may start with prose.
+    A value runs to the next ` key=` or to the end of its line (so it may contain spaces, but
+    a message appended on later lines, as `resume -m` does, stays out of it), or is quoted
+    ('...' or "..."). Text before the first key is ignored, so a task may start with prose.
     """
     found = list(re.finditer(r"(?:^|\s)(" + "|".join(map(re.escape, keys)) + r")=", task))
     fields: dict[str, str] = {}
     for i, match in enumerate(found):
         end = found[i + 1].start() if i + 1 < len(found) else len(task)
         raw = task[match.end() : end]
-        if raw[:1] in ("'", '"'):
-            fields[match.group(1)] = shlex.split(raw.strip())[0]
+        quoted = _QUOTED.match(raw)
+        if quoted:
+            fields[match.group(1)] = quoted.group(2)
         else:
-            fields[match.group(1)] = raw.rstrip("\r\n") if i + 1 == len(found) else raw.rstrip()
+            fields[match.group(1)] = raw.split("\n", 1)[0].rstrip()
     return fields
 
 

@@ -1,8 +1,9 @@
 """Shared pieces of the command line: the context object, typed-error handling, output.
 
 Owns how a user error looks (one line on stderr, a stable exit code: 1 refused by a ledger or
-invalid, 2 bad usage or address, 3 node not running, 4 node timeout) and how results print
-(text, or `--json`).
+invalid, 2 bad usage or address, 3 node not running, 4 node timeout, 124 `wait` timed out,
+130 interrupted by Ctrl-C) and how results print (text, or `--json`). With `--json` an error
+is `{"error": {"code", "message", "details"}}` on stderr, so a script reads one shape.
 """
 
 from __future__ import annotations
@@ -25,31 +26,56 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 EXIT_CODES: dict[type[SubagentsError], int] = {NodeNotRunning: 3, NodeTimeout: 4, BadAddress: 2}
+#: `wait` gave up before every run settled (the convention of timeout(1)).
+EXIT_TIMEOUT = 124
+#: Interrupted by Ctrl-C (SIGINT): 128 + 2, the shell's convention.
+EXIT_INTERRUPTED = 130
+
+
+def error_line(code: str, message: str, details: dict[str, Any], as_json: bool) -> str:
+    """How any error is shown: `error: MESSAGE`, or its JSON object for scripts (one line)."""
+    if as_json:
+        payload = {"error": {"code": code, "message": message, "details": details}}
+        return json.dumps(payload, sort_keys=True, default=str)
+    return f"error: {' '.join(message.split())}"
 
 
 class CliError(click.ClickException):
-    def __init__(self, err: SubagentsError) -> None:
+    def __init__(self, err: SubagentsError, as_json: bool = False) -> None:
         super().__init__(err.message)
         self.exit_code = next(  # type: ignore[misc]
             (c for k, c in EXIT_CODES.items() if isinstance(err, k)), 1
         )
         self.error = err
+        self.as_json = as_json
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+        err = self.error
+        click.echo(error_line(err.code, err.message, err.details, self.as_json), err=True)
 
 
 def user_errors(fn: Callable[P, T]) -> Callable[P, T]:
-    """Turn typed errors into one-line messages with their exit code."""
+    """Turn typed errors into one-line messages (JSON with `--json`) with their exit code."""
 
     @wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         except SubagentsError as err:
-            raise CliError(err) from None
+            raise CliError(err, as_json=bool(kwargs.get("as_json"))) from None
+        except OSError as exc:  # a path or descriptor the user gave that the system refused
+            raise CliError(file_error(exc), as_json=bool(kwargs.get("as_json"))) from None
 
     return wrapper
+
+
+def file_error(exc: OSError) -> SubagentsError:
+    """An OSError from a user's path as a typed error naming the path (shortened)."""
+    from subagents_node.messages.errors import BadRequest
+
+    name = str(exc.filename or "")
+    shown = f": {name[:120]}{'…' if len(name) > 120 else ''}" if name else ""
+    return BadRequest(f"{exc.strerror or exc}{shown}", reason="os_error", errno=exc.errno)
 
 
 class Ctx:
@@ -74,6 +100,11 @@ def emit(data: Message | dict[str, Any], as_json: bool, text: str) -> None:
         click.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
         click.echo(text)
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`1 child`, `2 children`, `0 runs`."""
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")

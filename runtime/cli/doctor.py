@@ -186,12 +186,20 @@ def check_config(config: Configuration) -> Iterator[Check]:
 
 
 def agent_command_problem(agent: Agent) -> str | None:
-    """Why the agent's command cannot start, or None."""
+    """Why the agent's command cannot start, or None.
+
+    A bare name is looked up the way the child's launch resolves it (messages/delivery.py):
+    on the agent's own `env: PATH` when it sets one, else on this process's PATH.
+    """
     first = (
         agent.command[0].replace("{python}", sys.executable).replace("{agent_dir}", agent.agent_dir)
     )
     if "/" not in first:
-        return None if shutil.which(first) else f"{first!r} is not on PATH"
+        search = agent.env.get("PATH")
+        if shutil.which(first, path=search):
+            return None
+        where = f"the agent's env PATH ({search})" if search is not None else "PATH"
+        return f"{first!r} is not on {where}"
     path = Path(first) if Path(first).is_absolute() else Path(agent.agent_dir, first)
     if path.is_file() and os.access(path, os.X_OK):
         return None
@@ -203,6 +211,9 @@ def check_agents(cwd: Path, agents_dirs: tuple[str, ...]) -> Iterator[Check]:
         catalog = discover_agents(cwd, agents_dirs)
     except SubagentsError as err:
         yield Check("agents", "fail", err.message, "fix or remove the --agents-dir")
+        return
+    except OSError as exc:  # a directory name the system refuses (too long, not readable)
+        yield Check("agents", "fail", f"{exc.strerror}", "fix or remove the --agents-dir")
         return
     for problem in catalog.problems:
         yield Check(

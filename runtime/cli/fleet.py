@@ -71,9 +71,9 @@ def gauge(used: int | None, limit: int | None, width: int = 10) -> str:
 
 def render(runs: list[RunView], now: float, error: str = "") -> Group:
     table = Table(title="subagents fleet  (q quits)", expand=True)
+    table.add_column("session", no_wrap=True, overflow="ellipsis")
+    table.add_column("run", no_wrap=True, min_width=12)  # an id is never cut
     for column in (
-        "session",
-        "run",
         "state",
         "agent",
         "elapsed",
@@ -149,7 +149,9 @@ def run_fleet(client: Client, once: bool = False) -> None:
         state.apply(client.runs.list(limit=100), 0)
         from rich.console import Console
 
-        Console().print(render(state.snapshot(), time.time()))
+        # Piped, rich would assume 80 columns and cut every cell; a file gets whole lines.
+        console = Console() if sys.stdout.isatty() else Console(width=240)
+        console.print(render(state.snapshot(), time.time()))
         return
     stop = threading.Event()
     poller = threading.Thread(target=poll, args=(client.address, state, stop), daemon=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
+from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, SESSION
 from subagents_node.launch.config import current_depth, load_config
-from subagents_node.messages.constants import ENV_SESSION
 from subagents_node.messages.errors import RunNotFound
 from subagents_node.messages.supervisor import RunView
 
@@ -21,15 +21,22 @@ def _limit_text(limit: int) -> str:
 
 
 @click.command()
-@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION).", envvar=ENV_SESSION)
-@click.option("--limit", type=int, help="Session limit to report against (default: config).")
+@click.option(
+    "--session",
+    type=SESSION,
+    help="Session id (default: $SUBAGENTS_SESSION, else this terminal's Unix session).",
+)
+@click.option("--limit", type=COUNT, help="Session limit to report against (default: config).")
 @json_option
 @click.pass_obj
 @user_errors
 def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) -> None:
     """Active async capacity of a session: used/limit and who holds each slot."""
-    if not session:
-        raise click.UsageError("give --session (or set $SUBAGENTS_SESSION)")
+    import os
+
+    from subagents_node.launch.launcher import resolve_session
+
+    session = resolve_session(session, os.environ)
     if limit is None:
         limit = load_config().settings.max_active_async_runs_per_session
     with obj.client() as client:
@@ -60,7 +67,7 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
 
 
 @click.command()
-@click.argument("root")
+@click.argument("root", type=RUN_ID)
 @json_option
 @click.pass_obj
 @user_errors
@@ -86,14 +93,15 @@ def budget(obj: Ctx, root: str, as_json: bool) -> None:
     }
     text = (
         f"Run fan-out: {snap.used}/{snap.limit} used, {snap.remaining} remaining\n"
-        f"root {first.root_run_id}, {len(tree)} run(s) in the tree; claims are never released"
+        f"root {first.root_run_id}, {plural(len(tree), 'run')} in the tree; "
+        "claims are never released"
     )
     emit(payload, as_json, text)
 
 
 @click.command()
-@click.option("--session", required=True, help="The session to grant spawns to.")
-@click.argument("additional", type=int)
+@click.option("--session", type=SESSION, required=True, help="The session to grant spawns to.")
+@click.argument("additional", type=POSITIVE_COUNT)
 @click.option("--yes", is_flag=True, help="Apply without asking for confirmation.")
 @json_option
 @click.pass_obj
@@ -153,8 +161,8 @@ def config_show(as_json: bool) -> None:
 
 
 @click.command("debug-run")
-@click.argument("run_id")
-@click.option("--limit", type=int, help="Session capacity limit (default: config).")
+@click.argument("run_id", type=RUN_ID)
+@click.option("--limit", type=COUNT, help="Session capacity limit (default: config).")
 @json_option
 @click.pass_obj
 @user_errors
@@ -173,7 +181,9 @@ def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @json_option
 @click.pass_obj
 def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
@@ -190,14 +200,24 @@ def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
 
 @click.command()
 @click.option("--once", is_flag=True, help="Print one frame and exit (no live refresh).")
+@click.option("--json", "as_json", is_flag=True, help="With --once: the runs as JSON.")
 @click.pass_obj
 @user_errors
-def fleet(obj: Ctx, once: bool) -> None:
-    """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits."""
+def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
+    """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits.
+
+    Run ids are never cut. `--once --json` prints the frame's runs for scripts.
+    """
     from subagents_node.cli.fleet import run_fleet
 
+    if as_json and not once:
+        raise click.UsageError("--json needs --once (the live view is for a terminal)")
     with obj.client() as client:
         client.ping()
+        if as_json:
+            runs = client.runs.list(limit=100)
+            emit({"runs": [r.model_dump(mode="json") for r in runs]}, True, "")
+            return
         run_fleet(client, once=once)
 
 

@@ -9,15 +9,27 @@ only its own family (tests/cli/test_cli_node.py checks the two lists agree).
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
+import os
 import signal
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Any, NoReturn
 
 import click
 
-from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import (
+    EXIT_INTERRUPTED,
+    Ctx,
+    emit,
+    error_line,
+    json_option,
+    user_errors,
+)
+from subagents_node.cli.params import RUN_ID, SECONDS
 from subagents_node.messages.constants import DISTRIBUTION, ENV_NODE, ENV_STATE_DIR, ENV_TEST_FAULTS
 from subagents_node.messages.errors import SubagentsError
 
@@ -34,6 +46,8 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "grant": ("subagents_node.cli.ledgers", "grant"),
         "config": ("subagents_node.cli.ledgers", "config_group"),
         "debug-run": ("subagents_node.cli.ledgers", "debug_run"),
+        "logs": ("subagents_node.cli.observe", "logs"),
+        "wait": ("subagents_node.cli.observe", "wait"),
         "doctor": ("subagents_node.cli.ledgers", "doctor"),
         "fleet": ("subagents_node.cli.ledgers", "fleet"),
         "resume": ("subagents_node.cli.manage", "resume"),
@@ -46,8 +60,59 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
 )
 
 
+#: The largest mailbox bound `start` accepts (a bound, not a preallocation).
+MAX_MAILBOX_LIMIT = 1_000_000
+
+
+def _exit(code: int) -> NoReturn:
+    sys.exit(code)
+
+
 class LazyGroup(click.Group):
-    """A click group whose command families load on first use (click's documented pattern)."""
+    """A click group whose command families load on first use (click's documented pattern).
+
+    Its `main` shows every error as one line (usage errors too, with the command's help hint;
+    JSON with `--json`) and exits 130 on Ctrl-C, instead of click's multi-line usage block.
+    """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
+        try:
+            outcome = super().main(argv, prog_name, complete_var, False, **extra)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx else (prog_name or "subagents-node")
+            message = f"{err.format_message()} (see '{where} --help')"
+            click.echo(error_line("usage", message, {}, as_json), err=True)
+            _exit(err.exit_code)
+        except click.ClickException as err:
+            err.show()
+            _exit(err.exit_code)
+        except click.Abort as err:
+            if isinstance(err.__cause__, KeyboardInterrupt):
+                click.echo(error_line("interrupted", "interrupted", {}, as_json), err=True)
+                _exit(EXIT_INTERRUPTED)
+            click.echo(error_line("aborted", "aborted", {}, as_json), err=True)
+            _exit(1)
+        except KeyboardInterrupt:
+            click.echo(error_line("interrupted", "interrupted", {}, as_json), err=True)
+            _exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            _exit(141)  # the reader went away (`| head`): quietly, like any Unix tool
+        except OSError as err:
+            if err.errno == errno.EPIPE:
+                _exit(141)
+            raise
+        _exit(outcome if isinstance(outcome, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
@@ -74,7 +139,9 @@ class LazyGroup(click.Group):
     help="Node address, ipc://PATH or tcp://HOST:PORT (default: $SUBAGENTS_NODE, "
     "else the state dir's socket).",
 )
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for a reply.")
+@click.option(
+    "--timeout", type=SECONDS, default=10.0, show_default=True, help="Seconds to wait for a reply."
+)
 @click.version_option(package_name=DISTRIBUTION, prog_name="subagents-node")
 @click.pass_context
 def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout: float) -> None:
@@ -85,9 +152,15 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
 @cli.command()
 @click.option("--detach", is_flag=True, help="Run in the background; return once it serves.")
 @click.option("--listen", multiple=True, help="Extra endpoint, e.g. tcp://127.0.0.1:7700.")
-@click.option("--mailbox-limit", default=1024, show_default=True, help="Max queued per actor.")
+@click.option(
+    "--mailbox-limit",
+    type=click.IntRange(1, MAX_MAILBOX_LIMIT),
+    default=1024,
+    show_default=True,
+    help="Max queued per actor.",
+)
 @click.option("--faults", is_flag=True, hidden=True, envvar=ENV_TEST_FAULTS)
-@click.option("--ready-fd", type=int, hidden=True)
+@click.option("--ready-fd", type=click.IntRange(0, 65535), hidden=True)
 @click.option("--verbose", "-v", is_flag=True, help="Log at debug level.")
 @click.pass_obj
 @user_errors
@@ -104,6 +177,11 @@ def start(
     from subagents_node.node import daemon
     from subagents_node.node.node import Node, NodeOptions
 
+    if ready_fd is not None:
+        try:
+            os.fstat(ready_fd)
+        except OSError:
+            raise click.BadParameter(f"{ready_fd} is not an open file descriptor") from None
     if detach:
         extra = [a for item in listen for a in ("--listen", item)]
         extra += ["--mailbox-limit", str(mailbox_limit)] + (["--faults"] if faults else [])
@@ -143,7 +221,7 @@ def start(
 
 
 @cli.command()
-@click.argument("run_id", required=False)
+@click.argument("run_id", type=RUN_ID, required=False)
 @json_option
 @click.pass_obj
 @user_errors

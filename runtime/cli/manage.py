@@ -12,9 +12,11 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
 from subagents_node.cli.runs import follow, summary
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.base import validate_request
 from subagents_node.messages.constants import ENV_CHILD_ID, ENV_RUN_ID
 from subagents_node.messages.supervisor import (
     Append,
@@ -28,7 +30,7 @@ from subagents_node.messages.supervisor import (
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option("--message", "-m", default="", help="Follow-up appended to the task.")
 @json_option
 @click.pass_obj
@@ -36,33 +38,38 @@ from subagents_node.messages.supervisor import (
 def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
     """Relaunch finished background run RUN_ID in the background, moving its capacity slot.
 
-    A stopped or still-running run is refused. The resumed run reuses the source's fan-out
+    Only background runs can be resumed: a foreground, stopped or still-running run is
+    refused (use `rerun` for a foreground one). The resumed run reuses the source's fan-out
     budget without claiming (R-RES-4).
     """
     limit = load_config().settings.max_active_async_runs_per_session
-    request = Resume(
-        run_id=run_id,
-        message=message,
-        depth=current_depth(),
-        capacity_limit=limit,
-        env=dict(os.environ),
-    )
+    fields = {
+        "run_id": run_id,
+        "message": message,
+        "depth": current_depth(),
+        "capacity_limit": limit,
+        "env": dict(os.environ),
+    }
+    request = validate_request(Resume, fields)
     with obj.client() as client:
         run = client.ask(request, LaunchResult).run
     emit(run, as_json, run.run_id)
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option("--task", "-t", required=True, help="The new task.")
-@click.option("--child", default=0, show_default=True, help="Which child's parameters to reuse.")
+@click.option(
+    "--child", type=COUNT, default=0, show_default=True, help="Which child's parameters to reuse."
+)
 @json_option
 @click.pass_obj
 @user_errors
 def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     """Run a finished run's child again with the same parameters and a new task (foreground)."""
     with obj.client() as client:
-        request = Rerun(run_id=run_id, task=task, child=child, env=dict(os.environ))
+        fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
+        request = validate_request(Rerun, fields)
         run = client.ask(request, LaunchResult).run
         final = follow(client, run, as_json)
     emit(final, as_json, summary(final))
@@ -71,9 +78,11 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @json_option
 @click.pass_obj
 @user_errors
@@ -87,7 +96,8 @@ def append(
     ctx = LaunchContext.from_environment(agents_dirs=agents_dirs)
     steps = ctx.from_file("chain", steps_file, True, None).chain
     with obj.client() as client:
-        result = client.ask(Append(run_id=run_id, steps=steps), AppendResult)
+        request = validate_request(Append, {"run_id": run_id, "steps": steps})
+        result = client.ask(request, AppendResult)
     emit(result, as_json, result.text)
 
 
@@ -98,7 +108,12 @@ def intercom() -> None:
 
 @intercom.command("send")
 @click.argument("text")
-@click.option("--run", "run_id", help="Target run (default: $SUBAGENTS_RUN_ID, this child's run).")
+@click.option(
+    "--run",
+    "run_id",
+    type=RUN_ID,
+    help="Target run (default: $SUBAGENTS_RUN_ID, this child's run).",
+)
 @json_option
 @click.pass_obj
 @user_errors
@@ -109,7 +124,8 @@ def intercom_send(obj: Ctx, text: str, run_id: str | None, as_json: bool) -> Non
         raise click.UsageError("not inside a child: give --run RUN_ID")
     child = os.environ.get(ENV_CHILD_ID, "")
     with obj.client() as client:
-        sent = client.ask(Intercom(run_id=target, child_id=child, text=text), IntercomMessage)
+        request = validate_request(Intercom, {"run_id": target, "child_id": child, "text": text})
+        sent = client.ask(request, IntercomMessage)
     emit(sent, as_json, f"sent to run {sent.run_id}")
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import EXIT_INTERRUPTED, Ctx, emit, json_option, plural, user_errors
+from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext
@@ -26,7 +27,13 @@ from subagents_node.messages.capacity import CapacitySnapshot
 from subagents_node.messages.errors import NodeNotRunning
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
-from subagents_node.messages.supervisor import IntercomMode, Launch, RunEvent, RunView
+from subagents_node.messages.supervisor import (
+    ChildView,
+    IntercomMode,
+    Launch,
+    RunEvent,
+    RunView,
+)
 
 
 @contextlib.contextmanager
@@ -39,8 +46,10 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
     client = obj.client()
     try:
         client.ping(timeout=2.0)
-    except NodeNotRunning:
-        client.close()
+    except BaseException as err:
+        client.close()  # any other failure (a timeout, Ctrl-C) must not leak the socket
+        if not isinstance(err, NodeNotRunning):
+            raise
         if obj.address:
             raise
         if background:
@@ -76,11 +85,25 @@ def describe(event: RunEvent, run: RunView) -> str | None:
     if event.kind == "child.exited":
         child = run.children[int(data["child"] or 0)]
         code = data.get("exit_code")
-        return f"{stamp} {child.label} ({child.agent}) {data['state']} (exit {code})"
+        how = child_end(child, code if isinstance(code, int) else None)
+        return f"{stamp} {child.label} ({child.agent}) {data['state']} ({how})"
     if event.kind.startswith("run."):
         extra = f": {data['error']}" if data.get("error") else ""
         return f"{stamp} run {run.run_id} {event.kind[4:]}{extra}"
     return None
+
+
+def child_end(child: ChildView, exit_code: int | None = None) -> str:
+    """How a child ended, for people: `exit 0`, `killed by SIGTERM`, or `exit unknown`."""
+    import signal as signals
+
+    if child.signal:
+        try:
+            return f"killed by {signals.Signals(child.signal).name}"
+        except ValueError:
+            return f"killed by signal {child.signal}"
+    code = child.exit_code if exit_code is None else exit_code
+    return "exit unknown" if code is None else f"exit {code}"
 
 
 class Progress:
@@ -121,6 +144,7 @@ def run_table(run: RunView) -> Table:
 
 
 def follow(client: Client, run: RunView, as_json: bool) -> RunView:
+    """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130."""
     progress = Progress(live=sys.stderr.isatty() and not as_json)
     try:
         return client.runs.wait(run.run_id, on_event=progress.update)
@@ -128,13 +152,16 @@ def follow(client: Client, run: RunView, as_json: bool) -> RunView:
         progress.close()
         click.echo(f"stopping run {run.run_id}…", err=True)
         client.runs.stop(run.run_id)
-        return client.runs.wait(run.run_id)
+        final = client.runs.wait(run.run_id, timeout=30)
+        emit(final, as_json, summary(final))
+        raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
         progress.close()
 
 
 def summary(run: RunView, capacity: bool = True) -> str:
-    lines = [f"run {run.run_id} {run.state} ({run.mode}, {len(run.children)} children)"]
+    children = plural(len(run.children), "child", "children")
+    lines = [f"run {run.run_id} {run.state} ({run.mode}, {children})"]
     snaps = run.snapshots
     lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
     if capacity and snaps.capacity_limit is not None:
@@ -148,7 +175,7 @@ def summary(run: RunView, capacity: bool = True) -> str:
 
 
 @click.command()
-@click.argument("agent", required=False)
+@click.argument("agent", type=AGENT, required=False)
 @click.argument("task", required=False)
 @click.option(
     "--parallel",
@@ -166,12 +193,22 @@ def summary(run: RunView, capacity: bool = True) -> str:
     "--async/--foreground",
     "background",
     default=None,
-    help="Run in the background and return the run id (default: the agent's "
-    "`async`, else foreground).",
+    help="Run in the background: print the run id on stdout and the session on stderr "
+    "(default: the agent's `async`, else foreground).",
 )
-@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION, else a new one).")
-@click.option("--timeout-ms", type=int, help="Deadline in milliseconds (1..2147483647).")
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--session",
+    type=SESSION,
+    help="Session id (default: $SUBAGENTS_SESSION, else this terminal's Unix session).",
+)
+@click.option(
+    "--timeout-ms",
+    type=int,  # the launcher refuses a bad one with R-TMO-3's own message
+    help="Deadline in milliseconds (1..2147483647).",
+)
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
 @click.option(
     "--intercom",
@@ -214,6 +251,8 @@ def run(
         started = client.runs.launch(launch)
         if launch.background:
             emit(started, as_json, f"{started.run_id}")
+            if not as_json:
+                click.echo(f"session {started.session_id}", err=True)
             return
         final = follow(client, started, as_json)
     emit(final, as_json, summary(final))
@@ -222,29 +261,35 @@ def run(
 
 
 @click.command("runs")
-@click.option("--session", help="Only this session's runs.")
+@click.option("--session", type=SESSION, help="Only this session's runs.")
 @click.option("--active", is_flag=True, help="Only queued, running or paused runs.")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--wide", is_flag=True, help="Full ids and labels on a terminal too.")
 @json_option
 @click.pass_obj
 @user_errors
-def runs_command(obj: Ctx, session: str | None, active: bool, limit: int, as_json: bool) -> None:
-    """List runs, newest first."""
+def runs_command(
+    obj: Ctx, session: str | None, active: bool, limit: int, wide: bool, as_json: bool
+) -> None:
+    """List runs, newest first: id, state, mode, age, duration, children, session, label.
+
+    Ids and labels are shortened only on a terminal without --wide; piped output is never cut.
+    """
     with obj.client() as client:
         found = client.runs.list(session, active, limit)
     if as_json:
         emit({"runs": [r.model_dump(mode="json") for r in found]}, True, "")
         return
-    rows = [
-        f"{r.run_id}  {r.state:<9} {r.mode:<8} {r.label[:30]:<30} "
-        f"{len(r.children)} children  session {r.session_id}"
-        for r in found
-    ]
-    click.echo("\n".join(rows) if rows else "no runs")
+    if not found:
+        click.echo("no runs")
+        return
+    from subagents_node.cli.tables import runs_table
+
+    click.echo(runs_table(found, time.time(), short=sys.stdout.isatty() and not wide))
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @json_option
 @click.pass_obj
 @user_errors
@@ -261,8 +306,8 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         f"dir: {found.run_dir}",
     ]
     for child in found.children:
-        code = "" if child.exit_code is None else f" exit {child.exit_code}"
-        lines.append(f"  {child.label:<24} {child.agent:<16} {child.state}{code}")
+        how = "" if child.state in ("pending", "running") else f" ({child_end(child)})"
+        lines.append(f"  {child.label:<24} {child.agent:<16} {child.state}{how}")
     data = {
         **found.model_dump(mode="json"),
         "spawn_budget": spawns.model_dump(mode="json"),
@@ -289,7 +334,9 @@ def stop_run(obj: Ctx, run_id: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @json_option
 @user_errors
 def agents(agents_dirs: tuple[str, ...], as_json: bool) -> None:
@@ -331,4 +378,4 @@ def agents(agents_dirs: tuple[str, ...], as_json: bool) -> None:
 
 
 COMMANDS = (run, runs_command, show, agents)
-__all__ = ["COMMANDS", "TERMINAL_RUN_STATES", "stop_run"]
+__all__ = ["COMMANDS", "TERMINAL_RUN_STATES", "child_end", "stop_run"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.params import PATH_TEXT, SESSION
 from subagents_node.cli.runs import follow, node_client, summary
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
@@ -54,10 +55,24 @@ def drain_children(client: Client, run_id: str) -> None:
     default=False,
     help="Run in the background and print the run id (default: foreground).",
 )
-@click.option("--output", help="Aggregate output file; children default to NAME.KEY.EXT beside it.")
-@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION, else a new one).")
-@click.option("--timeout-ms", type=int, help="The script's wall-clock limit in milliseconds.")
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--output",
+    type=PATH_TEXT,
+    help="Aggregate output file; children default to NAME.KEY.EXT beside it.",
+)
+@click.option(
+    "--session",
+    type=SESSION,
+    help="Session id (default: $SUBAGENTS_SESSION, else this terminal's Unix session).",
+)
+@click.option(
+    "--timeout-ms",
+    type=int,  # the workflow launcher refuses a bad one with R-TMO-7's own message
+    help="The script's wall-clock limit in milliseconds (1..2147483647).",
+)
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @click.option(
     "--intercom",
     type=click.Choice(["on", "off"]),

@@ -1,13 +1,16 @@
-"""Client API for runs: launch, watch, wait, show, list, stop (attached as `client.runs`).
+"""Client API for runs: launch, watch, wait, settle, logs, show, list, stop (`client.runs`).
 
-`wait()` follows a run through long-poll `watch` requests: each one is answered by the node as
-soon as the run has new events, so nothing here polls.
+`wait()` and `settle()` follow runs through long-poll `watch` requests: each one is answered by
+the node as soon as the run has new events, so nothing here polls. `logs()` streams the child
+logs (client/logs.py: inotify for new bytes, the same long-poll for the run's end). Requests
+are built with `validate_request`, so a bad argument is a typed `BadRequest`, never pydantic's
+ValidationError.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from subagents_node.client.plans import Plan, build, one
@@ -30,6 +33,7 @@ from subagents_node.messages.supervisor import (
 
 if TYPE_CHECKING:
     from subagents_node.client.client import Client
+    from subagents_node.client.logs import LogLine
 
 #: How long one watch request may wait at the node before answering with no events.
 WATCH_WAIT_S = 10.0
@@ -137,6 +141,45 @@ class RunsAPI:
         """Block until the run is terminal (R-RUN-3); `on_event` sees each event in order."""
         client = self._client
         return client.perform(wait_plan(client.address, client.timeout, run_id, timeout, on_event))
+
+    def settle(
+        self,
+        run_ids: Sequence[str],
+        timeout: float | None = None,
+        on_end: Callable[[RunView], None] | None = None,
+    ) -> list[RunView]:
+        """Block until every run is terminal, or until `timeout` seconds have passed.
+
+        Returns the latest view of each run, in the order given: a view that is not terminal
+        means the deadline came first (nothing is raised for that). `on_end` sees each run
+        once it has ended, in the order given. Unknown or ambiguous ids raise before any wait.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        views = [self.show(run_id) for run_id in run_ids]
+        for i, view in enumerate(views):
+            seq = 0
+            while view.state not in TERMINAL_RUN_STATES:
+                wait_s = WATCH_WAIT_S
+                if deadline is not None:
+                    wait_s = min(wait_s, deadline - time.monotonic())
+                    if wait_s <= 0:
+                        return views
+                batch = self.watch(view.run_id, seq, wait_s)
+                seq, view = batch.last_seq, batch.run
+                views[i] = view
+            if on_end is not None:
+                on_end(view)
+        return views
+
+    def logs(
+        self, run_id: str, child: str | None = None, follow: bool = False
+    ) -> Iterator[LogLine]:
+        """The lines of run `run_id`'s child logs (all children, or the one labelled `child`),
+        stdout and stderr labelled; with `follow`, new lines as they are written until the run
+        ends. The logs are read from the run's directory, so the node must be on this host."""
+        from subagents_node.client.logs import follow_logs
+
+        return follow_logs(self._client, run_id, child, follow)
 
     def show(self, run_id: str) -> RunView:
         return self._client.perform(show_plan(run_id))

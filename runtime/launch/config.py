@@ -332,6 +332,10 @@ def _anchor(layer: Mapping[str, Any], base: Path) -> dict[str, Any]:
     return out
 
 
+#: Depths travel as signed 32-bit integers like every count (SPEC §0.4).
+MAX_DEPTH_VALUE = 2_147_483_647
+
+
 def current_depth(env: Mapping[str, str] | None = None) -> int:
     """R-CFG-8: this process's depth from SUBAGENTS_DEPTH (unset or empty: 0).
 
@@ -342,10 +346,10 @@ def current_depth(env: Mapping[str, str] | None = None) -> int:
     if raw is None or not raw.strip():
         return 0
     number = parse_env_int(raw)
-    if number is None or number < 0:
+    if number is None or not 0 <= number <= MAX_DEPTH_VALUE:
         raise ConfigError(
             f"invalid value for 'depth' in environment variable {ENV_DEPTH}: "
-            f"expected a non-negative integer (got {raw!r})",
+            f"expected an integer from 0 to {MAX_DEPTH_VALUE} (got {raw[:40]!r})",
             key="depth",
             source=f"environment variable {ENV_DEPTH}",
             reason="invalid_value",

@@ -16,12 +16,14 @@ decides everything else. Parallel and chain runs come from TOML files:
 from __future__ import annotations
 
 import os
+import pwd
 import tomllib
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from subagents_node.launch.agents import Agent, AgentCatalog, discover_agents
 from subagents_node.launch.config import (
@@ -30,6 +32,7 @@ from subagents_node.launch.config import (
     load_config,
     validate_call_timeout,
 )
+from subagents_node.messages.base import Message, schema_error
 from subagents_node.messages.constants import ENV_FANOUT, ENV_RUN_ID, ENV_SESSION
 from subagents_node.messages.errors import RunFileInvalid
 from subagents_node.messages.supervisor import (
@@ -40,6 +43,40 @@ from subagents_node.messages.supervisor import (
     RunMode,
     TaskItem,
 )
+
+M = TypeVar("M", bound=Message)
+
+#: SPEC §0.1: a parallel file runs at most this many children at once (the Launch domain).
+MAX_CONCURRENCY = 64
+
+
+def terminal_session_id() -> str:
+    """SPEC §0.1: the caller's Unix session as a session id, `term-USER-SID-START`.
+
+    Every process started from one terminal (one login shell) shares the session leader, so
+    every command typed there shares one session and its limits. The leader's start time (in
+    clock ticks since boot, from /proc) keeps a later session that reuses the pid apart; when
+    the leader has already exited, `0` stands for it (the kernel keeps a session's id unused
+    while any member lives, so the id stays unique among live sessions).
+    """
+    sid = os.getsid(0)
+    try:
+        with open(f"/proc/{sid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        start = fields[19].decode()  # field 22, starttime
+    except (OSError, IndexError):
+        start = "0"
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = str(os.getuid())
+    return f"term-{user}-{sid}-{start}"
+
+
+def resolve_session(session_id: str | None, env: Mapping[str, str]) -> str:
+    """`--session`, else $SUBAGENTS_SESSION (children inherit it), else the terminal's."""
+    return (session_id or "").strip() or env.get(ENV_SESSION, "").strip() or terminal_session_id()
 
 
 @dataclass(frozen=True)
@@ -74,7 +111,7 @@ class LaunchContext:
         cwd = (cwd or Path.cwd()).resolve()
         config = load_config(overrides, env=env, cwd=cwd)
         dirs = [*agents_dirs, *config.settings.agent_dirs]
-        session = session_id or env.get(ENV_SESSION, "").strip() or f"cli-{uuid.uuid4().hex[:8]}"
+        session = resolve_session(session_id, env)
         return cls(
             cwd=cwd,
             env=env,
@@ -103,7 +140,8 @@ class LaunchContext:
         # R-TMO-3 as a typed error here: the Launch model would refuse it with a bare
         # ValidationError, which a CLI user would see as a traceback.
         timeout_ms = validate_call_timeout(timeout_ms)
-        return Launch(
+        return _build(
+            Launch,
             session_id=self.session_id,
             mode=mode,
             background=background,
@@ -134,7 +172,7 @@ class LaunchContext:
     ) -> Launch:
         found = self.catalog.get(agent)
         run_async = background if background is not None else bool(found.run_async)  # R-AGT-3
-        item = TaskItem(agent=agent_plan(found), task=task, cwd=found.cwd)
+        item = _build(TaskItem, agent=agent_plan(found), task=task, cwd=found.cwd)
         return self.launch(
             "single", run_async, items=[item], timeout_ms=timeout_ms, intercom=intercom
         )
@@ -170,8 +208,12 @@ class LaunchContext:
                 )
             items = [self._item(entry, path) for entry in tasks]
             concurrency = data.get("concurrency", 4)
-            if not isinstance(concurrency, int) or isinstance(concurrency, bool):
-                raise _bad(path, "concurrency must be an integer")
+            if (
+                not isinstance(concurrency, int)
+                or isinstance(concurrency, bool)
+                or not 1 <= concurrency <= MAX_CONCURRENCY
+            ):
+                raise _bad(path, f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}")
             return self.launch(
                 "parallel",
                 background,
@@ -191,9 +233,10 @@ class LaunchContext:
                     raise RunFileInvalid(
                         f"{path}: 'parallel' must be a non-empty list", file=str(path)
                     )
-                chain.append(ChainStep(items=[self._item(e, path) for e in group], parallel=True))
+                items = [self._item(e, path) for e in group]
+                chain.append(_build(ChainStep, items=items, parallel=True))
             else:
-                chain.append(ChainStep(items=[self._item(step, path)]))
+                chain.append(_build(ChainStep, items=[self._item(step, path)]))
         return self.launch(
             "chain", background, chain=chain, timeout_ms=timeout_ms, intercom=intercom
         )
@@ -212,12 +255,22 @@ class LaunchContext:
         if extra:
             raise _bad(path, f"unknown keys {sorted(extra)}")
         found = self.catalog.get(agent)
-        return TaskItem(
+        return _build(
+            TaskItem,
             agent=agent_plan(found),
             task=task,
             cwd=entry.get("cwd") or found.cwd,
             output=entry.get("output"),
         )
+
+
+def _build(kind: type[M], **fields: Any) -> M:
+    """A wire model from what a person gave: a value out of its domain (a session id from the
+    environment, a task over the size cap) is a typed BadRequest naming the field."""
+    try:
+        return kind.model_validate(fields)
+    except ValidationError as exc:
+        raise schema_error(kind.__name__, exc) from None
 
 
 def _bad(path: Path, problem: str) -> RunFileInvalid:

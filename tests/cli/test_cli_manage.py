@@ -112,10 +112,13 @@ def test_cli_resume_of_a_stopped_running_or_unknown_run_exits_1_with_the_reason(
         cli("resume", stopped),
         f"Run '{stopped}' was stopped and cannot be resumed. Start a new run instead.",
     )
-    refused(
-        cli("resume", running, "--json"),
-        f"Run '{running}' is still running; it cannot be resumed while it runs.",
-    )
+    as_json = cli("resume", running, "--json")  # the same refusal, as one JSON object
+    assert (as_json.exit_code, as_json.stdout) == (1, "")
+    assert json.loads(as_json.stderr)["error"] == {
+        "code": "run_not_resumable",
+        "message": f"Run '{running}' is still running; it cannot be resumed while it runs.",
+        "details": {"reason": "running", "run_id": running},
+    }
     refused(cli("resume", "nosuchrun"), "Run not found: nosuchrun")
     child.release(0)
     assert client.runs.wait(running, timeout=20).state == "complete"
@@ -134,7 +137,7 @@ def test_cli_rerun_runs_the_child_again_with_a_new_task_in_the_foreground(
     as_json = ok_json(cli("rerun", source, "--task", "json task", "--json"))
 
     assert as_text.exit_code == 0, as_text.output
-    assert re.search(r"run [0-9a-f]{12} complete \(single, 1 children\)", as_text.stdout)
+    assert re.search(r"run [0-9a-f]{12} complete \(single, 1 child\)", as_text.stdout)
     assert as_text.stdout.rstrip().endswith("new task")
     assert (as_json["state"], as_json["background"], as_json["output"]) == (
         "complete",
@@ -143,7 +146,7 @@ def test_cli_rerun_runs_the_child_again_with_a_new_task_in_the_foreground(
     )
     refused(
         cli("rerun", source, "--task", "x", "--child", "3"),
-        f"run '{source}' has 1 children; there is no child 3",
+        f"run '{source}' has 1 child; there is no child 3",
     )
 
 
@@ -154,7 +157,7 @@ def test_cli_rerun_exits_1_when_the_rerun_fails(cli: Cli, client: Client) -> Non
     result = cli("rerun", source, "--task", "again")
 
     assert result.exit_code == 1
-    assert re.search(r"run [0-9a-f]{12} failed \(single, 1 children\)", result.stdout)
+    assert re.search(r"run [0-9a-f]{12} failed \(single, 1 child\)", result.stdout)
     assert "error: broken: again" in result.stdout
 
 

@@ -36,7 +36,11 @@ def assert_one_line_error(result: Result, exit_code: int, *fragments: str) -> No
     assert result.exit_code == exit_code, result.output
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert len(lines) == 1, result.stderr
+    if lines[0].startswith("{"):  # --json: the error object, on one line
+        lines = [json.loads(lines[0])["error"]["message"]]
+    else:
+        assert lines[0].startswith("error: "), result.stderr
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0]
@@ -200,7 +204,7 @@ def test_every_command_family_is_named_in_the_lazy_table_and_nothing_else_is() -
 
     from subagents_node.cli.main import LAZY_COMMANDS
 
-    families = ("runs", "ledgers", "manage", "workflow", "mcp")
+    families = ("runs", "ledgers", "manage", "observe", "workflow", "mcp")
     declared = {}
     for family in families:
         module = importlib.import_module(f"subagents_node.cli.{family}")
@@ -222,4 +226,8 @@ def test_version_and_help_of_one_command_load_no_other_command_family() -> None:
         "print(' '.join(sorted(loaded)), file=sys.stderr)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stderr.split() == ["subagents_node.cli.common", "subagents_node.cli.main"]
+    assert out.stderr.split() == [
+        "subagents_node.cli.common",
+        "subagents_node.cli.main",
+        "subagents_node.cli.params",  # the value types of the group's own options
+    ]

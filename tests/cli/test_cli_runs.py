@@ -54,7 +54,7 @@ def test_cli_run_in_the_foreground_follows_the_run_and_prints_its_summary(
     result = cli("run", "echo", "hello from the cli")
 
     assert result.exit_code == 0, result.output
-    run_id = re.search(r"run ([0-9a-f]{12}) complete \(single, 1 children\)", result.stdout)
+    run_id = re.search(r"run ([0-9a-f]{12}) complete \(single, 1 child\)", result.stdout)
     assert run_id, result.stdout
     assert "Run fan-out: 1/64 used" in result.stdout
     assert result.stdout.rstrip().endswith("hello from the cli")
@@ -114,7 +114,7 @@ def test_cli_run_async_prints_the_run_id_and_show_runs_and_stop_find_it(
     assert text.exit_code == 0
     assert "Active async capacity: 0/1 used" in text.stdout  # the stop's proof freed the slot
     assert f"run {run_id} stopped" in text.stdout
-    assert re.search(r"single\s+gate\s+stopped exit 1", text.stdout)
+    assert re.search(r"single\s+gate\s+stopped \(killed by SIGTERM\)", text.stdout)
     assert cli("runs", "--active").stdout.strip() == "no runs"
 
 

@@ -214,5 +214,5 @@ def test_r_dbg_2_an_ambiguous_prefix_and_an_unknown_id_are_errors(
         ambiguous.stderr == f"error: Run id prefix '{prefix}' is ambiguous; give more characters.\n"
     )
     assert unknown.exit_code == 1
-    assert unknown.stderr == "error: Run not found: nosuchrun\n"
+    assert json.loads(unknown.stderr)["error"]["message"] == "Run not found: nosuchrun"
     assert ambiguous.stdout == unknown.stdout == ""

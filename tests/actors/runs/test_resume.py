@@ -355,7 +355,7 @@ def test_r_misc_2_rerun_of_a_child_index_the_run_does_not_have_is_refused_and_ch
     with pytest.raises(BadRequest) as caught:
         client.ask(Rerun(run_id=source.run_id, task="x", child=1), LaunchResult)
 
-    assert caught.value.message == f"run '{source.run_id}' has 1 children; there is no child 1"
+    assert caught.value.message == f"run '{source.run_id}' has 1 child; there is no child 1"
     assert everything(client, source) == before
 
 

@@ -1,0 +1,80 @@
+"""Commands that watch runs from a script or a second terminal: `logs` and `wait`.
+
+`logs RUN [--child PATH] [-f]` prints a run's child logs, each line labelled with the child
+and the stream (`single stdout | …`); with `-f` it keeps printing lines as they are written
+and returns when the run ends. `wait RUN... [--timeout S]` blocks until the runs settle,
+prints each run's end, and exits 0 if all completed, 1 if any failed, was stopped or was
+rejected, 124 on timeout. Both are fed by node events and inotify (client/logs.py,
+`RunsAPI.settle`), never by re-reading files on a timer; the logic lives in the client, so
+every client (the MCP server too) gets the same behaviour.
+"""
+
+from __future__ import annotations
+
+import click
+
+from subagents_node.cli.common import EXIT_TIMEOUT, Ctx, emit, json_option, user_errors
+from subagents_node.cli.params import RUN_ID, SECONDS
+from subagents_node.messages.runs import TERMINAL_RUN_STATES
+from subagents_node.messages.supervisor import RunView
+
+
+@click.command()
+@click.argument("run_id", type=RUN_ID)
+@click.option("--child", "child", help="Only this child: its path (`tasks[1]`) or index.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
+@json_option
+@click.pass_obj
+@user_errors
+def logs(obj: Ctx, run_id: str, child: str | None, follow: bool, as_json: bool) -> None:
+    """Print the stdout and stderr of RUN_ID's children, each line labelled (`-f`: follow)."""
+    import json
+
+    with obj.client() as client:
+        for line in client.runs.logs(run_id, child=child, follow=follow):
+            if as_json:  # one object per line, so a script can read them as they come
+                record = {"child": line.child, "stream": line.stream, "text": line.text}
+                click.echo(json.dumps(record))
+            else:
+                click.echo(f"{line.child} {line.stream} | {line.text}")
+
+
+def run_end(run: RunView) -> str:
+    if run.state not in TERMINAL_RUN_STATES:
+        return f"run {run.run_id} still {run.state}"
+    error = f": {run.error}" if run.error and run.state != "complete" else ""
+    return f"run {run.run_id} {run.state}{error}"
+
+
+@click.command()
+@click.argument("run_ids", type=RUN_ID, nargs=-1, required=True, metavar="RUN_ID...")
+@click.option("--timeout", "timeout", type=SECONDS, help="Give up after S seconds (exit 124).")
+@json_option
+@click.pass_obj
+@user_errors
+def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+    """Block until every RUN_ID has ended; print each end.
+
+    Exit 0 if all completed, 1 if any failed, was stopped or was rejected, 124 if the timeout
+    came first.
+    """
+
+    def ended(run: RunView) -> None:
+        if not as_json:
+            click.echo(run_end(run))
+
+    with obj.client() as client:
+        views = client.runs.settle(run_ids, timeout=timeout, on_end=ended)
+    pending = [v for v in views if v.state not in TERMINAL_RUN_STATES]
+    if as_json:
+        emit({"runs": [v.model_dump(mode="json") for v in views]}, True, "")
+    else:
+        for view in pending:
+            click.echo(run_end(view))
+    if pending:
+        raise SystemExit(EXIT_TIMEOUT)
+    if any(v.state != "complete" for v in views):
+        raise SystemExit(1)
+
+
+COMMANDS = (logs, wait)

@@ -1,0 +1,184 @@
+"""Parameter types of the command line: every value a user types is checked here, by click.
+
+Owns the domains of CLI values (run ids, session ids, agent names, counts, seconds) and the
+shell completion of run ids, sessions and agent names. A bad value is a one-line usage error
+(exit 2) before any node is asked; nothing here can raise anything but click's own errors.
+
+Completion asks the node named by the command line (`--state-dir`, `--address`, else the
+environment) with a short timeout and completes nothing, silently, when no node answers: a
+shell prompt must never show an error or wait. It never changes anything at the node.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+from click.shell_completion import CompletionItem
+
+from subagents_node.messages.constants import MAX_INT32
+
+#: Run ids are 12 hex digits; a prefix of one, or any id a node made, fits this.
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: Session ids travel as a 1..256 character string; control characters would garble output.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: How long a completion may wait for the node before it gives up (a prompt must stay snappy).
+_COMPLETION_TIMEOUT_S = 0.5
+#: The longest wait any command accepts, in seconds (a day; beyond it timers overflow).
+MAX_WAIT_S = 86_400.0
+
+
+def _client_for_completion(ctx: click.Context) -> Any:
+    """A client for the node the command line names, or None (nothing is printed)."""
+    from subagents_node.client.client import connect, default_address
+    from subagents_node.client.paths import resolve_state_dir
+
+    root = ctx.find_root().params
+    address = root.get("address")
+    state_dir = root.get("state_dir")
+    if not address:
+        address = default_address(resolve_state_dir(state_dir) if state_dir else None)
+    return connect(address, timeout=_COMPLETION_TIMEOUT_S)
+
+
+def _recent_runs(ctx: click.Context) -> list[Any]:
+    from subagents_node.messages.errors import SubagentsError
+
+    try:
+        client = _client_for_completion(ctx)
+    except SubagentsError:
+        return []
+    try:
+        return list(client.runs.list(limit=200))
+    except SubagentsError:
+        return []
+    finally:
+        client.close()
+
+
+class RunIdType(click.ParamType[str]):
+    """A run id or a unique prefix of one; completes the node's recent runs."""
+
+    name = "run_id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        if not _RUN_ID.match(text):
+            self.fail(
+                f"{value!r} is not a run id (1-128 letters, digits, '.', '_' or '-')", param, ctx
+            )
+        return text
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        return [
+            CompletionItem(r.run_id, help=f"{r.state} {r.label}")
+            for r in _recent_runs(ctx)
+            if r.run_id.startswith(incomplete)
+        ]
+
+
+class SessionType(click.ParamType[str]):
+    """A session id (1-256 characters, no control characters); completes known sessions."""
+
+    name = "session"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        if not text or len(text) > 256 or _CONTROL.search(text):
+            self.fail(
+                f"{value!r} is not a session id (1-256 characters, no control characters)",
+                param,
+                ctx,
+            )
+        return text
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        from subagents_node.launch.launcher import terminal_session_id
+
+        sessions = dict.fromkeys(
+            [terminal_session_id(), *(r.session_id for r in _recent_runs(ctx))]
+        )
+        return [CompletionItem(s) for s in sessions if s.startswith(incomplete)]
+
+
+class AgentNameType(click.ParamType[str]):
+    """An agent name (1-128 characters); completes the agents this directory can launch."""
+
+    name = "agent"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        if not text or len(text) > 128 or _CONTROL.search(text):
+            self.fail(f"{value!r} is not an agent name (1-128 characters)", param, ctx)
+        return text
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        from subagents_node.launch.agents import discover_agents
+        from subagents_node.messages.errors import SubagentsError
+
+        dirs = ctx.params.get("agents_dirs") or ()
+        try:
+            catalog = discover_agents(Path.cwd(), dirs)
+        except (SubagentsError, OSError):
+            return []
+        return [
+            CompletionItem(name, help=catalog.agents[name].description)
+            for name in catalog.names()
+            if name.startswith(incomplete)
+        ]
+
+
+class SecondsType(click.ParamType[float]):
+    """A positive, finite number of seconds up to a day (0, negatives, nan and inf refused)."""
+
+    name = "seconds"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number <= 0 or number > MAX_WAIT_S:
+            self.fail(f"{value!r} is not in the range 0 < seconds <= {MAX_WAIT_S:g}", param, ctx)
+        return number
+
+
+class PathTextType(click.ParamType[str]):
+    """A path as text: not empty, no NUL, at most 4096 bytes, each part at most 255 bytes
+    (the kernel's limits, so a bad one is a usage error here, not an OSError later)."""
+
+    name = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        raw = os.fsencode(text)
+        if not text.strip() or b"\0" in raw or len(raw) > 4096:
+            self.fail(f"{text[:80]!r} is not a usable path", param, ctx)
+        if any(len(part) > 255 for part in raw.split(b"/")):
+            self.fail(f"{text[:80]!r}…: a path component is longer than 255 bytes", param, ctx)
+        return text
+
+
+RUN_ID = RunIdType()
+PATH_TEXT = PathTextType()
+SESSION = SessionType()
+AGENT = AgentNameType()
+SECONDS = SecondsType()
+#: Counts that travel as signed 32-bit integers (SPEC §0.4).
+COUNT = click.IntRange(0, MAX_INT32)
+POSITIVE_COUNT = click.IntRange(1, MAX_INT32)

@@ -1,0 +1,57 @@
+"""Plain-text tables for people: the `runs` listing, with headers, ages and durations.
+
+Owns column layout only (no colour, no terminal control), so piped output is stable text a
+script can cut by whitespace. It never shortens a value unless asked to (`short`, which the
+caller sets only on a terminal without --wide). It never talks to a node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from subagents_node.cli.common import plural
+from subagents_node.messages.supervisor import RunView
+
+#: On a terminal without --wide: ids keep their first 12 characters, labels 30.
+_SHORT_ID = 12
+_SHORT_LABEL = 30
+
+
+def span(seconds: float) -> str:
+    """A duration for people: `45s`, `12m`, `3h`, `2d` (whole units, rounded down)."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+
+
+def _cut(text: str, width: int, short: bool) -> str:
+    return text if not short or len(text) <= width else text[: width - 1] + "…"
+
+
+def runs_table(runs: Sequence[RunView], now: float, short: bool) -> str:
+    """One header line and one line per run; AGE counts from creation, DURATION from start."""
+    header = ("RUN", "STATE", "MODE", "AGE", "DURATION", "CHILDREN", "SESSION", "LABEL")
+    rows = [header]
+    for run in runs:
+        duration = "-"
+        if run.started_at is not None:
+            duration = span((run.ended_at or now) - run.started_at)
+        rows.append(
+            (
+                _cut(run.run_id, _SHORT_ID, short),
+                run.state,
+                run.mode,
+                span(now - run.created_at),
+                duration,
+                plural(len(run.children), "child", "children"),
+                run.session_id,
+                _cut(run.label, _SHORT_LABEL, short),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    )
