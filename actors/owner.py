@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,23 @@ log = logging.getLogger(__name__)
 Outcome = Message | SubagentsError
 ReplyFn = Callable[[Outcome], None]
 Cancel = Callable[[], None]
+
+
+def answer_once(reply: ReplyFn, request_type: str) -> ReplyFn:
+    """`reply`, made to deliver at most one outcome: every request is answered exactly once
+    (DESIGN §4). A second outcome is a bug on our side (a handler that failed after its
+    pipeline had already answered); it is logged, never sent."""
+    # Acquiring a lock without blocking is an atomic test-and-set: the first outcome wins even
+    # when two threads answer at once.
+    first = threading.Lock()
+
+    def once(outcome: Outcome) -> None:
+        if not first.acquire(blocking=False):
+            log.error("a second answer to %s was dropped: %r", request_type, outcome)
+            return
+        reply(outcome)
+
+    return once
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,12 @@ errors itself.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
-
-from pydantic import Field
+from typing import ClassVar, Literal
 
 from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.constants import MAX_INT32
+from subagents_node.messages.domains import Count, Depth, SessionId, SignedCount
+from subagents_node.messages.domains import RunId as RunId
 from subagents_node.messages.runs import RunState
 
 SESSION = "session"
@@ -31,11 +32,8 @@ SESSION = "session"
 #: History entries kept per session (R-SPN-6: "keeps only the last 20 entries").
 GRANT_HISTORY_MAX = 20
 #: The largest count a limit or a request may carry: keeps every sum inside SQLite's integers.
-MAX_COUNT = 2_147_483_647
+MAX_COUNT = MAX_INT32
 
-SessionId = Annotated[str, Field(min_length=1, max_length=512)]
-RunId = Annotated[str, Field(min_length=1, max_length=512)]
-Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT)]
 
 #: Runs in these states block grants (R-SPN-6: "queued or running").
 ACTIVE_RUN_STATES: frozenset[str] = frozenset({"queued", "running"})
@@ -110,8 +108,8 @@ class ReserveResult(Message):
 class GrantBasis(Message):
     """The budget state a user confirmed a grant against (R-SPN-6's last condition)."""
 
-    used: int
-    granted: int
+    used: Count
+    granted: Count
 
 
 class GrantResult(Message):
@@ -223,8 +221,8 @@ class GrantSpawns(Request):
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = GrantResult
     session_id: SessionId
-    additional: int = Field(strict=True, ge=-MAX_COUNT, le=MAX_COUNT)
-    depth: int = Field(default=0, strict=True, ge=0)
+    additional: SignedCount
+    depth: Depth = 0
     authority: GrantAuthority = "confirm"
     confirmed: bool = False
     expected: GrantBasis | None = None

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from subagents_node.messages.base import validate_request
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
@@ -35,6 +36,9 @@ WATCH_WAIT_S = 10.0
 
 
 class RunsAPI:
+    """Every method builds its request with `validate_request`: a bad argument raises the
+    documented `BadRequest` naming the field, never pydantic's ValidationError."""
+
     def __init__(self, client: Client) -> None:
         self._client = client
 
@@ -44,7 +48,7 @@ class RunsAPI:
 
     def watch(self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S) -> RunEvents:
         return self._client.ask(
-            Watch(run_id=run_id, after_seq=after_seq, wait_s=wait_s),
+            validate_request(Watch, {"run_id": run_id, "after_seq": after_seq, "wait_s": wait_s}),
             RunEvents,
             timeout=wait_s + self._client.timeout,
         )
@@ -54,7 +58,7 @@ class RunsAPI:
     ) -> FleetEvents:
         """Events of every run after `after_seq`, answered as soon as there are any."""
         return self._client.ask(
-            WatchAll(after_seq=after_seq, wait_s=wait_s, limit=limit),
+            validate_request(WatchAll, {"after_seq": after_seq, "wait_s": wait_s, "limit": limit}),
             FleetEvents,
             timeout=wait_s + self._client.timeout,
         )
@@ -87,7 +91,7 @@ class RunsAPI:
                 )
 
     def show(self, run_id: str) -> RunView:
-        return self._client.ask(Show(run_id=run_id), RunView)
+        return self._client.ask(validate_request(Show, {"run_id": run_id}), RunView)
 
     def list(
         self,
@@ -96,10 +100,16 @@ class RunsAPI:
         limit: int = 50,
         root_run_id: str | None = None,
     ) -> list[RunView]:
-        request = ListRuns(
-            session_id=session_id, active_only=active_only, limit=limit, root_run_id=root_run_id
+        request = validate_request(
+            ListRuns,
+            {
+                "session_id": session_id,
+                "active_only": active_only,
+                "limit": limit,
+                "root_run_id": root_run_id,
+            },
         )
         return self._client.ask(request, RunList).runs
 
     def stop(self, run_id: str) -> RunView:
-        return self._client.ask(Stop(run_id=run_id), RunView)
+        return self._client.ask(validate_request(Stop, {"run_id": run_id}), RunView)
