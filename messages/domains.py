@@ -116,7 +116,8 @@ SessionId = Annotated[str, StringConstraints(min_length=1, max_length=256), Afte
 #: An opaque token or id the owner minted (slot tokens, reservation ids, runner ids).
 Token = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_no_nul)]
 #: A fan-out budget id (the sanitized root id plus a uuid) and the root id a budget names.
-BudgetId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_no_nul)]
+#: Only ever bound as SQLite parameters and JSON-encoded, so any character may appear.
+BudgetId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 #: A name a person gives (an agent, a workflow key, a child id).
 Label = Annotated[str, StringConstraints(max_length=128), AfterValidator(_no_nul)]
 NonEmptyLabel = Annotated[
@@ -133,8 +134,9 @@ FsPath = Annotated[str, StringConstraints(max_length=PATH_MAX), AfterValidator(_
 NonEmptyFsPath = Annotated[
     str, StringConstraints(min_length=1, max_length=PATH_MAX), AfterValidator(_path_fits)
 ]
-#: A node address (ipc:// or tcp://).
-Address = Annotated[str, StringConstraints(max_length=512), AfterValidator(_no_nul)]
+#: A node address (ipc:// or tcp://) as a descriptor carries it, for people (never dialled as
+#: is: the transport parses addresses strictly).
+Address = Annotated[str, StringConstraints(max_length=512)]
 #: An encoded fan-out descriptor (a few hundred bytes of base64url).
 EncodedDescriptor = Annotated[str, StringConstraints(max_length=8192)]
 #: One argv entry of an agent command, and one environment variable name and value.
