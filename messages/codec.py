@@ -119,7 +119,8 @@ def _deeper_than(body: dict[str, Any], limit: int) -> bool:
     return not _fits(body, limit - 1)
 
 
-def _fits(container: dict[str, Any] | list[Any], levels: int) -> bool:
+def _fits(container: Any, levels: int) -> bool:
+    """`container` (a dict or a list) holds no container more than `levels` below it."""
     for value in container.values() if type(container) is dict else container:
         kind = type(value)
         if (kind is dict or kind is list) and (levels == 0 or not _fits(value, levels - 1)):

@@ -9,7 +9,6 @@ names the field, answered exactly once (`RawPeer.request_once`), and no owner re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -272,7 +271,7 @@ def test_issue12_a_schema_error_lists_at_most_ten_fields_and_counts_them_all(
 
 
 def test_issue12_client_runs_list_limit_0_raises_bad_request_not_validation_error(
-    served: NodeProcess, tmp_path: Path
+    served: NodeProcess,
 ) -> None:
     client = served.client()
     with pytest.raises(BadRequest) as info:
