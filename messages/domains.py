@@ -140,13 +140,13 @@ Address = Annotated[str, StringConstraints(max_length=512)]
 #: An encoded fan-out descriptor (a few hundred bytes of base64url).
 EncodedDescriptor = Annotated[str, StringConstraints(max_length=8192)]
 #: One argv entry of an agent command, and one environment variable name and value.
-Arg = Annotated[str, AfterValidator(_arg_fits)]
+Arg = Annotated[str, StringConstraints(max_length=MAX_ARG_BYTES), AfterValidator(_arg_fits)]
 EnvName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=1024, pattern=r"^[^=]+$"),
     AfterValidator(_no_nul),
 ]
-EnvValue = Annotated[str, AfterValidator(_arg_fits)]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ARG_BYTES), AfterValidator(_arg_fits)]
 
 # -- collections --------------------------------------------------------------------------------
 

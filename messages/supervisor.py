@@ -184,7 +184,7 @@ class Launch(Request):
     #: Workflow children (R-WF-3): the key, and the host's proof that it already claimed
     #: `workflow[key]` (R-FAN-20). A launch carrying either without the workflow's token is
     #: refused (R-FAN-24), so no child can skip its own claim.
-    workflow_key: str | None = Field(default=None, pattern=WORKFLOW_KEY)
+    workflow_key: str | None = Field(default=None, max_length=128, pattern=WORKFLOW_KEY)
     fanout_admitted: bool = False
     workflow_token: Token | None = None
 
