@@ -17,17 +17,15 @@ The rules, enforced here so no subclass can forget them:
   it is answered `StoreFull` (reads and refusals keep their answers), the owner reopens its
   store and carries on: the next write tries again, a timer's work is retried by itself
   (STORE_FULL_RETRY_S), and nothing counts against the restart intensity.
-- Exactly once: `answer_once` wraps every reply function the dispatcher hands out.
+- Exactly once: `outcomes.answer_once` wraps every reply function the dispatcher hands out.
 It must never touch another owner's tables, and never block on another actor.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,32 +33,17 @@ from typing import Any, ClassVar
 
 import pykka
 
+# Outcome and ReplyFn are re-exported: every owner module names them from here.
+from subagents_node.actors.outcomes import STORE_FULL_RETRY_S, store_full
+from subagents_node.actors.outcomes import Outcome as Outcome
+from subagents_node.actors.outcomes import ReplyFn as ReplyFn
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.errors import BadRequest, Internal, StoreFull, SubagentsError
 from subagents_node.messages.node import DebugRaise, DebugSleep
 
 log = logging.getLogger(__name__)
 
-Outcome = Message | SubagentsError
-ReplyFn = Callable[[Outcome], None]
 Cancel = Callable[[], None]
-
-
-def answer_once(reply: ReplyFn, request_type: str) -> ReplyFn:
-    """`reply`, made to deliver at most one outcome: every request is answered exactly once
-    (DESIGN §4). A second outcome is a bug on our side (a handler that failed after its
-    pipeline had already answered); it is logged, never sent."""
-    # Acquiring a lock without blocking is an atomic test-and-set: the first outcome wins even
-    # when two threads answer at once.
-    first = threading.Lock()
-
-    def once(outcome: Outcome) -> None:
-        if not first.acquire(blocking=False):
-            log.error("a second answer to %s was dropped: %r", request_type, outcome)
-            return
-        reply(outcome)
-
-    return once
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,28 +384,3 @@ class OwnerActor(pykka.ThreadingActor):
         self.restarts += 1
         self.ctx.report_crash(self.name, exc)
         self._reopen()
-
-
-#: How long a timer's work that met a full disk waits before it is tried again.
-STORE_FULL_RETRY_S = 0.5
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def store_full(exc: BaseException, actor: str) -> StoreFull | None:
-    """The StoreFull that `exc` means, or None: SQLite's SQLITE_FULL ("database or disk is
-    full"), or an OSError ENOSPC/EDQUOT from a file an owner writes (a run's directory)."""
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        full = (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or (
-            "disk is full" in str(exc)
-        )
-    else:
-        full = isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
-    if not full:
-        return None
-    return StoreFull(
-        f"the disk under the state dir is full; {actor} refused this write and changed "
-        "nothing (reads still answer; retry once space is freed)",
-        actor=actor,
-        reason=str(exc)[:200],
-    )

@@ -13,7 +13,8 @@ from typing import Any
 
 import pykka
 
-from subagents_node.actors.owner import Job, Outcome, ReplyFn, answer_once
+from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
+from subagents_node.actors.owner import Job
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import BadRequest, Busy, Internal, UnknownTarget
 from subagents_node.messages.node import NODE

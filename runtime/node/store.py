@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from subagents_node.actors.owner import store_full
+from subagents_node.actors.outcomes import store_full
 from subagents_node.messages.errors import StoreError, StoreFull
 
 #: Version of the store's own layout (the migration bookkeeping), in PRAGMA user_version.
