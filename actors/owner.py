@@ -13,6 +13,11 @@ The rules, enforced here so no subclass can forget them:
   rest of the group, reports the crash (the runtime's restart-intensity limit may stop the node)
   and restarts the actor in place: a fresh connection and `recover()` from the store. Messages
   still queued survive the restart; in-memory caches do not.
+- Full disk: SQLITE_FULL or ENOSPC is no crash. The whole open group is undone, every write in
+  it is answered `StoreFull` (reads and refusals keep their answers), the owner reopens its
+  store and carries on: the next write tries again, a timer's work is retried by itself
+  (STORE_FULL_RETRY_S), and nothing counts against the restart intensity.
+- Exactly once: `outcomes.answer_once` wraps every reply function the dispatcher hands out.
 It must never touch another owner's tables, and never block on another actor.
 """
 
@@ -28,14 +33,16 @@ from typing import Any, ClassVar
 
 import pykka
 
+# Outcome and ReplyFn are re-exported: every owner module names them from here.
+from subagents_node.actors.outcomes import STORE_FULL_RETRY_S, store_full
+from subagents_node.actors.outcomes import Outcome as Outcome
+from subagents_node.actors.outcomes import ReplyFn as ReplyFn
 from subagents_node.messages.base import Ack, Message, Request
-from subagents_node.messages.errors import BadRequest, Internal, SubagentsError
+from subagents_node.messages.errors import BadRequest, Internal, StoreFull, SubagentsError
 from subagents_node.messages.node import DebugRaise, DebugSleep
 
 log = logging.getLogger(__name__)
 
-Outcome = Message | SubagentsError
-ReplyFn = Callable[[Outcome], None]
 Cancel = Callable[[], None]
 
 
@@ -96,7 +103,9 @@ class OwnerActor(pykka.ThreadingActor):
         self.ctx = ctx
         self.restarts = 0
         self._db: sqlite3.Connection | None = None
-        self._pending: list[tuple[ReplyFn, Outcome]] = []
+        #: Replies waiting for the group's commit; the flag marks outcomes that report a write
+        #: (they turn into StoreFull if the commit fails; reads and refusals stand as they are).
+        self._pending: list[tuple[ReplyFn, Outcome, bool]] = []
         self._effects: list[Callable[[], None]] = []
         self._crashing = False
         #: The reply function of the request being handled (for handlers that defer).
@@ -127,7 +136,7 @@ class OwnerActor(pykka.ThreadingActor):
 
     def reply_later(self, reply: ReplyFn, outcome: Outcome) -> None:
         """Answer a deferred request; delivered, like every reply, after the next commit."""
-        self._pending.append((reply, outcome))
+        self._pending.append((reply, outcome, not isinstance(outcome, SubagentsError)))
 
     def after(self, delay_s: float, tick: Tick) -> Cancel:
         """Deliver `tick` to this actor's inbox after `delay_s` (never blocks, never polls)."""
@@ -199,17 +208,27 @@ class OwnerActor(pykka.ThreadingActor):
             self._release()
         except SubagentsError as err:
             self._rollback()
-            self._pending.append((reply, err))
+            self._pending.append((reply, err, False))
             return
         except Exception as exc:
+            full = store_full(exc, self.name)
+            if full is not None:
+                # SQLite may already have rolled the whole group back: fail all of it.
+                self._pending.append((reply, full, False))
+                self._group_failed(full)
+                return
             self._rollback()
             self._pending.append(
-                (reply, Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name))
+                (
+                    reply,
+                    Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name),
+                    False,
+                )
             )
             self._crashed(exc)
             return
         if outcome is not DEFERRED:
-            self._pending.append((reply, outcome))
+            self._pending.append((reply, outcome, True))
 
     def _run_read_only(self, request: Request, reply: ReplyFn) -> None:
         """A query with no group open: answered without the store's write lock, so queries
@@ -217,16 +236,24 @@ class OwnerActor(pykka.ThreadingActor):
         try:
             outcome: Outcome = self._handle(request)
         except SubagentsError as err:
-            self._pending.append((reply, err))
+            self._pending.append((reply, err, False))
             return
         except Exception as exc:
+            full = store_full(exc, self.name)
+            if full is not None:
+                self._pending.append((reply, full, False))
+                return
             self._pending.append(
-                (reply, Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name))
+                (
+                    reply,
+                    Internal(f"{self.name} failed on {request.type}: {exc!r}", actor=self.name),
+                    False,
+                )
             )
             self._crashed(exc)
             return
         if outcome is not DEFERRED:
-            self._pending.append((reply, outcome))
+            self._pending.append((reply, outcome, False))
 
     def _run_tick(self, tick: Tick) -> None:
         try:
@@ -234,6 +261,19 @@ class OwnerActor(pykka.ThreadingActor):
             self.on_tick(tick)
             self._release()
         except Exception as exc:
+            full = store_full(exc, self.name)
+            if full is not None:
+                # The tick's work is undone with its group; do it again once space may be back.
+                log.warning(
+                    "%s: %s; retrying %s in %gs",
+                    self.name,
+                    full.message,
+                    type(tick).__name__,
+                    STORE_FULL_RETRY_S,
+                )
+                self._group_failed(full)
+                self.after(STORE_FULL_RETRY_S, tick)
+                return
             self._rollback()
             self._crashed(exc)
 
@@ -267,6 +307,10 @@ class OwnerActor(pykka.ThreadingActor):
         try:
             self.before_flush()
         except Exception as exc:
+            full = store_full(exc, self.name)
+            if full is not None:
+                self._group_failed(full)
+                return
             self._rollback()
             self._crashed(exc)
             return
@@ -279,16 +323,18 @@ class OwnerActor(pykka.ThreadingActor):
             try:
                 self._db.commit()
             except sqlite3.Error as exc:
+                full = store_full(exc, self.name)
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.rollback()
+                if full is not None:
+                    self._deliver([(r, full if w else o, False) for r, o, w in pending])
+                    self._reopen()
+                    return
                 log.exception(
                     "%s: commit failed; %d replies turn into errors", self.name, len(pending)
                 )
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.rollback()
-                pending = [
-                    (reply, Internal(f"{self.name} could not commit: {exc}", actor=self.name))
-                    for reply, _ in pending
-                ]
-                self._deliver(pending)
+                failed = Internal(f"{self.name} could not commit: {exc}", actor=self.name)
+                self._deliver([(r, failed if w else o, False) for r, o, w in pending])
                 self._crashed(exc)
                 return
         for effect in effects:
@@ -298,12 +344,34 @@ class OwnerActor(pykka.ThreadingActor):
                 log.exception("%s: an after-commit effect failed", self.name)
         self._deliver(pending)
 
-    def _deliver(self, pending: list[tuple[ReplyFn, Outcome]]) -> None:
-        for reply, outcome in pending:
+    def _group_failed(self, full: StoreFull) -> None:
+        """The disk is full: undo the whole open group, answer every write in it StoreFull
+        (reads and refusals keep their answers), and start afresh from the store. Not a
+        crash: nothing is counted against the restart intensity, and the next write simply
+        tries again, so the owner serves writes as soon as space returns."""
+        log.warning("%s: %s", self.name, full.message)
+        pending, self._pending = self._pending, []
+        self._effects = []
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.rollback()
+        self._deliver([(r, full if w else o, False) for r, o, w in pending])
+        self._reopen()
+
+    def _deliver(self, pending: list[tuple[ReplyFn, Outcome, bool]]) -> None:
+        for reply, outcome, _ in pending:
             try:
                 reply(outcome)
             except Exception:
                 log.exception("%s: delivering a reply failed", self.name)
+
+    def _reopen(self) -> None:
+        """A fresh connection and in-memory state rebuilt from what the store committed."""
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+        self._db = self.ctx.open_db()
+        self.recover()
 
     def _crashed(self, exc: BaseException) -> None:
         log.error("%s crashed: %r; restarting from the store", self.name, exc, exc_info=exc)
@@ -315,8 +383,4 @@ class OwnerActor(pykka.ThreadingActor):
                 self._crashing = False
         self.restarts += 1
         self.ctx.report_crash(self.name, exc)
-        if self._db is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.close()
-        self._db = self.ctx.open_db()
-        self.recover()
+        self._reopen()

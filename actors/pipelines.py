@@ -20,7 +20,8 @@ import logging
 from collections.abc import Callable, Generator, Hashable
 from typing import Any, Generic, TypeVar
 
-from subagents_node.actors.owner import ActorContext, Outcome, ReplyFn
+from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
+from subagents_node.actors.owner import ActorContext
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import Internal, SubagentsError
 
@@ -107,6 +108,8 @@ class Pipelines(Generic[K]):
         except Exception as exc:
             del self._running[key]
             self._on_failed(key, f"failed: {exc!r}")
-            self._reply_later(reply, Internal(f"failed: {exc!r}", actor="pipeline"))
-            raise  # a bug: let the owner crash and restart from the store
+            # A full disk is answered as such (the owner undoes the group, without a crash).
+            failed = store_full(exc, "pipeline") or Internal(f"failed: {exc!r}", actor="pipeline")
+            self._reply_later(reply, failed)
+            raise  # a bug or a full disk: the owner rolls back (and, for a bug, restarts)
         self.call(key, request)

@@ -53,23 +53,39 @@ Q = TypeVar("Q", bound=Request)
 
 
 def schema_error(type_: str, exc: ValidationError) -> BadRequest:
-    """A typed BadRequest naming the first invalid field; the field list is capped, so a
-    request cannot make its own error reply much larger than itself."""
+    """A typed BadRequest naming the first invalid field. The reply is bounded whatever the
+    request held: at most MAX_REPORTED_FIELD_ERRORS fields, each location and message cut to
+    MAX_ERROR_TEXT characters, and `error_count` says how many there were in all."""
+    raw = exc.errors(include_url=False, include_context=False, include_input=False)
     errors = [
-        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
-        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+        {"loc": _clip(_field(type_, e["loc"])), "msg": _clip(str(e["msg"]))}
+        for e in raw[:MAX_REPORTED_FIELD_ERRORS]
     ]
     first = errors[0] if errors else {"loc": "", "msg": "invalid"}
     return BadRequest(
         f"invalid {type_} request: {first['loc']}: {first['msg']}",
         reason="schema",
-        errors=errors[:MAX_REPORTED_FIELD_ERRORS],
-        error_count=len(errors),
+        field=first["loc"],
+        errors=errors,
+        error_count=exc.error_count(),
     )
 
 
 #: how many field errors a BadRequest lists (the count says how many there were)
 MAX_REPORTED_FIELD_ERRORS = 10
+#: longest field location or message a BadRequest repeats (longer ones are cut, marked by …)
+MAX_ERROR_TEXT = 160
+
+
+def _field(type_: str, loc: tuple[int | str, ...]) -> str:
+    # The request union puts the discriminator first ("capacity.rollback.handle.slot"): the
+    # caller named the type already, the field is what it needs.
+    parts = loc[1:] if loc and loc[0] == type_ else loc
+    return ".".join(str(p) for p in parts)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
 
 
 def validate_request(kind: type[Q], fields: dict[str, Any]) -> Q:
@@ -86,4 +102,5 @@ def parse_result(request: Request, body: dict[str, Any]) -> Message:
     try:
         return request.Result.model_validate(body)
     except ValidationError as exc:
-        raise BadRequest(f"invalid reply to {request.type}: {exc}", reason="reply") from None
+        bounded = schema_error(f"reply to {request.type}", exc)
+        raise BadRequest(bounded.message, **{**bounded.details, "reason": "reply"}) from None

@@ -24,6 +24,21 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.domains import (
+    Count,
+    ErrorText,
+    ExitStatus,
+    FsPath,
+    Generation,
+    Pid,
+    RunId,
+    SessionId,
+    ShortText,
+    Slot,
+    Timestamp,
+    Token,
+)
+from subagents_node.messages.domains import Ttl as DomainTtl
 
 CAPACITY = "capacity"
 
@@ -37,9 +52,8 @@ VerdictKind = Literal["releasable", "retained", "not-owned"]
 
 #: A pool cap: 0 means unlimited (R-CFG-2). Strict, so 2.5, "4" and True are schema errors: the
 #: lenient mapping of odd config values to "unlimited" (R-CFG-1) is the config layer's job.
-Limit = Annotated[int, Field(ge=0, strict=True)]
-NonEmpty = Annotated[str, Field(min_length=1, max_length=512)]
-Ttl = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]
+Limit = Count
+Ttl = DomainTtl
 
 
 # -- models ---------------------------------------------------------------------------------
@@ -48,11 +62,11 @@ Ttl = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]
 class SlotHandle(Message):
     """The holder's copy of a slot: its place and its fencing identity."""
 
-    session_id: str
-    slot: int
-    token: str
-    run_id: str
-    generation: int
+    session_id: SessionId
+    slot: Slot
+    token: Token
+    run_id: RunId
+    generation: Generation
     kind: SlotKind
 
 
@@ -85,14 +99,14 @@ class RunnerProof(Message):
     """Process-terminal proof of one runner execution, written by the process's parent."""
 
     state: ProofState
-    runner_id: str = ""
-    pid: int | None = None
-    process_start_time: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    observed_at: float | None = None
-    reason: str = ""
-    error: str = ""
+    runner_id: Annotated[str, Field(max_length=128)] = ""
+    pid: Pid | None = None
+    process_start_time: Timestamp | None = None
+    exit_code: ExitStatus | None = None
+    signal: ExitStatus | None = None
+    observed_at: Timestamp | None = None
+    reason: ShortText = ""
+    error: ErrorText = ""
 
     @classmethod
     def of_children(
@@ -193,11 +207,11 @@ class Acquire(Request):
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = AcquireResult
 
-    session_id: NonEmpty
+    session_id: SessionId
     limit: Limit
-    run_id: NonEmpty
+    run_id: RunId
     kind: SlotKind = "runner"
-    async_dir: str = ""
+    async_dir: FsPath = ""
     #: Seconds an unstarted slot lives; default: the node setting `reservation_ttl_s` (60).
     ttl_s: Ttl | None = None
 
@@ -210,9 +224,9 @@ class MarkStarted(Request):
     Result: ClassVar[ResultType] = SlotHandle
 
     handle: SlotHandle
-    runner_id: NonEmpty
-    pid: int | None = None
-    process_start_time: float | None = None
+    runner_id: Token
+    pid: Pid | None = None
+    process_start_time: Timestamp | None = None
 
 
 class MarkWorkflowStarted(Request):
@@ -242,11 +256,11 @@ class Transfer(Request):
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = AcquireResult
 
-    session_id: NonEmpty
+    session_id: SessionId
     limit: Limit
-    source_run_id: NonEmpty
-    run_id: NonEmpty
-    async_dir: str = ""
+    source_run_id: RunId
+    run_id: RunId
+    async_dir: FsPath = ""
     ttl_s: Ttl | None = None
 
 
@@ -257,10 +271,10 @@ class ReportTerminal(Request):
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = Verdict
 
-    session_id: NonEmpty
-    run_id: NonEmpty
+    session_id: SessionId
+    run_id: RunId
     #: The slot generation the run held; None = whichever the run holds now.
-    generation: int | None = None
+    generation: Generation | None = None
     state: ReportedState
     #: Whether a process (runner, or a workflow controller) of this run is still alive.
     live_process: bool = False
@@ -268,7 +282,7 @@ class ReportTerminal(Request):
     #: Workflow slots only: every async child has matching observed proof (R-CAP-22 rule 7).
     workflow_children_proven: bool = False
     #: Workflow slots only: why the children are not proven, shown by `inspect`.
-    reason: str = ""
+    reason: ShortText = ""
 
 
 class Inspect(Request):
@@ -279,8 +293,8 @@ class Inspect(Request):
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = Inspection
 
-    run_id: NonEmpty
-    session_id: str | None = None
+    run_id: RunId
+    session_id: SessionId | None = None
 
 
 class Snapshot(Request):
@@ -291,7 +305,7 @@ class Snapshot(Request):
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = CapacitySnapshot
 
-    session_id: NonEmpty
+    session_id: SessionId
     limit: Limit = 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 
+from subagents_node.messages.domains import MAX_BODY_DEPTH, MAX_WIRE_ITEMS
 from subagents_node.messages.envelope import PROTOCOL_VERSION, Envelope
 from subagents_node.messages.errors import FrameTooLarge, MalformedFrame, UnsupportedProtocol
 
@@ -37,7 +38,14 @@ def encode(env: Envelope) -> bytes:
 def peek_id(frame: bytes) -> str | None:
     """Best effort: the message id of a frame that failed later checks, to correlate the error."""
     try:
-        raw = msgpack.unpackb(frame, raw=False, max_bin_len=0, max_ext_len=0)
+        raw = msgpack.unpackb(
+            frame,
+            raw=False,
+            max_bin_len=0,
+            max_ext_len=0,
+            max_array_len=MAX_WIRE_ITEMS,
+            max_map_len=MAX_WIRE_ITEMS,
+        )
     except Exception:
         return None
     if isinstance(raw, dict):
@@ -55,7 +63,14 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
             limit=max_bytes,
         )
     try:
-        raw: Any = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        # The length limits make msgpack refuse a huge container before building it.
+        raw: Any = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            max_array_len=MAX_WIRE_ITEMS,
+            max_map_len=MAX_WIRE_ITEMS,
+        )
     except Exception as exc:
         raise MalformedFrame(f"frame is not valid msgpack: {exc}", reason="msgpack") from None
     if not isinstance(raw, dict):
@@ -80,6 +95,10 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
     body = raw.get("body", {})
     if not isinstance(body, dict):
         raise MalformedFrame("envelope field 'body' must be a map", reason="body")
+    if _deeper_than(body, MAX_BODY_DEPTH):
+        # Before any model sees it: validating (and reporting) a deep value costs time and
+        # memory in proportion to its depth times its width.
+        raise MalformedFrame(f"body is nested deeper than {MAX_BODY_DEPTH} levels", reason="depth")
     return Envelope(
         type=raw["type"],
         body=body,
@@ -89,3 +108,21 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
         sender=raw.get("sender", ""),
         v=version,
     )
+
+
+def _deeper_than(body: dict[str, Any], limit: int) -> bool:
+    """Whether containers in `body` nest more than `limit` levels (the body itself is 1).
+
+    Recursive, but never deeper than `limit` frames: it stops at the first container past it.
+    Exact type checks, not isinstance: msgpack builds plain dicts and lists, and this runs on
+    every frame (about a microsecond for a typical body)."""
+    return not _fits(body, limit - 1)
+
+
+def _fits(container: Any, levels: int) -> bool:
+    """`container` (a dict or a list) holds no container more than `levels` below it."""
+    for value in container.values() if type(container) is dict else container:
+        kind = type(value)
+        if (kind is dict or kind is list) and (levels == 0 or not _fits(value, levels - 1)):
+            return False
+    return True

@@ -163,7 +163,7 @@ def _substitute(arg: str, values: Mapping[str, str]) -> str:
 
 def _workdir(agent: AgentLike, cwd: Path | None) -> Path:
     base = cwd if cwd is not None else Path.cwd()
-    if not base.is_dir():
+    if not _is_dir(base):
         raise BadRequest(
             f"the working directory {base} does not exist", reason="cwd", cwd=str(base)
         )
@@ -171,11 +171,19 @@ def _workdir(agent: AgentLike, cwd: Path | None) -> Path:
     if not own:
         return base
     workdir = base / Path(own).expanduser()
-    if not workdir.is_dir():
+    if not _is_dir(workdir):
         raise AgentInvalid.of(
             getattr(agent, "path", agent.agent_dir), f"cwd {workdir} does not exist"
         )
     return workdir
+
+
+def _is_dir(path: Path) -> bool:
+    """`Path.is_dir` that answers False for a path the kernel refuses (too long, no access)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def check_command(agent: AgentLike, environ: Mapping[str, str] | None = None) -> str:
@@ -197,7 +205,11 @@ def _resolve_command(agent: AgentLike, command: str, search_path: str) -> str:
         return found
     if not candidate.is_absolute():
         candidate = Path(agent.agent_dir) / candidate
-    if candidate.is_file() and os.access(candidate, os.X_OK):
+    try:
+        executable = candidate.is_file() and os.access(candidate, os.X_OK)
+    except OSError:  # a name the kernel refuses (too long) is no executable either
+        executable = False
+    if executable:
         return str(candidate)
     raise AgentCommandNotFound.of(
         agent.name, command, candidate, f"no executable file at {candidate}"

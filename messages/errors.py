@@ -16,6 +16,7 @@
     ├── Busy                             busy                        target, mailbox, limit
     ├── Internal                         internal                    actor
     ├── StoreError                       store_error                 path
+    │   └── StoreFull                    store_full                  actor, reason
     ├── NodeError (client side: the node could not be reached; never on the wire)
     │   ├── NodeNotRunning               node_not_running            address
     │   ├── NodeTimeout                  node_timeout                address, timeout_s
@@ -159,6 +160,13 @@ class StoreError(SubagentsError):
     """The owner's database cannot be opened, migrated or trusted; the owner cannot serve."""
 
     code = "store_error"
+
+
+class StoreFull(StoreError):
+    """The disk under the state dir is full: this write changed nothing. Reads keep answering,
+    and the owner serves writes again by itself as soon as space returns; retry later."""
+
+    code = "store_full"
 
 
 class NodeError(SubagentsError):

@@ -28,7 +28,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (
     ConfigDict,
     Field,
-    JsonValue,
     StringConstraints,
     ValidationError,
     field_validator,
@@ -36,6 +35,8 @@ from pydantic import (
 
 from subagents_node.messages.base import Message, Request, ResultType
 from subagents_node.messages.constants import MAX_INT32
+from subagents_node.messages.domains import Address, BudgetId, ShallowValue, Token
+from subagents_node.messages.domains import Ttl as DomainTtl
 from subagents_node.messages.errors import FanoutDescriptorInvalid
 
 FANOUT = "fanout"
@@ -73,11 +74,11 @@ class FanoutDescriptor(Message):
     model_config = ConfigDict(strict=True)
 
     version: Literal[1] = 1
-    root_run_id: str = Field(min_length=1, max_length=256)
-    budget_id: str = Field(min_length=1, max_length=256)
+    root_run_id: BudgetId
+    budget_id: BudgetId
     limit: int = Field(gt=0, le=MAX_LIMIT)
     parent_path: str = Field(default="", max_length=MAX_PARENT_PATH_CHARS)
-    node: str = Field(default="", max_length=512)
+    node: Address = ""
 
     @field_validator("version", mode="before")
     @classmethod
@@ -193,8 +194,10 @@ class CreateBudget(Request):
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutDescriptor
 
-    root_run_id: str = Field(min_length=1, max_length=256)
-    limit: JsonValue = None
+    root_run_id: BudgetId
+    #: Any small value: the owner answers a wrong one with R-FAN-2's message; a large or deep
+    #: one is a schema error (one error, however many elements it has).
+    limit: ShallowValue = None
 
 
 class ValidateDescriptor(Request):
@@ -228,7 +231,7 @@ class ReservePaths(Request):
 
     descriptor: FanoutDescriptor
     paths: list[ClaimPath] = Field(max_length=MAX_PATHS)
-    ttl_s: float = Field(gt=0, le=MAX_TTL_S)
+    ttl_s: Annotated[DomainTtl, Field(le=MAX_TTL_S)]
 
 
 class CommitReservation(Request):
@@ -238,7 +241,7 @@ class CommitReservation(Request):
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutSnapshot
 
-    reservation_id: str = Field(min_length=1, max_length=128)
+    reservation_id: Token
 
 
 class AbortReservation(Request):
@@ -248,7 +251,7 @@ class AbortReservation(Request):
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutSnapshot
 
-    reservation_id: str = Field(min_length=1, max_length=128)
+    reservation_id: Token
 
 
 class ReadSnapshot(Request):

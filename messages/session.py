@@ -19,12 +19,11 @@ errors itself.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
-
-from pydantic import Field
+from typing import ClassVar, Literal
 
 from subagents_node.messages.base import Message, Request, ResultType
-from subagents_node.messages.constants import MAX_COUNT
+from subagents_node.messages.domains import Count, Depth, SessionId, SignedCount
+from subagents_node.messages.domains import RunId as RunId
 from subagents_node.messages.runs import RunState
 
 SESSION = "session"
@@ -32,9 +31,6 @@ SESSION = "session"
 #: History entries kept per session (R-SPN-6: "keeps only the last 20 entries").
 GRANT_HISTORY_MAX = 20
 
-SessionId = Annotated[str, Field(min_length=1, max_length=512)]
-RunId = Annotated[str, Field(min_length=1, max_length=512)]
-Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT)]
 
 #: Runs in these states block grants (R-SPN-6: "queued or running").
 ACTIVE_RUN_STATES: frozenset[str] = frozenset({"queued", "running"})
@@ -109,8 +105,8 @@ class ReserveResult(Message):
 class GrantBasis(Message):
     """The budget state a user confirmed a grant against (R-SPN-6's last condition)."""
 
-    used: int
-    granted: int
+    used: Count
+    granted: Count
 
 
 class GrantResult(Message):
@@ -222,8 +218,8 @@ class GrantSpawns(Request):
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = GrantResult
     session_id: SessionId
-    additional: int = Field(strict=True, ge=-MAX_COUNT, le=MAX_COUNT)
-    depth: int = Field(default=0, strict=True, ge=0)
+    additional: SignedCount
+    depth: Depth = 0
     authority: GrantAuthority = "confirm"
     confirmed: bool = False
     expected: GrantBasis | None = None

@@ -8,12 +8,30 @@ lenient config resolvers of SPEC §2 live in runtime.config and run before a req
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from subagents_node.messages.base import Message, Request, ResultType
-from subagents_node.messages.constants import MAX_COUNT, MAX_TIMEOUT_MS
+from subagents_node.messages.domains import (
+    MAX_TASK_CHARS,
+    Command,
+    Count,
+    Depth,
+    EncodedDescriptor,
+    Environment,
+    FsPath,
+    NonEmptyFsPath,
+    NonEmptyLabel,
+    PositiveCount,
+    RunId,
+    Seq,
+    SessionId,
+    TaskText,
+    TimeoutMs,
+    Token,
+    WaitS,
+)
 from subagents_node.messages.runs import ProofState, RunState
 
 SUPERVISOR = "supervisor"
@@ -25,29 +43,29 @@ WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 #: A child the run has not started yet is `pending`; the others are messages.runs.ChildState.
 ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
-_MAX_TASK = 1 << 19
+_MAX_TASK = MAX_TASK_CHARS
 
 
 class AgentPlan(Message):
     """An agent as the launcher resolved it (runtime.agents): a command line and its settings."""
 
-    name: str = Field(min_length=1, max_length=128)
-    command: list[str] = Field(min_length=1, max_length=256)
+    name: NonEmptyLabel
+    command: Command
     task_delivery: TaskDelivery = "auto"
-    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
-    env: dict[str, str] = Field(default_factory=dict)
-    output: str | None = None
+    timeout_ms: TimeoutMs | None = None
+    env: Environment = Field(default_factory=dict)
+    output: FsPath | None = None
     fanout: bool = False
-    max_subagent_depth: int | None = Field(default=None, ge=0)
-    system_prompt: str = Field(default="", max_length=_MAX_TASK)
-    agent_dir: str = ""
+    max_subagent_depth: Depth | None = None
+    system_prompt: TaskText = ""
+    agent_dir: FsPath = ""
 
 
 class TaskItem(Message):
     agent: AgentPlan
-    task: str = Field(max_length=_MAX_TASK)
-    cwd: str | None = None
-    output: str | None = None
+    task: TaskText
+    cwd: FsPath | None = None
+    output: FsPath | None = None
 
 
 class ChainStep(Message):
@@ -139,32 +157,32 @@ class Launch(Request):
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = LaunchResult
 
-    session_id: str = Field(min_length=1, max_length=256)
+    session_id: SessionId
     mode: RunMode
     background: bool
     items: list[TaskItem] = Field(default_factory=list, max_length=1024)
     chain: list[ChainStep] = Field(default_factory=list, max_length=256)
     concurrency: int = Field(default=4, ge=1, le=64)
-    cwd: str = Field(min_length=1)
-    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
-    config_timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
-    depth: int = Field(default=0, ge=0)
-    max_depth: int = Field(default=2, ge=0)
-    inherited_fanout: str | None = None
-    parent_run_id: str | None = None
-    capacity_limit: int = Field(default=0, ge=0, le=MAX_COUNT)
-    spawns_per_run: int = Field(default=64, ge=1, le=MAX_COUNT)
-    spawns_per_session: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    cwd: NonEmptyFsPath
+    timeout_ms: TimeoutMs | None = None
+    config_timeout_ms: TimeoutMs | None = None
+    depth: Depth = 0
+    max_depth: Depth = 2
+    inherited_fanout: EncodedDescriptor | None = None
+    parent_run_id: RunId | None = None
+    capacity_limit: Count = 0
+    spawns_per_run: PositiveCount = 64
+    spawns_per_session: Count | None = None
     #: The launcher's environment, the base of every child's (None: the node's own).
-    env: dict[str, str] | None = None
+    env: Environment | None = None
     #: R-ICB-1..3: `off` disables intercom for this run only (children cannot message it).
     intercom: IntercomMode = "on"
     #: Workflow children (R-WF-3): the key, and the host's proof that it already claimed
     #: `workflow[key]` (R-FAN-20). A launch carrying either without the workflow's token is
     #: refused (R-FAN-24), so no child can skip its own claim.
-    workflow_key: str | None = Field(default=None, pattern=WORKFLOW_KEY)
+    workflow_key: str | None = Field(default=None, max_length=128, pattern=WORKFLOW_KEY)
     fanout_admitted: bool = False
-    workflow_token: str | None = Field(default=None, max_length=128)
+    workflow_token: Token | None = None
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> Launch:
@@ -202,9 +220,9 @@ class Watch(Request):
     read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunEvents
-    run_id: str = Field(min_length=1)
-    after_seq: int = Field(default=0, ge=0)
-    wait_s: float = Field(default=10.0, ge=0, le=60)
+    run_id: RunId
+    after_seq: Seq = 0
+    wait_s: WaitS = 10.0
 
 
 class Show(Request):
@@ -212,7 +230,7 @@ class Show(Request):
     read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunView
-    run_id: str = Field(min_length=1, description="a run id or a unique prefix of one")
+    run_id: RunId = Field(description="a run id or a unique prefix of one")
 
 
 class RunList(Message):
@@ -224,8 +242,8 @@ class ListRuns(Request):
     read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunList
-    session_id: str | None = None
-    root_run_id: str | None = None
+    session_id: SessionId | None = None
+    root_run_id: RunId | None = None
     active_only: bool = False
     limit: int = Field(default=50, ge=1, le=1000)
 
@@ -234,7 +252,7 @@ class Stop(Request):
     type: Literal["runs.stop"] = "runs.stop"
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunView
-    run_id: str = Field(min_length=1)
+    run_id: RunId
 
 
 class FleetEvents(Message):
@@ -252,8 +270,8 @@ class WatchAll(Request):
     read_only: ClassVar[bool] = True
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = FleetEvents
-    after_seq: int = Field(default=0, ge=0)
-    wait_s: float = Field(default=10.0, ge=0, le=60)
+    after_seq: Seq = 0
+    wait_s: WaitS = 10.0
     limit: int = Field(default=500, ge=1, le=5000)
 
 
@@ -263,13 +281,13 @@ class Resume(Request):
     type: Literal["runs.resume"] = "runs.resume"
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = LaunchResult
-    run_id: str = Field(min_length=1)
-    message: str = Field(default="", max_length=_MAX_TASK)
+    run_id: RunId
+    message: TaskText = ""
     #: The resuming launcher's depth and limit (R-TOP-1, R-CAP-18).
-    depth: int = Field(default=0, ge=0)
-    capacity_limit: int = Field(default=0, ge=0, le=MAX_COUNT)
+    depth: Depth = 0
+    capacity_limit: Count = 0
     #: The resuming launcher's environment (never persisted; None: the node's own).
-    env: dict[str, str] | None = None
+    env: Environment | None = None
 
 
 class Rerun(Request):
@@ -278,11 +296,11 @@ class Rerun(Request):
     type: Literal["runs.rerun"] = "runs.rerun"
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = LaunchResult
-    run_id: str = Field(min_length=1)
-    task: str = Field(min_length=1, max_length=_MAX_TASK)
-    child: int = Field(default=0, ge=0)
+    run_id: RunId
+    task: TaskText = Field(min_length=1)
+    child: Count = 0
     #: The rerunning launcher's environment (never persisted; None: the node's own).
-    env: dict[str, str] | None = None
+    env: Environment | None = None
 
 
 class AppendResult(Message):
@@ -298,7 +316,7 @@ class Append(Request):
     type: Literal["runs.append"] = "runs.append"
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = AppendResult
-    run_id: str = Field(min_length=1)
+    run_id: RunId
     steps: list[ChainStep] = Field(min_length=1, max_length=64)
 
 
@@ -308,8 +326,8 @@ class Intercom(Request):
     type: Literal["runs.intercom"] = "runs.intercom"
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = IntercomMessage
-    run_id: str = Field(min_length=1)
-    child_id: str = Field(default="", max_length=128)
+    run_id: RunId
+    child_id: Annotated[str, Field(max_length=128)] = ""
     text: str = Field(min_length=1, max_length=4000)
 
 

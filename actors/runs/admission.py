@@ -122,7 +122,13 @@ def validate(launch: Launch) -> None:
     items = launch.items or [item for step in launch.chain for item in step.items]
     for cwd in [launch.cwd, *(i.cwd for i in items if i.cwd)]:
         path = Path(launch.cwd, cwd) if cwd else Path(launch.cwd)
-        if not path.is_dir():
+        try:
+            found = path.is_dir()
+        except OSError as exc:  # ENAMETOOLONG, EACCES, ...: the caller's path, not our bug
+            raise RunCwdMissing(
+                f"working directory is not usable: {exc.strerror}", cwd=str(path)[:512]
+            ) from None
+        if not found:
             raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
     for item in items:
         check_command(item.agent, launch.env)  # AgentCommandNotFound before any charge

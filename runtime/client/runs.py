@@ -119,6 +119,9 @@ def stop_plan(run_id: str) -> Plan[RunView]:
 
 
 class RunsAPI:
+    """Every method builds its request with `validate_request`: a bad argument raises the
+    documented `BadRequest` naming the field, never pydantic's ValidationError."""
+
     def __init__(self, client: Client) -> None:
         self._client = client
 

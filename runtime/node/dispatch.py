@@ -13,7 +13,8 @@ from typing import Any
 
 import pykka
 
-from subagents_node.actors.owner import Job, Outcome, ReplyFn
+from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
+from subagents_node.actors.owner import Job
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import BadRequest, Busy, Internal, UnknownTarget
 from subagents_node.messages.node import NODE
@@ -39,6 +40,7 @@ class Dispatcher:
 
     def dispatch(self, request: Request, target: str, reply: ReplyFn) -> None:
         """Queue `request` for its owner, or raise a typed error (nothing queued)."""
+        reply = answer_once(reply, request.type)
         owner = request.target or target
         if request.target and target and target != request.target:
             raise BadRequest(

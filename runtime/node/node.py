@@ -8,6 +8,7 @@ detached (`start --detach`, see runtime.daemon) or embedded (`Node.embedded()`).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -42,7 +43,13 @@ from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Ack, Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.constants import version
-from subagents_node.messages.errors import BadAddress, BadRequest, NodeAlreadyRunning
+from subagents_node.messages.errors import (
+    BadAddress,
+    BadRequest,
+    NodeAlreadyRunning,
+    StoreError,
+    StoreFull,
+)
 from subagents_node.messages.node import (
     ActorStatus,
     NodeStatus,
@@ -132,6 +139,17 @@ class Node:
             },
             dispatch=self.dispatcher.dispatch,
         )
+        try:
+            self._start_serving(ctx, endpoints)
+        except BaseException:
+            # Whatever failed (a bind, a full disk under the pid file), nothing may keep
+            # running: a half-started node would hold the state dir and hang `start`.
+            self.stop()
+            raise
+        log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
+        return self
+
+    def _start_serving(self, ctx: ActorContext, endpoints: list[str]) -> None:
         for cls in owners.OWNERS:
             ref = cls.start(ctx)
             self._refs[cls.name] = ref
@@ -143,14 +161,11 @@ class Node:
         try:
             self._gateway.start()
         except zmq.ZMQError as exc:
-            self.stop()
             raise BadAddress(
                 f"cannot listen on {endpoints}: {exc}", address=",".join(endpoints)
             ) from None
         self.started_at = time.time()
         self._write_pid_file()
-        log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
-        return self
 
     def stop(self) -> None:
         if self._stopped:
@@ -308,8 +323,22 @@ class Node:
             "host": socket.gethostname(),
         }
         tmp = self.pid_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.pid_file)
+        try:
+            tmp.write_text(json.dumps(record))
+            tmp.replace(self.pid_file)
+        except OSError as exc:
+            with suppress(OSError):
+                tmp.unlink()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(
+                    f"the disk under {self.state_dir} is full: cannot write {PID_NAME}; "
+                    "free some space and start again",
+                    actor="node",
+                    reason=str(exc),
+                ) from None
+            raise StoreError(
+                f"cannot write {self.pid_file}: {exc}", path=str(self.pid_file)
+            ) from None
 
     def _remove_pid_file(self) -> None:
         record = read_pid_file(self.state_dir)

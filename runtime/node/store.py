@@ -11,7 +11,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from subagents_node.messages.errors import StoreError
+from subagents_node.actors.outcomes import store_full
+from subagents_node.messages.errors import StoreError, StoreFull
 
 #: Version of the store's own layout (the migration bookkeeping), in PRAGMA user_version.
 LAYOUT_VERSION = 1
@@ -32,6 +33,7 @@ class Store:
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.Error as exc:
+            self._raise_if_full(exc)
             raise StoreError(f"cannot open the state database {self.path}: {exc}") from exc
         conn.row_factory = sqlite3.Row
         return conn
@@ -79,9 +81,20 @@ class Store:
                 versions[family] = len(scripts)
             return versions
         except sqlite3.Error as exc:
+            self._raise_if_full(exc)
             raise StoreError(f"cannot migrate the state database {self.path}: {exc}") from exc
         finally:
             conn.close()
+
+    def _raise_if_full(self, exc: sqlite3.Error) -> None:
+        full = store_full(exc, "node")
+        if full is not None:
+            raise StoreFull(
+                f"the disk under {self.path.parent} is full: cannot open {self.path.name}; "
+                "free some space and start again",
+                actor="node",
+                reason=full.details["reason"],
+            ) from None
 
     def versions(self) -> dict[str, int]:
         conn = self.connect()

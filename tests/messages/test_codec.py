@@ -301,3 +301,56 @@ def test_a_reply_body_that_does_not_fit_the_declared_result_is_refused() -> None
     with pytest.raises(BadRequest) as info:
         parse_result(Ping(), {"ok": True})
     assert info.value.details["reason"] == "reply"
+
+
+# -- issue 12: bounded decoding -----------------------------------------------------------------
+
+
+def _nested_body(levels: int) -> dict[str, Any]:
+    """A body whose containers nest exactly `levels` deep (the body map is level 1)."""
+    value: Any = []
+    for _ in range(levels - 2):
+        value = [value]
+    return {"x": value} if levels > 1 else {}
+
+
+def _frame(body: dict[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(
+        {"v": PROTOCOL_VERSION, "id": "d", "type": "node.ping", "body": body}, use_bin_type=True
+    )
+    return packed
+
+
+def test_issue12_a_body_at_the_depth_cap_decodes_and_one_level_more_is_refused() -> None:
+    from subagents_node.messages.domains import MAX_BODY_DEPTH
+
+    assert decode(_frame(_nested_body(MAX_BODY_DEPTH))).body["x"]
+    with pytest.raises(MalformedFrame) as info:
+        decode(_frame(_nested_body(MAX_BODY_DEPTH + 1)))
+    assert info.value.details["reason"] == "depth"
+
+
+def test_issue12_msgpack_refuses_a_list_past_the_wire_item_cap_before_building_it() -> None:
+    from subagents_node.messages.domains import MAX_WIRE_ITEMS
+
+    assert len(decode(_frame({"x": [None] * MAX_WIRE_ITEMS})).body["x"]) == MAX_WIRE_ITEMS
+    with pytest.raises(MalformedFrame) as info:
+        decode(_frame({"x": [None] * (MAX_WIRE_ITEMS + 1)}))
+    assert info.value.details["reason"] == "msgpack"
+
+
+def test_issue12_a_schema_error_names_the_field_without_the_union_tag_and_is_bounded() -> None:
+    body = {
+        "handle": {
+            "session_id": "s",
+            "slot": 2**63,
+            "token": "t",
+            "run_id": "r",
+            "generation": 1,
+            "kind": "runner",
+        }
+    }
+    with pytest.raises(BadRequest) as info:
+        parse_request("capacity.rollback", body)
+    assert info.value.details["field"] == "handle.slot"
+    assert info.value.message.startswith("invalid capacity.rollback request: handle.slot:")

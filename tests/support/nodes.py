@@ -13,7 +13,8 @@ Fixtures
     foreground_node     factory: a node run in the foreground as our child (exit code, log)
     embedded_node       subagents_node.Node.embedded(...) with faults on, in this process
     invoke              the CLI in this process through click's CliRunner
-    raw_dealer          factory: a bare DEALER socket connected to an address (RawPeer)
+    raw_dealer          factory: a bare DEALER socket connected to an address (RawPeer);
+                        `peer.request_once(env)` also proves no second reply follows
 Helpers
     run_cli(...)        the CLI as a real subprocess (`python -m subagents_node`)
     run_in_processes()  run a module-level function in N fresh processes and collect results
@@ -300,6 +301,25 @@ class RawPeer:
             assert reply is not None, f"no reply to a valid ping on {self.address}"
             if reply.corr == rid:
                 return reply
+
+    def request_once(self, env: Envelope, timeout: float = 10.0) -> Envelope:
+        """Send `env`, return its one reply, and check that no second reply follows it: a ping
+        sent on the same DEALER after the reply must be answered by the very next frame. The
+        window is that round trip (an event, not a sleep): a second answer the node sends with
+        or after the first, before it serves the ping, arrives ahead of the pong."""
+        self.send_env(env)
+        reply = self.recv_env(timeout)
+        assert reply is not None, f"no reply to {env.type} within {timeout}s"
+        assert reply.corr == env.id, f"a reply to something else: {reply.type} {reply.body}"
+        ping = Envelope(type="node.ping", body={})
+        self.send_env(ping)
+        follow = self.recv_env(timeout)
+        assert follow is not None, f"no pong after {env.type}: is the node still serving?"
+        assert follow.corr == ping.id, (
+            f"{env.type} was answered twice: the frame after its reply was {follow.type} "
+            f"{str(follow.body)[:300]}"
+        )
+        return reply
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -1,0 +1,165 @@
+"""A full disk under the state dir (issue 12, item 5 "A full disk stops the node for good";
+DESIGN §5: "A full disk is a typed StoreFull for writes; reads keep answering; the owner
+recovers by itself when space returns").
+
+The state dir is a 2 MiB tmpfs the test mounts (root only; skipped otherwise) and fills with
+fan-out claims, each batch a real claim through a real node. Writes then answer `StoreFull`
+(not `internal`), reads keep answering, no owner restarts, and once the tmpfs is remounted
+larger the same node serves writes again; every acknowledged claim survives a node restart.
+`start` on a full disk fails at once with one line and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.client.paths import read_pid_file
+from subagents_node.messages.constants import MAX_INT32
+from subagents_node.messages.errors import StoreFull
+from subagents_node.messages.fanout import FanoutDescriptor
+from tests.support.nodes import NodeProcess, run_cli, running_node
+
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs state dir needs root"),
+]
+
+#: One claim batch: 100 paths of 500 characters, about 60 KB of rows.
+BATCH = 100
+PATH_CHARS = 500
+#: A 2 MiB disk holds a few dozen batches; far more than that means the disk never filled.
+MAX_BATCHES = 200
+
+
+def _mount(directory: Path, size: str, remount: bool = False) -> None:
+    options = f"remount,size={size}" if remount else f"size={size},mode=0700"
+    cmd = ["mount", "-o", options, str(directory)]
+    if not remount:
+        cmd = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def tiny_disk() -> Iterator[Path]:
+    """A 2 MiB tmpfs as a state dir (short path: ipc sockets need < 107 bytes)."""
+    directory = Path(tempfile.mkdtemp(prefix="sa-full-", dir="/tmp"))
+    try:
+        _mount(directory, "2m")
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        directory.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    try:
+        yield directory
+    finally:
+        done = subprocess.run(["umount", str(directory)], capture_output=True, check=False)
+        if done.returncode != 0:  # something still holds a file: detach it, never leave it
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def fill_with_claims(client: Client, descriptor: FanoutDescriptor) -> tuple[int, StoreFull]:
+    """Claim batches until the disk is full; the count of acknowledged claims and the error."""
+    acknowledged = 0
+    for batch in range(MAX_BATCHES):
+        paths = [f"b{batch}-{i}-".ljust(PATH_CHARS, "x") for i in range(BATCH)]
+        try:
+            snapshot = client.fanout.claim(descriptor, paths)
+        except StoreFull as full:
+            return acknowledged, full
+        acknowledged += BATCH
+        assert snapshot.used == acknowledged
+    raise AssertionError(f"{MAX_BATCHES} batches fitted on a 2 MiB disk: it never filled")
+
+
+def fill_the_rest(directory: Path) -> None:
+    """Whatever space is left, taken by one file, so the next block anyone needs fails."""
+    with open(directory / "filler", "wb") as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+
+
+def assert_no_restarts(node: NodeProcess) -> None:
+    restarts = {a.name: a.restarts for a in node.status().actors}
+    assert set(restarts.values()) == {0}, f"an owner restarted on a full disk: {restarts}"
+
+
+def test_issue12_full_disk_writes_answer_store_full_reads_answer_and_writes_resume(
+    tiny_disk: Path,
+) -> None:
+    with running_node("--faults", state_dir=tiny_disk) as node:
+        client = node.client()
+        descriptor = client.fanout.create("full-disk", MAX_INT32)
+        acknowledged, full = fill_with_claims(client, descriptor)
+        assert acknowledged > 0, "the first batch already failed: the disk was too small"
+        assert full.code == "store_full" and "full" in full.message
+        assert full.details["actor"] == "fanout"
+
+        # Writes keep failing typed, without a crash, while the disk stays full.
+        for _ in range(5):
+            with pytest.raises(StoreFull):
+                client.fanout.claim(descriptor, ["y" * PATH_CHARS] * BATCH)
+        # Reads answer, and tell the truth: only acknowledged claims count.
+        assert client.fanout.snapshot(descriptor).used == acknowledged
+        assert client.capacity.snapshot("s1").used == 0
+        assert client.runs.list() == []
+        assert client.ping().pid == node.pid
+        assert node.alive()
+        assert_no_restarts(node)
+
+        # Space returns: the same node, with no restart, serves writes again.
+        _mount(tiny_disk, "64m", remount=True)
+        snapshot = client.fanout.claim(descriptor, ["after-remount"] * BATCH)
+        acknowledged += BATCH
+        assert snapshot.used == acknowledged
+        assert client.session.open("s1", 5).created
+        assert_no_restarts(node)
+        assert node.stop().returncode == 0
+
+    # No acknowledged claim was lost: a new node reads them all back from the store.
+    with running_node(state_dir=tiny_disk) as again:
+        assert again.client().fanout.snapshot(descriptor).used == acknowledged
+
+
+def _processes_serving(directory: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(directory) in " ".join(proc.info["cmdline"] or ()):
+                found.append(proc)
+    return found
+
+
+def test_issue12_start_on_a_full_disk_fails_fast_with_one_line_and_leaves_nothing_running(
+    tiny_disk: Path,
+) -> None:
+    with running_node(state_dir=tiny_disk) as node:
+        client = node.client()
+        fill_with_claims(client, client.fanout.create("full-disk", MAX_INT32))
+        assert node.stop().returncode == 0
+    fill_the_rest(tiny_disk)
+
+    # It used to hang for the 20 s start handshake: a 10 s deadline fails that.
+    done = run_cli("start", "--detach", state_dir=tiny_disk, timeout=10)
+    assert done.returncode != 0, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "full" in lines[0], lines[0]
+    assert read_pid_file(tiny_disk) is None
+    assert _processes_serving(tiny_disk) == []
+    assert not (tiny_disk / "node.sock").exists()
