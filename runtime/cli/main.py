@@ -41,6 +41,7 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "append": ("subagents_node.cli.manage", "append"),
         "intercom": ("subagents_node.cli.manage", "intercom"),
         "workflow": ("subagents_node.cli.workflow", "workflow"),
+        "keys": ("subagents_node.cli.keys", "keys_group"),
     }
 )
 

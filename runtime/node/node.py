@@ -43,6 +43,7 @@ from subagents_node.messages.base import Ack, Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.constants import version
 from subagents_node.messages.errors import BadAddress, BadRequest, NodeAlreadyRunning
+from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
 from subagents_node.messages.node import (
     ActorStatus,
     NodeStatus,
@@ -52,6 +53,7 @@ from subagents_node.messages.node import (
     Shutdown,
 )
 from subagents_node.node import owners
+from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher, mailbox_depth
 from subagents_node.node.gateway import Gateway
 from subagents_node.node.inprocess import InProcessTransport
@@ -65,7 +67,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class NodeOptions:
     state_dir: Path | None = None
-    #: Extra endpoints besides the state dir's ipc socket (tcp://127.0.0.1:PORT; CURVE later).
+    #: Extra endpoints besides the state dir's ipc socket (tcp://127.0.0.1:PORT, always CURVE).
     listen: Sequence[str] = ()
     ipc: bool = True
     mailbox_limit: int = 1024
@@ -99,6 +101,7 @@ class Node:
         self._timers: Timers | None = None
         self._refs: dict[str, pykka.ActorRef[OwnerActor]] = {}
         self._gateway: Gateway | None = None
+        self._curve: CurveGuard | None = None
         self._clients: list[Client] = []
         #: Restarts per actor, counted as crashes are reported: `status` must never ask a busy
         #: actor (the gateway's I/O thread would block behind its mailbox).
@@ -137,8 +140,16 @@ class Node:
             self._refs[cls.name] = ref
             self.dispatcher.register(cls.name, ref)
         self._zctx = zmq.Context()
+        # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
+        # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
+        self._curve = CurveGuard(self.state_dir)
         self._gateway = Gateway(
-            self._zctx, endpoints, self.dispatcher, self.node_id, self.options.max_frame
+            self._zctx,
+            endpoints,
+            self.dispatcher,
+            self.node_id,
+            self.options.max_frame,
+            curve=self._curve,
         )
         try:
             self._gateway.start()
@@ -148,6 +159,10 @@ class Node:
                 f"cannot listen on {endpoints}: {exc}", address=",".join(endpoints)
             ) from None
         self.started_at = time.time()
+        for endpoint in self.endpoints:
+            path = ipc_path(endpoint)
+            if path is not None:
+                path.chmod(0o600)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
         log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
         return self
@@ -201,8 +216,8 @@ class Node:
             check_endpoint(endpoint)
             if endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint):
                 raise BadAddress(
-                    f"refusing to listen on {endpoint}: tcp is loopback-only until CURVE "
-                    "authentication is configured",
+                    f"refusing to listen on {endpoint}: tcp is loopback-only until worker "
+                    "nodes exist (and always CURVE-authenticated)",
                     address=endpoint,
                 )
             endpoints.append(endpoint)
@@ -263,6 +278,8 @@ class Node:
                 endpoints=self.endpoints,
                 actors=[self._actor_status(name, ref) for name, ref in self._refs.items()],
             )
+        if isinstance(request, KEY_REQUESTS) and self._curve is not None:
+            return self._curve.serve(request)
         if isinstance(request, Shutdown):
             # Reply first; the owner of the process (start's main loop) performs the stop.
             self.request_stop()
