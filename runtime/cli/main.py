@@ -18,6 +18,7 @@ from types import MappingProxyType
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.client.paths import check_endpoint
 from subagents_node.messages.constants import DISTRIBUTION, ENV_NODE, ENV_STATE_DIR, ENV_TEST_FAULTS
 from subagents_node.messages.errors import SubagentsError
 
@@ -101,9 +102,19 @@ def start(
     verbose: bool,
 ) -> None:
     """Start a node serving the state dir (foreground unless --detach)."""
+    from subagents_node.launch.config import load_config
     from subagents_node.node import daemon
     from subagents_node.node.node import Node, NodeOptions
 
+    try:
+        # Before detaching: a bad listen address (flag, SUBAGENTS_LISTEN or a project's
+        # subagents.toml) is a one-line error here, not a detached node that never gets ready.
+        config = load_config()
+        for endpoint in listen:
+            check_endpoint(endpoint)
+    except SubagentsError as err:
+        daemon.signal_ready(ready_fd, f"error: {err.message}")
+        raise
     if detach:
         extra = [a for item in listen for a in ("--listen", item)]
         extra += ["--mailbox-limit", str(mailbox_limit)] + (["--faults"] if faults else [])
@@ -114,9 +125,6 @@ def start(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from subagents_node.launch.config import load_config
-
-    config = load_config()
     options = NodeOptions(
         state_dir=obj.state_dir,
         listen=(*config.settings.listen, *listen),

@@ -172,6 +172,8 @@ def _tcp_host(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
     """The literal address a tcp host names, or None (localhost is 127.0.0.1)."""
     if host == "localhost":
         return ipaddress.IPv4Address("127.0.0.1")
+    if "%" in host:
+        return None  # a scope id names an interface
     if host.startswith("[") and host.endswith("]"):
         try:
             return ipaddress.IPv6Address(host[1:-1])
