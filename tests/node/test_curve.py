@@ -127,9 +127,11 @@ def test_design_3_wrong_server_key_gets_no_service(
     node, tcp = tcp_node
     mine = read_keypair(keys_dir(node.state_dir) / CLIENT_KEY)
     wrong = ClientCredentials(mine, Keypair.generate().public)
-    with _client(tcp, wrong, timeout=SILENCE_S) as client:
-        with pytest.raises((NotAuthenticated, NodeTimeout)):
-            client.ping()
+    with (
+        _client(tcp, wrong, timeout=SILENCE_S) as client,
+        pytest.raises((NotAuthenticated, NodeTimeout)),
+    ):
+        client.ping()
 
 
 def test_design_3_revoked_key_is_refused_without_a_restart(
