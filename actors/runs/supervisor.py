@@ -33,7 +33,7 @@ from subagents_node.actors.runs import child_launch, management, runplan, runsto
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
-from subagents_node.actors.runs.watchers import RunWatchers, WatchTimeout
+from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import (
@@ -172,7 +172,11 @@ class RunSupervisor(OwnerActor):
             ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
-        self._watchers = RunWatchers(self.after, self.reply_later)
+        self._watchers = RunWatchers(
+            self.after,
+            self.reply_later,
+            int(ctx.settings.get("max_watchers", DEFAULT_MAX_WATCHERS)),
+        )
         self._recovered = False
         #: Settled workflows whose background children still lack proof (R-CAP-22): their
         #: slot is re-reported whenever one of those children settles.

@@ -121,10 +121,16 @@ def start(
         record = daemon.start_detached(obj.state_dir, extra)
         click.echo(f"node started (pid {record['pid']}) at {record['address']}")
         return
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.DEBUG if verbose else logging.INFO
+    if ready_fd is not None:  # a detached node (start --detach): node.log, rotated by size
+        from subagents_node.client.paths import LOG_NAME
+        from subagents_node.node.nodelog import configure_node_log
+
+        settings = config.settings
+        log_path = obj.state_dir / LOG_NAME
+        configure_node_log(log_path, settings.node_log_max_bytes, settings.node_log_backups, level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = NodeOptions(
         state_dir=obj.state_dir,
         listen=(*config.settings.listen, *listen),
