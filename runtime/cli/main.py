@@ -43,6 +43,7 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "intercom": ("subagents_node.cli.manage", "intercom"),
         "workflow": ("subagents_node.cli.workflow", "workflow"),
         "keys": ("subagents_node.cli.keys", "keys_group"),
+        "prune": ("subagents_node.cli.prune", "prune"),
     }
 )
 
