@@ -22,7 +22,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 _MAX_AGE_S = 100 * 365 * 86_400
 
 
-class Age(click.ParamType):
+class Age(click.ParamType):  # type: ignore[type-arg]  # generic only in click's stubs
     """An age: a number with a unit (`30s`, `15m`, `12h`, `7d`, `2w`), or `0`."""
 
     name = "AGE"

@@ -25,6 +25,7 @@ import psutil
 import pykka
 import zmq
 
+from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.owner import ActorContext, Outcome, OwnerActor
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
@@ -62,6 +63,9 @@ from subagents_node.node.supervision import RestartIntensity
 from subagents_node.node.timers import Timers
 
 log = logging.getLogger(__name__)
+
+#: A child log's cap when the settings name none (config `child_log_max_bytes`).
+DEFAULT_CHILD_LOG_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -102,6 +106,7 @@ class Node:
         self._refs: dict[str, pykka.ActorRef[OwnerActor]] = {}
         self._gateway: Gateway | None = None
         self._curve: CurveGuard | None = None
+        self._log_cap: ChildLogCap | None = None
         self._clients: list[Client] = []
         #: Restarts per actor, counted as crashes are reported: `status` must never ask a busy
         #: actor (the gateway's I/O thread would block behind its mailbox).
@@ -123,6 +128,8 @@ class Node:
         self._intensity = RestartIntensity(
             self._fail, self.options.restart_max, self.options.restart_window_s
         )
+        cap = self.options.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
+        self._log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
         ctx = ActorContext(
             open_db=self.store.connect,
             report_crash=self._report_crash,
@@ -134,6 +141,7 @@ class Node:
                 **self.options.settings,
             },
             dispatch=self.dispatcher.dispatch,
+            cap_log=self._log_cap.watch,
         )
         for cls in owners.OWNERS:
             ref = cls.start(ctx)
@@ -186,6 +194,8 @@ class Node:
                 ref.stop(block=True, timeout=10)
         if self._timers is not None:
             self._timers.stop()
+        if self._log_cap is not None:
+            self._log_cap.stop()
         if self._zctx is not None:
             self._zctx.term()
         self._remove_pid_file()

@@ -13,11 +13,11 @@ It never writes anything but log records and never deletes anything but rotated 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import TextIO
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -25,8 +25,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class NodeLogHandler(RotatingFileHandler):
     """A size-rotated log file that also owns the process's stdout and stderr."""
 
-    def _open(self) -> TextIO:
-        stream: TextIO = super()._open()
+    def _open(self) -> io.TextIOWrapper:
+        stream = super()._open()
         # The file is private like everything in the state dir (0700 dir, 0600 file).
         os.chmod(self.baseFilename, 0o600)
         for fd in (1, 2):
@@ -35,9 +35,10 @@ class NodeLogHandler(RotatingFileHandler):
 
     def shouldRollover(self, record: logging.LogRecord) -> int:
         # Other writers (tracebacks on fd 2) append to the same file: measure its real end.
-        if self.stream is None:
-            self.stream = self._open()
-        return int(os.fstat(self.stream.fileno()).st_size >= self.maxBytes > 0)
+        stream = self.stream
+        if stream is None:
+            stream = self.stream = self._open()
+        return int(os.fstat(stream.fileno()).st_size >= self.maxBytes > 0)
 
 
 def configure_node_log(path: Path, max_bytes: int, backups: int, level: int) -> None:
