@@ -11,8 +11,9 @@ file passes the cap the thread cuts its middle in place:
 The file is truncated back to the head and the marker and the tail are appended with O_APPEND,
 so the child's own appends keep landing at the end; after a cut the file is about half the cap,
 so a child that writes N bytes costs about N/2 bytes of copying in all. A write that races the
-cut itself (between reading the tail and truncating) may be lost or land just before the kept
-tail: the marker's count is of what was removed, not a guarantee about those few bytes. When a
+cut itself (the instant between the last size check and the truncate; the tail is re-read
+while the size moves) may be lost: the marker's count is of what was removed, not a guarantee
+about those few bytes. When a
 child ends, its files get one last check, so a final burst is cut too.
 
 Without inotify (not Linux) logs are not capped and a warning says so. It never follows a
@@ -56,6 +57,7 @@ class ChildLogCap:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(MIN_CAP, max_bytes)
         self._lock = threading.Lock()  # guards the tables: watch() runs in actor threads
+        self._cutting = threading.Lock()  # one cut at a time (this thread, or a final check)
         self._by_wd: dict[int, _Watched] = {}
         self._by_path: dict[str, _Watched] = {}
         self._libc: ctypes.CDLL | None = None
@@ -153,7 +155,8 @@ class ChildLogCap:
 
     def _cut_if_over(self, watched: _Watched) -> None:
         try:
-            self._cut(watched)
+            with self._cutting:
+                self._cut(watched)
         except OSError as exc:  # the file went away or cannot be opened: nothing to cap
             log.debug("child log %s not cut: %s", watched.path, exc)
 
@@ -165,10 +168,13 @@ class ChildLogCap:
             if size <= self.max_bytes:
                 return
             keep = self.max_bytes // 4
-            tail = os.pread(fd, keep, size - keep)
-            grown = os.fstat(fd).st_size
-            if grown > size:  # appended while we read: keep the newest bytes
-                tail = (tail + os.pread(fd, grown - size, size))[-keep:]
+            # Read the tail until the size holds still between the read and the truncate
+            # (bounded: a child that never pauses loses at most what lands in that window).
+            for _ in range(5):
+                tail = os.pread(fd, keep, size - keep)
+                grown = os.fstat(fd).st_size
+                if grown == size:
+                    break
                 size = grown
             watched.cut += size - keep - len(tail) - watched.marker_len
             marker = (

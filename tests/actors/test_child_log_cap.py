@@ -26,16 +26,20 @@ FLOOD_BYTES = 400 * CAP
 _FLOOD = f"""
 import os, socket, sys
 block = b"x" * 65535 + b"\\n"
-for stream in (sys.stdout.buffer, sys.stderr.buffer):
+streams = (sys.stdout.buffer, sys.stderr.buffer)
+for stream in streams:
     stream.write(b"HEAD-LINE\\n")
     for _ in range({FLOOD_BYTES} // len(block)):
         stream.write(block)
-    stream.write(b"TAIL-LINE\\n")
     stream.flush()
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(sys.argv[1])
 sock.sendall(f"{{os.getpid()}}\\n".encode())
-sys.exit(int(sock.recv(64).decode().strip() or 3))
+code = int(sock.recv(64).decode().strip() or 3)
+for stream in streams:  # still the same process, after its logs were cut
+    stream.write(b"TAIL-LINE\\n")
+    stream.flush()
+sys.exit(code)
 """
 
 
