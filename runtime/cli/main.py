@@ -90,6 +90,7 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
 @click.option("--mailbox-limit", default=1024, show_default=True, help="Max queued per actor.")
 @click.option("--faults", is_flag=True, hidden=True, envvar=ENV_TEST_FAULTS)
 @click.option("--ready-fd", type=int, hidden=True)
+@click.option("--log-file", "log_to_file", is_flag=True, hidden=True)
 @click.option("--verbose", "-v", is_flag=True, help="Log at debug level.")
 @click.pass_obj
 @user_errors
@@ -100,6 +101,7 @@ def start(
     mailbox_limit: int,
     faults: bool,
     ready_fd: int | None,
+    log_to_file: bool,
     verbose: bool,
 ) -> None:
     """Start a node serving the state dir (foreground unless --detach)."""
@@ -123,7 +125,7 @@ def start(
         click.echo(f"node started (pid {record['pid']}) at {record['address']}")
         return
     level = logging.DEBUG if verbose else logging.INFO
-    if ready_fd is not None:  # a detached node (start --detach): node.log, rotated by size
+    if log_to_file:  # a detached node (start --detach): node.log, rotated by size
         from subagents_node.client.paths import LOG_NAME
         from subagents_node.node.nodelog import configure_node_log
 

@@ -249,7 +249,10 @@ class Gateway:
         principal: str = "local",
     ) -> None:
         log.warning(
-            "gateway: refused a frame from %s: %s: %s", principal, err.code, err.message[:200]
+            "gateway: refused a frame: %s: %s (principal %s)",
+            err.code,
+            err.message[:200],
+            principal,
         )
         reply = Envelope(
             type=ERROR,

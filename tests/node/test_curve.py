@@ -85,7 +85,7 @@ def test_design_3_principal_of_a_tcp_request_is_its_key_name_in_the_log(
         with pytest.raises(BadRequest):
             client.ask(KeysAllow(name="x", public_key=Keypair.generate().public), AllowedKeys)
     assert "admitted as local" in node.log()
-    assert "refused a frame from local" in node.log()
+    assert "(principal local)" in node.log()
 
 
 def test_issue_12_unauthenticated_tcp_launch_does_not_run_its_command(
