@@ -1,9 +1,9 @@
 """Generate docs/cli.md from the click command tree, so the CLI reference cannot drift.
 
-Walks the `subagents-node` group (subagents_node.cli.cli), every command and sub-group, and writes each
-command's usage, help text, arguments and options as Markdown, plus the exit codes the CLI maps
-typed errors to (subagents_node.cli.common.EXIT_CODES). Nothing depends on the terminal width, so the
-output is the same on every machine.
+Walks the `subagents-node` group (subagents_node.cli.cli), every command and sub-group, and
+writes each command's usage, help text, arguments and options as Markdown, plus the exit codes
+the CLI maps typed errors to (subagents_node.cli.common.EXIT_CODES). Nothing depends on the
+terminal width, so the output is the same on every machine.
 
     .venv/bin/python docs/gen_cli.py           # rewrite docs/cli.md
     .venv/bin/python docs/gen_cli.py --check   # exit 1 if docs/cli.md is stale

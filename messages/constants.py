@@ -25,6 +25,8 @@ def version() -> str:
 
 #: The largest call or config timeout, and most counts (SPEC §0.4, resolving A-8).
 MAX_INT32 = 2_147_483_647
+MAX_TIMEOUT_MS = MAX_INT32
+MAX_COUNT = MAX_INT32
 #: SQLite's INTEGER range: nothing from outside may carry an integer beyond it to a store.
 SQLITE_MIN_INT = -(2**63)
 SQLITE_MAX_INT = 2**63 - 1

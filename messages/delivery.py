@@ -25,8 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from subagents_node.messages.constants import (
+    ENV_AGENT,
+    ENV_CHILD_ID,
+    ENV_DEPTH,
+    ENV_FANOUT,
+    ENV_MAX_DEPTH,
+    ENV_NODE,
+    ENV_OUTPUT,
+    ENV_RUN_ID,
+    ENV_SESSION,
+    ENV_TASK_DELIVERY,
+    ENV_TASK_FILE,
+)
 from subagents_node.messages.errors import AgentCommandNotFound, AgentInvalid, BadRequest
-from subagents_node.messages.fanout import ENV_FANOUT
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +46,6 @@ Delivery = Literal["argv", "stdin", "file"]
 
 #: R-TSK-1: `auto` switches to a task file for tasks longer than this many characters.
 AUTO_FILE_THRESHOLD = 8000
-ENV_TASK_DELIVERY = "SUBAGENTS_TASK_DELIVERY"
-ENV_OUTPUT = "SUBAGENTS_OUTPUT"
-ENV_TASK_FILE = "SUBAGENTS_TASK_FILE"
-ENV_AGENT = "SUBAGENTS_AGENT"
-ENV_NODE = "SUBAGENTS_NODE"
 #: Variables that describe one child only; never inherited from a launcher that is a child.
 _PER_CHILD = (ENV_OUTPUT, ENV_TASK_FILE, ENV_AGENT, ENV_FANOUT)
 
@@ -233,11 +240,11 @@ def child_environment(
     env.update(
         {
             ENV_NODE: node_address,
-            "SUBAGENTS_SESSION": session_id,
-            "SUBAGENTS_RUN_ID": run_id,
-            "SUBAGENTS_CHILD_ID": child_id,
-            "SUBAGENTS_DEPTH": str(depth),
-            "SUBAGENTS_MAX_DEPTH": str(max_depth),
+            ENV_SESSION: session_id,
+            ENV_RUN_ID: run_id,
+            ENV_CHILD_ID: child_id,
+            ENV_DEPTH: str(depth),
+            ENV_MAX_DEPTH: str(max_depth),
         }
     )
     if fanout and fanout_descriptor is not None:

@@ -39,7 +39,6 @@ from subagents_node.messages.constants import MAX_INT32
 from subagents_node.messages.errors import FanoutDescriptorInvalid
 
 FANOUT = "fanout"
-ENV_FANOUT = "SUBAGENTS_RUN_FANOUT"
 
 #: Largest limit a budget accepts (like timeouts, capped at 2^31-1; SPEC §0.4).
 MAX_LIMIT = MAX_INT32

@@ -24,14 +24,13 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.constants import MAX_COUNT
 from subagents_node.messages.runs import RunState
 
 SESSION = "session"
 
 #: History entries kept per session (R-SPN-6: "keeps only the last 20 entries").
 GRANT_HISTORY_MAX = 20
-#: The largest count a limit or a request may carry: keeps every sum inside SQLite's integers.
-MAX_COUNT = 2_147_483_647
 
 SessionId = Annotated[str, Field(min_length=1, max_length=512)]
 RunId = Annotated[str, Field(min_length=1, max_length=512)]

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.constants import MAX_COUNT, MAX_TIMEOUT_MS
 from subagents_node.messages.runs import ProofState, RunState
 
 SUPERVISOR = "supervisor"
@@ -24,9 +25,6 @@ WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 #: A child the run has not started yet is `pending`; the others are messages.runs.ChildState.
 ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
-MAX_TIMEOUT_MS = 2_147_483_647
-#: Counts travel as signed 32-bit integers in every ledger.
-MAX_COUNT = 2_147_483_647
 _MAX_TASK = 1 << 19
 
 

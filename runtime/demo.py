@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="keep the outputs here (default: a temp dir)")
     parser.add_argument("--summary-json", type=Path, help="also write the summary as JSON here")
     args = parser.parse_args(argv)
-    console = Console()
+    # piped (make demo | tee, CI logs) rich would cut the summary table at 80 columns
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     out = args.out or Path(tempfile.mkdtemp(prefix="sa-demo-out-"))
     out.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="sa-demo-"))  # short: the node's socket lives here

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from subagents_node.actors.runs import runplan
 from subagents_node.actors.runs.liverun import LiveRun
-from subagents_node.messages.delivery import ENV_OUTPUT, child_environment, prepare_invocation
+from subagents_node.messages.constants import ENV_CHILD_DIR, ENV_OUTPUT, ENV_WORKFLOW_TOKEN
+from subagents_node.messages.delivery import child_environment, prepare_invocation
 from subagents_node.messages.fanout import encode_descriptor, extend
 from subagents_node.messages.runs import ChildSpec
 from subagents_node.messages.supervisor import Launch
@@ -66,11 +67,11 @@ def child_spec(
         **child_depth(launch, child),
         fanout_descriptor=child_descriptor(live, child),
     )
-    env["SUBAGENTS_CHILD_DIR"] = str(child_dir)
+    env[ENV_CHILD_DIR] = str(child_dir)
     if item.output:
         env[ENV_OUTPUT] = str(Path(cwd, item.output))
     if launch.mode == "workflow" and workflow_token:
-        env["SUBAGENTS_WORKFLOW_TOKEN"] = workflow_token  # proves its children's admission
+        env[ENV_WORKFLOW_TOKEN] = workflow_token  # proves its children's admission
     timeout_ms = runplan.child_timeout_ms(launch, item)
     return ChildSpec(
         child_id=child_id,

@@ -20,20 +20,32 @@ import logging
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeAlias
+from typing import Any, ParamSpec
 
 import pykka
 
 from subagents_node.actors.child.actor import recover_children, start_child, stop_child
-from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
+from subagents_node.actors.owner import DEFERRED, OwnerActor, Tick
 from subagents_node.actors.pipelines import Pipelines
 from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
+from subagents_node.actors.runs.ticks import (
+    Advance,
+    Answer,
+    AppendFix,
+    AppendKey,
+    CallKey,
+    ChildEventArrived,
+    LaunchKey,
+    Report,
+    RunDeadline,
+    Settle,
+    Track,
+)
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
@@ -54,7 +66,7 @@ from subagents_node.messages.fanout import (
     encode_descriptor,
 )
 from subagents_node.messages.retention import Prune, PruneResult
-from subagents_node.messages.runs import ChildEvent, ChildExited, ChildStarted
+from subagents_node.messages.runs import ChildExited, ChildStarted
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
     Append,
@@ -78,90 +90,6 @@ from subagents_node.messages.supervisor import (
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
-
-
-# -- call keys: what the answer to a call to another owner is for ----------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchKey:
-    """The admission pipeline of run `run_id` (a launch, resume or rerun)."""
-
-    run_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class AppendKey:
-    """An append pipeline on run `run_id`; `token` tells concurrent appends apart."""
-
-    run_id: str
-    token: str
-
-
-@dataclass(frozen=True, slots=True)
-class AppendFix:
-    """Recovery committing the reservation of durable append record `seq` (R-APP-4)."""
-
-    run_id: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """The budget read of a run that is ending; its answer settles the run."""
-
-    run_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Track:
-    """Bookkeeping: the session's view of the run's state (a failure is only logged)."""
-
-    run_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """Bookkeeping: a capacity report about the run's slot (a failure is only logged)."""
-
-    run_id: str
-
-
-CallKey: TypeAlias = LaunchKey | AppendKey | AppendFix | Settle | Track | Report
-
-
-# -- ticks ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Answer(Tick):
-    """Another owner answered the call named by `key` (what the pipelines deliver)."""
-
-    key: CallKey
-    outcome: Outcome
-
-
-@dataclass(frozen=True, slots=True)
-class ChildEventArrived(Tick):
-    """A ChildActor reports that its child started or exited (committed on its side)."""
-
-    event: ChildEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Advance(Tick):
-    """Run `run_id` may have children to start or be done: steps were appended, or a child
-    could not start. Told after the commit that records the change, so the run moves on from
-    durable state."""
-
-    run_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class RunDeadline(Tick):
-    """Run `run_id`'s own deadline passed."""
-
-    run_id: str
 
 
 class RunSupervisor(OwnerActor):

@@ -1,6 +1,6 @@
 """Helpers shared by the example agents (stdlib only): reading the task and the output path.
 
-An agent receives its task in one of the ways subagents_node.messages.delivery delivers it (SPEC §0.2):
+An agent receives its task in one of the ways the node delivers it (SPEC §0.2, delivery.py):
 - argv: the task text is the first positional argument;
 - file: the first argument is `@PATH` (R-TSK-1), or `$SUBAGENTS_TASK_FILE` names the file;
 - stdin: `<System instructions>\\n...\\n\\n<Task>\\n{task}` (R-EXT-3).

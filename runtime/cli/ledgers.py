@@ -11,6 +11,7 @@ import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.launch.config import current_depth, load_config
+from subagents_node.messages.constants import ENV_SESSION
 from subagents_node.messages.errors import RunNotFound
 from subagents_node.messages.supervisor import RunView
 
@@ -20,9 +21,7 @@ def _limit_text(limit: int) -> str:
 
 
 @click.command()
-@click.option(
-    "--session", help="Session id (default: $SUBAGENTS_SESSION).", envvar="SUBAGENTS_SESSION"
-)
+@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION).", envvar=ENV_SESSION)
 @click.option("--limit", type=int, help="Session limit to report against (default: config).")
 @json_option
 @click.pass_obj

@@ -14,7 +14,8 @@ import click
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.runs import follow, summary
 from subagents_node.launch.config import current_depth, load_config
-from subagents_node.launch.launcher import ENV_RUN_ID, LaunchContext
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.constants import ENV_CHILD_ID, ENV_RUN_ID
 from subagents_node.messages.supervisor import (
     Append,
     AppendResult,
@@ -106,7 +107,7 @@ def intercom_send(obj: Ctx, text: str, run_id: str | None, as_json: bool) -> Non
     target = run_id or os.environ.get(ENV_RUN_ID, "").strip()
     if not target:
         raise click.UsageError("not inside a child: give --run RUN_ID")
-    child = os.environ.get("SUBAGENTS_CHILD_ID", "")
+    child = os.environ.get(ENV_CHILD_ID, "")
     with obj.client() as client:
         sent = client.ask(Intercom(run_id=target, child_id=child, text=text), IntercomMessage)
     emit(sent, as_json, f"sent to run {sent.run_id}")

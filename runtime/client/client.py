@@ -12,9 +12,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
 from subagents_node.client.keys import ClientCredentials
-from subagents_node.client.paths import ENV_NODE, ipc_endpoint, resolve_state_dir
+from subagents_node.client.paths import ipc_endpoint, resolve_state_dir
 from subagents_node.client.transport import Transport, ZmqTransport
 from subagents_node.messages.base import Message, Request
+from subagents_node.messages.constants import ENV_NODE
 from subagents_node.messages.errors import BadRequest
 from subagents_node.messages.node import NodeStatus, NodeStatusResult, Ping, Pong, Shutdown
 

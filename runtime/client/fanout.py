@@ -23,9 +23,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from subagents_node.messages.base import Message, Request, validate_request
+from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import FanoutError
 from subagents_node.messages.fanout import (
-    ENV_FANOUT,
     INHERITED_INVALID,
     AbortReservation,
     ClaimPaths,

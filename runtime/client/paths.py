@@ -12,10 +12,9 @@ import os
 import stat
 from pathlib import Path
 
+from subagents_node.messages.constants import ENV_STATE_DIR
 from subagents_node.messages.errors import BadAddress, UnsafeStateDir
 
-ENV_STATE_DIR = "SUBAGENTS_STATE_DIR"
-ENV_NODE = "SUBAGENTS_NODE"
 SOCKET_NAME = "node.sock"
 PID_NAME = "node.pid"
 DB_NAME = "state.db"

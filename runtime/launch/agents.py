@@ -37,9 +37,9 @@ from pydantic import (
     field_validator,
 )
 
+from subagents_node.messages.constants import ENV_TASK_DELIVERY, MAX_TIMEOUT_MS
 from subagents_node.messages.delivery import (
     AUTO_FILE_THRESHOLD,
-    ENV_TASK_DELIVERY,
     AgentLike,
     Invocation,
     child_environment,
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
 Scope = Literal["explicit", "project", "user"]
 
-MAX_TIMEOUT_MS = 2_147_483_647
 PROJECT_AGENTS_DIR = Path(".subagents") / "agents"
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"

@@ -40,9 +40,6 @@ from subagents_node.launch.limits import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_SPAWNS_PER_RUN,
     DEFAULT_TIMEOUT_MS,
-    ENV_DEPTH,
-    ENV_MAX_DEPTH,
-    MAX_TIMEOUT_MS,
     as_integer,
     parse_env_int,
     resolve_capacity_limit,
@@ -52,8 +49,15 @@ from subagents_node.launch.limits import (
     resolve_timeout_ms,
     validate_call_timeout,
 )
+from subagents_node.messages.constants import (
+    ENV_DEPTH,
+    ENV_MAX_DEPTH,
+    ENV_STATE_DIR,
+    MAX_COUNT,
+    MAX_TIMEOUT_MS,
+)
 from subagents_node.messages.errors import ConfigError, SubagentsError
-from subagents_node.messages.session import MAX_COUNT, GrantAuthority
+from subagents_node.messages.session import GrantAuthority
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ ENV_NAMES: Mapping[str, str] = {
     "agent_dirs": "SUBAGENTS_AGENT_DIRS",
     "listen": "SUBAGENTS_LISTEN",
     "grant_authority": "SUBAGENTS_GRANT_AUTHORITY",
-    "state_dir": "SUBAGENTS_STATE_DIR",
+    "state_dir": ENV_STATE_DIR,
     "max_watchers": "SUBAGENTS_MAX_WATCHERS",
     "child_log_max_bytes": "SUBAGENTS_CHILD_LOG_MAX_BYTES",
     "node_log_max_bytes": "SUBAGENTS_NODE_LOG_MAX_BYTES",

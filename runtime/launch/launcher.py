@@ -30,8 +30,8 @@ from subagents_node.launch.config import (
     load_config,
     validate_call_timeout,
 )
+from subagents_node.messages.constants import ENV_FANOUT, ENV_RUN_ID, ENV_SESSION
 from subagents_node.messages.errors import RunFileInvalid
-from subagents_node.messages.fanout import ENV_FANOUT
 from subagents_node.messages.supervisor import (
     AgentPlan,
     ChainStep,
@@ -40,9 +40,6 @@ from subagents_node.messages.supervisor import (
     RunMode,
     TaskItem,
 )
-
-ENV_SESSION = "SUBAGENTS_SESSION"
-ENV_RUN_ID = "SUBAGENTS_RUN_ID"
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import math
 
+from subagents_node.messages.constants import MAX_TIMEOUT_MS
 from subagents_node.messages.errors import InvalidTimeout
 
-#: R-TMO-1 / §0.4: the largest timeout accepted anywhere (2^31 - 1 ms, about 24.8 days).
-MAX_TIMEOUT_MS = 2_147_483_647
 #: R-TMO-2: the built-in foreground and async-single default.
 DEFAULT_TIMEOUT_MS = 1_800_000
 DEFAULT_SPAWNS_PER_RUN = 64
 DEFAULT_MAX_DEPTH = 2
-ENV_DEPTH = "SUBAGENTS_DEPTH"
-ENV_MAX_DEPTH = "SUBAGENTS_MAX_DEPTH"
 
 
 def as_integer(value: object) -> int | None:

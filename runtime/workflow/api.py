@@ -34,6 +34,14 @@ from typing import Any
 from subagents_node.client.client import Client
 from subagents_node.launch.agents import Agent
 from subagents_node.launch.launcher import LaunchContext, agent_plan
+from subagents_node.messages.constants import (
+    ENV_AGENT,
+    ENV_CHILD_DIR,
+    ENV_CHILD_ID,
+    ENV_OUTPUT,
+    ENV_TASK_FILE,
+    ENV_WORKFLOW_TOKEN,
+)
 from subagents_node.messages.errors import (
     FanoutLimitExceeded,
     SubagentsError,
@@ -47,7 +55,6 @@ from subagents_node.messages.errors import (
 from subagents_node.messages.fanout import FanoutSnapshot, encode_descriptor, extend
 from subagents_node.messages.supervisor import IntercomMode, Launch, RunView, TaskItem
 from subagents_node.workflow.calls import (
-    ENV_WORKFLOW_TOKEN,
     ChildCall,
     ChildResult,
     Step,
@@ -79,11 +86,11 @@ __all__ = [
 #: The host's own variables: a child gets its own values from the node, or none at all.
 _HOST_ONLY = (
     ENV_WORKFLOW_TOKEN,
-    "SUBAGENTS_OUTPUT",
-    "SUBAGENTS_TASK_FILE",
-    "SUBAGENTS_CHILD_ID",
-    "SUBAGENTS_CHILD_DIR",
-    "SUBAGENTS_AGENT",
+    ENV_OUTPUT,
+    ENV_TASK_FILE,
+    ENV_CHILD_ID,
+    ENV_CHILD_DIR,
+    ENV_AGENT,
 )
 
 

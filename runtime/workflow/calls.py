@@ -22,7 +22,6 @@ from subagents_node.messages.errors import WorkflowCallInvalid, WorkflowKeyInval
 from subagents_node.messages.fanout import FanoutDescriptor
 from subagents_node.messages.supervisor import WORKFLOW_KEY, IntercomMode, RunView
 
-ENV_WORKFLOW_TOKEN = "SUBAGENTS_WORKFLOW_TOKEN"
 _KEY = re.compile(WORKFLOW_KEY)
 
 StepStatus = Literal["pending", "running", "completed", "failed", "stopped"]

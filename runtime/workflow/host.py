@@ -39,10 +39,19 @@ from typing import Any, TextIO
 
 from subagents_node.client.client import Client, connect
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.constants import (
+    ENV_CHILD_DIR,
+    ENV_FANOUT,
+    ENV_NODE,
+    ENV_OUTPUT,
+    ENV_RUN_ID,
+    ENV_SESSION,
+    ENV_WORKFLOW_TOKEN,
+)
 from subagents_node.messages.errors import SubagentsError, WorkflowHostError
-from subagents_node.messages.fanout import ENV_FANOUT, decode_descriptor
+from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import IntercomMode
-from subagents_node.workflow.api import ENV_WORKFLOW_TOKEN, WorkflowEnv, WorkflowRuns
+from subagents_node.workflow.api import WorkflowEnv, WorkflowRuns
 from subagents_node.workflow.launch import RESULT_FILE
 from subagents_node.workflow.report import (
     STATUS_FILE,
@@ -57,12 +66,12 @@ from subagents_node.workflow.report import (
 from subagents_node.workflow.stop import WorkflowStopped
 
 _REQUIRED = (
-    "SUBAGENTS_NODE",
-    "SUBAGENTS_SESSION",
-    "SUBAGENTS_RUN_ID",
+    ENV_NODE,
+    ENV_SESSION,
+    ENV_RUN_ID,
     ENV_FANOUT,
     ENV_WORKFLOW_TOKEN,
-    "SUBAGENTS_CHILD_DIR",
+    ENV_CHILD_DIR,
 )
 #: The event the supervisor records when a run is told to stop (actors.supervisor).
 _STOP_EVENT = "run.stopping"
@@ -77,13 +86,13 @@ def workflow_env(environ: Mapping[str, str], cwd: Path, intercom: IntercomMode) 
             "start one with `subagents-node workflow SCRIPT`",
             variable=missing[0],
         )
-    aggregate = environ.get("SUBAGENTS_OUTPUT", "").strip()
+    aggregate = environ.get(ENV_OUTPUT, "").strip()
     return WorkflowEnv(
-        run_id=environ["SUBAGENTS_RUN_ID"],
-        session_id=environ["SUBAGENTS_SESSION"],
+        run_id=environ[ENV_RUN_ID],
+        session_id=environ[ENV_SESSION],
         token=environ[ENV_WORKFLOW_TOKEN],
         descriptor=decode_descriptor(environ[ENV_FANOUT]),
-        run_dir=Path(environ["SUBAGENTS_CHILD_DIR"]).parent,
+        run_dir=Path(environ[ENV_CHILD_DIR]).parent,
         cwd=cwd,
         aggregate=Path(os.path.normpath(aggregate)) if aggregate else None,
         intercom=intercom,
@@ -231,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     except SubagentsError as err:
         print(f"workflow host: {err.message}", file=sys.stderr)
         return 2
-    with connect(os.environ["SUBAGENTS_NODE"]) as client:
+    with connect(os.environ[ENV_NODE]) as client:
         with contextlib.suppress(SubagentsError):
             env = _with_mode(env, client)
         try:

@@ -21,6 +21,7 @@ from subagents_node.client.fanout import FanoutAPI
 from subagents_node.client.paths import DB_NAME
 from subagents_node.messages.base import Message
 from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
     BadRequest,
@@ -38,7 +39,6 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.fanout import (
-    ENV_FANOUT,
     MAX_PATHS,
     ClaimPaths,
     FanoutDescriptor,

@@ -26,6 +26,7 @@ from subagents_node.launch.agents import (
     prepare_invocation,
     stdin_text,
 )
+from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import (
     AgentCommandNotFound,
     AgentInvalid,
@@ -33,7 +34,6 @@ from subagents_node.messages.errors import (
     BadRequest,
     SubagentsError,
 )
-from subagents_node.messages.fanout import ENV_FANOUT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 REPO = EXAMPLES.parent.parent

@@ -16,7 +16,6 @@ from subagents_node.actors.runs.admission import validate
 from subagents_node.actors.runs.child_launch import child_depth
 from subagents_node.launch.config import (
     DEFAULT_TIMEOUT_MS,
-    MAX_TIMEOUT_MS,
     Settings,
     current_depth,
     load_config,
@@ -28,6 +27,7 @@ from subagents_node.launch.config import (
     user_config_path,
     validate_call_timeout,
 )
+from subagents_node.messages.constants import MAX_TIMEOUT_MS
 from subagents_node.messages.errors import ConfigError, InvalidTimeout, NestedCallBlocked
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 

@@ -1,0 +1,98 @@
+"""The run supervisor's internal messages: what it tells itself, and what its calls are for.
+
+Owns two families of small frozen types: the keys that name a call to another owner (the answer
+comes back as an `Answer` with that key, and `match` on the key routes it: no string parsing),
+and the ticks delivered through the supervisor's inbox (answers, child events, timers), so they
+run serialized with requests. It must never hold state or behaviour: types only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from subagents_node.actors.owner import Outcome, Tick
+from subagents_node.messages.runs import ChildEvent
+
+# -- call keys: what the answer to a call to another owner is for ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchKey:
+    """The admission pipeline of run `run_id` (a launch, resume or rerun)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppendKey:
+    """An append pipeline on run `run_id`; `token` tells concurrent appends apart."""
+
+    run_id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppendFix:
+    """Recovery committing the reservation of durable append record `seq` (R-APP-4)."""
+
+    run_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """The budget read of a run that is ending; its answer settles the run."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """Bookkeeping: the session's view of the run's state (a failure is only logged)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Bookkeeping: a capacity report about the run's slot (a failure is only logged)."""
+
+    run_id: str
+
+
+CallKey: TypeAlias = LaunchKey | AppendKey | AppendFix | Settle | Track | Report
+
+
+# -- ticks ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer(Tick):
+    """Another owner answered the call named by `key` (what the pipelines deliver)."""
+
+    key: CallKey
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEventArrived(Tick):
+    """A ChildActor reports that its child started or exited (committed on its side)."""
+
+    event: ChildEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Advance(Tick):
+    """Run `run_id` may have children to start or be done: steps were appended, or a child
+    could not start. Told after the commit that records the change, so the run moves on from
+    durable state."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunDeadline(Tick):
+    """Run `run_id`'s own deadline passed."""
+
+    run_id: str
