@@ -13,7 +13,8 @@
     │   ├── WorkflowChildRefused         workflow_child_refused
     │   └── RunFileInvalid               run_file_invalid            file
     ├── UnknownTarget                    unknown_target              target
-    ├── Busy                             busy                        target, mailbox, limit
+    ├── Busy                             busy                        target, mailbox|watchers,
+    │                                                                limit
     ├── Internal                         internal                    actor
     ├── StoreError                       store_error                 path
     ├── NodeError (client side: the node could not be reached; never on the wire)

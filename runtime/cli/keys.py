@@ -46,7 +46,11 @@ def keys_group() -> None:
 
 
 @keys_group.command()
-@click.option("--force", is_flag=True, help="Replace existing keys (clients must be re-allowed).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace existing keys (clients must be re-allowed; restart a running node).",
+)
 @click.pass_obj
 @user_errors
 def generate(obj: Ctx, force: bool) -> None:
