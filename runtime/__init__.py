@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from subagents_node import errors
+    from subagents_node.client.aio import AsyncClient
     from subagents_node.client.client import Client, connect
     from subagents_node.launch.launcher import LaunchContext
     from subagents_node.messages.supervisor import ChainStep, Launch, RunView, TaskItem
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from subagents_node.workflow.launch import workflow_launch, workflow_result
 
 __all__ = [
+    "AsyncClient",
     "ChainStep",
     "Client",
     "Launch",
@@ -48,6 +50,7 @@ __all__ = [
 
 #: public name -> the module that defines it (None: the name is that module itself)
 _WHERE: dict[str, tuple[str, str | None]] = {
+    "AsyncClient": ("subagents_node.client.aio", "AsyncClient"),
     "ChainStep": ("subagents_node.messages.supervisor", "ChainStep"),
     "Client": ("subagents_node.client.client", "Client"),
     "Launch": ("subagents_node.messages.supervisor", "Launch"),

@@ -41,6 +41,7 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "rerun": ("subagents_node.cli.manage", "rerun"),
         "append": ("subagents_node.cli.manage", "append"),
         "intercom": ("subagents_node.cli.manage", "intercom"),
+        "mcp": ("subagents_node.cli.mcp", "mcp_command"),
         "workflow": ("subagents_node.cli.workflow", "workflow"),
         "keys": ("subagents_node.cli.keys", "keys_group"),
         "prune": ("subagents_node.cli.prune", "prune"),

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from subagents_node.messages.base import Message, Request, validate_request
+from subagents_node.client.plans import Plan, build, one
+from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
@@ -51,15 +52,108 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Q = TypeVar("Q", bound=Request)
 R = TypeVar("R", bound=Message)
+T = TypeVar("T")
 
 
-def build(request_class: type[Q], /, **fields: Any) -> Q:
-    """Validate a request the way the gateway does, so a bad argument is a typed BadRequest."""
-    request = validate_request(request_class, fields)
-    assert isinstance(request, request_class)
-    return request
+# -- the requests, one plan each (shared with the asyncio client, subagents_node.client.aio) --
+
+
+def mark_started_plan(
+    wire: SlotHandle, runner_id: str, pid: int | None, process_start_time: float | None
+) -> Plan[SlotHandle]:
+    request = build(
+        MarkStarted,
+        handle=wire,
+        runner_id=runner_id,
+        pid=pid,
+        process_start_time=process_start_time,
+    )
+    return one(request, SlotHandle)
+
+
+def mark_workflow_started_plan(wire: SlotHandle) -> Plan[SlotHandle]:
+    return one(build(MarkWorkflowStarted, handle=wire), SlotHandle)
+
+
+def rollback_plan(wire: SlotHandle) -> Plan[RollbackResult]:
+    return one(build(Rollback, handle=wire), RollbackResult)
+
+
+def acquire_plan(
+    session_id: str,
+    limit: int,
+    run_id: str,
+    kind: SlotKind = "runner",
+    async_dir: str = "",
+    ttl_s: float | None = None,
+) -> Plan[AcquireResult]:
+    request = build(
+        Acquire,
+        session_id=session_id,
+        limit=limit,
+        run_id=run_id,
+        kind=kind,
+        async_dir=async_dir,
+        ttl_s=ttl_s,
+    )
+    return one(request, AcquireResult)
+
+
+def transfer_plan(
+    session_id: str,
+    limit: int,
+    source_run_id: str,
+    run_id: str,
+    async_dir: str = "",
+    ttl_s: float | None = None,
+) -> Plan[AcquireResult]:
+    request = build(
+        Transfer,
+        session_id=session_id,
+        limit=limit,
+        source_run_id=source_run_id,
+        run_id=run_id,
+        async_dir=async_dir,
+        ttl_s=ttl_s,
+    )
+    return one(request, AcquireResult)
+
+
+def snapshot_plan(session_id: str, limit: int = 0) -> Plan[CapacitySnapshot]:
+    return one(build(Snapshot, session_id=session_id, limit=limit), CapacitySnapshot)
+
+
+def report_terminal_plan(
+    session_id: str,
+    run_id: str,
+    state: ReportedState,
+    generation: int | None = None,
+    live_process: bool = False,
+    proof: RunnerProof | None = None,
+    workflow_children_proven: bool = False,
+    reason: str = "",
+) -> Plan[Verdict]:
+    request = build(
+        ReportTerminal,
+        session_id=session_id,
+        run_id=run_id,
+        generation=generation,
+        state=state,
+        live_process=live_process,
+        proof=proof,
+        workflow_children_proven=workflow_children_proven,
+        reason=reason,
+    )
+    return one(request, Verdict)
+
+
+def inspect_plan(run_id: str, session_id: str | None = None) -> Plan[Inspection]:
+    return one(build(Inspect, run_id=run_id, session_id=session_id), Inspection)
+
+
+def as_slot_handle(wire: SlotHandle | dict[str, Any]) -> SlotHandle:
+    return wire if isinstance(wire, SlotHandle) else SlotHandle.model_validate(wire)
 
 
 class CapacityHandle:
@@ -111,29 +205,23 @@ class CapacityHandle:
         self, runner_id: str, pid: int | None = None, process_start_time: float | None = None
     ) -> CapacityHandle:
         """R-CAP-13: record the runner's identity. Raises CapacityOwnershipChanged if stale."""
-        request = build(
-            MarkStarted,
-            handle=self._wire,
-            runner_id=runner_id,
-            pid=pid,
-            process_start_time=process_start_time,
-        )
+        plan = mark_started_plan(self._wire, runner_id, pid, process_start_time)
         self.started = True  # the caller's copy first (R-CAP-13): no rollback after this
-        self._wire = self._api.ask(request, SlotHandle)
+        self._wire = self._api.perform(plan)
         return self
 
     def mark_workflow_started(self) -> CapacityHandle:
         """R-CAP-14: the controller of this workflow slot is live."""
-        request = build(MarkWorkflowStarted, handle=self._wire)
+        plan = mark_workflow_started_plan(self._wire)
         self.started = True
-        self._wire = self._api.ask(request, SlotHandle)
+        self._wire = self._api.perform(plan)
         return self
 
     def rollback(self) -> bool:
         """R-CAP-15..17: undo an unstarted grant. False after a start, or when not current."""
         if self.started:
             return False
-        result = self._api.ask(build(Rollback, handle=self._wire), RollbackResult)
+        result = self._api.perform(rollback_plan(self._wire))
         if result.rolled_back and result.handle is not None:
             self._wire = result.handle
         return result.rolled_back
@@ -175,6 +263,9 @@ class CapacityAPI:
         """One request to the ledger; its typed result, or its typed error raised."""
         return self._client.ask(request, result)
 
+    def perform(self, plan: Plan[T]) -> T:
+        return self._client.perform(plan)
+
     def acquire(
         self,
         session_id: str,
@@ -188,16 +279,8 @@ class CapacityAPI:
 
         Raises CapacityExhausted (with `.snapshot`) when the pool is full.
         """
-        request = build(
-            Acquire,
-            session_id=session_id,
-            limit=limit,
-            run_id=run_id,
-            kind=kind,
-            async_dir=async_dir,
-            ttl_s=ttl_s,
-        )
-        return self._granted(self.ask(request, AcquireResult))
+        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s)
+        return self._granted(self.perform(plan))
 
     def transfer(
         self,
@@ -212,20 +295,12 @@ class CapacityAPI:
 
         Raises CapacityNotTransferable while the source may still be running.
         """
-        request = build(
-            Transfer,
-            session_id=session_id,
-            limit=limit,
-            source_run_id=source_run_id,
-            run_id=run_id,
-            async_dir=async_dir,
-            ttl_s=ttl_s,
-        )
-        return self._granted(self.ask(request, AcquireResult))
+        plan = transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s)
+        return self._granted(self.perform(plan))
 
     def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
         """R-CAP-26: `{used, limit}` of the session pool; limit 0 means unlimited."""
-        return self.ask(build(Snapshot, session_id=session_id, limit=limit), CapacitySnapshot)
+        return self.perform(snapshot_plan(session_id, limit))
 
     def report_terminal(
         self,
@@ -240,27 +315,25 @@ class CapacityAPI:
         reason: str = "",
     ) -> Verdict:
         """Tell the ledger a run ended or paused; a releasable verdict frees its slot."""
-        request = build(
-            ReportTerminal,
-            session_id=session_id,
-            run_id=run_id,
-            generation=generation,
-            state=state,
-            live_process=live_process,
-            proof=proof,
-            workflow_children_proven=workflow_children_proven,
-            reason=reason,
+        plan = report_terminal_plan(
+            session_id,
+            run_id,
+            state,
+            generation,
+            live_process,
+            proof,
+            workflow_children_proven,
+            reason,
         )
-        return self.ask(request, Verdict)
+        return self.perform(plan)
 
     def inspect(self, run_id: str, session_id: str | None = None) -> Inspection:
         """R-CAP-27: which slot records `run_id`, and whether it could be released now."""
-        return self.ask(build(Inspect, run_id=run_id, session_id=session_id), Inspection)
+        return self.perform(inspect_plan(run_id, session_id))
 
     def handle(self, wire: SlotHandle | dict[str, Any]) -> CapacityHandle:
         """A handle rebuilt from its wire form, e.g. one passed in from another process."""
-        model = wire if isinstance(wire, SlotHandle) else SlotHandle.model_validate(wire)
-        return CapacityHandle(self, model)
+        return CapacityHandle(self, as_slot_handle(wire))
 
     def _granted(self, result: AcquireResult) -> CapacityHandle | None:
         if result.handle is None:

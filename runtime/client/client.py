@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import ipc_endpoint, resolve_state_dir
+from subagents_node.client.plans import Plan, one, perform
 from subagents_node.client.transport import Transport, ZmqTransport
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.constants import ENV_NODE
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from subagents_node.client.session import SessionAPI
 
 R = TypeVar("R", bound=Message)
+T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -80,21 +82,20 @@ class Client:
         `target` is needed only by requests that leave their owner open (`debug.*`).
         """
         outcome = self.transport.call(request, self.timeout if timeout is None else timeout, target)
-        if not isinstance(outcome, result):
-            raise BadRequest(
-                f"{request.type} answered with {type(outcome).__name__}, not {result.__name__}",
-                reason="reply",
-            )
-        return outcome
+        return checked(request, outcome, result)
+
+    def perform(self, plan: Plan[T]) -> T:
+        """Carry out a plan (subagents_node.client.plans): each of its requests in turn."""
+        return perform(plan, lambda step: self.ask(step.request, step.result, step.timeout))
 
     def ping(self, timeout: float | None = None) -> Pong:
-        return self.ask(Ping(), Pong, timeout)
+        return self.perform(ping_plan(timeout))
 
     def status(self) -> NodeStatusResult:
-        return self.ask(NodeStatus(), NodeStatusResult)
+        return self.perform(status_plan())
 
     def shutdown(self) -> None:
-        self.ask(Shutdown(), Message)
+        self.perform(shutdown_plan())
 
     def close(self) -> None:
         self.transport.close()
@@ -104,6 +105,28 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def checked(request: Request, outcome: Message, result: type[R]) -> R:
+    """The outcome as the result type the request promised, else a BadRequest (reason reply)."""
+    if not isinstance(outcome, result):
+        raise BadRequest(
+            f"{request.type} answered with {type(outcome).__name__}, not {result.__name__}",
+            reason="reply",
+        )
+    return outcome
+
+
+def ping_plan(timeout: float | None = None) -> Plan[Pong]:
+    return one(Ping(), Pong, timeout)
+
+
+def status_plan() -> Plan[NodeStatusResult]:
+    return one(NodeStatus(), NodeStatusResult)
+
+
+def shutdown_plan() -> Plan[Message]:
+    return one(Shutdown(), Message)
 
 
 def default_address(state_dir: str | os.PathLike[str] | None = None) -> str:

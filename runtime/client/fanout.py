@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from subagents_node.messages.base import Message, Request, validate_request
+from subagents_node.client.plans import Plan, build, one
+from subagents_node.messages.base import Message
 from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import FanoutError
 from subagents_node.messages.fanout import (
@@ -51,6 +52,65 @@ DescriptorLike = FanoutDescriptor | str
 def as_descriptor(descriptor: DescriptorLike) -> FanoutDescriptor:
     """The model itself, or the descriptor an encoded string holds (FanoutDescriptorInvalid)."""
     return descriptor if isinstance(descriptor, FanoutDescriptor) else decode_descriptor(descriptor)
+
+
+# -- the requests, one plan each (shared with the asyncio client, subagents_node.client.aio) --
+
+
+def create_plan(address: str, root_run_id: str, limit: int) -> Plan[FanoutDescriptor]:
+    request = build(CreateBudget, root_run_id=root_run_id, limit=limit)
+    descriptor: FanoutDescriptor = yield from one(request, FanoutDescriptor)
+    if descriptor.node:
+        return descriptor
+    return descriptor.model_copy(update={"node": address})
+
+
+def validate_plan(descriptor: DescriptorLike) -> Plan[FanoutDescriptor]:
+    request = build(ValidateDescriptor, descriptor=as_descriptor(descriptor))
+    return one(request, FanoutDescriptor)
+
+
+def claim_plan(descriptor: DescriptorLike, paths: Iterable[str]) -> Plan[FanoutSnapshot]:
+    request = build(ClaimPaths, descriptor=as_descriptor(descriptor), paths=list(paths))
+    return one(request, FanoutSnapshot)
+
+
+def reserve_plan(
+    descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
+) -> Plan[ReservationGrant]:
+    request = build(
+        ReservePaths, descriptor=as_descriptor(descriptor), paths=list(paths), ttl_s=ttl_s
+    )
+    return one(request, ReservationGrant)
+
+
+def commit_plan(reservation_id: str) -> Plan[FanoutSnapshot]:
+    return one(build(CommitReservation, reservation_id=reservation_id), FanoutSnapshot)
+
+
+def abort_plan(reservation_id: str) -> Plan[FanoutSnapshot]:
+    return one(build(AbortReservation, reservation_id=reservation_id), FanoutSnapshot)
+
+
+def snapshot_plan(descriptor: DescriptorLike) -> Plan[FanoutSnapshot]:
+    return one(build(ReadSnapshot, descriptor=as_descriptor(descriptor)), FanoutSnapshot)
+
+
+def from_env_plan(environ: Mapping[str, str] | None = None) -> Plan[FanoutDescriptor | None]:
+    """The inherited budget in $SUBAGENTS_RUN_FANOUT, validated by its owner; None if unset.
+
+    A value that fails to decode or validate raises its own error type, worded as R-FAN-5:
+    `Invalid inherited run fan-out budget: {reason}`.
+    """
+    value = (os.environ if environ is None else environ).get(ENV_FANOUT, "")
+    if not value.strip():
+        return None
+    try:
+        validated: FanoutDescriptor = yield from validate_plan(decode_descriptor(value))
+    except FanoutError as err:
+        reason = INHERITED_INVALID.format(reason=err.message)
+        raise type(err)(reason, **err.details) from None
+    return validated
 
 
 class Reservation:
@@ -110,58 +170,32 @@ class FanoutAPI:
 
     def create(self, root_run_id: str, limit: int) -> FanoutDescriptor:
         """A new, empty budget (R-FAN-2); its descriptor names this node as the owner."""
-        descriptor = self._ask(CreateBudget, FanoutDescriptor, root_run_id=root_run_id, limit=limit)
-        if descriptor.node:
-            return descriptor
-        return descriptor.model_copy(update={"node": self._client.address})
+        return self._client.perform(create_plan(self._client.address, root_run_id, limit))
 
     def validate(self, descriptor: DescriptorLike) -> FanoutDescriptor:
         """The descriptor checked against its manifest (R-FAN-3)."""
-        return self._ask(ValidateDescriptor, FanoutDescriptor, descriptor=as_descriptor(descriptor))
+        return self._client.perform(validate_plan(descriptor))
 
     def claim(self, descriptor: DescriptorLike, paths: Iterable[str]) -> FanoutSnapshot:
         """Claim one unit per path, all or nothing; raises FanoutLimitExceeded (R-FAN-16)."""
-        return self._ask(
-            ClaimPaths, FanoutSnapshot, descriptor=as_descriptor(descriptor), paths=list(paths)
-        )
+        return self._client.perform(claim_plan(descriptor, paths))
 
     def reserve(
         self, descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
     ) -> Reservation:
         """Hold claims for at most `ttl_s` seconds until `commit()` or `abort()`."""
-        grant = self._ask(
-            ReservePaths,
-            ReservationGrant,
-            descriptor=as_descriptor(descriptor),
-            paths=list(paths),
-            ttl_s=ttl_s,
-        )
-        return Reservation(self, grant)
+        return Reservation(self, self._client.perform(reserve_plan(descriptor, paths, ttl_s)))
 
     def commit(self, reservation_id: str) -> FanoutSnapshot:
-        return self._ask(CommitReservation, FanoutSnapshot, reservation_id=reservation_id)
+        return self._client.perform(commit_plan(reservation_id))
 
     def abort(self, reservation_id: str) -> FanoutSnapshot:
-        return self._ask(AbortReservation, FanoutSnapshot, reservation_id=reservation_id)
+        return self._client.perform(abort_plan(reservation_id))
 
     def snapshot(self, descriptor: DescriptorLike) -> FanoutSnapshot:
-        return self._ask(ReadSnapshot, FanoutSnapshot, descriptor=as_descriptor(descriptor))
+        return self._client.perform(snapshot_plan(descriptor))
 
     def from_env(self, environ: Mapping[str, str] | None = None) -> FanoutDescriptor | None:
-        """The inherited budget in $SUBAGENTS_RUN_FANOUT, validated by its owner; None if unset.
-
-        A value that fails to decode or validate raises its own error type, worded as R-FAN-5:
-        `Invalid inherited run fan-out budget: {reason}`.
-        """
-        value = (os.environ if environ is None else environ).get(ENV_FANOUT, "")
-        if not value.strip():
-            return None
-        try:
-            return self.validate(decode_descriptor(value))
-        except FanoutError as err:
-            reason = INHERITED_INVALID.format(reason=err.message)
-            raise type(err)(reason, **err.details) from None
-
-    def _ask(self, kind: type[Request], result: type[R], **fields: Any) -> R:
-        request = validate_request(kind, fields)
-        return self._client.ask(request, result)
+        """The inherited budget in $SUBAGENTS_RUN_FANOUT, validated by its owner; None if unset
+        (R-FAN-5's wording when it is invalid)."""
+        return self._client.perform(from_env_plan(environ))

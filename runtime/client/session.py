@@ -14,9 +14,9 @@ same typed `BadRequest` in-process and over a socket, and never reaches the owne
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from subagents_node.messages.base import Message, Request, validate_request
+from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.runs import RunState
 from subagents_node.messages.session import (
     GrantAuthority,
@@ -39,10 +39,73 @@ from subagents_node.messages.session import (
 if TYPE_CHECKING:
     from subagents_node.client.client import Client
 
-R = TypeVar("R", bound=Message)
-
 #: Shows the user what a grant would do (the result's snapshot) and returns their answer.
 ConfirmGrant = Callable[[GrantResult], bool]
+
+
+# -- the requests, one plan each (shared with the asyncio client, subagents_node.client.aio) --
+
+
+def open_plan(session_id: str, configured_limit: int | None = None) -> Plan[OpenSessionResult]:
+    request = build(OpenSession, session_id=session_id, configured_limit=configured_limit)
+    return one(request, OpenSessionResult)
+
+
+def spawn_snapshot_plan(session_id: str) -> Plan[SpawnSnapshot]:
+    return one(build(SpawnSnapshotQuery, session_id=session_id), SpawnSnapshot)
+
+
+def preflight_plan(session_id: str, requested: int) -> Plan[SpawnSnapshot]:
+    request = build(SpawnPreflight, session_id=session_id, requested=requested)
+    return one(request, SpawnSnapshot)
+
+
+def reserve_plan(session_id: str, requested: int) -> Plan[ReserveResult]:
+    return one(build(SpawnReserve, session_id=session_id, requested=requested), ReserveResult)
+
+
+def grant_plan(
+    session_id: str,
+    additional: int,
+    *,
+    depth: int = 0,
+    authority: GrantAuthority = "confirm",
+    yes: bool = False,
+    confirm: ConfirmGrant | None = None,
+    expected: GrantBasis | None = None,
+) -> Plan[GrantResult]:
+    """R-SPN-6; see `SessionAPI.grant`."""
+    fields: dict[str, Any] = {
+        "session_id": session_id,
+        "additional": additional,
+        "depth": depth,
+        "authority": authority,
+    }
+    if authority != "confirm" or yes:
+        basis = None if expected is None else expected.model_dump()
+        request = build(GrantSpawns, **fields, confirmed=yes, expected=basis)
+        granted: GrantResult = yield from one(request, GrantResult)
+        return granted
+    preview: GrantResult = yield from one(
+        build(GrantSpawns, **fields, confirmed=False), GrantResult
+    )
+    if confirm is None or preview.outcome != "confirmation_required":
+        return preview
+    if not confirm(preview):
+        return preview.model_copy(update={"outcome": "cancelled"})
+    request = build(GrantSpawns, **fields, confirmed=True, expected=preview.basis.model_dump())
+    confirmed: GrantResult = yield from one(request, GrantResult)
+    return confirmed
+
+
+def track_run_plan(session_id: str, run_id: str, state: RunState) -> Plan[int]:
+    request = build(TrackRun, session_id=session_id, run_id=run_id, state=state)
+    tracked: TrackRunResult = yield from one(request, TrackRunResult)
+    return tracked.active
+
+
+def status_plan(session_id: str) -> Plan[SessionStatus]:
+    return one(build(SessionStatusQuery, session_id=session_id), SessionStatus)
 
 
 class SessionAPI:
@@ -51,16 +114,11 @@ class SessionAPI:
 
     def open(self, session_id: str, configured_limit: int | None = None) -> OpenSessionResult:
         """Open `session_id` with its configured cap (None or 0: unlimited; first open wins)."""
-        return self._ask(
-            OpenSession,
-            OpenSessionResult,
-            session_id=session_id,
-            configured_limit=configured_limit,
-        )
+        return self._client.perform(open_plan(session_id, configured_limit))
 
     def spawn_snapshot(self, session_id: str) -> SpawnSnapshot:
         """R-SPN-2. A never-opened session reads as unlimited with nothing used."""
-        return self._ask(SpawnSnapshotQuery, SpawnSnapshot, session_id=session_id)
+        return self._client.perform(spawn_snapshot_plan(session_id))
 
     def snapshot(self, session_id: str) -> SpawnSnapshot:
         """Alias of `spawn_snapshot`."""
@@ -68,11 +126,11 @@ class SessionAPI:
 
     def preflight(self, session_id: str, requested: int) -> SpawnSnapshot:
         """R-SPN-4: raise SpawnBudgetExceeded unless `requested` fits; changes nothing."""
-        return self._ask(SpawnPreflight, SpawnSnapshot, session_id=session_id, requested=requested)
+        return self._client.perform(preflight_plan(session_id, requested))
 
     def reserve(self, session_id: str, requested: int) -> ReserveResult:
         """R-SPN-5: preflight, then count `requested` when the session has a cap."""
-        return self._ask(SpawnReserve, ReserveResult, session_id=session_id, requested=requested)
+        return self._client.perform(reserve_plan(session_id, requested))
 
     def grant(
         self,
@@ -94,43 +152,20 @@ class SessionAPI:
         `basis` back as `expected` with `yes=True` to apply it. A declined confirmation is not an
         error: it returns outcome `cancelled` and changes nothing.
         """
-        fields: dict[str, Any] = {
-            "session_id": session_id,
-            "additional": additional,
-            "depth": depth,
-            "authority": authority,
-        }
-        if authority != "confirm" or yes:
-            return self._ask(
-                GrantSpawns,
-                GrantResult,
-                **fields,
-                confirmed=yes,
-                expected=None if expected is None else expected.model_dump(),
-            )
-        preview = self._ask(GrantSpawns, GrantResult, **fields, confirmed=False)
-        if confirm is None or preview.outcome != "confirmation_required":
-            return preview
-        if not confirm(preview):
-            return preview.model_copy(update={"outcome": "cancelled"})
-        return self._ask(
-            GrantSpawns,
-            GrantResult,
-            **fields,
-            confirmed=True,
-            expected=preview.basis.model_dump(),
+        plan = grant_plan(
+            session_id,
+            additional,
+            depth=depth,
+            authority=authority,
+            yes=yes,
+            confirm=confirm,
+            expected=expected,
         )
+        return self._client.perform(plan)
 
     def track_run(self, session_id: str, run_id: str, state: RunState) -> int:
         """Record a run's state for the grant rule; answers the session's active-run count."""
-        result = self._ask(
-            TrackRun, TrackRunResult, session_id=session_id, run_id=run_id, state=state
-        )
-        return result.active
+        return self._client.perform(track_run_plan(session_id, run_id, state))
 
     def status(self, session_id: str) -> SessionStatus:
-        return self._ask(SessionStatusQuery, SessionStatus, session_id=session_id)
-
-    def _ask(self, kind: type[Request], result: type[R], **fields: Any) -> R:
-        request = validate_request(kind, fields)
-        return self._client.ask(request, result)
+        return self._client.perform(status_plan(session_id))

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -50,13 +50,74 @@ from subagents_node.messages.errors import (
 )
 
 #: Replies may be larger than requests (status listings); the node caps what it sends.
-_MAX_REPLY = 64 << 20
+MAX_REPLY = 64 << 20
 #: Handshake events that mean the node will not talk to this key (or to no key at all).
 _REFUSED = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+
+
+#: Every client DEALER's options: no linger on close, deep queues, quick reconnects.
+DEALER_OPTIONS: tuple[tuple[int, int], ...] = (
+    (zmq.LINGER, 0),
+    (zmq.RCVHWM, 10_000),
+    (zmq.SNDHWM, 10_000),
+    (zmq.RECONNECT_IVL, 50),
+    (zmq.RECONNECT_IVL_MAX, 1000),
+)
+
+
+def _stale(path: Path) -> bool:
+    """A socket left behind by a node killed with -9: its pid record names a dead process."""
+    return (path.parent / PID_NAME).exists() and read_pid_file(path.parent) is None
+
+
+def why_silent(address: str) -> str:
+    """Why a node did not answer, when that can be told (for a timeout's message)."""
+    path = ipc_path(address)
+    if path is not None and (not path.exists() or _stale(path)):
+        return "its node is not running any more"
+    return "is it running?"
+
+
+def check_reachable(address: str, stale: bool = False) -> None:
+    """For ipc: raise NodeNotRunning when no socket is there, or (`stale`) its node is gone.
+
+    Checked when a channel is first opened and when a request is sent, never per reply: a node
+    killed with -9 leaves its socket file behind.
+    """
+    path = ipc_path(address)
+    if path is None:
+        return
+    if not path.exists():
+        raise NodeNotRunning(
+            f"no node is running at {address} (socket {path} does not exist); "
+            "start one with `subagents-node start`",
+            address=address,
+        )
+    if stale and _stale(path):
+        raise NodeNotRunning(
+            f"no node is running at {address}: the node that served it is gone "
+            "(stale socket); start one with `subagents-node start`",
+            address=address,
+        )
+
+
+def outcome_of(request: Request, reply: Envelope) -> Message:
+    """The typed result a reply carries, or its typed error raised."""
+    if reply.type == ERROR:
+        raise SubagentsError.from_wire(reply.body)
+    return parse_result(request, reply.body)
+
+
+def reply_envelope(frame: bytes) -> Envelope | None:
+    """A reply frame decoded, or None when it is garbled (it cannot be matched to anything)."""
+    try:
+        return decode(frame, MAX_REPLY)
+    except SubagentsError:
+        return None
 
 
 class Transport(Protocol):
@@ -92,9 +153,7 @@ class PendingReply:
         if threading.get_ident() != self._channel.thread_id:
             raise RuntimeError("a PendingReply must be resolved on the thread that submitted it")
         reply = self._channel.wait(self.id, time.monotonic() + timeout, self.request)
-        if reply.type == ERROR:
-            raise SubagentsError.from_wire(reply.body)
-        return parse_result(self.request, reply.body)
+        return outcome_of(self.request, reply)
 
 
 class _Channel:
@@ -183,10 +242,9 @@ class _Channel:
 
     def _keep(self, frame: bytes) -> None:
         """File a reply under its correlation id; stale and garbled replies are dropped."""
-        try:
-            env = decode(frame, _MAX_REPLY)
-        except SubagentsError:
-            return  # a garbled reply cannot be matched to anything
+        env = reply_envelope(frame)
+        if env is None:
+            return
         if env.corr is not None and env.corr in self.waiting:
             self.arrived[env.corr] = env
 
@@ -219,15 +277,12 @@ class ZmqTransport:
                 raise NodeNotRunning("this client is closed", address=self.address)
             self._check_reachable(stale=True)
             sock = self._zctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 10_000)
-            sock.setsockopt(zmq.SNDHWM, 10_000)
-            sock.setsockopt(zmq.RECONNECT_IVL, 50)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            for option, value in DEALER_OPTIONS:
+                sock.setsockopt(option, value)
             monitor = None
             try:
                 if self.address.startswith("tcp://"):
-                    self._make_curve_client(sock)
+                    curve_client(sock, self._credentials or default_credentials(self._state_dir))
                     monitor = sock.get_monitor_socket(_REFUSED)
                 sock.connect(self.address)
             except zmq.ZMQError as exc:
@@ -235,61 +290,20 @@ class ZmqTransport:
                 raise BadAddress(
                     f"cannot connect to {self.address}: {exc}", address=self.address
                 ) from None
-            except SubagentsError:
+            except KeyFileInvalid as err:
                 sock.close(linger=0)
-                raise
+                raise no_keys(self.address, err) from None
             channel = _Channel(sock, self.address, self._why_silent, monitor)
             self._local.channel = channel
             with self._lock:
                 self._channels.append(channel)
         return channel
 
-    def _make_curve_client(self, sock: zmq.Socket[bytes]) -> None:
-        try:
-            creds = self._credentials or default_credentials(self._state_dir)
-        except KeyFileInvalid as err:
-            raise NotAuthenticated(
-                f"a tcp node needs CURVE keys: {err.message}; or give the server's public key "
-                f"in ${ENV_SERVER_KEY} and your key file in ${ENV_CLIENT_KEY}",
-                address=self.address,
-                reason="no_keys",
-            ) from None
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.client.public.encode("ascii"))
-        sock.setsockopt(zmq.CURVE_SECRETKEY, creds.client.secret.encode("ascii"))
-        sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public.encode("ascii"))
-
     def _why_silent(self) -> str:
-        path = ipc_path(self.address)
-        if path is not None and (not path.exists() or self._stale(path)):
-            return "its node is not running any more"
-        return "is it running?"
-
-    @staticmethod
-    def _stale(path: Path) -> bool:
-        """A socket left behind by a node killed with -9: its pid record names a dead process."""
-        return (path.parent / PID_NAME).exists() and read_pid_file(path.parent) is None
+        return why_silent(self.address)
 
     def _check_reachable(self, stale: bool = False) -> None:
-        """For ipc: raise NodeNotRunning when no socket is there, or its node is gone.
-
-        Checked when a thread first uses the transport and when a request times out, never
-        on the hot path: a node killed with -9 leaves its socket file behind.
-        """
-        path = ipc_path(self.address)
-        if path is None:
-            return
-        if not path.exists():
-            raise NodeNotRunning(
-                f"no node is running at {self.address} (socket {path} does not exist); "
-                "start one with `subagents-node start`",
-                address=self.address,
-            )
-        if stale and self._stale(path):
-            raise NodeNotRunning(
-                f"no node is running at {self.address}: the node that served it is gone "
-                "(stale socket); start one with `subagents-node start`",
-                address=self.address,
-            )
+        check_reachable(self.address, stale)
 
     def submit(self, request: Request, target: str = "") -> PendingReply:
         """Put `request` on the wire now; resolve the returned PendingReply later, same thread."""
@@ -318,6 +332,22 @@ class ZmqTransport:
             channel.sock.close(linger=0)
         if self._own_context:
             self._zctx.term()
+
+
+def curve_client(sock: zmq.Socket[Any], creds: ClientCredentials) -> None:
+    """Make `sock` (before it connects) a CURVE client with these keys (DESIGN §3)."""
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.client.public.encode("ascii"))
+    sock.setsockopt(zmq.CURVE_SECRETKEY, creds.client.secret.encode("ascii"))
+    sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public.encode("ascii"))
+
+
+def no_keys(address: str, err: KeyFileInvalid) -> NotAuthenticated:
+    return NotAuthenticated(
+        f"a tcp node needs CURVE keys: {err.message}; or give the server's public key "
+        f"in ${ENV_SERVER_KEY} and your key file in ${ENV_CLIENT_KEY}",
+        address=address,
+        reason="no_keys",
+    )
 
 
 def default_credentials(state_dir: Path | None = None) -> ClientCredentials:

@@ -147,7 +147,21 @@ class LaunchContext:
         timeout_ms: int | None,
         intercom: IntercomMode = "on",
     ) -> Launch:
-        data = _read_toml(path)
+        return self.from_mapping(mode, _read_toml(path), background, timeout_ms, intercom, path)
+
+    def from_mapping(
+        self,
+        mode: RunMode,
+        data: Mapping[str, Any],
+        background: bool,
+        timeout_ms: int | None,
+        intercom: IntercomMode = "on",
+        path: Path | str = "<request>",
+    ) -> Launch:
+        """A parallel (`tasks`, `concurrency`) or chain (`steps`) launch from the run file's
+        shape already parsed: what `from_file` reads, and what the MCP tools receive. `path`
+        names the source in errors."""
+        path = Path(path)
         if mode == "parallel":
             tasks = data.get("tasks")
             if not isinstance(tasks, list) or not tasks:

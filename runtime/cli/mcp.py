@@ -1,0 +1,35 @@
+"""`subagents-node mcp`: serve the launcher's operations as MCP tools over stdio.
+
+Owns the command's options only; the server lives in subagents_node.mcp. stdout is the MCP
+channel, so this command prints nothing there itself: errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from subagents_node.cli.common import Ctx, user_errors
+
+
+@click.command("mcp")
+@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION, else a new one).")
+@click.pass_obj
+@user_errors
+def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> None:
+    """Serve the launcher as a stdio MCP server (tools: agents, run, status, logs, wait,
+    stop, resume, append) for agent CLIs such as Claude Code, Codex CLI and Gemini CLI.
+
+    It uses the node at --address / $SUBAGENTS_NODE (an agent child inherits its run tree's
+    budget, depth and session), else the state dir's node, else an embedded node that lives
+    as long as the server. See docs/mcp.md.
+    """
+    from subagents_node.mcp.server import node_address, serve
+
+    with node_address(obj.address, obj.state_dir, obj.timeout) as address:
+        serve(address, obj.timeout, dict(os.environ), agents_dirs, session)
+
+
+COMMANDS = (mcp_command,)

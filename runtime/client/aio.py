@@ -1,0 +1,121 @@
+"""AsyncClient: the `Client` API for asyncio programs (`subagents_node.AsyncClient`).
+
+Owns nothing but its transport (one zmq.asyncio DEALER and its correlation table). Every
+method performs the same plan as the sync client's method of the same name
+(subagents_node.client.plans), so requests, their validation (a bad argument is `BadRequest`
+before anything is sent) and the meaning of their replies are defined once. Calls from one
+event loop may run concurrently; a cancelled call leaves nothing behind (its late reply is
+dropped, never given to another call).
+
+    async with subagents_node.AsyncClient(address) as client:
+        pong = await client.ping()
+        snaps = await asyncio.gather(*(client.fanout.claim(budget, [f"t[{i}]"]) ...))
+
+It must never import the node or the actors, and never block the event loop.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from subagents_node.client.aio_transport import AsyncZmqTransport
+from subagents_node.client.client import (
+    DEFAULT_TIMEOUT_S,
+    checked,
+    default_address,
+    ping_plan,
+    shutdown_plan,
+    status_plan,
+)
+from subagents_node.client.plans import Ask, Plan, perform_async
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.node import NodeStatusResult, Pong
+
+if TYPE_CHECKING:
+    from subagents_node.client.aio_owners import (
+        AsyncCapacityAPI,
+        AsyncFanoutAPI,
+        AsyncRunsAPI,
+        AsyncSessionAPI,
+    )
+
+R = TypeVar("R", bound=Message)
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """A connection to one node for coroutines of one event loop.
+
+    `address` defaults as for `connect()`: $SUBAGENTS_NODE, else the default state dir's socket.
+    Nothing connects until the first call. Use it as `async with`, or `await client.aclose()`.
+    """
+
+    def __init__(self, address: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.transport = AsyncZmqTransport(address or default_address())
+        self.timeout = timeout
+
+    @cached_property
+    def capacity(self) -> AsyncCapacityAPI:
+        from subagents_node.client.aio_owners import AsyncCapacityAPI
+
+        return AsyncCapacityAPI(self)
+
+    @cached_property
+    def fanout(self) -> AsyncFanoutAPI:
+        from subagents_node.client.aio_owners import AsyncFanoutAPI
+
+        return AsyncFanoutAPI(self)
+
+    @cached_property
+    def session(self) -> AsyncSessionAPI:
+        from subagents_node.client.aio_owners import AsyncSessionAPI
+
+        return AsyncSessionAPI(self)
+
+    @cached_property
+    def runs(self) -> AsyncRunsAPI:
+        from subagents_node.client.aio_owners import AsyncRunsAPI
+
+        return AsyncRunsAPI(self)
+
+    @property
+    def address(self) -> str:
+        return self.transport.address
+
+    async def ask(
+        self,
+        request: Request,
+        result: type[R],
+        timeout: float | None = None,
+        target: str = "",
+    ) -> R:
+        """Send one request and return its typed result, or raise its typed error."""
+        wait = self.timeout if timeout is None else timeout
+        return checked(request, await self.transport.call(request, wait, target), result)
+
+    async def perform(self, plan: Plan[T]) -> T:
+        """Carry out a plan: each of its requests in turn, awaited."""
+
+        def step(ask: Ask[Any]) -> Any:
+            return self.ask(ask.request, ask.result, ask.timeout)
+
+        return await perform_async(plan, step)
+
+    async def ping(self, timeout: float | None = None) -> Pong:
+        return await self.perform(ping_plan(timeout))
+
+    async def status(self) -> NodeStatusResult:
+        return await self.perform(status_plan())
+
+    async def shutdown(self) -> None:
+        await self.perform(shutdown_plan())
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

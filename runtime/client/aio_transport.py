@@ -1,0 +1,142 @@
+"""The asyncio transport: one DEALER (zmq.asyncio) per client and a table of waiting calls.
+
+Owns the socket and the correlation table `id -> future`. One reader task receives every reply
+and resolves the future filed under the reply's correlation id; a call removes its entry when
+it ends for any reason (answered, timed out, cancelled), so a reply that arrives after its
+caller gave up finds no entry and is dropped, never handed to a later call. Each request gets a
+fresh message id, so a late reply cannot match a new request either.
+
+It must never import the node or the actors (child agents import the client), and never block
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+import zmq
+import zmq.asyncio
+
+from subagents_node.client.paths import check_endpoint
+from subagents_node.client.transport import (
+    DEALER_OPTIONS,
+    check_reachable,
+    curve_client,
+    default_credentials,
+    no_keys,
+    outcome_of,
+    reply_envelope,
+    why_silent,
+)
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.codec import encode
+from subagents_node.messages.envelope import Envelope
+from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
+
+
+class AsyncZmqTransport:
+    """Send requests from coroutines of one event loop; many may be outstanding at once."""
+
+    def __init__(self, address: str, sender: str = "") -> None:
+        self.address = check_endpoint(address)
+        self._sender = sender or f"client-{os.getpid()}"
+        self._zctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._waiting: dict[str, asyncio.Future[Envelope]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def outstanding(self) -> int:
+        """Calls waiting for their reply right now (a cancelled call is not one)."""
+        return len(self._waiting)
+
+    def _socket(self) -> zmq.asyncio.Socket:
+        if self._closed:
+            raise NodeNotRunning("this client is closed", address=self.address)
+        if self._sock is None:
+            check_reachable(self.address, stale=True)
+            self._zctx = zmq.asyncio.Context()
+            sock = self._zctx.socket(zmq.DEALER)
+            for option, value in DEALER_OPTIONS:
+                sock.setsockopt(option, value)
+            try:
+                if self.address.startswith("tcp://"):  # DESIGN §3: tcp is always CURVE
+                    curve_client(sock, default_credentials())
+                sock.connect(self.address)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise BadAddress(
+                    f"cannot connect to {self.address}: {exc}", address=self.address
+                ) from None
+            except KeyFileInvalid as err:
+                sock.close(linger=0)
+                raise no_keys(self.address, err) from None
+            self._sock = sock
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))
+        return self._sock
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        """File each reply under its correlation id; replies nobody waits for are dropped."""
+        while True:
+            try:
+                frame = await sock.recv()
+            except zmq.ZMQError as exc:  # the socket is unusable: fail every waiting call now
+                self._fail_waiting(f"the connection to {self.address} failed: {exc}")
+                return
+            env = reply_envelope(frame)
+            if env is None or env.corr is None:
+                continue
+            waiter = self._waiting.get(env.corr)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(env)
+
+    async def call(self, request: Request, timeout: float, target: str = "") -> Message:
+        check_reachable(self.address)
+        sock = self._socket()
+        env = Envelope(
+            type=request.type,
+            body=request.to_body(),
+            target=target or request.target,
+            sender=self._sender,
+        )
+        waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._waiting[env.id] = waiter
+        try:
+            await sock.send(encode(env))
+            try:
+                reply = await asyncio.wait_for(waiter, timeout)
+            except TimeoutError:
+                raise NodeTimeout(
+                    f"the node at {self.address} did not answer {request.type} in time "
+                    f"({why_silent(self.address)})",
+                    address=self.address,
+                ) from None
+        finally:
+            # Answered, timed out or cancelled: nobody waits for this id any more.
+            self._waiting.pop(env.id, None)
+        return outcome_of(request, reply)
+
+    def _fail_waiting(self, why: str) -> None:
+        for waiter in self._waiting.values():
+            if not waiter.done():
+                waiter.set_exception(NodeNotRunning(why, address=self.address))
+        self._waiting.clear()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        self._fail_waiting("this client is closed")
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._zctx is not None:
+            self._zctx.term()
+            self._zctx = None

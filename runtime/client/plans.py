@@ -1,0 +1,84 @@
+"""Plans: each client operation written once, carried out by the sync or the asyncio client.
+
+An operation of the client API (a claim, a confirmed grant, a wait that follows a run's events)
+is a generator that yields the requests it needs, one `Ask` at a time, receives each typed
+result (or has the typed error raised at its `yield`), and returns what the caller gets. The
+same plan is performed by `Client.perform` (blocking) and `AsyncClient.perform` (awaiting), so
+the two APIs share one definition of every request, its validation and its interpretation.
+
+This module owns that protocol only; it must never do I/O itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
+
+from subagents_node.messages.base import Message, Request, validate_request
+
+R = TypeVar("R", bound=Message)
+T = TypeVar("T")
+Q = TypeVar("Q", bound=Request)
+
+
+@dataclass(frozen=True)
+class Ask(Generic[R]):
+    """One request of a plan, the result type it must answer with, and its own timeout
+    (None: the client's)."""
+
+    request: Request
+    result: type[R]
+    timeout: float | None = None
+
+
+#: A plan yields Asks, is sent each result, and returns the operation's value.
+Plan: TypeAlias = Generator[Ask[Any], Any, T]
+
+
+def build(request_class: type[Q], /, **fields: Any) -> Q:
+    """Validate a request the way the gateway does, so a bad argument is a typed BadRequest
+    before anything is sent."""
+    request = validate_request(request_class, fields)
+    assert isinstance(request, request_class)
+    return request
+
+
+def one(request: Request, result: type[R], timeout: float | None = None) -> Plan[R]:
+    """The plan of a single request."""
+    answer: R = yield Ask(request, result, timeout)
+    return answer
+
+
+def perform(plan: Plan[T], ask: Callable[[Ask[Any]], Message]) -> T:
+    """Carry out `plan`, blocking on each request."""
+    try:
+        step = next(plan)
+        while True:
+            try:
+                answer = ask(step)
+            except Exception as err:  # the plan decides what its requests' errors mean
+                step = plan.throw(err)
+            else:
+                step = plan.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        plan.close()
+
+
+async def perform_async(plan: Plan[T], ask: Callable[[Ask[Any]], Awaitable[Message]]) -> T:
+    """Carry out `plan`, awaiting each request. A cancelled await closes the plan."""
+    try:
+        step = next(plan)
+        while True:
+            try:
+                answer = await ask(step)
+            except Exception as err:
+                step = plan.throw(err)
+            else:
+                step = plan.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        plan.close()

@@ -1,0 +1,327 @@
+"""`subagents-node mcp` driven by the official SDK's stdio client (`stdio_client` +
+`ClientSession`), against real node processes: the tools and their schemas, runs of the
+shipped agents, ledger refusals as tool errors (R-FAN-16), and an agent child whose own MCP
+server draws on its parent run tree's budget (R-FAN-4/8)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.types import CallToolResult, TextContent
+
+from subagents_node import AsyncClient
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import FanoutLimitExceeded
+from tests.support.nodes import REPO, NodeProcess
+
+AGENTS = REPO / "examples" / "agents"
+TOOLS = {"agents", "run", "status", "logs", "wait", "stop", "resume", "append"}
+#: Longest a single tool call may take in these tests (a foreground run of a short sleeper).
+CALL_TIMEOUT_S = 60.0
+
+pytestmark = pytest.mark.processes
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    """The test's environment (already isolated from any real node) plus `extra`."""
+    return {**os.environ, **extra}
+
+
+@asynccontextmanager
+async def mcp_session(env: dict[str, str], *args: str) -> AsyncIterator[ClientSession]:
+    """`python -m subagents_node mcp ARGS` as a real process, with an initialized session."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "subagents_node", "mcp", "--agents-dir", str(AGENTS), *args],
+        env=env,
+        cwd=str(REPO),
+    )
+    with open(os.devnull, "w") as quiet:
+        async with (
+            stdio_client(params, errlog=quiet) as (read, write),
+            ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT_S) as session,
+        ):
+            await session.initialize()
+            yield session
+
+
+def text_of(result: CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def call(env: dict[str, str], *calls: tuple[str, dict[str, Any]]) -> list[CallToolResult]:
+    """Make `calls` in order on one server; their results."""
+
+    async def go() -> list[CallToolResult]:
+        async with mcp_session(env) as session:
+            return [await session.call_tool(name, arguments) for name, arguments in calls]
+
+    return asyncio.run(go())
+
+
+def test_tools_are_listed_with_input_schemas_and_descriptions(state_dir: Path) -> None:
+    async def go() -> list[Any]:
+        async with mcp_session(server_env(SUBAGENTS_STATE_DIR=str(state_dir))) as session:
+            return (await session.list_tools()).tools
+
+    tools = {tool.name: tool for tool in asyncio.run(go())}
+    assert set(tools) == TOOLS
+    for tool in tools.values():
+        assert tool.description, f"{tool.name} has no description"
+        assert tool.input_schema["type"] == "object"
+    run = tools["run"].input_schema
+    assert {"agent", "task", "tasks", "chain", "background", "timeout_ms"} <= set(run["properties"])
+    assert all(p.get("description") for p in run["properties"].values())
+    assert tools["logs"].input_schema["required"] == ["run_id"]
+    assert tools["wait"].input_schema["properties"]["timeout_s"]["exclusiveMinimum"] == 0
+    assert tools["append"].input_schema["required"] == ["run_id", "steps"]
+    assert tools["status"].annotations is not None and tools["status"].annotations.read_only_hint
+
+
+def test_a_foreground_run_of_the_sleeper_returns_its_output_on_an_embedded_node(
+    state_dir: Path,
+) -> None:
+    """No node runs: the server embeds one for its lifetime and stops it when it exits."""
+    env = server_env(SUBAGENTS_STATE_DIR=str(state_dir))
+    ran, status = call(env, ("run", {"agent": "sleeper", "task": "seconds=0.1"}), ("status", {}))
+    assert not ran.is_error, text_of(ran)
+    assert "slept 0.1" in text_of(ran)
+    assert ran.structured_content is not None
+    assert ran.structured_content["state"] == "complete"
+    assert ran.structured_content["fanout"] == {"used": 1, "limit": 64}
+    assert not status.is_error and "Spawn budget" in text_of(status)
+    assert not (state_dir / "node.sock").exists(), "the embedded node must stop with the server"
+
+
+def test_a_background_run_returns_its_id_and_wait_and_logs_follow_it(node: NodeProcess) -> None:
+    env = server_env(SUBAGENTS_NODE=node.address)
+
+    async def go() -> tuple[CallToolResult, ...]:
+        async with mcp_session(env) as session:
+            started = await session.call_tool(
+                "run", {"agent": "sleeper", "task": "seconds=0.2", "background": True}
+            )
+            assert started.structured_content is not None, text_of(started)
+            run_id = started.structured_content["run_id"]
+            settled = await session.call_tool("wait", {"run_id": run_id, "timeout_s": 30})
+            logs = await session.call_tool("logs", {"run_id": run_id, "max_bytes": 100})
+            unknown = await session.call_tool("wait", {"run_id": "no-such-run"})
+            return started, settled, logs, unknown
+
+    started, settled, logs, unknown = asyncio.run(go())
+    run_id = started.structured_content["run_id"]  # type: ignore[index]
+    assert not started.is_error and text_of(started).startswith(f"run {run_id} started")
+    assert settled.structured_content is not None
+    assert settled.structured_content["state"] == "complete"
+    assert not settled.structured_content["timed_out"]
+    assert "== child 0" in text_of(logs) and "stdout" in text_of(logs)
+    assert logs.structured_content is not None
+    (child,) = logs.structured_content["children"]
+    assert "slept 0.2" in child["stdout"]
+    assert node.client().runs.show(run_id).state == "complete"  # the very run, on that node
+    assert unknown.is_error and "no-such-run" in text_of(unknown)
+
+
+def test_a_foreground_run_whose_call_the_client_cancels_is_stopped(node: NodeProcess) -> None:
+    """An MCP client that abandons a foreground `run` (its user pressed Esc) sends
+    notifications/cancelled: the server stops the run, as Ctrl-C does for the CLI."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+
+    async def go() -> None:
+        # The loop must stay free while the SDK sends its cancellation: an AsyncClient.
+        async with mcp_session(env) as session, AsyncClient(node.address) as client:
+            long = {"agent": "sleeper", "task": "seconds=60"}
+            # The deadline abandons the call once the run has surely started (R-RUN-3).
+            with anyio.move_on_after(2.0) as deadline:
+                await session.call_tool("run", long)
+            assert deadline.cancelled_caught, "the 60 s run cannot have answered"
+            (run,) = await client.runs.list()
+            final = await client.runs.wait(run.run_id, timeout=30)
+            assert final.state == "stopped"
+            status = await session.call_tool("status", {})  # the server still serves
+            assert not status.is_error
+
+    asyncio.run(go())
+
+
+def test_r_fan_16_a_fan_out_refusal_is_a_tool_error_with_the_rejection_text(
+    node: NodeProcess,
+) -> None:
+    env = server_env(SUBAGENTS_NODE=node.address, SUBAGENTS_MAX_SPAWNS_PER_RUN="2")
+    tasks = [{"agent": "sleeper", "task": "seconds=0"}] * 3
+    (refused,) = call(env, ("run", {"tasks": tasks}))
+    assert refused.is_error
+    assert text_of(refused).startswith(
+        "Run fan-out limit reached at tasks[2] (0/2 used; 3 requested"
+    )
+    assert refused.structured_content is not None
+    assert refused.structured_content["error"]["code"] == FanoutLimitExceeded.code
+    assert refused.structured_content["error"]["message"] == text_of(refused)
+    assert node.client().runs.list() == [], "a refused launch starts nothing"
+
+
+def test_bad_arguments_are_a_tool_error_and_launch_nothing(node: NodeProcess) -> None:
+    env = server_env(SUBAGENTS_NODE=node.address)
+    pair = [{"agent": "sleeper", "task": "y"}] * 2
+    both, unknown, wide, deadline = call(
+        env,
+        ("run", {"agent": "sleeper", "task": "x", "tasks": pair}),
+        ("run", {"agent": "no-such-agent", "task": "x"}),
+        ("run", {"tasks": pair, "concurrency": 65}),
+        ("run", {"agent": "sleeper", "task": "x", "timeout_ms": 0}),
+    )
+    assert both.is_error and "give agent and task" in text_of(both)
+    assert unknown.is_error and "Unknown agent 'no-such-agent'" in text_of(unknown)
+    assert wide.is_error
+    assert text_of(wide).startswith("invalid run request: concurrency: ")
+    assert deadline.is_error and "timeout" in text_of(deadline).lower()
+    for refused in (both, unknown, wide, deadline):
+        assert "\n" not in text_of(refused), "a refusal is one line"
+    assert node.client().runs.list() == []
+
+
+CHILD_SCRIPT = """
+import asyncio, os, sys
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+async def main():
+    # The child's whole environment, as an agent CLI passes its own to its MCP servers.
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "subagents_node", "mcp", "--agents-dir", sys.argv[1]],
+        env=dict(os.environ),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        pair = [{"agent": "sleeper", "task": "seconds=0"}] * 2
+        first = await session.call_tool("run", {"tasks": pair})
+        print("first", first.is_error, first.structured_content["root_run_id"])
+        second = await session.call_tool("run", {"agent": "sleeper", "task": "seconds=0"})
+        print("second", second.is_error, second.content[0].text)
+
+asyncio.run(main())
+"""
+
+
+def test_r_fan_8_an_agent_childs_own_mcp_server_claims_from_the_parent_run_tree(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """A child agent starts `subagents-node mcp` with its inherited environment: its launches
+    join the parent's run tree ($SUBAGENTS_RUN_FANOUT) on the parent's node ($SUBAGENTS_NODE);
+    the budget of 3 admits the parent and a parallel pair, then refuses the next launch."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "mcp_parent.py").write_text(CHILD_SCRIPT)
+    (agents / "mcp-parent.md").write_text(
+        "---\nname: mcp-parent\ndescription: Launches sleepers through its own MCP server.\n"
+        f'command: ["{{python}}", "{{agent_dir}}/mcp_parent.py", "{AGENTS}"]\n'
+        "fanout: true\n---\nLaunch sleepers.\n"
+    )
+    env = {**os.environ, "SUBAGENTS_NODE": node.address, "SUBAGENTS_MAX_SPAWNS_PER_RUN": "3"}
+    ctx = LaunchContext.from_environment(cwd=REPO, env=env, agents_dirs=[agents])
+    client = node.client()
+    parent = client.runs.launch(ctx.single("mcp-parent", "go", background=False, timeout_ms=None))
+    final = client.runs.wait(parent.run_id, timeout=120)
+    assert final.state == "complete", final.error
+    lines = final.output.splitlines()
+    assert lines[0] == f"first False {parent.root_run_id}"
+    assert lines[1].startswith("second True Run fan-out limit reached at ")
+    assert "(3/3 used" in lines[1]
+    assert client.fanout.snapshot(parent.fanout_descriptor).used == 3
+    nested = [
+        r for r in client.runs.list(root_run_id=parent.root_run_id) if r.run_id != parent.run_id
+    ]
+    assert [(r.mode, r.depth, r.state) for r in nested] == [("parallel", 1, "complete")]
+    assert nested[0].session_id == parent.session_id
+
+
+@pytest.mark.slow
+def test_chain_stop_resume_and_append_through_the_tools(node: NodeProcess) -> None:
+    """The rest of the launcher's operations, each through its tool, on one server."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+    sleep = {"agent": "sleeper", "task": "seconds=0"}
+
+    async def go() -> dict[str, CallToolResult]:
+        async with mcp_session(env) as session:
+            out: dict[str, CallToolResult] = {}
+            out["chain"] = await session.call_tool("run", {"chain": [sleep, {"parallel": [sleep]}]})
+            long = {"agent": "sleeper", "task": "seconds=60", "background": True}
+            victim = await session.call_tool("run", long)
+            out["stop"] = await session.call_tool("stop", {"run_id": run_id(victim)})
+            short = await session.call_tool("run", {**sleep, "background": True})
+            await session.call_tool("wait", {"run_id": run_id(short)})
+            out["resume"] = await session.call_tool("resume", {"run_id": run_id(short)})
+            out["resumed"] = await session.call_tool("wait", {"run_id": run_id(out["resume"])})
+            first = {"agent": "sleeper", "task": "seconds=1"}
+            chain = await session.call_tool("run", {"chain": [first], "background": True})
+            out["append"] = await session.call_tool(
+                "append", {"run_id": run_id(chain), "steps": [sleep]}
+            )
+            out["appended"] = await session.call_tool("wait", {"run_id": run_id(chain)})
+            out["early"] = await session.call_tool(
+                "wait", {"run_id": run_id(victim), "timeout_s": 0.1}
+            )
+            return out
+
+    out = asyncio.run(go())
+    for name, result in out.items():
+        assert not result.is_error, f"{name}: {text_of(result)}"
+    assert data(out["chain"])["mode"] == "chain" and data(out["chain"])["state"] == "complete"
+    assert len(data(out["chain"])["children"]) == 2
+    assert data(out["stop"])["state"] == "stopped"
+    assert data(out["resumed"])["state"] == "complete"
+    assert "resumes" in text_of(out["resume"])
+    assert data(out["append"])["steps"] == 1
+    assert [c["state"] for c in data(out["appended"])["children"]] == ["complete", "complete"]
+    assert data(out["early"])["state"] == "stopped"  # settled already: no waiting
+
+
+def run_id(result: CallToolResult) -> str:
+    return str(data(result)["run_id"])
+
+
+def data(result: CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict), text_of(result)
+    return result.structured_content
+
+
+def test_the_registration_examples_in_docs_mcp_name_this_server() -> None:
+    """docs/mcp.md's Claude Code / Gemini CLI JSON and Codex CLI TOML snippets parse, start
+    `subagents-node mcp`, and (Codex, which filters the environment) forward every variable a
+    child's server needs to stay on its run tree's ledgers."""
+    import json
+    import tomllib
+
+    from subagents_node.messages import constants
+    from tests.support.docs import blocks
+
+    page = blocks(REPO / "docs" / "mcp.md")
+    configs = [json.loads(b.text) for b in page if b.lang == "json"]
+    assert len(configs) == 2
+    for config in configs:
+        server = config["mcpServers"]["subagents"]
+        assert server["command"] == "subagents-node" and server["args"][0] == "mcp"
+    (codex,) = [tomllib.loads(b.text) for b in page if b.text.startswith("[mcp_servers.")]
+    server = codex["mcp_servers"]["subagents"]
+    assert server["command"] == "subagents-node" and server["args"][0] == "mcp"
+    needed = {
+        constants.ENV_NODE,
+        constants.ENV_STATE_DIR,
+        constants.ENV_SESSION,
+        constants.ENV_DEPTH,
+        constants.ENV_MAX_DEPTH,
+        constants.ENV_FANOUT,
+        constants.ENV_RUN_ID,
+    }
+    assert set(server["env_vars"]) == needed
