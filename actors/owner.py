@@ -79,6 +79,9 @@ class ActorContext:
     #: another thread (an owner turns it into a Tick of its own for itself). Raises
     #: Busy/UnknownTarget.
     dispatch: Callable[[Request, str, ReplyFn], None] | None = None
+    #: Keep a child log file under the node's cap (actors/child/logcap.py); returns the call
+    #: that stops watching it.
+    cap_log: Callable[[str], Callable[[], None]] | None = None
 
 
 class _Deferred:

@@ -35,6 +35,9 @@ SQLITE_MAX_INT = 2**63 - 1
 #: where the node keeps its state; where a client finds the node
 ENV_STATE_DIR = "SUBAGENTS_STATE_DIR"
 ENV_NODE = "SUBAGENTS_NODE"
+#: a tcp client's CURVE keys: the server's public key (z85) and the client's key file
+ENV_SERVER_KEY = "SUBAGENTS_SERVER_KEY"
+ENV_CLIENT_KEY = "SUBAGENTS_CLIENT_KEY"
 #: what every child inherits from its launcher
 ENV_SESSION = "SUBAGENTS_SESSION"
 ENV_RUN_ID = "SUBAGENTS_RUN_ID"

@@ -13,7 +13,8 @@
     │   ├── WorkflowChildRefused         workflow_child_refused
     │   └── RunFileInvalid               run_file_invalid            file
     ├── UnknownTarget                    unknown_target              target
-    ├── Busy                             busy                        target, mailbox, limit
+    ├── Busy                             busy                        target, mailbox|watchers,
+    │                                                                limit
     ├── Internal                         internal                    actor
     ├── StoreError                       store_error                 path
     │   └── StoreFull                    store_full                  actor, reason
@@ -21,7 +22,10 @@
     │   ├── NodeNotRunning               node_not_running            address
     │   ├── NodeTimeout                  node_timeout                address, timeout_s
     │   ├── BadAddress                   bad_address                 address
+    │   ├── NotAuthenticated             not_authenticated           address, reason
     │   └── NodeAlreadyRunning           node_already_running        pid, state_dir
+    ├── UnsafeStateDir                   unsafe_state_dir            path, reason, fix
+    ├── KeyFileInvalid                   key_file_invalid            path, reason
     ├── AgentError                       agent_error
     │   ├── AgentNotFound                agent_not_found             name, available
     │   ├── AgentInvalid                 agent_invalid               path, reason
@@ -185,6 +189,26 @@ class NodeTimeout(NodeError):
 
 class BadAddress(NodeError):
     code = "bad_address"
+
+
+class NotAuthenticated(NodeError):
+    """A tcp node refused this client's CURVE handshake (unknown, revoked or wrong key), or
+    the client has no key to offer. The node never answers such a peer, so this is raised by
+    the client from its own socket's handshake events, within a bounded wait."""
+
+    code = "not_authenticated"
+
+
+class UnsafeStateDir(SubagentsError):
+    """A state dir (or a parent of it) that another user owns or could write to (DESIGN §3)."""
+
+    code = "unsafe_state_dir"
+
+
+class KeyFileInvalid(SubagentsError):
+    """A CURVE key file or allow-list that is missing, unreadable or malformed."""
+
+    code = "key_file_invalid"
 
 
 # -- agents (SPEC §0.2, R-AGT-1, R-EXT-3) ------------------------------------------------------

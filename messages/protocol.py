@@ -10,7 +10,15 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from subagents_node.messages import capacity, fanout, node, session, supervisor
+from subagents_node.messages import (
+    capacity,
+    fanout,
+    keys,
+    node,
+    retention,
+    session,
+    supervisor,
+)
 from subagents_node.messages.base import Message, Request, schema_error
 from subagents_node.messages.errors import UnknownMessageType
 
@@ -20,6 +28,8 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     fanout.REQUESTS,
     session.REQUESTS,
     supervisor.REQUESTS,
+    keys.REQUESTS,
+    retention.REQUESTS,
 )
 
 REQUEST_CLASSES: tuple[type[Request], ...] = tuple(c for p in _PROTOCOLS for c in p)

@@ -229,6 +229,7 @@ class ChildActor(OwnerActor):
         if spec.deadline_s is not None:
             self._cancels.append(self.after(spec.deadline_s, Deadline()))
         self._watch_leader()
+        self._cap_logs()
         log.info("child %s of run %s started (pid %d)", record.child_id, record.run_id, record.pid)
 
     def _record_start(self, spawn_error: str | None) -> None:
@@ -258,6 +259,7 @@ class ChildActor(OwnerActor):
             return
         self._exit = cp.ExitFacts(reason=REASON_ADOPTED_EXITED)
         self._watch_leader()
+        self._cap_logs()
         self._outbox.append(cp.started_event(record, adopted=True))
         if self._end_reason is not None:
             self._terminate_group()
@@ -268,6 +270,15 @@ class ChildActor(OwnerActor):
             else:
                 self._cancels.append(self.after(remaining, Deadline()))
         log.info("child %s of run %s adopted (pid %s)", record.child_id, record.run_id, record.pid)
+
+    def _cap_logs(self) -> None:
+        """Issue 12: the child's log files stay under the node's cap while it runs (and get a
+        last check when this actor stops); one watcher thread serves every child."""
+        record, cap = self._record, self.ctx.cap_log
+        if record is None or cap is None:
+            return
+        for path in dict.fromkeys((record.stdout_path, record.stderr_path)):
+            self._cancels.append(cap(path))
 
     def _watch_leader(self) -> None:
         assert self._record is not None

@@ -32,6 +32,7 @@ from subagents_node.actors.runs import child_launch, management, runplan, runsto
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
+from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.ticks import (
     Advance,
     Answer,
@@ -45,10 +46,11 @@ from subagents_node.actors.runs.ticks import (
     Settle,
     Track,
 )
-from subagents_node.actors.runs.watchers import RunWatchers, WatchTimeout
+from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import (
+    BadRequest,
     IntercomOff,
     RunIdAmbiguous,
     RunNotFound,
@@ -63,6 +65,7 @@ from subagents_node.messages.fanout import (
     decode_descriptor,
     encode_descriptor,
 )
+from subagents_node.messages.retention import Prune, PruneResult
 from subagents_node.messages.runs import ChildExited, ChildStarted
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
@@ -100,7 +103,19 @@ class RunSupervisor(OwnerActor):
             ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
-        self._watchers = RunWatchers(self.after, self.reply_later)
+        self._watchers = RunWatchers(
+            self.after,
+            self.reply_later,
+            int(ctx.settings.get("max_watchers", DEFAULT_MAX_WATCHERS)),
+        )
+        self._retention = RunRetention(
+            lambda: self._runs_root,
+            float(ctx.settings.get("run_retention_days", 0.0)) * 86_400,
+            self.after,
+            self.after_commit,
+            ctx.clock,
+            self._announce_pruned,
+        )
         self._recovered = False
         #: Settled workflows whose background children still lack proof (R-CAP-22): their
         #: slot is re-reported whenever one of those children settles.
@@ -127,6 +142,7 @@ class RunSupervisor(OwnerActor):
             Rerun: self._rerun,
             Append: self._append,
             Intercom: self._intercom,
+            Prune: self._prune,
         }
 
     # -- settings -----------------------------------------------------------------------------
@@ -170,6 +186,7 @@ class RunSupervisor(OwnerActor):
                 live.refs.update({c: refs[c] for c in live.running if c in refs})
         for run_id in list(self._live):
             self._advance(self._live[run_id])
+        self._retention.arm(self.db)
 
     def _adopt_run(self, run_id: str) -> None:
         live, row = adopt_from_store(self.db, run_id)
@@ -317,6 +334,8 @@ class RunSupervisor(OwnerActor):
                     self._stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
             case WatchTimeout(key=watch_key, watcher_id=watcher_id):
                 self._watchers.expired(self.db, watch_key, watcher_id)
+            case RetentionDue():
+                self._retention.due(self.db, self._live.__contains__)
 
     def record_and_start(
         self,
@@ -507,6 +526,7 @@ class RunSupervisor(OwnerActor):
             self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
         )
         self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        self._retention.run_ended(self.db)
         view = runstore.view(self.db, live.run_id)
         if view is not None:
             settlement.write_summary(view)
@@ -567,6 +587,29 @@ class RunSupervisor(OwnerActor):
         run_id = self._resolve(request.run_id)
         answer = self._watchers.watch(self.db, run_id, request, self.current_reply)
         return answer if answer is not None else DEFERRED
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def _announce_pruned(self, run_ids: list[str]) -> None:
+        """One fleet event per pass (run id ''): the previous one goes, so they never pile up."""
+        self.db.execute("DELETE FROM run_events WHERE run_id = '' AND kind = 'runs.pruned'")
+        data: dict[str, Any] = {"run_ids": " ".join(run_ids), "count": len(run_ids)}
+        runstore.append_event(self.db, "", self.ctx.clock(), "runs.pruned", data)
+        self._watchers.touched("")
+
+    def _prune(self, request: Prune) -> Message:
+        """runs.prune: finished runs past the cutoff (actors/runs/retention.py)."""
+        age = self._retention.retention_s if request.older_than_s is None else request.older_than_s
+        if request.older_than_s is None and age <= 0:
+            raise BadRequest(
+                "run retention is off (run_retention_days = 0): give an age to prune",
+                reason="retention_off",
+            )
+        cutoff = self.ctx.clock() - age
+        pruned, more = self._retention.prune(
+            self.db, cutoff, self._live.__contains__, request.dry_run
+        )
+        return PruneResult(pruned=pruned, cutoff=cutoff, dry_run=request.dry_run, more=more)
 
     # -- queries and stop ---------------------------------------------------------------------
 

@@ -5,6 +5,10 @@ a new event, but answers are computed once per commit group (`answer_touched`, c
 supervisor just before it commits), not once per event: a run with hundreds of children emits
 hundreds of events, and rebuilding its view per event made watching quadratic. Answers are
 queued with the owner's `reply_later`, so none leaves before the events it reports are durable.
+
+Waiting watchers are bounded (`max_watchers`, issue 12): each holds a reply and a timer, so
+past the bound a new watcher that would wait is refused at once with `Busy` (one that can be
+answered at once is always answered); nothing waits outside the bound.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from dataclasses import dataclass
 
 from subagents_node.actors.owner import Cancel, Outcome, ReplyFn, Tick
 from subagents_node.actors.runs import runstore
-from subagents_node.messages.errors import RunNotFound
+from subagents_node.messages.errors import Busy, RunNotFound
 from subagents_node.messages.supervisor import FleetEvents, RunEvents, Watch, WatchAll
 
 #: The key of node-wide (fleet) watchers.
 FLEET = "*"
 ACTIVE = ("queued", "running", "paused")
+#: Default bound on waiting watchers (config `max_watchers`).
+DEFAULT_MAX_WATCHERS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +51,13 @@ class RunWatchers:
         self,
         after: Callable[[float, Tick], Cancel],
         reply_later: Callable[[ReplyFn, Outcome], None],
+        limit: int = DEFAULT_MAX_WATCHERS,
     ) -> None:
         self._after = after
         self._reply_later = reply_later
+        self.limit = limit
         self._waiting: dict[str, dict[int, Watcher]] = {}
+        self._count = 0  # watchers in `_waiting`, kept so the bound costs O(1)
         self._touched: set[str] = set()
 
     def watch(
@@ -80,19 +89,37 @@ class RunWatchers:
         if not touched:
             return
         for key in (*touched, FLEET):
-            for watcher in self._waiting.pop(key, {}).values():
+            waiting = self._waiting.pop(key, {})
+            self._count -= len(waiting)
+            for watcher in waiting.values():
                 watcher.cancel()
                 self._answer(db, key, watcher)
 
     def expired(self, db: sqlite3.Connection, key: str, watcher_id: int) -> None:
         watcher = self._waiting.get(key, {}).pop(watcher_id, None)
         if watcher is not None:
+            self._count -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
             self._answer(db, key, watcher)
 
+    @property
+    def waiting(self) -> int:
+        return self._count
+
     def _wait(self, key: str, watcher: Watcher, wait_s: float) -> None:
+        if self._count >= self.limit:
+            raise Busy(
+                f"too many watchers are waiting ({self._count}/{self.limit}); retry later "
+                "or raise max_watchers",
+                target="supervisor",
+                watchers=self._count,
+                limit=self.limit,
+            )
         watcher_id = id(watcher.reply)
         watcher.cancel = self._after(wait_s, WatchTimeout(key, watcher_id))
         self._waiting.setdefault(key, {})[watcher_id] = watcher
+        self._count += 1
 
     def _answer(self, db: sqlite3.Connection, key: str, watcher: Watcher) -> None:
         if key == FLEET:

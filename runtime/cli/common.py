@@ -91,7 +91,7 @@ class Ctx:
         address = self.address or (
             default_address(self.state_dir) if self.explicit_state else default_address()
         )
-        return connect(address, timeout=self.timeout)
+        return connect(address, timeout=self.timeout, state_dir=self.state_dir)
 
 
 def emit(data: Message | dict[str, Any], as_json: bool, text: str) -> None:

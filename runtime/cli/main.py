@@ -30,6 +30,7 @@ from subagents_node.cli.common import (
     user_errors,
 )
 from subagents_node.cli.params import RUN_ID, SECONDS
+from subagents_node.client.paths import check_endpoint
 from subagents_node.messages.constants import DISTRIBUTION, ENV_NODE, ENV_STATE_DIR, ENV_TEST_FAULTS
 from subagents_node.messages.errors import SubagentsError
 
@@ -56,6 +57,8 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "intercom": ("subagents_node.cli.manage", "intercom"),
         "mcp": ("subagents_node.cli.mcp", "mcp_command"),
         "workflow": ("subagents_node.cli.workflow", "workflow"),
+        "keys": ("subagents_node.cli.keys", "keys_group"),
+        "prune": ("subagents_node.cli.prune", "prune"),
     }
 )
 
@@ -161,6 +164,7 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
 )
 @click.option("--faults", is_flag=True, hidden=True, envvar=ENV_TEST_FAULTS)
 @click.option("--ready-fd", type=click.IntRange(0, 65535), hidden=True)
+@click.option("--log-file", "log_to_file", is_flag=True, hidden=True)
 @click.option("--verbose", "-v", is_flag=True, help="Log at debug level.")
 @click.pass_obj
 @user_errors
@@ -171,9 +175,11 @@ def start(
     mailbox_limit: int,
     faults: bool,
     ready_fd: int | None,
+    log_to_file: bool,
     verbose: bool,
 ) -> None:
     """Start a node serving the state dir (foreground unless --detach)."""
+    from subagents_node.launch.config import load_config
     from subagents_node.node import daemon
     from subagents_node.node.node import Node, NodeOptions
 
@@ -182,19 +188,31 @@ def start(
             os.fstat(ready_fd)
         except OSError:
             raise click.BadParameter(f"{ready_fd} is not an open file descriptor") from None
+    try:
+        # Before detaching: a bad listen address (flag, SUBAGENTS_LISTEN or a project's
+        # subagents.toml) is a one-line error here, not a detached node that never gets ready.
+        config = load_config()
+        for endpoint in listen:
+            check_endpoint(endpoint)
+    except SubagentsError as err:
+        daemon.signal_ready(ready_fd, f"error: {err.message}")
+        raise
     if detach:
         extra = [a for item in listen for a in ("--listen", item)]
         extra += ["--mailbox-limit", str(mailbox_limit)] + (["--faults"] if faults else [])
         record = daemon.start_detached(obj.state_dir, extra)
         click.echo(f"node started (pid {record['pid']}) at {record['address']}")
         return
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    from subagents_node.launch.config import load_config
+    level = logging.DEBUG if verbose else logging.INFO
+    if log_to_file:  # a detached node (start --detach): node.log, rotated by size
+        from subagents_node.client.paths import LOG_NAME
+        from subagents_node.node.nodelog import configure_node_log
 
-    config = load_config()
+        settings = config.settings
+        log_path = obj.state_dir / LOG_NAME
+        configure_node_log(log_path, settings.node_log_max_bytes, settings.node_log_backups, level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = NodeOptions(
         state_dir=obj.state_dir,
         listen=(*config.settings.listen, *listen),

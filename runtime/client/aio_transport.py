@@ -23,6 +23,9 @@ from subagents_node.client.paths import check_endpoint
 from subagents_node.client.transport import (
     DEALER_OPTIONS,
     check_reachable,
+    curve_client,
+    default_credentials,
+    no_keys,
     outcome_of,
     reply_envelope,
     why_silent,
@@ -30,7 +33,7 @@ from subagents_node.client.transport import (
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import Envelope
-from subagents_node.messages.errors import BadAddress, NodeNotRunning, NodeTimeout
+from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
 
 
 class AsyncZmqTransport:
@@ -60,12 +63,17 @@ class AsyncZmqTransport:
             for option, value in DEALER_OPTIONS:
                 sock.setsockopt(option, value)
             try:
+                if self.address.startswith("tcp://"):  # DESIGN §3: tcp is always CURVE
+                    curve_client(sock, default_credentials())
                 sock.connect(self.address)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
                 raise BadAddress(
                     f"cannot connect to {self.address}: {exc}", address=self.address
                 ) from None
+            except KeyFileInvalid as err:
+                sock.close(linger=0)
+                raise no_keys(self.address, err) from None
             self._sock = sock
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))

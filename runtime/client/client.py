@@ -11,6 +11,7 @@ import os
 from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
+from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import ipc_endpoint, resolve_state_dir
 from subagents_node.client.plans import Plan, one, perform
 from subagents_node.client.transport import Transport, ZmqTransport
@@ -137,6 +138,21 @@ def default_address(state_dir: str | os.PathLike[str] | None = None) -> str:
     return ipc_endpoint(resolve_state_dir(state_dir))
 
 
-def connect(address: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Client:
-    """A client for the node at `address` (else $SUBAGENTS_NODE, else the default state dir)."""
-    return Client(ZmqTransport(address or default_address()), timeout=timeout)
+def connect(
+    address: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    *,
+    credentials: ClientCredentials | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> Client:
+    """A client for the node at `address` (else $SUBAGENTS_NODE, else the default state dir).
+
+    A tcp address is CURVE-authenticated: `credentials`, else the keys of `state_dir` (else
+    $SUBAGENTS_CLIENT_KEY / $SUBAGENTS_SERVER_KEY, else the default state dir's key files).
+    """
+    transport = ZmqTransport(
+        address or default_address(),
+        credentials=credentials,
+        state_dir=resolve_state_dir(state_dir) if state_dir else None,
+    )
+    return Client(transport, timeout=timeout)

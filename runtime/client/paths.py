@@ -6,13 +6,14 @@ state dir; always mode 0700) and the default endpoint `ipc://<state>/node.sock`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import stat
 from pathlib import Path
 
 from subagents_node.messages.constants import ENV_STATE_DIR
-from subagents_node.messages.errors import BadAddress
+from subagents_node.messages.errors import BadAddress, UnsafeStateDir
 
 SOCKET_NAME = "node.sock"
 PID_NAME = "node.pid"
@@ -35,12 +36,88 @@ def resolve_state_dir(state_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def ensure_state_dir(path: Path) -> Path:
-    """Create the state dir with mode 0700, and tighten an existing one we own."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create the state dir (mode 0700) or check an existing one; refuse one we cannot trust.
+
+    DESIGN §3: whoever can write to the state dir can replace its socket, its databases and its
+    key files, so a dir (or a parent created for it) owned by another user, or writable by the
+    group or others, is refused with `UnsafeStateDir`, never silently repaired: its contents
+    may already have been tampered with. Parents that already existed are checked the way ssh's
+    StrictModes checks a home: owned by us or root, and writable by others only when sticky
+    (`/tmp`). An existing dir of ours that is merely readable by others is tightened to 0700.
+    """
+    path = path.expanduser().absolute()
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for parent in path.parents:
+        if parent.exists():
+            _check_trusted_parent(parent, path)
+    for created in reversed(missing):
+        try:
+            created.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # created meanwhile: checked below like any existing dir
+        except OSError as exc:
+            raise UnsafeStateDir(
+                f"cannot create state dir {created}: {exc.strerror or exc}",
+                path=str(created),
+                reason="create",
+                fix="choose another --state-dir",
+            ) from None
+        _check_own_dir(created, path)
+    _check_own_dir(path, path)
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode != 0o700:
         path.chmod(0o700)
     return path.resolve()
+
+
+def _check_own_dir(directory: Path, state_dir: Path) -> None:
+    """The state dir itself, and every dir we created for it: ours, and writable only by us."""
+    info = directory.stat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeStateDir(
+            f"state dir {directory} is not a directory; choose another --state-dir",
+            path=str(directory),
+            reason="not_a_directory",
+            fix="choose another --state-dir",
+        )
+    if info.st_uid != os.geteuid():
+        raise UnsafeStateDir(
+            f"refusing state dir {directory}: it is owned by uid {info.st_uid}, not by you "
+            f"(uid {os.geteuid()}); remove it or choose another --state-dir",
+            path=str(directory),
+            reason="owner",
+            fix="remove it or choose another --state-dir",
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeStateDir(
+            f"refusing state dir {directory}: it is writable by group or others "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}); fix with `chmod 700 {directory}` after "
+            "checking its contents",
+            path=str(directory),
+            reason="writable",
+            fix=f"chmod 700 {directory}",
+        )
+
+
+def _check_trusted_parent(parent: Path, state_dir: Path) -> None:
+    info = parent.stat()
+    if info.st_uid not in (0, os.geteuid()):
+        raise UnsafeStateDir(
+            f"refusing state dir {state_dir}: its parent {parent} is owned by uid "
+            f"{info.st_uid}, who could replace it; choose a state dir under a directory you own",
+            path=str(parent),
+            reason="parent_owner",
+            fix="choose a state dir under a directory you own",
+        )
+    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not info.st_mode & stat.S_ISVTX:
+        raise UnsafeStateDir(
+            f"refusing state dir {state_dir}: its parent {parent} is writable by group or "
+            f"others (mode {stat.S_IMODE(info.st_mode):04o}); fix with `chmod go-w {parent}`",
+            path=str(parent),
+            reason="parent_writable",
+            fix=f"chmod go-w {parent}",
+        )
 
 
 def ipc_endpoint(state_dir: Path) -> str:
@@ -59,22 +136,69 @@ def ipc_path(endpoint: str) -> Path | None:
 
 
 def check_endpoint(endpoint: str) -> str:
-    """Accept `ipc://PATH` and `tcp://HOST:PORT`; anything else is a BadAddress."""
-    if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        host, sep, port = endpoint[len("tcp://") :].rpartition(":")
-        if sep and host and (port.isdigit() or port == "*"):
-            return endpoint
-    raise BadAddress(
-        f"bad node address {endpoint!r}: expected ipc://PATH or tcp://HOST:PORT",
-        address=endpoint,
-    )
+    """Accept exactly `ipc://PATH` or `tcp://HOST:PORT`; anything else is a BadAddress.
+
+    DESIGN §3: zmq reads more than a scheme, a host and a port. `tcp://A;B` makes A a *source*
+    address and B the one bound (so `tcp://127.0.0.1:0;0.0.0.0:7700` passes a "starts with
+    127." test and listens on every interface), a host may be an interface name (`eth0`) or a
+    wildcard (`*`), and a port may be `*` or `!`. Only a literal IP address (IPv6 in brackets)
+    or `localhost`, and a decimal port in 1..65535, are accepted here; the check is the same
+    for a flag, an environment variable and a config file, because they all come through it.
+    """
+    text = endpoint if isinstance(endpoint, str) else ""
+    if text.startswith("ipc://"):
+        path = text[len("ipc://") :]
+        if path and path.isprintable() and ";" not in path:
+            return text
+        raise _bad_address(endpoint, "an ipc address is ipc://PATH (printable, no ';')")
+    if not text.startswith("tcp://"):
+        raise _bad_address(endpoint, "expected ipc://PATH or tcp://HOST:PORT")
+    host, sep, port = text[len("tcp://") :].rpartition(":")
+    if not sep or not host or not port:
+        raise _bad_address(endpoint, "expected ipc://PATH or tcp://HOST:PORT")
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise _bad_address(endpoint, "the port must be a number from 1 to 65535")
+    if _tcp_host(host) is None:
+        raise _bad_address(
+            endpoint,
+            "the host must be an IP address (IPv6 in brackets) or localhost; "
+            "no interface names, wildcards or source addresses (';')",
+        )
+    return text
+
+
+def _tcp_host(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The literal address a tcp host names, or None (localhost is 127.0.0.1)."""
+    if host == "localhost":
+        return ipaddress.IPv4Address("127.0.0.1")
+    if "%" in host:
+        return None  # a scope id names an interface
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return None
+    try:
+        return ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+
+
+def _bad_address(endpoint: object, why: str) -> BadAddress:
+    shown = repr(endpoint) if len(repr(endpoint)) <= 200 else repr(endpoint)[:200] + "..."
+    return BadAddress(f"bad node address {shown}: {why}", address=str(endpoint)[:1000])
 
 
 def is_loopback_tcp(endpoint: str) -> bool:
-    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    """True for a tcp endpoint whose (strictly parsed) host is a loopback address."""
+    try:
+        check_endpoint(endpoint)
+    except BadAddress:
+        return False
+    if not endpoint.startswith("tcp://"):
+        return False
+    address = _tcp_host(endpoint[len("tcp://") :].rpartition(":")[0])
+    return address is not None and address.is_loopback
 
 
 def read_pid_file(state_dir: Path) -> dict[str, object] | None:

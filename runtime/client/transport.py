@@ -5,7 +5,11 @@
   call at once with no extra hop; a thread may have many requests outstanding (`submit`).
   Replies are matched by correlation id and stale replies (for requests that timed out) are
   dropped. ZeroMQ reconnects by itself after a node restart; a request in flight across the
-  restart times out.
+  restart times out. A tcp address is always CURVE (DESIGN §3): the transport offers its
+  client keypair and expects the server's public key (`client/keys.py`: explicit credentials,
+  else `$SUBAGENTS_CLIENT_KEY` / `$SUBAGENTS_SERVER_KEY`, else the state dir's key files), and
+  watches its socket's handshake events, so a node that refuses the key is reported as
+  `NotAuthenticated` at once instead of a silent timeout (a refused peer gets no reply).
 - `InProcessTransport` (subagents_node.node.inprocess) hands the request model to a node in the
   same process: no encoding, used by the embedded node and the fast unit tests.
 
@@ -19,18 +23,40 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from subagents_node.client.paths import PID_NAME, check_endpoint, ipc_path, read_pid_file
+from subagents_node.client.keys import ClientCredentials, client_credentials
+from subagents_node.client.paths import (
+    PID_NAME,
+    check_endpoint,
+    default_state_dir,
+    ipc_path,
+    read_pid_file,
+)
 from subagents_node.messages.base import Message, Request, parse_result
 from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.constants import ENV_CLIENT_KEY, ENV_SERVER_KEY
 from subagents_node.messages.envelope import ERROR, Envelope
-from subagents_node.messages.errors import BadAddress, NodeNotRunning, NodeTimeout, SubagentsError
+from subagents_node.messages.errors import (
+    BadAddress,
+    KeyFileInvalid,
+    NodeNotRunning,
+    NodeTimeout,
+    NotAuthenticated,
+    SubagentsError,
+)
 
 #: Replies may be larger than requests (status listings); the node caps what it sends.
 MAX_REPLY = 64 << 20
+#: Handshake events that mean the node will not talk to this key (or to no key at all).
+_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 #: Every client DEALER's options: no linger on close, deep queues, quick reconnects.
@@ -133,8 +159,15 @@ class PendingReply:
 class _Channel:
     """One thread's DEALER socket and the replies that arrived for it."""
 
-    def __init__(self, sock: zmq.Socket[bytes], address: str, diagnose: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket[bytes],
+        address: str,
+        diagnose: Callable[[], str],
+        monitor: zmq.Socket[bytes] | None = None,
+    ) -> None:
         self.sock = sock
+        self.monitor = monitor  # tcp only: the socket's handshake events
         self.address = address
         self.diagnose = diagnose  # why a request timed out, when that can be told
         self.thread_id = threading.get_ident()
@@ -168,11 +201,44 @@ class _Channel:
             self.waiting.discard(corr)
 
     def _receive(self, timeout_s: float) -> bytes | None:
+        if self.monitor is not None:
+            return self._receive_watching(timeout_s)
         self.sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))
         try:
             return self.sock.recv()
         except zmq.Again:
             return None
+
+    def _receive_watching(self, timeout_s: float) -> bytes | None:
+        """Wait for a reply or a refused handshake (tcp): a refusal raises NotAuthenticated."""
+        assert self.monitor is not None
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            events = dict(poller.poll(max(1, int(remaining * 1000))))
+            if self.monitor in events:
+                self._check_handshake()
+            if self.sock in events:
+                return self.sock.recv(zmq.NOBLOCK)
+        return None
+
+    def _check_handshake(self) -> None:
+        assert self.monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if int(event["event"]) & _REFUSED:
+                raise NotAuthenticated(
+                    f"the node at {self.address} refused this client's CURVE key (not on its "
+                    "allow-list, revoked, or the wrong server key); ask its owner to run "
+                    "`subagents-node keys allow KEY --name NAME`",
+                    address=self.address,
+                    reason="handshake",
+                )
 
     def _keep(self, frame: bytes) -> None:
         """File a reply under its correlation id; stale and garbled replies are dropped."""
@@ -189,8 +255,13 @@ class ZmqTransport:
         address: str,
         zctx: zmq.Context[zmq.Socket[bytes]] | None = None,
         sender: str = "",
+        credentials: ClientCredentials | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.address = check_endpoint(address)
+        #: tcp only: explicit keys, else those of `state_dir` (else the default state dir's)
+        self._credentials = credentials
+        self._state_dir = state_dir
         self._own_context = zctx is None
         self._zctx: zmq.Context[zmq.Socket[bytes]] = zctx or zmq.Context()
         self._sender = sender or f"client-{os.getpid()}"
@@ -208,14 +279,21 @@ class ZmqTransport:
             sock = self._zctx.socket(zmq.DEALER)
             for option, value in DEALER_OPTIONS:
                 sock.setsockopt(option, value)
+            monitor = None
             try:
+                if self.address.startswith("tcp://"):
+                    curve_client(sock, self._credentials or default_credentials(self._state_dir))
+                    monitor = sock.get_monitor_socket(_REFUSED)
                 sock.connect(self.address)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
                 raise BadAddress(
                     f"cannot connect to {self.address}: {exc}", address=self.address
                 ) from None
-            channel = _Channel(sock, self.address, self._why_silent)
+            except KeyFileInvalid as err:
+                sock.close(linger=0)
+                raise no_keys(self.address, err) from None
+            channel = _Channel(sock, self.address, self._why_silent, monitor)
             self._local.channel = channel
             with self._lock:
                 self._channels.append(channel)
@@ -248,6 +326,35 @@ class ZmqTransport:
             self._closed = True
             channels, self._channels = self._channels, []
         for channel in channels:
+            if channel.monitor is not None:
+                channel.sock.disable_monitor()
+                channel.monitor.close(linger=0)
             channel.sock.close(linger=0)
         if self._own_context:
             self._zctx.term()
+
+
+def curve_client(sock: zmq.Socket[Any], creds: ClientCredentials) -> None:
+    """Make `sock` (before it connects) a CURVE client with these keys (DESIGN §3)."""
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.client.public.encode("ascii"))
+    sock.setsockopt(zmq.CURVE_SECRETKEY, creds.client.secret.encode("ascii"))
+    sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public.encode("ascii"))
+
+
+def no_keys(address: str, err: KeyFileInvalid) -> NotAuthenticated:
+    return NotAuthenticated(
+        f"a tcp node needs CURVE keys: {err.message}; or give the server's public key "
+        f"in ${ENV_SERVER_KEY} and your key file in ${ENV_CLIENT_KEY}",
+        address=address,
+        reason="no_keys",
+    )
+
+
+def default_credentials(state_dir: Path | None = None) -> ClientCredentials:
+    """A tcp client's keys: $SUBAGENTS_CLIENT_KEY (a key file) and $SUBAGENTS_SERVER_KEY (z85)
+    when set, else the state dir's `client.key` and `server.key` (`keys generate` makes both)."""
+    return client_credentials(
+        state_dir or default_state_dir(),
+        server_key=os.environ.get(ENV_SERVER_KEY, "").strip() or None,
+        client_file=os.environ.get(ENV_CLIENT_KEY, "").strip() or None,
+    )

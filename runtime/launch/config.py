@@ -76,6 +76,11 @@ ENV_NAMES: Mapping[str, str] = {
     "listen": "SUBAGENTS_LISTEN",
     "grant_authority": "SUBAGENTS_GRANT_AUTHORITY",
     "state_dir": ENV_STATE_DIR,
+    "max_watchers": "SUBAGENTS_MAX_WATCHERS",
+    "child_log_max_bytes": "SUBAGENTS_CHILD_LOG_MAX_BYTES",
+    "node_log_max_bytes": "SUBAGENTS_NODE_LOG_MAX_BYTES",
+    "node_log_backups": "SUBAGENTS_NODE_LOG_BACKUPS",
+    "run_retention_days": "SUBAGENTS_RUN_RETENTION_DAYS",
 }
 
 
@@ -115,6 +120,15 @@ class Settings(BaseModel):
     grant_authority: GrantAuthority = "confirm"
     #: None = $SUBAGENTS_STATE_DIR's rules in runtime.paths (XDG state dir).
     state_dir: Path | None = None
+    #: Long-poll watchers (runs.watch, runs.watch_all) waiting at once; more get Busy.
+    max_watchers: int = Field(1024, strict=True, ge=1, le=1_000_000)
+    #: Bytes kept of each child log (stdout, stderr): the head and the tail, the middle cut.
+    child_log_max_bytes: int = Field(64 << 20, strict=True, ge=64 << 10, le=1 << 40)
+    #: node.log rotates past this size, keeping `node_log_backups` old files.
+    node_log_max_bytes: int = Field(10 << 20, strict=True, ge=64 << 10, le=1 << 40)
+    node_log_backups: int = Field(3, strict=True, ge=1, le=100)
+    #: Finished runs older than this are pruned by the node (0 = keep them forever).
+    run_retention_days: float = Field(30.0, ge=0, le=36_500)
 
     @field_validator("listen")
     @classmethod
@@ -307,12 +321,19 @@ def _parse_env(key: str, raw: str, cwd: Path) -> Any:
         return tuple(part for part in text.replace(",", " ").split() if part)
     if key == "state_dir":
         return str(cwd / Path(text).expanduser())
-    if key == "reservation_ttl_s":
+    if key in ("reservation_ttl_s", "run_retention_days"):
         try:
             return float(text)
         except ValueError:
             return text
-    if key in ("timeout_ms", "max_active_async_runs_per_session"):
+    if key in (
+        "timeout_ms",
+        "max_active_async_runs_per_session",
+        "max_watchers",
+        "child_log_max_bytes",
+        "node_log_max_bytes",
+        "node_log_backups",
+    ):
         try:
             return int(text)
         except ValueError:

@@ -37,6 +37,7 @@ def start_detached(
         "start",
         "--ready-fd",
         str(write_fd),
+        "--log-file",
         *extra_args,
     ]
     with open(log_path, "ab") as log_file:

@@ -5,6 +5,13 @@ inbound frame once (size cap, msgpack, envelope, protocol version, body schema),
 frame with a typed error reply, and hands good requests to the Dispatcher. Actor threads never
 touch a socket: their replies are encoded in their own thread, appended to a deque, and the
 I/O thread is woken through a pipe it polls beside the sockets.
+
+Sockets: one ROUTER for the ipc endpoints (no security mechanism; the state dir's 0700 mode
+guards them) and, when the node listens on tcp, a second ROUTER that is a CURVE server whose
+peers the CurveGuard (runtime/node/curve.py) admits through ZAP, polled in this same thread.
+A reply leaves through the socket its request came in on. A tcp frame carries its peer's
+authenticated key; it is refused (dropped, with no reply) once that key is revoked, and its
+name is the request's principal in the log. `node.keys.*` requests are served on ipc only.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import zmq
 from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
-from subagents_node.messages.errors import MalformedFrame, SubagentsError
+from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
+from subagents_node.messages.keys import LOCAL_ONLY_PREFIX
 from subagents_node.messages.protocol import parse_request
+from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,7 @@ class Gateway:
         node_id: str,
         max_frame: int = MAX_FRAME_BYTES,
         hwm: int = 10_000,
+        curve: CurveGuard | None = None,
     ) -> None:
         self._zctx = zctx
         self.endpoints = list(endpoints)
@@ -47,7 +57,9 @@ class Gateway:
         self._node_id = node_id
         self._max_frame = max_frame
         self._hwm = hwm
-        self._outbound: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        self.curve = curve
+        #: (socket index, peer identity, frame); index 0 is the ipc ROUTER, 1 the tcp one.
+        self._outbound: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -74,13 +86,13 @@ class Gateway:
 
     # -- called from any thread ---------------------------------------------------------------
 
-    def reply_to(self, identity: bytes, request: Envelope) -> ReplyFn:
+    def reply_to(self, identity: bytes, request: Envelope, via: int = 0) -> ReplyFn:
         def reply(outcome: Outcome) -> None:
             if isinstance(outcome, SubagentsError):
                 env = request.reply(ERROR, outcome.to_wire(), sender=self._node_id)
             else:
                 env = request.reply(REPLY, outcome.model_dump(mode="python"), self._node_id)
-            self._outbound.append((identity, encode(env)))
+            self._outbound.append((via, identity, encode(env)))
             if not self._wake_pending:
                 self._wake_pending = True
                 self._wake()
@@ -94,7 +106,24 @@ class Gateway:
 
     # -- the I/O thread -----------------------------------------------------------------------
 
-    def _bind(self) -> zmq.Socket[bytes]:
+    def _bind(self) -> list[zmq.Socket[bytes]]:
+        """The ipc ROUTER, then (when the node listens on tcp) the CURVE one."""
+        ipc = [e for e in self.endpoints if not e.startswith("tcp://")]
+        tcp = [e for e in self.endpoints if e.startswith("tcp://")]
+        if tcp and self.curve is None:
+            raise ValueError("a tcp listener needs CURVE keys (CurveGuard)")
+        socks: list[zmq.Socket[bytes]] = []
+        try:
+            socks.append(self._router(ipc, secure=False))
+            if tcp:
+                socks.append(self._router(tcp, secure=True))
+        except zmq.ZMQError:
+            for sock in socks:
+                sock.close(linger=0)
+            raise
+        return socks
+
+    def _router(self, endpoints: list[str], secure: bool) -> zmq.Socket[bytes]:
         sock = self._zctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
@@ -103,8 +132,10 @@ class Gateway:
         # zmq drops (and disconnects) only grossly oversized frames; anything up to 4x the cap
         # reaches us so that we can answer it with a typed FrameTooLarge.
         sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
+        if secure and self.curve is not None:
+            self.curve.make_server(sock)
         try:
-            for endpoint in self.endpoints:
+            for endpoint in endpoints:
                 sock.bind(endpoint)
                 self.bound.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
         except zmq.ZMQError:
@@ -113,27 +144,41 @@ class Gateway:
         return sock
 
     def _run(self) -> None:
+        zap: zmq.Socket[bytes] | None = None
         try:
-            sock = self._bind()
+            if self.curve is not None and any(e.startswith("tcp://") for e in self.endpoints):
+                zap = self.curve.open(self._zctx)  # bound before any CURVE socket exists
+            socks = self._bind()
         except BaseException as exc:
+            if self.curve is not None:
+                self.curve.close()
             self._bind_error = exc
             self._ready.set()
             return
         self._ready.set()
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+        if zap is not None:
+            poller.register(zap, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         try:
             while not self._stopping:
                 events = dict(poller.poll())
                 if self._wake_r in events:
                     self._drain_wake()
-                if events.get(sock):
-                    self._receive(sock)
-                self._send(sock)
+                if zap is not None and events.get(zap) and self.curve is not None:
+                    self.curve.handle()
+                for via, sock in enumerate(socks):
+                    if events.get(sock):
+                        self._receive(socks, via)
+                self._send(socks)
         finally:
-            self._send(sock)
-            sock.close(linger=0)
+            self._send(socks)
+            for sock in socks:
+                sock.close(linger=0)
+            if self.curve is not None:
+                self.curve.close()
 
     def _drain_wake(self) -> None:
         # Empty the pipe first, then clear the flag: the other order loses a wake-up when a
@@ -146,31 +191,53 @@ class Gateway:
             pass
         self._wake_pending = False
 
-    def _receive(self, sock: zmq.Socket[bytes]) -> None:
+    def _receive(self, socks: list[zmq.Socket[bytes]], via: int) -> None:
+        sock = socks[via]
         for _ in range(_RECV_BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                if via == 0:
+                    self._handle(sock.recv_multipart(zmq.NOBLOCK, copy=True))
+                else:
+                    self._handle_tcp(sock.recv_multipart(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return
-            self._handle(frames)
-            self._send(sock)
+            self._send(socks)
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle_tcp(self, frames: list[zmq.Frame]) -> None:
+        """A frame from an authenticated tcp peer: refused silently once its key is revoked."""
+        user_id = frames[-1].get("User-Id") if frames else ""
+        principal = self.curve.principal(str(user_id)) if self.curve is not None else None
+        if principal is None:
+            log.warning("gateway: dropped a tcp frame from a key no longer allowed: %s", user_id)
+            return
+        self._handle([f.bytes for f in frames], via=1, principal=principal)
+
+    def _handle(self, frames: list[bytes], via: int = 0, principal: str = "local") -> None:
         identity = frames[0]
         if len(frames) != 2:
-            self._refuse(identity, None, MalformedFrame("expected exactly one frame per message"))
+            self._refuse(
+                identity, None, MalformedFrame("expected exactly one frame per message"), via=via
+            )
             return
         frame = frames[1]
         env: Envelope | None = None
         try:
             env = decode(frame, self._max_frame)
+            if via and env.type.startswith(LOCAL_ONLY_PREFIX):
+                raise BadRequest(
+                    f"{env.type} is served on the node's ipc socket only", reason="local_only"
+                )
             request = parse_request(env.type, env.body)
-            self._dispatcher.dispatch(request, env.target, self.reply_to(identity, env))
+            if via:
+                log.debug("gateway: %s from principal %s", env.type, principal)
+            self._dispatcher.dispatch(request, env.target, self.reply_to(identity, env, via))
         except SubagentsError as err:
-            self._refuse(identity, env.id if env else peek_id(frame), err, env)
+            corr = env.id if env else peek_id(frame)
+            self._refuse(identity, corr, err, env, via, principal)
         except Exception as exc:  # never let one frame take the node down
             log.exception("gateway: unexpected failure on a frame")
-            self._refuse(identity, env.id if env else None, MalformedFrame(repr(exc)), env)
+            corr = env.id if env else None
+            self._refuse(identity, corr, MalformedFrame(repr(exc)), env, via, principal)
 
     def _refuse(
         self,
@@ -178,8 +245,15 @@ class Gateway:
         corr: str | None,
         err: SubagentsError,
         env: Envelope | None = None,
+        via: int = 0,
+        principal: str = "local",
     ) -> None:
-        log.warning("gateway: refused a frame: %s: %s", err.code, err.message)
+        log.warning(
+            "gateway: refused a frame: %s: %s (principal %s)",
+            err.code,
+            err.message[:200],
+            principal,
+        )
         reply = Envelope(
             type=ERROR,
             body=err.to_wire(),
@@ -187,14 +261,14 @@ class Gateway:
             corr=corr,
             sender=self._node_id,
         )
-        self._outbound.append((identity, encode(reply)))
+        self._outbound.append((via, identity, encode(reply)))
 
-    def _send(self, sock: zmq.Socket[bytes]) -> None:
+    def _send(self, socks: list[zmq.Socket[bytes]]) -> None:
         out = self._outbound
         while out:
-            identity, frame = out.popleft()
+            via, identity, frame = out.popleft()
             try:
-                sock.send_multipart((identity, frame), zmq.NOBLOCK)
+                socks[via].send_multipart((identity, frame), zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 # EHOSTUNREACH: the peer is gone; EAGAIN: its queue is full. Either way the
                 # reply cannot be delivered now; the caller's timeout reports it.

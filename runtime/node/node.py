@@ -26,6 +26,7 @@ import psutil
 import pykka
 import zmq
 
+from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.owner import ActorContext, Outcome, OwnerActor
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
@@ -50,6 +51,7 @@ from subagents_node.messages.errors import (
     StoreError,
     StoreFull,
 )
+from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
 from subagents_node.messages.node import (
     ActorStatus,
     NodeStatus,
@@ -59,6 +61,7 @@ from subagents_node.messages.node import (
     Shutdown,
 )
 from subagents_node.node import owners
+from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher, mailbox_depth
 from subagents_node.node.gateway import Gateway
 from subagents_node.node.inprocess import InProcessTransport
@@ -68,11 +71,14 @@ from subagents_node.node.timers import Timers
 
 log = logging.getLogger(__name__)
 
+#: A child log's cap when the settings name none (config `child_log_max_bytes`).
+DEFAULT_CHILD_LOG_MAX_BYTES = 64 << 20
+
 
 @dataclass
 class NodeOptions:
     state_dir: Path | None = None
-    #: Extra endpoints besides the state dir's ipc socket (tcp://127.0.0.1:PORT; CURVE later).
+    #: Extra endpoints besides the state dir's ipc socket (tcp://127.0.0.1:PORT, always CURVE).
     listen: Sequence[str] = ()
     ipc: bool = True
     mailbox_limit: int = 1024
@@ -106,6 +112,8 @@ class Node:
         self._timers: Timers | None = None
         self._refs: dict[str, pykka.ActorRef[OwnerActor]] = {}
         self._gateway: Gateway | None = None
+        self._curve: CurveGuard | None = None
+        self._log_cap: ChildLogCap | None = None
         self._clients: list[Client] = []
         #: Restarts per actor, counted as crashes are reported: `status` must never ask a busy
         #: actor (the gateway's I/O thread would block behind its mailbox).
@@ -127,6 +135,8 @@ class Node:
         self._intensity = RestartIntensity(
             self._fail, self.options.restart_max, self.options.restart_window_s
         )
+        cap = self.options.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
+        self._log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
         ctx = ActorContext(
             open_db=self.store.connect,
             report_crash=self._report_crash,
@@ -138,6 +148,7 @@ class Node:
                 **self.options.settings,
             },
             dispatch=self.dispatcher.dispatch,
+            cap_log=self._log_cap.watch,
         )
         try:
             self._start_serving(ctx, endpoints)
@@ -155,8 +166,16 @@ class Node:
             self._refs[cls.name] = ref
             self.dispatcher.register(cls.name, ref)
         self._zctx = zmq.Context()
+        # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
+        # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
+        self._curve = CurveGuard(self.state_dir)
         self._gateway = Gateway(
-            self._zctx, endpoints, self.dispatcher, self.node_id, self.options.max_frame
+            self._zctx,
+            endpoints,
+            self.dispatcher,
+            self.node_id,
+            self.options.max_frame,
+            curve=self._curve,
         )
         try:
             self._gateway.start()
@@ -165,6 +184,10 @@ class Node:
                 f"cannot listen on {endpoints}: {exc}", address=",".join(endpoints)
             ) from None
         self.started_at = time.time()
+        for endpoint in self.endpoints:
+            path = ipc_path(endpoint)
+            if path is not None:
+                path.chmod(0o600)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
 
     def stop(self) -> None:
@@ -186,6 +209,8 @@ class Node:
                 ref.stop(block=True, timeout=10)
         if self._timers is not None:
             self._timers.stop()
+        if self._log_cap is not None:
+            self._log_cap.stop()
         if self._zctx is not None:
             self._zctx.term()
         self._remove_pid_file()
@@ -216,8 +241,8 @@ class Node:
             check_endpoint(endpoint)
             if endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint):
                 raise BadAddress(
-                    f"refusing to listen on {endpoint}: tcp is loopback-only until CURVE "
-                    "authentication is configured",
+                    f"refusing to listen on {endpoint}: tcp is loopback-only until worker "
+                    "nodes exist (and always CURVE-authenticated)",
                     address=endpoint,
                 )
             endpoints.append(endpoint)
@@ -278,6 +303,8 @@ class Node:
                 endpoints=self.endpoints,
                 actors=[self._actor_status(name, ref) for name, ref in self._refs.items()],
             )
+        if isinstance(request, KEY_REQUESTS) and self._curve is not None:
+            return self._curve.serve(request)
         if isinstance(request, Shutdown):
             # Reply first; the owner of the process (start's main loop) performs the stop.
             self.request_stop()

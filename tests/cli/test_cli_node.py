@@ -204,7 +204,7 @@ def test_every_command_family_is_named_in_the_lazy_table_and_nothing_else_is() -
 
     from subagents_node.cli.main import LAZY_COMMANDS
 
-    families = ("runs", "ledgers", "manage", "observe", "workflow", "mcp")
+    families = ("runs", "ledgers", "manage", "observe", "workflow", "mcp", "keys", "prune")
     declared = {}
     for family in families:
         module = importlib.import_module(f"subagents_node.cli.{family}")

@@ -170,12 +170,14 @@ class NodeProcess:
 
     def transport(self, address: str | None = None) -> ZmqTransport:
         """A ZmqTransport to the node (or to another of its endpoints), closed at teardown."""
-        transport = ZmqTransport(address or self.address)
+        transport = ZmqTransport(address or self.address, state_dir=self.state_dir)
         self._clients.append(Client(transport))
         return transport
 
     def client(self, timeout: float = 10.0, address: str | None = None) -> Client:
-        client = Client(ZmqTransport(address or self.address), timeout=timeout)
+        # tcp is CURVE: the keys are this node's state dir's (`keys generate`).
+        transport = ZmqTransport(address or self.address, state_dir=self.state_dir)
+        client = Client(transport, timeout=timeout)
         self._clients.append(client)
         return client
 

@@ -1,0 +1,188 @@
+"""ChildLogCap: every child log file stays under `child_log_max_bytes` (issue 12 item 7).
+
+Owns one inotify descriptor and one thread for all the children of a node, whatever their
+number: no thread, pipe or timer per child. A child writes its stdout and stderr straight into
+its log files (so it keeps running, and keeps logging, across a node restart); the kernel tells
+the thread each time a watched file is modified (IN_MODIFY, coalesced while unread), and once a
+file passes the cap the thread cuts its middle in place:
+
+    [head: the first cap/4 bytes] [one line saying how many bytes were cut] [tail: last cap/4]
+
+The file is truncated back to the head and the marker and the tail are appended with O_APPEND,
+so the child's own appends keep landing at the end; after a cut the file is about half the cap,
+so a child that writes N bytes costs about N/2 bytes of copying in all. A write that races the
+cut itself (the instant between the last size check and the truncate; the tail is re-read
+while the size moves) may be lost: the marker's count is of what was removed, not a guarantee
+about those few bytes. When a
+child ends, its files get one last check, so a final burst is cut too.
+
+Without inotify (not Linux) logs are not capped and a warning says so. It never follows a
+symlink, never touches a file it was not asked to watch, and never raises into a ChildActor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+_IN_MODIFY = 0x00000002
+_IN_IGNORED = 0x00008000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then `len` bytes of name)
+#: The smallest cap: below it the head, the tail and the marker line do not fit.
+MIN_CAP = 4096
+
+
+@dataclass
+class _Watched:
+    path: str
+    wd: int
+    refs: int = 1
+    cut: int = 0  # child output removed so far
+    marker_len: int = 0  # length of the marker now in the file (not child output)
+
+
+class ChildLogCap:
+    """Caps the log files registered with `watch`; `watch` returns the call that unwatches."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(MIN_CAP, max_bytes)
+        self._lock = threading.Lock()  # guards the tables: watch() runs in actor threads
+        self._cutting = threading.Lock()  # one cut at a time (this thread, or a final check)
+        self._by_wd: dict[int, _Watched] = {}
+        self._by_path: dict[str, _Watched] = {}
+        self._libc: ctypes.CDLL | None = None
+        self._fd = -1
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._stopping = False
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = int(libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC))
+        except (OSError, AttributeError):
+            fd = -1
+        if fd < 0:
+            log.warning("no inotify here: child logs are not capped at %d bytes", max_bytes)
+        else:
+            self._libc, self._fd = libc, fd
+        self._thread = threading.Thread(target=self._run, name="child-log-cap", daemon=True)
+        if self._fd >= 0:
+            self._thread.start()
+
+    def watch(self, path: str) -> Callable[[], None]:
+        if self._libc is None:
+            return lambda: None
+        with self._lock:
+            known = self._by_path.get(path)
+            if known is not None:
+                known.refs += 1
+            else:
+                wd = int(self._libc.inotify_add_watch(self._fd, path.encode(), _IN_MODIFY))
+                if wd < 0:
+                    log.warning("cannot watch %s: %s", path, os.strerror(ctypes.get_errno()))
+                    return lambda: None
+                known = self._by_wd.get(wd) or _Watched(path, wd, refs=0)
+                known.refs += 1
+                self._by_wd[wd] = known
+                self._by_path[path] = known
+        self._cut_if_over(known)  # a child adopted after a restart may be over already
+        done = threading.Event()
+
+        def unwatch() -> None:
+            if done.is_set():
+                return
+            done.set()
+            self._unwatch(known)
+
+        return unwatch
+
+    def stop(self) -> None:
+        self._stopping = True
+        os.write(self._wake_w, b"\x01")
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for fd in (self._fd, self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = -1
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _unwatch(self, watched: _Watched) -> None:
+        self._cut_if_over(watched)  # the child's last burst
+        with self._lock:
+            watched.refs -= 1
+            if watched.refs > 0:
+                return
+            self._by_path.pop(watched.path, None)
+            self._by_wd.pop(watched.wd, None)
+            if self._libc is not None and self._fd >= 0:
+                self._libc.inotify_rm_watch(self._fd, watched.wd)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            ready, _, _ = select.select([self._fd, self._wake_r], [], [])
+            if self._stopping:
+                return
+            if self._fd in ready:
+                for wd in self._read_events():
+                    with self._lock:
+                        watched = self._by_wd.get(wd)
+                    if watched is not None:
+                        self._cut_if_over(watched)
+
+    def _read_events(self) -> set[int]:
+        try:
+            data = os.read(self._fd, 64 * 1024)
+        except BlockingIOError:
+            return set()
+        modified: set[int] = set()
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size + length
+            if mask & _IN_MODIFY and not mask & _IN_IGNORED:
+                modified.add(wd)
+        return modified
+
+    def _cut_if_over(self, watched: _Watched) -> None:
+        try:
+            with self._cutting:
+                self._cut(watched)
+        except OSError as exc:  # the file went away or cannot be opened: nothing to cap
+            log.debug("child log %s not cut: %s", watched.path, exc)
+
+    def _cut(self, watched: _Watched) -> None:
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(watched.path, flags)
+        try:
+            size = os.fstat(fd).st_size
+            if size <= self.max_bytes:
+                return
+            keep = self.max_bytes // 4
+            # Read the tail until the size holds still between the read and the truncate
+            # (bounded: a child that never pauses loses at most what lands in that window).
+            for _ in range(5):
+                tail = os.pread(fd, keep, size - keep)
+                grown = os.fstat(fd).st_size
+                if grown == size:
+                    break
+                size = grown
+            watched.cut += size - keep - len(tail) - watched.marker_len
+            marker = (
+                f"\n[subagents-node: {watched.cut} bytes of this log were cut here "
+                f"(child_log_max_bytes = {self.max_bytes}); the head and the tail are kept]\n"
+            ).encode()
+            os.ftruncate(fd, keep)
+            os.write(fd, marker + tail)
+            watched.marker_len = len(marker)
+        finally:
+            os.close(fd)

@@ -1,0 +1,144 @@
+"""RunRetention: which finished runs are past their retention, and removing them (issue 12).
+
+Owns the retention rule and its timer for the run supervisor. A run is prunable when it is
+terminal, ended before the cutoff, is not live in the supervisor, and has no sub-run that is
+still going. Pruning deletes its rows (`runs`, `run_children`, `run_events`, `run_appends`, and
+the `children` rows its ChildActors left: those actors exist only while their process lives,
+so a finished run's rows have no other owner), inside the supervisor's transaction; its
+directory under the runs root is removed only after that commit, so a crash in between leaves
+a directory without a record, never a record without its files.
+
+The node applies `run_retention_days` by itself with one timer message (`RetentionDue`) armed
+at the moment the oldest finished run passes its retention, re-armed after each pass and when
+a run ends; there is no polling loop. A pass that finds the oldest run blocked (a sub-run still
+going) re-arms no sooner than `RECHECK_S` later.
+
+It never removes a path outside the runs root and never follows a symlink out of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from subagents_node.actors.owner import Cancel, Tick
+from subagents_node.messages.retention import MAX_PRUNED_PER_REQUEST
+from subagents_node.messages.runs import TERMINAL_RUN_STATES
+
+log = logging.getLogger(__name__)
+
+#: The earliest a retention pass re-runs after one that left a blocked run behind.
+RECHECK_S = 60.0
+_TERMINAL = tuple(sorted(TERMINAL_RUN_STATES))
+_IN_TERMINAL = ", ".join("?" * len(_TERMINAL))
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionDue(Tick):
+    """The oldest finished run has passed its retention: prune what is past it."""
+
+
+class RunRetention:
+    def __init__(
+        self,
+        runs_root: Callable[[], Path],
+        retention_s: float,
+        after: Callable[[float, Tick], Cancel],
+        after_commit: Callable[[Callable[[], None]], None],
+        clock: Callable[[], float],
+        announce: Callable[[list[str]], None],
+    ) -> None:
+        self._runs_root = runs_root
+        self.retention_s = retention_s
+        self._after = after
+        self._after_commit = after_commit
+        self._clock = clock
+        self._announce = announce  # a fleet event naming the pruned runs (watch_all sees it)
+        self._armed_at: float | None = None
+        self._cancel: Cancel = lambda: None
+
+    # -- the rule -----------------------------------------------------------------------------
+
+    def prunable(
+        self, db: sqlite3.Connection, cutoff: float, is_live: Callable[[str], bool]
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """(run id, run dir) of the runs to prune, oldest first; and whether more are due."""
+        rows = db.execute(
+            f"SELECT run_id, run_dir FROM runs r WHERE state IN ({_IN_TERMINAL}) "
+            "AND ended_at IS NOT NULL AND ended_at < ? AND NOT EXISTS ("
+            f"  SELECT 1 FROM runs c WHERE c.parent_run_id = r.run_id "
+            f"  AND c.state NOT IN ({_IN_TERMINAL})) "
+            "ORDER BY ended_at LIMIT ?",
+            (*_TERMINAL, cutoff, *_TERMINAL, MAX_PRUNED_PER_REQUEST + 1),
+        ).fetchall()
+        found = [(str(r["run_id"]), str(r["run_dir"])) for r in rows if not is_live(r["run_id"])]
+        return found[:MAX_PRUNED_PER_REQUEST], len(found) > MAX_PRUNED_PER_REQUEST
+
+    def prune(
+        self,
+        db: sqlite3.Connection,
+        cutoff: float,
+        is_live: Callable[[str], bool],
+        dry_run: bool = False,
+    ) -> tuple[list[str], bool]:
+        victims, more = self.prunable(db, cutoff, is_live)
+        if dry_run or not victims:
+            return [run_id for run_id, _ in victims], more
+        ids = [run_id for run_id, _ in victims]
+        marks = ", ".join("?" * len(ids))
+        for table in ("run_events", "run_children", "run_appends"):
+            db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", ids)
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name='children'").fetchone():
+            db.execute(f"DELETE FROM children WHERE run_id IN ({marks})", ids)
+        db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
+        directories = [Path(run_dir) for _, run_dir in victims]
+        self._after_commit(lambda: self._remove_dirs(directories))
+        self._announce(ids)
+        log.info("pruned %d finished runs that ended before %.0f", len(ids), cutoff)
+        return ids, more
+
+    def _remove_dirs(self, directories: list[Path]) -> None:
+        root = self._runs_root().resolve()
+        for directory in directories:
+            try:
+                target = directory.resolve()
+            except OSError:
+                continue
+            if target.parent != root or directory.is_symlink():
+                log.warning("not removing %s: it is not a run directory under %s", directory, root)
+                continue
+            shutil.rmtree(target, ignore_errors=True)
+
+    # -- the timer ----------------------------------------------------------------------------
+
+    def arm(self, db: sqlite3.Connection, not_before: float = 0.0) -> None:
+        """Arm the timer for the oldest finished run's retention (nothing when retention is off)."""
+        if self.retention_s <= 0:
+            return
+        oldest = db.execute(
+            f"SELECT MIN(ended_at) FROM runs WHERE state IN ({_IN_TERMINAL}) "
+            "AND ended_at IS NOT NULL",
+            _TERMINAL,
+        ).fetchone()[0]
+        if oldest is None:
+            return
+        due = max(float(oldest) + self.retention_s, not_before)
+        if self._armed_at is not None and self._armed_at <= due:
+            return
+        self._cancel()
+        self._armed_at = due
+        self._cancel = self._after(max(0.0, due - self._clock()), RetentionDue())
+
+    def run_ended(self, db: sqlite3.Connection) -> None:
+        if self._armed_at is None:
+            self.arm(db)
+
+    def due(self, db: sqlite3.Connection, is_live: Callable[[str], bool]) -> None:
+        self._armed_at = None
+        now = self._clock()
+        _, more = self.prune(db, now - self.retention_s, is_live)
+        self.arm(db, not_before=now if more else now + RECHECK_S)

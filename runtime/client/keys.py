@@ -1,0 +1,179 @@
+"""CURVE key files and the allow-list file: their names, their format, reading and writing.
+
+Owns the on-disk shape of the keys DESIGN §3 asks for. Every file lives in `<state>/keys/`
+(mode 0700), is written atomically (a temp file in the same dir, then a rename) with mode 0600,
+and is TOML, so a person can read it:
+
+- `server.key`: the node's keypair (`public`, `secret`, z85 text from `zmq.curve_keypair`). A
+  tcp listener serves with it; clients need only its `public` half.
+- `client.key`: this user's client keypair, offered by a tcp client of this state dir.
+- `allowed.toml`: the allow-list, `[clients]` name = public key. Only the node writes it while it
+  runs (`keys allow|revoke` ask the node, which applies the change at once); with no node
+  running the command writes it itself.
+
+Both the node and clients import this module, so it stays light (tomllib and zmq only) and
+never talks to a node. It never logs a secret key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from subagents_node.messages.errors import KeyFileInvalid
+
+KEYS_DIR = "keys"
+SERVER_KEY = "server.key"
+CLIENT_KEY = "client.key"
+ALLOWED = "allowed.toml"
+#: The z85 text of a 32-byte CURVE key is exactly 40 characters of this alphabet.
+_Z85 = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
+#: A principal's name: what logs show for an authenticated tcp peer.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+
+
+@dataclass(frozen=True, slots=True)
+class Keypair:
+    public: str
+    secret: str
+
+    @classmethod
+    def generate(cls) -> Keypair:
+        public, secret = zmq.curve_keypair()
+        return cls(public.decode("ascii"), secret.decode("ascii"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCredentials:
+    """What a tcp client needs: its own keypair and the server's public key."""
+
+    client: Keypair
+    server_public: str
+
+
+def keys_dir(state_dir: Path) -> Path:
+    return state_dir / KEYS_DIR
+
+
+def check_public_key(text: str) -> str:
+    """A z85 CURVE public key (40 characters), or KeyFileInvalid naming what is wrong."""
+    key = text.strip()
+    if not _Z85.fullmatch(key):
+        raise KeyFileInvalid(
+            f"not a CURVE public key: expected 40 characters of z85 text (got {len(key)})",
+            path="",
+            reason="public_key",
+        )
+    return key
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise KeyFileInvalid(
+            f"bad key name {name[:80]!r}: 1-64 letters, digits, '_', '.', '@' or '-', "
+            "starting with a letter or digit",
+            path="",
+            reason="name",
+        )
+    return name
+
+
+def read_keypair(path: Path) -> Keypair:
+    table = _read_toml(path)
+    public, secret = table.get("public"), table.get("secret")
+    if not isinstance(public, str) or not isinstance(secret, str):
+        raise KeyFileInvalid(
+            f"{path} has no 'public' and 'secret' keys", path=str(path), reason="format"
+        )
+    for value in (public, secret):
+        if not _Z85.fullmatch(value):
+            raise KeyFileInvalid(
+                f"{path} holds a key that is not 40 characters of z85 text",
+                path=str(path),
+                reason="format",
+            )
+    return Keypair(public, secret)
+
+
+def write_keypair(path: Path, pair: Keypair, role: str) -> None:
+    text = (
+        f"# subagents-node CURVE {role} keypair (keep secret; mode 0600)\n"
+        f'public = "{pair.public}"\nsecret = "{pair.secret}"\n'
+    )
+    write_private(path, text)
+
+
+def read_allowed(path: Path) -> dict[str, str]:
+    """The allow-list: name -> client public key (a missing file is an empty list)."""
+    if not path.exists():
+        return {}
+    clients = _read_toml(path).get("clients", {})
+    if not isinstance(clients, dict):
+        raise KeyFileInvalid(f"{path}: [clients] must be a table", path=str(path), reason="format")
+    allowed: dict[str, str] = {}
+    for name, key in clients.items():
+        if not isinstance(key, str) or not _Z85.fullmatch(key) or not _NAME.fullmatch(name):
+            raise KeyFileInvalid(
+                f'{path}: entry {name[:80]!r} is not name = "<40-character z85 public key>"',
+                path=str(path),
+                reason="format",
+            )
+        allowed[name] = key
+    return allowed
+
+
+def write_allowed(path: Path, allowed: Mapping[str, str]) -> None:
+    lines = ["# subagents-node: client public keys admitted over tcp (name = key)", "[clients]"]
+    lines += [f'"{name}" = "{key}"' for name, key in sorted(allowed.items())]
+    write_private(path, "\n".join(lines) + "\n")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` atomically with mode 0600 (the temp file is 0600 from its creation)."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def client_credentials(
+    state_dir: Path, server_key: str | None = None, client_file: str | None = None
+) -> ClientCredentials:
+    """The client keypair (`client_file`, else the state dir's) and the server's public key
+    (`server_key`, else the public half of the state dir's server key)."""
+    directory = keys_dir(state_dir)
+    client = read_keypair(Path(client_file).expanduser() if client_file else directory / CLIENT_KEY)
+    if server_key:
+        try:
+            server = check_public_key(server_key)
+        except KeyFileInvalid as err:
+            message = f"server key: {err.message}"
+            raise KeyFileInvalid(message, path="", reason="public_key") from None
+    else:
+        server = read_keypair(directory / SERVER_KEY).public
+    return ClientCredentials(client, server)
+
+
+def _read_toml(path: Path) -> dict[str, object]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise KeyFileInvalid(
+            f"no key file {path}; create the keys with `subagents-node keys generate`",
+            path=str(path),
+            reason="missing",
+        ) from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise KeyFileInvalid(f"cannot read {path}: {exc}", path=str(path), reason="io") from None

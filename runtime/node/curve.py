@@ -1,0 +1,185 @@
+"""CurveGuard: CURVE for the node's tcp listener and the ZAP handler that admits its peers.
+
+Owns the node's server keypair (created on first use), the allow-list (`<state>/keys/
+allowed.toml`, name -> client public key) while the node runs, and the ZAP socket
+(`inproc://zeromq.zap.01`, RFC 27) of the node's zmq context. Every tcp ROUTER the gateway binds
+is a CURVE server (DESIGN §3, loopback included); libzmq asks this handler about each peer's
+handshake, and the handler admits only a key on the allow-list, answering with the key's name
+as the ZAP User-Id: the gateway reads it from each frame, maps it to the key's name (refusing
+the frame once the key is revoked) and logs that name as the request's principal.
+
+Why our own ZAP socket and not pyzmq's ThreadAuthenticator: the socket is polled by the
+gateway's I/O thread beside its ROUTERs, so the allow-list has exactly one reader and one
+writer (that thread: `keys allow|revoke` arrive as `node.keys.*` requests, which the node
+serves in the gateway thread) and needs no lock and no extra thread; a change applies to the
+next handshake, with no restart and no file watching. ipc sockets have no security mechanism
+and never reach the handler with CURVE: the state dir's 0700 mode is their guard.
+
+It never logs a secret key, and never admits a peer whose mechanism is not CURVE on the tcp
+domain.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import zmq
+from zmq.utils import z85
+
+from subagents_node.actors.owner import Outcome
+from subagents_node.client.keys import (
+    ALLOWED,
+    SERVER_KEY,
+    Keypair,
+    check_name,
+    check_public_key,
+    keys_dir,
+    read_allowed,
+    read_keypair,
+    write_allowed,
+    write_keypair,
+)
+from subagents_node.messages.base import Request
+from subagents_node.messages.errors import BadRequest, KeyFileInvalid
+from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+#: The ZAP domain of the node's tcp sockets: a CURVE request from any other domain is refused.
+TCP_DOMAIN = b"subagents-tcp"
+
+
+def server_keypair(state_dir: Path) -> Keypair:
+    """The node's CURVE keypair, created (0600) the first time a tcp listener needs it."""
+    path = keys_dir(state_dir) / SERVER_KEY
+    if not path.exists():
+        write_keypair(path, Keypair.generate(), "server")
+        log.info("created the node's CURVE server key %s", path)
+    return read_keypair(path)
+
+
+class CurveGuard:
+    """The allow-list and the ZAP handler; used only from the gateway's I/O thread."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self._server: Keypair | None = None
+        self._allowed_path = keys_dir(state_dir) / ALLOWED
+        self._allowed = read_allowed(self._allowed_path)
+        self._sock: zmq.Socket[bytes] | None = None
+
+    @property
+    def server(self) -> Keypair:
+        """The server keypair, created the first time something needs it (a tcp listener)."""
+        if self._server is None:
+            self._server = server_keypair(self._state_dir)
+        return self._server
+
+    # -- the allow-list (keys allow / revoke) ------------------------------------------------
+
+    def serve(self, request: Request) -> Outcome:
+        """Answer a `node.keys.*` request (called in the gateway thread, like every node.*)."""
+        try:
+            if isinstance(request, KeysAllow):
+                self.allow(request.name, request.public_key)
+            elif isinstance(request, KeysRevoke):
+                self.revoke(request.name)
+            elif not isinstance(request, KeysList):
+                return BadRequest(f"not a keys request: {request.type}", reason="wrong_target")
+        except KeyFileInvalid as err:
+            return err
+        except OSError as exc:
+            return KeyFileInvalid(
+                f"cannot write {self._allowed_path}: {exc.strerror or exc}",
+                path=str(self._allowed_path),
+                reason="io",
+            )
+        return AllowedKeys(server_public=self.server.public, clients=self.allowed)
+
+    @property
+    def allowed(self) -> dict[str, str]:
+        return dict(self._allowed)
+
+    def allow(self, name: str, public_key: str) -> None:
+        name, key = check_name(name), check_public_key(public_key)
+        updated = {n: k for n, k in self._allowed.items() if k != key}
+        updated[name] = key
+        write_allowed(self._allowed_path, updated)  # durable before it takes effect
+        self._allowed = updated
+        log.info("tcp key allowed: %s (%s)", name, key)
+
+    def revoke(self, name_or_key: str) -> list[str]:
+        """Remove the entries named `name_or_key` (a name or a public key); their names."""
+        gone = [n for n, k in self._allowed.items() if name_or_key in (n, k)]
+        if not gone:
+            raise KeyFileInvalid(
+                f"no allowed key is named {name_or_key[:80]!r}", path="", reason="unknown_key"
+            )
+        updated = {n: k for n, k in self._allowed.items() if n not in gone}
+        write_allowed(self._allowed_path, updated)
+        self._allowed = updated
+        log.info("tcp key revoked: %s", ", ".join(gone))
+        return gone
+
+    # -- sockets -----------------------------------------------------------------------------
+
+    def make_server(self, sock: zmq.Socket[bytes]) -> None:
+        """Turn a ROUTER, before it binds, into a CURVE server judged by this handler."""
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.server.secret.encode("ascii"))
+        sock.setsockopt(zmq.ZAP_DOMAIN, TCP_DOMAIN)
+
+    def open(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        sock = zctx.socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(ZAP_ENDPOINT)
+        self._sock = sock
+        return sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def handle(self) -> None:
+        """Answer every waiting ZAP request (RFC 27: 200 admits, 400 refuses)."""
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                status, text, user = self._judge(frames)
+            except Exception:  # a peer's handshake must never stop the gateway thread
+                log.exception("ZAP: refused a request that could not be judged")
+                status, text, user = b"400", b"invalid request", b""
+            request_id = frames[1] if len(frames) > 1 else b""
+            sock.send_multipart([b"1.0", request_id, status, text, user, b""])
+
+    def _judge(self, frames: list[bytes]) -> tuple[bytes, bytes, bytes]:
+        if len(frames) < 6 or frames[0] != b"1.0":
+            return b"400", b"malformed ZAP request", b""
+        domain, address, mechanism = frames[2], frames[3].decode(errors="replace"), frames[5]
+        if domain != TCP_DOMAIN:
+            # Not one of our tcp sockets (ipc has no mechanism and never asks); refuse.
+            return b"400", b"unknown ZAP domain", b""
+        if mechanism != b"CURVE" or len(frames) != 7 or len(frames[6]) != 32:
+            log.warning("tcp peer %s refused: no CURVE credentials", address)
+            return b"400", b"CURVE required", b""
+        key = z85.encode(frames[6]).decode("ascii")
+        name = next((n for n, k in self._allowed.items() if k == key), None)
+        if name is None:
+            log.warning("tcp peer %s refused: key %s is not allowed", address, key)
+            return b"400", b"key not allowed", b""
+        log.info("tcp peer %s admitted as %s", address, name)
+        # The User-Id is the key itself: the gateway maps it to a name per frame, so a key
+        # revoked while its peer stays connected is refused from its next frame on.
+        return b"200", b"OK", key.encode("ascii")
+
+    def principal(self, user_id: str) -> str | None:
+        """The allow-listed name of an authenticated key, or None once it is revoked."""
+        return next((n for n, k in self._allowed.items() if k == user_id), None)

@@ -1,0 +1,131 @@
+"""Run retention and `prune` (issue 12 item 7, DESIGN §5): finished runs go, running ones stay.
+
+Against an embedded node (real child processes, real SQLite): `runs.prune` removes a finished
+run's records and its directory and never a run that is still going; the node's own
+retention (`run_retention_days`) does the same by itself on a timer, which the test sees as the
+`runs.pruned` fleet event (a long-poll, no sleeping); the CLI's `prune` against a real node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import BadRequest, RunNotFound
+from subagents_node.messages.retention import Prune, PruneResult
+from subagents_node.node.node import Node
+from tests.support.manage import embedded
+from tests.support.nodes import NodeProcess, run_cli
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, launch_context, wait_until
+
+#: one second of retention, in days
+ONE_SECOND_DAYS = 1 / 86_400
+
+
+def _finished_echo(client: Client, agents: Path, text: str) -> str:
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("echo", text, False, None))
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+    return run.run_id
+
+
+def _running_gate(client: Client, agents: Path, gate: Gate) -> str:
+    run = client.runs.launch(launch_context(agents).single("gate", str(gate.path), True, None))
+    gate.accept(1)
+    return run.run_id
+
+
+@pytest.fixture
+def node(state_dir: Path) -> Iterator[Node]:
+    """An embedded node with retention off (prune only when asked)."""
+    with embedded(state_dir, settings={"run_retention_days": 0.0}) as started:
+        yield started
+
+
+def test_issue_12_prune_removes_finished_runs_and_never_a_running_one(
+    node: Node, agents: Path, gate: Gate
+) -> None:
+    client = node.client()
+    finished = _finished_echo(client, agents, "old")
+    running = _running_gate(client, agents, gate)
+    finished_dir = Path(client.runs.show(finished).run_dir)
+    assert finished_dir.is_dir()
+
+    dry = client.ask(Prune(older_than_s=0, dry_run=True), PruneResult)
+    assert dry.pruned == [finished] and finished_dir.is_dir()
+    assert client.runs.show(finished).state == "complete"  # a dry run removes nothing
+
+    result = client.ask(Prune(older_than_s=0), PruneResult)
+    assert result.pruned == [finished]
+    with pytest.raises(RunNotFound):
+        client.runs.show(finished)
+    wait_until(lambda: not finished_dir.exists(), what="the pruned run's directory to go")
+    assert client.runs.show(running).state == "running"
+    assert Path(client.runs.show(running).run_dir).is_dir()
+
+    gate.children[0].release(0)
+    assert client.runs.wait(running, timeout=20).state == "complete"
+    assert client.ask(Prune(older_than_s=0), PruneResult).pruned == [running]
+
+
+def test_issue_12_prune_keeps_runs_younger_than_the_age(node: Node, agents: Path) -> None:
+    client = node.client()
+    finished = _finished_echo(client, agents, "young")
+    assert client.ask(Prune(older_than_s=3600), PruneResult).pruned == []
+    assert client.runs.show(finished).state == "complete"
+
+
+def test_issue_12_prune_without_an_age_is_refused_when_retention_is_off(node: Node) -> None:
+    with pytest.raises(BadRequest) as info:
+        node.client().ask(Prune(), PruneResult)
+    assert "retention is off" in info.value.message
+
+
+def test_issue_12_node_applies_its_retention_by_itself_on_a_timer(
+    state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    with embedded(state_dir, settings={"run_retention_days": ONE_SECOND_DAYS}) as started:
+        client = started.client()
+        running = _running_gate(client, agents, gate)
+        seq = client.runs.watch_all(after_seq=0, wait_s=0).last_seq
+        finished = _finished_echo(client, agents, "expires")
+        finished_dir = Path(client.runs.show(finished).run_dir)
+        deadline = time.monotonic() + 20
+        pruned: list[str] = []
+        while finished not in pruned:  # long-polls: each returns at the next event
+            assert time.monotonic() < deadline, "the node never pruned the finished run"
+            batch = client.runs.watch_all(after_seq=seq, wait_s=5)
+            seq = batch.last_seq
+            for event in batch.events:
+                if event.kind == "runs.pruned":
+                    pruned += str(event.data["run_ids"]).split()
+        with pytest.raises(RunNotFound):
+            client.runs.show(finished)
+        wait_until(lambda: not finished_dir.exists(), what="the expired run's directory to go")
+        assert running not in pruned
+        assert client.runs.show(running).state == "running"
+
+
+def test_issue_12_cli_prune_against_a_node(node_process: NodeProcess) -> None:
+    done = run_cli("prune", "--older-than", "0", "--json", state_dir=node_process.state_dir)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pruned"] == []
+    for bad in ("-1", "soon", "7", "1e9d", "999999999w"):
+        refused = run_cli("prune", "--older-than", bad, state_dir=node_process.state_dir)
+        assert refused.returncode == 2, (bad, refused.stderr)
+        assert "Traceback" not in refused.stderr
+
+
+@pytest.fixture
+def node_process(start_node: object) -> NodeProcess:
+    assert callable(start_node)
+    started = start_node()
+    assert isinstance(started, NodeProcess)
+    return started
