@@ -33,6 +33,7 @@ from subagents_node.client.keys import (
     write_keypair,
 )
 from subagents_node.client.paths import ensure_state_dir, ipc_endpoint, read_pid_file
+from subagents_node.messages.base import validate_request
 from subagents_node.messages.errors import KeyFileInvalid
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
 
@@ -100,7 +101,8 @@ def allow(obj: Ctx, public_key: str, name: str) -> None:
 @user_errors
 def revoke(obj: Ctx, name_or_key: str) -> None:
     """Stop admitting the key named NAME_OR_KEY (or with that public key); applies at once."""
-    _change(ensure_state_dir(obj.state_dir), KeysRevoke(name=name_or_key[:64]))
+    request = validate_request(KeysRevoke, {"name": name_or_key.strip()})  # '' is a BadRequest
+    _change(ensure_state_dir(obj.state_dir), request)
     click.echo(f"revoked {name_or_key}")
 
 

@@ -11,6 +11,7 @@ the schema asks for more): the point is coverage of every field, not volume.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hypothesis import strategies as st
@@ -103,6 +104,11 @@ def _string(schema: Json) -> st.SearchStrategy[str]:
     hi = min(schema.get("maxLength", 24), max(lo, 24))
     if "pattern" in schema:
         pattern = schema["pattern"]
+        # `^[class]+$` with an exact or narrow length (a key of 40 z85 characters): ask the regex
+        # for that length instead of filtering almost everything away
+        repeated = re.fullmatch(r"\^(\[[^\]]*(?:\\\][^\]]*)*\])[+*]\$", pattern)
+        if repeated:
+            pattern = f"^{repeated.group(1)}{{{lo},{hi}}}$"
         # `^[^=]+$` matches NUL and newlines too; keep keys printable so the mutations decide
         # what is hostile, not the regex.
         printable = st.from_regex(
