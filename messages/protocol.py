@@ -10,7 +10,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from subagents_node.messages import capacity, fanout, node, session, supervisor
+from subagents_node.messages import capacity, fanout, node, runs, session, supervisor
 from subagents_node.messages.base import Message, Request, schema_error
 from subagents_node.messages.errors import UnknownMessageType
 
@@ -20,6 +20,7 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     fanout.REQUESTS,
     session.REQUESTS,
     supervisor.REQUESTS,
+    runs.REQUESTS,
 )
 
 REQUEST_CLASSES: tuple[type[Request], ...] = tuple(c for p in _PROTOCOLS for c in p)
