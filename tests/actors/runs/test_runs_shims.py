@@ -1,0 +1,184 @@
+"""Children under shims through a real node: restarts lose nothing, escaped daemons hold their
+slot, and many children at once settle (DESIGN §1, SPEC §0.4 "Proof from the parent", R-RUN-5,
+R-CAP-21, R-EXT-3).
+
+Real node processes (`start --detach`), real shims and children, real sockets; every wait has a
+deadline (a gate connection, a pidfd, a long-poll). The heavy ones are marked `slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from subagents_node.messages.supervisor import RunView, TaskItem
+from tests.support.nodes import NodeProcess
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, launch_context, read_fifo, wait_until, wait_view
+
+CHILDREN = 30
+
+
+def wait_gone(pid: int, timeout: float = 20.0) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        assert select.select([fd], [], [], timeout)[0], f"process {pid} is still alive"
+    finally:
+        os.close(fd)
+
+
+def launch_gates(client: object, ctx: object, gate: Gate, count: int) -> RunView:
+    from subagents_node.client.client import Client
+    from subagents_node.launch.launcher import LaunchContext
+
+    assert isinstance(client, Client) and isinstance(ctx, LaunchContext)
+    tasks = [TaskItem(agent=ctx.plan("gate"), task=str(gate.path)) for _ in range(count)]
+    run = client.runs.launch(ctx.launch("parallel", True, items=tasks, concurrency=count))
+    assert all(c.pid for c in run.children)  # answered only once every child really runs
+    return run
+
+
+def end_children_while_no_node_runs(
+    gate: Gate, count: int
+) -> dict[int, tuple[int | None, int | None]]:
+    """All but two exit 0; one exits 3; one is killed by SIGKILL. Returns pid -> (code, signal)."""
+    children = gate.accept(count)
+    expected: dict[int, tuple[int | None, int | None]] = {}
+    for i, child in enumerate(children):
+        if i == 0:
+            os.kill(child.pid, signal.SIGKILL)
+            expected[child.pid] = (None, signal.SIGKILL)
+        else:
+            code = 3 if i == 1 else 0
+            child.release(code)
+            expected[child.pid] = (code, None)
+    for child in children:
+        child.wait_exit()
+    return expected
+
+
+def assert_every_exit_status_kept(
+    run: RunView, expected: dict[int, tuple[int | None, int | None]]
+) -> None:
+    assert run.state == "failed"  # one child failed
+    by_pid = {c.pid: c for c in run.children}
+    for pid, (code, signum) in expected.items():
+        child = by_pid[pid]
+        assert child.proof_state == "observed", child
+        assert (child.exit_code, child.signal) == (code, signum), child
+        assert child.state == ("complete" if code == 0 else "failed")
+    assert "exited with code 3" in run.error or "signal 9" in run.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill-9", "stop"])
+def test_r_run_5_a_node_restart_keeps_every_childs_exit_status_and_frees_the_slot(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate, how: str
+) -> None:
+    """kill -9 of the node, or the documented upgrade (`stop` + `start`), while 30 children
+    run; they end while no node runs (0, 3, SIGKILL); the next node settles each with its true
+    exit status (the shims, their parents, kept it) and releases the slot with proof."""
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=1)
+    run = launch_gates(client, ctx, gate, CHILDREN)
+    if how == "kill-9":
+        first.kill()
+    else:
+        assert first.stop().returncode == 0
+    expected = end_children_while_no_node_runs(gate, CHILDREN)
+
+    client = start_node(state_dir=state_dir).client()
+    done = client.runs.wait(run.run_id, timeout=60)
+
+    assert_every_exit_status_kept(done, expected)
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+def test_r_cap_21_a_setsid_grandchild_holds_the_slot_until_it_ends_and_stop_kills_it(
+    start_node: Callable[..., NodeProcess], state_dir: Path, tmp_path: Path
+) -> None:
+    client = start_node(state_dir=state_dir).client()
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    run = client.runs.launch(ctx.single("sleeper", f"seconds=0 daemon=60 ready={fifo}", True, None))
+    _, _, daemon = (int(p) for p in read_fifo(fifo).split())
+    child_pid = run.children[0].pid
+    assert child_pid is not None
+    wait_gone(child_pid)  # the child itself exited 0 ...
+
+    view = client.runs.show(run.run_id)
+    assert view.state == "running" and view.children[0].state == "running"  # ... its tree not
+    assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+
+    stopped = client.runs.stop(run.run_id)
+    assert stopped.run_id == run.run_id
+    wait_gone(daemon)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "stopped" and done.children[0].proof_state == "observed"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+def test_r_cap_21_a_daemon_that_ends_by_itself_settles_the_run_after_it_and_not_before(
+    start_node: Callable[..., NodeProcess], state_dir: Path, tmp_path: Path
+) -> None:
+    client = start_node(state_dir=state_dir).client()
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    run = client.runs.launch(ctx.single("sleeper", f"seconds=0 daemon=2 ready={fifo}", True, None))
+    _, _, daemon = (int(p) for p in read_fifo(fifo).split())
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "complete"
+    with pytest.raises(ProcessLookupError):
+        os.kill(daemon, 0)  # the run settled only once the daemon was gone (and reaped)
+
+
+@pytest.mark.slow
+def test_eight_sessions_of_64_parallel_children_at_once_all_complete_and_free_their_slots(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    node = start_node(state_dir=state_dir)
+    runs: list[RunView] = []
+    errors: list[BaseException] = []
+    contexts = [
+        launch_context(max_active_async_runs_per_session=1, max_subagent_spawns_per_run=1000)
+        for _ in range(8)
+    ]
+
+    def launch(i: int) -> None:
+        try:
+            client = node.client(timeout=60)
+            ctx = contexts[i]
+            items = [TaskItem(agent=ctx.plan("sleeper"), task="seconds=0.5") for _ in range(64)]
+            runs.append(
+                client.runs.launch(ctx.launch("parallel", True, items=items, concurrency=64))
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=launch, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    client = node.client(timeout=60)
+    for run in runs:
+        done = client.runs.wait(run.run_id, timeout=120)
+        assert done.state == "complete", (done.state, done.error)
+        assert all(c.proof_state == "observed" and c.exit_code == 0 for c in done.children)
+    assert node.alive() and client.ping().pid == node.pid
+    for ctx in contexts:
+        wait_until(lambda c=ctx: client.capacity.snapshot(c.session_id, 1).used == 0, what="slot")
