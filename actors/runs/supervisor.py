@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
@@ -151,6 +153,13 @@ class RunSupervisor(OwnerActor):
             return frozenset()
         return frozenset(str(p) for p in self.ctx.settings.get("fault_points", ()))
 
+    def crash_point(self, point: str) -> None:
+        """Tests only (a node started with faults): die here with SIGKILL, as a power cut or
+        an OOM kill would, to prove that no step of a launch leaves a stuck run."""
+        if self.ctx.faults and point in self.ctx.settings.get("fault_kill_points", ()):
+            log.warning("fault injection: killing the node at %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
     # -- start and recovery -------------------------------------------------------------------
 
     def recover(self) -> None:
@@ -203,6 +212,7 @@ class RunSupervisor(OwnerActor):
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
                 live.launch_replies.append(reply)
                 return
+            self.crash_point("answer_launch")
             if isinstance(outcome, LaunchResult):
                 view = runstore.view(self.db, run_id)
                 outcome = outcome if view is None else LaunchResult(run=view)
@@ -215,6 +225,7 @@ class RunSupervisor(OwnerActor):
             return
         view = runstore.view(self.db, live.run_id)
         replies, live.launch_replies = live.launch_replies, []
+        self.crash_point("answer_launch")
         for reply in replies:
             if view is not None:
                 self.reply_later(reply, LaunchResult(run=view))
@@ -434,7 +445,10 @@ class RunSupervisor(OwnerActor):
         not_launched = self._to_self(ShimNotLaunched)
         keeper = self.keeper
 
+        crash_point = self.crash_point
+
         def fork_shim() -> None:
+            crash_point("fork_shim")
             error = keeper.launch(spec)
             if error is not None:
                 not_launched(spec.child_id, error)

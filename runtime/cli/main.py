@@ -9,6 +9,8 @@ only its own family (tests/cli/test_cli_node.py checks the two lists agree).
 
 from __future__ import annotations
 
+import os
+
 import importlib
 import logging
 import signal
@@ -18,7 +20,13 @@ from types import MappingProxyType
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
-from subagents_node.messages.constants import DISTRIBUTION, ENV_NODE, ENV_STATE_DIR, ENV_TEST_FAULTS
+from subagents_node.messages.constants import (
+    DISTRIBUTION,
+    ENV_NODE,
+    ENV_STATE_DIR,
+    ENV_TEST_FAULTS,
+    ENV_TEST_KILL_AT,
+)
 from subagents_node.messages.errors import SubagentsError
 
 #: command name -> (module, attribute): the families are imported only when their command runs
@@ -81,6 +89,12 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
     ctx.obj = Ctx(state_dir, address, timeout)
 
 
+def _kill_points(faults: bool) -> dict[str, list[str]]:
+    """Tests only: the launch steps at which a node started with faults kills itself."""
+    points = os.environ.get(ENV_TEST_KILL_AT, "") if faults else ""
+    return {"fault_kill_points": [p for p in points.split(",") if p]} if points else {}
+
+
 @cli.command()
 @click.option("--detach", is_flag=True, help="Run in the background; return once it serves.")
 @click.option("--listen", multiple=True, help="Extra endpoint, e.g. tcp://127.0.0.1:7700.")
@@ -121,7 +135,7 @@ def start(
         listen=(*config.settings.listen, *listen),
         mailbox_limit=mailbox_limit,
         faults=faults,
-        settings=config.actor_settings(),
+        settings={**config.actor_settings(), **_kill_points(faults)},
     )
     node = Node(options)
     try:

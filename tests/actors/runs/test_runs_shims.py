@@ -8,6 +8,7 @@ deadline (a gate connection, a pidfd, a long-poll). The heavy ones are marked `s
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -17,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, read_fifo, wait_until, wait_view
+from tests.support.runs import Gate, launch_context, read_fifo, wait_until
 
 CHILDREN = 30
 
@@ -182,3 +184,80 @@ def test_eight_sessions_of_64_parallel_children_at_once_all_complete_and_free_th
     assert node.alive() and client.ping().pid == node.pid
     for ctx in contexts:
         wait_until(lambda c=ctx: client.capacity.snapshot(c.session_id, 1).used == 0, what="slot")
+
+
+KILL_POINTS = ("record_run", "mark_started", "fork_shim", "answer_launch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_node_killed_between_launch_steps_leaves_no_stuck_run_and_no_unproven_slot(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> None:
+    """kill -9 of the node at each step of a launch (fault injection, SUBAGENTS_TEST_KILL_AT):
+    after a restart every run of the session is settled or genuinely running, and the slot is
+    freed (with proof, or by the reservation TTL when no run was ever recorded)."""
+    monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
+    first = start_node("--faults", state_dir=state_dir)
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    with pytest.raises(SubagentsError):
+        first.client(timeout=5).runs.launch(ctx.single("sleeper", "seconds=1", True, None))
+    assert first.wait_exited(10), f"the node did not die at {point}"
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+
+    client = start_node(state_dir=state_dir).client()
+    for run in client.runs.list(session_id=ctx.session_id):
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state in ("complete", "failed"), (point, done.state)
+        assert all(c.proof_state in ("observed", "not-started") for c in done.children), done
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+def shim_of(view: RunView) -> int:
+    child = view.children[0]
+    record = Path(child.stdout_path).parent / child.child_id / "shim.json"
+    return int(json.loads(record.read_text())["shim_pid"])
+
+
+def test_r_cap_21_a_shim_killed_while_its_child_runs_fails_closed_and_keeps_the_slot(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    """Only `tree_ended` proves a tree's end: a shim that died leaves a live child unproven
+    (proof `unknown`, the slot stays retained) instead of being taken for an ended tree."""
+    client = start_node(state_dir=state_dir).client()
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("sleeper", "seconds=60", True, None))
+    child_pid = run.children[0].pid
+    assert child_pid is not None
+    try:
+        os.kill(shim_of(run), signal.SIGKILL)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "failed" and done.children[0].proof_state == "unknown"
+        assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+        os.kill(child_pid, 0)  # still running: nobody took it for gone
+    finally:
+        os.kill(child_pid, signal.SIGKILL)
+
+
+def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported_identity(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    """The shim is frozen, its child killed, then the shim killed: nobody saw the exit status,
+    but the one process it reported is gone, so the proof is `observed` and the slot freed."""
+    client = start_node(state_dir=state_dir).client()
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("sleeper", "seconds=60", True, None))
+    child_pid = run.children[0].pid
+    assert child_pid is not None
+    shim_pid = shim_of(run)
+    os.kill(shim_pid, signal.SIGSTOP)
+    os.kill(child_pid, signal.SIGKILL)
+    os.kill(shim_pid, signal.SIGKILL)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "failed" and done.children[0].proof_state == "observed"
+    assert done.children[0].exit_code is None
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
