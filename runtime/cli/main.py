@@ -9,10 +9,9 @@ only its own family (tests/cli/test_cli_node.py checks the two lists agree).
 
 from __future__ import annotations
 
-import os
-
 import importlib
 import logging
+import os
 import signal
 from collections.abc import Mapping
 from types import MappingProxyType
