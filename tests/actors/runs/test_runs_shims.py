@@ -14,6 +14,7 @@ import select
 import signal
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,31 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     assert done.state == "failed" and done.children[0].proof_state == "observed"
     assert done.children[0].exit_code is None
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+def node_threads_and_store_files(pid: int) -> tuple[int, int]:
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    store = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with suppress(OSError):
+            store += os.readlink(f"/proc/{pid}/fd/{fd}").endswith("state.db")
+    return threads, store
+
+
+@pytest.mark.slow
+def test_node_threads_and_store_connections_do_not_grow_with_the_number_of_children(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    """DESIGN §1/§2: no thread and no store connection per child in the node (version 1 had
+    one of each, and crashed on SQLite's write lock at about 450 children)."""
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+    ctx = launch_context(agents, max_subagent_spawns_per_run=1000)
+    first = launch_gates(client, ctx, gate, 1)
+    one = node_threads_and_store_files(node.pid)
+    many = launch_gates(client, ctx, gate, 48)
+    assert node_threads_and_store_files(node.pid) == one
+    for child in gate.accept(49):
+        child.release(0)
+    for run in (first, many):
+        assert client.runs.wait(run.run_id, timeout=60).state == "complete"
