@@ -131,6 +131,13 @@ class ChildKeeper:
                 record.pid, record.identity_start = report.pid, report.identity_start
                 record.start_time = report.start_time
                 events.append(cp.started_event(record))
+                log.info(
+                    "child %s of run %s started (pid %d, shim pid %d)",
+                    record.child_id,
+                    record.run_id,
+                    report.pid,
+                    report.shim_pid,
+                )
             rows.record_started(db, record)
             shim = ProcessIdentity(report.shim_pid, report.shim_start)
             self._watch.watch(record.child_id, shim)

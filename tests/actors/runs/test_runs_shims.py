@@ -220,7 +220,7 @@ def test_a_node_killed_between_launch_steps_leaves_no_stuck_run_and_no_unproven_
 
 def shim_of(view: RunView) -> int:
     child = view.children[0]
-    record = Path(child.stdout_path).parent / child.child_id / "shim.json"
+    record = Path(child.stdout_path).parent / f"child-{child.index}" / "shim.json"
     return int(json.loads(record.read_text())["shim_pid"])
 
 
