@@ -257,6 +257,7 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     shim_pid = shim_of(run)
     os.kill(shim_pid, signal.SIGSTOP)
     os.kill(child_pid, signal.SIGKILL)
+    wait_gone(child_pid)  # exited (a zombie its frozen parent cannot reap)
     os.kill(shim_pid, signal.SIGKILL)
     done = client.runs.wait(run.run_id, timeout=30)
     assert done.state == "failed" and done.children[0].proof_state == "observed"
