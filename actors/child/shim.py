@@ -55,15 +55,19 @@ _FIRST_RETRY_S = 0.05
 _MAX_RETRY_S = 1.0
 
 
-def write_atomically(path: str, data: dict[str, Any], *, exclusive: bool = False) -> bool:
+def write_atomically(
+    path: str, data: dict[str, Any], *, exclusive: bool = False, sync: bool = True
+) -> bool:
     """Write `data` as JSON to `path`: temp file, fsync, then rename (or link, which fails when
-    `path` exists: `exclusive`), then fsync the directory. False when exclusive lost."""
+    `path` exists: `exclusive`), then fsync the directory (both unless `sync` is False).
+    False when exclusive lost."""
     directory = os.path.dirname(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     try:
@@ -76,11 +80,12 @@ def write_atomically(path: str, data: dict[str, Any], *, exclusive: bool = False
                 os.unlink(tmp)
         else:
             os.replace(tmp, path)
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        if sync:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -165,6 +170,7 @@ class Shim:
         self.unacked: list[tuple[str, bytes]] = []  # (message id, frame), oldest first
         self.retry_at = 0.0
         self.backoff = _FIRST_RETRY_S
+        self.blocked = False
 
     # -- the life of the shim -------------------------------------------------------------------
 
@@ -178,7 +184,9 @@ class Shim:
         os.close(devnull)
         os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
         claim = {**self.facts, "at": time.time()}
-        if not write_atomically(self._path(SHIM_RECORD), claim, exclusive=True):
+        # No fsync: the claim fences a recovering node against a late shim, and a power cut
+        # ends both; the exit record, which must survive the node, is synced.
+        if not write_atomically(self._path(SHIM_RECORD), claim, exclusive=True, sync=False):
             return 0  # a recovering node gave this child up as never started: do not start it
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
@@ -226,9 +234,14 @@ class Shim:
         poller.register(wake_r, zmq.POLLIN)
         while not (self.tree_ended and not self.unacked):
             self._send(sock)
+            # Not connected yet (IMMEDIATE): wake as soon as the node's socket accepts us.
+            poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self.blocked else 0))
             timeout = self._next_timer()
             wait_ms = None if timeout is None else math.ceil(max(0.0, timeout) * 1000)
             events = dict(poller.poll(wait_ms))
+            if events.get(sock, 0) & zmq.POLLOUT:
+                self.blocked = False
+                self.retry_at = 0.0
             if wake_r in events:
                 signals = os.read(wake_r, 4096)
                 if signal.SIGTERM in signals and not self.tree_ended:
@@ -241,22 +254,29 @@ class Shim:
     # -- the tree -------------------------------------------------------------------------------
 
     def _reap(self) -> None:
+        leader_code: int | None = None
+        tree_left = True
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                break  # no child left: with a subreaper, no descendant left either
+                tree_left = False  # no child left: with a subreaper, no descendant either
+                break
             if pid == 0:
-                return
+                break
             if pid == self.leader and not self.leader_gone:
-                self._leader_exited(os.waitstatus_to_exitcode(status))
-        if self.leader_gone and not self.tree_ended:
+                leader_code = os.waitstatus_to_exitcode(status)
+        if leader_code is not None:
+            self._leader_exited(leader_code, tree_left)
+        if self.leader_gone and not tree_left and not self.tree_ended:
             self.tree_ended = True
             self.facts["tree_ended_at"] = time.time()
             self._record_exit()
             self._report("tree_ended")
 
-    def _leader_exited(self, code: int) -> None:
+    def _leader_exited(self, code: int, tree_left: bool) -> None:
+        """The leader's exit status. When its tree ended with it (the common case) the one
+        `tree_ended` record and report carry it; otherwise it is recorded and reported now."""
         self.leader_gone = True
         self.facts.update(
             exit_code=code if code >= 0 else None,
@@ -264,6 +284,8 @@ class Shim:
             ended_at=time.time(),
             ended_by=self.ended_by,
         )
+        if not tree_left:
+            return
         self._record_exit()
         self._report("exited")
         # The members of the leader's own group are the child's: they end with it (TERM,
@@ -361,9 +383,11 @@ class Shim:
         new node sees the reports in order)."""
         if not self.unacked or time.monotonic() < self.retry_at:
             return
-        # zmq.Again: no node to talk to (IMMEDIATE): try again after the backoff.
-        with contextlib.suppress(zmq.Again):
+        try:
             sock.send(self.unacked[0][1], zmq.NOBLOCK)
+            self.blocked = False
+        except zmq.Again:  # no node to talk to (IMMEDIATE): when it comes, or after the backoff
+            self.blocked = True
         self.retry_at = time.monotonic() + self.backoff
         self.backoff = min(_MAX_RETRY_S, self.backoff * 2)
 

@@ -179,16 +179,17 @@ def test_the_shim_template_imports_neither_pydantic_pykka_nor_sqlite() -> None:
 # -- exits -----------------------------------------------------------------------------------
 
 
-def test_r_ext_3_exit_0_is_reported_started_exited_then_tree_ended_in_sequence(
+def test_r_ext_3_exit_0_is_reported_started_then_tree_ended_in_sequence(
     harness: Harness,
 ) -> None:
+    """A child that leaves no descendant: its exit and its tree's end are one report."""
     spec = harness.spec("c1", [PY, "-c", "print('  hello  ')"])
     harness.start(spec)
     started = harness.until("started")
     assert started.pid is not None and started.identity_start is not None
-    exited = harness.until("exited")
     ended = harness.until("tree_ended")
-    assert [started.seq, exited.seq, ended.seq] == [1, 2, 3]
+    assert [started.seq, ended.seq] == [1, 2]
+    assert [r.kind for r in harness.reports] == ["started", "tree_ended"]
     assert (ended.exit_code, ended.signal, ended.tree_ended) == (0, None, True)
     assert Path(spec.stdout_path).read_text() == "  hello  \n"  # stdout straight to the log
     wait_gone(started.shim_pid)  # every report acknowledged: the shim exits
@@ -212,11 +213,13 @@ def test_r_ext_3_the_shim_as_parent_sees_the_exact_exit_code_or_signal(
 def test_r_run_5_the_exit_record_is_durable_before_the_report_that_tells_of_it(
     harness: Harness,
 ) -> None:
-    spec = harness.spec("c1", [PY, "-c", "import sys; sys.exit(5)"])
+    argv, fifo = sleeper(harness, "seconds=0 daemon=1 exit=5")
+    spec = harness.spec("c1", argv)
     harness.start(spec)
-    harness.until("exited")
+    read_fifo(fifo)
+    harness.until("exited")  # the daemon keeps the tree alive: the exit is reported alone
     record = exit_record(spec)  # read while the report is only just received
-    assert record["exit_code"] == 5
+    assert record["exit_code"] == 5 and record["tree_ended"] is False
     harness.until("tree_ended")
     record = exit_record(spec)
     assert record["tree_ended"] is True and record["exit_code"] == 5
