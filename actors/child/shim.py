@@ -53,6 +53,10 @@ EXIT_RECORD = "exit.json"
 _PR_SET_CHILD_SUBREAPER = 36
 _FIRST_RETRY_S = 0.05
 _MAX_RETRY_S = 1.0
+#: After its tree ended the shim keeps nothing alive; its exit record (synced) says all its
+#: reports say, so it stops retrying after this long and exits: a running supervisor sees it
+#: go (pidfd) and reads the record, a new node reads it at recovery.
+GIVE_UP_AFTER_TREE_END_S = 30.0
 
 
 def write_atomically(
@@ -232,7 +236,7 @@ class Shim:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
-        while not (self.tree_ended and not self.unacked):
+        while not (self.tree_ended and not self.unacked) and not self._given_up():
             self._send(sock)
             # Not connected yet (IMMEDIATE): wake as soon as the node's socket accepts us.
             poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self.blocked else 0))
@@ -250,6 +254,11 @@ class Shim:
             if sock in events:
                 self._receive(sock)
             self._on_timers()
+
+    def _given_up(self) -> bool:
+        ended = self.facts.get("tree_ended_at")
+        limit = float(self.order.get("give_up_s", GIVE_UP_AFTER_TREE_END_S))
+        return ended is not None and time.time() - ended > limit
 
     # -- the tree -------------------------------------------------------------------------------
 

@@ -57,7 +57,11 @@ class ShimTemplate:
 
     def order(self, spec: ChildSpec, node_address: str) -> None:
         """Fork a shim for `spec`. Raises OSError when no template can be started."""
-        line = (json.dumps(order_of(spec, node_address)) + "\n").encode()
+        self.order_raw(order_of(spec, node_address))
+
+    def order_raw(self, order: dict[str, Any]) -> None:
+        """Fork a shim for an order as `order_of` builds it (tests add their own knobs)."""
+        line = (json.dumps(order) + "\n").encode()
         for _attempt in range(2):
             proc = self._ensure()
             assert proc.stdin is not None

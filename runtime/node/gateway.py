@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Frames handled per wake-up before the gateway sends pending replies again (fairness).
 _RECV_BATCH = 256
+#: How long a stopping gateway may spend delivering replies already sent.
+_CLOSE_LINGER_MS = 500
 
 
 class Gateway:
@@ -133,7 +135,9 @@ class Gateway:
                 self._send(sock)
         finally:
             self._send(sock)
-            sock.close(linger=0)
+            # A short linger: the last replies (a shim's acknowledgement, which it would
+            # otherwise resend to a node that is gone) reach their peers before the close.
+            sock.close(linger=_CLOSE_LINGER_MS)
 
     def _drain_wake(self) -> None:
         # Empty the pipe first, then clear the flag: the other order loses a wake-up when a

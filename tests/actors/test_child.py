@@ -26,7 +26,7 @@ import msgpack
 import pytest
 import zmq
 
-from subagents_node.actors.child import procfs, shim
+from subagents_node.actors.child import procfs, shim, shims
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
 from subagents_node.actors.child.shims import ShimTemplate, signal_shim
 from subagents_node.messages.codec import encode
@@ -351,6 +351,22 @@ def test_reports_are_resent_until_acknowledged_and_the_child_runs_on_meanwhile(
     assert harness.report().kind == "started"
     assert signal_shim(ProcessIdentity(first.shim_pid, first.shim_start))
     assert harness.until("tree_ended").ended_by == "stop"
+
+
+def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_record(
+    harness: Harness,
+) -> None:
+    """Nothing to keep alive once the tree ended: the shim exits after a bounded retry, and its
+    exit record (what a recovering node reads) holds the exit status and the tree's end."""
+    spec = harness.spec("c1", [PY, "-c", "import sys; sys.exit(6)"])
+    order = {**shims.order_of(spec, harness.address), "give_up_s": 0.5}
+    Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
+    harness.template.order_raw(order)
+    first = harness.report(ack=False)
+    harness.unbind()  # the node is gone for good
+    wait_gone(first.shim_pid)
+    record = exit_record(spec)
+    assert (record["exit_code"], record["tree_ended"]) == (6, True)
 
 
 def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
