@@ -31,7 +31,8 @@ from subagents_node.client.client import Client
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 
 CHILDREN = int(os.environ.get("BENCH_SCALE_CHILDREN", "1000"))
-SLEEP_S = 5.0
+#: Longer than launching them all takes, so that every child runs at the peak.
+SLEEP_S = 20.0
 TRUE_CHILDREN = 200
 PINGS = 200
 #: A run's concurrency cap (messages/supervisor.py): N children are N / 64 runs at once.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import math
 import os
@@ -425,6 +426,9 @@ def serve_template() -> None:
     """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
     each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
+    # Everything imported so far is shared with every shim: keep the collector off those
+    # pages (a collection would touch, and so copy, each of them in every shim).
+    gc.freeze()
     stdin = os.fdopen(0, "rb", buffering=0)
     buffer = b""
     while chunk := stdin.read(1 << 16):
@@ -436,6 +440,7 @@ def serve_template() -> None:
                 code = 1
                 try:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    gc.disable()  # a shim allocates little and lives long: no collections
                     code = Shim(order).run()
                 finally:
                     os._exit(code)
