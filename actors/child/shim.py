@@ -319,13 +319,16 @@ class Shim:
         found = procfs.descendants(os.getpid())
         if only_group is not None:
             found = [(pid, st) for pid, st in found if st.pgid == only_group]
+        # Each process gets the signal once (a second SIGTERM could cut short the clean-up
+        # the first one started): through its group, or alone if it is in the shim's group.
         groups = {st.pgid for _, st in found if st.pgid != self.facts["shim_pid"]}
         for pgid in groups:
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signum)
-        for pid, _ in found:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signum)
+        for pid, st in found:
+            if st.pgid not in groups:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signum)
         return bool(found)
 
     # -- timers ---------------------------------------------------------------------------------
