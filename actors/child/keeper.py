@@ -28,7 +28,7 @@ from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import rows
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
 from subagents_node.actors.child.shim import EXIT_RECORD, SHIM_RECORD, write_atomically
-from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim
+from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
 from subagents_node.messages.runs import (
     REASON_EXITED,
     ChildEvent,
@@ -44,6 +44,8 @@ REASON_SHIM_GONE = "the shim died; every process it reported is gone"
 REASON_SHIM_GONE_LIVE = "process-tree-unverified: the shim died while its child still runs"
 NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
 STOPPED = "Stopped by request."
+#: How long a stopping node waits for the shims of finished children to exit.
+FINISHING_WAIT_S = 2.0
 
 Connection = Any  # sqlite3.Connection (kept loose: rows.py owns the SQL)
 
@@ -74,11 +76,16 @@ class ChildKeeper:
         self._address = node_address
         self._template = ShimTemplate()
         self._watch = ShimWatch(on_shim_gone)
+        #: Shims whose tree ended (acknowledged or about to be) that were not yet seen gone.
+        self._finishing: dict[str, ProcessIdentity] = {}
 
     def close(self) -> None:
-        """With the node: the template exits, the shims (and their children) keep running."""
+        """With the node: the template exits, the shims (and their children) keep running;
+        shims whose tree ended are given a moment to exit, so a program that embedded the
+        node leaves no process of a finished child behind."""
         self._template.close()
         self._watch.close()
+        wait_exits(list(self._finishing.values()), FINISHING_WAIT_S)
 
     @property
     def template_pid(self) -> int | None:
@@ -149,6 +156,7 @@ class ChildKeeper:
             events.append(event)
         elif report.tree_ended:
             events.append(self._settle(db, record, row, report, now))
+            self._finishing[record.child_id] = ProcessIdentity(report.shim_pid, report.shim_start)
         elif report.exit_code is not None or report.signal is not None:
             rows.record_exit(db, record.child_id, report.exit_code, report.signal)
         return events
@@ -193,6 +201,7 @@ class ChildKeeper:
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
         its exit record says what it knew, and the reported identity decides the proof."""
+        self._finishing.pop(child_id, None)
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
             return []

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,30 @@ def signal_shim(identity: ProcessIdentity, signum: int = signal.SIGTERM) -> bool
         return False
     finally:
         os.close(fd)
+
+
+def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
+    """Block until every shim in `shims` has exited, or `timeout` passed (pidfds, no polling)."""
+    fds = []
+    for identity in shims:
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except OSError:
+            continue
+        if is_alive(identity):
+            fds.append(fd)
+        else:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(fds, [], [], left)
+            for fd in ready:
+                fds.remove(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class ShimWatch:
