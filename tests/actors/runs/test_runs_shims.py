@@ -13,13 +13,15 @@ import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import Busy, SubagentsError
 from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -27,6 +29,7 @@ from tests.support.run_fixtures import gate as gate
 from tests.support.runs import Gate, launch_context, read_fifo, wait_until
 
 CHILDREN = 30
+T = TypeVar("T")
 
 
 def wait_gone(pid: int, timeout: float = 20.0) -> None:
@@ -148,6 +151,21 @@ def test_r_cap_21_a_daemon_that_ends_by_itself_settles_the_run_after_it_and_not_
         os.kill(daemon, 0)  # the run settled only once the daemon was gone (and reaped)
 
 
+def refused_busy_then_retried(call: Callable[[], T], deadline_s: float = 120.0) -> T:
+    """`Busy` is the supervisor's mailbox limit refusing a request (backpressure, a limit
+    refusal like the others): retried, with backoff, until `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except Busy:
+            if time.monotonic() + delay > deadline:
+                raise
+            threading.Event().wait(delay)  # backoff before retrying a refused request
+            delay = min(1.0, delay * 2)
+
+
 @pytest.mark.slow
 def test_eight_sessions_of_64_parallel_children_at_once_all_complete_and_free_their_slots(
     start_node: Callable[..., NodeProcess], state_dir: Path
@@ -165,9 +183,8 @@ def test_eight_sessions_of_64_parallel_children_at_once_all_complete_and_free_th
             client = node.client(timeout=60)
             ctx = contexts[i]
             items = [TaskItem(agent=ctx.plan("sleeper"), task="seconds=0.5") for _ in range(64)]
-            runs.append(
-                client.runs.launch(ctx.launch("parallel", True, items=items, concurrency=64))
-            )
+            launch = ctx.launch("parallel", True, items=items, concurrency=64)
+            runs.append(refused_busy_then_retried(lambda: client.runs.launch(launch)))
         except BaseException as exc:
             errors.append(exc)
 
@@ -179,7 +196,7 @@ def test_eight_sessions_of_64_parallel_children_at_once_all_complete_and_free_th
     assert not errors, errors
     client = node.client(timeout=60)
     for run in runs:
-        done = client.runs.wait(run.run_id, timeout=120)
+        done = refused_busy_then_retried(lambda r=run: client.runs.wait(r.run_id, timeout=120))
         assert done.state == "complete", (done.state, done.error)
         assert all(c.proof_state == "observed" and c.exit_code == 0 for c in done.children)
     assert node.alive() and client.ping().pid == node.pid
