@@ -4,7 +4,7 @@ For each trivial command (`python -c pass`, `/bin/true`) and each concurrency, i
 - node: one parallel run of CHILDREN tasks with that concurrency cap, sent to a real node process
   (`start --detach`) over its ipc socket; timed from the launch request until `runs.wait`
   reports the run terminal, i.e. until every child has its process-terminal proof committed and
-  the run is settled. Each child goes the whole way: a ChildActor, its own process group, log
+  the run is settled. Each child goes the whole way: its own shim, its own process group, log
   files, a stdin file for its task, rows and events in SQLite.
 - bare: a `subprocess.Popen` loop in this process keeping the same number of the same children
   alive (each in its own session, output to /dev/null), reaped with `os.wait()`.

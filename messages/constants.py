@@ -53,3 +53,5 @@ ENV_TASK_DELIVERY = "SUBAGENTS_TASK_DELIVERY"
 ENV_WORKFLOW_TOKEN = "SUBAGENTS_WORKFLOW_TOKEN"
 #: tests only: serve the fault-injection requests
 ENV_TEST_FAULTS = "SUBAGENTS_TEST_FAULTS"
+#: tests only, with faults: comma-separated launch steps at which the node kills itself (-9)
+ENV_TEST_KILL_AT = "SUBAGENTS_TEST_KILL_AT"

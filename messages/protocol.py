@@ -16,6 +16,7 @@ from subagents_node.messages import (
     keys,
     node,
     retention,
+    runs,
     session,
     supervisor,
 )
@@ -30,6 +31,7 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     supervisor.REQUESTS,
     keys.REQUESTS,
     retention.REQUESTS,
+    runs.REQUESTS,
 )
 
 REQUEST_CLASSES: tuple[type[Request], ...] = tuple(c for p in _PROTOCOLS for c in p)

@@ -1,12 +1,12 @@
-"""Models shared by the RunSupervisor and the ChildActor (SPEC §9 R-RUN-2/3/5, R-EXT-3).
+"""Models shared by the RunSupervisor and the child shims (SPEC §9 R-RUN-2/3/5, R-EXT-3).
 
 Owns the shapes of a child process's life: what to start (`ChildSpec`), the process-terminal
-proof (`ProcessProof`), the two events a ChildActor emits (`ChildStarted`, `ChildExited`), the
-in-process `ChildStop` request, and the run and child state names.
+proof (`ProcessProof`), the report a child shim sends (`ChildReport`, the one request here, on
+the wire), the two events the supervisor derives from reports (`ChildStarted`, `ChildExited`),
+and the run and child state names.
 
 A ChildSpec's argv and stdin file may hold the task text; nothing here logs or persists them
-(R-MISC-1). `ChildStop` is served in process only (the supervisor talks to its ChildActors
-directly; the wire-level stop is the supervisor's), so `REQUESTS` is empty.
+(R-MISC-1).
 
 Times are wall-clock seconds since the epoch; durations are seconds unless named `_ms`.
 """
@@ -19,6 +19,10 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from subagents_node.messages.base import Ack, Message, Request, ResultType
+
+SUPERVISOR = "supervisor"
+#: Linux pid_max is at most 2**22; anything above is not a pid.
+MAX_PID = 1 << 22
 
 CHILDREN = "children"
 
@@ -73,7 +77,7 @@ def timeout_error(timeout_s: float) -> str:
 
 
 class ChildSpec(Message):
-    """Everything a ChildActor needs to start one child OS process.
+    """Everything a child shim needs to start one child OS process.
 
     `env` is complete (the supervisor merged the node's variables and the agent's); `deadline_s`
     counts from the spawn; `argv` may carry the task and is never logged.
@@ -90,6 +94,12 @@ class ChildSpec(Message):
     stderr_path: str
     deadline_s: float | None = Field(default=None, gt=0)
     grace_s: float = Field(default=DEFAULT_GRACE_S, ge=0)
+    #: Where the shim keeps `shim.json` and the exit record (default: beside the stdout log).
+    record_dir: str | None = None
+
+    @property
+    def records(self) -> str:
+        return self.record_dir or os.path.join(os.path.dirname(self.stdout_path), self.child_id)
 
 
 class ProcessProof(Message):
@@ -149,20 +159,41 @@ class ChildExited(Message):
 ChildEvent = ChildStarted | ChildExited
 
 
-class ChildStop(Request):
-    """End the child's whole process group (SIGTERM, SIGKILL after the grace) as `stopped`.
+ShimReportKind = Literal["started", "not_started", "exited", "tree_ended"]
+EndedBy = Literal["", "stop", "deadline"]
 
-    Answered with Ack once the stop is recorded; the ChildExited event follows the exit. A child
-    that already ended answers Ack and changes nothing.
+
+class ChildReport(Request):
+    """What a child shim tells the run supervisor (DESIGN §1), resent until acknowledged.
+
+    Every report carries every fact the shim knows so far, so any one of them (a new node may
+    see only the last) settles what it can; the supervisor applies them idempotently, in `seq`
+    order per child. `tree_ended` is the only proof that the child's whole tree is gone.
     """
 
-    type: Literal["child.stop"] = "child.stop"
-    target: ClassVar[str] = CHILDREN
+    type: Literal["child.report"] = "child.report"
+    target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = Ack
-    reason: str = "Stopped by request."
+    kind: ShimReportKind
+    seq: int = Field(ge=1, le=1_000)
+    child_id: str = Field(min_length=1, max_length=128)
+    run_id: str = Field(min_length=1, max_length=128)
+    shim_pid: int = Field(ge=1, le=MAX_PID)
+    shim_start: float = Field(ge=0)
+    boot_id: str = Field(default="", max_length=64)
+    pid: int | None = Field(default=None, ge=1, le=MAX_PID)
+    identity_start: float | None = Field(default=None, ge=0)
+    start_time: float | None = Field(default=None, ge=0)
+    exit_code: int | None = Field(default=None, ge=0, le=255)
+    signal: int | None = Field(default=None, ge=1, le=128)
+    ended_at: float | None = Field(default=None, ge=0)
+    ended_by: EndedBy = ""
+    tree_ended: bool = False
+    tree_ended_at: float | None = Field(default=None, ge=0)
+    error: str | None = Field(default=None, max_length=4096)
 
 
-REQUESTS: tuple[type[Request], ...] = ()
+REQUESTS: tuple[type[Request], ...] = (ChildReport,)
 
 
 def output_tail(path: str, limit: int = OUTPUT_TAIL_BYTES) -> str:

@@ -107,7 +107,7 @@ class ChildView(Message):
     output: str = ""
     stdout_path: str = ""
     stderr_path: str = ""
-    #: R-RUN-5: the proof its ChildActor wrote when it ended (None while it runs).
+    #: R-RUN-5: the proof its shim's reports gave when it ended (None while it runs).
     proof_state: ProofState | None = None
 
 

@@ -17,7 +17,7 @@ about those few bytes. When a
 child ends, its files get one last check, so a final burst is cut too.
 
 Without inotify (not Linux) logs are not capped and a warning says so. It never follows a
-symlink, never touches a file it was not asked to watch, and never raises into a ChildActor.
+symlink, never touches a file it was not asked to watch, and never raises into the run supervisor.
 """
 
 from __future__ import annotations

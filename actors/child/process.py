@@ -1,33 +1,18 @@
-"""The ChildActor's process plumbing: the spawn, liveness after a restart, and the outcome rules.
+"""The outcome rules: what was observed about a child's tree becomes a ChildExited and its proof.
 
-Owns the rules that turn what was observed about a process into a ChildExited event and its
-proof (R-EXT-3, R-RUN-5), and the spawn itself. Only ChildActor calls these. Never logs argv,
-env or stdin: they may hold the task (R-MISC-1).
+Owns the rules that turn a shim's facts (exit code or signal, how the child was ended, whether
+its tree was seen to end) into a ChildExited event and its process-terminal proof (R-EXT-3,
+R-RUN-5), and liveness from a recorded identity after a restart. Only the supervisor-side
+keeper calls these. Pure apart from reading the log tails; never logs argv, env or stdin.
 """
 
 from __future__ import annotations
 
-import os
-import queue
-import subprocess
-from contextlib import suppress
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import pykka
-
-from subagents_node.actors.child.process_tree import (
-    ProcessIdentity,
-    boot_id,
-    is_alive,
-    start_time_of,
-    wall_clock,
-)
+from subagents_node.actors.child.procfs import ProcessIdentity, boot_id, is_alive, start_time_of
 from subagents_node.actors.child.rows import ChildRecord
-from subagents_node.actors.owner import Job
-from subagents_node.messages.base import Message
-from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.runs import (
     ENDED_EXIT_CODE,
     REASON_EXITED,
@@ -35,7 +20,6 @@ from subagents_node.messages.runs import (
     REASON_TREE_UNVERIFIED,
     UNKNOWN_EXIT_ERROR,
     ChildExited,
-    ChildSpec,
     ChildStarted,
     ChildState,
     ProcessProof,
@@ -43,8 +27,6 @@ from subagents_node.messages.runs import (
     output_tail,
     signal_error,
 )
-
-SPAWN_ERRORS = (OSError, ValueError, subprocess.SubprocessError)
 
 Liveness = Literal["alive", "gone", "reused"]
 
@@ -66,79 +48,6 @@ class ExitFacts:
         return replace(self, exit_code=returncode, at=now)
 
 
-# -- the spawn -------------------------------------------------------------------------------
-
-
-def spawn(spec: ChildSpec) -> subprocess.Popen[bytes]:
-    """Start the process in a new session (its own process group), output into the logs."""
-    out = _open_log(spec.stdout_path)
-    try:
-        err = _open_log(spec.stderr_path)
-        try:
-            stdin: Any = open(spec.stdin_path, "rb") if spec.stdin_path else subprocess.DEVNULL  # noqa: SIM115
-            try:
-                return subprocess.Popen(
-                    spec.argv,
-                    cwd=spec.cwd,
-                    env=spec.env,
-                    stdin=stdin,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            finally:
-                if stdin is not subprocess.DEVNULL:
-                    stdin.close()
-        finally:
-            os.close(err)
-    finally:
-        os.close(out)
-
-
-def _open_log(path: str) -> int:
-    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-
-
-def describe_spawn_error(spec: ChildSpec, exc: BaseException) -> str:
-    """One line naming what could not be used (the command, the cwd or a file), never argv."""
-    if isinstance(exc, OSError):
-        what = exc.strerror or str(exc)
-        filename = None if exc.filename is None else str(exc.filename)
-        if filename == spec.cwd:
-            return f"cannot start the child: working directory {spec.cwd}: {what}"
-        if filename in (spec.stdin_path, spec.stdout_path, spec.stderr_path):
-            return f"cannot start the child: {filename}: {what}"
-        return f"cannot start {spec.argv[0]}: {what}"
-    return f"cannot start {spec.argv[0]}: {exc}"
-
-
-def stamp_identity(record: ChildRecord, pid: int, now: float) -> None:
-    """Record who our fresh child is. It cannot vanish before we reap it, so its start time
-    is readable even if it already exited."""
-    started = start_time_of(pid, zombies=True)
-    record.pid = pid
-    record.identity_start = now if started is None else started
-    record.start_time = now if started is None else wall_clock(started)
-    record.boot_id = boot_id()
-
-
-def answer_queued_jobs(inbox: object, outcome: Message | SubagentsError) -> None:
-    """Answer every request still queued in a stopping actor's inbox (pykka would drop them
-    silently); anything else there (timer ticks) no longer matters."""
-    if not isinstance(inbox, queue.Queue):
-        return
-    while True:
-        try:
-            envelope = inbox.get_nowait()
-        except queue.Empty:
-            return
-        message = getattr(envelope, "message", None)
-        if isinstance(message, Job):
-            message.reply(outcome)
-
-
 def leader_identity(record: ChildRecord) -> ProcessIdentity:
     assert record.pid is not None and record.identity_start is not None
     return ProcessIdentity(record.pid, record.identity_start)
@@ -154,12 +63,6 @@ def liveness(record: ChildRecord) -> Liveness:
     if record.boot_id != boot_id():
         return "reused"  # recorded before a reboot: whatever has that pid now is not ours
     return "alive" if is_alive(leader_identity(record)) else "reused"
-
-
-def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
-    """Deliver from a watch thread; an actor that already stopped no longer cares."""
-    with suppress(pykka.ActorDeadError):
-        ref.tell(message)
 
 
 # -- outcomes --------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The `children` table: its schema and the statements a ChildActor runs on its own row.
+"""The `children` table: its schema and the statements the run supervisor runs on it.
 
-Owns the row layout and nothing else: only ChildActor calls these, each on the row of its own
-child id, inside the transaction its OwnerActor base opened. A row never holds argv, env or
-stdin (they may hold the task, R-MISC-1, R-MISC-2): only identities, times, states and proof.
+Owns the row layout and nothing else: only the RunSupervisor (through actors/child/keeper.py)
+calls these, inside the transaction its OwnerActor base opened, so the table has one writer and
+group commit. A row never holds argv, env or stdin (they may hold the task, R-MISC-1, R-MISC-2):
+only identities (the child's and its shim's), times, states and proof.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ CREATE INDEX children_running ON children(state) WHERE state = 'running';
 CREATE INDEX children_by_run ON children(run_id)
 """
 
+#: Version 2: the child shim. A row is written when the shim is ordered (pid still unknown),
+#: and carries the shim's identity and the directory of its records.
+SHIM_COLUMNS = """
+ALTER TABLE children ADD COLUMN shim_pid INTEGER;
+ALTER TABLE children ADD COLUMN shim_start REAL;
+ALTER TABLE children ADD COLUMN record_dir TEXT NOT NULL DEFAULT ''
+"""
+
+MIGRATIONS = (SCHEMA, SHIM_COLUMNS)
+
 
 @dataclass
 class ChildRecord:
@@ -65,6 +76,9 @@ class ChildRecord:
     boot_id: str = ""
     started_at: float | None = None
     deadline_at: float | None = None
+    shim_pid: int | None = None
+    shim_start: float | None = None
+    record_dir: str = ""
 
     @classmethod
     def from_spec(cls, spec: ChildSpec) -> ChildRecord:
@@ -76,6 +90,7 @@ class ChildRecord:
             stderr_path=spec.stderr_path,
             grace_s=spec.grace_s,
             timeout_s=spec.deadline_s,
+            record_dir=spec.records,
         )
 
     @classmethod
@@ -94,6 +109,9 @@ class ChildRecord:
             boot_id=row["boot_id"],
             started_at=row["started_at"],
             deadline_at=row["deadline_at"],
+            shim_pid=row["shim_pid"],
+            shim_start=row["shim_start"],
+            record_dir=row["record_dir"],
         )
 
 
@@ -135,35 +153,51 @@ def running_child_ids(db: sqlite3.Connection) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def insert_running(
-    db: sqlite3.Connection,
-    record: ChildRecord,
-    end_reason: str | None = None,
-    end_message: str | None = None,
-) -> None:
-    """The row of a started child; a stop may already have been asked for (`end_*`)."""
+def insert_ordered(db: sqlite3.Connection, record: ChildRecord) -> None:
+    """The row of a child whose shim has been ordered: running, its pid not known yet."""
     db.execute(
-        "INSERT INTO children (child_id, run_id, session_id, state, pid, process_start_time, "
-        "identity_start, boot_id, started_at, deadline_at, timeout_s, grace_s, stdout_path, "
-        "stderr_path, end_reason, end_message) "
-        "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO children (child_id, run_id, session_id, state, started_at, deadline_at, "
+        "timeout_s, grace_s, stdout_path, stderr_path, record_dir) "
+        "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
         (
             record.child_id,
             record.run_id,
             record.session_id,
-            record.pid,
-            record.start_time,
-            record.identity_start,
-            record.boot_id,
             record.started_at,
             record.deadline_at,
             record.timeout_s,
             record.grace_s,
             record.stdout_path,
             record.stderr_path,
-            end_reason,
-            end_message,
+            record.record_dir,
         ),
+    )
+
+
+def record_started(db: sqlite3.Connection, record: ChildRecord) -> None:
+    """The child's and its shim's identities, from the shim's first report."""
+    db.execute(
+        "UPDATE children SET pid = ?, process_start_time = ?, identity_start = ?, boot_id = ?, "
+        "shim_pid = ?, shim_start = ? WHERE child_id = ?",
+        (
+            record.pid,
+            record.start_time,
+            record.identity_start,
+            record.boot_id,
+            record.shim_pid,
+            record.shim_start,
+            record.child_id,
+        ),
+    )
+
+
+def record_exit(
+    db: sqlite3.Connection, child_id: str, exit_code: int | None, signum: int | None
+) -> None:
+    """The leader's exit; the row stays running until its whole tree has ended."""
+    db.execute(
+        "UPDATE children SET exit_code = ?, signal = ? WHERE child_id = ?",
+        (exit_code, signum, child_id),
     )
 
 

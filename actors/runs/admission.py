@@ -82,6 +82,9 @@ class AdmissionHost(Protocol):
 
     def run_dir(self, run_id: str) -> Path: ...
 
+    def crash_point(self, point: str) -> None:
+        """Tests only: kill the process at `point` (a node started with faults)."""
+
     def check_workflow_child(self, launch: Launch) -> None:
         """R-FAN-24: refuse internal workflow fields not backed by the workflow's token."""
 
@@ -135,6 +138,7 @@ def validate(launch: Launch) -> None:
 
 
 def _inject(host: AdmissionHost, point: str) -> None:
+    host.crash_point(point)
     if point in host.fault_points:
         raise InjectedFault(f"injected failure at admission step {point}", point=point)
 

@@ -84,4 +84,5 @@ def child_spec(
         stdout_path=str(live.run_dir / f"external-{child.index}.stdout.log"),
         stderr_path=str(live.run_dir / f"external-{child.index}.stderr.log"),
         deadline_s=None if timeout_ms is None else timeout_ms / 1000,
+        record_dir=str(child_dir),  # the shim's records sit beside the child's private files
     )

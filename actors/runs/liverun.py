@@ -1,6 +1,6 @@
 """LiveRun: what the RunSupervisor keeps in memory about one run that is still going.
 
-It holds the run's plan, its queue, its ChildActors and what its settlement needs (outputs,
+It holds the run's plan, its queue, its running children and what its settlement needs (outputs,
 proofs, the first error); nothing in it is the truth, the supervisor's tables are. The two
 constructors are the two ways a run becomes live: `new_live_run` writes a newly admitted run's
 rows (in the supervisor's transaction) and `adopt_from_store` rebuilds a run a restarted node
@@ -14,11 +14,8 @@ import sqlite3
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import pykka
-
-from subagents_node.actors.owner import Cancel
+from subagents_node.actors.owner import Cancel, ReplyFn
 from subagents_node.actors.runs import runplan, runstore
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
@@ -38,7 +35,6 @@ class LiveRun:
     next_group: int = 0
     queue: deque[runplan.ChildPlan] = field(default_factory=deque)
     running: dict[str, int] = field(default_factory=dict)  # child id -> child index
-    refs: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
     outputs: dict[int, str] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
     error: str = ""
@@ -55,6 +51,10 @@ class LiveRun:
     mode: str = ""
     pending_appends: int = 0
     pending_steps: int = 0
+    #: Children whose shim was ordered but has not reported their pid yet, and the launch
+    #: replies that wait for them (a launch is answered once its first children run).
+    unstarted: set[str] = field(default_factory=set)
+    launch_replies: list[ReplyFn] = field(default_factory=list)
 
     def output(self) -> str:
         """The run's output: the last child's, or every task's, labelled, for parallel runs."""

@@ -3,8 +3,7 @@
 Owns the retention rule and its timer for the run supervisor. A run is prunable when it is
 terminal, ended before the cutoff, is not live in the supervisor, and has no sub-run that is
 still going. Pruning deletes its rows (`runs`, `run_children`, `run_events`, `run_appends`, and
-the `children` rows its ChildActors left: those actors exist only while their process lives,
-so a finished run's rows have no other owner), inside the supervisor's transaction; its
+its `children` rows, which the supervisor owns too), inside the supervisor's transaction; its
 directory under the runs root is removed only after that commit, so a crash in between leaves
 a directory without a record, never a record without its files.
 

@@ -1,7 +1,7 @@
 """RunSupervisor: the owner of every run record, and the driver of every run's children.
 
 Owns the "supervisor" table family (runs, run_children, run_events; see runs/runstore.py), the
-live runs of this node (their plans, their ChildActors, their deadlines) and the watchers
+live runs of this node (their plans, their children, their deadlines) and the watchers
 waiting on run events. It admits launches through `runs/admission.py` (ledger calls go out as
 messages; their answers come back as `Answer` ticks, routed by the call's typed key, so this
 thread never blocks on another owner), starts children group by group (parallel with a
@@ -9,14 +9,20 @@ concurrency cap; chain steps in order, with `{previous}`), and settles each run 
 child has process-terminal proof: the run's state, its events, the session's view of it, and
 the capacity report that frees its slot.
 
-It never reads another owner's tables, never kills a process itself (ChildActors do), and never
-stores task text (R-MISC-1).
+Children run under child shims (actors/child/: one small process per child, its parent and
+subreaper, which outlives the node); this actor is the only writer of their rows (the
+`children` family, through `ChildKeeper`) and learns their lives from the shims' reports
+(`child.report`, acknowledged only once committed). It never reads another owner's tables,
+never kills a process itself (a shim ends its tree when told), and never stores task text
+(R-MISC-1).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
@@ -25,8 +31,8 @@ from typing import Any, ParamSpec
 
 import pykka
 
-from subagents_node.actors.child.actor import recover_children, start_child, stop_child
-from subagents_node.actors.owner import DEFERRED, OwnerActor, Tick
+from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
 from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
@@ -39,15 +45,16 @@ from subagents_node.actors.runs.ticks import (
     AppendFix,
     AppendKey,
     CallKey,
-    ChildEventArrived,
     LaunchKey,
     Report,
     RunDeadline,
     Settle,
+    ShimGone,
+    ShimNotLaunched,
     Track,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
-from subagents_node.messages.base import Message, Request
+from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import (
     BadRequest,
@@ -66,7 +73,7 @@ from subagents_node.messages.fanout import (
     encode_descriptor,
 )
 from subagents_node.messages.retention import Prune, PruneResult
-from subagents_node.messages.runs import ChildExited, ChildStarted
+from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, ChildStarted
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
     Append,
@@ -120,14 +127,14 @@ class RunSupervisor(OwnerActor):
         #: Settled workflows whose background children still lack proof (R-CAP-22): their
         #: slot is re-reported whenever one of those children settles.
         self._unproven_workflows: set[str] = set()
+        self.keeper = ChildKeeper(
+            str(ctx.settings.get("node_address", "")), self._to_self(ShimGone), ctx.cap_log
+        )
 
     def on_stop(self) -> None:
-        """Stopping with the node leaves children running (the next node adopts them), but
-        their actors stop with us: a program that embeds a node must be able to exit."""
-        for live in self._live.values():
-            for ref in live.refs.values():
-                with suppress(pykka.ActorDeadError):
-                    ref.stop(block=False)
+        """Stopping with the node leaves children running under their shims (the next node
+        adopts them); the template and the shim watch stop with us."""
+        self.keeper.close()
         super().on_stop()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
@@ -143,6 +150,7 @@ class RunSupervisor(OwnerActor):
             Append: self._append,
             Intercom: self._intercom,
             Prune: self._prune,
+            ChildReport: self._child_report,
         }
 
     # -- settings -----------------------------------------------------------------------------
@@ -161,13 +169,20 @@ class RunSupervisor(OwnerActor):
             return frozenset()
         return frozenset(str(p) for p in self.ctx.settings.get("fault_points", ()))
 
+    def crash_point(self, point: str) -> None:
+        """Tests only (a node started with faults): die here with SIGKILL, as a power cut or
+        an OOM kill would, to prove that no step of a launch leaves a stuck run."""
+        if self.ctx.faults and point in self.ctx.settings.get("fault_kill_points", ()):
+            log.warning("fault injection: killing the node at %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
     # -- start and recovery -------------------------------------------------------------------
 
     def recover(self) -> None:
         """After a node restart: settle or keep watching the runs the store says are going.
 
         Runs only once per node process: an in-place restart after a crash keeps the live runs
-        (their ChildActors still report to this actor).
+        (their shims report to this actor whatever happens to it).
         """
         if self._recovered:
             return
@@ -178,12 +193,8 @@ class RunSupervisor(OwnerActor):
         unsettled = runstore.unsettled_runs(self.db)
         for run_id in unsettled:
             self._adopt_run(run_id)
-        if unsettled:
-            # Keep the adopted children's actors: a stop or a run deadline must reach them.
-            waiting = [c for live in self._live.values() for c in live.running]
-            refs = recover_children(self.ctx, self._to_self(ChildEventArrived), waiting)
-            for live in self._live.values():
-                live.refs.update({c: refs[c] for c in live.running if c in refs})
+        for event in self.keeper.recover(self.db, self.ctx.clock()):
+            self._on_child_event(event)
         for run_id in list(self._live):
             self._advance(self._live[run_id])
         self._retention.arm(self.db)
@@ -205,8 +216,36 @@ class RunSupervisor(OwnerActor):
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
         pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
-        self._pipelines.start(LaunchKey(run_id), pipeline, self.current_reply)
+        reply = self._answer_once_started(run_id, self.current_reply)
+        self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]
+
+    def _answer_once_started(self, run_id: str, reply: ReplyFn) -> ReplyFn:
+        """A launch is answered only once its first children really run (their shims reported
+        their pids) or have failed to start; an admission error is answered at once."""
+
+        def answer(outcome: Outcome) -> None:
+            live = self._live.get(run_id)
+            if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
+                live.launch_replies.append(reply)
+                return
+            self.crash_point("answer_launch")
+            if isinstance(outcome, LaunchResult):
+                view = runstore.view(self.db, run_id)
+                outcome = outcome if view is None else LaunchResult(run=view)
+            reply(outcome)
+
+        return answer
+
+    def _answer_launches(self, live: LiveRun) -> None:
+        if live.unstarted or not live.launch_replies:
+            return
+        view = runstore.view(self.db, live.run_id)
+        replies, live.launch_replies = live.launch_replies, []
+        self.crash_point("answer_launch")
+        for reply in replies:
+            if view is not None:
+                self.reply_later(reply, LaunchResult(run=view))
 
     def _resume(self, request: Resume) -> Message:
         row = runstore.run_row(self.db, self._resolve(request.run_id))
@@ -322,8 +361,12 @@ class RunSupervisor(OwnerActor):
                 # their work is done by the callee, so only a failure is worth a line.
                 if not self._pipelines.resume(key, outcome) and isinstance(outcome, SubagentsError):
                     log.error("supervisor bookkeeping call failed: %s", outcome.message)
-            case ChildEventArrived(event=event):
-                self._on_child_event(event)
+            case ShimGone(child_id=child_id):
+                self._on_child_events(self.keeper.shim_gone(self.db, child_id, self.ctx.clock()))
+            case ShimNotLaunched(child_id=child_id, error=error):
+                self._on_child_events(
+                    self.keeper.not_launched(self.db, child_id, error, self.ctx.clock())
+                )
             case Advance(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is not None:
@@ -417,8 +460,21 @@ class RunSupervisor(OwnerActor):
             # (no process ever existed: not-started) instead of the supervisor.
             self._child_not_started(live, child, err.message)
             return
-        live.refs[spec.child_id] = start_child(self.ctx, spec, self._to_self(ChildEventArrived))
+        self.keeper.order(self.db, spec, self.ctx.clock())
+        not_launched = self._to_self(ShimNotLaunched)
+        keeper = self.keeper
+
+        crash_point = self.crash_point
+
+        def fork_shim() -> None:
+            crash_point("fork_shim")
+            error = keeper.launch(spec)
+            if error is not None:
+                not_launched(spec.child_id, error)
+
+        self.after_commit(fork_shim)
         live.running[spec.child_id] = child.index
+        live.unstarted.add(spec.child_id)
         runstore.update_child(
             self.db,
             live.run_id,
@@ -446,6 +502,16 @@ class RunSupervisor(OwnerActor):
         advance = self._to_self(Advance)
         self.after_commit(lambda: advance(live.run_id))
 
+    def _child_report(self, report: ChildReport) -> Message:
+        """A shim's report: applied, committed, then acknowledged (the group commit's rule), so
+        an acknowledged report is never lost; a resent one changes nothing."""
+        self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock()))
+        return Ack()
+
+    def _on_child_events(self, events: list[ChildEvent]) -> None:
+        for event in events:
+            self._on_child_event(event)
+
     def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
         row = self.db.execute(
             "SELECT run_id, idx FROM run_children WHERE child_id=?", (event.child_id,)
@@ -459,6 +525,10 @@ class RunSupervisor(OwnerActor):
                 self.db, run_id, idx, pid=event.pid, started_at=event.started_at, state="running"
             )
             self._event(run_id, "child.started", {"child": idx, "pid": event.pid})
+            started = self._live.get(run_id)
+            if started is not None:
+                started.unstarted.discard(event.child_id)
+                self._answer_launches(started)
             return
         runstore.update_child(
             self.db,
@@ -482,7 +552,8 @@ class RunSupervisor(OwnerActor):
         if live is None:
             return
         live.running.pop(event.child_id, None)
-        live.refs.pop(event.child_id, None)
+        live.unstarted.discard(event.child_id)
+        self._answer_launches(live)
         live.outputs[idx] = event.output
         live.proofs.append(event.proof.state)
         if event.state != "complete" and live.stop_state is None:
@@ -546,6 +617,8 @@ class RunSupervisor(OwnerActor):
             Track(live.run_id),
             TrackRun(session_id=live.session_id, run_id=live.run_id, state=state),
         )
+        live.unstarted.clear()
+        self._answer_launches(live)
         del self._live[live.run_id]
 
     def _report_workflow(self, run_id: str) -> None:
@@ -649,8 +722,8 @@ class RunSupervisor(OwnerActor):
         live.error = live.error or (reason if state == "failed" else "")
         live.queue.clear()
         self._event(live.run_id, "run.stopping", {"reason": reason})
-        for ref in list(live.refs.values()):
-            stop_child(ref, reason)
+        for child_id in list(live.running):
+            self.keeper.stop(self.db, child_id, "stopped", reason)
         # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
         for other in list(self._live.values()):
             if other.parent_run_id == live.run_id and other.stop_state is None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from subagents_node.actors.owner import Outcome, Tick
-from subagents_node.messages.runs import ChildEvent
 
 # -- call keys: what the answer to a call to another owner is for ----------------------------
 
@@ -76,10 +75,18 @@ class Answer(Tick):
 
 
 @dataclass(frozen=True, slots=True)
-class ChildEventArrived(Tick):
-    """A ChildActor reports that its child started or exited (committed on its side)."""
+class ShimGone(Tick):
+    """The shim of `child_id` exited (seen by the one thread that watches every shim)."""
 
-    event: ChildEvent
+    child_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShimNotLaunched(Tick):
+    """No shim could be forked for `child_id` (told after the commit that ordered it)."""
+
+    child_id: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ def check_store(state_dir: Path) -> Iterator[Check]:
     if not path.exists():
         yield Check("store", "warn", f"{path} does not exist yet", "it is created on first start")
         return
-    expected = {cls.name: len(cls.MIGRATIONS) for cls in (*owners.OWNERS, *owners.PER_RUN)}
+    expected = {name: len(scripts) for name, scripts in owners.FAMILIES.items()}
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         try:

@@ -31,7 +31,13 @@ from subagents_node.cli.common import (
 )
 from subagents_node.cli.params import RUN_ID, SECONDS
 from subagents_node.client.paths import check_endpoint
-from subagents_node.messages.constants import DISTRIBUTION, ENV_NODE, ENV_STATE_DIR, ENV_TEST_FAULTS
+from subagents_node.messages.constants import (
+    DISTRIBUTION,
+    ENV_NODE,
+    ENV_STATE_DIR,
+    ENV_TEST_FAULTS,
+    ENV_TEST_KILL_AT,
+)
 from subagents_node.messages.errors import SubagentsError
 
 #: command name -> (module, attribute): the families are imported only when their command runs
@@ -152,6 +158,12 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
     ctx.obj = Ctx(state_dir, address, timeout)
 
 
+def _kill_points(faults: bool) -> dict[str, list[str]]:
+    """Tests only: the launch steps at which a node started with faults kills itself."""
+    points = os.environ.get(ENV_TEST_KILL_AT, "") if faults else ""
+    return {"fault_kill_points": [p for p in points.split(",") if p]} if points else {}
+
+
 @cli.command()
 @click.option("--detach", is_flag=True, help="Run in the background; return once it serves.")
 @click.option("--listen", multiple=True, help="Extra endpoint, e.g. tcp://127.0.0.1:7700.")
@@ -218,7 +230,7 @@ def start(
         listen=(*config.settings.listen, *listen),
         mailbox_limit=mailbox_limit,
         faults=faults,
-        settings=config.actor_settings(),
+        settings={**config.actor_settings(), **_kill_points(faults)},
     )
     node = Node(options)
     try:

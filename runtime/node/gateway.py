@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: Frames handled per wake-up before the gateway sends pending replies again (fairness).
 _RECV_BATCH = 256
+#: How long a stopping gateway may spend delivering replies already sent.
+_CLOSE_LINGER_MS = 500
 
 
 class Gateway:
@@ -175,8 +177,10 @@ class Gateway:
                 self._send(socks)
         finally:
             self._send(socks)
+            # A short linger: the last replies (a shim's acknowledgement, which it would
+            # otherwise resend to a node that is gone) reach their peers before the close.
             for sock in socks:
-                sock.close(linger=0)
+                sock.close(linger=_CLOSE_LINGER_MS)
             if self.curve is not None:
                 self.curve.close()
 

@@ -130,7 +130,7 @@ class Node:
         self.store = Store(self.state_dir / DB_NAME, self.options.synchronous)
         endpoints = self._endpoints()
         self._refuse_if_running()
-        self.store.migrate({cls.name: cls.MIGRATIONS for cls in (*owners.OWNERS, *owners.PER_RUN)})
+        self.store.migrate(owners.FAMILIES)
         self._timers = Timers()
         self._intensity = RestartIntensity(
             self._fail, self.options.restart_max, self.options.restart_window_s

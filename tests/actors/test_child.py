@@ -1,56 +1,38 @@
-"""ChildActor: real child processes, an embedded Store and ActorContext, no node (R-EXT-3, R-RUN-5).
+"""The child shim: real shims forked from a real template, real children, and the test in the
+supervisor's seat (a ROUTER socket that validates every report and acknowledges it, or not).
 
-Every test waits on the actor's events (a queue) or on a FIFO the child writes to; nothing
-sleeps blindly. Processes a test starts itself are reaped by the test; at teardown every actor is
-stopped and any process still alive is killed, so a failing test leaves nothing behind.
+What each test checks is a rule of the shim (DESIGN §1, SPEC §0.4 "Proof from the parent",
+R-EXT-3, R-RUN-5): exit status, logs, deadline and stop of the whole tree, the end of a tree
+that a `setsid()` daemon keeps alive, spawn failures, the exit record written before the
+report, and reports retried until acknowledged. Every wait has a deadline (a socket poll, a
+FIFO read or a pidfd); nothing sleeps blindly. At teardown any process left is killed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-import psutil
-import pykka
+import msgpack
 import pytest
+import zmq
 
-from subagents_node.actors.child import process_tree
-from subagents_node.actors.child import rows as child_rows
-from subagents_node.actors.child.actor import ChildActor, recover_children, start_child, stop_child
-from subagents_node.actors.child.process_tree import ProcessIdentity, is_alive
-from subagents_node.actors.owner import ActorContext, Job
-from subagents_node.messages.base import Ack
-from subagents_node.messages.errors import Internal
-from subagents_node.messages.node import DebugRaise
-from subagents_node.messages.runs import (
-    OUTPUT_TAIL_BYTES,
-    REASON_ADOPTED_EXITED,
-    REASON_EXITED,
-    REASON_GONE,
-    REASON_NOT_STARTED,
-    UNKNOWN_EXIT_ERROR,
-    ChildExited,
-    ChildSpec,
-    ChildStarted,
-    ProcessProof,
-    exit_error,
-    timeout_error,
-)
-from subagents_node.node.store import Store
-from subagents_node.node.timers import Timers
+from subagents_node.actors.child import procfs, shim, shims
+from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
+from subagents_node.actors.child.shims import ShimTemplate, signal_shim
+from subagents_node.messages.codec import encode
+from subagents_node.messages.envelope import REPLY, Envelope
+from subagents_node.messages.protocol import parse_request
+from subagents_node.messages.runs import ChildReport, ChildSpec
 
 SLEEPER = Path(__file__).resolve().parents[2] / "examples" / "agents" / "sleeper.py"
 PY = sys.executable
@@ -58,20 +40,27 @@ WAIT_S = 15.0
 
 
 class Harness:
-    """An embedded store + timers + context, and the events every ChildActor emitted."""
+    """A shim template, and a ROUTER where the supervisor would be."""
 
-    def __init__(self, faults: bool = False) -> None:
+    def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
-        self.db_path = self.dir / "state.db"
-        Store(self.db_path).migrate({ChildActor.name: ChildActor.MIGRATIONS})
-        self.timers = Timers()
-        self.ctx = ActorContext(
-            open_db=Store(self.db_path).connect, schedule=self.timers.schedule, faults=faults
-        )
-        self.events: queue.Queue[ChildStarted | ChildExited] = queue.Queue()
-        self.refs: list[pykka.ActorRef[Any]] = []
-        self.pids: list[ProcessIdentity] = []
-        self.checks: list[str] = []
+        self.address = f"ipc://{self.dir}/runs.sock"
+        self.zctx = zmq.Context()
+        self.router: zmq.Socket[bytes] | None = None
+        self.bind()
+        self.template = ShimTemplate()
+        self.reports: list[ChildReport] = []
+        self.shims: list[ProcessIdentity] = []
+
+    def bind(self) -> None:
+        self.router = self.zctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(self.address)
+
+    def unbind(self) -> None:
+        assert self.router is not None
+        self.router.close(0)
+        self.router = None
 
     def spec(self, child_id: str, argv: list[str], **fields: Any) -> ChildSpec:
         fields.setdefault("cwd", str(self.dir))
@@ -79,59 +68,46 @@ class Harness:
         return ChildSpec(
             child_id=child_id,
             run_id="run-1",
-            session_id="s-1",
             argv=argv,
-            stdout_path=str(self.dir / "logs" / f"{child_id}.stdout.log"),
-            stderr_path=str(self.dir / "logs" / f"{child_id}.stderr.log"),
+            stdout_path=str(self.dir / f"{child_id}.stdout.log"),
+            stderr_path=str(self.dir / f"{child_id}.stderr.log"),
             **fields,
         )
 
-    def start(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
-        ref = start_child(self.ctx, spec, self.on_event)
-        self.refs.append(ref)
-        return ref
+    def start(self, spec: ChildSpec) -> None:
+        Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
+        self.template.order(spec, self.address)
 
-    def on_event(self, event: ChildStarted | ChildExited) -> None:
-        if isinstance(event, ChildStarted):
-            started = process_tree.start_time_of(event.pid)
-            if started is not None:  # a quick child may be gone already
-                self.pids.append(ProcessIdentity(event.pid, started))
-        self.events.put(event)
+    def report(self, ack: bool = True, timeout: float = WAIT_S) -> ChildReport:
+        """The next report, validated as the node's gateway validates it, then acknowledged."""
+        assert self.router is not None
+        assert self.router.poll(timeout * 1000), "no report from the shim in time"
+        identity, frame = self.router.recv_multipart()
+        raw = msgpack.unpackb(frame, raw=False)
+        request = parse_request(raw["type"], raw["body"])
+        assert isinstance(request, ChildReport) and raw["target"] == "supervisor"
+        if request.kind == "started":
+            self.shims.append(ProcessIdentity(request.shim_pid, request.shim_start))
+        if ack:
+            env = Envelope(type=raw["type"], body={}, id=raw["id"], sender=raw["sender"])
+            self.router.send_multipart([identity, encode(env.reply(REPLY, {"ok": True}))])
+        self.reports.append(request)
+        return request
 
-    def next_event(self, timeout: float = WAIT_S) -> ChildStarted | ChildExited:
-        return self.events.get(timeout=timeout)
-
-    def started(self) -> ChildStarted:
-        event = self.next_event()
-        assert isinstance(event, ChildStarted), event
-        return event
-
-    def exited(self, timeout: float = WAIT_S) -> ChildExited:
-        event = self.next_event(timeout)
-        assert isinstance(event, ChildExited), event
-        return event
-
-    def row(self, child_id: str) -> sqlite3.Row | None:
-        """Read the store through a connection of our own (what another process would see)."""
-        conn = sqlite3.connect(self.db_path)
-        conn.row_factory = sqlite3.Row
-        try:
-            row: sqlite3.Row | None = conn.execute(
-                "SELECT * FROM children WHERE child_id = ?", (child_id,)
-            ).fetchone()
-            return row
-        finally:
-            conn.close()
+    def until(self, kind: str, timeout: float = WAIT_S) -> ChildReport:
+        """Reports up to the first one of `kind` (resends of earlier ones are skipped)."""
+        while True:
+            report = self.report(timeout=timeout)
+            if report.kind == kind:
+                return report
 
     def close(self) -> None:
-        for ref in self.refs:
-            with suppress(pykka.ActorDeadError):
-                ref.stop(block=True, timeout=10)
-        for identity in self.pids:
-            if is_alive(identity):
-                with suppress(ProcessLookupError, PermissionError):
-                    os.killpg(identity.pid, signal.SIGKILL)
-        self.timers.stop()
+        self.template.close()
+        for identity in self.shims:
+            signal_shim(identity, signal.SIGKILL)
+        if self.router is not None:
+            self.router.close(0)
+        self.zctx.term()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -142,17 +118,7 @@ def harness() -> Iterator[Harness]:
     h.close()
 
 
-@pytest.fixture(params=[True, False], ids=["pidfd", "fallback"])
-def watch_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Run a test with pidfd exit watching and with the fallback (Popen.wait / psutil)."""
-    if request.param and not process_tree.PIDFD:
-        pytest.skip("no pidfd support on this kernel")
-    monkeypatch.setattr(process_tree, "PIDFD", request.param)
-    return bool(request.param)
-
-
 def read_fifo(path: Path, timeout: float = WAIT_S) -> str:
-    """Block until the child writes its line into the FIFO (a thread, so it has a deadline)."""
     got: list[str] = []
     done = threading.Event()
 
@@ -166,240 +132,123 @@ def read_fifo(path: Path, timeout: float = WAIT_S) -> str:
     return got[0]
 
 
-def sleeper_with_grandchild(h: Harness, ignore_term: bool) -> tuple[list[str], Path]:
-    fifo = h.dir / "ready.fifo"
-    os.mkfifo(fifo)
-    task = f"seconds=60 grandchild=1 ignore_term={int(ignore_term)} ready={fifo}"
-    return [PY, str(SLEEPER), task], fifo
-
-
-def identity(pid: int, zombies: bool = False) -> ProcessIdentity:
-    started = process_tree.start_time_of(pid, zombies=zombies)
-    assert started is not None, f"process {pid} is gone"
-    return ProcessIdentity(pid, started)
-
-
-def spawn_own(argv: list[str]) -> subprocess.Popen[bytes]:
-    """A process of the test's own, in its own session (as a ChildActor would have started it)."""
-    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE)
-
-
-def recorded_running(
-    h: Harness, child_id: str, pid: int, start_time: float, boot: str = "", **extra: Any
-) -> None:
-    """The row a node killed with -9 leaves behind for a child it had started."""
-    record = child_rows.ChildRecord(
-        child_id=child_id,
-        run_id="run-1",
-        session_id="s-1",
-        stdout_path=str(h.dir / f"{child_id}.out"),
-        stderr_path=str(h.dir / f"{child_id}.err"),
-        grace_s=0.3,
-        pid=pid,
-        start_time=time.time(),
-        identity_start=start_time,
-        boot_id=boot or process_tree.boot_id(),
-        started_at=time.time(),
-        **extra,
-    )
-    conn = Store(h.db_path).connect()
+def wait_gone(pid: int, timeout: float = WAIT_S) -> None:
+    """Block on a pidfd until `pid` exits (it is not our child: no wait() possible)."""
     try:
-        child_rows.insert_running(conn, record)
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        import select
+
+        assert select.select([fd], [], [], timeout)[0], f"process {pid} is still alive"
     finally:
-        conn.close()
+        os.close(fd)
 
 
-# -- exits --------------------------------------------------------------------------------------
+def sleeper(h: Harness, task: str) -> tuple[list[str], Path]:
+    fifo = h.dir / f"ready-{len(os.listdir(h.dir))}.fifo"
+    os.mkfifo(fifo)
+    return [PY, str(SLEEPER), f"{task} ready={fifo}"], fifo
 
 
-def test_r_ext_3_child_that_exits_0_completes_with_its_trimmed_stdout(
-    harness: Harness, watch_mode: bool
-) -> None:
-    spec = harness.spec("c1", [PY, "-c", "print('  hello from the child  ')"])
-    harness.start(spec)
-    started = harness.started()
-    exited = harness.exited()
-    assert started.child_id == exited.child_id == "c1"
-    assert exited.state == "complete"
-    assert exited.exit_code == 0 and exited.error is None
-    assert exited.output == "hello from the child"
-    assert exited.proof.state == "observed"
-    assert exited.proof.reason == REASON_EXITED
-    assert (exited.proof.pid, exited.proof.process_start_time) == (
-        started.pid,
-        started.process_start_time,
+def exit_record(spec: ChildSpec) -> dict[str, Any]:
+    with open(Path(spec.records) / shim.EXIT_RECORD) as fh:
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+# -- the wire --------------------------------------------------------------------------------
+
+
+def test_the_shim_speaks_the_report_type_and_owner_the_node_routes() -> None:
+    assert ChildReport.model_fields["type"].default == shim.REPORT_TYPE
+    assert ChildReport.target == shim.SUPERVISOR
+
+
+def test_the_shim_template_imports_neither_pydantic_pykka_nor_sqlite() -> None:
+    """A shim costs a fork of a small process: what the template imports, every shim holds."""
+    code = (
+        "import sys; import subagents_node.actors.child.shim; "
+        "print(sorted(m for m in ('pydantic', 'pykka', 'sqlite3', 'psutil') if m in sys.modules))"
     )
-    assert exited.proof.exit_code == 0 and exited.proof.signal is None
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize(
-    ("script", "error"),
-    [
-        ("import sys; sys.stderr.write('  disk full\\n'); sys.exit(3)", "disk full"),
-        ("import sys; sys.exit(7)", exit_error(7)),
-    ],
-    ids=["stderr-tail", "exit-code-message"],
-)
-def test_r_ext_3_nonzero_exit_fails_with_the_stderr_tail_or_the_exit_code_message(
-    harness: Harness, script: str, error: str
-) -> None:
-    harness.start(harness.spec("c1", [PY, "-c", script]))
-    harness.started()
-    exited = harness.exited()
-    assert exited.state == "failed"
-    assert exited.error == error
-    assert exited.exit_code == exited.proof.exit_code
-    assert exited.proof.state == "observed"
+# -- exits -----------------------------------------------------------------------------------
 
 
-def test_r_ext_3_full_output_goes_to_the_log_and_the_event_carries_the_last_64_kib(
+def test_r_ext_3_exit_0_is_reported_started_then_tree_ended_in_sequence(
     harness: Harness,
 ) -> None:
-    script = "import sys; sys.stdout.write('x' * 200_000 + 'THE END\\n')"
+    """A child that leaves no descendant: its exit and its tree's end are one report."""
+    spec = harness.spec("c1", [PY, "-c", "print('  hello  ')"])
+    harness.start(spec)
+    started = harness.until("started")
+    assert started.pid is not None and started.identity_start is not None
+    ended = harness.until("tree_ended")
+    assert [started.seq, ended.seq] == [1, 2]
+    assert [r.kind for r in harness.reports] == ["started", "tree_ended"]
+    assert (ended.exit_code, ended.signal, ended.tree_ended) == (0, None, True)
+    assert Path(spec.stdout_path).read_text() == "  hello  \n"  # stdout straight to the log
+    wait_gone(started.shim_pid)  # every report acknowledged: the shim exits
+
+
+@pytest.mark.parametrize(("argv_tail", "code", "signum"), [("exit(3)", 3, None), ("kill", None, 9)])
+def test_r_ext_3_the_shim_as_parent_sees_the_exact_exit_code_or_signal(
+    harness: Harness, argv_tail: str, code: int | None, signum: int | None
+) -> None:
+    script = (
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+        if argv_tail == "kill"
+        else ("import sys; sys.exit(3)")
+    )
     spec = harness.spec("c1", [PY, "-c", script])
     harness.start(spec)
-    harness.started()
-    exited = harness.exited()
-    assert Path(spec.stdout_path).stat().st_size == 200_000 + len("THE END\n")
-    assert len(exited.output.encode()) <= OUTPUT_TAIL_BYTES
-    assert exited.output.endswith("THE END")
-    assert oct(Path(spec.stdout_path).stat().st_mode & 0o777) == oct(0o600)
+    ended = harness.until("tree_ended")
+    assert (ended.exit_code, ended.signal) == (code, signum)
+
+
+def test_r_run_5_the_exit_record_is_durable_before_the_report_that_tells_of_it(
+    harness: Harness,
+) -> None:
+    argv, fifo = sleeper(harness, "seconds=0 daemon=1 exit=5")
+    spec = harness.spec("c1", argv)
+    harness.start(spec)
+    read_fifo(fifo)
+    harness.until("exited")  # the daemon keeps the tree alive: the exit is reported alone
+    record = exit_record(spec)  # read while the report is only just received
+    assert record["exit_code"] == 5 and record["tree_ended"] is False
+    harness.until("tree_ended")
+    record = exit_record(spec)
+    assert record["tree_ended"] is True and record["exit_code"] == 5
+    assert not [p for p in os.listdir(spec.records) if p.endswith(".tmp")]
 
 
 def test_child_reads_its_stdin_file_and_gets_the_given_env_and_cwd(harness: Harness) -> None:
-    stdin = harness.dir / "stdin.txt"
-    stdin.write_text("<Task>\nfrom the stdin file")
-    workdir = harness.dir / "work"
-    workdir.mkdir()
-    script = "import os, sys; print(sys.stdin.read(), os.environ['ONLY_THIS'], os.getcwd())"
+    stdin = harness.dir / "task.txt"
+    stdin.write_text("the task")
+    work = harness.dir / "work"
+    work.mkdir()
+    script = "import os, sys; print(sys.stdin.read(), os.environ['X_TEST'], os.getcwd())"
     spec = harness.spec(
-        "c1",
-        [PY, "-c", script],
-        stdin_path=str(stdin),
-        env={"ONLY_THIS": "yes"},
-        cwd=str(workdir),
+        "c1", [PY, "-c", script], stdin_path=str(stdin), cwd=str(work), env={"X_TEST": "42"}
     )
     harness.start(spec)
-    harness.started()
-    exited = harness.exited()
-    assert exited.output == f"<Task>\nfrom the stdin file yes {workdir}"
+    assert harness.until("tree_ended").exit_code == 0
+    assert Path(spec.stdout_path).read_text().split() == ["the", "task", "42", str(work)]
 
 
 def test_child_without_a_stdin_file_reads_dev_null(harness: Harness) -> None:
-    harness.start(harness.spec("c1", [PY, "-c", "import sys; print(repr(sys.stdin.read()))"]))
-    harness.started()
-    assert harness.exited().output == "''"
-
-
-# -- deadline, stop, process groups ------------------------------------------------------------
-
-
-def test_r_ext_3_deadline_kills_the_whole_tree_including_a_grandchild_that_ignores_term(
-    harness: Harness, watch_mode: bool
-) -> None:
-    argv, fifo = sleeper_with_grandchild(harness, ignore_term=True)
-    harness.start(harness.spec("c1", argv, deadline_s=1.0, grace_s=0.3))
-    harness.started()
-    leader_pid, grandchild_pid = map(int, read_fifo(fifo).split())
-    leader, grandchild = identity(leader_pid), identity(grandchild_pid)
-    assert is_alive(grandchild)
-    exited = harness.exited()
-    assert exited.state == "failed" and exited.timed_out
-    assert exited.error == timeout_error(1.0)
-    assert exited.exit_code == 1  # R-EXT-3: a timeout reports exit code 1
-    assert exited.proof.state == "observed" and exited.proof.signal == signal.SIGKILL
-    assert not is_alive(leader)
-    assert not is_alive(grandchild)
-
-
-def test_r_ext_3_stop_ends_the_group_with_term_and_marks_the_child_stopped_not_failed(
-    harness: Harness,
-) -> None:
-    argv, fifo = sleeper_with_grandchild(harness, ignore_term=False)
-    ref = harness.start(harness.spec("c1", argv, grace_s=5.0))
-    harness.started()
-    _, grandchild_pid = map(int, read_fifo(fifo).split())
-    grandchild = identity(grandchild_pid)
-    assert stop_child(ref, "Stopped by the test.").get(timeout=WAIT_S) == Ack()
-    exited = harness.exited()
-    assert exited.state == "stopped" and exited.stopped and not exited.timed_out
-    assert exited.error == "Stopped by the test."
-    assert exited.exit_code == 1
-    assert exited.proof.signal == signal.SIGTERM  # ended within the grace: no SIGKILL needed
-    assert not is_alive(grandchild)
-    assert harness.row("c1")["state"] == "stopped"  # type: ignore[index]
-
-
-def test_stop_after_the_child_ended_is_acknowledged_and_changes_nothing(harness: Harness) -> None:
-    ref = harness.start(harness.spec("c1", [PY, "-c", "pass"]))
-    harness.started()
-    exited = harness.exited()
-    assert stop_child(ref).get(timeout=WAIT_S) == Ack()
-    assert harness.row("c1")["state"] == exited.state == "complete"  # type: ignore[index]
-
-
-def test_leader_exit_ends_members_of_its_group_that_outlive_it(harness: Harness) -> None:
-    script = "sleep 60 & echo $!; exit 0"
-    harness.start(harness.spec("c1", ["sh", "-c", script], grace_s=0.3))
-    harness.started()
-    exited = harness.exited()
-    grandchild_pid = int(exited.output)
-    assert exited.state == "complete"
-    assert exited.proof.state == "observed"
-    assert not psutil.pid_exists(grandchild_pid) or (
-        psutil.Process(grandchild_pid).status() == psutil.STATUS_ZOMBIE
-    )
-
-
-# -- proof and store ordering ------------------------------------------------------------------
-
-
-def test_r_run_5_state_and_proof_are_committed_before_each_event_is_emitted(
-    harness: Harness,
-) -> None:
-    seen: list[tuple[str, Any]] = []
-
-    def on_event(event: ChildStarted | ChildExited) -> None:
-        row = harness.row(event.child_id)  # a separate connection: only committed data
-        assert row is not None
-        if isinstance(event, ChildStarted):
-            seen.append((row["state"], (row["pid"], row["process_start_time"])))
-        else:
-            seen.append((row["state"], ProcessProof.model_validate_json(row["proof"])))
-        harness.on_event(event)
-
-    argv, fifo = sleeper_with_grandchild(harness, ignore_term=False)
-    ref = start_child(harness.ctx, harness.spec("c1", argv), on_event)
-    harness.refs.append(ref)
-    started = harness.started()
-    read_fifo(fifo)
-    stop_child(ref)
-    exited = harness.exited()
-    assert seen[0] == ("running", (started.pid, started.process_start_time))
-    assert seen[1] == ("stopped", exited.proof)
-    assert harness.row("c1")["signal"] == signal.SIGTERM  # type: ignore[index]
-
-
-def test_a_quick_child_may_commit_its_exit_in_the_same_group_as_its_start(
-    harness: Harness,
-) -> None:
-    """Both events still come, in order, each after what it reports is durable."""
-    recorded: list[Any] = []
-
-    def on_event(event: ChildStarted | ChildExited) -> None:
-        row = harness.row(event.child_id)
-        recorded.append(None if row is None else (row["pid"], row["proof"] is not None))
-        harness.on_event(event)
-
-    harness.refs.append(start_child(harness.ctx, harness.spec("c1", [PY, "-c", "pass"]), on_event))
-    started = harness.started()
-    harness.exited()
-    assert recorded[0] is not None and recorded[0][0] == started.pid
-    assert recorded[1] == (started.pid, True)
+    spec = harness.spec("c1", [PY, "-c", "import sys; print(repr(sys.stdin.read()))"])
+    harness.start(spec)
+    harness.until("tree_ended")
+    assert Path(spec.stdout_path).read_text().strip() == "''"
 
 
 @pytest.mark.parametrize("case", ["missing-command", "cwd-gone", "not-executable"])
-def test_r_run_5_spawn_failure_records_a_not_started_proof_and_never_raises(
+def test_r_run_5_spawn_failure_is_reported_not_started_with_one_line_naming_the_cause(
     harness: Harness, case: str
 ) -> None:
     not_executable = harness.dir / "tool.sh"
@@ -409,173 +258,136 @@ def test_r_run_5_spawn_failure_records_a_not_started_proof_and_never_raises(
         "cwd-gone": ([PY, "-c", "pass"], str(harness.dir / "gone"), "working directory"),
         "not-executable": ([str(not_executable)], str(harness.dir), "Permission denied"),
     }[case]
-    ref = harness.start(harness.spec("c1", argv, cwd=cwd))
-    exited = harness.exited()
-    assert exited.state == "failed"
-    assert exited.proof.state == "not-started" and exited.proof.reason == REASON_NOT_STARTED
-    assert exited.proof.pid is None
-    assert exited.error is not None and words in exited.error
-    assert exited.proof.error == exited.error
-    row = harness.row("c1")
-    assert row is not None and row["state"] == "failed" and row["pid"] is None
-    assert harness.events.empty()  # no ChildStarted for a process that never existed
-    assert ref.actor_stopped.wait(WAIT_S)  # the actor ends once its child is settled
+    harness.start(harness.spec("c1", argv, cwd=cwd))
+    report = harness.report()
+    assert report.kind == "not_started" and report.pid is None
+    assert report.error is not None and words in report.error and "\n" not in report.error
 
 
-def test_child_actor_crash_is_restarted_from_the_store_and_still_settles_its_child() -> None:
-    h = Harness(faults=True)
-    try:
-        argv, fifo = sleeper_with_grandchild(h, ignore_term=False)
-        ref = h.start(h.spec("c1", argv))
-        h.started()
-        read_fifo(fifo)
-        reply: queue.Queue[Any] = queue.Queue()
-        ref.tell(Job(DebugRaise(), reply.put))
-        assert isinstance(reply.get(timeout=WAIT_S), Internal)
-        assert stop_child(ref).get(timeout=WAIT_S) == Ack()
-        exited = h.exited()
-        assert exited.state == "stopped"
-        assert h.row("c1")["state"] == "stopped"  # type: ignore[index]
-    finally:
-        h.close()
+# -- ending the tree -------------------------------------------------------------------------
 
 
-# -- recovery after a node restart ---------------------------------------------------------------
-
-
-def test_recovery_settles_a_dead_pid_and_a_reused_pid_as_gone_and_adopts_a_live_process(
-    harness: Harness, watch_mode: bool
-) -> None:
-    dead = spawn_own(["sleep", "60"])
-    dead_identity = identity(dead.pid)
-    dead.kill()
-    dead.wait()
-    dead.stdout.close()  # type: ignore[union-attr]
-    live = spawn_own(["sleep", "60"])
-    try:
-        recorded_running(harness, "dead", dead_identity.pid, dead_identity.start_time)
-        # Our own pid with another start time: the recorded process is gone, the pid reused.
-        recorded_running(harness, "reused", os.getpid(), identity(os.getpid()).start_time - 500)
-        recorded_running(harness, "live", live.pid, identity(live.pid).start_time)
-
-        refs = recover_children(harness.ctx, harness.on_event)
-        harness.refs.extend(refs.values())
-        assert sorted(refs) == ["dead", "live", "reused"]
-        events = [harness.next_event() for _ in range(3)]
-        gone = {e.child_id: e for e in events if isinstance(e, ChildExited)}
-        adopted_start = [e for e in events if isinstance(e, ChildStarted)]
-        assert sorted(gone) == ["dead", "reused"]
-        assert [(e.child_id, e.pid, e.adopted) for e in adopted_start] == [("live", live.pid, True)]
-        for event in gone.values():
-            assert event.state == "failed" and event.error == UNKNOWN_EXIT_ERROR
-            assert event.proof.state == "observed" and event.proof.reason == REASON_GONE
-            assert harness.row(event.child_id)["state"] == "failed"  # type: ignore[index]
-        assert harness.events.empty()
-        assert harness.row("live")["state"] == "running"  # type: ignore[index]
-
-        live.terminate()
-        live.wait()
-        adopted = harness.exited()
-        assert adopted.child_id == "live"
-        assert adopted.proof.state == "observed"
-        assert adopted.proof.reason == REASON_ADOPTED_EXITED
-        assert adopted.proof.exit_code is None and adopted.exit_code is None
-        proof = json.loads(harness.row("live")["proof"])  # type: ignore[index]
-        assert proof["reason"] == REASON_ADOPTED_EXITED
-    finally:
-        if live.poll() is None:
-            live.kill()
-            live.wait()
-        live.stdout.close()  # type: ignore[union-attr]
-
-
-def test_recovery_terminates_an_adopted_process_whose_deadline_passed(harness: Harness) -> None:
-    live = spawn_own(["sleep", "60"])
-    try:
-        recorded_running(
-            harness,
-            "late",
-            live.pid,
-            identity(live.pid).start_time,
-            deadline_at=time.time() - 1,
-            timeout_s=5.0,
-        )
-        harness.refs.extend(recover_children(harness.ctx, harness.on_event).values())
-        assert harness.started().adopted
-        assert live.wait(timeout=WAIT_S) == -signal.SIGTERM
-        exited = harness.exited()
-        assert exited.state == "failed" and exited.timed_out
-        assert exited.error == timeout_error(5.0)
-    finally:
-        if live.poll() is None:
-            live.kill()
-            live.wait()
-        live.stdout.close()  # type: ignore[union-attr]
-
-
-def test_recovery_of_a_dead_leader_ends_the_members_its_group_left_behind(
+def test_r_ext_3_deadline_kills_the_whole_tree_including_a_grandchild_that_ignores_term(
     harness: Harness,
 ) -> None:
-    leader = spawn_own(["sh", "-c", "sleep 60 >/dev/null & echo $!; exit 0"])
-    leader_identity = identity(leader.pid, zombies=True)  # it may have exited already
-    out, _ = leader.communicate(timeout=WAIT_S)
-    member = identity(int(out))
-    assert is_alive(member) and os.getpgid(member.pid) == leader.pid
-    recorded_running(harness, "c1", leader_identity.pid, leader_identity.start_time)
-    harness.refs.extend(recover_children(harness.ctx, harness.on_event).values())
-    exited = harness.exited()
-    assert exited.proof.reason == REASON_GONE
-    assert not is_alive(member)
+    argv, fifo = sleeper(harness, "seconds=60 grandchild=1 ignore_term=1")
+    harness.start(harness.spec("c1", argv, deadline_s=0.5, grace_s=0.3))
+    harness.until("started")
+    leader, grandchild = (int(p) for p in read_fifo(fifo).split())
+    ended = harness.until("tree_ended")
+    assert ended.ended_by == "deadline" and ended.signal == signal.SIGKILL
+    for pid in (leader, grandchild):
+        wait_gone(pid)
 
 
-def test_recovery_with_nothing_running_starts_no_actor(harness: Harness) -> None:
-    assert recover_children(harness.ctx, harness.on_event) == {}
-
-
-def test_recovery_treats_a_pid_recorded_before_a_reboot_as_gone_and_never_signals_it(
+def test_r_ext_3_stop_is_sigterm_to_the_shim_and_ends_the_group_with_term(
     harness: Harness,
 ) -> None:
-    stranger = spawn_own(["sleep", "60"])
-    try:
-        me = identity(stranger.pid)
-        recorded_running(harness, "c1", me.pid, me.start_time, boot="a-previous-boot")
-        harness.refs.extend(recover_children(harness.ctx, harness.on_event).values())
-        exited = harness.exited()
-        assert exited.proof.reason == REASON_GONE
-        assert is_alive(me)  # neither the process nor its group was ours to end
-    finally:
-        stranger.kill()
-        stranger.wait()
-        stranger.stdout.close()  # type: ignore[union-attr]
-
-
-def test_a_stop_sent_right_after_start_still_finds_the_start_recorded(harness: Harness) -> None:
-    argv, _ = sleeper_with_grandchild(harness, ignore_term=False)
-    ref = harness.start(harness.spec("c1", argv))
-    assert stop_child(ref).get(timeout=WAIT_S) == Ack()
-    harness.started()
-    exited = harness.exited()
-    assert exited.state == "stopped" and exited.proof.signal == signal.SIGTERM
-    assert harness.row("c1")["end_reason"] == "stopped"  # type: ignore[index]
-
-
-def test_an_actor_stopped_with_its_node_leaves_the_child_running_for_recovery_to_adopt(
-    harness: Harness,
-) -> None:
-    argv, fifo = sleeper_with_grandchild(harness, ignore_term=False)
-    first = harness.start(harness.spec("c1", argv))
-    started = harness.started()
+    argv, fifo = sleeper(harness, "seconds=60 grandchild=1")
+    harness.start(harness.spec("c1", argv, grace_s=5))
+    started = harness.until("started")
     read_fifo(fifo)
-    first.stop(block=True, timeout=WAIT_S)  # the node shuts down; the child is not touched
-    leader = identity(started.pid)
-    assert is_alive(leader) and harness.row("c1")["state"] == "running"  # type: ignore[index]
+    assert signal_shim(ProcessIdentity(started.shim_pid, started.shim_start))
+    ended = harness.until("tree_ended")
+    assert (ended.ended_by, ended.signal) == ("stop", signal.SIGTERM)
 
-    refs = recover_children(harness.ctx, harness.on_event)  # the next node's recovery
-    harness.refs.extend(refs.values())
-    adopted = harness.started()
-    assert (adopted.child_id, adopted.pid, adopted.adopted) == ("c1", started.pid, True)
-    assert stop_child(refs["c1"]).get(timeout=WAIT_S) == Ack()
-    exited = harness.exited()
-    assert exited.state == "stopped"
-    assert exited.proof.reason == REASON_ADOPTED_EXITED and exited.proof.exit_code is None
-    assert not is_alive(leader)
+
+def test_leader_exit_ends_members_of_its_group_that_outlive_it(harness: Harness) -> None:
+    spec = harness.spec("c1", ["sh", "-c", "sleep 60 & echo $!; exit 0"], grace_s=0.3)
+    harness.start(spec)
+    ended = harness.until("tree_ended")
+    assert ended.exit_code == 0
+    grandchild = int(Path(spec.stdout_path).read_text())
+    assert procfs.start_time_of(grandchild) is None
+
+
+def test_a_setsid_daemon_keeps_the_tree_alive_until_it_ends_and_stop_kills_it(
+    harness: Harness,
+) -> None:
+    """The daemon escapes the child's process group, not its subreaper: the shim reports the
+    child's exit, but `tree_ended` only once the daemon is gone too (here: stopped)."""
+    argv, fifo = sleeper(harness, "seconds=0 daemon=60")
+    harness.start(harness.spec("c1", argv, grace_s=0.3))
+    started = harness.until("started")
+    _, _, daemon = (int(p) for p in read_fifo(fifo).split())
+    assert harness.until("exited").exit_code == 0
+    assert harness.router is not None and not harness.router.poll(500)  # no tree end yet
+    assert procfs.start_time_of(daemon) is not None
+    assert signal_shim(ProcessIdentity(started.shim_pid, started.shim_start))
+    ended = harness.until("tree_ended")
+    assert ended.ended_by == "stop" and ended.exit_code == 0
+    wait_gone(daemon)
+
+
+def test_a_daemon_that_ends_by_itself_ends_the_tree_with_the_childs_exit_status(
+    harness: Harness,
+) -> None:
+    argv, fifo = sleeper(harness, "seconds=0 daemon=1 exit=4")
+    harness.start(harness.spec("c1", argv))
+    harness.until("started")
+    _, _, daemon = (int(p) for p in read_fifo(fifo).split())
+    assert harness.until("exited").exit_code == 4
+    ended = harness.until("tree_ended")
+    assert (ended.exit_code, ended.ended_by) == (4, "")
+    assert procfs.start_time_of(daemon) is None
+
+
+# -- reports and the node's absence ----------------------------------------------------------
+
+
+def test_reports_are_resent_until_acknowledged_and_the_child_runs_on_meanwhile(
+    harness: Harness,
+) -> None:
+    argv, fifo = sleeper(harness, "seconds=60")
+    harness.start(harness.spec("c1", argv))
+    first = harness.report(ack=False)
+    again = harness.report(ack=False)
+    assert (first.kind, again.kind, first.seq, again.seq) == ("started", "started", 1, 1)
+    leader = int(read_fifo(fifo).split()[0])
+    harness.unbind()  # the node is gone
+    assert first.identity_start is not None
+    assert is_alive(ProcessIdentity(leader, first.identity_start))
+    harness.bind()  # a new node: it receives the resend and adopts the shim by acknowledging
+    assert harness.report().kind == "started"
+    assert signal_shim(ProcessIdentity(first.shim_pid, first.shim_start))
+    assert harness.until("tree_ended").ended_by == "stop"
+
+
+def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_record(
+    harness: Harness,
+) -> None:
+    """Nothing to keep alive once the tree ended: the shim exits after a bounded retry, and its
+    exit record (what a recovering node reads) holds the exit status and the tree's end."""
+    spec = harness.spec("c1", [PY, "-c", "import sys; sys.exit(6)"])
+    order = {**shims.order_of(spec, harness.address), "give_up_s": 0.5}
+    Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
+    harness.template.order_raw(order)
+    first = harness.report(ack=False)
+    harness.unbind()  # the node is gone for good
+    wait_gone(first.shim_pid)
+    record = exit_record(spec)
+    assert (record["exit_code"], record["tree_ended"]) == (6, True)
+
+
+def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
+    harness: Harness,
+) -> None:
+    spec = harness.spec("c1", [PY, "-c", "open('started', 'w')"])
+    Path(spec.records).mkdir(parents=True)
+    assert shim.write_atomically(str(Path(spec.records) / shim.SHIM_RECORD), {"abandoned": True})
+    harness.start(spec)
+    assert harness.router is not None and not harness.router.poll(1000)
+    assert not (harness.dir / "started").exists()
+
+
+def test_write_atomically_exclusive_loses_to_an_existing_record(tmp_path: Path) -> None:
+    path = str(tmp_path / "r.json")
+    assert shim.write_atomically(path, {"a": 1}, exclusive=True)
+    assert not shim.write_atomically(path, {"a": 2}, exclusive=True)
+    assert json.loads(Path(path).read_text()) == {"a": 1}
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_signal_shim_never_signals_a_pid_whose_start_time_differs() -> None:
+    identity = ProcessIdentity(os.getpid(), 1.0)  # our pid, another start time
+    assert not signal_shim(identity, signal.SIGTERM)  # (had it sent it, pytest would be dead)

@@ -466,7 +466,7 @@ def test_r_fan_4_only_fanout_agents_get_the_descriptor_and_node_variables_win(
 def run_agent(
     name: str, task: str, run_dir: Path, cwd: Path, env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], Invocation]:
-    """Run an example agent the way a ChildActor would: its argv, stdin file, env and cwd."""
+    """Run an example agent the way its child shim would: its argv, stdin file, env and cwd."""
     agent = find_agent(name, cwd, [EXAMPLES])
     base = dict(env if env is not None else os.environ)
     inv = prepare_invocation(agent, task, run_dir, cwd=cwd, environ=base)

@@ -3,9 +3,10 @@
 - A slot acquired by a launcher that dies before it starts anything is freed by the reservation
   TTL (`reservation_ttl_s`, 1 s here) and by nothing else.
 - After `kill -9` of a node whose run has two children, one of which exits while no node is
-  running, a restarted node settles the dead child with observed proof, adopts the live one and
-  settles it when it exits; the run then ends and its capacity slot is released (R-CAP-21/25,
-  R-RUN-5). Real node processes, real sockets, real children; every wait has a deadline.
+  running, a restarted node settles the dead child from its shim's report (its true exit
+  status: the shim was its parent), adopts the live one and settles it when it exits; the run
+  then ends and its capacity slot is released (R-CAP-21/25, R-RUN-5, SPEC §0.4 "Proof from the
+  parent"). Real node processes, real sockets, real children; every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from subagents_node.messages.runs import UNKNOWN_EXIT_ERROR
 from subagents_node.messages.supervisor import RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
@@ -90,7 +90,7 @@ def child_of(run: RunView, pid: int) -> int:
     return next(c.index for c in run.children if c.pid == pid)
 
 
-def test_node_kill_9_and_restart_settles_dead_children_with_proof_and_adopts_live_ones(
+def test_r_run_5_node_kill_9_and_restart_settles_exited_children_with_their_exit_status(
     start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
 ) -> None:
     first_node = start_node(state_dir=state_dir)
@@ -105,7 +105,7 @@ def test_node_kill_9_and_restart_settles_dead_children_with_proof_and_adopts_liv
 
     first_node.kill()
     short.release(0)
-    short.wait_exit()  # it ended while no node was running: nobody observed its exit code
+    short.wait_exit()  # it ended while no node was running: only its shim saw its exit code
     assert process_gone(short.pid) and not process_gone(long.pid)
 
     second_node = start_node(state_dir=state_dir)
@@ -113,19 +113,18 @@ def test_node_kill_9_and_restart_settles_dead_children_with_proof_and_adopts_liv
     recovered = wait_view(client, run.run_id, lambda v: v.children[short_index].state != "running")
 
     dead, live = recovered.children[short_index], recovered.children[long_index]
-    assert (dead.state, dead.proof_state, dead.error) == ("failed", "observed", UNKNOWN_EXIT_ERROR)
+    assert (dead.state, dead.proof_state, dead.exit_code) == ("complete", "observed", 0)
     assert (live.state, live.proof_state) == ("running", None)
     assert recovered.state == "running"
     assert client.capacity.snapshot(ctx.session_id, 1).used == 1  # a live child keeps the slot
 
-    long.release(0)
+    long.release(3)
     long.wait_exit()
     done = client.runs.wait(run.run_id, timeout=20)
 
-    assert done.state == "failed"  # neither exit status could be observed by a parent
-    assert done.error == UNKNOWN_EXIT_ERROR
+    assert done.state == "failed"  # the shim, its parent, saw the exit status across the restart
     assert [c.proof_state for c in done.children] == ["observed", "observed"]
-    assert done.children[long_index].state == "failed"
+    assert (done.children[long_index].state, done.children[long_index].exit_code) == ("failed", 3)
     kinds = [e.kind for e in client.runs.watch(run.run_id, 0, 0).events]
     assert kinds.count("run.recovered") == 1 and kinds[-1] == "run.failed"
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
@@ -162,12 +161,12 @@ def test_after_a_node_restart_stop_and_a_run_deadline_still_end_the_adopted_chil
         child.wait_exit()  # ended by the restarted node, not released by the test
 
 
-def test_a_child_exit_committed_just_before_the_node_died_is_replayed_and_settles_its_run(
+def test_an_exit_record_whose_report_never_reached_the_store_settles_its_run_after_restart(
     agents: Path,
 ) -> None:
-    """The child's own row was settled, but the supervisor never recorded it (the node died
-    between the two commits): on restart the exit is replayed and the run settles, freeing its
-    capacity slot, instead of waiting forever."""
+    """The shim wrote its exit record, but the node died before the report was committed: on
+    restart the record settles the child and the run, freeing its capacity slot, instead of
+    leaving them running forever."""
     state = new_state_dir()
     try:
         ctx = launch_context(agents, max_active_async_runs_per_session=1)
@@ -176,8 +175,11 @@ def test_a_child_exit_committed_just_before_the_node_died_is_replayed_and_settle
             run = client.runs.launch(ctx.single("echo", "quick-output", True, None))
             done = client.runs.wait(run.run_id, timeout=30)
             assert done.state == "complete"
-        # Rewind the supervisor's rows to "still running" (the child's own row stays settled).
+        # Rewind every row to "still running"; the shim's exit record beside the run stays.
         with sqlite3.connect(state / "state.db") as db:
+            db.execute(
+                "UPDATE children SET state='running', proof=NULL WHERE run_id=?", (run.run_id,)
+            )
             db.execute(
                 "UPDATE runs SET state='running', ended_at=NULL WHERE run_id=?", (run.run_id,)
             )

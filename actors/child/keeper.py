@@ -1,0 +1,310 @@
+"""ChildKeeper: the run supervisor's bookkeeping of every child (the shim is the ChildActor).
+
+Owns the `children` rows (through rows.py, in the supervisor's own transaction: one writer, one
+connection, group commit), the shim template and the one thread that watches every shim. It
+turns what shims report (`ChildReport`), what a shim's death leaves (its exit record) and what a
+restart finds into the supervisor's two child events, `ChildStarted` and `ChildExited`; the
+supervisor settles runs from those. Nothing here scales threads or connections with children.
+
+Proof of the end of a child's tree comes only from `tree_ended` (reported, or read from the
+exit record a shim writes before it reports); for a shim that died, from the identity of the
+process it reported (gone: `observed`; alive: `unknown`, the slot stays retained).
+
+It never blocks on a shim, never signals a process it has not verified by pid and start time,
+and never stores argv, env or stdin (R-MISC-1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from subagents_node.actors.child import process as cp
+from subagents_node.actors.child import rows
+from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
+from subagents_node.actors.child.shim import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
+from subagents_node.messages.runs import (
+    REASON_EXITED,
+    ChildEvent,
+    ChildExited,
+    ChildReport,
+    ChildSpec,
+    timeout_error,
+)
+
+log = logging.getLogger(__name__)
+
+REASON_SHIM_GONE = "the shim died; every process it reported is gone"
+REASON_SHIM_GONE_LIVE = "process-tree-unverified: the shim died while its child still runs"
+NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
+STOPPED = "Stopped by request."
+#: How long a stopping node waits for the shims of finished children to exit.
+FINISHING_WAIT_S = 2.0
+
+Connection = Any  # sqlite3.Connection (kept loose: rows.py owns the SQL)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def report_from_record(record: dict[str, Any]) -> ChildReport | None:
+    """An exit record read back as the report it preceded (None when it does not parse)."""
+    fields = {k: v for k, v in record.items() if k in ChildReport.model_fields and k != "type"}
+    kind = "tree_ended" if record.get("tree_ended") else "exited"
+    if record.get("error") and record.get("pid") is None:
+        kind = "not_started"
+    try:
+        return ChildReport.model_validate({**fields, "kind": kind, "seq": 1})
+    except ValidationError:
+        return None
+
+
+LogCap = Callable[[str], Callable[[], None]]
+
+
+class ChildKeeper:
+    def __init__(
+        self,
+        node_address: str,
+        on_shim_gone: Callable[[str], None],
+        cap_log: LogCap | None = None,
+    ) -> None:
+        """`cap_log(path)` keeps a log file under the node's cap (actors/child/logcap.py) and
+        returns the call that stops watching it: a running child's two logs are watched."""
+        self._address = node_address
+        self._template = ShimTemplate()
+        self._watch = ShimWatch(on_shim_gone)
+        self._cap_log = cap_log
+        self._capped: dict[str, list[Callable[[], None]]] = {}
+        #: Shims whose tree ended (acknowledged or about to be) that were not yet seen gone.
+        self._finishing: dict[str, ProcessIdentity] = {}
+
+    def close(self) -> None:
+        """With the node: the template exits, the shims (and their children) keep running;
+        shims whose tree ended are given a moment to exit, so a program that embedded the
+        node leaves no process of a finished child behind."""
+        self._template.close()
+        self._watch.close()
+        for child_id in list(self._capped):
+            self._uncap(child_id)
+        wait_exits(list(self._finishing.values()), FINISHING_WAIT_S)
+
+    # -- log caps (issue 12): the logs of a running child stay under the node's cap -----------
+
+    def _cap(self, record: rows.ChildRecord) -> None:
+        if self._cap_log is None or record.child_id in self._capped:
+            return
+        paths = dict.fromkeys((record.stdout_path, record.stderr_path))
+        self._capped[record.child_id] = [self._cap_log(path) for path in paths]
+
+    def _uncap(self, child_id: str) -> None:
+        """The child settled: its logs get one last check and are no longer watched."""
+        for unwatch in self._capped.pop(child_id, []):
+            unwatch()
+
+    def _ended(self, events: list[ChildEvent]) -> list[ChildEvent]:
+        for event in events:
+            if isinstance(event, ChildExited):
+                self._uncap(event.child_id)
+        return events
+
+    @property
+    def template_pid(self) -> int | None:
+        return self._template.pid
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def order(self, db: Connection, spec: ChildSpec, now: float) -> None:
+        """Record the child as ordered (in the caller's transaction); `launch` it after the
+        commit, so a shim never reports a child the store does not know."""
+        record = rows.ChildRecord.from_spec(spec)
+        record.started_at = now
+        if spec.deadline_s is not None:
+            record.deadline_at = now + spec.deadline_s
+        rows.insert_ordered(db, record)
+
+    def launch(self, spec: ChildSpec) -> str | None:
+        """Fork its shim; the error (one line) when there is no template to fork from."""
+        try:
+            self._template.order(spec, self._address)
+        except OSError as exc:
+            return f"cannot start the child's shim: {exc}"
+        return None
+
+    def not_launched(
+        self, db: Connection, child_id: str, error: str, now: float
+    ) -> list[ChildEvent]:
+        """No shim was forked: the child never started (R-RUN-5 not-started)."""
+        row = rows.read_row(db, child_id)
+        if row is None or row["state"] != "running" or row["shim_pid"] is not None:
+            return []
+        record = rows.ChildRecord.from_row(row)
+        event = cp.not_started(record, error, now)
+        rows.write_settlement(db, record, event)
+        return [event]
+
+    # -- reports --------------------------------------------------------------------------------
+
+    def apply(self, db: Connection, report: ChildReport, now: float) -> list[ChildEvent]:
+        """Apply a report (idempotent: any report may come again, or alone after a restart)."""
+        row = rows.read_row(db, report.child_id)
+        if row is None or row["state"] != "running" or row["run_id"] != report.run_id:
+            return []  # settled already (a resend), or not ours
+        record = rows.ChildRecord.from_row(row)
+        events: list[ChildEvent] = []
+        if record.shim_pid is None:
+            record.shim_pid, record.shim_start = report.shim_pid, report.shim_start
+            record.boot_id = report.boot_id
+            if report.pid is not None and report.identity_start is not None:
+                record.pid, record.identity_start = report.pid, report.identity_start
+                record.start_time = report.start_time
+                events.append(cp.started_event(record))
+                log.info(
+                    "child %s of run %s started (pid %d, shim pid %d)",
+                    record.child_id,
+                    record.run_id,
+                    report.pid,
+                    report.shim_pid,
+                )
+            rows.record_started(db, record)
+            shim = ProcessIdentity(report.shim_pid, report.shim_start)
+            self._watch.watch(record.child_id, shim)
+            self._cap(record)
+            if row["end_reason"] is not None:
+                signal_shim(shim)  # stopped before its start was known
+        if report.kind == "not_started":
+            event = cp.not_started(record, report.error or "the child did not start", now)
+            rows.write_settlement(db, record, event)
+            events.append(event)
+        elif report.tree_ended:
+            events.append(self._settle(db, record, row, report, now))
+            self._finishing[record.child_id] = ProcessIdentity(report.shim_pid, report.shim_start)
+        elif report.exit_code is not None or report.signal is not None:
+            rows.record_exit(db, record.child_id, report.exit_code, report.signal)
+        return self._ended(events)
+
+    def _settle(
+        self,
+        db: Connection,
+        record: rows.ChildRecord,
+        row: Any,
+        report: ChildReport,
+        now: float,
+        unverified: bool = False,
+        reason: str = REASON_EXITED,
+    ) -> ChildExited:
+        end_reason, end_message = row["end_reason"], row["end_message"]
+        if end_reason is None and report.ended_by == "deadline":
+            end_reason, end_message = "timed_out", timeout_error(record.timeout_s or 0.0)
+        elif end_reason is None and report.ended_by == "stop":
+            end_reason, end_message = "stopped", STOPPED
+        facts = cp.ExitFacts(
+            reason=reason,
+            exit_code=report.exit_code,
+            signal=report.signal,
+            at=report.ended_at or report.tree_ended_at,
+        )
+        event = cp.outcome(record, facts, end_reason, end_message, unverified, now)
+        rows.write_settlement(db, record, event)
+        return event
+
+    # -- stop, a shim's death, a restart --------------------------------------------------------
+
+    def stop(self, db: Connection, child_id: str, reason: str, message: str) -> None:
+        """Record why (the first reason wins), then SIGTERM its shim, which ends the tree."""
+        row = rows.read_row(db, child_id)
+        if row is None or row["state"] != "running":
+            return
+        if row["end_reason"] is None:
+            rows.record_end(db, child_id, reason, message)
+        if row["shim_pid"] is not None:
+            signal_shim(ProcessIdentity(row["shim_pid"], row["shim_start"]))
+
+    def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
+        """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
+        its exit record says what it knew, and the reported identity decides the proof."""
+        self._finishing.pop(child_id, None)
+        row = rows.read_row(db, child_id)
+        if row is None or row["state"] != "running":
+            return []
+        record = rows.ChildRecord.from_row(row)
+        exit_record = _read_json(os.path.join(record.record_dir, EXIT_RECORD)) or {}
+        report = report_from_record(exit_record)
+        if report is not None and (report.tree_ended or report.kind == "not_started"):
+            return self.apply(db, report, now)
+        if report is None:
+            report = ChildReport(
+                kind="exited",
+                seq=1,
+                child_id=record.child_id,
+                run_id=record.run_id,
+                shim_pid=record.shim_pid or 1,
+                shim_start=record.shim_start or 0.0,
+            )
+        alive = (
+            record.pid is None
+            or record.identity_start is None
+            or is_alive(ProcessIdentity(record.pid, record.identity_start))
+        )
+        log.warning("the shim of child %s died before its tree ended", child_id)
+        reason = REASON_SHIM_GONE_LIVE if alive else REASON_SHIM_GONE
+        return self._ended(
+            [self._settle(db, record, row, report, now, unverified=alive, reason=reason)]
+        )
+
+    def recover(self, db: Connection, now: float) -> list[ChildEvent]:
+        """After a restart: every child still recorded as running is settled from its exit
+        record, adopted (its live shim is watched; its reports, resent until acknowledged,
+        do the rest), or given up as never started. One file read per child, no polling."""
+        events: list[ChildEvent] = []
+        for child_id in rows.running_child_ids(db):
+            row = rows.read_row(db, child_id)
+            assert row is not None
+            record_dir = row["record_dir"] or ""
+            exit_record = _read_json(os.path.join(record_dir, EXIT_RECORD))
+            report = None if exit_record is None else report_from_record(exit_record)
+            if report is not None and (report.tree_ended or report.kind == "not_started"):
+                events.extend(self.apply(db, report, now))
+                continue
+            shim = self._shim_identity(row, record_dir)
+            if shim is None:
+                record = rows.ChildRecord.from_row(row)
+                event = cp.not_started(record, NOT_STARTED_BY_RESTART, now)
+                rows.write_settlement(db, record, event)
+                events.append(event)
+                continue
+            if not is_alive(shim):
+                events.extend(self.shim_gone(db, child_id, now))
+                continue
+            self._watch.watch(child_id, shim)
+            self._cap(rows.ChildRecord.from_row(row))
+            if row["end_reason"] is not None:
+                signal_shim(shim)  # a stop the earlier node recorded but may not have sent
+        return events
+
+    def _shim_identity(self, row: Any, record_dir: str) -> ProcessIdentity | None:
+        """The shim's identity, from the row or its own record; None when it never claimed
+        the child, which recovery then claims itself (link(2)), so no late shim starts it."""
+        if row["shim_pid"] is not None:
+            return ProcessIdentity(row["shim_pid"], row["shim_start"])
+        path = os.path.join(record_dir, SHIM_RECORD)
+        if record_dir:
+            os.makedirs(record_dir, mode=0o700, exist_ok=True)
+            if write_atomically(path, {"abandoned": True}, exclusive=True):
+                return None
+        claim = _read_json(path) or {}
+        if claim.get("abandoned") or "shim_pid" not in claim:
+            return None
+        return ProcessIdentity(int(claim["shim_pid"]), float(claim["shim_start"]))

@@ -1,0 +1,114 @@
+"""What /proc says about processes: identity (pid + start time), descendants, process groups.
+
+Owns no state and imports only the standard library, because the child shim (a process forked
+from a template that must stay small) uses it as well as the run supervisor. A process is
+identified by its pid and its start time in seconds since boot (/proc/PID/stat field 22), a
+clock no wall-clock step can move; a reused pid never passes for the process we recorded, and
+start times compare only within one boot (`boot_id`). Linux only, like pidfds and subreapers.
+
+It must never signal anything: callers decide what to end.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: Two different processes started at least one clock tick (10 ms) apart.
+START_TIME_TOLERANCE_S = 0.005
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """A pid and its start time in seconds since boot."""
+
+    pid: int
+    start_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of /proc/PID/stat the shim and the supervisor need."""
+
+    state: str
+    ppid: int
+    pgid: int
+    start_time: float
+
+
+def stat_of(pid: int) -> ProcStat | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()  # the command name may hold spaces
+    return ProcStat(
+        state=fields[0].decode(),
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        start_time=int(fields[19]) / CLK_TCK,
+    )
+
+
+def start_time_of(pid: int, *, zombies: bool = False) -> float | None:
+    """When the live process `pid` started (seconds since boot); None when gone or (unless
+    asked for: our own unreaped child may be one) a zombie."""
+    stat = stat_of(pid)
+    if stat is None or stat.state == "X" or (stat.state == "Z" and not zombies):
+        return None
+    return stat.start_time
+
+
+def identity_of(pid: int) -> ProcessIdentity | None:
+    started = start_time_of(pid)
+    return None if started is None else ProcessIdentity(pid, started)
+
+
+def is_alive(identity: ProcessIdentity) -> bool:
+    """True when `identity.pid` still runs the process that started at `identity.start_time`."""
+    started = start_time_of(identity.pid)
+    return started is not None and abs(started - identity.start_time) < START_TIME_TOLERANCE_S
+
+
+def boot_time() -> float:
+    """The wall-clock time of this boot (btime in /proc/stat)."""
+    with open("/proc/stat", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def wall_clock(start_time: float) -> float:
+    """A start time since boot as seconds since the epoch (for people and the proof)."""
+    return start_time + boot_time()
+
+
+def boot_id() -> str:
+    """This boot's identity: start times since boot compare only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def descendants(root: int) -> list[tuple[int, ProcStat]]:
+    """Every live process below `root` by parent links, with its stat. One scan of /proc:
+    called only to end a tree (stop, deadline, a leader's group left behind), never per tick."""
+    children: dict[int, list[tuple[int, ProcStat]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = stat_of(int(name))
+        if stat is not None and stat.state not in ("Z", "X"):
+            children.setdefault(stat.ppid, []).append((int(name), stat))
+    found: list[tuple[int, ProcStat]] = []
+    todo = [root]
+    while todo:
+        for pid, stat in children.get(todo.pop(), ()):
+            found.append((pid, stat))
+            todo.append(pid)
+    return found

@@ -1,0 +1,453 @@
+"""The child shim: one small process per child, its parent and the subreaper of its tree.
+
+Owns one child process tree from spawn to its end, and the two files beside the run that
+record it (`shim.json`: who the shim is; `exit.json`: the exit status and whether the tree
+ended), written atomically (temp, fsync, rename). Its life:
+
+    setsid (nobody's terminal job; it outlives the node) and PR_SET_CHILD_SUBREAPER
+    claim shim.json (link(2): fails if recovery already gave this child up) -> start the agent
+      in its own process group, stdio straight to the run's log files
+    report `started(pid, start time)`; reap every descendant (a `setsid()` daemon is
+      re-parented to the shim, so it is still seen); the leader's exit -> exit.json -> report
+      `exited`; a leader's group left behind is ended (TERM, grace, KILL); no descendant left
+      -> exit.json with `tree_ended` -> report `tree_ended` -> exit once every report is acked
+    SIGTERM (the supervisor's stop) or the deadline: TERM, grace, KILL to every descendant and
+      every group they are in, escaped sessions included (found through /proc)
+
+Reports go to the run supervisor over ZeroMQ (a DEALER to the node's socket, type
+`child.report`), carry a sequence number and every fact known so far, and are resent with
+backoff until acknowledged: with the node gone the shim keeps its child running and keeps
+trying, and a new node adopts it by acknowledging. One thread (plus libzmq's I/O thread);
+signals arrive through a wake-up pipe polled beside the socket, so nothing polls on a timer.
+
+It imports only the standard library, zmq and msgpack (the template that forks shims must stay
+small: a shim costs a fork, not an interpreter), never logs argv, env or stdin (they may hold
+the task, R-MISC-1), and never decides a run's outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import json
+import math
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import msgpack
+import zmq
+
+from subagents_node.actors.child import procfs
+
+#: The wire names the shim speaks (checked against messages/ by the tests).
+REPORT_TYPE = "child.report"
+SUPERVISOR = "supervisor"
+PROTOCOL_VERSION = 1
+#: Error codes that mean "not taken, try again"; any other answer acknowledges the report.
+RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
+SHIM_RECORD = "shim.json"
+EXIT_RECORD = "exit.json"
+_PR_SET_CHILD_SUBREAPER = 36
+_FIRST_RETRY_S = 0.05
+_MAX_RETRY_S = 1.0
+#: After its tree ended the shim keeps nothing alive; its exit record (synced) says all its
+#: reports say, so it stops retrying after this long and exits: a running supervisor sees it
+#: go (pidfd) and reads the record, a new node reads it at recovery.
+GIVE_UP_AFTER_TREE_END_S = 30.0
+
+
+def write_atomically(
+    path: str, data: dict[str, Any], *, exclusive: bool = False, sync: bool = True
+) -> bool:
+    """Write `data` as JSON to `path`: temp file, fsync, then rename (or link, which fails when
+    `path` exists: `exclusive`), then fsync the directory (both unless `sync` is False).
+    False when exclusive lost."""
+    directory = os.path.dirname(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+        if sync:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+def _spawn_error(order: dict[str, Any], err: OSError) -> str:
+    """One line naming what could not be used (the cwd, a file or the command), never argv."""
+    what = err.strerror or str(err)
+    if err.filename == order["cwd"]:
+        return f"cannot start the child: working directory {order['cwd']}: {what}"
+    if err.filename in (order.get("stdin_path"), order["stdout_path"], order["stderr_path"]):
+        return f"cannot start the child: {err.filename}: {what}"
+    return f"cannot start {order['argv'][0]}: {what}"
+
+
+def _exec_agent(order: dict[str, Any], report_fd: int) -> None:
+    """In the forked agent: own process group, stdio, cwd, then exec. Never returns; an error
+    is written to `report_fd` (close-on-exec, so success closes it with nothing written)."""
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        stdin = order.get("stdin_path") or os.devnull
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        for target, path, mode in (
+            (0, stdin, os.O_RDONLY),
+            (1, order["stdout_path"], flags),
+            (2, order["stderr_path"], flags),
+        ):
+            try:
+                fd = os.open(path, mode, 0o600)
+            except OSError as err:
+                err.filename = path
+                raise
+            os.dup2(fd, target)
+            os.close(fd)
+        try:
+            os.chdir(order["cwd"])
+        except OSError as err:
+            err.filename = order["cwd"]
+            raise
+        keep = {0, 1, 2, report_fd}
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(int(name))
+        os.execvpe(order["argv"][0], order["argv"], order["env"])
+    except OSError as err:
+        os.write(report_fd, _spawn_error(order, err).encode()[:4000])
+    except BaseException as exc:  # never let the forked copy run the shim's code
+        os.write(report_fd, f"cannot start {order['argv'][0]}: {exc}".encode()[:4000])
+    finally:
+        os._exit(127)
+
+
+class Shim:
+    """One child's shim: `run()` is the whole life of the process (it returns an exit code)."""
+
+    def __init__(self, order: dict[str, Any]) -> None:
+        self.order = order
+        self.record_dir: str = order["record_dir"]
+        self.facts: dict[str, Any] = {
+            "child_id": order["child_id"],
+            "run_id": order["run_id"],
+            "shim_pid": os.getpid(),
+            "shim_start": procfs.start_time_of(os.getpid()) or 0.0,
+            "boot_id": procfs.boot_id(),
+        }
+        self.leader = 0
+        self.leader_gone = False
+        self.tree_ended = False
+        self.ended_by = ""
+        self.term_at: float | None = None  # when the TERM of a whole-tree end was sent
+        self.kill_at: float | None = None
+        self.group_kill_at: float | None = None
+        deadline_s = order.get("deadline_s")
+        self.deadline = None if deadline_s is None else time.monotonic() + float(deadline_s)
+        self.grace_s = float(order.get("grace_s", 2.0))
+        self.seq = 0
+        self.unacked: list[tuple[str, bytes]] = []  # (message id, frame), oldest first
+        self.retry_at = 0.0
+        self.backoff = _FIRST_RETRY_S
+        self.blocked = False
+
+    # -- the life of the shim -------------------------------------------------------------------
+
+    def run(self) -> int:
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # the template's pipes are not ours to hold
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
+        claim = {**self.facts, "at": time.time()}
+        # No fsync: the claim fences a recovering node against a late shim, and a power cut
+        # ends both; the exit record, which must survive the node, is synced.
+        if not write_atomically(self._path(SHIM_RECORD), claim, exclusive=True, sync=False):
+            return 0  # a recovering node gave this child up as never started: do not start it
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        for signum in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(signum, lambda *_: None)  # the byte in the wake-up pipe is the event
+        self._start()  # before libzmq starts its thread: the agent is forked single-threaded
+        zctx = zmq.Context(io_threads=1)
+        sock = zctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.connect(self.order["node_address"])
+        try:
+            self._loop(sock, wake_r)
+        finally:
+            sock.close(0)
+            zctx.term()
+        return 0
+
+    def _start(self) -> None:
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            os.close(err_r)
+            _exec_agent(self.order, err_w)
+        os.close(err_w)
+        error = b""
+        while chunk := os.read(err_r, 4096):
+            error += chunk
+        os.close(err_r)
+        if error:
+            os.waitpid(pid, 0)
+            self.facts["error"] = error.decode("utf-8", "replace")
+            self.leader_gone = self.tree_ended = True
+            self._record_exit()
+            self._report("not_started")
+            return
+        self.leader = pid
+        start = procfs.start_time_of(pid, zombies=True) or 0.0
+        self.facts.update(pid=pid, identity_start=start, start_time=procfs.wall_clock(start))
+        self._report("started")
+
+    def _loop(self, sock: zmq.Socket[bytes], wake_r: int) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(wake_r, zmq.POLLIN)
+        while not (self.tree_ended and not self.unacked) and not self._given_up():
+            self._send(sock)
+            # Not connected yet (IMMEDIATE): wake as soon as the node's socket accepts us.
+            poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self.blocked else 0))
+            timeout = self._next_timer()
+            wait_ms = None if timeout is None else math.ceil(max(0.0, timeout) * 1000)
+            events = dict(poller.poll(wait_ms))
+            if events.get(sock, 0) & zmq.POLLOUT:
+                self.blocked = False
+                self.retry_at = 0.0
+            if wake_r in events:
+                signals = os.read(wake_r, 4096)
+                if signal.SIGTERM in signals and not self.tree_ended:
+                    self._end_tree("stop")
+                self._reap()
+            if sock in events:
+                self._receive(sock)
+            self._on_timers()
+
+    def _given_up(self) -> bool:
+        ended = self.facts.get("tree_ended_at")
+        limit = float(self.order.get("give_up_s", GIVE_UP_AFTER_TREE_END_S))
+        return ended is not None and time.time() - ended > limit
+
+    # -- the tree -------------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        leader_code: int | None = None
+        tree_left = True
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                tree_left = False  # no child left: with a subreaper, no descendant either
+                break
+            if pid == 0:
+                break
+            if pid == self.leader and not self.leader_gone:
+                leader_code = os.waitstatus_to_exitcode(status)
+        if leader_code is not None:
+            self._leader_exited(leader_code, tree_left)
+        if self.leader_gone and not tree_left and not self.tree_ended:
+            self.tree_ended = True
+            self.facts["tree_ended_at"] = time.time()
+            self._record_exit()
+            self._report("tree_ended")
+
+    def _leader_exited(self, code: int, tree_left: bool) -> None:
+        """The leader's exit status. When its tree ended with it (the common case) the one
+        `tree_ended` record and report carry it; otherwise it is recorded and reported now."""
+        self.leader_gone = True
+        self.facts.update(
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            ended_at=time.time(),
+            ended_by=self.ended_by,
+        )
+        if not tree_left:
+            return
+        self._record_exit()
+        self._report("exited")
+        # The members of the leader's own group are the child's: they end with it (TERM,
+        # grace, KILL). Escaped sessions are waited for: they keep the tree (and slot) alive.
+        if self._signal_tree(signal.SIGTERM, only_group=self.leader):
+            self.group_kill_at = time.monotonic() + self.grace_s
+
+    def _end_tree(self, why: str) -> None:
+        """Stop or deadline: the first reason wins; TERM now, KILL after the grace."""
+        if self.term_at is not None:
+            return
+        self.ended_by = why
+        self.facts["ended_by"] = why
+        self.term_at = time.monotonic()
+        self.kill_at = self.term_at + self.grace_s
+        self._signal_tree(signal.SIGTERM)
+
+    def _signal_tree(self, signum: int, only_group: int | None = None) -> bool:
+        """Signal every descendant and every group one of them is in (a group id cannot be
+        reused while the member we just saw lives); False when there was nobody to signal."""
+        found = procfs.descendants(os.getpid())
+        if only_group is not None:
+            found = [(pid, st) for pid, st in found if st.pgid == only_group]
+        # Each process gets the signal once (a second SIGTERM could cut short the clean-up
+        # the first one started): through its group, or alone if it is in the shim's group.
+        groups = {st.pgid for _, st in found if st.pgid != self.facts["shim_pid"]}
+        for pgid in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signum)
+        for pid, st in found:
+            if st.pgid not in groups:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signum)
+        return bool(found)
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def _next_timer(self) -> float | None:
+        now = time.monotonic()
+        due = [t for t in (self.kill_at, self.group_kill_at) if t is not None]
+        if self.deadline is not None and self.term_at is None and not self.tree_ended:
+            due.append(self.deadline)
+        if self.unacked:
+            due.append(self.retry_at)
+        return None if not due else min(due) - now
+
+    def _on_timers(self) -> None:
+        now = time.monotonic()
+        if (
+            self.deadline is not None
+            and now >= self.deadline
+            and self.term_at is None
+            and not self.tree_ended
+        ):
+            self._end_tree("deadline")
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = None
+            self._signal_tree(signal.SIGKILL)
+        if self.group_kill_at is not None and now >= self.group_kill_at:
+            self.group_kill_at = None
+            self._signal_tree(signal.SIGKILL, only_group=self.leader)
+
+    # -- records and reports --------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.record_dir, name)
+
+    def _record_exit(self) -> None:
+        """Before the report that tells of it: a new node reads it even if the report is lost."""
+        write_atomically(
+            self._path(EXIT_RECORD), {**self.facts, "tree_ended": self.tree_ended, "version": 1}
+        )
+
+    def _report(self, kind: str) -> None:
+        self.seq += 1
+        body = {
+            **self.facts,
+            "kind": kind,
+            "seq": self.seq,
+            "tree_ended": self.tree_ended,
+            "ended_by": self.ended_by,
+        }
+        mid = f"{random.getrandbits(96):024x}"
+        envelope = {
+            "v": PROTOCOL_VERSION,
+            "id": mid,
+            "corr": None,
+            "sender": f"shim-{os.getpid()}",
+            "target": SUPERVISOR,
+            "type": REPORT_TYPE,
+            "body": body,
+        }
+        self.unacked.append((mid, msgpack.packb(envelope, use_bin_type=True)))
+        self.retry_at = 0.0  # send it now
+
+    def _send(self, sock: zmq.Socket[bytes]) -> None:
+        """Send the oldest unacknowledged report when its retry is due (one at a time, so a
+        new node sees the reports in order)."""
+        if not self.unacked or time.monotonic() < self.retry_at:
+            return
+        try:
+            sock.send(self.unacked[0][1], zmq.NOBLOCK)
+            self.blocked = False
+        except zmq.Again:  # no node to talk to (IMMEDIATE): when it comes, or after the backoff
+            self.blocked = True
+        self.retry_at = time.monotonic() + self.backoff
+        self.backoff = min(_MAX_RETRY_S, self.backoff * 2)
+
+    def _receive(self, sock: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                reply = msgpack.unpackb(frame, raw=False)
+                corr = reply.get("corr")
+                code = (reply.get("body") or {}).get("code")
+            except Exception:
+                continue  # not an answer we can read: the report is resent
+            if not self.unacked or corr != self.unacked[0][0]:
+                continue  # an answer to a resend we already counted
+            if reply.get("type") == "error" and code in RETRY_CODES:
+                continue
+            self.unacked.pop(0)
+            self.retry_at = 0.0
+            self.backoff = _FIRST_RETRY_S
+
+
+def serve_template() -> None:
+    """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
+    each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
+    # Everything imported so far is shared with every shim: keep the collector off those
+    # pages (a collection would touch, and so copy, each of them in every shim).
+    gc.freeze()
+    stdin = os.fdopen(0, "rb", buffering=0)
+    buffer = b""
+    while chunk := stdin.read(1 << 16):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            order = json.loads(line)
+            if os.fork() == 0:
+                code = 1
+                try:
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    gc.disable()  # a shim allocates little and lives long: no collections
+                    code = Shim(order).run()
+                finally:
+                    os._exit(code)
+
+
+if __name__ == "__main__":
+    serve_template()

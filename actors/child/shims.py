@@ -1,0 +1,219 @@
+"""The run supervisor's side of the shims: the template that forks them, and the watch on them.
+
+Owns two things the supervisor starts once, whatever the number of children:
+- `ShimTemplate`: one small process (`python -m subagents_node.actors.child.shim`) that has
+  imported what a shim needs and forks one shim per order written to its stdin, so a child
+  costs a fork, not an interpreter start. It exits when its stdin closes (the supervisor is
+  gone); the shims it forked do not.
+- `ShimWatch`: one thread that blocks in poll() on a pidfd per shim (readable when the shim
+  exits, whether or not we are its parent) and tells the supervisor which shim is gone. A shim
+  that ends normally has reported `tree_ended` first; one seen gone without it died.
+
+It never writes a table, never decides an outcome, and never signals a process it has not just
+verified by pid and start time (`signal_shim`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
+from subagents_node.messages.runs import ChildSpec
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_MODULE = "subagents_node.actors.child.shim"
+
+
+def order_of(spec: ChildSpec, node_address: str) -> dict[str, Any]:
+    """What the shim is told: the spec, where its records go, and where to report."""
+    return {
+        **spec.model_dump(mode="json"),
+        "record_dir": spec.records,
+        "node_address": node_address,
+    }
+
+
+class ShimTemplate:
+    """The pre-imported process shims are forked from; started on first use, restarted when it
+    is found gone (a write to a closed pipe)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def order(self, spec: ChildSpec, node_address: str) -> None:
+        """Fork a shim for `spec`. Raises OSError when no template can be started."""
+        self.order_raw(order_of(spec, node_address))
+
+    def order_raw(self, order: dict[str, Any]) -> None:
+        """Fork a shim for an order as `order_of` builds it (tests add their own knobs)."""
+        line = (json.dumps(order) + "\n").encode()
+        for _attempt in range(2):
+            proc = self._ensure()
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(line)
+                proc.stdin.flush()
+                return
+            except (BrokenPipeError, ValueError):
+                log.warning("the shim template (pid %d) is gone; starting another", proc.pid)
+                self.close()
+        raise OSError("the shim template cannot be started")
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", TEMPLATE_MODULE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=None,
+                cwd="/",
+                close_fds=True,
+            )
+        return self._proc
+
+    def close(self) -> None:
+        """Close its stdin: it exits; the shims it forked keep running."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def signal_shim(identity: ProcessIdentity, signum: int = signal.SIGTERM) -> bool:
+    """Signal the shim if `identity` still names it (a pidfd closes the pid-reuse window
+    between the check and the signal). False when it is gone."""
+    try:
+        fd = os.pidfd_open(identity.pid)
+    except OSError:
+        return False
+    try:
+        if not is_alive(identity):
+            return False
+        signal.pidfd_send_signal(fd, signum)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
+    """Block until every shim in `shims` has exited, or `timeout` passed (pidfds, no polling)."""
+    fds = []
+    for identity in shims:
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except OSError:
+            continue
+        if is_alive(identity):
+            fds.append(fd)
+        else:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(fds, [], [], left)
+            for fd in ready:
+                fds.remove(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class ShimWatch:
+    """One thread for every shim: `watch(key, identity)`; `on_gone(key)` runs on the thread
+    when that shim exits (at once if it is already gone)."""
+
+    def __init__(self, on_gone: Callable[[str], None]) -> None:
+        self._on_gone = on_gone
+        self._lock = threading.Lock()
+        self._add: list[tuple[str, ProcessIdentity]] = []
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="shim-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, key: str, identity: ProcessIdentity) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._add.append((key, identity))
+            os.write(self._wake_w, b"+")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        fds: dict[int, str] = {}
+        try:
+            while True:
+                for fd, _ in poller.poll():
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                        with self._lock:
+                            if self._closed:
+                                return
+                            added, self._add = self._add, []
+                        for key, identity in added:
+                            self._open(key, identity, poller, fds)
+                        continue
+                    poller.unregister(fd)
+                    os.close(fd)
+                    self._gone(fds.pop(fd))
+        finally:
+            for fd in fds:
+                os.close(fd)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _open(
+        self, key: str, identity: ProcessIdentity, poller: select.poll, fds: dict[int, str]
+    ) -> None:
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except OSError:
+            self._gone(key)
+            return
+        if not is_alive(identity):  # opened first, checked second: no pid-reuse window
+            os.close(fd)
+            self._gone(key)
+            return
+        fds[fd] = key
+        poller.register(fd, select.POLLIN)
+
+    def _gone(self, key: str) -> None:
+        try:
+            self._on_gone(key)
+        except Exception:
+            log.exception("shim watch: reporting shim %s gone failed", key)
