@@ -21,6 +21,7 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.fanout import FanoutDescriptor
 from subagents_node.messages.node import DebugSleep
+from subagents_node.messages.session import GrantResult
 from tests.support.nodes import REPO, NodeProcess
 
 AGENTS = REPO / "examples" / "agents"
@@ -182,3 +183,30 @@ def test_importing_the_async_client_loads_no_node_code_pykka_sqlite_or_mcp() -> 
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [], out.stdout
+
+
+def test_r_spn_6_a_confirmed_grant_is_two_requests_through_the_same_plan(
+    node: NodeProcess,
+) -> None:
+    """The multi-request plan (preview, then the confirmed grant with the previewed basis) runs
+    the same under the async driver; a declined preview changes nothing."""
+
+    async def go() -> None:
+        async with AsyncClient(node.address) as client:
+            await client.session.open("g", configured_limit=4)
+            await client.session.reserve("g", requested=3)
+            previews: list[str] = []
+
+            def approve(preview: GrantResult) -> bool:
+                previews.append(preview.outcome)
+                return True
+
+            granted = await client.session.grant("g", 2, confirm=approve)
+            assert previews == ["confirmation_required"]
+            assert granted.outcome == "granted"
+            declined = await client.session.grant("g", 1, confirm=lambda preview: False)
+            assert declined.outcome == "cancelled"
+            assert (await client.session.snapshot("g")).limit == 6
+
+    asyncio.run(go())
+    assert node.client().session.snapshot("g").limit == 6  # the sync client sees the same
