@@ -19,6 +19,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from subagents_node.messages.base import Ack, Message, Request, ResultType
+from subagents_node.messages.domains import Timestamp
 
 SUPERVISOR = "supervisor"
 #: Linux pid_max is at most 2**22; anything above is not a pid.
@@ -179,17 +180,17 @@ class ChildReport(Request):
     child_id: str = Field(min_length=1, max_length=128)
     run_id: str = Field(min_length=1, max_length=128)
     shim_pid: int = Field(ge=1, le=MAX_PID)
-    shim_start: float = Field(ge=0)
+    shim_start: Timestamp
     boot_id: str = Field(default="", max_length=64)
     pid: int | None = Field(default=None, ge=1, le=MAX_PID)
-    identity_start: float | None = Field(default=None, ge=0)
-    start_time: float | None = Field(default=None, ge=0)
+    identity_start: Timestamp | None = None
+    start_time: Timestamp | None = None
     exit_code: int | None = Field(default=None, ge=0, le=255)
     signal: int | None = Field(default=None, ge=1, le=128)
-    ended_at: float | None = Field(default=None, ge=0)
+    ended_at: Timestamp | None = None
     ended_by: EndedBy = ""
     tree_ended: bool = False
-    tree_ended_at: float | None = Field(default=None, ge=0)
+    tree_ended_at: Timestamp | None = None
     error: str | None = Field(default=None, max_length=4096)
 
 
