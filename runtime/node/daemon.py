@@ -20,6 +20,9 @@ from subagents_node.client.paths import LOG_NAME, ensure_state_dir, read_pid_fil
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import NodeError, NodeNotRunning, NodeTimeout
 
+#: how long a detached node that failed to start may take to exit before it is killed
+FAILED_EXIT_WAIT_S = 5.0
+
 
 def start_detached(
     state_dir: Path, extra_args: list[str], timeout_s: float = 20.0
@@ -65,6 +68,13 @@ def start_detached(
             f"the detached node did not become ready within {timeout_s:g}s; see {log_path}",
             address=str(state_dir),
         )
+    # A node that reported an error is cleaning up (its shim template, its sockets' linger) and
+    # exiting: return only once it is gone, so a failed start leaves nothing running.
+    try:
+        proc.wait(timeout=FAILED_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
     raise NodeError(
         f"the detached node failed to start: {line or 'exited'}; see {log_path}",
         address=str(state_dir),
