@@ -39,7 +39,7 @@ from subagents_node.actors.outcomes import Outcome as Outcome
 from subagents_node.actors.outcomes import ReplyFn as ReplyFn
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.errors import BadRequest, Internal, StoreFull, SubagentsError
-from subagents_node.messages.node import DebugRaise, DebugSleep
+from subagents_node.messages.node import DebugRaise, DebugSleep, QuarantinedRecord
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ class ActorContext:
 
     open_db: Callable[[], sqlite3.Connection]
     report_crash: Callable[[str, BaseException], None] = lambda name, exc: None
+    #: Tell the runtime which stored records this owner quarantined (replaces the previous
+    #: list; called from `recover()` and whenever the list changes).
+    report_quarantine: Callable[[str, Sequence[QuarantinedRecord]], None] = lambda name, records: (
+        None
+    )
     schedule: Callable[[float, Callable[[], None]], Cancel] | None = None
     clock: Callable[[], float] = time.time
     faults: bool = False

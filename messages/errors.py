@@ -16,6 +16,7 @@
     ├── Busy                             busy                        target, mailbox|watchers,
     │                                                                limit
     ├── Internal                         internal                    actor
+    ├── OwnerUnavailable                 unavailable                 owner, state, reason
     ├── StoreError                       store_error                 path
     │   └── StoreFull                    store_full                  actor, reason
     ├── NodeError (client side: the node could not be reached; never on the wire)
@@ -158,6 +159,14 @@ class Internal(SubagentsError):
     """An actor failed unexpectedly on this message; it was restarted from the store."""
 
     code = "internal"
+
+
+class OwnerUnavailable(SubagentsError):
+    """The owner that serves this request is not serving: it is restarting, or it crashed more
+    often than its restart-intensity limit allows and the node marked it `failed`. Nothing was
+    applied. The other owners keep serving; `status` and `doctor` say why."""
+
+    code = "unavailable"
 
 
 class StoreError(SubagentsError):

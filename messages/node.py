@@ -28,11 +28,30 @@ class Ping(Request):
     Result: ClassVar[ResultType] = Pong
 
 
+class QuarantinedRecord(Message):
+    """A stored record its owner could not parse: counted as occupied / unavailable for that
+    record only (fail closed), listed by `status` and `doctor`, never a crash of its owner."""
+
+    owner: str
+    table: str
+    key: str
+    reason: str
+
+
+#: What the node says of an owner: serving, being restarted, or past its restart intensity.
+OwnerState = Literal["running", "restarting", "failed"]
+
+
 class ActorStatus(Message):
     name: str
     mailbox: int
     mailbox_limit: int
     restarts: int
+    state: OwnerState = "running"
+    pid: int | None = None
+    #: Why the owner is not running (its last crash), when it is not.
+    reason: str = ""
+    quarantined: list[QuarantinedRecord] = []
 
 
 class NodeStatusResult(Message):
