@@ -284,7 +284,7 @@ def ping(obj: Ctx, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def status(obj: Ctx, as_json: bool) -> None:
-    """Show the node: endpoints, uptime, actors and their mailboxes."""
+    """Show the node: endpoints, uptime, and each owner process (state, pid, restarts)."""
     with obj.client() as client:
         st = client.status()
     lines = [
@@ -292,10 +292,10 @@ def status(obj: Ctx, as_json: bool) -> None:
         f"state dir: {st.state_dir}",
         f"endpoints: {', '.join(st.endpoints)}",
     ]
-    lines += [
-        f"  {a.name:<12} mailbox {a.mailbox}/{a.mailbox_limit}  restarts {a.restarts}"
-        for a in st.actors
-    ]
+    for a in st.actors:  # one process per owner (DESIGN §1)
+        lines.append(f"  {a.name:<12} {a.state:<10} pid {a.pid or '-':<8} restarts {a.restarts}")
+        if a.state != "running" and a.reason:
+            lines.append(f"    why: {a.reason[:300]}")
     emit(st, as_json, "\n".join(lines))
 
 
