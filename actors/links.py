@@ -24,7 +24,7 @@ import zmq
 
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.messages.base import Request, parse_result
-from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.codec import decode, encode_request
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
 
@@ -78,8 +78,9 @@ class OwnerLinks:
         env = Envelope(
             type=request.type, body=request.to_body(), target=target, sender=self._sender
         )
+        frame = encode_request(env)  # FrameTooLarge: the owner would refuse it unread
         try:
-            sock.send(encode(env), zmq.NOBLOCK)
+            sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:
             raise Busy(
                 f"{target} is not taking requests (its queue is full); retry later",
