@@ -58,10 +58,14 @@ class OwnerLinks:
         self._sender = sender
         self._endpoint_of = endpoint_of
         self._timeout_s = timeout_s
-        self._on_socket = on_socket  # a new socket to poll (the owner registers it)
+        self._on_socket = on_socket  # a new socket to poll (the owner's loop registers it)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._deadlines: list[tuple[float, str]] = []
+
+    def watch_with(self, on_socket: Callable[[zmq.Socket[bytes]], None]) -> None:
+        """Who polls the sockets these links open (an OwnerLoop sets itself)."""
+        self._on_socket = on_socket
 
     @property
     def sockets(self) -> list[zmq.Socket[bytes]]:
