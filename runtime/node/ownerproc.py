@@ -132,6 +132,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     cap = spec.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
     if spec.settings.get("caps_child_logs"):
         log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
+
     def endpoint_of(target: str) -> str:
         return spec.peers.get(target, spec.peers.get("node", ""))
 
