@@ -151,7 +151,7 @@ class OwnerLoop:
         # Ask the socket whether more is waiting rather than receive until zmq.Again: an
         # exception per pass costs more than the check on this hot path.
         for _ in range(READ_BATCH):
-            if not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
             self._frame(router.recv_multipart(zmq.NOBLOCK))
 
