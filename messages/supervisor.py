@@ -37,6 +37,9 @@ from subagents_node.messages.runs import ProofState, RunState
 SUPERVISOR = "supervisor"
 
 RunMode = Literal["single", "parallel", "chain", "workflow"]
+#: How a run came from its source run: resumed (R-RES), rerun (R-MISC-2), or a background chain
+#: the live source was attached to as step 0 (R-RES-6).
+SourceKind = Literal["resume", "rerun", "attach"]
 IntercomMode = Literal["on", "off"]
 #: R-WF-4: workflow child keys.
 WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -140,9 +143,13 @@ class RunView(Message):
     fanout_descriptor: str = ""
     #: This execution's runner id (§0.1): the identity its capacity slot records.
     runner_id: str = ""
-    #: The run this one resumed (R-RES), and its workflow key if it is a workflow child.
+    #: The run this one came from (R-RES, R-MISC-2, R-RES-6) and how; its workflow key if it is
+    #: a workflow child.
     source_run_id: str | None = None
+    source_kind: SourceKind | None = None
     workflow_key: str | None = None
+    #: The rerun that replaced this run while it was live (R-MISC-2: `supersededByRunId`).
+    superseded_by: str | None = None
     #: Messages children sent to this run (R-ICB), oldest first.
     intercom: list[IntercomMessage] = Field(default_factory=list)
     children: list[ChildView]
@@ -291,7 +298,9 @@ class Resume(Request):
 
 
 class Rerun(Request):
-    """Launch a finished run again with the same parameters and a new task (R-MISC-2)."""
+    """Launch a run's child again with the same parameters and a new task, in the foreground
+    (R-MISC-2). A finished run stays as it is; a live foreground run with one child is
+    superseded: it is stopped, and linked to the rerun (`superseded_by`, `source_run_id`)."""
 
     type: Literal["runs.rerun"] = "runs.rerun"
     target: ClassVar[str] = SUPERVISOR

@@ -1,4 +1,4 @@
-"""Run management: resume, rerun, chain append and the workflow children verdict (SPEC §10-12).
+"""Run management: resume, chain append and the workflow children verdict (SPEC §10-12).
 
 Owns the rules, not the state: each function reads the supervisor's tables and the run's
 recovery descriptor and returns what the RunSupervisor should do (a launch to admit, the paths
@@ -22,7 +22,6 @@ from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
     AppendRejected,
-    BadRequest,
     FanoutLimitExceeded,
     RunNotResumable,
     SubagentsError,
@@ -39,7 +38,6 @@ from subagents_node.messages.supervisor import (
     AppendResult,
     ChainStep,
     Launch,
-    Rerun,
     Resume,
     TaskItem,
 )
@@ -110,44 +108,6 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         source_run_id=run_id, descriptor=descriptor, transfer=row["capacity"] is not None
     )
     return relaunch, plan
-
-
-def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
-    """R-MISC-2's rerun contract: the same parameters, a new task, in the foreground."""
-    run_id, state = str(row["run_id"]), str(row["state"])
-    if state in ACTIVE:
-        raise RunNotResumable(
-            f"Run '{run_id}' is still {state}; rerun needs a finished run.",
-            run_id=run_id,
-            reason=state,
-        )
-    launch, _ = read_recovery(Path(row["run_dir"]), run_id)
-    if launch.mode == "workflow":
-        raise RunNotResumable(
-            f"Run '{run_id}' is a workflow; run its script again instead.",
-            run_id=run_id,
-            reason="workflow",
-        )
-    items = launch.items or [i for step in launch.chain for i in step.items]
-    if request.child >= len(items):
-        raise BadRequest(
-            f"run '{run_id}' has {len(items)} {'child' if len(items) == 1 else 'children'}; "
-            f"there is no child {request.child}",
-            reason="child",
-        )
-    item = items[request.child].model_copy(update={"task": request.task})
-    return launch.model_copy(
-        update={
-            "mode": "single",
-            "env": request.env,
-            "items": [item],
-            "chain": [],
-            "background": False,
-            "workflow_key": None,
-            "fanout_admitted": False,
-            "workflow_token": None,
-        }
-    )
 
 
 def append_paths(start: int, steps: list[ChainStep]) -> list[str]:

@@ -34,7 +34,14 @@ import pykka
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
-from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
+from subagents_node.actors.runs import (
+    child_launch,
+    management,
+    rerun,
+    runplan,
+    runstore,
+    settlement,
+)
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
@@ -110,6 +117,8 @@ class RunSupervisor(OwnerActor):
             ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
+        #: Where each run in admission came from (rerun.Lineage), recorded with the run.
+        self._lineage: dict[str, rerun.Lineage] = {}
         self._watchers = RunWatchers(
             self.after,
             self.reply_later,
@@ -211,10 +220,17 @@ class RunSupervisor(OwnerActor):
 
     # -- launch -------------------------------------------------------------------------------
 
-    def _launch(self, request: Launch, resume: ResumePlan | None = None) -> Message:
+    def _launch(
+        self,
+        request: Launch,
+        resume: ResumePlan | None = None,
+        lineage: rerun.Lineage | None = None,
+    ) -> Message:
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
+        if lineage is not None:
+            self._lineage[run_id] = lineage
         pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
         reply = self._answer_once_started(run_id, self.current_reply)
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
@@ -225,6 +241,7 @@ class RunSupervisor(OwnerActor):
         their pids) or have failed to start; an admission error is answered at once."""
 
         def answer(outcome: Outcome) -> None:
+            self._lineage.pop(run_id, None)
             live = self._live.get(run_id)
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
                 live.launch_replies.append(reply)
@@ -251,12 +268,13 @@ class RunSupervisor(OwnerActor):
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
         launch, plan = management.resume_launch(row, request)
-        return self._launch(launch, plan)
+        return self._launch(launch, plan, rerun.Lineage(plan.source_run_id, "resume"))
 
     def _rerun(self, request: Rerun) -> Message:
+        """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
-        return self._launch(management.rerun_launch(row, request))
+        return self._launch(rerun.rerun_launch(row, request), lineage=rerun.rerun_lineage(row))
 
     def _append(self, request: Append) -> Message:
         """R-APP-1..4: queue steps on a running background chain, claims and record together."""
@@ -412,6 +430,7 @@ class RunSupervisor(OwnerActor):
         deadline_ms = live.deadline_ms
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
+        self._record_lineage(run_id, source_run_id)
         if deadline_ms:
             live.cancel_deadline = self.after(deadline_ms / 1000, RunDeadline(run_id))
         # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
@@ -421,6 +440,22 @@ class RunSupervisor(OwnerActor):
         view = runstore.view(self.db, run_id)
         assert view is not None
         return view
+
+    def _record_lineage(self, run_id: str, source_run_id: str | None) -> None:
+        """In the run's own transaction: how it came from its source, and (R-MISC-2) the live
+        source it supersedes, linked and stopped, so a crash keeps both or neither."""
+        lineage = self._lineage.pop(run_id, None)
+        if lineage is None:
+            return
+        source = source_run_id or lineage.source_run_id
+        runstore.update_run(self.db, run_id, source_run_id=source, source_kind=lineage.kind)
+        if not lineage.supersedes:
+            return
+        rerun.link_superseded(self.db, source, run_id)
+        self._event(source, "run.superseded", {"by": run_id})
+        old = self._live.get(source)
+        if old is not None and old.stop_state is None:
+            self._stop_live(old, "stopped", rerun.superseded_reason(run_id))
 
     # -- children -----------------------------------------------------------------------------
 

@@ -66,7 +66,11 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
-    """Run a finished run's child again with the same parameters and a new task (foreground)."""
+    """Run a run's child again with the same parameters and a new task (foreground).
+
+    A finished run is left as it is. A live foreground run with one child is superseded: it is
+    stopped, and `show` links the two (`superseded by rerun` / `rerun of`).
+    """
     with obj.client() as client:
         fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
         request = validate_request(Rerun, fields)

@@ -357,6 +357,12 @@ class AsyncRunsAPI:
         plan = run_plans.wait_plan(client.address, client.timeout, run_id, timeout, on_event)
         return await client.perform(plan)
 
+    async def rerun(
+        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+    ) -> RunView:
+        """As `Client.runs.rerun` (R-MISC-2)."""
+        return await self._client.perform(run_plans.rerun_plan(run_id, task, child, env))
+
     async def show(self, run_id: str) -> RunView:
         return await self._client.perform(run_plans.show_plan(run_id))
 

@@ -10,7 +10,7 @@ ValidationError.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from subagents_node.client.plans import Plan, build, one
@@ -21,6 +21,7 @@ from subagents_node.messages.supervisor import (
     Launch,
     LaunchResult,
     ListRuns,
+    Rerun,
     RunEvent,
     RunEvents,
     RunList,
@@ -118,6 +119,16 @@ def stop_plan(run_id: str) -> Plan[RunView]:
     return one(build(Stop, run_id=run_id), RunView)
 
 
+def rerun_plan(
+    run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+) -> Plan[RunView]:
+    request = build(
+        Rerun, run_id=run_id, task=task, child=child, env=dict(env) if env is not None else None
+    )
+    result: LaunchResult = yield from one(request, LaunchResult)
+    return result.run
+
+
 class RunsAPI:
     """Every method builds its request with `validate_request`: a bad argument raises the
     documented `BadRequest` naming the field, never pydantic's ValidationError."""
@@ -198,3 +209,11 @@ class RunsAPI:
 
     def stop(self, run_id: str) -> RunView:
         return self._client.perform(stop_plan(run_id))
+
+    def rerun(
+        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+    ) -> RunView:
+        """Run child `child` of run `run_id` again with a new task, in the foreground
+        (R-MISC-2). A live foreground run with one child is superseded: stopped and linked
+        (`superseded_by` on it, `source_run_id` on the rerun). Returns once the rerun runs."""
+        return self._client.perform(rerun_plan(run_id, task, child, env))
