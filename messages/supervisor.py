@@ -283,7 +283,9 @@ class WatchAll(Request):
 
 
 class Resume(Request):
-    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5)."""
+    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5). A workflow
+    run resumes as a new workflow run of the same script whose host reuses the source's
+    finished steps and claims (R-WF-5, R-FAN-23)."""
 
     type: Literal["runs.resume"] = "runs.resume"
     target: ClassVar[str] = SUPERVISOR
@@ -295,6 +297,14 @@ class Resume(Request):
     capacity_limit: Count = 0
     #: The resuming launcher's environment (never persisted; None: the node's own).
     env: Environment | None = None
+    #: A `resume` item of a workflow (R-WF-5, R-FAN-23): the relaunch becomes workflow
+    #: `parent_run_id`'s child under `workflow_key`, takes no capacity (R-RES-3) and reuses its
+    #: source's claim. Refused without that workflow's token (R-FAN-24).
+    parent_run_id: RunId | None = None
+    workflow_key: str | None = Field(default=None, max_length=128, pattern=WORKFLOW_KEY)
+    workflow_token: Token | None = None
+    #: Whether the relaunch runs in the background (a workflow's resume items may await it).
+    background: bool = True
 
 
 class Rerun(Request):

@@ -40,7 +40,9 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
 
     Only background runs can be resumed: a foreground, stopped or still-running run is
     refused (use `rerun` for a foreground one). The resumed run reuses the source's fan-out
-    budget without claiming (R-RES-4).
+    budget without claiming (R-RES-4). A failed or complete workflow (background or not) is
+    resumed as a new background workflow run of its script: the steps it finished are not run
+    again and nothing it claimed is claimed again (R-WF-5, R-FAN-23).
     """
     limit = load_config().settings.max_active_async_runs_per_session
     fields = {
