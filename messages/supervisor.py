@@ -190,6 +190,10 @@ class Launch(Request):
     workflow_key: str | None = Field(default=None, max_length=128, pattern=WORKFLOW_KEY)
     fanout_admitted: bool = False
     workflow_token: Token | None = None
+    #: R-RES-6: the live background run that is this chain's step 0 (its output is the first
+    #: step's `{previous}`). Set by the node for `runs.resume` with `attach`; a public launch
+    #: carrying it is refused.
+    attached_run_id: RunId | None = None
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> Launch:
@@ -305,6 +309,10 @@ class Resume(Request):
     workflow_token: Token | None = None
     #: Whether the relaunch runs in the background (a workflow's resume items may await it).
     background: bool = True
+    #: R-RES-6 attach as chain root: with steps, live background run `run_id` is not
+    #: relaunched; it becomes step 0 of a new background chain of these steps, with its own
+    #: capacity slot and a new fan-out budget (the source keeps its own).
+    attach: list[ChainStep] = Field(default_factory=list, max_length=256)
 
 
 class Rerun(Request):

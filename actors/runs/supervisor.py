@@ -19,6 +19,7 @@ never kills a process itself (a shim ends its tree when told), and never stores 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
 from subagents_node.actors.runs import (
+    attach,
     child_launch,
     management,
     rerun,
@@ -148,7 +150,7 @@ class RunSupervisor(OwnerActor):
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
-            Launch: self._launch,
+            Launch: self._launch_request,
             Watch: self._watch,
             WatchAll: self._watch_all,
             Show: self._show,
@@ -220,6 +222,14 @@ class RunSupervisor(OwnerActor):
 
     # -- launch -------------------------------------------------------------------------------
 
+    def _launch_request(self, request: Launch) -> Message:
+        if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
+            raise BadRequest(
+                "A launch cannot attach to a run; use runs.resume with attach steps.",
+                reason="attached_run_id",
+            )
+        return self._launch(request)
+
     def _launch(
         self,
         request: Launch,
@@ -267,6 +277,9 @@ class RunSupervisor(OwnerActor):
     def _resume(self, request: Resume) -> Message:
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
+        if request.attach:  # R-RES-6: the live source is the new chain's step 0
+            chain = attach.attach_launch(row, request)
+            return self._launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
         launch, plan = management.resume_launch(row, request)
         return self._launch(launch, plan, rerun.Lineage(plan.source_run_id, "resume"))
 
@@ -431,6 +444,9 @@ class RunSupervisor(OwnerActor):
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
         self._record_lineage(run_id, source_run_id)
+        if launch.attached_run_id:
+            source = launch.attached_run_id
+            attach.wait_for(live, self._live.get(source), runstore.run_row(self.db, source))
         if deadline_ms:
             live.cancel_deadline = self.after(deadline_ms / 1000, RunDeadline(run_id))
         # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
@@ -461,6 +477,8 @@ class RunSupervisor(OwnerActor):
 
     def _advance(self, live: LiveRun) -> None:
         """Start what may start now; settle the run when nothing runs and nothing may start."""
+        if live.attached is not None and live.stop_state is None:
+            return  # R-RES-6: step 0 is a live run; nothing starts before it ends
         launch = live.launch
         may_start = (
             launch is not None
@@ -469,7 +487,8 @@ class RunSupervisor(OwnerActor):
         )
         if may_start:
             assert launch is not None
-            if not live.queue and not live.running and live.next_group < len(live.groups):
+            # `while`: an attached chain's step 0 (R-RES-6) is a group with no child.
+            while not live.queue and not live.running and live.next_group < len(live.groups):
                 live.queue.extend(live.groups[live.next_group])
                 live.next_group += 1
             # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
@@ -632,6 +651,9 @@ class RunSupervisor(OwnerActor):
             self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
         )
         self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        advance = self._to_self(Advance)
+        for chain_id in attach.source_ended(self._live.values(), live.run_id, state, live.output()):
+            self.after_commit(functools.partial(advance, chain_id))
         self._retention.run_ended(self.db)
         view = runstore.view(self.db, live.run_id)
         if view is not None:
