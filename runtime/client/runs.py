@@ -1,4 +1,5 @@
-"""Client API for runs: launch, watch, wait, settle, logs, show, list, stop (`client.runs`).
+"""Client API for runs: launch, watch, wait, settle, logs, show, list, stop, attach, rerun
+(`client.runs`).
 
 `wait()` and `settle()` follow runs through long-poll `watch` requests: each one is answered by
 the node as soon as the run has new events, so nothing here polls. `logs()` streams the child
@@ -17,11 +18,13 @@ from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
+    ChainStep,
     FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
     Rerun,
+    Resume,
     RunEvent,
     RunEvents,
     RunList,
@@ -119,6 +122,25 @@ def stop_plan(run_id: str) -> Plan[RunView]:
     return one(build(Stop, run_id=run_id), RunView)
 
 
+def attach_plan(
+    run_id: str,
+    steps: Sequence[ChainStep],
+    capacity_limit: int = 0,
+    depth: int = 0,
+    env: Mapping[str, str] | None = None,
+) -> Plan[RunView]:
+    request = build(
+        Resume,
+        run_id=run_id,
+        attach=list(steps),
+        capacity_limit=capacity_limit,
+        depth=depth,
+        env=dict(env) if env is not None else None,
+    )
+    result: LaunchResult = yield from one(request, LaunchResult)
+    return result.run
+
+
 def rerun_plan(
     run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
 ) -> Plan[RunView]:
@@ -209,6 +231,20 @@ class RunsAPI:
 
     def stop(self, run_id: str) -> RunView:
         return self._client.perform(stop_plan(run_id))
+
+    def attach(
+        self,
+        run_id: str,
+        steps: Sequence[ChainStep],
+        capacity_limit: int = 0,
+        depth: int = 0,
+        env: Mapping[str, str] | None = None,
+    ) -> RunView:
+        """Start a background chain whose step 0 is live background run `run_id` (R-RES-6):
+        `steps` run once it ended, the first with its output as `{previous}`. The chain takes
+        its own capacity slot (under `capacity_limit`; the source keeps its slot) and a new
+        fan-out budget. Returns the chain's run, waiting for its source."""
+        return self._client.perform(attach_plan(run_id, steps, capacity_limit, depth, env))
 
     def rerun(
         self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None

@@ -25,7 +25,7 @@ from subagents_node.messages.errors import FanoutLimitExceeded
 from tests.support.nodes import REPO, NodeProcess
 
 AGENTS = REPO / "examples" / "agents"
-TOOLS = {"agents", "run", "status", "logs", "wait", "stop", "resume", "append"}
+TOOLS = {"agents", "run", "status", "logs", "wait", "stop", "resume", "rerun", "attach", "append"}
 #: Longest a single tool call may take in these tests (a foreground run of a short sleeper).
 CALL_TIMEOUT_S = 60.0
 
