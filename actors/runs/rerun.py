@@ -6,9 +6,10 @@ Owns two rules, not state:
   foreground single run, without the workflow-child linkage (`rerun_launch`);
 - when a rerun supersedes its source: a live foreground run with one child is replaced by its
   rerun. The link (`superseded_by` on the source, `source_run_id`/`source_kind` on the rerun)
-  and the source's stop are written in the same supervisor transaction as the rerun's record,
-  so a crash at any step leaves either both runs as they were or the link and the stop together
-  (`Lineage`, consumed by `RunSupervisor.record_and_start`).
+  are written in the same supervisor transaction as the rerun's record (`Lineage`, consumed by
+  `RunSupervisor.record_and_start`); the source is stopped once that has committed, and a
+  recovering node stops a linked source that still runs. So a crash at any step leaves either
+  both runs as they were, or the link with the source stopped.
 
 A finished source is never changed. It never stops a process itself: the supervisor's stop path
 tells the source's shims.

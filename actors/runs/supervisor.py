@@ -60,6 +60,7 @@ from subagents_node.actors.runs.ticks import (
     Settle,
     ShimGone,
     ShimNotLaunched,
+    Superseded,
     Track,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
@@ -207,7 +208,9 @@ class RunSupervisor(OwnerActor):
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
         for run_id in list(self._live):
-            self._advance(self._live[run_id])
+            self._stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
+            if run_id in self._live:
+                self._advance(self._live[run_id])
         self._retention.arm(self.db)
 
     def _adopt_run(self, run_id: str) -> None:
@@ -402,6 +405,8 @@ class RunSupervisor(OwnerActor):
                 live = self._live.get(run_id)
                 if live is not None:
                     self._advance(live)
+            case Superseded(run_id=run_id):
+                self._stop_superseded(run_id)
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is not None and live.stop_state is None and live.deadline_ms:
@@ -469,9 +474,14 @@ class RunSupervisor(OwnerActor):
             return
         rerun.link_superseded(self.db, source, run_id)
         self._event(source, "run.superseded", {"by": run_id})
-        old = self._live.get(source)
-        if old is not None and old.stop_state is None:
-            self._stop_live(old, "stopped", rerun.superseded_reason(run_id))
+        # Stopped once the link is durable (a recovering node stops it from the link).
+        self.after_commit(functools.partial(self._to_self(Superseded), source))
+
+    def _stop_superseded(self, run_id: str) -> None:
+        live, row = self._live.get(run_id), runstore.run_row(self.db, run_id)
+        by = row["superseded_by"] if row is not None else None
+        if live is not None and live.stop_state is None and by:
+            self._stop_live(live, "stopped", rerun.superseded_reason(by))
 
     # -- children -----------------------------------------------------------------------------
 
