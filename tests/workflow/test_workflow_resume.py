@@ -4,6 +4,8 @@
   `runs.resume`: the new workflow run reruns the script under the same budget, reuses the
   steps its source finished (not run again, the same child run) and relaunches the one that
   failed on its original claim: nothing is claimed twice, and no run or slot is left behind.
+- A workflow resume that fails at any admission step rolls its fresh `workflow` slot back and
+  claims nothing (R-ADM-2/3).
 - A `resume` item relaunches a finished child under a new key on the child's own claim.
 - A `runs.all` batch is one admission group: when its admission is refused, its `resume` items
   fail with it and none of the batch starts (A-19).
@@ -24,10 +26,13 @@ from typing import Any
 
 import pytest
 
+from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
+from subagents_node.messages.errors import InjectedFault
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import LaunchResult, Resume, RunView
 from subagents_node.workflow.launch import workflow_launch, workflow_result
+from tests.support.manage import embedded
 from tests.support.nodes import NodeProcess, new_state_dir
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -202,3 +207,38 @@ def test_a_19_a_refused_admission_fails_the_batchs_resume_items_too_and_starts_n
     assert sorted(failed) == ["r", "x", "y"]
     assert [s["workflowKey"] for s in result["steps"]] == ["a"]
     assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_r_wf_5_a_workflow_resume_failing_at_each_admission_step_rolls_its_slot_back(
+    state_dir: Path, agents: Path, work: Path, point: str
+) -> None:
+    script = """
+    def main(runs):
+        return runs.run("a", "echo", "A").run_id
+    """
+    with embedded(state_dir) as first:
+        client = first.client()
+        flow, session = launch_workflow(client, agents, work, script, background=True)
+        assert client.runs.wait(flow.run_id, timeout=WAIT_S).state == "complete"
+        wait_until(lambda: client.capacity.snapshot(session, LIMIT).used == 0, what="release")
+
+    with embedded(state_dir, faults=True, settings={"fault_points": [point]}) as node:
+        client = node.client()
+        budget = decode_descriptor(flow.fanout_descriptor)
+        before = client.fanout.snapshot(budget)
+        request = Resume(run_id=flow.run_id, capacity_limit=LIMIT, env=dict(os.environ))
+        with pytest.raises(InjectedFault) as failed:
+            client.ask(request, LaunchResult)
+        assert failed.value.point == point
+
+        strays = [r for r in client.runs.list(limit=1000) if r.source_run_id == flow.run_id]
+        if point == "mark_started":  # recorded before the step failed: failed, owns nothing
+            [stray] = strays
+            assert client.runs.wait(stray.run_id, timeout=WAIT_S).state in ("failed", "stopped")
+            assert client.capacity.inspect(stray.run_id, session).relation == "none"
+        else:
+            assert strays == []
+        wait_until(lambda: client.capacity.snapshot(session, LIMIT).used == 0, what="rollback")
+        assert client.fanout.snapshot(budget) == before  # a resume claims nothing (R-FAN-23)
