@@ -463,8 +463,8 @@ class RunSupervisor(OwnerActor):
         return view
 
     def _record_lineage(self, run_id: str, source_run_id: str | None) -> None:
-        """In the run's own transaction: how it came from its source, and (R-MISC-2) the live
-        source it supersedes, linked and stopped, so a crash keeps both or neither."""
+        """In the run's own transaction: how it came from its source, and (R-MISC-2) the link
+        to the live source it supersedes; that source is stopped once the link has committed."""
         lineage = self._lineage.pop(run_id, None)
         if lineage is None:
             return

@@ -133,6 +133,7 @@ class WorkflowRuns:
         env: WorkflowEnv,
         on_change: Callable[[], None] = lambda: None,
         prior: Mapping[str, RunView] | None = None,
+        prior_claimed: Iterable[str] = (),
     ) -> None:
         self._client = client
         self._launcher = launcher
@@ -149,6 +150,7 @@ class WorkflowRuns:
         #: A resumed workflow's source children by key (R-WF-5: finished steps are not run
         #: again; every key the source admitted keeps its claim, R-FAN-23).
         self._prior: dict[str, RunView] = dict(prior or {})
+        self._prior_claimed = frozenset(prior_claimed) | set(self._prior)
 
     # -- the script's API ---------------------------------------------------------------------
 
@@ -265,7 +267,7 @@ class WorkflowRuns:
             if prior is not None and prior.state not in _RELAUNCHED:
                 group.reused.append(self._reused_step(step, prior))
                 continue
-            if prior is not None:
+            if call.key in self._prior_claimed:
                 group.claimed.add(call.key)  # relaunched on the source's claim (R-FAN-23)
             group.members.append((step, agent))
         return group

@@ -51,7 +51,7 @@ from subagents_node.messages.constants import (
 )
 from subagents_node.messages.errors import SubagentsError, WorkflowHostError
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.supervisor import IntercomMode, RunView
+from subagents_node.messages.supervisor import IntercomMode
 from subagents_node.workflow.api import WorkflowEnv, WorkflowRuns
 from subagents_node.workflow.launch import RESULT_FILE
 from subagents_node.workflow.report import (
@@ -64,7 +64,7 @@ from subagents_node.workflow.report import (
     write_aggregate,
     write_json,
 )
-from subagents_node.workflow.resumed import prior_steps
+from subagents_node.workflow.resumed import Prior, prior_steps
 from subagents_node.workflow.stop import WorkflowStopped
 
 _REQUIRED = (
@@ -169,10 +169,18 @@ class Host:
         launcher: LaunchContext,
         env: WorkflowEnv,
         script: Path,
-        prior: Mapping[str, RunView] | None = None,
+        prior: Prior | None = None,
     ) -> None:
         self.client = client
-        self.runs = WorkflowRuns(client, launcher, env, on_change=self.write_status, prior=prior)
+        prior = prior or Prior()
+        self.runs = WorkflowRuns(
+            client,
+            launcher,
+            env,
+            on_change=self.write_status,
+            prior=prior.runs,
+            prior_claimed=prior.claimed,
+        )
         self.script = script
         self.outcome = Outcome(started_at=time.time())
 

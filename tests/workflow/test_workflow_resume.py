@@ -58,13 +58,24 @@ def gate(work: Path) -> Iterator[Gate]:
 
 
 def launch_workflow(
-    client: Client, agents: Path, work: Path, script: str, background: bool, **config: Any
+    client: Client,
+    agents: Path,
+    work: Path,
+    script: str,
+    background: bool,
+    env: dict[str, str] | None = None,
+    **config: Any,
 ) -> tuple[RunView, str]:
     path = work / "workflow.py"
     path.write_text(textwrap.dedent(script))
     session = new_session()
     ctx = launch_context(
-        agents, session=session, cwd=work, max_active_async_runs_per_session=LIMIT, **config
+        agents,
+        session=session,
+        cwd=work,
+        env=env,
+        max_active_async_runs_per_session=LIMIT,
+        **config,
     )
     launch = workflow_launch(ctx, path, background=background, agents_dirs=(str(agents),))
     return client.runs.launch(launch), session
@@ -142,6 +153,35 @@ def test_r_wf_5_a_workflow_resumed_after_kill_9_of_the_node_does_not_run_its_fin
     # No run is stuck and no slot leaked.
     assert client.runs.list(active_only=True) == []
     wait_until(lambda: client.capacity.snapshot(session, LIMIT).used == 0, what="release")
+
+
+def test_r_fan_23_a_resumed_workflow_claims_no_key_its_source_admitted_even_one_never_launched(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A-6: `second` was admitted (claimed) but refused by the node, so no run shows it; the
+    source host's status.json does, and the resume does not claim it again."""
+    script = """
+    def main(runs):
+        ok, second = runs.all([
+            {"key": "first", "agent": "echo", "task": "fits"},
+            {"key": "second", "agent": "echo", "task": "over the session cap"},
+        ])
+        return {"first": ok.run_id, "second": second.run_id}
+    """
+    env = {"SUBAGENTS_MAX_SPAWNS_PER_SESSION": "1"}
+    flow, _ = launch_workflow(client, agents, work, script, background=False, env=env)
+    source = client.runs.wait(flow.run_id, timeout=WAIT_S)
+    assert value_of(source)["value"]["second"] is None  # admitted, never launched
+    budget = decode_descriptor(flow.fanout_descriptor)
+    assert client.fanout.snapshot(budget).used == 2
+
+    request = Resume(run_id=flow.run_id, capacity_limit=LIMIT, env=dict(os.environ))
+    resumed = client.ask(request, LaunchResult).run
+    done = client.runs.wait(resumed.run_id, timeout=WAIT_S)
+
+    assert done.state == "complete", done.error
+    assert value_of(done)["value"]["first"] == value_of(source)["value"]["first"]  # reused
+    assert client.fanout.snapshot(budget).used == 2  # neither key claimed again
 
 
 def test_r_fan_23_a_resume_item_reuses_its_sources_claim_and_claims_nothing(
