@@ -114,7 +114,7 @@ def _become_owner(spec: OwnerSpec) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # Die with the node (SIGKILL: every acknowledged write is already committed).
-    parent = os.getppid()
+    parent = int(spec.settings.get("node_pid", 0) or os.getppid())
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the node died before the death signal was armed
