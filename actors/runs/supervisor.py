@@ -33,11 +33,19 @@ import pykka
 
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
-from subagents_node.actors.pipelines import Pipelines
-from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
+from subagents_node.actors.pipelines import Durable, Pipelines
+from subagents_node.actors.runs import (
+    checkpoints,
+    child_launch,
+    management,
+    runplan,
+    runstore,
+    settlement,
+    steps,
+)
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
-from subagents_node.actors.runs.recovery import write_recovery
+from subagents_node.actors.runs.recovery import read_recovery, write_recovery
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.ticks import (
     Advance,
@@ -45,6 +53,7 @@ from subagents_node.actors.runs.ticks import (
     AppendFix,
     AppendKey,
     CallKey,
+    Expand,
     LaunchKey,
     Report,
     RunDeadline,
@@ -77,12 +86,16 @@ from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, C
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
     Append,
+    Approve,
     ChainStep,
     Intercom,
     IntercomMessage,
     Launch,
     LaunchResult,
     ListRuns,
+    Pause,
+    PauseKind,
+    Reject,
     Rerun,
     Resume,
     RunList,
@@ -149,6 +162,9 @@ class RunSupervisor(OwnerActor):
             Rerun: self._rerun,
             Append: self._append,
             Intercom: self._intercom,
+            Pause: self._pause,
+            Approve: self._approve,
+            Reject: self._reject,
             Prune: self._prune,
             ChildReport: self._child_report,
         }
@@ -192,9 +208,16 @@ class RunSupervisor(OwnerActor):
             self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
         unsettled = runstore.unsettled_runs(self.db)
         for run_id in unsettled:
-            self._adopt_run(run_id)
+            if checkpoints.parked(self.db, run_id):
+                self._recover_parked(run_id)  # a paused run holds no process (R-RUN-2)
+            else:
+                self._adopt_run(run_id)
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
+        for live in list(self._live.values()):
+            if live.stop_state == "paused":  # its pause was asked for before the crash
+                for child_id in list(live.running):
+                    self.keeper.stop(self.db, child_id, "stopped", "Paused by request.")
         for run_id in list(self._live):
             self._advance(self._live[run_id])
         self._retention.arm(self.db)
@@ -207,15 +230,37 @@ class RunSupervisor(OwnerActor):
             live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
             remaining = max(0.0, row["deadline_at"] - self.ctx.clock())
             live.cancel_deadline = self.after(remaining, RunDeadline(run_id))
+        checkpoints.adopt_pausing(self.db, live)
         self._event(run_id, "run.recovered", {"running": len(live.running)})
+
+    def _recover_parked(self, run_id: str) -> None:
+        """A paused run found after a restart: one already continued by another run gives way
+        to it; one waiting at a checkpoint lost its execution, so its slot is reported paused
+        with no live process, ready to move to the run its approval launches (A-2)."""
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        continued = checkpoints.successor(self.db, run_id)
+        if continued is not None:
+            self._continued(run_id, continued)
+            return
+        record = checkpoints.pause_record(self.db, run_id) or {}
+        if record.get("kind") == "checkpoint":
+            report = steps.parked_report(self.db, row, "paused", self.ctx.clock())
+            if report is not None:
+                self._call(Report(run_id), report)
 
     # -- launch -------------------------------------------------------------------------------
 
-    def _launch(self, request: Launch, resume: ResumePlan | None = None) -> Message:
+    def _launch(
+        self,
+        request: Launch,
+        resume: ResumePlan | None = None,
+        on_started: Callable[[RunView], None] | None = None,
+    ) -> Message:
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
-        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
+        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume), on_started)
         reply = self._answer_once_started(run_id, self.current_reply)
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]
@@ -250,13 +295,130 @@ class RunSupervisor(OwnerActor):
     def _resume(self, request: Resume) -> Message:
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
+        if row["state"] == "paused":
+            return self._continue_paused(
+                row, "interrupt", request.depth, request.capacity_limit, request.env
+            )
         launch, plan = management.resume_launch(row, request)
-        return self._launch(launch, plan)
+        # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
+        checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self.ctx.clock())
+        return self._launch(launch.model_copy(update={"deadline_at": row["deadline_at"]}), plan)
 
     def _rerun(self, request: Rerun) -> Message:
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
         return self._launch(management.rerun_launch(row, request))
+
+    # -- pauses and checkpoints (R-RUN-2; the moves are in runs/steps.py) ----------------------
+
+    def _pause(self, request: Pause) -> Message:
+        run_id = self._resolve(request.run_id)
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        live = self._live.get(run_id)
+        checkpoints.check_pausable(row, live)
+        assert live is not None
+        steps.pause(self, live)
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        return view
+
+    def _approve(self, request: Approve) -> Message:
+        run_id = self._resolve(request.run_id)
+        live = self._live.get(run_id)
+        if live is not None and live.checkpoint is not None and live.stop_state is None:
+            steps.approve(self, live)
+            view = runstore.view(self.db, run_id)
+            assert view is not None
+            return LaunchResult(run=view)
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        checkpoints.waiting_checkpoint(self.db, row)
+        # The execution that paused ended with a node restart: a new run goes on after the
+        # checkpoint, taking the slot over (R-CAP-18) and claiming nothing (R-FAN-23).
+        return self._continue_paused(
+            row, "checkpoint", request.depth, request.capacity_limit, request.env
+        )
+
+    def _reject(self, request: Reject) -> Message:
+        run_id = self._resolve(request.run_id)
+        live = self._live.get(run_id)
+        if live is not None and live.checkpoint is not None and live.stop_state is None:
+            steps.reject(self, live, request.reason)
+        else:
+            row = runstore.run_row(self.db, run_id)
+            assert row is not None
+            checkpoints.waiting_checkpoint(self.db, row)
+            report = steps.reject_parked(self, row, request.reason)
+            if report is not None:
+                self._call(Report(run_id), report)
+            self._track(row["session_id"], run_id, "rejected")
+        view = runstore.view(self.db, run_id)
+        assert view is not None
+        return view
+
+    def _continue_paused(
+        self,
+        row: Any,
+        kind: PauseKind,
+        depth: int,
+        capacity_limit: int,
+        env: dict[str, str] | None,
+    ) -> Message:
+        """Launch the run that goes on with paused run `row` from its pause point, with the
+        source's budget, slot (transferred) and absolute deadline (R-TMO-8)."""
+        source_id = str(row["run_id"])
+        checkpoints.check_continuable(self.db, row, kind)
+        source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
+        launch = checkpoints.continuation(self.db, row, source, kind, self.ctx.clock())
+        launch = management.as_resume(launch, env, depth, capacity_limit)
+        plan = ResumePlan(
+            source_run_id=source_id, descriptor=descriptor, transfer=row["capacity"] is not None
+        )
+        return self._launch(launch, plan, lambda view: self._continued(source_id, view.run_id))
+
+    def _continued(self, source_id: str, run_id: str) -> None:
+        """The paused source gave its slot to the run that goes on with it: it is over."""
+        row = runstore.run_row(self.db, source_id)
+        if row is None or row["state"] != "paused":
+            return
+        now = self.ctx.clock()
+        runstore.update_run(
+            self.db, source_id, state="stopped", ended_at=now, output=f"Continued as run {run_id}."
+        )
+        self._event(source_id, "run.continued", {"by": run_id})
+        self._track(row["session_id"], source_id, "stopped")
+
+    def _end_parked(self, run_id: str, state: str, reason: str) -> None:
+        """A paused run that holds no process ends (stop): its slot is reported free."""
+        row = runstore.run_row(self.db, run_id)
+        assert row is not None
+        if checkpoints.successor(self.db, run_id) is not None:
+            return
+        now = self.ctx.clock()
+        runstore.update_run(self.db, run_id, state=state, ended_at=now)
+        self._event(run_id, f"run.{state}", {"reason": reason})
+        report = steps.parked_report(self.db, row, state, now)
+        if report is not None:
+            self._call(Report(run_id), report)
+        self._track(row["session_id"], run_id, state)
+
+    def _track(self, session_id: str, run_id: str, state: Any) -> None:
+        self._call(Track(run_id), TrackRun(session_id=session_id, run_id=run_id, state=state))
+
+    # StepHost (runs/steps.py): what the dynamic-step and pause moves use.
+
+    def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        self._event(run_id, kind, data)
+
+    def call(self, key: CallKey, request: Request | Durable) -> None:
+        self._pipelines.call(key, request)
+
+    def advance(self, live: LiveRun) -> None:
+        self._advance(live)
+
+    def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
+        self._stop_live(live, state, reason)
 
     def _append(self, request: Append) -> Message:
         """R-APP-1..4: queue steps on a running background chain, claims and record together."""
@@ -356,6 +518,10 @@ class RunSupervisor(OwnerActor):
                 live = self._live.get(run_id)
                 if live is not None:
                     self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
+            case Answer(key=Expand(run_id=run_id, group=group), outcome=outcome):
+                live = self._live.get(run_id)
+                if live is not None and live.expanding:
+                    steps.expanded(self, live, group, outcome)
             case Answer(key=key, outcome=outcome):
                 # Launch and append keys resume their pipeline. Track and Report name none:
                 # their work is done by the callee, so only a failure is worth a line.
@@ -409,11 +575,11 @@ class RunSupervisor(OwnerActor):
             now=now,
             workflow_token=management.new_token(),
         )
-        deadline_ms = live.deadline_ms
+        deadline_at = runplan.deadline_at(launch, now)
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
-        if deadline_ms:
-            live.cancel_deadline = self.after(deadline_ms / 1000, RunDeadline(run_id))
+        if deadline_at is not None:  # R-TMO-8: a resume's is its source's, not now + timeout
+            live.cancel_deadline = self.after(max(0.0, deadline_at - now), RunDeadline(run_id))
         # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
         track = TrackRun(session_id=launch.session_id, run_id=run_id, state="running")
         self._call(Track(run_id), track)
@@ -432,9 +598,17 @@ class RunSupervisor(OwnerActor):
             and live.stop_state is None
             and (not live.failed or launch.mode == "parallel")  # a failed chain step ends it
         )
+        if live.waiting and live.stop_state is None:
+            return  # an expansion's claim is out, or a checkpoint waits for its decision
         if may_start:
             assert launch is not None
-            if not live.queue and not live.running and live.next_group < len(live.groups):
+            while not live.queue and not live.running and live.next_group < len(live.groups):
+                if live.next_group in live.dynamic:
+                    if steps.open_dynamic(self, live, live.next_group):
+                        return
+                    if live.failed:
+                        self._advance(live)
+                        return
                 live.queue.extend(live.groups[live.next_group])
                 live.next_group += 1
             # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
@@ -596,7 +770,10 @@ class RunSupervisor(OwnerActor):
         runstore.update_run(
             self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
         )
-        self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        if state == "paused":
+            steps.settle_paused(self, live)
+        else:
+            self._event(live.run_id, f"run.{state}", {"error": live.error or None})
         self._retention.run_ended(self.db)
         view = runstore.view(self.db, live.run_id)
         if view is not None:
@@ -713,6 +890,8 @@ class RunSupervisor(OwnerActor):
         live = self._live.get(run_id)
         if live is not None and live.stop_state is None:
             self._stop_live(live, "stopped", "Stopped by request.")
+        elif live is None and checkpoints.parked(self.db, run_id):
+            self._end_parked(run_id, "stopped", "Stopped by request.")
         view = runstore.view(self.db, run_id)
         assert view is not None
         return view
@@ -731,6 +910,10 @@ class RunSupervisor(OwnerActor):
         self._advance(live)
 
 
-def _launch_result(pipeline: Pipeline) -> Generator[Request, Message, Message]:
+def _launch_result(
+    pipeline: Pipeline, on_started: Callable[[RunView], None] | None = None
+) -> Generator[Request, Message, Message]:
     view = yield from pipeline
+    if on_started is not None:  # after mark_started: the relaunch owns its slot now
+        on_started(view)
     return LaunchResult(run=view)

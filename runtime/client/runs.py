@@ -17,10 +17,13 @@ from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
+    Approve,
     FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
+    Pause,
+    Reject,
     RunEvent,
     RunEvents,
     RunList,
@@ -118,6 +121,22 @@ def stop_plan(run_id: str) -> Plan[RunView]:
     return one(build(Stop, run_id=run_id), RunView)
 
 
+def pause_plan(run_id: str) -> Plan[RunView]:
+    return one(build(Pause, run_id=run_id), RunView)
+
+
+def approve_plan(
+    run_id: str, depth: int = 0, capacity_limit: int = 0, env: dict[str, str] | None = None
+) -> Plan[RunView]:
+    request = build(Approve, run_id=run_id, depth=depth, capacity_limit=capacity_limit, env=env)
+    result: LaunchResult = yield from one(request, LaunchResult)
+    return result.run
+
+
+def reject_plan(run_id: str, reason: str = "") -> Plan[RunView]:
+    return one(build(Reject, run_id=run_id, reason=reason), RunView)
+
+
 class RunsAPI:
     """Every method builds its request with `validate_request`: a bad argument raises the
     documented `BadRequest` naming the field, never pydantic's ValidationError."""
@@ -198,3 +217,24 @@ class RunsAPI:
 
     def stop(self, run_id: str) -> RunView:
         return self._client.perform(stop_plan(run_id))
+
+    def pause(self, run_id: str) -> RunView:
+        """R-RUN-2 interrupt-as-pause: the run's child tree is stopped and the run settles
+        `paused`, keeping its capacity slot; `resume` goes on from the interrupted step."""
+        return self._client.perform(pause_plan(run_id))
+
+    def approve(
+        self,
+        run_id: str,
+        depth: int = 0,
+        capacity_limit: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> RunView:
+        """A run waiting at a checkpoint goes on. Returns the run that continues: the same
+        one, or (after a node restart ended the paused execution) a new run that takes its
+        slot over, launched with `depth`, `capacity_limit` and `env` like a resume."""
+        return self._client.perform(approve_plan(run_id, depth, capacity_limit, env))
+
+    def reject(self, run_id: str, reason: str = "") -> RunView:
+        """A run waiting at a checkpoint ends `rejected`, with `reason` in its error."""
+        return self._client.perform(reject_plan(run_id, reason))
