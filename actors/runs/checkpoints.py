@@ -21,6 +21,7 @@ from typing import Any
 
 from subagents_node.actors.runs import expansion, runstore
 from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.errors import DeadlineExpired, PauseRefused, RunNotResumable
 from subagents_node.messages.supervisor import ChainStep, Launch, PauseKind
 
@@ -84,15 +85,33 @@ def parked(db: sqlite3.Connection, run_id: str) -> bool:
 
 def adopt_pausing(db: sqlite3.Connection, live: LiveRun) -> None:
     """After a restart: a run whose pause was asked for but not settled settles as paused, and
-    one that died while an expansion's claim was out fails (its items never started)."""
+    one that died while an expansion's claim was out, or before it reached a dynamic step,
+    fails (the adopted run starts no new step, so those items never start)."""
     record = pause_record(db, live.run_id)
     if record is not None and not record["settled"]:
         live.stop_state = "paused"
         live.failed = False
         live.error = ""
-    elif expansion.interrupted(db, live.run_id):
+    elif expansion.interrupted(db, live.run_id) or _unopened_dynamic(db, live):
         live.failed = True
         live.error = live.error or expansion.INTERRUPTED
+
+
+def _unopened_dynamic(db: sqlite3.Connection, live: LiveRun) -> bool:
+    """A restarted node starts no new step (the adopted run has no launch): a chain whose
+    expand or checkpoint steps were not all opened must not settle `complete` without them."""
+    try:
+        launch, _ = read_recovery(live.run_dir, live.run_id)
+    except RunNotResumable:
+        return False
+    dynamic = sum(1 for step in launch.chain if step.kind != "run")
+    if not dynamic:
+        return False
+    (opened,) = db.execute(
+        "SELECT COUNT(*) FROM run_events WHERE run_id=? AND kind IN (?, ?)",
+        (live.run_id, expansion.EXPANDED, APPROVED),
+    ).fetchone()
+    return int(opened) < dynamic
 
 
 def check_deadline(run_id: str, deadline_at: float | None, now: float) -> None:

@@ -24,7 +24,7 @@ from subagents_node.messages.supervisor import ITEM, MAX_EXPAND_ITEMS, ChainStep
 MISSING_DESCRIPTOR = "Async runner is missing its run fan-out budget identity."
 EXPANDING = "step.expanding"
 EXPANDED = "step.expanded"
-INTERRUPTED = "The node restarted while a dynamic step was claiming its items; it never started."
+INTERRUPTED = "The node restarted before a dynamic step of this chain started; it never will."
 #: The most bytes of a previous step's output file an expansion reads.
 MAX_INPUT_BYTES = 1 << 20
 

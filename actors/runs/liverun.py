@@ -93,6 +93,10 @@ class LiveRun:
                 f"[{self.labels.get(i, i)}]\n{out.strip()}"
                 for i, out in sorted(self.outputs.items())
             )
+        for group in reversed(self.groups):  # a chain: its last step that ran children
+            ran = [c.index for c in group if c.index in self.outputs]
+            if ran:
+                return self.outputs[ran[-1]]
         return self.outputs[max(self.outputs)]
 
     def final_state(self) -> str:

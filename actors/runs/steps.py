@@ -194,7 +194,8 @@ def parked_report(
     if not row["capacity"]:
         return None
     handle = SlotHandle.model_validate_json(row["capacity"])
-    proofs = [p or "unknown" for p in runstore.proof_states(db, str(row["run_id"]))]
+    # Children that never started have no proof to give (their rows are pending or stopped).
+    proofs = [p for p in runstore.proof_states(db, str(row["run_id"])) if p is not None]
     return ReportTerminal(
         session_id=row["session_id"],
         run_id=row["run_id"],

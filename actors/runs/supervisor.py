@@ -26,6 +26,7 @@ import signal
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
+from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -38,6 +39,7 @@ from subagents_node.actors.runs import (
     checkpoints,
     child_launch,
     management,
+    pauses,
     runplan,
     runstore,
     settlement,
@@ -45,7 +47,7 @@ from subagents_node.actors.runs import (
 )
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
-from subagents_node.actors.runs.recovery import read_recovery, write_recovery
+from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.ticks import (
     Advance,
@@ -94,7 +96,6 @@ from subagents_node.messages.supervisor import (
     LaunchResult,
     ListRuns,
     Pause,
-    PauseKind,
     Reject,
     Rerun,
     Resume,
@@ -162,9 +163,9 @@ class RunSupervisor(OwnerActor):
             Rerun: self._rerun,
             Append: self._append,
             Intercom: self._intercom,
-            Pause: self._pause,
-            Approve: self._approve,
-            Reject: self._reject,
+            Pause: partial(pauses.pause, self),
+            Approve: partial(pauses.approve, self),
+            Reject: partial(pauses.reject, self),
             Prune: self._prune,
             ChildReport: self._child_report,
         }
@@ -209,7 +210,7 @@ class RunSupervisor(OwnerActor):
         unsettled = runstore.unsettled_runs(self.db)
         for run_id in unsettled:
             if checkpoints.parked(self.db, run_id):
-                self._recover_parked(run_id)  # a paused run holds no process (R-RUN-2)
+                pauses.recover_parked(self, run_id)  # it holds no process (R-RUN-2)
             else:
                 self._adopt_run(run_id)
         for event in self.keeper.recover(self.db, self.ctx.clock()):
@@ -232,22 +233,6 @@ class RunSupervisor(OwnerActor):
             live.cancel_deadline = self.after(remaining, RunDeadline(run_id))
         checkpoints.adopt_pausing(self.db, live)
         self._event(run_id, "run.recovered", {"running": len(live.running)})
-
-    def _recover_parked(self, run_id: str) -> None:
-        """A paused run found after a restart: one already continued by another run gives way
-        to it; one waiting at a checkpoint lost its execution, so its slot is reported paused
-        with no live process, ready to move to the run its approval launches (A-2)."""
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None
-        continued = checkpoints.successor(self.db, run_id)
-        if continued is not None:
-            self._continued(run_id, continued)
-            return
-        record = checkpoints.pause_record(self.db, run_id) or {}
-        if record.get("kind") == "checkpoint":
-            report = steps.parked_report(self.db, row, "paused", self.ctx.clock())
-            if report is not None:
-                self._call(Report(run_id), report)
 
     # -- launch -------------------------------------------------------------------------------
 
@@ -296,9 +281,7 @@ class RunSupervisor(OwnerActor):
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
         if row["state"] == "paused":
-            return self._continue_paused(
-                row, "interrupt", request.depth, request.capacity_limit, request.env
-            )
+            return pauses.resume_paused(self, row, request)
         launch, plan = management.resume_launch(row, request)
         # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
         checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self.ctx.clock())
@@ -309,104 +292,22 @@ class RunSupervisor(OwnerActor):
         assert row is not None
         return self._launch(management.rerun_launch(row, request))
 
-    # -- pauses and checkpoints (R-RUN-2; the moves are in runs/steps.py) ----------------------
+    # -- pauses and checkpoints: R-RUN-2's requests are in runs/pauses.py ---------------------
+    # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.
 
-    def _pause(self, request: Pause) -> Message:
-        run_id = self._resolve(request.run_id)
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None
-        live = self._live.get(run_id)
-        checkpoints.check_pausable(row, live)
-        assert live is not None
-        steps.pause(self, live)
-        view = runstore.view(self.db, run_id)
-        assert view is not None
-        return view
+    def resolve(self, run_id: str) -> str:
+        return self._resolve(run_id)
 
-    def _approve(self, request: Approve) -> Message:
-        run_id = self._resolve(request.run_id)
-        live = self._live.get(run_id)
-        if live is not None and live.checkpoint is not None and live.stop_state is None:
-            steps.approve(self, live)
-            view = runstore.view(self.db, run_id)
-            assert view is not None
-            return LaunchResult(run=view)
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None
-        checkpoints.waiting_checkpoint(self.db, row)
-        # The execution that paused ended with a node restart: a new run goes on after the
-        # checkpoint, taking the slot over (R-CAP-18) and claiming nothing (R-FAN-23).
-        return self._continue_paused(
-            row, "checkpoint", request.depth, request.capacity_limit, request.env
-        )
+    def live_run(self, run_id: str) -> LiveRun | None:
+        return self._live.get(run_id)
 
-    def _reject(self, request: Reject) -> Message:
-        run_id = self._resolve(request.run_id)
-        live = self._live.get(run_id)
-        if live is not None and live.checkpoint is not None and live.stop_state is None:
-            steps.reject(self, live, request.reason)
-        else:
-            row = runstore.run_row(self.db, run_id)
-            assert row is not None
-            checkpoints.waiting_checkpoint(self.db, row)
-            report = steps.reject_parked(self, row, request.reason)
-            if report is not None:
-                self._call(Report(run_id), report)
-            self._track(row["session_id"], run_id, "rejected")
-        view = runstore.view(self.db, run_id)
-        assert view is not None
-        return view
-
-    def _continue_paused(
-        self,
-        row: Any,
-        kind: PauseKind,
-        depth: int,
-        capacity_limit: int,
-        env: dict[str, str] | None,
+    def relaunch(
+        self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
     ) -> Message:
-        """Launch the run that goes on with paused run `row` from its pause point, with the
-        source's budget, slot (transferred) and absolute deadline (R-TMO-8)."""
-        source_id = str(row["run_id"])
-        checkpoints.check_continuable(self.db, row, kind)
-        source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
-        launch = checkpoints.continuation(self.db, row, source, kind, self.ctx.clock())
-        launch = management.as_resume(launch, env, depth, capacity_limit)
-        plan = ResumePlan(
-            source_run_id=source_id, descriptor=descriptor, transfer=row["capacity"] is not None
-        )
-        return self._launch(launch, plan, lambda view: self._continued(source_id, view.run_id))
+        return self._launch(launch, plan, on_started)
 
-    def _continued(self, source_id: str, run_id: str) -> None:
-        """The paused source gave its slot to the run that goes on with it: it is over."""
-        row = runstore.run_row(self.db, source_id)
-        if row is None or row["state"] != "paused":
-            return
-        now = self.ctx.clock()
-        runstore.update_run(
-            self.db, source_id, state="stopped", ended_at=now, output=f"Continued as run {run_id}."
-        )
-        self._event(source_id, "run.continued", {"by": run_id})
-        self._track(row["session_id"], source_id, "stopped")
-
-    def _end_parked(self, run_id: str, state: str, reason: str) -> None:
-        """A paused run that holds no process ends (stop): its slot is reported free."""
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None
-        if checkpoints.successor(self.db, run_id) is not None:
-            return
-        now = self.ctx.clock()
-        runstore.update_run(self.db, run_id, state=state, ended_at=now)
-        self._event(run_id, f"run.{state}", {"reason": reason})
-        report = steps.parked_report(self.db, row, state, now)
-        if report is not None:
-            self._call(Report(run_id), report)
-        self._track(row["session_id"], run_id, state)
-
-    def _track(self, session_id: str, run_id: str, state: Any) -> None:
+    def track(self, session_id: str, run_id: str, state: Any) -> None:
         self._call(Track(run_id), TrackRun(session_id=session_id, run_id=run_id, state=state))
-
-    # StepHost (runs/steps.py): what the dynamic-step and pause moves use.
 
     def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         self._event(run_id, kind, data)
@@ -891,7 +792,7 @@ class RunSupervisor(OwnerActor):
         if live is not None and live.stop_state is None:
             self._stop_live(live, "stopped", "Stopped by request.")
         elif live is None and checkpoints.parked(self.db, run_id):
-            self._end_parked(run_id, "stopped", "Stopped by request.")
+            pauses.end_parked(self, run_id, "stopped", "Stopped by request.")
         view = runstore.view(self.db, run_id)
         assert view is not None
         return view
