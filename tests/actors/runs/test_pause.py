@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import DeadlineExpired, PauseRefused
+from subagents_node.messages.errors import DeadlineExpired, InjectedFault, PauseRefused
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import (
     ChainStep,
@@ -29,6 +30,8 @@ from subagents_node.messages.supervisor import (
     RunView,
     TaskItem,
 )
+from subagents_node.node.node import Node
+from tests.support.manage import embedded
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
@@ -228,3 +231,38 @@ def test_r_tmo_8_resume_of_a_finished_run_inherits_its_absolute_deadline(
     # Not recomputed from now: remaining = deadline - now, the same absolute instant.
     assert resumed.deadline_at == source.deadline_at
     assert resumed.state == "complete"
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_r_adm_2_a_resume_of_a_paused_run_failing_at_each_admission_step_leaves_it_paused(
+    state_dir: Path, ctx: LaunchContext, gate: Gate, point: str
+) -> None:
+    """R-RES-5 for a paused source: its slot is restored exactly and it stays resumable."""
+    with Node.embedded(state_dir=state_dir) as node:  # leaves the paused run as it is
+        client = node.client()
+        chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "after")]
+        run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+        client.runs.pause(run.run_id)
+        paused(client, run.run_id)
+        held = client.capacity.inspect(run.run_id, ctx.session_id)
+
+    with embedded(state_dir, faults=True, settings={"fault_points": [point]}) as node:
+        client = node.client()
+        with pytest.raises(InjectedFault):
+            resume(client, run.run_id)
+        if point == "mark_started":  # the relaunch started, then failed (R-ADM-5)
+            [stray] = [r for r in client.runs.list() if r.source_run_id == run.run_id]
+            client.runs.wait(stray.run_id, timeout=20)
+            wait_until(
+                lambda: client.capacity.inspect(stray.run_id, ctx.session_id).relation == "none",
+                what="the relaunch to own nothing",
+            )
+        after = client.capacity.inspect(run.run_id, ctx.session_id)
+        assert held.owner is not None and after.owner is not None
+        # The same record (a restarted node re-reports a paused run: only its times move).
+        same = ("slot", "token", "run_id", "generation", "runner_id", "terminal_state")
+        assert {f: getattr(after.owner, f) for f in same} == {
+            f: getattr(held.owner, f) for f in same
+        }
+        assert (after.relation, after.verdict) == (held.relation, held.verdict)
+        assert client.runs.show(run.run_id).state == "paused"
