@@ -319,7 +319,9 @@ class WatchAll(Request):
 
 
 class Resume(Request):
-    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5)."""
+    """Relaunch a finished background run, or go on with an interrupt-paused one from its
+    interrupted step, moving its capacity slot (R-RES-1..5) and keeping its absolute deadline
+    (R-TMO-8)."""
 
     type: Literal["runs.resume"] = "runs.resume"
     target: ClassVar[str] = SUPERVISOR

@@ -185,7 +185,7 @@ def continuation(
         raise RunNotResumable(f"Run '{run_id}' has no step left to run.", run_id=run_id)
     seed = _seed(db, run_id, first, source)
     steps = list(source.chain[first:])
-    expanded = _expanded_items(db, run_id, first)
+    expanded = _expanded_items(db, run_id, first) or _claimed_expansion(db, run_id, start)
     if steps[0].kind == "expand" and expanded:
         # Its items were claimed already (R-FAN-23: never again): they run as a plain step.
         template = steps[0].items[0]
@@ -213,6 +213,16 @@ def _seed(db: sqlite3.Connection, run_id: str, first: int, source: Launch) -> st
         (run_id, int(row[0])),
     ).fetchall()
     return "\n\n".join(str(o[0]).strip() for o in outputs)
+
+
+def _claimed_expansion(db: sqlite3.Connection, run_id: str, absolute: int) -> list[str]:
+    """A step paused while its batch claim was out: the claims were made (R-FAN-15), so the
+    run that goes on must not claim them again."""
+    for event in runstore.events_of_kind(db, run_id, expansion.EXPANDING):
+        if event.data.get("step") == absolute:
+            count = int(str(event.data["items"]))
+            return [f"chain[{absolute}].expand[{j}]" for j in range(count)]
+    return []
 
 
 def _expanded_items(db: sqlite3.Connection, run_id: str, group: int) -> list[str]:

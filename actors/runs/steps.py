@@ -68,7 +68,8 @@ def open_dynamic(host: StepHost, live: LiveRun, group: int) -> bool:
         return False
     if not plans:
         del live.dynamic[group]  # nothing to claim and nothing to start
-        host.record_event(live.run_id, expansion.EXPANDED, {"step": group, "items": 0})
+        data = {"step": live.absolute_step(group), "items": 0}
+        host.record_event(live.run_id, expansion.EXPANDED, data)
         return False
     live.expanding = True
     live.expansion = plans

@@ -193,3 +193,19 @@ class RecordingHost:
 
     def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
         pass
+
+
+def test_r_fan_21_an_expansion_of_no_items_claims_nothing_and_the_chain_goes_on(
+    client: Client, agents: Path, state_dir: Path
+) -> None:
+    ctx = launch_context(agents)
+    chain = [
+        *expanding_chain(ctx, " "),
+        ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task="end")]),
+    ]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete" and done.output == "end"
+    assert claimed_paths(state_dir, done) == ["chain[0]", "chain[2]"]
