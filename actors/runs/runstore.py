@@ -99,6 +99,9 @@ MIGRATIONS = (
     """,
 )
 
+#: The event a run records once it is paused (R-RUN-2): its kind, step and checkpoint note.
+PAUSED_EVENT = "run.paused"
+
 _RUN_COLUMNS = (
     "run_id, session_id, mode, background, state, label, depth, parent_run_id, root_run_id, "
     "run_dir, created_at, started_at, ended_at, deadline_at, error, output, runner_id, fanout, "
@@ -223,6 +226,13 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
     row = run_row(db, run_id)
     if row is None:
         return None
+    paused: dict[str, Any] = {}
+    if row["state"] == "paused":
+        found = events_of_kind(db, run_id, PAUSED_EVENT)
+        paused = found[-1].data if found else {}
+    successor = db.execute(
+        "SELECT run_id FROM runs WHERE source_run_id=? ORDER BY created_at LIMIT 1", (run_id,)
+    ).fetchone()
     children = db.execute(
         "SELECT child_id, idx, label, agent, state, pid, exit_code, signal, started_at, "
         "ended_at, error, output, stdout_path, stderr_path, proof_state FROM run_children "
@@ -253,6 +263,10 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         source_kind=row["source_kind"],
         workflow_key=row["workflow_key"],
         superseded_by=row["superseded_by"],
+        paused=paused.get("kind"),
+        paused_step=paused.get("step"),
+        checkpoint_note=str(paused.get("note") or ""),
+        resumed_by=str(successor[0]) if successor else None,
         intercom=[
             IntercomMessage(
                 run_id=run_id,
