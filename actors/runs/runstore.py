@@ -231,7 +231,10 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         found = events_of_kind(db, run_id, PAUSED_EVENT)
         paused = found[-1].data if found else {}
     successor = db.execute(
-        "SELECT run_id FROM runs WHERE source_run_id=? ORDER BY created_at LIMIT 1", (run_id,)
+        # Resumed by: a rerun or an attach that names this run as its source is no resume.
+        "SELECT run_id FROM runs WHERE source_run_id=? AND COALESCE(source_kind, 'resume') "
+        "= 'resume' ORDER BY created_at LIMIT 1",
+        (run_id,),
     ).fetchone()
     children = db.execute(
         "SELECT child_id, idx, label, agent, state, pid, exit_code, signal, started_at, "

@@ -46,6 +46,7 @@ def claimed_paths(state_dir: Path, run: RunView) -> list[str]:
         state_dir,
         "SELECT path FROM fanout_claims WHERE budget_id=? ORDER BY seq",
         budget.budget_id,
+        owner="fanout",
     )
     return [str(r[0]) for r in rows]
 
