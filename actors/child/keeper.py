@@ -90,6 +90,9 @@ class ChildKeeper:
         self._capped: dict[str, list[Callable[[], None]]] = {}
         #: Shims whose tree ended (acknowledged or about to be) that were not yet seen gone.
         self._finishing: dict[str, ProcessIdentity] = {}
+        #: Whether shims fsync their exit records: as durable as the store's own commits
+        #: (the supervisor sets it from its connection's `synchronous`; FULL syncs both).
+        self.sync_records = True
 
     def close(self) -> None:
         """With the node: the template exits, the shims (and their children) keep running;
@@ -138,7 +141,7 @@ class ChildKeeper:
     def launch(self, spec: ChildSpec) -> str | None:
         """Fork its shim; the error (one line) when there is no template to fork from."""
         try:
-            self._template.order(spec, self._address)
+            self._template.order(spec, self._address, self.sync_records)
         except OSError as exc:
             return f"cannot start the child's shim: {exc}"
         return None

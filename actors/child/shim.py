@@ -2,7 +2,8 @@
 
 Owns one child process tree from spawn to its end, and the two files beside the run that
 record it (`shim.json`: who the shim is; `exit.json`: the exit status and whether the tree
-ended), written atomically (temp, fsync, rename). Its life:
+ended), written atomically (temp, rename; fsync too when the node's store syncs its commits,
+so the record is exactly as durable as the row it stands in for). Its life:
 
     setsid (nobody's terminal job; it outlives the node) and PR_SET_CHILD_SUBREAPER
     claim shim.json (link(2): fails if recovery already gave this child up) -> start the agent
@@ -16,7 +17,8 @@ ended), written atomically (temp, fsync, rename). Its life:
 
 Reports go to the run supervisor over ZeroMQ (a DEALER to the node's socket, type
 `child.report`), carry a sequence number and every fact known so far, and are resent with
-backoff until acknowledged: with the node gone the shim keeps its child running and keeps
+backoff until acknowledged; the newest supersedes an unacknowledged one (a child that ends at
+once costs one report, not two). With the node gone the shim keeps its child running and keeps
 trying, and a new node adopts it by acknowledging. One thread (plus libzmq's I/O thread);
 signals arrive through a wake-up pipe polled beside the socket, so nothing polls on a timer.
 
@@ -35,6 +37,7 @@ import math
 import os
 import random
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -107,45 +110,54 @@ def _spawn_error(order: dict[str, Any], err: OSError) -> str:
     return f"cannot start {order['argv'][0]}: {what}"
 
 
-def _exec_agent(order: dict[str, Any], report_fd: int) -> None:
-    """In the forked agent: own process group, stdio, cwd, then exec. Never returns; an error
-    is written to `report_fd` (close-on-exec, so success closes it with nothing written)."""
+def _open_stdio(order: dict[str, Any]) -> list[int]:
+    """The child's stdin, stdout and stderr, opened here (an error names the file)."""
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    wanted = (
+        (order.get("stdin_path") or os.devnull, os.O_RDONLY | os.O_CLOEXEC),
+        (order["stdout_path"], append),
+        (order["stderr_path"], append),
+    )
+    fds: list[int] = []
     try:
-        os.setpgid(0, 0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        stdin = order.get("stdin_path") or os.devnull
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        for target, path, mode in (
-            (0, stdin, os.O_RDONLY),
-            (1, order["stdout_path"], flags),
-            (2, order["stderr_path"], flags),
-        ):
+        for path, mode in wanted:
             try:
-                fd = os.open(path, mode, 0o600)
+                fds.append(os.open(path, mode, 0o600))
             except OSError as err:
                 err.filename = path
                 raise
-            os.dup2(fd, target)
+    except OSError:
+        for fd in fds:
             os.close(fd)
-        try:
-            os.chdir(order["cwd"])
-        except OSError as err:
-            err.filename = order["cwd"]
-            raise
-        keep = {0, 1, 2, report_fd}
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(int(name))
-        os.execvpe(order["argv"][0], order["argv"], order["env"])
-    except OSError as err:
-        os.write(report_fd, _spawn_error(order, err).encode()[:4000])
-    except BaseException as exc:  # never let the forked copy run the shim's code
-        os.write(report_fd, f"cannot start {order['argv'][0]}: {exc}".encode()[:4000])
+        raise
+    return fds
+
+
+def spawn_agent(order: dict[str, Any]) -> int:
+    """Start the agent in its own process group, stdio to its files, in its cwd; its pid.
+
+    Through `subprocess` (vfork + exec in C, every other fd closed), not `os.fork()`: a fork of
+    the shim copies its page tables and then faults in every page the forked Python touches
+    before exec, which cost more than the rest of the shim's life for a short child. Raises
+    OSError naming what could not be used (`_spawn_error` turns it into one line)."""
+    stdio = _open_stdio(order)
+    try:
+        proc = subprocess.Popen(
+            order["argv"],
+            stdin=stdio[0],
+            stdout=stdio[1],
+            stderr=stdio[2],
+            cwd=order["cwd"],
+            env=order["env"],
+            close_fds=True,
+            process_group=0,
+        )
     finally:
-        os._exit(127)
+        for fd in stdio:
+            os.close(fd)
+    # The shim reaps every descendant itself (waitpid(-1)): Popen must never wait for it.
+    proc.returncode = 0
+    return proc.pid
 
 
 class Shim:
@@ -172,7 +184,11 @@ class Shim:
         self.deadline = None if deadline_s is None else time.monotonic() + float(deadline_s)
         self.grace_s = float(order.get("grace_s", 2.0))
         self.seq = 0
-        self.unacked: list[tuple[str, bytes]] = []  # (message id, frame), oldest first
+        #: The report waiting for its acknowledgement, as (message id, frame): at most one.
+        self.unacked: list[tuple[str, bytes]] = []
+        #: Sync the exit record (fsync) only when the node's store syncs its commits too
+        #: (synchronous=FULL, the opt-in for power loss): a process crash loses neither.
+        self.sync = bool(order.get("sync", True))
         self.retry_at = 0.0
         self.backoff = _FIRST_RETRY_S
         self.blocked = False
@@ -211,19 +227,16 @@ class Shim:
         return 0
 
     def _start(self) -> None:
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:
-            os.close(err_r)
-            _exec_agent(self.order, err_w)
-        os.close(err_w)
-        error = b""
-        while chunk := os.read(err_r, 4096):
-            error += chunk
-        os.close(err_r)
-        if error:
-            os.waitpid(pid, 0)
-            self.facts["error"] = error.decode("utf-8", "replace")
+        try:
+            pid = spawn_agent(self.order)
+        except OSError as err:
+            self.facts["error"] = _spawn_error(self.order, err)[:4000]
+            self.leader_gone = self.tree_ended = True
+            self._record_exit()
+            self._report("not_started")
+            return
+        except (ValueError, TypeError) as exc:  # an argv or env the OS cannot take
+            self.facts["error"] = f"cannot start {self.order['argv'][0]}: {exc}"[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")
@@ -366,7 +379,9 @@ class Shim:
     def _record_exit(self) -> None:
         """Before the report that tells of it: a new node reads it even if the report is lost."""
         write_atomically(
-            self._path(EXIT_RECORD), {**self.facts, "tree_ended": self.tree_ended, "version": 1}
+            self._path(EXIT_RECORD),
+            {**self.facts, "tree_ended": self.tree_ended, "version": 1},
+            sync=self.sync,
         )
 
     def _report(self, kind: str) -> None:
@@ -388,12 +403,16 @@ class Shim:
             "type": REPORT_TYPE,
             "body": body,
         }
-        self.unacked.append((mid, msgpack.packb(envelope, use_bin_type=True)))
+        # Every report carries every fact known so far, so the newest supersedes any report
+        # not yet acknowledged: a child that ended before its `started` left is one report
+        # (one round trip, one row update), and a new node never sees facts out of order.
+        self.unacked = [(mid, msgpack.packb(envelope, use_bin_type=True))]
         self.retry_at = 0.0  # send it now
+        self.backoff = _FIRST_RETRY_S
 
     def _send(self, sock: zmq.Socket[bytes]) -> None:
-        """Send the oldest unacknowledged report when its retry is due (one at a time, so a
-        new node sees the reports in order)."""
+        """Send the unacknowledged report (the newest: it supersedes the others) when its
+        retry is due."""
         if not self.unacked or time.monotonic() < self.retry_at:
             return
         try:

@@ -36,12 +36,14 @@ log = logging.getLogger(__name__)
 TEMPLATE_MODULE = "subagents_node.actors.child.shim"
 
 
-def order_of(spec: ChildSpec, node_address: str) -> dict[str, Any]:
-    """What the shim is told: the spec, where its records go, and where to report."""
+def order_of(spec: ChildSpec, node_address: str, sync: bool = True) -> dict[str, Any]:
+    """What the shim is told: the spec, where its records go, where to report, and whether to
+    fsync its exit record (as the node's store syncs its commits: synchronous=FULL)."""
     return {
         **spec.model_dump(mode="json"),
         "record_dir": spec.records,
         "node_address": node_address,
+        "sync": sync,
     }
 
 
@@ -56,9 +58,9 @@ class ShimTemplate:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def order(self, spec: ChildSpec, node_address: str) -> None:
+    def order(self, spec: ChildSpec, node_address: str, sync: bool = True) -> None:
         """Fork a shim for `spec`. Raises OSError when no template can be started."""
-        self.order_raw(order_of(spec, node_address))
+        self.order_raw(order_of(spec, node_address, sync))
 
     def order_raw(self, order: dict[str, Any]) -> None:
         """Fork a shim for an order as `order_of` builds it (tests add their own knobs)."""

@@ -187,6 +187,8 @@ class RunSupervisor(OwnerActor):
         if self._recovered:
             return
         self._recovered = True
+        # PRAGMA synchronous: 2 is FULL (power-loss safe), so the exit records are synced too.
+        self.keeper.sync_records = int(self.db.execute("PRAGMA synchronous").fetchone()[0]) >= 2
         for run_id, seq, reservation in management.uncommitted_appends(self.db):
             # R-APP-4 after a crash: the record is durable, so its claims must be too.
             self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,15 @@ def wait_gone(pid: int, timeout: float = WAIT_S) -> None:
         assert select.select([fd], [], [], timeout)[0], f"process {pid} is still alive"
     finally:
         os.close(fd)
+
+
+def wait_until(condition: Callable[[], object], timeout: float = WAIT_S) -> None:
+    """Check `condition` until it holds (a state on disk has no event to wait on)."""
+    done = threading.Event()
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        done.wait(0.01)
 
 
 def sleeper(h: Harness, task: str) -> tuple[list[str], Path]:
@@ -351,6 +361,25 @@ def test_reports_are_resent_until_acknowledged_and_the_child_runs_on_meanwhile(
     assert harness.report().kind == "started"
     assert signal_shim(ProcessIdentity(first.shim_pid, first.shim_start))
     assert harness.until("tree_ended").ended_by == "stop"
+
+
+def test_a_child_that_ended_before_its_started_report_left_costs_one_report(
+    harness: Harness,
+) -> None:
+    """Every report carries every fact known so far: the newest supersedes one not yet
+    acknowledged, so a child that ends while the node is away is one `tree_ended` report
+    that also says who it was (pid, start time), not `started` and then `tree_ended`."""
+    harness.unbind()  # no node: the `started` report cannot leave
+    spec = harness.spec("c1", ["/bin/true"])
+    harness.start(spec)
+    record = Path(spec.records) / shim.EXIT_RECORD
+    wait_until(lambda: record.exists() and exit_record(spec)["tree_ended"])
+    harness.bind()
+    only = harness.report()
+    assert (only.kind, only.seq, only.exit_code) == ("tree_ended", 2, 0)
+    assert only.pid is not None and only.identity_start is not None
+    wait_gone(only.shim_pid)  # acknowledged: nothing else was waiting to be sent
+    assert [r.kind for r in harness.reports] == ["tree_ended"]
 
 
 def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_record(
