@@ -55,8 +55,10 @@ RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
 SHIM_RECORD = "shim.json"
 EXIT_RECORD = "exit.json"
 _PR_SET_CHILD_SUBREAPER = 36
-_FIRST_RETRY_S = 0.05
-_MAX_RETRY_S = 1.0
+#: A report to a live node is never lost (one connection, in order): a resend is for a node
+#: that died or restarted. Resending sooner only makes a busy node apply it twice.
+_FIRST_RETRY_S = 0.5
+_MAX_RETRY_S = 2.0
 #: After its tree ended the shim keeps nothing alive; its exit record (synced) says all its
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
@@ -453,10 +455,9 @@ def serve_template() -> None:
     gc.freeze()
     stdin = os.fdopen(0, "rb", buffering=0)
     buffer = b""
-    while chunk := stdin.read(1 << 16):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+    while chunk := stdin.read(1 << 20):
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
             order = json.loads(line)
             if os.fork() == 0:
                 code = 1

@@ -16,6 +16,7 @@ verified by pid and start time (`signal_shim`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -34,6 +35,8 @@ from subagents_node.messages.runs import ChildSpec
 log = logging.getLogger(__name__)
 
 TEMPLATE_MODULE = "subagents_node.actors.child.shim"
+#: The template's order pipe (F_SETPIPE_SZ; 1 MiB is Linux's default limit for a user).
+ORDER_PIPE_BYTES = 1 << 20
 
 
 def order_of(spec: ChildSpec, node_address: str, sync: bool = True) -> dict[str, Any]:
@@ -87,6 +90,11 @@ class ShimTemplate:
                 cwd="/",
                 close_fds=True,
             )
+            assert self._proc.stdin is not None
+            # A burst of orders (a run's first group) fits in the pipe: the supervisor's write
+            # returns at once instead of waiting, order by order, for the template to fork.
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, ORDER_PIPE_BYTES)
         return self._proc
 
     def close(self) -> None:
