@@ -455,7 +455,7 @@ def serve_template() -> None:
     gc.freeze()
     stdin = os.fdopen(0, "rb", buffering=0)
     buffer = b""
-    while chunk := stdin.read(1 << 20):
+    while chunk := stdin.read(1 << 16):
         *lines, buffer = (buffer + chunk).split(b"\n")
         for line in lines:
             order = json.loads(line)
