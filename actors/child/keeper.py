@@ -127,6 +127,16 @@ class ChildKeeper:
     def template_pid(self) -> int | None:
         return self._template.pid
 
+    def bookkeeping(self) -> dict[str, int]:
+        """How many children each per-child table holds: all 0 once every child settled and
+        its shim exited (a test checks it; anything kept per finished child would grow the
+        node with every child it ever ran)."""
+        return {
+            "capped": len(self._capped),
+            "finishing": len(self._finishing),
+            "watched_shims": self._watch.watched,
+        }
+
     # -- start ----------------------------------------------------------------------------------
 
     def order(self, db: Connection, spec: ChildSpec, now: float) -> None:
@@ -160,8 +170,12 @@ class ChildKeeper:
 
     # -- reports --------------------------------------------------------------------------------
 
-    def apply(self, db: Connection, report: ChildReport, now: float) -> list[ChildEvent]:
-        """Apply a report (idempotent: any report may come again, or alone after a restart)."""
+    def apply(
+        self, db: Connection, report: ChildReport, now: float, from_shim: bool = True
+    ) -> list[ChildEvent]:
+        """Apply a report (idempotent: any report may come again, or alone after a restart).
+        `from_shim` is False for one read back from an exit record: its shim is gone already,
+        so there is nothing to wait for."""
         row = rows.read_row(db, report.child_id)
         if row is None or row["state"] != "running" or row["run_id"] != report.run_id:
             return []  # settled already (a resend), or not ours
@@ -193,7 +207,9 @@ class ChildKeeper:
             events.append(event)
         elif report.tree_ended:
             events.append(self._settle(db, record, row, report, now))
-            self._finishing[record.child_id] = ProcessIdentity(report.shim_pid, report.shim_start)
+            if from_shim:  # it exits once acknowledged; `shim_gone` forgets it then
+                shim = ProcessIdentity(report.shim_pid, report.shim_start)
+                self._finishing[record.child_id] = shim
         elif report.exit_code is not None or report.signal is not None:
             rows.record_exit(db, record.child_id, report.exit_code, report.signal)
         return self._ended(events)
@@ -246,7 +262,7 @@ class ChildKeeper:
         exit_record = _read_json(os.path.join(record.record_dir, EXIT_RECORD)) or {}
         report = report_from_record(exit_record)
         if report is not None and (report.tree_ended or report.kind == "not_started"):
-            return self.apply(db, report, now)
+            return self.apply(db, report, now, from_shim=False)
         if report is None:
             report = ChildReport(
                 kind="exited",
@@ -279,7 +295,7 @@ class ChildKeeper:
             exit_record = _read_json(os.path.join(record_dir, EXIT_RECORD))
             report = None if exit_record is None else report_from_record(exit_record)
             if report is not None and (report.tree_ended or report.kind == "not_started"):
-                events.extend(self.apply(db, report, now))
+                events.extend(self.apply(db, report, now, from_shim=False))
                 continue
             shim = self._shim_identity(row, record_dir)
             if shim is None:

@@ -2,10 +2,10 @@
 
 Owns one inotify descriptor and one thread for all the children of a node, whatever their
 number: no thread, pipe or timer per child. The thread makes every inotify call (adding and
-removing watches is slow: the caller, the run supervisor, only queues them). A child writes its stdout and stderr straight into
-its log files (so it keeps running, and keeps logging, across a node restart); the kernel tells
-the thread each time a watched file is modified (IN_MODIFY, coalesced while unread), and once a
-file passes the cap the thread cuts its middle in place:
+removing watches is slow: the caller, the run supervisor, only queues them). A child writes its
+stdout and stderr straight into its log files (so it keeps running, and keeps logging, across a
+node restart); the kernel tells the thread each time a watched file is modified (IN_MODIFY,
+coalesced while unread), and once a file passes the cap the thread cuts its middle in place:
 
     [head: the first cap/4 bytes] [one line saying how many bytes were cut] [tail: last cap/4]
 
@@ -103,6 +103,7 @@ class ChildLogCap:
             self._unwatch(known)
 
         return unwatch
+
     def stop(self) -> None:
         self._stopping = True
         with contextlib.suppress(BlockingIOError):

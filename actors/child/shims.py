@@ -164,6 +164,7 @@ class ShimWatch:
         self._add: list[tuple[str, ProcessIdentity]] = []
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
+        self._count = 0  # shims the thread holds a pidfd for (read under the lock)
         self._thread = threading.Thread(target=self._run, name="shim-watch", daemon=True)
         self._thread.start()
 
@@ -173,6 +174,12 @@ class ShimWatch:
                 return
             self._add.append((key, identity))
             os.write(self._wake_w, b"+")
+
+    @property
+    def watched(self) -> int:
+        """Shims watched now or about to be (a shim leaves the table when it exits)."""
+        with self._lock:
+            return len(self._add) + self._count
 
     def close(self) -> None:
         with self._lock:
@@ -195,12 +202,16 @@ class ShimWatch:
                             if self._closed:
                                 return
                             added, self._add = self._add, []
-                        for key, identity in added:
-                            self._open(key, identity, poller, fds)
+                            for key, identity in added:  # in the lock: `watched` counts
+                                self._open(key, identity, poller, fds)  # each one once
+                            self._count = len(fds)
                         continue
                     poller.unregister(fd)
                     os.close(fd)
-                    self._gone(fds.pop(fd))
+                    key = fds.pop(fd)
+                    with self._lock:
+                        self._count = len(fds)
+                    self._gone(key)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -18,8 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
 from subagents_node.messages.protocol import parse_request
 from subagents_node.messages.runs import ChildReport, ChildSpec
+from tests.support.runs import wait_until
 
 SLEEPER = Path(__file__).resolve().parents[2] / "examples" / "agents" / "sleeper.py"
 PY = sys.executable
@@ -145,15 +145,6 @@ def wait_gone(pid: int, timeout: float = WAIT_S) -> None:
         assert select.select([fd], [], [], timeout)[0], f"process {pid} is still alive"
     finally:
         os.close(fd)
-
-
-def wait_until(condition: Callable[[], object], timeout: float = WAIT_S) -> None:
-    """Check `condition` until it holds (a state on disk has no event to wait on)."""
-    done = threading.Event()
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        done.wait(0.01)
 
 
 def sleeper(h: Harness, task: str) -> tuple[list[str], Path]:
@@ -373,7 +364,7 @@ def test_a_child_that_ended_before_its_started_report_left_costs_one_report(
     spec = harness.spec("c1", ["/bin/true"])
     harness.start(spec)
     record = Path(spec.records) / shim.EXIT_RECORD
-    wait_until(lambda: record.exists() and exit_record(spec)["tree_ended"])
+    wait_until(lambda: record.exists() and exit_record(spec)["tree_ended"], what="the tree end")
     harness.bind()
     only = harness.report()
     assert (only.kind, only.seq, only.exit_code) == ("tree_ended", 2, 0)
