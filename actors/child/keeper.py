@@ -7,8 +7,10 @@ restart finds into the supervisor's two child events, `ChildStarted` and `ChildE
 supervisor settles runs from those. Nothing here scales threads or connections with children.
 
 Proof of the end of a child's tree comes only from `tree_ended` (reported, or read from the
-exit record a shim writes before it reports); for a shim that died, from the identity of the
-process it reported (gone: `observed`; alive: `unknown`, the slot stays retained).
+exit record a shim writes before it reports); for a shim that died, from the identities of the
+processes it reported (its leader alive: `unknown`, the slot stays retained; its leader gone
+but a process it reported left, a `setsid()` daemon, alive: the child stays running, that
+process is watched and a stop ends it; all gone: `observed`).
 
 It never blocks on a shim, never signals a process it has not verified by pid and start time,
 and never stores argv, env or stdin (R-MISC-1).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +96,8 @@ class ChildKeeper:
         #: Whether shims fsync their exit records: as durable as the store's own commits
         #: (the supervisor sets it from its connection's `synchronous`; FULL syncs both).
         self.sync_records = True
+        #: Children whose shim died after their leader, by the processes it left alive.
+        self._escaped: dict[str, list[ProcessIdentity]] = {}
 
     def close(self) -> None:
         """With the node: the template exits, the shims (and their children) keep running;
@@ -135,6 +140,7 @@ class ChildKeeper:
             "capped": len(self._capped),
             "finishing": len(self._finishing),
             "watched_shims": self._watch.watched,
+            "escaped": len(self._escaped),
         }
 
     # -- start ----------------------------------------------------------------------------------
@@ -211,7 +217,8 @@ class ChildKeeper:
                 shim = ProcessIdentity(report.shim_pid, report.shim_start)
                 self._finishing[record.child_id] = shim
         elif report.exit_code is not None or report.signal is not None:
-            rows.record_exit(db, record.child_id, report.exit_code, report.signal)
+            left = [(p.pid, p.start) for p in report.descendants]
+            rows.record_exit(db, record.child_id, report.exit_code, report.signal, left)
         return self._ended(events)
 
     def _settle(
@@ -241,15 +248,20 @@ class ChildKeeper:
 
     # -- stop, a shim's death, a restart --------------------------------------------------------
 
-    def stop(self, db: Connection, child_id: str, reason: str, message: str) -> None:
-        """Record why (the first reason wins), then SIGTERM its shim, which ends the tree."""
+    def stop(self, db: Connection, child_id: str, reason: str, message: str) -> float | None:
+        """Record why (the first reason wins), then SIGTERM its shim, which ends the tree. With
+        its shim dead, the processes it left get the TERM: the grace (seconds) is returned,
+        after which the caller calls `kill_escaped`."""
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
-            return
+            return None
         if row["end_reason"] is None:
             rows.record_end(db, child_id, reason, message)
         if row["shim_pid"] is not None:
             signal_shim(ProcessIdentity(row["shim_pid"], row["shim_start"]))
+        if self.kill_escaped(child_id, signal.SIGTERM):
+            return float(row["grace_s"])
+        return None
 
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
@@ -277,11 +289,44 @@ class ChildKeeper:
             or record.identity_start is None
             or is_alive(ProcessIdentity(record.pid, record.identity_start))
         )
+        if not alive and self._wait_for_escaped(row, report):
+            return []  # the tree lives on in processes the shim reported: the slot stays held
+        self._escaped.pop(child_id, None)
         log.warning("the shim of child %s died before its tree ended", child_id)
         reason = REASON_SHIM_GONE_LIVE if alive else REASON_SHIM_GONE
         return self._ended(
             [self._settle(db, record, row, report, now, unverified=alive, reason=reason)]
         )
+
+    def _wait_for_escaped(self, row: Any, report: ChildReport) -> bool:
+        """The shim died after its leader: the processes it reported left (a `setsid()` daemon)
+        are the tree now. While one of them lives, watch it (its exit brings the child back
+        here); True while there is one. A stop already asked for ends them at once."""
+        child_id = str(row["child_id"])
+        recorded = [ProcessIdentity(p.pid, p.start) for p in report.descendants]
+        recorded = recorded or [ProcessIdentity(p, t) for p, t in rows.descendants_of(row)]
+        alive = [identity for identity in recorded if is_alive(identity)]
+        if not alive:
+            return False
+        if child_id not in self._escaped:
+            log.warning(
+                "the shim of child %s died; %d process(es) of its tree live on: waiting for them",
+                child_id,
+                len(alive),
+            )
+        self._escaped[child_id] = alive
+        if row["end_reason"] is not None:
+            self.kill_escaped(child_id)  # the stop came first: its grace is over
+        self._watch.watch(child_id, alive[0])
+        return True
+
+    def kill_escaped(self, child_id: str, signum: int = signal.SIGKILL) -> bool:
+        """Signal the live processes a dead shim left (verified by pid and start time); False
+        when there are none."""
+        sent = False
+        for identity in self._escaped.get(child_id, []):
+            sent = signal_shim(identity, signum) or sent
+        return sent
 
     def recover(self, db: Connection, now: float) -> list[ChildEvent]:
         """After a restart: every child still recorded as running is settled from its exit

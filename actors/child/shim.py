@@ -52,6 +52,8 @@ SUPERVISOR = "supervisor"
 PROTOCOL_VERSION = 1
 #: Error codes that mean "not taken, try again"; any other answer acknowledges the report.
 RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
+#: As messages/runs.py MAX_REPORTED_PROCESSES (the shim imports nothing of messages/).
+MAX_REPORTED_PROCESSES = 256
 SHIM_RECORD = "shim.json"
 EXIT_RECORD = "exit.json"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -311,11 +313,17 @@ class Shim:
         )
         if not tree_left:
             return
+        # Who is left is recorded and reported: should the shim die, these identities are
+        # what proves the tree's end (every one gone), and what a stop ends.
+        found = procfs.descendants(os.getpid())
+        self.facts["descendants"] = [
+            {"pid": pid, "start": st.start_time} for pid, st in found[:MAX_REPORTED_PROCESSES]
+        ]
         self._record_exit()
         self._report("exited")
         # The members of the leader's own group are the child's: they end with it (TERM,
         # grace, KILL). Escaped sessions are waited for: they keep the tree (and slot) alive.
-        if self._signal_tree(signal.SIGTERM, only_group=self.leader):
+        if self._signal_tree(signal.SIGTERM, only_group=self.leader, found=found):
             self.group_kill_at = time.monotonic() + self.grace_s
 
     def _end_tree(self, why: str) -> None:
@@ -328,10 +336,17 @@ class Shim:
         self.kill_at = self.term_at + self.grace_s
         self._signal_tree(signal.SIGTERM)
 
-    def _signal_tree(self, signum: int, only_group: int | None = None) -> bool:
-        """Signal every descendant and every group one of them is in (a group id cannot be
-        reused while the member we just saw lives); False when there was nobody to signal."""
-        found = procfs.descendants(os.getpid())
+    def _signal_tree(
+        self,
+        signum: int,
+        only_group: int | None = None,
+        found: list[tuple[int, procfs.ProcStat]] | None = None,
+    ) -> bool:
+        """Signal every descendant (`found`: a scan just made) and every group one of them is
+        in (a group id cannot be reused while the member we just saw lives); False when there
+        was nobody to signal."""
+        if found is None:
+            found = procfs.descendants(os.getpid())
         if only_group is not None:
             found = [(pid, st) for pid, st in found if st.pgid == only_group]
         # Each process gets the signal once (a second SIGTERM could cut short the clean-up

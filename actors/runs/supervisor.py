@@ -45,6 +45,7 @@ from subagents_node.actors.runs.ticks import (
     AppendFix,
     AppendKey,
     CallKey,
+    KillEscaped,
     LaunchKey,
     Report,
     RunDeadline,
@@ -365,6 +366,8 @@ class RunSupervisor(OwnerActor):
                     log.error("supervisor bookkeeping call failed: %s", outcome.message)
             case ShimGone(child_id=child_id):
                 self._on_child_events(self.keeper.shim_gone(self.db, child_id, self.ctx.clock()))
+            case KillEscaped(child_id=child_id):
+                self.keeper.kill_escaped(child_id)
             case ShimNotLaunched(child_id=child_id, error=error):
                 self._on_child_events(
                     self.keeper.not_launched(self.db, child_id, error, self.ctx.clock())
@@ -725,7 +728,9 @@ class RunSupervisor(OwnerActor):
         live.queue.clear()
         self._event(live.run_id, "run.stopping", {"reason": reason})
         for child_id in list(live.running):
-            self.keeper.stop(self.db, child_id, "stopped", reason)
+            grace = self.keeper.stop(self.db, child_id, "stopped", reason)
+            if grace is not None:  # its shim is dead: the keeper TERMed what it left
+                self.after(grace, KillEscaped(child_id))
         # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
         for other in list(self._live.values()):
             if other.parent_run_id == live.run_id and other.stop_state is None:

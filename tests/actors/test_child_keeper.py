@@ -35,7 +35,7 @@ from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, C
 from tests.support.runs import wait_until
 
 WAIT_S = 30.0
-EMPTY = {"capped": 0, "finishing": 0, "watched_shims": 0}
+EMPTY = {"capped": 0, "finishing": 0, "watched_shims": 0, "escaped": 0}
 
 
 class Seat:

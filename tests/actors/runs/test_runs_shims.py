@@ -282,6 +282,52 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
 
 
+def test_r_cap_21_a_dead_shims_setsid_grandchild_holds_the_slot_until_it_ends_and_stop_kills_it(
+    start_node: Callable[..., NodeProcess], state_dir: Path, tmp_path: Path
+) -> None:
+    """DESIGN §1: for a shim that itself died, the tree's end is proven from the recorded
+    identities of every process it reported. The child exits 0 leaving a `setsid()` daemon,
+    the shim records and reports it, then the shim is killed: the run stays running and the
+    slot held while the daemon lives, and `stop` of the run kills the daemon."""
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    run = client.runs.launch(ctx.single("sleeper", f"seconds=0 daemon=60 ready={fifo}", True, None))
+    _, _, daemon = (int(p) for p in read_fifo(fifo).split())
+    child = run.children[0]
+    record = Path(child.stdout_path).parent / f"child-{child.index}" / "exit.json"
+
+    def exit_recorded() -> bool:
+        with suppress(OSError, ValueError):
+            return daemon in [p["pid"] for p in json.loads(record.read_text())["descendants"]]
+        return False
+
+    wait_until(exit_recorded, what="the shim to record the daemon it was left with")
+    shim = shim_of(run)
+    os.kill(shim, signal.SIGKILL)
+    wait_gone(shim)
+    wait_until(
+        lambda: (
+            "live on: waiting for them" in node.log()
+            or client.runs.show(run.run_id).state != "running"
+        ),
+        what="the node to see the shim's death",
+    )
+
+    view = client.runs.show(run.run_id)
+    assert view.state == "running" and view.children[0].state == "running"
+    assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+    os.kill(daemon, 0)  # alive, and what holds the slot
+
+    client.runs.stop(run.run_id)
+    wait_gone(daemon)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "stopped" and done.children[0].proof_state == "observed"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
 def node_threads_and_store_files(pid: int) -> tuple[int, int]:
     threads = len(os.listdir(f"/proc/{pid}/task"))
     store = 0
