@@ -461,9 +461,26 @@ class Shim:
             self.backoff = _FIRST_RETRY_S
 
 
+def _warm_up() -> None:
+    """Run once, in the template, what every shim runs (a spawn, a record, a report), so the
+    objects those paths create on first use are made here and shared, not made (and held
+    privately) by each shim."""
+    env = {"PATH": os.defpath}
+    order = {"argv": ["true"], "cwd": "/", "env": env, "stdout_path": os.devnull}
+    proc = subprocess.Popen(
+        order["argv"], cwd="/", env=env, close_fds=True, process_group=0, stdin=-3, stdout=-3
+    )
+    proc.wait()
+    msgpack.packb({"v": PROTOCOL_VERSION, "body": json.loads(json.dumps(order))})
+    procfs.start_time_of(os.getpid())
+    procfs.boot_id()
+    procfs.wall_clock(0.0)
+
+
 def serve_template() -> None:
     """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
     each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
+    _warm_up()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
     # Everything imported so far is shared with every shim: keep the collector off those
     # pages (a collection would touch, and so copy, each of them in every shim).
