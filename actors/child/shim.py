@@ -466,9 +466,11 @@ def _warm_up() -> None:
     objects those paths create on first use are made here and shared, not made (and held
     privately) by each shim."""
     env = {"PATH": os.defpath}
-    order = {"argv": ["true"], "cwd": "/", "env": env, "stdout_path": os.devnull}
+    argv = ["true"]
+    order: dict[str, Any] = {"argv": argv, "cwd": "/", "env": env, "stdout_path": os.devnull}
+    devnull = subprocess.DEVNULL
     proc = subprocess.Popen(
-        order["argv"], cwd="/", env=env, close_fds=True, process_group=0, stdin=-3, stdout=-3
+        argv, cwd="/", env=env, close_fds=True, process_group=0, stdin=devnull, stdout=devnull
     )
     proc.wait()
     msgpack.packb({"v": PROTOCOL_VERSION, "body": json.loads(json.dumps(order))})

@@ -510,7 +510,11 @@ class RunSupervisor(OwnerActor):
     def _child_report(self, report: ChildReport) -> Message:
         """A shim's report: applied, committed, then acknowledged (the group commit's rule), so
         an acknowledged report is never lost; a resent one changes nothing."""
+        self.crash_point(f"report_{report.kind}_received")
         self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock()))
+        if self.ctx.faults:  # committed, not yet acknowledged: the shim must resend it
+            crash_point, point = self.crash_point, f"report_{report.kind}_committed"
+            self.after_commit(lambda: crash_point(point))
         return Ack()
 
     def _on_child_events(self, events: list[ChildEvent]) -> None:

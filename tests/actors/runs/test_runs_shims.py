@@ -235,6 +235,45 @@ def test_a_node_killed_between_launch_steps_leaves_no_stuck_run_and_no_unproven_
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
 
 
+REPORT_KILL_POINTS = (
+    "report_started_received",
+    "report_started_committed",
+    "report_tree_ended_received",
+    "report_tree_ended_committed",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", REPORT_KILL_POINTS)
+def test_a_node_killed_between_a_shim_report_and_its_ack_leaves_no_stuck_run_or_held_slot(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> None:
+    """kill -9 of the node on receiving a shim's report, or after committing it but before
+    acknowledging it: the shim resends it to the next node (a report is applied idempotently),
+    so the run settles with the child's true exit status and the slot is released."""
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
+    first = start_node("--faults", state_dir=state_dir)
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    launch = ctx.single("sleeper", "seconds=0.5 exit=3", True, None)
+    if "started" in point:  # the launch is answered only once its child's start is committed
+        with pytest.raises(SubagentsError):
+            first.client(timeout=5).runs.launch(launch)
+    else:
+        first.client(timeout=5).runs.launch(launch)
+    assert first.wait_exited(20), f"the node did not die at {point}"
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+
+    client = start_node(state_dir=state_dir).client()
+    [run] = client.runs.list(session_id=ctx.session_id)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "failed" and done.children[0].exit_code == 3, (point, done)
+    assert done.children[0].proof_state == "observed"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
 def shim_of(view: RunView) -> int:
     child = view.children[0]
     record = Path(child.stdout_path).parent / f"child-{child.index}" / "shim.json"
