@@ -94,12 +94,12 @@ class ChildLogCap:
                 known = _Watched(path, wd=-1)
                 self._by_path[path] = known
                 self._enqueue("add", known)
-        done = threading.Event()
+        done: list[bool] = []  # a plain flag: unwatch runs on the caller's thread
 
         def unwatch() -> None:
-            if done.is_set():
+            if done:
                 return
-            done.set()
+            done.append(True)
             self._unwatch(known)
 
         return unwatch

@@ -172,8 +172,9 @@ class ShimWatch:
         with self._lock:
             if self._closed:
                 return
+            if not self._add:  # one wake-up byte per batch: the thread takes them all
+                os.write(self._wake_w, b"+")
             self._add.append((key, identity))
-            os.write(self._wake_w, b"+")
 
     @property
     def watched(self) -> int:
