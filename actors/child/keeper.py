@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import rows
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
-from subagents_node.actors.child.shim import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
 from subagents_node.messages.runs import (
     REASON_EXITED,

@@ -22,7 +22,9 @@ once costs one report, not two). With the node gone the shim keeps its child run
 trying, and a new node adopts it by acknowledging. One thread (plus libzmq's I/O thread);
 signals arrive through a wake-up pipe polled beside the socket, so nothing polls on a timer.
 
-It imports only the standard library, zmq and msgpack (the template that forks shims must stay
+The records it writes are actors/child/records.py's, the spawn itself actors/child/spawn.py's;
+this module is the shim's life and its report loop. It imports only the standard library, zmq
+and msgpack (the template that forks shims must stay
 small: a shim costs a fork, not an interpreter), never logs argv, env or stdin (they may hold
 the task, R-MISC-1), and never decides a run's outcome.
 """
@@ -45,6 +47,8 @@ import msgpack
 import zmq
 
 from subagents_node.actors.child import procfs
+from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.spawn import spawn_agent, spawn_error
 
 #: The wire names the shim speaks (checked against messages/ by the tests).
 REPORT_TYPE = "child.report"
@@ -54,8 +58,6 @@ PROTOCOL_VERSION = 1
 RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
 #: As messages/runs.py MAX_REPORTED_PROCESSES (the shim imports nothing of messages/).
 MAX_REPORTED_PROCESSES = 256
-SHIM_RECORD = "shim.json"
-EXIT_RECORD = "exit.json"
 _PR_SET_CHILD_SUBREAPER = 36
 #: A report to a live node is never lost (one connection, in order): a resend is for a node
 #: that died or restarted. Resending sooner only makes a busy node apply it twice.
@@ -65,103 +67,6 @@ _MAX_RETRY_S = 2.0
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
 GIVE_UP_AFTER_TREE_END_S = 30.0
-
-
-def write_atomically(
-    path: str, data: dict[str, Any], *, exclusive: bool = False, sync: bool = True
-) -> bool:
-    """Write `data` as JSON to `path`: temp file, fsync, then rename (or link, which fails when
-    `path` exists: `exclusive`), then fsync the directory (both unless `sync` is False).
-    False when exclusive lost."""
-    directory = os.path.dirname(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, json.dumps(data).encode())
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-        if sync:
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return True
-
-
-def _spawn_error(order: dict[str, Any], err: OSError) -> str:
-    """One line naming what could not be used (the cwd, a file or the command), never argv."""
-    what = err.strerror or str(err)
-    if err.filename == order["cwd"]:
-        return f"cannot start the child: working directory {order['cwd']}: {what}"
-    if err.filename in (order.get("stdin_path"), order["stdout_path"], order["stderr_path"]):
-        return f"cannot start the child: {err.filename}: {what}"
-    return f"cannot start {order['argv'][0]}: {what}"
-
-
-def _open_stdio(order: dict[str, Any]) -> list[int]:
-    """The child's stdin, stdout and stderr, opened here (an error names the file)."""
-    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-    wanted = (
-        (order.get("stdin_path") or os.devnull, os.O_RDONLY | os.O_CLOEXEC),
-        (order["stdout_path"], append),
-        (order["stderr_path"], append),
-    )
-    fds: list[int] = []
-    try:
-        for path, mode in wanted:
-            try:
-                fds.append(os.open(path, mode, 0o600))
-            except OSError as err:
-                err.filename = path
-                raise
-    except OSError:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return fds
-
-
-def spawn_agent(order: dict[str, Any]) -> int:
-    """Start the agent in its own process group, stdio to its files, in its cwd; its pid.
-
-    Through `subprocess` (vfork + exec in C, every other fd closed), not `os.fork()`: a fork of
-    the shim copies its page tables and then faults in every page the forked Python touches
-    before exec, which cost more than the rest of the shim's life for a short child. Raises
-    OSError naming what could not be used (`_spawn_error` turns it into one line)."""
-    stdio = _open_stdio(order)
-    try:
-        proc = subprocess.Popen(
-            order["argv"],
-            stdin=stdio[0],
-            stdout=stdio[1],
-            stderr=stdio[2],
-            cwd=order["cwd"],
-            env=order["env"],
-            close_fds=True,
-            process_group=0,
-        )
-    finally:
-        for fd in stdio:
-            os.close(fd)
-    # The shim reaps every descendant itself (waitpid(-1)): Popen must never wait for it.
-    proc.returncode = 0
-    return proc.pid
 
 
 class Shim:
@@ -234,7 +139,7 @@ class Shim:
         try:
             pid = spawn_agent(self.order)
         except OSError as err:
-            self.facts["error"] = _spawn_error(self.order, err)[:4000]
+            self.facts["error"] = spawn_error(self.order, err)[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")

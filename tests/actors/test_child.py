@@ -26,7 +26,7 @@ import msgpack
 import pytest
 import zmq
 
-from subagents_node.actors.child import procfs, shim, shims
+from subagents_node.actors.child import procfs, records, shim, shims
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
 from subagents_node.actors.child.shims import ShimTemplate, signal_shim
 from subagents_node.messages.codec import encode
@@ -154,7 +154,7 @@ def sleeper(h: Harness, task: str) -> tuple[list[str], Path]:
 
 
 def exit_record(spec: ChildSpec) -> dict[str, Any]:
-    with open(Path(spec.records) / shim.EXIT_RECORD) as fh:
+    with open(Path(spec.records) / records.EXIT_RECORD) as fh:
         data: dict[str, Any] = json.load(fh)
     return data
 
@@ -363,7 +363,7 @@ def test_a_child_that_ended_before_its_started_report_left_costs_one_report(
     harness.unbind()  # no node: the `started` report cannot leave
     spec = harness.spec("c1", ["/bin/true"])
     harness.start(spec)
-    record = Path(spec.records) / shim.EXIT_RECORD
+    record = Path(spec.records) / records.EXIT_RECORD
     wait_until(lambda: record.exists() and exit_record(spec)["tree_ended"], what="the tree end")
     harness.bind()
     only = harness.report()
@@ -394,7 +394,9 @@ def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
 ) -> None:
     spec = harness.spec("c1", [PY, "-c", "open('started', 'w')"])
     Path(spec.records).mkdir(parents=True)
-    assert shim.write_atomically(str(Path(spec.records) / shim.SHIM_RECORD), {"abandoned": True})
+    assert records.write_atomically(
+        str(Path(spec.records) / records.SHIM_RECORD), {"abandoned": True}
+    )
     harness.start(spec)
     assert harness.router is not None and not harness.router.poll(1000)
     assert not (harness.dir / "started").exists()
@@ -402,8 +404,8 @@ def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
 
 def test_write_atomically_exclusive_loses_to_an_existing_record(tmp_path: Path) -> None:
     path = str(tmp_path / "r.json")
-    assert shim.write_atomically(path, {"a": 1}, exclusive=True)
-    assert not shim.write_atomically(path, {"a": 2}, exclusive=True)
+    assert records.write_atomically(path, {"a": 1}, exclusive=True)
+    assert not records.write_atomically(path, {"a": 2}, exclusive=True)
     assert json.loads(Path(path).read_text()) == {"a": 1}
     assert os.listdir(tmp_path) == ["r.json"]
 
