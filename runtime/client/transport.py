@@ -285,9 +285,14 @@ class ZmqTransport:
         self._channels: list[_Channel] = []
         self._lock = threading.Lock()  # guards _channels, appended from several threads
         self._closed = False
+        self._endpoints: dict[str, str] = {}
 
     def endpoint_for(self, target: str) -> str:
-        return endpoint_for(self.address, target)
+        # Computed once per target: path parsing on every request shows in a claim's CPU.
+        endpoint = self._endpoints.get(target)
+        if endpoint is None:
+            endpoint = self._endpoints[target] = endpoint_for(self.address, target)
+        return endpoint
 
     def _channel(self, target: str = "") -> _Channel:
         channels: dict[str, _Channel] | None = getattr(self._local, "channels", None)
