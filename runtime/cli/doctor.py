@@ -2,9 +2,9 @@
 
 Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the store
 (every table family at the version this installation knows, SQLite's integrity check), the
-node (reachable, same version), the configuration (valid; where each value came from) and every
-agent file (parses; its command resolves). It also states how the ledgers count (R-STS-2).
-It never changes anything.
+node (reachable, same version, no stored record quarantined by its owner), the configuration
+(valid; where each value came from) and every agent file (parses; its command resolves).
+It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
 from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.node import owners
 
 Level = Literal["ok", "warn", "fail"]
@@ -140,6 +141,7 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         return
     try:
         pong = client.ping()
+        status = client.status()
     except SubagentsError as err:
         yield Check(
             "node",
@@ -157,6 +159,24 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         f"{pong.node_id} pid {pong.pid} v{pong.version} at {endpoint}",
         "" if level == "ok" else "restart the node to run this version",
     )
+    yield from check_quarantine(state_dir, [q for a in status.actors for q in a.quarantined])
+
+
+def check_quarantine(state_dir: Path, records: list[QuarantinedRecord]) -> Iterator[Check]:
+    """DESIGN §2: a stored record its owner could not parse is failed closed (a slot counts as
+    occupied, a budget, session or run is unavailable) until someone repairs it."""
+    if not records:
+        yield Check("quarantine", "ok", "every stored record parses")
+        return
+    for record in records:
+        yield Check(
+            f"quarantine {record.owner}",
+            "fail",
+            f"{record.table}[{record.key}] does not parse: {record.reason}; it counts as "
+            "occupied/unavailable, every other record works",
+            f"stop the node, repair or delete that row of {record.table} in "
+            f"{state_dir / DB_NAME}, then start the node again",
+        )
 
 
 def check_config(config: Configuration) -> Iterator[Check]:

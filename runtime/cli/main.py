@@ -284,7 +284,7 @@ def ping(obj: Ctx, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def status(obj: Ctx, as_json: bool) -> None:
-    """Show the node: endpoints, uptime, actors and their mailboxes."""
+    """Show the node: endpoints, uptime, actors, their mailboxes and quarantined records."""
     with obj.client() as client:
         st = client.status()
     lines = [
@@ -296,6 +296,12 @@ def status(obj: Ctx, as_json: bool) -> None:
         f"  {a.name:<12} mailbox {a.mailbox}/{a.mailbox_limit}  restarts {a.restarts}"
         for a in st.actors
     ]
+    quarantined = [q for a in st.actors for q in a.quarantined]
+    if quarantined:
+        lines.append(
+            f"quarantined records ({len(quarantined)}; counted occupied/unavailable, see `doctor`):"
+        )
+        lines += [f"  {q.owner} {q.table}[{q.key}]: {q.reason}" for q in quarantined]
     emit(st, as_json, "\n".join(lines))
 
 

@@ -58,6 +58,7 @@ from subagents_node.messages.node import (
     NodeStatusResult,
     Ping,
     Pong,
+    QuarantinedRecord,
     Shutdown,
 )
 from subagents_node.node import owners
@@ -118,6 +119,8 @@ class Node:
         #: Restarts per actor, counted as crashes are reported: `status` must never ask a busy
         #: actor (the gateway's I/O thread would block behind its mailbox).
         self._restarts: dict[str, int] = {}
+        #: Stored records each owner quarantined (replaced whole by the owner's report).
+        self._quarantined: dict[str, list[QuarantinedRecord]] = {}
         self._intensity: RestartIntensity | None = None
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.store = Store(self.state_dir / DB_NAME, self.options.synchronous)
@@ -140,6 +143,7 @@ class Node:
         ctx = ActorContext(
             open_db=self.store.connect,
             report_crash=self._report_crash,
+            report_quarantine=self._report_quarantine,
             schedule=self._timers.schedule,
             faults=self.options.faults,
             settings={
@@ -227,6 +231,9 @@ class Node:
         self._restarts[actor] = self._restarts.get(actor, 0) + 1
         if self._intensity is not None:
             self._intensity.report(actor, exc)
+
+    def _report_quarantine(self, actor: str, records: Sequence[QuarantinedRecord]) -> None:
+        self._quarantined[actor] = list(records)  # one entry per actor, set by its own thread
 
     def _fail(self, reason: str) -> None:
         log.critical("node stopping: %s", reason)
@@ -317,6 +324,7 @@ class Node:
             mailbox=mailbox_depth(ref),
             mailbox_limit=self.dispatcher.mailbox_limit,
             restarts=self._restarts.get(name, 0),
+            quarantined=self._quarantined.get(name, []),
         )
 
     # -- the pid file: which process serves this state dir ------------------------------------
