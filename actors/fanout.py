@@ -328,7 +328,7 @@ class FanoutBudget(OwnerActor):
         if row is None:
             raise FanoutBudgetUnavailable.unknown(descriptor.budget_id)
         if row[3] is not None:
-            raise self._quarantined(BUDGETS, descriptor.budget_id, str(row[3]))
+            raise self._refused(BUDGETS, descriptor.budget_id, str(row[3]))
         root_run_id, limit, used = str(row[0]), int(row[1]), int(row[2])
         mismatched = [
             name
@@ -384,7 +384,7 @@ class FanoutBudget(OwnerActor):
             (budget_id,),
         ).fetchone()
         if problem is not None:
-            raise self._quarantined(BUDGETS, budget_id, str(problem))
+            raise self._refused(BUDGETS, budget_id, str(problem))
         return FanoutSnapshot.of(int(used), int(limit))
 
     def _reservation(self, reservation_id: str) -> tuple[str, str]:
@@ -399,10 +399,10 @@ class FanoutBudget(OwnerActor):
                 reservation_id=reservation_id,
             )
         if row[2] is not None:
-            raise self._quarantined(RESERVATIONS, reservation_id, str(row[2]))
+            raise self._refused(RESERVATIONS, reservation_id, str(row[2]))
         return str(row[0]), str(row[1])
 
-    def _quarantined(self, table: str, key: str, reason: str) -> RecordQuarantined:
+    def _refused(self, table: str, key: str, reason: str) -> RecordQuarantined:
         """Quarantine the record and the refusal of the request that needed it."""
         self.quarantine(table, key, reason)
         return RecordQuarantined.of(self.name, table, key, reason)

@@ -123,7 +123,7 @@ class OwnerActor(pykka.ThreadingActor):
         self.current_reply: ReplyFn | None = None
         self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
         #: Stored records this owner could not read, by (table, key); reported as a whole.
-        self._quarantined: dict[tuple[str, str], QuarantinedRecord] = {}
+        self._quarantined_records: dict[tuple[str, str], QuarantinedRecord] = {}
 
     # -- subclass API -------------------------------------------------------------------------
 
@@ -147,10 +147,10 @@ class OwnerActor(pykka.ThreadingActor):
         owner's whole list to the runtime (status, doctor). The caller keeps counting the record
         as occupied / unavailable and skips it; nothing else changes."""
         record = QuarantinedRecord(owner=self.name, table=table, key=key, reason=reason[:300])
-        if self._quarantined.get((table, key)) != record:
+        if self._quarantined_records.get((table, key)) != record:
             log.error("%s: quarantined %s[%s]: %s", self.name, table, key, reason)
-            self._quarantined[(table, key)] = record
-            self.ctx.report_quarantine(self.name, list(self._quarantined.values()))
+            self._quarantined_records[(table, key)] = record
+            self.ctx.report_quarantine(self.name, list(self._quarantined_records.values()))
         return record
 
     @property
