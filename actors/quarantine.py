@@ -8,13 +8,15 @@ of a large table stays cheap). SQLite stores any value in any column, so these c
 types and domains the owner's code relies on, not a repeat of the schema's constraints.
 
 It owns no table and decides nothing: the owner quarantines (`OwnerActor.quarantine`) and
-fails closed. It must never import anything but `sqlite3`.
+fails closed. It imports nothing of ours.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Sequence
+
+import pydantic
 
 Check = tuple[str, str]
 
@@ -69,3 +71,12 @@ def broken_rows(
     why = problem(checks)
     rows = db.execute(f"SELECT {key}, {why} FROM {table} WHERE {why} IS NOT NULL").fetchall()
     return [(str(k), str(reason)) for k, reason in rows]
+
+
+def reason_of(exc: Exception) -> str:
+    """One line on why a stored value did not parse (the first field pydantic names)."""
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "record"
+        return f"{where}: {first['msg']}"
+    return f"{type(exc).__name__}: {exc}"

@@ -17,8 +17,7 @@ import json
 import sqlite3
 from typing import Any
 
-import pydantic
-
+from subagents_node.actors.quarantine import reason_of
 from subagents_node.messages.capacity import SlotRecord
 
 TABLE = "capacity_slots"
@@ -181,15 +180,7 @@ def _record(row: sqlite3.Row) -> SlotRecord:
                 data[column] = json.loads(data[column])
         return SlotRecord.model_validate(data)
     except (ValueError, TypeError) as exc:  # json and pydantic errors are ValueErrors
-        raise UnreadableSlot(data["session_id"], data["slot"], _reason(exc)) from None
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, pydantic.ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "record"
-        return f"{where}: {first['msg']}"
-    return f"{type(exc).__name__}: {exc}"
+        raise UnreadableSlot(data["session_id"], data["slot"], reason_of(exc)) from None
 
 
 def _first(cursor: sqlite3.Cursor) -> SlotRecord | None:

@@ -14,11 +14,14 @@ subreaper, which outlives the node); this actor is the only writer of their rows
 `children` family, through `ChildKeeper`) and learns their lives from the shims' reports
 (`child.report`, acknowledged only once committed). It never reads another owner's tables,
 never kills a process itself (a shim ends its tree when told), and never stores task text
-(R-MISC-1).
+(R-MISC-1). A run or child row that cannot be read is quarantined (DESIGN §2): reported by
+status and doctor, left out of `runs.list`, refused by the requests that name it, and never
+adopted after a restart, so its slot and claims stay held; every other run keeps working.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -34,6 +37,7 @@ import pykka
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
+from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
@@ -59,6 +63,7 @@ from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import (
     BadRequest,
     IntercomOff,
+    RecordQuarantined,
     RunIdAmbiguous,
     RunNotFound,
     RunStorageFailed,
@@ -138,7 +143,7 @@ class RunSupervisor(OwnerActor):
         super().on_stop()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
-        return {
+        handlers: dict[type[Request], Callable[[Any], Message]] = {
             Launch: self._launch,
             Watch: self._watch,
             WatchAll: self._watch_all,
@@ -152,6 +157,7 @@ class RunSupervisor(OwnerActor):
             Prune: self._prune,
             ChildReport: self._child_report,
         }
+        return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
 
     # -- settings -----------------------------------------------------------------------------
 
@@ -190,17 +196,48 @@ class RunSupervisor(OwnerActor):
         for run_id, seq, reservation in management.uncommitted_appends(self.db):
             # R-APP-4 after a crash: the record is durable, so its claims must be too.
             self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
-        unsettled = runstore.unsettled_runs(self.db)
-        for run_id in unsettled:
-            self._adopt_run(run_id)
+        unreadable = {self._quarantine(err) for err in runstore.unreadable(self.db)}
+        for run_id in runstore.unsettled_runs(self.db):
+            if run_id not in unreadable:  # a run that cannot be read is listed, not recovered
+                self._adopt_run(run_id)
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
         for run_id in list(self._live):
             self._advance(self._live[run_id])
         self._retention.arm(self.db)
 
+    def _quarantine(self, err: RecordQuarantined) -> str:
+        """Report a run or child row that cannot be read; the run id it belongs to."""
+        table, key = str(err.details["table"]), str(err.details["key"])
+        self.quarantine(table, key, str(err.details["reason"]))
+        return key.rsplit("/", 1)[0] if table == runstore.CHILDREN else key
+
+    def _refusing_unreadable(self, handler: Callable[[Any], Message]) -> Callable[[Any], Message]:
+        """`handler`, with a run it cannot read reported (status, doctor) as it is refused."""
+
+        @functools.wraps(handler)
+        def guarded(request: Any) -> Message:
+            try:
+                return handler(request)
+            except RecordQuarantined as err:
+                if err.details.get("owner") == self.name:
+                    self._quarantine(err)
+                raise
+
+        return guarded
+
     def _adopt_run(self, run_id: str) -> None:
-        live, row = adopt_from_store(self.db, run_id)
+        """Keep watching a run the store says is going; one whose record does not parse is
+        quarantined instead (its slot and claims stay held: fail closed)."""
+        try:
+            runstore.view(self.db, run_id)  # every field of the run and its children parses
+            live, row = adopt_from_store(self.db, run_id)
+        except RecordQuarantined as err:
+            self._quarantine(err)
+            return
+        except (ValueError, TypeError) as exc:  # its capacity handle does not parse
+            self.quarantine(runstore.RUNS, run_id, reason_of(exc))
+            return
         self._live[run_id] = live
         if row["deadline_at"] is not None and row["started_at"] is not None:
             # The run's own deadline outlives the node that set it; it may have passed already.
@@ -706,7 +743,7 @@ class RunSupervisor(OwnerActor):
         ids = runstore.list_runs(
             self.db, request.session_id, request.active_only, request.limit, request.root_run_id
         )
-        return RunList(runs=[v for v in (runstore.view(self.db, i) for i in ids) if v])
+        return RunList(runs=runstore.readable_views(self.db, ids, self._quarantine))
 
     def _stop_run(self, request: Stop) -> Message:
         run_id = self._resolve(request.run_id)

@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 
+from subagents_node.client.client import Client
 from subagents_node.client.paths import DB_NAME
 from subagents_node.messages.errors import CapacityExhausted, RecordQuarantined
 from subagents_node.messages.supervisor import TaskItem
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.run_fixtures import agents as agents
-from tests.support.runs import launch_context, new_session
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, launch_context, new_session
 
 pytestmark = pytest.mark.processes
 
@@ -40,6 +42,18 @@ def corrupt(state_dir: Path, sql: str, *args: object) -> None:
         db.commit()
     finally:
         db.close()
+
+
+def echo_runs(client: Client, agents: Path, count: int) -> list[str]:
+    """`count` finished background runs of the echo agent, each in its own session."""
+    run_ids = []
+    for n in range(count):
+        ctx = launch_context(agents)
+        item = TaskItem(agent=ctx.plan("echo"), task=f"run {n}")
+        run = client.runs.launch(ctx.launch("single", True, items=[item]))
+        assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+        run_ids.append(run.run_id)
+    return run_ids
 
 
 def stop(node: NodeProcess) -> None:
@@ -231,3 +245,70 @@ def test_corrupt_session_run_row_is_quarantined_and_counts_as_active(
     assert status.active == 1 and status.runs == []  # counted, never shown as a state
     assert client.session.reserve(session, 1).counted == 1
     assert restarts(state_dir, "session") == 0
+
+
+def test_corrupt_run_record_is_quarantined_and_every_other_run_works(
+    start_node: StartNode, state_dir: Path, agents: Path
+) -> None:
+    first = start_node(state_dir=state_dir)
+    broken, healthy = echo_runs(first.client(), agents, 2)
+    stop(first)
+    corrupt(state_dir, "UPDATE runs SET snapshots = '{\"fanout\":' WHERE run_id = ?", broken)
+
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+
+    assert_reported(state_dir, "supervisor", "runs", broken)
+    with pytest.raises(RecordQuarantined) as refused:
+        client.runs.show(broken)
+    assert refused.value.details["key"] == broken
+    assert [r.run_id for r in client.runs.list()] == [healthy]
+    assert client.runs.show(healthy).state == "complete"
+    assert len(echo_runs(client, agents, 1)) == 1  # launches keep working
+    assert restarts(state_dir, "supervisor") == 0
+
+
+def test_corrupt_child_row_is_quarantined_with_its_run_only(
+    start_node: StartNode, state_dir: Path, agents: Path
+) -> None:
+    first = start_node(state_dir=state_dir)
+    broken, healthy = echo_runs(first.client(), agents, 2)
+    stop(first)
+    corrupt(state_dir, "UPDATE run_children SET state = 'exploded' WHERE run_id = ?", broken)
+
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+
+    assert_reported(state_dir, "supervisor", "run_children", f"{broken}/0")
+    with pytest.raises(RecordQuarantined):
+        client.runs.show(broken)
+    assert [r.run_id for r in client.runs.list()] == [healthy]
+    assert restarts(state_dir, "supervisor") == 0
+
+
+def test_corrupt_running_run_is_not_recovered_and_keeps_its_slot(
+    start_node: StartNode, state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=2)
+    item = TaskItem(agent=ctx.plan("gate"), task=str(gate.path))
+    run = client.runs.launch(ctx.launch("single", True, items=[item]))
+    (child,) = gate.accept(1)
+    stop(first)  # the child keeps running under its shim
+    corrupt(state_dir, "UPDATE runs SET capacity = 'slot zero' WHERE run_id = ?", run.run_id)
+
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+
+    assert_reported(state_dir, "supervisor", "runs", run.run_id)
+    events = client.runs.watch_all(0, wait_s=0).events
+    assert "run.recovered" not in [e.kind for e in events if e.run_id == run.run_id]
+    child.release(0)
+    child.wait_exit()
+    # Nobody settles the unreadable run, so its slot is never freed: fail closed.
+    assert client.capacity.snapshot(ctx.session_id, 2).used == 1
+    other = client.runs.launch(ctx.launch("single", True, items=[item]))
+    gate.accept(1)[0].release(0)
+    assert client.runs.wait(other.run_id, timeout=20).state == "complete"
+    assert restarts(state_dir, "supervisor") == 0
