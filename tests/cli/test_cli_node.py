@@ -140,7 +140,16 @@ def test_json_output_is_the_result_model_and_nothing_else(
         "actors",
     }
     for actor in status["actors"]:
-        assert set(actor) == {"name", "mailbox", "mailbox_limit", "restarts"}
+        assert set(actor) == {
+            "name",
+            "mailbox",
+            "mailbox_limit",
+            "restarts",
+            "state",
+            "pid",
+            "reason",
+            "quarantined",
+        }
 
 
 # -- exit codes ---------------------------------------------------------------------------------
