@@ -31,8 +31,10 @@ def problem(checks: Sequence[Check]) -> str:
     return f"(CASE {whens} END)"
 
 
-def integer(column: str, low: int | None = None, high: int | None = None) -> Check:
-    """`column` holds an integer within [low, high]."""
+def integer(
+    column: str, low: int | None = None, high: int | None = None, nullable: bool = False
+) -> Check:
+    """`column` holds an integer within [low, high] (or NULL when allowed)."""
     bounds = [f"typeof({column}) != 'integer'"]
     if low is not None:
         bounds.append(f"{column} < {low}")
@@ -40,7 +42,10 @@ def integer(column: str, low: int | None = None, high: int | None = None) -> Che
         bounds.append(f"{column} > {high}")
     lo, hi = ("" if v is None else str(v) for v in (low, high))
     domain = f" in {lo}..{hi}" if lo or hi else ""
-    return " OR ".join(bounds), f"{column} is not an integer{domain}"
+    broken = " OR ".join(bounds)
+    if nullable:
+        broken = f"{column} IS NOT NULL AND ({broken})"
+    return broken, f"{column} is not an integer{domain}"
 
 
 def number(column: str, nullable: bool = False) -> Check:
@@ -54,11 +59,19 @@ def text(column: str, nullable: bool = False) -> Check:
     return f"typeof({column}) NOT IN ({kinds})", f"{column} is not text"
 
 
-def one_of(column: str, values: Iterable[str]) -> Check:
+def json(column: str, nullable: bool = False) -> Check:
+    """`column` holds well-formed JSON text (or NULL when allowed)."""
+    present = f"{column} IS NOT NULL AND " if nullable else ""
+    return f"{present}json_valid({column}) IS NOT 1", f"{column} is not JSON"
+
+
+def one_of(column: str, values: Iterable[str], nullable: bool = False) -> Check:
+    """`column` holds one of `values` (or NULL when allowed)."""
     names = sorted(values)
     listed = ", ".join(f"'{v}'" for v in names)
+    missing = "" if nullable else f"{column} IS NULL OR "
     return (
-        f"{column} IS NULL OR {column} NOT IN ({listed})",
+        f"{missing}{column} NOT IN ({listed})",
         f"{column} is not one of {', '.join(names)}",
     )
 

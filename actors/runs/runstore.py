@@ -33,11 +33,6 @@ OWNER = "supervisor"
 RUNS, CHILDREN = "runs", "run_children"
 
 
-def _json(column: str, nullable: bool = False) -> quarantine.Check:
-    present = f"{column} IS NOT NULL AND " if nullable else ""
-    return f"{present}json_valid({column}) IS NOT 1", f"{column} is not JSON"
-
-
 RUN_CHECKS = (
     *(quarantine.text(c) for c in ("session_id", "label", "root_run_id", "run_dir", "runner_id")),
     *(quarantine.text(c) for c in ("error", "output", "fanout")),
@@ -48,23 +43,16 @@ RUN_CHECKS = (
     quarantine.integer("depth", 0),
     quarantine.number("created_at"),
     *(quarantine.number(c, nullable=True) for c in ("started_at", "ended_at", "deadline_at")),
-    _json("snapshots"),
-    _json("capacity", nullable=True),
+    quarantine.json("snapshots"),
+    quarantine.json("capacity", nullable=True),
 )
 CHILD_CHECKS = (
     quarantine.integer("idx", 0),
     *(quarantine.text(c) for c in ("child_id", "label", "agent", "error", "output")),
     quarantine.one_of("state", get_args(ChildViewState)),
-    *(
-        (f"{c} IS NOT NULL AND typeof({c}) != 'integer'", f"{c} is not an integer")
-        for c in ("pid", "exit_code", "signal")
-    ),
+    *(quarantine.integer(c, nullable=True) for c in ("pid", "exit_code", "signal")),
     *(quarantine.number(c, nullable=True) for c in ("started_at", "ended_at")),
-    (
-        f"proof_state IS NOT NULL AND proof_state NOT IN "
-        f"({', '.join(repr(p) for p in get_args(ProofState))})",
-        "proof_state is not a proof state",
-    ),
+    quarantine.one_of("proof_state", get_args(ProofState), nullable=True),
 )
 _RUN_PROBLEM = quarantine.problem(RUN_CHECKS)
 _CHILD_PROBLEM = quarantine.problem(CHILD_CHECKS)

@@ -34,6 +34,7 @@ from typing import Any, ParamSpec
 
 import pykka
 
+from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
@@ -200,6 +201,8 @@ class RunSupervisor(OwnerActor):
         for run_id in runstore.unsettled_runs(self.db):
             if run_id not in unreadable:  # a run that cannot be read is listed, not recovered
                 self._adopt_run(run_id)
+        for child_id, reason in child_rows.unreadable(self.db):
+            self.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
         for run_id in list(self._live):
@@ -541,7 +544,12 @@ class RunSupervisor(OwnerActor):
 
     def _child_report(self, report: ChildReport) -> Message:
         """A shim's report: applied, committed, then acknowledged (the group commit's rule), so
-        an acknowledged report is never lost; a resent one changes nothing."""
+        an acknowledged report is never lost; a resent one changes nothing. A report about a
+        child whose row cannot be read is refused (the shim keeps it and resends it), so it
+        is applied once the row is repaired."""
+        problem = child_rows.problem_of(self.db, report.child_id)
+        if problem is not None:
+            raise RecordQuarantined.of(self.name, child_rows.TABLE, report.child_id, problem)
         self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock()))
         return Ack()
 

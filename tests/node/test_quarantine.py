@@ -312,3 +312,31 @@ def test_corrupt_running_run_is_not_recovered_and_keeps_its_slot(
     gate.accept(1)[0].release(0)
     assert client.runs.wait(other.run_id, timeout=20).state == "complete"
     assert restarts(state_dir, "supervisor") == 0
+
+
+def test_corrupt_child_process_row_is_quarantined_and_its_child_never_adopted(
+    start_node: StartNode, state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=2)
+    item = TaskItem(agent=ctx.plan("gate"), task=str(gate.path))
+    run = client.runs.launch(ctx.launch("single", True, items=[item]))
+    (child,) = gate.accept(1)
+    stop(first)
+    child_id = f"{run.run_id}-0"
+    corrupt(state_dir, "UPDATE children SET grace_s = 'soon' WHERE child_id = ?", child_id)
+
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+
+    assert_reported(state_dir, "supervisor", "children", child_id)
+    child.release(0)
+    child.wait_exit()
+    # Its exit is never applied from the unreadable row: the run and its slot stay held.
+    assert client.runs.show(run.run_id).state == "running"
+    assert client.capacity.snapshot(ctx.session_id, 2).used == 1
+    other = client.runs.launch(ctx.launch("single", True, items=[item]))
+    gate.accept(1)[0].release(0)
+    assert client.runs.wait(other.run_id, timeout=20).state == "complete"
+    assert restarts(state_dir, "supervisor") == 0
