@@ -32,7 +32,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import pykka
 
@@ -92,6 +92,16 @@ class ActorContext:
     cap_log: Callable[[str], Callable[[], None]] | None = None
 
 
+class Mailbox(Protocol):
+    """Where an owner's messages wait when it is hosted by a loop rather than a pykka thread."""
+
+    def post(self, message: Job | Tick) -> None:
+        """Queue a message; called from any thread (it wakes the loop)."""
+
+    def empty(self) -> bool:
+        """True when nothing waits: the moment an owner commits its group."""
+
+
 class _Deferred:
     """Returned by a handler whose reply is sent later with `OwnerActor.reply_later`."""
 
@@ -122,6 +132,7 @@ class OwnerActor(pykka.ThreadingActor):
         #: The reply function of the request being handled (for handlers that defer).
         self.current_reply: ReplyFn | None = None
         self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
+        self._mailbox: Mailbox | None = None
         #: Stored records this owner could not read, by (table, key); reported as a whole.
         self._quarantined_records: dict[tuple[str, str], QuarantinedRecord] = {}
 
@@ -166,13 +177,29 @@ class OwnerActor(pykka.ThreadingActor):
         """Deliver `tick` to this actor's inbox after `delay_s` (never blocks, never polls)."""
         if self.ctx.schedule is None:
             return lambda: None
+        tell = self.tell_self
+        return self.ctx.schedule(max(0.0, delay_s), lambda: tell(tick))
+
+    # -- the mailbox: pykka's inbox in a unit test, the owner process's loop in a node ---------
+
+    def host(self, mailbox: Mailbox) -> None:
+        """Serve from `mailbox` (actors/loop.py's OwnerLoop) instead of a pykka thread."""
+        self._mailbox = mailbox
+
+    def tell_self(self, message: Job | Tick) -> None:
+        """Queue `message` for this owner; safe from any thread, dropped once it has stopped."""
+        if self._mailbox is not None:
+            self._mailbox.post(message)
+            return
         ref = self.actor_ref
+        if ref.is_alive():
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(message)
 
-        def fire() -> None:
-            if ref.is_alive():
-                ref.tell(tick)
-
-        return self.ctx.schedule(max(0.0, delay_s), fire)
+    def _inbox_empty(self) -> bool:
+        if self._mailbox is not None:
+            return self._mailbox.empty()
+        return bool(self.actor_inbox.empty())
 
     # -- pykka hooks --------------------------------------------------------------------------
 
@@ -192,7 +219,7 @@ class OwnerActor(pykka.ThreadingActor):
             self._run(message.request, message.reply)
         elif isinstance(message, Tick):
             self._run_tick(message)
-        if len(self._pending) >= self.GROUP_MAX or self.actor_inbox.empty():
+        if len(self._pending) >= self.GROUP_MAX or self._inbox_empty():
             self._before_flush()
             self._flush()
         return None

@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,8 +109,78 @@ def _scratch() -> Iterator[Path]:
 
 
 def _cpu_s(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
+    """CPU of a server: for the node, the node process and its owner processes (each owner
+    is its own process, DESIGN §1), so the figure is the whole server side."""
+    total = 0.0
+    for one in (proc, *proc.children()):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = one.cpu_times()
+            total += float(times.user + times.system)
+    return total
+
+
+COLD_STARTS = 7
+
+
+def _cold_start_s() -> float:
+    """From spawning `subagents-node start` to the first answered claim (the client retries
+    until the node's sockets exist: that wait is what is measured)."""
+    from subagents_node.client.client import Client
+    from subagents_node.client.transport import ZmqTransport
+    from subagents_node.messages.errors import NodeError
+
+    state_dir = Path(tempfile.mkdtemp(prefix="sa-cold-", dir="/tmp"))
+    cli = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "start"]
+    started = time.monotonic()
+    proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        address = f"ipc://{state_dir / 'node.sock'}"
+        while True:
+            try:
+                with Client(ZmqTransport(address), timeout=5.0) as client:
+                    budget = client.fanout.create(root_run_id="cold", limit=1)
+                    client.fanout.claim(budget, ["tasks[0]"])
+                return time.monotonic() - started
+            except NodeError:
+                if proc.poll() is not None:
+                    raise RuntimeError("the node exited during its cold start") from None
+                time.sleep(0.002)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _idle_memory(node_proc: psutil.Process) -> tuple[int, int, int]:
+    """(processes, RSS sum, PSS sum) of an idle node: the node and its owner processes."""
+    rss = pss = 0
+    procs = [node_proc, *node_proc.children()]
+    for one in procs:
+        info = one.memory_full_info()
+        rss += int(info.rss)
+        pss += int(getattr(info, "pss", info.rss))
+    return len(procs), rss, pss
+
+
+def _startup_section() -> tuple[str, float, tuple[int, int, int]]:
+    import statistics
+
+    times = [_cold_start_s() for _ in range(COLD_STARTS)]
+    with detached_node() as address, connect(address, timeout=30.0) as client:
+        memory = _idle_memory(psutil.Process(client.status().pid))
+    cold = statistics.median(times)
+    count, rss, pss = memory
+    text = (
+        "### Cold start and idle memory\n\n"
+        f"Cold start (spawn `subagents-node start` → first claim answered), median of "
+        f"{COLD_STARTS}: **{cold * 1000:.0f} ms** (min {min(times) * 1000:.0f}, max "
+        f"{max(times) * 1000:.0f}); target < 500 ms: {'met' if cold < 0.5 else 'missed'}.\n\n"
+        f"Idle node: {count} processes (the node and its owners), RSS sum "
+        f"**{rss / 2**20:.1f} MiB** (PSS sum {pss / 2**20:.1f} MiB: the owners share the "
+        f"node's pages, forked after its imports); target < 150 MiB: "
+        f"{'met' if rss < 150 * 2**20 else 'missed'}."
+    )
+    return text, cold, memory
 
 
 def _with_server_cpu(
@@ -242,6 +313,8 @@ def main() -> str:
         section_done("per-claim cost by used")
         cycles = _cycles(pool, node, scratch)
         section_done("acquire + rollback")
+    startup, _, _ = _startup_section()
+    section_done("cold start and idle memory")
     ours = [r.run.outcomes for r in rows if r.system == "ours"] + [used["ours"][1]]
     ours += [run.outcomes for _, system, run in cycles if system == "ours"]
     our_errors = sum(outcomes.errors for outcomes in ours)
@@ -274,8 +347,8 @@ def main() -> str:
         f"### Acquire + rollback at {CYCLE_CLIENTS} client processes\n\n"
         f"{cycles_text}\n\n"
         "### Targets\n\n"
-        f"{targets(rows, BATCHES, growth, cycle_ratios, our_errors)}\n"
-        + (f"\nFirst error of ours: `{first_error}`\n" if first_error else "")
+        f"{targets(rows, BATCHES, growth, cycle_ratios, our_errors)}\n\n"
+        f"{startup}\n" + (f"\nFirst error of ours: `{first_error}`\n" if first_error else "")
     )
 
 

@@ -32,8 +32,6 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, ParamSpec
 
-import pykka
-
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
@@ -134,7 +132,10 @@ class RunSupervisor(OwnerActor):
         #: slot is re-reported whenever one of those children settles.
         self._unproven_workflows: set[str] = set()
         self.keeper = ChildKeeper(
-            str(ctx.settings.get("node_address", "")), self._to_self(ShimGone), ctx.cap_log
+            # Shims report to this owner's own socket (its process's ROUTER), not the node's.
+            str(ctx.settings.get("runs_address") or ctx.settings.get("node_address", "")),
+            self._to_self(ShimGone),
+            ctx.cap_log,
         )
 
     def on_stop(self) -> None:
@@ -181,6 +182,11 @@ class RunSupervisor(OwnerActor):
         an OOM kill would, to prove that no step of a launch leaves a stuck run."""
         if self.ctx.faults and point in self.ctx.settings.get("fault_kill_points", ()):
             log.warning("fault injection: killing the node at %s", point)
+            node = int(self.ctx.settings.get("node_pid", 0) or 0)
+            if node and node != os.getpid():
+                # The node first (its owners die with it, PDEATHSIG), then this process.
+                with suppress(ProcessLookupError):
+                    os.kill(node, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
     # -- start and recovery -------------------------------------------------------------------
@@ -372,11 +378,10 @@ class RunSupervisor(OwnerActor):
 
     def _to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
         """A callback (run on another thread) that delivers the tick `make` builds to us."""
-        ref = self.actor_ref
+        tell = self.tell_self
 
         def deliver(*args: P.args, **kwargs: P.kwargs) -> None:
-            with suppress(pykka.ActorDeadError):  # the node is stopping: nobody to tell
-                ref.tell(make(*args, **kwargs))
+            tell(make(*args, **kwargs))  # dropped once we have stopped: nobody to tell
 
         return deliver
 

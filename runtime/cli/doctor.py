@@ -14,13 +14,13 @@ import shutil
 import sqlite3
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from subagents_node.client.client import Client
-from subagents_node.client.paths import DB_NAME, ipc_endpoint
+from subagents_node.client.paths import DB_NAME, OWNER_SOCKETS, ipc_endpoint, owner_db
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
@@ -78,11 +78,31 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
 
 
 def check_store(state_dir: Path) -> Iterator[Check]:
-    path = state_dir / DB_NAME
-    if not path.exists():
-        yield Check("store", "warn", f"{path} does not exist yet", "it is created on first start")
+    """Each owner process's database (`capacity.db`, ..., `runs.db`); a version-1 `state.db`
+    that no owner has imported yet is checked as it stands."""
+    files = {cls.name: owner_db(state_dir, cls.name) for cls in owners.OWNERS}
+    present = {name: path for name, path in files.items() if path.exists()}
+    v1 = state_dir / DB_NAME
+    if not present and not v1.exists():
+        yield Check(
+            "store", "warn", "no owner database exists yet", "they are created on first start"
+        )
         return
-    expected = {name: len(scripts) for name, scripts in owners.FAMILIES.items()}
+    if not present:
+        yield from _check_db("store", v1, dict(owners.FAMILIES))
+        return
+    by_name = {cls.name: cls for cls in owners.OWNERS}
+    for name, path in present.items():
+        yield from _check_db(f"store {path.stem}", path, owners.families_of(by_name[name]))
+    for name, path in files.items():
+        if name not in present:
+            yield Check(
+                f"store {path.stem}", "warn", f"{path} does not exist yet", "start the node once"
+            )
+
+
+def _check_db(check: str, path: Path, families: Mapping[str, Sequence[str]]) -> Iterator[Check]:
+    expected = {name: len(scripts) for name, scripts in families.items()}
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         try:
@@ -92,21 +112,22 @@ def check_store(state_dir: Path) -> Iterator[Check]:
             conn.close()
     except sqlite3.Error as exc:
         yield Check(
-            "store",
+            check,
             "fail",
             f"{path} cannot be read: {exc}",
-            f"move it aside (mv {path} {path}.broken) and restart the node; ledgers start empty",
+            f"move it aside (mv {path} {path}.broken) and restart the node; its ledger "
+            "starts empty",
         )
         return
     if integrity != "ok":
         yield Check(
-            "store integrity",
+            f"{check} integrity",
             "fail",
             f"integrity check: {integrity[:200]}",
             f"stop the node, copy {path} for a post-mortem, then move it aside",
         )
     else:
-        yield Check("store integrity", "ok", "PRAGMA integrity_check: ok")
+        yield Check(f"{check} integrity", "ok", "PRAGMA integrity_check: ok")
     found = {str(r[0]): int(r[1]) for r in rows}
     for family, version in sorted(expected.items()):
         have = found.get(family)
@@ -141,7 +162,7 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         return
     try:
         pong = client.ping()
-        status = client.status()
+        owners_now = client.status().actors
     except SubagentsError as err:
         yield Check(
             "node",
@@ -159,7 +180,18 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         f"{pong.node_id} pid {pong.pid} v{pong.version} at {endpoint}",
         "" if level == "ok" else "restart the node to run this version",
     )
-    yield from check_quarantine(state_dir, [q for a in status.actors for q in a.quarantined])
+    for owner in owners_now:
+        if owner.state == "running":
+            yield Check(f"owner {owner.name}", "ok", f"running, pid {owner.pid}")
+        else:
+            yield Check(
+                f"owner {owner.name}",
+                "fail" if owner.state == "failed" else "warn",
+                f"{owner.state} after {owner.restarts} restarts: {owner.reason[:300]}",
+                "see node.log; restart the node (`subagents-node stop` then `start`) once "
+                "the cause is fixed",
+            )
+    yield from check_quarantine(state_dir, [q for a in owners_now for q in a.quarantined])
 
 
 def check_quarantine(state_dir: Path, records: list[QuarantinedRecord]) -> Iterator[Check]:
@@ -175,8 +207,13 @@ def check_quarantine(state_dir: Path, records: list[QuarantinedRecord]) -> Itera
             f"{record.table}[{record.key}] does not parse: {record.reason}; it counts as "
             "occupied/unavailable, every other record works",
             f"stop the node, repair or delete that row of {record.table} in "
-            f"{state_dir / DB_NAME}, then start the node again",
+            f"{_db_of(state_dir, record.owner)}, then start the node again",
         )
+
+
+def _db_of(state_dir: Path, owner: str) -> Path:
+    """The database file the owner keeps its records in."""
+    return owner_db(state_dir, owner) if owner in OWNER_SOCKETS else state_dir / DB_NAME
 
 
 def check_config(config: Configuration) -> Iterator[Check]:

@@ -284,7 +284,8 @@ def ping(obj: Ctx, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def status(obj: Ctx, as_json: bool) -> None:
-    """Show the node: endpoints, uptime, actors, their mailboxes and quarantined records."""
+    """Show the node: endpoints, uptime, each owner process (state, pid, restarts) and the
+    stored records its owners quarantined."""
     with obj.client() as client:
         st = client.status()
     lines = [
@@ -292,10 +293,10 @@ def status(obj: Ctx, as_json: bool) -> None:
         f"state dir: {st.state_dir}",
         f"endpoints: {', '.join(st.endpoints)}",
     ]
-    lines += [
-        f"  {a.name:<12} mailbox {a.mailbox}/{a.mailbox_limit}  restarts {a.restarts}"
-        for a in st.actors
-    ]
+    for a in st.actors:  # one process per owner (DESIGN §1)
+        lines.append(f"  {a.name:<12} {a.state:<10} pid {a.pid or '-':<8} restarts {a.restarts}")
+        if a.state != "running" and a.reason:
+            lines.append(f"    why: {a.reason[:300]}")
     quarantined = [q for a in st.actors for q in a.quarantined]
     if quarantined:
         lines.append(

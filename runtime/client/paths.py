@@ -16,6 +16,23 @@ from subagents_node.messages.constants import ENV_STATE_DIR
 from subagents_node.messages.errors import BadAddress, UnsafeStateDir
 
 SOCKET_NAME = "node.sock"
+#: Each owner process's socket in the state dir, by owner name (the address book's ipc part:
+#: a local client derives it from the node's socket, DESIGN §1). Its database is `<stem>.db`.
+OWNER_SOCKETS = {
+    "capacity": "capacity.sock",
+    "fanout": "fanout.sock",
+    "session": "session.sock",
+    "supervisor": "runs.sock",
+}
+
+
+def owner_db(state_dir: Path, owner: str) -> Path:
+    """The database file of one owner process (`capacity.db`, ..., `runs.db`)."""
+    return state_dir / (OWNER_SOCKETS[owner].removesuffix(".sock") + ".db")
+
+
+#: The node's address book: where each owner listens, its pid and state (rewritten on change).
+ADDRESS_BOOK_NAME = "addressbook.json"
 PID_NAME = "node.pid"
 DB_NAME = "state.db"
 LOG_NAME = "node.log"

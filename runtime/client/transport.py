@@ -1,8 +1,12 @@
 """The transport seam: send a request, get its result or its typed error.
 
-- `ZmqTransport` (here) speaks msgpack envelopes over a DEALER socket to a node's ROUTER.
-  Each calling thread gets its own DEALER (sockets are not thread-safe), so many threads can
-  call at once with no extra hop; a thread may have many requests outstanding (`submit`).
+- `ZmqTransport` (here) speaks msgpack envelopes over DEALER sockets to ROUTERs. Given the
+  node's ipc socket in a state dir, it sends each request straight to the owner process that
+  serves it (the address book's ipc endpoints sit beside the node's socket: `runs.sock`,
+  `capacity.sock`, ...; DESIGN §1), and only node.* requests to the node; given any other
+  address (tcp, or an ipc path elsewhere) it sends everything there and the node forwards.
+  Each calling thread gets its own DEALER per endpoint (sockets are not thread-safe), so many
+  threads can call at once with no extra hop; a thread may have many requests outstanding.
   Replies are matched by correlation id and stale replies (for requests that timed out) are
   dropped. ZeroMQ reconnects by itself after a node restart; a request in flight across the
   restart times out. A tcp address is always CURVE (DESIGN §3): the transport offers its
@@ -30,7 +34,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from subagents_node.client.keys import ClientCredentials, client_credentials
 from subagents_node.client.paths import (
+    OWNER_SOCKETS,
     PID_NAME,
+    SOCKET_NAME,
     check_endpoint,
     default_state_dir,
     ipc_path,
@@ -270,12 +276,26 @@ class ZmqTransport:
         self._lock = threading.Lock()  # guards _channels, appended from several threads
         self._closed = False
 
-    def _channel(self) -> _Channel:
-        channel: _Channel | None = getattr(self._local, "channel", None)
+    def endpoint_for(self, target: str) -> str:
+        """Where a request for `target` goes: its owner's own socket beside the node's (a
+        state dir's ipc socket), else the node's address (which forwards it)."""
+        path = ipc_path(self.address)
+        if path is None or path.name != SOCKET_NAME or target not in OWNER_SOCKETS:
+            return self.address
+        return f"ipc://{path.parent / OWNER_SOCKETS[target]}"
+
+    def _channel(self, target: str = "") -> _Channel:
+        channels: dict[str, _Channel] | None = getattr(self._local, "channels", None)
+        if channels is None:
+            channels = self._local.channels = {}
+        endpoint = self.endpoint_for(target)
+        channel = channels.get(endpoint)
         if channel is None:
             if self._closed:
                 raise NodeNotRunning("this client is closed", address=self.address)
             self._check_reachable(stale=True)
+            if endpoint != self.address:
+                check_reachable(endpoint, stale=True)
             sock = self._zctx.socket(zmq.DEALER)
             for option, value in DEALER_OPTIONS:
                 sock.setsockopt(option, value)
@@ -284,7 +304,7 @@ class ZmqTransport:
                 if self.address.startswith("tcp://"):
                     curve_client(sock, self._credentials or default_credentials(self._state_dir))
                     monitor = sock.get_monitor_socket(_REFUSED)
-                sock.connect(self.address)
+                sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
                 raise BadAddress(
@@ -294,7 +314,7 @@ class ZmqTransport:
                 sock.close(linger=0)
                 raise no_keys(self.address, err) from None
             channel = _Channel(sock, self.address, self._why_silent, monitor)
-            self._local.channel = channel
+            channels[endpoint] = channel
             with self._lock:
                 self._channels.append(channel)
         return channel
@@ -308,7 +328,7 @@ class ZmqTransport:
     def submit(self, request: Request, target: str = "") -> PendingReply:
         """Put `request` on the wire now; resolve the returned PendingReply later, same thread."""
         self._check_reachable()
-        channel = self._channel()
+        channel = self._channel(target or request.target)
         env = Envelope(
             type=request.type,
             body=request.to_body(),

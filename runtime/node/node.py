@@ -1,9 +1,12 @@
-"""Node: one OS process hosting the owner actors behind the gateway.
+"""Node: the supervisor of the owner processes, and the node's own small service.
 
-Owns the node's lifetime: the state dir, the store and its migrations, the timer thread, the
-actors (started, supervised, stopped), the dispatcher and the gateway, and the pid file that
-tells other processes which node serves this state dir. Runs in the foreground (`start`),
-detached (`start --detach`, see runtime.daemon) or embedded (`Node.embedded()`).
+Owns the node's lifetime: the state dir, the owner processes (started in order, watched,
+restarted, marked failed: runtime/node/ownersup.py), the address book and the pid file that
+tell other processes where each owner listens, the gateway (node.* requests, keys, and tcp
+peers) and the forwarder that carries whatever reaches the node's sockets on to the owners.
+Each owner is its own process with its own socket and database (DESIGN §1); the node never
+opens an owner's database. Runs in the foreground (`start`), detached (`start --detach`, see
+runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import pykka
 import zmq
 
-from subagents_node.actors.child.logcap import ChildLogCap
-from subagents_node.actors.owner import ActorContext, Outcome, OwnerActor
+from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
-    DB_NAME,
+    ADDRESS_BOOK_NAME,
+    OWNER_SOCKETS,
     PID_NAME,
     check_endpoint,
     ensure_state_dir,
@@ -53,27 +55,22 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
 from subagents_node.messages.node import (
-    ActorStatus,
     NodeStatus,
     NodeStatusResult,
     Ping,
     Pong,
-    QuarantinedRecord,
     Shutdown,
 )
 from subagents_node.node import owners
 from subagents_node.node.curve import CurveGuard
-from subagents_node.node.dispatch import Dispatcher, mailbox_depth
+from subagents_node.node.dispatch import Dispatcher
+from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
 from subagents_node.node.inprocess import InProcessTransport
-from subagents_node.node.store import Store
-from subagents_node.node.supervision import RestartIntensity
-from subagents_node.node.timers import Timers
+from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
+from subagents_node.node.ownersup import OwnerSupervisor
 
 log = logging.getLogger(__name__)
-
-#: A child log's cap when the settings name none (config `child_log_max_bytes`).
-DEFAULT_CHILD_LOG_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -110,52 +107,22 @@ class Node:
         self._stop_requested = threading.Event()
         self._stopped = False
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._timers: Timers | None = None
-        self._refs: dict[str, pykka.ActorRef[OwnerActor]] = {}
+        self._owners: OwnerSupervisor | None = None
+        self._forwarder: Forwarder | None = None
         self._gateway: Gateway | None = None
         self._curve: CurveGuard | None = None
-        self._log_cap: ChildLogCap | None = None
         self._clients: list[Client] = []
-        #: Restarts per actor, counted as crashes are reported: `status` must never ask a busy
-        #: actor (the gateway's I/O thread would block behind its mailbox).
-        self._restarts: dict[str, int] = {}
-        #: Stored records each owner quarantined (replaced whole by the owner's report).
-        self._quarantined: dict[str, list[QuarantinedRecord]] = {}
-        self._intensity: RestartIntensity | None = None
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
-        self.store = Store(self.state_dir / DB_NAME, self.options.synchronous)
 
     # -- lifetime -----------------------------------------------------------------------------
 
     def start(self) -> Node:
         ensure_state_dir(self.state_dir)
         self.state_dir = self.state_dir.resolve()
-        self.store = Store(self.state_dir / DB_NAME, self.options.synchronous)
         endpoints = self._endpoints()
         self._refuse_if_running()
-        self.store.migrate(owners.FAMILIES)
-        self._timers = Timers()
-        self._intensity = RestartIntensity(
-            self._fail, self.options.restart_max, self.options.restart_window_s
-        )
-        cap = self.options.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
-        self._log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
-        ctx = ActorContext(
-            open_db=self.store.connect,
-            report_crash=self._report_crash,
-            report_quarantine=self._report_quarantine,
-            schedule=self._timers.schedule,
-            faults=self.options.faults,
-            settings={
-                "runs_dir": str(self.state_dir / "runs"),
-                "node_address": endpoints[0],
-                **self.options.settings,
-            },
-            dispatch=self.dispatcher.dispatch,
-            cap_log=self._log_cap.watch,
-        )
         try:
-            self._start_serving(ctx, endpoints)
+            self._start_serving(self._owner_specs(endpoints[0]), endpoints)
         except BaseException:
             # Whatever failed (a bind, a full disk under the pid file), nothing may keep
             # running: a half-started node would hold the state dir and hang `start`.
@@ -164,12 +131,57 @@ class Node:
         log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
         return self
 
-    def _start_serving(self, ctx: ActorContext, endpoints: list[str]) -> None:
+    def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
+        peers = {name: self._owner_endpoint(name) for name in OWNER_SOCKETS}
+        peers["node"] = node_address
+        settings = {
+            "runs_dir": str(self.state_dir / "runs"),
+            "node_address": node_address,
+            "runs_address": peers[owners.RUNS.name],
+            "node_pid": os.getpid(),
+            **self.options.settings,
+        }
+        specs = []
         for cls in owners.OWNERS:
-            ref = cls.start(ctx)
-            self._refs[cls.name] = ref
-            self.dispatcher.register(cls.name, ref)
+            own = {**settings, "caps_child_logs": cls is owners.RUNS}
+            specs.append(
+                OwnerSpec(
+                    cls=cls,
+                    stem=OWNER_SOCKETS[cls.name].removesuffix(".sock"),
+                    state_dir=self.state_dir,
+                    endpoint=peers[cls.name],
+                    families=owners.families_of(cls),
+                    peers=peers,
+                    synchronous=self.options.synchronous,
+                    faults=self.options.faults,
+                    max_frame=self.options.max_frame,
+                    mailbox_limit=self.options.mailbox_limit,
+                    settings=own,
+                )
+            )
+        return specs
+
+    def _owner_endpoint(self, name: str) -> str:
+        return f"ipc://{self.state_dir / OWNER_SOCKETS[name]}"
+
+    def _start_serving(self, specs: list[OwnerSpec], endpoints: list[str]) -> None:
+        for spec in specs:  # sockets left by owners of a node killed with -9
+            path = ipc_path(spec.endpoint)
+            if path is not None:
+                with suppress(FileNotFoundError):
+                    path.unlink()
         self._zctx = zmq.Context()
+        self._owners = OwnerSupervisor(
+            specs,
+            self.options.restart_max,
+            self.options.restart_window_s,
+            on_change=self._owners_changed,
+        )
+        self._owners.start(self._zctx)
+        self._forwarder = Forwarder(self._zctx, self.node_id, self._route)
+        for spec in specs:
+            self.dispatcher.register(spec.name, self._forwarder.submit)
+        self._retire_v1_state()
         # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
         # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
         self._curve = CurveGuard(self.state_dir)
@@ -193,6 +205,40 @@ class Node:
             if path is not None:
                 path.chmod(0o600)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
+        self._owners_changed()
+
+    def _route(self, target: str) -> str:
+        return self._owner_endpoint(target) if target in OWNER_SOCKETS else self.address
+
+    def _retire_v1_state(self) -> None:
+        """Once every owner imported its tables from a version-1 `state.db`, keep the old
+        file aside (`state.db.v1`) so it is never imported again."""
+        old = self.state_dir / V1_DB_NAME
+        if not old.exists() or self._owners is None or self._owners.all_failed():
+            return
+        if any(s.state != "running" for s in self._owners.status(0)):
+            return
+        for suffix in ("", "-wal", "-shm"):
+            with suppress(FileNotFoundError):
+                Path(f"{old}{suffix}").replace(Path(f"{old}.v1{suffix}"))
+
+    def _owners_changed(self) -> None:
+        """An owner started, restarted or failed: rewrite the address book; when no owner at
+        all can serve any more, the node stops (non-zero) so a service manager restarts it."""
+        if self._owners is None:
+            return
+        if self._owners.all_failed() and not self._stop_requested.is_set():
+            self._fail("every owner failed; see node.log")
+        if not self.started_at:
+            return
+        book = {
+            "node": {"endpoint": self.address, "pid": os.getpid(), "node_id": self.node_id},
+            "owners": self._owners.book(),
+        }
+        tmp = self.state_dir / (ADDRESS_BOOK_NAME + ".tmp")
+        with suppress(OSError):
+            tmp.write_text(json.dumps(book, indent=1))
+            tmp.replace(self.state_dir / ADDRESS_BOOK_NAME)
 
     def stop(self) -> None:
         if self._stopped:
@@ -208,13 +254,10 @@ class Node:
                 if path is not None:
                     with suppress(FileNotFoundError):
                         path.unlink()
-        for ref in reversed(list(self._refs.values())):
-            with suppress(pykka.ActorDeadError):
-                ref.stop(block=True, timeout=10)
-        if self._timers is not None:
-            self._timers.stop()
-        if self._log_cap is not None:
-            self._log_cap.stop()
+        if self._owners is not None:
+            self._owners.stop()
+        if self._forwarder is not None:
+            self._forwarder.stop()
         if self._zctx is not None:
             self._zctx.term()
         self._remove_pid_file()
@@ -225,15 +268,6 @@ class Node:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a stop is requested (signal, `node.shutdown`, or too many crashes)."""
         return self._stop_requested.wait(timeout)
-
-    def _report_crash(self, actor: str, exc: BaseException) -> None:
-        # Called from the crashed actor's own thread; each actor only bumps its own entry.
-        self._restarts[actor] = self._restarts.get(actor, 0) + 1
-        if self._intensity is not None:
-            self._intensity.report(actor, exc)
-
-    def _report_quarantine(self, actor: str, records: Sequence[QuarantinedRecord]) -> None:
-        self._quarantined[actor] = list(records)  # one entry per actor, set by its own thread
 
     def _fail(self, reason: str) -> None:
         log.critical("node stopping: %s", reason)
@@ -308,7 +342,7 @@ class Node:
                 uptime_s=uptime,
                 state_dir=str(self.state_dir),
                 endpoints=self.endpoints,
-                actors=[self._actor_status(name, ref) for name, ref in self._refs.items()],
+                actors=self._owners.status(self.dispatcher.mailbox_limit) if self._owners else [],
             )
         if isinstance(request, KEY_REQUESTS) and self._curve is not None:
             return self._curve.serve(request)
@@ -317,15 +351,6 @@ class Node:
             self.request_stop()
             return Ack()
         return BadRequest(f"the node does not serve {request.type}", reason="wrong_target")
-
-    def _actor_status(self, name: str, ref: pykka.ActorRef[OwnerActor]) -> ActorStatus:
-        return ActorStatus(
-            name=name,
-            mailbox=mailbox_depth(ref),
-            mailbox_limit=self.dispatcher.mailbox_limit,
-            restarts=self._restarts.get(name, 0),
-            quarantined=self._quarantined.get(name, []),
-        )
 
     # -- the pid file: which process serves this state dir ------------------------------------
 
@@ -356,6 +381,7 @@ class Node:
             "address": self.address,
             "endpoints": self.endpoints,
             "host": socket.gethostname(),
+            "owners": self._owners.pids() if self._owners else {},
         }
         tmp = self.pid_file.with_suffix(".tmp")
         try:

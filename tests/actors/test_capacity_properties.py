@@ -45,6 +45,7 @@ from subagents_node.messages.errors import (
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.store import Store
+from tests.support.owners import thread_route
 
 # -- a ledger on a manual clock -------------------------------------------------------------
 
@@ -97,7 +98,7 @@ class Harness:
         # Ticks are told straight to the inbox, many at once when the clock jumps; the mailbox
         # bound (backpressure for clients) is not what these tests are about.
         dispatcher = Dispatcher(self._not_served, mailbox_limit=1 << 20)
-        dispatcher.register(CapacityLedger.name, self.ref)
+        dispatcher.register(CapacityLedger.name, thread_route(self.ref))
         self.client = Client(InProcessTransport(dispatcher, "inproc://capacity"), timeout=10)
 
     @staticmethod

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from subagents_node.client.fanout import FanoutAPI
-from subagents_node.client.paths import DB_NAME
+from subagents_node.client.paths import owner_db
 from subagents_node.messages.base import Message
 from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.constants import ENV_FANOUT
@@ -72,7 +72,7 @@ def fanout(shared: Node) -> FanoutAPI:
 
 def stored(node: Node, sql: str, *args: object) -> list[tuple[Any, ...]]:
     """Read the owner's tables from outside (a separate read-only connection)."""
-    with sqlite3.connect(f"file:{node.state_dir / DB_NAME}?mode=ro", uri=True) as conn:
+    with sqlite3.connect(f"file:{owner_db(node.state_dir, 'fanout')}?mode=ro", uri=True) as conn:
         return [tuple(row) for row in conn.execute(sql, args)]
 
 

@@ -48,6 +48,7 @@ from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.store import Store
 from tests.support.nodes import new_state_dir
+from tests.support.owners import thread_route
 
 
 @dataclass
@@ -114,7 +115,7 @@ class OwnerHarness:
 
     def start(self) -> None:
         self.ref = FanoutBudget.start(self.ctx)
-        self.dispatcher.register(FanoutBudget.name, self.ref)
+        self.dispatcher.register(FanoutBudget.name, thread_route(self.ref))
 
     def stop(self) -> None:
         self.ref.stop(block=True)

@@ -70,7 +70,7 @@ def test_start_detach_ping_status_stop_as_real_processes(state_dir: Path) -> Non
         assert status.returncode == 0
         assert f"pid {pid}" in status.stdout
         assert f"endpoints: {address}" in status.stdout
-        assert re.search(r"capacity\s+mailbox 0/1024\s+restarts 0", status.stdout)
+        assert re.search(r"capacity\s+running\s+pid \d+\s+restarts 0", status.stdout)
 
         listing = json.loads(run_cli("status", "--json", state_dir=state_dir).stdout)
         assert listing["endpoints"] == [address]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from subagents_node.client.paths import DB_NAME
+from subagents_node.client.paths import owner_db
 from subagents_node.messages.errors import FanoutReservationExpired
 from subagents_node.messages.fanout import encode_descriptor
 from tests.support.nodes import NodeProcess
@@ -69,7 +69,7 @@ while True:
 
 def rows(node: NodeProcess, sql: str, *args: object) -> list[tuple[Any, ...]]:
     """Read the owner's tables from outside, read-only (the node is stopped by then)."""
-    with sqlite3.connect(f"file:{node.state_dir / DB_NAME}?mode=ro", uri=True) as conn:
+    with sqlite3.connect(f"file:{owner_db(node.state_dir, 'fanout')}?mode=ro", uri=True) as conn:
         return [tuple(row) for row in conn.execute(sql, args)]
 
 

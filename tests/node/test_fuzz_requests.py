@@ -27,7 +27,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subagents_node.client.paths import DB_NAME
+from subagents_node.client.paths import OWNER_SOCKETS, owner_db
 from subagents_node.messages.base import Request
 from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
 from subagents_node.messages.errors import WIRE_CODES, SubagentsError
@@ -96,13 +96,17 @@ class Target:
     def ledgers(self) -> str:
         """A digest of every ledger row (read-only: the owner stays the only writer)."""
         digest = hashlib.sha256()
-        conn = sqlite3.connect(f"file:{Path(self.node.state_dir, DB_NAME)}?mode=ro", uri=True)
-        try:
-            for table in LEDGER_TABLES:
-                for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2"):
-                    digest.update(repr(tuple(row)).encode())
-        finally:
-            conn.close()
+        for owner in OWNER_SOCKETS:  # one database per owner process
+            path = owner_db(Path(self.node.state_dir), owner)
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+                for table in LEDGER_TABLES:
+                    if table in have:
+                        for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2"):
+                            digest.update(repr(tuple(row)).encode())
+            finally:
+                conn.close()
         return digest.hexdigest()
 
     def close(self) -> None:

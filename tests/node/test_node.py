@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import subagents_node
-from subagents_node.client.paths import DB_NAME, read_pid_file
+from subagents_node.client.client import Client
+from subagents_node.client.paths import owner_db, read_pid_file
 from subagents_node.client.transport import PendingReply, ZmqTransport
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
@@ -25,6 +26,7 @@ from subagents_node.messages.errors import (
     Internal,
     NodeNotRunning,
     NodeTimeout,
+    OwnerUnavailable,
     SubagentsError,
 )
 from subagents_node.messages.node import DebugRaise, DebugSleep, NodeStatus, Ping, Pong
@@ -42,6 +44,7 @@ from tests.support.nodes import (
     run_in_processes,
     running_node,
 )
+from tests.support.runs import wait_until
 
 ACTORS = ("capacity", "fanout", "session")
 
@@ -284,11 +287,10 @@ def test_kill_9_then_restart_keeps_the_store_intact_and_acknowledged_claims(
 
     node.start()
     assert node.pid != first_pid
-    store = Store(node.state_dir / DB_NAME)
-    assert store.integrity_check() == "ok"
-    versions = store.versions()
-    for owner in OWNERS:
-        assert versions[owner.name] == len(owner.MIGRATIONS)
+    for owner in OWNERS:  # each owner process keeps its own database file (DESIGN §5)
+        store = Store(owner_db(node.state_dir, owner.name))
+        assert store.integrity_check() == "ok"
+        assert store.versions()[owner.name] == len(owner.MIGRATIONS)
     client = node.client()
     assert client.ping().pid == node.pid
     assert client.fanout.snapshot(budget).used == 2
@@ -369,24 +371,43 @@ def test_status_answers_at_once_while_an_actor_is_busy(shared: NodeProcess) -> N
     assert busy.result(timeout=10) == Ack()
 
 
-def test_more_than_3_crashes_within_5s_stop_the_node_with_a_clear_error(
+def test_an_owner_past_its_restart_intensity_is_failed_and_the_others_keep_serving(
     foreground_node: Callable[..., ForegroundNode],
 ) -> None:
+    """Issue 11: more than 3 crashes of one owner within 5 s mark that owner `failed` (status
+    says why), its callers get OwnerUnavailable at once, and the node serves the others."""
     fg = foreground_node("--faults")
     transport = ZmqTransport(fg.address)
+    client = Client(ZmqTransport(fg.address), timeout=10)
     try:
         for _ in range(3):
             with pytest.raises(Internal):
                 transport.call(DebugRaise(), timeout=10, target="fanout")
         transport.submit(DebugRaise(), "fanout")  # the 4th: its reply may not make it out
-        exit_code = fg.proc.wait(timeout=20)
+        fanout = wait_until(
+            lambda: next(
+                (a for a in client.status().actors if a.name == "fanout" and a.state == "failed"),
+                None,
+            ),
+            timeout=20,
+            what="fanout marked failed",
+        )
+        assert "crashed 4 times within 5s (limit 3)" in fanout.reason
+        assert "injected fault in fanout" in fanout.reason
+        with pytest.raises(OwnerUnavailable) as refused:
+            client.fanout.create(root_run_id="after-failure", limit=3)
+        assert refused.value.details["owner"] == "fanout"
+        assert refused.value.details["state"] == "failed"
+        # Every other owner still answers, and the node process is still up.
+        assert client.capacity.snapshot("s-1").used == 0
+        assert client.ping().pid == fg.proc.pid
+        assert fg.proc.poll() is None
+        others = {a.name: a.state for a in client.status().actors if a.name != "fanout"}
+        assert set(others.values()) == {"running"}
     finally:
         transport.close()
-    assert exit_code != 0
-    log = fg.log()
-    assert "actor 'fanout' crashed 4 times within 5s (limit 3)" in log
-    assert "injected fault in fanout" in log
-    assert not (fg.state_dir / "node.pid").exists()
+        client.close()
+    assert "owner fanout failed" in fg.log()
 
 
 # -- backpressure ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 quarantined: counted as occupied, reported by status and doctor, never a crash of its owner").
 
 Each test writes real records through a real node, stops it, breaks one stored record directly
-in the node's SQLite file (as a bug, a bad migration or a hand edit would), and starts the node
+in that owner's SQLite file (as a bug, a bad migration or a hand edit would), and starts the node
 again: the broken record is listed by `status --json` and by `doctor` (a failing check with its
 fix), it is never handed out (a slot counts as occupied, a budget or a session refuses with
 `RecordQuarantined`), the owner never restarts, and every other record keeps working.
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from subagents_node.client.client import Client
-from subagents_node.client.paths import DB_NAME
+from subagents_node.client.paths import owner_db
 from subagents_node.messages.errors import CapacityExhausted, RecordQuarantined
 from subagents_node.messages.supervisor import TaskItem
 from tests.support.nodes import NodeProcess, run_cli
@@ -32,10 +32,10 @@ pytestmark = pytest.mark.processes
 StartNode = Callable[..., NodeProcess]
 
 
-def corrupt(state_dir: Path, sql: str, *args: object) -> None:
-    """Break a stored record behind the owner's back (CHECK constraints off, as a foreign
-    writer or an old bug would), while no node runs."""
-    db = sqlite3.connect(state_dir / DB_NAME)
+def corrupt(state_dir: Path, owner: str, sql: str, *args: object) -> None:
+    """Break a stored record in `owner`'s database behind its back (CHECK constraints off, as
+    a foreign writer or an old bug would), while no node runs."""
+    db = sqlite3.connect(owner_db(state_dir, owner))
     try:
         db.execute("PRAGMA ignore_check_constraints = ON")
         assert db.execute(sql, args).rowcount == 1, "the test must break exactly one record"
@@ -105,6 +105,7 @@ def test_corrupt_capacity_record_is_quarantined_and_counted_occupied(
     stop(first)
     corrupt(
         state_dir,
+        "capacity",
         "UPDATE capacity_slots SET terminal = '{not json' WHERE session_id = ?",
         broken,
     )
@@ -146,6 +147,7 @@ def test_corrupt_fanout_budget_is_quarantined_and_refuses_its_claims(
     stop(first)
     corrupt(
         state_dir,
+        "fanout",
         "UPDATE fanout_budgets SET used = 'lots' WHERE budget_id = ?",
         broken.budget_id,
     )
@@ -177,6 +179,7 @@ def test_corrupt_fanout_reservation_is_quarantined_and_keeps_its_claims_counted(
     stop(first)
     corrupt(
         state_dir,
+        "fanout",
         "UPDATE fanout_reservations SET state = 'half-done' WHERE reservation_id = ?",
         broken.reservation_id,
     )
@@ -204,7 +207,9 @@ def test_corrupt_session_budget_is_quarantined_and_refuses_that_session_only(
         client.session.open(session, 3)
         client.session.reserve(session, 1)
     stop(first)
-    corrupt(state_dir, "UPDATE session_budgets SET used = -2 WHERE session_id = ?", broken)
+    corrupt(
+        state_dir, "session", "UPDATE session_budgets SET used = -2 WHERE session_id = ?", broken
+    )
 
     node = start_node(state_dir=state_dir)
     client = node.client()
@@ -233,6 +238,7 @@ def test_corrupt_session_run_row_is_quarantined_and_counts_as_active(
     stop(first)
     corrupt(
         state_dir,
+        "session",
         "UPDATE session_runs SET state = 'zombie' WHERE session_id = ? AND run_id = 'run-b'",
         session,
     )
@@ -253,7 +259,12 @@ def test_corrupt_run_record_is_quarantined_and_every_other_run_works(
     first = start_node(state_dir=state_dir)
     broken, healthy = echo_runs(first.client(), agents, 2)
     stop(first)
-    corrupt(state_dir, "UPDATE runs SET snapshots = '{\"fanout\":' WHERE run_id = ?", broken)
+    corrupt(
+        state_dir,
+        "supervisor",
+        "UPDATE runs SET snapshots = '{\"fanout\":' WHERE run_id = ?",
+        broken,
+    )
 
     node = start_node(state_dir=state_dir)
     client = node.client()
@@ -274,7 +285,12 @@ def test_corrupt_child_row_is_quarantined_with_its_run_only(
     first = start_node(state_dir=state_dir)
     broken, healthy = echo_runs(first.client(), agents, 2)
     stop(first)
-    corrupt(state_dir, "UPDATE run_children SET state = 'exploded' WHERE run_id = ?", broken)
+    corrupt(
+        state_dir,
+        "supervisor",
+        "UPDATE run_children SET state = 'exploded' WHERE run_id = ?",
+        broken,
+    )
 
     node = start_node(state_dir=state_dir)
     client = node.client()
@@ -296,7 +312,12 @@ def test_corrupt_running_run_is_not_recovered_and_keeps_its_slot(
     run = client.runs.launch(ctx.launch("single", True, items=[item]))
     (child,) = gate.accept(1)
     stop(first)  # the child keeps running under its shim
-    corrupt(state_dir, "UPDATE runs SET capacity = 'slot zero' WHERE run_id = ?", run.run_id)
+    corrupt(
+        state_dir,
+        "supervisor",
+        "UPDATE runs SET capacity = 'slot zero' WHERE run_id = ?",
+        run.run_id,
+    )
 
     node = start_node(state_dir=state_dir)
     client = node.client()
@@ -325,7 +346,9 @@ def test_corrupt_child_process_row_is_quarantined_and_its_child_never_adopted(
     (child,) = gate.accept(1)
     stop(first)
     child_id = f"{run.run_id}-0"
-    corrupt(state_dir, "UPDATE children SET grace_s = 'soon' WHERE child_id = ?", child_id)
+    corrupt(
+        state_dir, "supervisor", "UPDATE children SET grace_s = 'soon' WHERE child_id = ?", child_id
+    )
 
     node = start_node(state_dir=state_dir)
     client = node.client()

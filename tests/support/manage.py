@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from subagents_node.client.client import Client
-from subagents_node.client.paths import DB_NAME
+from subagents_node.client.paths import owner_db
 from subagents_node.messages.capacity import Inspection, RunnerProof
 from subagents_node.messages.supervisor import RunView
 from subagents_node.node.node import Node
@@ -118,9 +118,11 @@ def hold_with_unknown_proof(client: Client, run: RunView, limit: int) -> Inspect
     return client.capacity.inspect(run.run_id, run.session_id)
 
 
-def store_rows(state_dir: Path, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    """Rows of the node's store, read on a read-only connection of our own (WAL: a consistent
-    snapshot of what the owners have committed)."""
-    uri = f"file:{state_dir / DB_NAME}?mode=ro"
+def store_rows(
+    state_dir: Path, sql: str, *args: object, owner: str = "supervisor"
+) -> list[tuple[Any, ...]]:
+    """Rows of one owner's database, read on a read-only connection of our own (WAL: a
+    consistent snapshot of what the owner has committed)."""
+    uri = f"file:{owner_db(state_dir, owner)}?mode=ro"
     with closing(sqlite3.connect(uri, uri=True)) as db:
         return db.execute(sql, args).fetchall()

@@ -80,6 +80,7 @@ def reserved_claims(state_dir: Path, budget: FanoutDescriptor) -> dict[str, list
         "SELECT reservation_id, path FROM fanout_claims "
         "WHERE budget_id=? AND reservation_id IS NOT NULL ORDER BY seq",
         budget.budget_id,
+        owner="fanout",
     ):
         claims.setdefault(str(reservation), []).append(str(path))
     return claims
@@ -90,6 +91,7 @@ def reservations(state_dir: Path, budget: FanoutDescriptor) -> dict[str, str]:
         state_dir,
         "SELECT reservation_id, state FROM fanout_reservations WHERE budget_id=?",
         budget.budget_id,
+        owner="fanout",
     )
     return {str(r[0]): str(r[1]) for r in rows}
 

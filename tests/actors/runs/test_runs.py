@@ -303,7 +303,7 @@ def test_r_misc_1_task_text_is_never_written_to_the_state_db(
     )
 
     assert done.state == "complete" and done.output == "slept 0"
-    stored = b"".join(p.read_bytes() for p in node.state_dir.glob("state.db*"))
+    stored = b"".join(p.read_bytes() for p in node.state_dir.glob("*.db*"))
     assert stored, "the store files exist"
     assert secret.encode() not in stored
 

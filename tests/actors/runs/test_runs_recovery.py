@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from subagents_node.client.paths import owner_db
 from subagents_node.messages.supervisor import RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
@@ -176,7 +177,7 @@ def test_an_exit_record_whose_report_never_reached_the_store_settles_its_run_aft
             done = client.runs.wait(run.run_id, timeout=30)
             assert done.state == "complete"
         # Rewind every row to "still running"; the shim's exit record beside the run stays.
-        with sqlite3.connect(state / "state.db") as db:
+        with sqlite3.connect(owner_db(state, "supervisor")) as db:
             db.execute(
                 "UPDATE children SET state='running', proof=NULL WHERE run_id=?", (run.run_id,)
             )
@@ -226,7 +227,7 @@ def test_a_program_embedding_a_node_exits_while_a_background_child_runs_on() -> 
             cwd=REPO,
         )
         assert proc.returncode == 0, proc.stderr
-        with sqlite3.connect(state / "state.db") as db:
+        with sqlite3.connect(owner_db(state, "supervisor")) as db:
             (pid,) = db.execute("SELECT pid FROM children").fetchone()
         assert not process_gone(pid)  # still running, waiting to be adopted
         os.kill(pid, signal.SIGKILL)

@@ -19,6 +19,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
 
 from subagents_node.messages.errors import Busy, SubagentsError
@@ -283,11 +284,15 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
 
 
 def node_threads_and_store_files(pid: int) -> tuple[int, int]:
-    threads = len(os.listdir(f"/proc/{pid}/task"))
-    store = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with suppress(OSError):
-            store += os.readlink(f"/proc/{pid}/fd/{fd}").endswith("state.db")
+    """Threads and open database files of the node and its owner processes (the run
+    supervisor's among them), summed."""
+    threads = store = 0
+    node = psutil.Process(pid)
+    for proc in (node, *node.children()):  # the owners (the shim template is the supervisor's)
+        threads += len(os.listdir(f"/proc/{proc.pid}/task"))
+        for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+            with suppress(OSError):
+                store += os.readlink(f"/proc/{proc.pid}/fd/{fd}").endswith(".db")
     return threads, store
 
 

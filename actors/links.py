@@ -1,0 +1,175 @@
+"""OwnerLinks: the DEALER sockets one thread uses to ask other owners, and what waits on them.
+
+Owns one DEALER per peer endpoint (opened on first use), the requests sent and not yet
+answered (by correlation id) and their deadlines. A reply is matched to its request and handed
+to the request's reply function as the typed result or the typed error; a reply nobody waits
+for any more (its request expired) is dropped. A request unanswered by its deadline is
+answered `OwnerUnavailable` (its owner crashed with it in flight, or is restarting), so no
+caller waits for ever and every request gets exactly one outcome.
+
+Not thread-safe by design: the thread that owns the links (an owner process's loop, the
+node's forwarder) is the only one that sends, receives and expires. It never decides
+anything about the requests it carries.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from subagents_node.actors.outcomes import ReplyFn
+from subagents_node.messages.base import Request, parse_result
+from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
+
+log = logging.getLogger(__name__)
+
+#: How long a request to another owner may stay unanswered (an owner restarts in well under
+#: a second; a request lost in its crash must not hold a launch for ever).
+DEFAULT_TIMEOUT_S = 15.0
+#: Replies can be larger than requests (listings); the owners cap what they send.
+MAX_REPLY_BYTES = 64 << 20
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: Request
+    target: str
+    reply: ReplyFn
+    deadline: float
+
+
+class OwnerLinks:
+    def __init__(
+        self,
+        zctx: zmq.Context[zmq.Socket[bytes]],
+        sender: str,
+        endpoint_of: Callable[[str], str],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_socket: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
+    ) -> None:
+        self._zctx = zctx
+        self._sender = sender
+        self._endpoint_of = endpoint_of
+        self._timeout_s = timeout_s
+        self._on_socket = on_socket  # a new socket to poll (the owner registers it)
+        self._sockets: dict[str, zmq.Socket[bytes]] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        self._deadlines: list[tuple[float, str]] = []
+
+    @property
+    def sockets(self) -> list[zmq.Socket[bytes]]:
+        return list(self._sockets.values())
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def send(self, request: Request, target: str, reply: ReplyFn) -> None:
+        """Put `request` on the wire to `target`; its outcome reaches `reply` later (from
+        `receive` or `expire`). Raises Busy when the peer's queue is full (nothing sent)."""
+        target = target or request.target
+        sock = self._socket(self._endpoint_of(target))
+        env = Envelope(
+            type=request.type, body=request.to_body(), target=target, sender=self._sender
+        )
+        try:
+            sock.send(encode(env), zmq.NOBLOCK)
+        except zmq.Again:
+            raise Busy(
+                f"{target} is not taking requests (its queue is full); retry later",
+                target=target,
+            ) from None
+        deadline = time.monotonic() + self._timeout_s
+        self._waiting[env.id] = _Waiting(request, target, reply, deadline)
+        heapq.heappush(self._deadlines, (deadline, env.id))
+
+    def receive(self, sock: zmq.Socket[bytes]) -> int:
+        """Hand every reply waiting on `sock` to its request; returns how many there were."""
+        count = 0
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return count
+            count += 1
+            self._deliver(frame)
+
+    def _deliver(self, frame: bytes) -> None:
+        try:
+            env = decode(frame, MAX_REPLY_BYTES)
+        except SubagentsError:
+            log.warning("links: dropped a garbled reply")
+            return
+        waiting = self._waiting.pop(env.corr or "", None)
+        if waiting is None:
+            return  # its request expired: the caller has its answer already
+        try:
+            if env.type == ERROR:
+                outcome: object = SubagentsError.from_wire(env.body)
+            else:
+                outcome = parse_result(waiting.request, env.body)
+        except SubagentsError as err:
+            outcome = err
+        waiting.reply(outcome)  # type: ignore[arg-type]
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the earliest request expires (None: nothing waits)."""
+        while self._deadlines and self._deadlines[0][1] not in self._waiting:
+            heapq.heappop(self._deadlines)
+        if not self._deadlines:
+            return None
+        return max(0.0, self._deadlines[0][0] - time.monotonic())
+
+    def expire(self) -> None:
+        """Answer every request past its deadline with OwnerUnavailable."""
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, corr = heapq.heappop(self._deadlines)
+            waiting = self._waiting.pop(corr, None)
+            if waiting is None:
+                continue
+            waiting.reply(
+                OwnerUnavailable(
+                    f"{waiting.target} did not answer {waiting.request.type} within "
+                    f"{self._timeout_s:g}s (it may have restarted with the request in flight)",
+                    owner=waiting.target,
+                    state="unknown",
+                    reason="timeout",
+                )
+            )
+
+    def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self._sockets.get(endpoint)
+        if sock is None:
+            sock = self._zctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 10_000)
+            sock.setsockopt(zmq.RCVHWM, 10_000)
+            sock.setsockopt(zmq.RECONNECT_IVL, 20)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+            sock.connect(endpoint)
+            self._sockets[endpoint] = sock
+            self._on_socket(sock)
+        return sock
+
+    def close(self) -> None:
+        """Answer whatever still waits (the owner is stopping) and close every socket."""
+        waiting, self._waiting = self._waiting, {}
+        for entry in waiting.values():
+            entry.reply(
+                OwnerUnavailable(
+                    f"{entry.request.type} to {entry.target} was abandoned: the caller stopped",
+                    owner=entry.target,
+                    state="unknown",
+                    reason="stopping",
+                )
+            )
+        for sock in self._sockets.values():
+            sock.close(linger=0)
+        self._sockets.clear()

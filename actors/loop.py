@@ -1,0 +1,235 @@
+"""OwnerLoop: the single-threaded loop of an owner process (DESIGN §1 "Owner process").
+
+Owns the owner's ROUTER socket, its mailbox (the messages read and not yet handled), the wake
+pipe that other threads of the process (timers, the shim watch) use to post ticks, and the
+outbound replies. One pass: wait for the socket, the wake pipe, a peer's reply or the earliest
+link deadline; read every frame already waiting (up to `GROUP_MAX`), decode and validate each
+once; hand them all to the owner, which applies them in one transaction and commits when its
+mailbox is empty (group commit); then send every reply. No thread hand-off on the hot path.
+
+Rules it enforces: a frame that does not decode or validate is answered with a typed error and
+never reaches the owner; a request for another owner is refused (`wrong_target`); a mailbox at
+its limit answers `Busy` at once (memory stays bounded under a flood); every request is
+answered exactly once (`answer_once`). It never touches the owner's database.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+
+import zmq
+
+from subagents_node.actors.links import OwnerLinks
+from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
+from subagents_node.actors.owner import Job, OwnerActor, Tick
+from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
+from subagents_node.messages.envelope import ERROR, REPLY, Envelope
+from subagents_node.messages.errors import BadRequest, Busy, MalformedFrame, SubagentsError
+from subagents_node.messages.protocol import parse_request
+
+log = logging.getLogger(__name__)
+
+#: Frames read per pass before the owner handles them (the largest possible group).
+READ_BATCH = 256
+
+
+class OwnerLoop:
+    def __init__(
+        self,
+        actor: OwnerActor,
+        zctx: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        links: OwnerLinks,
+        max_frame: int = MAX_FRAME_BYTES,
+        mailbox_limit: int = 1024,
+    ) -> None:
+        self.actor = actor
+        self.endpoint = endpoint
+        self.links = links
+        self.mailbox_limit = mailbox_limit
+        self._max_frame = max_frame
+        self._zctx = zctx
+        self._inbox: collections.deque[Job | Tick] = collections.deque()
+        self._outbound: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._stopping = False
+        self._poller = zmq.Poller()
+        self._router: zmq.Socket[bytes] | None = None
+        self.dropped = 0
+
+    # -- the Mailbox protocol (any thread) ----------------------------------------------------
+
+    def post(self, message: Job | Tick) -> None:
+        if self._stopping:
+            return
+        self._inbox.append(message)
+        self._wake()
+
+    def empty(self) -> bool:
+        return not self._inbox
+
+    def request_stop(self) -> None:
+        """Finish the pass under way, commit, and leave `run` (safe from a signal handler)."""
+        self._stopping = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: a wake-up is pending
+            os.write(self._wake_w, b"\x01")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Bind the owner's socket (before `run`, so a bind error is a failed start)."""
+        sock = self._zctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
+        self._router = sock
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+
+    def watch(self, sock: zmq.Socket[bytes]) -> None:
+        """Poll a peer link's socket too (OwnerLinks calls this when it opens one)."""
+        self._poller.register(sock, zmq.POLLIN)
+
+    def run(self, on_ready: Callable[[], None] = lambda: None) -> None:
+        """Recover the owner, say it is ready, and serve until `request_stop`."""
+        assert self._router is not None, "bind() first"
+        self.actor.host(self)
+        self.actor.on_start()  # opens the store, recover(), commits
+        self._send()
+        on_ready()
+        try:
+            while not self._stopping:
+                self._pass()
+        finally:
+            self._drain()
+            with contextlib.suppress(Exception):
+                self.actor.on_stop()
+            self._send()
+            self.links.close()
+            self._drain()
+            self._send()
+            self._router.close(linger=500)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _pass(self) -> None:
+        assert self._router is not None
+        wait = self.links.next_deadline()
+        timeout_ms = None if wait is None else max(1, int(wait * 1000) + 1)
+        events = dict(self._poller.poll(timeout_ms))
+        if self._wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_r, 4096):
+                    pass
+        if events.get(self._router):
+            self._read(self._router)
+        for sock in self.links.sockets:
+            if events.get(sock):
+                self.links.receive(sock)
+        self.links.expire()
+        self._drain()
+        self._send()
+
+    def _read(self, router: zmq.Socket[bytes]) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._frame(frames)
+
+    def _drain(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            self.actor.on_receive(inbox.popleft())  # commits when the inbox is empty
+
+    # -- one frame -----------------------------------------------------------------------------
+
+    def _frame(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        if len(frames) != 2:
+            self._refuse(identity, None, MalformedFrame("expected exactly one frame per message"))
+            return
+        env: Envelope | None = None
+        try:
+            env = decode(frames[1], self._max_frame)
+            request = parse_request(env.type, env.body)
+            owner = request.target or env.target
+            if owner and owner != self.actor.name:
+                raise BadRequest(
+                    f"{request.type} is served by {owner!r}, not by {self.actor.name!r}",
+                    reason="wrong_target",
+                )
+            if len(self._inbox) >= self.mailbox_limit:
+                depth = len(self._inbox)
+                raise Busy(
+                    f"{self.actor.name} is saturated ({depth} messages waiting); retry later",
+                    target=self.actor.name,
+                    mailbox=depth,
+                    limit=self.mailbox_limit,
+                )
+            reply = answer_once(self._reply_to(identity, env), request.type)
+            self._inbox.append(Job(request, reply))
+        except SubagentsError as err:
+            self._refuse(identity, env.id if env else peek_id(frames[1]), err, env)
+        except Exception as exc:  # one frame must never end the owner
+            log.exception("%s: unexpected failure on a frame", self.actor.name)
+            self._refuse(identity, env.id if env else None, MalformedFrame(repr(exc)), env)
+
+    def _reply_to(self, identity: bytes, env: Envelope) -> ReplyFn:
+        out = self._outbound
+        sender = self.actor.name
+
+        def reply(outcome: Outcome) -> None:
+            if isinstance(outcome, SubagentsError):
+                answer = env.reply(ERROR, outcome.to_wire(), sender=sender)
+            else:
+                answer = env.reply(REPLY, outcome.model_dump(mode="python"), sender)
+            out.append((identity, encode(answer)))
+
+        return reply
+
+    def _refuse(
+        self,
+        identity: bytes,
+        corr: str | None,
+        err: SubagentsError,
+        env: Envelope | None = None,
+    ) -> None:
+        log.warning("%s: refused a frame: %s: %s", self.actor.name, err.code, err.message[:200])
+        answer = Envelope(
+            type=ERROR,
+            body=err.to_wire(),
+            target=env.sender if env else "",
+            corr=corr,
+            sender=self.actor.name,
+        )
+        self._outbound.append((identity, encode(answer)))
+
+    def _send(self) -> None:
+        assert self._router is not None
+        out = self._outbound
+        while out:
+            identity, frame = out.popleft()
+            try:
+                self._router.send_multipart((identity, frame), zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                # The peer is gone (EHOSTUNREACH) or its queue is full: its timeout reports it.
+                self.dropped += 1
+                log.debug("%s: dropped a reply: %s", self.actor.name, exc)

@@ -1,0 +1,87 @@
+"""Forwarder: carries requests that reach the node's own sockets on to the owner processes.
+
+Clients on the state dir's ipc sockets talk to each owner directly; what still comes to the
+node is forwarded: requests from tcp peers (CURVE-authenticated by the gateway), from clients
+that only know the node's address, and from the in-process transport of an embedded node.
+Owns one thread, its OwnerLinks (a DEALER per owner) and a queue of requests handed over by
+the gateway's thread. Replies go back through each request's reply function.
+
+It never decides anything about a request; an owner that does not answer in time is
+answered `OwnerUnavailable` by the links.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+
+import zmq
+
+from subagents_node.actors.links import OwnerLinks
+from subagents_node.actors.outcomes import ReplyFn
+from subagents_node.messages.base import Request
+from subagents_node.messages.errors import SubagentsError
+
+
+class Forwarder:
+    def __init__(
+        self,
+        zctx: zmq.Context[zmq.Socket[bytes]],
+        sender: str,
+        endpoint_of: Callable[[str], str],
+    ) -> None:
+        self._queue: collections.deque[tuple[Request, str, ReplyFn]] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._links = OwnerLinks(zctx, sender, endpoint_of, on_socket=self._watch)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="subagents-forward", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request, target: str, reply: ReplyFn) -> None:
+        """Queue `request` for its owner (any thread)."""
+        self._queue.append((request, target, reply))
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\x01")
+
+    def stop(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\x01")
+        self._thread.join(timeout=10)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _watch(self, sock: zmq.Socket[bytes]) -> None:
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _run(self) -> None:
+        links = self._links
+        try:
+            while not self._stopping:
+                wait = links.next_deadline()
+                events = dict(
+                    self._poller.poll(None if wait is None else max(1, int(wait * 1000) + 1))
+                )
+                if self._wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 4096):
+                            pass
+                while self._queue:
+                    request, target, reply = self._queue.popleft()
+                    try:
+                        links.send(request, target, reply)
+                    except SubagentsError as err:
+                        reply(err)
+                for sock in links.sockets:
+                    if events.get(sock):
+                        links.receive(sock)
+                links.expire()
+        finally:
+            links.close()

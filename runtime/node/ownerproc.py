@@ -1,0 +1,229 @@
+"""One owner process: what runs in the child after the node forks it (DESIGN §1).
+
+Owns the process's side of an owner: its signals (TERM stops it cleanly, INT is the node's to
+handle, the node's death kills it), its own database file (migrated here, imported once from a
+version-1 `state.db`), its timers, its links to the other owners, its log cap (the run
+supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
+it restarted from in place, the records it quarantined, or why it could not start.
+
+It never returns into the node's code: the forked child leaves with `os._exit`, so nothing the
+parent registered (atexit handlers, pytest's machinery, the parent's zmq context) runs twice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import signal
+import sqlite3
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from subagents_node.actors.child.logcap import ChildLogCap
+from subagents_node.actors.links import OwnerLinks
+from subagents_node.actors.loop import OwnerLoop
+from subagents_node.actors.owner import ActorContext, OwnerActor
+from subagents_node.messages.node import QuarantinedRecord
+from subagents_node.node.timers import Timers
+
+log = logging.getLogger(__name__)
+
+#: A child log's cap when the settings name none (config `child_log_max_bytes`).
+DEFAULT_CHILD_LOG_MAX_BYTES = 64 << 20
+_PR_SET_PDEATHSIG = 1
+_CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class OwnerSpec:
+    """What the node tells a forked owner: which class, where it lives, with which settings."""
+
+    cls: type[OwnerActor]
+    #: Its file stem: `<stem>.sock` and `<stem>.db` in the state dir.
+    stem: str
+    state_dir: Path
+    endpoint: str
+    #: Table families (name -> migrations) this owner's database holds.
+    families: Mapping[str, Sequence[str]]
+    #: Where each other owner listens (for cross-owner requests), by owner name.
+    peers: Mapping[str, str]
+    synchronous: str = "NORMAL"
+    faults: bool = False
+    max_frame: int = 0
+    mailbox_limit: int = 1024
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / f"{self.stem}.db"
+
+
+class _Control:
+    """The owner's end of its control pipe: one JSON object per line (a lock keeps lines whole
+    when they exceed the pipe's atomic size)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    def say(self, kind: str, **fields: object) -> None:
+        line = (json.dumps({"kind": kind, **fields}) + "\n").encode()
+        with self._lock:
+            view = memoryview(line)
+            while view:
+                try:
+                    written = os.write(self._fd, view)
+                except BrokenPipeError:
+                    return  # the node is gone; PDEATHSIG ends us next
+                view = view[written:]
+
+
+def run_owner(spec: OwnerSpec, control_fd: int) -> None:
+    """The forked child's whole life. Never returns: leaves with os._exit."""
+    code = 0
+    control = _Control(control_fd)
+    try:
+        _become_owner(spec)
+        _serve(spec, control)
+    except BaseException as exc:
+        code = 1
+        with _suppress_all():
+            control.say("failed", reason=f"{type(exc).__name__}: {exc}"[:2000])
+            log.error("%s could not serve: %r\n%s", spec.name, exc, traceback.format_exc())
+    finally:
+        with _suppress_all():
+            logging.shutdown()
+        os._exit(code)
+
+
+def _become_owner(spec: OwnerSpec) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the node's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # Die with the node (SIGKILL: every acknowledged write is already committed).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    os.environ["SUBAGENTS_OWNER"] = spec.name
+
+
+def _serve(spec: OwnerSpec, control: _Control) -> None:
+    # Imported here, not at the top: the store module is the node's, and only owners open it.
+    from subagents_node.node.store import Store
+
+    store = Store(spec.db_path, spec.synchronous)
+    import_v1_state(spec, store)
+    store.migrate(spec.families)
+    zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    timers = Timers()
+    log_cap: ChildLogCap | None = None
+    cap = spec.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
+    if spec.settings.get("caps_child_logs"):
+        log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
+    loop_box: list[OwnerLoop] = []
+
+    def endpoint_of(target: str) -> str:
+        return spec.peers.get(target, spec.peers.get("node", ""))
+
+    links = OwnerLinks(zctx, spec.name, endpoint_of, on_socket=lambda sock: loop_box[0].watch(sock))
+
+    def report_crash(name: str, exc: BaseException) -> None:
+        control.say("crash", reason=repr(exc)[:2000])
+
+    def report_quarantine(name: str, records: Sequence[QuarantinedRecord]) -> None:
+        control.say("quarantine", records=[r.model_dump(mode="json") for r in records])
+
+    ctx = ActorContext(
+        open_db=store.connect,
+        report_crash=report_crash,
+        report_quarantine=report_quarantine,
+        schedule=timers.schedule,
+        faults=spec.faults,
+        settings=spec.settings,
+        dispatch=links.send,
+        cap_log=log_cap.watch if log_cap is not None else None,
+    )
+    actor = spec.cls(ctx)
+    loop = OwnerLoop(
+        actor, zctx, spec.endpoint, links, spec.max_frame or 1 << 20, spec.mailbox_limit
+    )
+    loop_box.append(loop)
+    loop.bind()
+    signal.signal(signal.SIGTERM, lambda signum, frame: loop.request_stop())
+    try:
+        loop.run(on_ready=lambda: control.say("ready", pid=os.getpid()))
+    finally:
+        timers.stop()
+        if log_cap is not None:
+            log_cap.stop()
+        zctx.term()
+
+
+def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
+    """First start after version 1: copy this owner's tables out of the shared `state.db`.
+
+    The copy is SQLite's online backup of the whole file, then every table that is not this
+    owner's is dropped, so its rows, indexes and migration versions come across exactly. The
+    old file is left in place for the other owners; the node renames it once all have started.
+    """
+    old = spec.state_dir / V1_DB_NAME
+    if spec.db_path.exists() or not old.exists():
+        return False
+    mine = {
+        m.group(1)
+        for scripts in spec.families.values()
+        for s in scripts
+        for m in _CREATE_TABLE.finditer(s)
+    }
+    tmp = spec.db_path.with_suffix(".importing")
+    tmp.unlink(missing_ok=True)
+    source = sqlite3.connect(f"file:{old}?mode=ro", uri=True)
+    target = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        source.backup(target)
+        tables = [
+            r[0]
+            for r in target.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
+        target.execute("BEGIN")
+        for table in tables:
+            if table != "schema_migrations" and table not in mine:
+                target.execute(f'DROP TABLE "{table}"')
+        if "schema_migrations" in tables:
+            names = list(spec.families)
+            marks = ",".join("?" * len(names))
+            target.execute(f"DELETE FROM schema_migrations WHERE family NOT IN ({marks})", names)
+        target.execute("COMMIT")
+        target.execute("VACUUM")
+    finally:
+        source.close()
+        target.close()
+    tmp.replace(spec.db_path)
+    log.info("%s: imported its tables from %s", spec.name, old)
+    return True
+
+
+#: The version-1 database every owner shared (imported from once, then renamed).
+V1_DB_NAME = "state.db"
+
+
+class _suppress_all:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True

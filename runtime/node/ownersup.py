@@ -1,0 +1,421 @@
+"""OwnerSupervisor: the node's supervision of its owner processes (OTP style, DESIGN §1).
+
+Owns, for each owner: its process (forked from the node after every import is done, so a start
+costs a fork, not an interpreter), its pidfd and control pipe, its state (`running`,
+`restarting`, `failed`), its restart count and restart-intensity history, and the records it
+reported quarantined. One thread does all of it: it forks (so the owners' death signal is tied
+to a thread that lives as long as the node), waits in poll() on every pidfd and control pipe
+at once, restarts a crashed owner from its database, and past the owner's restart intensity
+marks it `failed` and binds a stand-in on its socket that answers every request
+`OwnerUnavailable` at once, while the other owners keep serving.
+
+It never opens an owner's database and never handles an owner's requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+
+from subagents_node.messages.codec import decode, encode, peek_id
+from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.errors import OwnerUnavailable
+from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
+from subagents_node.node.ownerproc import OwnerSpec, run_owner
+from subagents_node.node.supervision import RestartIntensity
+
+log = logging.getLogger(__name__)
+
+#: How long an owner may take from its fork to `ready` (migrations, recovery of its records).
+START_TIMEOUT_S = 60.0
+#: How long a stopping owner may take to commit and close before it is killed.
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class _Owner:
+    spec: OwnerSpec
+    intensity: RestartIntensity
+    state: OwnerState = "restarting"
+    pid: int | None = None
+    pidfd: int | None = None
+    control: int | None = None
+    buffer: bytes = b""
+    restarts: int = 0
+    reason: str = ""
+    quarantined: list[QuarantinedRecord] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+    tombstone: _Tombstone | None = None
+    #: A crash reported but not yet acted on (the intensity tripped while we were busy).
+    exceeded: str = ""
+
+
+class OwnerSupervisor:
+    def __init__(
+        self,
+        specs: Sequence[OwnerSpec],
+        restart_max: int,
+        restart_window_s: float,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._owners: dict[str, _Owner] = {}
+        for spec in specs:
+            owner = _Owner(spec, RestartIntensity(lambda r: None, restart_max, restart_window_s))
+            owner.intensity = RestartIntensity(
+                self._exceeded_for(owner), restart_max, restart_window_s
+            )
+            self._owners[spec.name] = owner
+        self._on_change = on_change
+        self._lock = threading.Lock()  # guards the owners' fields read by status()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._stopping = False
+        self._orders: list[Callable[[], None]] = []
+        self._thread = threading.Thread(target=self._run, name="subagents-owners", daemon=True)
+        self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
+
+    # -- lifetime (the node's thread) ---------------------------------------------------------
+
+    def start(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """Start every owner at once and wait until each is ready (recovered, serving) or
+        `failed`. Starting together is safe: a request the run supervisor's recovery sends to
+        a ledger that is not bound yet waits in its DEALER until the ledger binds."""
+        self._zctx = zctx
+        self._thread.start()
+        for owner in self._owners.values():
+            self._order(functools.partial(self._fork, owner))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for owner in self._owners.values():
+            # Set by `ready`, or by the give-up once its restarts are spent.
+            owner.ready.wait(max(0.0, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        """TERM every owner (the supervisor last: it may still be reporting to the ledgers),
+        wait for each to commit and exit, KILL what does not."""
+        self._stopping = True
+        for owner in reversed(list(self._owners.values())):
+            pid = owner.pid
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                self._wait_gone(owner, STOP_TIMEOUT_S)
+        self._wake()
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+        for owner in self._owners.values():
+            if owner.tombstone is not None:
+                owner.tombstone.stop()
+            for fd in (owner.pidfd, owner.control):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _wait_gone(self, owner: _Owner, timeout: float) -> None:
+        pid = owner.pid
+        if pid is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if owner.pid is None or not _alive(pid):
+                return
+            if owner.pidfd is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([owner.pidfd], [], [], min(0.2, deadline - time.monotonic()))
+            else:
+                time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def all_failed(self) -> bool:
+        return all(o.state == "failed" for o in self._owners.values())
+
+    def pids(self) -> dict[str, int]:
+        return {name: o.pid for name, o in self._owners.items() if o.pid is not None}
+
+    def status(self, mailbox_limit: int) -> list[ActorStatus]:
+        with self._lock:
+            return [
+                ActorStatus(
+                    name=name,
+                    mailbox=0,
+                    mailbox_limit=mailbox_limit,
+                    restarts=o.restarts,
+                    state=o.state,
+                    pid=o.pid,
+                    reason=o.reason,
+                    quarantined=list(o.quarantined),
+                )
+                for name, o in self._owners.items()
+            ]
+
+    def book(self) -> dict[str, dict[str, object]]:
+        """The address book's owner entries: endpoint, pid and state of each."""
+        with self._lock:
+            return {
+                name: {"endpoint": o.spec.endpoint, "pid": o.pid, "state": o.state}
+                for name, o in self._owners.items()
+            }
+
+    # -- the supervising thread ----------------------------------------------------------------
+
+    def _order(self, work: Callable[[], None]) -> None:
+        self._orders.append(work)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\x01")
+
+    def _run(self) -> None:
+        while True:
+            fds: dict[int, tuple[str, _Owner]] = {}
+            for owner in self._owners.values():
+                if owner.pidfd is not None:
+                    fds[owner.pidfd] = ("exit", owner)
+                if owner.control is not None:
+                    fds[owner.control] = ("control", owner)
+            try:
+                readable, _, _ = select.select([self._wake_r, *fds], [], [])
+            except (OSError, ValueError):
+                if self._stopping:
+                    return
+                continue
+            if self._wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wake_r, 4096):
+                        pass
+                orders, self._orders = self._orders, []
+                for work in orders:
+                    work()
+            for fd in readable:
+                if fd == self._wake_r or fd not in fds:
+                    continue
+                kind, owner = fds[fd]
+                if kind == "control":
+                    self._read_control(owner)
+            for fd in readable:
+                if fd in fds and fds[fd][0] == "exit":
+                    self._exited(fds[fd][1])
+            if self._stopping and all(o.pid is None for o in self._owners.values()):
+                return
+
+    def _fork(self, owner: _Owner) -> None:
+        if self._stopping or owner.state == "failed":
+            return
+        control_r, control_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the owner process
+            os.close(control_r)
+            run_owner(owner.spec, control_w)  # never returns
+        os.close(control_w)
+        os.set_blocking(control_r, False)
+        with self._lock:
+            owner.pid = pid
+            owner.pidfd = os.pidfd_open(pid)
+            owner.control = control_r
+            owner.buffer = b""
+            owner.state = "restarting"
+            owner.ready.clear()
+        self._on_change()
+
+    def _read_control(self, owner: _Owner) -> None:
+        assert owner.control is not None
+        try:
+            data = os.read(owner.control, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            os.close(owner.control)
+            owner.control = None
+            return
+        owner.buffer += data
+        *lines, owner.buffer = owner.buffer.split(b"\n")
+        for line in lines:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            self._heard(owner, said)
+
+    def _heard(self, owner: _Owner, said: dict[str, object]) -> None:
+        kind = said.get("kind")
+        if kind == "ready":
+            with self._lock:
+                owner.state = "running"
+                owner.reason = ""
+            owner.ready.set()
+            self._on_change()
+        elif kind == "crash":
+            # Restarted in place by the owner itself; it counts against the same intensity.
+            owner.restarts += 1
+            owner.reason = str(said.get("reason", ""))
+            owner.intensity.report(owner.spec.name, RuntimeError(owner.reason))
+            if owner.exceeded:
+                self._give_up(owner)
+        elif kind == "failed":
+            owner.reason = str(said.get("reason", ""))
+        elif kind == "quarantine":
+            records = said.get("records")
+            parsed = [
+                QuarantinedRecord.model_validate(r)
+                for r in (records if isinstance(records, list) else [])
+            ]
+            with self._lock:
+                owner.quarantined = parsed
+
+    def _exited(self, owner: _Owner) -> None:
+        if owner.pid is None:
+            return
+        if owner.control is not None:
+            self._read_control(owner)  # its last words (why it could not start)
+        pid = owner.pid
+        status = 0
+        with contextlib.suppress(ChildProcessError):
+            _, status = os.waitpid(pid, 0)
+        if owner.pidfd is not None:
+            os.close(owner.pidfd)
+        with self._lock:
+            owner.pid = None
+            owner.pidfd = None
+        if self._stopping:
+            return
+        how = _how(status)
+        owner.reason = owner.reason or f"the process {how}"
+        log.error("owner %s (pid %d) %s; restarting it", owner.spec.name, pid, how)
+        owner.restarts += 1
+        owner.intensity.report(owner.spec.name, RuntimeError(owner.reason))
+        if owner.exceeded:
+            self._give_up(owner)
+            return
+        self._fork(owner)
+
+    def _exceeded_for(self, owner: _Owner) -> Callable[[str], None]:
+        def exceeded(reason: str) -> None:
+            owner.exceeded = reason
+
+        return exceeded
+
+    def _give_up(self, owner: _Owner) -> None:
+        """Past its restart intensity: the owner is `failed`; a stand-in answers its callers."""
+        log.critical("owner %s failed: %s", owner.spec.name, owner.exceeded)
+        pid = owner.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with self._lock:
+            owner.state = "failed"
+            owner.reason = f"{owner.exceeded}; last: {owner.reason}"
+        owner.ready.set()
+        if self._zctx is not None and owner.tombstone is None:
+            if pid is not None:
+                self._reap(owner)
+            owner.tombstone = _Tombstone(
+                self._zctx, owner.spec.endpoint, owner.spec.name, owner.reason
+            )
+            owner.tombstone.start()
+        self._on_change()
+
+    def _reap(self, owner: _Owner) -> None:
+        pid = owner.pid
+        if pid is None:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        if owner.pidfd is not None:
+            os.close(owner.pidfd)
+        with self._lock:
+            owner.pid = None
+            owner.pidfd = None
+
+
+def _how(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Tombstone:
+    """Bound where a failed owner listened: answers every request `OwnerUnavailable` at once,
+    so its callers learn it at once instead of timing out."""
+
+    def __init__(
+        self, zctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, owner: str, reason: str
+    ) -> None:
+        self._zctx = zctx
+        self._endpoint = endpoint
+        self._owner = owner
+        self._reason = reason
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"failed-{owner}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        sock = self._zctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(self._endpoint)
+        except zmq.ZMQError as exc:
+            log.error("cannot stand in for failed owner %s: %s", self._owner, exc)
+            sock.close()
+            return
+        error = OwnerUnavailable(
+            f"{self._owner} is not serving: it failed ({self._reason}); the other owners "
+            "keep serving; see `subagents-node status` and `doctor`",
+            owner=self._owner,
+            state="failed",
+            reason=self._reason[:500],
+        )
+        try:
+            while not self._stopping:
+                if not sock.poll(200):
+                    continue
+                frames = sock.recv_multipart()
+                if len(frames) != 2:
+                    continue
+                try:
+                    env = decode(frames[1])
+                    corr: str | None = env.id
+                    target = env.sender
+                except Exception:
+                    corr, target = peek_id(frames[1]), ""
+                answer = Envelope(
+                    type=ERROR,
+                    body=error.to_wire(),
+                    target=target,
+                    corr=corr,
+                    sender=self._owner,
+                )
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.send_multipart((frames[0], encode(answer)), zmq.NOBLOCK)
+        finally:
+            sock.close(linger=0)

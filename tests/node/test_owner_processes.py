@@ -1,0 +1,210 @@
+"""Issue 11: each owner is its own process with its own socket and database.
+
+Real node processes, real sockets, real SQLite files: kill -9 of one owner process under a
+claim storm costs only that owner's in-flight requests; the others answer throughout; the
+killed owner is back (a new pid) and every claim it acknowledged is still there. A client
+sends straight to the owner's own socket; a version-1 `state.db` is imported once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from subagents_node.client.paths import OWNER_SOCKETS, owner_db
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
+from subagents_node.node.node import Node
+from tests.support.manage import store_rows
+from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
+from tests.support.runs import wait_until
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[NodeProcess]:
+    with running_node() as served:
+        yield served
+
+
+def owner_pids(node: NodeProcess) -> dict[str, int]:
+    return {a.name: int(a.pid or 0) for a in node.status().actors if a.state == "running"}
+
+
+class ClaimStorm:
+    """One thread claiming fresh paths one at a time; it keeps what was acknowledged."""
+
+    def __init__(self, node: NodeProcess, root: str) -> None:
+        self.client = node.client(timeout=2.0)
+        self.budget = self.client.fanout.create(root_run_id=root, limit=100_000)
+        self.acked: list[str] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ClaimStorm:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            path = f"tasks[{i}]"
+            i += 1
+            try:
+                self.client.fanout.claim(self.budget, [path])
+            except SubagentsError:
+                self.failures += 1  # in flight while its owner died: outcome unknown
+                continue
+            self.acked.append(path)
+
+    def wait_acked(self, count: int) -> None:
+        target = len(self.acked) + count
+        wait_until(lambda: len(self.acked) >= target, timeout=30, what=f"{count} more claims")
+
+
+@pytest.mark.parametrize("victim", ["capacity", "session", "supervisor", "fanout"])
+def test_kill_9_of_one_owner_under_a_claim_storm_loses_no_acknowledged_claim(
+    node: NodeProcess, victim: str
+) -> None:
+    before = owner_pids(node)
+    other = node.client(timeout=5.0)
+    with ClaimStorm(node, f"storm-{victim}") as storm:
+        storm.wait_acked(50)
+        os.kill(before[victim], signal.SIGKILL)
+        # The other owners answer while the victim is down or coming back.
+        if victim != "capacity":
+            assert other.capacity.snapshot(f"s-{victim}").used == 0
+        if victim != "session":
+            assert other.session.spawn_snapshot(f"s-{victim}") is not None
+        back = wait_until(
+            lambda: (p := owner_pids(node).get(victim)) and p != before[victim] and p,
+            timeout=15,
+            what=f"{victim} restarted",
+        )
+        assert psutil.pid_exists(int(back))
+        storm.wait_acked(50)  # the storm goes on after the restart
+    stored = {
+        str(r[0])
+        for r in store_rows(
+            node.state_dir,
+            "SELECT path FROM fanout_claims WHERE budget_id=?",
+            storm.budget.budget_id,
+            owner="fanout",
+        )
+    }
+    assert set(storm.acked) <= stored, "an acknowledged claim was lost"
+    assert node.alive()
+    status = {a.name: a for a in node.status().actors}
+    assert status[victim].restarts >= 1 and status[victim].state == "running"
+    # Only the victim was restarted.
+    for name, pid in before.items():
+        if name != victim:
+            assert owner_pids(node)[name] == pid
+
+
+def test_each_owner_keeps_its_own_database_and_socket(node: NodeProcess) -> None:
+    pids = owner_pids(node)
+    assert set(pids) == set(OWNER_SOCKETS)
+    assert len(set(pids.values())) == len(pids), "one process per owner"
+    for name, pid in pids.items():
+        files = {
+            os.readlink(f"/proc/{pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{pid}/fd")
+            if os.readlink(f"/proc/{pid}/fd/{fd}").endswith(".db")
+        }
+        assert files == {str(owner_db(node.state_dir, name))}, f"{name} opens only its own db"
+        assert (node.state_dir / OWNER_SOCKETS[name]).is_socket()
+
+
+def test_a_client_sends_straight_to_the_owner_not_through_the_node(node: NodeProcess) -> None:
+    client = node.client()
+    transport = client.transport
+    assert isinstance(transport, ZmqTransport)
+    assert transport.endpoint_for("fanout") == f"ipc://{node.state_dir / 'fanout.sock'}"
+    assert transport.endpoint_for("node") == node.address
+    budget = client.fanout.create(root_run_id="direct", limit=2)
+    assert client.fanout.claim(budget, ["a"]).used == 1
+
+
+def test_a_version_1_state_db_is_imported_by_each_owner_once(tmp_path: Path) -> None:
+    """Upgrade from one shared `state.db`: every owner takes its own tables with it."""
+    state = new_state_dir()
+    with Node.embedded(state_dir=state) as first:
+        budget = first.client().fanout.create(root_run_id="v1", limit=5)
+        first.client().fanout.claim(budget, ["x", "y"])
+    # Rebuild the version-1 layout: one file with every owner's tables.
+    v1 = state / "state.db"
+    with sqlite3.connect(v1) as conn:
+        for name in OWNER_SOCKETS:
+            path = owner_db(state, name)
+            conn.execute(f"ATTACH DATABASE '{path}' AS src")
+            tables = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT name FROM src.sqlite_master WHERE type='table' "
+                    "AND name NOT LIKE 'sqlite_%'"
+                )
+            ]
+            for table in tables:
+                if table == "schema_migrations":
+                    conn.execute(
+                        "CREATE TABLE IF NOT EXISTS schema_migrations "
+                        "(family TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+                    )
+                    conn.execute(
+                        "INSERT OR REPLACE INTO schema_migrations "
+                        "SELECT * FROM src.schema_migrations"
+                    )
+                else:
+                    conn.execute(f"CREATE TABLE {table} AS SELECT * FROM src.{table}")
+            conn.commit()
+            conn.execute("DETACH DATABASE src")
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with Node.embedded(state_dir=state) as second:
+        snap = second.client().fanout.snapshot(budget)
+        assert snap.used == 2
+    assert not v1.exists() and (state / "state.db.v1").exists(), "imported once, kept aside"
+    for name in OWNER_SOCKETS:
+        assert owner_db(state, name).exists()
+
+
+def test_an_owner_whose_start_keeps_failing_is_failed_and_the_node_serves_the_others() -> None:
+    """Issue 11: a `recover()` or store open that fails is a failed start, retried within the
+    owner's restart intensity and then reported `failed` (status --json, doctor); its callers
+    get OwnerUnavailable at once; every other owner serves."""
+    state = new_state_dir()
+    (state / "capacity.db").write_bytes(b"this is not a sqlite database" * 100)
+    with running_node(state_dir=state) as node:
+        status = run_cli("status", "--json", state_dir=state)
+        assert status.returncode == 0, status.stderr
+        owners = {a["name"]: a for a in json.loads(status.stdout)["actors"]}
+        assert owners["capacity"]["state"] == "failed"
+        assert "capacity.db" in owners["capacity"]["reason"]
+        assert {owners[n]["state"] for n in ("fanout", "session", "supervisor")} == {"running"}
+        client = node.client(timeout=10.0)
+        started = time.monotonic()
+        with pytest.raises(OwnerUnavailable) as refused:
+            client.capacity.snapshot("s-1")
+        assert time.monotonic() - started < 5, "refused at once, not after a timeout"
+        assert refused.value.details["owner"] == "capacity"
+        budget = client.fanout.create(root_run_id="still-serving", limit=2)
+        assert client.fanout.claim(budget, ["a"]).used == 1
+        doctor = run_cli("doctor", state_dir=state)
+        assert doctor.returncode == 1
+        assert "[FAIL] owner capacity: failed" in doctor.stdout
