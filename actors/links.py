@@ -24,7 +24,7 @@ import zmq
 
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.messages.base import Request, parse_result
-from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.codec import decode, encode_request
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
 
@@ -58,10 +58,14 @@ class OwnerLinks:
         self._sender = sender
         self._endpoint_of = endpoint_of
         self._timeout_s = timeout_s
-        self._on_socket = on_socket  # a new socket to poll (the owner registers it)
+        self._on_socket = on_socket  # a new socket to poll (the owner's loop registers it)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._deadlines: list[tuple[float, str]] = []
+
+    def watch_with(self, on_socket: Callable[[zmq.Socket[bytes]], None]) -> None:
+        """Who polls the sockets these links open (an OwnerLoop sets itself)."""
+        self._on_socket = on_socket
 
     @property
     def sockets(self) -> list[zmq.Socket[bytes]]:
@@ -78,8 +82,9 @@ class OwnerLinks:
         env = Envelope(
             type=request.type, body=request.to_body(), target=target, sender=self._sender
         )
+        frame = encode_request(env)  # FrameTooLarge: the owner would refuse it unread
         try:
-            sock.send(encode(env), zmq.NOBLOCK)
+            sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:
             raise Busy(
                 f"{target} is not taking requests (its queue is full); retry later",

@@ -55,6 +55,20 @@ def peek_id(frame: bytes) -> str | None:
     return None
 
 
+def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """A request's frame, refused before it is sent when no owner would accept it: a request
+    whose fields are each within their bounds can still add up past the frame limit."""
+    frame = encode(env)
+    if len(frame) > max_bytes:
+        raise FrameTooLarge(
+            f"{env.type} would be a frame of {len(frame)} bytes, over the {max_bytes}-byte "
+            "limit; send it in smaller parts",
+            size=len(frame),
+            limit=max_bytes,
+        )
+    return frame
+
+
 def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
     if len(frame) > max_bytes:
         raise FrameTooLarge(

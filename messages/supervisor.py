@@ -37,6 +37,9 @@ from subagents_node.messages.runs import ProofState, RunState
 SUPERVISOR = "supervisor"
 
 RunMode = Literal["single", "parallel", "chain", "workflow"]
+#: How a run came from its source run: resumed (R-RES), rerun (R-MISC-2), or a background chain
+#: the live source was attached to as step 0 (R-RES-6).
+SourceKind = Literal["resume", "rerun", "attach"]
 IntercomMode = Literal["on", "off"]
 #: R-WF-4: workflow child keys.
 WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -140,9 +143,13 @@ class RunView(Message):
     fanout_descriptor: str = ""
     #: This execution's runner id (§0.1): the identity its capacity slot records.
     runner_id: str = ""
-    #: The run this one resumed (R-RES), and its workflow key if it is a workflow child.
+    #: The run this one came from (R-RES, R-MISC-2, R-RES-6) and how; its workflow key if it is
+    #: a workflow child.
     source_run_id: str | None = None
+    source_kind: SourceKind | None = None
     workflow_key: str | None = None
+    #: The rerun that replaced this run while it was live (R-MISC-2: `supersededByRunId`).
+    superseded_by: str | None = None
     #: Messages children sent to this run (R-ICB), oldest first.
     intercom: list[IntercomMessage] = Field(default_factory=list)
     children: list[ChildView]
@@ -183,6 +190,10 @@ class Launch(Request):
     workflow_key: str | None = Field(default=None, max_length=128, pattern=WORKFLOW_KEY)
     fanout_admitted: bool = False
     workflow_token: Token | None = None
+    #: R-RES-6: the live background run that is this chain's step 0 (its output is the first
+    #: step's `{previous}`). Set by the node for `runs.resume` with `attach`; a public launch
+    #: carrying it is refused.
+    attached_run_id: RunId | None = None
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> Launch:
@@ -276,7 +287,9 @@ class WatchAll(Request):
 
 
 class Resume(Request):
-    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5)."""
+    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5). A workflow
+    run resumes as a new workflow run of the same script whose host reuses the source's
+    finished steps and claims (R-WF-5, R-FAN-23)."""
 
     type: Literal["runs.resume"] = "runs.resume"
     target: ClassVar[str] = SUPERVISOR
@@ -288,10 +301,24 @@ class Resume(Request):
     capacity_limit: Count = 0
     #: The resuming launcher's environment (never persisted; None: the node's own).
     env: Environment | None = None
+    #: A `resume` item of a workflow (R-WF-5, R-FAN-23): the relaunch becomes workflow
+    #: `parent_run_id`'s child under `workflow_key`, takes no capacity (R-RES-3) and reuses its
+    #: source's claim. Refused without that workflow's token (R-FAN-24).
+    parent_run_id: RunId | None = None
+    workflow_key: str | None = Field(default=None, max_length=128, pattern=WORKFLOW_KEY)
+    workflow_token: Token | None = None
+    #: Whether the relaunch runs in the background (a workflow's resume items may await it).
+    background: bool = True
+    #: R-RES-6 attach as chain root: with steps, live background run `run_id` is not
+    #: relaunched; it becomes step 0 of a new background chain of these steps, with its own
+    #: capacity slot and a new fan-out budget (the source keeps its own).
+    attach: list[ChainStep] = Field(default_factory=list, max_length=256)
 
 
 class Rerun(Request):
-    """Launch a finished run again with the same parameters and a new task (R-MISC-2)."""
+    """Launch a run's child again with the same parameters and a new task, in the foreground
+    (R-MISC-2). A finished run stays as it is; a live foreground run with one child is
+    superseded: it is stopped, and linked to the rerun (`superseded_by`, `source_run_id`)."""
 
     type: Literal["runs.rerun"] = "runs.rerun"
     target: ClassVar[str] = SUPERVISOR

@@ -50,6 +50,7 @@ def child_spec(
     task = item.task
     if launch.mode == "chain" and child.step > 0:
         previous = [live.outputs.get(c.index, "") for c in live.groups[child.step - 1]]
+        previous = previous or [live.attached_output]  # R-RES-6: after the attached step 0
         task = runplan.substitute_previous(task, previous)
     child_id = f"{live.run_id}-{child.index}"
     child_dir = live.run_dir / f"child-{child.index}"

@@ -55,6 +55,9 @@ class LiveRun:
     #: replies that wait for them (a launch is answered once its first children run).
     unstarted: set[str] = field(default_factory=set)
     launch_replies: list[ReplyFn] = field(default_factory=list)
+    #: R-RES-6: the live source run this chain's step 0 is, until it ends; then its output.
+    attached: str | None = None
+    attached_output: str = ""
 
     def output(self) -> str:
         """The run's output: the last child's, or every task's, labelled, for parallel runs."""
@@ -134,7 +137,7 @@ def new_live_run(
     """Write an admitted run and its pending children (one savepoint); its LiveRun."""
     groups = runplan.plan_children(launch)
     deadline_ms = runplan.run_deadline_ms(launch)
-    first = groups[0][0].item.agent.name
+    first = next(c for group in groups for c in group).item.agent.name
     db.execute("SAVEPOINT record_run")
     runstore.insert_run(
         db,

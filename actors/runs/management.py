@@ -1,4 +1,4 @@
-"""Run management: resume, rerun, chain append and the workflow children verdict (SPEC §10-12).
+"""Run management: resume, chain append and the workflow children verdict (SPEC §10-12).
 
 Owns the rules, not the state: each function reads the supervisor's tables and the run's
 recovery descriptor and returns what the RunSupervisor should do (a launch to admit, the paths
@@ -22,7 +22,6 @@ from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
     AppendRejected,
-    BadRequest,
     FanoutLimitExceeded,
     RunNotResumable,
     SubagentsError,
@@ -34,12 +33,12 @@ from subagents_node.messages.fanout import (
     FanoutDescriptor,
     ReservationGrant,
     ReservePaths,
+    encode_descriptor,
 )
 from subagents_node.messages.supervisor import (
     AppendResult,
     ChainStep,
     Launch,
-    Rerun,
     Resume,
     TaskItem,
 )
@@ -54,8 +53,14 @@ def _with_message(item: TaskItem, message: str) -> TaskItem:
 
 
 def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan]:
-    """R-RES-1..4: the relaunch of a finished run and what it reuses."""
+    """R-RES-1..4: the relaunch of a finished run and what it reuses.
+
+    A workflow resumes as a new workflow run of the same script (its host reuses the source's
+    finished steps, R-WF-5); a workflow's `resume` item relaunches a child under that workflow
+    (no capacity, R-RES-3; its source's claim, R-FAN-23), awaited when it is a foreground one.
+    """
     run_id, state = str(row["run_id"]), str(row["state"])
+    as_child = request.workflow_key is not None
     if state in ACTIVE:
         raise RunNotResumable(
             f"Run '{run_id}' is still {state}; it cannot be resumed while it runs.",
@@ -68,9 +73,10 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
             run_id=run_id,
             reason="stopped",
         )
-    if not row["background"]:
+    if not row["background"] and not as_child and row["mode"] != "workflow":
         # Our choice for R-RES-3's foreground source: a resume is a background relaunch, so a
-        # foreground run (whose caller saw it end) is rerun, not resumed.
+        # foreground run (whose caller saw it end) is rerun, not resumed. A workflow's own
+        # children (foreground by default) and a workflow itself are resumed.
         raise RunNotResumable(
             f"Run '{run_id}' ran in the foreground; only background runs can be resumed. "
             f"Use `rerun {run_id} --task TASK` to run it again.",
@@ -79,24 +85,24 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         )
     launch, descriptor = read_recovery(Path(row["run_dir"]), run_id)
     if launch.mode == "workflow":
-        raise RunNotResumable(
-            f"Run '{run_id}' is a workflow; run its script again instead.",
-            run_id=run_id,
-            reason="workflow",
-        )
+        # A fresh `workflow` slot (R-TOP-4): a transfer hands over a `runner` one (R-CAP-19).
+        plan = ResumePlan(source_run_id=run_id, descriptor=descriptor, transfer=False)
+        return _workflow_relaunch(run_id, launch, request), plan
     first = launch.items or [i for step in launch.chain[:1] for i in step.items]
     update: dict[str, object] = {
         "env": request.env,
-        "background": True,
+        "background": request.background if as_child else True,
         "depth": request.depth,
         "capacity_limit": request.capacity_limit,
         # A resume is a top-level launch of the resuming process (R-RES-3); the budget comes
-        # from the recovery descriptor (R-RES-4), not from an inherited route.
-        "inherited_fanout": None,
-        "parent_run_id": None,
-        "workflow_key": None,
-        "fanout_admitted": False,
-        "workflow_token": None,
+        # from the recovery descriptor (R-RES-4), not from an inherited route. A workflow's
+        # resume item is a nested launch whose route is that same descriptor.
+        "inherited_fanout": encode_descriptor(descriptor) if as_child else None,
+        "parent_run_id": request.parent_run_id if as_child else None,
+        "workflow_key": request.workflow_key,
+        # A workflow's resume item reuses its source's claim: nothing is claimed (R-FAN-23).
+        "fanout_admitted": as_child,
+        "workflow_token": request.workflow_token if as_child else None,
     }
     if launch.items:
         update["items"] = [_with_message(i, request.message) for i in first]
@@ -107,45 +113,32 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         update["chain"] = [head, *launch.chain[1:]]
     relaunch = launch.model_copy(update=update)
     plan = ResumePlan(
-        source_run_id=run_id, descriptor=descriptor, transfer=row["capacity"] is not None
+        source_run_id=run_id,
+        descriptor=descriptor,
+        transfer=row["capacity"] is not None and not as_child,
     )
     return relaunch, plan
 
 
-def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
-    """R-MISC-2's rerun contract: the same parameters, a new task, in the foreground."""
-    run_id, state = str(row["run_id"]), str(row["state"])
-    if state in ACTIVE:
+def _workflow_relaunch(run_id: str, launch: Launch, request: Resume) -> Launch:
+    """R-WF-5 resume: the same script under the same budget; the new host learns its source
+    from its run (`source_run_id`) and reuses what the source's children finished."""
+    if request.message or request.workflow_key is not None:
         raise RunNotResumable(
-            f"Run '{run_id}' is still {state}; rerun needs a finished run.",
-            run_id=run_id,
-            reason=state,
-        )
-    launch, _ = read_recovery(Path(row["run_dir"]), run_id)
-    if launch.mode == "workflow":
-        raise RunNotResumable(
-            f"Run '{run_id}' is a workflow; run its script again instead.",
+            f"Run '{run_id}' is a workflow: it resumes as a whole, with no message and not as "
+            "a workflow's resume item.",
             run_id=run_id,
             reason="workflow",
         )
-    items = launch.items or [i for step in launch.chain for i in step.items]
-    if request.child >= len(items):
-        raise BadRequest(
-            f"run '{run_id}' has {len(items)} {'child' if len(items) == 1 else 'children'}; "
-            f"there is no child {request.child}",
-            reason="child",
-        )
-    item = items[request.child].model_copy(update={"task": request.task})
     return launch.model_copy(
         update={
-            "mode": "single",
             "env": request.env,
-            "items": [item],
-            "chain": [],
-            "background": False,
-            "workflow_key": None,
-            "fanout_admitted": False,
-            "workflow_token": None,
+            "background": True,
+            "depth": request.depth,
+            "capacity_limit": request.capacity_limit,
+            # R-RES-4: the recovery descriptor's budget, not an inherited route.
+            "inherited_fanout": None,
+            "parent_run_id": None,
         }
     )
 

@@ -44,9 +44,12 @@ def plan_children(launch: Launch) -> list[list[ChildPlan]]:
                 for i, item in enumerate(launch.items)
             ]
         ]
-    groups: list[list[ChildPlan]] = []
+    # R-RES-6: an attached chain's step 0 is its live source run, a step with no child of its
+    # own: the chain's steps are chain[1], chain[2], ... and start once the source ended.
+    offset = 1 if launch.attached_run_id else 0
+    groups: list[list[ChildPlan]] = [[]] * offset
     index = 0
-    for i, step in enumerate(launch.chain):
+    for i, step in enumerate(launch.chain, start=offset):
         group = []
         for j, item in enumerate(step.items):
             label = f"chain[{i}].parallel[{j}]" if step.parallel else f"chain[{i}]"
@@ -85,6 +88,8 @@ def capacity_eligible(launch: Launch) -> bool:
 
 def check_previous(launch: Launch) -> None:
     """A `{previous}` in the first chain step (or outside a chain) has nothing to refer to."""
+    if launch.mode == "chain" and launch.attached_run_id:
+        return  # step 0 is the attached run: its output is the first step's {previous}
     if launch.mode == "chain":
         first = launch.chain[0].items
         offenders = [item for item in first if PREVIOUS in item.task]

@@ -143,12 +143,18 @@ MIGRATIONS = (
         PRIMARY KEY (run_id, seq)
     )
     """,
+    # 3: how a run came from its source (resume, rerun, attach) and the rerun superseding it.
+    """
+    ALTER TABLE runs ADD COLUMN source_kind TEXT;
+    ALTER TABLE runs ADD COLUMN superseded_by TEXT
+    """,
 )
 
 _RUN_COLUMNS = (
     "run_id, session_id, mode, background, state, label, depth, parent_run_id, root_run_id, "
     "run_dir, created_at, started_at, ended_at, deadline_at, error, output, runner_id, fanout, "
-    "capacity, snapshots, source_run_id, workflow_key, workflow_token, intercom"
+    "capacity, snapshots, source_run_id, workflow_key, workflow_token, intercom, source_kind, "
+    "superseded_by"
 )
 
 
@@ -312,7 +318,9 @@ def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row])
         fanout_descriptor=row["fanout"],
         runner_id=row["runner_id"],
         source_run_id=row["source_run_id"],
+        source_kind=row["source_kind"],
         workflow_key=row["workflow_key"],
+        superseded_by=row["superseded_by"],
         intercom=[
             IntercomMessage(
                 run_id=run_id,

@@ -37,7 +37,15 @@ from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
 from subagents_node.actors.quarantine import reason_of
-from subagents_node.actors.runs import child_launch, management, runplan, runstore, settlement
+from subagents_node.actors.runs import (
+    attach,
+    child_launch,
+    management,
+    rerun,
+    runplan,
+    runstore,
+    settlement,
+)
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
@@ -54,6 +62,7 @@ from subagents_node.actors.runs.ticks import (
     Settle,
     ShimGone,
     ShimNotLaunched,
+    Superseded,
     Track,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
@@ -114,6 +123,8 @@ class RunSupervisor(OwnerActor):
             ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
+        #: Where each run in admission came from (rerun.Lineage), recorded with the run.
+        self._lineage: dict[str, rerun.Lineage] = {}
         self._watchers = RunWatchers(
             self.after,
             self.reply_later,
@@ -146,7 +157,7 @@ class RunSupervisor(OwnerActor):
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         handlers: dict[type[Request], Callable[[Any], Message]] = {
-            Launch: self._launch,
+            Launch: self._launch_request,
             Watch: self._watch,
             WatchAll: self._watch_all,
             Show: self._show,
@@ -212,7 +223,9 @@ class RunSupervisor(OwnerActor):
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
         for run_id in list(self._live):
-            self._advance(self._live[run_id])
+            self._stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
+            if run_id in self._live:
+                self._advance(self._live[run_id])
         self._retention.arm(self.db)
 
     def _quarantine(self, err: RecordQuarantined) -> str:
@@ -257,10 +270,25 @@ class RunSupervisor(OwnerActor):
 
     # -- launch -------------------------------------------------------------------------------
 
-    def _launch(self, request: Launch, resume: ResumePlan | None = None) -> Message:
+    def _launch_request(self, request: Launch) -> Message:
+        if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
+            raise BadRequest(
+                "A launch cannot attach to a run; use runs.resume with attach steps.",
+                reason="attached_run_id",
+            )
+        return self._launch(request)
+
+    def _launch(
+        self,
+        request: Launch,
+        resume: ResumePlan | None = None,
+        lineage: rerun.Lineage | None = None,
+    ) -> Message:
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
+        if lineage is not None:
+            self._lineage[run_id] = lineage
         pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
         reply = self._answer_once_started(run_id, self.current_reply)
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
@@ -271,6 +299,7 @@ class RunSupervisor(OwnerActor):
         their pids) or have failed to start; an admission error is answered at once."""
 
         def answer(outcome: Outcome) -> None:
+            self._lineage.pop(run_id, None)
             live = self._live.get(run_id)
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
                 live.launch_replies.append(reply)
@@ -296,13 +325,17 @@ class RunSupervisor(OwnerActor):
     def _resume(self, request: Resume) -> Message:
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
+        if request.attach:  # R-RES-6: the live source is the new chain's step 0
+            chain = attach.attach_launch(row, request)
+            return self._launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
         launch, plan = management.resume_launch(row, request)
-        return self._launch(launch, plan)
+        return self._launch(launch, plan, rerun.Lineage(plan.source_run_id, "resume"))
 
     def _rerun(self, request: Rerun) -> Message:
+        """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
-        return self._launch(management.rerun_launch(row, request))
+        return self._launch(rerun.rerun_launch(row, request), lineage=rerun.rerun_lineage(row))
 
     def _append(self, request: Append) -> Message:
         """R-APP-1..4: queue steps on a running background chain, claims and record together."""
@@ -416,6 +449,8 @@ class RunSupervisor(OwnerActor):
                 live = self._live.get(run_id)
                 if live is not None:
                     self._advance(live)
+            case Superseded(run_id=run_id):
+                self._stop_superseded(run_id)
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is not None and live.stop_state is None and live.deadline_ms:
@@ -457,6 +492,10 @@ class RunSupervisor(OwnerActor):
         deadline_ms = live.deadline_ms
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
+        self._record_lineage(run_id, source_run_id)
+        if launch.attached_run_id:
+            source = launch.attached_run_id
+            attach.wait_for(live, self._live.get(source), runstore.run_row(self.db, source))
         if deadline_ms:
             live.cancel_deadline = self.after(deadline_ms / 1000, RunDeadline(run_id))
         # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
@@ -467,10 +506,33 @@ class RunSupervisor(OwnerActor):
         assert view is not None
         return view
 
+    def _record_lineage(self, run_id: str, source_run_id: str | None) -> None:
+        """In the run's own transaction: how it came from its source, and (R-MISC-2) the link
+        to the live source it supersedes; that source is stopped once the link has committed."""
+        lineage = self._lineage.pop(run_id, None)
+        if lineage is None:
+            return
+        source = source_run_id or lineage.source_run_id
+        runstore.update_run(self.db, run_id, source_run_id=source, source_kind=lineage.kind)
+        if not lineage.supersedes:
+            return
+        rerun.link_superseded(self.db, source, run_id)
+        self._event(source, "run.superseded", {"by": run_id})
+        # Stopped once the link is durable (a recovering node stops it from the link).
+        self.after_commit(functools.partial(self._to_self(Superseded), source))
+
+    def _stop_superseded(self, run_id: str) -> None:
+        live, row = self._live.get(run_id), runstore.run_row(self.db, run_id)
+        by = row["superseded_by"] if row is not None else None
+        if live is not None and live.stop_state is None and by:
+            self._stop_live(live, "stopped", rerun.superseded_reason(by))
+
     # -- children -----------------------------------------------------------------------------
 
     def _advance(self, live: LiveRun) -> None:
         """Start what may start now; settle the run when nothing runs and nothing may start."""
+        if live.attached is not None and live.stop_state is None:
+            return  # R-RES-6: step 0 is a live run; nothing starts before it ends
         launch = live.launch
         may_start = (
             launch is not None
@@ -479,7 +541,8 @@ class RunSupervisor(OwnerActor):
         )
         if may_start:
             assert launch is not None
-            if not live.queue and not live.running and live.next_group < len(live.groups):
+            # `while`: an attached chain's step 0 (R-RES-6) is a group with no child.
+            while not live.queue and not live.running and live.next_group < len(live.groups):
                 live.queue.extend(live.groups[live.next_group])
                 live.next_group += 1
             # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
@@ -647,6 +710,9 @@ class RunSupervisor(OwnerActor):
             self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
         )
         self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        advance = self._to_self(Advance)
+        for chain_id in attach.source_ended(self._live.values(), live.run_id, state, live.output()):
+            self.after_commit(functools.partial(advance, chain_id))
         self._retention.run_ended(self.db)
         view = runstore.view(self.db, live.run_id)
         if view is not None:

@@ -103,3 +103,11 @@ class RunDeadline(Tick):
     """Run `run_id`'s own deadline passed."""
 
     run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded(Tick):
+    """Run `run_id` was superseded by a rerun (R-MISC-2): told after the commit that links
+    them, so the source's children are stopped only once the link is durable."""
+
+    run_id: str

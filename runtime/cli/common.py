@@ -21,6 +21,7 @@ from subagents_node.messages.errors import BadAddress, NodeNotRunning, NodeTimeo
 if TYPE_CHECKING:  # the client (and pydantic with it) loads when a command first asks for it
     from subagents_node.client.client import Client
     from subagents_node.messages.base import Message
+    from subagents_node.messages.supervisor import RunView
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -100,6 +101,24 @@ def emit(data: Message | dict[str, Any], as_json: bool, text: str) -> None:
         click.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
         click.echo(text)
+
+
+_SOURCE_TEXT = {
+    "resume": "resumed from",
+    "rerun": "rerun of",
+    "attach": "chain attached to live run",  # R-RES-6: the source is this chain's step 0
+}
+
+
+def lineage(run: RunView) -> list[str]:
+    """The run's links to other runs, one line each: where it came from (resume, rerun, attach)
+    and the rerun that superseded it (R-MISC-2). `show`, `fleet` and `debug-run` print them."""
+    lines: list[str] = []
+    if run.source_run_id:
+        lines.append(f"{_SOURCE_TEXT.get(run.source_kind or 'resume')}: {run.source_run_id}")
+    if run.superseded_by:
+        lines.append(f"superseded by rerun: {run.superseded_by}")
+    return lines
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from subagents_node.cli.common import lineage
 from subagents_node.client.client import Client
 from subagents_node.messages.capacity import CapacitySnapshot, Inspection, RunnerProof
 from subagents_node.messages.session import SpawnSnapshot
@@ -76,8 +77,7 @@ def render(
     ]
     if run.workflow_key:
         lines.append(f"workflow key: {run.workflow_key}")
-    if run.source_run_id:
-        lines.append(f"resumed from: {run.source_run_id}")
+    lines += lineage(run)
     lines += [
         f"Status process terminal: {_run_proof(run)}",
         f"started: {_when(run.started_at)} · ended: {_when(run.ended_at)}",
@@ -120,6 +120,8 @@ def details(
         "background": run.background,
         "parent_run_id": run.parent_run_id,
         "source_run_id": run.source_run_id,
+        "source_kind": run.source_kind,
+        "superseded_by": run.superseded_by,
         "run_dir": run.run_dir,
         "spawn_budget": spawn.model_dump(mode="json"),
         "active_async_capacity": capacity.model_dump(mode="json"),

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from subagents_node.cli.common import lineage
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.runs import output_tail
@@ -80,6 +81,7 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
         "deadline",
         "capacity",
         "fan-out",
+        "link",
         "last output",
     ):
         table.add_column(column, no_wrap=True, overflow="ellipsis")
@@ -101,6 +103,7 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
             deadline,
             gauge(snaps.capacity_used, snaps.capacity_limit),
             gauge(snaps.fanout_used, snaps.fanout_limit),
+            "; ".join(lineage(run)) or "-",
             output,
         )
     parts: list[Table | Text] = [table]

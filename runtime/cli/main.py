@@ -59,6 +59,7 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "fleet": ("subagents_node.cli.ledgers", "fleet"),
         "resume": ("subagents_node.cli.manage", "resume"),
         "rerun": ("subagents_node.cli.manage", "rerun"),
+        "attach": ("subagents_node.cli.manage", "attach"),
         "append": ("subagents_node.cli.manage", "append"),
         "intercom": ("subagents_node.cli.manage", "intercom"),
         "mcp": ("subagents_node.cli.mcp", "mcp_command"),

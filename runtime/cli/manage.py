@@ -1,4 +1,4 @@
-"""Run-management commands: `resume`, `rerun`, `append`, `intercom send` (SPEC §10-13).
+"""Run-management commands: `resume`, `rerun`, `attach`, `append`, `intercom send` (SPEC §10-13).
 
 Each is one request to the RunSupervisor; the rules (what may be resumed, how an append is
 claimed, when intercom is off) live in the node, so every client gets the same answers.
@@ -40,7 +40,9 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
 
     Only background runs can be resumed: a foreground, stopped or still-running run is
     refused (use `rerun` for a foreground one). The resumed run reuses the source's fan-out
-    budget without claiming (R-RES-4).
+    budget without claiming (R-RES-4). A failed or complete workflow (background or not) is
+    resumed as a new background workflow run of its script: the steps it finished are not run
+    again and nothing it claimed is claimed again (R-WF-5, R-FAN-23).
     """
     limit = load_config().settings.max_active_async_runs_per_session
     fields = {
@@ -66,7 +68,11 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
-    """Run a finished run's child again with the same parameters and a new task (foreground)."""
+    """Run a run's child again with the same parameters and a new task (foreground).
+
+    A finished run is left as it is. A live foreground run with one child is superseded: it is
+    stopped, and `show` links the two (`superseded by rerun` / `rerun of`).
+    """
     with obj.client() as client:
         fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
         request = validate_request(Rerun, fields)
@@ -75,6 +81,39 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     emit(final, as_json, summary(final))
     if final.state != "complete":
         raise SystemExit(1)
+
+
+@click.command()
+@click.argument("run_id", type=RUN_ID)
+@click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
+@json_option
+@click.pass_obj
+@user_errors
+def attach(
+    obj: Ctx, run_id: str, steps_file: Path, agents_dirs: tuple[str, ...], as_json: bool
+) -> None:
+    """Start a background chain whose step 0 is live background run RUN_ID (R-RES-6).
+
+    The [[steps]] of STEPS_FILE (chain TOML) run once RUN_ID has ended, the first with its
+    output as {previous}; if it fails, the chain fails. The chain takes a capacity slot of its
+    own (RUN_ID keeps its slot) and a new fan-out budget; a refused launch changes nothing.
+    """
+    ctx = LaunchContext.from_environment(agents_dirs=agents_dirs)
+    chain = ctx.from_file("chain", steps_file, True, None).chain
+    fields = {
+        "run_id": run_id,
+        "attach": chain,
+        "depth": current_depth(),
+        "capacity_limit": ctx.config.settings.max_active_async_runs_per_session,
+        "env": dict(os.environ),
+    }
+    request = validate_request(Resume, fields)
+    with obj.client() as client:
+        run = client.ask(request, LaunchResult).run
+    emit(run, as_json, run.run_id)
 
 
 @click.command()
@@ -129,4 +168,4 @@ def intercom_send(obj: Ctx, text: str, run_id: str | None, as_json: bool) -> Non
     emit(sent, as_json, f"sent to run {sent.run_id}")
 
 
-COMMANDS = (resume, rerun, append, intercom)
+COMMANDS = (resume, rerun, attach, append, intercom)

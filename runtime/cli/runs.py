@@ -18,7 +18,15 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from subagents_node.cli.common import EXIT_INTERRUPTED, Ctx, emit, json_option, plural, user_errors
+from subagents_node.cli.common import (
+    EXIT_INTERRUPTED,
+    Ctx,
+    emit,
+    json_option,
+    lineage,
+    plural,
+    user_errors,
+)
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
@@ -304,6 +312,7 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         f"Active async capacity: {capacity.used}/{capacity.limit or 'unlimited'} used",
         summary(found, capacity=False),
         f"dir: {found.run_dir}",
+        *lineage(found),
     ]
     for child in found.children:
         how = "" if child.state in ("pending", "running") else f" ({child_end(child)})"

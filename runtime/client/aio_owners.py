@@ -12,7 +12,7 @@ It must never build a request itself, nor import the node or the actors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from subagents_node.messages.session import (
     SessionStatus,
     SpawnSnapshot,
 )
-from subagents_node.messages.supervisor import FleetEvents, Launch, RunEvents, RunView
+from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
 
 if TYPE_CHECKING:
     from subagents_node.client.aio import AsyncClient
@@ -356,6 +356,24 @@ class AsyncRunsAPI:
         client = self._client
         plan = run_plans.wait_plan(client.address, client.timeout, run_id, timeout, on_event)
         return await client.perform(plan)
+
+    async def attach(
+        self,
+        run_id: str,
+        steps: Sequence[ChainStep],
+        capacity_limit: int = 0,
+        depth: int = 0,
+        env: Mapping[str, str] | None = None,
+    ) -> RunView:
+        """As `Client.runs.attach` (R-RES-6)."""
+        plan = run_plans.attach_plan(run_id, steps, capacity_limit, depth, env)
+        return await self._client.perform(plan)
+
+    async def rerun(
+        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+    ) -> RunView:
+        """As `Client.runs.rerun` (R-MISC-2)."""
+        return await self._client.perform(run_plans.rerun_plan(run_id, task, child, env))
 
     async def show(self, run_id: str) -> RunView:
         return await self._client.perform(run_plans.show_plan(run_id))

@@ -1,6 +1,8 @@
-"""The asyncio transport: one DEALER (zmq.asyncio) per client and a table of waiting calls.
+"""The asyncio transport: one DEALER (zmq.asyncio) per endpoint and a table of waiting calls.
 
-Owns the socket and the correlation table `id -> future`. One reader task receives every reply
+Owns the sockets (one per owner it talks to, straight to the owner's socket beside a state
+dir's node.sock, as `ZmqTransport` does; else one to the address) and the correlation table
+`id -> future`. One reader task per socket receives every reply
 and resolves the future filed under the reply's correlation id; a call removes its entry when
 it ends for any reason (answered, timed out, cancelled), so a reply that arrives after its
 caller gave up finds no entry and is dropped, never handed to a later call. Each request gets a
@@ -25,13 +27,14 @@ from subagents_node.client.transport import (
     check_reachable,
     curve_client,
     default_credentials,
+    endpoint_for,
     no_keys,
     outcome_of,
     reply_envelope,
     why_silent,
 )
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.codec import encode
+from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
 
@@ -43,9 +46,9 @@ class AsyncZmqTransport:
         self.address = check_endpoint(address)
         self._sender = sender or f"client-{os.getpid()}"
         self._zctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
+        self._socks: dict[str, zmq.asyncio.Socket] = {}
         self._waiting: dict[str, asyncio.Future[Envelope]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._readers: dict[str, asyncio.Task[None]] = {}
         self._closed = False
 
     @property
@@ -53,19 +56,23 @@ class AsyncZmqTransport:
         """Calls waiting for their reply right now (a cancelled call is not one)."""
         return len(self._waiting)
 
-    def _socket(self) -> zmq.asyncio.Socket:
+    def _socket(self, target: str) -> zmq.asyncio.Socket:
         if self._closed:
             raise NodeNotRunning("this client is closed", address=self.address)
-        if self._sock is None:
+        endpoint = endpoint_for(self.address, target)
+        sock = self._socks.get(endpoint)
+        if sock is None:
             check_reachable(self.address, stale=True)
-            self._zctx = zmq.asyncio.Context()
+            check_reachable(endpoint, stale=True)
+            if self._zctx is None:
+                self._zctx = zmq.asyncio.Context()
             sock = self._zctx.socket(zmq.DEALER)
             for option, value in DEALER_OPTIONS:
                 sock.setsockopt(option, value)
             try:
                 if self.address.startswith("tcp://"):  # DESIGN §3: tcp is always CURVE
                     curve_client(sock, default_credentials())
-                sock.connect(self.address)
+                sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
                 raise BadAddress(
@@ -74,10 +81,11 @@ class AsyncZmqTransport:
             except KeyFileInvalid as err:
                 sock.close(linger=0)
                 raise no_keys(self.address, err) from None
-            self._sock = sock
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))
-        return self._sock
+            self._socks[endpoint] = sock
+        reader = self._readers.get(endpoint)
+        if reader is None or reader.done():
+            self._readers[endpoint] = asyncio.get_running_loop().create_task(self._read(sock))
+        return sock
 
     async def _read(self, sock: zmq.asyncio.Socket) -> None:
         """File each reply under its correlation id; replies nobody waits for are dropped."""
@@ -96,17 +104,18 @@ class AsyncZmqTransport:
 
     async def call(self, request: Request, timeout: float, target: str = "") -> Message:
         check_reachable(self.address)
-        sock = self._socket()
+        sock = self._socket(target or request.target)
         env = Envelope(
             type=request.type,
             body=request.to_body(),
             target=target or request.target,
             sender=self._sender,
         )
+        frame = encode_request(env)  # FrameTooLarge before anything is sent
         waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._waiting[env.id] = waiter
         try:
-            await sock.send(encode(env))
+            await sock.send(frame)
             try:
                 reply = await asyncio.wait_for(waiter, timeout)
             except TimeoutError:
@@ -128,15 +137,15 @@ class AsyncZmqTransport:
 
     async def aclose(self) -> None:
         self._closed = True
-        reader, self._reader = self._reader, None
-        if reader is not None:
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
         self._fail_waiting("this client is closed")
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
+        socks, self._socks = self._socks, {}
+        for sock in socks.values():
+            sock.close(linger=0)
         if self._zctx is not None:
             self._zctx.term()
             self._zctx = None

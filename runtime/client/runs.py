@@ -1,4 +1,5 @@
-"""Client API for runs: launch, watch, wait, settle, logs, show, list, stop (`client.runs`).
+"""Client API for runs: launch, watch, wait, settle, logs, show, list, stop, attach, rerun
+(`client.runs`).
 
 `wait()` and `settle()` follow runs through long-poll `watch` requests: each one is answered by
 the node as soon as the run has new events, so nothing here polls. `logs()` streams the child
@@ -10,17 +11,20 @@ ValidationError.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
+    ChainStep,
     FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
+    Rerun,
+    Resume,
     RunEvent,
     RunEvents,
     RunList,
@@ -118,6 +122,35 @@ def stop_plan(run_id: str) -> Plan[RunView]:
     return one(build(Stop, run_id=run_id), RunView)
 
 
+def attach_plan(
+    run_id: str,
+    steps: Sequence[ChainStep],
+    capacity_limit: int = 0,
+    depth: int = 0,
+    env: Mapping[str, str] | None = None,
+) -> Plan[RunView]:
+    request = build(
+        Resume,
+        run_id=run_id,
+        attach=list(steps),
+        capacity_limit=capacity_limit,
+        depth=depth,
+        env=dict(env) if env is not None else None,
+    )
+    result: LaunchResult = yield from one(request, LaunchResult)
+    return result.run
+
+
+def rerun_plan(
+    run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+) -> Plan[RunView]:
+    request = build(
+        Rerun, run_id=run_id, task=task, child=child, env=dict(env) if env is not None else None
+    )
+    result: LaunchResult = yield from one(request, LaunchResult)
+    return result.run
+
+
 class RunsAPI:
     """Every method builds its request with `validate_request`: a bad argument raises the
     documented `BadRequest` naming the field, never pydantic's ValidationError."""
@@ -198,3 +231,25 @@ class RunsAPI:
 
     def stop(self, run_id: str) -> RunView:
         return self._client.perform(stop_plan(run_id))
+
+    def attach(
+        self,
+        run_id: str,
+        steps: Sequence[ChainStep],
+        capacity_limit: int = 0,
+        depth: int = 0,
+        env: Mapping[str, str] | None = None,
+    ) -> RunView:
+        """Start a background chain whose step 0 is live background run `run_id` (R-RES-6):
+        `steps` run once it ended, the first with its output as `{previous}`. The chain takes
+        its own capacity slot (under `capacity_limit`; the source keeps its slot) and a new
+        fan-out budget. Returns the chain's run, waiting for its source."""
+        return self._client.perform(attach_plan(run_id, steps, capacity_limit, depth, env))
+
+    def rerun(
+        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+    ) -> RunView:
+        """Run child `child` of run `run_id` again with a new task, in the foreground
+        (R-MISC-2). A live foreground run with one child is superseded: stopped and linked
+        (`superseded_by` on it, `source_run_id` on the rerun). Returns once the rerun runs."""
+        return self._client.perform(rerun_plan(run_id, task, child, env))

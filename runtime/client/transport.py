@@ -43,7 +43,7 @@ from subagents_node.client.paths import (
     read_pid_file,
 )
 from subagents_node.messages.base import Message, Request, parse_result
-from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.codec import decode, encode_request
 from subagents_node.messages.constants import ENV_CLIENT_KEY, ENV_SERVER_KEY
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
@@ -109,6 +109,15 @@ def check_reachable(address: str, stale: bool = False) -> None:
             "(stale socket); start one with `subagents-node start`",
             address=address,
         )
+
+
+def endpoint_for(address: str, target: str) -> str:
+    """Where a request for `target` goes: its owner's own socket beside the node's (a state
+    dir's ipc socket: the address book's ipc part), else the node's address (which forwards)."""
+    path = ipc_path(address)
+    if path is None or path.name != SOCKET_NAME or target not in OWNER_SOCKETS:
+        return address
+    return f"ipc://{path.parent / OWNER_SOCKETS[target]}"
 
 
 def outcome_of(request: Request, reply: Envelope) -> Message:
@@ -181,8 +190,9 @@ class _Channel:
         self.arrived: dict[str, Envelope] = {}
 
     def send(self, env: Envelope) -> None:
+        frame = encode_request(env)  # FrameTooLarge before anything is sent
         self.waiting.add(env.id)
-        self.sock.send(encode(env))
+        self.sock.send(frame)
 
     def wait(self, corr: str, deadline: float, request: Request) -> Envelope:
         try:
@@ -277,12 +287,7 @@ class ZmqTransport:
         self._closed = False
 
     def endpoint_for(self, target: str) -> str:
-        """Where a request for `target` goes: its owner's own socket beside the node's (a
-        state dir's ipc socket), else the node's address (which forwards it)."""
-        path = ipc_path(self.address)
-        if path is None or path.name != SOCKET_NAME or target not in OWNER_SOCKETS:
-            return self.address
-        return f"ipc://{path.parent / OWNER_SOCKETS[target]}"
+        return endpoint_for(self.address, target)
 
     def _channel(self, target: str = "") -> _Channel:
         channels: dict[str, _Channel] | None = getattr(self._local, "channels", None)

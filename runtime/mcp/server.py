@@ -39,7 +39,8 @@ WAIT_DEFAULT_S = 50.0
 
 INSTRUCTIONS = (
     "Launch sub-agents under the node's ledgers: list agents, run one (or several in parallel, "
-    "or a chain), then follow background runs with wait, logs, stop, resume and append. "
+    "or a chain), then follow background runs with wait, logs, stop, resume, attach and "
+    "append, and rerun a child with a new task. "
     "A refusal by a ledger (capacity, fan-out budget, spawn budget, depth) is a tool error "
     "whose text says which limit was reached; it is final for that launch."
 )
@@ -218,6 +219,31 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     ) -> ToolAnswer:
         """Relaunch a finished background run in the background, moving its capacity slot."""
         return await tools.resume(run_id, message)
+
+    @server.tool(annotations=launches, structured_output=False)
+    @tool_result
+    async def rerun(
+        run_id: RunId,
+        task: Annotated[str, Field(min_length=1, description="The new task.")],
+        child: Annotated[int, Field(ge=0, description="Which child's parameters to reuse.")] = 0,
+    ) -> ToolAnswer:
+        """Run a run's child again with a new task in the foreground and wait for it; a live
+        foreground run with one child is superseded (stopped and linked to the rerun)."""
+        return await tools.rerun(run_id, task, child)
+
+    @server.tool(annotations=launches, structured_output=False)
+    @tool_result
+    async def attach(
+        run_id: RunId,
+        steps: Annotated[
+            list[ChainStepSpec],
+            Field(min_length=1, description="Steps that run after the live run ends."),
+        ],
+        agents_dirs: AgentsDirs = [],  # noqa: B006 (a schema default)
+    ) -> ToolAnswer:
+        """Start a background chain whose step 0 is a live background run: its steps run once
+        that run ended ({previous} is its output), with a capacity slot and budget of their own."""
+        return await tools.attach(run_id, [s.as_step() for s in steps], agents_dirs)
 
     @server.tool(annotations=launches, structured_output=False)
     @tool_result

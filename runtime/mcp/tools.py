@@ -225,6 +225,34 @@ class LauncherTools:
         text = f"run {run.run_id} resumes {run_id} in the background"
         return ToolAnswer(text, run_data(run))
 
+    async def attach(
+        self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
+    ) -> ToolAnswer:
+        """R-RES-6: a background chain whose step 0 is live background run `run_id`."""
+        ctx = self.context(agents_dirs)
+        chain = ctx.from_mapping("chain", {"steps": list(steps)}, True, None, path="steps").chain
+        run = await self.client.runs.attach(
+            run_id,
+            chain,
+            capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
+            depth=ctx.depth,
+            env=dict(self.env),
+        )
+        text = f"run {run.run_id} chains after {run_id} in the background"
+        return ToolAnswer(text, run_data(run))
+
+    async def rerun(self, run_id: str, task: str, child: int) -> ToolAnswer:
+        """R-MISC-2: child `child` of `run_id` again with a new task, in the foreground (a
+        live foreground run with one child is superseded); waits for the rerun to end."""
+        started = await self.client.runs.rerun(run_id, task, child, dict(self.env))
+        try:
+            final = await self.client.runs.wait(started.run_id)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # as for a foreground run (see `run`)
+                await self.client.runs.stop(started.run_id)
+            raise
+        return ToolAnswer(summary(final), run_data(final))
+
     async def append(
         self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
     ) -> ToolAnswer:
@@ -313,6 +341,10 @@ def run_data(run: RunView) -> dict[str, Any]:
         "output": run.output,
         "error": run.error,
         "fanout": {"used": run.snapshots.fanout_used, "limit": run.snapshots.fanout_limit},
+        # Links (R-RES, R-RES-6, R-MISC-2): where the run came from, and its superseding rerun.
+        "source_run_id": run.source_run_id,
+        "source_kind": run.source_kind,
+        "superseded_by": run.superseded_by,
         "children": [
             {
                 "index": c.index,

@@ -114,8 +114,11 @@ def _become_owner(spec: OwnerSpec) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # Die with the node (SIGKILL: every acknowledged write is already committed).
+    parent = int(spec.settings.get("node_pid", 0) or os.getppid())
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the node died before the death signal was armed
+        os._exit(1)
     os.environ["SUBAGENTS_OWNER"] = spec.name
 
 
@@ -132,12 +135,11 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     cap = spec.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
     if spec.settings.get("caps_child_logs"):
         log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
-    loop_box: list[OwnerLoop] = []
 
     def endpoint_of(target: str) -> str:
         return spec.peers.get(target, spec.peers.get("node", ""))
 
-    links = OwnerLinks(zctx, spec.name, endpoint_of, on_socket=lambda sock: loop_box[0].watch(sock))
+    links = OwnerLinks(zctx, spec.name, endpoint_of)
 
     def report_crash(name: str, exc: BaseException) -> None:
         control.say("crash", reason=repr(exc)[:2000])
@@ -159,7 +161,6 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     loop = OwnerLoop(
         actor, zctx, spec.endpoint, links, spec.max_frame or 1 << 20, spec.mailbox_limit
     )
-    loop_box.append(loop)
     loop.bind()
     signal.signal(signal.SIGTERM, lambda signum, frame: loop.request_stop())
     try:

@@ -56,6 +56,8 @@ class _Owner:
     reason: str = ""
     quarantined: list[QuarantinedRecord] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
+    #: Set once the process has been reaped (and cleared when another is forked).
+    gone: threading.Event = field(default_factory=threading.Event)
     tombstone: _Tombstone | None = None
     #: A crash reported but not yet acted on (the intensity tripped while we were busy).
     exceeded: str = ""
@@ -123,20 +125,13 @@ class OwnerSupervisor:
         os.close(self._wake_w)
 
     def _wait_gone(self, owner: _Owner, timeout: float) -> None:
+        """Wait until the supervising thread has reaped the owner; KILL it past `timeout`."""
         pid = owner.pid
-        if pid is None:
+        if pid is None or owner.gone.wait(timeout):
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if owner.pid is None or not _alive(pid):
-                return
-            if owner.pidfd is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    select.select([owner.pidfd], [], [], min(0.2, deadline - time.monotonic()))
-            else:
-                time.sleep(0.02)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+        owner.gone.wait(timeout)
 
     def all_failed(self) -> bool:
         return all(o.state == "failed" for o in self._owners.values())
@@ -228,6 +223,7 @@ class OwnerSupervisor:
             owner.buffer = b""
             owner.state = "restarting"
             owner.ready.clear()
+            owner.gone.clear()
         self._on_change()
 
     def _read_control(self, owner: _Owner) -> None:
@@ -291,6 +287,7 @@ class OwnerSupervisor:
         with self._lock:
             owner.pid = None
             owner.pidfd = None
+        owner.gone.set()
         if self._stopping:
             return
         how = _how(status)
@@ -340,22 +337,13 @@ class OwnerSupervisor:
         with self._lock:
             owner.pid = None
             owner.pidfd = None
+        owner.gone.set()
 
 
 def _how(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exited with status {os.waitstatus_to_exitcode(status)}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Tombstone:

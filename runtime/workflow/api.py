@@ -25,9 +25,11 @@ child its token or the aggregate output path, and changes node state only throug
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,14 @@ from subagents_node.messages.errors import (
     WorkflowSettled,
 )
 from subagents_node.messages.fanout import FanoutSnapshot, encode_descriptor, extend
-from subagents_node.messages.supervisor import IntercomMode, Launch, RunView, TaskItem
+from subagents_node.messages.supervisor import (
+    IntercomMode,
+    Launch,
+    LaunchResult,
+    Resume,
+    RunView,
+    TaskItem,
+)
 from subagents_node.workflow.calls import (
     ChildCall,
     ChildResult,
@@ -94,6 +103,26 @@ _HOST_ONLY = (
 )
 
 
+ACTIVE = ("queued", "running", "paused")
+#: A resumed workflow's source steps that ended so are launched again (on their old claim).
+_RELAUNCHED = ("failed", "stopped", "rejected")
+
+
+@dataclass
+class AdmissionGroup:
+    """One `runs.all` batch (R-WF-5): the members it launches (and the keys among them whose
+    claim a resumed workflow's source already made), its `resume` items, and the steps a
+    resumed workflow reuses from its source."""
+
+    members: list[tuple[Step, Agent]] = field(default_factory=list)
+    claimed: set[str] = field(default_factory=set)
+    resumes: list[Step] = field(default_factory=list)
+    reused: list[Step] = field(default_factory=list)
+
+    def steps(self) -> list[Step]:
+        return [*(step for step, _ in self.members), *self.resumes, *self.reused]
+
+
 class WorkflowRuns:
     """The `runs` object of a workflow script. Calls from several threads take turns."""
 
@@ -103,6 +132,8 @@ class WorkflowRuns:
         launcher: LaunchContext,
         env: WorkflowEnv,
         on_change: Callable[[], None] = lambda: None,
+        prior: Mapping[str, RunView] | None = None,
+        prior_claimed: Iterable[str] = (),
     ) -> None:
         self._client = client
         self._launcher = launcher
@@ -116,6 +147,10 @@ class WorkflowRuns:
         self.console_lines: list[str] = []
         self._claimed: dict[Path, str] = {}
         self._settled = False
+        #: A resumed workflow's source children by key (R-WF-5: finished steps are not run
+        #: again; every key the source admitted keeps its claim, R-FAN-23).
+        self._prior: dict[str, RunView] = dict(prior or {})
+        self._prior_claimed = frozenset(prior_claimed) | set(self._prior)
 
     # -- the script's API ---------------------------------------------------------------------
 
@@ -135,31 +170,46 @@ class WorkflowRuns:
         call = ChildCall(key, agent, task, output, async_, cwd, timeout_ms, intercom)
         return self.all([call])[0]
 
+    def resume(
+        self, key: str, source: str, message: str = "", *, async_: bool = False
+    ) -> ChildResult:
+        """Relaunch finished child `source` (a run id, or a key of this workflow) under `key`,
+        with `message` as the follow-up. It reuses the source's fan-out claim (R-FAN-23) and
+        takes no capacity (R-RES-3); awaited unless `async_`."""
+        call = ChildCall(key, task=message, async_=async_, resume=source)
+        return self.all([call])[0]
+
     def all(self, specs: Iterable[ChildCall | Mapping[str, Any]]) -> list[ChildResult]:
         """Launch a batch as ONE admission group; wait for its foreground members. Results come
-        back in the order of `specs`; a refused group raises and launches nothing."""
+        back in the order of `specs`; a refused group raises and launches nothing, its
+        `resume` items included (R-WF-5, A-19)."""
         with self._lock:
             if self._settled:
                 raise WorkflowSettled("The workflow has already settled; nothing more is admitted.")
             calls = [ChildCall.of(spec) for spec in specs]
-            members = self._members(calls)
+            group = self._group(calls)
             try:
-                self._admit(members)
+                self._admit(group)
             except SubagentsError as err:
-                for step, _ in members:
+                # Every call of the batch waits on the shared outcome (R-WF-5, A-19).
+                for step in group.steps():
                     self._trace("failed", step, error=err.message)
                 self._on_change()
                 raise
-            for step, agent in members:
-                self._launch(step, agent)
-            fresh = {step.key for step, _ in members}
+            for step in group.reused:
+                self._trace("reused", step)
+            for step, agent in group.members:
+                self._launch(step, functools.partial(self._child_launch_view, step, agent))
+            for step in group.resumes:
+                self._launch(step, functools.partial(self._resume_view, step))
+            fresh = {step.key for step in group.steps()}
             for call in calls:
                 if call.key in fresh:
                     fresh.discard(call.key)  # its first occurrence is the launch itself
                 else:
                     self._trace("reused", self.steps[call.key])
             self._on_change()
-            for step, _ in members:
+            for step in group.steps():
                 if step.status == "running" and not step.async_:
                     self._await(step)
             return [self._result_of(call) for call in calls]
@@ -179,9 +229,10 @@ class WorkflowRuns:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def _members(self, calls: list[ChildCall]) -> list[tuple[Step, Agent]]:
-        """R-WF-5: the group's new keys (repeats and earlier keys reuse); R-WF-7: their outputs."""
-        members: list[tuple[Step, Agent]] = []
+    def _group(self, calls: list[ChildCall]) -> AdmissionGroup:
+        """R-WF-5: the group's new keys (repeats and earlier keys reuse); R-WF-7: their outputs.
+        A resumed workflow's finished (or still live) keys are reused from its source."""
+        group = AdmissionGroup()
         fresh: dict[str, ChildCall] = {}
         for call in calls:
             earlier = self.steps[call.key].call if call.key in self.steps else fresh.get(call.key)
@@ -194,6 +245,14 @@ class WorkflowRuns:
                     )
                 continue
             fresh[call.key] = call
+            prior = self._prior.get(call.key)
+            if call.resume is not None:
+                step = self._resume_step(call)
+                if prior is not None and prior.state not in _RELAUNCHED:
+                    group.reused.append(self._reused_step(step, prior))
+                else:
+                    group.resumes.append(step)
+                continue
             agent = self._launcher.catalog.get(call.agent)
             child_cwd = self.env.cwd / (call.cwd or agent.cwd or "")
             path = resolve_output(
@@ -204,23 +263,54 @@ class WorkflowRuns:
                 aggregate=self.env.aggregate,
                 run_dir=self.env.run_dir,
             )
-            members.append((Step(call.key, agent.name, call, path), agent))
-        return members
+            step = Step(call.key, agent.name, call, path)
+            if prior is not None and prior.state not in _RELAUNCHED:
+                group.reused.append(self._reused_step(step, prior))
+                continue
+            if call.key in self._prior_claimed:
+                group.claimed.add(call.key)  # relaunched on the source's claim (R-FAN-23)
+            group.members.append((step, agent))
+        return group
 
-    def _admit(self, members: list[tuple[Step, Agent]]) -> None:
-        """R-WF-6: collisions before the claim; the claim before the output paths are held."""
+    def _reused_step(self, step: Step, prior: RunView) -> Step:
+        """A resumed workflow's step its source already ran (or still runs): not run again."""
+        step.run_id, step.view, step.async_ = prior.run_id, prior, prior.background
+        step.source_run_id = prior.parent_run_id
+        step.status = "running" if prior.state in ACTIVE else step_status(prior.state)
+        step.error = prior.error
+        step.result = self._result(step, prior)
+        return step
+
+    def _resume_step(self, call: ChildCall) -> Step:
+        """A `resume` item: its source is a key of this workflow or a run id."""
+        assert call.resume is not None
+        earlier = self.steps.get(call.resume)
+        source = earlier.run_id if earlier is not None else call.resume
+        if not source:
+            raise WorkflowCallInvalid(
+                f"runs.resume('{call.key}'): step '{call.resume}' never launched a run",
+                key=call.key,
+                field="resume",
+            )
+        agent = earlier.agent if earlier is not None else ""
+        return Step(call.key, agent, call, None, source_run_id=source)
+
+    def _admit(self, group: AdmissionGroup) -> None:
+        """R-WF-6: collisions before the claim; the claim before the output paths are held.
+        Keys a resumed workflow's source already claimed, and resume items, claim nothing."""
+        admitted = [*group.members, *((step, None) for step in group.reused)]
         check_collisions(
-            [(step.key, step.output_path) for step, _ in members],
+            [(step.key, step.output_path) for step, _ in admitted],
             self.env.aggregate,
             self._claimed,
         )
-        if not members:
-            return
-        paths = [f"workflow[{step.key}]" for step, _ in members]
-        self.fanout = self._client.fanout.claim(self.env.descriptor, paths)
-        for step, _ in members:
+        paths = [f"workflow[{s.key}]" for s, _ in group.members if s.key not in group.claimed]
+        if paths:
+            self.fanout = self._client.fanout.claim(self.env.descriptor, paths)
+        for step, _ in admitted:
             if step.output_path is not None:
                 self._claimed[step.output_path] = step.key
+        for step in group.steps():
             self.steps[step.key] = step
 
     def _child_launch(self, step: Step, agent: Agent) -> Launch:
@@ -251,9 +341,31 @@ class WorkflowRuns:
         )
         return Launch.model_validate(fields_)
 
-    def _launch(self, step: Step, agent: Agent) -> None:
+    def _child_launch_view(self, step: Step, agent: Agent) -> RunView:
+        return self._client.runs.launch(self._child_launch(step, agent))
+
+    def _resume_view(self, step: Step) -> RunView:
+        """R-WF-5 `resume` item: the node relaunches the source as this workflow's child."""
+        call = step.call
+        assert step.source_run_id is not None
+        env = {k: v for k, v in self._launcher.env.items() if k not in _HOST_ONLY}
+        request = Resume(
+            run_id=step.source_run_id,
+            message=call.task,
+            depth=self._launcher.depth,
+            env=env,
+            parent_run_id=self.env.run_id,
+            workflow_key=step.key,
+            workflow_token=self.env.token,
+            background=call.async_,
+        )
+        view = self._client.ask(request, LaunchResult).run
+        step.agent = step.agent or view.label
+        return view
+
+    def _launch(self, step: Step, start: Callable[[], RunView]) -> None:
         try:
-            view = self._client.runs.launch(self._child_launch(step, agent))
+            view = start()
         except SubagentsError as err:
             # Admitted but refused by the node (spawn budget, depth, a stopped workflow): it
             # never launched, so it needs no proof (A-6). Its claim stays (R-FAN-15).

@@ -1,9 +1,10 @@
 """The values a workflow script hands to `runs` and gets back (SPEC R-WF-4, R-WF-11, R-RUN-7).
 
-Owns their shapes and their validation: `ChildCall` (one `runs.run` call; a reuse of its key must
-repeat its parameters exactly), `ChildResult` (what a call answers), `Step` (one launched key:
-status, async classification, run id), `WorkflowEnv` (the workflow run the host serves) and the
-JSON form of a script's values. Pure data: nothing here talks to a node or touches a file.
+Owns their shapes and their validation: `ChildCall` (one `runs.run` or `runs.resume` call; a
+reuse of its key must repeat its parameters exactly), `ChildResult` (what a call answers),
+`Step` (one launched key: status, async classification, run id), `WorkflowEnv` (the workflow run
+the host serves) and the JSON form of a script's values. Pure data: nothing here talks to a node
+or touches a file.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class WorkflowEnv:
     aggregate: Path | None = None
     intercom: IntercomMode = "on"
     background: bool = False
+    #: The workflow run this one resumes (R-WF-5), if it is a resume.
+    source_run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,16 @@ class ChildCall:
     """One `runs.run` call, validated: the key and the parameters a reuse must repeat."""
 
     key: str
-    agent: str
-    task: str
+    agent: str = ""
+    task: str = ""
     output: str | bool | None = None
     async_: bool = False
     cwd: str | None = None
     timeout_ms: int | None = None
     intercom: IntercomMode | None = None
+    #: A `resume` item (R-WF-5, R-FAN-23): the run id (or this workflow's key) of a finished
+    #: child to relaunch under `key`, with `task` as the follow-up; it claims nothing.
+    resume: str | None = None
 
     @classmethod
     def of(cls, spec: ChildCall | Mapping[str, Any]) -> ChildCall:
@@ -81,7 +87,7 @@ class ChildCall:
         values = dict(spec)
         if "async" in values:
             values["async_"] = values.pop("async")
-        for name in ("key", "agent", "task"):
+        for name in ("key",) if values.get("resume") is not None else ("key", "agent", "task"):
             if name not in values:
                 raise WorkflowCallInvalid(
                     f"runs.run needs '{name}'", key=str(values.get("key", "")), field=name
@@ -96,8 +102,10 @@ class ChildCall:
                 f"Workflow child key {key!r} is invalid: a key matches {WORKFLOW_KEY}.",
                 key=str(key),
             )
+        resuming = call.resume is not None
         problems = {
-            "agent": isinstance(call.agent, str) and bool(call.agent),
+            "resume": not resuming or (isinstance(call.resume, str) and bool(call.resume)),
+            "agent": isinstance(call.agent, str) and (resuming or bool(call.agent)),
             "task": isinstance(call.task, str),
             "output": call.output is None or isinstance(call.output, str | bool),
             "async_": isinstance(call.async_, bool),
@@ -110,6 +118,10 @@ class ChildCall:
             ),
             "intercom": call.intercom in (None, "on", "off"),
         }
+        if resuming:  # a resume item relaunches its source's parameters: it sets no others
+            problems["output"] = call.output is None
+            problems["cwd"] = call.cwd is None
+            problems["timeout_ms"] = call.timeout_ms is None
         bad = [name for name, ok in problems.items() if not ok]
         if bad:
             raise WorkflowCallInvalid(
@@ -155,6 +167,8 @@ class Step:
     error: str = ""
     stopped: bool = False
     result: ChildResult | None = None
+    #: A reused step's workflow run (a resumed workflow, R-WF-5), or a resume item's source run.
+    source_run_id: str | None = None
     view: RunView | None = field(default=None, repr=False)
 
 

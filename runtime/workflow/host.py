@@ -10,12 +10,13 @@ own), SUBAGENTS_CHILD_DIR and, with an aggregate output, SUBAGENTS_OUTPUT.
 Owns one script execution. The script is run as a module with `runs` (runtime.workflow_api),
 `emit` and `console` in its globals and must define `main(runs)`: its return value is the
 workflow's value, `emit(value)` adds to the result, and `console(...)` or `print(...)` add
-console lines. When it ends, the host writes the aggregate output (R-WF-9), `result.json`
-(R-RUN-7) and `status.json` (R-RUN-4, also rewritten at every admission) in the workflow's run
-dir, prints the summary on stdout (the run's output) and, unless the script returned, the error
-on stderr (the run's error) and exits non-zero. On SIGTERM (a stop, or the script's deadline,
-R-TMO-7) it stops the children it awaits, marks them stopped (R-WF-10) and writes the same
-files within the node's stop grace.
+console lines. A resumed workflow run (`source_run_id`) reuses what its source's children
+finished: those keys are not run again and no key its source admitted is claimed again. When it
+ends, the host writes the aggregate output (R-WF-9), `result.json` (R-RUN-7) and `status.json`
+(R-RUN-4, also rewritten at every admission) in the workflow's run dir, prints the summary on
+stdout (the run's output) and, unless the script returned, the error on stderr (the run's error)
+and exits non-zero. On SIGTERM (a stop, or the script's deadline, R-TMO-7) it stops the children
+it awaits, marks them stopped (R-WF-10) and writes the same files within the node's stop grace.
 
 It never writes the node's state (only requests do), never hands its token to a child, and
 admits nothing once the script has ended.
@@ -63,6 +64,7 @@ from subagents_node.workflow.report import (
     write_aggregate,
     write_json,
 )
+from subagents_node.workflow.resumed import Prior, prior_steps
 from subagents_node.workflow.stop import WorkflowStopped
 
 _REQUIRED = (
@@ -162,10 +164,23 @@ class Host:
     """One script execution and what it leaves behind."""
 
     def __init__(
-        self, client: Client, launcher: LaunchContext, env: WorkflowEnv, script: Path
+        self,
+        client: Client,
+        launcher: LaunchContext,
+        env: WorkflowEnv,
+        script: Path,
+        prior: Prior | None = None,
     ) -> None:
         self.client = client
-        self.runs = WorkflowRuns(client, launcher, env, on_change=self.write_status)
+        prior = prior or Prior()
+        self.runs = WorkflowRuns(
+            client,
+            launcher,
+            env,
+            on_change=self.write_status,
+            prior=prior.runs,
+            prior_claimed=prior.claimed,
+        )
         self.script = script
         self.outcome = Outcome(started_at=time.time())
 
@@ -250,17 +265,22 @@ def main(argv: list[str] | None = None) -> int:
                 agents_dirs=args.agents_dirs,
                 session_id=env.session_id,
             )
+            # A resumed workflow must know what its source did, or it would run it again.
+            prior = prior_steps(client, env.source_run_id)
         except SubagentsError as err:
             print(f"workflow host: {err.message}", file=sys.stderr)
             return 2
-        host = Host(client, launcher, env, args.script.resolve())
+        host = Host(client, launcher, env, args.script.resolve(), prior)
         host.execute()
         return host.finish(sys.stdout, sys.stderr)
 
 
 def _with_mode(env: WorkflowEnv, client: Client) -> WorkflowEnv:
-    """Foreground or background decides the text (R-WF-9); the node knows which it is."""
-    return dataclasses.replace(env, background=client.runs.show(env.run_id).background)
+    """Foreground or background decides the text (R-WF-9), and a resumed workflow reuses its
+    source's steps (R-WF-5); the node knows both."""
+    run = client.runs.show(env.run_id)
+    source = run.source_run_id if run.source_kind == "resume" else None
+    return dataclasses.replace(env, background=run.background, source_run_id=source)
 
 
 if __name__ == "__main__":

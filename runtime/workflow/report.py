@@ -101,6 +101,10 @@ def step_json(step: Step) -> dict[str, Any]:
         data["stopped"] = True
     if step.error:
         data["error"] = step.error
+    if step.source_run_id:  # reused from a resumed workflow's source, or a resume item's
+        data["sourceRunId"] = step.source_run_id
+    if step.call.resume is not None:
+        data["resume"] = True
     return data
 
 

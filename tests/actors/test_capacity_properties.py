@@ -32,20 +32,15 @@ from hypothesis.stateful import (
 
 from subagents_node.actors.capacity.ledger import CapacityLedger
 from subagents_node.actors.owner import ActorContext
-from subagents_node.client.client import Client
-from subagents_node.messages.base import Request
 from subagents_node.messages.capacity import TERMINAL_STATES, RunnerProof, SlotHandle, SlotRecord
 from subagents_node.messages.errors import (
-    BadRequest,
     CapacityExhausted,
     CapacityNotTransferable,
     CapacityOwnershipChanged,
     CapacityRunAlreadyHeld,
 )
-from subagents_node.node.dispatch import Dispatcher
-from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.store import Store
-from tests.support.owners import thread_route
+from tests.support.owners import LoopHost
 
 # -- a ledger on a manual clock -------------------------------------------------------------
 
@@ -94,16 +89,11 @@ class Harness:
         ctx = ActorContext(
             open_db=store.connect, schedule=self.time.schedule, clock=self.time.clock
         )
-        self.ref = CapacityLedger.start(ctx)
-        # Ticks are told straight to the inbox, many at once when the clock jumps; the mailbox
-        # bound (backpressure for clients) is not what these tests are about.
-        dispatcher = Dispatcher(self._not_served, mailbox_limit=1 << 20)
-        dispatcher.register(CapacityLedger.name, thread_route(self.ref))
-        self.client = Client(InProcessTransport(dispatcher, "inproc://capacity"), timeout=10)
-
-    @staticmethod
-    def _not_served(request: Request) -> BadRequest:
-        return BadRequest(f"{request.type} is not served here", reason="wrong_target")
+        # The owner runs on the loop an owner process runs, reached over its own socket;
+        # ticks are posted to its inbox, many at once when the clock jumps (its mailbox bound,
+        # backpressure for clients, is not what these tests are about).
+        self.host = LoopHost(CapacityLedger, ctx, directory).start()
+        self.client = self.host.client
 
     def advance(self, seconds: float) -> None:
         self.time.advance(seconds)
@@ -118,7 +108,7 @@ class Harness:
                 return
 
     def stop(self) -> None:
-        self.ref.stop()
+        self.host.close()
 
 
 @pytest.fixture

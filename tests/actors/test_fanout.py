@@ -35,6 +35,7 @@ from subagents_node.messages.errors import (
     FanoutReservationCommitted,
     FanoutReservationExpired,
     FanoutReservationUnknown,
+    FrameTooLarge,
     NodeTimeout,
     SubagentsError,
 )
@@ -426,7 +427,12 @@ def test_r_fan_13_requests_beyond_the_schema_bounds_are_refused_and_change_nothi
     with pytest.raises(BadRequest):
         fanout.create("", 3)
     assert fanout.snapshot(desc).used == 0
-    assert fanout.claim(desc, ["x" * 512] * MAX_PATHS).used == MAX_PATHS
+    # Each field may sit at its bound, but the frame as a whole has a limit too: refused
+    # before anything is sent, with a typed error.
+    with pytest.raises(FrameTooLarge):
+        fanout.claim(desc, ["x" * 512] * MAX_PATHS)
+    assert fanout.claim(desc, ["x" * 512] * 100).used == 100
+    assert fanout.claim(desc, [f"p{i}" for i in range(MAX_PATHS - 100)]).used == MAX_PATHS
 
 
 # -- R-FAN-18: an unreachable owner fails closed, never as a limit ----------------------------
@@ -451,7 +457,7 @@ def test_r_fan_18_an_owner_that_does_not_answer_fails_after_a_bounded_wait(
     assert api.snapshot(desc).limit == 3
 
 
-def test_r_fan_18_a_saturated_owner_refuses_at_once_with_busy_and_claims_nothing(
+def test_r_fan_18_a_saturated_owner_refuses_with_busy_and_claims_nothing(
     state_dir: Path,
 ) -> None:
     with Node.embedded(state_dir=state_dir, faults=True, mailbox_limit=1) as node:
@@ -459,13 +465,17 @@ def test_r_fan_18_a_saturated_owner_refuses_at_once_with_busy_and_claims_nothing
         desc = api.create("r1", 3)
         free = _occupy(node, 400)
         outcomes: list[Message | SubagentsError] = []
-        refused: list[Busy] = []
+        answered = threading.Semaphore(0)
+
+        def keep(outcome: Message | SubagentsError) -> None:
+            outcomes.append(outcome)
+            answered.release()
+
         for path in ("a", "b"):
-            claim = ClaimPaths(descriptor=desc, paths=[path])
-            try:
-                node.dispatcher.dispatch(claim, "", outcomes.append)
-            except Busy as err:
-                refused.append(err)
+            node.dispatcher.dispatch(ClaimPaths(descriptor=desc, paths=[path]), "", keep)
+        assert answered.acquire(timeout=10) and answered.acquire(timeout=10)
+        refused = [o for o in outcomes if isinstance(o, Busy)]
+        # The owner reads both while its mailbox holds one: the second is refused unqueued.
         assert refused and refused[0].details["target"] == "fanout"
         assert free.wait(10)
         assert api.snapshot(desc).used == 2 - len(refused)

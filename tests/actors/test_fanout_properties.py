@@ -27,9 +27,8 @@ from hypothesis.stateful import (
 
 from subagents_node.actors.fanout import FanoutBudget
 from subagents_node.actors.owner import ActorContext
-from subagents_node.client.client import Client
+from subagents_node.client.fanout import FanoutAPI
 from subagents_node.messages.errors import (
-    BadRequest,
     FanoutDescriptorMismatch,
     FanoutLimitExceeded,
     FanoutReservationCommitted,
@@ -44,11 +43,9 @@ from subagents_node.messages.fanout import (
     extend,
     qualify,
 )
-from subagents_node.node.dispatch import Dispatcher
-from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.store import Store
 from tests.support.nodes import new_state_dir
-from tests.support.owners import thread_route
+from tests.support.owners import LoopHost
 
 
 @dataclass
@@ -108,17 +105,21 @@ class OwnerHarness:
         self.ctx = ActorContext(
             open_db=self.store.connect, schedule=self.time.schedule, clock=self.time.clock
         )
-        self.dispatcher = Dispatcher(lambda request: BadRequest("no node here"), 10_000)
+        # The owner runs on the loop an owner process runs, reached over its own socket.
+        self.host = LoopHost(FanoutBudget, self.ctx, self.dir)
         self.start()
-        self.fanout = Client(InProcessTransport(self.dispatcher, "inproc://fanout")).fanout
         self._probe = self.fanout.create("probe", 1)
 
+    @property
+    def fanout(self) -> FanoutAPI:
+        return self.host.client.fanout
+
     def start(self) -> None:
-        self.ref = FanoutBudget.start(self.ctx)
-        self.dispatcher.register(FanoutBudget.name, thread_route(self.ref))
+        self.host.ctx = self.ctx
+        self.host.start()
 
     def stop(self) -> None:
-        self.ref.stop(block=True)
+        self.host.stop()
 
     def restart(self) -> None:
         """Stop the owner and start a new one on the same store (recover() runs)."""
@@ -144,7 +145,7 @@ class OwnerHarness:
         return int(str(row[0]))
 
     def close(self) -> None:
-        self.stop()
+        self.host.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -1,6 +1,6 @@
-"""The run-management commands: `resume`, `rerun`, `append`, `intercom send`, `debug-run`, and
-`run --intercom`; text and --json, and their exit codes (0 done, 1 refused or failed, 2 usage,
-3 no node).
+"""The run-management commands: `resume`, `rerun`, `attach`, `append`, `intercom send`,
+`debug-run`, and `run --intercom`; text and --json, and their exit codes (0 done, 1 refused or
+failed, 2 usage, 3 no node).
 
 Commands run in this process through click's CliRunner against a real detached node (every
 request crosses the node's ipc socket), except one real `python -m subagents_node` process that
@@ -24,7 +24,7 @@ from tests.support.nodes import NodeProcess, run_cli
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate
+from tests.support.runs import Gate, launch_context
 
 Invoke = Callable[..., Result]
 Cli = Callable[..., Result]
@@ -42,7 +42,7 @@ def cli(invoke: Invoke, state_dir: Path, agents: Path) -> Cli:
 
     def call(command: str, *args: str) -> Result:
         extra: list[str] = []
-        if command in ("run", "append"):
+        if command in ("run", "append", "attach"):
             extra = ["--agents-dir", str(agents)]
         if command == "run":
             extra += ["--cwd", str(state_dir)]
@@ -159,6 +159,52 @@ def test_cli_rerun_exits_1_when_the_rerun_fails(cli: Cli, client: Client) -> Non
     assert result.exit_code == 1
     assert re.search(r"run [0-9a-f]{12} failed \(single, 1 child\)", result.stdout)
     assert "error: broken: again" in result.stdout
+
+
+# -- attach (R-RES-6) and the links show and debug-run print ---------------------------------------
+
+
+def test_cli_attach_chains_steps_after_a_live_run_and_show_prints_the_links(
+    cli: Cli, client: Client, gate: Gate, state_dir: Path
+) -> None:
+    source = started(cli, "gate", str(gate.path))
+    [held] = gate.accept(1)
+
+    result = cli("attach", source, str(steps_file(state_dir, "after {previous}")))
+
+    assert result.exit_code == 0, result.output
+    chain = result.stdout.strip()
+    assert RUN_ID.match(chain), result.stdout
+    shown = cli("show", chain)
+    assert shown.exit_code == 0, shown.output
+    assert f"chain attached to live run: {source}" in shown.stdout
+    held.release(0)
+    assert client.runs.wait(chain, timeout=20).output.strip() == "after released 0"
+    refused(
+        cli("attach", source, str(steps_file(state_dir, "late"))),
+        f"Run '{source}' is complete; only a live background run can be attached as a chain "
+        "root. Resume it, or start a chain, instead.",
+    )
+
+
+def test_cli_rerun_of_a_live_foreground_run_is_linked_in_show_and_debug_run(
+    cli: Cli, client: Client, gate: Gate, agents: Path
+) -> None:
+    old = client.runs.launch(launch_context(agents).single("gate", str(gate.path), False, None))
+    [first] = gate.accept(1)
+
+    new = client.runs.rerun(old.run_id, str(gate.path))  # the Python API (R-MISC-2)
+    [second] = gate.accept(1)
+    assert client.runs.wait(old.run_id, timeout=20).state == "stopped"
+
+    shown = cli("show", old.run_id)
+    debug = cli("debug-run", new.run_id)
+    assert shown.exit_code == 0 and debug.exit_code == 0, shown.output + debug.output
+    assert f"superseded by rerun: {new.run_id}" in shown.stdout
+    assert f"rerun of: {old.run_id}" in debug.stdout
+    first.wait_exit()
+    second.release(0)
+    assert client.runs.wait(new.run_id, timeout=20).state == "complete"
 
 
 # -- append ----------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def test_bad_arguments_raise_bad_request_before_anything_is_sent(node: NodeProce
                 await client.capacity.acquire(session_id="", limit=1, run_id="a")
             with pytest.raises(BadRequest):
                 await client.session.reserve("s", requested=-1)
-            assert client.transport._sock is None  # nothing ever connected
+            assert not client.transport._socks  # nothing ever connected
 
     asyncio.run(go())
 

@@ -25,7 +25,7 @@ from subagents_node.messages.errors import FanoutLimitExceeded
 from tests.support.nodes import REPO, NodeProcess
 
 AGENTS = REPO / "examples" / "agents"
-TOOLS = {"agents", "run", "status", "logs", "wait", "stop", "resume", "append"}
+TOOLS = {"agents", "run", "status", "logs", "wait", "stop", "resume", "rerun", "attach", "append"}
 #: Longest a single tool call may take in these tests (a foreground run of a short sleeper).
 CALL_TIMEOUT_S = 60.0
 
@@ -285,6 +285,49 @@ def test_chain_stop_resume_and_append_through_the_tools(node: NodeProcess) -> No
     assert data(out["append"])["steps"] == 1
     assert [c["state"] for c in data(out["appended"])["children"]] == ["complete", "complete"]
     assert data(out["early"])["state"] == "stopped"  # settled already: no waiting
+
+
+@pytest.mark.slow
+def test_r_res_6_and_r_misc_2_attach_and_rerun_through_the_tools(node: NodeProcess) -> None:
+    """attach chains steps after a live background run; rerun reruns a finished run's child."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+
+    async def go() -> dict[str, CallToolResult]:
+        async with mcp_session(env) as session:
+            out: dict[str, CallToolResult] = {}
+            live = {"agent": "sleeper", "task": "seconds=1", "background": True}
+            source = await session.call_tool("run", live)
+            after = {"agent": "sleeper", "task": "seconds=0"}
+            out["attach"] = await session.call_tool(
+                "attach", {"run_id": run_id(source), "steps": [after]}
+            )
+            out["attached"] = await session.call_tool("wait", {"run_id": run_id(out["attach"])})
+            out["rerun"] = await session.call_tool(
+                "rerun", {"run_id": run_id(source), "task": "seconds=0"}
+            )
+            out["late"] = await session.call_tool(
+                "attach", {"run_id": run_id(source), "steps": [after]}
+            )
+            out["source"] = source
+            return out
+
+    out = asyncio.run(go())
+    for name in ("attach", "attached", "rerun"):
+        assert not out[name].is_error, f"{name}: {text_of(out[name])}"
+    source = run_id(out["source"])
+    assert f"chains after {source}" in text_of(out["attach"])
+    attached = data(out["attached"])
+    assert (attached["state"], attached["source_kind"]) == ("complete", "attach")
+    assert attached["source_run_id"] == source
+    assert [c["label"] for c in attached["children"]] == ["chain[1]"]
+    rerun = data(out["rerun"])
+    assert (rerun["state"], rerun["background"], rerun["source_kind"]) == (
+        "complete",
+        False,
+        "rerun",
+    )
+    assert out["late"].is_error  # the source has ended: only a live run is attached
+    assert "only a live background run can be attached" in text_of(out["late"])
 
 
 def run_id(result: CallToolResult) -> str:

@@ -48,7 +48,7 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, Ledgers, launch_context, ledgers, wait_until
+from tests.support.runs import Gate, Ledgers, events_of, launch_context, ledgers, wait_until
 
 LIMIT = 2
 
@@ -372,6 +372,52 @@ def test_r_misc_2_rerun_of_a_running_run_is_refused_and_changes_nothing(
     assert everything(client, run) == before
     child.release(0)
     client.runs.wait(run.run_id, timeout=20)
+
+
+def test_r_misc_2_rerun_of_a_live_foreground_child_links_the_superseded_one(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The original also reruns a live foreground child: the old run is stopped and linked to
+    its rerun (`supersededByRunId` / `sourceRunId`); no ledger is charged for either."""
+    old = client.runs.launch(ctx.single("gate", str(gate.path), False, None))
+    [first] = gate.accept(1)
+    before = ledgers(client, ctx.session_id, LIMIT, decode_descriptor(old.fanout_descriptor))
+
+    new = client.ask(Rerun(run_id=old.run_id, task=str(gate.path)), LaunchResult).run
+    [second] = gate.accept(1)
+
+    superseded = client.runs.wait(old.run_id, timeout=20)
+    assert superseded.state == "stopped"
+    assert superseded.superseded_by == new.run_id
+    first.wait_exit()
+    assert (new.source_run_id, new.source_kind, new.background) == (old.run_id, "rerun", False)
+    assert new.state == "running" and new.superseded_by is None
+    kinds = {e.kind: e.data for e in events_of(client, old.run_id)}
+    assert kinds["run.superseded"] == {"by": new.run_id}
+    assert kinds["run.stopping"] == {"reason": f"Superseded by rerun {new.run_id}."}
+    second.release(0)
+    assert client.runs.wait(new.run_id, timeout=20).state == "complete"
+    assert client.capacity.snapshot(ctx.session_id, LIMIT).used == 0  # foreground: never charged
+    after = ledgers(client, ctx.session_id, LIMIT, decode_descriptor(old.fanout_descriptor))
+    assert after.capacity == before.capacity
+
+
+def test_r_misc_2_a_live_foreground_run_with_several_children_is_not_rerun(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    items = [TaskItem(agent=ctx.plan("gate"), task=str(gate.path)) for _ in range(2)]
+    run = client.runs.launch(ctx.launch("parallel", False, items=items, timeout_ms=120_000))
+    children = gate.accept(2)
+    before = everything(client, run)
+
+    with pytest.raises(RunNotResumable) as caught:
+        client.ask(Rerun(run_id=run.run_id, task="x"), LaunchResult)
+
+    assert "only a live foreground run with one child can be rerun" in caught.value.message
+    assert everything(client, run) == before
+    for child in children:
+        child.release(0)
+    assert client.runs.wait(run.run_id, timeout=20).superseded_by is None
 
 
 def test_recovery_descriptor_never_holds_the_launcher_environment(tmp_path: Path) -> None:

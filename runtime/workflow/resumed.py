@@ -1,0 +1,70 @@
+"""What a resumed workflow inherits from the workflow runs it resumes (SPEC R-WF-5, R-FAN-23).
+
+A workflow run resumed with `subagents-node resume RUN` (after its host was killed, a node
+kill -9, a failure) is a new workflow run of the same script under the same fan-out budget; its
+run names its source (`source_run_id`, `source_kind: resume`). Its host asks the node, once, for
+the children of that source and of the source's own sources, newest first, and reads the keys
+each source's host recorded as admitted (its `status.json`): a key the source finished (or
+still runs) is not run again, and a key the source admitted, launched or not, keeps its claim.
+
+Owns that read, nothing else: it changes no state and reads only the hosts' own status files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subagents_node.client.client import Client
+from subagents_node.messages.supervisor import RunView
+from subagents_node.workflow.report import STATUS_FILE
+
+#: How many runs of one budget tree one read covers (the node's `runs.list` cap).
+MAX_RUNS = 1000
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What a resumed workflow's sources did: their children by key (the newest run of a key
+    wins) and every key they admitted, launched or not (A-6: admitted, then refused)."""
+
+    runs: dict[str, RunView] = field(default_factory=dict)
+    claimed: frozenset[str] = frozenset()
+
+
+def prior_steps(client: Client, source_run_id: str | None) -> Prior:
+    """Walk the chain of resumed workflows from `source_run_id`, nearest first."""
+    found: dict[str, RunView] = {}
+    claimed: set[str] = set()
+    seen: set[str] = set()
+    while source_run_id and source_run_id not in seen:
+        seen.add(source_run_id)
+        source = client.runs.show(source_run_id)
+        if source.mode != "workflow":
+            break
+        claimed |= admitted_keys(Path(source.run_dir))
+        tree = client.runs.list(root_run_id=source.root_run_id, limit=MAX_RUNS)  # newest first
+        for run in tree:
+            key = run.workflow_key
+            if run.parent_run_id == source.run_id and key and key not in found:
+                found[key] = run
+        source_run_id = source.source_run_id if source.source_kind == "resume" else None
+    return Prior(found, frozenset(claimed | set(found)))
+
+
+def admitted_keys(run_dir: Path) -> set[str]:
+    """The keys a workflow's host recorded as admitted in its status.json (its own file, in
+    its run dir); none when the host left none."""
+    try:
+        doc = json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    steps = doc.get("steps") if isinstance(doc, dict) else None
+    if not isinstance(steps, list):
+        return set()
+    return {
+        str(step["workflowKey"])
+        for step in steps
+        if isinstance(step, dict) and isinstance(step.get("workflowKey"), str)
+    }
