@@ -130,7 +130,9 @@ def test_doctor_passes_a_healthy_setup_and_names_each_source(
     result = doctor(node.state_dir, "--agents-dir", str(agents_dir(tmp_path)))
     assert result.returncode == 0, result.stdout
     assert "[ok  ] state dir mode" in result.stdout
-    assert "[ok  ] store integrity" in result.stdout
+    for stem in ("capacity", "fanout", "session", "runs"):  # one database per owner
+        assert f"[ok  ] store {stem} integrity" in result.stdout
+    assert "[ok  ] owner capacity: running" in result.stdout
     assert "[ok  ] node:" in result.stdout
     assert "[ok  ] agent ticker" in result.stdout
     assert "(from default)" in result.stdout  # where each ledger setting came from (R-STS-2)
