@@ -57,6 +57,8 @@
     ├── InjectedFault                    injected_fault              point (tests only)
     ├── RunNotFound                      run_not_found               run_id
     ├── RunNotResumable                  run_not_resumable           run_id (R-RES-1/2)
+    ├── DeadlineExpired                  deadline_expired            run_id, deadline_at (R-TMO-8)
+    ├── PauseRefused                     pause_refused               run_id, reason (R-RUN-2)
     ├── AppendRejected                   append_rejected             run_id (R-APP-1/2)
     ├── IntercomOff                      intercom_off                run_id (R-ICB-2)
     ├── ConfigError                      config_invalid              key, source, reason
@@ -720,6 +722,18 @@ class RunNotResumable(SubagentsError):
     """R-RES-1/2: the run is running, stopped, or has no recovery descriptor."""
 
     code = "run_not_resumable"
+
+
+class DeadlineExpired(SubagentsError):
+    """R-TMO-8: the source run's absolute deadline passed before its resume could launch."""
+
+    code = "deadline_expired"
+
+
+class PauseRefused(SubagentsError):
+    """R-RUN-2: pause, approve or reject of a run not in a state that allows it."""
+
+    code = "pause_refused"
 
 
 class AppendRejected(SubagentsError):

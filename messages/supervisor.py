@@ -27,8 +27,10 @@ from subagents_node.messages.domains import (
     RunId,
     Seq,
     SessionId,
+    ShortText,
     TaskText,
     TimeoutMs,
+    Timestamp,
     Token,
     WaitS,
 )
@@ -46,6 +48,7 @@ WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 #: A child the run has not started yet is `pending`; the others are messages.runs.ChildState.
 ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
+PauseKind = Literal["interrupt", "checkpoint"]
 _MAX_TASK = MAX_TASK_CHARS
 
 
@@ -71,16 +74,40 @@ class TaskItem(Message):
     output: FsPath | None = None
 
 
-class ChainStep(Message):
-    """A sequential step (one item) or a parallel step (several items run together)."""
+#: R-FAN-21: the most items one dynamic step may materialize.
+MAX_EXPAND_ITEMS = 1024
+#: R-FAN-21: where an expand step's template task receives its item.
+ITEM = "{item}"
+StepKind = Literal["run", "expand", "checkpoint"]
 
-    items: list[TaskItem] = Field(min_length=1, max_length=256)
+
+class ChainStep(Message):
+    """A chain step: `run` (one item, or several run together with `parallel`), `expand`
+    (R-FAN-21: one template item, run once per line of the previous step's output, or per
+    element of the JSON list it wrote, with `{item}` replaced) or `checkpoint` (R-RUN-2: no
+    item; the run pauses until `approve` or `reject`, with `note` shown while it waits)."""
+
+    items: list[TaskItem] = Field(default_factory=list, max_length=256)
     parallel: bool = False
+    kind: StepKind = "run"
+    #: expand only: the most items it may materialize (R-SPN-3 counts it as the step's spawns).
+    max_items: int | None = Field(default=None, ge=1, le=MAX_EXPAND_ITEMS)
+    note: ShortText = ""
 
     @model_validator(mode="after")
-    def _one_item_unless_parallel(self) -> ChainStep:
-        if not self.parallel and len(self.items) != 1:
+    def _items_match_kind(self) -> ChainStep:
+        if self.kind == "checkpoint":
+            if self.items or self.parallel:
+                raise ValueError("a checkpoint step has no items")
+        elif self.kind == "expand":
+            if len(self.items) != 1 or self.parallel:
+                raise ValueError("an expand step has exactly one template item")
+        elif not self.items:
+            raise ValueError("a chain step has one or more items")
+        elif not self.parallel and len(self.items) != 1:
             raise ValueError("a sequential chain step has exactly one item")
+        if self.max_items is not None and self.kind != "expand":
+            raise ValueError("max_items is for expand steps only")
         return self
 
 
@@ -150,6 +177,13 @@ class RunView(Message):
     workflow_key: str | None = None
     #: The rerun that replaced this run while it was live (R-MISC-2: `supersededByRunId`).
     superseded_by: str | None = None
+    #: R-RUN-2: why a `paused` run waits (`checkpoint`: a decision; `interrupt`: a resume),
+    #: and the chain step it continues from.
+    paused: PauseKind | None = None
+    paused_step: int | None = None
+    checkpoint_note: str = ""
+    #: The run that resumed (or, for an approved checkpoint after a restart, continued) this one.
+    resumed_by: str | None = None
     #: Messages children sent to this run (R-ICB), oldest first.
     intercom: list[IntercomMessage] = Field(default_factory=list)
     children: list[ChildView]
@@ -194,6 +228,13 @@ class Launch(Request):
     #: step's `{previous}`). Set by the node for `runs.resume` with `attach`; a public launch
     #: carrying it is refused.
     attached_run_id: RunId | None = None
+    #: A resume continues a chain from step `chain_offset` of its source (paths keep their
+    #: indices, R-FAN-12) and inherits its absolute deadline (R-TMO-8).
+    chain_offset: Count = 0
+    deadline_at: Timestamp | None = None
+    #: A resumed chain: its source's last output, what its first step's `{previous}` (or an
+    #: expand step's input) refers to.
+    seed_previous: TaskText | None = None
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> Launch:
@@ -203,6 +244,8 @@ class Launch(Request):
             raise ValueError("a parallel run has one or more items and no chain")
         if self.mode == "chain" and (not self.chain or self.items):
             raise ValueError("a chain run has one or more chain steps and no items")
+        if self.mode == "chain" and all(step.kind == "checkpoint" for step in self.chain):
+            raise ValueError("a chain run has a step with an agent, not only checkpoints")
         if self.mode == "workflow" and (len(self.items) != 1 or self.chain):
             raise ValueError("a workflow run has exactly one item (its host) and no chain")
         if self.fanout_admitted and not self.workflow_key:
@@ -287,9 +330,10 @@ class WatchAll(Request):
 
 
 class Resume(Request):
-    """Relaunch a finished background run, moving its capacity slot (R-RES-1..5). A workflow
-    run resumes as a new workflow run of the same script whose host reuses the source's
-    finished steps and claims (R-WF-5, R-FAN-23)."""
+    """Relaunch a finished background run, or go on with an interrupt-paused one from its
+    interrupted step, moving its capacity slot (R-RES-1..5) and keeping its absolute deadline
+    (R-TMO-8). A workflow run resumes as a new workflow run of the same script whose host
+    reuses the source's finished steps and claims (R-WF-5, R-FAN-23)."""
 
     type: Literal["runs.resume"] = "runs.resume"
     target: ClassVar[str] = SUPERVISOR
@@ -358,4 +402,53 @@ class Intercom(Request):
     text: str = Field(min_length=1, max_length=4000)
 
 
-REQUESTS = (Launch, Watch, WatchAll, Show, ListRuns, Stop, Resume, Rerun, Append, Intercom)
+class Pause(Request):
+    """R-RUN-2 interrupt-as-pause: stop a background run's child tree; the run is `paused`
+    (it holds no process, keeps its slot until it is resumed, R-CAP-18 / A-2)."""
+
+    type: Literal["runs.pause"] = "runs.pause"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunView
+    run_id: RunId
+
+
+class Approve(Request):
+    """R-RUN-2: a run waiting at a checkpoint goes on past it. Answers the run that continues
+    (the same run; a new one, holding the same slot, when the node restarted meanwhile)."""
+
+    type: Literal["runs.approve"] = "runs.approve"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = LaunchResult
+    run_id: RunId
+    #: The approving launcher's depth, limit and environment, used only when the run must be
+    #: relaunched from its checkpoint (a node restart ended the execution that paused).
+    depth: Depth = 0
+    capacity_limit: Count = 0
+    env: Environment | None = None
+
+
+class Reject(Request):
+    """R-RUN-2: a run waiting at a checkpoint ends `rejected`, with the reason as its error."""
+
+    type: Literal["runs.reject"] = "runs.reject"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunView
+    run_id: RunId
+    reason: ShortText = ""
+
+
+REQUESTS = (
+    Launch,
+    Watch,
+    WatchAll,
+    Show,
+    ListRuns,
+    Stop,
+    Resume,
+    Rerun,
+    Append,
+    Intercom,
+    Pause,
+    Approve,
+    Reject,
+)

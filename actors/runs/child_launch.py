@@ -48,10 +48,8 @@ def child_spec(
     """Raises a typed error when the child cannot be prepared (its command or cwd vanished)."""
     item = child.item
     task = item.task
-    if launch.mode == "chain" and child.step > 0:
-        previous = [live.outputs.get(c.index, "") for c in live.groups[child.step - 1]]
-        previous = previous or [live.attached_output]  # R-RES-6: after the attached step 0
-        task = runplan.substitute_previous(task, previous)
+    if launch.mode == "chain":  # the nearest earlier step with children, or a resume's seed
+        task = runplan.substitute_previous(task, live.previous_outputs(child.step))
     child_id = f"{live.run_id}-{child.index}"
     child_dir = live.run_dir / f"child-{child.index}"
     base = dict(launch.env if launch.env is not None else os.environ)

@@ -19,7 +19,7 @@ from subagents_node.actors.owner import Cancel, ReplyFn
 from subagents_node.actors.runs import runplan, runstore
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
-from subagents_node.messages.supervisor import Launch, Snapshots
+from subagents_node.messages.supervisor import ChainStep, Launch, Snapshots
 
 
 @dataclass
@@ -39,7 +39,9 @@ class LiveRun:
     labels: dict[int, str] = field(default_factory=dict)
     error: str = ""
     failed: bool = False
-    stop_state: str | None = None  # "stopped" (by request) or "failed" (run deadline)
+    #: "stopped" (by request), "failed" (run deadline), "paused" (R-RUN-2 interrupt-as-pause)
+    #: or "rejected" (a checkpoint was rejected)
+    stop_state: str | None = None
     proofs: list[str] = field(default_factory=list)  # proof states of ended children
     settling: bool = False
     cancel_deadline: Cancel | None = None
@@ -58,6 +60,34 @@ class LiveRun:
     #: R-RES-6: the live source run this chain's step 0 is, until it ends; then its output.
     attached: str | None = None
     attached_output: str = ""
+    #: Expand and checkpoint steps not yet materialized or decided, by group (R-FAN-21,
+    #: R-RUN-2); `expanding` while a step's batch claim is out, `checkpoint` while the run
+    #: waits at one for a decision.
+    dynamic: dict[int, ChainStep] = field(default_factory=dict)
+    expanding: bool = False
+    expansion: list[runplan.ChildPlan] = field(default_factory=list)
+    checkpoint: int | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """At a checkpoint, or for an expansion's claim: nothing starts, nothing settles."""
+        return self.expanding or self.checkpoint is not None
+
+    def previous_outputs(self, step: int) -> list[str]:
+        """What a chain step's `{previous}` (or an expand step's input) refers to: the outputs
+        of the nearest earlier step that ran children, else a resumed chain's seed."""
+        for earlier in range(step - 1, -1, -1):
+            group = self.groups[earlier]
+            if group:
+                return [self.outputs.get(c.index, "") for c in group]
+        if self.launch is not None and self.launch.attached_run_id:
+            return [self.attached_output]  # R-RES-6: step 0 is the attached run
+        seed = self.launch.seed_previous if self.launch is not None else None
+        return [seed] if seed else []
+
+    def absolute_step(self, group: int) -> int:
+        """The chain index of group `group` as the chain was first launched (R-FAN-12)."""
+        return group + (self.launch.chain_offset if self.launch is not None else 0)
 
     def output(self) -> str:
         """The run's output: the last child's, or every task's, labelled, for parallel runs."""
@@ -68,11 +98,15 @@ class LiveRun:
                 f"[{self.labels.get(i, i)}]\n{out.strip()}"
                 for i, out in sorted(self.outputs.items())
             )
+        for group in reversed(self.groups):  # a chain: its last step that ran children
+            ran = [c.index for c in group if c.index in self.outputs]
+            if ran:
+                return self.outputs[ran[-1]]
         return self.outputs[max(self.outputs)]
 
     def final_state(self) -> str:
-        if self.stop_state == "stopped":
-            return "stopped"
+        if self.stop_state in ("stopped", "paused", "rejected"):
+            return self.stop_state
         if self.stop_state == "failed" or self.failed:
             return "failed"
         return "complete"
@@ -154,7 +188,7 @@ def new_live_run(
             "run_dir": str(run_dir),
             "created_at": now,
             "started_at": now,
-            "deadline_at": now + deadline_ms / 1000 if deadline_ms else None,
+            "deadline_at": runplan.deadline_at(launch, now),
             "runner_id": runner_id,
             "fanout": encode_descriptor(descriptor),
             "capacity": handle.model_dump_json() if handle else None,
@@ -190,6 +224,7 @@ def new_live_run(
         groups=groups,
         labels={c.index: c.label for g in groups for c in g},
         deadline_ms=deadline_ms,
+        dynamic=runplan.dynamic_steps(launch),
         runner_pid=os.getpid(),
         parent_run_id=launch.parent_run_id,
         mode=launch.mode,

@@ -111,13 +111,35 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
             update={"items": [_with_message(i, request.message) for i in first]}
         )
         update["chain"] = [head, *launch.chain[1:]]
-    relaunch = launch.model_copy(update=update)
+    relaunch = as_resume(
+        launch.model_copy(update=update), request.env, request.depth, request.capacity_limit
+    )
     plan = ResumePlan(
         source_run_id=run_id,
         descriptor=descriptor,
         transfer=row["capacity"] is not None and not as_child,
     )
     return relaunch, plan
+
+
+def as_resume(
+    launch: Launch, env: dict[str, str] | None, depth: int, capacity_limit: int
+) -> Launch:
+    """A relaunch as a top-level background launch of the resuming process (R-RES-3): its
+    budget comes from the recovery descriptor (R-RES-4), not from an inherited route."""
+    return launch.model_copy(
+        update={
+            "env": env,
+            "background": True,
+            "depth": depth,
+            "capacity_limit": capacity_limit,
+            "inherited_fanout": None,
+            "parent_run_id": None,
+            "workflow_key": None,
+            "fanout_admitted": False,
+            "workflow_token": None,
+        }
+    )
 
 
 def _workflow_relaunch(run_id: str, launch: Launch, request: Resume) -> Launch:
@@ -148,6 +170,8 @@ def append_paths(start: int, steps: list[ChainStep]) -> list[str]:
     paths: list[str] = []
     for offset, step in enumerate(steps):
         index = start + offset
+        if step.kind != "run":
+            continue  # dynamic and checkpoint steps contribute nothing (R-APP-3)
         if step.parallel:
             paths += [f"chain[{index}].parallel[{j}]" for j in range(len(step.items))]
         else:
@@ -284,9 +308,13 @@ def extend_chain(db: sqlite3.Connection, live: LiveRun, steps: list[ChainStep]) 
     index = len(live.labels)
     for step in steps:
         number = len(live.groups)
-        group = []
+        group: list[runplan.ChildPlan] = []
+        if step.kind != "run":
+            live.dynamic[number] = step  # R-FAN-21 / R-RUN-2: opened when the chain gets there
+            live.groups.append(group)
+            continue
         for j, item in enumerate(step.items):
-            label = f"chain[{number}].parallel[{j}]" if step.parallel else f"chain[{number}]"
+            label = runplan.step_label(live.absolute_step(number), step, j)
             group.append(runplan.ChildPlan(index, number, label, label, item))
             runstore.insert_child(
                 db,

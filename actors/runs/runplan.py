@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from subagents_node.messages.errors import PreviousUnavailable
-from subagents_node.messages.supervisor import Launch, TaskItem
+from subagents_node.messages.supervisor import ChainStep, Launch, TaskItem
 
 DEFAULT_TIMEOUT_MS = 30 * 60 * 1000  # R-TMO-2
 PREVIOUS = "{previous}"
@@ -51,12 +51,23 @@ def plan_children(launch: Launch) -> list[list[ChildPlan]]:
     index = 0
     for i, step in enumerate(launch.chain, start=offset):
         group = []
-        for j, item in enumerate(step.items):
-            label = f"chain[{i}].parallel[{j}]" if step.parallel else f"chain[{i}]"
-            group.append(ChildPlan(index, i, label, label, item))
-            index += 1
+        if step.kind == "run":  # expand and checkpoint steps have no static children
+            for j, item in enumerate(step.items):
+                label = step_label(launch.chain_offset + i, step, j)
+                group.append(ChildPlan(index, i, label, label, item))
+                index += 1
         groups.append(group)
     return groups
+
+
+def step_label(absolute: int, step: ChainStep, j: int) -> str:
+    """R-FAN-12: a run step's path; `absolute` is its index in the chain as first launched."""
+    return f"chain[{absolute}].parallel[{j}]" if step.parallel else f"chain[{absolute}]"
+
+
+def dynamic_steps(launch: Launch) -> dict[int, ChainStep]:
+    """The expand and checkpoint steps of a chain, by group index (R-FAN-19: no static path)."""
+    return {i: step for i, step in enumerate(launch.chain) if step.kind != "run"}
 
 
 def static_paths(launch: Launch) -> list[str]:
@@ -73,7 +84,8 @@ def requested_spawns(launch: Launch) -> int:
     is not a spawn; each workflow child counts when it is launched."""
     if launch.mode == "workflow":
         return 0
-    return sum(len(group) for group in plan_children(launch))
+    dynamic = sum(s.max_items or 0 for s in launch.chain if s.kind == "expand")
+    return dynamic + sum(len(group) for group in plan_children(launch))
 
 
 def capacity_eligible(launch: Launch) -> bool:
@@ -88,9 +100,16 @@ def capacity_eligible(launch: Launch) -> bool:
 
 def check_previous(launch: Launch) -> None:
     """A `{previous}` in the first chain step (or outside a chain) has nothing to refer to."""
-    if launch.mode == "chain" and launch.attached_run_id:
-        return  # step 0 is the attached run: its output is the first step's {previous}
+    if launch.mode == "chain" and (launch.attached_run_id or launch.seed_previous is not None):
+        # R-RES-6: step 0 is the attached run, whose output is the first step's {previous};
+        # a resumed chain's first step refers to its source's last output.
+        return
     if launch.mode == "chain":
+        if launch.chain[0].kind == "expand":
+            raise PreviousUnavailable(
+                "an expand step needs an earlier step whose output it splits",
+                agent=launch.chain[0].items[0].agent.name,
+            )
         first = launch.chain[0].items
         offenders = [item for item in first if PREVIOUS in item.task]
     else:
@@ -117,6 +136,14 @@ def run_deadline_ms(launch: Launch) -> int | None:
     if launch.background:
         return launch.timeout_ms  # async composites: none unless the call gives one
     return launch.timeout_ms or launch.config_timeout_ms or DEFAULT_TIMEOUT_MS
+
+
+def deadline_at(launch: Launch, now: float) -> float | None:
+    """The run's absolute deadline: a resume's inherited one (R-TMO-8), else now + R-TMO-5's."""
+    if launch.deadline_at is not None:
+        return launch.deadline_at
+    deadline_ms = run_deadline_ms(launch)
+    return now + deadline_ms / 1000 if deadline_ms else None
 
 
 def child_timeout_ms(launch: Launch, item: TaskItem) -> int | None:

@@ -150,6 +150,9 @@ MIGRATIONS = (
     """,
 )
 
+#: The event a run records once it is paused (R-RUN-2): its kind, step and checkpoint note.
+PAUSED_EVENT = "run.paused"
+
 _RUN_COLUMNS = (
     "run_id, session_id, mode, background, state, label, depth, parent_run_id, root_run_id, "
     "run_dir, created_at, started_at, ended_at, deadline_at, error, output, runner_id, fanout, "
@@ -297,6 +300,16 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
 
 def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row]) -> RunView:
     run_id = str(row["run_id"])
+    paused: dict[str, Any] = {}
+    if row["state"] == "paused":
+        found = events_of_kind(db, run_id, PAUSED_EVENT)
+        paused = found[-1].data if found else {}
+    successor = db.execute(
+        # Resumed by: a rerun or an attach that names this run as its source is no resume.
+        "SELECT run_id FROM runs WHERE source_run_id=? AND COALESCE(source_kind, 'resume') "
+        "= 'resume' ORDER BY created_at LIMIT 1",
+        (run_id,),
+    ).fetchone()
     return RunView(
         run_id=row["run_id"],
         session_id=row["session_id"],
@@ -321,6 +334,10 @@ def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row])
         source_kind=row["source_kind"],
         workflow_key=row["workflow_key"],
         superseded_by=row["superseded_by"],
+        paused=paused.get("kind"),
+        paused_step=paused.get("step"),
+        checkpoint_note=str(paused.get("note") or ""),
+        resumed_by=str(successor[0]) if successor else None,
         intercom=[
             IntercomMessage(
                 run_id=run_id,

@@ -29,22 +29,26 @@ import signal
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from contextlib import suppress
+from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec
 
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
-from subagents_node.actors.pipelines import Pipelines
+from subagents_node.actors.pipelines import Durable, Pipelines
 from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
     attach,
+    checkpoints,
     child_launch,
     management,
+    pauses,
     rerun,
     runplan,
     runstore,
     settlement,
+    steps,
 )
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
@@ -56,6 +60,7 @@ from subagents_node.actors.runs.ticks import (
     AppendFix,
     AppendKey,
     CallKey,
+    Expand,
     LaunchKey,
     Report,
     RunDeadline,
@@ -90,12 +95,15 @@ from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, C
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
     Append,
+    Approve,
     ChainStep,
     Intercom,
     IntercomMessage,
     Launch,
     LaunchResult,
     ListRuns,
+    Pause,
+    Reject,
     Rerun,
     Resume,
     RunList,
@@ -167,6 +175,9 @@ class RunSupervisor(OwnerActor):
             Rerun: self._rerun,
             Append: self._append,
             Intercom: self._intercom,
+            Pause: partial(pauses.pause, self),
+            Approve: partial(pauses.approve, self),
+            Reject: partial(pauses.reject, self),
             Prune: self._prune,
             ChildReport: self._child_report,
         }
@@ -216,12 +227,20 @@ class RunSupervisor(OwnerActor):
             self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
         unreadable = {self._quarantine(err) for err in runstore.unreadable(self.db)}
         for run_id in runstore.unsettled_runs(self.db):
-            if run_id not in unreadable:  # a run that cannot be read is listed, not recovered
+            if run_id in unreadable:  # a run that cannot be read is listed, not recovered
+                continue
+            if checkpoints.parked(self.db, run_id):
+                pauses.recover_parked(self, run_id)  # it holds no process (R-RUN-2)
+            else:
                 self._adopt_run(run_id)
         for child_id, reason in child_rows.unreadable(self.db):
             self.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
+        for live in list(self._live.values()):
+            if live.stop_state == "paused":  # its pause was asked for before the crash
+                for child_id in list(live.running):
+                    self.keeper.stop(self.db, child_id, "stopped", "Paused by request.")
         for run_id in list(self._live):
             self._stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
             if run_id in self._live:
@@ -266,6 +285,7 @@ class RunSupervisor(OwnerActor):
             live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
             remaining = max(0.0, row["deadline_at"] - self.ctx.clock())
             live.cancel_deadline = self.after(remaining, RunDeadline(run_id))
+        checkpoints.adopt_pausing(self.db, live)
         self._event(run_id, "run.recovered", {"running": len(live.running)})
 
     # -- launch -------------------------------------------------------------------------------
@@ -283,13 +303,14 @@ class RunSupervisor(OwnerActor):
         request: Launch,
         resume: ResumePlan | None = None,
         lineage: rerun.Lineage | None = None,
+        on_started: Callable[[RunView], None] | None = None,
     ) -> Message:
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self.current_reply is not None
         if lineage is not None:
             self._lineage[run_id] = lineage
-        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume))
+        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume), on_started)
         reply = self._answer_once_started(run_id, self.current_reply)
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]
@@ -328,14 +349,48 @@ class RunSupervisor(OwnerActor):
         if request.attach:  # R-RES-6: the live source is the new chain's step 0
             chain = attach.attach_launch(row, request)
             return self._launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
+        if row["state"] == "paused":
+            return pauses.resume_paused(self, row, request)
         launch, plan = management.resume_launch(row, request)
-        return self._launch(launch, plan, rerun.Lineage(plan.source_run_id, "resume"))
+        # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
+        checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self.ctx.clock())
+        inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})
+        return self._launch(inherited, plan, rerun.Lineage(plan.source_run_id, "resume"))
 
     def _rerun(self, request: Rerun) -> Message:
         """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
         row = runstore.run_row(self.db, self._resolve(request.run_id))
         assert row is not None
         return self._launch(rerun.rerun_launch(row, request), lineage=rerun.rerun_lineage(row))
+
+    # -- pauses and checkpoints: R-RUN-2's requests are in runs/pauses.py ---------------------
+    # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.
+
+    def resolve(self, run_id: str) -> str:
+        return self._resolve(run_id)
+
+    def live_run(self, run_id: str) -> LiveRun | None:
+        return self._live.get(run_id)
+
+    def relaunch(
+        self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
+    ) -> Message:
+        return self._launch(launch, plan, on_started=on_started)
+
+    def track(self, session_id: str, run_id: str, state: Any) -> None:
+        self._call(Track(run_id), TrackRun(session_id=session_id, run_id=run_id, state=state))
+
+    def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        self._event(run_id, kind, data)
+
+    def call(self, key: CallKey, request: Request | Durable) -> None:
+        self._pipelines.call(key, request)
+
+    def advance(self, live: LiveRun) -> None:
+        self._advance(live)
+
+    def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
+        self._stop_live(live, state, reason)
 
     def _append(self, request: Append) -> Message:
         """R-APP-1..4: queue steps on a running background chain, claims and record together."""
@@ -434,6 +489,10 @@ class RunSupervisor(OwnerActor):
                 live = self._live.get(run_id)
                 if live is not None:
                     self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
+            case Answer(key=Expand(run_id=run_id, group=group), outcome=outcome):
+                live = self._live.get(run_id)
+                if live is not None and live.expanding:
+                    steps.expanded(self, live, group, outcome)
             case Answer(key=key, outcome=outcome):
                 # Launch and append keys resume their pipeline. Track and Report name none:
                 # their work is done by the callee, so only a failure is worth a line.
@@ -489,15 +548,15 @@ class RunSupervisor(OwnerActor):
             now=now,
             workflow_token=management.new_token(),
         )
-        deadline_ms = live.deadline_ms
+        deadline_at = runplan.deadline_at(launch, now)
         self._live[run_id] = live
         self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
         self._record_lineage(run_id, source_run_id)
         if launch.attached_run_id:
             source = launch.attached_run_id
             attach.wait_for(live, self._live.get(source), runstore.run_row(self.db, source))
-        if deadline_ms:
-            live.cancel_deadline = self.after(deadline_ms / 1000, RunDeadline(run_id))
+        if deadline_at is not None:  # R-TMO-8: a resume's is its source's, not now + timeout
+            live.cancel_deadline = self.after(max(0.0, deadline_at - now), RunDeadline(run_id))
         # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
         track = TrackRun(session_id=launch.session_id, run_id=run_id, state="running")
         self._call(Track(run_id), track)
@@ -539,10 +598,18 @@ class RunSupervisor(OwnerActor):
             and live.stop_state is None
             and (not live.failed or launch.mode == "parallel")  # a failed chain step ends it
         )
+        if live.waiting and live.stop_state is None:
+            return  # an expansion's claim is out, or a checkpoint waits for its decision
         if may_start:
             assert launch is not None
             # `while`: an attached chain's step 0 (R-RES-6) is a group with no child.
             while not live.queue and not live.running and live.next_group < len(live.groups):
+                if live.next_group in live.dynamic:
+                    if steps.open_dynamic(self, live, live.next_group):
+                        return
+                    if live.failed:
+                        self._advance(live)
+                        return
                 live.queue.extend(live.groups[live.next_group])
                 live.next_group += 1
             # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
@@ -709,7 +776,10 @@ class RunSupervisor(OwnerActor):
         runstore.update_run(
             self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
         )
-        self._event(live.run_id, f"run.{state}", {"error": live.error or None})
+        if state == "paused":
+            steps.settle_paused(self, live)
+        else:
+            self._event(live.run_id, f"run.{state}", {"error": live.error or None})
         advance = self._to_self(Advance)
         for chain_id in attach.source_ended(self._live.values(), live.run_id, state, live.output()):
             self.after_commit(functools.partial(advance, chain_id))
@@ -829,6 +899,8 @@ class RunSupervisor(OwnerActor):
         live = self._live.get(run_id)
         if live is not None and live.stop_state is None:
             self._stop_live(live, "stopped", "Stopped by request.")
+        elif live is None and checkpoints.parked(self.db, run_id):
+            pauses.end_parked(self, run_id, "stopped", "Stopped by request.")
         view = runstore.view(self.db, run_id)
         assert view is not None
         return view
@@ -847,6 +919,10 @@ class RunSupervisor(OwnerActor):
         self._advance(live)
 
 
-def _launch_result(pipeline: Pipeline) -> Generator[Request, Message, Message]:
+def _launch_result(
+    pipeline: Pipeline, on_started: Callable[[RunView], None] | None = None
+) -> Generator[Request, Message, Message]:
     view = yield from pipeline
+    if on_started is not None:  # after mark_started: the relaunch owns its slot now
+        on_started(view)
     return LaunchResult(run=view)

@@ -60,7 +60,15 @@ class Report:
     run_id: str
 
 
-CallKey: TypeAlias = LaunchKey | AppendKey | AppendFix | Settle | Track | Report
+@dataclass(frozen=True, slots=True)
+class Expand:
+    """The one batch claim of dynamic step `group` of run `run_id` (R-FAN-21)."""
+
+    run_id: str
+    group: int
+
+
+CallKey: TypeAlias = LaunchKey | AppendKey | AppendFix | Settle | Track | Report | Expand
 
 
 # -- ticks ------------------------------------------------------------------------------------

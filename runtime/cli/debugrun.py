@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from subagents_node.cli.common import lineage
+from subagents_node.cli.tables import pause_text
 from subagents_node.client.client import Client
 from subagents_node.messages.capacity import CapacitySnapshot, Inspection, RunnerProof
 from subagents_node.messages.session import SpawnSnapshot
@@ -78,6 +79,8 @@ def render(
     if run.workflow_key:
         lines.append(f"workflow key: {run.workflow_key}")
     lines += lineage(run)
+    if pause_text(run):
+        lines.append(pause_text(run))
     lines += [
         f"Status process terminal: {_run_proof(run)}",
         f"started: {_when(run.started_at)} · ended: {_when(run.ended_at)}",
@@ -122,6 +125,9 @@ def details(
         "source_run_id": run.source_run_id,
         "source_kind": run.source_kind,
         "superseded_by": run.superseded_by,
+        "paused": run.paused,
+        "paused_step": run.paused_step,
+        "resumed_by": run.resumed_by,
         "run_dir": run.run_dir,
         "spawn_budget": spawn.model_dump(mode="json"),
         "active_async_capacity": capacity.model_dump(mode="json"),

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from subagents_node.cli.common import lineage
+from subagents_node.cli.tables import state_label
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.runs import output_tail
@@ -97,7 +98,7 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
         table.add_row(
             run.session_id,
             run.run_id,
-            run.state,
+            state_label(run),
             run.label,
             f"{elapsed:.1f}s",
             deadline,

@@ -1,4 +1,5 @@
-"""Run-management commands: `resume`, `rerun`, `attach`, `append`, `intercom send` (SPEC §10-13).
+"""Run-management commands: `resume`, `rerun`, `attach`, `append`, `intercom send` (SPEC §10-13),
+and `pause`, `approve`, `reject` (R-RUN-2: interrupt-as-pause and checkpoints).
 
 Each is one request to the RunSupervisor; the rules (what may be resumed, how an append is
 claimed, when intercom is off) live in the node, so every client gets the same answers.
@@ -21,11 +22,15 @@ from subagents_node.messages.constants import ENV_CHILD_ID, ENV_RUN_ID
 from subagents_node.messages.supervisor import (
     Append,
     AppendResult,
+    Approve,
     Intercom,
     IntercomMessage,
     LaunchResult,
+    Pause,
+    Reject,
     Rerun,
     Resume,
+    RunView,
 )
 
 
@@ -36,13 +41,15 @@ from subagents_node.messages.supervisor import (
 @click.pass_obj
 @user_errors
 def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
-    """Relaunch finished background run RUN_ID in the background, moving its capacity slot.
+    """Relaunch finished or paused background run RUN_ID in the background, moving its slot.
 
     Only background runs can be resumed: a foreground, stopped or still-running run is
     refused (use `rerun` for a foreground one). The resumed run reuses the source's fan-out
-    budget without claiming (R-RES-4). A failed or complete workflow (background or not) is
-    resumed as a new background workflow run of its script: the steps it finished are not run
-    again and nothing it claimed is claimed again (R-WF-5, R-FAN-23).
+    budget without claiming (R-RES-4) and keeps its absolute deadline (R-TMO-8). A run paused
+    by `pause` goes on from the interrupted step; one waiting at a checkpoint needs `approve`.
+    A failed or complete workflow (background or not) is resumed as a new background workflow
+    run of its script: the steps it finished are not run again and nothing it claimed is
+    claimed again (R-WF-5, R-FAN-23).
     """
     limit = load_config().settings.max_active_async_runs_per_session
     fields = {
@@ -168,4 +175,58 @@ def intercom_send(obj: Ctx, text: str, run_id: str | None, as_json: bool) -> Non
     emit(sent, as_json, f"sent to run {sent.run_id}")
 
 
-COMMANDS = (resume, rerun, attach, append, intercom)
+@click.command()
+@click.argument("run_id", type=RUN_ID)
+@json_option
+@click.pass_obj
+@user_errors
+def pause(obj: Ctx, run_id: str, as_json: bool) -> None:
+    """Pause running background run RUN_ID: stop its child tree; the run becomes `paused`.
+
+    A paused run holds no process and keeps its capacity slot; `resume RUN_ID` goes on from
+    the interrupted step in a new run that takes the slot over (R-RUN-2, R-CAP-18) and keeps
+    the source's absolute deadline (R-TMO-8). Prints the run as the pause left it (it may
+    still be `running` while its children stop).
+    """
+    with obj.client() as client:
+        run = client.ask(validate_request(Pause, {"run_id": run_id}), RunView)
+    emit(run, as_json, f"{run.run_id} {run.state}")
+
+
+@click.command()
+@click.argument("run_id", type=RUN_ID)
+@json_option
+@click.pass_obj
+@user_errors
+def approve(obj: Ctx, run_id: str, as_json: bool) -> None:
+    """Approve the checkpoint run RUN_ID waits at: the run goes on past it (R-RUN-2).
+
+    Prints the id of the run that goes on: RUN_ID itself, or, when a node restart ended the
+    paused execution, a new run that continues after the checkpoint with its slot.
+    """
+    fields = {
+        "run_id": run_id,
+        "depth": current_depth(),
+        "capacity_limit": load_config().settings.max_active_async_runs_per_session,
+        "env": dict(os.environ),
+    }
+    with obj.client() as client:
+        run = client.ask(validate_request(Approve, fields), LaunchResult).run
+    emit(run, as_json, run.run_id)
+
+
+@click.command()
+@click.argument("run_id", type=RUN_ID)
+@click.option("--reason", "-r", default="", help="Why; recorded as the run's error.")
+@json_option
+@click.pass_obj
+@user_errors
+def reject(obj: Ctx, run_id: str, reason: str, as_json: bool) -> None:
+    """Reject the checkpoint run RUN_ID waits at: the run ends `rejected` (R-RUN-2)."""
+    with obj.client() as client:
+        request = validate_request(Reject, {"run_id": run_id, "reason": reason})
+        run = client.ask(request, RunView)
+    emit(run, as_json, f"{run.run_id} {run.state}")
+
+
+COMMANDS = (resume, rerun, attach, append, intercom, pause, approve, reject)

@@ -28,6 +28,7 @@ from subagents_node.cli.common import (
     user_errors,
 )
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
+from subagents_node.cli.tables import pause_text
 from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext
@@ -170,6 +171,8 @@ def follow(client: Client, run: RunView, as_json: bool) -> RunView:
 def summary(run: RunView, capacity: bool = True) -> str:
     children = plural(len(run.children), "child", "children")
     lines = [f"run {run.run_id} {run.state} ({run.mode}, {children})"]
+    if pause_text(run):
+        lines.append(pause_text(run))
     snaps = run.snapshots
     lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
     if capacity and snaps.capacity_limit is not None:

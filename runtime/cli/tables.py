@@ -55,3 +55,23 @@ def runs_table(runs: Sequence[RunView], now: float, short: bool) -> str:
         "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
         for row in rows
     )
+
+
+def pause_text(run: RunView) -> str:
+    """R-RUN-2 for people: why a paused run waits and what goes on with it; '' otherwise."""
+    if run.state == "paused" and run.paused == "checkpoint":
+        note = f": {run.checkpoint_note}" if run.checkpoint_note else ""
+        return (
+            f"paused at checkpoint chain[{run.paused_step}]{note} "
+            f"(approve {run.run_id} / reject {run.run_id} --reason TEXT)"
+        )
+    if run.state == "paused":
+        return f"paused at chain[{run.paused_step}] (resume {run.run_id} goes on from there)"
+    if run.resumed_by:
+        return f"continued as run {run.resumed_by}"
+    return ""
+
+
+def state_label(run: RunView) -> str:
+    """The state column: `paused` says which kind of pause."""
+    return f"paused ({run.paused})" if run.state == "paused" and run.paused else run.state

@@ -390,3 +390,22 @@ class AsyncRunsAPI:
 
     async def stop(self, run_id: str) -> RunView:
         return await self._client.perform(run_plans.stop_plan(run_id))
+
+    async def pause(self, run_id: str) -> RunView:
+        """R-RUN-2 interrupt-as-pause (RunsAPI.pause)."""
+        return await self._client.perform(run_plans.pause_plan(run_id))
+
+    async def approve(
+        self,
+        run_id: str,
+        depth: int = 0,
+        capacity_limit: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> RunView:
+        """The run that goes on past the checkpoint `run_id` waits at (RunsAPI.approve)."""
+        plan = run_plans.approve_plan(run_id, depth, capacity_limit, env)
+        return await self._client.perform(plan)
+
+    async def reject(self, run_id: str, reason: str = "") -> RunView:
+        """The run waiting at a checkpoint ends `rejected` (RunsAPI.reject)."""
+        return await self._client.perform(run_plans.reject_plan(run_id, reason))

@@ -18,11 +18,14 @@ from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
+    Approve,
     ChainStep,
     FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
+    Pause,
+    Reject,
     Rerun,
     Resume,
     RunEvent,
@@ -141,6 +144,18 @@ def attach_plan(
     return result.run
 
 
+def pause_plan(run_id: str) -> Plan[RunView]:
+    return one(build(Pause, run_id=run_id), RunView)
+
+
+def approve_plan(
+    run_id: str, depth: int = 0, capacity_limit: int = 0, env: dict[str, str] | None = None
+) -> Plan[RunView]:
+    request = build(Approve, run_id=run_id, depth=depth, capacity_limit=capacity_limit, env=env)
+    result: LaunchResult = yield from one(request, LaunchResult)
+    return result.run
+
+
 def rerun_plan(
     run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
 ) -> Plan[RunView]:
@@ -149,6 +164,10 @@ def rerun_plan(
     )
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
+
+
+def reject_plan(run_id: str, reason: str = "") -> Plan[RunView]:
+    return one(build(Reject, run_id=run_id, reason=reason), RunView)
 
 
 class RunsAPI:
@@ -253,3 +272,24 @@ class RunsAPI:
         (R-MISC-2). A live foreground run with one child is superseded: stopped and linked
         (`superseded_by` on it, `source_run_id` on the rerun). Returns once the rerun runs."""
         return self._client.perform(rerun_plan(run_id, task, child, env))
+
+    def pause(self, run_id: str) -> RunView:
+        """R-RUN-2 interrupt-as-pause: the run's child tree is stopped and the run settles
+        `paused`, keeping its capacity slot; `resume` goes on from the interrupted step."""
+        return self._client.perform(pause_plan(run_id))
+
+    def approve(
+        self,
+        run_id: str,
+        depth: int = 0,
+        capacity_limit: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> RunView:
+        """A run waiting at a checkpoint goes on. Returns the run that continues: the same
+        one, or (after a node restart ended the paused execution) a new run that takes its
+        slot over, launched with `depth`, `capacity_limit` and `env` like a resume."""
+        return self._client.perform(approve_plan(run_id, depth, capacity_limit, env))
+
+    def reject(self, run_id: str, reason: str = "") -> RunView:
+        """A run waiting at a checkpoint ends `rejected`, with `reason` in its error."""
+        return self._client.perform(reject_plan(run_id, reason))

@@ -227,7 +227,11 @@ class LaunchContext:
             raise _bad(path, "expected one or more [[steps]] tables")
         chain = []
         for step in steps:
-            if isinstance(step, dict) and "parallel" in step:
+            if isinstance(step, dict) and "checkpoint" in step:
+                chain.append(self._checkpoint(step, path))
+            elif isinstance(step, dict) and step.get("expand") is not None:
+                chain.append(self._expand(step, path))
+            elif isinstance(step, dict) and "parallel" in step:
                 group = step["parallel"]
                 if not isinstance(group, list) or not group:
                     raise RunFileInvalid(
@@ -239,6 +243,28 @@ class LaunchContext:
                 chain.append(_build(ChainStep, items=[self._item(step, path)]))
         return self.launch(
             "chain", background, chain=chain, timeout_ms=timeout_ms, intercom=intercom
+        )
+
+    def _checkpoint(self, step: dict[str, Any], path: Path) -> ChainStep:
+        """R-RUN-2: `checkpoint = "note"` (or `true`): the run pauses for approve / reject."""
+        note, extra = step["checkpoint"], set(step) - {"checkpoint"}
+        if extra:
+            raise _bad(path, f"a checkpoint step has no other keys: {sorted(extra)}")
+        if note is True:
+            note = ""
+        if not isinstance(note, str):
+            raise _bad(path, "'checkpoint' is a note (a string) or true")
+        return _build(ChainStep, kind="checkpoint", note=note)
+
+    def _expand(self, step: dict[str, Any], path: Path) -> ChainStep:
+        """R-FAN-21: `expand = true` with agent and task: one child per item of the previous
+        step's output (`{item}` in the task); `max_items` bounds them."""
+        if step["expand"] is not True:
+            raise _bad(path, "'expand' is true or absent")
+        max_items = step.get("max_items")
+        entry = {k: v for k, v in step.items() if k not in ("expand", "max_items")}
+        return _build(
+            ChainStep, kind="expand", items=[self._item(entry, path)], max_items=max_items
         )
 
     def _item(self, entry: object, path: Path) -> TaskItem:
@@ -264,13 +290,13 @@ class LaunchContext:
         )
 
 
-def _build(kind: type[M], **fields: Any) -> M:
+def _build(model: type[M], /, **fields: Any) -> M:
     """A wire model from what a person gave: a value out of its domain (a session id from the
     environment, a task over the size cap) is a typed BadRequest naming the field."""
     try:
-        return kind.model_validate(fields)
+        return model.model_validate(fields)
     except ValidationError as exc:
-        raise schema_error(kind.__name__, exc) from None
+        raise schema_error(model.__name__, exc) from None
 
 
 def _bad(path: Path, problem: str) -> RunFileInvalid:

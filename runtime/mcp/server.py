@@ -67,12 +67,25 @@ class ChainStepSpec(BaseModel):
     parallel: list[TaskSpec] | None = Field(
         default=None, description="Instead of agent/task: tasks run side by side as one step."
     )
+    expand: bool | None = Field(
+        default=None,
+        description="With agent/task: run once per item of the previous step's output (its "
+        "JSON list, else its lines), {item} in the task; claimed as one batch.",
+    )
+    max_items: int | None = Field(default=None, ge=1, description="An expand step's item cap.")
+    checkpoint: str | None = Field(
+        default=None,
+        description="Instead of agent/task: pause the run here (this note) until approved.",
+    )
 
     def as_step(self) -> dict[str, Any]:
         """The run file's shape (what `LaunchContext.from_mapping` reads)."""
         if self.parallel is not None:
             return {"parallel": [t.model_dump(exclude_none=True) for t in self.parallel]}
-        return self.model_dump(exclude_none=True, exclude={"parallel"})
+        step = self.model_dump(exclude_none=True, exclude={"parallel"})
+        if step.get("expand") is False:
+            del step["expand"]
+        return step
 
 
 RunId = Annotated[str, Field(description="A run id, or a unique prefix of one.")]
@@ -219,6 +232,33 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     ) -> ToolAnswer:
         """Relaunch a finished background run in the background, moving its capacity slot."""
         return await tools.resume(run_id, message)
+
+    @server.tool(
+        annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False),
+        structured_output=False,
+    )
+    @tool_result
+    async def pause(run_id: RunId) -> ToolAnswer:
+        """Pause a background run: its children stop; it keeps its slot; resume goes on."""
+        return await tools.pause(run_id)
+
+    @server.tool(annotations=launches, structured_output=False)
+    @tool_result
+    async def approve(run_id: RunId) -> ToolAnswer:
+        """Approve the checkpoint a run waits at: the run goes on past it."""
+        return await tools.approve(run_id)
+
+    @server.tool(
+        annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False),
+        structured_output=False,
+    )
+    @tool_result
+    async def reject(
+        run_id: RunId,
+        reason: Annotated[str, Field(description="Why; recorded as the run's error.")] = "",
+    ) -> ToolAnswer:
+        """Reject the checkpoint a run waits at: the run ends rejected."""
+        return await tools.reject(run_id, reason)
 
     @server.tool(annotations=launches, structured_output=False)
     @tool_result

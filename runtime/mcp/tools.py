@@ -253,6 +253,24 @@ class LauncherTools:
             raise
         return ToolAnswer(summary(final), run_data(final))
 
+    async def pause(self, run_id: str) -> ToolAnswer:
+        run = await self.client.runs.pause(run_id)
+        return ToolAnswer(f"run {run.run_id} pausing: its children are stopped", run_data(run))
+
+    async def approve(self, run_id: str) -> ToolAnswer:
+        ctx = self.context()
+        run = await self.client.runs.approve(
+            run_id,
+            depth=ctx.depth,
+            capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
+            env=dict(self.env),
+        )
+        return ToolAnswer(f"run {run.run_id} goes on past the checkpoint", run_data(run))
+
+    async def reject(self, run_id: str, reason: str) -> ToolAnswer:
+        run = await self.client.runs.reject(run_id, reason)
+        return ToolAnswer(f"run {run.run_id} {run.state}", run_data(run))
+
     async def append(
         self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
     ) -> ToolAnswer:

@@ -23,9 +23,24 @@ from subagents_node import AsyncClient
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import FanoutLimitExceeded
 from tests.support.nodes import REPO, NodeProcess
+from tests.support.runs import wait_view
 
 AGENTS = REPO / "examples" / "agents"
-TOOLS = {"agents", "run", "status", "logs", "wait", "stop", "resume", "rerun", "attach", "append"}
+TOOLS = {
+    "agents",
+    "run",
+    "status",
+    "logs",
+    "wait",
+    "stop",
+    "resume",
+    "rerun",
+    "attach",
+    "append",
+    "pause",
+    "approve",
+    "reject",
+}
 #: Longest a single tool call may take in these tests (a foreground run of a short sleeper).
 CALL_TIMEOUT_S = 60.0
 
@@ -368,3 +383,40 @@ def test_the_registration_examples_in_docs_mcp_name_this_server() -> None:
         constants.ENV_RUN_ID,
     }
     assert set(server["env_vars"]) == needed
+
+
+@pytest.mark.slow
+def test_r_run_2_checkpoint_approve_reject_and_pause_through_the_tools(node: NodeProcess) -> None:
+    """A chain's checkpoint step pauses it; `approve` goes on, `reject` ends it rejected;
+    `pause` stops a running background run (R-RUN-2), each through its tool."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+    client = node.client()
+    sleep = {"agent": "sleeper", "task": "seconds=0"}
+    gated = {"chain": [sleep, {"checkpoint": "ok?"}, sleep], "background": True}
+
+    async def go() -> dict[str, CallToolResult]:
+        async with mcp_session(env) as session:
+            out: dict[str, CallToolResult] = {}
+            for decision, ended in (("approve", "approved"), ("reject", "rejected")):
+                run = await session.call_tool("run", gated)
+                await anyio.to_thread.run_sync(
+                    lambda r=run: wait_view(client, run_id(r), lambda v: v.state == "paused")
+                )
+                args = {"run_id": run_id(run)}
+                out[decision] = await session.call_tool(decision, args)
+                out[ended] = await session.call_tool("wait", args)
+            long = {"agent": "sleeper", "task": "seconds=60", "background": True}
+            victim = await session.call_tool("run", long)
+            out["pause"] = await session.call_tool("pause", {"run_id": run_id(victim)})
+            await anyio.to_thread.run_sync(
+                lambda: wait_view(client, run_id(victim), lambda v: v.state == "paused")
+            )
+            out["stop"] = await session.call_tool("stop", {"run_id": run_id(victim)})
+            return out
+
+    out = asyncio.run(go())
+    for name, result in out.items():
+        assert not result.is_error, f"{name}: {text_of(result)}"
+    assert data(out["approved"])["state"] == "complete"
+    assert data(out["rejected"])["state"] == "rejected"
+    assert data(out["stop"])["state"] == "stopped"

@@ -1,0 +1,179 @@
+"""The pause requests (R-RUN-2): `runs.pause`, `runs.approve`, `runs.reject`, and what `resume`,
+`stop` and a restarted node do with a paused run.
+
+Owns the order of each request's steps, not their rules (checkpoints.py) or the moves inside a
+live run (steps.py). A run paused in this node's memory (waiting at a checkpoint) is decided in
+place; a run that holds no process (interrupt-paused, or a checkpoint whose execution a node
+restart ended) goes on in a new run launched like a resume: the source's budget (nothing
+claimed, R-FAN-23), its slot (transferred, R-CAP-18: a paused source with no live process is
+transferable, SPEC §0.4 / A-2) and its absolute deadline (R-TMO-8). Once that run has its slot
+(after mark_started), the source is `stopped` with a link to it; a rollback before that leaves
+the source paused with its slot restored (R-CAP-16). It never blocks on another owner.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from subagents_node.actors.runs import checkpoints, management, runstore, steps
+from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.actors.runs.recovery import read_recovery
+from subagents_node.actors.runs.ticks import Report
+from subagents_node.messages.base import Message
+from subagents_node.messages.supervisor import (
+    Approve,
+    Launch,
+    LaunchResult,
+    Pause,
+    PauseKind,
+    Reject,
+    Resume,
+    RunView,
+)
+
+
+class PauseHost(steps.StepHost, Protocol):
+    """What the pause requests need from the RunSupervisor, beyond the StepHost's moves."""
+
+    def resolve(self, run_id: str) -> str: ...
+
+    def live_run(self, run_id: str) -> LiveRun | None: ...
+
+    def relaunch(
+        self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
+    ) -> Message: ...
+
+    def track(self, session_id: str, run_id: str, state: Any) -> None: ...
+
+
+def _view(host: PauseHost, run_id: str) -> RunView:
+    view = runstore.view(host.db, run_id)
+    assert view is not None
+    return view
+
+
+def _row(host: PauseHost, run_id: str) -> sqlite3.Row:
+    row = runstore.run_row(host.db, run_id)
+    assert row is not None
+    return row
+
+
+def pause(host: PauseHost, request: Pause) -> Message:
+    """Interrupt-as-pause: answered at once; the run settles `paused` once its tree ended."""
+    run_id = host.resolve(request.run_id)
+    live = host.live_run(run_id)
+    checkpoints.check_pausable(_row(host, run_id), live)
+    assert live is not None
+    steps.pause(host, live)
+    return _view(host, run_id)
+
+
+def _at_checkpoint(live: LiveRun | None) -> bool:
+    return live is not None and live.checkpoint is not None and live.stop_state is None
+
+
+def approve(host: PauseHost, request: Approve) -> Message:
+    run_id = host.resolve(request.run_id)
+    live = host.live_run(run_id)
+    if _at_checkpoint(live):
+        assert live is not None
+        steps.approve(host, live)
+        return LaunchResult(run=_view(host, run_id))
+    row = _row(host, run_id)
+    checkpoints.waiting_checkpoint(host.db, row)
+    # A node restart ended the execution that paused: a new run goes on after the checkpoint.
+    return continue_paused(
+        host, row, "checkpoint", request.depth, request.capacity_limit, request.env
+    )
+
+
+def reject(host: PauseHost, request: Reject) -> Message:
+    run_id = host.resolve(request.run_id)
+    live = host.live_run(run_id)
+    if _at_checkpoint(live):
+        assert live is not None
+        steps.reject(host, live, request.reason)
+    else:
+        row = _row(host, run_id)
+        checkpoints.waiting_checkpoint(host.db, row)
+        report = steps.reject_parked(host, row, request.reason)
+        if report is not None:
+            host.call(Report(run_id), report)
+        host.track(row["session_id"], run_id, "rejected")
+    return _view(host, run_id)
+
+
+def resume_paused(host: PauseHost, row: sqlite3.Row, request: Resume) -> Message:
+    """`resume` of an interrupt-paused run: it goes on from the interrupted step."""
+    return continue_paused(
+        host, row, "interrupt", request.depth, request.capacity_limit, request.env
+    )
+
+
+def continue_paused(
+    host: PauseHost,
+    row: sqlite3.Row,
+    kind: PauseKind,
+    depth: int,
+    capacity_limit: int,
+    env: dict[str, str] | None,
+) -> Message:
+    """Launch the run that goes on with paused run `row` from its pause point."""
+    source_id = str(row["run_id"])
+    checkpoints.check_continuable(host.db, row, kind)
+    source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
+    launch = checkpoints.continuation(host.db, row, source, kind, host.clock())
+    launch = management.as_resume(launch, env, depth, capacity_limit)
+    plan = ResumePlan(
+        source_run_id=source_id, descriptor=descriptor, transfer=row["capacity"] is not None
+    )
+    return host.relaunch(launch, plan, lambda view: continued(host, source_id, view.run_id))
+
+
+def continued(host: PauseHost, source_id: str, run_id: str) -> None:
+    """The paused source gave its slot to the run that goes on with it: it is over."""
+    row = runstore.run_row(host.db, source_id)
+    if row is None or row["state"] != "paused":
+        return
+    runstore.update_run(
+        host.db,
+        source_id,
+        state="stopped",
+        ended_at=host.clock(),
+        output=f"Continued as run {run_id}.",
+    )
+    host.record_event(source_id, "run.continued", {"by": run_id})
+    host.track(row["session_id"], source_id, "stopped")
+
+
+def end_parked(host: PauseHost, run_id: str, state: str, reason: str) -> None:
+    """A paused run that holds no process ends (stop): its slot is reported free."""
+    row = _row(host, run_id)
+    if checkpoints.successor(host.db, run_id) is not None:
+        return
+    now = host.clock()
+    runstore.update_run(host.db, run_id, state=state, ended_at=now)
+    host.record_event(run_id, f"run.{state}", {"reason": reason})
+    report = steps.parked_report(host.db, row, state, now)
+    if report is not None:
+        host.call(Report(run_id), report)
+    host.track(row["session_id"], run_id, state)
+
+
+def recover_parked(host: PauseHost, run_id: str) -> None:
+    """A paused run found after a restart is not adopted (it holds no process). One already
+    continued by another run gives way to it (the node died before it said so); any other is
+    reported paused with no live process (again: the report is idempotent), so its slot can
+    move to the run that goes on with it (A-2)."""
+    row = _row(host, run_id)
+    successor = checkpoints.successor(host.db, run_id)
+    if successor is not None:
+        continued(host, run_id, successor)
+        return
+    report = steps.parked_report(host.db, row, "paused", host.clock())
+    if report is not None:
+        host.call(Report(run_id), report)

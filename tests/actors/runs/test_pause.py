@@ -1,0 +1,268 @@
+"""Paused runs: checkpoints, interrupt-as-pause and resume's deadline (R-RUN-2, R-TMO-8, A-2).
+
+A `checkpoint` chain step pauses the run for a decision: `approve` goes on past it (the same
+run, its slot and deadline unchanged), `reject` ends it `rejected` (terminal, R-RUN-3: its slot
+is freed). `pause` stops a background run's child tree and the run settles `paused`: it holds
+no process and keeps its slot (the verdict is "run is still paused"), so the `resume` that goes
+on from the interrupted step takes the slot over (R-CAP-18, SPEC §0.4 / A-2 resolved), claims
+nothing (R-FAN-23) and inherits the source's absolute deadline (R-TMO-8): when that deadline
+passed, the resume fails with R-TMO-8's text and changes no ledger.
+
+Embedded node, real children (the gate agent holds a step open until the test releases it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from subagents_node.actors.runs.admission import FAULT_POINTS
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import DeadlineExpired, InjectedFault, PauseRefused
+from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.supervisor import (
+    ChainStep,
+    LaunchResult,
+    Resume,
+    RunView,
+    TaskItem,
+)
+from subagents_node.node.node import Node
+from tests.support.manage import embedded
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import client as client
+from tests.support.run_fixtures import embedded_run_node as embedded_run_node
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, launch_context, ledgers, wait_until, wait_view
+
+LIMIT = 2
+
+
+@pytest.fixture
+def ctx(agents: Path) -> LaunchContext:
+    return launch_context(agents, max_active_async_runs_per_session=LIMIT)
+
+
+def step(ctx: LaunchContext, agent: str, task: str) -> ChainStep:
+    return ChainStep(items=[TaskItem(agent=ctx.plan(agent), task=task)])
+
+
+def paused(client: Client, run_id: str) -> RunView:
+    return wait_view(client, run_id, lambda v: v.state == "paused")
+
+
+def resume(client: Client, run_id: str) -> RunView:
+    return client.ask(Resume(run_id=run_id, capacity_limit=LIMIT), LaunchResult).run
+
+
+def used(client: Client, ctx: LaunchContext) -> int:
+    return client.capacity.snapshot(ctx.session_id, LIMIT).used
+
+
+def checkpoint_chain(client: Client, ctx: LaunchContext) -> RunView:
+    chain = [
+        step(ctx, "echo", "one"),
+        ChainStep(kind="checkpoint", note="look at one"),
+        step(ctx, "echo", "after {previous}"),
+    ]
+    return client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+
+
+def test_r_run_2_checkpoint_approved_goes_on_past_it_in_the_same_run(
+    client: Client, ctx: LaunchContext
+) -> None:
+    run = checkpoint_chain(client, ctx)
+    waiting = paused(client, run.run_id)
+
+    assert (waiting.paused, waiting.paused_step, waiting.checkpoint_note) == (
+        "checkpoint",
+        1,
+        "look at one",
+    )
+    assert [c.state for c in waiting.children] == ["complete", "pending"]
+    assert used(client, ctx) == 1  # the execution waits, so it keeps its slot
+
+    approved = client.runs.approve(run.run_id)
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert approved.run_id == run.run_id
+    assert done.state == "complete" and done.output == "after one"
+    assert done.deadline_at == run.deadline_at
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+def test_r_run_2_checkpoint_rejected_ends_the_run_rejected_and_frees_its_slot(
+    client: Client, ctx: LaunchContext
+) -> None:
+    run = checkpoint_chain(client, ctx)
+    paused(client, run.run_id)
+
+    client.runs.reject(run.run_id, reason="one is wrong")
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert (done.state, done.error) == ("rejected", "Checkpoint rejected: one is wrong")
+    assert [c.state for c in done.children] == ["complete", "stopped"]  # never started
+    assert done.children[1].pid is None
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+    with pytest.raises(PauseRefused):
+        client.runs.approve(run.run_id)  # decided already
+
+
+def test_r_run_2_approve_of_a_run_that_waits_at_no_checkpoint_is_refused(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    run = client.runs.launch(ctx.launch("chain", True, chain=[step(ctx, "gate", str(gate.path))]))
+    [child] = gate.accept(1)
+
+    with pytest.raises(PauseRefused) as caught:
+        client.runs.approve(run.run_id)
+
+    assert caught.value.details["reason"] == "no_checkpoint"
+    child.release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+
+
+def test_r_run_2_pause_then_resume_keeps_the_claim_the_slot_and_the_deadline(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "{previous} then more")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    [child] = gate.accept(1)
+    budget = decode_descriptor(run.fanout_descriptor)
+    claims = client.fanout.snapshot(budget).used
+
+    client.runs.pause(run.run_id)
+    source = paused(client, run.run_id)
+    child.wait_exit()  # the child tree was stopped: a paused run holds no process
+
+    assert (source.paused, source.paused_step) == ("interrupt", 0)
+    assert source.children[0].state == "stopped"
+    held = client.capacity.inspect(run.run_id, ctx.session_id)
+    assert held.relation == "current" and held.verdict.reason == "run is still paused"
+    assert used(client, ctx) == 1
+
+    resumed = resume(client, run.run_id)
+    [again] = gate.accept(1)
+
+    # R-CAP-18: the same slot moves; R-FAN-23: nothing claimed; R-TMO-8: the same deadline.
+    assert resumed.source_run_id == run.run_id
+    assert resumed.deadline_at == run.deadline_at
+    assert used(client, ctx) == 1
+    moved = client.capacity.inspect(run.run_id, ctx.session_id)
+    assert moved.relation == "source" and held.owner is not None and moved.owner is not None
+    assert moved.owner.slot == held.owner.slot
+    assert client.fanout.snapshot(budget).used == claims
+    assert [c.label for c in resumed.children] == ["chain[0]", "chain[1]"]
+
+    again.release(0)
+    done = client.runs.wait(resumed.run_id, timeout=20)
+    assert done.state == "complete" and done.output == "released 0 then more"
+    assert client.fanout.snapshot(budget).used == claims
+    source_after = client.runs.show(run.run_id)
+    assert (source_after.state, source_after.resumed_by) == ("stopped", resumed.run_id)
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_nothing(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "never")]
+    # The launch answers once its first child runs; the pause comes well before the deadline.
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=4000))
+    client.runs.pause(run.run_id)
+    source = paused(client, run.run_id)
+    assert source.deadline_at is not None
+    wait_until(lambda: time.time() > (source.deadline_at or 0), what="the deadline to pass")
+    before = ledgers(client, ctx.session_id, LIMIT, decode_descriptor(run.fanout_descriptor))
+
+    with pytest.raises(DeadlineExpired) as caught:
+        resume(client, run.run_id)
+
+    assert caught.value.message == (
+        "The source run's absolute deadline expired before recovery could launch."
+    )
+    assert ledgers(client, ctx.session_id, LIMIT, decode_descriptor(run.fanout_descriptor)) == (
+        before
+    )
+    assert client.runs.show(run.run_id).state == "paused"
+
+
+def test_r_run_2_a_paused_run_that_is_stopped_frees_its_slot(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    run = client.runs.launch(ctx.launch("chain", True, chain=[step(ctx, "gate", str(gate.path))]))
+    gate.accept(1)
+    client.runs.pause(run.run_id)
+    paused(client, run.run_id)
+
+    client.runs.stop(run.run_id)
+
+    assert client.runs.show(run.run_id).state == "stopped"
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+def test_r_run_2_pause_of_a_foreground_run_is_refused(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    run = client.runs.launch(ctx.launch("chain", False, chain=[step(ctx, "gate", str(gate.path))]))
+    [child] = gate.accept(1)
+
+    with pytest.raises(PauseRefused) as caught:
+        client.runs.pause(run.run_id)
+
+    assert caught.value.details["reason"] == "foreground"
+    child.release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+
+
+def test_r_tmo_8_resume_of_a_finished_run_inherits_its_absolute_deadline(
+    client: Client, ctx: LaunchContext
+) -> None:
+    chain = [step(ctx, "echo", "one"), step(ctx, "echo", "{previous} two")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    source = client.runs.wait(run.run_id, timeout=20)
+    assert source.state == "complete" and source.deadline_at is not None
+
+    resumed = client.runs.wait(resume(client, run.run_id).run_id, timeout=20)
+
+    # Not recomputed from now: remaining = deadline - now, the same absolute instant.
+    assert resumed.deadline_at == source.deadline_at
+    assert resumed.state == "complete"
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_r_adm_2_a_resume_of_a_paused_run_failing_at_each_admission_step_leaves_it_paused(
+    state_dir: Path, ctx: LaunchContext, gate: Gate, point: str
+) -> None:
+    """R-RES-5 for a paused source: its slot is restored exactly and it stays resumable."""
+    with Node.embedded(state_dir=state_dir) as node:  # leaves the paused run as it is
+        client = node.client()
+        chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "after")]
+        run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+        client.runs.pause(run.run_id)
+        paused(client, run.run_id)
+        held = client.capacity.inspect(run.run_id, ctx.session_id)
+
+    with embedded(state_dir, faults=True, settings={"fault_points": [point]}) as node:
+        client = node.client()
+        with pytest.raises(InjectedFault):
+            resume(client, run.run_id)
+        if point == "mark_started":  # the relaunch started, then failed (R-ADM-5)
+            [stray] = [r for r in client.runs.list() if r.source_run_id == run.run_id]
+            client.runs.wait(stray.run_id, timeout=20)
+            wait_until(
+                lambda: client.capacity.inspect(stray.run_id, ctx.session_id).relation == "none",
+                what="the relaunch to own nothing",
+            )
+        after = client.capacity.inspect(run.run_id, ctx.session_id)
+        assert held.owner is not None and after.owner is not None
+        # The same record (a restarted node re-reports a paused run: only its times move).
+        same = ("slot", "token", "run_id", "generation", "runner_id", "terminal_state")
+        assert {f: getattr(after.owner, f) for f in same} == {
+            f: getattr(held.owner, f) for f in same
+        }
+        assert (after.relation, after.verdict) == (held.relation, held.verdict)
+        assert client.runs.show(run.run_id).state == "paused"

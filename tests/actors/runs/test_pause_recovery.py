@@ -1,0 +1,152 @@
+"""kill -9 of the node during a pause, at a checkpoint and during an expansion (R-RUN-2, R-FAN-21).
+
+No step of the new paths leaves a stuck run or a leaked slot (SPEC §0.4):
+- killed while a pause settles (`pause_settle`: the children were stopped, the run not yet
+  `paused`), a restarted node settles the run `paused`, keeping its slot, and `resume` goes on;
+- killed while a run waits at a checkpoint, the paused run is not adopted (it holds no
+  process): `approve` continues it in a new run that takes its slot over, `reject` frees it;
+- killed while an expansion's claim is out (`expand_claim`, `expand_record`), the run fails
+  after the restart (its items never start) and its slot is freed.
+
+Real detached node processes (fault injection through SUBAGENTS_TEST_KILL_AT), real children.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, Resume, TaskItem
+from tests.support.nodes import NodeProcess
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, launch_context, wait_until, wait_view
+
+LIMIT = 1
+
+
+def step(ctx: LaunchContext, agent: str, task: str) -> ChainStep:
+    return ChainStep(items=[TaskItem(agent=ctx.plan(agent), task=task)])
+
+
+def used(client: Client, ctx: LaunchContext) -> int:
+    return client.capacity.snapshot(ctx.session_id, LIMIT).used
+
+
+def killed_at(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> NodeProcess:
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
+    node = start_node("--faults", state_dir=state_dir)
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    return node
+
+
+@pytest.mark.slow
+def test_r_run_2_kill_9_while_a_pause_settles_leaves_a_paused_run_that_resumes(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    first = killed_at(start_node, state_dir, monkeypatch, "pause_settle")
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "{previous} then more")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    [child] = gate.accept(1)
+
+    client.runs.pause(run.run_id)
+    child.wait_exit()
+    assert first.wait_exited(10), "the node did not die at pause_settle"
+
+    client = start_node(state_dir=state_dir).client()
+    source = wait_view(client, run.run_id, lambda v: v.state == "paused")
+    assert source.paused == "interrupt"
+    assert client.capacity.inspect(run.run_id, ctx.session_id).verdict.reason == (
+        "run is still paused"
+    )
+    assert used(client, ctx) == 1
+
+    resumed = client.ask(Resume(run_id=run.run_id, capacity_limit=LIMIT), LaunchResult).run
+    [again] = gate.accept(1)
+    again.release(0)
+    done = client.runs.wait(resumed.run_id, timeout=20)
+
+    assert done.state == "complete" and done.output == "released 0 then more"
+    assert done.deadline_at == run.deadline_at  # R-TMO-8 across the restart too
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_r_run_2_kill_9_while_waiting_at_a_checkpoint_then_a_decision_after_restart(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, decision: str
+) -> None:
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    chain = [
+        step(ctx, "echo", "one"),
+        ChainStep(kind="checkpoint"),
+        step(ctx, "echo", "after {previous}"),
+    ]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+
+    first.kill()
+    client = start_node(state_dir=state_dir).client()
+
+    waiting = client.runs.show(run.run_id)
+    assert (waiting.state, waiting.paused) == ("paused", "checkpoint")  # not adopted, not ended
+    assert used(client, ctx) == 1
+    if decision == "approve":
+        goes_on = client.runs.approve(run.run_id, capacity_limit=LIMIT)
+        assert goes_on.run_id != run.run_id and goes_on.source_run_id == run.run_id
+        done = client.runs.wait(goes_on.run_id, timeout=20)
+        assert done.state == "complete" and done.output == "after one"
+        assert [c.label for c in done.children] == ["chain[2]"]
+        assert client.runs.show(run.run_id).resumed_by == goes_on.run_id
+    else:
+        client.runs.reject(run.run_id, reason="no")
+        assert client.runs.show(run.run_id).state == "rejected"
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["expand_claim", "expand_record"])
+def test_r_fan_21_kill_9_during_an_expansion_fails_the_run_after_restart_and_frees_its_slot(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    point: str,
+) -> None:
+    first = killed_at(start_node, state_dir, monkeypatch, point)
+    client = first.client(timeout=5)
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    template = TaskItem(agent=ctx.plan("echo"), task="got {item}")
+    chain = [step(ctx, "echo", "a\nb\nc"), ChainStep(kind="expand", items=[template])]
+    try:
+        run_id = client.runs.launch(ctx.launch("chain", True, chain=chain)).run_id
+    except SubagentsError:
+        run_id = ""  # the node died before it answered the launch
+    assert first.wait_exited(20), f"the node did not die at {point}"
+
+    client = start_node(state_dir=state_dir).client()
+    [run] = client.runs.list(session_id=ctx.session_id)
+    assert not run_id or run.run_id == run_id
+    done = client.runs.wait(run.run_id, timeout=30)
+
+    assert done.state == "failed", done
+    assert not any(c.label.startswith("chain[1].expand") and c.pid for c in done.children)
+    wait_until(lambda: used(client, ctx) == 0, what="release")
