@@ -164,6 +164,17 @@ ShimReportKind = Literal["started", "not_started", "exited", "tree_ended"]
 EndedBy = Literal["", "stop", "deadline"]
 
 
+#: The most escaped processes one report names (the rest are still waited for by the shim).
+MAX_REPORTED_PROCESSES = 256
+
+
+class ReportedProcess(Message):
+    """A process of a child's tree the shim saw, by identity (pid + start time since boot)."""
+
+    pid: int = Field(ge=1, le=MAX_PID)
+    start: Timestamp
+
+
 class ChildReport(Request):
     """What a child shim tells the run supervisor (DESIGN §1), resent until acknowledged.
 
@@ -192,6 +203,11 @@ class ChildReport(Request):
     tree_ended: bool = False
     tree_ended_at: Timestamp | None = None
     error: str | None = Field(default=None, max_length=4096)
+    #: The processes left when the leader exited (escaped sessions included): should the shim
+    #: die, the tree's end is proven only once every one of them is gone.
+    descendants: list[ReportedProcess] = Field(
+        default_factory=list, max_length=MAX_REPORTED_PROCESSES
+    )
 
 
 REQUESTS: tuple[type[Request], ...] = (ChildReport,)

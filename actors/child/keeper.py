@@ -7,8 +7,10 @@ restart finds into the supervisor's two child events, `ChildStarted` and `ChildE
 supervisor settles runs from those. Nothing here scales threads or connections with children.
 
 Proof of the end of a child's tree comes only from `tree_ended` (reported, or read from the
-exit record a shim writes before it reports); for a shim that died, from the identity of the
-process it reported (gone: `observed`; alive: `unknown`, the slot stays retained).
+exit record a shim writes before it reports); for a shim that died, from the identities of the
+processes it reported (its leader alive: `unknown`, the slot stays retained; its leader gone
+but a process it reported left, a `setsid()` daemon, alive: the child stays running, that
+process is watched and a stop ends it; all gone: `observed`).
 
 It never blocks on a shim, never signals a process it has not verified by pid and start time,
 and never stores argv, env or stdin (R-MISC-1).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +30,7 @@ from pydantic import ValidationError
 from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import rows
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
-from subagents_node.actors.child.shim import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
 from subagents_node.messages.runs import (
     REASON_EXITED,
@@ -90,6 +93,11 @@ class ChildKeeper:
         self._capped: dict[str, list[Callable[[], None]]] = {}
         #: Shims whose tree ended (acknowledged or about to be) that were not yet seen gone.
         self._finishing: dict[str, ProcessIdentity] = {}
+        #: Whether shims fsync their exit records: as durable as the store's own commits
+        #: (the supervisor sets it from its connection's `synchronous`; FULL syncs both).
+        self.sync_records = True
+        #: Children whose shim died after their leader, by the processes it left alive.
+        self._escaped: dict[str, list[ProcessIdentity]] = {}
 
     def close(self) -> None:
         """With the node: the template exits, the shims (and their children) keep running;
@@ -124,6 +132,17 @@ class ChildKeeper:
     def template_pid(self) -> int | None:
         return self._template.pid
 
+    def bookkeeping(self) -> dict[str, int]:
+        """How many children each per-child table holds: all 0 once every child settled and
+        its shim exited (a test checks it; anything kept per finished child would grow the
+        node with every child it ever ran)."""
+        return {
+            "capped": len(self._capped),
+            "finishing": len(self._finishing),
+            "watched_shims": self._watch.watched,
+            "escaped": len(self._escaped),
+        }
+
     # -- start ----------------------------------------------------------------------------------
 
     def order(self, db: Connection, spec: ChildSpec, now: float) -> None:
@@ -138,7 +157,7 @@ class ChildKeeper:
     def launch(self, spec: ChildSpec) -> str | None:
         """Fork its shim; the error (one line) when there is no template to fork from."""
         try:
-            self._template.order(spec, self._address)
+            self._template.order(spec, self._address, self.sync_records)
         except OSError as exc:
             return f"cannot start the child's shim: {exc}"
         return None
@@ -157,8 +176,12 @@ class ChildKeeper:
 
     # -- reports --------------------------------------------------------------------------------
 
-    def apply(self, db: Connection, report: ChildReport, now: float) -> list[ChildEvent]:
-        """Apply a report (idempotent: any report may come again, or alone after a restart)."""
+    def apply(
+        self, db: Connection, report: ChildReport, now: float, from_shim: bool = True
+    ) -> list[ChildEvent]:
+        """Apply a report (idempotent: any report may come again, or alone after a restart).
+        `from_shim` is False for one read back from an exit record: its shim is gone already,
+        so there is nothing to wait for."""
         row = rows.read_row(db, report.child_id)
         if row is None or row["state"] != "running" or row["run_id"] != report.run_id:
             return []  # settled already (a resend), or not ours
@@ -190,9 +213,12 @@ class ChildKeeper:
             events.append(event)
         elif report.tree_ended:
             events.append(self._settle(db, record, row, report, now))
-            self._finishing[record.child_id] = ProcessIdentity(report.shim_pid, report.shim_start)
+            if from_shim:  # it exits once acknowledged; `shim_gone` forgets it then
+                shim = ProcessIdentity(report.shim_pid, report.shim_start)
+                self._finishing[record.child_id] = shim
         elif report.exit_code is not None or report.signal is not None:
-            rows.record_exit(db, record.child_id, report.exit_code, report.signal)
+            left = [(p.pid, p.start) for p in report.descendants]
+            rows.record_exit(db, record.child_id, report.exit_code, report.signal, left)
         return self._ended(events)
 
     def _settle(
@@ -222,15 +248,20 @@ class ChildKeeper:
 
     # -- stop, a shim's death, a restart --------------------------------------------------------
 
-    def stop(self, db: Connection, child_id: str, reason: str, message: str) -> None:
-        """Record why (the first reason wins), then SIGTERM its shim, which ends the tree."""
+    def stop(self, db: Connection, child_id: str, reason: str, message: str) -> float | None:
+        """Record why (the first reason wins), then SIGTERM its shim, which ends the tree. With
+        its shim dead, the processes it left get the TERM: the grace (seconds) is returned,
+        after which the caller calls `kill_escaped`."""
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
-            return
+            return None
         if row["end_reason"] is None:
             rows.record_end(db, child_id, reason, message)
         if row["shim_pid"] is not None:
             signal_shim(ProcessIdentity(row["shim_pid"], row["shim_start"]))
+        if self.kill_escaped(child_id, signal.SIGTERM):
+            return float(row["grace_s"])
+        return None
 
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
@@ -243,7 +274,7 @@ class ChildKeeper:
         exit_record = _read_json(os.path.join(record.record_dir, EXIT_RECORD)) or {}
         report = report_from_record(exit_record)
         if report is not None and (report.tree_ended or report.kind == "not_started"):
-            return self.apply(db, report, now)
+            return self.apply(db, report, now, from_shim=False)
         if report is None:
             report = ChildReport(
                 kind="exited",
@@ -258,11 +289,44 @@ class ChildKeeper:
             or record.identity_start is None
             or is_alive(ProcessIdentity(record.pid, record.identity_start))
         )
+        if not alive and self._wait_for_escaped(row, report):
+            return []  # the tree lives on in processes the shim reported: the slot stays held
+        self._escaped.pop(child_id, None)
         log.warning("the shim of child %s died before its tree ended", child_id)
         reason = REASON_SHIM_GONE_LIVE if alive else REASON_SHIM_GONE
         return self._ended(
             [self._settle(db, record, row, report, now, unverified=alive, reason=reason)]
         )
+
+    def _wait_for_escaped(self, row: Any, report: ChildReport) -> bool:
+        """The shim died after its leader: the processes it reported left (a `setsid()` daemon)
+        are the tree now. While one of them lives, watch it (its exit brings the child back
+        here); True while there is one. A stop already asked for ends them at once."""
+        child_id = str(row["child_id"])
+        recorded = [ProcessIdentity(p.pid, p.start) for p in report.descendants]
+        recorded = recorded or [ProcessIdentity(p, t) for p, t in rows.descendants_of(row)]
+        alive = [identity for identity in recorded if is_alive(identity)]
+        if not alive:
+            return False
+        if child_id not in self._escaped:
+            log.warning(
+                "the shim of child %s died; %d process(es) of its tree live on: waiting for them",
+                child_id,
+                len(alive),
+            )
+        self._escaped[child_id] = alive
+        if row["end_reason"] is not None:
+            self.kill_escaped(child_id)  # the stop came first: its grace is over
+        self._watch.watch(child_id, alive[0])
+        return True
+
+    def kill_escaped(self, child_id: str, signum: int = signal.SIGKILL) -> bool:
+        """Signal the live processes a dead shim left (verified by pid and start time); False
+        when there are none."""
+        sent = False
+        for identity in self._escaped.get(child_id, []):
+            sent = signal_shim(identity, signum) or sent
+        return sent
 
     def recover(self, db: Connection, now: float) -> list[ChildEvent]:
         """After a restart: every child still recorded as running is settled from its exit
@@ -276,7 +340,7 @@ class ChildKeeper:
             exit_record = _read_json(os.path.join(record_dir, EXIT_RECORD))
             report = None if exit_record is None else report_from_record(exit_record)
             if report is not None and (report.tree_ended or report.kind == "not_started"):
-                events.extend(self.apply(db, report, now))
+                events.extend(self.apply(db, report, now, from_shim=False))
                 continue
             shim = self._shim_identity(row, record_dir)
             if shim is None:

@@ -1,10 +1,11 @@
 """ChildLogCap: every child log file stays under `child_log_max_bytes` (issue 12 item 7).
 
 Owns one inotify descriptor and one thread for all the children of a node, whatever their
-number: no thread, pipe or timer per child. A child writes its stdout and stderr straight into
-its log files (so it keeps running, and keeps logging, across a node restart); the kernel tells
-the thread each time a watched file is modified (IN_MODIFY, coalesced while unread), and once a
-file passes the cap the thread cuts its middle in place:
+number: no thread, pipe or timer per child. The thread makes every inotify call (adding and
+removing watches is slow: the caller, the run supervisor, only queues them). A child writes its
+stdout and stderr straight into its log files (so it keeps running, and keeps logging, across a
+node restart); the kernel tells the thread each time a watched file is modified (IN_MODIFY,
+coalesced while unread), and once a file passes the cap the thread cuts its middle in place:
 
     [head: the first cap/4 bytes] [one line saying how many bytes were cut] [tail: last cap/4]
 
@@ -22,6 +23,7 @@ symlink, never touches a file it was not asked to watch, and never raises into t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -58,11 +60,12 @@ class ChildLogCap:
         self.max_bytes = max(MIN_CAP, max_bytes)
         self._lock = threading.Lock()  # guards the tables: watch() runs in actor threads
         self._cutting = threading.Lock()  # one cut at a time (this thread, or a final check)
-        self._by_wd: dict[int, _Watched] = {}
-        self._by_path: dict[str, _Watched] = {}
+        self._by_wd: dict[int, _Watched] = {}  # the thread's: wd -> file
+        self._by_path: dict[str, _Watched] = {}  # guarded by _lock
+        self._pending: list[tuple[str, _Watched]] = []  # inotify calls for the thread
         self._libc: ctypes.CDLL | None = None
         self._fd = -1
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._stopping = False
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -78,6 +81,9 @@ class ChildLogCap:
             self._thread.start()
 
     def watch(self, path: str) -> Callable[[], None]:
+        """Watch `path` from now on. The inotify calls themselves (add, and later remove, a
+        watch: `inotify_rm_watch` waits for an RCU grace period, about a millisecond) are made
+        by the cap's own thread, so the run supervisor never waits on them."""
         if self._libc is None:
             return lambda: None
         with self._lock:
@@ -85,28 +91,23 @@ class ChildLogCap:
             if known is not None:
                 known.refs += 1
             else:
-                wd = int(self._libc.inotify_add_watch(self._fd, path.encode(), _IN_MODIFY))
-                if wd < 0:
-                    log.warning("cannot watch %s: %s", path, os.strerror(ctypes.get_errno()))
-                    return lambda: None
-                known = self._by_wd.get(wd) or _Watched(path, wd, refs=0)
-                known.refs += 1
-                self._by_wd[wd] = known
+                known = _Watched(path, wd=-1)
                 self._by_path[path] = known
-        self._cut_if_over(known)  # a child adopted after a restart may be over already
-        done = threading.Event()
+                self._enqueue("add", known)
+        done: list[bool] = []  # a plain flag: unwatch runs on the caller's thread
 
         def unwatch() -> None:
-            if done.is_set():
+            if done:
                 return
-            done.set()
+            done.append(True)
             self._unwatch(known)
 
         return unwatch
 
     def stop(self) -> None:
         self._stopping = True
-        os.write(self._wake_w, b"\x01")
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\x01")
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         for fd in (self._fd, self._wake_r, self._wake_w):
@@ -116,26 +117,61 @@ class ChildLogCap:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _enqueue(self, what: str, watched: _Watched) -> None:
+        """Hand an inotify call to the thread (under `_lock`): one wake-up byte per batch."""
+        if not self._pending:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"\x01")
+        self._pending.append((what, watched))
+
     def _unwatch(self, watched: _Watched) -> None:
-        self._cut_if_over(watched)  # the child's last burst
+        self._cut_if_over(watched)  # the child's last burst, before its run settles
         with self._lock:
             watched.refs -= 1
             if watched.refs > 0:
                 return
-            self._by_path.pop(watched.path, None)
-            self._by_wd.pop(watched.wd, None)
-            if self._libc is not None and self._fd >= 0:
-                self._libc.inotify_rm_watch(self._fd, watched.wd)
+            if self._by_path.get(watched.path) is watched:
+                del self._by_path[watched.path]
+            self._enqueue("remove", watched)
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        assert self._libc is not None
+        for what, watched in pending:
+            if what == "remove":
+                if watched.wd >= 0 and self._by_wd.get(watched.wd) is watched:
+                    del self._by_wd[watched.wd]
+                    self._libc.inotify_rm_watch(self._fd, watched.wd)
+                continue
+            if watched.refs <= 0:
+                continue  # unwatched before it was ever watched
+            wd = int(self._libc.inotify_add_watch(self._fd, watched.path.encode(), _IN_MODIFY))
+            if wd < 0:
+                log.warning("cannot watch %s: %s", watched.path, os.strerror(ctypes.get_errno()))
+                continue
+            watched.wd = wd
+            self._by_wd[wd] = watched
+            self._cut_if_over(watched)  # a child adopted after a restart may be over already
+
+    @property
+    def watched(self) -> int:
+        """How many log files are watched or about to be (0 once every child settled)."""
+        with self._lock:
+            return len(self._by_path)
 
     def _run(self) -> None:
         while not self._stopping:
             ready, _, _ = select.select([self._fd, self._wake_r], [], [])
             if self._stopping:
                 return
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                self._apply_pending()
             if self._fd in ready:
                 for wd in self._read_events():
-                    with self._lock:
-                        watched = self._by_wd.get(wd)
+                    watched = self._by_wd.get(wd)  # this thread's own table
                     if watched is not None:
                         self._cut_if_over(watched)
 

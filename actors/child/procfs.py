@@ -11,6 +11,7 @@ It must never signal anything: callers decide what to end.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -72,6 +73,7 @@ def is_alive(identity: ProcessIdentity) -> bool:
     return started is not None and abs(started - identity.start_time) < START_TIME_TOLERANCE_S
 
 
+@functools.cache  # one boot per process life: read once (the template reads it for its shims)
 def boot_time() -> float:
     """The wall-clock time of this boot (btime in /proc/stat)."""
     with open("/proc/stat", "rb") as fh:
@@ -86,6 +88,7 @@ def wall_clock(start_time: float) -> float:
     return start_time + boot_time()
 
 
+@functools.cache
 def boot_id() -> str:
     """This boot's identity: start times since boot compare only within one boot."""
     try:

@@ -10,6 +10,7 @@ and listed by `unreadable`, for the supervisor to quarantine: its child is never
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 
@@ -57,7 +58,13 @@ ALTER TABLE children ADD COLUMN shim_start REAL;
 ALTER TABLE children ADD COLUMN record_dir TEXT NOT NULL DEFAULT ''
 """
 
-MIGRATIONS = (SCHEMA, SHIM_COLUMNS)
+#: Version 3: the processes left when the leader exited ([[pid, start], ...] as JSON), the
+#: proof of the tree's end should its shim die.
+DESCENDANTS_COLUMN = """
+ALTER TABLE children ADD COLUMN descendants TEXT NOT NULL DEFAULT '[]'
+"""
+
+MIGRATIONS = (SCHEMA, SHIM_COLUMNS, DESCENDANTS_COLUMN)
 
 TABLE = "children"
 CHECKS = (
@@ -231,13 +238,25 @@ def record_started(db: sqlite3.Connection, record: ChildRecord) -> None:
 
 
 def record_exit(
-    db: sqlite3.Connection, child_id: str, exit_code: int | None, signum: int | None
+    db: sqlite3.Connection,
+    child_id: str,
+    exit_code: int | None,
+    signum: int | None,
+    descendants: list[tuple[int, float]],
 ) -> None:
-    """The leader's exit; the row stays running until its whole tree has ended."""
+    """The leader's exit, and who was left; the row stays running until its tree has ended."""
     db.execute(
-        "UPDATE children SET exit_code = ?, signal = ? WHERE child_id = ?",
-        (exit_code, signum, child_id),
+        "UPDATE children SET exit_code = ?, signal = ?, descendants = ? WHERE child_id = ?",
+        (exit_code, signum, json.dumps(descendants), child_id),
     )
+
+
+def descendants_of(row: sqlite3.Row) -> list[tuple[int, float]]:
+    """The processes recorded as left when the leader exited (none when it does not parse)."""
+    try:
+        return [(int(pid), float(start)) for pid, start in json.loads(row["descendants"])]
+    except (ValueError, TypeError):
+        return []
 
 
 def record_end(db: sqlite3.Connection, child_id: str, reason: str, message: str) -> None:

@@ -2,7 +2,8 @@
 
 Owns one child process tree from spawn to its end, and the two files beside the run that
 record it (`shim.json`: who the shim is; `exit.json`: the exit status and whether the tree
-ended), written atomically (temp, fsync, rename). Its life:
+ended), written atomically (temp, rename; fsync too when the node's store syncs its commits,
+so the record is exactly as durable as the row it stands in for). Its life:
 
     setsid (nobody's terminal job; it outlives the node) and PR_SET_CHILD_SUBREAPER
     claim shim.json (link(2): fails if recovery already gave this child up) -> start the agent
@@ -16,11 +17,14 @@ ended), written atomically (temp, fsync, rename). Its life:
 
 Reports go to the run supervisor over ZeroMQ (a DEALER to the node's socket, type
 `child.report`), carry a sequence number and every fact known so far, and are resent with
-backoff until acknowledged: with the node gone the shim keeps its child running and keeps
+backoff until acknowledged; the newest supersedes an unacknowledged one (a child that ends at
+once costs one report, not two). With the node gone the shim keeps its child running and keeps
 trying, and a new node adopts it by acknowledging. One thread (plus libzmq's I/O thread);
 signals arrive through a wake-up pipe polled beside the socket, so nothing polls on a timer.
 
-It imports only the standard library, zmq and msgpack (the template that forks shims must stay
+The records it writes are actors/child/records.py's, the spawn itself actors/child/spawn.py's;
+this module is the shim's life and its report loop. It imports only the standard library, zmq
+and msgpack (the template that forks shims must stay
 small: a shim costs a fork, not an interpreter), never logs argv, env or stdin (they may hold
 the task, R-MISC-1), and never decides a run's outcome.
 """
@@ -35,6 +39,7 @@ import math
 import os
 import random
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -42,6 +47,8 @@ import msgpack
 import zmq
 
 from subagents_node.actors.child import procfs
+from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.spawn import spawn_agent, spawn_error
 
 #: The wire names the shim speaks (checked against messages/ by the tests).
 REPORT_TYPE = "child.report"
@@ -49,103 +56,17 @@ SUPERVISOR = "supervisor"
 PROTOCOL_VERSION = 1
 #: Error codes that mean "not taken, try again"; any other answer acknowledges the report.
 RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
-SHIM_RECORD = "shim.json"
-EXIT_RECORD = "exit.json"
+#: As messages/runs.py MAX_REPORTED_PROCESSES (the shim imports nothing of messages/).
+MAX_REPORTED_PROCESSES = 256
 _PR_SET_CHILD_SUBREAPER = 36
-_FIRST_RETRY_S = 0.05
-_MAX_RETRY_S = 1.0
+#: A report to a live node is never lost (one connection, in order): a resend is for a node
+#: that died or restarted. Resending sooner only makes a busy node apply it twice.
+_FIRST_RETRY_S = 0.5
+_MAX_RETRY_S = 2.0
 #: After its tree ended the shim keeps nothing alive; its exit record (synced) says all its
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
 GIVE_UP_AFTER_TREE_END_S = 30.0
-
-
-def write_atomically(
-    path: str, data: dict[str, Any], *, exclusive: bool = False, sync: bool = True
-) -> bool:
-    """Write `data` as JSON to `path`: temp file, fsync, then rename (or link, which fails when
-    `path` exists: `exclusive`), then fsync the directory (both unless `sync` is False).
-    False when exclusive lost."""
-    directory = os.path.dirname(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, json.dumps(data).encode())
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-        if sync:
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return True
-
-
-def _spawn_error(order: dict[str, Any], err: OSError) -> str:
-    """One line naming what could not be used (the cwd, a file or the command), never argv."""
-    what = err.strerror or str(err)
-    if err.filename == order["cwd"]:
-        return f"cannot start the child: working directory {order['cwd']}: {what}"
-    if err.filename in (order.get("stdin_path"), order["stdout_path"], order["stderr_path"]):
-        return f"cannot start the child: {err.filename}: {what}"
-    return f"cannot start {order['argv'][0]}: {what}"
-
-
-def _exec_agent(order: dict[str, Any], report_fd: int) -> None:
-    """In the forked agent: own process group, stdio, cwd, then exec. Never returns; an error
-    is written to `report_fd` (close-on-exec, so success closes it with nothing written)."""
-    try:
-        os.setpgid(0, 0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        stdin = order.get("stdin_path") or os.devnull
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        for target, path, mode in (
-            (0, stdin, os.O_RDONLY),
-            (1, order["stdout_path"], flags),
-            (2, order["stderr_path"], flags),
-        ):
-            try:
-                fd = os.open(path, mode, 0o600)
-            except OSError as err:
-                err.filename = path
-                raise
-            os.dup2(fd, target)
-            os.close(fd)
-        try:
-            os.chdir(order["cwd"])
-        except OSError as err:
-            err.filename = order["cwd"]
-            raise
-        keep = {0, 1, 2, report_fd}
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(int(name))
-        os.execvpe(order["argv"][0], order["argv"], order["env"])
-    except OSError as err:
-        os.write(report_fd, _spawn_error(order, err).encode()[:4000])
-    except BaseException as exc:  # never let the forked copy run the shim's code
-        os.write(report_fd, f"cannot start {order['argv'][0]}: {exc}".encode()[:4000])
-    finally:
-        os._exit(127)
 
 
 class Shim:
@@ -172,7 +93,11 @@ class Shim:
         self.deadline = None if deadline_s is None else time.monotonic() + float(deadline_s)
         self.grace_s = float(order.get("grace_s", 2.0))
         self.seq = 0
-        self.unacked: list[tuple[str, bytes]] = []  # (message id, frame), oldest first
+        #: The report waiting for its acknowledgement, as (message id, frame): at most one.
+        self.unacked: list[tuple[str, bytes]] = []
+        #: Sync the exit record (fsync) only when the node's store syncs its commits too
+        #: (synchronous=FULL, the opt-in for power loss): a process crash loses neither.
+        self.sync = bool(order.get("sync", True))
         self.retry_at = 0.0
         self.backoff = _FIRST_RETRY_S
         self.blocked = False
@@ -211,19 +136,16 @@ class Shim:
         return 0
 
     def _start(self) -> None:
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:
-            os.close(err_r)
-            _exec_agent(self.order, err_w)
-        os.close(err_w)
-        error = b""
-        while chunk := os.read(err_r, 4096):
-            error += chunk
-        os.close(err_r)
-        if error:
-            os.waitpid(pid, 0)
-            self.facts["error"] = error.decode("utf-8", "replace")
+        try:
+            pid = spawn_agent(self.order)
+        except OSError as err:
+            self.facts["error"] = spawn_error(self.order, err)[:4000]
+            self.leader_gone = self.tree_ended = True
+            self._record_exit()
+            self._report("not_started")
+            return
+        except (ValueError, TypeError) as exc:  # an argv or env the OS cannot take
+            self.facts["error"] = f"cannot start {self.order['argv'][0]}: {exc}"[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")
@@ -296,11 +218,17 @@ class Shim:
         )
         if not tree_left:
             return
+        # Who is left is recorded and reported: should the shim die, these identities are
+        # what proves the tree's end (every one gone), and what a stop ends.
+        found = procfs.descendants(os.getpid())
+        self.facts["descendants"] = [
+            {"pid": pid, "start": st.start_time} for pid, st in found[:MAX_REPORTED_PROCESSES]
+        ]
         self._record_exit()
         self._report("exited")
         # The members of the leader's own group are the child's: they end with it (TERM,
         # grace, KILL). Escaped sessions are waited for: they keep the tree (and slot) alive.
-        if self._signal_tree(signal.SIGTERM, only_group=self.leader):
+        if self._signal_tree(signal.SIGTERM, only_group=self.leader, found=found):
             self.group_kill_at = time.monotonic() + self.grace_s
 
     def _end_tree(self, why: str) -> None:
@@ -313,10 +241,17 @@ class Shim:
         self.kill_at = self.term_at + self.grace_s
         self._signal_tree(signal.SIGTERM)
 
-    def _signal_tree(self, signum: int, only_group: int | None = None) -> bool:
-        """Signal every descendant and every group one of them is in (a group id cannot be
-        reused while the member we just saw lives); False when there was nobody to signal."""
-        found = procfs.descendants(os.getpid())
+    def _signal_tree(
+        self,
+        signum: int,
+        only_group: int | None = None,
+        found: list[tuple[int, procfs.ProcStat]] | None = None,
+    ) -> bool:
+        """Signal every descendant (`found`: a scan just made) and every group one of them is
+        in (a group id cannot be reused while the member we just saw lives); False when there
+        was nobody to signal."""
+        if found is None:
+            found = procfs.descendants(os.getpid())
         if only_group is not None:
             found = [(pid, st) for pid, st in found if st.pgid == only_group]
         # Each process gets the signal once (a second SIGTERM could cut short the clean-up
@@ -366,7 +301,9 @@ class Shim:
     def _record_exit(self) -> None:
         """Before the report that tells of it: a new node reads it even if the report is lost."""
         write_atomically(
-            self._path(EXIT_RECORD), {**self.facts, "tree_ended": self.tree_ended, "version": 1}
+            self._path(EXIT_RECORD),
+            {**self.facts, "tree_ended": self.tree_ended, "version": 1},
+            sync=self.sync,
         )
 
     def _report(self, kind: str) -> None:
@@ -388,12 +325,16 @@ class Shim:
             "type": REPORT_TYPE,
             "body": body,
         }
-        self.unacked.append((mid, msgpack.packb(envelope, use_bin_type=True)))
+        # Every report carries every fact known so far, so the newest supersedes any report
+        # not yet acknowledged: a child that ended before its `started` left is one report
+        # (one round trip, one row update), and a new node never sees facts out of order.
+        self.unacked = [(mid, msgpack.packb(envelope, use_bin_type=True))]
         self.retry_at = 0.0  # send it now
+        self.backoff = _FIRST_RETRY_S
 
     def _send(self, sock: zmq.Socket[bytes]) -> None:
-        """Send the oldest unacknowledged report when its retry is due (one at a time, so a
-        new node sees the reports in order)."""
+        """Send the unacknowledged report (the newest: it supersedes the others) when its
+        retry is due."""
         if not self.unacked or time.monotonic() < self.retry_at:
             return
         try:
@@ -425,9 +366,28 @@ class Shim:
             self.backoff = _FIRST_RETRY_S
 
 
+def _warm_up() -> None:
+    """Run once, in the template, what every shim runs (a spawn, a record, a report), so the
+    objects those paths create on first use are made here and shared, not made (and held
+    privately) by each shim."""
+    env = {"PATH": os.defpath}
+    argv = ["true"]
+    order: dict[str, Any] = {"argv": argv, "cwd": "/", "env": env, "stdout_path": os.devnull}
+    devnull = subprocess.DEVNULL
+    proc = subprocess.Popen(
+        argv, cwd="/", env=env, close_fds=True, process_group=0, stdin=devnull, stdout=devnull
+    )
+    proc.wait()
+    msgpack.packb({"v": PROTOCOL_VERSION, "body": json.loads(json.dumps(order))})
+    procfs.start_time_of(os.getpid())
+    procfs.boot_id()
+    procfs.wall_clock(0.0)
+
+
 def serve_template() -> None:
     """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
     each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
+    _warm_up()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
     # Everything imported so far is shared with every shim: keep the collector off those
     # pages (a collection would touch, and so copy, each of them in every shim).
@@ -435,9 +395,8 @@ def serve_template() -> None:
     stdin = os.fdopen(0, "rb", buffering=0)
     buffer = b""
     while chunk := stdin.read(1 << 16):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
             order = json.loads(line)
             if os.fork() == 0:
                 code = 1

@@ -16,6 +16,7 @@ verified by pid and start time (`signal_shim`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -34,14 +35,18 @@ from subagents_node.messages.runs import ChildSpec
 log = logging.getLogger(__name__)
 
 TEMPLATE_MODULE = "subagents_node.actors.child.shim"
+#: The template's order pipe (F_SETPIPE_SZ; 1 MiB is Linux's default limit for a user).
+ORDER_PIPE_BYTES = 1 << 20
 
 
-def order_of(spec: ChildSpec, node_address: str) -> dict[str, Any]:
-    """What the shim is told: the spec, where its records go, and where to report."""
+def order_of(spec: ChildSpec, node_address: str, sync: bool = True) -> dict[str, Any]:
+    """What the shim is told: the spec, where its records go, where to report, and whether to
+    fsync its exit record (as the node's store syncs its commits: synchronous=FULL)."""
     return {
         **spec.model_dump(mode="json"),
         "record_dir": spec.records,
         "node_address": node_address,
+        "sync": sync,
     }
 
 
@@ -56,9 +61,9 @@ class ShimTemplate:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def order(self, spec: ChildSpec, node_address: str) -> None:
+    def order(self, spec: ChildSpec, node_address: str, sync: bool = True) -> None:
         """Fork a shim for `spec`. Raises OSError when no template can be started."""
-        self.order_raw(order_of(spec, node_address))
+        self.order_raw(order_of(spec, node_address, sync))
 
     def order_raw(self, order: dict[str, Any]) -> None:
         """Fork a shim for an order as `order_of` builds it (tests add their own knobs)."""
@@ -85,6 +90,11 @@ class ShimTemplate:
                 cwd="/",
                 close_fds=True,
             )
+            assert self._proc.stdin is not None
+            # A burst of orders (a run's first group) fits in the pipe: the supervisor's write
+            # returns at once instead of waiting, order by order, for the template to fork.
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, ORDER_PIPE_BYTES)
         return self._proc
 
     def close(self) -> None:
@@ -154,6 +164,7 @@ class ShimWatch:
         self._add: list[tuple[str, ProcessIdentity]] = []
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
+        self._count = 0  # shims the thread holds a pidfd for (read under the lock)
         self._thread = threading.Thread(target=self._run, name="shim-watch", daemon=True)
         self._thread.start()
 
@@ -161,8 +172,15 @@ class ShimWatch:
         with self._lock:
             if self._closed:
                 return
+            if not self._add:  # one wake-up byte per batch: the thread takes them all
+                os.write(self._wake_w, b"+")
             self._add.append((key, identity))
-            os.write(self._wake_w, b"+")
+
+    @property
+    def watched(self) -> int:
+        """Shims watched now or about to be (a shim leaves the table when it exits)."""
+        with self._lock:
+            return len(self._add) + self._count
 
     def close(self) -> None:
         with self._lock:
@@ -185,12 +203,16 @@ class ShimWatch:
                             if self._closed:
                                 return
                             added, self._add = self._add, []
-                        for key, identity in added:
-                            self._open(key, identity, poller, fds)
+                            for key, identity in added:  # in the lock: `watched` counts
+                                self._open(key, identity, poller, fds)  # each one once
+                            self._count = len(fds)
                         continue
                     poller.unregister(fd)
                     os.close(fd)
-                    self._gone(fds.pop(fd))
+                    key = fds.pop(fd)
+                    with self._lock:
+                        self._count = len(fds)
+                    self._gone(key)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -133,9 +133,11 @@ def adopt_from_store(db: sqlite3.Connection, run_id: str) -> tuple[LiveRun, sqli
         mode=row["mode"],
     )
     children = db.execute(
-        "SELECT child_id, idx, label, state, output FROM run_children WHERE run_id=?", (run_id,)
+        "SELECT child_id, idx, label, state, output, proof_state, error FROM run_children "
+        "WHERE run_id=?",
+        (run_id,),
     ).fetchall()
-    for child_id, idx, label, state, output in children:
+    for child_id, idx, label, state, output, proof_state, error in children:
         live.labels[idx] = label
         if state == "running":
             live.running[child_id] = idx
@@ -150,7 +152,14 @@ def adopt_from_store(db: sqlite3.Connection, run_id: str) -> tuple[LiveRun, sqli
             live.failed = True
             live.error = live.error or "The node restarted before every child started."
         else:
+            # Settled before the restart (its settlement committed, the run's not yet): it
+            # counts as it ended, for the run's state and for the proof of its slot.
             live.outputs[idx] = output
+            if proof_state:
+                live.proofs.append(proof_state)
+            if state not in ("complete", "stopped"):
+                live.failed = True
+                live.error = live.error or error or f"child {label} failed"
     return live, row
 
 

@@ -111,9 +111,7 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
             update={"items": [_with_message(i, request.message) for i in first]}
         )
         update["chain"] = [head, *launch.chain[1:]]
-    relaunch = as_resume(
-        launch.model_copy(update=update), request.env, request.depth, request.capacity_limit
-    )
+    relaunch = launch.model_copy(update=update)
     plan = ResumePlan(
         source_run_id=run_id,
         descriptor=descriptor,

@@ -61,6 +61,7 @@ from subagents_node.actors.runs.ticks import (
     AppendKey,
     CallKey,
     Expand,
+    KillEscaped,
     LaunchKey,
     Report,
     RunDeadline,
@@ -222,6 +223,8 @@ class RunSupervisor(OwnerActor):
         if self._recovered:
             return
         self._recovered = True
+        # PRAGMA synchronous: 2 is FULL (power-loss safe), so the exit records are synced too.
+        self.keeper.sync_records = int(self.db.execute("PRAGMA synchronous").fetchone()[0]) >= 2
         for run_id, seq, reservation in management.uncommitted_appends(self.db):
             # R-APP-4 after a crash: the record is durable, so its claims must be too.
             self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
@@ -500,6 +503,8 @@ class RunSupervisor(OwnerActor):
                     log.error("supervisor bookkeeping call failed: %s", outcome.message)
             case ShimGone(child_id=child_id):
                 self._on_child_events(self.keeper.shim_gone(self.db, child_id, self.ctx.clock()))
+            case KillEscaped(child_id=child_id):
+                self.keeper.kill_escaped(child_id)
             case ShimNotLaunched(child_id=child_id, error=error):
                 self._on_child_events(
                     self.keeper.not_launched(self.db, child_id, error, self.ctx.clock())
@@ -682,10 +687,14 @@ class RunSupervisor(OwnerActor):
         an acknowledged report is never lost; a resent one changes nothing. A report about a
         child whose row cannot be read is refused (the shim keeps it and resends it), so it
         is applied once the row is repaired."""
+        self.crash_point(f"report_{report.kind}_received")
         problem = child_rows.problem_of(self.db, report.child_id)
         if problem is not None:
             raise RecordQuarantined.of(self.name, child_rows.TABLE, report.child_id, problem)
         self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock()))
+        if self.ctx.faults:  # committed, not yet acknowledged: the shim must resend it
+            crash_point, point = self.crash_point, f"report_{report.kind}_committed"
+            self.after_commit(lambda: crash_point(point))
         return Ack()
 
     def _on_child_events(self, events: list[ChildEvent]) -> None:
@@ -911,7 +920,9 @@ class RunSupervisor(OwnerActor):
         live.queue.clear()
         self._event(live.run_id, "run.stopping", {"reason": reason})
         for child_id in list(live.running):
-            self.keeper.stop(self.db, child_id, "stopped", reason)
+            grace = self.keeper.stop(self.db, child_id, "stopped", reason)
+            if grace is not None:  # its shim is dead: the keeper TERMed what it left
+                self.after(grace, KillEscaped(child_id))
         # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
         for other in list(self._live.values()):
             if other.parent_run_id == live.run_id and other.stop_state is None:

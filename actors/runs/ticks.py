@@ -90,6 +90,13 @@ class ShimGone(Tick):
 
 
 @dataclass(frozen=True, slots=True)
+class KillEscaped(Tick):
+    """A stop's grace is over for the processes a dead shim of `child_id` left: SIGKILL."""
+
+    child_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class ShimNotLaunched(Tick):
     """No shim could be forked for `child_id` (told after the commit that ordered it)."""
 

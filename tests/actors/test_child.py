@@ -26,13 +26,14 @@ import msgpack
 import pytest
 import zmq
 
-from subagents_node.actors.child import procfs, shim, shims
+from subagents_node.actors.child import procfs, records, shim, shims
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
 from subagents_node.actors.child.shims import ShimTemplate, signal_shim
 from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
 from subagents_node.messages.protocol import parse_request
 from subagents_node.messages.runs import ChildReport, ChildSpec
+from tests.support.runs import wait_until
 
 SLEEPER = Path(__file__).resolve().parents[2] / "examples" / "agents" / "sleeper.py"
 PY = sys.executable
@@ -153,7 +154,7 @@ def sleeper(h: Harness, task: str) -> tuple[list[str], Path]:
 
 
 def exit_record(spec: ChildSpec) -> dict[str, Any]:
-    with open(Path(spec.records) / shim.EXIT_RECORD) as fh:
+    with open(Path(spec.records) / records.EXIT_RECORD) as fh:
         data: dict[str, Any] = json.load(fh)
     return data
 
@@ -353,6 +354,25 @@ def test_reports_are_resent_until_acknowledged_and_the_child_runs_on_meanwhile(
     assert harness.until("tree_ended").ended_by == "stop"
 
 
+def test_a_child_that_ended_before_its_started_report_left_costs_one_report(
+    harness: Harness,
+) -> None:
+    """Every report carries every fact known so far: the newest supersedes one not yet
+    acknowledged, so a child that ends while the node is away is one `tree_ended` report
+    that also says who it was (pid, start time), not `started` and then `tree_ended`."""
+    harness.unbind()  # no node: the `started` report cannot leave
+    spec = harness.spec("c1", ["/bin/true"])
+    harness.start(spec)
+    record = Path(spec.records) / records.EXIT_RECORD
+    wait_until(lambda: record.exists() and exit_record(spec)["tree_ended"], what="the tree end")
+    harness.bind()
+    only = harness.report()
+    assert (only.kind, only.seq, only.exit_code) == ("tree_ended", 2, 0)
+    assert only.pid is not None and only.identity_start is not None
+    wait_gone(only.shim_pid)  # acknowledged: nothing else was waiting to be sent
+    assert [r.kind for r in harness.reports] == ["tree_ended"]
+
+
 def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_record(
     harness: Harness,
 ) -> None:
@@ -374,7 +394,9 @@ def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
 ) -> None:
     spec = harness.spec("c1", [PY, "-c", "open('started', 'w')"])
     Path(spec.records).mkdir(parents=True)
-    assert shim.write_atomically(str(Path(spec.records) / shim.SHIM_RECORD), {"abandoned": True})
+    assert records.write_atomically(
+        str(Path(spec.records) / records.SHIM_RECORD), {"abandoned": True}
+    )
     harness.start(spec)
     assert harness.router is not None and not harness.router.poll(1000)
     assert not (harness.dir / "started").exists()
@@ -382,8 +404,8 @@ def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
 
 def test_write_atomically_exclusive_loses_to_an_existing_record(tmp_path: Path) -> None:
     path = str(tmp_path / "r.json")
-    assert shim.write_atomically(path, {"a": 1}, exclusive=True)
-    assert not shim.write_atomically(path, {"a": 2}, exclusive=True)
+    assert records.write_atomically(path, {"a": 1}, exclusive=True)
+    assert not records.write_atomically(path, {"a": 2}, exclusive=True)
     assert json.loads(Path(path).read_text()) == {"a": 1}
     assert os.listdir(tmp_path) == ["r.json"]
 

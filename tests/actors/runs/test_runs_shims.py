@@ -236,6 +236,45 @@ def test_a_node_killed_between_launch_steps_leaves_no_stuck_run_and_no_unproven_
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
 
 
+REPORT_KILL_POINTS = (
+    "report_started_received",
+    "report_started_committed",
+    "report_tree_ended_received",
+    "report_tree_ended_committed",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", REPORT_KILL_POINTS)
+def test_a_node_killed_between_a_shim_report_and_its_ack_leaves_no_stuck_run_or_held_slot(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> None:
+    """kill -9 of the node on receiving a shim's report, or after committing it but before
+    acknowledging it: the shim resends it to the next node (a report is applied idempotently),
+    so the run settles with the child's true exit status and the slot is released."""
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
+    first = start_node("--faults", state_dir=state_dir)
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    launch = ctx.single("sleeper", "seconds=0.5 exit=3", True, None)
+    if "started" in point:  # the launch is answered only once its child's start is committed
+        with pytest.raises(SubagentsError):
+            first.client(timeout=5).runs.launch(launch)
+    else:
+        first.client(timeout=5).runs.launch(launch)
+    assert first.wait_exited(20), f"the node did not die at {point}"
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+
+    client = start_node(state_dir=state_dir).client()
+    [run] = client.runs.list(session_id=ctx.session_id)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "failed" and done.children[0].exit_code == 3, (point, done)
+    assert done.children[0].proof_state == "observed"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
 def shim_of(view: RunView) -> int:
     child = view.children[0]
     record = Path(child.stdout_path).parent / f"child-{child.index}" / "shim.json"
@@ -280,6 +319,52 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     done = client.runs.wait(run.run_id, timeout=30)
     assert done.state == "failed" and done.children[0].proof_state == "observed"
     assert done.children[0].exit_code is None
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+def test_r_cap_21_a_dead_shims_setsid_grandchild_holds_the_slot_until_it_ends_and_stop_kills_it(
+    start_node: Callable[..., NodeProcess], state_dir: Path, tmp_path: Path
+) -> None:
+    """DESIGN §1: for a shim that itself died, the tree's end is proven from the recorded
+    identities of every process it reported. The child exits 0 leaving a `setsid()` daemon,
+    the shim records and reports it, then the shim is killed: the run stays running and the
+    slot held while the daemon lives, and `stop` of the run kills the daemon."""
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+    ctx = launch_context(max_active_async_runs_per_session=1)
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    run = client.runs.launch(ctx.single("sleeper", f"seconds=0 daemon=60 ready={fifo}", True, None))
+    _, _, daemon = (int(p) for p in read_fifo(fifo).split())
+    child = run.children[0]
+    record = Path(child.stdout_path).parent / f"child-{child.index}" / "exit.json"
+
+    def exit_recorded() -> bool:
+        with suppress(OSError, ValueError):
+            return daemon in [p["pid"] for p in json.loads(record.read_text())["descendants"]]
+        return False
+
+    wait_until(exit_recorded, what="the shim to record the daemon it was left with")
+    shim = shim_of(run)
+    os.kill(shim, signal.SIGKILL)
+    wait_gone(shim)
+    wait_until(
+        lambda: (
+            "live on: waiting for them" in node.log()
+            or client.runs.show(run.run_id).state != "running"
+        ),
+        what="the node to see the shim's death",
+    )
+
+    view = client.runs.show(run.run_id)
+    assert view.state == "running" and view.children[0].state == "running"
+    assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+    os.kill(daemon, 0)  # alive, and what holds the slot
+
+    client.runs.stop(run.run_id)
+    wait_gone(daemon)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "stopped" and done.children[0].proof_state == "observed"
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
 
 

@@ -1,0 +1,199 @@
+"""ChildKeeper's per-child tables: nothing is kept for a finished child (issue 10: the node's
+RSS grew by about 28 KiB per child it ever ran).
+
+The test sits in the run supervisor's seat around a real ChildKeeper: a real SQLite `children`
+table, a real shim template and shims, a real log cap (inotify) and a ROUTER socket where the
+node's would be. Children end each way a child can (reported, read back from an exit record
+after a restart, a shim killed); then every table the keeper holds per child must be empty.
+Every wait has a deadline; nothing sleeps blindly.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import shutil
+import signal
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from subagents_node.actors.child import rows
+from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.child.logcap import ChildLogCap
+from subagents_node.actors.child.shims import order_of
+from subagents_node.messages.codec import encode
+from subagents_node.messages.envelope import REPLY, Envelope
+from subagents_node.messages.protocol import parse_request
+from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, ChildSpec
+from tests.support.runs import wait_until
+
+WAIT_S = 30.0
+EMPTY = {"capped": 0, "finishing": 0, "watched_shims": 0, "escaped": 0}
+
+
+class Seat:
+    """The supervisor's seat: a store, a log cap, a ROUTER, and the keeper under test."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.address = f"ipc://{directory}/runs.sock"
+        self.db = sqlite3.connect(directory / "runs.db", isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        for migration in rows.MIGRATIONS:
+            self.db.executescript(migration)
+        self.zctx = zmq.Context()
+        self.router = self.zctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(self.address)
+        self.cap = ChildLogCap(1 << 20)
+        self.gone: queue.Queue[str] = queue.Queue()  # the ShimGone ticks, in order
+        self.keeper = self.new_keeper()
+        self.exited: dict[str, ChildExited] = {}
+
+    def new_keeper(self) -> ChildKeeper:
+        """A keeper as a new node starts it (what the old one was told dies with it)."""
+        self.gone = queue.Queue()
+        keeper = ChildKeeper(self.address, self.gone.put, self.cap.watch)
+        keeper.sync_records = False
+        return keeper
+
+    def spec(self, n: int, argv: list[str]) -> ChildSpec:
+        return ChildSpec(
+            child_id=f"c{n}",
+            run_id="run-1",
+            argv=argv,
+            cwd=str(self.dir),
+            env={"PATH": os.defpath},
+            stdout_path=str(self.dir / f"c{n}.stdout.log"),
+            stderr_path=str(self.dir / f"c{n}.stderr.log"),
+        )
+
+    def order(self, spec: ChildSpec) -> None:
+        self.keeper.order(self.db, spec, 0.0)
+
+    def record(self, events: list[ChildEvent]) -> None:
+        self.exited.update({e.child_id: e for e in events if isinstance(e, ChildExited)})
+
+    def serve(self, until: int, ack: bool = True) -> None:
+        """Apply reports and shim exits, as the supervisor does, until `until` children
+        settled (`ack`: acknowledge each report once applied)."""
+        while len(self.exited) < until:
+            while not self.gone.empty():
+                self.record(self.keeper.shim_gone(self.db, self.gone.get(), 0.0))
+            if not self.router.poll(50):  # the shim-gone queue has no socket to poll
+                continue
+            identity, frame = self.router.recv_multipart()
+            raw = msgpack.unpackb(frame, raw=False)
+            report = parse_request(raw["type"], raw["body"])
+            assert isinstance(report, ChildReport)
+            self.record(self.keeper.apply(self.db, report, 0.0))
+            if ack:
+                env = Envelope(type=raw["type"], body={}, id=raw["id"], sender=raw["sender"])
+                self.router.send_multipart([identity, encode(env.reply(REPLY, {"ok": True}))])
+
+    def drain_gone(self) -> None:
+        while not self.gone.empty():
+            self.record(self.keeper.shim_gone(self.db, self.gone.get(), 0.0))
+
+    def close(self) -> None:
+        self.keeper.close()
+        self.cap.stop()
+        self.router.close(0)
+        self.zctx.term()
+        self.db.close()
+
+
+def wait_gone(pid: int) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        assert select.select([fd], [], [], WAIT_S)[0], f"process {pid} is still alive"
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def seat() -> Iterator[Seat]:
+    directory = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    s = Seat(directory)
+    yield s
+    s.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_no_per_child_bookkeeping_outlives_a_reported_child_and_its_shim(seat: Seat) -> None:
+    specs = [seat.spec(n, ["/bin/true"] if n % 2 else ["sh", "-c", "exit 3"]) for n in range(40)]
+    for spec in specs:
+        seat.order(spec)
+        assert seat.keeper.launch(spec) is None
+    seat.serve(until=len(specs))
+    assert {e.exit_code for e in seat.exited.values()} == {0, 3}
+
+    def settled() -> bool:
+        seat.drain_gone()
+        return seat.keeper.bookkeeping() == EMPTY
+
+    wait_until(settled, WAIT_S, "every shim to exit and be forgotten")
+    assert seat.cap.watched == 0  # no log of a settled child is watched any more
+
+
+def test_no_per_child_bookkeeping_outlives_children_settled_from_records_after_a_restart(
+    seat: Seat,
+) -> None:
+    """Children that ended while no supervisor acknowledged them: a new keeper reads their
+    exit records (their shims are gone) and keeps nothing for them; one whose shim was killed
+    is settled from the shim's death, and nothing is kept for it either."""
+    specs = [seat.spec(n, ["/bin/sleep", "0.3"]) for n in range(10)]
+    for spec in specs:
+        seat.order(spec)
+        order = {**order_of(spec, seat.address, sync=False), "give_up_s": 0.2}
+        seat.keeper._template.order_raw(order)  # a short give-up, for the test
+    shims: set[int] = set()
+    while len(shims) < len(specs):  # each start is applied and acknowledged; nothing after
+        assert seat.router.poll(WAIT_S * 1000), "no report from the shims in time"
+        identity, frame = seat.router.recv_multipart()
+        raw = msgpack.unpackb(frame, raw=False)
+        report = parse_request(raw["type"], raw["body"])
+        assert isinstance(report, ChildReport)
+        if report.kind == "started" and report.shim_pid not in shims:
+            shims.add(report.shim_pid)
+            seat.record(seat.keeper.apply(seat.db, report, 0.0))
+            env = Envelope(type=raw["type"], body={}, id=raw["id"], sender=raw["sender"])
+            seat.router.send_multipart([identity, encode(env.reply(REPLY, {"ok": True}))])
+    for pid in shims:  # their children end, nobody acknowledges: they give up and exit
+        wait_gone(pid)
+    seat.keeper.close()  # the node restarts: a new keeper over the same store
+    seat.keeper = seat.new_keeper()
+    seat.record(seat.keeper.recover(seat.db, 0.0))
+    seat.drain_gone()
+    assert sorted(seat.exited) == sorted(s.child_id for s in specs)
+
+    killed = seat.spec(99, ["/bin/sleep", "60"])
+    seat.order(killed)
+    assert seat.keeper.launch(killed) is None
+    started = None
+    while started is None or started.child_id != killed.child_id:  # skip the old resends
+        assert seat.router.poll(WAIT_S * 1000), "no report from the shim in time"
+        _, frame = seat.router.recv_multipart()
+        started = parse_request("child.report", msgpack.unpackb(frame, raw=False)["body"])
+        assert isinstance(started, ChildReport)
+    assert started.pid is not None
+    seat.record(seat.keeper.apply(seat.db, started, 0.0))
+    os.kill(started.shim_pid, signal.SIGKILL)
+    os.kill(started.pid, signal.SIGKILL)
+
+    def settled() -> bool:
+        seat.drain_gone()
+        return killed.child_id in seat.exited and seat.keeper.bookkeeping() == EMPTY
+
+    wait_until(settled, WAIT_S, "the killed shim's child to settle and be forgotten")
+    assert seat.cap.watched == 0
