@@ -12,6 +12,11 @@ A reservation whose deadline has passed counts as expired for every request from
 (requests expire due reservations first), and the timer makes it so in the store even when no
 request comes; after a restart `recover()` re-arms the earliest deadline (past ones fire at once).
 
+A stored budget or reservation that breaks its invariants (a count that is not an integer in
+its domain, an unknown state) is quarantined (DESIGN §2): `recover()` and every read that meets
+it report it, a request that needs it is refused with `RecordQuarantined`, and it is never
+expired or settled, so its claims stay counted (fail closed). Every other budget keeps working.
+
 It must never release a committed or plain claim (R-FAN-15), never let a descriptor's own
 `limit` decide anything (the manifest's does, R-FAN-3), and never touch another owner's tables.
 """
@@ -25,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from subagents_node.actors import quarantine
 from subagents_node.actors.owner import ActorContext, Cancel, OwnerActor, Tick
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
@@ -35,6 +41,7 @@ from subagents_node.messages.errors import (
     FanoutReservationCommitted,
     FanoutReservationExpired,
     FanoutReservationUnknown,
+    RecordQuarantined,
 )
 from subagents_node.messages.fanout import (
     DESCRIPTOR_MISMATCH,
@@ -87,6 +94,28 @@ CREATE INDEX fanout_claims_by_reservation ON fanout_claims(reservation_id)
 """
 
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+BUDGETS = "fanout_budgets"
+RESERVATIONS = "fanout_reservations"
+_BUDGET_CHECKS = (
+    quarantine.text("root_run_id"),
+    quarantine.integer("claim_limit", 1, MAX_LIMIT),
+    ("typeof(used) != 'integer' OR used < 0 OR used > claim_limit", "used is not in 0..limit"),
+    quarantine.integer("next_seq", 0),
+)
+_BUDGET_PROBLEM = quarantine.problem(_BUDGET_CHECKS)
+_RESERVATION_CHECKS = (
+    quarantine.text("budget_id"),
+    quarantine.integer("claims", 0, MAX_LIMIT),
+    quarantine.one_of("state", ("pending", "committed", "aborted", "expired")),
+    quarantine.number("expires_at"),
+)
+_RESERVATION_PROBLEM = quarantine.problem(_RESERVATION_CHECKS)
+#: The earliest deadline of a pending reservation that can be read (a broken one never expires).
+_NEXT_DUE = (
+    "SELECT MIN(expires_at) FROM fanout_reservations "
+    f"WHERE state = 'pending' AND {_RESERVATION_PROBLEM} IS NULL"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,17 +229,23 @@ class FanoutBudget(OwnerActor):
                 budget_id=budget_id,
                 snapshot=self._snapshot_of(budget_id).model_dump(),
             )
-        if state == "pending":
-            self._settle(req.reservation_id, "aborted", now)
+        if state == "pending" and not self._settle(req.reservation_id, "aborted", now):
+            raise RecordQuarantined.of(
+                self.name, RESERVATIONS, req.reservation_id, "its claims do not match its record"
+            )
         return self._snapshot_of(budget_id)
 
     # -- expiry -------------------------------------------------------------------------------
 
     def recover(self) -> None:
         self._disarm()
-        row = self.db.execute(
-            "SELECT MIN(expires_at) FROM fanout_reservations WHERE state = 'pending'"
-        ).fetchone()
+        for table, key, checks in (
+            (BUDGETS, "budget_id", _BUDGET_CHECKS),
+            (RESERVATIONS, "reservation_id", _RESERVATION_CHECKS),
+        ):
+            for name, reason in quarantine.broken_rows(self.db, table, key, checks):
+                self.quarantine(table, name, reason)
+        row = self.db.execute(_NEXT_DUE).fetchone()
         if row[0] is not None:
             self._arm(float(row[0]))
 
@@ -220,9 +255,7 @@ class FanoutBudget(OwnerActor):
                 self._armed = self._cancel_timer = None
                 now = self.ctx.clock()
                 self._expire(now)
-                row = self.db.execute(
-                    "SELECT MIN(expires_at) FROM fanout_reservations WHERE state = 'pending'"
-                ).fetchone()
+                row = self.db.execute(_NEXT_DUE).fetchone()
                 if row[0] is not None:
                     self._arm(float(row[0]))
 
@@ -251,25 +284,29 @@ class FanoutBudget(OwnerActor):
     def _expire(self, now: float) -> None:
         due = self.db.execute(
             "SELECT reservation_id FROM fanout_reservations "
-            "WHERE state = 'pending' AND expires_at <= ?",
+            f"WHERE state = 'pending' AND expires_at <= ? AND {_RESERVATION_PROBLEM} IS NULL",
             (now,),
         ).fetchall()
         for (reservation_id,) in due:
             self._settle(str(reservation_id), "expired", now)
 
-    def _settle(self, reservation_id: str, state: str, now: float) -> None:
-        """End a pending reservation without commit: its claims are deleted, `used` drops."""
+    def _settle(self, reservation_id: str, state: str, now: float) -> bool:
+        """End a pending reservation without commit: its claims are deleted, `used` drops.
+        False (and quarantined, nothing changed) when its claims do not match its record."""
         budget_id, claims = self.db.execute(
             "SELECT budget_id, claims FROM fanout_reservations WHERE reservation_id = ?",
             (reservation_id,),
         ).fetchone()
-        deleted = self.db.execute(
-            "DELETE FROM fanout_claims WHERE reservation_id = ?", (reservation_id,)
-        ).rowcount
-        if deleted != claims:
-            raise RuntimeError(
-                f"reservation {reservation_id} holds {deleted} claims, its record says {claims}"
+        (held,) = self.db.execute(
+            "SELECT COUNT(*) FROM fanout_claims WHERE reservation_id = ?", (reservation_id,)
+        ).fetchone()
+        if held != claims:
+            # Fail closed: the reservation stays pending and its claims stay counted.
+            self.quarantine(
+                RESERVATIONS, reservation_id, f"holds {held} claims, its record says {claims}"
             )
+            return False
+        self.db.execute("DELETE FROM fanout_claims WHERE reservation_id = ?", (reservation_id,))
         self.db.execute(
             "UPDATE fanout_budgets SET used = used - ? WHERE budget_id = ?", (claims, budget_id)
         )
@@ -277,17 +314,21 @@ class FanoutBudget(OwnerActor):
             "UPDATE fanout_reservations SET state = ?, settled_at = ? WHERE reservation_id = ?",
             (state, now, reservation_id),
         )
+        return True
 
     # -- the store ----------------------------------------------------------------------------
 
     def _manifest(self, descriptor: FanoutDescriptor) -> FanoutSnapshot:
         """R-FAN-3: the budget the descriptor names, if it matches its manifest; its snapshot."""
         row = self.db.execute(
-            "SELECT root_run_id, claim_limit, used FROM fanout_budgets WHERE budget_id = ?",
+            f"SELECT root_run_id, claim_limit, used, {_BUDGET_PROBLEM} FROM fanout_budgets "
+            "WHERE budget_id = ?",
             (descriptor.budget_id,),
         ).fetchone()
         if row is None:
             raise FanoutBudgetUnavailable.unknown(descriptor.budget_id)
+        if row[3] is not None:
+            raise self._refused(BUDGETS, descriptor.budget_id, str(row[3]))
         root_run_id, limit, used = str(row[0]), int(row[1]), int(row[2])
         mismatched = [
             name
@@ -338,14 +379,18 @@ class FanoutBudget(OwnerActor):
         )
 
     def _snapshot_of(self, budget_id: str) -> FanoutSnapshot:
-        used, limit = self.db.execute(
-            "SELECT used, claim_limit FROM fanout_budgets WHERE budget_id = ?", (budget_id,)
+        used, limit, problem = self.db.execute(
+            f"SELECT used, claim_limit, {_BUDGET_PROBLEM} FROM fanout_budgets WHERE budget_id = ?",
+            (budget_id,),
         ).fetchone()
+        if problem is not None:
+            raise self._refused(BUDGETS, budget_id, str(problem))
         return FanoutSnapshot.of(int(used), int(limit))
 
     def _reservation(self, reservation_id: str) -> tuple[str, str]:
         row: sqlite3.Row | None = self.db.execute(
-            "SELECT budget_id, state FROM fanout_reservations WHERE reservation_id = ?",
+            f"SELECT budget_id, state, {_RESERVATION_PROBLEM} FROM fanout_reservations "
+            "WHERE reservation_id = ?",
             (reservation_id,),
         ).fetchone()
         if row is None:
@@ -353,7 +398,14 @@ class FanoutBudget(OwnerActor):
                 f"Run fan-out reservation {reservation_id} is unknown.",
                 reservation_id=reservation_id,
             )
+        if row[2] is not None:
+            raise self._refused(RESERVATIONS, reservation_id, str(row[2]))
         return str(row[0]), str(row[1])
+
+    def _refused(self, table: str, key: str, reason: str) -> RecordQuarantined:
+        """Quarantine the record and the refusal of the request that needed it."""
+        self.quarantine(table, key, reason)
+        return RecordQuarantined.of(self.name, table, key, reason)
 
     def _ended(self, reservation_id: str, budget_id: str, state: str) -> FanoutReservationExpired:
         why = "expired" if state == "expired" else "was aborted"

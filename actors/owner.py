@@ -18,6 +18,9 @@ The rules, enforced here so no subclass can forget them:
   store and carries on: the next write tries again, a timer's work is retried by itself
   (STORE_FULL_RETRY_S), and nothing counts against the restart intensity.
 - Exactly once: `outcomes.answer_once` wraps every reply function the dispatcher hands out.
+- Quarantine: a stored record that does not parse is no crash. The owner calls `quarantine()`
+  (from `recover()` or the read that met it), counts the record as occupied / unavailable, and
+  the runtime lists it in `status` and `doctor` (DESIGN §2).
 It must never touch another owner's tables, and never block on another actor.
 """
 
@@ -130,6 +133,8 @@ class OwnerActor(pykka.ThreadingActor):
         self.current_reply: ReplyFn | None = None
         self._handlers: dict[type[Request], Callable[[Any], Message]] = dict(self.handlers())
         self._mailbox: Mailbox | None = None
+        #: Stored records this owner could not read, by (table, key); reported as a whole.
+        self._quarantined_records: dict[tuple[str, str], QuarantinedRecord] = {}
 
     # -- subclass API -------------------------------------------------------------------------
 
@@ -147,6 +152,17 @@ class OwnerActor(pykka.ThreadingActor):
     def before_flush(self) -> None:
         """Called once per group, inside its transaction, just before it commits: the place
         for work worth doing once per group rather than once per message."""
+
+    def quarantine(self, table: str, key: str, reason: str) -> QuarantinedRecord:
+        """Fail closed for one stored record that does not parse: remember it and report this
+        owner's whole list to the runtime (status, doctor). The caller keeps counting the record
+        as occupied / unavailable and skips it; nothing else changes."""
+        record = QuarantinedRecord(owner=self.name, table=table, key=key, reason=reason[:300])
+        if self._quarantined_records.get((table, key)) != record:
+            log.error("%s: quarantined %s[%s]: %s", self.name, table, key, reason)
+            self._quarantined_records[(table, key)] = record
+            self.ctx.report_quarantine(self.name, list(self._quarantined_records.values()))
+        return record
 
     @property
     def db(self) -> sqlite3.Connection:

@@ -16,6 +16,13 @@ the base class rolls its savepoint back.
 A session that was never opened is unlimited with nothing used: preflight and reserve pass and
 record nothing (R-SPN-5), a grant is refused (`unknown_session`).
 
+A stored row that breaks its invariants (a count that is not a non-negative integer, an
+unknown run state) is quarantined (DESIGN §2): `recover()` and every read that meets it report
+it; a session whose budget row cannot be read is unavailable (every request for it is refused
+with `RecordQuarantined`), a run row that cannot be read counts as active (grants stay
+refused), and a grant entry that cannot be read is left out of the history. Every other session
+keeps working.
+
 The grant authority (R-SPN-6) is the caller's, except that a node configured with
 `grant_authority = "forbid"` (ctx.settings) refuses every grant whatever the caller says.
 """
@@ -24,11 +31,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
+from subagents_node.actors import quarantine
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.errors import GrantRejected, SpawnBudgetExceeded
+from subagents_node.messages.constants import MAX_INT32
+from subagents_node.messages.errors import GrantRejected, RecordQuarantined, SpawnBudgetExceeded
+from subagents_node.messages.runs import RunState
 from subagents_node.messages.session import (
     ACTIVE_RUN_STATES,
     GRANT_HISTORY_MAX,
@@ -77,6 +87,28 @@ CREATE TABLE session_runs (
 )
 """
 
+BUDGETS, GRANTS, RUNS = "session_budgets", "session_grants", "session_runs"
+_BUDGET_CHECKS = (
+    (
+        "configured_limit IS NOT NULL AND (typeof(configured_limit) != 'integer' "
+        f"OR configured_limit < 1 OR configured_limit > {MAX_INT32})",
+        "configured_limit is neither NULL nor a positive integer",
+    ),
+    quarantine.integer("used", 0, MAX_INT32),
+    quarantine.integer("granted", 0, MAX_INT32),
+)
+_BUDGET_PROBLEM = quarantine.problem(_BUDGET_CHECKS)
+_GRANT_CHECKS = (
+    quarantine.integer("amount", 1, MAX_INT32),
+    quarantine.integer("granted_at", 0),
+    quarantine.integer("previous_limit", 0, MAX_INT32),
+    quarantine.integer("new_limit", 0, MAX_INT32),
+)
+_GRANT_PROBLEM = quarantine.problem(_GRANT_CHECKS)
+#: Every state a tracked run can be stored in (terminal ones are deleted, never stored).
+_STORED_RUN_STATES = frozenset(get_args(RunState)) - TERMINAL_RUN_STATES
+_RUN_CHECKS = (quarantine.one_of("state", _STORED_RUN_STATES), quarantine.number("updated_at"))
+_RUN_PROBLEM = quarantine.problem(_RUN_CHECKS)
 _ACTIVE_SQL = ", ".join(f"'{s}'" for s in sorted(ACTIVE_RUN_STATES))
 
 
@@ -94,6 +126,16 @@ class SessionActor(OwnerActor):
             TrackRun: self.track_run,
             SessionStatusQuery: self.status,
         }
+
+    def recover(self) -> None:
+        """Nothing to rebuild (every request reads the store); report every unreadable row."""
+        for table, key, checks in (
+            (BUDGETS, "session_id", _BUDGET_CHECKS),
+            (GRANTS, "session_id || '/' || seq", _GRANT_CHECKS),
+            (RUNS, "session_id || '/' || run_id", _RUN_CHECKS),
+        ):
+            for name, reason in quarantine.broken_rows(self.db, table, key, checks):
+                self.quarantine(table, name, reason)
 
     # -- handlers ----------------------------------------------------------------------------
 
@@ -218,41 +260,55 @@ class SessionActor(OwnerActor):
 
     def status(self, req: SessionStatusQuery) -> SessionStatus:
         rows = self.db.execute(
-            "SELECT run_id, state, updated_at FROM session_runs WHERE session_id = ? "
-            "ORDER BY updated_at, run_id",
+            f"SELECT run_id, state, updated_at, {_RUN_PROBLEM} AS problem FROM session_runs "
+            "WHERE session_id = ? ORDER BY updated_at, run_id",
             (req.session_id,),
         ).fetchall()
+        for r in rows:
+            if r["problem"] is not None:
+                self.quarantine(RUNS, f"{req.session_id}/{r['run_id']}", r["problem"])
         return SessionStatus(
             snapshot=self._snapshot(req.session_id),
             active=self._active_runs(req.session_id),
             runs=[
                 TrackedRun(run_id=r["run_id"], state=r["state"], updated_at=r["updated_at"])
                 for r in rows
+                if r["problem"] is None
             ],
         )
 
     # -- store access ------------------------------------------------------------------------
 
     def _budget(self, session_id: str) -> sqlite3.Row | None:
+        """The session's budget row; a row that cannot be read is quarantined and refused."""
         row: sqlite3.Row | None = self.db.execute(
-            "SELECT configured_limit, used, granted FROM session_budgets WHERE session_id = ?",
+            f"SELECT configured_limit, used, granted, {_BUDGET_PROBLEM} AS problem "
+            "FROM session_budgets WHERE session_id = ?",
             (session_id,),
         ).fetchone()
+        if row is not None and row["problem"] is not None:
+            self.quarantine(BUDGETS, session_id, row["problem"])
+            raise RecordQuarantined.of(self.name, BUDGETS, session_id, row["problem"])
         return row
 
     def _active_runs(self, session_id: str) -> int:
+        """Runs that block a grant; a run row that cannot be read counts (fail closed)."""
         row = self.db.execute(
-            f"SELECT COUNT(*) FROM session_runs WHERE session_id = ? AND state IN ({_ACTIVE_SQL})",
+            "SELECT COUNT(*) FROM session_runs WHERE session_id = ? "
+            f"AND (state IN ({_ACTIVE_SQL}) OR {_RUN_PROBLEM} IS NOT NULL)",
             (session_id,),
         ).fetchone()
         return int(row[0])
 
     def _history(self, session_id: str) -> list[GrantRecord]:
         rows = self.db.execute(
-            "SELECT amount, granted_at, previous_limit, new_limit FROM session_grants "
-            "WHERE session_id = ? ORDER BY seq",
+            f"SELECT seq, amount, granted_at, previous_limit, new_limit, {_GRANT_PROBLEM} "
+            "AS problem FROM session_grants WHERE session_id = ? ORDER BY seq",
             (session_id,),
         ).fetchall()
+        for r in rows:
+            if r["problem"] is not None:
+                self.quarantine(GRANTS, f"{session_id}/{r['seq']}", r["problem"])
         return [
             GrantRecord(
                 session_id=session_id,
@@ -262,6 +318,7 @@ class SessionActor(OwnerActor):
                 limit=r["new_limit"],
             )
             for r in rows
+            if r["problem"] is None
         ]
 
     def _snapshot(self, session_id: str) -> SpawnSnapshot:

@@ -17,6 +17,7 @@
     │                                                                limit
     ├── Internal                         internal                    actor
     ├── OwnerUnavailable                 unavailable                 owner, state, reason
+    ├── RecordQuarantined                record_quarantined          owner, table, key, reason
     ├── StoreError                       store_error                 path
     │   └── StoreFull                    store_full                  actor, reason
     ├── NodeError (client side: the node could not be reached; never on the wire)
@@ -169,6 +170,26 @@ class OwnerUnavailable(SubagentsError):
     applied. The other owners keep serving; `status` and `doctor` say why."""
 
     code = "unavailable"
+
+
+class RecordQuarantined(SubagentsError):
+    """The stored record this request needs does not parse or breaks its invariants, so its
+    owner quarantined it: nothing was applied, and the record counts as occupied (a slot) or
+    unavailable (a budget, a session, a run) until an operator repairs or removes it. Every
+    other record keeps working; `status` and `doctor` list it."""
+
+    code = "record_quarantined"
+
+    @classmethod
+    def of(cls, owner: str, table: str, key: str, reason: str) -> RecordQuarantined:
+        return cls(
+            f"The {owner} record {table}[{key}] is quarantined ({reason}); it cannot be used "
+            "until it is repaired. See `subagents-node doctor`.",
+            owner=owner,
+            table=table,
+            key=key,
+            reason=reason,
+        )
 
 
 class StoreError(SubagentsError):

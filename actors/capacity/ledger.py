@@ -19,6 +19,11 @@ What it decides, and from what:
   generation, so a tick never touches a slot that has since started or changed hands; `recover`
   re-arms the timers after a restart, and past deadlines expire at once.
 
+A stored slot that does not parse is quarantined (DESIGN §2): `recover` and every read that
+meets it report it (`OwnerActor.quarantine`) instead of failing; it keeps counting as occupied,
+so it is never handed out, and a request that names it is refused with `RecordQuarantined`.
+Every other slot and session keeps working.
+
 The table's SQL lives in `capacity/slots.py` and the rules, as pure functions, in
 `capacity/rules.py`; this module sequences them. It must never block on another actor,
 never call commit/BEGIN itself (the base class owns the transaction), and never free a slot
@@ -27,6 +32,7 @@ for any other reason (R-CAP-25).
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +75,7 @@ from subagents_node.messages.errors import (
     CapacityNotTransferable,
     CapacityOwnershipChanged,
     CapacityRunAlreadyHeld,
+    RecordQuarantined,
 )
 
 log = logging.getLogger(__name__)
@@ -92,7 +99,7 @@ class CapacityLedger(OwnerActor):
     MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1,)
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
-        return {
+        handlers: dict[type[Request], Callable[[Any], Message]] = {
             Acquire: self.acquire,
             MarkStarted: self.mark_started,
             MarkWorkflowStarted: self.mark_workflow_started,
@@ -102,10 +109,15 @@ class CapacityLedger(OwnerActor):
             Inspect: self.inspect,
             Snapshot: self.snapshot,
         }
+        return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
 
     def recover(self) -> None:
-        """Re-arm the TTL of every unstarted slot; deadlines already past fire at once."""
-        waiting = slots.unstarted(self.db)
+        """Re-arm the TTL of every unstarted slot (deadlines already past fire at once) and
+        quarantine every stored slot that does not parse."""
+        records, unreadable = slots.scan(self.db)
+        for bad in unreadable:
+            self.quarantine(slots.TABLE, bad.key, bad.reason)
+        waiting = [r for r in records if r.expires_at is not None]
         for record in waiting:
             self._arm(record)
         if waiting:
@@ -116,7 +128,25 @@ class CapacityLedger(OwnerActor):
             case SlotTtlExpired(
                 session_id=session_id, slot=slot, token=token, generation=generation
             ):
-                self._expire(session_id, slot, token, generation)
+                try:
+                    self._expire(session_id, slot, token, generation)
+                except slots.UnreadableSlot as bad:
+                    # Fail closed: an unreadable slot is never freed by a timer.
+                    self.quarantine(slots.TABLE, bad.key, bad.reason)
+
+    def _refusing_unreadable(self, handler: Callable[[Any], Message]) -> Callable[[Any], Message]:
+        """`handler`, with a stored slot it cannot read quarantined and the request refused
+        (`RecordQuarantined`; the savepoint undoes whatever it wrote) instead of a crash."""
+
+        @functools.wraps(handler)
+        def guarded(request: Any) -> Message:
+            try:
+                return handler(request)
+            except slots.UnreadableSlot as bad:
+                self.quarantine(slots.TABLE, bad.key, bad.reason)
+                raise RecordQuarantined.of(self.name, slots.TABLE, bad.key, bad.reason) from None
+
+        return guarded
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -125,10 +155,10 @@ class CapacityLedger(OwnerActor):
         if req.limit == 0:
             return AcquireResult(handle=None, snapshot=self._snapshot(req.session_id, 0))
         self._refuse_second_slot(req.session_id, req.run_id)
-        occupied = slots.occupied(self.db, req.session_id)
-        index = lowest_free(occupied, req.limit)
-        if index is None:
-            raise CapacityExhausted.of(len(occupied), req.limit)
+        used = slots.used(self.db, req.session_id)  # counts unreadable slots too: fail closed
+        index = lowest_free(slots.occupied(self.db, req.session_id), req.limit)
+        if index is None or used >= req.limit:
+            raise CapacityExhausted.of(used, req.limit)
         now = self.ctx.clock()
         record = SlotRecord(
             session_id=req.session_id,
@@ -144,7 +174,7 @@ class CapacityLedger(OwnerActor):
         )
         slots.insert(self.db, record)
         self._arm(record)
-        snapshot = CapacitySnapshot(used=len(occupied) + 1, limit=req.limit)
+        snapshot = CapacitySnapshot(used=used + 1, limit=req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
     def mark_started(self, req: MarkStarted) -> SlotHandle:

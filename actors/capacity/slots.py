@@ -5,6 +5,9 @@ Owned by the CapacityLedger: only its connection, inside its transaction, calls 
 releasing a slot deletes its row, so every query here is bounded by the slots occupied now,
 never by the history of a pool. The nested parts of a record (the last terminal report and the
 pre-transfer record) are stored as JSON so that a rollback restores them exactly.
+A row that does not parse into a SlotRecord raises `UnreadableSlot` (never a bare parse error):
+the ledger quarantines it, and since `occupied` and `used` count rows, not parsed records, such
+a slot stays occupied (fail closed).
 It must never decide anything: the rules live in `capacity/rules.py` and the ledger.
 """
 
@@ -14,7 +17,21 @@ import json
 import sqlite3
 from typing import Any
 
+from subagents_node.actors.quarantine import reason_of
 from subagents_node.messages.capacity import SlotRecord
+
+TABLE = "capacity_slots"
+
+
+class UnreadableSlot(Exception):
+    """A stored slot row that does not parse into a SlotRecord (bad JSON, a value out of its
+    domain, an unknown kind, a NULL where one is required)."""
+
+    def __init__(self, session_id: object, slot: object, reason: str) -> None:
+        super().__init__(f"{TABLE}[{session_id}/{slot}]: {reason}")
+        self.key = f"{session_id}/{slot}"
+        self.reason = reason
+
 
 SCHEMA_V1 = """
 CREATE TABLE capacity_slots (
@@ -97,9 +114,13 @@ def find_successor(
 
 
 def occupied(db: sqlite3.Connection, session_id: str) -> list[int]:
-    """The occupied slot indices of a session pool, ascending (served by the primary key)."""
+    """The occupied slot indices of a session pool, ascending (served by the primary key).
+
+    A row whose index is not an integer has no index to list; `used` still counts it."""
     rows = db.execute(
-        "SELECT slot FROM capacity_slots WHERE session_id = ? ORDER BY slot", (session_id,)
+        "SELECT slot FROM capacity_slots WHERE session_id = ? AND typeof(slot) = 'integer' "
+        "ORDER BY slot",
+        (session_id,),
     )
     return [int(r[0]) for r in rows]
 
@@ -112,9 +133,17 @@ def used(db: sqlite3.Connection, session_id: str) -> int:
     return int(count)
 
 
-def unstarted(db: sqlite3.Connection) -> list[SlotRecord]:
-    """Every slot still waiting for its start, i.e. with a reservation deadline."""
-    return [_record(r) for r in db.execute(f"{_SELECT} WHERE expires_at IS NOT NULL")]
+def scan(db: sqlite3.Connection) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
+    """Every stored slot (bounded by the slots occupied now): those that parse, and the rows
+    that do not."""
+    records: list[SlotRecord] = []
+    unreadable: list[UnreadableSlot] = []
+    for row in db.execute(_SELECT):
+        try:
+            records.append(_record(row))
+        except UnreadableSlot as err:
+            unreadable.append(err)
+    return records, unreadable
 
 
 def insert(db: sqlite3.Connection, record: SlotRecord) -> None:
@@ -145,10 +174,13 @@ def _row(record: SlotRecord) -> dict[str, Any]:
 
 def _record(row: sqlite3.Row) -> SlotRecord:
     data = {c: row[c] for c in _COLUMNS}
-    for column in _JSON:
-        if data[column] is not None:
-            data[column] = json.loads(data[column])
-    return SlotRecord.model_validate(data)
+    try:
+        for column in _JSON:
+            if data[column] is not None:
+                data[column] = json.loads(data[column])
+        return SlotRecord.model_validate(data)
+    except (ValueError, TypeError) as exc:  # json and pydantic errors are ValueErrors
+        raise UnreadableSlot(data["session_id"], data["slot"], reason_of(exc)) from None
 
 
 def _first(cursor: sqlite3.Cursor) -> SlotRecord | None:

@@ -4,6 +4,8 @@ Owns the row layout and nothing else: only the RunSupervisor (through actors/chi
 calls these, inside the transaction its OwnerActor base opened, so the table has one writer and
 group commit. A row never holds argv, env or stdin (they may hold the task, R-MISC-1, R-MISC-2):
 only identities (the child's and its shim's), times, states and proof.
+A row that breaks its invariants (`CHECKS`, in SQL) is left out of recovery (`running_child_ids`)
+and listed by `unreadable`, for the supervisor to quarantine: its child is never adopted.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
+from subagents_node.actors import quarantine
 from subagents_node.messages.runs import (
     ChildEvent,
     ChildExited,
@@ -62,6 +65,41 @@ ALTER TABLE children ADD COLUMN descendants TEXT NOT NULL DEFAULT '[]'
 """
 
 MIGRATIONS = (SCHEMA, SHIM_COLUMNS, DESCENDANTS_COLUMN)
+
+TABLE = "children"
+CHECKS = (
+    *(quarantine.text(c) for c in ("run_id", "session_id", "stdout_path", "stderr_path")),
+    *(quarantine.text(c) for c in ("boot_id", "record_dir")),
+    quarantine.one_of("state", ("running", "complete", "failed", "stopped")),
+    quarantine.number("grace_s"),
+    *(
+        quarantine.number(c, nullable=True)
+        for c in (
+            "process_start_time",
+            "identity_start",
+            "started_at",
+            "ended_at",
+            "deadline_at",
+            "timeout_s",
+            "shim_start",
+        )
+    ),
+    *(quarantine.integer(c, nullable=True) for c in ("pid", "shim_pid", "exit_code", "signal")),
+    quarantine.json("proof", nullable=True),
+)
+_PROBLEM = quarantine.problem(CHECKS)
+
+
+def problem_of(db: sqlite3.Connection, child_id: str) -> str | None:
+    """Why the child's row cannot be trusted, or None (also when there is no such row)."""
+    row = db.execute(f"SELECT {_PROBLEM} FROM children WHERE child_id = ?", (child_id,))
+    found = row.fetchone()
+    return None if found is None or found[0] is None else str(found[0])
+
+
+def unreadable(db: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(child id, reason) of every row that breaks its invariants."""
+    return quarantine.broken_rows(db, TABLE, "child_id", CHECKS)
 
 
 @dataclass
@@ -155,7 +193,8 @@ def settled_exit(db: sqlite3.Connection, child_id: str, output: str) -> ChildExi
 
 def running_child_ids(db: sqlite3.Connection) -> list[str]:
     rows = db.execute(
-        "SELECT child_id FROM children WHERE state = 'running' ORDER BY started_at"
+        f"SELECT child_id FROM children WHERE state = 'running' AND {_PROBLEM} IS NULL "
+        "ORDER BY started_at"
     ).fetchall()
     return [str(r[0]) for r in rows]
 

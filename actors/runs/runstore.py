@@ -3,21 +3,72 @@
 Owns the SQL of the "supervisor" table family and the mapping between rows and the views sent
 to clients. Only the RunSupervisor's connection calls these functions (one writer per family).
 Task text is never stored (R-MISC-1): rows hold labels, agent names, states and outputs.
+A run or child row that breaks its invariants (checked in SQL: `RUN_CHECKS`, `CHILD_CHECKS`) or
+does not parse into its view raises `RecordQuarantined` from `view`, never a bare parse error;
+`unreadable` finds every such row for the supervisor's `recover()`.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from collections.abc import Callable
+from typing import Any, get_args
 
+from subagents_node.actors import quarantine
+from subagents_node.messages.errors import RecordQuarantined
+from subagents_node.messages.runs import ProofState, RunState
 from subagents_node.messages.supervisor import (
     ChildView,
+    ChildViewState,
     IntercomMessage,
     RunEvent,
+    RunMode,
     RunView,
     Snapshots,
 )
+
+#: The owner that reports these tables' quarantined rows (RunSupervisor.name).
+OWNER = "supervisor"
+RUNS, CHILDREN = "runs", "run_children"
+
+
+RUN_CHECKS = (
+    *(quarantine.text(c) for c in ("session_id", "label", "root_run_id", "run_dir", "runner_id")),
+    *(quarantine.text(c) for c in ("error", "output", "fanout")),
+    *(quarantine.text(c, nullable=True) for c in ("parent_run_id", "source_run_id")),
+    quarantine.one_of("mode", get_args(RunMode)),
+    quarantine.one_of("state", get_args(RunState)),
+    quarantine.integer("background", 0, 1),
+    quarantine.integer("depth", 0),
+    quarantine.number("created_at"),
+    *(quarantine.number(c, nullable=True) for c in ("started_at", "ended_at", "deadline_at")),
+    quarantine.json("snapshots"),
+    quarantine.json("capacity", nullable=True),
+)
+CHILD_CHECKS = (
+    quarantine.integer("idx", 0),
+    *(quarantine.text(c) for c in ("child_id", "label", "agent", "error", "output")),
+    quarantine.one_of("state", get_args(ChildViewState)),
+    *(quarantine.integer(c, nullable=True) for c in ("pid", "exit_code", "signal")),
+    *(quarantine.number(c, nullable=True) for c in ("started_at", "ended_at")),
+    quarantine.one_of("proof_state", get_args(ProofState), nullable=True),
+)
+_RUN_PROBLEM = quarantine.problem(RUN_CHECKS)
+_CHILD_PROBLEM = quarantine.problem(CHILD_CHECKS)
+
+
+def unreadable(db: sqlite3.Connection) -> list[RecordQuarantined]:
+    """Every run and child row that breaks its invariants (one scan each, inside SQLite)."""
+    return [
+        RecordQuarantined.of(OWNER, table, key, reason)
+        for table, key_sql, checks in (
+            (RUNS, "run_id", RUN_CHECKS),
+            (CHILDREN, "run_id || '/' || idx", CHILD_CHECKS),
+        )
+        for key, reason in quarantine.broken_rows(db, table, key_sql, checks)
+    ]
+
 
 MIGRATIONS = (
     """
@@ -223,9 +274,32 @@ def run_row(db: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
 
 
 def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
-    row = run_row(db, run_id)
+    """The run's view, None when there is no such run; `RecordQuarantined` when its row or
+    one of its children's rows cannot be read."""
+    row = db.execute(
+        f"SELECT {_RUN_COLUMNS}, {_RUN_PROBLEM} AS problem FROM runs WHERE run_id=?", (run_id,)
+    ).fetchone()
     if row is None:
         return None
+    if row["problem"] is not None:
+        raise RecordQuarantined.of(OWNER, RUNS, run_id, row["problem"])
+    children = db.execute(
+        "SELECT child_id, idx, label, agent, state, pid, exit_code, signal, started_at, "
+        f"ended_at, error, output, stdout_path, stderr_path, proof_state, {_CHILD_PROBLEM} "
+        "FROM run_children WHERE run_id=? ORDER BY idx",
+        (run_id,),
+    ).fetchall()
+    for c in children:
+        if c[15] is not None:
+            raise RecordQuarantined.of(OWNER, CHILDREN, f"{run_id}/{c[1]}", c[15])
+    try:
+        return _view(db, row, children)
+    except (ValueError, TypeError) as exc:  # pydantic's errors are ValueErrors
+        raise RecordQuarantined.of(OWNER, RUNS, run_id, quarantine.reason_of(exc)) from None
+
+
+def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row]) -> RunView:
+    run_id = str(row["run_id"])
     paused: dict[str, Any] = {}
     if row["state"] == "paused":
         found = events_of_kind(db, run_id, PAUSED_EVENT)
@@ -236,12 +310,6 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         "= 'resume' ORDER BY created_at LIMIT 1",
         (run_id,),
     ).fetchone()
-    children = db.execute(
-        "SELECT child_id, idx, label, agent, state, pid, exit_code, signal, started_at, "
-        "ended_at, error, output, stdout_path, stderr_path, proof_state FROM run_children "
-        "WHERE run_id=? ORDER BY idx",
-        (run_id,),
-    ).fetchall()
     return RunView(
         run_id=row["run_id"],
         session_id=row["session_id"],
@@ -300,6 +368,25 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
             for c in children
         ],
     )
+
+
+def readable_views(
+    db: sqlite3.Connection,
+    run_ids: list[str],
+    unreadable: Callable[[RecordQuarantined], object] = lambda err: None,
+) -> list[RunView]:
+    """The views of the runs that exist and can be read; each run left out because it cannot
+    be read goes to `unreadable`."""
+    views: list[RunView] = []
+    for run_id in run_ids:
+        try:
+            found = view(db, run_id)
+        except RecordQuarantined as err:
+            unreadable(err)
+            continue
+        if found is not None:
+            views.append(found)
+    return views
 
 
 def list_runs(

@@ -14,7 +14,9 @@ subreaper, which outlives the node); this actor is the only writer of their rows
 `children` family, through `ChildKeeper`) and learns their lives from the shims' reports
 (`child.report`, acknowledged only once committed). It never reads another owner's tables,
 never kills a process itself (a shim ends its tree when told), and never stores task text
-(R-MISC-1).
+(R-MISC-1). A run or child row that cannot be read is quarantined (DESIGN §2): reported by
+status and doctor, left out of `runs.list`, refused by the requests that name it, and never
+adopted after a restart, so its slot and claims stay held; every other run keeps working.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec
 
+from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
 from subagents_node.actors.pipelines import Durable, Pipelines
+from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
     attach,
     checkpoints,
@@ -73,6 +77,7 @@ from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import (
     BadRequest,
     IntercomOff,
+    RecordQuarantined,
     RunIdAmbiguous,
     RunNotFound,
     RunStorageFailed,
@@ -160,7 +165,7 @@ class RunSupervisor(OwnerActor):
         super().on_stop()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
-        return {
+        handlers: dict[type[Request], Callable[[Any], Message]] = {
             Launch: self._launch_request,
             Watch: self._watch,
             WatchAll: self._watch_all,
@@ -177,6 +182,7 @@ class RunSupervisor(OwnerActor):
             Prune: self._prune,
             ChildReport: self._child_report,
         }
+        return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
 
     # -- settings -----------------------------------------------------------------------------
 
@@ -222,12 +228,16 @@ class RunSupervisor(OwnerActor):
         for run_id, seq, reservation in management.uncommitted_appends(self.db):
             # R-APP-4 after a crash: the record is durable, so its claims must be too.
             self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
-        unsettled = runstore.unsettled_runs(self.db)
-        for run_id in unsettled:
+        unreadable = {self._quarantine(err) for err in runstore.unreadable(self.db)}
+        for run_id in runstore.unsettled_runs(self.db):
+            if run_id in unreadable:  # a run that cannot be read is listed, not recovered
+                continue
             if checkpoints.parked(self.db, run_id):
                 pauses.recover_parked(self, run_id)  # it holds no process (R-RUN-2)
             else:
                 self._adopt_run(run_id)
+        for child_id, reason in child_rows.unreadable(self.db):
+            self.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
         for event in self.keeper.recover(self.db, self.ctx.clock()):
             self._on_child_event(event)
         for live in list(self._live.values()):
@@ -240,8 +250,38 @@ class RunSupervisor(OwnerActor):
                 self._advance(self._live[run_id])
         self._retention.arm(self.db)
 
+    def _quarantine(self, err: RecordQuarantined) -> str:
+        """Report a run or child row that cannot be read; the run id it belongs to."""
+        table, key = str(err.details["table"]), str(err.details["key"])
+        self.quarantine(table, key, str(err.details["reason"]))
+        return key.rsplit("/", 1)[0] if table == runstore.CHILDREN else key
+
+    def _refusing_unreadable(self, handler: Callable[[Any], Message]) -> Callable[[Any], Message]:
+        """`handler`, with a run it cannot read reported (status, doctor) as it is refused."""
+
+        @functools.wraps(handler)
+        def guarded(request: Any) -> Message:
+            try:
+                return handler(request)
+            except RecordQuarantined as err:
+                if err.details.get("owner") == self.name:
+                    self._quarantine(err)
+                raise
+
+        return guarded
+
     def _adopt_run(self, run_id: str) -> None:
-        live, row = adopt_from_store(self.db, run_id)
+        """Keep watching a run the store says is going; one whose record does not parse is
+        quarantined instead (its slot and claims stay held: fail closed)."""
+        try:
+            runstore.view(self.db, run_id)  # every field of the run and its children parses
+            live, row = adopt_from_store(self.db, run_id)
+        except RecordQuarantined as err:
+            self._quarantine(err)
+            return
+        except (ValueError, TypeError) as exc:  # its capacity handle does not parse
+            self.quarantine(runstore.RUNS, run_id, reason_of(exc))
+            return
         self._live[run_id] = live
         if row["deadline_at"] is not None and row["started_at"] is not None:
             # The run's own deadline outlives the node that set it; it may have passed already.
@@ -644,8 +684,13 @@ class RunSupervisor(OwnerActor):
 
     def _child_report(self, report: ChildReport) -> Message:
         """A shim's report: applied, committed, then acknowledged (the group commit's rule), so
-        an acknowledged report is never lost; a resent one changes nothing."""
+        an acknowledged report is never lost; a resent one changes nothing. A report about a
+        child whose row cannot be read is refused (the shim keeps it and resends it), so it
+        is applied once the row is repaired."""
         self.crash_point(f"report_{report.kind}_received")
+        problem = child_rows.problem_of(self.db, report.child_id)
+        if problem is not None:
+            raise RecordQuarantined.of(self.name, child_rows.TABLE, report.child_id, problem)
         self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock()))
         if self.ctx.faults:  # committed, not yet acknowledged: the shim must resend it
             crash_point, point = self.crash_point, f"report_{report.kind}_committed"
@@ -856,7 +901,7 @@ class RunSupervisor(OwnerActor):
         ids = runstore.list_runs(
             self.db, request.session_id, request.active_only, request.limit, request.root_run_id
         )
-        return RunList(runs=[v for v in (runstore.view(self.db, i) for i in ids) if v])
+        return RunList(runs=runstore.readable_views(self.db, ids, self._quarantine))
 
     def _stop_run(self, request: Stop) -> Message:
         run_id = self._resolve(request.run_id)

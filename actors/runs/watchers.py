@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from subagents_node.actors.owner import Cancel, Outcome, ReplyFn, Tick
 from subagents_node.actors.runs import runstore
-from subagents_node.messages.errors import Busy, RunNotFound
+from subagents_node.messages.errors import Busy, RecordQuarantined, RunNotFound
 from subagents_node.messages.supervisor import FleetEvents, RunEvents, Watch, WatchAll
 
 #: The key of node-wide (fleet) watchers.
@@ -126,10 +126,14 @@ class RunWatchers:
             events = runstore.all_events_after(db, watcher.after_seq, watcher.limit)
             last = events[-1].seq if events else watcher.after_seq
             touched = dict.fromkeys(e.run_id for e in events)
-            runs = [v for v in (runstore.view(db, r) for r in touched) if v is not None]
+            runs = runstore.readable_views(db, list(touched))
             self._reply_later(watcher.reply, FleetEvents(events=events, runs=runs, last_seq=last))
             return
-        view = runstore.view(db, key)
+        try:
+            view = runstore.view(db, key)
+        except RecordQuarantined as err:
+            self._reply_later(watcher.reply, err)
+            return
         if view is None:
             self._reply_later(watcher.reply, RunNotFound(f"Run not found: {key}", run_id=key))
             return

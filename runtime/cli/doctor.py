@@ -2,9 +2,9 @@
 
 Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the store
 (every table family at the version this installation knows, SQLite's integrity check), the
-node (reachable, same version), the configuration (valid; where each value came from) and every
-agent file (parses; its command resolves). It also states how the ledgers count (R-STS-2).
-It never changes anything.
+node (reachable, same version, no stored record quarantined by its owner), the configuration
+(valid; where each value came from) and every agent file (parses; its command resolves).
+It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Literal
 
 from subagents_node.client.client import Client
-from subagents_node.client.paths import DB_NAME, ipc_endpoint, owner_db
+from subagents_node.client.paths import DB_NAME, OWNER_SOCKETS, ipc_endpoint, owner_db
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
 from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.node import owners
 
 Level = Literal["ok", "warn", "fail"]
@@ -190,6 +191,29 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
                 "see node.log; restart the node (`subagents-node stop` then `start`) once "
                 "the cause is fixed",
             )
+    yield from check_quarantine(state_dir, [q for a in owners_now for q in a.quarantined])
+
+
+def check_quarantine(state_dir: Path, records: list[QuarantinedRecord]) -> Iterator[Check]:
+    """DESIGN §2: a stored record its owner could not parse is failed closed (a slot counts as
+    occupied, a budget, session or run is unavailable) until someone repairs it."""
+    if not records:
+        yield Check("quarantine", "ok", "every stored record parses")
+        return
+    for record in records:
+        yield Check(
+            f"quarantine {record.owner}",
+            "fail",
+            f"{record.table}[{record.key}] does not parse: {record.reason}; it counts as "
+            "occupied/unavailable, every other record works",
+            f"stop the node, repair or delete that row of {record.table} in "
+            f"{_db_of(state_dir, record.owner)}, then start the node again",
+        )
+
+
+def _db_of(state_dir: Path, owner: str) -> Path:
+    """The database file the owner keeps its records in."""
+    return owner_db(state_dir, owner) if owner in OWNER_SOCKETS else state_dir / DB_NAME
 
 
 def check_config(config: Configuration) -> Iterator[Check]:

@@ -288,7 +288,8 @@ def ping(obj: Ctx, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def status(obj: Ctx, as_json: bool) -> None:
-    """Show the node: endpoints, uptime, and each owner process (state, pid, restarts)."""
+    """Show the node: endpoints, uptime, each owner process (state, pid, restarts) and the
+    stored records its owners quarantined."""
     with obj.client() as client:
         st = client.status()
     lines = [
@@ -300,6 +301,12 @@ def status(obj: Ctx, as_json: bool) -> None:
         lines.append(f"  {a.name:<12} {a.state:<10} pid {a.pid or '-':<8} restarts {a.restarts}")
         if a.state != "running" and a.reason:
             lines.append(f"    why: {a.reason[:300]}")
+    quarantined = [q for a in st.actors for q in a.quarantined]
+    if quarantined:
+        lines.append(
+            f"quarantined records ({len(quarantined)}; counted occupied/unavailable, see `doctor`):"
+        )
+        lines += [f"  {q.owner} {q.table}[{q.key}]: {q.reason}" for q in quarantined]
     emit(st, as_json, "\n".join(lines))
 
 
