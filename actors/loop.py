@@ -26,8 +26,8 @@ import zmq
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
 from subagents_node.actors.owner import Job, OwnerActor, Tick
-from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
-from subagents_node.messages.envelope import ERROR, REPLY, Envelope
+from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
+from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, Busy, MalformedFrame, SubagentsError
 from subagents_node.messages.protocol import parse_request
 
@@ -198,11 +198,7 @@ class OwnerLoop:
         sender = self.actor.name
 
         def reply(outcome: Outcome) -> None:
-            if isinstance(outcome, SubagentsError):
-                answer = env.reply(ERROR, outcome.to_wire(), sender=sender)
-            else:
-                answer = env.reply(REPLY, outcome.model_dump(mode="python"), sender)
-            out.append((identity, encode(answer)))
+            out.append((identity, encode_answer(env, outcome, sender)))
 
         return reply
 

@@ -11,8 +11,13 @@ from typing import Any
 import msgpack
 
 from subagents_node.messages.domains import MAX_BODY_DEPTH, MAX_WIRE_ITEMS
-from subagents_node.messages.envelope import PROTOCOL_VERSION, Envelope
-from subagents_node.messages.errors import FrameTooLarge, MalformedFrame, UnsupportedProtocol
+from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
+from subagents_node.messages.errors import (
+    FrameTooLarge,
+    MalformedFrame,
+    SubagentsError,
+    UnsupportedProtocol,
+)
 
 MAX_FRAME_BYTES = 1 << 20
 
@@ -53,6 +58,14 @@ def peek_id(frame: bytes) -> str | None:
         if isinstance(mid, str) and 0 < len(mid) <= 64:
             return mid
     return None
+
+
+def encode_answer(request: Envelope, outcome: Any, sender: str) -> bytes:
+    """The frame answering `request` with `outcome`: a typed error as `{code, message,
+    details}`, else the result model's fields (every owner and the node answer this way)."""
+    if isinstance(outcome, SubagentsError):
+        return encode(request.reply(ERROR, outcome.to_wire(), sender))
+    return encode(request.reply(REPLY, outcome.model_dump(mode="python"), sender))
 
 
 def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import zmq
 
 from subagents_node.actors.owner import Outcome, ReplyFn
-from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
-from subagents_node.messages.envelope import ERROR, REPLY, Envelope
+from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
+from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
 from subagents_node.messages.keys import LOCAL_ONLY_PREFIX
 from subagents_node.messages.protocol import parse_request
@@ -90,11 +90,7 @@ class Gateway:
 
     def reply_to(self, identity: bytes, request: Envelope, via: int = 0) -> ReplyFn:
         def reply(outcome: Outcome) -> None:
-            if isinstance(outcome, SubagentsError):
-                env = request.reply(ERROR, outcome.to_wire(), sender=self._node_id)
-            else:
-                env = request.reply(REPLY, outcome.model_dump(mode="python"), self._node_id)
-            self._outbound.append((via, identity, encode(env)))
+            self._outbound.append((via, identity, encode_answer(request, outcome, self._node_id)))
             if not self._wake_pending:
                 self._wake_pending = True
                 self._wake()

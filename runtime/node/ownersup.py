@@ -279,15 +279,7 @@ class OwnerSupervisor:
         if owner.control is not None:
             self._read_control(owner)  # its last words (why it could not start)
         pid = owner.pid
-        status = 0
-        with contextlib.suppress(ChildProcessError):
-            _, status = os.waitpid(pid, 0)
-        if owner.pidfd is not None:
-            os.close(owner.pidfd)
-        with self._lock:
-            owner.pid = None
-            owner.pidfd = None
-        owner.gone.set()
+        status = self._reap(owner)
         if self._stopping:
             return
         how = _how(status)
@@ -326,18 +318,21 @@ class OwnerSupervisor:
             owner.tombstone.start()
         self._on_change()
 
-    def _reap(self, owner: _Owner) -> None:
+    def _reap(self, owner: _Owner) -> int:
+        """Collect the owner's exit (its wait status) and forget its process."""
         pid = owner.pid
+        status = 0
         if pid is None:
-            return
+            return status
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+            _, status = os.waitpid(pid, 0)
         if owner.pidfd is not None:
             os.close(owner.pidfd)
         with self._lock:
             owner.pid = None
             owner.pidfd = None
         owner.gone.set()
+        return status
 
 
 def _how(status: int) -> str:
