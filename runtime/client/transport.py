@@ -186,6 +186,7 @@ class _Channel:
         self.address = address
         self.diagnose = diagnose  # why a request timed out, when that can be told
         self.thread_id = threading.get_ident()
+        self.generation = 0  # the transport's `reset` count when this channel was opened
         self.waiting: set[str] = set()
         self.arrived: dict[str, Envelope] = {}
 
@@ -286,6 +287,22 @@ class ZmqTransport:
         self._lock = threading.Lock()  # guards _channels, appended from several threads
         self._closed = False
         self._endpoints: dict[str, str] = {}
+        self._generation = 0
+
+    def reset(self) -> None:
+        """Open fresh connections for the next requests (each thread replaces its own idle
+        ones). After a peer's restart, a request written to the old connection before its
+        DEALER saw it close would be lost; a fresh connection queues until it connects."""
+        self._generation += 1
+
+    def _drop(self, channel: _Channel) -> None:
+        with self._lock:
+            if channel in self._channels:
+                self._channels.remove(channel)
+        if channel.monitor is not None:
+            channel.sock.disable_monitor()
+            channel.monitor.close(linger=0)
+        channel.sock.close(linger=0)
 
     def endpoint_for(self, target: str) -> str:
         # Computed once per target: path parsing on every request shows in a claim's CPU.
@@ -300,6 +317,11 @@ class ZmqTransport:
             channels = self._local.channels = {}
         endpoint = self.endpoint_for(target)
         channel = channels.get(endpoint)
+        if channel is not None and channel.generation != self._generation and not channel.waiting:
+            # After `reset`: this thread's old connection is closed here, by its own thread.
+            self._drop(channel)
+            del channels[endpoint]
+            channel = None
         if channel is None:
             if self._closed:
                 raise NodeNotRunning("this client is closed", address=self.address)
@@ -324,6 +346,7 @@ class ZmqTransport:
                 sock.close(linger=0)
                 raise no_keys(self.address, err) from None
             channel = _Channel(sock, self.address, self._why_silent, monitor)
+            channel.generation = self._generation
             channels[endpoint] = channel
             with self._lock:
                 self._channels.append(channel)
