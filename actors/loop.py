@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 #: Frames read per pass before the owner handles them (the largest possible group).
 READ_BATCH = 256
+# Plain ints: pyzmq's flag enums cost a Python-level enum operation per use, several per
+# message on this hot path.
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+_SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 class OwnerLoop:
@@ -151,9 +158,12 @@ class OwnerLoop:
         # Ask the socket whether more is waiting rather than receive until zmq.Again: an
         # exception per pass costs more than the check on this hot path.
         for _ in range(READ_BATCH):
-            if not int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not int(router.getsockopt(_EVENTS)) & _POLLIN:
                 return
-            self._frame(router.recv_multipart(zmq.NOBLOCK))
+            frames = [router.recv(_NOBLOCK)]
+            while router.getsockopt(_RCVMORE):
+                frames.append(router.recv(_NOBLOCK))
+            self._frame(frames)
 
     def _drain(self) -> None:
         inbox = self._inbox
@@ -225,7 +235,8 @@ class OwnerLoop:
         while out:
             identity, frame = out.popleft()
             try:
-                self._router.send_multipart((identity, frame), zmq.NOBLOCK)
+                self._router.send(identity, _SEND_MORE)
+                self._router.send(frame, _NOBLOCK)
             except zmq.ZMQError as exc:
                 # The peer is gone (EHOSTUNREACH) or its queue is full: its timeout reports it.
                 self.dropped += 1

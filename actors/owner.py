@@ -135,6 +135,11 @@ class OwnerActor(pykka.ThreadingActor):
         self._mailbox: Mailbox | None = None
         #: Stored records this owner could not read, by (table, key); reported as a whole.
         self._quarantined_records: dict[tuple[str, str], QuarantinedRecord] = {}
+        #: Whether the message being handled runs in a savepoint (False: it opened the group's
+        #: transaction, so undoing it is rolling the whole transaction back).
+        self._in_savepoint = False
+        #: A subclass without its own before_flush costs no savepoint per group.
+        self._has_before_flush = type(self).before_flush is not OwnerActor.before_flush
 
     # -- subclass API -------------------------------------------------------------------------
 
@@ -227,20 +232,31 @@ class OwnerActor(pykka.ThreadingActor):
     # -- the rules ----------------------------------------------------------------------------
 
     def _begin(self) -> None:
-        if not self.db.in_transaction:
+        # The first message of a group opens the transaction and needs no savepoint of its own:
+        # nothing else is in the transaction to keep, so undoing it is a plain ROLLBACK. Two
+        # statements fewer per message when messages arrive one at a time.
+        if self.db.in_transaction:
+            self.db.execute("SAVEPOINT request")
+            self._in_savepoint = True
+        else:
             self.db.execute("BEGIN IMMEDIATE")
-        self.db.execute("SAVEPOINT request")
+            self._in_savepoint = False
 
     def _release(self) -> None:
-        self.db.execute("RELEASE request")
+        if self._in_savepoint:
+            self.db.execute("RELEASE request")
 
     def _rollback(self) -> None:
         """Undo the current message. A store too broken to roll back is left to the restart
         (`_crashed` reopens the connection; the uncommitted group dies with the old one)."""
         try:
-            if self.db.in_transaction:
+            if not self.db.in_transaction:
+                return
+            if self._in_savepoint:
                 self.db.execute("ROLLBACK TO request")
                 self.db.execute("RELEASE request")
+            else:
+                self.db.execute("ROLLBACK")
         except sqlite3.Error:
             log.exception(
                 "%s: rollback failed; the restart discards the open transaction", self.name
@@ -351,10 +367,13 @@ class OwnerActor(pykka.ThreadingActor):
         self._effects.append(effect)
 
     def _before_flush(self) -> None:
+        if not self._has_before_flush:
+            return
         if self._db is None or not self._db.in_transaction:
             self.before_flush()
             return
         self.db.execute("SAVEPOINT request")
+        self._in_savepoint = True
         try:
             self.before_flush()
         except Exception as exc:
