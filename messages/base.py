@@ -47,6 +47,14 @@ class Request(Message):
     #: True for queries that never write: the owner may answer them without taking the
     #: store's write lock (only the owner writes its tables, so plain reads are consistent).
     read_only: ClassVar[bool] = False
+    #: True when sending it twice has the effect of sending it once, so a client may send it
+    #: again after its owner restarted with it in flight (every read-only query is so too).
+    idempotent: ClassVar[bool] = False
+
+
+def resendable(request: Request | type[Request]) -> bool:
+    """Whether a request lost with a restarted owner may simply be sent again."""
+    return request.read_only or request.idempotent
 
 
 Q = TypeVar("Q", bound=Request)

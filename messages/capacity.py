@@ -222,6 +222,7 @@ class MarkStarted(Request):
     type: Literal["capacity.mark_started"] = "capacity.mark_started"
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = SlotHandle
+    idempotent: ClassVar[bool] = True  # R-CAP-13: the same runner id twice
 
     handle: SlotHandle
     runner_id: Token

@@ -206,6 +206,7 @@ class ValidateDescriptor(Request):
     type: Literal["fanout.validate"] = "fanout.validate"
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutDescriptor
+    idempotent: ClassVar[bool] = True  # reads the manifest
 
     descriptor: FanoutDescriptor
 
@@ -258,6 +259,7 @@ class ReadSnapshot(Request):
     type: Literal["fanout.snapshot"] = "fanout.snapshot"
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutSnapshot
+    idempotent: ClassVar[bool] = True  # expiring what is due is the same twice
 
     descriptor: FanoutDescriptor
 

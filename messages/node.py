@@ -26,6 +26,7 @@ class Ping(Request):
     type: Literal["node.ping"] = "node.ping"
     target: ClassVar[str] = NODE
     Result: ClassVar[ResultType] = Pong
+    idempotent: ClassVar[bool] = True  # answers, changes nothing
 
 
 class QuarantinedRecord(Message):
@@ -67,6 +68,7 @@ class NodeStatusResult(Message):
 class NodeStatus(Request):
     type: Literal["node.status"] = "node.status"
     target: ClassVar[str] = NODE
+    idempotent: ClassVar[bool] = True  # answers, changes nothing
     Result: ClassVar[ResultType] = NodeStatusResult
 
 

@@ -21,9 +21,11 @@ import os
 import zmq
 import zmq.asyncio
 
-from subagents_node.client.paths import check_endpoint
+from subagents_node.client.paths import check_endpoint, ipc_path
 from subagents_node.client.transport import (
     DEALER_OPTIONS,
+    PEER_CHECK_S,
+    PeerFile,
     check_reachable,
     curve_client,
     default_credentials,
@@ -33,7 +35,7 @@ from subagents_node.client.transport import (
     reply_envelope,
     why_silent,
 )
-from subagents_node.messages.base import Message, Request
+from subagents_node.messages.base import Message, Request, resendable
 from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
@@ -50,6 +52,8 @@ class AsyncZmqTransport:
         self._waiting: dict[str, asyncio.Future[Envelope]] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._closed = False
+        #: ipc only: each socket's peer file as it was when the socket connected
+        self._peers: dict[str, PeerFile] = {}
 
     @property
     def outstanding(self) -> int:
@@ -61,6 +65,15 @@ class AsyncZmqTransport:
             raise NodeNotRunning("this client is closed", address=self.address)
         endpoint = endpoint_for(self.address, target)
         sock = self._socks.get(endpoint)
+        peer = self._peers.get(endpoint)
+        if sock is not None and peer is not None and peer.changed():
+            # Its owner restarted (a new socket file) or is gone: a fresh connection, so
+            # nothing more is written to one the peer closed (sync transport: the same).
+            self._socks.pop(endpoint).close(linger=0)
+            reader = self._readers.pop(endpoint, None)
+            if reader is not None:
+                reader.cancel()
+            sock = None
         if sock is None:
             check_reachable(self.address, stale=True)
             check_reachable(endpoint, stale=True)
@@ -82,6 +95,9 @@ class AsyncZmqTransport:
                 sock.close(linger=0)
                 raise no_keys(self.address, err) from None
             self._socks[endpoint] = sock
+            path = ipc_path(endpoint)
+            if path is not None:
+                self._peers[endpoint] = PeerFile(str(path))
         reader = self._readers.get(endpoint)
         if reader is None or reader.done():
             self._readers[endpoint] = asyncio.get_running_loop().create_task(self._read(sock))
@@ -103,31 +119,68 @@ class AsyncZmqTransport:
                 waiter.set_result(env)
 
     async def call(self, request: Request, timeout: float, target: str = "") -> Message:
-        check_reachable(self.address)
-        sock = self._socket(target or request.target)
-        env = Envelope(
-            type=request.type,
-            body=request.to_body(),
-            target=target or request.target,
-            sender=self._sender,
-        )
-        frame = encode_request(env)  # FrameTooLarge before anything is sent
-        waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
-        self._waiting[env.id] = waiter
-        try:
-            await sock.send(frame)
+        """Send `request` and await its outcome. If its owner restarts while it is in flight,
+        a resendable one is sent again within the same deadline, any other is a NodeTimeout
+        at once (an unknown outcome), as with the sync transport's PendingReply."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            sock = self._socket(target or request.target)
+            endpoint = endpoint_for(self.address, target or request.target)
+            peer = self._peers.get(endpoint)
+            sent_to = peer.identity if peer is not None else None
+            env = Envelope(
+                type=request.type,
+                body=request.to_body(),
+                target=target or request.target,
+                sender=self._sender,
+            )
+            frame = encode_request(env)  # FrameTooLarge before anything is sent
+            waiter: asyncio.Future[Envelope] = loop.create_future()
+            self._waiting[env.id] = waiter
             try:
-                reply = await asyncio.wait_for(waiter, timeout)
-            except TimeoutError:
+                await sock.send(frame)
+                reply = await self._reply(waiter, request, deadline, peer, sent_to)
+            finally:
+                # Answered, timed out or cancelled: nobody waits for this id any more.
+                self._waiting.pop(env.id, None)
+            if reply is not None:
+                return outcome_of(request, reply)
+            if not resendable(request):
+                raise NodeTimeout(
+                    f"the owner serving {request.type} at {endpoint} restarted while the "
+                    "request was in flight; its outcome is unknown (it may have been applied)",
+                    address=self.address,
+                    reason="owner_restarted",
+                )
+
+    async def _reply(
+        self,
+        waiter: asyncio.Future[Envelope],
+        request: Request,
+        deadline: float,
+        peer: PeerFile | None,
+        sent_to: tuple[int, int, int] | None,
+    ) -> Envelope | None:
+        """The reply, or None once the peer's socket file is not the one it was sent to."""
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 raise NodeTimeout(
                     f"the node at {self.address} did not answer {request.type} in time "
                     f"({why_silent(self.address)})",
                     address=self.address,
-                ) from None
-        finally:
-            # Answered, timed out or cancelled: nobody waits for this id any more.
-            self._waiting.pop(env.id, None)
-        return outcome_of(request, reply)
+                )
+            late = peer is not None and remaining > PEER_CHECK_S
+            try:
+                # shield: a slice that runs out must not cancel the reply's future
+                return await asyncio.wait_for(
+                    asyncio.shield(waiter), PEER_CHECK_S if late else remaining
+                )
+            except TimeoutError:
+                if late and peer is not None and peer.current() != sent_to:
+                    return None
 
     def _fail_waiting(self, why: str) -> None:
         for waiter in self._waiting.values():

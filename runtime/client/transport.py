@@ -8,10 +8,15 @@
   Each calling thread gets its own DEALER per endpoint (sockets are not thread-safe), so many
   threads can call at once with no extra hop; a thread may have many requests outstanding.
   Replies are matched by correlation id and stale replies (for requests that timed out) are
-  dropped. ZeroMQ reconnects by itself after a node restart; a request in flight across the
-  restart times out. A tcp address is always CURVE (DESIGN §3): the transport offers its
-  client keypair and expects the server's public key (`client/keys.py`: explicit credentials,
-  else `$SUBAGENTS_CLIENT_KEY` / `$SUBAGENTS_SERVER_KEY`, else the state dir's key files), and
+  dropped. ZeroMQ reconnects by itself after a node restart. Over ipc each channel knows the
+  socket file it connected to (`PeerFile`): when an owner restarts (a new file), the next
+  request goes out on a fresh connection, and one in flight is noticed a second late
+  (`PEER_CHECK_S`): a resendable one (read-only or idempotent) is sent again, any other is a
+  NodeTimeout at once with reason `owner_restarted` (its outcome is unknown). Over tcp a
+  request in flight across a restart times out. A tcp address is always CURVE (DESIGN §3):
+  the transport offers its client keypair and expects the server's public key
+  (`client/keys.py`: explicit credentials, else `$SUBAGENTS_CLIENT_KEY` /
+  `$SUBAGENTS_SERVER_KEY`, else the state dir's key files), and
   watches its socket's handshake events, so a node that refuses the key is reported as
   `NotAuthenticated` at once instead of a silent timeout (a refused peer gets no reply).
 - `InProcessTransport` (subagents_node.node.inprocess) hands the request model to a node in the
@@ -42,7 +47,7 @@ from subagents_node.client.paths import (
     ipc_path,
     read_pid_file,
 )
-from subagents_node.messages.base import Message, Request, parse_result
+from subagents_node.messages.base import Message, Request, parse_result, resendable
 from subagents_node.messages.codec import decode, encode_request
 from subagents_node.messages.constants import ENV_CLIENT_KEY, ENV_SERVER_KEY
 from subagents_node.messages.envelope import ERROR, Envelope
@@ -64,6 +69,8 @@ _REFUSED = (
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
 
+
+_RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: pyzmq's enum costs a Python call per use
 
 #: Every client DEALER's options: no linger on close, deep queues, quick reconnects.
 DEALER_OPTIONS: tuple[tuple[int, int], ...] = (
@@ -109,6 +116,38 @@ def check_reachable(address: str, stale: bool = False) -> None:
             "(stale socket); start one with `subagents-node start`",
             address=address,
         )
+
+
+#: How long a reply may be late before the transport looks whether its owner restarted.
+PEER_CHECK_S = 1.0
+
+
+class _PeerRestarted(Exception):
+    """The socket file a channel connected to is not the one it connected to any more."""
+
+
+class PeerFile:
+    """The ipc socket file a connection was made to, as it was then (device, inode, ctime).
+
+    An owner that restarts binds a new file in its place, and what was written to the old
+    connection before the DEALER saw it close is lost; a changed identity says so without
+    waiting for a timeout. The ctime is part of it because a file system may give the new
+    file the inode number the old one just freed. One stat per check.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.identity = self.current()
+
+    def current(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def changed(self) -> bool:
+        return self.current() != self.identity
 
 
 def endpoint_for(address: str, target: str) -> str:
@@ -157,18 +196,45 @@ def _raise_or_return(outcome: Message | SubagentsError) -> Message:
 
 
 class PendingReply:
-    """A request on the wire. Resolve it with `result()` on the thread that submitted it."""
+    """A request on the wire. Resolve it with `result()` on the thread that submitted it.
 
-    def __init__(self, channel: _Channel, request: Request, env: Envelope) -> None:
+    If its owner restarts while it is in flight (its socket file is a new one), a resendable
+    request (messages.base.resendable: read-only or idempotent) is sent again on a fresh
+    connection within the same deadline; any other is a NodeTimeout at once, worded as an
+    unknown outcome, instead of a wait for the whole timeout.
+    """
+
+    def __init__(
+        self, transport: ZmqTransport, channel: _Channel, request: Request, env: Envelope
+    ) -> None:
+        self._transport = transport
         self._channel = channel
         self.request = request
+        self.target = env.target
         self.id = env.id
+        self.resent = 0
 
     def result(self, timeout: float) -> Message:
         if threading.get_ident() != self._channel.thread_id:
             raise RuntimeError("a PendingReply must be resolved on the thread that submitted it")
-        reply = self._channel.wait(self.id, time.monotonic() + timeout, self.request)
-        return outcome_of(self.request, reply)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self._channel.wait(self.id, deadline, self.request)
+            except _PeerRestarted:
+                if not resendable(self.request):
+                    raise NodeTimeout(
+                        f"the owner serving {self.request.type} at {self._channel.endpoint} "
+                        "restarted while the request was in flight; its outcome is unknown "
+                        "(it may have been applied)",
+                        address=self._channel.address,
+                        reason="owner_restarted",
+                    ) from None
+                self._channel, env = self._transport.send(self.request, self.target)
+                self.id = env.id
+                self.resent += 1
+                continue
+            return outcome_of(self.request, reply)
 
 
 class _Channel:
@@ -180,15 +246,27 @@ class _Channel:
         address: str,
         diagnose: Callable[[], str],
         monitor: zmq.Socket[bytes] | None = None,
+        endpoint: str = "",
+        peer: PeerFile | None = None,
     ) -> None:
         self.sock = sock
         self.monitor = monitor  # tcp only: the socket's handshake events
         self.address = address
+        self.endpoint = endpoint or address
+        self.peer = peer  # ipc only: the socket file as it was when this channel connected
         self.diagnose = diagnose  # why a request timed out, when that can be told
         self.thread_id = threading.get_ident()
         self.generation = 0  # the transport's `reset` count when this channel was opened
         self.waiting: set[str] = set()
         self.arrived: dict[str, Envelope] = {}
+        #: Set once a fresh channel replaced this one: closed when its last waiter is done.
+        self.on_retired: Callable[[_Channel], None] | None = None
+
+    def retire(self, close: Callable[[_Channel], None]) -> None:
+        if self.waiting:
+            self.on_retired = close
+        else:
+            close(self)
 
     def send(self, env: Envelope) -> None:
         frame = encode_request(env)  # FrameTooLarge before anything is sent
@@ -199,12 +277,7 @@ class _Channel:
         try:
             while corr not in self.arrived:
                 remaining = deadline - time.monotonic()
-                # One blocking receive with a timeout: fewer calls (and system calls) per
-                # reply than poll-then-receive, which matters at tens of µs per call on VMs.
-                frame = self._receive(remaining) if remaining > 0 else None
-                if frame is None:
-                    if corr in self.arrived:
-                        break
+                if remaining <= 0:
                     # The outcome is unknown (the request may have been applied), so this
                     # stays a timeout even when the node is known to be gone.
                     raise NodeTimeout(
@@ -212,15 +285,25 @@ class _Channel:
                         f"({self.diagnose()})",
                         address=self.address,
                     )
-                self._keep(frame)
+                # One blocking receive with a timeout: fewer calls (and system calls) per
+                # reply than poll-then-receive, which matters at tens of µs per call on VMs.
+                # A late reply (past PEER_CHECK_S) looks whether the owner restarted.
+                late = self.peer is not None and remaining > PEER_CHECK_S
+                frame = self._receive(PEER_CHECK_S if late else remaining)
+                if frame is not None:
+                    self._keep(frame)
+                elif late and corr not in self.arrived and self.peer and self.peer.changed():
+                    raise _PeerRestarted
             return self.arrived.pop(corr)
         finally:
             self.waiting.discard(corr)
+            if self.on_retired is not None and not self.waiting:
+                self.on_retired(self)
 
     def _receive(self, timeout_s: float) -> bytes | None:
         if self.monitor is not None:
             return self._receive_watching(timeout_s)
-        self.sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))
+        self.sock.setsockopt(_RCVTIMEO, max(1, int(timeout_s * 1000)))
         try:
             return self.sock.recv()
         except zmq.Again:
@@ -317,10 +400,15 @@ class ZmqTransport:
             channels = self._local.channels = {}
         endpoint = self.endpoint_for(target)
         channel = channels.get(endpoint)
-        if channel is not None and channel.generation != self._generation and not channel.waiting:
-            # After `reset`: this thread's old connection is closed here, by its own thread.
-            self._drop(channel)
+        if channel is not None and (
+            channel.generation != self._generation
+            or (channel.peer is not None and channel.peer.changed())
+        ):
+            # After `reset`, or its owner restarted (a new socket file): a fresh connection,
+            # so nothing more is written to one the peer closed. The old one is closed here,
+            # by its own thread, once no request of this thread waits on it.
             del channels[endpoint]
+            channel.retire(self._drop)
             channel = None
         if channel is None:
             if self._closed:
@@ -345,7 +433,9 @@ class ZmqTransport:
             except KeyFileInvalid as err:
                 sock.close(linger=0)
                 raise no_keys(self.address, err) from None
-            channel = _Channel(sock, self.address, self._why_silent, monitor)
+            path = ipc_path(endpoint)
+            peer = None if path is None else PeerFile(str(path))
+            channel = _Channel(sock, self.address, self._why_silent, monitor, endpoint, peer)
             channel.generation = self._generation
             channels[endpoint] = channel
             with self._lock:
@@ -360,7 +450,14 @@ class ZmqTransport:
 
     def submit(self, request: Request, target: str = "") -> PendingReply:
         """Put `request` on the wire now; resolve the returned PendingReply later, same thread."""
-        self._check_reachable()
+        channel, env = self.send(request, target)
+        return PendingReply(self, channel, request, env)
+
+    def send(self, request: Request, target: str = "") -> tuple[_Channel, Envelope]:
+        """Put `request` on this thread's channel to its owner (opened or renewed here).
+
+        The one stat per request is the channel's check of its socket file: a file gone or
+        replaced opens a fresh channel, which checks the node is there (NodeNotRunning)."""
         channel = self._channel(target or request.target)
         env = Envelope(
             type=request.type,
@@ -369,7 +466,7 @@ class ZmqTransport:
             sender=self._sender,
         )
         channel.send(env)
-        return PendingReply(channel, request, env)
+        return channel, env
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
         return self.submit(request, target).result(timeout)

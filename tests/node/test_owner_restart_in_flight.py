@@ -1,0 +1,142 @@
+"""Issue 11 item 2: kill -9 of an owner costs only its in-flight requests, and the client
+resends those that are safe to resend.
+
+A request in flight when its owner died is lost with it. The client sees the owner's socket
+file replaced (the restarted owner binds a new one) as soon as a reply is late: a read-only or
+idempotent request is sent again on a fresh connection and answered within its deadline; any
+other is a NodeTimeout at once, worded as an unknown outcome, instead of a wait for the whole
+timeout. Real node, real owner processes, real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from subagents_node import AsyncClient
+from subagents_node.client.transport import PEER_CHECK_S
+from subagents_node.messages.base import Ack, resendable
+from subagents_node.messages.capacity import MarkStarted, Snapshot
+from subagents_node.messages.errors import NodeTimeout
+from subagents_node.messages.fanout import ClaimPaths, ReadSnapshot, ValidateDescriptor
+from subagents_node.messages.node import DebugSleep, NodeStatus, Ping
+from subagents_node.messages.supervisor import Launch
+from tests.support.nodes import NodeProcess
+from tests.support.runs import wait_until
+
+pytestmark = pytest.mark.processes
+
+#: Far longer than the client needs to notice the restart: a wait this long is the bug.
+TIMEOUT_S = 30.0
+
+
+def owner_pid(node: NodeProcess, name: str) -> int:
+    return next(int(a.pid or 0) for a in node.status().actors if a.name == name)
+
+
+def kill_and_wait_back(node: NodeProcess, name: str) -> None:
+    before = owner_pid(node, name)
+    os.kill(before, signal.SIGKILL)
+    wait_until(
+        lambda: (p := owner_pid(node, name)) not in (0, before) and p,
+        timeout=15,
+        what=f"{name} restarted",
+    )
+
+
+def test_only_read_only_or_idempotent_requests_are_resendable() -> None:
+    assert all(resendable(r) for r in (Ping, NodeStatus, Snapshot, ReadSnapshot))
+    assert resendable(ValidateDescriptor) and resendable(MarkStarted)
+    assert not any(resendable(r) for r in (ClaimPaths, Launch, DebugSleep))
+
+
+def test_a_read_in_flight_when_its_owner_is_killed_is_resent_and_answered(
+    node: NodeProcess,
+) -> None:
+    transport = node.transport()
+    client = node.client(timeout=TIMEOUT_S)
+    budget = client.fanout.create(root_run_id="resend", limit=10)
+    client.fanout.claim(budget, ["a", "b"])
+    # The owner is busy with a sleep, so the snapshot queued behind it is in flight when the
+    # owner is killed: it never reaches the handler of that process.
+    busy = transport.submit(DebugSleep(ms=3000), "fanout")
+    read = transport.submit(ReadSnapshot(descriptor=budget))
+    kill_and_wait_back(node, "fanout")
+    started = time.monotonic()
+    snapshot = read.result(timeout=TIMEOUT_S)
+    assert snapshot == client.fanout.snapshot(budget)
+    assert getattr(snapshot, "used", None) == 2
+    assert read.resent >= 1
+    assert time.monotonic() - started < TIMEOUT_S / 3
+    with pytest.raises(NodeTimeout) as lost:
+        busy.result(timeout=TIMEOUT_S)
+    assert lost.value.details.get("reason") == "owner_restarted"
+
+
+def test_a_write_in_flight_when_its_owner_is_killed_is_an_unknown_outcome_at_once(
+    node: NodeProcess,
+) -> None:
+    transport = node.transport()
+    client = node.client(timeout=TIMEOUT_S)
+    budget = client.fanout.create(root_run_id="no-resend", limit=10)
+    busy = transport.submit(DebugSleep(ms=3000), "fanout")
+    claim = transport.submit(ClaimPaths(descriptor=budget, paths=["x"]))
+    kill_and_wait_back(node, "fanout")
+    started = time.monotonic()
+    with pytest.raises(NodeTimeout) as lost:
+        claim.result(timeout=TIMEOUT_S)
+    waited = time.monotonic() - started
+    assert lost.value.details.get("reason") == "owner_restarted"
+    assert "outcome is unknown" in lost.value.message
+    assert waited < PEER_CHECK_S + 5, f"waited {waited:.1f} s for a reply that cannot come"
+    assert claim.resent == 0, "a claim is never sent twice"
+    # It was never applied (it died in the owner's queue) and the owner serves again.
+    assert client.fanout.snapshot(budget).used == 0
+    assert client.fanout.claim(budget, ["x"]).used == 1
+    with pytest.raises(NodeTimeout):
+        busy.result(timeout=TIMEOUT_S)
+
+
+def test_after_an_owner_restart_the_next_request_goes_out_on_a_fresh_connection(
+    node: NodeProcess,
+) -> None:
+    """No `reset()` needed: the client sees the new socket file before it writes."""
+    client = node.client(timeout=5.0)
+    budget = client.fanout.create(root_run_id="fresh", limit=100)
+    assert client.fanout.claim(budget, ["before"]).used == 1
+    kill_and_wait_back(node, "fanout")
+    for i in range(20):  # each answered within its 5 s: none is written into the dead one
+        assert client.fanout.claim(budget, [f"after-{i}"]).used == 2 + i
+
+
+def test_the_async_client_resends_a_read_and_refuses_to_resend_a_write(
+    node: NodeProcess,
+) -> None:
+    client = node.client(timeout=TIMEOUT_S)
+    budget = client.fanout.create(root_run_id="aio-resend", limit=10)
+    client.fanout.claim(budget, ["a"])
+
+    async def go() -> tuple[object, BaseException | None, float]:
+        async with AsyncClient(node.address, timeout=TIMEOUT_S) as aio:
+            busy = asyncio.ensure_future(aio.ask(DebugSleep(ms=3000), Ack, target="fanout"))
+            await asyncio.sleep(0)  # let the sleep go out first
+            read = asyncio.ensure_future(aio.fanout.snapshot(budget))
+            claim = asyncio.ensure_future(aio.fanout.claim(budget, ["b"]))
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(kill_and_wait_back, node, "fanout")
+            started = time.monotonic()
+            snapshot = await read
+            lost = (await asyncio.gather(claim, return_exceptions=True))[0]
+            waited = time.monotonic() - started
+            await asyncio.gather(busy, return_exceptions=True)
+            return snapshot, lost if isinstance(lost, BaseException) else None, waited
+
+    snapshot, lost, waited = asyncio.run(go())
+    assert getattr(snapshot, "used", None) == 1
+    assert isinstance(lost, NodeTimeout) and lost.details.get("reason") == "owner_restarted"
+    assert waited < TIMEOUT_S / 3
+    assert client.fanout.snapshot(budget).used == 1  # the claim was never applied
