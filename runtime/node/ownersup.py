@@ -352,15 +352,20 @@ class _Tombstone:
         self._endpoint = endpoint
         self._owner = owner
         self._reason = reason
-        self._stopping = False
+        # stop() writes here: the loop waits on its socket and this pipe, with no timer.
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"failed-{owner}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopping = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\x01")
         self._thread.join(timeout=5)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _run(self) -> None:
         sock = self._zctx.socket(zmq.ROUTER)
@@ -378,10 +383,14 @@ class _Tombstone:
             state="failed",
             reason=self._reason[:500],
         )
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         try:
-            while not self._stopping:
-                if not sock.poll(200):
-                    continue
+            while True:
+                events = dict(poller.poll())
+                if self._wake_r in events:
+                    return
                 frames = sock.recv_multipart()
                 if len(frames) != 2:
                     continue

@@ -1,7 +1,9 @@
 """One timer thread per node: runs callbacks at deadlines (reservation and slot TTL expiry).
 
 Owns the heap of pending callbacks. Waits on a condition until the earliest deadline or a new
-timer, so it never polls. Callbacks must be quick (they only `tell` an actor).
+timer, so it never polls. Callbacks must be quick (they only `tell` an actor). What it keeps is
+bounded by the timers pending: a cancel after the timer fired leaves nothing behind, and
+cancelled entries are dropped from the heap once they are half of it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ log = logging.getLogger(__name__)
 class Timers:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._cancelled: set[int] = set()
+        self._live: set[int] = set()  # scheduled, neither fired nor cancelled
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
@@ -30,13 +32,24 @@ class Timers:
         seq = next(self._seq)
         with self._cond:
             heapq.heappush(self._heap, (time.monotonic() + delay_s, seq, fn))
+            self._live.add(seq)
             self._cond.notify()
 
         def cancel() -> None:
             with self._cond:
-                self._cancelled.add(seq)
+                self._live.discard(seq)
+                if len(self._heap) > 64 and len(self._live) < len(self._heap) // 2:
+                    self._heap = [entry for entry in self._heap if entry[1] in self._live]
+                    heapq.heapify(self._heap)
 
         return cancel
+
+    @property
+    def held(self) -> int:
+        """What it keeps: heap entries (pending, or cancelled and not yet dropped) plus the
+        ids of the pending ones. Zero once every timer has fired or been cancelled."""
+        with self._cond:
+            return len(self._heap) + len(self._live)
 
     def stop(self) -> None:
         with self._cond:
@@ -53,9 +66,9 @@ class Timers:
                 if self._stopped:
                     return
                 _, seq, fn = heapq.heappop(self._heap)
-                if seq in self._cancelled:
-                    self._cancelled.discard(seq)
-                    continue
+                if seq not in self._live:
+                    continue  # cancelled
+                self._live.discard(seq)
             try:
                 fn()
             except Exception:
