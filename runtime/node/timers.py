@@ -30,10 +30,16 @@ class Timers:
 
     def schedule(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
         seq = next(self._seq)
+        due = time.monotonic() + delay_s
         with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + delay_s, seq, fn))
+            # Wake the thread only when this timer is now the earliest: it already waits for
+            # the earliest one, and a wake-up costs the owner's thread the GIL (a slot's TTL
+            # is armed on every acquire).
+            earliest = not self._heap or due < self._heap[0][0]
+            heapq.heappush(self._heap, (due, seq, fn))
             self._live.add(seq)
-            self._cond.notify()
+            if earliest:
+                self._cond.notify()
 
         def cancel() -> None:
             with self._cond:
