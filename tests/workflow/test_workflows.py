@@ -427,7 +427,9 @@ def test_r_tmo_7_the_script_deadline_fails_the_workflow_and_stops_the_child_it_a
     def main(runs):
         runs.run("forever", "gate", {str(gate.path)!r})
     """
-    flow = start_workflow(client, agents, work, script, timeout_ms=1500)
+    # Long enough for the child to reach its gate on a loaded 2-core machine (at 1.5 s the
+    # deadline could fire before the child started, and there was nothing to stop yet).
+    flow = start_workflow(client, agents, work, script, timeout_ms=4000)
     [held] = gate.accept(1)
 
     done = flow.wait()
