@@ -5,8 +5,6 @@ result model its request declares.
 It must never import an owner's schema module: a client that validates one request loads only
 that request's module (`protocol.py` builds the union of all of them, for the node)."""
 
-from __future__ import annotations
-
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
