@@ -19,14 +19,15 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
-
-import psutil
+from typing import TYPE_CHECKING, Protocol
 
 from subagents_node.client.client import Client
 from subagents_node.client.paths import LOG_NAME, ensure_state_dir, read_pid_file
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import NodeError, NodeNotRunning, NodeTimeout
+
+if TYPE_CHECKING:  # psutil loads where it is used: a node's owners, forked, never need it
+    import psutil
 
 #: how long a detached node that failed to start may take to exit before it is killed
 FAILED_EXIT_WAIT_S = 5.0
@@ -222,6 +223,8 @@ def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
     record = read_pid_file(state_dir)
     if record is None:
         raise NodeNotRunning(f"no node is running for {state_dir}", address=str(state_dir))
+    import psutil
+
     pid = int(str(record["pid"]))
     client = Client(ZmqTransport(str(record["address"])), timeout=5.0)
     try:
@@ -252,6 +255,8 @@ def wait_exited(proc: psutil.Process, timeout_s: float) -> bool:
     do so, so waiting for the pid to vanish (psutil's wait) can hang. On Linux a pidfd becomes
     readable exactly when the process terminates, so this waits on an event, not a poll.
     """
+    import psutil
+
     try:
         pidfd = os.pidfd_open(proc.pid)
     except ProcessLookupError:
