@@ -91,7 +91,7 @@ def fork_detached(
         code = 1
         try:
             os.close(read_fd)
-            _become_detached(log_path)
+            _become_detached(log_path, keep=write_fd)
             code = serve(write_fd)
         except BaseException:
             with contextlib.suppress(BaseException):
@@ -106,10 +106,14 @@ def fork_detached(
     return _await_ready(state_dir, read_fd, _Forked(pid), timeout_s)
 
 
-def _become_detached(log_path: Path) -> None:
+def _become_detached(log_path: Path, keep: int) -> None:
     """A session of its own (no terminal, so no Ctrl-C from the shell that started it), stdin
-    from /dev/null, stdout and stderr appended to node.log."""
+    from /dev/null, stdout and stderr appended to node.log, and no other descriptor of the
+    starting process but `keep` (as a fresh interpreter started with close_fds would be: a
+    caller reading the start command's output sees it end when the command exits)."""
     os.setsid()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     os.dup2(null, 0)
