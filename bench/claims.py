@@ -13,7 +13,9 @@ Measured:
 - acquire + rollback cycles at 8 clients: one shared session (limit 64) and one session per
   client (limit 8), ours against `FileLockCapacity`;
 - errors other than limit rejections, counted per measurement (`bench.clientpool`), and the
-  CPU time one request costs the server process (node or echo server) and the clients.
+  CPU time one request costs the server process (node or echo server) and the clients;
+- the node's cold start and idle memory (issue 11; `bench/claims_startup.py`, which
+  `python -m bench.claims_startup` runs alone).
 Fixed request counts throughout, so the run is bounded (about 1.5 minutes on 2 cpus). It owns
 its node, echo server, client processes and scratch directories for the length of `main()`;
 it reports and never asserts (the targets table says which of issue 3's targets the run met),
@@ -27,7 +29,6 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +54,7 @@ from bench.claims_report import (
     throughput_table,
     used_table,
 )
+from bench.claims_startup import section as startup_section
 from bench.clientpool import ClientPool, Outcomes, Run
 from bench.common import ClientResult, Measurement, detached_node
 from bench.filelock_ledger import FileLockFanout
@@ -117,70 +119,6 @@ def _cpu_s(proc: psutil.Process) -> float:
             times = one.cpu_times()
             total += float(times.user + times.system)
     return total
-
-
-COLD_STARTS = 7
-
-
-def _cold_start_s() -> float:
-    """From spawning `subagents-node start` to the first answered claim (the client retries
-    until the node's sockets exist: that wait is what is measured)."""
-    from subagents_node.client.client import Client
-    from subagents_node.client.transport import ZmqTransport
-    from subagents_node.messages.errors import NodeError
-
-    state_dir = Path(tempfile.mkdtemp(prefix="sa-cold-", dir="/tmp"))
-    cli = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "start"]
-    started = time.monotonic()
-    proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        address = f"ipc://{state_dir / 'node.sock'}"
-        while True:
-            try:
-                with Client(ZmqTransport(address), timeout=5.0) as client:
-                    budget = client.fanout.create(root_run_id="cold", limit=1)
-                    client.fanout.claim(budget, ["tasks[0]"])
-                return time.monotonic() - started
-            except NodeError:
-                if proc.poll() is not None:
-                    raise RuntimeError("the node exited during its cold start") from None
-                time.sleep(0.002)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        shutil.rmtree(state_dir, ignore_errors=True)
-
-
-def _idle_memory(node_proc: psutil.Process) -> tuple[int, int, int]:
-    """(processes, RSS sum, PSS sum) of an idle node: the node and its owner processes."""
-    rss = pss = 0
-    procs = [node_proc, *node_proc.children()]
-    for one in procs:
-        info = one.memory_full_info()
-        rss += int(info.rss)
-        pss += int(getattr(info, "pss", info.rss))
-    return len(procs), rss, pss
-
-
-def _startup_section() -> tuple[str, float, tuple[int, int, int]]:
-    import statistics
-
-    times = [_cold_start_s() for _ in range(COLD_STARTS)]
-    with detached_node() as address, connect(address, timeout=30.0) as client:
-        memory = _idle_memory(psutil.Process(client.status().pid))
-    cold = statistics.median(times)
-    count, rss, pss = memory
-    text = (
-        "### Cold start and idle memory\n\n"
-        f"Cold start (spawn `subagents-node start` → first claim answered), median of "
-        f"{COLD_STARTS}: **{cold * 1000:.0f} ms** (min {min(times) * 1000:.0f}, max "
-        f"{max(times) * 1000:.0f}); target < 500 ms: {'met' if cold < 0.5 else 'missed'}.\n\n"
-        f"Idle node: {count} processes (the node and its owners), RSS sum "
-        f"**{rss / 2**20:.1f} MiB** (PSS sum {pss / 2**20:.1f} MiB: the owners share the "
-        f"node's pages, forked after its imports); target < 150 MiB: "
-        f"{'met' if rss < 150 * 2**20 else 'missed'}."
-    )
-    return text, cold, memory
 
 
 def _with_server_cpu(
@@ -313,7 +251,7 @@ def main() -> str:
         section_done("per-claim cost by used")
         cycles = _cycles(pool, node, scratch)
         section_done("acquire + rollback")
-    startup, _, _ = _startup_section()
+    startup, _, _ = startup_section()
     section_done("cold start and idle memory")
     ours = [r.run.outcomes for r in rows if r.system == "ours"] + [used["ours"][1]]
     ours += [run.outcomes for _, system, run in cycles if system == "ours"]

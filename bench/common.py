@@ -144,15 +144,20 @@ def measure(
 
 
 @contextlib.contextmanager
-def detached_node(*start_args: str) -> Iterator[str]:
-    """A real node process (`start --detach`) on a fresh short state dir; yields its address."""
+def detached_node(*start_args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A real node process (`start --detach`) on a fresh short state dir; yields its address.
+    `env` is the start command's environment (default: this process's)."""
     from subagents_node.client.paths import read_pid_file
     from subagents_node.node.daemon import stop_node
 
     state_dir = Path(tempfile.mkdtemp(prefix="sa-bench-", dir="/tmp"))
     cli = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir)]
     subprocess.run(
-        [*cli, "start", "--detach", *start_args], check=True, cwd=REPO, stdout=subprocess.DEVNULL
+        [*cli, "start", "--detach", *start_args],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        env=env,
     )
     try:
         record = read_pid_file(state_dir)

@@ -5,8 +5,6 @@ result model its request declares.
 It must never import an owner's schema module: a client that validates one request loads only
 that request's module (`protocol.py` builds the union of all of them, for the node)."""
 
-from __future__ import annotations
-
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -15,9 +13,12 @@ from subagents_node.messages.errors import BadRequest
 
 
 class Message(BaseModel):
-    """A body model. Frozen, and unknown fields are errors: a typo must not pass silently."""
+    """A body model. Frozen, and unknown fields are errors: a typo must not pass silently.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Its validator is built when it is first used, not when the class is defined: a process
+    defines every model of the protocols it imports but validates only a few of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     def to_body(self) -> dict[str, Any]:
         return self.model_dump(mode="python", exclude={"type"})

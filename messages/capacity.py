@@ -16,8 +16,6 @@ Every handle operation names all of it, so a stale or forged handle is refused (
 answers false instead, R-CAP-17). Times are wall-clock seconds since the epoch.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
@@ -111,7 +109,7 @@ class RunnerProof(Message):
     @classmethod
     def of_children(
         cls, proofs: Sequence[str], runner_id: str, pid: int | None, now: float, error: str
-    ) -> RunnerProof:
+    ) -> "RunnerProof":
         """The run-level proof from its children's: observed only when every child's tree was
         seen to end, not-started when no child process ever existed (R-RUN-5, R-CAP-21).
         Here, not in the supervisor, because `debug-run` shows the same verdict client-side."""
@@ -164,7 +162,7 @@ class SlotRecord(Message):
     proof_state: str | None = None
     terminal: TerminalFacts | None = None
     #: The complete record this one replaced by a transfer; a rollback restores it (R-CAP-16).
-    prev_record: SlotRecord | None = None
+    prev_record: "SlotRecord | None" = None
 
     @property
     def started(self) -> bool:

@@ -17,8 +17,6 @@ It imports only constants and pydantic, never holds state, and never decides a r
 owner: a domain says what a value can be, not whether a ledger accepts it.
 """
 
-from __future__ import annotations
-
 import os
 from typing import Annotated, Any
 

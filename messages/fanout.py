@@ -17,8 +17,6 @@ pure; it never reads a store or a clock, and it never decides admission (the own
         └── FanoutReservationCommitted   fanout_reservation_committed reservation_id, snapshot
 """
 
-from __future__ import annotations
-
 import base64
 import binascii
 import json
@@ -154,7 +152,7 @@ class FanoutSnapshot(Message):
     remaining: int
 
     @classmethod
-    def of(cls, used: int, limit: int) -> FanoutSnapshot:
+    def of(cls, used: int, limit: int) -> "FanoutSnapshot":
         return cls(used=used, limit=limit, remaining=max(0, limit - used))
 
     @property

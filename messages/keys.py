@@ -6,8 +6,6 @@ A change is written to the state dir before it is acknowledged and applies to th
 handshake and the next frame of a connected peer (DESIGN §3).
 """
 
-from __future__ import annotations
-
 from typing import ClassVar, Literal
 
 from pydantic import Field

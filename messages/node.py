@@ -4,8 +4,6 @@ Fault-injection requests (`debug.*`) reach an owner actor only when the node was
 faults enabled (tests); otherwise they are refused with BadRequest and change nothing.
 """
 
-from __future__ import annotations
-
 from typing import ClassVar, Literal
 
 from pydantic import Field

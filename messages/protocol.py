@@ -1,14 +1,16 @@
 """The request union: every request body model, keyed by `type`, validated once at the boundary.
 
-The TypeAdapter is built once at import. Each actor protocol lives in its own module and lists
-its request classes in `REQUESTS`; adding a protocol means adding it to `_PROTOCOLS` below.
+A body is validated by its own model, looked up by `type` (no union validator: each model
+builds its validator the first time it is used, so a process pays only for the requests it
+is sent). Each actor protocol lives in its own module and lists its request classes in
+`REQUESTS`; adding a protocol means adding it to `_PROTOCOLS` below.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Any
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from subagents_node.messages import (
     capacity,
@@ -39,17 +41,20 @@ REQUEST_TYPES: frozenset[str] = frozenset(
     str(c.model_fields["type"].default) for c in REQUEST_CLASSES
 )
 
-_ADAPTER: TypeAdapter[Request] = TypeAdapter(
-    Annotated[Union[REQUEST_CLASSES], Field(discriminator="type")]  # type: ignore[arg-type]  # noqa: UP007
-)
+#: type -> its request model; each model builds its validator on first use (`defer_build`), so
+#: a process validates only the requests it is sent and pays for no other schema.
+REQUEST_BY_TYPE: dict[str, type[Request]] = {
+    str(c.model_fields["type"].default): c for c in REQUEST_CLASSES
+}
 
 
 def parse_request(type_: str, body: dict[str, Any]) -> Request:
     """Validate an inbound body into its request model, or raise a typed BadRequest."""
-    if type_ not in REQUEST_TYPES:
+    kind = REQUEST_BY_TYPE.get(type_)
+    if kind is None:
         raise UnknownMessageType(f"unknown message type {type_!r}", type=type_)
     try:
-        return _ADAPTER.validate_python({**body, "type": type_})
+        return kind.model_validate({**body, "type": type_})
     except ValidationError as exc:
         raise schema_error(type_, exc) from None
 

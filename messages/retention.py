@@ -6,8 +6,6 @@ sub-run still going, is never pruned. The node applies its configured retention
 (`run_retention_days`) by itself on a timer; `subagents-node prune` asks for it now.
 """
 
-from __future__ import annotations
-
 from typing import ClassVar, Literal
 
 from pydantic import Field

@@ -11,8 +11,6 @@ A ChildSpec's argv and stdin file may hold the task text; nothing here logs or p
 Times are wall-clock seconds since the epoch; durations are seconds unless named `_ms`.
 """
 
-from __future__ import annotations
-
 import os
 from typing import ClassVar, Literal
 

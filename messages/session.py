@@ -17,8 +17,6 @@ launch is admitted for a session, and runtime.config (which raises them) may not
 errors itself.
 """
 
-from __future__ import annotations
-
 from typing import ClassVar, Literal
 
 from subagents_node.messages.base import Message, Request, ResultType

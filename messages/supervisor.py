@@ -6,8 +6,6 @@ launchers with different project directories and configs. Limits are validated h
 lenient config resolvers of SPEC §2 live in runtime.config and run before a request is built.
 """
 
-from __future__ import annotations
-
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -95,7 +93,7 @@ class ChainStep(Message):
     note: ShortText = ""
 
     @model_validator(mode="after")
-    def _items_match_kind(self) -> ChainStep:
+    def _items_match_kind(self) -> "ChainStep":
         if self.kind == "checkpoint":
             if self.items or self.parallel:
                 raise ValueError("a checkpoint step has no items")
@@ -237,7 +235,7 @@ class Launch(Request):
     seed_previous: TaskText | None = None
 
     @model_validator(mode="after")
-    def _shape_matches_mode(self) -> Launch:
+    def _shape_matches_mode(self) -> "Launch":
         if self.mode == "single" and (len(self.items) != 1 or self.chain):
             raise ValueError("a single run has exactly one item and no chain")
         if self.mode == "parallel" and (not self.items or self.chain):

@@ -284,6 +284,23 @@ def test_importing_the_client_loads_no_node_code_pykka_or_sqlite() -> None:
     assert out.stdout.split() == [], out.stdout
 
 
+def test_the_blocking_client_and_the_node_load_no_asyncio() -> None:
+    """asyncio is ~30 modules and ~1.5 MiB in every process that loads it; only the async
+    client needs it. A blocking client pays for it in its start-up, and the node (and each
+    owner it forks, which inherits the node's memory) in its resident size."""
+    probe = (
+        "import sys; import subagents_node.client.client as c; c.connect('ipc:///nonexistent')\n"
+        "client = sorted(m for m in sys.modules if m.split('.')[0] == 'asyncio')\n"
+        "import subagents_node.cli.main, subagents_node.launch.config, subagents_node.node.daemon\n"
+        "from subagents_node.node.node import Node\n"
+        "with Node.embedded() as node:\n"
+        "    node.client('zmq').ping()\n"
+        "    print(client, sorted(m for m in sys.modules if m.split('.')[0] == 'asyncio'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] []", out.stdout
+
+
 def test_configuration_page_covers_every_setting_and_variable() -> None:
     from subagents_node.launch.config import ENV_NAMES, KEYS
 

@@ -10,6 +10,7 @@ only its own family (tests/cli/test_cli_node.py checks the two lists agree).
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import logging
 import os
@@ -17,12 +18,13 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from subagents_node.cli.common import (
     EXIT_INTERRUPTED,
+    CliError,
     Ctx,
     emit,
     error_line,
@@ -39,6 +41,9 @@ from subagents_node.messages.constants import (
     ENV_TEST_KILL_AT,
 )
 from subagents_node.messages.errors import SubagentsError
+
+if TYPE_CHECKING:
+    from subagents_node.launch.config import Configuration
 
 #: command name -> (module, attribute): the families are imported only when their command runs
 #: (or when help lists them), so `--version` and `ping` load none of them.
@@ -197,7 +202,6 @@ def start(
     """Start a node serving the state dir (foreground unless --detach)."""
     from subagents_node.launch.config import load_config
     from subagents_node.node import daemon
-    from subagents_node.node.node import Node, NodeOptions
 
     if ready_fd is not None:
         try:
@@ -214,11 +218,55 @@ def start(
         daemon.signal_ready(ready_fd, f"error: {err.message}")
         raise
     if detach:
-        extra = [a for item in listen for a in ("--listen", item)]
-        extra += ["--mailbox-limit", str(mailbox_limit)] + (["--faults"] if faults else [])
-        record = daemon.start_detached(obj.state_dir, extra)
+        # Forked, not a fresh interpreter: the node starts from what this process imported
+        # already, and this process holds no thread or socket yet (runtime/node/daemon.py).
+        serve = functools.partial(
+            _serve_detached, obj, config, listen, mailbox_limit, faults, verbose
+        )
+        record = daemon.fork_detached(obj.state_dir, serve)
         click.echo(f"node started (pid {record['pid']}) at {record['address']}")
         return
+    _serve(obj, config, listen, mailbox_limit, faults, verbose, ready_fd, log_to_file)
+
+
+def _serve_detached(
+    obj: Ctx,
+    config: Configuration,
+    listen: tuple[str, ...],
+    mailbox_limit: int,
+    faults: bool,
+    verbose: bool,
+    ready_fd: int,
+) -> int:
+    """The detached node's life (`start --detach`, in the forked child): serve, then the exit
+    code, with a failure shown on node.log the way `start` shows it."""
+    try:
+        _serve(obj, config, listen, mailbox_limit, faults, verbose, ready_fd, True)
+    except SubagentsError as err:
+        failed = CliError(err)
+        failed.show()
+        return failed.exit_code
+    except click.ClickException as err:
+        err.show()
+        return err.exit_code
+    return 0
+
+
+def _serve(
+    obj: Ctx,
+    config: Configuration,
+    listen: tuple[str, ...],
+    mailbox_limit: int,
+    faults: bool,
+    verbose: bool,
+    ready_fd: int | None,
+    log_to_file: bool,
+) -> None:
+    """Run a node in this process until it is stopped (`start` in the foreground, or the
+    detached node): ready (or the error) on `ready_fd` once it serves."""
+    from subagents_node.node import daemon
+    from subagents_node.node.node import Node, NodeOptions
+
     level = logging.DEBUG if verbose else logging.INFO
     if log_to_file:  # a detached node (start --detach): node.log, rotated by size
         from subagents_node.client.paths import LOG_NAME

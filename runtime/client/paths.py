@@ -224,10 +224,15 @@ def read_pid_file(state_dir: Path) -> dict[str, object] | None:
     A zombie is dead: after `kill -9` the process lingers until its reaper (often pid 1, which
     in a container may never reap) collects it, and that must not block a restart.
     """
-    import psutil  # only here: a client that never reads the pid file does not pay for it
-
     try:
         record = json.loads((state_dir / PID_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    # Only here, and only for a record: a client that never reads one, and a node starting on
+    # a state dir with none (its owners are forked from it), do not load psutil.
+    import psutil
+
+    try:
         proc = psutil.Process(int(record["pid"]))
         if proc.create_time() != record["create_time"] or proc.status() == psutil.STATUS_ZOMBIE:
             return None

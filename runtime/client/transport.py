@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from subagents_node.client.keys import ClientCredentials, client_credentials
 from subagents_node.client.paths import (
@@ -325,6 +324,10 @@ class _Channel:
         return None
 
     def _check_handshake(self) -> None:
+        # Here, not at the top: zmq.utils.monitor imports zmq.asyncio (all of asyncio), which
+        # only a tcp channel needs, and every client and node process imports this module.
+        from zmq.utils.monitor import recv_monitor_message
+
         assert self.monitor is not None
         while True:
             try:

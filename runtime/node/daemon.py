@@ -1,24 +1,33 @@
 """Detached nodes: start one in the background and wait for it to be ready; stop one cleanly.
 
-Owns the start handshake (a pipe the detached node writes one line to once it is serving, so
-the parent waits on an event, not on a polling loop) and the stop sequence (ask the node to
-shut down, then wait for its process to exit).
+A detached node is forked from the process that asks for it (`start --detach`: no second
+interpreter start-up), or, from a process that may hold threads or sockets, started as a
+fresh `subagents-node start`. Owns the start handshake (a pipe the detached node writes one
+line to once it is serving, so the parent waits on an event, not on a polling loop) and the
+stop sequence (ask the node to shut down, then wait for its process to exit).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import select
+import signal
 import subprocess
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-
-import psutil
+from typing import TYPE_CHECKING, Protocol
 
 from subagents_node.client.client import Client
 from subagents_node.client.paths import LOG_NAME, ensure_state_dir, read_pid_file
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import NodeError, NodeNotRunning, NodeTimeout
+
+if TYPE_CHECKING:  # psutil loads where it is used: a node's owners, forked, never need it
+    import psutil
 
 #: how long a detached node that failed to start may take to exit before it is killed
 FAILED_EXIT_WAIT_S = 5.0
@@ -27,7 +36,9 @@ FAILED_EXIT_WAIT_S = 5.0
 def start_detached(
     state_dir: Path, extra_args: list[str], timeout_s: float = 20.0
 ) -> dict[str, object]:
-    """Start `subagents-node start` in its own session; return its pid record once serving."""
+    """Start `subagents-node start` in a fresh interpreter in its own session; return its pid
+    record once serving. For a caller that may hold threads or sockets (a fork would copy
+    them); `fork_detached` is the quicker way from a process that holds neither."""
     ensure_state_dir(state_dir)
     read_fd, write_fd = os.pipe()
     log_path = state_dir / LOG_NAME
@@ -53,6 +64,128 @@ def start_detached(
             start_new_session=True,
         )
     os.close(write_fd)
+    return _await_ready(state_dir, read_fd, _Spawned(proc), timeout_s)
+
+
+def fork_detached(
+    state_dir: Path, serve: Callable[[int], int], timeout_s: float = 20.0
+) -> dict[str, object]:
+    """Start a node in a forked child of this process, in its own session, with stdio on
+    node.log; return its pid record once serving.
+
+    The child starts from what this process imported already (for `start --detach`: the CLI
+    and the configuration), so the start costs a fork instead of an interpreter start-up and
+    a second round of those imports. This
+    process must hold no thread and no ZeroMQ context (the child would inherit them half
+    alive). `serve(ready_fd)` runs in the child: it serves until the node stops, writing
+    `ready` or `error: ...` to `ready_fd` as it starts (`signal_ready`), and returns the exit
+    code; the child never returns into the caller's code.
+    """
+    ensure_state_dir(state_dir)
+    log_path = state_dir / LOG_NAME
+    read_fd, write_fd = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # or the child would write the parent's buffer too
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:  # the node
+        code = 1
+        try:
+            os.close(read_fd)
+            _become_detached(log_path, keep=write_fd)
+            code = serve(write_fd)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(write_fd)
+    return _await_ready(state_dir, read_fd, _Forked(pid), timeout_s)
+
+
+def _become_detached(log_path: Path, keep: int) -> None:
+    """A session of its own (no terminal, so no Ctrl-C from the shell that started it), stdin
+    from /dev/null, stdout and stderr appended to node.log, and no other descriptor of the
+    starting process but `keep` (as a fresh interpreter started with close_fds would be: a
+    caller reading the start command's output sees it end when the command exits)."""
+    os.setsid()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+
+
+class _Spawned:
+    """A detached node started as a fresh interpreter."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    def wait(self, timeout_s: float) -> bool:
+        try:
+            self._proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+class _Forked:
+    """A detached node forked from this process (our child until this process exits)."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._reaped = False
+
+    def running(self) -> bool:
+        if not self._reaped:
+            self._reaped = os.waitpid(self._pid, os.WNOHANG)[0] == self._pid
+        return not self._reaped
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+
+    def wait(self, timeout_s: float) -> bool:
+        if self._reaped:
+            return True
+        try:
+            pidfd = os.pidfd_open(self._pid)
+        except ProcessLookupError:
+            return not self.running()
+        try:
+            select.select([pidfd], [], [], timeout_s)
+        finally:
+            os.close(pidfd)
+        return not self.running()
+
+
+class _Detached(Protocol):
+    def running(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout_s: float) -> bool: ...
+
+
+def _await_ready(
+    state_dir: Path, read_fd: int, proc: _Detached, timeout_s: float
+) -> dict[str, object]:
+    """Wait for the detached node's one line on its ready pipe (an event, not a poll)."""
+    log_path = state_dir / LOG_NAME
     try:
         ready, _, _ = select.select([read_fd], [], [], timeout_s)
         line = os.read(read_fd, 4096).decode(errors="replace").strip() if ready else ""
@@ -62,19 +195,18 @@ def start_detached(
         record = read_pid_file(state_dir)
         if record is not None:
             return record
-    if proc.poll() is None and not line:
+    if proc.running() and not line:
         proc.kill()
+        proc.wait(FAILED_EXIT_WAIT_S)
         raise NodeTimeout(
             f"the detached node did not become ready within {timeout_s:g}s; see {log_path}",
             address=str(state_dir),
         )
     # A node that reported an error is cleaning up (its shim template, its sockets' linger) and
     # exiting: return only once it is gone, so a failed start leaves nothing running.
-    try:
-        proc.wait(timeout=FAILED_EXIT_WAIT_S)
-    except subprocess.TimeoutExpired:
+    if not proc.wait(FAILED_EXIT_WAIT_S):
         proc.kill()
-        proc.wait()
+        proc.wait(FAILED_EXIT_WAIT_S)
     raise NodeError(
         f"the detached node failed to start: {line or 'exited'}; see {log_path}",
         address=str(state_dir),
@@ -95,6 +227,8 @@ def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
     record = read_pid_file(state_dir)
     if record is None:
         raise NodeNotRunning(f"no node is running for {state_dir}", address=str(state_dir))
+    import psutil
+
     pid = int(str(record["pid"]))
     client = Client(ZmqTransport(str(record["address"])), timeout=5.0)
     try:
@@ -125,6 +259,8 @@ def wait_exited(proc: psutil.Process, timeout_s: float) -> bool:
     do so, so waiting for the pid to vanish (psutil's wait) can hang. On Linux a pidfd becomes
     readable exactly when the process terminates, so this waits on an event, not a poll.
     """
+    import psutil
+
     try:
         pidfd = os.pidfd_open(proc.pid)
     except ProcessLookupError:

@@ -25,7 +25,6 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import zmq
 
 from subagents_node.actors.owner import Outcome
@@ -374,6 +373,9 @@ class Node:
                     sock.unlink()
 
     def _write_pid_file(self) -> None:
+        # Here, not at the top: the owners are forked by now, and none of them needs psutil.
+        import psutil
+
         record = {
             "pid": os.getpid(),
             "create_time": psutil.Process().create_time(),

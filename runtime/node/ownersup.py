@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -210,10 +211,15 @@ class OwnerSupervisor:
         if self._stopping or owner.state == "failed":
             return
         control_r, control_w = os.pipe()
+        # Every object alive now is the owner's inheritance: frozen, the child's collector never
+        # walks it, so it never writes to (copies) the pages it shares with the node. The node
+        # itself unfreezes at once and collects as before.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # the owner process
             os.close(control_r)
             run_owner(owner.spec, control_w)  # never returns
+        gc.unfreeze()
         os.close(control_w)
         os.set_blocking(control_r, False)
         with self._lock:

@@ -131,6 +131,19 @@ def test_each_owner_keeps_its_own_database_and_socket(node: NodeProcess) -> None
         assert (node.state_dir / OWNER_SOCKETS[name]).is_socket()
 
 
+def test_the_owners_inherit_no_library_only_the_node_or_other_processes_use() -> None:
+    """Each owner is forked after the node's imports and holds every page of them in its own
+    resident size, so a library no owner uses (psutil: the node's pid file and `stop`;
+    asyncio and ssl: the async client) must load after the first forks, or not at all. Its
+    C extension mapped in an owner says it was loaded before. (A restarted owner is forked
+    later and may inherit psutil: a fresh node's owners are checked.)"""
+    with running_node() as fresh:
+        for name, pid in owner_pids(fresh).items():
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            loaded = [lib for lib in ("_psutil_linux", "_asyncio", "_ssl") if lib in maps]
+            assert loaded == [], f"the {name} owner holds {loaded}"
+
+
 def test_a_client_sends_straight_to_the_owner_not_through_the_node(node: NodeProcess) -> None:
     client = node.client()
     transport = client.transport
