@@ -47,6 +47,7 @@ import msgpack
 import zmq
 
 from subagents_node.actors.child import procfs
+from subagents_node.actors.child.cgroup import ChildCgroup
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.spawn import spawn_agent, spawn_error
 
@@ -101,6 +102,8 @@ class Shim:
         self.retry_at = 0.0
         self.backoff = _FIRST_RETRY_S
         self.blocked = False
+        #: The child's own cgroup (the node's containment is cgroup v2), else None.
+        self.cgroup: ChildCgroup | None = None
 
     # -- the life of the shim -------------------------------------------------------------------
 
@@ -122,6 +125,9 @@ class Shim:
         signal.set_wakeup_fd(wake_w)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, lambda *_: None)  # the byte in the wake-up pipe is the event
+        base = self.order.get("cgroup_base")
+        if base:
+            self.cgroup = ChildCgroup.create(str(base), str(self.order["child_id"]))
         self._start()  # before libzmq starts its thread: the agent is forked single-threaded
         zctx = zmq.Context(io_threads=1)
         sock = zctx.socket(zmq.DEALER)
@@ -137,28 +143,60 @@ class Shim:
 
     def _start(self) -> None:
         try:
-            pid = spawn_agent(self.order)
+            pid = self._spawn()
         except OSError as err:
+            self._drop_cgroup()
             self.facts["error"] = spawn_error(self.order, err)[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")
             return
         except (ValueError, TypeError) as exc:  # an argv or env the OS cannot take
+            self._drop_cgroup()
             self.facts["error"] = f"cannot start {self.order['argv'][0]}: {exc}"[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")
             return
         self.leader = pid
+        if self.cgroup is not None:
+            self.facts["cgroup"] = self.cgroup.path
         start = procfs.start_time_of(pid, zombies=True) or 0.0
         self.facts.update(pid=pid, identity_start=start, start_time=procfs.wall_clock(start))
         self._report("started")
+
+    def _spawn(self) -> int:
+        """The agent, born in the child's cgroup when there is one (the shim enters it for
+        the spawn and leaves it again); in the shim's own otherwise."""
+        group = self.cgroup
+        if group is None:
+            return spawn_agent(self.order)
+        try:
+            group.enter()
+        except OSError:
+            self.cgroup = None
+            group.remove()
+            return spawn_agent(self.order)
+        try:
+            return spawn_agent(self.order)
+        finally:
+            try:
+                group.leave()
+            except OSError:  # the shim shares the cgroup with its child: neither its end
+                self.cgroup = None  # nor a kill of it would be the tree's alone
+
+    def _drop_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
 
     def _loop(self, sock: zmq.Socket[bytes], wake_r: int) -> None:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        events_fd = -1 if self.cgroup is None else self.cgroup.events_fd
+        if events_fd >= 0:  # each change of cgroup.events (the tree's end) is an event
+            poller.register(events_fd, zmq.POLLPRI)
         while not (self.tree_ended and not self.unacked) and not self._given_up():
             self._send(sock)
             # Not connected yet (IMMEDIATE): wake as soon as the node's socket accepts us.
@@ -174,6 +212,11 @@ class Shim:
                 if signal.SIGTERM in signals and not self.tree_ended:
                     self._end_tree("stop")
                 self._reap()
+            elif events_fd >= 0 and events_fd in events:
+                self._reap()
+            if events_fd >= 0 and self.tree_ended:
+                poller.unregister(events_fd)
+                events_fd = -1
             if sock in events:
                 self._receive(sock)
             self._on_timers()
@@ -198,11 +241,17 @@ class Shim:
                 break
             if pid == self.leader and not self.leader_gone:
                 leader_code = os.waitstatus_to_exitcode(status)
+        # With a cgroup, the tree has ended when the subreaper has nobody left to reap and
+        # the cgroup holds no process (`populated 0`; each is an event, in either order).
+        if self.cgroup is not None and self.cgroup.populated():
+            tree_left = True
         if leader_code is not None:
             self._leader_exited(leader_code, tree_left)
         if self.leader_gone and not tree_left and not self.tree_ended:
             self.tree_ended = True
             self.facts["tree_ended_at"] = time.time()
+            if self.cgroup is not None:
+                self.cgroup.remove()
             self._record_exit()
             self._report("tree_ended")
 
@@ -252,6 +301,12 @@ class Shim:
         was nobody to signal."""
         if found is None:
             found = procfs.descendants(os.getpid())
+        if only_group is None and self.cgroup is not None:
+            # The cgroup holds the whole tree, wherever its processes now hang (or hid).
+            known = {pid for pid, _ in found}
+            for pid in self.cgroup.pids():
+                if pid not in known and (stat := procfs.stat_of(pid)) is not None:
+                    found.append((pid, stat))
         if only_group is not None:
             found = [(pid, st) for pid, st in found if st.pgid == only_group]
         # Each process gets the signal once (a second SIGTERM could cut short the clean-up
@@ -288,6 +343,8 @@ class Shim:
             self._end_tree("deadline")
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
+            if self.cgroup is not None:
+                self.cgroup.kill()  # every process of the tree, however it left the shim's
             self._signal_tree(signal.SIGKILL)
         if self.group_kill_at is not None and now >= self.group_kill_at:
             self.group_kill_at = None

@@ -156,6 +156,8 @@ class RunSupervisor(OwnerActor):
             str(ctx.settings.get("runs_address") or ctx.settings.get("node_address", "")),
             self._to_self(ShimGone),
             ctx.cap_log,
+            # The node's containment: where each child's cgroup goes ('' = subreaper only).
+            str(ctx.settings.get("cgroup_base") or ""),
         )
 
     def on_stop(self) -> None:
