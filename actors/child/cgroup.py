@@ -19,13 +19,11 @@ never signals anything outside the cgroup it was given.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import select
 import signal
 import time
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 #: The node's setting: `auto` uses cgroups where it can, `cgroup` requires them, `subreaper`
 #: never uses them.
@@ -35,8 +33,7 @@ MOUNTINFO = "/proc/self/mountinfo"
 OWN_CGROUP = "/proc/self/cgroup"
 
 
-@dataclass(frozen=True, slots=True)
-class Containment:
+class Containment(NamedTuple):
     """What the node uses: `cgroup` with the directory its children's cgroups go in, or
     `subreaper` with why not."""
 
@@ -102,6 +99,8 @@ def resolve(setting: str, key: str) -> Containment:
     own = own_cgroup()
     if own is None:
         return Containment("subreaper", why="the node's cgroup v2 path is unknown")
+    import hashlib  # here, not at the top: libcrypto would add MiBs to every shim's fork
+
     home = os.path.normpath(mount + own)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     base = os.path.join(home, f"subagents-node.{digest}")

@@ -39,7 +39,6 @@ import gc
 import json
 import math
 import os
-import random
 import select
 import signal
 import time
@@ -372,7 +371,7 @@ class Shim:
             "tree_ended": self.tree_ended,
             "ended_by": self.ended_by,
         }
-        mid = f"{random.getrandbits(96):024x}"
+        mid = os.urandom(12).hex()  # not `random`: its at-fork reseed runs in every shim
         envelope = {
             "v": PROTOCOL_VERSION,
             "id": mid,
