@@ -84,16 +84,19 @@ class ChildKeeper:
         node_address: str,
         on_shim_gone: Callable[[str], None],
         cap_log: LogCap | None = None,
+        cap_flush: Callable[[], None] | None = None,
         cgroup_base: str = "",
     ) -> None:
         """`cap_log(path)` keeps a log file under the node's cap (actors/child/logcap.py) and
-        returns the call that stops watching it: a running child's two logs are watched.
+        returns the call that stops watching it: a running child's two logs are watched;
+        `cap_flush()` hands the cap's thread what changed (called by `flush`).
         `cgroup_base`: where shims make each child's cgroup ('' for none)."""
         self._address = node_address
         self._cgroup_base = cgroup_base
         self._template = ShimTemplate()
         self._watch = ShimWatch(on_shim_gone)
         self._cap_log = cap_log
+        self._cap_flush = cap_flush
         self._capped: dict[str, list[Callable[[], None]]] = {}
         #: Shims whose tree ended (acknowledged or about to be) that were not yet seen gone.
         self._finishing: dict[str, ProcessIdentity] = {}
@@ -133,6 +136,13 @@ class ChildKeeper:
             if isinstance(event, ChildExited):
                 self._uncap(event.child_id)
         return events
+
+    def flush(self) -> None:
+        """Once per commit group: the shims to watch go to the watch thread together, and so
+        do the log watches (a child that ended in the group that started it costs none)."""
+        self._watch.flush()
+        if self._cap_flush is not None:
+            self._cap_flush()
 
     @property
     def template_pid(self) -> int | None:

@@ -117,7 +117,8 @@ class Shim:
         for fd in (0, 1, 2):  # the template's pipes are not ours to hold
             os.dup2(devnull, fd)
         os.close(devnull)
-        os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
+        if not os.path.isdir(self.record_dir):  # the supervisor made it (a stat, not a mkdir)
+            os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
         claim = {**self.facts, "at": time.time()}
         # No fsync: the claim fences a recovering node against a late shim, and a power cut
         # ends both; the exit record, which must survive the node, is synced.

@@ -161,8 +161,12 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
 
 
 class ShimWatch:
-    """One thread for every shim: `watch(key, identity)`; `on_gone(key)` runs on the thread
-    when that shim exits (at once if it is already gone)."""
+    """One thread for every shim: `watch(key, identity)`, then `flush()` (once per batch: the
+    supervisor's commit group); `on_gone(key)` runs on the thread when that shim exits (at
+    once if it is already gone)."""
+
+    #: Watches taken before the thread is woken anyway (a batch never waits long).
+    WAKE_BATCH = 64
 
     def __init__(self, on_gone: Callable[[str], None]) -> None:
         self._on_gone = on_gone
@@ -178,9 +182,16 @@ class ShimWatch:
         with self._lock:
             if self._closed:
                 return
-            if not self._add:  # one wake-up byte per batch: the thread takes them all
-                os.write(self._wake_w, b"+")
             self._add.append((key, identity))
+            if len(self._add) >= self.WAKE_BATCH:
+                os.write(self._wake_w, b"+")
+
+    def flush(self) -> None:
+        """Hand the watches taken since the last flush to the thread: one wake-up (a thread
+        woken per shim cost the supervisor more than the watch itself)."""
+        with self._lock:
+            if self._add and not self._closed:
+                os.write(self._wake_w, b"+")
 
     @property
     def watched(self) -> int:

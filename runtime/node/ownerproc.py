@@ -156,6 +156,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         settings=spec.settings,
         dispatch=links.send,
         cap_log=log_cap.watch if log_cap is not None else None,
+        cap_flush=log_cap.flush if log_cap is not None else None,
     )
     actor = spec.cls(ctx)
     loop = OwnerLoop(
