@@ -5,10 +5,11 @@
   a real node process (`start --detach`). Launch-to-all-started ends when the last launch call
   returns (each is answered once every child's shim reported its pid); launch-to-all-settled
   ends when `runs.wait` reports the runs terminal (every child's tree
-  proven ended, rows committed). At the peak: the node's and the shim template's RSS and
-  threads (against the idle node), each shim's private memory (Private_* of
-  /proc/PID/smaps_rollup, averaged), `ping` p50/p99 while the children run, and the node's CPU
-  (plus the template's) per child.
+  proven ended, rows committed). At the peak: the RSS and threads of the node's processes
+  (the node and its owner processes) and of the shim template (against the idle node), each
+  shim's private memory (Private_* of /proc/PID/smaps_rollup, averaged; target <= 2 MiB),
+  `ping` p50/p99 while the children run, and the node's processes' CPU (plus the template's)
+  per child.
 - The same N sleeps through a bare `subprocess.Popen` loop (own session, output to /dev/null),
   reaped with `os.wait()`: all started when the loop is done, all settled when all are reaped.
 - 200 `/bin/true` children launched and settled, 64 at a time (a run's concurrency cap), through
