@@ -90,6 +90,8 @@ class ActorContext:
     #: Keep a child log file under the node's cap (actors/child/logcap.py); returns the call
     #: that stops watching it.
     cap_log: Callable[[str], Callable[[], None]] | None = None
+    #: Hands the log watches taken since the last call to the cap's thread (once per group).
+    cap_flush: Callable[[], None] | None = None
 
 
 class Mailbox(Protocol):

@@ -5,9 +5,10 @@
   a real node process (`start --detach`). Launch-to-all-started ends when the last launch call
   returns (each is answered once every child's shim reported its pid); launch-to-all-settled
   ends when `runs.wait` reports the runs terminal (every child's tree
-  proven ended, rows committed). At the peak: the node's and the shim template's RSS and
-  threads (against the idle node), each shim's private memory (Private_* of
-  /proc/PID/smaps_rollup, averaged), `ping` p50/p99 while the children run, and the node's CPU
+  proven ended, rows committed). At the peak: the memory (PSS) and threads of the node's
+  processes (the node and its owner processes; against the idle node), the shim template's RSS
+  and threads, each shim's private memory (Private_* of /proc/PID/smaps_rollup, averaged;
+  target <= 2 MiB), `ping` p50/p99 while the children run, and the node's processes' CPU
   (plus the template's) per child.
 - The same N sleeps through a bare `subprocess.Popen` loop (own session, output to /dev/null),
   reaped with `os.wait()`: all started when the loop is done, all settled when all are reaped.
@@ -101,21 +102,46 @@ class NodeScale:
     ping_ms: tuple[float, float]
 
 
+def node_processes(node_pid: int) -> tuple[list[int], int]:
+    """The node and its owner processes (DESIGN §1), and the shim template (a child of the run
+    supervisor's owner process): everything the node runs but the shims themselves."""
+    found, template = [node_pid], 0
+    for owner in children_of(node_pid):
+        found.append(owner)
+        for pid in children_of(owner):
+            if "shim" in _cmdline(pid):
+                template = pid
+    return found, template
+
+
+def pss_threads(pid: int) -> tuple[int, int]:
+    """Proportional set size (pages shared with the node's other processes counted once over
+    all of them, not once in each: the owners are forked from the node) and threads."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    pss = next(int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Pss:"))
+    return pss, len(os.listdir(f"/proc/{pid}/task"))
+
+
+def total(stats: list[tuple[int, int]]) -> tuple[int, int]:
+    return sum(s[0] for s in stats), sum(s[1] for s in stats)
+
+
 def through_node(client: Client, node_pid: int) -> NodeScale:
-    idle = rss_threads(node_pid)
-    before = cpu_s(node_pid)
+    pids, _ = node_processes(node_pid)
+    idle = total([pss_threads(p) for p in pids])
+    before = sum(cpu_s(p) for p in pids)
     began = time.perf_counter()
     sizes = [MAX_CONCURRENCY] * (CHILDREN // MAX_CONCURRENCY)
     sizes += [CHILDREN % MAX_CONCURRENCY] if CHILDREN % MAX_CONCURRENCY else []
     runs = [client.runs.launch(launch_of(["/bin/sleep", str(SLEEP_S)], n)) for n in sizes]
     started = time.perf_counter() - began
-    peak = rss_threads(node_pid)
+    peak = total([pss_threads(p) for p in pids])
     pings = []
     for _ in range(PINGS):
         t = time.perf_counter()
         client.ping()
         pings.append((time.perf_counter() - t) * 1000)
-    template = next(p for p in children_of(node_pid) if "shim" in _cmdline(p))
+    _, template = node_processes(node_pid)
     shims = children_of(template)
     private = [b for b in (private_bytes(p) for p in shims) if b is not None]
     template_cpu = cpu_s(template)
@@ -125,7 +151,7 @@ def through_node(client: Client, node_pid: int) -> NodeScale:
         if done.state != "complete":
             raise RuntimeError(f"bench run {done.run_id} ended {done.state}: {done.error}")
     settled = time.perf_counter() - began
-    cpu = cpu_s(node_pid) - before + template_cpu
+    cpu = sum(cpu_s(p) for p in pids) - before + template_cpu
     pings.sort()
     return NodeScale(
         started_s=started,
@@ -198,8 +224,9 @@ def main() -> str:
          f"{true_bare:.2f} s", f"{true_node / true_bare:.1f}x"],
     ]  # fmt: skip
     facts = [
-        ["node RSS idle / at the peak", f"{node.idle[0] / mib:.0f} / {node.peak[0] / mib:.0f} MiB"],
-        ["node threads idle / at the peak", f"{node.idle[1]} / {node.peak[1]}"],
+        ["node processes' PSS idle / at the peak",
+         f"{node.idle[0] / mib:.0f} / {node.peak[0] / mib:.0f} MiB"],
+        ["node processes' threads idle / at the peak", f"{node.idle[1]} / {node.peak[1]}"],
         ["shim template RSS, threads", f"{node.template[0] / mib:.0f} MiB, {node.template[1]}"],
         ["shims alive at the peak", str(node.shims)],
         ["shim private memory (mean)", f"{node.shim_private / mib:.2f} MiB"],

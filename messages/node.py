@@ -53,6 +53,21 @@ class ActorStatus(Message):
     quarantined: list[QuarantinedRecord] = []
 
 
+class ContainmentStatus(Message):
+    """How the node holds its children's trees: `cgroup` (one cgroup v2 cgroup per child,
+    below `path`) or `subreaper` (the shim's reaping alone; `why` says why)."""
+
+    mode: Literal["cgroup", "subreaper"]
+    path: str = ""
+    why: str = ""
+
+    def describe(self) -> str:
+        """`cgroup v2 (PATH)` or `subreaper only (why)`."""
+        if self.mode == "cgroup":
+            return f"cgroup v2 ({self.path})"
+        return f"subreaper only ({self.why})"
+
+
 class NodeStatusResult(Message):
     node_id: str
     version: str
@@ -61,6 +76,7 @@ class NodeStatusResult(Message):
     state_dir: str
     endpoints: list[str]
     actors: list[ActorStatus]
+    containment: ContainmentStatus = ContainmentStatus(mode="subreaper", why="not reported")
 
 
 class NodeStatus(Request):

@@ -206,6 +206,8 @@ class ChildReport(Request):
     descendants: list[ReportedProcess] = Field(
         default_factory=list, max_length=MAX_REPORTED_PROCESSES
     )
+    #: The child's own cgroup (cgroup v2 containment), None when the subreaper alone holds it.
+    cgroup: str | None = Field(default=None, max_length=4096)
 
 
 REQUESTS: tuple[type[Request], ...] = (ChildReport,)

@@ -27,9 +27,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from subagents_node.actors.child import cgroup as cg
 from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import rows
-from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
+from subagents_node.actors.child.procfs import ProcessIdentity, identity_of, is_alive
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
 from subagents_node.messages.runs import (
@@ -83,13 +84,19 @@ class ChildKeeper:
         node_address: str,
         on_shim_gone: Callable[[str], None],
         cap_log: LogCap | None = None,
+        cap_flush: Callable[[], None] | None = None,
+        cgroup_base: str = "",
     ) -> None:
         """`cap_log(path)` keeps a log file under the node's cap (actors/child/logcap.py) and
-        returns the call that stops watching it: a running child's two logs are watched."""
+        returns the call that stops watching it: a running child's two logs are watched;
+        `cap_flush()` hands the cap's thread what changed (called by `flush`).
+        `cgroup_base`: where shims make each child's cgroup ('' for none)."""
         self._address = node_address
+        self._cgroup_base = cgroup_base
         self._template = ShimTemplate()
         self._watch = ShimWatch(on_shim_gone)
         self._cap_log = cap_log
+        self._cap_flush = cap_flush
         self._capped: dict[str, list[Callable[[], None]]] = {}
         #: Shims whose tree ended (acknowledged or about to be) that were not yet seen gone.
         self._finishing: dict[str, ProcessIdentity] = {}
@@ -98,6 +105,8 @@ class ChildKeeper:
         self.sync_records = True
         #: Children whose shim died after their leader, by the processes it left alive.
         self._escaped: dict[str, list[ProcessIdentity]] = {}
+        #: Their cgroups, when they had one (cgroup v2 containment): what a stop kills.
+        self._escaped_cgroups: dict[str, str] = {}
 
     def close(self) -> None:
         """With the node: the template exits, the shims (and their children) keep running;
@@ -128,6 +137,13 @@ class ChildKeeper:
                 self._uncap(event.child_id)
         return events
 
+    def flush(self) -> None:
+        """Once per commit group: the shims to watch go to the watch thread together, and so
+        do the log watches (a child that ended in the group that started it costs none)."""
+        self._watch.flush()
+        if self._cap_flush is not None:
+            self._cap_flush()
+
     @property
     def template_pid(self) -> int | None:
         return self._template.pid
@@ -141,6 +157,7 @@ class ChildKeeper:
             "finishing": len(self._finishing),
             "watched_shims": self._watch.watched,
             "escaped": len(self._escaped),
+            "escaped_cgroups": len(self._escaped_cgroups),
         }
 
     # -- start ----------------------------------------------------------------------------------
@@ -157,7 +174,7 @@ class ChildKeeper:
     def launch(self, spec: ChildSpec) -> str | None:
         """Fork its shim; the error (one line) when there is no template to fork from."""
         try:
-            self._template.order(spec, self._address, self.sync_records)
+            self._template.order(spec, self._address, self.sync_records, self._cgroup_base)
         except OSError as exc:
             return f"cannot start the child's shim: {exc}"
         return None
@@ -292,6 +309,8 @@ class ChildKeeper:
         if not alive and self._wait_for_escaped(row, report):
             return []  # the tree lives on in processes the shim reported: the slot stays held
         self._escaped.pop(child_id, None)
+        if (path := self._escaped_cgroups.pop(child_id, None) or report.cgroup) is not None:
+            cg.remove_when_empty(path)
         log.warning("the shim of child %s died before its tree ended", child_id)
         reason = REASON_SHIM_GONE_LIVE if alive else REASON_SHIM_GONE
         return self._ended(
@@ -306,13 +325,21 @@ class ChildKeeper:
         recorded = [ProcessIdentity(p.pid, p.start) for p in report.descendants]
         recorded = recorded or [ProcessIdentity(p, t) for p, t in rows.descendants_of(row)]
         alive = [identity for identity in recorded if is_alive(identity)]
+        if report.cgroup is not None and cg.populated(report.cgroup):
+            # The child's cgroup holds the whole tree: whatever it started after the report.
+            known = {identity.pid for identity in alive}
+            found = (identity_of(pid) for pid in cg.pids_in(report.cgroup) if pid not in known)
+            alive += [identity for identity in found if identity is not None]
+            self._escaped_cgroups[child_id] = report.cgroup
         if not alive:
             return False
-        if child_id not in self._escaped:
+        if self._escaped.get(child_id) != alive:  # each new set once (not each re-check)
             log.warning(
-                "the shim of child %s died; %d process(es) of its tree live on: waiting for them",
+                "the shim of child %s died; %d process(es) of its tree live on (pid %s): "
+                "waiting for them",
                 child_id,
                 len(alive),
+                ", ".join(str(identity.pid) for identity in alive[:8]),
             )
         self._escaped[child_id] = alive
         if row["end_reason"] is not None:
@@ -324,6 +351,10 @@ class ChildKeeper:
         """Signal the live processes a dead shim left (verified by pid and start time); False
         when there are none."""
         sent = False
+        path = self._escaped_cgroups.get(child_id)
+        if path is not None and signum == signal.SIGKILL and cg.populated(path):
+            cg.kill_all(path)
+            sent = True
         for identity in self._escaped.get(child_id, []):
             sent = signal_shim(identity, signum) or sent
         return sent

@@ -53,6 +53,10 @@ class _Watched:
     marker_len: int = 0  # length of the marker now in the file (not child output)
 
 
+#: Queued inotify calls that wake the thread without waiting for `flush`.
+WAKE_BATCH = 64
+
+
 class ChildLogCap:
     """Caps the log files registered with `watch`; `watch` returns the call that unwatches."""
 
@@ -117,12 +121,27 @@ class ChildLogCap:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def flush(self) -> None:
+        """Wake the thread for the inotify calls queued since the last flush (the supervisor
+        calls it once per commit group: a thread woken per log cost more than the call)."""
+        with self._lock:
+            if self._pending:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\x01")
+
     def _enqueue(self, what: str, watched: _Watched) -> None:
-        """Hand an inotify call to the thread (under `_lock`): one wake-up byte per batch."""
-        if not self._pending:
+        """Queue an inotify call for the thread (under `_lock`); `flush` wakes it, as does a
+        batch of WAKE_BATCH. A remove whose add the thread has not made yet cancels it: a child
+        that ended in the group that started it (a short one) costs no inotify call."""
+        if what == "remove":
+            for i, (kind, pending) in enumerate(self._pending):
+                if kind == "add" and pending is watched:
+                    del self._pending[i]
+                    return
+        self._pending.append((what, watched))
+        if len(self._pending) >= WAKE_BATCH:
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_w, b"\x01")
-        self._pending.append((what, watched))
 
     def _unwatch(self, watched: _Watched) -> None:
         self._cut_if_over(watched)  # the child's last burst, before its run settles

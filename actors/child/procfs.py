@@ -13,23 +13,22 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Two different processes started at least one clock tick (10 ms) apart.
 START_TIME_TOLERANCE_S = 0.005
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessIdentity:
-    """A pid and its start time in seconds since boot."""
+class ProcessIdentity(NamedTuple):
+    """A pid and its start time in seconds since boot. (Named tuples, not dataclasses: the
+    shim template imports this module, and `dataclasses` would add a MiB to every fork.)"""
 
     pid: int
     start_time: float
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStat:
+class ProcStat(NamedTuple):
     """The fields of /proc/PID/stat the shim and the supervisor need."""
 
     state: str

@@ -15,17 +15,18 @@ so the record is exactly as durable as the row it stands in for). Its life:
     SIGTERM (the supervisor's stop) or the deadline: TERM, grace, KILL to every descendant and
       every group they are in, escaped sessions included (found through /proc)
 
-Reports go to the run supervisor over ZeroMQ (a DEALER to the node's socket, type
+Reports go to the run supervisor over ZeroMQ (ZMTP 3.0 as a DEALER to the supervisor's ROUTER,
+spoken by actors/child/zmtp.py over one plain socket: no libzmq context, no thread; type
 `child.report`), carry a sequence number and every fact known so far, and are resent with
 backoff until acknowledged; the newest supersedes an unacknowledged one (a child that ends at
 once costs one report, not two). With the node gone the shim keeps its child running and keeps
-trying, and a new node adopts it by acknowledging. One thread (plus libzmq's I/O thread);
-signals arrive through a wake-up pipe polled beside the socket, so nothing polls on a timer.
+trying, and a new node adopts it by acknowledging. One thread; signals arrive through a
+wake-up pipe polled beside the socket (and the cgroup's events), so nothing polls on a timer.
 
 The records it writes are actors/child/records.py's, the spawn itself actors/child/spawn.py's;
-this module is the shim's life and its report loop. It imports only the standard library, zmq
-and msgpack (the template that forks shims must stay
-small: a shim costs a fork, not an interpreter), never logs argv, env or stdin (they may hold
+this module is the shim's life and its report loop. It imports only the standard library and
+msgpack (the template that forks shims must stay small: a shim costs a fork, not an
+interpreter), never logs argv, env or stdin (they may hold
 the task, R-MISC-1), and never decides a run's outcome.
 """
 
@@ -33,22 +34,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import json
 import math
 import os
-import random
+import select
 import signal
-import subprocess
 import time
 from typing import Any
 
 import msgpack
-import zmq
 
 from subagents_node.actors.child import procfs
+from subagents_node.actors.child.cgroup import ChildCgroup
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.spawn import spawn_agent, spawn_error
+from subagents_node.actors.child.zmtp import ReportLink
 
 #: The wire names the shim speaks (checked against messages/ by the tests).
 REPORT_TYPE = "child.report"
@@ -67,6 +69,9 @@ _MAX_RETRY_S = 2.0
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
 GIVE_UP_AFTER_TREE_END_S = 30.0
+#: How often the template runs a shim's paths before it forks any (CPython 3.11 specialises a
+#: function's bytecode after 8 calls).
+WARM_UP_ROUNDS = 12
 
 
 class Shim:
@@ -100,19 +105,20 @@ class Shim:
         self.sync = bool(order.get("sync", True))
         self.retry_at = 0.0
         self.backoff = _FIRST_RETRY_S
-        self.blocked = False
+        #: The child's own cgroup (the node's containment is cgroup v2), else None.
+        self.cgroup: ChildCgroup | None = None
 
     # -- the life of the shim -------------------------------------------------------------------
 
     def run(self) -> int:
         os.setsid()
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _prctl()(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the template's pipes are not ours to hold
             os.dup2(devnull, fd)
         os.close(devnull)
-        os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
+        if not os.path.isdir(self.record_dir):  # the supervisor made it (a stat, not a mkdir)
+            os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
         claim = {**self.facts, "at": time.time()}
         # No fsync: the claim fences a recovering node against a late shim, and a power cut
         # ends both; the exit record, which must survive the node, is synced.
@@ -122,60 +128,97 @@ class Shim:
         signal.set_wakeup_fd(wake_w)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, lambda *_: None)  # the byte in the wake-up pipe is the event
-        self._start()  # before libzmq starts its thread: the agent is forked single-threaded
-        zctx = zmq.Context(io_threads=1)
-        sock = zctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.connect(self.order["node_address"])
+        base = self.order.get("cgroup_base")
+        if base:
+            self.cgroup = ChildCgroup.create(str(base), str(self.order["child_id"]))
+        self._start()
+        link = ReportLink(str(self.order["node_address"]))
         try:
-            self._loop(sock, wake_r)
+            self._loop(link, wake_r)
         finally:
-            sock.close(0)
-            zctx.term()
+            link.close()
         return 0
 
     def _start(self) -> None:
         try:
-            pid = spawn_agent(self.order)
+            pid = self._spawn()
         except OSError as err:
+            self._drop_cgroup()
             self.facts["error"] = spawn_error(self.order, err)[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")
             return
         except (ValueError, TypeError) as exc:  # an argv or env the OS cannot take
+            self._drop_cgroup()
             self.facts["error"] = f"cannot start {self.order['argv'][0]}: {exc}"[:4000]
             self.leader_gone = self.tree_ended = True
             self._record_exit()
             self._report("not_started")
             return
         self.leader = pid
+        if self.cgroup is not None:
+            self.facts["cgroup"] = self.cgroup.path
         start = procfs.start_time_of(pid, zombies=True) or 0.0
         self.facts.update(pid=pid, identity_start=start, start_time=procfs.wall_clock(start))
         self._report("started")
 
-    def _loop(self, sock: zmq.Socket[bytes], wake_r: int) -> None:
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(wake_r, zmq.POLLIN)
+    def _spawn(self) -> int:
+        """The agent, born in the child's cgroup when there is one (the shim enters it for
+        the spawn and leaves it again); in the shim's own otherwise."""
+        group = self.cgroup
+        if group is None:
+            return spawn_agent(self.order)
+        try:
+            group.enter()
+        except OSError:
+            self.cgroup = None
+            group.remove()
+            return spawn_agent(self.order)
+        try:
+            return spawn_agent(self.order)
+        finally:
+            try:
+                group.leave()
+            except OSError:  # the shim shares the cgroup with its child: neither its end
+                self.cgroup = None  # nor a kill of it would be the tree's alone
+
+    def _drop_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+    def _loop(self, link: ReportLink, wake_r: int) -> None:
+        poller = select.poll()
+        poller.register(wake_r, select.POLLIN)
+        events_fd = -1 if self.cgroup is None else self.cgroup.events_fd
+        if events_fd >= 0:  # each change of cgroup.events (the tree's end) is an event
+            poller.register(events_fd, select.POLLPRI)
+        sock_fd = -1
         while not (self.tree_ended and not self.unacked) and not self._given_up():
-            self._send(sock)
-            # Not connected yet (IMMEDIATE): wake as soon as the node's socket accepts us.
-            poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self.blocked else 0))
+            self._send(link)
+            if link.fileno() != sock_fd:  # (re)connected, or the connection dropped
+                if sock_fd >= 0:
+                    with contextlib.suppress(KeyError):
+                        poller.unregister(sock_fd)
+                sock_fd = link.fileno()
+                if sock_fd >= 0:
+                    poller.register(sock_fd, select.POLLIN)
             timeout = self._next_timer()
             wait_ms = None if timeout is None else math.ceil(max(0.0, timeout) * 1000)
             events = dict(poller.poll(wait_ms))
-            if events.get(sock, 0) & zmq.POLLOUT:
-                self.blocked = False
-                self.retry_at = 0.0
             if wake_r in events:
                 signals = os.read(wake_r, 4096)
                 if signal.SIGTERM in signals and not self.tree_ended:
                     self._end_tree("stop")
                 self._reap()
-            if sock in events:
-                self._receive(sock)
+            elif events_fd >= 0 and events_fd in events:
+                self._reap()
+            if events_fd >= 0 and self.tree_ended:
+                poller.unregister(events_fd)
+                events_fd = -1
+            if sock_fd >= 0 and sock_fd in events:
+                self._receive(link)
             self._on_timers()
 
     def _given_up(self) -> bool:
@@ -198,11 +241,17 @@ class Shim:
                 break
             if pid == self.leader and not self.leader_gone:
                 leader_code = os.waitstatus_to_exitcode(status)
+        # With a cgroup, the tree has ended when the subreaper has nobody left to reap and
+        # the cgroup holds no process (`populated 0`; each is an event, in either order).
+        if self.cgroup is not None and self.cgroup.populated():
+            tree_left = True
         if leader_code is not None:
             self._leader_exited(leader_code, tree_left)
         if self.leader_gone and not tree_left and not self.tree_ended:
             self.tree_ended = True
             self.facts["tree_ended_at"] = time.time()
+            if self.cgroup is not None:
+                self.cgroup.remove()
             self._record_exit()
             self._report("tree_ended")
 
@@ -252,6 +301,12 @@ class Shim:
         was nobody to signal."""
         if found is None:
             found = procfs.descendants(os.getpid())
+        if only_group is None and self.cgroup is not None:
+            # The cgroup holds the whole tree, wherever its processes now hang (or hid).
+            known = {pid for pid, _ in found}
+            for pid in self.cgroup.pids():
+                if pid not in known and (stat := procfs.stat_of(pid)) is not None:
+                    found.append((pid, stat))
         if only_group is not None:
             found = [(pid, st) for pid, st in found if st.pgid == only_group]
         # Each process gets the signal once (a second SIGTERM could cut short the clean-up
@@ -288,6 +343,8 @@ class Shim:
             self._end_tree("deadline")
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
+            if self.cgroup is not None:
+                self.cgroup.kill()  # every process of the tree, however it left the shim's
             self._signal_tree(signal.SIGKILL)
         if self.group_kill_at is not None and now >= self.group_kill_at:
             self.group_kill_at = None
@@ -315,7 +372,7 @@ class Shim:
             "tree_ended": self.tree_ended,
             "ended_by": self.ended_by,
         }
-        mid = f"{random.getrandbits(96):024x}"
+        mid = os.urandom(12).hex()  # not `random`: its at-fork reseed runs in every shim
         envelope = {
             "v": PROTOCOL_VERSION,
             "id": mid,
@@ -332,25 +389,18 @@ class Shim:
         self.retry_at = 0.0  # send it now
         self.backoff = _FIRST_RETRY_S
 
-    def _send(self, sock: zmq.Socket[bytes]) -> None:
+    def _send(self, link: ReportLink) -> None:
         """Send the unacknowledged report (the newest: it supersedes the others) when its
-        retry is due."""
+        retry is due. No node to talk to: the next try comes after the backoff (a resend on
+        a live connection is for a node that restarted)."""
         if not self.unacked or time.monotonic() < self.retry_at:
             return
-        try:
-            sock.send(self.unacked[0][1], zmq.NOBLOCK)
-            self.blocked = False
-        except zmq.Again:  # no node to talk to (IMMEDIATE): when it comes, or after the backoff
-            self.blocked = True
+        link.send(self.unacked[0][1])
         self.retry_at = time.monotonic() + self.backoff
         self.backoff = min(_MAX_RETRY_S, self.backoff * 2)
 
-    def _receive(self, sock: zmq.Socket[bytes]) -> None:
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+    def _receive(self, link: ReportLink) -> None:
+        for frame in link.receive():
             try:
                 reply = msgpack.unpackb(frame, raw=False)
                 corr = reply.get("corr")
@@ -366,22 +416,53 @@ class Shim:
             self.backoff = _FIRST_RETRY_S
 
 
-def _warm_up() -> None:
-    """Run once, in the template, what every shim runs (a spawn, a record, a report), so the
-    objects those paths create on first use are made here and shared, not made (and held
-    privately) by each shim."""
-    env = {"PATH": os.defpath}
-    argv = ["true"]
-    order: dict[str, Any] = {"argv": argv, "cwd": "/", "env": env, "stdout_path": os.devnull}
-    devnull = subprocess.DEVNULL
-    proc = subprocess.Popen(
-        argv, cwd="/", env=env, close_fds=True, process_group=0, stdin=devnull, stdout=devnull
-    )
-    proc.wait()
-    msgpack.packb({"v": PROTOCOL_VERSION, "body": json.loads(json.dumps(order))})
-    procfs.start_time_of(os.getpid())
-    procfs.boot_id()
-    procfs.wall_clock(0.0)
+@functools.cache  # looked up once, in the template: a shim calls it, it does not make it
+def _prctl() -> Any:
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
+    """Run in the template, `rounds` times, what every shim runs (its set-up, a spawn, its
+    records and reports, an answer), so that the objects those paths make on first use are
+    made here and shared, and so that CPython has specialised their bytecode here (3.11 writes
+    its counters and caches into the code objects until it has): a shim that runs warm code
+    copies fewer of the template's pages."""
+    record_dir = os.path.join("/tmp", f"subagents-shim-warm-up.{os.getpid()}")
+    os.makedirs(record_dir, mode=0o700, exist_ok=True)
+    order: dict[str, Any] = {
+        "child_id": "warm-up",
+        "run_id": "warm-up",
+        "argv": ["true"],
+        "cwd": "/",
+        "env": {"PATH": os.defpath},
+        "stdout_path": os.devnull,
+        "stderr_path": os.devnull,
+        "record_dir": record_dir,
+        "node_address": "ipc:///nonexistent/warm-up.sock",
+        "sync": False,
+    }
+    _prctl()
+    try:
+        for _ in range(rounds):
+            shim = Shim(json.loads(json.dumps(order)))
+            claim = {**shim.facts, "at": time.time()}
+            write_atomically(shim._path(SHIM_RECORD), claim, exclusive=True, sync=False)
+            os.unlink(shim._path(SHIM_RECORD))
+            shim._start()  # spawns `true` and packs the `started` report
+            os.waitpid(shim.leader, 0)
+            shim.leader_gone = shim.tree_ended = True
+            shim.facts.update(exit_code=0, ended_at=time.time(), tree_ended_at=time.time())
+            shim._record_exit()
+            shim._report("tree_ended")
+            link = ReportLink(shim.order["node_address"])
+            shim._send(link)  # no listener: fails, and closes
+            msgpack.unpackb(msgpack.packb({"corr": shim.unacked[0][0], "body": {}}), raw=False)
+            procfs.start_time_of(os.getpid())
+            procfs.wall_clock(0.0)
+    finally:
+        for name in os.listdir(record_dir):
+            os.unlink(os.path.join(record_dir, name))
+        os.rmdir(record_dir)
 
 
 def serve_template() -> None:

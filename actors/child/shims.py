@@ -39,14 +39,18 @@ TEMPLATE_MODULE = "subagents_node.actors.child.shim"
 ORDER_PIPE_BYTES = 1 << 20
 
 
-def order_of(spec: ChildSpec, node_address: str, sync: bool = True) -> dict[str, Any]:
-    """What the shim is told: the spec, where its records go, where to report, and whether to
-    fsync its exit record (as the node's store syncs its commits: synchronous=FULL)."""
+def order_of(
+    spec: ChildSpec, node_address: str, sync: bool = True, cgroup_base: str = ""
+) -> dict[str, Any]:
+    """What the shim is told: the spec, where its records go, where to report, whether to
+    fsync its exit record (as the node's store syncs its commits: synchronous=FULL) and where
+    to make the child's cgroup ('' for none: the subreaper alone)."""
     return {
         **spec.model_dump(mode="json"),
         "record_dir": spec.records,
         "node_address": node_address,
         "sync": sync,
+        "cgroup_base": cgroup_base,
     }
 
 
@@ -61,9 +65,11 @@ class ShimTemplate:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def order(self, spec: ChildSpec, node_address: str, sync: bool = True) -> None:
+    def order(
+        self, spec: ChildSpec, node_address: str, sync: bool = True, cgroup_base: str = ""
+    ) -> None:
         """Fork a shim for `spec`. Raises OSError when no template can be started."""
-        self.order_raw(order_of(spec, node_address, sync))
+        self.order_raw(order_of(spec, node_address, sync, cgroup_base))
 
     def order_raw(self, order: dict[str, Any]) -> None:
         """Fork a shim for an order as `order_of` builds it (tests add their own knobs)."""
@@ -155,8 +161,12 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
 
 
 class ShimWatch:
-    """One thread for every shim: `watch(key, identity)`; `on_gone(key)` runs on the thread
-    when that shim exits (at once if it is already gone)."""
+    """One thread for every shim: `watch(key, identity)`, then `flush()` (once per batch: the
+    supervisor's commit group); `on_gone(key)` runs on the thread when that shim exits (at
+    once if it is already gone)."""
+
+    #: Watches taken before the thread is woken anyway (a batch never waits long).
+    WAKE_BATCH = 64
 
     def __init__(self, on_gone: Callable[[str], None]) -> None:
         self._on_gone = on_gone
@@ -172,9 +182,16 @@ class ShimWatch:
         with self._lock:
             if self._closed:
                 return
-            if not self._add:  # one wake-up byte per batch: the thread takes them all
-                os.write(self._wake_w, b"+")
             self._add.append((key, identity))
+            if len(self._add) >= self.WAKE_BATCH:
+                os.write(self._wake_w, b"+")
+
+    def flush(self) -> None:
+        """Hand the watches taken since the last flush to the thread: one wake-up (a thread
+        woken per shim cost the supervisor more than the watch itself)."""
+        with self._lock:
+            if self._add and not self._closed:
+                os.write(self._wake_w, b"+")
 
     @property
     def watched(self) -> int:

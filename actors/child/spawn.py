@@ -7,8 +7,9 @@ shim template imports it). It never waits for or signals the child: the shim doe
 
 from __future__ import annotations
 
+import errno
 import os
-import subprocess
+import signal
 from typing import Any
 
 
@@ -45,28 +46,57 @@ def _open_stdio(order: dict[str, Any]) -> list[int]:
     return fds
 
 
+def executable_of(argv0: str, env: dict[str, str]) -> str:
+    """The file `argv0` names, searched in the child's own PATH (as execvpe would); OSError
+    (ENOENT, EACCES) naming `argv0` when there is none that can run."""
+    if "/" in argv0:
+        return argv0
+    denied: str | None = None
+    for directory in os.get_exec_path(env):
+        path = os.path.join(directory, argv0)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return path
+            denied = denied or path
+    if denied is not None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv0)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
+
+
+#: Reset in the child: what Python ignores (SIGPIPE, SIGXFSZ), as `subprocess` restores them.
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
 def spawn_agent(order: dict[str, Any]) -> int:
     """Start the agent in its own process group, stdio to its files, in its cwd; its pid.
 
-    Through `subprocess` (vfork + exec in C, every other fd closed), not `os.fork()`: a fork of
-    the shim copies its page tables and then faults in every page the forked Python touches
-    before exec, which cost more than the rest of the shim's life for a short child. Raises
-    OSError naming what could not be used (`spawn_error` turns it into one line)."""
+    Through `posix_spawn` (vfork + exec in libc), not `os.fork()` and not `subprocess`: a fork
+    of the shim copies its page tables and faults in every page the forked Python touches
+    before exec, and `subprocess` runs (and copies the pages of) a good deal of Python per
+    spawn. The shim changes into the child's cwd for the spawn (posix_spawn has no chdir in
+    Python) and back to / after it. Every fd of the shim is close-on-exec, so the child gets
+    exactly its three stdio files. Raises OSError naming what could not be used
+    (`spawn_error` turns it into one line)."""
+    argv: list[str] = order["argv"]
+    env: dict[str, str] = order["env"]
+    path = executable_of(argv[0], env)
     stdio = _open_stdio(order)
     try:
-        proc = subprocess.Popen(
-            order["argv"],
-            stdin=stdio[0],
-            stdout=stdio[1],
-            stderr=stdio[2],
-            cwd=order["cwd"],
-            env=order["env"],
-            close_fds=True,
-            process_group=0,
-        )
+        os.chdir(order["cwd"])
+        try:
+            return os.posix_spawn(
+                path,
+                argv,
+                env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(stdio)],
+                setpgroup=0,
+                setsigdef=_DEFAULT_SIGNALS,
+            )
+        except OSError as err:
+            err.filename = argv[0]
+            raise
+        finally:
+            os.chdir("/")
     finally:
         for fd in stdio:
             os.close(fd)
-    # The shim reaps every descendant itself (waitpid(-1)): Popen must never wait for it.
-    proc.returncode = 0
-    return proc.pid

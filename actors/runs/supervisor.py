@@ -156,6 +156,9 @@ class RunSupervisor(OwnerActor):
             str(ctx.settings.get("runs_address") or ctx.settings.get("node_address", "")),
             self._to_self(ShimGone),
             ctx.cap_log,
+            ctx.cap_flush,
+            # The node's containment: where each child's cgroup goes ('' = subreaper only).
+            str(ctx.settings.get("cgroup_base") or ""),
         )
 
     def on_stop(self) -> None:
@@ -249,6 +252,7 @@ class RunSupervisor(OwnerActor):
             if run_id in self._live:
                 self._advance(self._live[run_id])
         self._retention.arm(self.db)
+        self.keeper.flush()  # the adopted shims (recovery is not a commit group's message)
 
     def _quarantine(self, err: RecordQuarantined) -> str:
         """Report a run or child row that cannot be read; the run id it belongs to."""
@@ -842,8 +846,10 @@ class RunSupervisor(OwnerActor):
         self._watchers.touched(run_id)
 
     def before_flush(self) -> None:
-        """Answer the watchers of every run that had events, once per commit group."""
+        """Answer the watchers of every run that had events, and hand the shims to watch to
+        the watch thread, once per commit group."""
         self._watchers.answer_touched(self.db)
+        self.keeper.flush()
 
     def _watch_all(self, request: WatchAll) -> Message:
         assert self.current_reply is not None

@@ -2,8 +2,9 @@
 
 Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the store
 (every table family at the version this installation knows, SQLite's integrity check), the
-node (reachable, same version, no stored record quarantined by its owner), the configuration
-(valid; where each value came from) and every agent file (parses; its command resolves).
+node (reachable, same version, how it contains children, no stored record quarantined by its
+owner), the configuration (valid; where each value came from) and every agent file (parses;
+its command resolves).
 It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
@@ -25,7 +26,7 @@ from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.node import QuarantinedRecord
+from subagents_node.messages.node import ContainmentStatus, QuarantinedRecord
 from subagents_node.node import owners
 
 Level = Literal["ok", "warn", "fail"]
@@ -162,7 +163,7 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         return
     try:
         pong = client.ping()
-        owners_now = client.status().actors
+        status = client.status()
     except SubagentsError as err:
         yield Check(
             "node",
@@ -180,6 +181,8 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         f"{pong.node_id} pid {pong.pid} v{pong.version} at {endpoint}",
         "" if level == "ok" else "restart the node to run this version",
     )
+    owners_now = status.actors
+    yield check_containment(status.containment)
     for owner in owners_now:
         if owner.state == "running":
             yield Check(f"owner {owner.name}", "ok", f"running, pid {owner.pid}")
@@ -192,6 +195,12 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
                 "the cause is fixed",
             )
     yield from check_quarantine(state_dir, [q for a in owners_now for q in a.quarantined])
+
+
+def check_containment(containment: ContainmentStatus) -> Check:
+    """How the node holds its children's trees: a cgroup v2 cgroup each (the tree's end is
+    the cgroup's, a stop kills all it holds), or the shim's subreaper alone."""
+    return Check("containment", "ok", containment.describe())
 
 
 def check_quarantine(state_dir: Path, records: list[QuarantinedRecord]) -> Iterator[Check]:

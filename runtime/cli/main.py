@@ -336,14 +336,16 @@ def ping(obj: Ctx, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def status(obj: Ctx, as_json: bool) -> None:
-    """Show the node: endpoints, uptime, each owner process (state, pid, restarts) and the
-    stored records its owners quarantined."""
+    """Show the node: endpoints, uptime, how children are contained (cgroup v2 or the
+    subreaper alone), each owner process (state, pid, restarts) and the stored records its
+    owners quarantined."""
     with obj.client() as client:
         st = client.status()
     lines = [
         f"node {st.node_id} v{st.version} pid {st.pid} up {st.uptime_s:.0f}s",
         f"state dir: {st.state_dir}",
         f"endpoints: {', '.join(st.endpoints)}",
+        f"containment: {st.containment.describe()}",
     ]
     for a in st.actors:  # one process per owner (DESIGN §1)
         lines.append(f"  {a.name:<12} {a.state:<10} pid {a.pid or '-':<8} restarts {a.restarts}")

@@ -81,6 +81,7 @@ ENV_NAMES: Mapping[str, str] = {
     "node_log_max_bytes": "SUBAGENTS_NODE_LOG_MAX_BYTES",
     "node_log_backups": "SUBAGENTS_NODE_LOG_BACKUPS",
     "run_retention_days": "SUBAGENTS_RUN_RETENTION_DAYS",
+    "containment": "SUBAGENTS_CONTAINMENT",
 }
 
 
@@ -129,6 +130,9 @@ class Settings(BaseModel):
     node_log_backups: int = Field(3, strict=True, ge=1, le=100)
     #: Finished runs older than this are pruned by the node (0 = keep them forever).
     run_retention_days: float = Field(30.0, ge=0, le=36_500)
+    #: How a child's process tree is held: `auto` (a cgroup v2 cgroup per child where the node
+    #: may create them, else the shim's subreaper alone), `cgroup` (required) or `subreaper`.
+    containment: Literal["auto", "cgroup", "subreaper"] = "auto"
 
     @field_validator("listen")
     @classmethod

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import zmq
 
+from subagents_node.actors.child import cgroup
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
@@ -48,12 +49,14 @@ from subagents_node.messages.constants import version
 from subagents_node.messages.errors import (
     BadAddress,
     BadRequest,
+    ConfigError,
     NodeAlreadyRunning,
     StoreError,
     StoreFull,
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
 from subagents_node.messages.node import (
+    ContainmentStatus,
     NodeStatus,
     NodeStatusResult,
     Ping,
@@ -112,6 +115,7 @@ class Node:
         self._curve: CurveGuard | None = None
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
+        self.containment = ContainmentStatus(mode="subreaper", why="not started")
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class Node:
         self.state_dir = self.state_dir.resolve()
         endpoints = self._endpoints()
         self._refuse_if_running()
+        self.containment = self._resolve_containment()
         try:
             self._start_serving(self._owner_specs(endpoints[0]), endpoints)
         except BaseException:
@@ -130,6 +135,22 @@ class Node:
         log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
         return self
 
+    def _resolve_containment(self) -> ContainmentStatus:
+        """Setting `containment`: `auto` (cgroup v2 where this process may make cgroups, else
+        the subreaper alone), `cgroup` (required: the node does not start without it) or
+        `subreaper`."""
+        setting = str(self.options.settings.get("containment") or "auto")
+        found = cgroup.resolve(setting, str(self.state_dir))
+        if setting == "cgroup" and found.mode != "cgroup":
+            raise ConfigError(
+                f"containment = cgroup, but no cgroup v2 subtree is writable: {found.why}",
+                key="containment",
+                source="settings",
+                reason="cgroup",
+            )
+        log.info("children's containment: %s", found.mode)
+        return ContainmentStatus(mode=found.mode, path=found.path, why=found.why)
+
     def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
         peers = {name: self._owner_endpoint(name) for name in OWNER_SOCKETS}
         peers["node"] = node_address
@@ -139,6 +160,7 @@ class Node:
             "runs_address": peers[owners.RUNS.name],
             "node_pid": os.getpid(),
             **self.options.settings,
+            "cgroup_base": self.containment.path,
         }
         specs = []
         for cls in owners.OWNERS:
@@ -259,6 +281,8 @@ class Node:
             self._forwarder.stop()
         if self._zctx is not None:
             self._zctx.term()
+        if self.containment.mode == "cgroup":  # kept while a child's cgroup is in it
+            cgroup.remove_empty(self.containment.path)
         self._remove_pid_file()
 
     def request_stop(self) -> None:
@@ -342,6 +366,7 @@ class Node:
                 state_dir=str(self.state_dir),
                 endpoints=self.endpoints,
                 actors=self._owners.status(self.dispatcher.mailbox_limit) if self._owners else [],
+                containment=self.containment,
             )
         if isinstance(request, KEY_REQUESTS) and self._curve is not None:
             return self._curve.serve(request)

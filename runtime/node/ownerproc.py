@@ -13,6 +13,7 @@ parent registered (atexit handlers, pytest's machinery, the parent's zmq context
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import logging
 import os
@@ -156,8 +157,13 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         settings=spec.settings,
         dispatch=links.send,
         cap_log=log_cap.watch if log_cap is not None else None,
+        cap_flush=log_cap.flush if log_cap is not None else None,
     )
     actor = spec.cls(ctx)
+    # What the node and this owner's start-up made (modules, schemas, the actor) lives as long
+    # as the process: out of the collector's sight, a full collection walks only what the
+    # requests made (and the pages shared with the node stay shared).
+    gc.freeze()
     loop = OwnerLoop(
         actor, zctx, spec.endpoint, links, spec.max_frame or 1 << 20, spec.mailbox_limit
     )

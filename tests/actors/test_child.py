@@ -413,3 +413,37 @@ def test_write_atomically_exclusive_loses_to_an_existing_record(tmp_path: Path) 
 def test_signal_shim_never_signals_a_pid_whose_start_time_differs() -> None:
     identity = ProcessIdentity(os.getpid(), 1.0)  # our pid, another start time
     assert not signal_shim(identity, signal.SIGTERM)  # (had it sent it, pytest would be dead)
+
+
+# -- what a shim costs -------------------------------------------------------------------------
+
+SHIM_PRIVATE_LIMIT = 2 << 20  # issue 10: shim private memory <= 2 MiB per child
+
+
+def private_bytes(pid: int) -> int:
+    """Memory only this process maps (Private_Clean + Private_Dirty of smaps_rollup)."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    fields = (line.split() for line in text.splitlines())
+    return sum(int(f[1]) * 1024 for f in fields if f[0] in ("Private_Clean:", "Private_Dirty:"))
+
+
+@pytest.mark.slow
+def test_a_running_childs_shim_is_one_thread_with_at_most_2_mib_of_private_memory(
+    harness: Harness,
+) -> None:
+    """Issue 10's target, with a child's whole environment (as the node passes it): the shim
+    is forked from the template, runs one thread (no libzmq context) and copies little."""
+    count = 8
+    for i in range(count):
+        harness.start(harness.spec(f"c{i}", ["/bin/sleep", "60"], env=dict(os.environ)))
+    started = [harness.until("started") for _ in range(count)]
+    pids = [report.shim_pid for report in started]
+    threads = [len(os.listdir(f"/proc/{pid}/task")) for pid in pids]
+    private = [private_bytes(pid) for pid in pids[:-1]]  # the last shares the least so far
+    for report in started:
+        assert signal_shim(ProcessIdentity(report.shim_pid, report.shim_start))
+    ended = {harness.until("tree_ended").child_id for _ in range(count)}
+    assert ended == {f"c{i}" for i in range(count)}
+    assert threads == [1] * count
+    mean = sum(private) / len(private)
+    assert mean <= SHIM_PRIVATE_LIMIT, f"{mean / (1 << 20):.2f} MiB per shim"

@@ -35,7 +35,7 @@ from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, C
 from tests.support.runs import wait_until
 
 WAIT_S = 30.0
-EMPTY = {"capped": 0, "finishing": 0, "watched_shims": 0, "escaped": 0}
+EMPTY = {"capped": 0, "finishing": 0, "watched_shims": 0, "escaped": 0, "escaped_cgroups": 0}
 
 
 class Seat:
@@ -60,7 +60,7 @@ class Seat:
     def new_keeper(self) -> ChildKeeper:
         """A keeper as a new node starts it (what the old one was told dies with it)."""
         self.gone = queue.Queue()
-        keeper = ChildKeeper(self.address, self.gone.put, self.cap.watch)
+        keeper = ChildKeeper(self.address, self.gone.put, self.cap.watch, self.cap.flush)
         keeper.sync_records = False
         return keeper
 
@@ -79,6 +79,9 @@ class Seat:
         self.keeper.order(self.db, spec, 0.0)
 
     def record(self, events: list[ChildEvent]) -> None:
+        """After each keeper call, as the supervisor does once per commit group: its watches
+        go to the threads (`flush`)."""
+        self.keeper.flush()
         self.exited.update({e.child_id: e for e in events if isinstance(e, ChildExited)})
 
     def serve(self, until: int, ack: bool = True) -> None:

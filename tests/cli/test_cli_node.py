@@ -138,7 +138,9 @@ def test_json_output_is_the_result_model_and_nothing_else(
         "state_dir",
         "endpoints",
         "actors",
+        "containment",
     }
+    assert set(status["containment"]) == {"mode", "path", "why"}
     for actor in status["actors"]:
         assert set(actor) == {
             "name",

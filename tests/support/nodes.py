@@ -66,6 +66,7 @@ _LEAKY_ENV = (
     "SUBAGENTS_SESSION",
     "SUBAGENTS_DEPTH",
     "SUBAGENTS_MAX_DEPTH",
+    "SUBAGENTS_CONTAINMENT",
 )
 START_TIMEOUT_S = 30.0
 _CLI = (sys.executable, "-m", "subagents_node")

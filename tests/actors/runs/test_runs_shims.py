@@ -349,10 +349,7 @@ def test_r_cap_21_a_dead_shims_setsid_grandchild_holds_the_slot_until_it_ends_an
     os.kill(shim, signal.SIGKILL)
     wait_gone(shim)
     wait_until(
-        lambda: (
-            "live on: waiting for them" in node.log()
-            or client.runs.show(run.run_id).state != "running"
-        ),
+        lambda: "live on (pid " in node.log() or client.runs.show(run.run_id).state != "running",
         what="the node to see the shim's death",
     )
 
