@@ -89,7 +89,10 @@ def show(obj: Ctx, as_json: bool) -> None:
 @click.pass_obj
 @user_errors
 def allow(obj: Ctx, public_key: str, name: str) -> None:
-    """Admit the client PUBLIC_KEY (z85) over tcp as NAME; applies at once."""
+    """Admit the client PUBLIC_KEY (z85) over tcp as NAME; applies at once.
+
+    A z85 key may start with '-': in scripts, put it after '--' (keys allow --name NAME -- KEY).
+    """
     request = KeysAllow(name=check_name(name), public_key=check_public_key(public_key))
     _change(ensure_state_dir(obj.state_dir), request)
     click.echo(f"allowed {name}")

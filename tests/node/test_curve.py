@@ -198,6 +198,17 @@ def test_design_3_keys_allow_without_a_node_edits_the_file(state_dir: Path) -> N
     assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {}
 
 
+def test_design_3_a_key_that_starts_with_a_dash_is_allowed_after_double_dash(
+    state_dir: Path,
+) -> None:
+    """z85 keys may begin with '-' (1 in 85 does): the documented form puts the key after
+    '--', where click cannot take it for an option (docs/operations.md's example)."""
+    key = next(k for k in (Keypair.generate().public for _ in range(20_000)) if k[0] == "-")
+    done = run_cli("keys", "allow", "--name", "dash", "--", key, state_dir=state_dir)
+    assert done.returncode == 0, done.stderr
+    assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {"dash": key}
+
+
 def test_design_3_curve_raw_peer_with_stolen_server_key_but_own_key_hears_nothing(
     tcp_node: tuple[NodeProcess, str],
 ) -> None:
