@@ -8,7 +8,9 @@ claimed, when intercom is off) live in the node, so every client gets the same a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -90,15 +92,31 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
         raise SystemExit(1)
 
 
-@click.command()
-@click.argument("run_id", type=RUN_ID)
-@click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
-)
-@json_option
-@click.pass_obj
-@user_errors
+def steps_file_command(fn: Callable[..., None]) -> click.Command:
+    """A command on RUN_ID with a chain TOML's [[steps]] (attach, append): one argument list."""
+    decorators = (
+        click.command(),
+        click.argument("run_id", type=RUN_ID),
+        click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path)),
+        click.option(
+            "--agents-dir",
+            "agents_dirs",
+            type=PATH_TEXT,
+            multiple=True,
+            help="Extra agents directory.",
+        ),
+        json_option,
+        click.pass_obj,
+        user_errors,
+    )
+    wrapped: Any = fn
+    for decorate in reversed(decorators):
+        wrapped = decorate(wrapped)
+    assert isinstance(wrapped, click.Command)
+    return wrapped
+
+
+@steps_file_command
 def attach(
     obj: Ctx, run_id: str, steps_file: Path, agents_dirs: tuple[str, ...], as_json: bool
 ) -> None:
@@ -123,15 +141,7 @@ def attach(
     emit(run, as_json, run.run_id)
 
 
-@click.command()
-@click.argument("run_id", type=RUN_ID)
-@click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
-)
-@json_option
-@click.pass_obj
-@user_errors
+@steps_file_command
 def append(
     obj: Ctx, run_id: str, steps_file: Path, agents_dirs: tuple[str, ...], as_json: bool
 ) -> None:

@@ -129,6 +129,8 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     )
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     launches = ToolAnnotations(destructive_hint=False, open_world_hint=True)
+    #: stop, pause, reject: they end or interrupt work, on this host only
+    ends = ToolAnnotations(destructive_hint=True, open_world_hint=False)
 
     @server.tool(annotations=reads, structured_output=False)
     @tool_result
@@ -215,10 +217,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         """Wait until a run settles and return its end and output (or that it still runs)."""
         return await tools.wait(run_id, timeout_s)
 
-    @server.tool(
-        annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False),
-        structured_output=False,
-    )
+    @server.tool(annotations=ends, structured_output=False)
     @tool_result
     async def stop(run_id: RunId) -> ToolAnswer:
         """Stop a run: its children's process groups get SIGTERM, then SIGKILL."""
@@ -233,10 +232,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         """Relaunch a finished background run in the background, moving its capacity slot."""
         return await tools.resume(run_id, message)
 
-    @server.tool(
-        annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False),
-        structured_output=False,
-    )
+    @server.tool(annotations=ends, structured_output=False)
     @tool_result
     async def pause(run_id: RunId) -> ToolAnswer:
         """Pause a background run: its children stop; it keeps its slot; resume goes on."""
@@ -248,10 +244,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         """Approve the checkpoint a run waits at: the run goes on past it."""
         return await tools.approve(run_id)
 
-    @server.tool(
-        annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False),
-        structured_output=False,
-    )
+    @server.tool(annotations=ends, structured_output=False)
     @tool_result
     async def reject(
         run_id: RunId,
