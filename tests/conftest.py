@@ -1,4 +1,5 @@
-"""The fixtures every test module can ask for; they live in tests/support/nodes.py.
+"""The fixtures every test module can ask for; they live in tests/support/nodes.py, except
+netns_hosts (tests/support/netns.py has no pytest import, so bench/ can use it too).
 
 isolated_env        (autouse) no test talks to a developer's real node or state
 state_dir           a fresh short directory under /tmp (ipc paths must stay < 107 bytes)
@@ -8,8 +9,16 @@ foreground_node     factory: a node run in the foreground as our child (exit cod
 embedded_node       subagents_node.Node.embedded(...) with faults on, in this process
 invoke              the CLI in this process through click's CliRunner
 raw_dealer          factory: a bare DEALER socket connected to an address (RawPeer)
+netns_hosts         factory: netns_hosts(["home", "worker"]) -> Fabric, one network namespace
+                    per host; torn down after the test; skips (saying why) without root or ip
 """
 
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+
+import pytest
+
+from tests.support.netns import Fabric, hosts, skip_unless_netns
 from tests.support.nodes import (
     embedded_node,
     foreground_node,
@@ -26,8 +35,17 @@ __all__ = [
     "foreground_node",
     "invoke",
     "isolated_env",
+    "netns_hosts",
     "node",
     "raw_dealer",
     "start_node",
     "state_dir",
 ]
+
+
+@pytest.fixture
+def netns_hosts() -> Iterator[Callable[[Sequence[str]], Fabric]]:
+    """Factory for fabrics (tests/support/netns.py `hosts`), each torn down after the test."""
+    skip_unless_netns()
+    with ExitStack() as stack:
+        yield lambda names: stack.enter_context(hosts(names))
