@@ -121,7 +121,7 @@ def _ip(*args: str, batch: Sequence[str] = ()) -> str:
     except subprocess.TimeoutExpired as exc:
         raise FabricError(f"{' '.join(argv)}: no answer in {IP_TIMEOUT_S} s") from exc
     if done.returncode != 0:
-        detail = done.stderr.strip() or f"exit status {done.returncode}"
+        detail = "; ".join(done.stderr.split("\n")).strip("; ") or f"status {done.returncode}"
         fed = f" <<< {list(batch)}" if batch else ""
         raise FabricError(f"{' '.join(argv)}{fed}: {detail}")
     return done.stdout
@@ -182,10 +182,13 @@ def _delete_namespaces(names: Sequence[str]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _wait_gone(pids, deadline - time.monotonic())
-    present = set(_namespaces())
-    gone = [name for name in names if name in present]
-    if gone:
-        _ip("-force", batch=[f"netns delete {name}" for name in gone])
+    # Two fabrics starting at once (xdist workers) may both clean one leftover: a delete that
+    # fails because the other got there first is no failure.
+    try:
+        _ip("-force", batch=[f"netns delete {name}" for name in names])
+    except FabricError:
+        if still := set(names) & set(_namespaces()):
+            raise FabricError(f"could not delete namespaces {sorted(still)}") from None
     if survivors:
         raise FabricError(f"pids {survivors} in {list(names)} survived SIGKILL")
 
