@@ -203,10 +203,13 @@ def test_a_dead_runs_leftover_namespace_goes_when_the_next_fabric_starts() -> No
         stdout=subprocess.PIPE,
     )
     try:
-        assert _line(inside) == "ready"
+        ready = _line(inside)
         with hosts(["home"]):
             assert leftover not in _namespaces()
-        assert inside.wait(WAIT_S) == -signal.SIGKILL
+        # Any fabric's start cleans it: another pytest process (an xdist worker) may get there
+        # before ours, even before `ip netns exec` could enter it (which then exits 255).
+        status = inside.wait(WAIT_S)
+        assert status == -signal.SIGKILL or (ready, status) == ("", 255), (ready, status)
     finally:
         inside.kill()
         inside.wait(WAIT_S)
