@@ -14,6 +14,9 @@ A handle (`SlotHandle`) is what a launcher holds after an acquire or a transfer:
 place (session, index) and its compare-and-set identity (token, run id, generation; R-CAP-4).
 Every handle operation names all of it, so a stale or forged handle is refused (rollback
 answers false instead, R-CAP-17). Times are wall-clock seconds since the epoch.
+
+Hosts (DESIGN §1, multi-host): every slot records the node its run executes on (`host`, ""
+for the home node, which is also what a record written before hosts existed reads as).
 """
 
 from collections.abc import Sequence
@@ -28,6 +31,7 @@ from subagents_node.messages.domains import (
     ExitStatus,
     FsPath,
     Generation,
+    HostOrHome,
     Pid,
     RunId,
     SessionId,
@@ -152,6 +156,9 @@ class SlotRecord(Message):
     generation: int
     kind: SlotKind
     async_dir: str = ""
+    #: The node the run executes on; "" = the home node (and every record written before
+    #: hosts existed, so old rows and old `prev_record` JSON read as home).
+    host: str = ""
     reserved_at: float
     expires_at: float | None = None
     runner_id: str | None = None
@@ -212,6 +219,8 @@ class Acquire(Request):
     async_dir: FsPath = ""
     #: Seconds an unstarted slot lives; default: the node setting `reservation_ttl_s` (60).
     ttl_s: Ttl | None = None
+    #: The node the run executes on ("" = the home node).
+    host: HostOrHome = ""
 
 
 class MarkStarted(Request):
@@ -261,6 +270,9 @@ class Transfer(Request):
     run_id: RunId
     async_dir: FsPath = ""
     ttl_s: Ttl | None = None
+    #: Where the resume executes ("" = home), not where the source ran: the slot moves with
+    #: the run that now holds it.
+    host: HostOrHome = ""
 
 
 class ReportTerminal(Request):

@@ -132,6 +132,16 @@ FsPath = Annotated[str, StringConstraints(max_length=PATH_MAX), AfterValidator(_
 NonEmptyFsPath = Annotated[
     str, StringConstraints(min_length=1, max_length=PATH_MAX), AfterValidator(_path_fits)
 ]
+#: The name of a node (a worker host, e.g. `w1`), as `keys allow` names a peer's key: a letter
+#: or digit, then letters, digits and `_.@-`. It is shown in listings and bound as an SQLite
+#: parameter; the pattern keeps it one printable word, so a listing stays one line per host.
+HostName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+]
+#: A host name, or "" for the home node itself (what a record written before hosts reads as).
+HostOrHome = Annotated[
+    str, StringConstraints(max_length=64, pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9_.@-]*)?$")
+]
 #: A node address (ipc:// or tcp://) as a descriptor carries it, for people (never dialled as
 #: is: the transport parses addresses strictly).
 Address = Annotated[str, StringConstraints(max_length=512)]

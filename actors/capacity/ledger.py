@@ -14,6 +14,7 @@ What it decides, and from what:
   owner's tables. A releasable verdict deletes the slot at once, which is R-CAP-23's reconcile
   done at the only moment its inputs change; everything else is retained, and `inspect`
   explains why from the stored facts.
+- Every slot names the host its run executes on (DESIGN §1; "" = the home node).
 - An unstarted slot whose TTL passes is rolled back by the owner (§0.4): a fresh slot is freed,
   a transferred one gets its source record back. Timer ticks name the slot's token and
   generation, so a tick never touches a slot that has since started or changed hands; `recover`
@@ -96,7 +97,7 @@ class SlotTtlExpired(Tick):
 
 class CapacityLedger(OwnerActor):
     name = "capacity"
-    MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1,)
+    MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1, slots.HOST_COLUMN)
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         handlers: dict[type[Request], Callable[[Any], Message]] = {
@@ -169,6 +170,7 @@ class CapacityLedger(OwnerActor):
             generation=0,
             kind=req.kind,
             async_dir=req.async_dir,
+            host=req.host,
             reserved_at=now,
             expires_at=now + self._ttl(req.ttl_s),
         )
@@ -224,6 +226,7 @@ class CapacityLedger(OwnerActor):
                     kind="runner",
                     async_dir=req.async_dir,
                     ttl_s=req.ttl_s,
+                    host=req.host,
                 )
             )
         self._refuse_second_slot(req.session_id, req.run_id)
@@ -241,6 +244,7 @@ class CapacityLedger(OwnerActor):
             generation=source.generation + 1,
             kind="runner",
             async_dir=req.async_dir,
+            host=req.host,  # the resume's node, where it is launched, not the source's
             reserved_at=now,
             expires_at=now + self._ttl(req.ttl_s),
             prev_record=source,

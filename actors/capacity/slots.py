@@ -4,7 +4,8 @@ Owned by the CapacityLedger: only its connection, inside its transaction, calls 
 (they take that connection). One row per occupied slot, keyed by (session id, slot index);
 releasing a slot deletes its row, so every query here is bounded by the slots occupied now,
 never by the history of a pool. The nested parts of a record (the last terminal report and the
-pre-transfer record) are stored as JSON so that a rollback restores them exactly.
+pre-transfer record) are stored as JSON so that a rollback restores them exactly. Each row names
+the host its run executes on (version 2; rows written before read as "", the home node).
 A row that does not parse into a SlotRecord raises `UnreadableSlot` (never a bare parse error):
 the ledger quarantines it, and since `occupied` and `used` count rows, not parsed records, such
 a slot stays occupied (fail closed).
@@ -61,6 +62,14 @@ CREATE INDEX capacity_slots_run ON capacity_slots (run_id);
 CREATE INDEX capacity_slots_source ON capacity_slots (source_run_id)
     WHERE source_run_id IS NOT NULL;
 CREATE INDEX capacity_slots_expiry ON capacity_slots (expires_at) WHERE expires_at IS NOT NULL
+"""
+
+#: Version 2 (multi-host): the node each slot's run executes on, "" = the home node, which is
+#: what every row written before reads as. Indexed: an operator's release and the per-host
+#: counts read one host's rows, not the whole table.
+HOST_COLUMN = """
+ALTER TABLE capacity_slots ADD COLUMN host TEXT NOT NULL DEFAULT '';
+CREATE INDEX capacity_slots_host ON capacity_slots (host)
 """
 
 _KEY = ("session_id", "slot")

@@ -139,9 +139,10 @@ class AsyncCapacityAPI:
         kind: SlotKind = "runner",
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> AsyncCapacityHandle | None:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0."""
-        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s)
+        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host)
         return self._granted(await self._client.perform(plan))
 
     async def transfer(
@@ -152,9 +153,10 @@ class AsyncCapacityAPI:
         run_id: str,
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> AsyncCapacityHandle | None:
         """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one."""
-        plan = cap.transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s)
+        plan = cap.transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s, host)
         return self._granted(await self._client.perform(plan))
 
     async def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:

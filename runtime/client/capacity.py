@@ -87,6 +87,7 @@ def acquire_plan(
     kind: SlotKind = "runner",
     async_dir: str = "",
     ttl_s: float | None = None,
+    host: str = "",
 ) -> Plan[AcquireResult]:
     request = build(
         Acquire,
@@ -96,6 +97,7 @@ def acquire_plan(
         kind=kind,
         async_dir=async_dir,
         ttl_s=ttl_s,
+        host=host,
     )
     return one(request, AcquireResult)
 
@@ -107,6 +109,7 @@ def transfer_plan(
     run_id: str,
     async_dir: str = "",
     ttl_s: float | None = None,
+    host: str = "",
 ) -> Plan[AcquireResult]:
     request = build(
         Transfer,
@@ -116,6 +119,7 @@ def transfer_plan(
         run_id=run_id,
         async_dir=async_dir,
         ttl_s=ttl_s,
+        host=host,
     )
     return one(request, AcquireResult)
 
@@ -274,12 +278,14 @@ class CapacityAPI:
         kind: SlotKind = "runner",
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> CapacityHandle | None:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0.
 
-        Raises CapacityExhausted (with `.snapshot`) when the pool is full.
+        `host` names the node the run executes on ("" = the home node). Raises
+        CapacityExhausted (with `.snapshot`) when the pool is full.
         """
-        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s)
+        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host)
         return self._granted(self.perform(plan))
 
     def transfer(
@@ -290,12 +296,14 @@ class CapacityAPI:
         run_id: str,
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> CapacityHandle | None:
         """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one.
 
-        Raises CapacityNotTransferable while the source may still be running.
+        The slot then names `host`, where the resume executes. Raises
+        CapacityNotTransferable while the source may still be running.
         """
-        plan = transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s)
+        plan = transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s, host)
         return self._granted(self.perform(plan))
 
     def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
