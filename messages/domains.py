@@ -54,6 +54,13 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _not_blank(value: str) -> str:
+    _no_nul(value)
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
 def _path_fits(value: str) -> str:
     _no_nul(value)
     encoded = os.fsencode(value)
@@ -123,6 +130,10 @@ NonEmptyLabel = Annotated[
 ]
 #: A reason, an error text or a short message shown to people.
 ShortText = Annotated[str, StringConstraints(max_length=4000)]
+#: A reason a person must give (an operator's release): not empty, not only blanks.
+NonEmptyShortText = Annotated[
+    str, StringConstraints(min_length=1, max_length=4000), AfterValidator(_not_blank)
+]
 #: An error a run or a child ended with (may quote a command's own message).
 ErrorText = Annotated[str, StringConstraints(max_length=65_536)]
 #: Free text a person writes as a task or a message to a run.

@@ -142,17 +142,34 @@ def used(db: sqlite3.Connection, session_id: str) -> int:
     return int(count)
 
 
+#: R-CAP-6 in SQL: a row is started iff it has a runner id or a start time.
+_STARTED = "(runner_id IS NOT NULL OR runner_started_at IS NOT NULL)"
+
+
+def on_host(db: sqlite3.Connection, host: str) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
+    """Every slot whose run executes on `host` (served by the host index): those that parse,
+    and the rows that do not."""
+    return _parsed(db.execute(f"{_SELECT} WHERE host = ? ORDER BY session_id, slot", (host,)))
+
+
+def held_per_host(
+    db: sqlite3.Connection, host: str | None, limit: int
+) -> list[tuple[str, int, int]]:
+    """(host, reserved, started) of each host holding slots, by host name, at most `limit`;
+    unreadable rows count too, by their stored host (fail closed: they are occupied)."""
+    where, args = ("WHERE host = ?", (host, limit)) if host is not None else ("", (limit,))
+    rows = db.execute(
+        f"SELECT host, SUM(NOT {_STARTED}), SUM({_STARTED}) FROM capacity_slots {where} "
+        "GROUP BY host ORDER BY host LIMIT ?",
+        args,
+    )
+    return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+
+
 def scan(db: sqlite3.Connection) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
     """Every stored slot (bounded by the slots occupied now): those that parse, and the rows
     that do not."""
-    records: list[SlotRecord] = []
-    unreadable: list[UnreadableSlot] = []
-    for row in db.execute(_SELECT):
-        try:
-            records.append(_record(row))
-        except UnreadableSlot as err:
-            unreadable.append(err)
-    return records, unreadable
+    return _parsed(db.execute(_SELECT))
 
 
 def insert(db: sqlite3.Connection, record: SlotRecord) -> None:
@@ -190,6 +207,17 @@ def _record(row: sqlite3.Row) -> SlotRecord:
         return SlotRecord.model_validate(data)
     except (ValueError, TypeError) as exc:  # json and pydantic errors are ValueErrors
         raise UnreadableSlot(data["session_id"], data["slot"], reason_of(exc)) from None
+
+
+def _parsed(rows: sqlite3.Cursor) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
+    records: list[SlotRecord] = []
+    unreadable: list[UnreadableSlot] = []
+    for row in rows:
+        try:
+            records.append(_record(row))
+        except UnreadableSlot as err:
+            unreadable.append(err)
+    return records, unreadable
 
 
 def _first(cursor: sqlite3.Cursor) -> SlotRecord | None:

@@ -26,11 +26,14 @@ from subagents_node.client.session import ConfirmGrant
 from subagents_node.messages.capacity import (
     AcquireResult,
     CapacitySnapshot,
+    HostReleased,
     Inspection,
+    OperatorReleases,
     ReportedState,
     RunnerProof,
     SlotHandle,
     SlotKind,
+    SlotsByHost,
     Verdict,
 )
 from subagents_node.messages.errors import SubagentsError
@@ -188,6 +191,16 @@ class AsyncCapacityAPI:
 
     async def inspect(self, run_id: str, session_id: str | None = None) -> Inspection:
         return await self._client.perform(cap.inspect_plan(run_id, session_id))
+
+    async def release_host(self, host: str, reason: str, operator: str = "") -> HostReleased:
+        """As `CapacityAPI.release_host`: free every slot of `host`, audited."""
+        return await self._client.perform(cap.release_host_plan(host, reason, operator))
+
+    async def hosts(self, host: str | None = None) -> SlotsByHost:
+        return await self._client.perform(cap.hosts_plan(host))
+
+    async def releases(self, host: str | None = None, limit: int = 50) -> OperatorReleases:
+        return await self._client.perform(cap.releases_plan(host, limit))
 
     def handle(self, wire: SlotHandle | dict[str, Any]) -> AsyncCapacityHandle:
         return AsyncCapacityHandle(self._client, cap.as_slot_handle(wire))

@@ -12,8 +12,8 @@ peers the CurveGuard (runtime/node/curve.py) admits through ZAP, polled in this 
 A reply leaves through the socket its request came in on. A tcp frame carries its peer's
 authenticated key; it is refused (dropped, with no reply) once that key is revoked, and its
 name is the request's principal in the log. `node.keys.*` requests, and every request that
-declares itself an operator's act (`Request.local_only`; `messages.protocol.local_only`), are
-served on ipc only.
+is an operator's act (`capacity.release_host`; `messages.protocol.local_only`), are served on
+ipc only.
 """
 
 from __future__ import annotations
