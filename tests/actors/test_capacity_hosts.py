@@ -308,11 +308,13 @@ def test_the_ttl_of_a_released_reservation_never_touches_the_slot_granted_after_
     lapsing = _acquire(client, sid, "a", host=host, ttl_s=0.3)
     owner = client.capacity.inspect("a", sid).owner
     assert owner is not None and owner.expires_at is not None
+    deadline = owner.expires_at
     client.capacity.release_host(host, reason="lost")
     successor = _acquire(client, sid, "b", ttl_s=600)
     assert successor.slot == lapsing.slot
-    # Past the released reservation's deadline (and its tick): the successor is untouched.
-    _wait_for(lambda: time.time() > owner.expires_at + 0.5)  # type: ignore[operator]
+    # Past the released reservation's deadline, so its tick has fired: the successor, on the
+    # same slot index, is untouched (the tick names the released token and generation).
+    _wait_for(lambda: time.time() > deadline + 0.5)
     assert client.capacity.inspect("b", sid).relation == "current"
     assert client.capacity.snapshot(sid).used == 1
 
