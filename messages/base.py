@@ -51,6 +51,9 @@ class Request(Message):
     #: True when sending it twice has the effect of sending it once, so a client may send it
     #: again after its owner restarted with it in flight (every read-only query is so too).
     idempotent: ClassVar[bool] = False
+    #: True for an operator's act that only the node's own user may ask for: the node serves
+    #: it on its ipc socket only and refuses it from every tcp peer (`protocol.local_only`).
+    local_only: ClassVar[bool] = False
 
 
 def resendable(request: Request | type[Request]) -> bool:

@@ -14,6 +14,13 @@ A handle (`SlotHandle`) is what a launcher holds after an acquire or a transfer:
 place (session, index) and its compare-and-set identity (token, run id, generation; R-CAP-4).
 Every handle operation names all of it, so a stale or forged handle is refused (rollback
 answers false instead, R-CAP-17). Times are wall-clock seconds since the epoch.
+
+Hosts (DESIGN §1, multi-host): every slot records the node its run executes on (`host`, ""
+for the home node). A lost worker's slots stay held until its runs are proven ended, or until
+an operator declares the worker lost: `capacity.release_host` frees every slot of that host
+in one transaction and writes one audit row per slot (proof state `operator`), which
+`capacity.releases` lists; `capacity.hosts` counts the slots each host holds. A release is
+an operator's act: the node serves it on its ipc socket only (`local_only`), never to a peer.
 """
 
 from collections.abc import Sequence
@@ -28,6 +35,10 @@ from subagents_node.messages.domains import (
     ExitStatus,
     FsPath,
     Generation,
+    HostName,
+    HostOrHome,
+    Label,
+    NonEmptyShortText,
     Pid,
     RunId,
     SessionId,
@@ -45,6 +56,8 @@ SlotKind = Literal["runner", "workflow"]
 ReportedState = Literal["complete", "failed", "stopped", "rejected", "paused"]
 TERMINAL_STATES: frozenset[str] = frozenset({"complete", "failed", "stopped", "rejected"})
 ProofState = Literal["observed", "unknown", "not-started"]
+#: The proof state an operator's release records: no process was seen to end (DESIGN §2).
+OPERATOR_PROOF = "operator"
 Relation = Literal["current", "source", "none"]
 VerdictKind = Literal["releasable", "retained", "not-owned"]
 
@@ -52,6 +65,9 @@ VerdictKind = Literal["releasable", "retained", "not-owned"]
 #: lenient mapping of odd config values to "unlimited" (R-CFG-1) is the config layer's job.
 Limit = Count
 Ttl = DomainTtl
+#: Most entries one listing answers with (`capacity.releases`, `capacity.hosts`, the handles a
+#: release names): a reply stays far below the frame limit however much the ledger holds.
+MAX_LISTED = 1000
 
 
 # -- models ---------------------------------------------------------------------------------
@@ -152,6 +168,9 @@ class SlotRecord(Message):
     generation: int
     kind: SlotKind
     async_dir: str = ""
+    #: The node the run executes on; "" = the home node (and every record written before
+    #: hosts existed, so old rows and old `prev_record` JSON read as home).
+    host: str = ""
     reserved_at: float
     expires_at: float | None = None
     runner_id: str | None = None
@@ -195,6 +214,58 @@ class Inspection(Message):
     verdict: Verdict
 
 
+class HostReleased(Message):
+    """What `release_host` freed: `count` slots in all, the first MAX_LISTED of them named
+    (`more` when there were others; the audit rows name every one). `unreadable` counts the
+    host's slots that do not parse: quarantined, still occupied, never freed (INV-CAP-7)."""
+
+    host: str
+    count: int
+    released: list[SlotHandle]
+    more: bool = False
+    unreadable: int = 0
+
+
+class HostSlotCount(Message):
+    """The slots one host holds: reserved (not started) and started (R-CAP-6)."""
+
+    host: str
+    reserved: int
+    started: int
+
+
+class SlotsByHost(Message):
+    """Slots held per host, by host name ("" = the home node); `more` when the list was cut."""
+
+    hosts: list[HostSlotCount]
+    more: bool = False
+
+
+class OperatorRelease(Message):
+    """One audit row of `capacity_operator_releases`: a slot an operator's release freed."""
+
+    seq: int
+    at: float
+    host: str
+    session_id: str
+    slot: int
+    run_id: str
+    generation: int
+    kind: SlotKind
+    #: What the slot was when it was freed: `reserved` (never started) or `started`.
+    state: Literal["reserved", "started"]
+    runner_id: str | None = None
+    proof_state: str
+    reason: str
+    operator: str
+
+
+class OperatorReleases(Message):
+    """Audit rows, newest first."""
+
+    releases: list[OperatorRelease]
+
+
 # -- requests -------------------------------------------------------------------------------
 
 
@@ -212,6 +283,8 @@ class Acquire(Request):
     async_dir: FsPath = ""
     #: Seconds an unstarted slot lives; default: the node setting `reservation_ttl_s` (60).
     ttl_s: Ttl | None = None
+    #: The node the run executes on ("" = the home node); `release_host` frees by it.
+    host: HostOrHome = ""
 
 
 class MarkStarted(Request):
@@ -261,6 +334,9 @@ class Transfer(Request):
     run_id: RunId
     async_dir: FsPath = ""
     ttl_s: Ttl | None = None
+    #: Where the resume executes ("" = home), not where the source ran: the slot moves with
+    #: the run that now holds it.
+    host: HostOrHome = ""
 
 
 class ReportTerminal(Request):
@@ -308,6 +384,47 @@ class Snapshot(Request):
     limit: Limit = 0
 
 
+class ReleaseHost(Request):
+    """Free every occupied slot (reserved or started) whose run executes on `host`: the
+    operator declared that node lost (DESIGN §1-2). One transaction; one audit row per slot,
+    proof state `operator`. A host holding no slot is answered with count 0."""
+
+    type: Literal["capacity.release_host"] = "capacity.release_host"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = HostReleased
+    #: An operator's act on the home node: a tcp peer (a worker) must never free other slots.
+    local_only: ClassVar[bool] = True
+
+    host: HostName
+    reason: NonEmptyShortText
+    #: Who asked (a user name), kept in the audit rows.
+    operator: Label = ""
+
+
+class HostSlots(Request):
+    """How many slots each host holds (reserved, started); only `host`'s when one is named
+    (then with zeros when it holds none)."""
+
+    type: Literal["capacity.hosts"] = "capacity.hosts"
+    read_only: ClassVar[bool] = True
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = SlotsByHost
+
+    host: HostOrHome | None = None
+
+
+class ListReleases(Request):
+    """The audit rows of operator releases, newest first, optionally of one host."""
+
+    type: Literal["capacity.releases"] = "capacity.releases"
+    read_only: ClassVar[bool] = True
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = OperatorReleases
+
+    host: HostName | None = None
+    limit: Annotated[int, Field(strict=True, ge=1, le=MAX_LISTED)] = 50
+
+
 REQUESTS: tuple[type[Request], ...] = (
     Acquire,
     MarkStarted,
@@ -317,4 +434,7 @@ REQUESTS: tuple[type[Request], ...] = (
     ReportTerminal,
     Inspect,
     Snapshot,
+    ReleaseHost,
+    HostSlots,
+    ListReleases,
 )

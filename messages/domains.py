@@ -54,6 +54,13 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _not_blank(value: str) -> str:
+    _no_nul(value)
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
 def _path_fits(value: str) -> str:
     _no_nul(value)
     encoded = os.fsencode(value)
@@ -123,6 +130,10 @@ NonEmptyLabel = Annotated[
 ]
 #: A reason, an error text or a short message shown to people.
 ShortText = Annotated[str, StringConstraints(max_length=4000)]
+#: A reason a person must give (an operator's release): not empty, not only blanks.
+NonEmptyShortText = Annotated[
+    str, StringConstraints(min_length=1, max_length=4000), AfterValidator(_not_blank)
+]
 #: An error a run or a child ended with (may quote a command's own message).
 ErrorText = Annotated[str, StringConstraints(max_length=65_536)]
 #: Free text a person writes as a task or a message to a run.
@@ -131,6 +142,16 @@ TaskText = Annotated[str, StringConstraints(max_length=MAX_TASK_CHARS)]
 FsPath = Annotated[str, StringConstraints(max_length=PATH_MAX), AfterValidator(_path_fits)]
 NonEmptyFsPath = Annotated[
     str, StringConstraints(min_length=1, max_length=PATH_MAX), AfterValidator(_path_fits)
+]
+#: The name of a node (a worker host, e.g. `w1`), as `keys allow` names a peer's key: a letter
+#: or digit, then letters, digits and `_.@-`. It is shown in listings and bound as an SQLite
+#: parameter; the pattern keeps it one printable word, so a listing stays one line per host.
+HostName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+]
+#: A host name, or "" for the home node itself (what a record written before hosts reads as).
+HostOrHome = Annotated[
+    str, StringConstraints(max_length=64, pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9_.@-]*)?$")
 ]
 #: A node address (ipc:// or tcp://) as a descriptor carries it, for people (never dialled as
 #: is: the transport parses addresses strictly).

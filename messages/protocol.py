@@ -59,4 +59,21 @@ def parse_request(type_: str, body: dict[str, Any]) -> Request:
         raise schema_error(type_, exc) from None
 
 
-__all__ = ["REQUEST_CLASSES", "REQUEST_TYPES", "Message", "Request", "parse_request"]
+def local_only(type_: str) -> bool:
+    """Whether `type_` is served on the node's ipc socket only, never to a tcp peer: the
+    allow-list's own requests (`node.keys.*`: a peer must never admit others) and every request
+    that is an operator's act (`Request.local_only`, e.g. `capacity.release_host`)."""
+    if type_.startswith(keys.LOCAL_ONLY_PREFIX):
+        return True
+    kind = REQUEST_BY_TYPE.get(type_)
+    return kind is not None and kind.local_only
+
+
+__all__ = [
+    "REQUEST_CLASSES",
+    "REQUEST_TYPES",
+    "Message",
+    "Request",
+    "local_only",
+    "parse_request",
+]

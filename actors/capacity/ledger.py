@@ -1,10 +1,11 @@
 """CapacityLedger: the single owner of every active async capacity slot of every session (§4).
 
 Owns table `capacity_slots` (one row per occupied slot, keyed by session id and slot index;
-released slots are deleted, so no query grows with history) and the TTL timers of unstarted
-slots. Serializing every request in this one actor is R-CAP-5's slot exclusion; each request's
-insert or update is one statement in the owner's transaction, so a slot and its owner record
-appear together or not at all (R-CAP-11).
+released slots are deleted, so no query grows with history), the audit table
+`capacity_operator_releases` (one row per slot an operator freed) and the TTL timers of
+unstarted slots. Serializing every request in this one actor is R-CAP-5's slot exclusion; each
+request's insert or update is one statement in the owner's transaction, so a slot and its owner
+record appear together or not at all (R-CAP-11).
 
 What it decides, and from what:
 - acquire / transfer / rollback / mark_started follow R-CAP-8..20, fenced by the handle's
@@ -14,6 +15,12 @@ What it decides, and from what:
   owner's tables. A releasable verdict deletes the slot at once, which is R-CAP-23's reconcile
   done at the only moment its inputs change; everything else is retained, and `inspect`
   explains why from the stored facts.
+- Every slot names the host its run executes on (DESIGN §1; "" = the home node). An operator
+  who declares a worker lost (`capacity.release_host`) frees every slot of that host in one
+  request, so in one transaction, each with its audit row (proof state `operator`): the
+  "explicit, audited operator release" of DESIGN §2. A fresh grant to a run an operator freed
+  starts above the freed generation, so a report the lost execution still sends is fenced
+  (DESIGN §3) even once the run holds a slot again.
 - An unstarted slot whose TTL passes is rolled back by the owner (§0.4): a fresh slot is freed,
   a transferred one gets its source record back. Timer ticks name the slot's token and
   generation, so a tick never touches a slot that has since started or changed hands; `recover`
@@ -24,10 +31,12 @@ meets it report it (`OwnerActor.quarantine`) instead of failing; it keeps counti
 so it is never handed out, and a request that names it is refused with `RecordQuarantined`.
 Every other slot and session keeps working.
 
-The table's SQL lives in `capacity/slots.py` and the rules, as pure functions, in
-`capacity/rules.py`; this module sequences them. It must never block on another actor,
-never call commit/BEGIN itself (the base class owns the transaction), and never free a slot
-for any other reason (R-CAP-25).
+The tables' SQL lives in `capacity/slots.py` and `capacity/releases.py`, the rules, as pure
+functions, in `capacity/rules.py`, and the hosts' side (an operator's release, the per-host
+counts, the audit) in `capacity/hosts.py`; this module sequences them. It must never block on
+another actor, never call commit/BEGIN itself (the base class owns the transaction), and never
+free a slot for any other reason (R-CAP-25) than a release verdict, a TTL, a rollback or an
+operator's release.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from subagents_node.actors.capacity import slots
+from subagents_node.actors.capacity import hosts, releases, slots
 from subagents_node.actors.capacity.rules import (
     NO_SLOT,
     lowest_free,
@@ -56,15 +65,21 @@ from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
     CapacitySnapshot,
+    HostReleased,
+    HostSlots,
     Inspect,
     Inspection,
+    ListReleases,
     MarkStarted,
     MarkWorkflowStarted,
+    OperatorReleases,
+    ReleaseHost,
     ReportTerminal,
     Rollback,
     RollbackResult,
     SlotHandle,
     SlotRecord,
+    SlotsByHost,
     Snapshot,
     TerminalFacts,
     Transfer,
@@ -96,7 +111,7 @@ class SlotTtlExpired(Tick):
 
 class CapacityLedger(OwnerActor):
     name = "capacity"
-    MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1,)
+    MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1, slots.HOST_COLUMN, releases.SCHEMA_V1)
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         handlers: dict[type[Request], Callable[[Any], Message]] = {
@@ -108,6 +123,9 @@ class CapacityLedger(OwnerActor):
             ReportTerminal: self.report_terminal,
             Inspect: self.inspect,
             Snapshot: self.snapshot,
+            ReleaseHost: self.release_host,
+            HostSlots: self.host_slots,
+            ListReleases: self.list_releases,
         }
         return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
 
@@ -166,9 +184,10 @@ class CapacityLedger(OwnerActor):
             slot=index,
             token=uuid.uuid4().hex,
             run_id=req.run_id,
-            generation=0,
+            generation=hosts.fresh_generation(self.db, req.session_id, req.run_id, 0),
             kind=req.kind,
             async_dir=req.async_dir,
+            host=req.host,
             reserved_at=now,
             expires_at=now + self._ttl(req.ttl_s),
         )
@@ -224,6 +243,7 @@ class CapacityLedger(OwnerActor):
                     kind="runner",
                     async_dir=req.async_dir,
                     ttl_s=req.ttl_s,
+                    host=req.host,
                 )
             )
         self._refuse_second_slot(req.session_id, req.run_id)
@@ -238,9 +258,12 @@ class CapacityLedger(OwnerActor):
             token=source.token,
             run_id=req.run_id,
             source_run_id=source.run_id,
-            generation=source.generation + 1,
+            generation=hosts.fresh_generation(
+                self.db, req.session_id, req.run_id, source.generation + 1
+            ),
             kind="runner",
             async_dir=req.async_dir,
+            host=req.host,  # the resume's node, where it is launched, not the source's
             reserved_at=now,
             expires_at=now + self._ttl(req.ttl_s),
             prev_record=source,
@@ -299,6 +322,16 @@ class CapacityLedger(OwnerActor):
     def snapshot(self, req: Snapshot) -> CapacitySnapshot:
         """R-CAP-26. Nothing to reconcile first: releasable slots were freed when reported."""
         return self._snapshot(req.session_id, req.limit)
+
+    def release_host(self, req: ReleaseHost) -> HostReleased:
+        """DESIGN §1-2: the operator declared `req.host` lost; free its slots, audited."""
+        return hosts.release(self.db, req, self.ctx.clock(), self.quarantine)
+
+    def host_slots(self, req: HostSlots) -> SlotsByHost:
+        return hosts.held(self.db, req)
+
+    def list_releases(self, req: ListReleases) -> OperatorReleases:
+        return hosts.audit(self.db, req, self.quarantine)
 
     # -- slot life ----------------------------------------------------------------------------
 

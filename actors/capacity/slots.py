@@ -4,7 +4,8 @@ Owned by the CapacityLedger: only its connection, inside its transaction, calls 
 (they take that connection). One row per occupied slot, keyed by (session id, slot index);
 releasing a slot deletes its row, so every query here is bounded by the slots occupied now,
 never by the history of a pool. The nested parts of a record (the last terminal report and the
-pre-transfer record) are stored as JSON so that a rollback restores them exactly.
+pre-transfer record) are stored as JSON so that a rollback restores them exactly. Each row names
+the host its run executes on (version 2; rows written before read as "", the home node).
 A row that does not parse into a SlotRecord raises `UnreadableSlot` (never a bare parse error):
 the ledger quarantines it, and since `occupied` and `used` count rows, not parsed records, such
 a slot stays occupied (fail closed).
@@ -61,6 +62,14 @@ CREATE INDEX capacity_slots_run ON capacity_slots (run_id);
 CREATE INDEX capacity_slots_source ON capacity_slots (source_run_id)
     WHERE source_run_id IS NOT NULL;
 CREATE INDEX capacity_slots_expiry ON capacity_slots (expires_at) WHERE expires_at IS NOT NULL
+"""
+
+#: Version 2 (multi-host): the node each slot's run executes on, "" = the home node, which is
+#: what every row written before reads as. Indexed: an operator's release and the per-host
+#: counts read one host's rows, not the whole table.
+HOST_COLUMN = """
+ALTER TABLE capacity_slots ADD COLUMN host TEXT NOT NULL DEFAULT '';
+CREATE INDEX capacity_slots_host ON capacity_slots (host)
 """
 
 _KEY = ("session_id", "slot")
@@ -133,17 +142,34 @@ def used(db: sqlite3.Connection, session_id: str) -> int:
     return int(count)
 
 
+#: R-CAP-6 in SQL: a row is started iff it has a runner id or a start time.
+_STARTED = "(runner_id IS NOT NULL OR runner_started_at IS NOT NULL)"
+
+
+def on_host(db: sqlite3.Connection, host: str) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
+    """Every slot whose run executes on `host` (served by the host index): those that parse,
+    and the rows that do not."""
+    return _parsed(db.execute(f"{_SELECT} WHERE host = ? ORDER BY session_id, slot", (host,)))
+
+
+def held_per_host(
+    db: sqlite3.Connection, host: str | None, limit: int
+) -> list[tuple[str, int, int]]:
+    """(host, reserved, started) of each host holding slots, by host name, at most `limit`;
+    unreadable rows count too, by their stored host (fail closed: they are occupied)."""
+    where, args = ("WHERE host = ?", (host, limit)) if host is not None else ("", (limit,))
+    rows = db.execute(
+        f"SELECT host, SUM(NOT {_STARTED}), SUM({_STARTED}) FROM capacity_slots {where} "
+        "GROUP BY host ORDER BY host LIMIT ?",
+        args,
+    )
+    return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+
+
 def scan(db: sqlite3.Connection) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
     """Every stored slot (bounded by the slots occupied now): those that parse, and the rows
     that do not."""
-    records: list[SlotRecord] = []
-    unreadable: list[UnreadableSlot] = []
-    for row in db.execute(_SELECT):
-        try:
-            records.append(_record(row))
-        except UnreadableSlot as err:
-            unreadable.append(err)
-    return records, unreadable
+    return _parsed(db.execute(_SELECT))
 
 
 def insert(db: sqlite3.Connection, record: SlotRecord) -> None:
@@ -181,6 +207,17 @@ def _record(row: sqlite3.Row) -> SlotRecord:
         return SlotRecord.model_validate(data)
     except (ValueError, TypeError) as exc:  # json and pydantic errors are ValueErrors
         raise UnreadableSlot(data["session_id"], data["slot"], reason_of(exc)) from None
+
+
+def _parsed(rows: sqlite3.Cursor) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
+    records: list[SlotRecord] = []
+    unreadable: list[UnreadableSlot] = []
+    for row in rows:
+        try:
+            records.append(_record(row))
+        except UnreadableSlot as err:
+            unreadable.append(err)
+    return records, unreadable
 
 
 def _first(cursor: sqlite3.Cursor) -> SlotRecord | None:

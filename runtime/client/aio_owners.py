@@ -26,11 +26,14 @@ from subagents_node.client.session import ConfirmGrant
 from subagents_node.messages.capacity import (
     AcquireResult,
     CapacitySnapshot,
+    HostReleased,
     Inspection,
+    OperatorReleases,
     ReportedState,
     RunnerProof,
     SlotHandle,
     SlotKind,
+    SlotsByHost,
     Verdict,
 )
 from subagents_node.messages.errors import SubagentsError
@@ -139,9 +142,10 @@ class AsyncCapacityAPI:
         kind: SlotKind = "runner",
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> AsyncCapacityHandle | None:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0."""
-        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s)
+        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host)
         return self._granted(await self._client.perform(plan))
 
     async def transfer(
@@ -152,9 +156,10 @@ class AsyncCapacityAPI:
         run_id: str,
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> AsyncCapacityHandle | None:
         """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one."""
-        plan = cap.transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s)
+        plan = cap.transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s, host)
         return self._granted(await self._client.perform(plan))
 
     async def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
@@ -186,6 +191,16 @@ class AsyncCapacityAPI:
 
     async def inspect(self, run_id: str, session_id: str | None = None) -> Inspection:
         return await self._client.perform(cap.inspect_plan(run_id, session_id))
+
+    async def release_host(self, host: str, reason: str, operator: str = "") -> HostReleased:
+        """As `CapacityAPI.release_host`: free every slot of `host`, audited."""
+        return await self._client.perform(cap.release_host_plan(host, reason, operator))
+
+    async def hosts(self, host: str | None = None) -> SlotsByHost:
+        return await self._client.perform(cap.hosts_plan(host))
+
+    async def releases(self, host: str | None = None, limit: int = 50) -> OperatorReleases:
+        return await self._client.perform(cap.releases_plan(host, limit))
 
     def handle(self, wire: SlotHandle | dict[str, Any]) -> AsyncCapacityHandle:
         return AsyncCapacityHandle(self._client, cap.as_slot_handle(wire))

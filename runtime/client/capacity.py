@@ -13,6 +13,9 @@ arguments as `BadRequest` before anything is sent (the same check the node's gat
     client.capacity.transfer(session_id="s1", limit=4, source_run_id="a", run_id="b")
     client.capacity.report_terminal("s1", "a", "complete", proof=RunnerProof(...))
     client.capacity.inspect("a")             # Inspection(relation, owner, verdict)
+    client.capacity.hosts()                  # SlotsByHost: (reserved, started) per host
+    client.capacity.release_host("w1", reason="disk died", operator="ana")  # HostReleased
+    client.capacity.releases(host="w1")      # OperatorReleases: the audit, newest first
 
 It must never decide capacity itself: the node's ledger is the only owner of slots.
 """
@@ -28,10 +31,15 @@ from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
     CapacitySnapshot,
+    HostReleased,
+    HostSlots,
     Inspect,
     Inspection,
+    ListReleases,
     MarkStarted,
     MarkWorkflowStarted,
+    OperatorReleases,
+    ReleaseHost,
     ReportedState,
     ReportTerminal,
     Rollback,
@@ -39,6 +47,7 @@ from subagents_node.messages.capacity import (
     RunnerProof,
     SlotHandle,
     SlotKind,
+    SlotsByHost,
     Snapshot,
     Transfer,
     Verdict,
@@ -87,6 +96,7 @@ def acquire_plan(
     kind: SlotKind = "runner",
     async_dir: str = "",
     ttl_s: float | None = None,
+    host: str = "",
 ) -> Plan[AcquireResult]:
     request = build(
         Acquire,
@@ -96,6 +106,7 @@ def acquire_plan(
         kind=kind,
         async_dir=async_dir,
         ttl_s=ttl_s,
+        host=host,
     )
     return one(request, AcquireResult)
 
@@ -107,6 +118,7 @@ def transfer_plan(
     run_id: str,
     async_dir: str = "",
     ttl_s: float | None = None,
+    host: str = "",
 ) -> Plan[AcquireResult]:
     request = build(
         Transfer,
@@ -116,6 +128,7 @@ def transfer_plan(
         run_id=run_id,
         async_dir=async_dir,
         ttl_s=ttl_s,
+        host=host,
     )
     return one(request, AcquireResult)
 
@@ -150,6 +163,19 @@ def report_terminal_plan(
 
 def inspect_plan(run_id: str, session_id: str | None = None) -> Plan[Inspection]:
     return one(build(Inspect, run_id=run_id, session_id=session_id), Inspection)
+
+
+def release_host_plan(host: str, reason: str, operator: str = "") -> Plan[HostReleased]:
+    request = build(ReleaseHost, host=host, reason=reason, operator=operator)
+    return one(request, HostReleased)
+
+
+def hosts_plan(host: str | None = None) -> Plan[SlotsByHost]:
+    return one(build(HostSlots, host=host), SlotsByHost)
+
+
+def releases_plan(host: str | None = None, limit: int = 50) -> Plan[OperatorReleases]:
+    return one(build(ListReleases, host=host, limit=limit), OperatorReleases)
 
 
 def as_slot_handle(wire: SlotHandle | dict[str, Any]) -> SlotHandle:
@@ -274,12 +300,14 @@ class CapacityAPI:
         kind: SlotKind = "runner",
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> CapacityHandle | None:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0.
 
-        Raises CapacityExhausted (with `.snapshot`) when the pool is full.
+        `host` names the node the run executes on ("" = the home node). Raises
+        CapacityExhausted (with `.snapshot`) when the pool is full.
         """
-        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s)
+        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host)
         return self._granted(self.perform(plan))
 
     def transfer(
@@ -290,12 +318,14 @@ class CapacityAPI:
         run_id: str,
         async_dir: str = "",
         ttl_s: float | None = None,
+        host: str = "",
     ) -> CapacityHandle | None:
         """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one.
 
-        Raises CapacityNotTransferable while the source may still be running.
+        The slot then names `host`, where the resume executes. Raises
+        CapacityNotTransferable while the source may still be running.
         """
-        plan = transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s)
+        plan = transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s, host)
         return self._granted(self.perform(plan))
 
     def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
@@ -330,6 +360,21 @@ class CapacityAPI:
     def inspect(self, run_id: str, session_id: str | None = None) -> Inspection:
         """R-CAP-27: which slot records `run_id`, and whether it could be released now."""
         return self.perform(inspect_plan(run_id, session_id))
+
+    def release_host(self, host: str, reason: str, operator: str = "") -> HostReleased:
+        """Free every slot (reserved or started) whose run executes on `host`, in one
+        transaction, each with an audit row: the operator declared that node lost. A host
+        holding no slot answers count 0. Served on the node's ipc socket only."""
+        return self.perform(release_host_plan(host, reason, operator))
+
+    def hosts(self, host: str | None = None) -> SlotsByHost:
+        """Slots held per host ("" = the home node): reserved and started; only `host`'s
+        when one is named."""
+        return self.perform(hosts_plan(host))
+
+    def releases(self, host: str | None = None, limit: int = 50) -> OperatorReleases:
+        """The audit rows of operator releases, newest first (at most `limit`, up to 1000)."""
+        return self.perform(releases_plan(host, limit))
 
     def handle(self, wire: SlotHandle | dict[str, Any]) -> CapacityHandle:
         """A handle rebuilt from its wire form, e.g. one passed in from another process."""

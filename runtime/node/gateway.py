@@ -11,7 +11,9 @@ guards them) and, when the node listens on tcp, a second ROUTER that is a CURVE 
 peers the CurveGuard (runtime/node/curve.py) admits through ZAP, polled in this same thread.
 A reply leaves through the socket its request came in on. A tcp frame carries its peer's
 authenticated key; it is refused (dropped, with no reply) once that key is revoked, and its
-name is the request's principal in the log. `node.keys.*` requests are served on ipc only.
+name is the request's principal in the log. `node.keys.*` requests, and every request that
+is an operator's act (`capacity.release_host`; `messages.protocol.local_only`), are served on
+ipc only.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
-from subagents_node.messages.keys import LOCAL_ONLY_PREFIX
-from subagents_node.messages.protocol import parse_request
+from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 
@@ -223,7 +224,7 @@ class Gateway:
         env: Envelope | None = None
         try:
             env = decode(frame, self._max_frame)
-            if via and env.type.startswith(LOCAL_ONLY_PREFIX):
+            if via and local_only(env.type):
                 raise BadRequest(
                     f"{env.type} is served on the node's ipc socket only", reason="local_only"
                 )

@@ -41,6 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.processes]
 FUZZED = tuple(c for c in REQUEST_CLASSES if c.model_fields["type"].default != "node.shutdown")
 LEDGER_TABLES = (
     "capacity_slots",
+    "capacity_operator_releases",  # a refused release must leave no audit row either
     "fanout_budgets",
     "fanout_claims",
     "fanout_reservations",
