@@ -269,7 +269,11 @@ def wait_exited(proc: psutil.Process, timeout_s: float) -> bool:
         pidfd = None  # no pidfd support: fall back to psutil's wait
     if pidfd is not None:
         try:
-            ready, _, _ = select.select([pidfd], [], [], timeout_s)
+            # poll, not select: a caller with more than 1024 descriptors open gets a pidfd
+            # that select() cannot watch.
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            ready = poller.poll(max(0, int(timeout_s * 1000)))
         finally:
             os.close(pidfd)
         return bool(ready)
