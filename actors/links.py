@@ -7,6 +7,12 @@ for any more (its request expired) is dropped. A request unanswered by its deadl
 answered `OwnerUnavailable` (its owner crashed with it in flight, or is restarting), so no
 caller waits for ever and every request gets exactly one outcome.
 
+A tcp endpoint is another host's (a worker node's links to its home's owners): its DEALER
+is a CURVE client with the given credentials and exchanges ZMTP heartbeats, so a dead link is
+dropped in seconds (what was in flight on it is answered `OwnerUnavailable` at its deadline).
+Whether to send to a home that is known to be unreachable is the caller's decision (the
+worker's forwarder fails such requests closed before they reach the links).
+
 Not thread-safe by design: the thread that owns the links (an owner process's loop, the
 node's forwarder) is the only one that sends, receives and expires. It never decides
 anything about the requests it carries.
@@ -35,6 +41,18 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 15.0
 #: Replies can be larger than requests (listings); the owners cap what they send.
 MAX_REPLY_BYTES = 64 << 20
+#: ZMTP heartbeats on a link to another host: a silent peer is dropped after the timeout.
+REMOTE_HEARTBEAT_MS = 500
+REMOTE_HEARTBEAT_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteKeys:
+    """CURVE keys of a link to another host: ours (z85 public and secret), the server's public."""
+
+    public: str
+    secret: str
+    server_public: str
 
 
 @dataclass(slots=True)
@@ -53,8 +71,10 @@ class OwnerLinks:
         endpoint_of: Callable[[str], str],
         timeout_s: float = DEFAULT_TIMEOUT_S,
         on_socket: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
+        remote_keys: RemoteKeys | None = None,
     ) -> None:
         self._zctx = zctx
+        self._remote_keys = remote_keys
         self._sender = sender
         self._endpoint_of = endpoint_of
         self._timeout_s = timeout_s
@@ -74,11 +94,15 @@ class OwnerLinks:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def send(self, request: Request, target: str, reply: ReplyFn) -> None:
+    def send(
+        self, request: Request, target: str, reply: ReplyFn, timeout_s: float | None = None
+    ) -> None:
         """Put `request` on the wire to `target`; its outcome reaches `reply` later (from
-        `receive` or `expire`). Raises Busy when the peer's queue is full (nothing sent)."""
+        `receive` or `expire`, after `timeout_s`, default the links' own). Raises Busy when
+        the peer's queue is full (nothing sent)."""
         target = target or request.target
-        sock = self._socket(self._endpoint_of(target))
+        endpoint = self._endpoint_of(target)
+        sock = self._socket(endpoint)
         env = Envelope(
             type=request.type, body=request.to_body(), target=target, sender=self._sender
         )
@@ -90,7 +114,7 @@ class OwnerLinks:
                 f"{target} is not taking requests (its queue is full); retry later",
                 target=target,
             ) from None
-        deadline = time.monotonic() + self._timeout_s
+        deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
         self._waiting[env.id] = _Waiting(request, target, reply, deadline)
         heapq.heappush(self._deadlines, (deadline, env.id))
 
@@ -158,10 +182,27 @@ class OwnerLinks:
             sock.setsockopt(zmq.RCVHWM, 10_000)
             sock.setsockopt(zmq.RECONNECT_IVL, 20)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+            if endpoint.startswith("tcp://"):
+                self._secure(sock, endpoint)
             sock.connect(endpoint)
             self._sockets[endpoint] = sock
             self._on_socket(sock)
         return sock
+
+    def _secure(self, sock: zmq.Socket[bytes], endpoint: str) -> None:
+        """A link to another host: CURVE (DESIGN §3), and heartbeats so that a partition is
+        noticed."""
+        keys = self._remote_keys
+        if keys is None:
+            sock.close(linger=0)
+            raise OwnerUnavailable(
+                f"no CURVE keys for the link to {endpoint}", owner=endpoint, reason="no_keys"
+            )
+        sock.curve_publickey = keys.public.encode("ascii")
+        sock.curve_secretkey = keys.secret.encode("ascii")
+        sock.curve_serverkey = keys.server_public.encode("ascii")
+        sock.setsockopt(zmq.HEARTBEAT_IVL, REMOTE_HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, REMOTE_HEARTBEAT_TIMEOUT_MS)
 
     def close(self) -> None:
         """Answer whatever still waits (the owner is stopping) and close every socket."""

@@ -17,6 +17,7 @@
     │                                                                limit
     ├── Internal                         internal                    actor
     ├── OwnerUnavailable                 unavailable                 owner, state, reason
+    ├── MembershipRefused                membership_refused          name, reason
     ├── RecordQuarantined                record_quarantined          owner, table, key, reason
     ├── StoreError                       store_error                 path
     │   └── StoreFull                    store_full                  actor, reason
@@ -170,6 +171,14 @@ class OwnerUnavailable(SubagentsError):
     applied. The other owners keep serving; `status` and `doctor` say why."""
 
     code = "unavailable"
+
+
+class MembershipRefused(SubagentsError):
+    """The home node refused a worker: its key's name is not the name it joins as, another
+    live process is that worker, the operator forgot it (it is fenced until it joins again),
+    or the node it asked is not a home. Nothing was applied."""
+
+    code = "membership_refused"
 
 
 class RecordQuarantined(SubagentsError):

@@ -68,6 +68,32 @@ class ContainmentStatus(Message):
         return f"subreaper only ({self.why})"
 
 
+class ClusterStatus(Message):
+    """A node's part in a multi-host fleet (DESIGN §1): a home, or a worker of a home."""
+
+    role: Literal["home", "worker"]
+    #: worker: its member name; home: "home"
+    name: str = ""
+    #: worker: the home's endpoint; home: its tcp endpoints, comma-separated
+    home: str = ""
+    #: worker: joined | unreachable | fenced; home: serving
+    state: str = ""
+    reason: str = ""
+    generation: int = 0
+    last_heartbeat_ok: float | None = None
+    #: home: the server public key workers pass as --home-key
+    public_key: str = ""
+
+    def describe(self) -> str:
+        if self.role == "home":
+            return f"home on {self.home}; workers pass --home-key {self.public_key}"
+        detail = f" ({self.reason[:200]})" if self.reason else ""
+        return (
+            f"worker {self.name} of {self.home}: {self.state}, generation {self.generation}"
+            f"{detail}"
+        )
+
+
 class NodeStatusResult(Message):
     node_id: str
     version: str
@@ -77,6 +103,8 @@ class NodeStatusResult(Message):
     endpoints: list[str]
     actors: list[ActorStatus]
     containment: ContainmentStatus = ContainmentStatus(mode="subreaper", why="not reported")
+    #: None: a single node (neither a home nor a worker)
+    cluster: ClusterStatus | None = None
 
 
 class NodeStatus(Request):

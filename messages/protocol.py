@@ -16,6 +16,7 @@ from subagents_node.messages import (
     capacity,
     fanout,
     keys,
+    members,
     node,
     retention,
     runs,
@@ -32,6 +33,7 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     session.REQUESTS,
     supervisor.REQUESTS,
     keys.REQUESTS,
+    members.REQUESTS,
     retention.REQUESTS,
     runs.REQUESTS,
 )

@@ -6,6 +6,11 @@ that only know the node's address, and from the in-process transport of an embed
 Owns one thread, its OwnerLinks (a DEALER per owner) and a queue of requests handed over by
 the gateway's thread. Replies go back through each request's reply function.
 
+On a worker node (DESIGN §1 "Multi-host") the ledger owners are the home's: requests for
+them go over one CURVE link to the home, with their own (shorter) timeout, and while the
+worker's home link says the home is unreachable they fail closed at once with
+`OwnerUnavailable` (reason `home_unreachable`) instead of waiting.
+
 It never decides anything about a request; an owner that does not answer in time is
 answered `OwnerUnavailable` by the links.
 """
@@ -20,10 +25,10 @@ from collections.abc import Callable
 
 import zmq
 
-from subagents_node.actors.links import OwnerLinks
+from subagents_node.actors.links import OwnerLinks, RemoteKeys
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.messages.base import Request
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import MembershipRefused, OwnerUnavailable, SubagentsError
 
 
 class Forwarder:
@@ -32,14 +37,25 @@ class Forwarder:
         zctx: zmq.Context[zmq.Socket[bytes]],
         sender: str,
         endpoint_of: Callable[[str], str],
+        remote: frozenset[str] = frozenset(),
+        remote_keys: RemoteKeys | None = None,
+        remote_timeout_s: float = 5.0,
     ) -> None:
+        #: Targets served by the home node (a worker's ledgers), and the home link's state
+        #: (joined, unreachable, fenced) with its reason: written by the home link's thread,
+        #: read here (one tuple, replaced whole: no lock needed).
+        self.remote = remote
+        self.home_state: tuple[str, str] = ("joined", "")
+        self._remote_timeout_s = remote_timeout_s
         self._queue: collections.deque[tuple[Request, str, ReplyFn]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poller = zmq.Poller()
         self._poller.register(self._wake_r, zmq.POLLIN)
-        self._links = OwnerLinks(zctx, sender, endpoint_of, on_socket=self._watch)
+        self._links = OwnerLinks(
+            zctx, sender, endpoint_of, on_socket=self._watch, remote_keys=remote_keys
+        )
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="subagents-forward", daemon=True)
         self._thread.start()
@@ -57,6 +73,22 @@ class Forwarder:
         self._thread.join(timeout=10)
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    def _send_home(self, request: Request, target: str, reply: ReplyFn) -> None:
+        state, reason = self.home_state
+        if state == "fenced":
+            raise MembershipRefused(
+                f"{request.type} was not sent: {reason}", name="", reason="fenced"
+            )
+        if state != "joined":
+            raise OwnerUnavailable(
+                f"{target} lives on the home node, which this worker cannot reach now; "
+                f"{request.type} was not sent (nothing was applied; retry once it is back)",
+                owner=target,
+                state="unreachable",
+                reason="home_unreachable",
+            )
+        self._links.send(request, target, reply, self._remote_timeout_s)
 
     def _watch(self, sock: zmq.Socket[bytes]) -> None:
         self._poller.register(sock, zmq.POLLIN)
@@ -76,7 +108,10 @@ class Forwarder:
                 while self._queue:
                     request, target, reply = self._queue.popleft()
                     try:
-                        links.send(request, target, reply)
+                        if target in self.remote:
+                            self._send_home(request, target, reply)
+                        else:
+                            links.send(request, target, reply)
                     except SubagentsError as err:
                         reply(err)
                 for sock in links.sockets:

@@ -11,9 +11,11 @@ guards them) and, when the node listens on tcp, a second ROUTER that is a CURVE 
 peers the CurveGuard (runtime/node/curve.py) admits through ZAP, polled in this same thread.
 A reply leaves through the socket its request came in on. A tcp frame carries its peer's
 authenticated key; it is refused (dropped, with no reply) once that key is revoked, and its
-name is the request's principal in the log. `node.keys.*` requests, and every request that
-is an operator's act (`capacity.release_host`; `messages.protocol.local_only`), are served on
-ipc only.
+name is the request's principal: logged, passed to the dispatcher, and shown to the node's
+`admit` check (a home node fences a forgotten worker there and stamps a worker's name on what
+it asks the ledgers). `node.keys.*` requests, and every request that is an operator's act
+(`capacity.release_host`, `node.members.forget`; `messages.protocol.local_only`), are served
+on ipc only; `node.members.join|heartbeat` (which name the peer) on tcp only.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 
 from subagents_node.actors.owner import Outcome, ReplyFn
+from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
+from subagents_node.messages.members import PEER_ONLY_TYPES
 from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
@@ -41,6 +45,11 @@ log = logging.getLogger(__name__)
 _RECV_BATCH = 256
 #: How long a stopping gateway may spend delivering replies already sent.
 _CLOSE_LINGER_MS = 500
+#: Served to authenticated tcp peers only (they name the peer that sends them).
+_PEER_ONLY = PEER_ONLY_TYPES
+
+#: A tcp request and its peer's principal -> the request to dispatch (raise to refuse it).
+Admit = Callable[[Request, str], Request]
 
 
 class Gateway:
@@ -53,8 +62,10 @@ class Gateway:
         max_frame: int = MAX_FRAME_BYTES,
         hwm: int = 10_000,
         curve: CurveGuard | None = None,
+        admit: Admit | None = None,
     ) -> None:
         self._zctx = zctx
+        self._admit = admit
         self.endpoints = list(endpoints)
         self._dispatcher = dispatcher
         self._node_id = node_id
@@ -213,7 +224,7 @@ class Gateway:
             return
         self._handle([f.bytes for f in frames], via=1, principal=principal)
 
-    def _handle(self, frames: list[bytes], via: int = 0, principal: str = "local") -> None:
+    def _handle(self, frames: list[bytes], via: int = 0, principal: str = "") -> None:
         identity = frames[0]
         if len(frames) != 2:
             self._refuse(
@@ -228,10 +239,20 @@ class Gateway:
                 raise BadRequest(
                     f"{env.type} is served on the node's ipc socket only", reason="local_only"
                 )
+            if not via and env.type in _PEER_ONLY:
+                raise BadRequest(
+                    f"{env.type} is served to authenticated tcp peers only (a worker joins "
+                    "over tcp with its CURVE key)",
+                    reason="peer_only",
+                )
             request = parse_request(env.type, env.body)
             if via:
                 log.debug("gateway: %s from principal %s", env.type, principal)
-            self._dispatcher.dispatch(request, env.target, self.reply_to(identity, env, via))
+                if self._admit is not None:
+                    request = self._admit(request, principal)
+            self._dispatcher.dispatch(
+                request, env.target, self.reply_to(identity, env, via), principal or None
+            )
         except SubagentsError as err:
             corr = env.id if env else peek_id(frame)
             self._refuse(identity, corr, err, env, via, principal)
@@ -247,13 +268,13 @@ class Gateway:
         err: SubagentsError,
         env: Envelope | None = None,
         via: int = 0,
-        principal: str = "local",
+        principal: str = "",
     ) -> None:
         log.warning(
             "gateway: refused a frame: %s: %s (principal %s)",
             err.code,
             err.message[:200],
-            principal,
+            principal or "local",
         )
         reply = Envelope(
             type=ERROR,

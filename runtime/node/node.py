@@ -7,6 +7,12 @@ peers) and the forwarder that carries whatever reaches the node's sockets on to 
 Each owner is its own process with its own socket and database (DESIGN §1); the node never
 opens an owner's database. Runs in the foreground (`start`), detached (`start --detach`, see
 runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
+
+Multi-host (DESIGN §1): a home node (`home`) also listens on tcp beyond loopback, keeps its
+workers' membership (runtime/node/members.py) and fences a forgotten worker at its gateway; a
+worker node (`join`) runs only the run supervisor and its shims, joins the home
+(runtime/node/homelink.py) and serves the ledger owners' sockets itself, forwarding every
+request for them to the home over CURVE, failing closed while the home is unreachable.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +34,11 @@ from pathlib import Path
 import zmq
 
 from subagents_node.actors.child import cgroup
+from subagents_node.actors.links import RemoteKeys
+from subagents_node.actors.outcomes import ReplyFn, store_full
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
+from subagents_node.client.keys import check_name, client_credentials
 from subagents_node.client.paths import (
     ADDRESS_BOOK_NAME,
     OWNER_SOCKETS,
@@ -43,19 +52,30 @@ from subagents_node.client.paths import (
     resolve_state_dir,
 )
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.base import Ack, Request
+from subagents_node.messages.base import Ack, Message, Request
+from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
 from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.constants import version
 from subagents_node.messages.errors import (
     BadAddress,
     BadRequest,
     ConfigError,
+    MembershipRefused,
     NodeAlreadyRunning,
     StoreError,
     StoreFull,
+    SubagentsError,
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
+from subagents_node.messages.members import REQUESTS as MEMBER_REQUESTS
+from subagents_node.messages.members import (
+    MemberForget,
+    MemberHeartbeat,
+    MemberJoin,
+    MemberList,
+)
 from subagents_node.messages.node import (
+    ClusterStatus,
     ContainmentStatus,
     NodeStatus,
     NodeStatusResult,
@@ -63,16 +83,23 @@ from subagents_node.messages.node import (
     Pong,
     Shutdown,
 )
+from subagents_node.messages.supervisor import ListRuns, RunList
 from subagents_node.node import owners
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
+from subagents_node.node.homelink import HomeLink
 from subagents_node.node.inprocess import InProcessTransport
+from subagents_node.node.members import DB_NAME as MEMBERS_DB
+from subagents_node.node.members import Members, forgotten, slots_merged
 from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
 from subagents_node.node.ownersup import OwnerSupervisor
 
 log = logging.getLogger(__name__)
+
+#: The owners whose state lives on the home node only (DESIGN §1): a worker forwards to them.
+REMOTE_OWNERS = frozenset({"capacity", "fanout", "session"})
 
 
 @dataclass
@@ -88,6 +115,20 @@ class NodeOptions:
     restart_max: int = 3
     restart_window_s: float = 5.0
     settings: dict[str, object] = field(default_factory=dict)
+    #: Multi-host: serve worker nodes (needs a tcp `listen`, which may then be any address).
+    home: bool = False
+    #: Multi-host: be a worker of the home at this tcp endpoint, as `name`, trusting
+    #: `home_key` (the home's server public key) and offering `client_key` (a key file; the
+    #: state dir's client key by default), which the home must allow under `name`.
+    join: str = ""
+    home_key: str = ""
+    name: str = ""
+    client_key: str = ""
+    #: A home's heartbeat interval and the silence after which a worker is `unreachable`.
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    #: How long a worker waits for the home to answer a forwarded request.
+    remote_timeout_s: float = 5.0
 
 
 class Node:
@@ -113,6 +154,11 @@ class Node:
         self._forwarder: Forwarder | None = None
         self._gateway: Gateway | None = None
         self._curve: CurveGuard | None = None
+        self._members: Members | None = None
+        self._home_link: HomeLink | None = None
+        self._home_keys: RemoteKeys | None = None
+        self._runs_transport: ZmqTransport | None = None
+        self._members_lock = threading.Lock()
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
@@ -122,10 +168,13 @@ class Node:
     def start(self) -> Node:
         ensure_state_dir(self.state_dir)
         self.state_dir = self.state_dir.resolve()
+        self._check_role()
         endpoints = self._endpoints()
         self._refuse_if_running()
         self.containment = self._resolve_containment()
         try:
+            if self.options.join:
+                self._join_home()
             self._start_serving(self._owner_specs(endpoints[0]), endpoints)
         except BaseException:
             # Whatever failed (a bind, a full disk under the pid file), nothing may keep
@@ -151,6 +200,95 @@ class Node:
         log.info("children's containment: %s", found.mode)
         return ContainmentStatus(mode=found.mode, path=found.path, why=found.why)
 
+    # -- multi-host -----------------------------------------------------------------------------
+
+    @property
+    def role(self) -> str:
+        return "home" if self.options.home else "worker" if self.options.join else "single"
+
+    @property
+    def remote_owners(self) -> frozenset[str]:
+        """The owners this node forwards to its home (a worker's ledgers), else none."""
+        return REMOTE_OWNERS if self.options.join else frozenset()
+
+    def _check_role(self) -> None:
+        opts = self.options
+        if opts.home and opts.join:
+            raise ConfigError(
+                "a node is a home or a worker, not both (--home and --join)",
+                key="join",
+                source="options",
+                reason="role",
+            )
+        if opts.home and not any(e.startswith("tcp://") for e in opts.listen):
+            raise ConfigError(
+                "a home node needs a tcp endpoint for its workers: --listen tcp://HOST:PORT",
+                key="listen",
+                source="options",
+                reason="home_needs_tcp",
+            )
+        if opts.join:
+            check_endpoint(opts.join)
+            if not opts.join.startswith("tcp://"):
+                raise BadAddress(
+                    f"--join takes the home's tcp endpoint, not {opts.join}", address=opts.join
+                )
+            missing = [
+                flag for flag, v in (("--home-key", opts.home_key), ("--name", opts.name)) if not v
+            ]
+            if missing:
+                raise ConfigError(
+                    f"a worker node needs {' and '.join(missing)} with --join",
+                    key="join",
+                    source="options",
+                    reason="worker_options",
+                )
+            check_name(opts.name)
+
+    def _join_home(self) -> None:
+        """A worker's first step: join its home (a refusal is this start's failure)."""
+        opts = self.options
+        creds = client_credentials(self.state_dir, opts.home_key, opts.client_key or None)
+        self._home_keys = RemoteKeys(creds.client.public, creds.client.secret, creds.server_public)
+        link = HomeLink(opts.join, creds, opts.name, self._home_state, self._worker_counts)
+        self._home_link = link
+        try:
+            link.join()
+        except SubagentsError:
+            link.stop()
+            self._home_link = None
+            raise
+
+    def _home_state(self, state: str, reason: str) -> None:
+        if self._forwarder is not None:
+            self._forwarder.home_state = (state, reason)
+
+    def _worker_counts(self) -> tuple[int, int]:
+        """What this worker runs: active runs and their running children (for the home)."""
+        if self._runs_transport is None:  # the home link's thread is the only caller
+            self._runs_transport = ZmqTransport(
+                self._owner_endpoint(owners.RUNS.name), zctx=self._zctx, sender="home-link"
+            )
+        listing = self._runs_transport.call(ListRuns(active_only=True, limit=1000), 2.0)
+        runs = listing.runs if isinstance(listing, RunList) else []
+        children = sum(1 for run in runs for child in run.children if child.state == "running")
+        return len(runs), children
+
+    def _admit(self, request: Request, principal: str) -> Request:
+        """The gateway's check of a tcp request (gateway thread): a home refuses a forgotten
+        worker everything but a new join, and stamps a worker's name as the `host` of what
+        it asks the ledgers (so a worker can neither hide nor spoof where a slot is held)."""
+        members = self._members
+        if members is None or isinstance(request, MemberJoin):
+            return request
+        with self._members_lock:
+            if members.fenced(principal):
+                raise members.fenced_error(principal)
+            member = members.is_member(principal)
+        if "host" in type(request).model_fields:
+            request = request.model_copy(update={"host": principal if member else ""})
+        return request
+
     def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
         peers = {name: self._owner_endpoint(name) for name in OWNER_SOCKETS}
         peers["node"] = node_address
@@ -164,6 +302,8 @@ class Node:
         }
         specs = []
         for cls in owners.OWNERS:
+            if cls.name in self.remote_owners:
+                continue  # the home's: this worker's gateway forwards to it
             own = {**settings, "caps_child_logs": cls is owners.RUNS}
             specs.append(
                 OwnerSpec(
@@ -186,11 +326,14 @@ class Node:
         return f"ipc://{self.state_dir / OWNER_SOCKETS[name]}"
 
     def _start_serving(self, specs: list[OwnerSpec], endpoints: list[str]) -> None:
-        for spec in specs:  # sockets left by owners of a node killed with -9
-            path = ipc_path(spec.endpoint)
+        # A worker serves its home's owners' sockets itself (its gateway forwards them).
+        proxies = [self._owner_endpoint(name) for name in sorted(self.remote_owners)]
+        for endpoint in [spec.endpoint for spec in specs] + proxies:
+            path = ipc_path(endpoint)  # sockets left by a node killed with -9
             if path is not None:
                 with suppress(FileNotFoundError):
                     path.unlink()
+        endpoints = endpoints[:1] + proxies + endpoints[1:]
         self._zctx = zmq.Context()
         self._owners = OwnerSupervisor(
             specs,
@@ -199,13 +342,27 @@ class Node:
             on_change=self._owners_changed,
         )
         self._owners.start(self._zctx)
-        self._forwarder = Forwarder(self._zctx, self.node_id, self._route)
-        for spec in specs:
-            self.dispatcher.register(spec.name, self._forwarder.submit)
+        self._forwarder = Forwarder(
+            self._zctx,
+            self.node_id,
+            self._route,
+            remote=self.remote_owners,
+            remote_keys=self._home_keys,
+            remote_timeout_s=self.options.remote_timeout_s,
+        )
+        for name in [spec.name for spec in specs] + sorted(self.remote_owners):
+            self.dispatcher.register(name, self._forwarder.submit)
         self._retire_v1_state()
         # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
         # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
         self._curve = CurveGuard(self.state_dir)
+        if self.options.home:
+            self._members = Members(
+                self.state_dir,
+                self.node_id,
+                self.options.heartbeat_s,
+                self.options.heartbeat_timeout_s,
+            )
         self._gateway = Gateway(
             self._zctx,
             endpoints,
@@ -213,6 +370,7 @@ class Node:
             self.node_id,
             self.options.max_frame,
             curve=self._curve,
+            admit=self._admit,
         )
         try:
             self._gateway.start()
@@ -227,8 +385,12 @@ class Node:
                 path.chmod(0o600)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
         self._owners_changed()
+        if self._home_link is not None:
+            self._home_link.start()
 
     def _route(self, target: str) -> str:
+        if target in self.remote_owners:
+            return self.options.join
         return self._owner_endpoint(target) if target in OWNER_SOCKETS else self.address
 
     def _retire_v1_state(self) -> None:
@@ -252,10 +414,16 @@ class Node:
             self._fail("every owner failed; see node.log")
         if not self.started_at:
             return
-        book = {
+        owners_book = self._owners.book()
+        for name in self.remote_owners:
+            owners_book[name] = {"endpoint": self.options.join, "pid": None, "state": "remote"}
+        book: dict[str, object] = {
             "node": {"endpoint": self.address, "pid": os.getpid(), "node_id": self.node_id},
-            "owners": self._owners.book(),
+            "owners": owners_book,
         }
+        if self._members is not None and self._curve is not None:
+            # What a worker needs: where the home's owners answer over tcp, and its key.
+            book["home"] = {"tcp": self._tcp_endpoints(), "public_key": self._curve.server.public}
         tmp = self.state_dir / (ADDRESS_BOOK_NAME + ".tmp")
         with suppress(OSError):
             tmp.write_text(json.dumps(book, indent=1))
@@ -268,6 +436,10 @@ class Node:
         self._stop_requested.set()
         for client in self._clients:
             client.close()
+        if self._home_link is not None:
+            self._home_link.stop()
+        if self._runs_transport is not None:
+            self._runs_transport.close()
         if self._gateway is not None:
             self._gateway.stop()
             for endpoint in self._gateway.bound:
@@ -279,6 +451,8 @@ class Node:
             self._owners.stop()
         if self._forwarder is not None:
             self._forwarder.stop()
+        if self._members is not None:
+            self._members.close()
         if self._zctx is not None:
             self._zctx.term()
         if self.containment.mode == "cgroup":  # kept while a child's cgroup is in it
@@ -303,10 +477,11 @@ class Node:
         endpoints = [ipc_endpoint(self.state_dir)] if self.options.ipc else []
         for endpoint in self.options.listen:
             check_endpoint(endpoint)
-            if endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint):
+            remote = endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint)
+            if remote and not self.options.home:
                 raise BadAddress(
-                    f"refusing to listen on {endpoint}: tcp is loopback-only until worker "
-                    "nodes exist (and always CURVE-authenticated)",
+                    f"refusing to listen on {endpoint}: beyond loopback only a home node "
+                    "listens (start it with --home; every tcp link is CURVE)",
                     address=endpoint,
                 )
             endpoints.append(endpoint)
@@ -353,7 +528,21 @@ class Node:
 
     # -- the node's own protocol --------------------------------------------------------------
 
-    def _serve_node(self, request: Request) -> Outcome:
+    def _serve_node(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
+        if isinstance(request, MEMBER_REQUESTS):
+            try:
+                with self._members_lock:  # the gateway thread, or an in-process caller
+                    self._serve_members(request, principal, reply)
+            except SubagentsError as err:
+                reply(err)
+            except Exception as exc:  # members.db failed under us: a full disk, a bad file
+                log.exception("members: %s failed", request.type)
+                path = str(self.state_dir / MEMBERS_DB)
+                reply(store_full(exc, "node") or StoreError(f"{path}: {exc}", path=path))
+            return
+        reply(self._answer(request))
+
+    def _answer(self, request: Request) -> Outcome:
         uptime = time.time() - self.started_at if self.started_at else 0.0
         if isinstance(request, Ping):
             return Pong(node_id=self.node_id, version=version(), pid=os.getpid(), uptime_s=uptime)
@@ -367,6 +556,7 @@ class Node:
                 endpoints=self.endpoints,
                 actors=self._owners.status(self.dispatcher.mailbox_limit) if self._owners else [],
                 containment=self.containment,
+                cluster=self._cluster_status(),
             )
         if isinstance(request, KEY_REQUESTS) and self._curve is not None:
             return self._curve.serve(request)
@@ -375,6 +565,67 @@ class Node:
             self.request_stop()
             return Ack()
         return BadRequest(f"the node does not serve {request.type}", reason="wrong_target")
+
+    def _cluster_status(self) -> ClusterStatus | None:
+        if self._home_link is not None:
+            return self._home_link.status()
+        if self._members is not None and self._curve is not None:
+            return ClusterStatus(
+                role="home",
+                name="home",
+                home=",".join(self._tcp_endpoints()),
+                state="serving",
+                public_key=self._curve.server.public,
+            )
+        return None
+
+    def _tcp_endpoints(self) -> list[str]:
+        return [e for e in self.endpoints if e.startswith("tcp://")]
+
+    def _serve_members(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
+        """node.members.*: a home's membership (gateway thread); forget and the listing's
+        slot counts ask the capacity owner, and are answered when it has."""
+        members = self._members
+        if members is None:
+            raise MembershipRefused(
+                f"this node is not a home ({request.type}); start one with `subagents-node "
+                "start --home --listen tcp://HOST:PORT`",
+                name="",
+                reason="not_home",
+            )
+        if isinstance(request, MemberJoin | MemberHeartbeat):
+            if principal is None:  # the gateway lets these in on tcp only
+                raise BadRequest(f"{request.type} names a tcp peer", reason="peer_only")
+            if isinstance(request, MemberJoin):
+                reply(members.join(request, principal))
+            else:
+                reply(members.heartbeat(request, principal))
+        elif isinstance(request, MemberList):
+            listing = members.listing(",".join(self._tcp_endpoints()))
+            # Without the capacity owner's answer the listing still goes out (slots unknown).
+            assert self._forwarder is not None
+            self._forwarder.submit(
+                HostSlots(), CAPACITY, lambda held: reply(slots_merged(listing, held))
+            )
+        elif isinstance(request, MemberForget):
+            generation, at = members.forget(request)
+            release = ReleaseHost(
+                host=request.name, reason=request.reason, operator="subagents-node nodes forget"
+            )
+            self._ask_capacity(
+                release, reply, lambda done: forgotten(request.name, generation, at, done)
+            )
+
+    def _ask_capacity(
+        self, request: Request, reply: ReplyFn, answer: Callable[[Message], Outcome]
+    ) -> None:
+        """Send `request` to the capacity owner; reply with `answer(result)`, or its error."""
+        assert self._forwarder is not None
+
+        def answered(outcome: Outcome) -> None:
+            reply(outcome if isinstance(outcome, SubagentsError) else answer(outcome))
+
+        self._forwarder.submit(request, CAPACITY, answered)
 
     # -- the pid file: which process serves this state dir ------------------------------------
 

@@ -1,0 +1,284 @@
+"""Members: a home node's record of its worker nodes (DESIGN §1 "Multi-host", §3 fencing).
+
+Owns `members.db` in the home's state dir (this class is its only writer) and, in memory, when
+each worker last beat and what it said it runs. A worker is identified by the name its CURVE
+key has on the home's allow-list: it joins as that name and no other, so a worker can speak
+only for itself. Every join and every forget makes the worker's generation grow, so a
+heartbeat of an earlier incarnation is refused (`fenced`), and a forgotten worker is refused
+everything but a new join.
+
+Used from the gateway's I/O thread (the node serves `node.members.*` and the gateway's `admit`
+check there); the in-process client of an embedded home calls from its own thread, so the
+connection is opened for any thread and the node serialises the calls. It never releases
+capacity itself: forgetting a worker returns what the node must then ask the capacity owner.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from subagents_node.messages.base import Message
+from subagents_node.messages.capacity import HostReleased, SlotsByHost
+from subagents_node.messages.errors import MembershipRefused, SubagentsError
+from subagents_node.messages.members import (
+    MemberForget,
+    MemberForgotten,
+    MemberHeartbeat,
+    MemberJoin,
+    MemberListing,
+    Membership,
+    MemberView,
+)
+
+DB_NAME = "members.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS members (
+    name TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    state TEXT NOT NULL CHECK (state IN ('member', 'forgotten')),
+    instance TEXT NOT NULL,
+    joined_at REAL NOT NULL,
+    forgotten_at REAL,
+    forget_reason TEXT NOT NULL DEFAULT ''
+)
+"""
+
+
+@dataclass(slots=True)
+class _Beat:
+    """The last heartbeat of a worker since this home started (memory only: after a home
+    restart every worker is `unreachable` until it beats again)."""
+
+    at: float  # time.time()
+    monotonic: float
+    runs: int = 0
+    children: int = 0
+
+
+class Members:
+    def __init__(
+        self, state_dir: Path, home_node_id: str, heartbeat_s: float, timeout_s: float
+    ) -> None:
+        self.home_node_id = home_node_id
+        self.heartbeat_s = heartbeat_s
+        self.timeout_s = timeout_s
+        self._db = sqlite3.connect(
+            state_dir / DB_NAME, isolation_level=None, check_same_thread=False
+        )
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(_SCHEMA)
+        self._beats: dict[str, _Beat] = {}
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- what the gateway asks about a tcp peer ------------------------------------------------
+
+    def fenced(self, principal: str) -> bool:
+        """Whether `principal` is a worker the operator forgot (refused until it joins)."""
+        row = self._row(principal)
+        return row is not None and row["state"] == "forgotten"
+
+    def is_member(self, principal: str) -> bool:
+        row = self._row(principal)
+        return row is not None and row["state"] == "member"
+
+    # -- join, heartbeat -----------------------------------------------------------------------
+
+    def join(self, request: MemberJoin, principal: str) -> Membership:
+        self._check_principal(request.name, principal)
+        row = self._row(request.name)
+        if (
+            row is not None
+            and row["state"] == "member"
+            and row["instance"] != request.instance
+            and self._alive(request.name)
+        ):
+            raise MembershipRefused(
+                f"worker {request.name!r} is already a live member (another process of it "
+                f"heartbeat {self._silent(request.name):.1f}s ago); stop it first, or wait "
+                f"{self.timeout_s:g}s after it stopped",
+                name=request.name,
+                reason="name_in_use",
+            )
+        generation = (int(row["generation"]) if row is not None else 0) + 1
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO members(name, generation, state, instance, joined_at) "
+            "VALUES (?, ?, 'member', ?, ?) ON CONFLICT(name) DO UPDATE SET "
+            "generation=excluded.generation, state='member', instance=excluded.instance, "
+            "joined_at=excluded.joined_at, forgotten_at=NULL, forget_reason=''",
+            (request.name, generation, request.instance, now),
+        )
+        self._beats[request.name] = _Beat(now, time.monotonic())
+        return self._membership(request.name, generation)
+
+    def heartbeat(self, request: MemberHeartbeat, principal: str) -> Membership:
+        self._check_principal(request.name, principal)
+        row = self._row(request.name)
+        if row is None:
+            raise MembershipRefused(
+                f"worker {request.name!r} has not joined this home; start it with --join",
+                name=request.name,
+                reason="not_joined",
+            )
+        if row["state"] == "forgotten":
+            raise self._fenced_error(request.name, row["forget_reason"])
+        if int(row["generation"]) != request.generation or row["instance"] != request.instance:
+            raise MembershipRefused(
+                f"worker {request.name!r} generation {request.generation} is not the current "
+                f"one ({row['generation']}): another start of it joined since; this one is "
+                "fenced",
+                name=request.name,
+                reason="fenced",
+            )
+        self._beats[request.name] = _Beat(
+            time.time(), time.monotonic(), request.runs, request.children
+        )
+        return self._membership(request.name, int(row["generation"]))
+
+    # -- the operator --------------------------------------------------------------------------
+
+    def forget(self, request: MemberForget) -> tuple[int, float]:
+        """Fence worker `name` (its generation grows, its state is `forgotten`); returns the
+        new generation and when. Forgetting a forgotten worker again keeps its first record,
+        so the node can re-run the release of its slots (idempotent)."""
+        row = self._row(request.name)
+        if row is None:
+            raise MembershipRefused(
+                f"no worker named {request.name!r} ever joined this home (see "
+                "`subagents-node nodes`)",
+                name=request.name,
+                reason="unknown",
+            )
+        if row["state"] == "forgotten":
+            return int(row["generation"]), float(row["forgotten_at"])
+        generation, now = int(row["generation"]) + 1, time.time()
+        self._db.execute(
+            "UPDATE members SET generation=?, state='forgotten', forgotten_at=?, "
+            "forget_reason=? WHERE name=?",
+            (generation, now, request.reason, request.name),
+        )
+        self._beats.pop(request.name, None)
+        return generation, now
+
+    def listing(self, home_endpoint: str) -> MemberListing:
+        nodes = [
+            MemberView(
+                name="home",
+                role="home",
+                state="up",
+                endpoint=home_endpoint,
+                last_heartbeat=time.time(),
+                silent_s=0.0,
+            )
+        ]
+        for row in self._db.execute("SELECT * FROM members ORDER BY name"):
+            name = str(row["name"])
+            beat = self._beats.get(name)
+            if row["state"] == "forgotten":
+                state = "lost"
+            else:
+                state = "up" if self._alive(name) else "unreachable"
+            nodes.append(
+                MemberView(
+                    name=name,
+                    role="worker",
+                    state=state,
+                    generation=int(row["generation"]),
+                    joined_at=float(row["joined_at"]),
+                    last_heartbeat=beat.at if beat else None,
+                    silent_s=round(self._silent(name), 3) if beat else None,
+                    runs=beat.runs if beat else 0,
+                    children=beat.children if beat else 0,
+                    forgotten_at=row["forgotten_at"],
+                    forget_reason=str(row["forget_reason"]),
+                )
+            )
+        return MemberListing(
+            home_node_id=self.home_node_id,
+            heartbeat_s=self.heartbeat_s,
+            timeout_s=self.timeout_s,
+            nodes=nodes,
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _row(self, name: str) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self._db.execute(
+            "SELECT * FROM members WHERE name = ?", (name,)
+        ).fetchone()
+        return row
+
+    def _alive(self, name: str) -> bool:
+        beat = self._beats.get(name)
+        return beat is not None and time.monotonic() - beat.monotonic <= self.timeout_s
+
+    def _silent(self, name: str) -> float:
+        beat = self._beats.get(name)
+        return time.monotonic() - beat.monotonic if beat else float("inf")
+
+    def _membership(self, name: str, generation: int) -> Membership:
+        return Membership(
+            name=name,
+            generation=generation,
+            home_node_id=self.home_node_id,
+            heartbeat_s=self.heartbeat_s,
+            timeout_s=self.timeout_s,
+        )
+
+    @staticmethod
+    def _check_principal(name: str, principal: str) -> None:
+        if name != principal:
+            raise MembershipRefused(
+                f"this key is allowed as {principal!r}, so it cannot join as {name!r}; "
+                f"on the home run `subagents-node keys allow KEY --name {name}` for the "
+                "worker's own key",
+                name=name,
+                reason="name_mismatch",
+            )
+
+    @staticmethod
+    def _fenced_error(name: str, reason: str) -> MembershipRefused:
+        return MembershipRefused(
+            f"worker {name!r} was forgotten by the home's operator ({reason}); it is fenced "
+            "until it joins again (restart it with `subagents-node start --join ...`)",
+            name=name,
+            reason="fenced",
+        )
+
+    def fenced_error(self, name: str) -> MembershipRefused:
+        row = self._row(name)
+        return self._fenced_error(name, str(row["forget_reason"]) if row else "")
+
+
+def slots_merged(listing: MemberListing, held: Message | SubagentsError) -> MemberListing:
+    """The listing with each node's capacity slots (reserved + started) from `capacity.hosts`;
+    the home's are those of host "" (runs launched on the home itself)."""
+    if not isinstance(held, SlotsByHost):
+        return listing
+    counts = {h.host: h.reserved + h.started for h in held.hosts}
+    nodes = [
+        view.model_copy(update={"slots": counts.get("" if view.role == "home" else view.name, 0)})
+        for view in listing.nodes
+    ]
+    return listing.model_copy(update={"nodes": nodes})
+
+
+def forgotten(name: str, generation: int, at: float, released: Message) -> MemberForgotten:
+    """`nodes forget`'s answer, from what the capacity owner released."""
+    count = released.count if isinstance(released, HostReleased) else 0
+    handles = released.released if isinstance(released, HostReleased) else []
+    return MemberForgotten(
+        name=name,
+        generation=generation,
+        forgotten_at=at,
+        slots_released=count,
+        run_ids=[h.run_id for h in handles],
+    )
