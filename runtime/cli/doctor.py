@@ -26,7 +26,7 @@ from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.node import ContainmentStatus, QuarantinedRecord
+from subagents_node.messages.node import ClusterStatus, ContainmentStatus, QuarantinedRecord
 from subagents_node.node import owners
 
 Level = Literal["ok", "warn", "fail"]
@@ -183,6 +183,8 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
     )
     owners_now = status.actors
     yield check_containment(status.containment)
+    if status.cluster is not None:
+        yield check_fleet(status.cluster)
     for owner in owners_now:
         if owner.state == "running":
             yield Check(f"owner {owner.name}", "ok", f"running, pid {owner.pid}")
@@ -201,6 +203,28 @@ def check_containment(containment: ContainmentStatus) -> Check:
     """How the node holds its children's trees: a cgroup v2 cgroup each (the tree's end is
     the cgroup's, a stop kills all it holds), or the shim's subreaper alone."""
     return Check("containment", "ok", containment.describe())
+
+
+def check_fleet(cluster: ClusterStatus) -> Check:
+    """Multi-host: a worker whose home is unreachable fails its admissions closed; one the
+    home fenced refuses everything until it is started again with --join."""
+    if cluster.role == "home" or cluster.state == "joined":
+        return Check("fleet", "ok", cluster.describe())
+    if cluster.state == "fenced":
+        return Check(
+            "fleet",
+            "fail",
+            cluster.describe(),
+            "the home's operator forgot this worker; restart it with `subagents-node start "
+            "--join ...` to join again",
+        )
+    return Check(
+        "fleet",
+        "warn",
+        cluster.describe(),
+        "admissions fail closed until the home answers again; check the network and the "
+        "home node (`subagents-node nodes` on the home)",
+    )
 
 
 def check_quarantine(state_dir: Path, records: list[QuarantinedRecord]) -> Iterator[Check]:

@@ -73,6 +73,7 @@ LAZY_COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "mcp": ("subagents_node.cli.mcp", "mcp_command"),
         "workflow": ("subagents_node.cli.workflow", "workflow"),
         "keys": ("subagents_node.cli.keys", "keys_group"),
+        "nodes": ("subagents_node.cli.nodes", "nodes"),
         "prune": ("subagents_node.cli.prune", "prune"),
     }
 )
@@ -183,6 +184,35 @@ def _kill_points(faults: bool) -> dict[str, list[str]]:
     show_default=True,
     help="Max queued per actor.",
 )
+@click.option(
+    "--home",
+    is_flag=True,
+    help="Be a home node: own the ledgers for worker nodes (needs --listen tcp://HOST:PORT).",
+)
+@click.option("--join", metavar="tcp://HOME:PORT", help="Be a worker node of this home.")
+@click.option("--home-key", metavar="KEY", help="With --join: the home's server public key.")
+@click.option("--name", metavar="NAME", help="With --join: this worker's name (its key's name).")
+@click.option(
+    "--client-key",
+    type=click.Path(dir_okay=False),
+    help="With --join: this worker's key file (default: the state dir's client key).",
+)
+@click.option(
+    "--heartbeat",
+    "heartbeat_s",
+    type=SECONDS,
+    default=1.0,
+    show_default=True,
+    help="With --home: how often workers heartbeat (seconds).",
+)
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    type=SECONDS,
+    default=5.0,
+    show_default=True,
+    help="With --home: silence after which a worker is unreachable (seconds).",
+)
 @click.option("--faults", is_flag=True, hidden=True, envvar=ENV_TEST_FAULTS)
 @click.option("--ready-fd", type=click.IntRange(0, 65535), hidden=True)
 @click.option("--log-file", "log_to_file", is_flag=True, hidden=True)
@@ -194,12 +224,23 @@ def start(
     detach: bool,
     listen: tuple[str, ...],
     mailbox_limit: int,
+    home: bool,
+    join: str | None,
+    home_key: str | None,
+    name: str | None,
+    client_key: str | None,
+    heartbeat_s: float,
+    heartbeat_timeout_s: float,
     faults: bool,
     ready_fd: int | None,
     log_to_file: bool,
     verbose: bool,
 ) -> None:
-    """Start a node serving the state dir (foreground unless --detach)."""
+    """Start a node serving the state dir (foreground unless --detach).
+
+    Multi-host: `--home --listen tcp://HOST:PORT` serves worker nodes; `--join tcp://HOME:PORT
+    --home-key KEY --name NAME` makes this node a worker of that home (allow its key there
+    first with `subagents-node keys allow KEY --name NAME`)."""
     from subagents_node.launch.config import load_config
     from subagents_node.node import daemon
 
@@ -214,6 +255,9 @@ def start(
         config = load_config()
         for endpoint in listen:
             check_endpoint(endpoint)
+        fleet = _fleet_options(
+            home, join, home_key, name, client_key, heartbeat_s, heartbeat_timeout_s
+        )
     except SubagentsError as err:
         daemon.signal_ready(ready_fd, f"error: {err.message}")
         raise
@@ -221,12 +265,45 @@ def start(
         # Forked, not a fresh interpreter: the node starts from what this process imported
         # already, and this process holds no thread or socket yet (runtime/node/daemon.py).
         serve = functools.partial(
-            _serve_detached, obj, config, listen, mailbox_limit, faults, verbose
+            _serve_detached, obj, config, listen, mailbox_limit, faults, verbose, fleet
         )
         record = daemon.fork_detached(obj.state_dir, serve)
         click.echo(f"node started (pid {record['pid']}) at {record['address']}")
         return
-    _serve(obj, config, listen, mailbox_limit, faults, verbose, ready_fd, log_to_file)
+    _serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, log_to_file)
+
+
+def _fleet_options(
+    home: bool,
+    join: str | None,
+    home_key: str | None,
+    name: str | None,
+    client_key: str | None,
+    heartbeat_s: float,
+    heartbeat_timeout_s: float,
+) -> dict[str, object]:
+    """start's multi-host flags as NodeOptions fields, checked before anything starts."""
+    if home and join:
+        raise click.UsageError("--home and --join exclude each other: a node is one or the other")
+    worker_flags = {"--home-key": home_key, "--name": name, "--client-key": client_key}
+    if not join and any(worker_flags.values()):
+        used = ", ".join(flag for flag, value in worker_flags.items() if value)
+        raise click.UsageError(f"{used} only go with --join")
+    if join and not (home_key and name):
+        raise click.UsageError("--join needs --home-key KEY and --name NAME")
+    if heartbeat_timeout_s <= heartbeat_s:
+        raise click.UsageError("--heartbeat-timeout must be longer than --heartbeat")
+    if join:
+        check_endpoint(join)
+    return {
+        "home": home,
+        "join": join or "",
+        "home_key": home_key or "",
+        "name": name or "",
+        "client_key": client_key or "",
+        "heartbeat_s": heartbeat_s,
+        "heartbeat_timeout_s": heartbeat_timeout_s,
+    }
 
 
 def _serve_detached(
@@ -236,12 +313,13 @@ def _serve_detached(
     mailbox_limit: int,
     faults: bool,
     verbose: bool,
+    fleet: dict[str, object],
     ready_fd: int,
 ) -> int:
     """The detached node's life (`start --detach`, in the forked child): serve, then the exit
     code, with a failure shown on node.log the way `start` shows it."""
     try:
-        _serve(obj, config, listen, mailbox_limit, faults, verbose, ready_fd, True)
+        _serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, True)
     except SubagentsError as err:
         failed = CliError(err)
         failed.show()
@@ -259,6 +337,7 @@ def _serve(
     mailbox_limit: int,
     faults: bool,
     verbose: bool,
+    fleet: dict[str, object],
     ready_fd: int | None,
     log_to_file: bool,
 ) -> None:
@@ -283,6 +362,7 @@ def _serve(
         mailbox_limit=mailbox_limit,
         faults=faults,
         settings={**config.actor_settings(), **_kill_points(faults)},
+        **fleet,  # type: ignore[arg-type]
     )
     node = Node(options)
     try:
@@ -337,8 +417,8 @@ def ping(obj: Ctx, as_json: bool) -> None:
 @user_errors
 def status(obj: Ctx, as_json: bool) -> None:
     """Show the node: endpoints, uptime, how children are contained (cgroup v2 or the
-    subreaper alone), each owner process (state, pid, restarts) and the stored records its
-    owners quarantined."""
+    subreaper alone), its part in a fleet (home, or worker and its link to the home), each
+    owner process (state, pid, restarts) and the stored records its owners quarantined."""
     with obj.client() as client:
         st = client.status()
     lines = [
@@ -347,6 +427,8 @@ def status(obj: Ctx, as_json: bool) -> None:
         f"endpoints: {', '.join(st.endpoints)}",
         f"containment: {st.containment.describe()}",
     ]
+    if st.cluster is not None:  # multi-host: a home, or a worker of one
+        lines.append(f"fleet: {st.cluster.describe()}")
     for a in st.actors:  # one process per owner (DESIGN §1)
         lines.append(f"  {a.name:<12} {a.state:<10} pid {a.pid or '-':<8} restarts {a.restarts}")
         if a.state != "running" and a.reason:

@@ -139,6 +139,7 @@ def test_json_output_is_the_result_model_and_nothing_else(
         "endpoints",
         "actors",
         "containment",
+        "cluster",
     }
     assert set(status["containment"]) == {"mode", "path", "why"}
     for actor in status["actors"]:
@@ -215,7 +216,7 @@ def test_every_command_family_is_named_in_the_lazy_table_and_nothing_else_is() -
 
     from subagents_node.cli.main import LAZY_COMMANDS
 
-    families = ("runs", "ledgers", "manage", "observe", "workflow", "mcp", "keys", "prune")
+    families = ("runs", "ledgers", "manage", "observe", "workflow", "mcp", "keys", "prune", "nodes")
     declared = {}
     for family in families:
         module = importlib.import_module(f"subagents_node.cli.{family}")
