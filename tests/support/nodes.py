@@ -84,14 +84,25 @@ def free_tcp_port() -> int:
 
 
 def run_cli(
-    *args: str, state_dir: Path | None = None, timeout: float = 60.0
+    *args: str,
+    state_dir: Path | None = None,
+    timeout: float = 60.0,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m subagents_node [--state-dir D] ARGS` as a real process; output as text."""
-    cmd = list(_CLI)
+    """`python -m subagents_node [--state-dir D] ARGS` as a real process; output as text.
+    `prefix` runs it through another command (`ip netns exec NS`: on another "host")."""
+    cmd = [*prefix, *_CLI]
     if state_dir is not None:
         cmd += ["--state-dir", str(state_dir)]
     return subprocess.run(
-        [*cmd, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+        env=env,
     )
 
 
@@ -121,6 +132,8 @@ class NodeProcess:
 
     state_dir: Path
     args: tuple[str, ...] = ()
+    #: run `start` through this command (e.g. `ip netns exec NS`: the node lives there)
+    prefix: tuple[str, ...] = ()
     pid: int = 0
     address: str = ""
     _proc: psutil.Process | None = None
@@ -134,7 +147,9 @@ class NodeProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self) -> NodeProcess:
-        done = run_cli("start", "--detach", *self.args, state_dir=self.state_dir)
+        done = run_cli(
+            "start", "--detach", *self.args, state_dir=self.state_dir, prefix=self.prefix
+        )
         assert done.returncode == 0, f"start failed: {done.stderr}\n--- node log ---\n{self.log()}"
         record = read_pid_file(self.state_dir)
         assert record is not None, "a started node must leave a live pid record"

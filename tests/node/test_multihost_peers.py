@@ -1,0 +1,80 @@
+"""Multi-host peers the home must refuse (issue 13): a second process joining as a live worker,
+a key joining under another key's name, an operator's request sent over tcp, a key the home
+never allowed, and a peer with no CURVE at all. Probed from this process over the home's tcp
+socket on loopback (the fleet tests in test_multihost.py run on namespaces as well)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from subagents_node.client.client import Client
+from subagents_node.client.keys import (
+    CLIENT_KEY,
+    ClientCredentials,
+    Keypair,
+    keys_dir,
+    read_keypair,
+)
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.errors import BadRequest, MembershipRefused, NotAuthenticated
+from subagents_node.messages.members import MemberForget, MemberForgotten, MemberJoin, Membership
+from subagents_node.messages.node import Ping, Pong
+from tests.support.fleet import Fleet, fleet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_crew() -> Iterator[Fleet]:
+    with fleet(("w1", "w2")) as started:
+        yield started
+
+
+def _credentials(crew: Fleet, name: str) -> ClientCredentials:
+    pair = read_keypair(keys_dir(crew.workers[name].state_dir) / CLIENT_KEY)
+    return ClientCredentials(Keypair(pair.public, pair.secret), crew.home_key)
+
+
+def test_a_second_process_cannot_join_as_a_live_worker_nor_as_another_name(
+    local_crew: Fleet,
+) -> None:
+    crew = local_crew
+    keys = _credentials(crew, "w1")
+    with Client(ZmqTransport(crew.endpoint, credentials=keys)) as client:
+        with pytest.raises(MembershipRefused) as refused:
+            client.ask(MemberJoin(name="w1", instance="someone-else"), Membership)
+        assert refused.value.details["reason"] == "name_in_use"
+        with pytest.raises(MembershipRefused) as refused:
+            client.ask(MemberJoin(name="w2", instance="x"), Membership)
+        assert refused.value.details["reason"] == "name_mismatch"
+        with pytest.raises(BadRequest) as local_only:
+            client.ask(MemberForget(name="w2", reason="no"), MemberForgotten)
+        assert local_only.value.details["reason"] == "local_only"
+
+
+def test_an_unauthenticated_peer_and_a_peer_with_an_unknown_key_are_refused_by_the_home(
+    local_crew: Fleet,
+) -> None:
+    crew = local_crew
+    stranger = ClientCredentials(Keypair.generate(), crew.home_key)
+    with (
+        Client(ZmqTransport(crew.endpoint, credentials=stranger)) as client,
+        pytest.raises(NotAuthenticated),
+    ):
+        client.ask(Ping(), Pong)
+    # No CURVE at all: the home's tcp socket is a CURVE server and answers nothing.
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 1500)
+        sock.connect(crew.endpoint)
+        sock.send(b"\x93\x01\x02\x03")
+        with pytest.raises(zmq.Again):
+            sock.recv()
+        sock.close()
+    finally:
+        ctx.term()
