@@ -89,8 +89,7 @@ class ClusterStatus(Message):
             return f"home on {self.home}; workers pass --home-key {self.public_key}"
         detail = f" ({self.reason[:200]})" if self.reason else ""
         return (
-            f"worker {self.name} of {self.home}: {self.state}, generation {self.generation}"
-            f"{detail}"
+            f"worker {self.name} of {self.home}: {self.state}, generation {self.generation}{detail}"
         )
 
 

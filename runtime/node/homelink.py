@@ -116,6 +116,9 @@ class HomeLink:
             return
         except SubagentsError as err:  # a NodeError (timeout, refused key) or the home's
             self._set("unreachable", err.message)
+            # The next beat goes out on a fresh connection: one that stalled in a partition
+            # would otherwise wait out TCP's retransmission backoff after the link is back.
+            self._transport.reset()
             return
         if isinstance(answer, Membership):
             self.membership = answer
