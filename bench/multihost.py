@@ -11,6 +11,10 @@ run, each figure beside the baseline measured in the same run:
    worker's run takes) vs by a client on the home through the home's ipc socket (local). In
    ROUNDS rounds of PAIRS, the two sides taken in turn (the first side alternating, and the
    worker rotating over the three), so that the shared machine's load drift falls on both.
+   The paths differ in hops, not only in the wire: on the home a client's DEALER reaches the
+   capacity owner's socket directly (the node process is not on the path), while a worker's
+   `capacity.sock` is served by the worker node, whose forwarder sends it over its CURVE link
+   to the home's tcp gateway, whose forwarder hands it to the capacity owner.
 2. Home CPU per admission: user + sys CPU of the home node and every process under it
    (owner processes, the shim template), over the same timed blocks, per admission; and the
    forwarding worker's own CPU per admission. The home's heartbeat traffic (3 workers every
