@@ -244,6 +244,9 @@ class SessionActor(OwnerActor):
         )
 
     def track_run(self, req: TrackRun) -> TrackRunResult:
+        """Idempotent (the run supervisor's outbox resends until answered, in order): a
+        terminal state deletes the row, again or not; the same live state twice keeps the row
+        as it is, `updated_at` included (the time of the last change of state)."""
         if req.state in TERMINAL_RUN_STATES:
             self.db.execute(
                 "DELETE FROM session_runs WHERE session_id = ? AND run_id = ?",
@@ -253,7 +256,8 @@ class SessionActor(OwnerActor):
             self.db.execute(
                 "INSERT INTO session_runs(session_id, run_id, state, updated_at) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT(session_id, run_id) "
-                "DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
+                "DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at "
+                "WHERE session_runs.state IS NOT excluded.state",
                 (req.session_id, req.run_id, req.state, self.ctx.clock()),
             )
         return TrackRunResult(active=self._active_runs(req.session_id))

@@ -345,6 +345,9 @@ class ReportTerminal(Request):
     type: Literal["capacity.report_terminal"] = "capacity.report_terminal"
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = Verdict
+    #: A second copy finds the slot freed, or the same facts stored: nothing changes
+    #: (CapacityLedger.report_terminal). The run supervisor's outbox relies on it.
+    idempotent: ClassVar[bool] = True
 
     session_id: SessionId
     run_id: RunId

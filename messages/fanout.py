@@ -239,6 +239,8 @@ class CommitReservation(Request):
     type: Literal["fanout.commit"] = "fanout.commit"
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutSnapshot
+    #: pending -> committed once; a second commit changes nothing (FanoutBudget.commit).
+    idempotent: ClassVar[bool] = True
 
     reservation_id: Token
 

@@ -229,6 +229,9 @@ class TrackRun(Request):
     type: Literal["session.track_run"] = "session.track_run"
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = TrackRunResult
+    #: The same state twice is the state once (SessionActor.track_run); the run supervisor's
+    #: outbox relies on it.
+    idempotent: ClassVar[bool] = True
     session_id: SessionId
     run_id: RunId
     state: RunState

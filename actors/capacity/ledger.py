@@ -274,7 +274,12 @@ class CapacityLedger(OwnerActor):
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
     def report_terminal(self, req: ReportTerminal) -> Verdict:
-        """Store the run supervisor's facts about a run and apply R-CAP-21/22 at once."""
+        """Store the run supervisor's facts about a run and apply R-CAP-21/22 at once.
+
+        Idempotent (the supervisor's outbox resends a report until it is answered, so one may
+        arrive twice): a second copy of a report that released the slot finds no slot and
+        changes nothing (`not-owned`, or `transferred`); one that retained it finds the same
+        facts stored and changes nothing either, not even their time."""
         record = slots.held_by(self.db, req.session_id, req.run_id)
         if record is None:
             return self._unowned(req.session_id, req.run_id)
@@ -292,6 +297,11 @@ class CapacityLedger(OwnerActor):
             reason=req.reason,
             reported_at=self.ctx.clock(),
         )
+        stored = record.terminal
+        if stored is not None and stored.model_copy(update={"reported_at": 0.0}) == (
+            facts.model_copy(update={"reported_at": 0.0})
+        ):
+            return verdict_of(record)  # a replay: these facts decided this verdict already
         reported = record.model_copy(
             update={
                 "terminal_state": req.state,

@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from subagents_node import Client, Node
+from subagents_node.actors.capacity.rules import NO_SLOT
 from subagents_node.client.capacity import CapacityHandle
 from subagents_node.messages.capacity import CapacitySnapshot, RunnerProof, SlotHandle
 from subagents_node.messages.codec import decode, encode
@@ -541,6 +542,39 @@ def test_r_cap_24_a_later_report_releases_what_an_earlier_one_retained(
     verdict = client.capacity.report_terminal(sid, "a", "failed", proof=_observed("runner-a"))
     assert verdict.verdict == "releasable"
     assert client.capacity.snapshot(sid).used == 0
+
+
+def test_r_cap_21_a_replayed_report_that_retained_a_slot_changes_nothing(
+    client: Client, sid: str
+) -> None:
+    """The run supervisor's outbox resends a report whose answer it did not see: the second
+    copy finds the same facts and leaves the record exactly as it was (its time included)."""
+    run = f"{sid}-a"  # run ids of their own: other tests' runs still hold slots in this ledger
+    handle = _acquire(client, sid, run)
+    handle.mark_started(runner_id="runner-a")
+    unknown = RunnerProof(state="unknown", runner_id="runner-a", reason="process-tree-unverified")
+    first = client.capacity.report_terminal(sid, run, "failed", proof=unknown)
+    before = _state(client, sid, run)
+    assert client.capacity.report_terminal(sid, run, "failed", proof=unknown) == first
+    assert _state(client, sid, run) == before
+
+
+def test_r_cap_21_a_replayed_report_that_released_a_slot_changes_nothing(
+    client: Client, sid: str
+) -> None:
+    """A replay after the slot was freed, and after the freed index went to another run."""
+    run, other_run = f"{sid}-a", f"{sid}-b"
+    handle = _acquire(client, sid, run, limit=1)
+    handle.mark_started(runner_id="runner-a")
+    proof = _observed("runner-a")
+    released = client.capacity.report_terminal(sid, run, "complete", proof=proof)
+    assert released.verdict == "releasable"
+    other = _acquire(client, sid, other_run, limit=1)
+    other.mark_started(runner_id="runner-b")
+    before = _state(client, sid, run, other_run)
+    again = client.capacity.report_terminal(sid, run, "complete", proof=proof)
+    assert (again.verdict, again.reason) == ("not-owned", NO_SLOT)
+    assert _state(client, sid, run, other_run) == before
 
 
 @pytest.mark.parametrize(

@@ -341,6 +341,19 @@ def test_r_spn_6_paused_and_finished_runs_do_not_block_grants(client: Client, si
     assert client.session.status(sid).runs == []
 
 
+def test_r_spn_6_a_replayed_track_run_changes_nothing(client: Client, sid: str) -> None:
+    """The run supervisor's outbox resends a track_run whose answer it did not see."""
+    _capped_with_usage(client, sid)
+    assert client.session.track_run(sid, "a", "running") == 1
+    before = client.session.status(sid)
+    assert client.session.track_run(sid, "a", "running") == 1
+    assert client.session.status(sid) == before  # updated_at too: the state did not change
+    assert client.session.track_run(sid, "a", "complete") == 0
+    after = client.session.status(sid)
+    assert client.session.track_run(sid, "a", "complete") == 0
+    assert client.session.status(sid) == after
+
+
 def test_r_spn_6_confirm_authority_previews_without_changing_anything(
     client: Client, sid: str
 ) -> None:
