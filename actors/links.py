@@ -37,7 +37,8 @@ from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsErro
 log = logging.getLogger(__name__)
 
 #: How long a request to another owner may stay unanswered (an owner restarts in well under
-#: a second; a request lost in its crash must not hold a launch for ever).
+#: a second; a request lost in its crash must not hold a launch for ever). An owner process
+#: takes its own from the node setting `owner_call_timeout_s` (runtime/node/ownerproc.py).
 DEFAULT_TIMEOUT_S = 15.0
 #: Replies can be larger than requests (listings); the owners cap what they send.
 MAX_REPLY_BYTES = 64 << 20

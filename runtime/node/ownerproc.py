@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from subagents_node.actors.child.logcap import ChildLogCap
-from subagents_node.actors.links import OwnerLinks
+from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
 from subagents_node.actors.owner import ActorContext, OwnerActor
 from subagents_node.messages.node import QuarantinedRecord
@@ -140,7 +140,10 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     def endpoint_of(target: str) -> str:
         return spec.peers.get(target, spec.peers.get("node", ""))
 
-    links = OwnerLinks(zctx, spec.name, endpoint_of)
+    # The node setting `owner_call_timeout_s` (not a user config key: tests shorten it so a
+    # request lost with a killed owner is retried in seconds, not after the default 15 s).
+    timeout_s = float(spec.settings.get("owner_call_timeout_s") or DEFAULT_TIMEOUT_S)
+    links = OwnerLinks(zctx, spec.name, endpoint_of, timeout_s)
 
     def report_crash(name: str, exc: BaseException) -> None:
         control.say("crash", reason=repr(exc)[:2000])
