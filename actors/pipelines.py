@@ -6,8 +6,10 @@ result (or has its typed error thrown in); the driver sends each request through
 dispatcher, and the answer comes back through the owner's `deliver(key, outcome)`, which makes
 it a tick of the owner's own; handling that tick, the owner calls `resume`, which feeds it to
 the right generator. A `Durable` request is sent only after the owner's current transaction
-commits. The generator's return value is its reply. Fire-and-forget calls (bookkeeping) use
-keys that name no pipeline; their errors are logged.
+commits. The generator's return value is its reply. A call whose key names no pipeline (a
+one-off read) is answered the same way; its failure to send is only logged. What another
+owner must hear even when an answer is lost does not go through here: an owner keeps it in an
+outbox of its own (the run supervisor's: actors/runs/outbox.py).
 
 Keys are the owner's own frozen, hashable types (`Pipelines` is generic over them): an answer
 is routed by its key's type and fields, never by parsing a string. The driver never touches

@@ -251,6 +251,20 @@ def uncommitted_appends(db: sqlite3.Connection) -> list[tuple[str, int, str]]:
     return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
 
 
+def mark_committing(db: sqlite3.Connection, run_id: str, seq: int) -> None:
+    """Recovery owes the append's commit through the outbox ('committing'), so a later
+    recovery does not owe it twice; the answer makes it 'committed' or 'expired'."""
+    db.execute("UPDATE run_appends SET state='committing' WHERE run_id=? AND seq=?", (run_id, seq))
+
+
+def append_committed(db: sqlite3.Connection, reservation_id: str, committed: bool) -> None:
+    """The fan-out owner's final answer to a recovered append's commit."""
+    db.execute(
+        "UPDATE run_appends SET state=? WHERE reservation_id=? AND state='committing'",
+        ("committed" if committed else "expired", reservation_id),
+    )
+
+
 def abort_request(reservation_id: str) -> AbortReservation:
     return AbortReservation(reservation_id=reservation_id)
 

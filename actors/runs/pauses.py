@@ -22,8 +22,8 @@ from subagents_node.actors.runs import checkpoints, management, runstore, steps
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
-from subagents_node.actors.runs.ticks import Report
 from subagents_node.messages.base import Message
+from subagents_node.messages.capacity import ReportTerminal
 from subagents_node.messages.supervisor import (
     Approve,
     Launch,
@@ -47,7 +47,11 @@ class PauseHost(steps.StepHost, Protocol):
         self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
     ) -> Message: ...
 
-    def track(self, session_id: str, run_id: str, state: Any) -> None: ...
+    def track(self, session_id: str, run_id: str, state: Any) -> None:
+        """Owe the session owner the run's state (durable, sent until answered)."""
+
+    def report_terminal(self, report: ReportTerminal) -> None:
+        """Owe the capacity owner this report about the run's slot (durable, as `track`)."""
 
 
 def _view(host: PauseHost, run_id: str) -> RunView:
@@ -102,7 +106,7 @@ def reject(host: PauseHost, request: Reject) -> Message:
         checkpoints.waiting_checkpoint(host.db, row)
         report = steps.reject_parked(host, row, request.reason)
         if report is not None:
-            host.call(Report(run_id), report)
+            host.report_terminal(report)
         host.track(row["session_id"], run_id, "rejected")
     return _view(host, run_id)
 
@@ -160,7 +164,7 @@ def end_parked(host: PauseHost, run_id: str, state: str, reason: str) -> None:
     host.record_event(run_id, f"run.{state}", {"reason": reason})
     report = steps.parked_report(host.db, row, state, now)
     if report is not None:
-        host.call(Report(run_id), report)
+        host.report_terminal(report)
     host.track(row["session_id"], run_id, state)
 
 
@@ -176,4 +180,4 @@ def recover_parked(host: PauseHost, run_id: str) -> None:
         return
     report = steps.parked_report(host.db, row, "paused", host.clock())
     if report is not None:
-        host.call(Report(run_id), report)
+        host.report_terminal(report)

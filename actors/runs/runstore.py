@@ -1,7 +1,9 @@
 """The RunSupervisor's tables: runs, their children, and their event log.
 
 Owns the SQL of the "supervisor" table family and the mapping between rows and the views sent
-to clients. Only the RunSupervisor's connection calls these functions (one writer per family).
+to clients (the family's migrations too, `run_outbox`'s included; that table's SQL is in
+runs/outbox.py). Only the RunSupervisor's connection calls these functions (one writer per
+family).
 Task text is never stored (R-MISC-1): rows hold labels, agent names, states and outputs.
 A run or child row that breaks its invariants (checked in SQL: `RUN_CHECKS`, `CHILD_CHECKS`) or
 does not parse into its view raises `RecordQuarantined` from `view`, never a bare parse error;
@@ -147,6 +149,22 @@ MIGRATIONS = (
     """
     ALTER TABLE runs ADD COLUMN source_kind TEXT;
     ALTER TABLE runs ADD COLUMN superseded_by TEXT
+    """,
+    # 4: the requests owed to other owners until they answer (actors/runs/outbox.py). seq is
+    # AUTOINCREMENT so it is never reused: it is the order, and an answer names its row by it.
+    # No reference to `runs`: pruning a run must never drop what it still owes a ledger.
+    """
+    CREATE TABLE run_outbox (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        target TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX run_outbox_by_target ON run_outbox(target, seq)
     """,
 )
 

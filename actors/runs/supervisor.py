@@ -7,7 +7,10 @@ messages; their answers come back as `Answer` ticks, routed by the call's typed 
 thread never blocks on another owner), starts children group by group (parallel with a
 concurrency cap; chain steps in order, with `{previous}`), and settles each run once its last
 child has process-terminal proof: the run's state, its events, the session's view of it, and
-the capacity report that frees its slot.
+the capacity report that frees its slot. What the other owners must hear of a run (that
+report, the session's view) is owed through the outbox (`run_outbox`, runs/outbox.py): written
+with the change that owes it, sent once that has committed, in order, until answered, so a
+ledger owner that is restarting or unreachable when a run ends hears of it when it is back.
 
 Children run under child shims (actors/child/: one small process per child, its parent and
 subreaper, which outlives the node); this actor is the only writer of their rows (the
@@ -52,28 +55,28 @@ from subagents_node.actors.runs import (
 )
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
+from subagents_node.actors.runs.outbox import Outbox
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.ticks import (
     Advance,
     Answer,
-    AppendFix,
     AppendKey,
     CallKey,
     Expand,
     KillEscaped,
     LaunchKey,
-    Report,
+    Outbound,
+    OutboxRetry,
     RunDeadline,
     Settle,
     ShimGone,
     ShimNotLaunched,
     Superseded,
-    Track,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Ack, Message, Request
-from subagents_node.messages.capacity import SlotHandle
+from subagents_node.messages.capacity import ReportTerminal, SlotHandle
 from subagents_node.messages.errors import (
     BadRequest,
     IntercomOff,
@@ -130,6 +133,19 @@ class RunSupervisor(OwnerActor):
         self._live: dict[str, LiveRun] = {}
         self._pipelines: Pipelines[CallKey] = Pipelines(
             ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
+        )
+        #: What this owner owes the ledgers (run ends, the session's view of runs): durable
+        #: with the change that owes it, resent in order until answered (runs/outbox.py).
+        self._outbox = Outbox(
+            lambda: self.db,
+            ctx.dispatch,
+            self._to_self(Answer),
+            self.after_commit,
+            self.after,
+            ctx.clock,
+            self.crash_point,
+            self.quarantine,
+            self._delivered,
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
         #: Where each run in admission came from (rerun.Lineage), recorded with the run.
@@ -221,16 +237,25 @@ class RunSupervisor(OwnerActor):
         """After a node restart: settle or keep watching the runs the store says are going.
 
         Runs only once per node process: an in-place restart after a crash keeps the live runs
-        (their shims report to this actor whatever happens to it).
+        (their shims report to this actor whatever happens to it). Every start, in place or
+        not, sends the outbox again: an in-place restart may have undone a commit whose
+        effects were to send its next rows.
         """
         if self._recovered:
+            self._outbox.resend_all()
             return
         self._recovered = True
+        # One transaction (on_start commits it): a run that recovery settles and the reports
+        # it then owes become durable together, as they do when a request settles a run.
+        self.db.execute("BEGIN IMMEDIATE")
+        self._outbox.resend_all()  # sent after that commit, oldest first, ahead of new rows
         # PRAGMA synchronous: 2 is FULL (power-loss safe), so the exit records are synced too.
         self.keeper.sync_records = int(self.db.execute("PRAGMA synchronous").fetchone()[0]) >= 2
         for run_id, seq, reservation in management.uncommitted_appends(self.db):
-            # R-APP-4 after a crash: the record is durable, so its claims must be too.
-            self._call(AppendFix(run_id, seq), CommitReservation(reservation_id=reservation))
+            # R-APP-4 after a crash: the record is durable, so its claims must be too. Owed
+            # through the outbox: a commit lost to a restarting fan-out owner is sent again.
+            management.mark_committing(self.db, run_id, seq)
+            self._outbox.put(CommitReservation(reservation_id=reservation), run_id)
         unreadable = {self._quarantine(err) for err in runstore.unreadable(self.db)}
         for run_id in runstore.unsettled_runs(self.db):
             if run_id in unreadable:  # a run that cannot be read is listed, not recovered
@@ -385,7 +410,13 @@ class RunSupervisor(OwnerActor):
         return self._launch(launch, plan, on_started=on_started)
 
     def track(self, session_id: str, run_id: str, state: Any) -> None:
-        self._call(Track(run_id), TrackRun(session_id=session_id, run_id=run_id, state=state))
+        """Owe the session owner the run's new state (it refuses grants while runs are live)."""
+        self._outbox.put(TrackRun(session_id=session_id, run_id=run_id, state=state), run_id)
+
+    def report_terminal(self, report: ReportTerminal) -> None:
+        """Owe the capacity owner this report about the run's slot (it frees the slot when
+        the report's proof allows): durable with this transaction, sent until answered."""
+        self._outbox.put(report, report.run_id)
 
     def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         self._event(run_id, kind, data)
@@ -481,17 +512,25 @@ class RunSupervisor(OwnerActor):
         return deliver
 
     def _call(self, key: CallKey, request: Request) -> None:
-        """A bookkeeping request to another owner (its answer is only logged if it fails)."""
+        """A request to another owner whose answer comes back as an `Answer` tick with `key`.
+        Not for what another owner must hear even if this answer is lost: that is owed
+        through the outbox (`track`, `report_terminal`)."""
         self._pipelines.call(key, request)
+
+    def _delivered(self, request: Request, outcome: Outcome) -> None:
+        """An outbox row was answered for good (inside the transaction that deletes it)."""
+        match request:
+            case CommitReservation(reservation_id=reservation):
+                management.append_committed(
+                    self.db, reservation, not isinstance(outcome, SubagentsError)
+                )
 
     def on_tick(self, tick: Tick) -> None:
         match tick:
-            case Answer(key=AppendFix(run_id=run_id, seq=seq), outcome=outcome):
-                state = "committed" if not isinstance(outcome, SubagentsError) else "expired"
-                self.db.execute(
-                    "UPDATE run_appends SET state=? WHERE run_id=? AND seq=?",
-                    (state, run_id, seq),
-                )
+            case Answer(key=Outbound() as key, outcome=outcome):
+                self._outbox.answered(key, outcome)
+            case OutboxRetry(target=target):
+                self._outbox.retry_due(target)
             case Answer(key=Settle(run_id=run_id), outcome=outcome):
                 live = self._live.get(run_id)
                 if live is not None:
@@ -501,10 +540,10 @@ class RunSupervisor(OwnerActor):
                 if live is not None and live.expanding:
                     steps.expanded(self, live, group, outcome)
             case Answer(key=key, outcome=outcome):
-                # Launch and append keys resume their pipeline. Track and Report name none:
-                # their work is done by the callee, so only a failure is worth a line.
+                # Launch and append keys resume their pipeline; a key that names none belongs
+                # to a pipeline that has already ended with an error.
                 if not self._pipelines.resume(key, outcome) and isinstance(outcome, SubagentsError):
-                    log.error("supervisor bookkeeping call failed: %s", outcome.message)
+                    log.error("supervisor call failed: %s", outcome.message)
             case ShimGone(child_id=child_id):
                 self._on_child_events(self.keeper.shim_gone(self.db, child_id, self.ctx.clock()))
             case KillEscaped(child_id=child_id):
@@ -566,9 +605,8 @@ class RunSupervisor(OwnerActor):
             attach.wait_for(live, self._live.get(source), runstore.run_row(self.db, source))
         if deadline_at is not None:  # R-TMO-8: a resume's is its source's, not now + timeout
             live.cancel_deadline = self.after(max(0.0, deadline_at - now), RunDeadline(run_id))
-        # A Track key, not the admission's LaunchKey: its reply must not resume the pipeline.
-        track = TrackRun(session_id=launch.session_id, run_id=run_id, state="running")
-        self._call(Track(run_id), track)
+        # Owed, not asked: the admission pipeline does not wait for the session's answer.
+        self.track(launch.session_id, run_id, "running")
         self._advance(live)
         view = runstore.view(self.db, run_id)
         assert view is not None
@@ -808,14 +846,10 @@ class RunSupervisor(OwnerActor):
                 verdict = management.workflow_children_verdict(self.db, live.run_id)
                 if not verdict[0]:
                     self._unproven_workflows.add(live.run_id)
-            report = settlement.terminal_report(live, state, now, verdict)
-            self._call(Report(live.run_id), report)
+            self.report_terminal(settlement.terminal_report(live, state, now, verdict))
         if live.parent_run_id in self._unproven_workflows:
             self._report_workflow(live.parent_run_id)
-        self._call(
-            Track(live.run_id),
-            TrackRun(session_id=live.session_id, run_id=live.run_id, state=state),
-        )
+        self.track(live.session_id, live.run_id, state)
         live.unstarted.clear()
         self._answer_launches(live)
         del self._live[live.run_id]
@@ -830,8 +864,7 @@ class RunSupervisor(OwnerActor):
         if verdict[0]:
             self._unproven_workflows.discard(run_id)
         proofs = runstore.proof_states(self.db, run_id)
-        report = settlement.workflow_rereport(row, verdict, proofs, self.ctx.clock())
-        self._call(Report(run_id), report)
+        self.report_terminal(settlement.workflow_rereport(row, verdict, proofs, self.ctx.clock()))
 
     # -- events and watchers ------------------------------------------------------------------
 

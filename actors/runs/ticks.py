@@ -32,14 +32,6 @@ class AppendKey:
 
 
 @dataclass(frozen=True, slots=True)
-class AppendFix:
-    """Recovery committing the reservation of durable append record `seq` (R-APP-4)."""
-
-    run_id: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
 class Settle:
     """The budget read of a run that is ending; its answer settles the run."""
 
@@ -47,17 +39,12 @@ class Settle:
 
 
 @dataclass(frozen=True, slots=True)
-class Track:
-    """Bookkeeping: the session's view of the run's state (a failure is only logged)."""
+class Outbound:
+    """Row `seq` of the outbox, sent to owner `target` (runs/outbox.py): a report that must not
+    be lost, resent until its owner answers."""
 
-    run_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """Bookkeeping: a capacity report about the run's slot (a failure is only logged)."""
-
-    run_id: str
+    target: str
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +55,7 @@ class Expand:
     group: int
 
 
-CallKey: TypeAlias = LaunchKey | AppendKey | AppendFix | Settle | Track | Report | Expand
+CallKey: TypeAlias = LaunchKey | AppendKey | Settle | Outbound | Expand
 
 
 # -- ticks ------------------------------------------------------------------------------------
@@ -126,3 +113,10 @@ class Superseded(Tick):
     them, so the source's children are stopped only once the link is durable."""
 
     run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRetry(Tick):
+    """The outbox's retry delay for owner `target` passed: send its oldest row again."""
+
+    target: str
