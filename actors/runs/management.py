@@ -189,6 +189,11 @@ class AppendHost(Protocol):
 
     def clock(self) -> float: ...
 
+    def after_commit(self, effect: Callable[[], None]) -> None: ...
+
+    def crash_point(self, point: str) -> None:
+        """Tests only: kill the process at `point` (a node started with faults)."""
+
     def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
         """Add the committed steps to the live run; answers its pending-append count."""
 
@@ -222,6 +227,8 @@ def append_pipeline(
         "VALUES(?, ?, ?, ?, ?, 'pending')",
         (run_id, seq, host.clock(), len(steps), grant.reservation_id),
     )
+    # Tests: die once the record is durable, before its claims' commit is sent (recovery's).
+    host.after_commit(lambda: host.crash_point("append_recorded"))
     try:
         yield Durable(request=CommitReservation(reservation_id=grant.reservation_id))
     except SubagentsError:
