@@ -1,10 +1,11 @@
 """`doctor`: checks a person can act on, each with ok / warn / fail and a fix.
 
 Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the store
-(every table family at the version this installation knows, SQLite's integrity check), the
-node (reachable, same version, how it contains children, no stored record quarantined by its
-owner), the configuration (valid; where each value came from) and every agent file (parses;
-its command resolves).
+(every table family at the version this installation knows, SQLite's integrity check), what
+the run supervisor still owes the ledgers (a warning once it is old), the node (reachable,
+same version, how it contains children, no stored record quarantined by its owner), the
+configuration (valid; where each value came from) and every agent file (parses; its command
+resolves).
 It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
@@ -15,6 +16,7 @@ import shutil
 import sqlite3
 import stat
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +154,49 @@ def _check_db(check: str, path: Path, families: Mapping[str, Sequence[str]]) -> 
             )
         else:
             yield Check(f"schema {family}", "ok", f"version {have}")
+
+
+#: An outbox row older than this is worth a warning: an owner that serves answers in
+#: milliseconds, so this one has been away (restarting, failed, unreachable) for that long.
+OUTBOX_STALE_S = 60.0
+#: The run supervisor's outbox table (actors/runs/outbox.py; the CLI does not import actors).
+OUTBOX = "run_outbox"
+
+
+def check_outbox(state_dir: Path, now: float) -> Iterator[Check]:
+    """What the run supervisor still owes the ledgers (`run_outbox`, actors/runs/outbox.py):
+    run ends whose capacity report or session update their owner has not answered yet. They
+    are resent until it does; until then the slots they free stay held."""
+    path = owner_db(state_dir, owners.RUNS.name)
+    if not path.exists():
+        return
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            owed = conn.execute(
+                f"SELECT target, COUNT(*), MIN(created_at), (SELECT last_error FROM {OUTBOX} o "
+                f"WHERE o.target = r.target ORDER BY seq LIMIT 1) FROM {OUTBOX} r "
+                "GROUP BY target ORDER BY target"
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return  # not migrated yet (no table), or unreadable: check_store says so
+    if not owed:
+        yield Check("outbox", "ok", "nothing owed to the ledgers")
+    for target, count, oldest, error in owed:
+        age = max(0.0, now - float(oldest))
+        if age < OUTBOX_STALE_S:
+            yield Check(f"outbox {target}", "ok", f"{count} request(s) being delivered")
+            continue
+        yield Check(
+            f"outbox {target}",
+            "warn",
+            f"{count} request(s) owed to {target} for {age:.0f}s, resent until it answers "
+            f"(last error: {error or 'none'}); the slots and counts they free stay held",
+            f"check that owner {target} is running (`subagents-node status`, this doctor's "
+            "owner lines); nothing else is needed: they go out as soon as it answers",
+        )
 
 
 def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[Check]:
@@ -334,6 +379,7 @@ def run_checks(
     state_dir: Path, address: str | None, cwd: Path, agents_dirs: tuple[str, ...], version: str
 ) -> list[Check]:
     checks = [*check_state_dir(state_dir), *check_store(state_dir)]
+    checks += check_outbox(state_dir, time.time())
     checks += check_node(state_dir, address, version)
     try:
         config = load_config(cwd=cwd)

@@ -19,8 +19,12 @@ import sys
 import termios
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 
+from subagents_node.client.paths import owner_db
+from subagents_node.node import owners
+from subagents_node.node.store import Store
 from tests.support.nodes import REPO, NodeProcess, run_cli
 
 SLOW_AGENT = textwrap.dedent(
@@ -133,6 +137,7 @@ def test_doctor_passes_a_healthy_setup_and_names_each_source(
     for stem in ("capacity", "fanout", "session", "runs"):  # one database per owner
         assert f"[ok  ] store {stem} integrity" in result.stdout
     assert "[ok  ] owner capacity: running" in result.stdout
+    assert "[ok  ] outbox: nothing owed to the ledgers" in result.stdout
     assert "[ok  ] node:" in result.stdout
     assert "[ok  ] agent ticker" in result.stdout
     assert "(from default)" in result.stdout  # where each ledger setting came from (R-STS-2)
@@ -181,6 +186,24 @@ def test_doctor_fails_on_a_bad_agent_file_and_a_missing_command(
     assert "[FAIL] agent file" in result.stdout and "broken.md" in result.stdout
     assert "fix the front matter" in result.stdout
     assert "[FAIL] agent ghost" in result.stdout and "no-such-command-xyz" in result.stdout
+
+
+def test_doctor_warns_of_requests_owed_to_a_ledger_owner_for_long(state_dir: Path) -> None:
+    """A run end the capacity owner has not answered for an hour (the run supervisor resends it
+    until it does): a warning that names the owner, the age and the last error."""
+    state_dir.chmod(0o700)
+    runs_db = owner_db(state_dir, owners.RUNS.name)
+    Store(runs_db).migrate(owners.families_of(owners.RUNS))
+    with closing(sqlite3.connect(runs_db)) as conn, conn:
+        conn.execute(
+            "INSERT INTO run_outbox(target, run_id, type, body, created_at, attempts, last_error) "
+            "VALUES ('capacity', 'r1', 'capacity.report_terminal', '{}', ?, 9, ?)",
+            (time.time() - 3600, "unavailable: capacity did not answer within 15s"),
+        )
+    result = doctor(state_dir)
+    assert "[warn] outbox capacity: 1 request(s) owed to capacity for 36" in result.stdout
+    assert "capacity did not answer within 15s" in result.stdout
+    assert "subagents-node status" in result.stdout
 
 
 def test_doctor_json_lists_every_check(state_dir: Path) -> None:
