@@ -10,7 +10,8 @@ answers with a result, or with a typed error that retrying can never change (the
 invalid or stale: logged). A transient failure (`TRANSIENT`: the owner is restarting, failed,
 saturated or out of disk, or did not answer in time) keeps the row, and the same row is sent
 again after a delay that doubles from `FIRST_RETRY_S` to `MAX_RETRY_S`, on the owner's timer
-(an `OutboxRetry` tick), never by polling. A start (`resend_all`) sends every row again.
+(an `OutboxRetry` tick), never by polling; an owner that failed on it (`Internal`) gets it a
+few more times, slowly (`INTERNAL_RESENDS`). A start (`resend_all`) sends every row again.
 
 Order: one row per target is on the wire at a time; the next row of a target is sent only once
 the previous one has been answered and its deletion has committed. So a target applies its rows
@@ -40,6 +41,7 @@ from subagents_node.actors.runs.ticks import Outbound, OutboxRetry
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import (
     Busy,
+    Internal,
     OwnerUnavailable,
     StoreError,
     SubagentsError,
@@ -56,10 +58,16 @@ MAX_RETRY_S = 5.0
 #: Failures after which the owner may serve the same request: it did not apply it (restarting,
 #: failed past its restart intensity, saturated, out of disk, or not known yet), or we cannot
 #: tell (no answer within the link's timeout: a resend is safe, every row is idempotent).
-#: Every other error is final: the owner refused the request as invalid or stale (BadRequest,
-#: CapacityError, a fan-out reservation that expired, a quarantined record) or crashed on it
-#: (Internal: a resend would crash it again, towards its restart-intensity limit).
+#: Every other error is final, but Internal: the owner refused the request as invalid or stale
+#: (BadRequest, CapacityError, a fan-out reservation that expired, a quarantined record).
 TRANSIENT: tuple[type[SubagentsError], ...] = (OwnerUnavailable, Busy, StoreError, UnknownTarget)
+#: Internal means the owner failed on the request, applied nothing and restarted from its
+#: store: a commit or a lock that failed (worth a resend), or a request it cannot handle (a
+#: resend crashes it again). So it is resent a few times, each no sooner than a default
+#: restart-intensity window (5 s) after the last, so that one such row cannot by itself push
+#: its owner to `failed`; then it is final.
+INTERNAL_RESENDS = 3
+INTERNAL_RETRY_S = 10.0
 
 Dispatch = Callable[[Request, str, ReplyFn], None]
 
@@ -98,6 +106,8 @@ class Outbox:
         self._delay: dict[str, float] = {}
         #: Rows quarantined because they do not parse: skipped, never sent.
         self._unreadable: set[int] = set()
+        #: How often each row was answered Internal (in this process: a restart starts over).
+        self._internal: dict[int, int] = {}
 
     # -- what the supervisor owes -----------------------------------------------------------------
 
@@ -134,6 +144,12 @@ class Outbox:
         if isinstance(outcome, TRANSIENT):
             self._retry_later(key, request, outcome)
             return
+        if isinstance(outcome, Internal):
+            failed = self._internal[key.seq] = self._internal.get(key.seq, 0) + 1
+            if failed <= INTERNAL_RESENDS:
+                self._retry_later(key, request, outcome, INTERNAL_RETRY_S)
+                return
+        self._internal.pop(key.seq, None)
         if isinstance(outcome, SubagentsError):
             log.error(
                 "outbox: %s refused %s #%d for good (%s: %s); dropped",
@@ -156,7 +172,9 @@ class Outbox:
         self._waiting.discard(target)
         self._after_commit(partial(self._send_next, target))
 
-    def _retry_later(self, key: Outbound, request: Request, error: SubagentsError) -> None:
+    def _retry_later(
+        self, key: Outbound, request: Request, error: SubagentsError, at_least: float = 0.0
+    ) -> None:
         db = self._db()
         db.execute(
             f"UPDATE {TABLE} SET attempts = attempts + 1, last_error = ? WHERE seq=?",
@@ -164,8 +182,9 @@ class Outbox:
         )
         row = db.execute(f"SELECT attempts FROM {TABLE} WHERE seq=?", (key.seq,)).fetchone()
         attempts = int(row[0]) if row is not None else 0
-        delay = self._delay.get(key.target, FIRST_RETRY_S)
-        self._delay[key.target] = min(MAX_RETRY_S, delay * 2)
+        backoff = self._delay.get(key.target, FIRST_RETRY_S)
+        self._delay[key.target] = min(MAX_RETRY_S, backoff * 2)
+        delay = max(backoff, at_least)
         if attempts & (attempts - 1) == 0:  # the 1st, 2nd, 4th, 8th... failure: a bounded log
             log.warning(
                 "outbox: %s #%d to %s failed %d time(s) (%s); retrying in %gs",
