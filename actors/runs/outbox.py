@@ -8,10 +8,11 @@ transaction of the state change that owes it (so it is durable exactly when the 
 and it is sent only once that transaction has committed. Its row is deleted when the owner
 answers with a result, or with a typed error that retrying can never change (the request is
 invalid or stale: logged). A transient failure (`TRANSIENT`: the owner is restarting, failed,
-saturated or out of disk, or did not answer in time) keeps the row, and the same row is sent
-again after a delay that doubles from `FIRST_RETRY_S` to `MAX_RETRY_S`, on the owner's timer
-(an `OutboxRetry` tick), never by polling; an owner that failed on it (`Internal`) gets it a
-few more times, slowly (`INTERNAL_RESENDS`). A start (`resend_all`) sends every row again.
+saturated or out of disk, did not answer in time, or, from a worker node, its home cannot be
+reached or has fenced it) keeps the row, and the same row is sent again after a delay that
+doubles from `FIRST_RETRY_S` to `MAX_RETRY_S`, on the owner's timer (an `OutboxRetry` tick),
+never by polling; an owner that failed on it (`Internal`) gets it a few more times, slowly
+(`INTERNAL_RESENDS`). A start (`resend_all`) sends every row again.
 
 Order: one row per target is on the wire at a time; the next row of a target is sent only once
 the previous one has been answered and its deletion has committed. So a target applies its rows
@@ -42,6 +43,7 @@ from subagents_node.messages.base import Request
 from subagents_node.messages.errors import (
     Busy,
     Internal,
+    MembershipRefused,
     OwnerUnavailable,
     StoreError,
     SubagentsError,
@@ -56,11 +58,19 @@ TABLE = "run_outbox"
 FIRST_RETRY_S = 0.2
 MAX_RETRY_S = 5.0
 #: Failures after which the owner may serve the same request: it did not apply it (restarting,
-#: failed past its restart intensity, saturated, out of disk, or not known yet), or we cannot
-#: tell (no answer within the link's timeout: a resend is safe, every row is idempotent).
-#: Every other error is final, but Internal: the owner refused the request as invalid or stale
-#: (BadRequest, CapacityError, a fan-out reservation that expired, a quarantined record).
-TRANSIENT: tuple[type[SubagentsError], ...] = (OwnerUnavailable, Busy, StoreError, UnknownTarget)
+#: failed past its restart intensity, saturated, out of disk, or not known yet; on a worker
+#: node, a home that cannot be reached, or that fenced this worker until it joins again: its
+#: next start sends the rows), or we cannot tell (no answer within the link's timeout: a
+#: resend is safe, every row is idempotent). Every other error is final, but Internal: the
+#: owner refused the request as invalid or stale (BadRequest, CapacityError, a fan-out
+#: reservation that expired, a quarantined record).
+TRANSIENT: tuple[type[SubagentsError], ...] = (
+    OwnerUnavailable,
+    Busy,
+    StoreError,
+    UnknownTarget,
+    MembershipRefused,
+)
 #: Internal means the owner failed on the request, applied nothing and restarted from its
 #: store: a commit or a lock that failed (worth a resend), or a request it cannot handle (a
 #: resend crashes it again). So it is resent a few times, each no sooner than a default

@@ -35,6 +35,7 @@ from subagents_node.messages.errors import (
     Busy,
     CapacityOwnershipChanged,
     Internal,
+    MembershipRefused,
     OwnerUnavailable,
     StoreFull,
 )
@@ -204,8 +205,10 @@ def test_one_row_per_target_is_on_the_wire_and_the_next_goes_once_it_is_answered
         OwnerUnavailable("capacity is failed", state="failed"),
         Busy("capacity is saturated"),
         StoreFull("the disk is full", actor="capacity"),
+        OwnerUnavailable("the home is unreachable", reason="home_unreachable"),
+        MembershipRefused("the home fenced this worker", reason="fenced"),
     ],
-    ids=["timeout", "failed", "busy", "store-full"],
+    ids=["timeout", "failed", "busy", "store-full", "home-unreachable", "fenced"],
 )
 def test_a_transient_failure_keeps_the_row_and_sends_it_again_after_a_doubling_delay(
     harness: Harness, error: Outcome
