@@ -13,6 +13,9 @@ R-CAP-21, R-CAP-24: release is eventual; R-RUN-5).
   the report had been applied already, the replay changes nothing.
 - kill -9 of the node once a chain append is recorded and before its claims are committed
   (R-APP-4): the restarted supervisor owes the commit through the outbox, and the claims exist.
+- A worker node's run ends while its home cannot be reached (the home node SIGSTOPped): the
+  child ends, its report waits in the worker's outbox, and once the home answers again the
+  slot it holds there is freed (DESIGN §1 "replayed on reconnect").
 
 Real processes throughout: an embedded node's owner processes (or a detached node), real
 children behind a gate, real sockets and SQLite files, signals sent to real pids. The outbox is
@@ -35,6 +38,7 @@ from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import Append, AppendResult, ChainStep, RunView, TaskItem
 from subagents_node.node.node import Node
+from tests.support.fleet import fleet
 from tests.support.manage import embedded, store_rows
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -256,3 +260,40 @@ def test_r_app_4_an_append_recorded_before_a_node_kill_has_its_claims_committed_
     wait_until(lambda: outbox(state_dir) == [], what="the outbox drained")
     held.release(0)
     client.runs.wait(run.run_id, timeout=20)
+
+
+@pytest.mark.slow
+def test_r_cap_21_a_workers_report_made_while_its_home_is_unreachable_is_replayed_on_reconnect(
+    agents: Path, gate: Gate
+) -> None:
+    with fleet(("w1",)) as crew:
+        worker = crew.workers["w1"]
+        client, home = crew.client(worker), crew.client(crew.home)
+        [(run, child)] = start_gated(client, agents, gate, limit=1, count=1)
+        assert home.capacity.snapshot(run.session_id, 1).used == 1  # the slot is the home's
+
+        with stopped(crew.home.pid):  # the home's gateway answers nothing: a partition
+            wait_until(
+                lambda: (
+                    (cluster := client.status().cluster) is not None
+                    and cluster.state == "unreachable"
+                ),
+                what="the worker to see its home unreachable",
+            )
+            child.release(0)
+            assert client.runs.wait(run.run_id, timeout=20).state == "complete"  # it runs on
+
+            def refused() -> bool:  # the report was sent, failed, and is kept for a retry
+                rows = store_rows(
+                    worker.state_dir, "SELECT attempts FROM run_outbox WHERE type=?", REPORT
+                )
+                return bool(rows) and int(rows[0][0]) >= 1
+
+            wait_until(refused, what="the report refused while the home is away")
+
+        wait_until(
+            lambda: home.capacity.snapshot(run.session_id, 1).used == 0,
+            timeout=30,
+            what="the home to free the worker's slot",
+        )
+        wait_until(lambda: outbox(worker.state_dir) == [], what="the worker's outbox drained")
