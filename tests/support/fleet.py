@@ -64,6 +64,12 @@ class Fleet:
             client = self._clients[node.address] = Client(ZmqTransport(node.address), timeout)
         return client
 
+    def close_client(self, node: NodeProcess) -> None:
+        """Forget the client of a node about to be killed (the next one connects afresh)."""
+        client = self._clients.pop(node.address, None)
+        if client is not None:
+            client.close()
+
     def nodes(self) -> dict[str, MemberView]:
         listing = self.client(self.home).ask(MemberList(), MemberListing)
         return {view.name: view for view in listing.nodes}

@@ -1,0 +1,409 @@
+"""Multi-host (issue 13, DESIGN §1 "Multi-host"): a home node owns the ledgers, worker nodes run
+the children, every link between nodes is tcp + CURVE.
+
+The fleet tests run twice: on loopback (every node a process on this host, each with its own
+state dir) and on "hosts" (one network namespace per node, made by the test, with addresses
+that exist only inside them; skipped, saying why, when namespaces cannot be made). The tests
+that probe the home's tcp socket from this process run on loopback only. Nodes are started
+and asked through the real CLI and sockets; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.errors import NodeTimeout, OwnerUnavailable
+from subagents_node.messages.fanout import decode_descriptor
+from tests.support.fleet import NETNS_PORT, Fleet, fleet, on_hosts
+from tests.support.netns import hosts, skip_unless_netns
+from tests.support.nodes import run_cli
+from tests.support.runs import wait_until
+
+pytestmark = pytest.mark.slow
+
+WORKERS = ("w1", "w2", "w3")
+#: Workers a test adds for itself (it kills, stops or forgets them).
+SPARE = ("wk", "wf", "w8", "w9")
+
+
+@pytest.fixture(scope="module", params=["loopback", "netns"])
+def crew(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """A home and three workers, on loopback or each in its own network namespace, shared by
+    the module's tests (a test that kills or forgets a worker adds its own)."""
+    if request.param == "loopback":
+        with fleet(WORKERS) as started:
+            yield started
+        return
+    skip_unless_netns()
+    with (
+        hosts(["home", *WORKERS, *SPARE]) as fabric,
+        fleet(
+            WORKERS, home_host=fabric.address("home"), place=on_hosts(fabric), port=NETNS_PORT
+        ) as started,
+    ):
+        started.fabric = fabric
+        yield started
+
+
+def _session() -> str:
+    return f"mh-{uuid.uuid4().hex[:8]}"
+
+
+def _run_id(out: str) -> str:
+    return out.strip().splitlines()[0].strip()
+
+
+def _used(crew: Fleet, session: str, limit: int) -> int:
+    return crew.client(crew.home).capacity.snapshot(session, limit).used
+
+
+@pytest.fixture(autouse=True)
+def _fleet_joined(crew: Fleet) -> None:
+    """Each test starts with every worker joined (a test before may have cut the home off)."""
+    for name in WORKERS:
+        node = crew.workers[name]
+        wait_until(
+            lambda node=node: (c := node.status().cluster) is not None and c.state == "joined",
+            what=f"{name} joined",
+        )
+
+
+def _all_up(crew: Fleet) -> bool:
+    views = crew.nodes()
+    return all(views[n].state == "up" and views[n].last_heartbeat for n in WORKERS)
+
+
+# -- membership ----------------------------------------------------------------------------------
+
+
+def test_workers_join_the_home_and_nodes_lists_each_up_with_its_heartbeat(crew: Fleet) -> None:
+    wait_until(lambda: _all_up(crew), what="every worker up")
+    views = crew.nodes()
+    assert (views["home"].role, views["home"].state) == ("home", "up")
+    assert all(views[n].role == "worker" and views[n].generation >= 1 for n in WORKERS)
+
+    code, out, err = crew.cli(crew.home, "nodes", "--json")
+    assert code == 0, err
+    listed = {n["name"]: n for n in json.loads(out)["nodes"]}
+    assert {"home", *WORKERS} <= set(listed)
+    code, out, _ = crew.cli(crew.home, "nodes")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["NAME", "ROLE", "STATE"]
+
+    status = crew.workers["w1"].status()
+    assert status.cluster is not None
+    assert (status.cluster.role, status.cluster.name, status.cluster.state) == (
+        "worker",
+        "w1",
+        "joined",
+    )
+    assert [a.name for a in status.actors] == ["supervisor"]  # the ledgers are the home's
+    home = crew.home.status().cluster
+    assert home is not None and home.role == "home" and home.public_key == crew.home_key
+
+
+def test_a_join_with_a_key_the_home_never_allowed_is_refused_and_the_worker_does_not_start(
+    crew: Fleet,
+) -> None:
+    stranger = crew.add_worker("w9", allow=False, start=False)
+    done = run_cli(
+        "start",
+        "--detach",
+        *crew.worker_args("w9"),
+        state_dir=stranger.state_dir,
+        prefix=stranger.prefix,
+    )
+    code, err = done.returncode, done.stderr
+    assert code != 0
+    assert "refused this client's CURVE key" in err
+    assert "w9" not in crew.nodes()
+
+
+def test_a_join_with_a_revoked_key_is_refused(crew: Fleet) -> None:
+    late = crew.add_worker("w8", start=False)
+    code, _, err = crew.cli(crew.home, "keys", "revoke", "w8")
+    assert code == 0, err
+    done = run_cli(
+        "start", "--detach", *crew.worker_args("w8"), state_dir=late.state_dir, prefix=late.prefix
+    )
+    assert done.returncode != 0 and "refused this client's CURVE key" in done.stderr
+
+
+# -- admission across hosts ------------------------------------------------------------------
+
+
+def test_one_sessions_capacity_limit_2_admits_exactly_2_of_3_runs_launched_on_three_workers(
+    crew: Fleet,
+) -> None:
+    session = _session()
+    results: dict[str, tuple[int, str, str]] = {}
+
+    def launch(name: str) -> None:
+        results[name] = crew.run_background(crew.workers[name], session, "seconds=60", limit=2)
+
+    threads = [threading.Thread(target=launch, args=(n,)) for n in WORKERS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    admitted = sorted(n for n, (code, _, _) in results.items() if code == 0)
+    refused = [n for n, (code, _, _) in results.items() if code != 0]
+    assert len(admitted) == 2 and len(refused) == 1, results
+    assert "capacity exhausted: 2/2 used" in results[refused[0]][2]
+    assert _used(crew, session, 2) == 2
+    held = crew.nodes()
+    assert [held[n].slots for n in admitted] == [1, 1]
+    assert held[refused[0]].slots == 0
+    for name in admitted:  # each run lives on the worker it was launched on
+        code, out, _ = crew.cli(crew.workers[name], "runs", "--json")
+        assert code == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == [
+            _run_id(results[name][1])
+        ]
+        code, _, err = crew.cli(crew.workers[name], "stop", _run_id(results[name][1]))
+        assert code == 0, err
+    wait_until(lambda: _used(crew, session, 2) == 0, what="both slots released after stop")
+
+
+_CROSS_LAUNCH = """\
+import os, re, sys
+task = " ".join(sys.argv[1:])
+depth = int(re.search(r"depth=(\\d+)", task).group(1))
+workers = os.environ["MH_WORKERS"].split(",")
+address = workers[depth % len(workers)]
+os.execv(sys.executable, [sys.executable, "-m", "subagents_node", "--address", address, "run",
+         *sys.argv[1:]])
+"""
+
+
+def test_a_run_tree_recursing_across_workers_is_admitted_against_one_fanout_budget_at_the_home(
+    crew: Fleet, tmp_path: Path
+) -> None:
+    """depth=2 width=4 asks for 1 + 4 + 16 launches; the tree's budget of 8 admits exactly 8,
+    whichever worker each launch goes to (children on w2, grandchildren on w3)."""
+    wrapper = tmp_path / "cross.py"
+    wrapper.write_text(_CROSS_LAUNCH)
+    w1, w2, w3 = (crew.workers[n] for n in WORKERS)
+    env = {
+        "SUBAGENTS_MAX_DEPTH": "4",
+        "SUBAGENTS_MAX_SPAWNS_PER_RUN": "8",
+        "SUBAGENTS_LAUNCH": json.dumps([sys.executable, str(wrapper)]),
+        "MH_WORKERS": ",".join(w.address for w in (w3, w2)),  # depth 0 -> w3, depth 1 -> w2
+    }
+    os.environ.update(env)  # the CLI below resolves its launch from its environment
+    try:
+        code, out, err = crew.run_background(w1, _session(), "depth=2 width=4", agent="recursive")
+    finally:
+        for name in env:
+            del os.environ[name]
+    assert code == 0, err
+    run_id = _run_id(out)
+    done = wait_until(
+        lambda: (v := crew.client(w1).runs.show(run_id)).state in ("complete", "failed") and v,
+        timeout=180,
+        what="the recursive run settles",
+    )
+    assert done.state == "complete", done.error
+    budget = crew.client(crew.home).fanout.snapshot(decode_descriptor(done.fanout_descriptor))
+    assert (budget.used, budget.limit, budget.remaining) == (8, 8, 0)
+    on = {
+        name: len(crew.client(w).runs.list(root_run_id=done.root_run_id))
+        for name, w in (("w1", w1), ("w2", w2), ("w3", w3))
+    }
+    assert on["w1"] == 1 and on["w2"] == 4 and on["w3"] == 3, on
+
+
+# -- loss, forget and fencing ------------------------------------------------------------------
+
+
+def test_a_killed_worker_keeps_its_slots_until_nodes_forget_releases_them_and_fences_it(
+    crew: Fleet,
+) -> None:
+    session = _session()
+    w2 = crew.add_worker("wk")
+    code, out, err = crew.run_background(w2, session, "seconds=60", limit=3)
+    assert code == 0, err
+    run_id = _run_id(out)
+    assert _used(crew, session, 3) == 1
+    w2.kill()
+    wait_until(lambda: crew.nodes()["wk"].state == "unreachable", what="wk unreachable")
+    assert crew.nodes()["wk"].slots == 1
+    assert _used(crew, session, 3) == 1  # held: nothing proved its run's tree ended
+
+    code, out, err = crew.cli(crew.home, "nodes", "forget", "wk", "--reason", "disk died")
+    assert code == 0, err
+    assert f"released 1 slot(s): {run_id}" in out
+    assert _used(crew, session, 3) == 0
+    lost = crew.nodes()["wk"]
+    assert (lost.state, lost.forget_reason, lost.slots) == ("lost", "disk died", 0)
+    releases = crew.client(crew.home).capacity.releases(host="wk").releases
+    assert [(r.host, r.run_id, r.proof_state) for r in releases] == [("wk", run_id, "operator")]
+
+    # Started again, wk joins again (a new generation); its adopted run's late reports change
+    # nothing at the home: the slot was released by the operator, and stays released.
+    w2.start()
+    wait_until(lambda: crew.nodes()["wk"].state == "up", what="wk joined again")
+    assert crew.nodes()["wk"].generation > lost.generation
+    assert crew.client(w2).runs.show(run_id).state == "running"  # adopted: its child lives on
+    code, _, err = crew.cli(w2, "stop", run_id)
+    assert code == 0, err
+    wait_until(lambda: crew.client(w2).runs.show(run_id).state != "running", what="its run settles")
+    assert _used(crew, session, 3) == 0
+
+
+def test_a_forgotten_worker_that_was_only_partitioned_is_fenced_when_it_comes_back(
+    crew: Fleet,
+) -> None:
+    w3 = crew.add_worker("wf")
+    os.kill(w3.pid, signal.SIGSTOP)  # silent, but alive: it will come back with its old state
+    try:
+        wait_until(lambda: crew.nodes()["wf"].state == "unreachable", what="wf unreachable")
+        code, _, err = crew.cli(crew.home, "nodes", "forget", "wf", "--reason", "gone quiet")
+        assert code == 0, err
+    finally:
+        os.kill(w3.pid, signal.SIGCONT)
+    wait_until(
+        lambda: (c := w3.status().cluster) is not None and c.state == "fenced",
+        what="wf learns it is fenced",
+    )
+    code, _, err = crew.run_background(w3, _session(), "seconds=1", limit=1)
+    assert code != 0 and "forgotten by the home's operator" in err
+    assert crew.nodes()["wf"].state == "lost"
+
+
+# -- the home unreachable -------------------------------------------------------------------------
+
+
+def _cut_home(crew: Fleet) -> Callable[[], None]:
+    """Make the home unreachable (its link down on hosts, stopped on loopback); the undo."""
+    fabric = crew.fabric
+    if fabric is not None:
+        fabric.link_down("home")
+        return lambda: fabric.link_up("home")
+    os.kill(crew.home.pid, signal.SIGSTOP)
+    return lambda: os.kill(crew.home.pid, signal.SIGCONT)
+
+
+def test_while_the_home_is_unreachable_admissions_fail_closed_at_once_and_children_keep_running(
+    crew: Fleet,
+) -> None:
+    session = _session()
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=3", limit=5)
+    assert code == 0, err
+    run_id = _run_id(out)
+    assert _used(crew, session, 5) == 1
+    undo = _cut_home(crew)
+    try:
+        wait_until(
+            lambda: (c := w1.status().cluster) is not None and c.state == "unreachable",
+            what="w1 sees its home unreachable",
+        )
+        began = time.monotonic()
+        code, _, err = crew.run_background(w1, session, "seconds=1", limit=5)
+        assert code != 0 and "cannot reach" in err, err
+        assert time.monotonic() - began < 5.0  # fails closed, never a long hang
+        # The child runs on, and its end is recorded on the worker while the home is away.
+        view = wait_until(
+            lambda: (v := crew.client(w1).runs.show(run_id)).state == "complete" and v,
+            what="the child completes while the home is away",
+        )
+        assert view.children[0].exit_code == 0
+    finally:
+        undo()
+    wait_until(
+        lambda: (c := w1.status().cluster) is not None and c.state == "joined", what="w1 back"
+    )
+    # Its report reaches the home when it is back: the slot is released, once.
+    wait_until(lambda: _used(crew, session, 5) == 0, what="the slot released by the replay")
+
+
+def test_a_partition_during_a_claim_storm_fails_claims_closed_and_leaves_the_budget_exact(
+    crew: Fleet,
+) -> None:
+    """Three workers claim fan-out units on one budget as fast as they can; the home is cut off
+    and brought back. Claims then fail closed quickly, and afterwards the home's count is every
+    acknowledged claim plus at most those whose outcome was unknown (in flight at the cut)."""
+    descriptor = crew.client(crew.workers["w1"]).fanout.create(f"storm-{uuid.uuid4().hex}", 10**6)
+    stop = threading.Event()
+    acked = {n: 0 for n in WORKERS}
+    unknown = {n: 0 for n in WORKERS}
+    closed: list[float] = []  # seconds a fail-closed refusal took
+
+    def storm(name: str) -> None:
+        client = Client(ZmqTransport(crew.workers[name].address), timeout=10.0)
+        try:
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                began = time.monotonic()
+                try:
+                    client.fanout.claim(descriptor, [f"{name}/{seq}"])
+                    acked[name] += 1
+                except OwnerUnavailable as err:
+                    if err.details.get("reason") == "home_unreachable":
+                        closed.append(time.monotonic() - began)
+                    else:
+                        unknown[name] += 1  # lost in flight: applied or not
+                except NodeTimeout:
+                    unknown[name] += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=storm, args=(n,)) for n in WORKERS]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: sum(acked.values()) >= 30, what="the storm under way")
+        undo = _cut_home(crew)
+        try:
+            wait_until(lambda: len(closed) >= 30, what="claims failing closed")
+        finally:
+            undo()
+        before = sum(acked.values())
+        wait_until(lambda: sum(acked.values()) >= before + 30, what="claims admitted again")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert max(closed) < 1.0, sorted(closed)[-5:]
+    used = crew.client(crew.home).fanout.snapshot(descriptor).used
+    assert sum(acked.values()) <= used <= sum(acked.values()) + sum(unknown.values())
+
+
+def test_a_home_killed_with_9_loses_no_admission_and_takes_its_workers_back(crew: Fleet) -> None:
+    session = _session()
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=60", limit=4)
+    assert code == 0, err
+    run_id = _run_id(out)
+    descriptor = crew.client(w1).fanout.create(f"kill-{uuid.uuid4().hex}", 10)
+    crew.client(w1).fanout.claim(descriptor, ["a", "b", "c"])
+    crew.close_client(crew.home)
+    crew.home.kill()
+    wait_until(
+        lambda: (c := w1.status().cluster) is not None and c.state == "unreachable",
+        what="w1 sees its home gone",
+    )
+    crew.home.start()
+    wait_until(lambda: _all_up(crew), what="every worker heartbeating the new home")
+    wait_until(
+        lambda: (c := w1.status().cluster) is not None and c.state == "joined",
+        what="w1 sees its home back",
+    )
+    assert _used(crew, session, 4) == 1
+    assert crew.client(w1).fanout.snapshot(descriptor).used == 3
+    assert crew.client(w1).fanout.claim(descriptor, ["d"]).used == 4  # admissions flow again
+    code, _, err = crew.cli(w1, "stop", run_id)
+    assert code == 0, err
+    wait_until(lambda: _used(crew, session, 4) == 0, what="the slot released after stop")
