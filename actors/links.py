@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -56,12 +57,19 @@ class RemoteKeys:
     server_public: str
 
 
+#: Who gets a raw reply: the owner's reply envelope as it came, or the typed error that
+#: stands for it (a timeout, the links closing).
+RawReplyFn = Callable[[Envelope | SubagentsError], None]
+
+
 @dataclass(slots=True)
 class _Waiting:
     request: Request
     target: str
-    reply: ReplyFn
+    reply: Callable[[Any], None]
     deadline: float
+    #: hand over the reply envelope itself (a relay passes the body on unparsed)
+    raw: bool = False
 
 
 class OwnerLinks:
@@ -101,6 +109,24 @@ class OwnerLinks:
         """Put `request` on the wire to `target`; its outcome reaches `reply` later (from
         `receive` or `expire`, after `timeout_s`, default the links' own). Raises Busy when
         the peer's queue is full (nothing sent)."""
+        self._send(request, target, reply, timeout_s, raw=False)
+
+    def send_raw(
+        self, request: Request, target: str, deliver: RawReplyFn, timeout_s: float | None = None
+    ) -> None:
+        """`send`, but the reply reaches `deliver` as the owner's envelope, unparsed: for a
+        relay that passes the result on to its own caller (the result is validated by
+        whoever reads it, once)."""
+        self._send(request, target, deliver, timeout_s, raw=True)
+
+    def _send(
+        self,
+        request: Request,
+        target: str,
+        reply: Callable[[Any], None],
+        timeout_s: float | None,
+        raw: bool,
+    ) -> None:
         target = target or request.target
         endpoint = self._endpoint_of(target)
         sock = self._socket(endpoint)
@@ -116,7 +142,7 @@ class OwnerLinks:
                 target=target,
             ) from None
         deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
-        self._waiting[env.id] = _Waiting(request, target, reply, deadline)
+        self._waiting[env.id] = _Waiting(request, target, reply, deadline, raw)
         heapq.heappush(self._deadlines, (deadline, env.id))
 
     def receive(self, sock: zmq.Socket[bytes]) -> int:
@@ -139,6 +165,9 @@ class OwnerLinks:
         waiting = self._waiting.pop(env.corr or "", None)
         if waiting is None:
             return  # its request expired: the caller has its answer already
+        if waiting.raw:
+            waiting.reply(env)
+            return
         try:
             if env.type == ERROR:
                 outcome: object = SubagentsError.from_wire(env.body)
@@ -146,7 +175,7 @@ class OwnerLinks:
                 outcome = parse_result(waiting.request, env.body)
         except SubagentsError as err:
             outcome = err
-        waiting.reply(outcome)  # type: ignore[arg-type]
+        waiting.reply(outcome)
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest request expires (None: nothing waits)."""

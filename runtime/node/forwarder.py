@@ -28,7 +28,8 @@ import zmq
 from subagents_node.actors.links import OwnerLinks, RemoteKeys
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.messages.base import Request
-from subagents_node.messages.errors import MembershipRefused, OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import SubagentsError
+from subagents_node.node.relay import HomeState, home_refusal
 
 
 class Forwarder:
@@ -40,12 +41,12 @@ class Forwarder:
         remote: frozenset[str] = frozenset(),
         remote_keys: RemoteKeys | None = None,
         remote_timeout_s: float = 5.0,
+        home_state: HomeState = lambda: ("joined", ""),
     ) -> None:
         #: Targets served by the home node (a worker's ledgers), and the home link's state
-        #: (joined, unreachable, fenced) with its reason: written by the home link's thread,
-        #: read here (one tuple, replaced whole: no lock needed).
+        #: (joined, unreachable, fenced) with its reason.
         self.remote = remote
-        self.home_state: tuple[str, str] = ("joined", "")
+        self._home_state = home_state
         self._remote_timeout_s = remote_timeout_s
         self._queue: collections.deque[tuple[Request, str, ReplyFn]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -75,19 +76,9 @@ class Forwarder:
         os.close(self._wake_w)
 
     def _send_home(self, request: Request, target: str, reply: ReplyFn) -> None:
-        state, reason = self.home_state
-        if state == "fenced":
-            raise MembershipRefused(
-                f"{request.type} was not sent: {reason}", name="", reason="fenced"
-            )
-        if state != "joined":
-            raise OwnerUnavailable(
-                f"{target} lives on the home node, which this worker cannot reach now; "
-                f"{request.type} was not sent (nothing was applied; retry once it is back)",
-                owner=target,
-                state="unreachable",
-                reason="home_unreachable",
-            )
+        refusal = home_refusal(self._home_state(), request, target)
+        if refusal is not None:
+            raise refusal
         self._links.send(request, target, reply, self._remote_timeout_s)
 
     def _watch(self, sock: zmq.Socket[bytes]) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
+from subagents_node.actors.links import RawReplyFn
 from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
@@ -38,6 +39,7 @@ from subagents_node.messages.members import PEER_ONLY_TYPES
 from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
+from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,12 @@ class Gateway:
         hwm: int = 10_000,
         curve: CurveGuard | None = None,
         admit: Admit | None = None,
+        relay: Relay | None = None,
     ) -> None:
         self._zctx = zctx
         self._admit = admit
+        #: Owners this thread sends to itself (no hand-off to the forwarder's thread).
+        self._relay = relay
         self.endpoints = list(endpoints)
         self._dispatcher = dispatcher
         self._node_id = node_id
@@ -172,9 +177,13 @@ class Gateway:
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        links = self._relay.links if self._relay is not None else None
+        if links is not None:
+            links.watch_with(lambda sock: poller.register(sock, zmq.POLLIN))
         try:
             while not self._stopping:
-                events = dict(poller.poll())
+                wait = links.next_deadline() if links is not None else None
+                events = dict(poller.poll(None if wait is None else int(wait * 1000) + 1))
                 if self._wake_r in events:
                     self._drain_wake()
                 if zap is not None and events.get(zap) and self.curve is not None:
@@ -182,8 +191,15 @@ class Gateway:
                 for via, sock in enumerate(socks):
                     if events.get(sock):
                         self._receive(socks, via)
+                if links is not None:
+                    for sock in links.sockets:
+                        if events.get(sock):
+                            links.receive(sock)
+                    links.expire()
                 self._send(socks)
         finally:
+            if self._relay is not None:
+                self._relay.close()  # what still waits is answered (OwnerUnavailable)
             self._send(socks)
             # A short linger: the last replies (a shim's acknowledgement, which it would
             # otherwise resend to a node that is gone) reach their peers before the close.
@@ -250,6 +266,11 @@ class Gateway:
                 log.debug("gateway: %s from principal %s", env.type, principal)
                 if self._admit is not None:
                     request = self._admit(request, principal)
+            owner = request.target or env.target
+            relay = self._relay
+            if relay is not None and env.target in ("", owner) and relay.serves(owner):
+                relay.send(request, owner, self._relayed(identity, env, via))
+                return
             self._dispatcher.dispatch(
                 request, env.target, self.reply_to(identity, env, via), principal or None
             )
@@ -260,6 +281,19 @@ class Gateway:
             log.exception("gateway: unexpected failure on a frame")
             corr = env.id if env else None
             self._refuse(identity, corr, MalformedFrame(repr(exc)), env, via, principal)
+
+    def _relayed(self, identity: bytes, request: Envelope, via: int) -> RawReplyFn:
+        """The relay's reply to `request`: the owner's reply body passed on as it came (or the
+        typed error standing for it), from this thread: no wake-up needed."""
+
+        def deliver(answer: Envelope | SubagentsError) -> None:
+            if isinstance(answer, SubagentsError):
+                frame = encode_answer(request, answer, self._node_id)
+            else:
+                frame = encode(request.reply(answer.type, answer.body, self._node_id))
+            self._outbound.append((via, identity, frame))
+
+        return deliver
 
     def _refuse(
         self,

@@ -95,6 +95,7 @@ from subagents_node.node.members import DB_NAME as MEMBERS_DB
 from subagents_node.node.members import Members, forgotten, slots_merged
 from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
 from subagents_node.node.ownersup import OwnerSupervisor
+from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class Node:
         self._home_keys: RemoteKeys | None = None
         self._runs_transport: ZmqTransport | None = None
         self._members_lock = threading.Lock()
+        self._home_link_state: tuple[str, str] = ("joined", "")
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
@@ -260,8 +262,9 @@ class Node:
             raise
 
     def _home_state(self, state: str, reason: str) -> None:
-        if self._forwarder is not None:
-            self._forwarder.home_state = (state, reason)
+        """The home link's thread says how the home is; the forwarder and the gateway's relay
+        read it (one tuple, replaced whole: no lock needed)."""
+        self._home_link_state = (state, reason)
 
     def _worker_counts(self) -> tuple[int, int]:
         """What this worker runs: active runs and their running children (for the home)."""
@@ -349,6 +352,7 @@ class Node:
             remote=self.remote_owners,
             remote_keys=self._home_keys,
             remote_timeout_s=self.options.remote_timeout_s,
+            home_state=lambda: self._home_link_state,
         )
         for name in [spec.name for spec in specs] + sorted(self.remote_owners):
             self.dispatcher.register(name, self._forwarder.submit)
@@ -371,6 +375,16 @@ class Node:
             self.options.max_frame,
             curve=self._curve,
             admit=self._admit,
+            relay=Relay(
+                self._zctx,
+                self.node_id,
+                self._route,
+                targets=frozenset(spec.name for spec in specs),
+                remote=self.remote_owners,
+                remote_keys=self._home_keys,
+                remote_timeout_s=self.options.remote_timeout_s,
+                home_state=lambda: self._home_link_state,
+            ),
         )
         try:
             self._gateway.start()
