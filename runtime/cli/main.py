@@ -221,20 +221,15 @@ def _kill_points(faults: bool) -> dict[str, list[str]]:
 @user_errors
 def start(
     obj: Ctx,
+    /,
     detach: bool,
     listen: tuple[str, ...],
     mailbox_limit: int,
-    home: bool,
-    join: str | None,
-    home_key: str | None,
-    name: str | None,
-    client_key: str | None,
-    heartbeat_s: float,
-    heartbeat_timeout_s: float,
     faults: bool,
     ready_fd: int | None,
     log_to_file: bool,
     verbose: bool,
+    **fleet_flags: Any,
 ) -> None:
     """Start a node serving the state dir (foreground unless --detach).
 
@@ -255,9 +250,7 @@ def start(
         config = load_config()
         for endpoint in listen:
             check_endpoint(endpoint)
-        fleet = _fleet_options(
-            home, join, home_key, name, client_key, heartbeat_s, heartbeat_timeout_s
-        )
+        fleet = _fleet_options(**fleet_flags)
     except SubagentsError as err:
         daemon.signal_ready(ready_fd, f"error: {err.message}")
         raise
@@ -274,6 +267,7 @@ def start(
 
 
 def _fleet_options(
+    *,
     home: bool,
     join: str | None,
     home_key: str | None,

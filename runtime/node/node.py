@@ -161,6 +161,7 @@ class Node:
         self._runs_transport: ZmqTransport | None = None
         self._members_lock = threading.Lock()
         self._home_link_state: tuple[str, str] = ("joined", "")
+        self._routes: dict[str, str] = {}
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
@@ -403,9 +404,18 @@ class Node:
             self._home_link.start()
 
     def _route(self, target: str) -> str:
-        if target in self.remote_owners:
-            return self.options.join
-        return self._owner_endpoint(target) if target in OWNER_SOCKETS else self.address
+        """Where the links send a request for `target` (asked once per request: no paths
+        built on the way)."""
+        endpoint = self._routes.get(target)
+        if endpoint is None:
+            if target in self.remote_owners:
+                endpoint = self.options.join
+            elif target in OWNER_SOCKETS:
+                endpoint = self._owner_endpoint(target)
+            else:
+                endpoint = self.address
+            self._routes[target] = endpoint
+        return endpoint
 
     def _retire_v1_state(self) -> None:
         """Once every owner imported its tables from a version-1 `state.db`, keep the old
