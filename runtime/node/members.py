@@ -74,6 +74,12 @@ class Members:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
         self._beats: dict[str, _Beat] = {}
+        #: name -> 'member' | 'forgotten', mirrored from the table (this class is its only
+        #: writer): the gateway asks about every tcp request, so without a query each time.
+        self._states: dict[str, str] = {
+            str(name): str(state)
+            for name, state in self._db.execute("SELECT name, state FROM members")
+        }
 
     def close(self) -> None:
         self._db.close()
@@ -82,12 +88,10 @@ class Members:
 
     def fenced(self, principal: str) -> bool:
         """Whether `principal` is a worker the operator forgot (refused until it joins)."""
-        row = self._row(principal)
-        return row is not None and row["state"] == "forgotten"
+        return self._states.get(principal) == "forgotten"
 
     def is_member(self, principal: str) -> bool:
-        row = self._row(principal)
-        return row is not None and row["state"] == "member"
+        return self._states.get(principal) == "member"
 
     # -- join, heartbeat -----------------------------------------------------------------------
 
@@ -116,6 +120,7 @@ class Members:
             "joined_at=excluded.joined_at, forgotten_at=NULL, forget_reason=''",
             (request.name, generation, request.instance, now),
         )
+        self._states[request.name] = "member"
         self._beats[request.name] = _Beat(now, time.monotonic())
         return self._membership(request.name, generation)
 
@@ -165,6 +170,7 @@ class Members:
             "forget_reason=? WHERE name=?",
             (generation, now, request.reason, request.name),
         )
+        self._states[request.name] = "forgotten"
         self._beats.pop(request.name, None)
         return generation, now
 
