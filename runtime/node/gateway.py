@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 _RECV_BATCH = 256
 #: How long a stopping gateway may spend delivering replies already sent.
 _CLOSE_LINGER_MS = 500
-#: Served to authenticated tcp peers only (they name the peer that sends them).
-_PEER_ONLY = PEER_ONLY_TYPES
-
 #: A tcp request and its peer's principal -> the request to dispatch (raise to refuse it).
 Admit = Callable[[Request, str], Request]
 
@@ -255,7 +252,7 @@ class Gateway:
                 raise BadRequest(
                     f"{env.type} is served on the node's ipc socket only", reason="local_only"
                 )
-            if not via and env.type in _PEER_ONLY:
+            if not via and env.type in PEER_ONLY_TYPES:  # they name the tcp peer that sends them
                 raise BadRequest(
                     f"{env.type} is served to authenticated tcp peers only (a worker joins "
                     "over tcp with its CURVE key)",

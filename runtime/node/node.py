@@ -206,10 +206,6 @@ class Node:
     # -- multi-host -----------------------------------------------------------------------------
 
     @property
-    def role(self) -> str:
-        return "home" if self.options.home else "worker" if self.options.join else "single"
-
-    @property
     def remote_owners(self) -> frozenset[str]:
         """The owners this node forwards to its home (a worker's ledgers), else none."""
         return REMOTE_OWNERS if self.options.join else frozenset()
