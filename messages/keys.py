@@ -11,12 +11,12 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.domains import HostName
 
 NODE = "node"
 LOCAL_ONLY_PREFIX = "node.keys."
 #: z85 text of a 32-byte CURVE key
 _KEY = Field(min_length=40, max_length=40, pattern=r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]+$")
-_NAME = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 
 
 class AllowedKeys(Message):
@@ -39,7 +39,7 @@ class KeysAllow(Request):
     type: Literal["node.keys.allow"] = "node.keys.allow"
     target: ClassVar[str] = NODE
     Result: ClassVar[ResultType] = AllowedKeys
-    name: str = _NAME
+    name: HostName
     public_key: str = _KEY
 
 

@@ -14,16 +14,14 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, StringConstraints
 
 from subagents_node.messages.base import Message, Request, ResultType
-from subagents_node.messages.domains import Count, Generation, Timestamp, Token
+from subagents_node.messages.domains import Count, Generation, HostName, Timestamp, Token
 
 NODE = "node"
 #: Types that name the tcp peer that sent them: refused on ipc.
 PEER_ONLY_TYPES = ("node.members.join", "node.members.heartbeat")
 
 #: A worker's name: the name its key has on the home's allow-list (as `keys allow --name`).
-MemberName = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
-]
+MemberName = HostName
 #: What a member is, as the home sees it: heartbeating, silent past the timeout, or forgotten.
 MemberState = Literal["up", "unreachable", "lost"]
 

@@ -15,6 +15,7 @@ It never decides admissions itself and never writes a ledger; it talks to the ho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: How long a worker waits for its home to answer the join at start.
 JOIN_TIMEOUT_S = 10.0
+#: How often the counts a heartbeat carries are asked of the run supervisor again: a listing
+#: of every active run is far more work than a beat, and `nodes` needs no fresher figure.
+COUNTS_EVERY_S = 5.0
 
 
 class HomeLink:
@@ -55,6 +59,7 @@ class HomeLink:
         self.state = "joining"  # joined | unreachable | fenced
         self.reason = ""
         self.last_ok: float | None = None
+        self._counted: tuple[float, tuple[int, int]] = (float("-inf"), (0, 0))
 
     def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> Membership:
         """Join the home (raises its typed refusal, or a NodeError when it cannot be reached)."""
@@ -97,10 +102,7 @@ class HomeLink:
                 return
 
     def _beat(self, member: Membership) -> None:
-        try:
-            runs, children = self._counts()
-        except SubagentsError:
-            runs, children = 0, 0
+        runs, children = self._current_counts()
         request = MemberHeartbeat(
             name=self.name,
             instance=self.instance,
@@ -124,6 +126,15 @@ class HomeLink:
             self.membership = answer
         self.last_ok = time.time()
         self._set("joined", "")
+
+    def _current_counts(self) -> tuple[int, int]:
+        at, counts = self._counted
+        now = time.monotonic()
+        if now - at >= COUNTS_EVERY_S:
+            with contextlib.suppress(SubagentsError):  # restarting: the last counts stand
+                counts = self._counts()
+            self._counted = (now, counts)
+        return counts
 
     def _set(self, state: str, reason: str) -> None:
         if state != self.state:

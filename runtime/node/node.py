@@ -9,7 +9,7 @@ opens an owner's database. Runs in the foreground (`start`), detached (`start --
 runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
 
 Multi-host (DESIGN §1): a home node (`home`) also listens on tcp beyond loopback, keeps its
-workers' membership (runtime/node/members.py) and fences a forgotten worker at its gateway; a
+workers' membership and fences a forgotten worker at its gateway (runtime/node/home.py); a
 worker node (`join`) runs only the run supervisor and its shims, joins the home
 (runtime/node/homelink.py) and serves the ledger owners' sockets itself, forwarding every
 request for them to the home over CURVE, failing closed while the home is unreachable.
@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ import zmq
 
 from subagents_node.actors.child import cgroup
 from subagents_node.actors.links import RemoteKeys
-from subagents_node.actors.outcomes import ReplyFn, store_full
+from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
 from subagents_node.client.keys import check_name, client_credentials
@@ -52,8 +52,7 @@ from subagents_node.client.paths import (
     resolve_state_dir,
 )
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.base import Ack, Message, Request
-from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
+from subagents_node.messages.base import Ack, Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.constants import version
 from subagents_node.messages.errors import (
@@ -68,12 +67,6 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
 from subagents_node.messages.members import REQUESTS as MEMBER_REQUESTS
-from subagents_node.messages.members import (
-    MemberForget,
-    MemberHeartbeat,
-    MemberJoin,
-    MemberList,
-)
 from subagents_node.messages.node import (
     ClusterStatus,
     ContainmentStatus,
@@ -89,10 +82,9 @@ from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
+from subagents_node.node.home import HomeService
 from subagents_node.node.homelink import HomeLink
 from subagents_node.node.inprocess import InProcessTransport
-from subagents_node.node.members import DB_NAME as MEMBERS_DB
-from subagents_node.node.members import Members, forgotten, slots_merged
 from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
 from subagents_node.node.ownersup import OwnerSupervisor
 from subagents_node.node.relay import Relay
@@ -155,11 +147,10 @@ class Node:
         self._forwarder: Forwarder | None = None
         self._gateway: Gateway | None = None
         self._curve: CurveGuard | None = None
-        self._members: Members | None = None
+        self._home: HomeService | None = None
         self._home_link: HomeLink | None = None
         self._home_keys: RemoteKeys | None = None
         self._runs_transport: ZmqTransport | None = None
-        self._members_lock = threading.Lock()
         self._home_link_state: tuple[str, str] = ("joined", "")
         self._routes: dict[str, str] = {}
         self._clients: list[Client] = []
@@ -274,21 +265,6 @@ class Node:
         children = sum(1 for run in runs for child in run.children if child.state == "running")
         return len(runs), children
 
-    def _admit(self, request: Request, principal: str) -> Request:
-        """The gateway's check of a tcp request (gateway thread): a home refuses a forgotten
-        worker everything but a new join, and stamps a worker's name as the `host` of what
-        it asks the ledgers (so a worker can neither hide nor spoof where a slot is held)."""
-        members = self._members
-        if members is None or isinstance(request, MemberJoin):
-            return request
-        with self._members_lock:
-            if members.fenced(principal):
-                raise members.fenced_error(principal)
-            member = members.is_member(principal)
-        if "host" in type(request).model_fields:
-            request = request.model_copy(update={"host": principal if member else ""})
-        return request
-
     def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
         peers = {name: self._owner_endpoint(name) for name in OWNER_SOCKETS}
         peers["node"] = node_address
@@ -358,11 +334,13 @@ class Node:
         # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
         self._curve = CurveGuard(self.state_dir)
         if self.options.home:
-            self._members = Members(
+            self._home = HomeService(
                 self.state_dir,
                 self.node_id,
                 self.options.heartbeat_s,
                 self.options.heartbeat_timeout_s,
+                self._forwarder.submit,
+                self._tcp_endpoints,
             )
         self._gateway = Gateway(
             self._zctx,
@@ -371,7 +349,7 @@ class Node:
             self.node_id,
             self.options.max_frame,
             curve=self._curve,
-            admit=self._admit,
+            admit=self._home.admit if self._home is not None else None,
             relay=Relay(
                 self._zctx,
                 self.node_id,
@@ -441,7 +419,7 @@ class Node:
             "node": {"endpoint": self.address, "pid": os.getpid(), "node_id": self.node_id},
             "owners": owners_book,
         }
-        if self._members is not None and self._curve is not None:
+        if self._home is not None and self._curve is not None:
             # What a worker needs: where the home's owners answer over tcp, and its key.
             book["home"] = {"tcp": self._tcp_endpoints(), "public_key": self._curve.server.public}
         tmp = self.state_dir / (ADDRESS_BOOK_NAME + ".tmp")
@@ -471,8 +449,8 @@ class Node:
             self._owners.stop()
         if self._forwarder is not None:
             self._forwarder.stop()
-        if self._members is not None:
-            self._members.close()
+        if self._home is not None:
+            self._home.close()
         if self._zctx is not None:
             self._zctx.term()
         if self.containment.mode == "cgroup":  # kept while a child's cgroup is in it
@@ -549,18 +527,19 @@ class Node:
     # -- the node's own protocol --------------------------------------------------------------
 
     def _serve_node(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
-        if isinstance(request, MEMBER_REQUESTS):
-            try:
-                with self._members_lock:  # the gateway thread, or an in-process caller
-                    self._serve_members(request, principal, reply)
-            except SubagentsError as err:
-                reply(err)
-            except Exception as exc:  # members.db failed under us: a full disk, a bad file
-                log.exception("members: %s failed", request.type)
-                path = str(self.state_dir / MEMBERS_DB)
-                reply(store_full(exc, "node") or StoreError(f"{path}: {exc}", path=path))
-            return
-        reply(self._answer(request))
+        if not isinstance(request, MEMBER_REQUESTS):
+            reply(self._answer(request))
+        elif self._home is not None:
+            self._home.serve(request, principal, reply)
+        else:
+            reply(
+                MembershipRefused(
+                    f"this node is not a home ({request.type}); start one with "
+                    "`subagents-node start --home --listen tcp://HOST:PORT`",
+                    name="",
+                    reason="not_home",
+                )
+            )
 
     def _answer(self, request: Request) -> Outcome:
         uptime = time.time() - self.started_at if self.started_at else 0.0
@@ -589,7 +568,7 @@ class Node:
     def _cluster_status(self) -> ClusterStatus | None:
         if self._home_link is not None:
             return self._home_link.status()
-        if self._members is not None and self._curve is not None:
+        if self._home is not None and self._curve is not None:
             return ClusterStatus(
                 role="home",
                 name="home",
@@ -601,51 +580,6 @@ class Node:
 
     def _tcp_endpoints(self) -> list[str]:
         return [e for e in self.endpoints if e.startswith("tcp://")]
-
-    def _serve_members(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
-        """node.members.*: a home's membership (gateway thread); forget and the listing's
-        slot counts ask the capacity owner, and are answered when it has."""
-        members = self._members
-        if members is None:
-            raise MembershipRefused(
-                f"this node is not a home ({request.type}); start one with `subagents-node "
-                "start --home --listen tcp://HOST:PORT`",
-                name="",
-                reason="not_home",
-            )
-        if isinstance(request, MemberJoin | MemberHeartbeat):
-            if principal is None:  # the gateway lets these in on tcp only
-                raise BadRequest(f"{request.type} names a tcp peer", reason="peer_only")
-            if isinstance(request, MemberJoin):
-                reply(members.join(request, principal))
-            else:
-                reply(members.heartbeat(request, principal))
-        elif isinstance(request, MemberList):
-            listing = members.listing(",".join(self._tcp_endpoints()))
-            # Without the capacity owner's answer the listing still goes out (slots unknown).
-            assert self._forwarder is not None
-            self._forwarder.submit(
-                HostSlots(), CAPACITY, lambda held: reply(slots_merged(listing, held))
-            )
-        elif isinstance(request, MemberForget):
-            generation, at = members.forget(request)
-            release = ReleaseHost(
-                host=request.name, reason=request.reason, operator="subagents-node nodes forget"
-            )
-            self._ask_capacity(
-                release, reply, lambda done: forgotten(request.name, generation, at, done)
-            )
-
-    def _ask_capacity(
-        self, request: Request, reply: ReplyFn, answer: Callable[[Message], Outcome]
-    ) -> None:
-        """Send `request` to the capacity owner; reply with `answer(result)`, or its error."""
-        assert self._forwarder is not None
-
-        def answered(outcome: Outcome) -> None:
-            reply(outcome if isinstance(outcome, SubagentsError) else answer(outcome))
-
-        self._forwarder.submit(request, CAPACITY, answered)
 
     # -- the pid file: which process serves this state dir ------------------------------------
 

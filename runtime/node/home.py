@@ -1,0 +1,114 @@
+"""HomeService: what a home node serves and checks for its workers (DESIGN §1 "Multi-host").
+
+Owns the home's Members (runtime/node/members.py) and the lock that serialises them: the
+gateway's thread calls `admit` on every tcp request and `serve` for `node.members.*`, and an
+embedded home's in-process client may call `serve` from its own thread. `admit` refuses a
+forgotten worker everything but a new join and stamps a worker's name as the `host` of what it
+asks the ledgers. `serve` answers joins, heartbeats, the listing (with each node's slots, asked
+of the capacity owner) and forget (whose slot release it asks of the capacity owner).
+
+It never writes a ledger itself; it asks the capacity owner through `submit`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
+from subagents_node.messages.errors import BadRequest, StoreError, SubagentsError
+from subagents_node.messages.members import (
+    MemberForget,
+    MemberHeartbeat,
+    MemberJoin,
+    MemberList,
+)
+from subagents_node.node.members import DB_NAME, Members, forgotten, slots_merged
+
+log = logging.getLogger(__name__)
+
+#: Hands a request to an owner (the forwarder's `submit`): (request, target, reply).
+Submit = Callable[[Request, str, ReplyFn], None]
+
+
+class HomeService:
+    def __init__(
+        self,
+        state_dir: Path,
+        home_node_id: str,
+        heartbeat_s: float,
+        timeout_s: float,
+        submit: Submit,
+        tcp_endpoints: Callable[[], list[str]],
+    ) -> None:
+        self._path = str(state_dir / DB_NAME)
+        self._members = Members(state_dir, home_node_id, heartbeat_s, timeout_s)
+        self._lock = threading.Lock()
+        self._submit = submit
+        self._tcp_endpoints = tcp_endpoints
+
+    def close(self) -> None:
+        self._members.close()
+
+    def admit(self, request: Request, principal: str) -> Request:
+        """The gateway's check of a tcp request: a forgotten worker is refused (but may join
+        again), and a worker's name is the `host` of what it asks (it can neither hide nor
+        spoof where a slot is held)."""
+        if isinstance(request, MemberJoin):
+            return request
+        with self._lock:
+            if self._members.fenced(principal):
+                raise self._members.fenced_error(principal)
+            member = self._members.is_member(principal)
+        if "host" in type(request).model_fields:
+            request = request.model_copy(update={"host": principal if member else ""})
+        return request
+
+    def serve(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
+        """node.members.*, answered through `reply` (at once, or once capacity answered)."""
+        try:
+            with self._lock:
+                self._serve(request, principal, reply)
+        except SubagentsError as err:
+            reply(err)
+        except Exception as exc:  # members.db failed under us: a full disk, a bad file
+            log.exception("members: %s failed", request.type)
+            reply(store_full(exc, "node") or StoreError(f"{self._path}: {exc}", path=self._path))
+
+    def _serve(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
+        members = self._members
+        if isinstance(request, MemberJoin | MemberHeartbeat):
+            if principal is None:  # the gateway lets these in on tcp only
+                raise BadRequest(f"{request.type} names a tcp peer", reason="peer_only")
+            if isinstance(request, MemberJoin):
+                reply(members.join(request, principal))
+            else:
+                reply(members.heartbeat(request, principal))
+        elif isinstance(request, MemberList):
+            listing = members.listing(",".join(self._tcp_endpoints()))
+            # Without the capacity owner's answer the listing still goes out (slots unknown).
+            self._submit(HostSlots(), CAPACITY, lambda held: reply(slots_merged(listing, held)))
+        elif isinstance(request, MemberForget):
+            generation, at = members.forget(request)
+            release = ReleaseHost(
+                host=request.name, reason=request.reason, operator="subagents-node nodes forget"
+            )
+            self._ask_capacity(
+                release, reply, lambda done: forgotten(request.name, generation, at, done)
+            )
+        else:
+            raise BadRequest(f"the home does not serve {request.type}", reason="wrong_target")
+
+    def _ask_capacity(
+        self, request: Request, reply: ReplyFn, answer: Callable[[Message], Outcome]
+    ) -> None:
+        """Send `request` to the capacity owner; reply with `answer(result)`, or its error."""
+
+        def answered(outcome: Outcome) -> None:
+            reply(outcome if isinstance(outcome, SubagentsError) else answer(outcome))
+
+        self._submit(request, CAPACITY, answered)
