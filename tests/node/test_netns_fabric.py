@@ -15,12 +15,14 @@ prints, with a deadline; no test sleeps.
 from __future__ import annotations
 
 import errno
+import os
 import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -258,13 +260,19 @@ def test_the_skip_reason_says_why_namespaces_are_unavailable(
     skip_unless_netns()
     if shutil.which("setpriv") is None:
         pytest.skip("no setpriv (util-linux) to drop root or a capability with")
-    probe = "from tests.support.netns import unavailable_reason; print(unavailable_reason())"
-    done = subprocess.run(
-        ["setpriv", *setpriv, sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        cwd=REPO,
-    )
+    # The module alone (standard library only), in a directory anyone may read: the checkout
+    # may sit under a 0700 directory (`mktemp -d`) that the dropped user cannot enter.
+    with tempfile.TemporaryDirectory(prefix="sa-probe-") as where:
+        os.chmod(where, 0o755)
+        shutil.copy(REPO / "tests" / "support" / "netns.py", Path(where) / "netns.py")
+        os.chmod(Path(where) / "netns.py", 0o644)
+        probe = "from netns import unavailable_reason; print(unavailable_reason())"
+        done = subprocess.run(
+            ["setpriv", *setpriv, sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=where,
+        )
     assert done.returncode == 0, done.stderr
     assert reason in done.stdout, done.stdout
