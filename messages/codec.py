@@ -21,22 +21,22 @@ from subagents_node.messages.errors import (
 
 MAX_FRAME_BYTES = 1 << 20
 
-_HEADER_STR = ("type", "id", "sender", "target")
+_HEADER_STR = ("type", "id", "sender", "target", "host")
 
 
 def encode(env: Envelope) -> bytes:
-    frame: bytes = msgpack.packb(
-        {
-            "v": env.v,
-            "id": env.id,
-            "corr": env.corr,
-            "sender": env.sender,
-            "target": env.target,
-            "type": env.type,
-            "body": env.body,
-        },
-        use_bin_type=True,
-    )
+    header: dict[str, Any] = {
+        "v": env.v,
+        "id": env.id,
+        "corr": env.corr,
+        "sender": env.sender,
+        "target": env.target,
+        "type": env.type,
+        "body": env.body,
+    }
+    if env.host:  # absent unless set: a single node's frames stay as they were
+        header["host"] = env.host
+    frame: bytes = msgpack.packb(header, use_bin_type=True)
     return frame
 
 
@@ -133,6 +133,7 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
         id=raw["id"],
         corr=corr,
         sender=raw.get("sender", ""),
+        host=raw.get("host", ""),
         v=version,
     )
 

@@ -1,8 +1,9 @@
 """The envelope: the one frame shape every message travels in.
 
-Owns the header fields (protocol version, message id, correlation id, sender, target, type) and
-nothing about bodies. Header checks are hand-written because they run on every frame; body
-validation is pydantic's job (messages.protocol).
+Owns the header fields (protocol version, message id, correlation id, sender, target, type,
+and the host a home node carries a request on to) and nothing about bodies. Header checks are
+hand-written because they run on every frame; body validation is pydantic's job
+(messages.protocol).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Envelope:
     id: str = field(default_factory=new_message_id)
     corr: str | None = None
     sender: str = ""
+    #: Multi-host: the worker node a home's local client addresses (its name); "" is the node
+    #: the frame reached. Only a home serves it, and only to its ipc clients.
+    host: str = ""
     v: int = PROTOCOL_VERSION
 
     def reply(self, type_: str, body: dict[str, Any], sender: str = "") -> Envelope:

@@ -17,6 +17,8 @@ from subagents_node.messages.base import Message, Request, ResultType
 from subagents_node.messages.domains import Count, Generation, HostName, Timestamp, Token
 
 NODE = "node"
+#: The name a home node goes by among its members (`nodes`, `run --on home`, Envelope.host).
+HOME_NAME = "home"
 #: Types that name the tcp peer that sent them: refused on ipc.
 PEER_ONLY_TYPES = ("node.members.join", "node.members.heartbeat")
 

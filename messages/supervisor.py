@@ -185,6 +185,10 @@ class RunView(Message):
     #: Messages children sent to this run (R-ICB), oldest first.
     intercom: list[IntercomMessage] = Field(default_factory=list)
     children: list[ChildView]
+    #: Multi-host: the node the run and its children are on, as its home names it (`home`, or
+    #: a worker's name). Set by the client that gathered views of several hosts
+    #: (`client.hosts`); "" in the answer of one node.
+    host: str = ""
 
 
 class LaunchResult(Message):

@@ -68,6 +68,7 @@ def render(
         capacity_line,
         "Run lifecycle debug",
         f"run: {run.run_id}",
+        *([f"host: {run.host}"] if run.host else []),
         f"dir: {run.run_dir}",
         f"status: store (runs table); summary file {run.run_dir}/summary.json",
         f"events file: {run.run_dir}/events.jsonl",
@@ -117,6 +118,7 @@ def details(
     owner = inspection.owner
     return {
         "run_id": run.run_id,
+        "host": run.host,
         "session_id": run.session_id,
         "state": run.state,
         "mode": run.mode,
@@ -173,7 +175,9 @@ class DebugReport:
 
 
 def debug_run(client: Client, run_id: str, capacity_limit: int) -> DebugReport:
-    run = client.runs.show(run_id)  # exact id or unique prefix (R-DBG-2)
+    # Exact id or unique prefix (R-DBG-2); on a home node, on whichever host the run is (the
+    # ledgers asked below are the home's whatever host holds the run).
+    _, run = client.hosts.find(run_id)
     inspection = client.capacity.inspect(run.run_id, run.session_id)
     spawn = client.session.spawn_snapshot(run.session_id)
     snap = client.capacity.snapshot(run.session_id, limit=capacity_limit)

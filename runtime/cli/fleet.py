@@ -4,6 +4,7 @@ Owns the view's state (the runs it has seen, by id) and its rendering. A backgro
 long-polls `runs.watch_all`: the node answers as soon as any run has an event, so the view
 updates from events, never by re-reading state files. A one-second tick only advances clocks
 (elapsed, time to deadline) and re-reads the last line of running children's logs. `q` quits.
+On a home node there is one such thread per host that is up, and each run says its host.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from subagents_node.cli.common import lineage
 from subagents_node.cli.tables import state_label
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.runs import output_tail
 from subagents_node.messages.supervisor import RunView
 
@@ -33,21 +35,33 @@ ACTIVE = ("queued", "running", "paused")
 
 
 class FleetState:
-    """The runs the view knows, updated from fleet events."""
+    """The runs the view knows, updated from fleet events (of each host, on a home node)."""
 
     def __init__(self) -> None:
         self.runs: dict[str, RunView] = {}
-        self.last_seq = 0
-        self.error = ""
-        self._lock = threading.Lock()  # the poller thread writes, the render thread reads
+        #: The last event seen, per host ("" on a node that is no home): each node counts its own.
+        self.last_seq: dict[str, int] = {}
+        self.errors: dict[str, str] = {}
+        self._lock = threading.Lock()  # the poller threads write, the render thread reads
         self.changed = threading.Event()
 
-    def apply(self, runs: list[RunView], last_seq: int) -> None:
+    def apply(self, runs: list[RunView], last_seq: int, host: str = "") -> None:
         with self._lock:
             for run in runs:
-                self.runs[run.run_id] = run
-            self.last_seq = max(self.last_seq, last_seq)
+                self.runs[run.run_id] = run.model_copy(update={"host": host}) if host else run
+            self.last_seq[host] = max(self.last_seq.get(host, 0), last_seq)
+            self.errors.pop(host, None)
         self.changed.set()
+
+    def fail(self, host: str, message: str) -> None:
+        with self._lock:
+            self.errors[host] = message
+        self.changed.set()
+
+    @property
+    def error(self) -> str:
+        with self._lock:
+            return "; ".join(f"{h}: {e}" if h else e for h, e in sorted(self.errors.items()))
 
     def snapshot(self) -> list[RunView]:
         with self._lock:
@@ -73,6 +87,9 @@ def gauge(used: int | None, limit: int | None, width: int = 10) -> str:
 
 def render(runs: list[RunView], now: float, error: str = "") -> Group:
     table = Table(title="subagents fleet  (q quits)", expand=True)
+    hosts = any(run.host for run in runs)  # a home's view of several hosts
+    if hosts:
+        table.add_column("host", no_wrap=True, overflow="ellipsis")
     table.add_column("session", no_wrap=True, overflow="ellipsis")
     table.add_column("run", no_wrap=True, min_width=12)  # an id is never cut
     for column in (
@@ -96,6 +113,7 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
         running = [c for c in run.children if c.state == "running"]
         output = last_line(running[-1].stdout_path) if running else ""
         table.add_row(
+            *((run.host,) if hosts else ()),
             run.session_id,
             run.run_id,
             state_label(run),
@@ -113,21 +131,31 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
     return Group(*parts)
 
 
-def poll(address: str, state: FleetState, stop: threading.Event) -> None:
-    """Follow node events until `stop`; each answer comes as soon as any run changes.
+def open_client(address: str, host: str) -> Client:
+    """A client for `host` of the home at `address` (the node itself for "" and `home`)."""
+    base = connect(address)
+    if not host or host == HOME_NAME:
+        return base
+    try:
+        return base.on(host)
+    finally:
+        base.close()
+
+
+def poll(address: str, host: str, state: FleetState, stop: threading.Event) -> None:
+    """Follow one host's events until `stop`; each answer comes as soon as any run changes.
 
     The thread owns its client (ZeroMQ sockets belong to one thread) and closes it itself, so
     the view can quit without waiting for a long-poll that is still out.
     """
-    client = connect(address)
+    client = open_client(address, host)
     try:
-        state.apply(client.runs.list(limit=100), 0)
+        state.apply(client.runs.list(limit=100), 0, host)
         while not stop.is_set():
-            batch = client.runs.watch_all(state.last_seq, wait_s=2.0)
-            state.apply(batch.runs, batch.last_seq)
+            batch = client.runs.watch_all(state.last_seq.get(host, 0), wait_s=2.0)
+            state.apply(batch.runs, batch.last_seq, host)
     except SubagentsError as err:
-        state.error = err.message
-        state.changed.set()
+        state.fail(host, err.message)
     finally:
         client.close()
 
@@ -149,17 +177,23 @@ def keys() -> Iterator[bool]:
 
 def run_fleet(client: Client, once: bool = False) -> None:
     state = FleetState()
+    listing = client.hosts.listing()
+    hosts = [""] if listing is None else [n.name for n in listing.nodes if n.state == "up"]
     if once:
-        state.apply(client.runs.list(limit=100), 0)
+        for part in client.hosts.runs(limit=100):
+            state.apply(part.runs, 0, part.host)
+            if part.error:
+                state.fail(part.host, part.error)
         from rich.console import Console
 
         # Piped, rich would assume 80 columns and cut every cell; a file gets whole lines.
         console = Console() if sys.stdout.isatty() else Console(width=240)
-        console.print(render(state.snapshot(), time.time()))
+        console.print(render(state.snapshot(), time.time(), state.error))
         return
     stop = threading.Event()
-    poller = threading.Thread(target=poll, args=(client.address, state, stop), daemon=True)
-    poller.start()
+    for host in hosts:  # one long-poll per host (each node counts its own events)
+        args = (client.address, host, state, stop)
+        threading.Thread(target=poll, args=args, daemon=True).start()
     with keys() as interactive, Live(render([], time.time()), auto_refresh=False) as live:
         while not stop.is_set():
             state.changed.clear()

@@ -206,7 +206,8 @@ def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
 def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits.
 
-    Run ids are never cut. `--once --json` prints the frame's runs for scripts.
+    Run ids are never cut. `--once --json` prints the frame's runs for scripts. On a home
+    node: the runs of every host that is up, each with its host.
     """
     from subagents_node.cli.fleet import run_fleet
 
@@ -215,8 +216,14 @@ def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     with obj.client() as client:
         client.ping()
         if as_json:
-            runs = client.runs.list(limit=100)
-            emit({"runs": [r.model_dump(mode="json") for r in runs]}, True, "")
+            parts = client.hosts.runs(limit=100)
+            data: dict[str, object] = {
+                "runs": [r.model_dump(mode="json") for part in parts for r in part.runs]
+            }
+            missing = {part.host: part.error for part in parts if part.error}
+            if missing:
+                data["hosts_not_listed"] = missing
+            emit(data, True, "")
             return
         run_fleet(client, once=once)
 

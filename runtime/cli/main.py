@@ -412,9 +412,16 @@ def ping(obj: Ctx, as_json: bool) -> None:
 def status(obj: Ctx, as_json: bool) -> None:
     """Show the node: endpoints, uptime, how children are contained (cgroup v2 or the
     subreaper alone), its part in a fleet (home, or worker and its link to the home), each
-    owner process (state, pid, restarts) and the stored records its owners quarantined."""
+    owner process (state, pid, restarts) and the stored records its owners quarantined. On a
+    home node, also each worker: its membership, runs, children, slots and owners."""
+    hosts: list[str] = []
+    by_host: dict[str, object] = {}
     with obj.client() as client:
         st = client.status()
+        if st.cluster is not None and st.cluster.role == "home":
+            from subagents_node.cli.nodes import fleet_status
+
+            hosts, by_host = fleet_status(client)
     lines = [
         f"node {st.node_id} v{st.version} pid {st.pid} up {st.uptime_s:.0f}s",
         f"state dir: {st.state_dir}",
@@ -423,6 +430,7 @@ def status(obj: Ctx, as_json: bool) -> None:
     ]
     if st.cluster is not None:  # multi-host: a home, or a worker of one
         lines.append(f"fleet: {st.cluster.describe()}")
+        lines += hosts
     for a in st.actors:  # one process per owner (DESIGN §1)
         lines.append(f"  {a.name:<12} {a.state:<10} pid {a.pid or '-':<8} restarts {a.restarts}")
         if a.state != "running" and a.reason:
@@ -433,7 +441,8 @@ def status(obj: Ctx, as_json: bool) -> None:
             f"quarantined records ({len(quarantined)}; counted occupied/unavailable, see `doctor`):"
         )
         lines += [f"  {q.owner} {q.table}[{q.key}]: {q.reason}" for q in quarantined]
-    emit(st, as_json, "\n".join(lines))
+    data = {**st.model_dump(mode="json"), "hosts": by_host} if by_host else st
+    emit(data, as_json, "\n".join(lines))
 
 
 def main() -> None:

@@ -6,6 +6,8 @@ edits membership or a ledger itself.
 
     subagents-node nodes [--json]                  node.members.list
     subagents-node nodes forget NAME --reason T    node.members.forget {name, reason}
+
+`fleet_status` is the home's `status` part for its workers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import time
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.client.client import Client
 from subagents_node.messages.base import validate_request
+from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.members import (
     MemberForget,
     MemberForgotten,
@@ -84,6 +88,37 @@ def _row(view: MemberView, now: float) -> str:
     if view.state == "lost" and view.forget_reason:
         line += f"  forgotten: {view.forget_reason}"
     return line
+
+
+def fleet_status(client: Client) -> tuple[list[str], dict[str, object]]:
+    """A home's `status` of each worker: its membership (state, runs, children, slots) and,
+    for a worker that is up, its own node's status (asked through the home), as lines and
+    as JSON by worker name."""
+    listing = client.hosts.listing()
+    lines: list[str] = []
+    data: dict[str, object] = {}
+    for view in listing.nodes if listing is not None else []:
+        if view.role == "home":
+            continue
+        slots = "?" if view.slots is None else str(view.slots)
+        line = (
+            f"  host {view.name}: {view.state}, {view.runs} run(s), {view.children} "
+            f"child(ren), {slots} slot(s)"
+        )
+        entry: dict[str, object] = {"member": view.model_dump(mode="json")}
+        if view.state == "up":
+            try:
+                worker = client.hosts.on(view.name).status()
+            except SubagentsError as err:
+                line += f"; status not answered ({err.message[:200]})"
+                entry["error"] = err.to_wire()
+            else:
+                owners = ", ".join(f"{a.name} {a.state}" for a in worker.actors)
+                line += f"; containment {worker.containment.mode}; {owners}"
+                entry["status"] = worker.model_dump(mode="json")
+        lines.append(line)
+        data[view.name] = entry
+    return lines, data
 
 
 COMMANDS = (nodes,)

@@ -84,6 +84,17 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
         client.close()
 
 
+@contextlib.contextmanager
+def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
+    """A client for worker `host` of the home node this CLI talks to (no node is started)."""
+    with obj.client() as home:
+        client = home.on(host)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def describe(event: RunEvent, run: RunView) -> str | None:
     """One plain line per event (no task text, R-MISC-1)."""
     data = event.data
@@ -228,6 +239,13 @@ def summary(run: RunView, capacity: bool = True) -> str:
     show_default=True,
     help="Whether this run's children may message it (R-ICB); for this run only.",
 )
+@click.option(
+    "--on",
+    "on_host",
+    metavar="NAME",
+    help="Multi-host: run it on worker NAME of the home node this CLI talks to (its children "
+    "get that worker's environment; --cwd, default this directory, must exist there).",
+)
 @json_option
 @click.pass_obj
 @user_errors
@@ -243,6 +261,7 @@ def run(
     agents_dirs: tuple[str, ...],
     cwd: Path | None,
     intercom: IntercomMode,
+    on_host: str | None,
     as_json: bool,
 ) -> None:
     """Launch AGENT with TASK, or a --parallel / --chain file, under the three ledgers."""
@@ -258,7 +277,11 @@ def run(
     else:
         assert agent is not None and task is not None
         launch = ctx.single(agent, task, background, timeout_ms, intercom)
-    with node_client(obj, ctx, launch.background) as client:
+    if on_host:
+        # This host's environment means nothing on the worker: its node's own is the base.
+        launch = launch.model_copy(update={"env": None})
+    clients = hosted_client(obj, on_host) if on_host else node_client(obj, ctx, launch.background)
+    with clients as client:
         started = client.runs.launch(launch)
         if launch.background:
             emit(started, as_json, f"{started.run_id}")
@@ -284,13 +307,22 @@ def runs_command(
 ) -> None:
     """List runs, newest first: id, state, mode, age, duration, children, session, label.
 
-    Ids and labels are shortened only on a terminal without --wide; piped output is never cut.
+    On a home node, every host's runs, each with its HOST (a host that cannot be asked is
+    named on stderr). Ids and labels are shortened only on a terminal without --wide; piped
+    output is never cut.
     """
     with obj.client() as client:
-        found = client.runs.list(session, active, limit)
+        parts = client.hosts.runs(session, active, limit)
+    found = [run for part in parts for run in part.runs]
+    missing = {part.host: part.error for part in parts if part.error}
     if as_json:
-        emit({"runs": [r.model_dump(mode="json") for r in found]}, True, "")
+        data: dict[str, object] = {"runs": [r.model_dump(mode="json") for r in found]}
+        if missing:
+            data["hosts_not_listed"] = missing
+        emit(data, True, "")
         return
+    for host, why in missing.items():
+        click.echo(f"host {host}: runs not listed ({why})", err=True)
     if not found:
         click.echo("no runs")
         return
@@ -305,12 +337,15 @@ def runs_command(
 @click.pass_obj
 @user_errors
 def show(obj: Ctx, run_id: str, as_json: bool) -> None:
-    """Show one run (an id or a unique prefix): state, children, outputs, ledgers."""
+    """Show one run (an id or a unique prefix): state, children, outputs, ledgers.
+
+    On a home node, the run may be on any of its hosts; it says which."""
     with obj.client() as client:
-        found = client.runs.show(run_id)
-        spawns, capacity = session_status(client, found)
+        _, found = client.hosts.find(run_id)
+        spawns, capacity = session_status(client, found)  # the ledgers are the home's
     lines = [
         f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
+        *([f"host: {found.host}"] if found.host else []),
         spawns.text(),
         f"Active async capacity: {capacity.used}/{capacity.limit or 'unlimited'} used",
         summary(found, capacity=False),
@@ -339,9 +374,10 @@ def session_status(client: Client, run: RunView) -> tuple[SpawnSnapshot, Capacit
 
 
 def stop_run(obj: Ctx, run_id: str, as_json: bool) -> None:
-    with obj.client() as client:
-        client.runs.stop(run_id)
-        final = client.runs.wait(run_id, timeout=30)
+    with obj.client() as home:
+        client, found = home.hosts.find(run_id)  # on a home: whichever host it is on
+        client.runs.stop(found.run_id)
+        final = client.runs.wait(found.run_id, timeout=30)
     emit(final, as_json, f"run {final.run_id} {final.state}")
 
 

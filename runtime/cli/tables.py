@@ -32,14 +32,27 @@ def _cut(text: str, width: int, short: bool) -> str:
 
 def runs_table(runs: Sequence[RunView], now: float, short: bool) -> str:
     """One header line and one line per run; AGE counts from creation, DURATION from start."""
-    header = ("RUN", "STATE", "MODE", "AGE", "DURATION", "CHILDREN", "SESSION", "LABEL")
-    rows = [header]
+    hosts = any(run.host for run in runs)  # a home's view of several hosts: say which
+    header: tuple[str, ...] = (
+        "RUN",
+        "STATE",
+        "MODE",
+        "AGE",
+        "DURATION",
+        "CHILDREN",
+        "SESSION",
+        "LABEL",
+    )
+    if hosts:
+        header = ("HOST", *header)
+    rows: list[tuple[str, ...]] = [header]
     for run in runs:
         duration = "-"
         if run.started_at is not None:
             duration = span((run.ended_at or now) - run.started_at)
         rows.append(
             (
+                *((run.host or "-",) if hosts else ()),
                 _cut(run.run_id, _SHORT_ID, short),
                 run.state,
                 run.mode,

@@ -2,7 +2,8 @@
 
 Owns nothing but a transport. Every method is one request; every failure is a typed
 `SubagentsError` carrying what the caller needs (snapshots, limits). Ledger APIs hang off the
-client as `client.capacity`, `client.fanout` and `client.session`.
+client as `client.capacity`, `client.fanout` and `client.session`; on a home node,
+`client.on(NAME)` reaches one of its workers and `client.hosts` all of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from subagents_node.messages.node import NodeStatus, NodeStatusResult, Ping, Pon
 if TYPE_CHECKING:
     from subagents_node.client.capacity import CapacityAPI
     from subagents_node.client.fanout import FanoutAPI
+    from subagents_node.client.hosts import Hosts
     from subagents_node.client.runs import RunsAPI
     from subagents_node.client.session import SessionAPI
 
@@ -97,7 +99,23 @@ class Client:
     def shutdown(self) -> None:
         self.perform(shutdown_plan())
 
+    def on(self, host: str) -> Client:
+        """A client for host `host` of the home node this client talks to (a worker's name, or
+        `home`): the home carries each of its requests to that worker's node and back. Close
+        it on its own. Refused by a node that is not a home, and over tcp."""
+        on_host = getattr(self.transport, "on_host", None)
+        transport = on_host(host) if on_host is not None else ZmqTransport(self.address, host=host)
+        return Client(transport, timeout=self.timeout)
+
+    @cached_property
+    def hosts(self) -> Hosts:
+        from subagents_node.client.hosts import Hosts
+
+        return Hosts(self)
+
     def close(self) -> None:
+        if "hosts" in self.__dict__:
+            self.hosts.close()
         self.transport.close()
 
     def __enter__(self) -> Client:

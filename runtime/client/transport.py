@@ -360,8 +360,12 @@ class ZmqTransport:
         sender: str = "",
         credentials: ClientCredentials | None = None,
         state_dir: Path | None = None,
+        host: str = "",
     ) -> None:
         self.address = check_endpoint(address)
+        #: Multi-host: the worker the home node at `address` carries every request on to
+        #: (`Envelope.host`; sent to the node's own socket, which does the carrying).
+        self.host = host
         #: tcp only: explicit keys, else those of `state_dir` (else the default state dir's)
         self._credentials = credentials
         self._state_dir = state_dir
@@ -394,8 +398,20 @@ class ZmqTransport:
         # Computed once per target: path parsing on every request shows in a claim's CPU.
         endpoint = self._endpoints.get(target)
         if endpoint is None:
-            endpoint = self._endpoints[target] = endpoint_for(self.address, target)
+            direct = endpoint_for(self.address, target) if not self.host else self.address
+            endpoint = self._endpoints[target] = direct
         return endpoint
+
+    def on_host(self, host: str) -> ZmqTransport:
+        """A transport whose requests the home node at this address carries on to its worker
+        `host` (the node's ipc socket only: a home carries nothing for a tcp peer)."""
+        return ZmqTransport(
+            self.address,
+            sender=self._sender,
+            credentials=self._credentials,
+            state_dir=self._state_dir,
+            host=host,
+        )
 
     def _channel(self, target: str = "") -> _Channel:
         channels: dict[str, _Channel] | None = getattr(self._local, "channels", None)
@@ -467,6 +483,7 @@ class ZmqTransport:
             body=request.to_body(),
             target=target or request.target,
             sender=self._sender,
+            host=self.host,
         )
         channel.send(env)
         return channel, env

@@ -16,6 +16,10 @@ name is the request's principal: logged, passed to the dispatcher, and shown to 
 it asks the ledgers). `node.keys.*` requests, and every request that is an operator's act
 (`capacity.release_host`, `node.members.forget`; `messages.protocol.local_only`), are served
 on ipc only; `node.members.join|heartbeat` (which name the peer) on tcp only.
+
+On a home node, a frame from a local (ipc) client whose envelope names a worker `host` is
+carried on to that worker over the connection the worker's home link opened, and the worker's
+answer, arriving on the tcp socket as a reply, is carried back (runtime/node/hostcalls.py).
 """
 
 from __future__ import annotations
@@ -29,16 +33,17 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from subagents_node.actors.links import RawReplyFn
+from subagents_node.actors.links import OwnerLinks, RawReplyFn
 from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
-from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
-from subagents_node.messages.members import PEER_ONLY_TYPES
+from subagents_node.messages.members import HOME_NAME, PEER_ONLY_TYPES, MemberHeartbeat
 from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
+from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -63,9 +68,12 @@ class Gateway:
         curve: CurveGuard | None = None,
         admit: Admit | None = None,
         relay: Relay | None = None,
+        hosts: HostCalls | None = None,
     ) -> None:
         self._zctx = zctx
         self._admit = admit
+        #: A home's requests in flight to its workers (None: not a home).
+        self._hosts = hosts
         #: Owners this thread sends to itself (no hand-off to the forwarder's thread).
         self._relay = relay
         self.endpoints = list(endpoints)
@@ -179,7 +187,7 @@ class Gateway:
             links.watch_with(lambda sock: poller.register(sock, zmq.POLLIN))
         try:
             while not self._stopping:
-                wait = links.next_deadline() if links is not None else None
+                wait = self._next_deadline(links)
                 events = dict(poller.poll(None if wait is None else int(wait * 1000) + 1))
                 if self._wake_r in events:
                     self._drain_wake()
@@ -193,6 +201,8 @@ class Gateway:
                         if events.get(sock):
                             links.receive(sock)
                     links.expire()
+                if self._hosts is not None:
+                    self._outbound.extend(self._hosts.expire())
                 self._send(socks)
         finally:
             if self._relay is not None:
@@ -204,6 +214,18 @@ class Gateway:
                 sock.close(linger=_CLOSE_LINGER_MS)
             if self.curve is not None:
                 self.curve.close()
+
+    def _next_deadline(self, links: OwnerLinks | None) -> float | None:
+        """Seconds until the first relayed or host-carried request runs out (None: none)."""
+        waits = [
+            w
+            for w in (
+                links.next_deadline() if links is not None else None,
+                self._hosts.next_deadline() if self._hosts is not None else None,
+            )
+            if w is not None
+        ]
+        return min(waits) if waits else None
 
     def _drain_wake(self) -> None:
         # Empty the pipe first, then clear the flag: the other order loses a wake-up when a
@@ -248,6 +270,12 @@ class Gateway:
         env: Envelope | None = None
         try:
             env = decode(frame, self._max_frame)
+            if via and self._hosts is not None and env.type in (REPLY, ERROR):
+                self._worker_answered(env, principal)
+                return
+            if env.host and not (env.host == HOME_NAME and self._hosts is not None):
+                self._carry(identity, env, via)
+                return
             if via and local_only(env.type):
                 raise BadRequest(
                     f"{env.type} is served on the node's ipc socket only", reason="local_only"
@@ -268,9 +296,10 @@ class Gateway:
             if relay is not None and env.target in ("", owner) and relay.serves(owner):
                 relay.send(request, owner, self._relayed(identity, env, via))
                 return
-            self._dispatcher.dispatch(
-                request, env.target, self.reply_to(identity, env, via), principal or None
-            )
+            reply = self.reply_to(identity, env, via)
+            if via and self._hosts is not None and isinstance(request, MemberHeartbeat):
+                reply = self._linking(reply, principal, identity)
+            self._dispatcher.dispatch(request, env.target, reply, principal or None)
         except SubagentsError as err:
             corr = env.id if env else peek_id(frame)
             self._refuse(identity, corr, err, env, via, principal)
@@ -278,6 +307,40 @@ class Gateway:
             log.exception("gateway: unexpected failure on a frame")
             corr = env.id if env else None
             self._refuse(identity, corr, MalformedFrame(repr(exc)), env, via, principal)
+
+    def _carry(self, identity: bytes, env: Envelope, via: int) -> None:
+        """Send a local client's request for worker `env.host` on to it (raises why not)."""
+        if via:
+            raise BadRequest(
+                f"only the home's local clients address a host; {env.type} names {env.host!r}",
+                reason="local_only",
+            )
+        if self._hosts is None:
+            raise BadRequest(
+                f"this node is not a home, so it has no worker {env.host!r} (address the home "
+                "node's state dir, or drop the host)",
+                reason="not_home",
+            )
+        self._outbound.append(self._hosts.send(env, via, identity))
+
+    def _worker_answered(self, reply: Envelope, principal: str) -> None:
+        out = self._hosts.answer(reply, principal) if self._hosts is not None else None
+        if out is None:
+            log.debug("gateway: dropped an answer from %s nobody waits for", principal)
+        else:
+            self._outbound.append(out)
+
+    def _linking(self, reply: ReplyFn, principal: str, identity: bytes) -> ReplyFn:
+        """`reply`, and once the heartbeat was answered (not refused), this connection is the
+        one a home reaches worker `principal` on."""
+        hosts = self._hosts
+
+        def linked(outcome: Outcome) -> None:
+            if hosts is not None and not isinstance(outcome, SubagentsError):
+                hosts.linked(principal, identity)
+            reply(outcome)
+
+        return linked
 
     def _relayed(self, identity: bytes, request: Envelope, via: int) -> RawReplyFn:
         """The relay's reply to `request`: the owner's reply body passed on as it came (or the

@@ -68,6 +68,11 @@ class HomeService:
             request = request.model_copy(update={"host": principal if member else ""})
         return request
 
+    def unreachable(self, name: str) -> SubagentsError | None:
+        """Why a local client's request cannot be carried to worker `name` now (None: it can)."""
+        with self._lock:
+            return self._members.unreachable(name)
+
     def serve(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
         """node.members.*, answered through `reply` (at once, or once capacity answered)."""
         try:

@@ -1,30 +1,38 @@
 """HomeLink: a worker node's membership in its home (DESIGN §1 "Multi-host").
 
 Owns the worker's side of membership: the join at start (refused joins are the worker's start
-failing with the home's typed reason), then one thread that heartbeats at the interval the home
-gives and tells the forwarder the link's state (joined, unreachable, fenced), so that
-admissions fail closed at once while the home cannot be reached or has fenced this worker.
-The heartbeat says how many runs and children this worker has (asked of its own run
-supervisor). A heartbeat refused as `fenced` (the operator forgot this worker, or
-a newer start of it joined) leaves the worker fenced: it stops forwarding for good, until it is
-started again with `--join`.
+failing with the home's typed reason), then one thread and one CURVE connection to the home
+that heartbeats at the interval the home gives, tells the forwarder the link's state (joined,
+unreachable, fenced), so that admissions fail closed at once while the home cannot be reached
+or has fenced this worker, and serves what the home asks of this worker (`run --on`, the
+home's views of every host) on that same connection: the home reaches its workers over the
+connections they opened, so a worker needs no listener of its own. The heartbeat says how many
+runs and children this worker has (asked of its own run supervisor). A heartbeat refused as
+`fenced` (the operator forgot this worker, or a newer start of it joined) leaves the worker
+fenced: it stops forwarding and serving for good, until it is started again with `--join`.
 
-It never decides admissions itself and never writes a ledger; it talks to the home's node only
-(`node.members.*`), over its own CURVE connection.
+It never decides admissions itself, never writes a ledger, and never decides whether it serves
+a request of the home (`serve`, the node's, does); it talks to the home's node only.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 
+import zmq
+
 from subagents_node.client.keys import ClientCredentials
-from subagents_node.client.transport import ZmqTransport
+from subagents_node.client.transport import DEALER_OPTIONS, ZmqTransport, curve_client
+from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode
 from subagents_node.messages.constants import version
+from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import MembershipRefused, SubagentsError
 from subagents_node.messages.members import MemberHeartbeat, MemberJoin, Membership
 from subagents_node.messages.node import ClusterStatus
@@ -36,6 +44,24 @@ JOIN_TIMEOUT_S = 10.0
 #: How often the counts a heartbeat carries are asked of the run supervisor again: a listing
 #: of every active run is far more work than a beat, and `nodes` needs no fresher figure.
 COUNTS_EVERY_S = 5.0
+#: Frames read per wake-up before queued answers are sent again.
+_RECV_BATCH = 256
+
+#: Sends one frame to the home on the link's connection (from any thread).
+SendFn = Callable[[bytes], None]
+#: Serves one request the home sent: (its envelope, how to send the answer frame).
+ServeFn = Callable[[Envelope, SendFn], None]
+#: Asks for (active runs, running children) and calls back with them, from any thread.
+CountsFn = Callable[[Callable[[tuple[int, int]], None]], None]
+
+
+def _no_counts(done: Callable[[tuple[int, int]], None]) -> None:
+    done((0, 0))
+
+
+def _refuse_all(request: Envelope, send: SendFn) -> None:
+    err = SubagentsError(f"this worker serves its home nothing ({request.type})")
+    send(encode(request.reply(ERROR, err.to_wire())))
 
 
 class HomeLink:
@@ -45,41 +71,64 @@ class HomeLink:
         credentials: ClientCredentials,
         name: str,
         on_state: Callable[[str, str], None],
-        counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        counts: CountsFn = _no_counts,
+        serve: ServeFn = _refuse_all,
     ) -> None:
         self.home = home
         self.name = name
         self.instance = uuid.uuid4().hex
-        self._transport = ZmqTransport(home, credentials=credentials, sender=f"worker-{name}")
+        self._credentials = credentials
+        self._sender = f"worker-{name}"
+        self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._on_state = on_state
         self._counts = counts
+        self._serve = serve
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.membership: Membership | None = None
         self.state = "joining"  # joined | unreachable | fenced
         self.reason = ""
         self.last_ok: float | None = None
-        self._counted: tuple[float, tuple[int, int]] = (float("-inf"), (0, 0))
+        self._counts_asked = float("-inf")
+        self._counted: tuple[int, int] = (0, 0)
+        #: Answers to the home's requests, queued by whichever thread has them; sent by ours.
+        self._outbound: collections.deque[bytes] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._pipe_open = True
+        self._pipe_lock = threading.Lock()
 
     def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> Membership:
         """Join the home (raises its typed refusal, or a NodeError when it cannot be reached)."""
         request = MemberJoin(name=self.name, instance=self.instance, version=version())
-        result = self._transport.call(request, timeout_s)
+        # A transport of its own: it tells a key the home refused at the handshake
+        # (NotAuthenticated) from a home that does not answer.
+        transport = ZmqTransport(self.home, credentials=self._credentials, sender=self._sender)
+        try:
+            result = transport.call(request, timeout_s)
+        finally:
+            transport.close()
         assert isinstance(result, Membership)
         self.membership = result
         self.state, self.last_ok = "joined", time.time()
         log.info("joined home %s as %s (generation %d)", self.home, self.name, result.generation)
         return result
 
-    def start(self) -> None:
+    def start(self, zctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        self._zctx = zctx
         self._thread = threading.Thread(target=self._run, name="subagents-home", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._transport.close()
+        with self._pipe_lock:  # a late answer's wake-up must not write to a reused number
+            self._pipe_open = False
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     def status(self) -> ClusterStatus:
         member = self.membership
@@ -93,16 +142,84 @@ class HomeLink:
             last_heartbeat_ok=self.last_ok,
         )
 
-    def _run(self) -> None:
-        # A timed wait on the stop event is the heartbeat's clock, not a poll: each wake-up
-        # is one heartbeat, and a stop ends the wait at once.
-        while self.membership is not None and not self._stop.wait(self.membership.heartbeat_s):
-            self._beat(self.membership)
-            if self.state == "fenced":
-                return
+    # -- any thread ------------------------------------------------------------------------
 
-    def _beat(self, member: Membership) -> None:
-        runs, children = self._current_counts()
+    def _send_later(self, frame: bytes) -> None:
+        self._outbound.append(frame)
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._pipe_lock, contextlib.suppress(BlockingIOError):  # full: one is pending
+            if self._pipe_open:
+                os.write(self._wake_w, b"\x01")
+
+    def _counted_now(self, counts: tuple[int, int]) -> None:
+        self._counted = counts  # one tuple, replaced whole
+
+    # -- the link's thread -------------------------------------------------------------------
+
+    def _open(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        sock = zctx.socket(zmq.DEALER)
+        for option, value in DEALER_OPTIONS:
+            sock.setsockopt(option, value)
+        curve_client(sock, self._credentials)
+        sock.connect(self.home)
+        return sock
+
+    def _run(self) -> None:
+        member = self.membership
+        if member is None:
+            return
+        zctx = self._zctx or zmq.Context.instance()
+        sock = self._open(zctx)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        # The first beat goes out at once: it is what tells the home which connection
+        # reaches this worker.
+        next_beat = time.monotonic()
+        beat: tuple[str, float] | None = None  # (message id, answer deadline)
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if beat is not None and now >= beat[1]:
+                    self._set("unreachable", f"no answer to a heartbeat in {member.heartbeat_s}s")
+                    # The next beat goes out on a fresh connection: one that stalled in a
+                    # partition would otherwise wait out TCP's retransmission backoff after
+                    # the link is back.
+                    poller.unregister(sock)
+                    sock.close(linger=0)
+                    sock = self._open(zctx)
+                    poller.register(sock, zmq.POLLIN)
+                    beat = None
+                if beat is None and now >= next_beat:
+                    beat = (self._send_beat(sock, member), now + member.heartbeat_s)
+                    next_beat = now + member.heartbeat_s
+                wake_at = beat[1] if beat is not None else next_beat
+                events = dict(poller.poll(max(0, int((wake_at - time.monotonic()) * 1000)) + 1))
+                if self._wake_r in events:
+                    self._drain_wake()
+                if events.get(sock):
+                    for env in self._receive(sock):
+                        if beat is not None and env.corr == beat[0]:
+                            beat = None
+                            member = self._answered(env) or member
+                            if self.state == "fenced":
+                                return
+                        elif env.corr is None and env.type not in (REPLY, ERROR):
+                            self._serve(env, self._send_later)
+                self._flush(sock)
+        finally:
+            self._flush(sock)
+            sock.close(linger=0)
+
+    def _send_beat(self, sock: zmq.Socket[bytes], member: Membership) -> str:
+        now = time.monotonic()
+        if now - self._counts_asked >= COUNTS_EVERY_S:
+            self._counts_asked = now
+            with contextlib.suppress(SubagentsError):  # restarting: the last counts stand
+                self._counts(self._counted_now)
+        runs, children = self._counted
         request = MemberHeartbeat(
             name=self.name,
             instance=self.instance,
@@ -110,31 +227,59 @@ class HomeLink:
             runs=runs,
             children=children,
         )
+        env = Envelope(type=request.type, body=request.to_body(), sender=self._sender)
+        with contextlib.suppress(zmq.Again):  # not connected yet: the beat's deadline says so
+            sock.send(encode(env), zmq.NOBLOCK)
+        return env.id
+
+    def _receive(self, sock: zmq.Socket[bytes]) -> list[Envelope]:
+        got: list[Envelope] = []
+        for _ in range(_RECV_BATCH):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                got.append(decode(frame, MAX_FRAME_BYTES))
+            except SubagentsError as err:  # the home is trusted, but a bad frame is no crash
+                log.warning("home link: dropped a frame from the home: %s", err.message)
+        return got
+
+    def _answered(self, env: Envelope) -> Membership | None:
+        """A heartbeat's answer: the membership it renews, or the refusal it is."""
+        if env.type == ERROR:
+            err = SubagentsError.from_wire(env.body)
+            if isinstance(err, MembershipRefused):
+                self._set("fenced", err.message)
+                log.error("home %s fenced this worker: %s", self.home, err.message)
+            else:
+                self._set("unreachable", err.message)
+            return None
         try:
-            answer = self._transport.call(request, member.heartbeat_s)
-        except MembershipRefused as err:
-            self._set("fenced", err.message)
-            log.error("home %s fenced this worker: %s", self.home, err.message)
-            return
-        except SubagentsError as err:  # a NodeError (timeout, refused key) or the home's
-            self._set("unreachable", err.message)
-            # The next beat goes out on a fresh connection: one that stalled in a partition
-            # would otherwise wait out TCP's retransmission backoff after the link is back.
-            self._transport.reset()
-            return
-        if isinstance(answer, Membership):
-            self.membership = answer
+            renewed = Membership.model_validate(env.body)
+        except ValueError:
+            self._set("unreachable", "the home answered a heartbeat with something else")
+            return None
+        self.membership = renewed
         self.last_ok = time.time()
         self._set("joined", "")
+        return renewed
 
-    def _current_counts(self) -> tuple[int, int]:
-        at, counts = self._counted
-        now = time.monotonic()
-        if now - at >= COUNTS_EVERY_S:
-            with contextlib.suppress(SubagentsError):  # restarting: the last counts stand
-                counts = self._counts()
-            self._counted = (now, counts)
-        return counts
+    def _flush(self, sock: zmq.Socket[bytes]) -> None:
+        out = self._outbound
+        while out:
+            frame = out.popleft()
+            try:
+                sock.send(frame, zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the home is gone or slow: it times the request out
+                log.warning("home link: dropped an answer to the home: %s", exc)
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _set(self, state: str, reason: str) -> None:
         if state != self.state:

@@ -22,8 +22,14 @@ from pathlib import Path
 
 from subagents_node.messages.base import Message
 from subagents_node.messages.capacity import HostReleased, SlotsByHost
-from subagents_node.messages.errors import MembershipRefused, SubagentsError
+from subagents_node.messages.errors import (
+    MembershipRefused,
+    OwnerUnavailable,
+    SubagentsError,
+    UnknownTarget,
+)
 from subagents_node.messages.members import (
+    HOME_NAME,
     MemberForget,
     MemberForgotten,
     MemberHeartbeat,
@@ -93,10 +99,39 @@ class Members:
     def is_member(self, principal: str) -> bool:
         return self._states.get(principal) == "member"
 
+    def unreachable(self, name: str) -> SubagentsError | None:
+        """Why the home cannot carry a request to worker `name` now (None: it is `up`)."""
+        state = self._states.get(name)
+        if state is None:
+            return UnknownTarget(
+                f"no worker named {name!r} has joined this home (see `subagents-node nodes`)",
+                target=name,
+                reason="unknown_host",
+            )
+        if state == "forgotten" or not self._alive(name):
+            shown = "lost" if state == "forgotten" else "unreachable"
+            silent = self._silent(name)
+            last = f"{silent:.1f}s ago" if silent != float("inf") else "none since the home started"
+            return OwnerUnavailable(
+                f"worker {name!r} is {shown} (last heartbeat {last}); nothing was sent to it",
+                owner="runs",
+                state=shown,
+                reason="host_unreachable",
+                host=name,
+            )
+        return None
+
     # -- join, heartbeat -----------------------------------------------------------------------
 
     def join(self, request: MemberJoin, principal: str) -> Membership:
         self._check_principal(request.name, principal)
+        if request.name == HOME_NAME:
+            raise MembershipRefused(
+                f"no worker may join as {HOME_NAME!r}: that is the home's own name among its "
+                "members; allow the worker's key under another name",
+                name=request.name,
+                reason="name_reserved",
+            )
         row = self._row(request.name)
         if (
             row is not None

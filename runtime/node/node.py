@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +66,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
+from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.members import REQUESTS as MEMBER_REQUESTS
 from subagents_node.messages.node import (
     ClusterStatus,
@@ -83,7 +84,9 @@ from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
 from subagents_node.node.home import HomeService
+from subagents_node.node.homeasks import HomeAsks
 from subagents_node.node.homelink import HomeLink
+from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
 from subagents_node.node.ownersup import OwnerSupervisor
@@ -150,7 +153,6 @@ class Node:
         self._home: HomeService | None = None
         self._home_link: HomeLink | None = None
         self._home_keys: RemoteKeys | None = None
-        self._runs_transport: ZmqTransport | None = None
         self._home_link_state: tuple[str, str] = ("joined", "")
         self._routes: dict[str, str] = {}
         self._clients: list[Client] = []
@@ -234,13 +236,28 @@ class Node:
                     reason="worker_options",
                 )
             check_name(opts.name)
+            if opts.name == HOME_NAME:
+                raise ConfigError(
+                    f"a worker cannot be named {HOME_NAME!r}: that is the home's name among "
+                    "its members",
+                    key="name",
+                    source="options",
+                    reason="worker_options",
+                )
 
     def _join_home(self) -> None:
         """A worker's first step: join its home (a refusal is this start's failure)."""
         opts = self.options
         creds = client_credentials(self.state_dir, opts.home_key, opts.client_key or None)
         self._home_keys = RemoteKeys(creds.client.public, creds.client.secret, creds.server_public)
-        link = HomeLink(opts.join, creds, opts.name, self._home_state, self._worker_counts)
+        link = HomeLink(
+            opts.join,
+            creds,
+            opts.name,
+            self._home_state,
+            counts=self._worker_counts,
+            serve=HomeAsks(self.dispatcher, self.node_id),
+        )
         self._home_link = link
         try:
             link.join()
@@ -254,16 +271,16 @@ class Node:
         read it (one tuple, replaced whole: no lock needed)."""
         self._home_link_state = (state, reason)
 
-    def _worker_counts(self) -> tuple[int, int]:
-        """What this worker runs: active runs and their running children (for the home)."""
-        if self._runs_transport is None:  # the home link's thread is the only caller
-            self._runs_transport = ZmqTransport(
-                self._owner_endpoint(owners.RUNS.name), zctx=self._zctx, sender="home-link"
-            )
-        listing = self._runs_transport.call(ListRuns(active_only=True, limit=1000), 2.0)
-        runs = listing.runs if isinstance(listing, RunList) else []
-        children = sum(1 for run in runs for child in run.children if child.state == "running")
-        return len(runs), children
+    def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
+        """What this worker runs, for the home: active runs and their running children (asked
+        of the run supervisor; `done` is called with its answer, from its reply's thread)."""
+
+        def counted(outcome: Outcome) -> None:
+            if isinstance(outcome, RunList):
+                runs = outcome.runs
+                done((len(runs), sum(1 for r in runs for c in r.children if c.state == "running")))
+
+        self.dispatcher.dispatch(ListRuns(active_only=True, limit=1000), "", counted)
 
     def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
         peers = {name: self._owner_endpoint(name) for name in OWNER_SOCKETS}
@@ -350,6 +367,7 @@ class Node:
             self.options.max_frame,
             curve=self._curve,
             admit=self._home.admit if self._home is not None else None,
+            hosts=HostCalls(self.node_id, self._home.unreachable) if self._home else None,
             relay=Relay(
                 self._zctx,
                 self.node_id,
@@ -375,7 +393,7 @@ class Node:
         self._write_pid_file()
         self._owners_changed()
         if self._home_link is not None:
-            self._home_link.start()
+            self._home_link.start(self._zctx)
 
     def _route(self, target: str) -> str:
         """Where the links send a request for `target` (asked once per request: no paths
@@ -436,8 +454,6 @@ class Node:
             client.close()
         if self._home_link is not None:
             self._home_link.stop()
-        if self._runs_transport is not None:
-            self._runs_transport.close()
         if self._gateway is not None:
             self._gateway.stop()
             for endpoint in self._gateway.bound:

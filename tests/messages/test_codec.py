@@ -72,12 +72,23 @@ def test_encode_then_decode_keeps_every_header_field_and_the_body() -> None:
     sender=short,
     corr=st.none() | short,
     body=st.dictionaries(st.text(max_size=8), values, max_size=6),
+    host=short,
 )
 def test_round_trip_of_any_well_formed_envelope_is_identity(
-    type_: str, target: str, sender: str, corr: str | None, body: dict[str, Any]
+    type_: str, target: str, sender: str, corr: str | None, body: dict[str, Any], host: str
 ) -> None:
-    env = Envelope(type=type_, body=body, target=target, corr=corr, sender=sender)
+    env = Envelope(type=type_, body=body, target=target, corr=corr, sender=sender, host=host)
     assert decode(encode(env)) == env
+
+
+def test_the_host_header_is_on_the_wire_only_when_a_home_is_asked_to_carry_the_request() -> None:
+    plain = msgpack.unpackb(encode(Envelope(type="runs.list", body={})))
+    assert "host" not in plain  # a single node's frames are as they were
+    carried = Envelope(type="runs.list", body={}, host="w1")
+    assert msgpack.unpackb(encode(carried))["host"] == "w1"
+    with pytest.raises(MalformedFrame) as bad:
+        decode(frame(host=7))
+    assert bad.value.details["reason"] == "host"
 
 
 def test_a_reply_is_correlated_to_the_request_id_and_addressed_to_its_sender() -> None:

@@ -24,18 +24,22 @@ import pytest
 
 from subagents_node.client.client import Client
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.errors import NodeTimeout, OwnerUnavailable
+from subagents_node.messages.base import Ack
+from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable
 from subagents_node.messages.fanout import decode_descriptor
-from tests.support.fleet import NETNS_PORT, Fleet, fleet, on_hosts
+from subagents_node.messages.keys import AllowedKeys, KeysList
+from subagents_node.messages.node import Shutdown
+from tests.support.fleet import EXAMPLE_AGENTS, NETNS_PORT, Fleet, fleet, on_hosts
 from tests.support.netns import hosts, skip_unless_netns
-from tests.support.nodes import run_cli
+from tests.support.nodes import NodeProcess, run_cli
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.slow
 
 WORKERS = ("w1", "w2", "w3")
 #: Workers a test adds for itself (it kills, stops or forgets them).
-SPARE = ("wk", "wf", "w8", "w9")
+SPARE = ("wk", "wf", "w8", "w9", "wd")
+EXAMPLES = str(EXAMPLE_AGENTS)
 
 
 @pytest.fixture(scope="module", params=["loopback", "netns"])
@@ -407,3 +411,119 @@ def test_a_home_killed_with_9_loses_no_admission_and_takes_its_workers_back(crew
     code, _, err = crew.cli(w1, "stop", run_id)
     assert code == 0, err
     wait_until(lambda: _used(crew, session, 4) == 0, what="the slot released after stop")
+
+
+# -- placement and the home's views of every host ----------------------------------------------
+
+
+def _runs_by_id(crew: Fleet, node: NodeProcess, *args: str) -> dict[str, dict[str, object]]:
+    code, out, err = crew.cli(node, "runs", "--json", *args)
+    assert code == 0, err
+    return {str(r["run_id"]): r for r in json.loads(out)["runs"]}
+
+
+def test_run_on_a_worker_from_the_home_runs_it_there_and_every_view_on_the_home_names_its_host(
+    crew: Fleet,
+) -> None:
+    session = _session()
+    env = {**os.environ, "SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION": "3"}
+    args = ("run", "--async", "--on", "w2", "--session", session, "--agents-dir", EXAMPLES)
+    done = run_cli(*args, "sleeper", "seconds=60", state_dir=crew.home.state_dir, env=env)
+    assert done.returncode == 0, done.stderr
+    run_id = _run_id(done.stdout)
+
+    assert run_id in _runs_by_id(crew, crew.workers["w2"])  # it runs on w2, in w2's runs.db
+    assert _used(crew, session, 3) == 1  # against the home's capacity ledger
+    assert crew.nodes()["w2"].slots == 1
+    on_home = _runs_by_id(crew, crew.home, "--session", session)
+    assert on_home[run_id]["host"] == "w2"
+    code, out, _ = crew.cli(crew.home, "runs", "--session", session)
+    assert code == 0 and out.splitlines()[0].split()[:2] == ["HOST", "RUN"]
+    assert any(line.split()[:2] == ["w2", run_id] for line in out.splitlines())
+
+    code, out, err = crew.cli(crew.home, "show", run_id, "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["host"], shown["state"]) == ("w2", "running")
+    assert shown["active_async_capacity"]["used"] == 1
+    code, out, err = crew.cli(crew.home, "debug-run", run_id)
+    assert code == 0, err
+    assert "host: w2" in out.splitlines()
+    code, out, err = crew.cli(crew.home, "fleet", "--once", "--json")
+    assert code == 0, err
+    assert {r["run_id"]: r["host"] for r in json.loads(out)["runs"]}[run_id] == "w2"
+    code, out, err = crew.cli(crew.home, "status")
+    assert code == 0, err
+    assert any(line.strip().startswith("host w2: up") for line in out.splitlines()), out
+    code, out, err = crew.cli(crew.home, "status", "--json")
+    assert code == 0, err
+    assert json.loads(out)["hosts"]["w2"]["status"]["actors"][0]["name"] == "supervisor"
+
+    code, _, err = crew.cli(crew.home, "stop", run_id)  # the home finds it on w2
+    assert code == 0, err
+    wait_until(lambda: _used(crew, session, 3) == 0, what="the slot released after stop")
+    assert _runs_by_id(crew, crew.home, "--session", session)[run_id]["state"] == "stopped"
+
+
+def test_a_run_launched_on_a_worker_is_found_by_the_homes_show_and_listed_with_its_host(
+    crew: Fleet,
+) -> None:
+    session = _session()
+    code, out, err = crew.run_background(crew.workers["w3"], session, "seconds=60", limit=2)
+    assert code == 0, err
+    run_id = _run_id(out)
+    code, out, err = crew.cli(crew.home, "show", run_id[:13])  # a unique prefix, on any host
+    assert code == 0, err
+    assert "host: w3" in out.splitlines()
+    assert _runs_by_id(crew, crew.home, "--active")[run_id]["host"] == "w3"
+    code, _, err = crew.cli(crew.workers["w3"], "stop", run_id)
+    assert code == 0, err
+
+
+def test_run_on_a_name_that_is_no_worker_or_on_a_node_that_is_no_home_is_refused_at_once(
+    crew: Fleet,
+) -> None:
+    args = ("run", "--async", "--agents-dir", EXAMPLES, "--session", _session())
+    done = run_cli(*args, "--on", "nosuch", "sleeper", "seconds=1", state_dir=crew.home.state_dir)
+    assert done.returncode != 0
+    assert "no worker named 'nosuch' has joined this home" in done.stderr
+    w1 = crew.workers["w1"].state_dir
+    done = run_cli(*args, "--on", "w2", "sleeper", "seconds=1", state_dir=w1)
+    assert done.returncode != 0 and "this node is not a home" in done.stderr
+    code, _, err = crew.cli(crew.home, "show", "no-such-run")
+    assert code != 0 and "no run 'no-such-run' on any host of this home" in err
+
+
+def test_a_worker_that_is_down_is_refused_for_run_on_at_once_and_named_by_the_homes_runs(
+    crew: Fleet,
+) -> None:
+    gone = crew.add_worker("wd")
+    wait_until(lambda: crew.nodes()["wd"].state == "up", what="wd up")
+    code, _, err = crew.cli(gone, "stop")
+    assert code == 0, err
+    wait_until(lambda: crew.nodes()["wd"].state == "unreachable", what="wd unreachable")
+    args = ("run", "--async", "--agents-dir", EXAMPLES, "--session", _session(), "--on", "wd")
+    done = run_cli(*args, "sleeper", "seconds=1", state_dir=crew.home.state_dir)
+    assert done.returncode != 0
+    assert "worker 'wd' is unreachable" in done.stderr
+    code, out, err = crew.cli(crew.home, "runs")
+    assert code == 0 and "host wd: runs not listed (unreachable: not asked)" in err
+    code, out, err = crew.cli(crew.home, "runs", "--json")
+    assert code == 0 and "wd" in json.loads(out)["hosts_not_listed"]
+
+
+def test_a_worker_serves_its_home_the_run_supervisor_ping_and_status_and_nothing_else(
+    crew: Fleet,
+) -> None:
+    with crew.client(crew.home).on("w1") as w1:
+        pong = w1.ping()
+        assert pong.node_id == crew.workers["w1"].status().node_id  # the worker answered
+        assert w1.runs.list(limit=1) is not None
+        for request, result in ((KeysList(), AllowedKeys), (Shutdown(), Ack)):
+            with pytest.raises(BadRequest) as refused:
+                w1.ask(request, result)  # type: ignore[arg-type]
+            assert refused.value.details["reason"] in ("not_served_to_home", "local_only")
+        with pytest.raises(BadRequest) as ledger:
+            w1.capacity.snapshot(_session(), 1)  # the ledgers are the home's, never a worker's
+        assert ledger.value.details["reason"] == "not_served_to_home"
+    assert crew.workers["w1"].status().cluster is not None  # still up: no shutdown reached it

@@ -23,6 +23,7 @@ from subagents_node.messages.errors import BadRequest, MembershipRefused, NotAut
 from subagents_node.messages.members import MemberForget, MemberForgotten, MemberJoin, Membership
 from subagents_node.messages.node import Ping, Pong
 from tests.support.fleet import Fleet, fleet
+from tests.support.nodes import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +79,30 @@ def test_an_unauthenticated_peer_and_a_peer_with_an_unknown_key_are_refused_by_t
         sock.close()
     finally:
         ctx.term()
+
+
+def test_a_tcp_peer_cannot_have_the_home_carry_a_request_to_another_worker(
+    local_crew: Fleet,
+) -> None:
+    crew = local_crew
+    w1 = _credentials(crew, "w1")  # a worker's own key: it may ask the ledgers, not other hosts
+    with Client(ZmqTransport(crew.endpoint, credentials=w1, host="w2")) as client:
+        with pytest.raises(BadRequest) as refused:
+            client.runs.list(limit=1)
+        assert refused.value.details["reason"] == "local_only"
+
+
+def test_a_key_allowed_as_home_cannot_join_as_the_homes_own_name(local_crew: Fleet) -> None:
+    crew = local_crew
+    pair = Keypair.generate()
+    allowed = run_cli(
+        "keys", "allow", "--name", "home", "--", pair.public, state_dir=crew.home.state_dir
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    keys = ClientCredentials(pair, crew.home_key)
+    with Client(ZmqTransport(crew.endpoint, credentials=keys)) as client:
+        with pytest.raises(MembershipRefused) as refused:
+            client.ask(MemberJoin(name="home", instance="x"), Membership)
+        assert refused.value.details["reason"] == "name_reserved"
+    done = run_cli("start", "--join", crew.endpoint, "--home-key", crew.home_key, "--name", "home")
+    assert done.returncode != 0 and "a worker cannot be named 'home'" in done.stderr

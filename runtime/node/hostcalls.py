@@ -1,0 +1,140 @@
+"""HostCalls: a home node's requests on their way to one of its workers (DESIGN §1 "Multi-host").
+
+Owns, for the home gateway's I/O thread only, the routing id of each worker's home link (the
+DEALER it joined and heartbeats on; learned from each answered heartbeat, so a worker that
+reconnected is reached on its new connection) and the requests in flight to workers: a local
+client's request whose envelope names a `host` goes out on that connection under a fresh id,
+and the worker's answer goes back to the client under the client's own id, body as it came.
+A worker needs no listener of its own: the home reaches it over the connection the worker
+opened (and authenticated with CURVE) itself.
+
+It never decides whether a request is one a worker serves (the worker does, once) and never
+waits: a request the worker does not answer within `timeout_s` is answered `unavailable` here,
+and a worker the home cannot reach now is refused before anything is sent.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from subagents_node.messages.codec import encode, encode_answer
+from subagents_node.messages.envelope import Envelope, new_message_id
+from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
+
+#: Longer than the longest long-poll a client may ask for (`WaitS`: 60 s) with margin: the
+#: client's own timeout ends its wait first; this only bounds what the home keeps.
+HOST_CALL_TIMEOUT_S = 75.0
+#: Requests to workers in flight at once, over all of them (a bound on the home's memory).
+MAX_IN_FLIGHT = 10_000
+#: Why a request for worker `name` is not sent now (None: send it).
+HostCheck = Callable[[str], "SubagentsError | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    via: int
+    client: bytes
+    request: Envelope
+    host: str
+    deadline: float
+
+
+#: A frame for the gateway to send: (socket index, peer routing id, frame).
+Outbound = tuple[int, bytes, bytes]
+
+
+class HostCalls:
+    def __init__(
+        self,
+        node_id: str,
+        check: HostCheck,
+        worker_via: int = 1,
+        timeout_s: float = HOST_CALL_TIMEOUT_S,
+        limit: int = MAX_IN_FLIGHT,
+    ) -> None:
+        self._node_id = node_id
+        self._check = check
+        self._worker_via = worker_via
+        self._timeout_s = timeout_s
+        self._limit = limit
+        self._links: dict[str, bytes] = {}
+        self._calls: dict[str, _Call] = {}
+        self._deadlines: list[tuple[float, str]] = []
+
+    def linked(self, name: str, routing_id: bytes) -> None:
+        """Worker `name`'s home link answered a heartbeat on this connection."""
+        self._links[name] = routing_id
+
+    def send(self, request: Envelope, via: int, client: bytes) -> Outbound:
+        """The frame that carries `request` on to its host (raises why it is not sent)."""
+        host = request.host
+        refusal = self._check(host)
+        if refusal is None and host not in self._links:
+            refusal = OwnerUnavailable(
+                f"worker {host!r} has not heartbeat on this home since it started; "
+                f"{request.type} was not sent",
+                owner=request.target,
+                state="unreachable",
+                reason="host_unreachable",
+                host=host,
+            )
+        if refusal is not None:
+            raise refusal
+        if len(self._calls) >= self._limit:
+            raise Busy(
+                f"{len(self._calls)} requests to workers are in flight; retry shortly",
+                limit=self._limit,
+            )
+        call_id = new_message_id()
+        deadline = time.monotonic() + self._timeout_s
+        self._calls[call_id] = _Call(via, client, request, host, deadline)
+        heapq.heappush(self._deadlines, (deadline, call_id))
+        onward = Envelope(
+            type=request.type,
+            body=request.body,
+            target=request.target,
+            id=call_id,
+            sender=self._node_id,
+        )
+        return (self._worker_via, self._links[host], encode(onward))
+
+    def answer(self, reply: Envelope, principal: str) -> Outbound | None:
+        """The client's frame for a worker's reply (None: not one we wait for, from this
+        worker: a late answer after its deadline, or a peer answering for another)."""
+        call = self._calls.get(reply.corr or "")
+        if call is None or call.host != principal:
+            return None
+        del self._calls[reply.corr or ""]
+        answer = call.request.reply(reply.type, reply.body, self._node_id)
+        return (call.via, call.client, encode(answer))
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the earliest call runs out (None: nothing in flight)."""
+        while self._deadlines and self._deadlines[0][1] not in self._calls:
+            heapq.heappop(self._deadlines)  # answered already
+        if not self._deadlines:
+            return None
+        return max(0.0, self._deadlines[0][0] - time.monotonic())
+
+    def expire(self) -> list[Outbound]:
+        """Answer every call past its deadline `unavailable` (the worker did not answer)."""
+        now = time.monotonic()
+        out: list[Outbound] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, call_id = heapq.heappop(self._deadlines)
+            call = self._calls.pop(call_id, None)
+            if call is None:
+                continue
+            err = OwnerUnavailable(
+                f"worker {call.host!r} did not answer {call.request.type} within "
+                f"{self._timeout_s:g}s",
+                owner=call.request.target,
+                state="unreachable",
+                reason="host_timeout",
+                host=call.host,
+            )
+            out.append((call.via, call.client, encode_answer(call.request, err, self._node_id)))
+        return out
