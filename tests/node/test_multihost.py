@@ -465,6 +465,15 @@ def test_run_on_a_worker_from_the_home_runs_it_there_and_every_view_on_the_home_
     assert _runs_by_id(crew, crew.home, "--session", session)[run_id]["state"] == "stopped"
 
 
+def test_a_foreground_run_on_a_worker_is_followed_from_the_home_to_its_end(crew: Fleet) -> None:
+    args = ("run", "--on", "w1", "--session", _session(), "--agents-dir", EXAMPLES, "--json")
+    done = run_cli(*args, "sleeper", "seconds=0.2", state_dir=crew.home.state_dir)
+    assert done.returncode == 0, done.stderr
+    final = json.loads(done.stdout)
+    assert final["state"] == "complete" and final["children"][0]["exit_code"] == 0
+    assert final["run_id"] in _runs_by_id(crew, crew.workers["w1"])
+
+
 def test_a_run_launched_on_a_worker_is_found_by_the_homes_show_and_listed_with_its_host(
     crew: Fleet,
 ) -> None:
