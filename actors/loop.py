@@ -7,6 +7,12 @@ link deadline; read every frame already waiting (up to `GROUP_MAX`), decode and 
 once; hand them all to the owner, which applies them in one transaction and commits when its
 mailbox is empty (group commit); then send every reply. No thread hand-off on the hot path.
 
+On a home node a ledger owner also owns a second ROUTER, a CURVE server on tcp whose peers its
+PeerGate admits (actors/peergate.py): a worker's admission reaches the owner straight, with no
+hop through the node. A frame from it carries its peer's key; the gate judges it (revoked,
+fenced, operator-only) and stamps the peer's name as the `host` of what it asks. The node's
+`owner.peers` (ipc only) is the gate's allow-list, handled here, never by the owner.
+
 Rules it enforces: a frame that does not decode or validate is answered with a typed error and
 never reaches the owner; a request for another owner is refused (`wrong_target`); a mailbox at
 its limit answers `Busy` at once (memory stays bounded under a flood); every request is
@@ -26,9 +32,12 @@ import zmq
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
 from subagents_node.actors.owner import Job, OwnerActor, Tick
+from subagents_node.actors.peergate import PeerGate
+from subagents_node.messages.base import Ack
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, Busy, MalformedFrame, SubagentsError
+from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.protocol import parse_request
 
 log = logging.getLogger(__name__)
@@ -53,15 +62,25 @@ class OwnerLoop:
         links: OwnerLinks,
         max_frame: int = MAX_FRAME_BYTES,
         mailbox_limit: int = 1024,
+        gate: PeerGate | None = None,
+        tcp_endpoint: str = "",
     ) -> None:
         self.actor = actor
         self.endpoint = endpoint
+        #: A home's ledger owner: its tcp endpoint (CURVE) and the gate of its peers.
+        self.tcp_endpoint = tcp_endpoint
+        self._gate = gate
+        self._tcp: zmq.Socket[bytes] | None = None
+        self._zap: zmq.Socket[bytes] | None = None
         self.links = links
         self.mailbox_limit = mailbox_limit
         self._max_frame = max_frame
         self._zctx = zctx
         self._inbox: collections.deque[Job | Tick] = collections.deque()
-        self._outbound: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        #: (the socket the request came in on, the peer's routing id, the reply frame)
+        self._outbound: collections.deque[tuple[zmq.Socket[bytes], bytes, bytes]] = (
+            collections.deque()
+        )
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -94,21 +113,32 @@ class OwnerLoop:
     # -- the loop ------------------------------------------------------------------------------
 
     def bind(self) -> None:
-        """Bind the owner's socket (before `run`, so a bind error is a failed start)."""
+        """Bind the owner's socket(s) (before `run`, so a bind error is a failed start)."""
+        self._router = self._bound(self.endpoint, secure=False)
+        self._poller.register(self._router, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        if self._gate is not None and self.tcp_endpoint:
+            # The ZAP handler is bound before any CURVE socket of the context exists.
+            self._zap = self._gate.open(self._zctx)
+            self._poller.register(self._zap, zmq.POLLIN)
+            self._tcp = self._bound(self.tcp_endpoint, secure=True)
+            self._poller.register(self._tcp, zmq.POLLIN)
+
+    def _bound(self, endpoint: str, secure: bool) -> zmq.Socket[bytes]:
         sock = self._zctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
+        if secure and self._gate is not None:
+            self._gate.make_server(sock)
         try:
-            sock.bind(self.endpoint)
+            sock.bind(endpoint)
         except zmq.ZMQError:
             sock.close(linger=0)
             raise
-        self._router = sock
-        self._poller.register(sock, zmq.POLLIN)
-        self._poller.register(self._wake_r, zmq.POLLIN)
+        return sock
 
     def watch(self, sock: zmq.Socket[bytes]) -> None:
         """Poll a peer link's socket too (OwnerLinks calls this when it opens one)."""
@@ -133,6 +163,10 @@ class OwnerLoop:
             self._drain()
             self._send()
             self._router.close(linger=500)
+            if self._tcp is not None:
+                self._tcp.close(linger=500)
+            if self._gate is not None:
+                self._gate.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
@@ -147,6 +181,11 @@ class OwnerLoop:
                     pass
         if events.get(self._router):
             self._read(self._router)
+        if self._tcp is not None:
+            if self._zap is not None and events.get(self._zap) and self._gate is not None:
+                self._gate.handle()
+            if events.get(self._tcp):
+                self._read_tcp(self._tcp)
         for sock in self.links.sockets:
             if events.get(sock):
                 self.links.receive(sock)
@@ -165,6 +204,22 @@ class OwnerLoop:
                 frames.append(router.recv(_NOBLOCK))
             self._frame(frames)
 
+    def _read_tcp(self, sock: zmq.Socket[bytes]) -> None:
+        """Frames from authenticated tcp peers: each judged by its key's current standing."""
+        gate = self._gate
+        assert gate is not None
+        for _ in range(READ_BATCH):
+            try:
+                frames = sock.recv_multipart(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            user_id = frames[-1].get("User-Id") if frames else ""
+            principal = gate.principal(str(user_id))
+            if principal is None:
+                log.warning("%s: dropped a tcp frame from a key no longer allowed", self.actor.name)
+                continue
+            self._frame([f.bytes for f in frames], sock, principal)
+
     def _drain(self) -> None:
         inbox = self._inbox
         while inbox:
@@ -172,15 +227,27 @@ class OwnerLoop:
 
     # -- one frame -----------------------------------------------------------------------------
 
-    def _frame(self, frames: list[bytes]) -> None:
+    def _frame(
+        self, frames: list[bytes], sock: zmq.Socket[bytes] | None = None, principal: str = ""
+    ) -> None:
+        """One message: from the ipc socket (`principal` ""), or from tcp peer `principal`."""
+        via = sock if sock is not None else self._router
+        assert via is not None
         identity = frames[0]
         if len(frames) != 2:
-            self._refuse(identity, None, MalformedFrame("expected exactly one frame per message"))
+            self._refuse(
+                identity, None, MalformedFrame("expected exactly one frame per message"), via=via
+            )
             return
         env: Envelope | None = None
         try:
             env = decode(frames[1], self._max_frame)
             request = parse_request(env.type, env.body)
+            if principal and self._gate is not None:
+                request = self._gate.admit(request, principal)
+            if isinstance(request, OwnerPeers):
+                self._told(request, identity, env, via)
+                return
             owner = request.target or env.target
             if owner and owner != self.actor.name:
                 raise BadRequest(
@@ -195,20 +262,32 @@ class OwnerLoop:
                     mailbox=depth,
                     limit=self.mailbox_limit,
                 )
-            reply = answer_once(self._reply_to(identity, env), request.type)
+            reply = answer_once(self._reply_to(identity, env, via), request.type)
             self._inbox.append(Job(request, reply))
         except SubagentsError as err:
-            self._refuse(identity, env.id if env else peek_id(frames[1]), err, env)
+            self._refuse(identity, env.id if env else peek_id(frames[1]), err, env, via)
         except Exception as exc:  # one frame must never end the owner
             log.exception("%s: unexpected failure on a frame", self.actor.name)
-            self._refuse(identity, env.id if env else None, MalformedFrame(repr(exc)), env)
+            self._refuse(identity, env.id if env else None, MalformedFrame(repr(exc)), env, via)
 
-    def _reply_to(self, identity: bytes, env: Envelope) -> ReplyFn:
+    def _told(
+        self, peers: OwnerPeers, identity: bytes, env: Envelope, via: zmq.Socket[bytes]
+    ) -> None:
+        """The node's `owner.peers`: the gate's new allow-list (a home's ledger owners only)."""
+        if self._gate is None:
+            raise BadRequest(
+                f"{self.actor.name} has no tcp socket of its own (not a home's ledger owner)",
+                reason="wrong_target",
+            )
+        self._gate.update(peers)
+        self._reply_to(identity, env, via)(Ack())
+
+    def _reply_to(self, identity: bytes, env: Envelope, via: zmq.Socket[bytes]) -> ReplyFn:
         out = self._outbound
         sender = self.actor.name
 
         def reply(outcome: Outcome) -> None:
-            out.append((identity, encode_answer(env, outcome, sender)))
+            out.append((via, identity, encode_answer(env, outcome, sender)))
 
         return reply
 
@@ -218,6 +297,7 @@ class OwnerLoop:
         corr: str | None,
         err: SubagentsError,
         env: Envelope | None = None,
+        via: zmq.Socket[bytes] | None = None,
     ) -> None:
         log.warning("%s: refused a frame: %s: %s", self.actor.name, err.code, err.message[:200])
         answer = Envelope(
@@ -227,16 +307,17 @@ class OwnerLoop:
             corr=corr,
             sender=self.actor.name,
         )
-        self._outbound.append((identity, encode(answer)))
+        sock = via if via is not None else self._router
+        assert sock is not None
+        self._outbound.append((sock, identity, encode(answer)))
 
     def _send(self) -> None:
-        assert self._router is not None
         out = self._outbound
         while out:
-            identity, frame = out.popleft()
+            sock, identity, frame = out.popleft()
             try:
-                self._router.send(identity, _SEND_MORE)
-                self._router.send(frame, _NOBLOCK)
+                sock.send(identity, _SEND_MORE)
+                sock.send(frame, _NOBLOCK)
             except zmq.ZMQError as exc:
                 # The peer is gone (EHOSTUNREACH) or its queue is full: its timeout reports it.
                 self.dropped += 1

@@ -149,6 +149,13 @@ NonEmptyFsPath = Annotated[
 HostName = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 ]
+#: The z85 text of a 32-byte CURVE public key.
+CurveKey = Annotated[
+    str,
+    StringConstraints(
+        min_length=40, max_length=40, pattern=r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]+$"
+    ),
+]
 #: A host name, or "" for the home node itself (what a record written before hosts reads as).
 HostOrHome = Annotated[
     str, StringConstraints(max_length=64, pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9_.@-]*)?$")

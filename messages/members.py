@@ -36,6 +36,9 @@ class Membership(Message):
     home_node_id: str
     heartbeat_s: float
     timeout_s: float
+    #: The tcp port on which each of the home's ledger owners answers (CURVE, the home's key),
+    #: on the host the worker joined: a worker sends its admissions straight there.
+    owner_ports: dict[str, int] = Field(default_factory=dict)
 
 
 class MemberJoin(Request):

@@ -18,6 +18,7 @@ from subagents_node.messages import (
     keys,
     members,
     node,
+    peers,
     retention,
     runs,
     session,
@@ -34,6 +35,7 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     supervisor.REQUESTS,
     keys.REQUESTS,
     members.REQUESTS,
+    peers.REQUESTS,
     retention.REQUESTS,
     runs.REQUESTS,
 )

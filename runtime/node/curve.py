@@ -2,11 +2,13 @@
 
 Owns the node's server keypair (created on first use), the allow-list (`<state>/keys/
 allowed.toml`, name -> client public key) while the node runs, and the ZAP socket
-(`inproc://zeromq.zap.01`, RFC 27) of the node's zmq context. Every tcp ROUTER the gateway binds
-is a CURVE server (DESIGN §3, loopback included); libzmq asks this handler about each peer's
-handshake, and the handler admits only a key on the allow-list, answering with the key's name
-as the ZAP User-Id: the gateway reads it from each frame, maps it to the key's name (refusing
-the frame once the key is revoked) and logs that name as the request's principal.
+(`inproc://zeromq.zap.01`, RFC 27: actors/zap.py) of the node's zmq context. Every tcp ROUTER
+the gateway binds is a CURVE server (DESIGN §3, loopback included); libzmq asks this handler
+about each peer's handshake, and the handler admits only a key on the allow-list, answering
+with the key itself as the ZAP User-Id: the gateway reads it from each frame, maps it to the
+key's name (refusing the frame once the key is revoked) and logs that name as the request's
+principal. On a home, the node tells its ledger owners the same allow-list (`owner.peers`):
+each owner's own tcp socket has its own handler (actors/peergate.py).
 
 Why our own ZAP socket and not pyzmq's ThreadAuthenticator: the socket is polled by the
 gateway's I/O thread beside its ROUTERs, so the allow-list has exactly one reader and one
@@ -25,8 +27,8 @@ import logging
 from pathlib import Path
 
 import zmq
-from zmq.utils import z85
 
+from subagents_node.actors import zap
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.keys import (
     ALLOWED,
@@ -45,10 +47,6 @@ from subagents_node.messages.errors import BadRequest, KeyFileInvalid
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
 
 log = logging.getLogger(__name__)
-
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-#: The ZAP domain of the node's tcp sockets: a CURVE request from any other domain is refused.
-TCP_DOMAIN = b"subagents-tcp"
 
 
 def server_keypair(state_dir: Path) -> Keypair:
@@ -127,16 +125,11 @@ class CurveGuard:
 
     def make_server(self, sock: zmq.Socket[bytes]) -> None:
         """Turn a ROUTER, before it binds, into a CURVE server judged by this handler."""
-        sock.setsockopt(zmq.CURVE_SERVER, 1)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, self.server.secret.encode("ascii"))
-        sock.setsockopt(zmq.ZAP_DOMAIN, TCP_DOMAIN)
+        zap.make_server(sock, self.server.secret)
 
     def open(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        sock = zctx.socket(zmq.REP)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(ZAP_ENDPOINT)
-        self._sock = sock
-        return sock
+        self._sock = zap.open_handler(zctx)
+        return self._sock
 
     def close(self) -> None:
         if self._sock is not None:
@@ -145,41 +138,12 @@ class CurveGuard:
 
     def handle(self) -> None:
         """Answer every waiting ZAP request (RFC 27: 200 admits, 400 refuses)."""
-        sock = self._sock
-        assert sock is not None
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                status, text, user = self._judge(frames)
-            except Exception:  # a peer's handshake must never stop the gateway thread
-                log.exception("ZAP: refused a request that could not be judged")
-                status, text, user = b"400", b"invalid request", b""
-            request_id = frames[1] if len(frames) > 1 else b""
-            sock.send_multipart([b"1.0", request_id, status, text, user, b""])
+        assert self._sock is not None
+        zap.answer(self._sock, self._name_of)
 
-    def _judge(self, frames: list[bytes]) -> tuple[bytes, bytes, bytes]:
-        if len(frames) < 6 or frames[0] != b"1.0":
-            return b"400", b"malformed ZAP request", b""
-        domain, address, mechanism = frames[2], frames[3].decode(errors="replace"), frames[5]
-        if domain != TCP_DOMAIN:
-            # Not one of our tcp sockets (ipc has no mechanism and never asks); refuse.
-            return b"400", b"unknown ZAP domain", b""
-        if mechanism != b"CURVE" or len(frames) != 7 or len(frames[6]) != 32:
-            log.warning("tcp peer %s refused: no CURVE credentials", address)
-            return b"400", b"CURVE required", b""
-        key = z85.encode(frames[6]).decode("ascii")
-        name = next((n for n, k in self._allowed.items() if k == key), None)
-        if name is None:
-            log.warning("tcp peer %s refused: key %s is not allowed", address, key)
-            return b"400", b"key not allowed", b""
-        log.info("tcp peer %s admitted as %s", address, name)
-        # The User-Id is the key itself: the gateway maps it to a name per frame, so a key
-        # revoked while its peer stays connected is refused from its next frame on.
-        return b"200", b"OK", key.encode("ascii")
+    def _name_of(self, key: str) -> str | None:
+        return next((n for n, k in self._allowed.items() if k == key), None)
 
     def principal(self, user_id: str) -> str | None:
         """The allow-listed name of an authenticated key, or None once it is revoked."""
-        return next((n for n, k in self._allowed.items() if k == user_id), None)
+        return self._name_of(user_id)

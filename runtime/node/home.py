@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
+from subagents_node.actors.peergate import stamp_host
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
 from subagents_node.messages.errors import BadRequest, StoreError, SubagentsError
@@ -27,6 +28,7 @@ from subagents_node.messages.members import (
     MemberJoin,
     MemberList,
 )
+from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node.members import DB_NAME, Members, forgotten, slots_merged
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,20 @@ class HomeService:
         timeout_s: float,
         submit: Submit,
         tcp_endpoints: Callable[[], list[str]],
+        owner_ports: dict[str, int] | None = None,
+        allowed: Callable[[], dict[str, str]] = dict,
+        tell: Callable[[OwnerPeers], None] = lambda table: None,
     ) -> None:
         self._path = str(state_dir / DB_NAME)
-        self._members = Members(state_dir, home_node_id, heartbeat_s, timeout_s)
+        self._members = Members(state_dir, home_node_id, heartbeat_s, timeout_s, owner_ports)
         self._lock = threading.Lock()
         self._submit = submit
         self._tcp_endpoints = tcp_endpoints
+        #: The allow-list (name -> key), and how the ledger owners are told who may reach
+        #: their own tcp sockets: after each join and forget (before its answer), and on
+        #: `tell_owners` (an owner started, a key was allowed or revoked).
+        self._allowed = allowed
+        self._tell = tell
 
     def close(self) -> None:
         self._members.close()
@@ -64,9 +74,17 @@ class HomeService:
             if self._members.fenced(principal):
                 raise self._members.fenced_error(principal)
             member = self._members.is_member(principal)
-        if "host" in type(request).model_fields:
-            request = request.model_copy(update={"host": principal if member else ""})
-        return request
+        return stamp_host(request, principal, member)
+
+    def tell_owners(self) -> None:
+        with self._lock:
+            table = self._table()
+        self._tell(table)
+
+    def _table(self) -> OwnerPeers:
+        """What the ledger owners' own tcp sockets must know: keys, members, fenced names."""
+        members, fenced = self._members.standing()
+        return OwnerPeers(allowed=self._allowed(), members=members, fenced=fenced)
 
     def unreachable(self, name: str) -> SubagentsError | None:
         """Why a local client's request cannot be carried to worker `name` now (None: it can)."""
@@ -90,7 +108,9 @@ class HomeService:
             if principal is None:  # the gateway lets these in on tcp only
                 raise BadRequest(f"{request.type} names a tcp peer", reason="peer_only")
             if isinstance(request, MemberJoin):
-                reply(members.join(request, principal))
+                joined = members.join(request, principal)
+                self._tell(self._table())
+                reply(joined)
             else:
                 reply(members.heartbeat(request, principal))
         elif isinstance(request, MemberList):
@@ -99,6 +119,8 @@ class HomeService:
             self._submit(HostSlots(), CAPACITY, lambda held: reply(slots_merged(listing, held)))
         elif isinstance(request, MemberForget):
             generation, at = members.forget(request)
+            # The owners fence it first: the release below reaches capacity after the word.
+            self._tell(self._table())
             release = ReleaseHost(
                 host=request.name, reason=request.reason, operator="subagents-node nodes forget"
             )

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from subagents_node.actors.peergate import fenced_error
 from subagents_node.messages.base import Message
 from subagents_node.messages.capacity import HostReleased, SlotsByHost
 from subagents_node.messages.errors import (
@@ -67,9 +68,15 @@ class _Beat:
 
 class Members:
     def __init__(
-        self, state_dir: Path, home_node_id: str, heartbeat_s: float, timeout_s: float
+        self,
+        state_dir: Path,
+        home_node_id: str,
+        heartbeat_s: float,
+        timeout_s: float,
+        owner_ports: dict[str, int] | None = None,
     ) -> None:
         self.home_node_id = home_node_id
+        self.owner_ports = dict(owner_ports or {})
         self.heartbeat_s = heartbeat_s
         self.timeout_s = timeout_s
         self._db = sqlite3.connect(
@@ -169,7 +176,7 @@ class Members:
                 reason="not_joined",
             )
         if row["state"] == "forgotten":
-            raise self._fenced_error(request.name, row["forget_reason"])
+            raise fenced_error(request.name, row["forget_reason"])
         if int(row["generation"]) != request.generation or row["instance"] != request.instance:
             raise MembershipRefused(
                 f"worker {request.name!r} generation {request.generation} is not the current "
@@ -272,7 +279,19 @@ class Members:
             home_node_id=self.home_node_id,
             heartbeat_s=self.heartbeat_s,
             timeout_s=self.timeout_s,
+            owner_ports=self.owner_ports,
         )
+
+    def standing(self) -> tuple[list[str], dict[str, str]]:
+        """The live members' names, and each forgotten worker's name with the reason."""
+        members = sorted(n for n, state in self._states.items() if state == "member")
+        fenced = {
+            str(row["name"]): str(row["forget_reason"])
+            for row in self._db.execute(
+                "SELECT name, forget_reason FROM members WHERE state = ?", ("forgotten",)
+            )
+        }
+        return members, fenced
 
     @staticmethod
     def _check_principal(name: str, principal: str) -> None:
@@ -285,18 +304,9 @@ class Members:
                 reason="name_mismatch",
             )
 
-    @staticmethod
-    def _fenced_error(name: str, reason: str) -> MembershipRefused:
-        return MembershipRefused(
-            f"worker {name!r} was forgotten by the home's operator ({reason}); it is fenced "
-            "until it joins again (restart it with `subagents-node start --join ...`)",
-            name=name,
-            reason="fenced",
-        )
-
     def fenced_error(self, name: str) -> MembershipRefused:
         row = self._row(name)
-        return self._fenced_error(name, str(row["forget_reason"]) if row else "")
+        return fenced_error(name, str(row["forget_reason"]) if row else "")
 
 
 def slots_merged(listing: MemberListing, held: Message | SubagentsError) -> MemberListing:

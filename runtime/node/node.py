@@ -66,6 +66,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
+from subagents_node.messages.keys import KeysList
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.members import REQUESTS as MEMBER_REQUESTS
 from subagents_node.messages.node import (
@@ -77,9 +78,10 @@ from subagents_node.messages.node import (
     Pong,
     Shutdown,
 )
+from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import ListRuns, RunList
 from subagents_node.node import owners
-from subagents_node.node.curve import CurveGuard
+from subagents_node.node.curve import CurveGuard, server_keypair
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
@@ -96,6 +98,8 @@ log = logging.getLogger(__name__)
 
 #: The owners whose state lives on the home node only (DESIGN §1): a worker forwards to them.
 REMOTE_OWNERS = frozenset({"capacity", "fanout", "session"})
+#: On a home, each of those owners listens on tcp itself, this far above the home's port.
+HOME_OWNER_PORTS = {"capacity": 1, "fanout": 2, "session": 3}
 
 
 @dataclass
@@ -155,6 +159,8 @@ class Node:
         self._home_keys: RemoteKeys | None = None
         self._home_link_state: tuple[str, str] = ("joined", "")
         self._routes: dict[str, str] = {}
+        #: A home's ledger owners' own tcp endpoints (owner -> endpoint).
+        self._owner_tcp: dict[str, str] = {}
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
@@ -218,6 +224,10 @@ class Node:
                 key="listen",
                 source="options",
                 reason="home_needs_tcp",
+            )
+        if opts.home:
+            self._owner_tcp = _home_owner_endpoints(
+                next(e for e in opts.listen if e.startswith("tcp://"))
             )
         if opts.join:
             check_endpoint(opts.join)
@@ -294,10 +304,12 @@ class Node:
             "cgroup_base": self.containment.path,
         }
         specs = []
+        secret = server_keypair(self.state_dir).secret if self._owner_tcp else ""
         for cls in owners.OWNERS:
             if cls.name in self.remote_owners:
                 continue  # the home's: this worker's gateway forwards to it
             own = {**settings, "caps_child_logs": cls is owners.RUNS}
+            tcp = self._owner_tcp.get(cls.name, "")
             specs.append(
                 OwnerSpec(
                     cls=cls,
@@ -311,6 +323,8 @@ class Node:
                     max_frame=self.options.max_frame,
                     mailbox_limit=self.options.mailbox_limit,
                     settings=own,
+                    tcp_endpoint=tcp,
+                    server_secret=secret if tcp else "",
                 )
             )
         return specs
@@ -358,6 +372,9 @@ class Node:
                 self.options.heartbeat_timeout_s,
                 self._forwarder.submit,
                 self._tcp_endpoints,
+                owner_ports={n: _port(e) for n, e in self._owner_tcp.items()},
+                allowed=lambda: self._curve.allowed if self._curve is not None else {},
+                tell=self._tell_owners,
             )
         self._gateway = Gateway(
             self._zctx,
@@ -395,19 +412,44 @@ class Node:
         if self._home_link is not None:
             self._home_link.start(self._zctx)
 
+    def _tell_owners(self, table: OwnerPeers) -> None:
+        """A home's ledger owners learn who may reach their own tcp sockets (`owner.peers`,
+        from any thread: the forwarder carries it, in order with what follows it)."""
+        forwarder = self._forwarder
+        if forwarder is None:
+            return
+        for name in sorted(self._owner_tcp):
+
+            def told(outcome: Outcome, name: str = name) -> None:
+                if isinstance(outcome, SubagentsError):  # it hears again when it is back
+                    log.warning("could not tell %s its tcp peers: %s", name, outcome.message)
+
+            forwarder.submit(table, name, told)
+
     def _route(self, target: str) -> str:
         """Where the links send a request for `target` (asked once per request: no paths
         built on the way)."""
         endpoint = self._routes.get(target)
         if endpoint is None:
             if target in self.remote_owners:
-                endpoint = self.options.join
+                endpoint = self._home_owner_route(target)
             elif target in OWNER_SOCKETS:
                 endpoint = self._owner_endpoint(target)
             else:
                 endpoint = self.address
             self._routes[target] = endpoint
         return endpoint
+
+    def _home_owner_route(self, target: str) -> str:
+        """A worker's route to the home's owner `target`: its own tcp port on the host the
+        worker joined, as the home said at the join; else the home's endpoint (its gateway
+        relays)."""
+        link = self._home_link
+        port = link.membership.owner_ports.get(target) if link and link.membership else None
+        if port is None:
+            return self.options.join
+        host = self.options.join.removeprefix("tcp://").rpartition(":")[0]
+        return f"tcp://{host}:{port}"
 
     def _retire_v1_state(self) -> None:
         """Once every owner imported its tables from a version-1 `state.db`, keep the old
@@ -432,14 +474,19 @@ class Node:
             return
         owners_book = self._owners.book()
         for name in self.remote_owners:
-            owners_book[name] = {"endpoint": self.options.join, "pid": None, "state": "remote"}
+            owners_book[name] = {"endpoint": self._route(name), "pid": None, "state": "remote"}
         book: dict[str, object] = {
             "node": {"endpoint": self.address, "pid": os.getpid(), "node_id": self.node_id},
             "owners": owners_book,
         }
         if self._home is not None and self._curve is not None:
             # What a worker needs: where the home's owners answer over tcp, and its key.
-            book["home"] = {"tcp": self._tcp_endpoints(), "public_key": self._curve.server.public}
+            book["home"] = {
+                "tcp": self._tcp_endpoints(),
+                "public_key": self._curve.server.public,
+                "owners": dict(self._owner_tcp),
+            }
+            self._home.tell_owners()  # an owner (re)started: it admits nobody until told
         tmp = self.state_dir / (ADDRESS_BOOK_NAME + ".tmp")
         with suppress(OSError):
             tmp.write_text(json.dumps(book, indent=1))
@@ -574,7 +621,10 @@ class Node:
                 cluster=self._cluster_status(),
             )
         if isinstance(request, KEY_REQUESTS) and self._curve is not None:
-            return self._curve.serve(request)
+            outcome = self._curve.serve(request)
+            if self._home is not None and not isinstance(request, KeysList):
+                self._home.tell_owners()  # the owners' own tcp sockets take the change too
+            return outcome
         if isinstance(request, Shutdown):
             # Reply first; the owner of the process (start's main loop) performs the stop.
             self.request_stop()
@@ -662,3 +712,22 @@ def _temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[P
         return
     with tempfile.TemporaryDirectory(prefix="subagents-") as tmp:
         yield Path(tmp)
+
+
+def _port(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2])
+
+
+def _home_owner_endpoints(listen: str) -> dict[str, str]:
+    """Each home ledger owner's own tcp endpoint: the home's host, its port plus the owner's
+    offset (a fixed port: workers and firewalls must know it)."""
+    host, _, port_text = listen.removeprefix("tcp://").rpartition(":")
+    port = int(port_text) if port_text.isdigit() else 0
+    top = max(HOME_OWNER_PORTS.values())
+    if not 0 < port <= 65535 - top:
+        raise BadAddress(
+            f"a home needs a fixed tcp port (1-{65535 - top}), not {listen}: its ledger "
+            f"owners listen on the next {top} ports",
+            address=listen,
+        )
+    return {name: f"tcp://{host}:{port + step}" for name, step in HOME_OWNER_PORTS.items()}

@@ -33,6 +33,7 @@ from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
 from subagents_node.actors.owner import ActorContext, OwnerActor
+from subagents_node.actors.peergate import PeerGate
 from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.node.timers import Timers
 
@@ -62,6 +63,10 @@ class OwnerSpec:
     max_frame: int = 0
     mailbox_limit: int = 1024
     settings: Mapping[str, Any] = field(default_factory=dict)
+    #: A home's ledger owner: its own tcp endpoint (a CURVE server with the node's secret
+    #: key, admitting the peers the node names in `owner.peers`); "" on any other node.
+    tcp_endpoint: str = ""
+    server_secret: str = field(default="", repr=False)
 
     @property
     def name(self) -> str:
@@ -167,8 +172,16 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     # as the process: out of the collector's sight, a full collection walks only what the
     # requests made (and the pages shared with the node stay shared).
     gc.freeze()
+    gate = PeerGate(spec.server_secret) if spec.tcp_endpoint else None
     loop = OwnerLoop(
-        actor, zctx, spec.endpoint, links, spec.max_frame or 1 << 20, spec.mailbox_limit
+        actor,
+        zctx,
+        spec.endpoint,
+        links,
+        spec.max_frame or 1 << 20,
+        spec.mailbox_limit,
+        gate=gate,
+        tcp_endpoint=spec.tcp_endpoint,
     )
     loop.bind()
     signal.signal(signal.SIGTERM, lambda signum, frame: loop.request_stop())

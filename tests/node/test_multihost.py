@@ -117,6 +117,26 @@ def test_workers_join_the_home_and_nodes_lists_each_up_with_its_heartbeat(crew: 
     assert home is not None and home.role == "home" and home.public_key == crew.home_key
 
 
+def test_the_homes_ledger_owners_each_listen_on_tcp_and_workers_send_admissions_straight_there(
+    crew: Fleet,
+) -> None:
+    book = json.loads((crew.home.state_dir / "addressbook.json").read_text())
+    host, _, port = crew.endpoint.rpartition(":")
+    owners = {"capacity": 1, "fanout": 2, "session": 3}
+    assert book["home"]["owners"] == {n: f"{host}:{int(port) + d}" for n, d in owners.items()}
+    assert book["home"]["public_key"] == crew.home_key
+    for name in WORKERS:
+        worker = json.loads((crew.workers[name].state_dir / "addressbook.json").read_text())
+        routes = {n: worker["owners"][n]["endpoint"] for n in owners}
+        assert routes == book["home"]["owners"]  # no hop through the home node's gateway
+    session = _session()
+    handle = crew.client(crew.workers["w2"]).capacity.acquire(session, 2, f"r-{session}")
+    assert handle is not None
+    held = crew.client(crew.home).capacity.hosts()
+    assert {h.host: h.reserved for h in held.hosts}.get("w2") == 1  # the owner stamped it
+    assert handle.rollback()
+
+
 def test_a_join_with_a_key_the_home_never_allowed_is_refused_and_the_worker_does_not_start(
     crew: Fleet,
 ) -> None:

@@ -5,6 +5,7 @@ socket on loopback (the fleet tests in test_multihost.py run on namespaces as we
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -18,10 +19,26 @@ from subagents_node.client.keys import (
     keys_dir,
     read_keypair,
 )
+from subagents_node.client.paths import ADDRESS_BOOK_NAME
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.errors import BadRequest, MembershipRefused, NotAuthenticated
+from subagents_node.messages.base import Ack
+from subagents_node.messages.capacity import (
+    Acquire,
+    AcquireResult,
+    HostReleased,
+    ReleaseHost,
+    Rollback,
+    RollbackResult,
+)
+from subagents_node.messages.errors import (
+    BadRequest,
+    MembershipRefused,
+    NodeTimeout,
+    NotAuthenticated,
+)
 from subagents_node.messages.members import MemberForget, MemberForgotten, MemberJoin, Membership
 from subagents_node.messages.node import Ping, Pong
+from subagents_node.messages.peers import OwnerPeers
 from tests.support.fleet import Fleet, fleet
 from tests.support.nodes import run_cli
 
@@ -106,3 +123,56 @@ def test_a_key_allowed_as_home_cannot_join_as_the_homes_own_name(local_crew: Fle
         assert refused.value.details["reason"] == "name_reserved"
     done = run_cli("start", "--join", crew.endpoint, "--home-key", crew.home_key, "--name", "home")
     assert done.returncode != 0 and "a worker cannot be named 'home'" in done.stderr
+
+
+def _owner_endpoint(crew: Fleet, owner: str) -> str:
+    book = json.loads((crew.home.state_dir / ADDRESS_BOOK_NAME).read_text())
+    return str(book["home"]["owners"][owner])
+
+
+def test_a_ledger_owners_own_tcp_socket_refuses_strangers_operator_acts_and_spoofed_hosts(
+    local_crew: Fleet,
+) -> None:
+    crew = local_crew
+    capacity = _owner_endpoint(crew, "capacity")
+    stranger = ClientCredentials(Keypair.generate(), crew.home_key)
+    with (
+        Client(ZmqTransport(capacity, credentials=stranger)) as client,
+        pytest.raises(NotAuthenticated),
+    ):
+        client.capacity.snapshot("s-stranger", 1)
+    with Client(ZmqTransport(capacity, credentials=_credentials(crew, "w1"))) as client:
+        release = ReleaseHost(host="w2", reason="not yours", operator="w1")
+        with pytest.raises(BadRequest) as refused:
+            client.ask(release, HostReleased)
+        assert refused.value.details["reason"] == "local_only"
+        with pytest.raises(BadRequest) as told:
+            client.ask(OwnerPeers(allowed={}), Ack, target="capacity")
+        assert told.value.details["reason"] == "local_only"
+        spoof = Acquire(session_id="s-spoof", limit=2, run_id="r-spoof", host="w2")
+        handle = client.ask(spoof, AcquireResult).handle
+    held = {h.host: h.reserved for h in crew.client(crew.home).capacity.hosts().hosts}
+    assert held.get("w1") == 1 and "w2" not in held  # w1 cannot hold a slot in w2's name
+    assert handle is not None
+    undone = crew.client(crew.home).ask(Rollback(handle=handle), RollbackResult)
+    assert undone.rolled_back
+
+
+def test_a_key_revoked_while_connected_to_a_ledger_owner_is_refused_from_its_next_frame(
+    local_crew: Fleet,
+) -> None:
+    crew = local_crew
+    pair = Keypair.generate()
+    allowed = run_cli(
+        "keys", "allow", "--name", "wx", "--", pair.public, state_dir=crew.home.state_dir
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    fanout = _owner_endpoint(crew, "fanout")
+    keys = ClientCredentials(pair, crew.home_key)
+    with Client(ZmqTransport(fanout, credentials=keys), timeout=2.0) as client:
+        descriptor = client.fanout.create("root-wx", 3)
+        assert client.fanout.snapshot(descriptor).limit == 3
+        revoked = run_cli("keys", "revoke", "wx", state_dir=crew.home.state_dir)
+        assert revoked.returncode == 0, revoked.stderr
+        with pytest.raises(NodeTimeout):  # dropped unanswered, on the same connection
+            client.fanout.snapshot(descriptor)
