@@ -12,9 +12,9 @@ the owner's ipc socket only (an operator's act: `local_only`), never to a tcp pe
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from subagents_node.messages.base import Ack, Request, ResultType
 from subagents_node.messages.domains import CurveKey, HostName
@@ -33,7 +33,9 @@ class OwnerPeers(Request):
     allowed: dict[HostName, CurveKey] = Field(default_factory=dict, max_length=MAX_PEERS)
     members: list[HostName] = Field(default_factory=list, max_length=MAX_PEERS)
     #: name -> the operator's reason (`nodes forget --reason`)
-    fenced: dict[HostName, str] = Field(default_factory=dict, max_length=MAX_PEERS)
+    fenced: dict[HostName, Annotated[str, StringConstraints(max_length=500)]] = Field(
+        default_factory=dict, max_length=MAX_PEERS
+    )
 
 
 REQUESTS = (OwnerPeers,)

@@ -328,7 +328,12 @@ def test_in_process_crash_is_answered_internal_and_counted_without_stopping_the_
     client = embedded_node.client()
     with pytest.raises(Internal):
         client.ask(DebugRaise(), Ack, target="session")
-    assert {a.name: a.restarts for a in client.status().actors}["session"] == 1
+    # The owner's word on its restart travels on its control pipe, not with the reply: it may
+    # reach the node a moment after the client has its answer.
+    wait_until(
+        lambda: {a.name: a.restarts for a in client.status().actors}["session"] == 1,
+        what="the in-place restart counted",
+    )
     assert client.ask(DebugSleep(ms=0), Ack, target="session") == Ack()
     assert embedded_node.failure is None
 
