@@ -116,12 +116,19 @@ class OwnerLinks:
         self._send(request, target, reply, timeout_s, raw=False)
 
     def send_raw(
-        self, request: Request, target: str, deliver: RawReplyFn, timeout_s: float | None = None
+        self,
+        request: Request,
+        target: str,
+        deliver: RawReplyFn,
+        timeout_s: float | None = None,
+        host: str = "",
+        endpoint: str = "",
     ) -> None:
         """`send`, but the reply reaches `deliver` as the owner's envelope, unparsed: for a
         relay that passes the result on to its own caller (the result is validated by
-        whoever reads it, once)."""
-        self._send(request, target, deliver, timeout_s, raw=True)
+        whoever reads it, once). `host` and `endpoint`: a request a home node is to carry on
+        to its worker `host`, sent to the home at `endpoint`."""
+        self._send(request, target, deliver, timeout_s, raw=True, host=host, endpoint=endpoint)
 
     def _send(
         self,
@@ -130,12 +137,17 @@ class OwnerLinks:
         reply: Callable[[Any], None],
         timeout_s: float | None,
         raw: bool,
+        host: str = "",
+        endpoint: str = "",
     ) -> None:
         target = target or request.target
-        endpoint = self._endpoint_of(target)
-        sock = self._socket(endpoint)
+        sock = self._socket(endpoint or self._endpoint_of(target))
         env = Envelope(
-            type=request.type, body=request.to_body(), target=target, sender=self._sender
+            type=request.type,
+            body=request.to_body(),
+            target=target,
+            sender=self._sender,
+            host=host,
         )
         frame = encode_request(env)  # FrameTooLarge: the owner would refuse it unread
         try:

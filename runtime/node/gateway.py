@@ -39,7 +39,7 @@ from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
-from subagents_node.messages.members import HOME_NAME, PEER_ONLY_TYPES, MemberHeartbeat
+from subagents_node.messages.members import PEER_ONLY_TYPES, MemberHeartbeat
 from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
@@ -74,9 +74,16 @@ class Gateway:
         admit: Admit | None = None,
         relay: Relay | None = None,
         hosts: HostCalls | None = None,
+        host_name: str = "",
+        placement: Callable[[Request, str], None] | None = None,
     ) -> None:
         self._zctx = zctx
         self._admit = admit
+        #: This node's name among its home's members (`home` on a home; "" alone): a request
+        #: addressed to it by name is its own.
+        self._host_name = host_name
+        #: A home's check of a worker's request for another worker (raise to refuse it).
+        self._placement = placement
         #: A home's requests in flight to its workers (None: not a home).
         self._hosts = hosts
         #: Owners this thread sends to itself (no hand-off to the forwarder's thread).
@@ -279,8 +286,8 @@ class Gateway:
             if via and self._hosts is not None and env.type in (REPLY, ERROR):
                 self._worker_answered(env, principal)
                 return
-            if env.host and not (env.host == HOME_NAME and self._hosts is not None):
-                self._carry(identity, env, via)
+            if env.host and env.host != self._host_name:
+                self._carry(identity, env, via, principal)
                 return
             if via and local_only(env.type):
                 raise BadRequest(
@@ -314,20 +321,30 @@ class Gateway:
             corr = env.id if env else None
             self._refuse(identity, corr, MalformedFrame(repr(exc)), env, via, principal)
 
-    def _carry(self, identity: bytes, env: Envelope, via: int) -> None:
-        """Send a local client's request for worker `env.host` on to it (raises why not)."""
-        if via:
-            raise BadRequest(
-                f"only the home's local clients address a host; {env.type} names {env.host!r}",
-                reason="local_only",
-            )
-        if self._hosts is None:
-            raise BadRequest(
-                f"this node is not a home, so it has no worker {env.host!r} (address the home "
-                "node's state dir, or drop the host)",
-                reason="not_home",
-            )
-        self._outbound.append(self._hosts.send(env, via, identity))
+    def _carry(self, identity: bytes, env: Envelope, via: int, principal: str) -> None:
+        """Send a request for worker `env.host` on to it (raises why not): a home carries it
+        over that worker's own connection; a worker hands it to its home."""
+        if self._hosts is not None:
+            if via:  # a worker's nested child, placed on another worker
+                request = parse_request(env.type, env.body)
+                if self._admit is not None:
+                    request = self._admit(request, principal)  # a fenced worker is refused
+                if self._placement is None:
+                    raise BadRequest(
+                        "this home carries nothing for a tcp peer", reason="local_only"
+                    )
+                self._placement(request, principal)
+            self._outbound.append(self._hosts.send(env, via, identity))
+            return
+        if self._relay is not None and self._relay.home and not via:
+            request = parse_request(env.type, env.body)
+            self._relay.carry(request, env.host, self._relayed(identity, env, via))
+            return
+        raise BadRequest(
+            f"this node is not a home, so it has no worker {env.host!r} (address the home "
+            "node's state dir, or drop the host)",
+            reason="not_home",
+        )
 
     def _worker_answered(self, reply: Envelope, principal: str) -> None:
         out = self._hosts.answer(reply, principal) if self._hosts is not None else None

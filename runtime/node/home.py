@@ -21,7 +21,12 @@ from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
 from subagents_node.actors.peergate import stamp_host
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
-from subagents_node.messages.errors import BadRequest, StoreError, SubagentsError
+from subagents_node.messages.errors import (
+    BadRequest,
+    MembershipRefused,
+    StoreError,
+    SubagentsError,
+)
 from subagents_node.messages.members import (
     MemberForget,
     MemberHeartbeat,
@@ -29,10 +34,16 @@ from subagents_node.messages.members import (
     MemberList,
 )
 from subagents_node.messages.peers import OwnerPeers
+from subagents_node.messages.supervisor import Launch
 from subagents_node.node.members import DB_NAME, Members, forgotten, slots_merged
 
 log = logging.getLogger(__name__)
 
+#: What a worker may have the home carry to another worker: a nested child's launch (it
+#: carries its run tree's fan-out descriptor, so the tree's budget at the home admits it) and
+#: what the child's `run` follows it with. Nothing else: a worker never runs a top-level run,
+#: or anything but a run, on another host.
+PLACEABLE = frozenset({"runs.launch", "runs.watch", "runs.show", "runs.stop"})
 #: Hands a request to an owner (the forwarder's `submit`): (request, target, reply).
 Submit = Callable[[Request, str, ReplyFn], None]
 
@@ -85,6 +96,24 @@ class HomeService:
         """What the ledger owners' own tcp sockets must know: keys, members, fenced names."""
         members, fenced = self._members.standing()
         return OwnerPeers(allowed=self._allowed(), members=members, fenced=fenced)
+
+    def check_placement(self, request: Request, principal: str) -> None:
+        """Refuse what worker `principal` may not have carried to another worker."""
+        with self._lock:
+            member = self._members.is_member(principal)
+        if not member:
+            raise MembershipRefused(
+                f"{principal!r} is no member of this home: it places nothing on its workers",
+                name=principal,
+                reason="not_member",
+            )
+        nested = not isinstance(request, Launch) or request.inherited_fanout is not None
+        if request.type not in PLACEABLE or not nested:
+            raise BadRequest(
+                f"a worker may place only a nested child's run on another worker (and follow "
+                f"it); not {request.type}" + ("" if nested else " of a top-level run"),
+                reason="not_placeable",
+            )
 
     def unreachable(self, name: str) -> SubagentsError | None:
         """Why a local client's request cannot be carried to worker `name` now (None: it can)."""

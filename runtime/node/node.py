@@ -385,6 +385,8 @@ class Node:
             curve=self._curve,
             admit=self._home.admit if self._home is not None else None,
             hosts=HostCalls(self.node_id, self._home.unreachable) if self._home else None,
+            host_name=HOME_NAME if self.options.home else self.options.name,
+            placement=self._home.check_placement if self._home is not None else None,
             relay=Relay(
                 self._zctx,
                 self.node_id,
@@ -394,6 +396,7 @@ class Node:
                 remote_keys=self._home_keys,
                 remote_timeout_s=self.options.remote_timeout_s,
                 home_state=lambda: self._home_link_state,
+                home=self.options.join,
             ),
         )
         try:

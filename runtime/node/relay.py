@@ -22,6 +22,7 @@ import zmq
 from subagents_node.actors.links import OwnerLinks, RawReplyFn, RemoteKeys
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import MembershipRefused, OwnerUnavailable, SubagentsError
+from subagents_node.node.hostcalls import HOST_CALL_TIMEOUT_S
 
 #: The home link's state and its reason, as the worker's home link last saw it.
 HomeState = Callable[[], tuple[str, str]]
@@ -54,8 +55,11 @@ class Relay:
         remote_keys: RemoteKeys | None = None,
         remote_timeout_s: float = 5.0,
         home_state: HomeState = lambda: ("joined", ""),
+        home: str = "",
     ) -> None:
         self.links = OwnerLinks(zctx, sender, endpoint_of, remote_keys=remote_keys)
+        #: A worker's home endpoint (its gateway carries a request for another worker there).
+        self.home = home
         self._targets = targets | remote
         self._remote = remote
         self._remote_timeout_s = remote_timeout_s
@@ -73,6 +77,16 @@ class Relay:
             self.links.send_raw(request, target, deliver, self._remote_timeout_s)
         else:
             self.links.send_raw(request, target, deliver)
+
+    def carry(self, request: Request, host: str, deliver: RawReplyFn) -> None:
+        """Send a request for worker `host` to this worker's home, which carries it on (a
+        nested child placed on another worker); raises its refusal (nothing sent) or Busy."""
+        refusal = home_refusal(self._home_state(), request, f"worker {host}")
+        if refusal is not None:
+            raise refusal
+        self.links.send_raw(
+            request, "", deliver, HOST_CALL_TIMEOUT_S, host=host, endpoint=self.home
+        )
 
     def close(self) -> None:
         self.links.close()

@@ -204,8 +204,8 @@ import os, re, sys
 task = " ".join(sys.argv[1:])
 depth = int(re.search(r"depth=(\\d+)", task).group(1))
 workers = os.environ["MH_WORKERS"].split(",")
-address = workers[depth % len(workers)]
-os.execv(sys.executable, [sys.executable, "-m", "subagents_node", "--address", address, "run",
+host = workers[depth % len(workers)]
+os.execv(sys.executable, [sys.executable, "-m", "subagents_node", "run", "--on", host,
          *sys.argv[1:]])
 """
 
@@ -214,7 +214,10 @@ def test_a_run_tree_recursing_across_workers_is_admitted_against_one_fanout_budg
     crew: Fleet, tmp_path: Path
 ) -> None:
     """depth=2 width=4 asks for 1 + 4 + 16 launches; the tree's budget of 8 admits exactly 8,
-    whichever worker each launch goes to (children on w2, grandchildren on w3)."""
+    whichever worker each launch goes to. The root on w1 places its children on w2 (`run --on`
+    inside a run, carried by the home over the workers' own connections); a run placed on
+    another host gets that host's environment, not its launcher's, so their own children
+    (without the wrapper) run where they are, on w2."""
     wrapper = tmp_path / "cross.py"
     wrapper.write_text(_CROSS_LAUNCH)
     w1, w2, w3 = (crew.workers[n] for n in WORKERS)
@@ -222,7 +225,7 @@ def test_a_run_tree_recursing_across_workers_is_admitted_against_one_fanout_budg
         "SUBAGENTS_MAX_DEPTH": "4",
         "SUBAGENTS_MAX_SPAWNS_PER_RUN": "8",
         "SUBAGENTS_LAUNCH": json.dumps([sys.executable, str(wrapper)]),
-        "MH_WORKERS": ",".join(w.address for w in (w3, w2)),  # depth 0 -> w3, depth 1 -> w2
+        "MH_WORKERS": "w2",
     }
     os.environ.update(env)  # the CLI below resolves its launch from its environment
     try:
@@ -244,7 +247,7 @@ def test_a_run_tree_recursing_across_workers_is_admitted_against_one_fanout_budg
         name: len(crew.client(w).runs.list(root_run_id=done.root_run_id))
         for name, w in (("w1", w1), ("w2", w2), ("w3", w3))
     }
-    assert on["w1"] == 1 and on["w2"] == 4 and on["w3"] == 3, on
+    assert on == {"w1": 1, "w2": 7, "w3": 0}, on
 
 
 # -- loss, forget and fencing ------------------------------------------------------------------

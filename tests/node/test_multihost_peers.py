@@ -39,6 +39,14 @@ from subagents_node.messages.errors import (
 from subagents_node.messages.members import MemberForget, MemberForgotten, MemberJoin, Membership
 from subagents_node.messages.node import Ping, Pong
 from subagents_node.messages.peers import OwnerPeers
+from subagents_node.messages.supervisor import (
+    AgentPlan,
+    Launch,
+    LaunchResult,
+    ListRuns,
+    RunList,
+    TaskItem,
+)
 from tests.support.fleet import Fleet, fleet
 from tests.support.nodes import run_cli
 
@@ -98,15 +106,24 @@ def test_an_unauthenticated_peer_and_a_peer_with_an_unknown_key_are_refused_by_t
         ctx.term()
 
 
-def test_a_tcp_peer_cannot_have_the_home_carry_a_request_to_another_worker(
+def test_a_worker_may_have_the_home_carry_only_a_nested_childs_run_to_another_worker(
     local_crew: Fleet,
 ) -> None:
     crew = local_crew
     w1 = _credentials(crew, "w1")  # a worker's own key: it may ask the ledgers, not other hosts
+    top_level = Launch(
+        session_id="s-place",
+        mode="single",
+        background=True,
+        items=[TaskItem(agent=AgentPlan(name="t", command=["true"]), task="x")],
+        cwd="/",
+    )
     with Client(ZmqTransport(crew.endpoint, credentials=w1, host="w2")) as client:
-        with pytest.raises(BadRequest) as refused:
-            client.runs.list(limit=1)
-        assert refused.value.details["reason"] == "local_only"
+        for request, result in ((ListRuns(limit=1), RunList), (top_level, LaunchResult)):
+            with pytest.raises(BadRequest) as refused:
+                client.ask(request, result)  # type: ignore[arg-type]
+            assert refused.value.details["reason"] == "not_placeable"
+    assert not crew.client(crew.workers["w2"]).runs.list(session_id="s-place")
 
 
 def test_a_key_allowed_as_home_cannot_join_as_the_homes_own_name(local_crew: Fleet) -> None:
