@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -29,7 +30,8 @@ from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavail
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.keys import AllowedKeys, KeysList
 from subagents_node.messages.node import Shutdown
-from tests.support.fleet import EXAMPLE_AGENTS, NETNS_PORT, Fleet, fleet, on_hosts
+from subagents_node.node.node import Node
+from tests.support.fleet import EXAMPLE_AGENTS, NETNS_PORT, Fleet, fleet, isolated, on_hosts
 from tests.support.netns import hosts, skip_unless_netns
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.runs import wait_until
@@ -54,11 +56,22 @@ def crew(request: pytest.FixtureRequest) -> Iterator[Fleet]:
     with (
         hosts(["home", *WORKERS, *SPARE]) as fabric,
         fleet(
-            WORKERS, home_host=fabric.address("home"), place=on_hosts(fabric), port=NETNS_PORT
+            WORKERS,
+            home_host=fabric.address("home"),
+            place=on_hosts(fabric),
+            port=NETNS_PORT,
+            isolation=isolated(fabric),
         ) as started,
     ):
         started.fabric = fabric
         yield started
+
+
+def run_cli_on(node: NodeProcess, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`argv` run on `node`'s host (its namespaces), to completion."""
+    return subprocess.run(
+        [*node.prefix, *argv], capture_output=True, text=True, timeout=30, check=False
+    )
 
 
 def _session() -> str:
@@ -115,6 +128,22 @@ def test_workers_join_the_home_and_nodes_lists_each_up_with_its_heartbeat(crew: 
     assert [a.name for a in status.actors] == ["supervisor"]  # the ledgers are the home's
     home = crew.home.status().cluster
     assert home is not None and home.role == "home" and home.public_key == crew.home_key
+
+
+def test_on_namespaced_hosts_no_node_sees_another_nodes_files(crew: Fleet) -> None:
+    if crew.isolation is None:
+        pytest.skip("on loopback every node shares this host's files")
+    probe = "import os, sys; print(*(os.path.exists(p) for p in sys.argv[1:]))"
+    paths = [str(n.state_dir / "addressbook.json") for n in (crew.home, *crew.workers.values())]
+    for index, name in enumerate(["home", *WORKERS]):
+        node = crew.home if name == "home" else crew.workers[name]
+        done = run_cli_on(node, [sys.executable, "-c", probe, *paths])
+        seen = done.stdout.split()
+        assert seen == ["True" if i == index else "False" for i in range(len(paths))], (
+            name,
+            done.stdout,
+            done.stderr,
+        )
 
 
 def test_the_homes_ledger_owners_each_listen_on_tcp_and_workers_send_admissions_straight_there(
@@ -512,7 +541,7 @@ def test_a_run_launched_on_a_worker_is_found_by_the_homes_show_and_listed_with_i
     assert code == 0, err
 
 
-def test_run_on_a_name_that_is_no_worker_or_on_a_node_that_is_no_home_is_refused_at_once(
+def test_run_on_a_name_that_is_no_worker_or_a_top_level_run_on_from_a_worker_is_refused_at_once(
     crew: Fleet,
 ) -> None:
     args = ("run", "--async", "--agents-dir", EXAMPLES, "--session", _session())
@@ -521,9 +550,17 @@ def test_run_on_a_name_that_is_no_worker_or_on_a_node_that_is_no_home_is_refused
     assert "no worker named 'nosuch' has joined this home" in done.stderr
     w1 = crew.workers["w1"].state_dir
     done = run_cli(*args, "--on", "w2", "sleeper", "seconds=1", state_dir=w1)
-    assert done.returncode != 0 and "this node is not a home" in done.stderr
+    assert done.returncode != 0
+    assert "a worker may place only a nested child's run on another worker" in done.stderr
     code, _, err = crew.cli(crew.home, "show", "no-such-run")
     assert code != 0 and "no run 'no-such-run' on any host of this home" in err
+
+
+def test_a_node_that_is_neither_home_nor_worker_has_no_host_to_carry_a_request_to() -> None:
+    with Node.embedded() as node, node.client().on("w2") as elsewhere:
+        with pytest.raises(BadRequest) as refused:
+            elsewhere.runs.list(limit=1)
+        assert refused.value.details["reason"] == "not_home"
 
 
 def test_a_worker_that_is_down_is_refused_for_run_on_at_once_and_named_by_the_homes_runs(

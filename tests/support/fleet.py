@@ -5,6 +5,11 @@ and the node processes (started detached through the real CLI, stopped or killed
 Every node talks to the others only over tcp + CURVE; the test process reaches each node
 through its ipc socket (a unix socket is a file, so it works across network namespaces). It
 never sleeps: waits are on replies and on conditions with deadlines.
+
+On namespaced hosts (`isolated(fabric)`) every node's state dir is `ROOT/NAME`, and each host
+runs in its own mount namespace too, where `ROOT` shows only its own directory (its view:
+an otherwise empty directory bind-mounted over `ROOT`, with the real `ROOT/NAME` bound into it):
+no node sees another's files, and the test process, outside, sees them all at the same paths.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +47,36 @@ def on_hosts(fabric: Fabric) -> Placement:
     return lambda name: ("ip", "netns", "exec", fabric.namespace(name))
 
 
+@dataclass(frozen=True)
+class Isolation:
+    """Where the state dirs of isolated hosts live (`ROOT/NAME`) and each host's view."""
+
+    fabric: Fabric
+    root: Path
+    views: Path
+
+    def state_dir(self, name: str) -> Path:
+        directory = self.root / name
+        directory.mkdir(mode=0o700)
+        (self.views / name / name).mkdir(parents=True)  # the host's view: its own dir only
+        return directory
+
+    def place(self, name: str) -> tuple[str, ...]:
+        view = self.views / name
+        # In order: the real dir into the view, then the view over ROOT.
+        return self.fabric.prefix(name, binds={view / name: self.root / name, self.root: view})
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.views, ignore_errors=True)
+
+
+def isolated(fabric: Fabric) -> Isolation:
+    """Each node on its own host of `fabric`: its network namespace and its mount namespace."""
+    root = Path(tempfile.mkdtemp(prefix="saf-", dir="/tmp"))
+    return Isolation(fabric, root, Path(tempfile.mkdtemp(prefix="safv-", dir="/tmp")))
+
+
 @dataclass
 class Fleet:
     home: NodeProcess
@@ -51,6 +87,8 @@ class Fleet:
     workers: dict[str, NodeProcess] = field(default_factory=dict)
     #: the network namespaces the nodes live in (None: all on loopback)
     fabric: Fabric | None = None
+    #: each node's own mount namespace as well (None: they share this one's files)
+    isolation: Isolation | None = None
     _clients: dict[str, Client] = field(default_factory=dict)
 
     def cli(self, node: NodeProcess, *args: str, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -79,7 +117,7 @@ class Fleet:
 
     def add_worker(self, name: str, allow: bool = True, start: bool = True) -> NodeProcess:
         """A worker's state dir with its own keys, allowed on the home as `name`, started."""
-        directory = new_state_dir()
+        directory = self.isolation.state_dir(name) if self.isolation else new_state_dir()
         generated = run_cli("keys", "generate", state_dir=directory)
         assert generated.returncode == 0, generated.stderr
         if allow:
@@ -120,6 +158,8 @@ class Fleet:
         for node in [*self.workers.values(), self.home]:
             node.cleanup()
             shutil.rmtree(node.state_dir, ignore_errors=True)
+        if self.isolation is not None:
+            self.isolation.remove()
 
 
 @contextlib.contextmanager
@@ -129,9 +169,13 @@ def fleet(
     place: Placement = here,
     heartbeat: tuple[float, float] = (0.2, 1.5),
     port: int = 0,
+    isolation: Isolation | None = None,
 ) -> Iterator[Fleet]:
-    """A home on `home_host` and started workers, torn down (and their dirs removed) after."""
-    home_dir = new_state_dir()
+    """A home on `home_host` and started workers, torn down (and their dirs removed) after.
+    With `isolation`, each node on its own host of its fabric (network and mount namespace)."""
+    if isolation is not None:
+        place = isolation.place
+    home_dir = isolation.state_dir("home") if isolation else new_state_dir()
     generated = run_cli("keys", "generate", state_dir=home_dir)
     assert generated.returncode == 0, generated.stderr
     endpoint = f"tcp://{home_host}:{port or free_tcp_port()}"
@@ -150,7 +194,7 @@ def fleet(
         prefix=place("home"),
     )
     key = read_keypair(keys_dir(home_dir) / SERVER_KEY).public
-    crew = Fleet(home, endpoint, key, place, heartbeat)
+    crew = Fleet(home, endpoint, key, place, heartbeat, isolation=isolation)
     try:
         home.start()
         for name in workers:

@@ -85,9 +85,10 @@ IP_TIMEOUT_S = 10.0
 RUN_TIMEOUT_S = 10.0
 TERM_GRACE_S = 2.0
 KILL_WAIT_S = 5.0
-#: Run as `sh -c SCRIPT sh SRC DST ... -- ARGV`: bind each SRC over its DST, then exec ARGV.
+#: Run as `sh -c SCRIPT sh SRC DST ... -- ARGV`: bind each SRC over its DST (recursively: a
+#: SRC with a directory bound into it shows it there too), then exec ARGV.
 _BIND_SCRIPT = (
-    'while [ "$1" != -- ]; do mount --bind -- "$1" "$2" || exit 125; shift 2; done; '
+    'while [ "$1" != -- ]; do mount --rbind -- "$1" "$2" || exit 125; shift 2; done; '
     'shift; exec "$@"'
 )
 _counter = itertools.count()
@@ -312,6 +313,13 @@ class Fabric:
     def link_up(self, name: str) -> None:
         """Join host `name` to the hub again (usable at once: the bridge runs no STP delay)."""
         _ip("-n", self.namespace(name), "link", "set", _HOST_LINK, "up")
+
+    def prefix(
+        self, name: str, binds: Mapping[str | Path, str | Path] | None = None
+    ) -> tuple[str, ...]:
+        """The command prefix that runs what follows it inside host `name` (with `binds`), for
+        callers that start processes themselves (a node's `start --detach`)."""
+        return tuple(self._command(name, [], binds))
 
     def _index(self, name: str) -> int:
         try:
