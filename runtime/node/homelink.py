@@ -275,11 +275,9 @@ class HomeLink:
                 log.warning("home link: dropped an answer to the home: %s", exc)
 
     def _drain_wake(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 4096):
                 pass
-        except BlockingIOError:
-            pass
 
     def _set(self, state: str, reason: str) -> None:
         if state != self.state:
