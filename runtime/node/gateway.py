@@ -19,7 +19,9 @@ on ipc only; `node.members.join|heartbeat` (which name the peer) on tcp only.
 
 On a home node, a frame from a local (ipc) client whose envelope names a worker `host` is
 carried on to that worker over the connection the worker's home link opened, and the worker's
-answer, arriving on the tcp socket as a reply, is carried back (runtime/node/hostcalls.py).
+answer, arriving on the tcp socket as a reply, is carried back (runtime/node/hostcalls.py);
+from a worker (tcp), only what the home's placement rule lets a nested child place on another
+worker. On a worker, a local frame naming another host is handed to the home (the relay).
 """
 
 from __future__ import annotations

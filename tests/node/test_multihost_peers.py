@@ -6,6 +6,7 @@ socket on loopback (the fleet tests in test_multihost.py run on namespaces as we
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -48,7 +49,7 @@ from subagents_node.messages.supervisor import (
     TaskItem,
 )
 from tests.support.fleet import Fleet, fleet
-from tests.support.nodes import run_cli
+from tests.support.nodes import new_state_dir, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +194,14 @@ def test_a_key_revoked_while_connected_to_a_ledger_owner_is_refused_from_its_nex
         assert revoked.returncode == 0, revoked.stderr
         with pytest.raises(NodeTimeout):  # dropped unanswered, on the same connection
             client.fanout.snapshot(descriptor)
+
+
+def test_a_home_needs_a_fixed_port_because_its_ledger_owners_listen_on_the_next_three() -> None:
+    state_dir = new_state_dir()
+    try:
+        listen = "tcp://127.0.0.1:65534"
+        done = run_cli("start", "--home", "--listen", listen, state_dir=state_dir)
+        assert done.returncode != 0
+        assert f"a home needs a fixed tcp port (1-65532), not {listen}" in done.stderr
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
