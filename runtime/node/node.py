@@ -258,7 +258,7 @@ class Node:
         """What this worker runs: active runs and their running children (for the home)."""
         if self._runs_transport is None:  # the home link's thread is the only caller
             self._runs_transport = ZmqTransport(
-                self._owner_endpoint(owners.RUNS.name), zctx=self._zctx, sender="home-link"
+                self._owner_endpoint(owners.RUNS), zctx=self._zctx, sender="home-link"
             )
         listing = self._runs_transport.call(ListRuns(active_only=True, limit=1000), 2.0)
         runs = listing.runs if isinstance(listing, RunList) else []
@@ -271,23 +271,22 @@ class Node:
         settings = {
             "runs_dir": str(self.state_dir / "runs"),
             "node_address": node_address,
-            "runs_address": peers[owners.RUNS.name],
+            "runs_address": peers[owners.RUNS],
             "node_pid": os.getpid(),
             **self.options.settings,
             "cgroup_base": self.containment.path,
         }
         specs = []
-        for cls in owners.OWNERS:
-            if cls.name in self.remote_owners:
+        for name in owners.NAMES:
+            if name in self.remote_owners:
                 continue  # the home's: this worker's gateway forwards to it
-            own = {**settings, "caps_child_logs": cls is owners.RUNS}
+            own = {**settings, "caps_child_logs": name == owners.RUNS}
             specs.append(
                 OwnerSpec(
-                    cls=cls,
-                    stem=OWNER_SOCKETS[cls.name].removesuffix(".sock"),
+                    owner=name,
+                    stem=OWNER_SOCKETS[name].removesuffix(".sock"),
                     state_dir=self.state_dir,
-                    endpoint=peers[cls.name],
-                    families=owners.families_of(cls),
+                    endpoint=peers[name],
                     peers=peers,
                     synchronous=self.options.synchronous,
                     faults=self.options.faults,

@@ -6,8 +6,10 @@ version-1 `state.db`), its timers, its links to the other owners, its log cap (t
 supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
 it restarted from in place, the records it quarantined, or why it could not start.
 
-It never returns into the node's code: the forked child leaves with `os._exit`, so nothing the
-parent registered (atexit handlers, pytest's machinery, the parent's zmq context) runs twice.
+It imports its own actor's code (runtime/node/owners.py) and the store once it is forked: the
+node holds neither, so neither is in any other owner's resident size. It never returns into
+the node's code: the forked child leaves with `os._exit`, so nothing the parent registered
+(atexit handlers, pytest's machinery, the parent's zmq context) runs twice.
 """
 
 from __future__ import annotations
@@ -25,16 +27,19 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
-from subagents_node.actors.owner import ActorContext, OwnerActor
+from subagents_node.actors.owner import ActorContext
 from subagents_node.messages.node import QuarantinedRecord
+from subagents_node.node import owners
 from subagents_node.node.timers import Timers
+
+if TYPE_CHECKING:
+    from subagents_node.actors.child.logcap import ChildLogCap
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +51,15 @@ _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", r
 
 @dataclass(frozen=True)
 class OwnerSpec:
-    """What the node tells a forked owner: which class, where it lives, with which settings."""
+    """What the node tells a forked owner: which owner it is (its actor is imported in its own
+    process: runtime/node/owners.py), where it lives, with which settings."""
 
-    cls: type[OwnerActor]
+    #: The owner's name (`capacity`, ..., `supervisor`: runtime/node/owners.py).
+    owner: str
     #: Its file stem: `<stem>.sock` and `<stem>.db` in the state dir.
     stem: str
     state_dir: Path
     endpoint: str
-    #: Table families (name -> migrations) this owner's database holds.
-    families: Mapping[str, Sequence[str]]
     #: Where each other owner listens (for cross-owner requests), by owner name.
     peers: Mapping[str, str]
     synchronous: str = "NORMAL"
@@ -65,7 +70,7 @@ class OwnerSpec:
 
     @property
     def name(self) -> str:
-        return self.cls.name
+        return self.owner
 
     @property
     def db_path(self) -> Path:
@@ -124,17 +129,22 @@ def _become_owner(spec: OwnerSpec) -> None:
 
 
 def _serve(spec: OwnerSpec, control: _Control) -> None:
-    # Imported here, not at the top: the store module is the node's, and only owners open it.
+    # Imported here, not at the top: only owners open the store, and each owner runs only its
+    # own actor (the node imported neither before it forked this process).
     from subagents_node.node.store import Store
 
+    cls = owners.actor_class(spec.name)
+    families = owners.families_of(spec.name)
     store = Store(spec.db_path, spec.synchronous)
-    import_v1_state(spec, store)
-    store.migrate(spec.families)
+    import_v1_state(spec, families, store)
+    store.migrate(families)
     zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     timers = Timers()
     log_cap: ChildLogCap | None = None
     cap = spec.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
     if spec.settings.get("caps_child_logs"):
+        from subagents_node.actors.child.logcap import ChildLogCap
+
         log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
 
     def endpoint_of(target: str) -> str:
@@ -162,7 +172,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         cap_log=log_cap.watch if log_cap is not None else None,
         cap_flush=log_cap.flush if log_cap is not None else None,
     )
-    actor = spec.cls(ctx)
+    actor = cls(ctx)
     # What the node and this owner's start-up made (modules, schemas, the actor) lives as long
     # as the process: out of the collector's sight, a full collection walks only what the
     # requests made (and the pages shared with the node stay shared).
@@ -181,7 +191,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         zctx.term()
 
 
-def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
+def import_v1_state(spec: OwnerSpec, families: Mapping[str, Sequence[str]], store: Any) -> bool:
     """First start after version 1: copy this owner's tables out of the shared `state.db`.
 
     The copy is SQLite's online backup of the whole file, then every table that is not this
@@ -193,7 +203,7 @@ def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
         return False
     mine = {
         m.group(1)
-        for scripts in spec.families.values()
+        for scripts in families.values()
         for s in scripts
         for m in _CREATE_TABLE.finditer(s)
     }
@@ -214,7 +224,7 @@ def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
             if table != "schema_migrations" and table not in mine:
                 target.execute(f'DROP TABLE "{table}"')
         if "schema_migrations" in tables:
-            names = list(spec.families)
+            names = list(families)
             marks = ",".join("?" * len(names))
             target.execute(f"DELETE FROM schema_migrations WHERE family NOT IN ({marks})", names)
         target.execute("COMMIT")

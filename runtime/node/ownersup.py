@@ -1,12 +1,13 @@
 """OwnerSupervisor: the node's supervision of its owner processes (OTP style, DESIGN §1).
 
-Owns, for each owner: its process (forked from the node after every import is done, so a start
-costs a fork, not an interpreter), its pidfd and control pipe, its state (`running`,
-`restarting`, `failed`), its restart count and restart-intensity history, and the records it
-reported quarantined. One thread does all of it: it forks (so the owners' death signal is tied
-to a thread that lives as long as the node), waits in poll() on every pidfd and control pipe
-at once, restarts a crashed owner from its database, and past the owner's restart intensity
-marks it `failed` and binds a stand-in on its socket that answers every request
+Owns, for each owner: its process (forked from the node once the node's imports are done, so a
+start costs a fork and the import of that owner's own actor, not an interpreter; a restart
+costs a fork alone: the node imports the actor first), its pidfd and control pipe, its state
+(`running`, `restarting`, `failed`), its restart count and restart-intensity history, and the
+records it reported quarantined. One thread does all of it: it forks (so the owners' death
+signal is tied to a thread that lives as long as the node), waits in poll() on every pidfd and
+control pipe at once, restarts a crashed owner from its database, and past the owner's restart
+intensity marks it `failed` and binds a stand-in on its socket that answers every request
 `OwnerUnavailable` at once, while the other owners keep serving.
 
 It never opens an owner's database and never handles an owner's requests.
@@ -33,6 +34,7 @@ from subagents_node.messages.codec import decode, encode, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
+from subagents_node.node import owners
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
 
@@ -296,6 +298,10 @@ class OwnerSupervisor:
         if owner.exceeded:
             self._give_up(owner)
             return
+        # The new process inherits its actor's code instead of importing it: a module another
+        # thread of the node is importing at the fork stays half-imported, its lock held by a
+        # thread the child does not have, and a child importing it would wait forever.
+        owners.actor_class(owner.spec.name)
         self._fork(owner)
 
     def _exceeded_for(self, owner: _Owner) -> Callable[[str], None]:

@@ -31,7 +31,7 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.node import DebugRaise, DebugSleep, NodeStatus, Ping, Pong
 from subagents_node.node.node import Node, NodeOptions
-from subagents_node.node.owners import OWNERS
+from subagents_node.node.owners import owner_classes
 from subagents_node.node.store import Store
 from subagents_node.node.supervision import RestartIntensity
 from tests.support.nodes import (
@@ -287,7 +287,7 @@ def test_kill_9_then_restart_keeps_the_store_intact_and_acknowledged_claims(
 
     node.start()
     assert node.pid != first_pid
-    for owner in OWNERS:  # each owner process keeps its own database file (DESIGN §5)
+    for owner in owner_classes():  # each owner process keeps its own database file (DESIGN §5)
         store = Store(owner_db(node.state_dir, owner.name))
         assert store.integrity_check() == "ok"
         assert store.versions()[owner.name] == len(owner.MIGRATIONS)
