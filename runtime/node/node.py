@@ -316,9 +316,7 @@ class Node:
             self.options.restart_window_s,
             on_change=self._owners_changed,
         )
-        # The run supervisor first: it imports its actor and recovers its runs before it is
-        # ready, the ledgers have less to do.
-        self._owners.start(self._zctx, first=owners.RUNS)
+        self._owners.start(self._zctx)
         self._forwarder = Forwarder(
             self._zctx,
             self.node_id,

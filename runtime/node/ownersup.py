@@ -92,15 +92,13 @@ class OwnerSupervisor:
 
     # -- lifetime (the node's thread) ---------------------------------------------------------
 
-    def start(self, zctx: zmq.Context[zmq.Socket[bytes]], first: str = "") -> None:
-        """Start every owner at once, owner `first` before the others (the one with the most
-        to do before it is ready: the node waits for the slowest), and wait until each is
-        ready (recovered, serving) or `failed`. Starting together is safe: a request the run
-        supervisor's recovery sends to a ledger that is not bound yet waits in its DEALER
-        until the ledger binds."""
+    def start(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """Start every owner at once and wait until each is ready (recovered, serving) or
+        `failed`. Starting together is safe: a request the run supervisor's recovery sends to
+        a ledger that is not bound yet waits in its DEALER until the ledger binds."""
         self._zctx = zctx
         self._thread.start()
-        for owner in sorted(self._owners.values(), key=lambda o: o.spec.name != first):
+        for owner in self._owners.values():
             self._order(functools.partial(self._fork, owner))
         deadline = time.monotonic() + START_TIMEOUT_S
         for owner in self._owners.values():
