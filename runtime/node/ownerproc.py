@@ -6,10 +6,10 @@ version-1 `state.db`), its timers, its links to the other owners, its log cap (t
 supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
 it restarted from in place, the records it quarantined, or why it could not start.
 
-It imports its own actor's code (runtime/node/owners.py) and the store once it is forked: the
-node holds neither, so neither is in any other owner's resident size. It never returns into
-the node's code: the forked child leaves with `os._exit`, so nothing the parent registered
-(atexit handlers, pytest's machinery, the parent's zmq context) runs twice.
+It inherits its actor's code from the node (runtime/node/owners.py) and imports the store,
+which the node never opens, once it is forked. It never returns into the node's code: the
+forked child leaves with `os._exit`, so nothing the parent registered (atexit handlers,
+pytest's machinery, the parent's zmq context) runs twice.
 """
 
 from __future__ import annotations
@@ -27,19 +27,17 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
+from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
 from subagents_node.actors.owner import ActorContext
 from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.node import owners
 from subagents_node.node.timers import Timers
-
-if TYPE_CHECKING:
-    from subagents_node.actors.child.logcap import ChildLogCap
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +127,7 @@ def _become_owner(spec: OwnerSpec) -> None:
 
 
 def _serve(spec: OwnerSpec, control: _Control) -> None:
-    # Imported here, not at the top: only owners open the store, and each owner runs only its
-    # own actor (the node imported neither before it forked this process).
+    # Imported here, not at the top: the store module is the node's, and only owners open it.
     from subagents_node.node.store import Store
 
     cls = owners.actor_class(spec.name)
@@ -143,8 +140,6 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     log_cap: ChildLogCap | None = None
     cap = spec.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
     if spec.settings.get("caps_child_logs"):
-        from subagents_node.actors.child.logcap import ChildLogCap
-
         log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
 
     def endpoint_of(target: str) -> str:

@@ -1,10 +1,10 @@
 """The owner actors a node starts, in start order, and the table families each one keeps.
 
 Owns the names of the owners and where each one's actor class lives. It never imports an
-actor at module level: the node names its owners without loading them, and each owner's
-process imports its own class once it is forked (`actor_class`), so no process holds the code
-of an owner it does not run (the run supervisor's thirty modules were 1.2 MiB of every ledger
-owner's resident size, and 50 ms of the node's start before any owner could fork).
+actor at module level: the node imports each owner's actor just before it forks that owner
+(`actor_class`), in start order, so an owner holds the code of the owners started before it
+and never of those after. The run supervisor starts last: its thirty modules were 1.2 MiB of
+every ledger owner's resident size, and now load in the node while the ledgers start.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from subagents_node.actors.owner import OwnerActor
 
 #: Each owner's name -> (module, class) of its actor, in start order (they start together; the
-#: node waits until every one is ready).
+#: node waits until every one is ready). The run supervisor, with the most code, comes last.
 _ACTORS: Mapping[str, tuple[str, str]] = MappingProxyType(
     {
         "capacity": ("subagents_node.actors.capacity.ledger", "CapacityLedger"),

@@ -1,8 +1,8 @@
 """OwnerSupervisor: the node's supervision of its owner processes (OTP style, DESIGN §1).
 
-Owns, for each owner: its process (forked from the node once the node's imports are done, so a
-start costs a fork and the import of that owner's own actor, not an interpreter; a restart
-costs a fork alone: the node imports the actor first), its pidfd and control pipe, its state
+Owns, for each owner: its process (forked from the node, which imports the owner's actor just
+before, so a start costs a fork, not an interpreter, and an owner never holds the code of the
+owners started after it: runtime/node/owners.py), its pidfd and control pipe, its state
 (`running`, `restarting`, `failed`), its restart count and restart-intensity history, and the
 records it reported quarantined. One thread does all of it: it forks (so the owners' death
 signal is tied to a thread that lives as long as the node), waits in poll() on every pidfd and
@@ -212,6 +212,10 @@ class OwnerSupervisor:
     def _fork(self, owner: _Owner) -> None:
         if self._stopping or owner.state == "failed":
             return
+        # The owner inherits its actor's code rather than importing it after the fork: a module
+        # another thread of the node is importing at the fork stays half-imported in the child,
+        # its lock held by a thread the child does not have, and importing it would wait forever.
+        owners.actor_class(owner.spec.name)
         control_r, control_w = os.pipe()
         # Every object alive now is the owner's inheritance: frozen, the child's collector never
         # walks it, so it never writes to (copies) the pages it shares with the node. The node
@@ -298,10 +302,6 @@ class OwnerSupervisor:
         if owner.exceeded:
             self._give_up(owner)
             return
-        # The new process inherits its actor's code instead of importing it: a module another
-        # thread of the node is importing at the fork stays half-imported, its lock held by a
-        # thread the child does not have, and a child importing it would wait forever.
-        owners.actor_class(owner.spec.name)
         self._fork(owner)
 
     def _exceeded_for(self, owner: _Owner) -> Callable[[str], None]:

@@ -147,8 +147,9 @@ def test_the_owners_inherit_no_library_only_the_node_or_other_processes_use() ->
 
 
 def test_the_node_loads_no_owner_actor_before_it_forks_its_owners() -> None:
-    """Each owner's process imports its own actor once forked (runtime/node/owners.py): what
-    `start` imports before the forks holds none of them, so no owner inherits another's code."""
+    """The node imports each owner's actor just before it forks that owner, the run supervisor
+    last (runtime/node/owners.py): what `start` imports before the forks holds none of them,
+    so no ledger owner inherits the run supervisor's code."""
     probe = (
         "import sys\n"
         "import subagents_node.cli.main, subagents_node.launch.config\n"
