@@ -78,6 +78,7 @@ from subagents_node.messages.node import (
 )
 from subagents_node.messages.supervisor import ListRuns, RunList
 from subagents_node.node import owners
+from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
@@ -122,6 +123,10 @@ class NodeOptions:
     heartbeat_timeout_s: float = 5.0
     #: How long a worker waits for the home to answer a forwarded request.
     remote_timeout_s: float = 5.0
+    #: The containment probe, started early by whoever knows the state dir and setting first
+    #: (`start` runs it while this module loads); `start()` probes itself without one, or
+    #: when it was started for another state dir or setting.
+    containment_probe: ContainmentProbe | None = None
 
 
 class Node:
@@ -183,7 +188,13 @@ class Node:
         the subreaper alone), `cgroup` (required: the node does not start without it) or
         `subreaper`."""
         setting = str(self.options.settings.get("containment") or "auto")
-        found = cgroup.resolve(setting, str(self.state_dir))
+        early = self.options.containment_probe
+        if early is not None and (early.setting, early.key) == (setting, str(self.state_dir)):
+            found = early.result()
+        else:
+            found = cgroup.probe(setting, str(self.state_dir))
+        if found.mode == "cgroup":  # this node is the only one serving the state dir by now
+            cgroup.sweep(found.path)
         if setting == "cgroup" and found.mode != "cgroup":
             raise ConfigError(
                 f"containment = cgroup, but no cgroup v2 subtree is writable: {found.why}",
