@@ -146,6 +146,15 @@ def test_the_owners_inherit_no_library_only_the_node_or_other_processes_use() ->
             assert loaded == [], f"the {name} owner holds {loaded}"
 
 
+def test_the_node_writes_psutils_create_time_in_its_pid_file_without_loading_psutil() -> None:
+    """Readers compare the pid file's `create_time` with psutil's exactly (a record that does
+    not match is a dead node's); the node computes it from /proc the way psutil does."""
+    with running_node() as fresh:
+        record = json.loads((fresh.state_dir / "node.pid").read_text())
+        assert record["create_time"] == psutil.Process(record["pid"]).create_time()
+        assert "_psutil_linux" not in Path(f"/proc/{record['pid']}/maps").read_text()
+
+
 def test_the_node_loads_no_owner_actor_before_it_forks_its_owners() -> None:
     """The node imports each owner's actor just before it forks that owner, the run supervisor
     last (runtime/node/owners.py): what `start` imports before the forks holds none of them,
