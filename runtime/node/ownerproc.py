@@ -25,7 +25,6 @@ import sqlite3
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
 from subagents_node.actors.owner import ActorContext
+from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.node import owners
 from subagents_node.node.timers import Timers
@@ -47,11 +47,22 @@ _PR_SET_PDEATHSIG = 1
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class OwnerSpec:
-    """What the node tells a forked owner: which owner it is (its actor is imported in its own
-    process: runtime/node/owners.py), where it lives, with which settings."""
+class OwnerSpec(Record):
+    """What the node tells a forked owner: which owner it is (runtime/node/owners.py), where it
+    lives, with which settings."""
 
+    __slots__ = (
+        "endpoint",
+        "faults",
+        "mailbox_limit",
+        "max_frame",
+        "owner",
+        "peers",
+        "settings",
+        "state_dir",
+        "stem",
+        "synchronous",
+    )
     #: The owner's name (`capacity`, ..., `supervisor`: runtime/node/owners.py).
     owner: str
     #: Its file stem: `<stem>.sock` and `<stem>.db` in the state dir.
@@ -60,11 +71,38 @@ class OwnerSpec:
     endpoint: str
     #: Where each other owner listens (for cross-owner requests), by owner name.
     peers: Mapping[str, str]
-    synchronous: str = "NORMAL"
-    faults: bool = False
-    max_frame: int = 0
-    mailbox_limit: int = 1024
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    synchronous: str
+    faults: bool
+    max_frame: int
+    mailbox_limit: int
+    settings: Mapping[str, Any]
+
+    def __init__(
+        self,
+        owner: str,
+        stem: str,
+        state_dir: Path,
+        endpoint: str,
+        peers: Mapping[str, str],
+        synchronous: str = "NORMAL",
+        faults: bool = False,
+        max_frame: int = 0,
+        mailbox_limit: int = 1024,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        init_fields(
+            self,
+            owner=owner,
+            stem=stem,
+            state_dir=state_dir,
+            endpoint=endpoint,
+            peers=peers,
+            synchronous=synchronous,
+            faults=faults,
+            max_frame=max_frame,
+            mailbox_limit=mailbox_limit,
+            settings={} if settings is None else settings,
+        )
 
     @property
     def name(self) -> str:
