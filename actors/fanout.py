@@ -27,7 +27,6 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from subagents_node.actors import quarantine
@@ -122,10 +121,11 @@ _NEXT_DUE = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class ReservationsDue(Tick):
     """The timer armed for the earliest pending reservation deadline went off. It names no
     reservation: the tick expires every reservation due by then and re-arms for the next."""
+
+    __slots__ = ()
 
 
 def budget_id_for(root_run_id: str) -> str:

@@ -40,6 +40,7 @@ import pykka
 from subagents_node.actors.outcomes import STORE_FULL_RETRY_S, store_full
 from subagents_node.actors.outcomes import Outcome as Outcome
 from subagents_node.actors.outcomes import ReplyFn as ReplyFn
+from subagents_node.actors.records import Record
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.errors import BadRequest, Internal, StoreFull, SubagentsError
 from subagents_node.messages.node import DebugRaise, DebugSleep, QuarantinedRecord
@@ -57,15 +58,16 @@ class Job:
     reply: ReplyFn
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(Record):
     """A timer callback or an answer delivered through the inbox, so it runs serialized with
     requests.
 
-    Each owner subclasses it (frozen and slotted too) next to the code that handles it, one
-    class per thing that happened, and its `on_tick` matches on the class, so mypy checks
-    every field a handler reads.
+    Each owner subclasses it (a frozen record: actors/records.py) next to the code that handles
+    it, one class per thing that happened, and its `on_tick` matches on the class, so mypy
+    checks every field a handler reads.
     """
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 Pipeline = Generator[Any, Message, Message]
 
-#: The owner's key type: a frozen dataclass (or a union of them) naming one call's answer.
+#: The owner's key type: a frozen record (actors/records.py), or a union of them, naming one
+#: call's answer.
 K = TypeVar("K", bound=Hashable)
 
 

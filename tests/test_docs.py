@@ -313,10 +313,10 @@ def test_architecture_page_names_every_owner_and_table() -> None:
     from subagents_node.node import owners
 
     text = (DOCS / "architecture.md").read_text(encoding="utf-8")
-    for owner in owners.OWNERS:
+    for owner in owners.owner_classes():
         assert f"`{owner.name}`" in text, f"owner {owner.name} ({owner.__name__})"
         assert owner.__name__ in text, owner.__name__
-    for family, scripts in owners.FAMILIES.items():
+    for family, scripts in owners.all_families().items():
         for script in scripts:
             for table in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", script):
                 assert f"`{table}`" in text, f"table {table} of {family}"

@@ -45,7 +45,6 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from subagents_node.actors.capacity import hosts, releases, slots
@@ -60,6 +59,7 @@ from subagents_node.actors.capacity.rules import (
     verdict_of,
 )
 from subagents_node.actors.owner import OwnerActor, Tick
+from subagents_node.actors.records import init_fields
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
@@ -98,15 +98,18 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
 class SlotTtlExpired(Tick):
     """An unstarted slot's TTL passed. It carries the token and generation the slot had when
     the timer was armed: a slot that started or changed hands since no longer matches them."""
 
+    __slots__ = ("generation", "session_id", "slot", "token")
     session_id: str
     slot: int
     token: str
     generation: int
+
+    def __init__(self, session_id: str, slot: int, token: str, generation: int) -> None:
+        init_fields(self, session_id=session_id, slot=slot, token=token, generation=generation)
 
 
 class CapacityLedger(OwnerActor):

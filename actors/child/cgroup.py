@@ -90,7 +90,18 @@ def own_directory() -> str | None:
 def resolve(setting: str, key: str) -> Containment:
     """The containment a node serving `key` (its state dir) uses for `setting`: `subreaper`
     unless cgroup v2 is mounted, a `subagents-node.<hash of key>` directory can be made below
-    this process's own cgroup, and a process can be moved into a child of it and back."""
+    this process's own cgroup, and a process can be moved into a child of it and back; with
+    what killed nodes left there swept away."""
+    found = probe(setting, key)
+    if found.mode == "cgroup":
+        sweep(found.path)
+    return found
+
+
+def probe(setting: str, key: str) -> Containment:
+    """`resolve` without the sweep: it changes nothing another node could be using, so it may
+    run before the node knows it is the only one serving `key` (it moves this process into a
+    cgroup of its own and back: no process may be forked meanwhile, or it is born there)."""
     if setting == "subreaper":
         return Containment("subreaper", why="containment = subreaper")
     mount = cgroup2_mount()
@@ -109,15 +120,15 @@ def resolve(setting: str, key: str) -> Containment:
         _probe(base, home)
     except OSError as err:
         return Containment("subreaper", why=f"{err.filename or base}: {err.strerror or err}")
-    _sweep(base, home)
     return Containment("cgroup", path=base)
 
 
-def _sweep(base: str, home: str) -> None:
+def sweep(base: str) -> None:
     """Remove what nodes killed before their clean-up left: empty child cgroups in `base` (no
     shim of this state dir is between making one and entering it yet) and the empty
     `subagents-node.*` directories of other state dirs (rmdir fails on anything in use; a
     shim whose base was swept makes it again)."""
+    home = os.path.dirname(base)
     for parent, prefix in ((base, ""), (home, "subagents-node.")):
         try:
             names = os.listdir(parent)

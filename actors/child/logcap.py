@@ -31,7 +31,6 @@ import select
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +43,17 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then `len` bytes of nam
 MIN_CAP = 4096
 
 
-@dataclass
 class _Watched:
-    path: str
-    wd: int
-    refs: int = 1
-    cut: int = 0  # child output removed so far
-    marker_len: int = 0  # length of the marker now in the file (not child output)
+    """One capped log file. (Slotted, not a dataclass: ~1 ms of every node's start.)"""
+
+    __slots__ = ("cut", "marker_len", "path", "refs", "wd")
+
+    def __init__(self, path: str, wd: int) -> None:
+        self.path = path
+        self.wd = wd
+        self.refs = 1
+        self.cut = 0  # child output removed so far
+        self.marker_len = 0  # length of the marker now in the file (not child output)
 
 
 #: Queued inotify calls that wake the thread without waiting for `flush`.

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from subagents_node.actors.records import Record, init_fields
 from subagents_node.actors.runs import runplan
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
@@ -143,13 +143,16 @@ def _inject(host: AdmissionHost, point: str) -> None:
         raise InjectedFault(f"injected failure at admission step {point}", point=point)
 
 
-@dataclass(frozen=True)
-class ResumePlan:
+class ResumePlan(Record):
     """R-RES-3/4: what a resume reuses: the source's budget and, if it held one, its slot."""
 
+    __slots__ = ("descriptor", "source_run_id", "transfer")
     source_run_id: str
     descriptor: FanoutDescriptor
     transfer: bool
+
+    def __init__(self, source_run_id: str, descriptor: FanoutDescriptor, transfer: bool) -> None:
+        init_fields(self, source_run_id=source_run_id, descriptor=descriptor, transfer=transfer)
 
 
 def admit(

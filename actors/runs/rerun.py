@@ -18,9 +18,9 @@ tells the source's shims.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 
+from subagents_node.actors.records import Record, init_fields
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.errors import BadRequest, RunNotResumable
 from subagents_node.messages.supervisor import Launch, Rerun, SourceKind
@@ -28,14 +28,17 @@ from subagents_node.messages.supervisor import Launch, Rerun, SourceKind
 ACTIVE = ("queued", "running", "paused")
 
 
-@dataclass(frozen=True, slots=True)
-class Lineage:
+class Lineage(Record):
     """Where an admitted run came from; recorded with the run itself."""
 
+    __slots__ = ("kind", "source_run_id", "supersedes")
     source_run_id: str
     kind: SourceKind
     #: The source is live and this run replaces it (R-MISC-2): link it and stop it.
-    supersedes: bool = False
+    supersedes: bool
+
+    def __init__(self, source_run_id: str, kind: SourceKind, supersedes: bool = False) -> None:
+        init_fields(self, source_run_id=source_run_id, kind=kind, supersedes=supersedes)
 
 
 def superseded_reason(new_run_id: str) -> str:

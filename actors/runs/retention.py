@@ -21,7 +21,6 @@ import logging
 import shutil
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from subagents_node.actors.owner import Cancel, Tick
@@ -36,9 +35,10 @@ _TERMINAL = tuple(sorted(TERMINAL_RUN_STATES))
 _IN_TERMINAL = ", ".join("?" * len(_TERMINAL))
 
 
-@dataclass(frozen=True, slots=True)
 class RetentionDue(Tick):
     """The oldest finished run has passed its retention: prune what is past it."""
+
+    __slots__ = ()
 
 
 class RunRetention:

@@ -1,58 +1,74 @@
 """The run supervisor's internal messages: what it tells itself, and what its calls are for.
 
-Owns two families of small frozen types: the keys that name a call to another owner (the answer
-comes back as an `Answer` with that key, and `match` on the key routes it: no string parsing),
-and the ticks delivered through the supervisor's inbox (answers, child events, timers), so they
-run serialized with requests. It must never hold state or behaviour: types only.
+Owns two families of small frozen types (records: actors/records.py): the keys that name a call
+to another owner (the answer comes back as an `Answer` with that key, and `match` on the key
+routes it: no string parsing), and the ticks delivered through the supervisor's inbox (answers,
+child events, timers), so they run serialized with requests. It must never hold state or
+behaviour: types only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TypeAlias
 
 from subagents_node.actors.owner import Outcome, Tick
+from subagents_node.actors.records import Record, init_fields
 
 # -- call keys: what the answer to a call to another owner is for ----------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchKey:
+class LaunchKey(Record):
     """The admission pipeline of run `run_id` (a launch, resume or rerun)."""
 
+    __slots__ = ("run_id",)
     run_id: str
 
+    def __init__(self, run_id: str) -> None:
+        init_fields(self, run_id=run_id)
 
-@dataclass(frozen=True, slots=True)
-class AppendKey:
+
+class AppendKey(Record):
     """An append pipeline on run `run_id`; `token` tells concurrent appends apart."""
 
+    __slots__ = ("run_id", "token")
     run_id: str
     token: str
 
+    def __init__(self, run_id: str, token: str) -> None:
+        init_fields(self, run_id=run_id, token=token)
 
-@dataclass(frozen=True, slots=True)
-class Settle:
+
+class Settle(Record):
     """The budget read of a run that is ending; its answer settles the run."""
 
+    __slots__ = ("run_id",)
     run_id: str
 
+    def __init__(self, run_id: str) -> None:
+        init_fields(self, run_id=run_id)
 
-@dataclass(frozen=True, slots=True)
-class Outbound:
+
+class Outbound(Record):
     """Row `seq` of the outbox, sent to owner `target` (runs/outbox.py): a report that must not
     be lost, resent until its owner answers."""
 
+    __slots__ = ("seq", "target")
     target: str
     seq: int
 
+    def __init__(self, target: str, seq: int) -> None:
+        init_fields(self, target=target, seq=seq)
 
-@dataclass(frozen=True, slots=True)
-class Expand:
+
+class Expand(Record):
     """The one batch claim of dynamic step `group` of run `run_id` (R-FAN-21)."""
 
+    __slots__ = ("group", "run_id")
     run_id: str
     group: int
+
+    def __init__(self, run_id: str, group: int) -> None:
+        init_fields(self, run_id=run_id, group=group)
 
 
 CallKey: TypeAlias = LaunchKey | AppendKey | Settle | Outbound | Expand
@@ -61,62 +77,86 @@ CallKey: TypeAlias = LaunchKey | AppendKey | Settle | Outbound | Expand
 # -- ticks ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class Answer(Tick):
     """Another owner answered the call named by `key` (what the pipelines deliver)."""
 
+    __slots__ = ("key", "outcome")
     key: CallKey
     outcome: Outcome
 
+    def __init__(self, key: CallKey, outcome: Outcome) -> None:
+        init_fields(self, key=key, outcome=outcome)
 
-@dataclass(frozen=True, slots=True)
+
 class ShimGone(Tick):
     """The shim of `child_id` exited (seen by the one thread that watches every shim)."""
 
+    __slots__ = ("child_id",)
     child_id: str
 
+    def __init__(self, child_id: str) -> None:
+        init_fields(self, child_id=child_id)
 
-@dataclass(frozen=True, slots=True)
+
 class KillEscaped(Tick):
     """A stop's grace is over for the processes a dead shim of `child_id` left: SIGKILL."""
 
+    __slots__ = ("child_id",)
     child_id: str
 
+    def __init__(self, child_id: str) -> None:
+        init_fields(self, child_id=child_id)
 
-@dataclass(frozen=True, slots=True)
+
 class ShimNotLaunched(Tick):
     """No shim could be forked for `child_id` (told after the commit that ordered it)."""
 
+    __slots__ = ("child_id", "error")
     child_id: str
     error: str
 
+    def __init__(self, child_id: str, error: str) -> None:
+        init_fields(self, child_id=child_id, error=error)
 
-@dataclass(frozen=True, slots=True)
+
 class Advance(Tick):
     """Run `run_id` may have children to start or be done: steps were appended, or a child
     could not start. Told after the commit that records the change, so the run moves on from
     durable state."""
 
+    __slots__ = ("run_id",)
     run_id: str
 
+    def __init__(self, run_id: str) -> None:
+        init_fields(self, run_id=run_id)
 
-@dataclass(frozen=True, slots=True)
+
 class RunDeadline(Tick):
     """Run `run_id`'s own deadline passed."""
 
+    __slots__ = ("run_id",)
     run_id: str
 
+    def __init__(self, run_id: str) -> None:
+        init_fields(self, run_id=run_id)
 
-@dataclass(frozen=True, slots=True)
+
 class Superseded(Tick):
     """Run `run_id` was superseded by a rerun (R-MISC-2): told after the commit that links
     them, so the source's children are stopped only once the link is durable."""
 
+    __slots__ = ("run_id",)
     run_id: str
 
+    def __init__(self, run_id: str) -> None:
+        init_fields(self, run_id=run_id)
 
-@dataclass(frozen=True, slots=True)
+
 class OutboxRetry(Tick):
     """The outbox's retry delay for owner `target` passed: send its oldest row again."""
 
+    __slots__ = ("target",)
     target: str
+
+    def __init__(self, target: str) -> None:
+        init_fields(self, target=target)

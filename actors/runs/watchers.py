@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subagents_node.actors.owner import Cancel, Outcome, ReplyFn, Tick
+from subagents_node.actors.records import init_fields
 from subagents_node.actors.runs import runstore
 from subagents_node.messages.errors import Busy, RecordQuarantined, RunNotFound
 from subagents_node.messages.supervisor import FleetEvents, RunEvents, Watch, WatchAll
@@ -29,13 +30,16 @@ ACTIVE = ("queued", "running", "paused")
 DEFAULT_MAX_WATCHERS = 1024
 
 
-@dataclass(frozen=True, slots=True)
 class WatchTimeout(Tick):
     """A waiting watcher's `wait_s` passed with no new event: answer it with what there is.
     `key` is its run id (or FLEET); `watcher_id` tells it from the others waiting there."""
 
+    __slots__ = ("key", "watcher_id")
     key: str
     watcher_id: int
+
+    def __init__(self, key: str, watcher_id: int) -> None:
+        init_fields(self, key=key, watcher_id=watcher_id)
 
 
 @dataclass

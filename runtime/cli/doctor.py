@@ -83,7 +83,7 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
 def check_store(state_dir: Path) -> Iterator[Check]:
     """Each owner process's database (`capacity.db`, ..., `runs.db`); a version-1 `state.db`
     that no owner has imported yet is checked as it stands."""
-    files = {cls.name: owner_db(state_dir, cls.name) for cls in owners.OWNERS}
+    files = {name: owner_db(state_dir, name) for name in owners.NAMES}
     present = {name: path for name, path in files.items() if path.exists()}
     v1 = state_dir / DB_NAME
     if not present and not v1.exists():
@@ -92,11 +92,10 @@ def check_store(state_dir: Path) -> Iterator[Check]:
         )
         return
     if not present:
-        yield from _check_db("store", v1, dict(owners.FAMILIES))
+        yield from _check_db("store", v1, owners.all_families())
         return
-    by_name = {cls.name: cls for cls in owners.OWNERS}
     for name, path in present.items():
-        yield from _check_db(f"store {path.stem}", path, owners.families_of(by_name[name]))
+        yield from _check_db(f"store {path.stem}", path, owners.families_of(name))
     for name, path in files.items():
         if name not in present:
             yield Check(
@@ -167,7 +166,7 @@ def check_outbox(state_dir: Path, now: float) -> Iterator[Check]:
     """What the run supervisor still owes the ledgers (`run_outbox`, actors/runs/outbox.py):
     run ends whose capacity report or session update their owner has not answered yet. They
     are resent until it does; until then the slots they free stay held."""
-    path = owner_db(state_dir, owners.RUNS.name)
+    path = owner_db(state_dir, owners.RUNS)
     if not path.exists():
         return
     try:

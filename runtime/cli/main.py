@@ -337,6 +337,10 @@ def _serve(
 ) -> None:
     """Run a node in this process until it is stopped (`start` in the foreground, or the
     detached node): ready (or the error) on `ready_fd` once it serves."""
+    from subagents_node.node.containment import ContainmentProbe
+
+    # Started before the node's code loads: the probe waits in the kernel meanwhile.
+    probe = ContainmentProbe(config.settings.containment, str(obj.state_dir.resolve()))
     from subagents_node.node import daemon
     from subagents_node.node.node import Node, NodeOptions
 
@@ -356,6 +360,7 @@ def _serve(
         mailbox_limit=mailbox_limit,
         faults=faults,
         settings={**config.actor_settings(), **_kill_points(faults)},
+        containment_probe=probe,
         **fleet,  # type: ignore[arg-type]
     )
     node = Node(options)

@@ -15,12 +15,14 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from click.shell_completion import CompletionItem
 
 from subagents_node.messages.constants import MAX_INT32
+
+if TYPE_CHECKING:  # click's completion module loads only when a shell asks for a completion
+    from click.shell_completion import CompletionItem
 
 #: Run ids are 12 hex digits; a prefix of one, or any id a node made, fits this.
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -76,6 +78,8 @@ class RunIdType(click.ParamType[str]):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
         return [
             CompletionItem(r.run_id, help=f"{r.state} {r.label}")
             for r in _recent_runs(ctx)
@@ -101,6 +105,8 @@ class SessionType(click.ParamType[str]):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
         from subagents_node.launch.launcher import terminal_session_id
 
         sessions = dict.fromkeys(
@@ -123,6 +129,8 @@ class AgentNameType(click.ParamType[str]):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
         from subagents_node.launch.agents import discover_agents
         from subagents_node.messages.errors import SubagentsError
 

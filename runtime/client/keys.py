@@ -11,15 +11,14 @@ and is TOML, so a person can read it:
   runs (`keys allow|revoke` ask the node, which applies the change at once); with no node
   running the command writes it itself.
 
-Both the node and clients import this module, so it stays light (tomllib and zmq only) and
-never talks to a node. It never logs a secret key.
+Both the node and clients import this module, so it stays light (zmq only; tomllib when a
+file is read) and never talks to a node. It never logs a secret key.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +165,8 @@ def client_credentials(
 
 
 def _read_toml(path: Path) -> dict[str, object]:
+    import tomllib  # here: a node with no tcp listener and no allow-list reads no key file
+
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +194,8 @@ def project_config_path(cwd: Path | None = None) -> Path:
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse one TOML file; a missing file is empty, an unreadable or invalid one an error."""
+    import tomllib  # here: most processes (a node on a machine with no config file) read none
+
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)

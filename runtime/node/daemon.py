@@ -14,7 +14,6 @@ import logging
 import os
 import select
 import signal
-import subprocess
 import sys
 import traceback
 from collections.abc import Callable
@@ -26,7 +25,10 @@ from subagents_node.client.paths import LOG_NAME, ensure_state_dir, read_pid_fil
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import NodeError, NodeNotRunning, NodeTimeout
 
-if TYPE_CHECKING:  # psutil loads where it is used: a node's owners, forked, never need it
+if TYPE_CHECKING:  # psutil and subprocess load where they are used: a node forked from the
+    # start command, and its owners forked from it, never need them
+    import subprocess
+
     import psutil
 
 #: how long a detached node that failed to start may take to exit before it is killed
@@ -39,6 +41,8 @@ def start_detached(
     """Start `subagents-node start` in a fresh interpreter in its own session; return its pid
     record once serving. For a caller that may hold threads or sockets (a fork would copy
     them); `fork_detached` is the quicker way from a process that holds neither."""
+    import subprocess
+
     ensure_state_dir(state_dir)
     read_fd, write_fd = os.pipe()
     log_path = state_dir / LOG_NAME
@@ -136,6 +140,8 @@ class _Spawned:
         self._proc.kill()
 
     def wait(self, timeout_s: float) -> bool:
+        import subprocess
+
         try:
             self._proc.wait(timeout=timeout_s)
             return True

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from subagents_node.actors.peergate import fenced_error
@@ -55,15 +54,18 @@ CREATE TABLE IF NOT EXISTS members (
 """
 
 
-@dataclass(slots=True)
 class _Beat:
     """The last heartbeat of a worker since this home started (memory only: after a home
-    restart every worker is `unreachable` until it beats again)."""
+    restart every worker is `unreachable` until it beats again). Slotted, not a dataclass
+    (~1 ms of every node's start)."""
 
-    at: float  # time.time()
-    monotonic: float
-    runs: int = 0
-    children: int = 0
+    __slots__ = ("at", "children", "monotonic", "runs")
+
+    def __init__(self, at: float, monotonic: float, runs: int = 0, children: int = 0) -> None:
+        self.at = at  # time.time()
+        self.monotonic = monotonic
+        self.runs = runs
+        self.children = children
 
 
 class Members:

@@ -6,8 +6,10 @@ version-1 `state.db`), its timers, its links to the other owners, its log cap (t
 supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
 it restarted from in place, the records it quarantined, or why it could not start.
 
-It never returns into the node's code: the forked child leaves with `os._exit`, so nothing the
-parent registered (atexit handlers, pytest's machinery, the parent's zmq context) runs twice.
+It inherits its actor's code from the node (runtime/node/owners.py) and imports the store,
+which the node never opens, once it is forked. It never returns into the node's code: the
+forked child leaves with `os._exit`, so nothing the parent registered (atexit handlers,
+pytest's machinery, the parent's zmq context) runs twice.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import sqlite3
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,11 @@ import zmq
 from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
-from subagents_node.actors.owner import ActorContext, OwnerActor
+from subagents_node.actors.owner import ActorContext
 from subagents_node.actors.peergate import PeerGate
+from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord
+from subagents_node.node import owners
 from subagents_node.node.timers import Timers
 
 log = logging.getLogger(__name__)
@@ -45,32 +48,80 @@ _PR_SET_PDEATHSIG = 1
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class OwnerSpec:
-    """What the node tells a forked owner: which class, where it lives, with which settings."""
+class OwnerSpec(Record):
+    """What the node tells a forked owner: which owner it is (runtime/node/owners.py), where it
+    lives, with which settings."""
 
-    cls: type[OwnerActor]
+    __slots__ = (
+        "endpoint",
+        "faults",
+        "mailbox_limit",
+        "max_frame",
+        "owner",
+        "peers",
+        "server_secret",
+        "settings",
+        "state_dir",
+        "stem",
+        "synchronous",
+        "tcp_endpoint",
+    )
+    #: The owner's name (`capacity`, ..., `supervisor`: runtime/node/owners.py).
+    owner: str
     #: Its file stem: `<stem>.sock` and `<stem>.db` in the state dir.
     stem: str
     state_dir: Path
     endpoint: str
-    #: Table families (name -> migrations) this owner's database holds.
-    families: Mapping[str, Sequence[str]]
     #: Where each other owner listens (for cross-owner requests), by owner name.
     peers: Mapping[str, str]
-    synchronous: str = "NORMAL"
-    faults: bool = False
-    max_frame: int = 0
-    mailbox_limit: int = 1024
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    synchronous: str
+    faults: bool
+    max_frame: int
+    mailbox_limit: int
+    settings: Mapping[str, Any]
     #: A home's ledger owner: its own tcp endpoint (a CURVE server with the node's secret
     #: key, admitting the peers the node names in `owner.peers`); "" on any other node.
-    tcp_endpoint: str = ""
-    server_secret: str = field(default="", repr=False)
+    tcp_endpoint: str
+    server_secret: str
+
+    def __init__(
+        self,
+        owner: str,
+        stem: str,
+        state_dir: Path,
+        endpoint: str,
+        peers: Mapping[str, str],
+        synchronous: str = "NORMAL",
+        faults: bool = False,
+        max_frame: int = 0,
+        mailbox_limit: int = 1024,
+        settings: Mapping[str, Any] | None = None,
+        tcp_endpoint: str = "",
+        server_secret: str = "",
+    ) -> None:
+        init_fields(
+            self,
+            owner=owner,
+            stem=stem,
+            state_dir=state_dir,
+            endpoint=endpoint,
+            peers=peers,
+            synchronous=synchronous,
+            faults=faults,
+            max_frame=max_frame,
+            mailbox_limit=mailbox_limit,
+            settings={} if settings is None else settings,
+            tcp_endpoint=tcp_endpoint,
+            server_secret=server_secret,
+        )
+
+    def __repr__(self) -> str:
+        shown = super().__repr__()  # the secret key never reaches a log line
+        return shown.replace(repr(self.server_secret), "'***'") if self.server_secret else shown
 
     @property
     def name(self) -> str:
-        return self.cls.name
+        return self.owner
 
     @property
     def db_path(self) -> Path:
@@ -132,9 +183,11 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     # Imported here, not at the top: the store module is the node's, and only owners open it.
     from subagents_node.node.store import Store
 
+    cls = owners.actor_class(spec.name)
+    families = owners.families_of(spec.name)
     store = Store(spec.db_path, spec.synchronous)
-    import_v1_state(spec, store)
-    store.migrate(spec.families)
+    import_v1_state(spec, families, store)
+    store.migrate(families)
     zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     timers = Timers()
     log_cap: ChildLogCap | None = None
@@ -167,7 +220,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         cap_log=log_cap.watch if log_cap is not None else None,
         cap_flush=log_cap.flush if log_cap is not None else None,
     )
-    actor = spec.cls(ctx)
+    actor = cls(ctx)
     # What the node and this owner's start-up made (modules, schemas, the actor) lives as long
     # as the process: out of the collector's sight, a full collection walks only what the
     # requests made (and the pages shared with the node stay shared).
@@ -194,7 +247,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         zctx.term()
 
 
-def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
+def import_v1_state(spec: OwnerSpec, families: Mapping[str, Sequence[str]], store: Any) -> bool:
     """First start after version 1: copy this owner's tables out of the shared `state.db`.
 
     The copy is SQLite's online backup of the whole file, then every table that is not this
@@ -206,7 +259,7 @@ def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
         return False
     mine = {
         m.group(1)
-        for scripts in spec.families.values()
+        for scripts in families.values()
         for s in scripts
         for m in _CREATE_TABLE.finditer(s)
     }
@@ -227,7 +280,7 @@ def import_v1_state(spec: OwnerSpec, store: Any) -> bool:
             if table != "schema_migrations" and table not in mine:
                 target.execute(f'DROP TABLE "{table}"')
         if "schema_migrations" in tables:
-            names = list(spec.families)
+            names = list(families)
             marks = ",".join("?" * len(names))
             target.execute(f"DELETE FROM schema_migrations WHERE family NOT IN ({marks})", names)
         target.execute("COMMIT")

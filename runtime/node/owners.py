@@ -1,41 +1,71 @@
-"""The owner actors a node starts, in start order, and the table families each one keeps."""
+"""The owner actors a node starts, in start order, and the table families each one keeps.
+
+Owns the names of the owners and where each one's actor class lives. It never imports an
+actor at module level: the node imports each owner's actor just before it forks that owner
+(`actor_class`), in start order, so an owner holds the code of the owners started before it
+and never of those after. The run supervisor starts last: its thirty modules were 1.2 MiB of
+every ledger owner's resident size, and now load in the node while the ledgers start.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from subagents_node.actors.capacity.ledger import CapacityLedger
-from subagents_node.actors.child import rows as child_rows
-from subagents_node.actors.fanout import FanoutBudget
-from subagents_node.actors.owner import OwnerActor
-from subagents_node.actors.runs.supervisor import RunSupervisor
-from subagents_node.actors.session import SessionActor
 from subagents_node.messages.runs import CHILDREN
 
-#: The run supervisor: its process also hosts the shims' template and the child log cap.
-RUNS: type[OwnerActor] = RunSupervisor
+if TYPE_CHECKING:
+    from subagents_node.actors.owner import OwnerActor
 
-#: Start order (they start together; the node waits until every one is ready).
-OWNERS: tuple[type[OwnerActor], ...] = (CapacityLedger, FanoutBudget, SessionActor, RunSupervisor)
+#: Each owner's name -> (module, class) of its actor, in start order (they start together; the
+#: node waits until every one is ready). The run supervisor, with the most code, comes last.
+_ACTORS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "capacity": ("subagents_node.actors.capacity.ledger", "CapacityLedger"),
+        "fanout": ("subagents_node.actors.fanout", "FanoutBudget"),
+        "session": ("subagents_node.actors.session", "SessionActor"),
+        "supervisor": ("subagents_node.actors.runs.supervisor", "RunSupervisor"),
+    }
+)
+
+#: Every owner's name, in start order.
+NAMES: tuple[str, ...] = tuple(_ACTORS)
+
+#: The run supervisor: its process also hosts the shims' template and the child log cap.
+RUNS = "supervisor"
 
 #: Table families written by an owner besides its own (the RunSupervisor writes `children`,
-#: the rows of the child shims, through actors/child/keeper.py).
-EXTRA_FAMILIES: Mapping[str, tuple[type[OwnerActor], Sequence[str]]] = {
-    CHILDREN: (RunSupervisor, child_rows.MIGRATIONS),
-}
+#: the rows of the child shims, through actors/child/keeper.py): family -> (writer, (module,
+#: attribute) of its migrations).
+EXTRA_FAMILIES: Mapping[str, tuple[str, tuple[str, str]]] = MappingProxyType(
+    {CHILDREN: (RUNS, ("subagents_node.actors.child.rows", "MIGRATIONS"))}
+)
 
 
-def families_of(cls: type[OwnerActor]) -> dict[str, Sequence[str]]:
-    """The table families in `cls`'s own database: its own, and the extra ones it writes."""
-    own: dict[str, Sequence[str]] = {cls.name: cls.MIGRATIONS}
-    for name, (writer, migrations) in EXTRA_FAMILIES.items():
-        if writer is cls:
-            own[name] = migrations
+def actor_class(name: str) -> type[OwnerActor]:
+    """The actor class of owner `name`, imported on first use."""
+    module, attribute = _ACTORS[name]
+    cls: type[OwnerActor] = getattr(importlib.import_module(module), attribute)
+    return cls
+
+
+def owner_classes() -> tuple[type[OwnerActor], ...]:
+    """Every owner's actor class, in start order (imports them all: for doctor and the docs)."""
+    return tuple(actor_class(name) for name in NAMES)
+
+
+def families_of(name: str) -> dict[str, Sequence[str]]:
+    """The table families in owner `name`'s own database: its own, and the extra ones it
+    writes (imports its actor class)."""
+    own: dict[str, Sequence[str]] = {name: actor_class(name).MIGRATIONS}
+    for family, (writer, (module, attribute)) in EXTRA_FAMILIES.items():
+        if writer == name:
+            own[family] = getattr(importlib.import_module(module), attribute)
     return own
 
 
-#: Every table family, by family name.
-FAMILIES: Mapping[str, Sequence[str]] = {
-    **{cls.name: cls.MIGRATIONS for cls in OWNERS},
-    **{name: migrations for name, (_, migrations) in EXTRA_FAMILIES.items()},
-}
+def all_families() -> dict[str, Sequence[str]]:
+    """Every table family, by family name (imports every actor class)."""
+    return {family: s for name in NAMES for family, s in families_of(name).items()}

@@ -1,12 +1,13 @@
 """OwnerSupervisor: the node's supervision of its owner processes (OTP style, DESIGN §1).
 
-Owns, for each owner: its process (forked from the node after every import is done, so a start
-costs a fork, not an interpreter), its pidfd and control pipe, its state (`running`,
-`restarting`, `failed`), its restart count and restart-intensity history, and the records it
-reported quarantined. One thread does all of it: it forks (so the owners' death signal is tied
-to a thread that lives as long as the node), waits in poll() on every pidfd and control pipe
-at once, restarts a crashed owner from its database, and past the owner's restart intensity
-marks it `failed` and binds a stand-in on its socket that answers every request
+Owns, for each owner: its process (forked from the node, which imports the owner's actor just
+before, so a start costs a fork, not an interpreter, and an owner never holds the code of the
+owners started after it: runtime/node/owners.py), its pidfd and control pipe, its state
+(`running`, `restarting`, `failed`), its restart count and restart-intensity history, and the
+records it reported quarantined. One thread does all of it: it forks (so the owners' death
+signal is tied to a thread that lives as long as the node), waits in poll() on every pidfd and
+control pipe at once, restarts a crashed owner from its database, and past the owner's restart
+intensity marks it `failed` and binds a stand-in on its socket that answers every request
 `OwnerUnavailable` at once, while the other owners keep serving.
 
 It never opens an owner's database and never handles an owner's requests.
@@ -25,7 +26,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import zmq
 
@@ -33,6 +33,7 @@ from subagents_node.messages.codec import decode, encode, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
+from subagents_node.node import owners
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
 
@@ -44,24 +45,44 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
 
-@dataclass
 class _Owner:
-    spec: OwnerSpec
-    intensity: RestartIntensity
-    state: OwnerState = "restarting"
-    pid: int | None = None
-    pidfd: int | None = None
-    control: int | None = None
-    buffer: bytes = b""
-    restarts: int = 0
-    reason: str = ""
-    quarantined: list[QuarantinedRecord] = field(default_factory=list)
-    ready: threading.Event = field(default_factory=threading.Event)
-    #: Set once the process has been reaped (and cleared when another is forked).
-    gone: threading.Event = field(default_factory=threading.Event)
-    tombstone: _Tombstone | None = None
-    #: A crash reported but not yet acted on (the intensity tripped while we were busy).
-    exceeded: str = ""
+    """One owner's supervision state. (A plain slotted class, not a dataclass: on Python 3.11 a
+    dataclass compiles its methods when defined, ~1 ms of every node's start.)"""
+
+    __slots__ = (
+        "buffer",
+        "control",
+        "exceeded",
+        "gone",
+        "intensity",
+        "pid",
+        "pidfd",
+        "quarantined",
+        "ready",
+        "reason",
+        "restarts",
+        "spec",
+        "state",
+        "tombstone",
+    )
+
+    def __init__(self, spec: OwnerSpec, intensity: RestartIntensity) -> None:
+        self.spec = spec
+        self.intensity = intensity
+        self.state: OwnerState = "restarting"
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+        self.control: int | None = None
+        self.buffer = b""
+        self.restarts = 0
+        self.reason = ""
+        self.quarantined: list[QuarantinedRecord] = []
+        self.ready = threading.Event()
+        #: Set once the process has been reaped (and cleared when another is forked).
+        self.gone = threading.Event()
+        self.tombstone: _Tombstone | None = None
+        #: A crash reported but not yet acted on (the intensity tripped while we were busy).
+        self.exceeded = ""
 
 
 class OwnerSupervisor:
@@ -210,6 +231,10 @@ class OwnerSupervisor:
     def _fork(self, owner: _Owner) -> None:
         if self._stopping or owner.state == "failed":
             return
+        # The owner inherits its actor's code rather than importing it after the fork: a module
+        # another thread of the node is importing at the fork stays half-imported in the child,
+        # its lock held by a thread the child does not have, and importing it would wait forever.
+        owners.actor_class(owner.spec.name)
         control_r, control_w = os.pipe()
         # Every object alive now is the owner's inheritance: frozen, the child's collector never
         # walks it, so it never writes to (copies) the pages it shares with the node. The node

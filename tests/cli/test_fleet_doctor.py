@@ -192,7 +192,7 @@ def test_doctor_warns_of_requests_owed_to_a_ledger_owner_for_long(state_dir: Pat
     """A run end the capacity owner has not answered for an hour (the run supervisor resends it
     until it does): a warning that names the owner, the age and the last error."""
     state_dir.chmod(0o700)
-    runs_db = owner_db(state_dir, owners.RUNS.name)
+    runs_db = owner_db(state_dir, owners.RUNS)
     Store(runs_db).migrate(owners.families_of(owners.RUNS))
     with closing(sqlite3.connect(runs_db)) as conn, conn:
         conn.execute(

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import subagents_node
+from subagents_node.actors.child import cgroup
 from subagents_node.client.client import Client
 from subagents_node.client.paths import owner_db, read_pid_file
 from subagents_node.client.transport import PendingReply, ZmqTransport
@@ -30,8 +31,9 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.node import DebugRaise, DebugSleep, NodeStatus, Ping, Pong
+from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.node import Node, NodeOptions
-from subagents_node.node.owners import OWNERS
+from subagents_node.node.owners import owner_classes
 from subagents_node.node.store import Store
 from subagents_node.node.supervision import RestartIntensity
 from tests.support.nodes import (
@@ -40,6 +42,7 @@ from tests.support.nodes import (
     RawPeer,
     error_of,
     free_tcp_port,
+    new_state_dir,
     run_cli,
     run_in_processes,
     running_node,
@@ -287,7 +290,7 @@ def test_kill_9_then_restart_keeps_the_store_intact_and_acknowledged_claims(
 
     node.start()
     assert node.pid != first_pid
-    for owner in OWNERS:  # each owner process keeps its own database file (DESIGN §5)
+    for owner in owner_classes():  # each owner process keeps its own database file (DESIGN §5)
         store = Store(owner_db(node.state_dir, owner.name))
         assert store.integrity_check() == "ok"
         assert store.versions()[owner.name] == len(owner.MIGRATIONS)
@@ -295,6 +298,27 @@ def test_kill_9_then_restart_keeps_the_store_intact_and_acknowledged_claims(
     assert client.ping().pid == node.pid
     assert client.fanout.snapshot(budget).used == 2
     assert client.fanout.claim(budget, ["tasks[2]"]).used == 3
+
+
+class _ToldProbe(ContainmentProbe):
+    """An early probe whose answer no real probe gives, to see whether the node took it."""
+
+    def _run(self) -> None:
+        self._found = cgroup.Containment("subreaper", why="told by the early probe")
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["its-state-dir", "another-state-dir"])
+def test_a_node_takes_the_early_containment_probe_only_for_its_own_state_dir(same: bool) -> None:
+    """`start` probes the containment while the node's code loads (runtime/node/containment.py):
+    the node uses that answer only when it was probed for its own state dir and setting."""
+    state = new_state_dir()
+    key = str(state.resolve()) if same else str(new_state_dir().resolve())
+    probe = _ToldProbe("subreaper", key)
+    settings = {"containment": "subreaper"}
+    with Node.embedded(state_dir=state, settings=settings, containment_probe=probe) as node:
+        told = node.containment.why == "told by the early probe"
+        assert told == same
+        assert node.containment.mode == "subreaper"
 
 
 def test_a_second_node_on_the_same_state_dir_is_refused(shared: NodeProcess) -> None:
