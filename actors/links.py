@@ -99,6 +99,7 @@ class OwnerLinks:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         on_socket: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
         remote_keys: RemoteKeys | None = None,
+        on_drop: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
     ) -> None:
         self._zctx = zctx
         self._remote_keys = remote_keys
@@ -106,13 +107,20 @@ class OwnerLinks:
         self._endpoint_of = endpoint_of
         self._timeout_s = timeout_s
         self._on_socket = on_socket  # a new socket to poll (the owner's loop registers it)
+        self._on_drop = on_drop  # a socket about to be closed: poll it no more
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._deadlines: list[tuple[float, str]] = []
 
-    def watch_with(self, on_socket: Callable[[zmq.Socket[bytes]], None]) -> None:
-        """Who polls the sockets these links open (an OwnerLoop sets itself)."""
+    def watch_with(
+        self,
+        on_socket: Callable[[zmq.Socket[bytes]], None],
+        on_drop: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
+    ) -> None:
+        """Who polls the sockets these links open (an OwnerLoop sets itself), and is told
+        before one of them is closed."""
         self._on_socket = on_socket
+        self._on_drop = on_drop
 
     @property
     def sockets(self) -> list[zmq.Socket[bytes]]:
@@ -155,7 +163,8 @@ class OwnerLinks:
         endpoint: str = "",
     ) -> None:
         target = target or request.target
-        sock = self._socket(endpoint or self._endpoint_of(target))
+        endpoint = endpoint or self._endpoint_of(target)
+        sock = self._socket(endpoint)
         env = Envelope(
             type=request.type,
             body=request.to_body(),
@@ -165,7 +174,17 @@ class OwnerLinks:
         )
         frame = encode_request(env)  # FrameTooLarge: the owner would refuse it unread
         try:
-            sock.send(frame, _NOBLOCK)
+            try:
+                sock.send(frame, _NOBLOCK)
+            except zmq.Again:
+                if not endpoint.startswith("tcp://"):
+                    raise
+                # A link to another host with no connection left to queue on: libzmq gives
+                # up on a peer that refused its handshake (a key that peer did not allow yet)
+                # and never dials it again. A fresh socket queues until it connects; the
+                # request's deadline still bounds the wait.
+                self._renew(endpoint)
+                self._socket(endpoint).send(frame, _NOBLOCK)
         except zmq.Again:
             raise Busy(
                 f"{target} is not taking requests (its queue is full); retry later",
@@ -246,6 +265,13 @@ class OwnerLinks:
             self._sockets[endpoint] = sock
             self._on_socket(sock)
         return sock
+
+    def _renew(self, endpoint: str) -> None:
+        """Close the link to `endpoint` (what waits on it runs out at its deadline)."""
+        sock = self._sockets.pop(endpoint, None)
+        if sock is not None:
+            self._on_drop(sock)
+            sock.close(linger=0)
 
     def _secure(self, sock: zmq.Socket[bytes], endpoint: str) -> None:
         """A link to another host: CURVE (DESIGN §3), and heartbeats so that a partition is

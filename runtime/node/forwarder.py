@@ -55,7 +55,12 @@ class Forwarder:
         self._poller = zmq.Poller()
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._links = OwnerLinks(
-            zctx, sender, endpoint_of, on_socket=self._watch, remote_keys=remote_keys
+            zctx,
+            sender,
+            endpoint_of,
+            on_socket=self._watch,
+            remote_keys=remote_keys,
+            on_drop=self._poller.unregister,
         )
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="subagents-forward", daemon=True)

@@ -198,7 +198,7 @@ class Gateway:
         poller.register(self._wake_r, zmq.POLLIN)
         links = self._relay.links if self._relay is not None else None
         if links is not None:
-            links.watch_with(lambda sock: poller.register(sock, zmq.POLLIN))
+            links.watch_with(lambda sock: poller.register(sock, zmq.POLLIN), poller.unregister)
         try:
             while not self._stopping:
                 wait = self._next_deadline(links)

@@ -164,8 +164,10 @@ class Node:
         self._home_keys: RemoteKeys | None = None
         self._home_link_state: tuple[str, str] = ("joined", "")
         self._routes: dict[str, str] = {}
-        #: A home's ledger owners' own tcp endpoints (owner -> endpoint).
+        #: A home's ledger owners' own tcp endpoints (owner -> endpoint), and the latest word
+        #: on their tcp peers (what an owner forked now starts with).
         self._owner_tcp: dict[str, str] = {}
+        self._peer_table: OwnerPeers | None = None
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
@@ -335,6 +337,7 @@ class Node:
                     settings=own,
                     tcp_endpoint=tcp,
                     server_secret=secret if tcp else "",
+                    initial_peers=self._current_peers if tcp else None,
                 )
             )
         return specs
@@ -351,6 +354,24 @@ class Node:
                 with suppress(FileNotFoundError):
                     path.unlink()
         endpoints = endpoints[:1] + proxies + endpoints[1:]
+        # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
+        # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
+        self._curve = CurveGuard(self.state_dir)
+        if self.options.home:
+            self._home = HomeService(
+                self.state_dir,
+                self.node_id,
+                self.options.heartbeat_s,
+                self.options.heartbeat_timeout_s,
+                self._submit,
+                self._tcp_endpoints,
+                owner_ports={n: _port(e) for n, e in self._owner_tcp.items()},
+                allowed=lambda: self._curve.allowed if self._curve is not None else {},
+                tell=self._tell_owners,
+            )
+            # The home's ledger owners know their tcp peers from their first moment (each
+            # fork takes the latest table): no handshake is refused while they wait to be told.
+            self._home.tell_owners()
         self._zctx = zmq.Context()
         self._owners = OwnerSupervisor(
             specs,
@@ -371,21 +392,6 @@ class Node:
         for name in [spec.name for spec in specs] + sorted(self.remote_owners):
             self.dispatcher.register(name, self._forwarder.submit)
         self._retire_v1_state()
-        # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
-        # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
-        self._curve = CurveGuard(self.state_dir)
-        if self.options.home:
-            self._home = HomeService(
-                self.state_dir,
-                self.node_id,
-                self.options.heartbeat_s,
-                self.options.heartbeat_timeout_s,
-                self._forwarder.submit,
-                self._tcp_endpoints,
-                owner_ports={n: _port(e) for n, e in self._owner_tcp.items()},
-                allowed=lambda: self._curve.allowed if self._curve is not None else {},
-                tell=self._tell_owners,
-            )
         self._gateway = Gateway(
             self._zctx,
             endpoints,
@@ -425,9 +431,18 @@ class Node:
         if self._home_link is not None:
             self._home_link.start(self._zctx)
 
+    def _current_peers(self) -> OwnerPeers | None:
+        return self._peer_table
+
+    def _submit(self, request: Request, target: str, reply: ReplyFn) -> None:
+        assert self._forwarder is not None, "the home serves nothing before its forwarder runs"
+        self._forwarder.submit(request, target, reply)
+
     def _tell_owners(self, table: OwnerPeers) -> None:
         """A home's ledger owners learn who may reach their own tcp sockets (`owner.peers`,
-        from any thread: the forwarder carries it, in order with what follows it)."""
+        from any thread: the forwarder carries it, in order with what follows it); an owner
+        forked later starts with this table."""
+        self._peer_table = table
         forwarder = self._forwarder
         if forwarder is None:
             return

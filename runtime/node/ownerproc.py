@@ -24,7 +24,7 @@ import signal
 import sqlite3
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from subagents_node.actors.owner import ActorContext
 from subagents_node.actors.peergate import PeerGate
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord
+from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import owners
 from subagents_node.node.timers import Timers
 
@@ -55,6 +56,7 @@ class OwnerSpec(Record):
     __slots__ = (
         "endpoint",
         "faults",
+        "initial_peers",
         "mailbox_limit",
         "max_frame",
         "owner",
@@ -83,6 +85,8 @@ class OwnerSpec(Record):
     #: key, admitting the peers the node names in `owner.peers`); "" on any other node.
     tcp_endpoint: str
     server_secret: str
+    #: Called in the forked owner: the node's latest `owner.peers` at the fork (None: none).
+    initial_peers: Callable[[], OwnerPeers | None] | None
 
     def __init__(
         self,
@@ -98,6 +102,7 @@ class OwnerSpec(Record):
         settings: Mapping[str, Any] | None = None,
         tcp_endpoint: str = "",
         server_secret: str = "",
+        initial_peers: Callable[[], OwnerPeers | None] | None = None,
     ) -> None:
         init_fields(
             self,
@@ -113,6 +118,7 @@ class OwnerSpec(Record):
             settings={} if settings is None else settings,
             tcp_endpoint=tcp_endpoint,
             server_secret=server_secret,
+            initial_peers=initial_peers,
         )
 
     def __repr__(self) -> str:
@@ -226,6 +232,9 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     # requests made (and the pages shared with the node stay shared).
     gc.freeze()
     gate = PeerGate(spec.server_secret) if spec.tcp_endpoint else None
+    table = spec.initial_peers() if spec.initial_peers is not None else None
+    if gate is not None and table is not None:
+        gate.update(table)  # the fork's copy of the node's latest word: no refusal window
     loop = OwnerLoop(
         actor,
         zctx,
