@@ -216,14 +216,9 @@ def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     with obj.client() as client:
         client.ping()
         if as_json:
-            parts = client.hosts.runs(limit=100)
-            data: dict[str, object] = {
-                "runs": [r.model_dump(mode="json") for part in parts for r in part.runs]
-            }
-            missing = {part.host: part.error for part in parts if part.error}
-            if missing:
-                data["hosts_not_listed"] = missing
-            emit(data, True, "")
+            from subagents_node.client.hosts import runs_json
+
+            emit(runs_json(client.hosts.runs(limit=100)), True, "")
             return
         run_fleet(client, once=once)
 

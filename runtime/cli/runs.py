@@ -313,16 +313,15 @@ def runs_command(
     """
     with obj.client() as client:
         parts = client.hosts.runs(session, active, limit)
-    found = [run for part in parts for run in part.runs]
-    missing = {part.host: part.error for part in parts if part.error}
     if as_json:
-        data: dict[str, object] = {"runs": [r.model_dump(mode="json") for r in found]}
-        if missing:
-            data["hosts_not_listed"] = missing
-        emit(data, True, "")
+        from subagents_node.client.hosts import runs_json
+
+        emit(runs_json(parts), True, "")
         return
-    for host, why in missing.items():
-        click.echo(f"host {host}: runs not listed ({why})", err=True)
+    found = [run for part in parts for run in part.runs]
+    for part in parts:
+        if part.error:
+            click.echo(f"host {part.host}: runs not listed ({part.error})", err=True)
     if not found:
         click.echo("no runs")
         return

@@ -35,6 +35,17 @@ class HostRuns:
     error: str = ""
 
 
+def runs_json(parts: list[HostRuns]) -> dict[str, object]:
+    """A view's runs over every host as JSON, naming the hosts whose runs are unknown."""
+    data: dict[str, object] = {
+        "runs": [run.model_dump(mode="json") for part in parts for run in part.runs]
+    }
+    missing = {part.host: part.error for part in parts if part.error}
+    if missing:
+        data["hosts_not_listed"] = missing
+    return data
+
+
 class Hosts:
     def __init__(self, client: Client, timeout_s: float = HOST_TIMEOUT_S) -> None:
         self._client = client

@@ -231,15 +231,11 @@ class Gateway:
 
     def _next_deadline(self, links: OwnerLinks | None) -> float | None:
         """Seconds until the first relayed or host-carried request runs out (None: none)."""
-        waits = [
-            w
-            for w in (
-                links.next_deadline() if links is not None else None,
-                self._hosts.next_deadline() if self._hosts is not None else None,
-            )
-            if w is not None
-        ]
-        return min(waits) if waits else None
+        relayed = links.next_deadline() if links is not None else None
+        carried = self._hosts.next_deadline() if self._hosts is not None else None
+        if relayed is None or carried is None:
+            return carried if relayed is None else relayed
+        return min(relayed, carried)
 
     def _drain_wake(self) -> None:
         # Empty the pipe first, then clear the flag: the other order loses a wake-up when a

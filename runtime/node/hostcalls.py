@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from subagents_node.messages.codec import encode, encode_answer
 from subagents_node.messages.envelope import Envelope, new_message_id
@@ -33,13 +32,16 @@ MAX_IN_FLIGHT = 10_000
 HostCheck = Callable[[str], "SubagentsError | None"]
 
 
-@dataclass(frozen=True, slots=True)
 class _Call:
-    via: int
-    client: bytes
-    request: Envelope
-    host: str
-    deadline: float
+    """A request on its way to a worker. (Slotted, not a dataclass: ~1 ms of every start.)"""
+
+    __slots__ = ("client", "host", "request", "via")
+
+    def __init__(self, via: int, client: bytes, request: Envelope, host: str) -> None:
+        self.via = via
+        self.client = client
+        self.request = request
+        self.host = host
 
 
 #: A frame for the gateway to send: (socket index, peer routing id, frame).
@@ -90,7 +92,7 @@ class HostCalls:
             )
         call_id = new_message_id()
         deadline = time.monotonic() + self._timeout_s
-        self._calls[call_id] = _Call(via, client, request, host, deadline)
+        self._calls[call_id] = _Call(via, client, request, host)
         heapq.heappush(self._deadlines, (deadline, call_id))
         onward = Envelope(
             type=request.type,

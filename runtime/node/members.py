@@ -36,6 +36,7 @@ from subagents_node.messages.members import (
     MemberJoin,
     MemberListing,
     Membership,
+    MemberState,
     MemberView,
 )
 
@@ -117,8 +118,8 @@ class Members:
                 target=name,
                 reason="unknown_host",
             )
-        if state == "forgotten" or not self._alive(name):
-            shown = "lost" if state == "forgotten" else "unreachable"
+        shown = self._shown(name, state)
+        if shown != "up":
             silent = self._silent(name)
             last = f"{silent:.1f}s ago" if silent != float("inf") else "none since the home started"
             return OwnerUnavailable(
@@ -232,10 +233,7 @@ class Members:
         for row in self._db.execute("SELECT * FROM members ORDER BY name"):
             name = str(row["name"])
             beat = self._beats.get(name)
-            if row["state"] == "forgotten":
-                state = "lost"
-            else:
-                state = "up" if self._alive(name) else "unreachable"
+            state = self._shown(name, str(row["state"]))
             nodes.append(
                 MemberView(
                     name=name,
@@ -265,6 +263,12 @@ class Members:
             "SELECT * FROM members WHERE name = ?", (name,)
         ).fetchone()
         return row
+
+    def _shown(self, name: str, stored: str) -> MemberState:
+        """What `nodes` calls a member: lost once forgotten, else up or unreachable."""
+        if stored == "forgotten":
+            return "lost"
+        return "up" if self._alive(name) else "unreachable"
 
     def _alive(self, name: str) -> bool:
         beat = self._beats.get(name)
