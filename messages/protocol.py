@@ -38,11 +38,11 @@ FAMILIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 
 
-@functools.cache
+@functools.cache  # one entry per FAMILIES prefix at most: request_class checks it first
 def _family(prefix: str) -> Mapping[str, type[Request]]:
     """type -> request model of every request whose type starts with `prefix` (imported now)."""
     found: dict[str, type[Request]] = {}
-    for module in FAMILIES.get(prefix, ()):
+    for module in FAMILIES[prefix]:
         requests = importlib.import_module(f"subagents_node.messages.{module}").REQUESTS
         found.update({str(c.model_fields["type"].default): c for c in requests})
     return MappingProxyType(found)
@@ -50,7 +50,9 @@ def _family(prefix: str) -> Mapping[str, type[Request]]:
 
 def request_class(type_: str) -> type[Request] | None:
     """The model of request type `type_`, or None when no protocol defines it."""
-    return _family(type_.split(".", 1)[0]).get(type_)
+    prefix = type_.partition(".")[0]
+    # A type off the wire names any prefix: only a known one may reach the cache.
+    return _family(prefix).get(type_) if prefix in FAMILIES else None
 
 
 def request_classes() -> tuple[type[Request], ...]:

@@ -284,6 +284,17 @@ def test_the_registry_names_the_module_of_every_request_by_its_type_prefix() -> 
     assert defined == listed
 
 
+def test_unknown_request_types_off_the_wire_leave_no_trace_in_the_registry() -> None:
+    """A peer may send any type: the registry's cache holds known protocols only, whatever
+    it is sent."""
+    from subagents_node.messages import protocol
+
+    for n in range(200):
+        with pytest.raises(UnknownMessageType):
+            parse_request(f"bogus{n}.type", {})
+    assert protocol._family.cache_info().currsize <= len(FAMILIES)
+
+
 def test_unknown_message_type_is_refused_by_name() -> None:
     with pytest.raises(UnknownMessageType) as info:
         parse_request("node.nope", {})
