@@ -208,8 +208,10 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     actor = cls(ctx)
     # What the node and this owner's start-up made (modules, schemas, the actor) lives as long
     # as the process: out of the collector's sight, a full collection walks only what the
-    # requests made (and the pages shared with the node stay shared).
+    # requests made (and the pages shared with the node stay shared). A node starting from the
+    # command line forks its owners with the collector off; from here on it runs.
     gc.freeze()
+    gc.enable()
     loop = OwnerLoop(
         actor, zctx, spec.endpoint, links, spec.max_frame or 1 << 20, spec.mailbox_limit
     )
