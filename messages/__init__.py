@@ -5,7 +5,6 @@ the request/result body models (one module per owner's protocol), the typed erro
 constants every side shares, and the msgpack codec. It imports nothing else of ours, so any
 process (a node, a CLI call, a child agent) can speak the protocol with only this package.
 
-Nothing is imported here: a client loads only the modules of the requests it sends, and the
-node and its owners look inbound requests up in `protocol`, which loads each protocol's
-module on first use.
+Nothing is imported here: a client loads only the modules of the requests it sends, and only
+the node loads `protocol` (the union of every request type).
 """

@@ -3,7 +3,7 @@ the two validations every side runs: a request against its own model, a reply ag
 result model its request declares.
 
 It must never import an owner's schema module: a client that validates one request loads only
-that request's module (`protocol.py` finds any of them by type, for the node and its owners)."""
+that request's module (`protocol.py` builds the union of all of them, for the node)."""
 
 from typing import Any, ClassVar, TypeVar
 

@@ -76,6 +76,7 @@ from subagents_node.messages.node import (
     Pong,
     Shutdown,
 )
+from subagents_node.messages.supervisor import ListRuns, RunList
 from subagents_node.node import owners
 from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard
@@ -266,9 +267,6 @@ class Node:
 
     def _worker_counts(self) -> tuple[int, int]:
         """What this worker runs: active runs and their running children (for the home)."""
-        # Here: the run supervisor's protocol is loaded with its actor, after the ledgers fork.
-        from subagents_node.messages.supervisor import ListRuns, RunList
-
         if self._runs_transport is None:  # the home link's thread is the only caller
             self._runs_transport = ZmqTransport(
                 self._owner_endpoint(owners.RUNS), zctx=self._zctx, sender="home-link"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from subagents_node.messages.constants import SQLITE_MAX_INT, SQLITE_MIN_INT
-from subagents_node.messages.protocol import request_classes
+from subagents_node.messages.protocol import REQUEST_CLASSES
 
 #: Fields that are free-form on purpose, with the reason (checked by their own validator).
 FREE_FORM = {("fanout.create", "limit"): "ShallowValue: depth, element count and strings bounded"}
@@ -69,7 +69,7 @@ def unbounded(schema: dict[str, Any]) -> str | None:
 
 CASES = [
     (str(kind.model_fields["type"].default), path, schema)
-    for kind in request_classes()
+    for kind in REQUEST_CLASSES
     for path, schema in leaves(
         kind.model_json_schema(), kind.model_json_schema().get("$defs", {}), ""
     )

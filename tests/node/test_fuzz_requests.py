@@ -31,14 +31,14 @@ from subagents_node.client.paths import OWNER_SOCKETS, owner_db
 from subagents_node.messages.base import Request
 from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
 from subagents_node.messages.errors import WIRE_CODES, SubagentsError
-from subagents_node.messages.protocol import request_classes
+from subagents_node.messages.protocol import REQUEST_CLASSES
 from tests.support.fuzz import body_strategy, hostile
 from tests.support.nodes import NodeProcess, RawPeer, running_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 #: `node.shutdown` would end the node under test; everything else is fair game.
-FUZZED = tuple(c for c in request_classes() if c.model_fields["type"].default != "node.shutdown")
+FUZZED = tuple(c for c in REQUEST_CLASSES if c.model_fields["type"].default != "node.shutdown")
 LEDGER_TABLES = (
     "capacity_slots",
     "capacity_operator_releases",  # a refused release must leave no audit row either
