@@ -6,8 +6,8 @@ version-1 `state.db`), its timers, its links to the other owners, its log cap (t
 supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
 it restarted from in place, the records it quarantined, or why it could not start.
 
-It inherits its actor's code from the node (runtime/node/owners.py) and imports the store,
-which the node never opens, once it is forked. It never returns into the node's code: the
+It inherits every owner's code from the node (runtime/node/ownersup.py) and imports only the
+store, which the node never opens, once it is forked. It never returns into the node's code: the
 forked child leaves with `os._exit`, so nothing the parent registered (atexit handlers,
 pytest's machinery, the parent's zmq context) runs twice.
 """
