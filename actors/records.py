@@ -1,11 +1,11 @@
-"""Record: the base of the owners' small frozen value types (ticks, call keys).
+"""Record: the base of the owners' small frozen value types (ticks, call keys, owner specs).
 
 A subclass names its fields in `__slots__` and annotates each (their order is the fields'
-order) and sets them once in a typed `__init__` through `init_fields`; the base makes it what
-a frozen, slotted
-dataclass is: no field can be assigned or deleted afterwards, it compares equal to a record of
-the same class with equal fields, hashes and shows itself by its fields, and matches in
-`match` by keyword or position.
+order, and its typed `__init__` takes them in that order) and sets them once through
+`init_fields`; the base makes it what a frozen, slotted dataclass is: no field can be assigned
+or deleted afterwards, it compares equal to a record of the same class with equal fields,
+hashes and shows itself by its fields, matches in `match` by keyword or position, and copies
+and pickles as itself.
 
 Why not `@dataclass(frozen=True, slots=True)`: on Python 3.11 a dataclass compiles six methods
 from source text when its class is defined, about 1 ms each class; a node defines a score of
@@ -47,6 +47,11 @@ class Record:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
         return f"{type(self).__qualname__}({fields})"
+
+    def __reduce__(self) -> tuple[type[Record], tuple[object, ...]]:
+        # copy and pickle rebuild it through its __init__ (its parameters are its fields, in
+        # order), since no field can be set afterwards.
+        return (type(self), self._values())
 
     def __setattr__(self, name: str, value: object) -> None:
         raise FrozenInstanceError(f"cannot assign to field {name!r}")

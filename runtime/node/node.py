@@ -379,7 +379,9 @@ class Node:
             self.options.restart_window_s,
             on_change=self._owners_changed,
         )
-        self._owners.start(self._zctx)
+        # The run supervisor first: it recovers its runs before it is ready, the ledgers have
+        # less to do.
+        self._owners.start(self._zctx, first=owners.RUNS)
         self._forwarder = Forwarder(
             self._zctx,
             self.node_id,

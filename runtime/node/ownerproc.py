@@ -6,8 +6,8 @@ version-1 `state.db`), its timers, its links to the other owners, its log cap (t
 supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
 it restarted from in place, the records it quarantined, or why it could not start.
 
-It inherits its actor's code from the node (runtime/node/owners.py) and imports the store,
-which the node never opens, once it is forked. It never returns into the node's code: the
+It inherits every owner's code from the node (runtime/node/ownersup.py) and imports only the
+store, which the node never opens, once it is forked. It never returns into the node's code: the
 forked child leaves with `os._exit`, so nothing the parent registered (atexit handlers,
 pytest's machinery, the parent's zmq context) runs twice.
 """
@@ -229,8 +229,10 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     actor = cls(ctx)
     # What the node and this owner's start-up made (modules, schemas, the actor) lives as long
     # as the process: out of the collector's sight, a full collection walks only what the
-    # requests made (and the pages shared with the node stay shared).
+    # requests made (and the pages shared with the node stay shared). A node starting from the
+    # command line forks its owners with the collector off; from here on it runs.
     gc.freeze()
+    gc.enable()
     gate = PeerGate(spec.server_secret) if spec.tcp_endpoint else None
     table = spec.initial_peers() if spec.initial_peers is not None else None
     if gate is not None and table is not None:

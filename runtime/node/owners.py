@@ -1,10 +1,9 @@
 """The owner actors a node starts, in start order, and the table families each one keeps.
 
-Owns the names of the owners and where each one's actor class lives. It never imports an
-actor at module level: the node imports each owner's actor just before it forks that owner
-(`actor_class`), in start order, so an owner holds the code of the owners started before it
-and never of those after. The run supervisor starts last: its thirty modules were 1.2 MiB of
-every ledger owner's resident size, and now load in the node while the ledgers start.
+Owns the names of the owners and where each one's actor class lives (`actor_class` imports
+it). The node imports them all before it forks its first owner (runtime/node/ownersup.py);
+importing this module loads none of them, so a process that only names owners (doctor, the
+node's option checks) does not pay for all of their code.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from subagents_node.messages.runs import CHILDREN
 if TYPE_CHECKING:
     from subagents_node.actors.owner import OwnerActor
 
-#: Each owner's name -> (module, class) of its actor, in start order (they start together; the
-#: node waits until every one is ready). The run supervisor, with the most code, comes last.
+#: Each owner's name -> (module, class) of its actor (they start together; the node waits until
+#: every one is ready, and stops them in the reverse of this order).
 _ACTORS: Mapping[str, tuple[str, str]] = MappingProxyType(
     {
         "capacity": ("subagents_node.actors.capacity.ledger", "CapacityLedger"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import pytest
 
@@ -53,6 +55,12 @@ def test_a_record_matches_by_keyword_and_by_position_in_field_order() -> None:
             assert (run_id, group) == ("r1", 2)
         case _:
             pytest.fail("no positional match")
+
+
+def test_a_record_copies_and_pickles_as_itself() -> None:
+    key = AppendKey("r1", "t1")
+    assert copy.copy(key) == key and copy.deepcopy(key) == key
+    assert pickle.loads(pickle.dumps(key)) == key
 
 
 def test_a_record_must_annotate_every_slot() -> None:

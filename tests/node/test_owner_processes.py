@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -153,22 +151,6 @@ def test_the_node_writes_psutils_create_time_in_its_pid_file_without_loading_psu
         record = json.loads((fresh.state_dir / "node.pid").read_text())
         assert record["create_time"] == psutil.Process(record["pid"]).create_time()
         assert "_psutil_linux" not in Path(f"/proc/{record['pid']}/maps").read_text()
-
-
-def test_the_node_loads_no_owner_actor_before_it_forks_its_owners() -> None:
-    """The node imports each owner's actor just before it forks that owner, the run supervisor
-    last (runtime/node/owners.py): what `start` imports before the forks holds none of them,
-    so no ledger owner inherits the run supervisor's code."""
-    probe = (
-        "import sys\n"
-        "import subagents_node.cli.main, subagents_node.launch.config\n"
-        "import subagents_node.node.daemon, subagents_node.node.node\n"
-        "from subagents_node.node import owners\n"
-        "print(' '.join(m for m in sys.modules if m in {a[0] for a in owners._ACTORS.values()}"
-        " or m.startswith('subagents_node.actors.runs')))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == []
 
 
 def test_each_owner_name_names_its_actor_class() -> None:
