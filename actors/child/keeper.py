@@ -194,12 +194,19 @@ class ChildKeeper:
     # -- reports --------------------------------------------------------------------------------
 
     def apply(
-        self, db: Connection, report: ChildReport, now: float, from_shim: bool = True
+        self,
+        db: Connection,
+        report: ChildReport,
+        now: float,
+        from_shim: bool = True,
+        row: Any = None,
     ) -> list[ChildEvent]:
         """Apply a report (idempotent: any report may come again, or alone after a restart).
         `from_shim` is False for one read back from an exit record: its shim is gone already,
-        so there is nothing to wait for."""
-        row = rows.read_row(db, report.child_id)
+        so there is nothing to wait for. `row` is the child's row when the caller has just
+        read it (in this transaction), else it is read here."""
+        if row is None:
+            row = rows.read_row(db, report.child_id)
         if row is None or row["state"] != "running" or row["run_id"] != report.run_id:
             return []  # settled already (a resend), or not ours
         record = rows.ChildRecord.from_row(row)

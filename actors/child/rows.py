@@ -90,11 +90,15 @@ CHECKS = (
 _PROBLEM = quarantine.problem(CHECKS)
 
 
-def problem_of(db: sqlite3.Connection, child_id: str) -> str | None:
-    """Why the child's row cannot be trusted, or None (also when there is no such row)."""
-    row = db.execute(f"SELECT {_PROBLEM} FROM children WHERE child_id = ?", (child_id,))
-    found = row.fetchone()
-    return None if found is None or found[0] is None else str(found[0])
+def read_checked(db: sqlite3.Connection, child_id: str) -> tuple[sqlite3.Row | None, str | None]:
+    """The child's row and why it cannot be trusted (None when it can, or when there is no
+    such row), in one statement: a shim's report needs both."""
+    row: sqlite3.Row | None = db.execute(
+        f"SELECT *, {_PROBLEM} AS row_problem FROM children WHERE child_id = ?", (child_id,)
+    ).fetchone()
+    if row is None or row["row_problem"] is None:
+        return row, None
+    return row, str(row["row_problem"])
 
 
 def unreadable(db: sqlite3.Connection) -> list[tuple[str, str]]:

@@ -117,7 +117,9 @@ class Shim:
         for fd in (0, 1, 2):  # the template's pipes are not ours to hold
             os.dup2(devnull, fd)
         os.close(devnull)
-        if not os.path.isdir(self.record_dir):  # the supervisor made it (a stat, not a mkdir)
+        # The supervisor made it only for a child with private files (its task file or
+        # stdin); otherwise it is made here, in the shim, off the supervisor's loop.
+        if not os.path.isdir(self.record_dir):
             os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
         claim = {**self.facts, "at": time.time()}
         # No fsync: the claim fences a recovering node against a late shim, and a power cut

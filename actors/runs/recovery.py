@@ -26,11 +26,16 @@ RECOVERY = "recovery.json"
 def write_recovery(run_dir: Path, launch: Launch, descriptor: str) -> None:
     """Atomic, private write; raises OSError for the caller's rollback (R-FAN-6)."""
     launch = launch.model_copy(update={"env": None})
-    data = {"version": 1, "launch": launch.model_dump(mode="json"), "fanout": descriptor}
+    # pydantic's own JSON serializer, in one piece: `json.dump` to a file takes the pure-Python
+    # encoder, which cost a 200-child launch about 50 ms of the supervisor's time.
+    text = (
+        f'{{"version": 1, "launch": {launch.model_dump_json()}, '
+        f'"fanout": {json.dumps(descriptor)}}}'
+    )
     tmp = run_dir / f".{RECOVERY}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
+        fh.write(text)
     tmp.replace(run_dir / RECOVERY)
 
 

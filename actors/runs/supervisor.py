@@ -148,6 +148,8 @@ class RunSupervisor(OwnerActor):
             self._delivered,
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
+        #: Each run's events of this commit group, as `events.jsonl` lines (before_flush).
+        self._event_lines: dict[str, list[str]] = {}
         #: Where each run in admission came from (rerun.Lineage), recorded with the run.
         self._lineage: dict[str, rerun.Lineage] = {}
         self._watchers = RunWatchers(
@@ -181,6 +183,7 @@ class RunSupervisor(OwnerActor):
         """Stopping with the node leaves children running under their shims (the next node
         adopts them); the template and the shim watch stop with us."""
         self.keeper.close()
+        self._write_event_lines()
         super().on_stop()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
@@ -205,7 +208,7 @@ class RunSupervisor(OwnerActor):
 
     # -- settings -----------------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def _runs_root(self) -> Path:
         return Path(str(self.ctx.settings.get("runs_dir", "runs")))
 
@@ -730,10 +733,10 @@ class RunSupervisor(OwnerActor):
         child whose row cannot be read is refused (the shim keeps it and resends it), so it
         is applied once the row is repaired."""
         self.crash_point(f"report_{report.kind}_received")
-        problem = child_rows.problem_of(self.db, report.child_id)
+        row, problem = child_rows.read_checked(self.db, report.child_id)
         if problem is not None:
             raise RecordQuarantined.of(self.name, child_rows.TABLE, report.child_id, problem)
-        self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock()))
+        self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock(), row=row))
         if self.ctx.faults:  # committed, not yet acknowledged: the shim must resend it
             crash_point, point = self.crash_point, f"report_{report.kind}_committed"
             self.after_commit(lambda: crash_point(point))
@@ -871,18 +874,26 @@ class RunSupervisor(OwnerActor):
     def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         now = self.ctx.clock()
         runstore.append_event(self.db, run_id, now, kind, data)
-        try:
-            with open(self.run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"ts": now, "runId": run_id, "type": kind, **data}) + "\n")
-        except OSError:
-            pass  # the events log is for people; the store has the event
+        line = json.dumps({"ts": now, "runId": run_id, "type": kind, **data})
+        self._event_lines.setdefault(run_id, []).append(line)
         self._watchers.touched(run_id)
 
     def before_flush(self) -> None:
-        """Answer the watchers of every run that had events, and hand the shims to watch to
-        the watch thread, once per commit group."""
+        """Answer the watchers of every run that had events, append each run's events to its
+        `events.jsonl` (one open per run per group, not one per event), and hand the shims to
+        watch to the watch thread, once per commit group."""
         self._watchers.answer_touched(self.db)
+        self._write_event_lines()
         self.keeper.flush()
+
+    def _write_event_lines(self) -> None:
+        lines, self._event_lines = self._event_lines, {}
+        for run_id, texts in lines.items():
+            try:
+                with open(self.run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
+                    fh.write("\n".join(texts) + "\n")
+            except OSError:
+                pass  # the events log is for people; the store has the events
 
     def _watch_all(self, request: WatchAll) -> Message:
         assert self.current_reply is not None

@@ -134,6 +134,30 @@ def test_parallel_run_never_has_more_than_concurrency_children_alive(
         assert f"[tasks[{i}]]\nslept 0.25" in done.output
 
 
+def test_r_run_6_the_events_log_holds_every_stored_event_of_the_run_in_order(
+    client: Client, agents: Path
+) -> None:
+    # The log is written once per commit group: many children's events at once must still
+    # come out whole, once each and in the store's order.
+    ctx = launch_context(agents)
+    tasks = [item(ctx, "echo", f"child {i}") for i in range(12)]
+    launch = ctx.launch("parallel", False, items=tasks, concurrency=12)
+
+    done = client.runs.wait(client.runs.launch(launch).run_id, timeout=30)
+
+    assert done.state == "complete"
+    stored = [(e.kind, e.data) for e in events_of(client, done.run_id)]
+    lines = (Path(done.run_dir) / "events.jsonl").read_text().splitlines()
+    logged = [json.loads(line) for line in lines]
+    assert [(e.pop("type"), e.pop("runId"), e.pop("ts"))[0] for e in logged] == [
+        kind for kind, _ in stored
+    ]
+    assert logged == [data for _, data in stored]
+    # R-RUN-5's files beside each child: its shim made the child's directory (no task file).
+    for child in done.children:
+        assert (Path(done.run_dir) / f"child-{child.index}" / "shim.json").is_file()
+
+
 def test_a_failed_parallel_task_fails_the_run_while_its_siblings_still_run(
     client: Client, agents: Path
 ) -> None:
