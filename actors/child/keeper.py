@@ -218,7 +218,9 @@ class ChildKeeper:
                 record.pid, record.identity_start = report.pid, report.identity_start
                 record.start_time = report.start_time
                 events.append(cp.started_event(record))
-                log.info(
+                # Debug, not info: one line per child in a fleet of thousands; the run's
+                # events (events.jsonl, `show`) carry every child's pid.
+                log.debug(
                     "child %s of run %s started (pid %d, shim pid %d)",
                     record.child_id,
                     record.run_id,

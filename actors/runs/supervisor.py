@@ -746,14 +746,23 @@ class RunSupervisor(OwnerActor):
         for event in events:
             self._on_child_event(event)
 
-    def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
+    def _child_index(self, event: ChildStarted | ChildExited) -> tuple[str, int] | None:
+        """(run id, index) of the event's child: from its live run when it is running there
+        (no statement per event), else from the store (a run recovered after a restart)."""
+        live = self._live.get(event.run_id)
+        if live is not None and (idx := live.running.get(event.child_id)) is not None:
+            return event.run_id, idx
         row = self.db.execute(
             "SELECT run_id, idx FROM run_children WHERE child_id=?", (event.child_id,)
         ).fetchone()
-        if row is None:
+        return None if row is None else (str(row[0]), int(row[1]))
+
+    def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
+        found = self._child_index(event)
+        if found is None:
             log.warning("event for unknown child %s", event.child_id)
             return
-        run_id, idx = str(row[0]), int(row[1])
+        run_id, idx = found
         if isinstance(event, ChildStarted):
             runstore.update_child(
                 self.db, run_id, idx, pid=event.pid, started_at=event.started_at, state="running"
