@@ -311,10 +311,28 @@ def test_a_child_killed_by_a_signal_is_shown_with_the_signal_name(
     )
 
 
+#: Runs the CLI (its arguments follow) with SIGINT at its default action, as a terminal's
+#: foreground command has it: a command a non-interactive shell starts in the background
+#: inherits SIGINT ignored (POSIX), and so would this test's CLI when the suite runs that way.
+_WITH_DEFAULT_SIGINT = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'subagents_node', *sys.argv[1:]])",
+)
+
+
 def test_ctrl_c_on_a_foreground_run_stops_it_and_exits_130(
     node: NodeProcess, state_dir: Path
 ) -> None:
-    command = [*_CLI, "--state-dir", str(state_dir), "run", "--agents-dir", str(EXAMPLE_AGENTS)]
+    command = [
+        *_WITH_DEFAULT_SIGINT,
+        "--state-dir",
+        str(state_dir),
+        "run",
+        "--agents-dir",
+        str(EXAMPLE_AGENTS),
+    ]
     with subprocess.Popen(
         [*command, "sleeper", "seconds=60"],
         stdout=subprocess.PIPE,
