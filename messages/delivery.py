@@ -135,14 +135,17 @@ def prepare_invocation(
     # `run_dir` is made only when a file goes in it: a child whose task rides in its argv
     # costs no directory here (its shim makes the one it keeps its records in). A mkdir is a
     # millisecond on a busy disk, and the supervisor prepares children one at a time.
-    if delivery == "file" or "task_file" in uses:
-        task_file = _write_private(run_dir, f"{prefix}task.md", task)
+    writes_task = delivery == "file" or "task_file" in uses
+    if writes_task or delivery == "stdin" or "system_prompt_file" in uses:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if writes_task:
+        task_file = _write_private(run_dir / f"{prefix}task.md", task)
     if delivery == "stdin":
         stdin_path = _write_private(
-            run_dir, f"{prefix}stdin.txt", stdin_text(agent.system_prompt, task)
+            run_dir / f"{prefix}stdin.txt", stdin_text(agent.system_prompt, task)
         )
     if "system_prompt_file" in uses:
-        prompt = _write_private(run_dir, f"{prefix}system-prompt.md", agent.system_prompt.strip())
+        prompt = _write_private(run_dir / f"{prefix}system-prompt.md", agent.system_prompt.strip())
         values["system_prompt_file"] = str(prompt)
     values["task_file"] = str(task_file or "")
     values["task"] = {"argv": task, "file": f"@{task_file}", "stdin": ""}[delivery]
@@ -218,11 +221,8 @@ def _resolve_command(agent: AgentLike, command: str, search_path: str) -> str:
     )
 
 
-def _write_private(directory: Path, name: str, text: str) -> Path:
-    """A file only this user can read (the task may be private), replaced if it exists;
-    `directory` is made (0700) when it is not there yet."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / name
+def _write_private(path: Path, text: str) -> Path:
+    """A file only this user can read (the task may be private), replaced if it exists."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
