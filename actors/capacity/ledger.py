@@ -22,9 +22,13 @@ What it decides, and from what:
   starts above the freed generation, so a report the lost execution still sends is fenced
   (DESIGN §3) even once the run holds a slot again.
 - An unstarted slot whose TTL passes is rolled back by the owner (§0.4): a fresh slot is freed,
-  a transferred one gets its source record back. Timer ticks name the slot's token and
-  generation, so a tick never touches a slot that has since started or changed hands; `recover`
-  re-arms the timers after a restart, and past deadlines expire at once.
+  a transferred one gets its source record back. One timer is armed, for the earliest stored
+  deadline: when it goes off, every slot due by then is expired (read afresh from the table,
+  so a slot that started or changed hands since is not due) and the timer is re-armed for the
+  next. What the owner keeps for its deadlines is one timer however many acquires it serves
+  (a timer per acquire kept every grant of the last TTL in memory and fired a tick for each,
+  rolled back or not); `recover` re-arms it after a restart, and past deadlines expire at
+  once.
 
 A stored slot that does not parse is quarantined (DESIGN §2): `recover` and every read that
 meets it report it (`OwnerActor.quarantine`) instead of failing; it keeps counting as occupied,
@@ -58,8 +62,7 @@ from subagents_node.actors.capacity.rules import (
     transfer_refusal,
     verdict_of,
 )
-from subagents_node.actors.owner import OwnerActor, Tick
-from subagents_node.actors.records import init_fields
+from subagents_node.actors.owner import ActorContext, Cancel, OwnerActor, Tick
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
@@ -98,23 +101,23 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 60.0
 
 
-class SlotTtlExpired(Tick):
-    """An unstarted slot's TTL passed. It carries the token and generation the slot had when
-    the timer was armed: a slot that started or changed hands since no longer matches them."""
+class SlotsDue(Tick):
+    """The timer armed for the earliest deadline of an unstarted slot went off. It names no
+    slot: the tick expires every slot due by then and re-arms for the next deadline."""
 
-    __slots__ = ("generation", "session_id", "slot", "token")
-    session_id: str
-    slot: int
-    token: str
-    generation: int
-
-    def __init__(self, session_id: str, slot: int, token: str, generation: int) -> None:
-        init_fields(self, session_id=session_id, slot=slot, token=token, generation=generation)
+    __slots__ = ()
 
 
 class CapacityLedger(OwnerActor):
     name = "capacity"
     MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1, slots.HOST_COLUMN, releases.SCHEMA_V1)
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        #: The deadline (wall s) the one expiry timer is armed for; never later than the
+        #: earliest deadline of an unstarted slot in the table.
+        self._armed: float | None = None
+        self._cancel_timer: Cancel | None = None
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         handlers: dict[type[Request], Callable[[Any], Message]] = {
@@ -135,25 +138,31 @@ class CapacityLedger(OwnerActor):
     def recover(self) -> None:
         """Re-arm the TTL of every unstarted slot (deadlines already past fire at once) and
         quarantine every stored slot that does not parse."""
+        self._disarm()
         records, unreadable = slots.scan(self.db)
         for bad in unreadable:
             self.quarantine(slots.TABLE, bad.key, bad.reason)
-        waiting = [r for r in records if r.expires_at is not None]
-        for record in waiting:
-            self._arm(record)
+        waiting = sum(1 for r in records if r.expires_at is not None)
+        self._arm_next(self.ctx.clock())
         if waiting:
-            log.info("capacity: re-armed %d reservation deadlines", len(waiting))
+            log.info("capacity: re-armed the deadlines of %d unstarted slots", waiting)
 
     def on_tick(self, tick: Tick) -> None:
         match tick:
-            case SlotTtlExpired(
-                session_id=session_id, slot=slot, token=token, generation=generation
-            ):
-                try:
-                    self._expire(session_id, slot, token, generation)
-                except slots.UnreadableSlot as bad:
-                    # Fail closed: an unreadable slot is never freed by a timer.
-                    self.quarantine(slots.TABLE, bad.key, bad.reason)
+            case SlotsDue():
+                self._armed = self._cancel_timer = None
+                now = self.ctx.clock()
+                for session_id, slot in slots.due(self.db, now):
+                    try:
+                        self._expire(session_id, slot, now)
+                    except slots.UnreadableSlot as bad:
+                        # Fail closed: an unreadable slot is never freed by a timer.
+                        self.quarantine(slots.TABLE, bad.key, bad.reason)
+                self._arm_next(now)
+
+    def on_stop(self) -> None:
+        self._disarm()
+        super().on_stop()
 
     def _refusing_unreadable(self, handler: Callable[[Any], Message]) -> Callable[[Any], Message]:
         """`handler`, with a stored slot it cannot read quarantined and the request refused
@@ -195,7 +204,7 @@ class CapacityLedger(OwnerActor):
             expires_at=now + self._ttl(req.ttl_s),
         )
         slots.insert(self.db, record)
-        self._arm(record)
+        self._arm(record.expires_at)
         snapshot = CapacitySnapshot(used=used + 1, limit=req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
@@ -272,7 +281,7 @@ class CapacityLedger(OwnerActor):
             prev_record=source,
         )
         slots.update(self.db, record)
-        self._arm(record)
+        self._arm(record.expires_at)
         snapshot = self._snapshot(req.session_id, req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
@@ -375,19 +384,17 @@ class CapacityLedger(OwnerActor):
             slots.delete(self.db, record)
             return None
         slots.update(self.db, source)
-        self._arm(source)
+        self._arm(source.expires_at)
         return source
 
-    def _expire(self, session_id: str, slot: int, token: str, generation: int) -> None:
-        """§0.4: an unstarted slot past its TTL is rolled back by its owner."""
+    def _expire(self, session_id: str, slot: int, now: float) -> None:
+        """§0.4: an unstarted slot past its TTL is rolled back by its owner. Read afresh: a
+        slot another expiry of this tick restored is judged by its own deadline."""
         record = slots.load(self.db, session_id, slot)
-        if record is None or (record.token, record.generation) != (token, generation):
-            return  # fenced: the slot changed hands after this deadline was armed
-        if record.started or record.expires_at is None:
+        if record is None or record.started or record.expires_at is None:
             return
-        if record.expires_at > self.ctx.clock():
-            self._arm(record)  # re-armed by a restore; its own deadline is still ahead
-            return
+        if record.expires_at > now:
+            return  # a restored source whose own deadline is still ahead: armed by _undo
         log.warning(
             "capacity: run %s (session %s, slot %d) did not start within its TTL; rolled back",
             record.run_id,
@@ -416,12 +423,25 @@ class CapacityLedger(OwnerActor):
             return ttl_s
         return float(self.ctx.settings.get("reservation_ttl_s", DEFAULT_TTL_S))
 
-    def _arm(self, record: SlotRecord) -> None:
-        """Deliver an expiry tick at the record's deadline, fenced by its token and generation."""
-        if record.expires_at is None:
+    def _arm(self, deadline: float | None) -> None:
+        """Make sure the timer goes off no later than `deadline` (an earlier one stands). A
+        deadline armed for a request that was then rolled back costs one tick that finds
+        nothing due and re-arms for what the table holds."""
+        if deadline is None or (self._armed is not None and self._armed <= deadline):
             return
-        expired = SlotTtlExpired(record.session_id, record.slot, record.token, record.generation)
-        self.after(record.expires_at - self.ctx.clock(), expired)
+        self._disarm()
+        self._armed = deadline
+        self._cancel_timer = self.after(deadline - self.ctx.clock(), SlotsDue())
+
+    def _arm_next(self, now: float) -> None:
+        """Arm for the earliest deadline still ahead (what is due by `now` and still stored is
+        quarantined: fail closed, never freed by a timer)."""
+        self._arm(slots.next_deadline(self.db, now))
+
+    def _disarm(self) -> None:
+        if self._cancel_timer is not None:
+            self._cancel_timer()
+        self._armed = self._cancel_timer = None
 
     def _snapshot(self, session_id: str, limit: int) -> CapacitySnapshot:
         return CapacitySnapshot(used=slots.used(self.db, session_id), limit=limit)

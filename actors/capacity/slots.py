@@ -142,6 +142,27 @@ def used(db: sqlite3.Connection, session_id: str) -> int:
     return int(count)
 
 
+def due(db: sqlite3.Connection, now: float) -> list[tuple[str, int]]:
+    """The keys of the slots whose deadline is `now` or earlier (served by the expiry index;
+    a deadline stored as text never compares as due, so such a row is never freed by time)."""
+    rows = db.execute(
+        "SELECT session_id, slot FROM capacity_slots "
+        "WHERE expires_at IS NOT NULL AND expires_at <= ? AND typeof(slot) = 'integer'",
+        (now,),
+    )
+    return [(str(r[0]), int(r[1])) for r in rows]
+
+
+def next_deadline(db: sqlite3.Connection, now: float) -> float | None:
+    """The earliest numeric deadline after `now`, or None when no unstarted slot waits."""
+    (deadline,) = db.execute(
+        "SELECT MIN(expires_at) FROM capacity_slots WHERE expires_at IS NOT NULL "
+        "AND expires_at > ? AND typeof(expires_at) IN ('integer', 'real')",
+        (now,),
+    ).fetchone()
+    return None if deadline is None else float(deadline)
+
+
 #: R-CAP-6 in SQL: a row is started iff it has a runner id or a start time.
 _STARTED = "(runner_id IS NOT NULL OR runner_started_at IS NOT NULL)"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sqlite3
 import tempfile
 import threading
 import time
@@ -17,13 +18,26 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 import zmq
 
 from subagents_node import Client, Node
+from subagents_node.actors.capacity.ledger import CapacityLedger
 from subagents_node.actors.capacity.rules import NO_SLOT
+from subagents_node.actors.owner import ActorContext, Job
 from subagents_node.client.capacity import CapacityHandle
-from subagents_node.messages.capacity import CapacitySnapshot, RunnerProof, SlotHandle
+from subagents_node.messages.capacity import (
+    Acquire,
+    AcquireResult,
+    CapacitySnapshot,
+    MarkStarted,
+    Rollback,
+    RollbackResult,
+    RunnerProof,
+    SlotHandle,
+    Snapshot,
+)
 from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
@@ -33,6 +47,8 @@ from subagents_node.messages.errors import (
     CapacityOwnershipChanged,
     CapacityRunAlreadyHeld,
 )
+from subagents_node.node.store import Store
+from subagents_node.node.timers import Timers
 
 # -- fixtures -------------------------------------------------------------------------------
 
@@ -688,6 +704,100 @@ def test_reservation_ttl_defaults_to_the_node_setting() -> None:
             _wait_for(lambda: client.capacity.snapshot("s").used == 0)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _ledger_with_timers(
+    directory: Path, quarantined: list[str] | None = None
+) -> tuple[pykka.ActorRef[Any], Timers]:
+    """A CapacityLedger on its own store, whose deadlines go to a real timer thread that the
+    test can look into (`Timers.held`); the keys it quarantines go to `quarantined`."""
+    store = Store(directory / "capacity.db")
+    store.migrate({CapacityLedger.name: CapacityLedger.MIGRATIONS})
+    timers = Timers()
+    seen = quarantined if quarantined is not None else []
+    ctx = ActorContext(
+        open_db=store.connect,
+        schedule=timers.schedule,
+        report_quarantine=lambda name, records: seen.extend(r.key for r in records),
+    )
+    return CapacityLedger.start(ctx), timers
+
+
+def _ask(ref: pykka.ActorRef[Any], request: Any) -> Any:
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    ref.tell(Job(request, future.set))
+    return future.get(timeout=10)
+
+
+def test_section_0_4_deadlines_hold_one_timer_however_many_grants_were_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """A timer per acquire kept every grant of the last TTL (60 s by default) in the owner's
+    memory, rolled back or not, and fired a tick for each: under an admission storm the
+    capacity owner grew by megabytes a second. One timer, for the earliest deadline, is all
+    the owner needs."""
+    ref, timers = _ledger_with_timers(tmp_path)
+    try:
+        for i in range(300):
+            grant = _ask(ref, Acquire(session_id="s", limit=4, run_id=f"r{i}", ttl_s=600))
+            assert isinstance(grant, AcquireResult) and grant.handle is not None
+            undone = _ask(ref, Rollback(handle=grant.handle))
+            assert isinstance(undone, RollbackResult) and undone.rolled_back
+        held = [
+            _ask(ref, Acquire(session_id="s", limit=4, run_id=f"h{i}", ttl_s=600 + i))
+            for i in range(3)
+        ]
+        assert all(isinstance(h, AcquireResult) for h in held)
+        assert timers.held <= 2  # one timer: its heap entry and its live id
+        # An earlier deadline re-arms the one timer; the later ones still expire after it.
+        _ask(ref, Acquire(session_id="s", limit=4, run_id="soon", ttl_s=0.2))
+        _wait_for(lambda: _ask(ref, Snapshot(session_id="s", limit=4)).used == 3)
+        # One live timer again, plus the entry its re-arm cancelled (Timers drops cancelled
+        # entries in bulk, once they are half of its heap).
+        assert timers.held <= 3
+    finally:
+        ref.stop()
+        timers.stop()
+
+
+def test_section_0_4_every_slot_due_at_once_expires_on_one_tick(tmp_path: Path) -> None:
+    ref, timers = _ledger_with_timers(tmp_path)
+    try:
+        for i in range(50):
+            _ask(ref, Acquire(session_id=f"s{i % 5}", limit=10, run_id=f"r{i}", ttl_s=0.3))
+        kept = _ask(ref, Acquire(session_id="s0", limit=11, run_id="kept", ttl_s=0.3))
+        assert isinstance(kept, AcquireResult) and kept.handle is not None
+        _ask(ref, MarkStarted(handle=kept.handle, runner_id="runner-kept"))
+        _wait_for(
+            lambda: (
+                [_ask(ref, Snapshot(session_id=f"s{i}", limit=11)).used for i in range(5)]
+                == [1, 0, 0, 0, 0]
+            )
+        )
+        assert timers.held == 0  # nothing left to wait for: no timer armed
+    finally:
+        ref.stop()
+        timers.stop()
+
+
+def test_section_0_4_an_unreadable_slot_past_its_deadline_stays_occupied_and_is_not_retried(
+    tmp_path: Path,
+) -> None:
+    """DESIGN §2: a record that does not parse is never freed by a timer (fail closed); the
+    tick quarantines it and arms for nothing, so it does not come round again and again."""
+    quarantined: list[str] = []
+    ref, timers = _ledger_with_timers(tmp_path, quarantined)
+    try:
+        _ask(ref, Acquire(session_id="bad", limit=2, run_id="r", ttl_s=0.3))
+        with sqlite3.connect(tmp_path / "capacity.db") as other:
+            other.execute("UPDATE capacity_slots SET terminal = 'not json' WHERE run_id = 'r'")
+        _wait_for(lambda: quarantined == ["bad/0"] and timers.held == 0)
+        assert _ask(ref, Snapshot(session_id="bad", limit=2)).used == 1
+        fresh = _ask(ref, Acquire(session_id="good", limit=2, run_id="g", ttl_s=600))
+        assert isinstance(fresh, AcquireResult) and fresh.handle is not None
+    finally:
+        ref.stop()
+        timers.stop()
 
 
 def test_r_cap_7_slots_and_deadlines_survive_a_node_restart() -> None:
