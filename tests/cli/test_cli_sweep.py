@@ -165,9 +165,12 @@ def test_a_parallel_file_with_concurrency_out_of_range_is_one_line(
 
 @pytest.mark.slow
 def test_the_cli_sweep_every_command_and_option_with_bad_values_exits_with_one_line(
-    swept_node: NodeProcess,
+    swept_node: NodeProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = new_state_dir()
+    # Some swept values are valid relative paths ("\x01" as `--output`): what a command writes
+    # there lands in the scratch dir, not in the checkout the suite runs from.
+    monkeypatch.chdir(files)
     (files / "steps.toml").write_text('[[steps]]\nagent = "sleeper"\ntask = "seconds=0"\n')
     failures = []
     cases = list(_cases(files))
