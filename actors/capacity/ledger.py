@@ -143,7 +143,9 @@ class CapacityLedger(OwnerActor):
         for bad in unreadable:
             self.quarantine(slots.TABLE, bad.key, bad.reason)
         waiting = sum(1 for r in records if r.expires_at is not None)
-        self._arm_next(self.ctx.clock())
+        # The earliest deadline, past or not: what passed while the owner was down expires
+        # on the first tick, at once.
+        self._arm(slots.next_deadline(self.db))
         if waiting:
             log.info("capacity: re-armed the deadlines of %d unstarted slots", waiting)
 
@@ -434,9 +436,9 @@ class CapacityLedger(OwnerActor):
         self._cancel_timer = self.after(deadline - self.ctx.clock(), SlotsDue())
 
     def _arm_next(self, now: float) -> None:
-        """Arm for the earliest deadline still ahead (what is due by `now` and still stored is
-        quarantined: fail closed, never freed by a timer)."""
-        self._arm(slots.next_deadline(self.db, now))
+        """After a tick: arm for the earliest deadline still ahead (what was due by `now` and
+        is still stored is quarantined: fail closed, never freed by a timer, never retried)."""
+        self._arm(slots.next_deadline(self.db, after=now))
 
     def _disarm(self) -> None:
         if self._cancel_timer is not None:

@@ -153,12 +153,13 @@ def due(db: sqlite3.Connection, now: float) -> list[tuple[str, int]]:
     return [(str(r[0]), int(r[1])) for r in rows]
 
 
-def next_deadline(db: sqlite3.Connection, now: float) -> float | None:
-    """The earliest numeric deadline after `now`, or None when no unstarted slot waits."""
+def next_deadline(db: sqlite3.Connection, after: float = float("-inf")) -> float | None:
+    """The earliest numeric deadline later than `after` (by default, past or not), or None
+    when no unstarted slot waits."""
     (deadline,) = db.execute(
         "SELECT MIN(expires_at) FROM capacity_slots WHERE expires_at IS NOT NULL "
         "AND expires_at > ? AND typeof(expires_at) IN ('integer', 'real')",
-        (now,),
+        (after,),
     ).fetchone()
     return None if deadline is None else float(deadline)
 

@@ -800,6 +800,29 @@ def test_section_0_4_an_unreadable_slot_past_its_deadline_stays_occupied_and_is_
         timers.stop()
 
 
+def test_r_cap_7_a_deadline_that_passed_while_the_owner_was_down_expires_at_its_start(
+    tmp_path: Path,
+) -> None:
+    ref, timers = _ledger_with_timers(tmp_path)
+    asked = time.time()
+    grant = _ask(ref, Acquire(session_id="s", limit=2, run_id="lapsing", ttl_s=0.3))
+    kept = _ask(ref, Acquire(session_id="s", limit=2, run_id="kept", ttl_s=600))
+    assert isinstance(grant, AcquireResult) and isinstance(kept, AcquireResult)
+    ref.stop()
+    timers.stop()
+    deadline = time.time() + 0.35 + (time.time() - asked)
+    pause = threading.Event()
+    while time.time() < deadline:  # the owner is down past the deadline
+        pause.wait(deadline - time.time())
+    ref, timers = _ledger_with_timers(tmp_path)
+    try:
+        _wait_for(lambda: _ask(ref, Snapshot(session_id="s", limit=2)).used == 1)
+        assert timers.held <= 2  # armed for the one deadline left ("kept")
+    finally:
+        ref.stop()
+        timers.stop()
+
+
 def test_r_cap_7_slots_and_deadlines_survive_a_node_restart() -> None:
     directory = _state_dir()
     try:
