@@ -44,13 +44,12 @@ from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
     attach,
     checkpoints,
-    child_launch,
+    children,
     management,
     pauses,
     rerun,
     runplan,
     runstore,
-    settlement,
     steps,
 )
 from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
@@ -58,6 +57,7 @@ from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_li
 from subagents_node.actors.runs.outbox import Outbox
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
+from subagents_node.actors.runs.settle import RunSettler
 from subagents_node.actors.runs.ticks import (
     Advance,
     Answer,
@@ -75,7 +75,7 @@ from subagents_node.actors.runs.ticks import (
     Superseded,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
-from subagents_node.messages.base import Ack, Message, Request
+from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportTerminal, SlotHandle
 from subagents_node.messages.errors import (
     BadRequest,
@@ -90,12 +90,10 @@ from subagents_node.messages.fanout import (
     CommitReservation,
     FanoutDescriptor,
     FanoutSnapshot,
-    ReadSnapshot,
-    decode_descriptor,
     encode_descriptor,
 )
 from subagents_node.messages.retention import Prune, PruneResult
-from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, ChildStarted
+from subagents_node.messages.runs import ChildReport
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
     Append,
@@ -132,14 +130,14 @@ class RunSupervisor(OwnerActor):
         super().__init__(ctx)
         self._live: dict[str, LiveRun] = {}
         self._pipelines: Pipelines[CallKey] = Pipelines(
-            ctx, self._to_self(Answer), self.reply_later, self.after_commit, self._failed
+            ctx, self.to_self(Answer), self.reply_later, self.after_commit, self._failed
         )
         #: What this owner owes the ledgers (run ends, the session's view of runs): durable
         #: with the change that owes it, resent in order until answered (runs/outbox.py).
         self._outbox = Outbox(
             lambda: self.db,
             ctx.dispatch,
-            self._to_self(Answer),
+            self.to_self(Answer),
             self.after_commit,
             self.after,
             ctx.clock,
@@ -165,14 +163,12 @@ class RunSupervisor(OwnerActor):
             ctx.clock,
             self._announce_pruned,
         )
+        self._settler = RunSettler(self, self._live, self._retention)
         self._recovered = False
-        #: Settled workflows whose background children still lack proof (R-CAP-22): their
-        #: slot is re-reported whenever one of those children settles.
-        self._unproven_workflows: set[str] = set()
         self.keeper = ChildKeeper(
             # Shims report to this owner's own socket (its process's ROUTER), not the node's.
             str(ctx.settings.get("runs_address") or ctx.settings.get("node_address", "")),
-            self._to_self(ShimGone),
+            self.to_self(ShimGone),
             ctx.cap_log,
             ctx.cap_flush,
             # The node's containment: where each child's cgroup goes ('' = subreaper only).
@@ -202,7 +198,7 @@ class RunSupervisor(OwnerActor):
             Approve: partial(pauses.approve, self),
             Reject: partial(pauses.reject, self),
             Prune: self._prune,
-            ChildReport: self._child_report,
+            ChildReport: partial(children.child_report, self),
         }
         return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
 
@@ -214,6 +210,15 @@ class RunSupervisor(OwnerActor):
 
     def run_dir(self, run_id: str) -> Path:
         return self._runs_root / run_id
+
+    @property
+    def node_address(self) -> str:
+        return str(self.ctx.settings.get("node_address", ""))
+
+    @property
+    def faults(self) -> bool:
+        """A node started with faults (tests): its crash points are live."""
+        return bool(self.ctx.faults)
 
     @property
     def fault_points(self) -> frozenset[str]:
@@ -270,7 +275,7 @@ class RunSupervisor(OwnerActor):
         for child_id, reason in child_rows.unreadable(self.db):
             self.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
         for event in self.keeper.recover(self.db, self.ctx.clock()):
-            self._on_child_event(event)
+            children.apply_event(self, event)
         for live in list(self._live.values()):
             if live.stop_state == "paused":  # its pause was asked for before the crash
                 for child_id in list(live.running):
@@ -278,7 +283,7 @@ class RunSupervisor(OwnerActor):
         for run_id in list(self._live):
             self._stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
             if run_id in self._live:
-                self._advance(self._live[run_id])
+                self.advance(self._live[run_id])
         self._retention.arm(self.db)
         self.keeper.flush()  # the adopted shims (recovery is not a commit group's message)
 
@@ -368,7 +373,7 @@ class RunSupervisor(OwnerActor):
 
         return answer
 
-    def _answer_launches(self, live: LiveRun) -> None:
+    def answer_launches(self, live: LiveRun) -> None:
         if live.unstarted or not live.launch_replies:
             return
         view = runstore.view(self.db, live.run_id)
@@ -425,10 +430,16 @@ class RunSupervisor(OwnerActor):
         self._event(run_id, kind, data)
 
     def call(self, key: CallKey, request: Request | Durable) -> None:
+        """A request to another owner whose answer comes back as an `Answer` tick with `key`.
+        Not for what another owner must hear even if this answer is lost: that is owed
+        through the outbox (`track`, `report_terminal`)."""
         self._pipelines.call(key, request)
 
     def advance(self, live: LiveRun) -> None:
-        self._advance(live)
+        children.advance(self, live)
+
+    def finish(self, live: LiveRun) -> None:
+        self._settler.finish(live)
 
     def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
         self._stop_live(live, state, reason)
@@ -469,7 +480,7 @@ class RunSupervisor(OwnerActor):
         management.extend_chain(self.db, live, steps)
         self._event(run_id, "chain.append", {"steps": len(steps)})
         # Start the new steps (if the chain was idle) once this transaction has committed.
-        advance = self._to_self(Advance)
+        advance = self.to_self(Advance)
         self.after_commit(lambda: advance(run_id))
         return live.pending_appends
 
@@ -499,13 +510,13 @@ class RunSupervisor(OwnerActor):
                     live, steps = entry
                     live.pending_appends -= 1
                     live.pending_steps -= steps
-                    self._advance(live)
+                    self.advance(live)
             case LaunchKey(run_id=run_id):
                 live_run = self._live.get(run_id)
                 if live_run is not None and live_run.stop_state is None:
                     self._stop_live(live_run, "failed", reason)
 
-    def _to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
+    def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
         """A callback (run on another thread) that delivers the tick `make` builds to us."""
         tell = self.tell_self
 
@@ -513,12 +524,6 @@ class RunSupervisor(OwnerActor):
             tell(make(*args, **kwargs))  # dropped once we have stopped: nobody to tell
 
         return deliver
-
-    def _call(self, key: CallKey, request: Request) -> None:
-        """A request to another owner whose answer comes back as an `Answer` tick with `key`.
-        Not for what another owner must hear even if this answer is lost: that is owed
-        through the outbox (`track`, `report_terminal`)."""
-        self._pipelines.call(key, request)
 
     def _delivered(self, request: Request, outcome: Outcome) -> None:
         """An outbox row was answered for good (inside the transaction that deletes it)."""
@@ -537,7 +542,9 @@ class RunSupervisor(OwnerActor):
             case Answer(key=Settle(run_id=run_id), outcome=outcome):
                 live = self._live.get(run_id)
                 if live is not None:
-                    self._settle(live, outcome if isinstance(outcome, FanoutSnapshot) else None)
+                    self._settler.settle(
+                        live, outcome if isinstance(outcome, FanoutSnapshot) else None
+                    )
             case Answer(key=Expand(run_id=run_id, group=group), outcome=outcome):
                 live = self._live.get(run_id)
                 if live is not None and live.expanding:
@@ -548,17 +555,19 @@ class RunSupervisor(OwnerActor):
                 if not self._pipelines.resume(key, outcome) and isinstance(outcome, SubagentsError):
                     log.error("supervisor call failed: %s", outcome.message)
             case ShimGone(child_id=child_id):
-                self._on_child_events(self.keeper.shim_gone(self.db, child_id, self.ctx.clock()))
+                children.apply_events(
+                    self, self.keeper.shim_gone(self.db, child_id, self.ctx.clock())
+                )
             case KillEscaped(child_id=child_id):
                 self.keeper.kill_escaped(child_id)
             case ShimNotLaunched(child_id=child_id, error=error):
-                self._on_child_events(
-                    self.keeper.not_launched(self.db, child_id, error, self.ctx.clock())
+                children.apply_events(
+                    self, self.keeper.not_launched(self.db, child_id, error, self.ctx.clock())
                 )
             case Advance(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is not None:
-                    self._advance(live)
+                    self.advance(live)
             case Superseded(run_id=run_id):
                 self._stop_superseded(run_id)
             case RunDeadline(run_id=run_id):
@@ -610,7 +619,7 @@ class RunSupervisor(OwnerActor):
             live.cancel_deadline = self.after(max(0.0, deadline_at - now), RunDeadline(run_id))
         # Owed, not asked: the admission pipeline does not wait for the session's answer.
         self.track(launch.session_id, run_id, "running")
-        self._advance(live)
+        self.advance(live)
         view = runstore.view(self.db, run_id)
         assert view is not None
         return view
@@ -628,255 +637,13 @@ class RunSupervisor(OwnerActor):
         rerun.link_superseded(self.db, source, run_id)
         self._event(source, "run.superseded", {"by": run_id})
         # Stopped once the link is durable (a recovering node stops it from the link).
-        self.after_commit(functools.partial(self._to_self(Superseded), source))
+        self.after_commit(functools.partial(self.to_self(Superseded), source))
 
     def _stop_superseded(self, run_id: str) -> None:
         live, row = self._live.get(run_id), runstore.run_row(self.db, run_id)
         by = row["superseded_by"] if row is not None else None
         if live is not None and live.stop_state is None and by:
             self._stop_live(live, "stopped", rerun.superseded_reason(by))
-
-    # -- children -----------------------------------------------------------------------------
-
-    def _advance(self, live: LiveRun) -> None:
-        """Start what may start now; settle the run when nothing runs and nothing may start."""
-        if live.attached is not None and live.stop_state is None:
-            return  # R-RES-6: step 0 is a live run; nothing starts before it ends
-        launch = live.launch
-        may_start = (
-            launch is not None
-            and live.stop_state is None
-            and (not live.failed or launch.mode == "parallel")  # a failed chain step ends it
-        )
-        if live.waiting and live.stop_state is None:
-            return  # an expansion's claim is out, or a checkpoint waits for its decision
-        if may_start:
-            assert launch is not None
-            # `while`: an attached chain's step 0 (R-RES-6) is a group with no child.
-            while not live.queue and not live.running and live.next_group < len(live.groups):
-                if live.next_group in live.dynamic:
-                    if steps.open_dynamic(self, live, live.next_group):
-                        return
-                    if live.failed:
-                        self._advance(live)
-                        return
-                live.queue.extend(live.groups[live.next_group])
-                live.next_group += 1
-            # Parallel runs honour the concurrency cap; a chain's parallel step starts at once.
-            limit = launch.concurrency if launch.mode == "parallel" else max(1, len(live.queue))
-            while live.queue and len(live.running) < limit:
-                self._start_child(live, launch, live.queue.popleft())
-        nothing_left = (
-            not live.queue and live.next_group >= len(live.groups) and not live.pending_appends
-        )
-        if not live.running and (not may_start or nothing_left):
-            self._finish(live)
-
-    def _start_child(self, live: LiveRun, launch: Launch, child: runplan.ChildPlan) -> None:
-        token = None
-        if launch.mode == "workflow":
-            row = runstore.run_row(self.db, live.run_id)
-            token = str(row["workflow_token"]) if row is not None else None
-        address = str(self.ctx.settings.get("node_address", ""))
-        try:
-            spec = child_launch.child_spec(live, launch, child, address, token)
-        except SubagentsError as err:
-            # Admission checked the command and cwd; one that vanished since fails this child
-            # (no process ever existed: not-started) instead of the supervisor.
-            self._child_not_started(live, child, err.message)
-            return
-        self.keeper.order(self.db, spec, self.ctx.clock())
-        not_launched = self._to_self(ShimNotLaunched)
-        keeper = self.keeper
-
-        crash_point = self.crash_point
-
-        def fork_shim() -> None:
-            crash_point("fork_shim")
-            error = keeper.launch(spec)
-            if error is not None:
-                not_launched(spec.child_id, error)
-
-        self.after_commit(fork_shim)
-        live.running[spec.child_id] = child.index
-        live.unstarted.add(spec.child_id)
-        runstore.update_child(
-            self.db,
-            live.run_id,
-            child.index,
-            state="running",
-            stdout_path=spec.stdout_path,
-            stderr_path=spec.stderr_path,
-        )
-
-    def _child_not_started(self, live: LiveRun, child: runplan.ChildPlan, error: str) -> None:
-        now = self.ctx.clock()
-        runstore.update_child(
-            self.db,
-            live.run_id,
-            child.index,
-            state="failed",
-            ended_at=now,
-            error=error,
-            proof_state="not-started",
-        )
-        self._event(live.run_id, "child.exited", {"child": child.index, "state": "failed"})
-        live.proofs.append("not-started")
-        live.failed = True
-        live.error = live.error or error
-        advance = self._to_self(Advance)
-        self.after_commit(lambda: advance(live.run_id))
-
-    def _child_report(self, report: ChildReport) -> Message:
-        """A shim's report: applied, committed, then acknowledged (the group commit's rule), so
-        an acknowledged report is never lost; a resent one changes nothing. A report about a
-        child whose row cannot be read is refused (the shim keeps it and resends it), so it
-        is applied once the row is repaired."""
-        self.crash_point(f"report_{report.kind}_received")
-        row, problem = child_rows.read_checked(self.db, report.child_id)
-        if problem is not None:
-            raise RecordQuarantined.of(self.name, child_rows.TABLE, report.child_id, problem)
-        self._on_child_events(self.keeper.apply(self.db, report, self.ctx.clock(), row=row))
-        if self.ctx.faults:  # committed, not yet acknowledged: the shim must resend it
-            crash_point, point = self.crash_point, f"report_{report.kind}_committed"
-            self.after_commit(lambda: crash_point(point))
-        return Ack()
-
-    def _on_child_events(self, events: list[ChildEvent]) -> None:
-        for event in events:
-            self._on_child_event(event)
-
-    def _child_index(self, event: ChildStarted | ChildExited) -> tuple[str, int] | None:
-        """(run id, index) of the event's child: from its live run when it is running there
-        (no statement per event), else from the store (a run recovered after a restart)."""
-        live = self._live.get(event.run_id)
-        if live is not None and (idx := live.running.get(event.child_id)) is not None:
-            return event.run_id, idx
-        row = self.db.execute(
-            "SELECT run_id, idx FROM run_children WHERE child_id=?", (event.child_id,)
-        ).fetchone()
-        return None if row is None else (str(row[0]), int(row[1]))
-
-    def _on_child_event(self, event: ChildStarted | ChildExited) -> None:
-        found = self._child_index(event)
-        if found is None:
-            log.warning("event for unknown child %s", event.child_id)
-            return
-        run_id, idx = found
-        if isinstance(event, ChildStarted):
-            runstore.update_child(
-                self.db, run_id, idx, pid=event.pid, started_at=event.started_at, state="running"
-            )
-            self._event(run_id, "child.started", {"child": idx, "pid": event.pid})
-            started = self._live.get(run_id)
-            if started is not None:
-                started.unstarted.discard(event.child_id)
-                self._answer_launches(started)
-            return
-        runstore.update_child(
-            self.db,
-            run_id,
-            idx,
-            state=event.state,
-            exit_code=event.exit_code,
-            signal=event.proof.signal,
-            started_at=event.started_at,
-            ended_at=event.ended_at,
-            error=event.error or "",
-            output=event.output,
-            proof_state=event.proof.state,
-        )
-        self._event(
-            run_id,
-            "child.exited",
-            {"child": idx, "state": event.state, "exit_code": event.exit_code},
-        )
-        live = self._live.get(run_id)
-        if live is None:
-            return
-        live.running.pop(event.child_id, None)
-        live.unstarted.discard(event.child_id)
-        self._answer_launches(live)
-        live.outputs[idx] = event.output
-        live.proofs.append(event.proof.state)
-        if event.state != "complete" and live.stop_state is None:
-            live.failed = True
-            live.error = live.error or (event.error or f"child {live.labels.get(idx)} failed")
-        self._advance(live)
-
-    # -- settle -------------------------------------------------------------------------------
-
-    def _finish(self, live: LiveRun) -> None:
-        """Read the run's budget as it ends (R-FAN-26: nested claims included), then settle."""
-        if live.settling:
-            return
-        live.settling = True
-        row = runstore.run_row(self.db, live.run_id)
-        encoded = row["fanout"] if row is not None else ""
-        if not encoded:
-            self._settle(live, None)
-            return
-        self._call(Settle(live.run_id), ReadSnapshot(descriptor=decode_descriptor(encoded)))
-
-    def _settle(self, live: LiveRun, fanout: FanoutSnapshot | None) -> None:
-        now = self.ctx.clock()
-        if fanout is not None:
-            row = runstore.run_row(self.db, live.run_id)
-            assert row is not None
-            snapshots = Snapshots.model_validate_json(row["snapshots"]).model_copy(
-                update={
-                    "fanout_used": fanout.used,
-                    "fanout_limit": fanout.limit,
-                    "fanout_remaining": fanout.remaining,
-                }
-            )
-            runstore.update_run(self.db, live.run_id, snapshots=snapshots)
-        state = live.final_state()
-        self.db.execute(
-            "UPDATE run_children SET state='stopped' WHERE run_id=? AND state='pending'",
-            (live.run_id,),
-        )
-        runstore.update_run(
-            self.db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
-        )
-        if state == "paused":
-            steps.settle_paused(self, live)
-        else:
-            self._event(live.run_id, f"run.{state}", {"error": live.error or None})
-        advance = self._to_self(Advance)
-        for chain_id in attach.source_ended(self._live.values(), live.run_id, state, live.output()):
-            self.after_commit(functools.partial(advance, chain_id))
-        self._retention.run_ended(self.db)
-        view = runstore.view(self.db, live.run_id)
-        if view is not None:
-            settlement.write_summary(view)
-        if live.cancel_deadline is not None:
-            live.cancel_deadline()
-        if live.handle is not None:
-            verdict = (False, "")
-            if live.mode == "workflow":
-                verdict = management.workflow_children_verdict(self.db, live.run_id)
-                if not verdict[0]:
-                    self._unproven_workflows.add(live.run_id)
-            self.report_terminal(settlement.terminal_report(live, state, now, verdict))
-        if live.parent_run_id in self._unproven_workflows:
-            self._report_workflow(live.parent_run_id)
-        self.track(live.session_id, live.run_id, state)
-        live.unstarted.clear()
-        self._answer_launches(live)
-        del self._live[live.run_id]
-
-    def _report_workflow(self, run_id: str) -> None:
-        """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""
-        row = runstore.run_row(self.db, run_id)
-        if row is None or not row["capacity"]:
-            self._unproven_workflows.discard(run_id)
-            return
-        verdict = management.workflow_children_verdict(self.db, run_id)
-        if verdict[0]:
-            self._unproven_workflows.discard(run_id)
-        proofs = runstore.proof_states(self.db, run_id)
-        self.report_terminal(settlement.workflow_rereport(row, verdict, proofs, self.ctx.clock()))
 
     # -- events and watchers ------------------------------------------------------------------
 
@@ -986,7 +753,7 @@ class RunSupervisor(OwnerActor):
         for other in list(self._live.values()):
             if other.parent_run_id == live.run_id and other.stop_state is None:
                 self._stop_live(other, "stopped", reason)
-        self._advance(live)
+        self.advance(live)
 
 
 def _launch_result(

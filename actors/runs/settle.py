@@ -1,0 +1,135 @@
+"""RunSettler: how the RunSupervisor settles a run once nothing of it runs (R-RUN-5, R-CAP-22).
+
+Owns the moves of a run's end: its budget read as it ends (R-FAN-26, a call whose answer comes
+back as a `Settle` tick), its final state, output and event, the children that never started
+marked `stopped`, the chains attached to it woken (R-RES-6), its `summary.json`, and what it
+owes the other owners (the capacity report, the session's view); and the settled workflows
+whose background children still lack proof, whose slot is re-reported as each of those
+settles. The reports themselves are runs/settlement.py's; this module only decides when they
+are owed. It never sends them itself (they go through the host's outbox), never kills a
+process, and never settles a run that still has a child running (runs/children.py asks it to
+only once none runs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol
+
+from subagents_node.actors.owner import Tick
+from subagents_node.actors.runs import attach, management, runstore, settlement, steps
+from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.actors.runs.retention import RunRetention
+from subagents_node.actors.runs.ticks import Advance, Settle
+from subagents_node.messages.capacity import ReportTerminal
+from subagents_node.messages.fanout import FanoutSnapshot, ReadSnapshot, decode_descriptor
+from subagents_node.messages.supervisor import Snapshots
+
+P = ParamSpec("P")
+
+
+class SettleHost(steps.StepHost, Protocol):
+    """What settling a run needs from the RunSupervisor, beyond the StepHost's moves."""
+
+    def after_commit(self, effect: Callable[[], None]) -> None: ...
+
+    def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
+        """A callback (run on another thread) that delivers the tick `make` builds to us."""
+
+    def track(self, session_id: str, run_id: str, state: Any) -> None:
+        """Owe the session owner the run's state (durable, sent until answered)."""
+
+    def report_terminal(self, report: ReportTerminal) -> None:
+        """Owe the capacity owner this report about the run's slot (durable, as `track`)."""
+
+    def answer_launches(self, live: LiveRun) -> None:
+        """Answer the launches still waiting on the run."""
+
+
+class RunSettler:
+    """Settles the host's live runs (`live`, the host's own map: a settled run leaves it)."""
+
+    def __init__(self, host: SettleHost, live: dict[str, LiveRun], retention: RunRetention):
+        self._host = host
+        self._live = live
+        self._retention = retention
+        #: Settled workflows whose background children still lack proof (R-CAP-22): their
+        #: slot is re-reported whenever one of those children settles.
+        self._unproven_workflows: set[str] = set()
+
+    def finish(self, live: LiveRun) -> None:
+        """Read the run's budget as it ends (R-FAN-26: nested claims included), then settle."""
+        if live.settling:
+            return
+        live.settling = True
+        row = runstore.run_row(self._host.db, live.run_id)
+        encoded = row["fanout"] if row is not None else ""
+        if not encoded:
+            self.settle(live, None)
+            return
+        self._host.call(Settle(live.run_id), ReadSnapshot(descriptor=decode_descriptor(encoded)))
+
+    def settle(self, live: LiveRun, fanout: FanoutSnapshot | None) -> None:
+        host, db = self._host, self._host.db
+        now = host.clock()
+        if fanout is not None:
+            row = runstore.run_row(db, live.run_id)
+            assert row is not None
+            snapshots = Snapshots.model_validate_json(row["snapshots"]).model_copy(
+                update={
+                    "fanout_used": fanout.used,
+                    "fanout_limit": fanout.limit,
+                    "fanout_remaining": fanout.remaining,
+                }
+            )
+            runstore.update_run(db, live.run_id, snapshots=snapshots)
+        state = live.final_state()
+        db.execute(
+            "UPDATE run_children SET state='stopped' WHERE run_id=? AND state='pending'",
+            (live.run_id,),
+        )
+        runstore.update_run(
+            db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
+        )
+        if state == "paused":
+            steps.settle_paused(host, live)
+        else:
+            host.record_event(live.run_id, f"run.{state}", {"error": live.error or None})
+        advance = host.to_self(Advance)
+        for chain_id in attach.source_ended(self._live.values(), live.run_id, state, live.output()):
+            host.after_commit(functools.partial(advance, chain_id))
+        self._retention.run_ended(db)
+        view = runstore.view(db, live.run_id)
+        if view is not None:
+            settlement.write_summary(view)
+        if live.cancel_deadline is not None:
+            live.cancel_deadline()
+        if live.handle is not None:
+            verdict = (False, "")
+            if live.mode == "workflow":
+                verdict = management.workflow_children_verdict(db, live.run_id)
+                if not verdict[0]:
+                    self._unproven_workflows.add(live.run_id)
+            host.report_terminal(settlement.terminal_report(live, state, now, verdict))
+        if live.parent_run_id in self._unproven_workflows:
+            self._report_workflow(live.parent_run_id)
+        host.track(live.session_id, live.run_id, state)
+        live.unstarted.clear()
+        host.answer_launches(live)
+        del self._live[live.run_id]
+
+    def _report_workflow(self, run_id: str) -> None:
+        """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""
+        db = self._host.db
+        row = runstore.run_row(db, run_id)
+        if row is None or not row["capacity"]:
+            self._unproven_workflows.discard(run_id)
+            return
+        verdict = management.workflow_children_verdict(db, run_id)
+        if verdict[0]:
+            self._unproven_workflows.discard(run_id)
+        proofs = runstore.proof_states(db, run_id)
+        self._host.report_terminal(
+            settlement.workflow_rereport(row, verdict, proofs, self._host.clock())
+        )
