@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from functools import partial
 from pathlib import Path
@@ -38,24 +38,21 @@ from typing import Any, ParamSpec
 
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
-from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, ReplyFn, Tick
+from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
 from subagents_node.actors.pipelines import Durable, Pipelines
 from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
-    attach,
     checkpoints,
     children,
     management,
     pauses,
-    rerun,
-    runplan,
     runstore,
     steps,
 )
-from subagents_node.actors.runs.admission import Pipeline, ResumePlan, admit
-from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store, new_live_run
+from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.launches import RunLaunches
+from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store
 from subagents_node.actors.runs.outbox import Outbox
-from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.settle import RunSettler
 from subagents_node.actors.runs.ticks import (
@@ -83,14 +80,12 @@ from subagents_node.messages.errors import (
     RecordQuarantined,
     RunIdAmbiguous,
     RunNotFound,
-    RunStorageFailed,
     SubagentsError,
 )
 from subagents_node.messages.fanout import (
     CommitReservation,
     FanoutDescriptor,
     FanoutSnapshot,
-    encode_descriptor,
 )
 from subagents_node.messages.retention import Prune, PruneResult
 from subagents_node.messages.runs import ChildReport
@@ -102,7 +97,6 @@ from subagents_node.messages.supervisor import (
     Intercom,
     IntercomMessage,
     Launch,
-    LaunchResult,
     ListRuns,
     Pause,
     Reject,
@@ -148,8 +142,6 @@ class RunSupervisor(OwnerActor):
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
         #: Each run's events of this commit group, as `events.jsonl` lines (before_flush).
         self._event_lines: dict[str, list[str]] = {}
-        #: Where each run in admission came from (rerun.Lineage), recorded with the run.
-        self._lineage: dict[str, rerun.Lineage] = {}
         self._watchers = RunWatchers(
             self.after,
             self.reply_later,
@@ -164,6 +156,7 @@ class RunSupervisor(OwnerActor):
             self._announce_pruned,
         )
         self._settler = RunSettler(self, self._live, self._retention)
+        self._launches = RunLaunches(self, self._live, self._pipelines)
         self._recovered = False
         self.keeper = ChildKeeper(
             # Shims report to this owner's own socket (its process's ROUTER), not the node's.
@@ -281,7 +274,7 @@ class RunSupervisor(OwnerActor):
                 for child_id in list(live.running):
                     self.keeper.stop(self.db, child_id, "stopped", "Paused by request.")
         for run_id in list(self._live):
-            self._stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
+            self._launches.stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
             if run_id in self._live:
                 self.advance(self._live[run_id])
         self._retention.arm(self.db)
@@ -328,81 +321,6 @@ class RunSupervisor(OwnerActor):
         checkpoints.adopt_pausing(self.db, live)
         self._event(run_id, "run.recovered", {"running": len(live.running)})
 
-    # -- launch -------------------------------------------------------------------------------
-
-    def _launch_request(self, request: Launch) -> Message:
-        if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
-            raise BadRequest(
-                "A launch cannot attach to a run; use runs.resume with attach steps.",
-                reason="attached_run_id",
-            )
-        return self._launch(request)
-
-    def _launch(
-        self,
-        request: Launch,
-        resume: ResumePlan | None = None,
-        lineage: rerun.Lineage | None = None,
-        on_started: Callable[[RunView], None] | None = None,
-    ) -> Message:
-        run_id = uuid.uuid4().hex[:12]
-        runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
-        assert self.current_reply is not None
-        if lineage is not None:
-            self._lineage[run_id] = lineage
-        pipeline = _launch_result(admit(self, request, run_id, runner_id, resume), on_started)
-        reply = self._answer_once_started(run_id, self.current_reply)
-        self._pipelines.start(LaunchKey(run_id), pipeline, reply)
-        return DEFERRED  # type: ignore[no-any-return]
-
-    def _answer_once_started(self, run_id: str, reply: ReplyFn) -> ReplyFn:
-        """A launch is answered only once its first children really run (their shims reported
-        their pids) or have failed to start; an admission error is answered at once."""
-
-        def answer(outcome: Outcome) -> None:
-            self._lineage.pop(run_id, None)
-            live = self._live.get(run_id)
-            if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
-                live.launch_replies.append(reply)
-                return
-            self.crash_point("answer_launch")
-            if isinstance(outcome, LaunchResult):
-                view = runstore.view(self.db, run_id)
-                outcome = outcome if view is None else LaunchResult(run=view)
-            reply(outcome)
-
-        return answer
-
-    def answer_launches(self, live: LiveRun) -> None:
-        if live.unstarted or not live.launch_replies:
-            return
-        view = runstore.view(self.db, live.run_id)
-        replies, live.launch_replies = live.launch_replies, []
-        self.crash_point("answer_launch")
-        for reply in replies:
-            if view is not None:
-                self.reply_later(reply, LaunchResult(run=view))
-
-    def _resume(self, request: Resume) -> Message:
-        row = runstore.run_row(self.db, self._resolve(request.run_id))
-        assert row is not None
-        if request.attach:  # R-RES-6: the live source is the new chain's step 0
-            chain = attach.attach_launch(row, request)
-            return self._launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
-        if row["state"] == "paused":
-            return pauses.resume_paused(self, row, request)
-        launch, plan = management.resume_launch(row, request)
-        # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
-        checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self.ctx.clock())
-        inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})
-        return self._launch(inherited, plan, rerun.Lineage(plan.source_run_id, "resume"))
-
-    def _rerun(self, request: Rerun) -> Message:
-        """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
-        row = runstore.run_row(self.db, self._resolve(request.run_id))
-        assert row is not None
-        return self._launch(rerun.rerun_launch(row, request), lineage=rerun.rerun_lineage(row))
-
     # -- pauses and checkpoints: R-RUN-2's requests are in runs/pauses.py ---------------------
     # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.
 
@@ -415,7 +333,35 @@ class RunSupervisor(OwnerActor):
     def relaunch(
         self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
     ) -> Message:
-        return self._launch(launch, plan, on_started=on_started)
+        return self._launches.launch(launch, plan, on_started=on_started)
+
+    # The handlers are bound in OwnerActor.__init__, before `_launches` exists: they delegate.
+    def _launch_request(self, request: Launch) -> Message:
+        return self._launches.launch_request(request)
+
+    def _resume(self, request: Resume) -> Message:
+        return self._launches.resume(request)
+
+    def _rerun(self, request: Rerun) -> Message:
+        return self._launches.rerun(request)
+
+    def answer_launches(self, live: LiveRun) -> None:
+        self._launches.answer_launches(live)
+
+    def record_and_start(
+        self,
+        launch: Launch,
+        run_id: str,
+        runner_id: str,
+        descriptor: FanoutDescriptor,
+        handle: SlotHandle | None,
+        snapshots: Snapshots,
+        source_run_id: str | None = None,
+    ) -> RunView:
+        """AdmissionHost: write the run and its pending children, then start the first group."""
+        return self._launches.record_and_start(
+            launch, run_id, runner_id, descriptor, handle, snapshots, source_run_id
+        )
 
     def track(self, session_id: str, run_id: str, state: Any) -> None:
         """Owe the session owner the run's new state (it refuses grants while runs are live)."""
@@ -569,7 +515,7 @@ class RunSupervisor(OwnerActor):
                 if live is not None:
                     self.advance(live)
             case Superseded(run_id=run_id):
-                self._stop_superseded(run_id)
+                self._launches.stop_superseded(run_id)
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is not None and live.stop_state is None and live.deadline_ms:
@@ -578,72 +524,6 @@ class RunSupervisor(OwnerActor):
                 self._watchers.expired(self.db, watch_key, watcher_id)
             case RetentionDue():
                 self._retention.due(self.db, self._live.__contains__)
-
-    def record_and_start(
-        self,
-        launch: Launch,
-        run_id: str,
-        runner_id: str,
-        descriptor: FanoutDescriptor,
-        handle: SlotHandle | None,
-        snapshots: Snapshots,
-        source_run_id: str | None = None,
-    ) -> RunView:
-        """AdmissionHost: write the run and its pending children, then start the first group."""
-        now = self.ctx.clock()
-        try:  # R-FAN-6: the recovery descriptor exists before any child starts
-            write_recovery(self.run_dir(run_id), launch, encode_descriptor(descriptor))
-        except OSError as exc:
-            raise RunStorageFailed(f"Failed to create run storage: {exc}") from None
-        live = new_live_run(
-            self.db,
-            launch,
-            run_id,
-            runner_id,
-            descriptor,
-            handle,
-            snapshots,
-            source_run_id,
-            run_dir=self.run_dir(run_id),
-            now=now,
-            workflow_token=management.new_token(),
-        )
-        deadline_at = runplan.deadline_at(launch, now)
-        self._live[run_id] = live
-        self._event(run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)})
-        self._record_lineage(run_id, source_run_id)
-        if launch.attached_run_id:
-            source = launch.attached_run_id
-            attach.wait_for(live, self._live.get(source), runstore.run_row(self.db, source))
-        if deadline_at is not None:  # R-TMO-8: a resume's is its source's, not now + timeout
-            live.cancel_deadline = self.after(max(0.0, deadline_at - now), RunDeadline(run_id))
-        # Owed, not asked: the admission pipeline does not wait for the session's answer.
-        self.track(launch.session_id, run_id, "running")
-        self.advance(live)
-        view = runstore.view(self.db, run_id)
-        assert view is not None
-        return view
-
-    def _record_lineage(self, run_id: str, source_run_id: str | None) -> None:
-        """In the run's own transaction: how it came from its source, and (R-MISC-2) the link
-        to the live source it supersedes; that source is stopped once the link has committed."""
-        lineage = self._lineage.pop(run_id, None)
-        if lineage is None:
-            return
-        source = source_run_id or lineage.source_run_id
-        runstore.update_run(self.db, run_id, source_run_id=source, source_kind=lineage.kind)
-        if not lineage.supersedes:
-            return
-        rerun.link_superseded(self.db, source, run_id)
-        self._event(source, "run.superseded", {"by": run_id})
-        # Stopped once the link is durable (a recovering node stops it from the link).
-        self.after_commit(functools.partial(self.to_self(Superseded), source))
-
-    def _stop_superseded(self, run_id: str) -> None:
-        live, row = self._live.get(run_id), runstore.run_row(self.db, run_id)
-        by = row["superseded_by"] if row is not None else None
-        if live is not None and live.stop_state is None and by:
-            self._stop_live(live, "stopped", rerun.superseded_reason(by))
 
     # -- events and watchers ------------------------------------------------------------------
 
@@ -754,12 +634,3 @@ class RunSupervisor(OwnerActor):
             if other.parent_run_id == live.run_id and other.stop_state is None:
                 self._stop_live(other, "stopped", reason)
         self.advance(live)
-
-
-def _launch_result(
-    pipeline: Pipeline, on_started: Callable[[RunView], None] | None = None
-) -> Generator[Request, Message, Message]:
-    view = yield from pipeline
-    if on_started is not None:  # after mark_started: the relaunch owns its slot now
-        on_started(view)
-    return LaunchResult(run=view)

@@ -1,0 +1,230 @@
+"""RunLaunches: how the RunSupervisor launches a run (`runs.launch`, `runs.resume`, `runs.rerun`).
+
+Owns the way into a run: the admission pipeline started for each launch (runs/admission.py has
+its steps), its answer held until the run's first children really run (their shims reported
+their pids) or failed to start, the run's record written and its first group started
+(`record_and_start`, the AdmissionHost's last step), and where the run came from (its lineage:
+a resume, a rerun, an attach; R-MISC-2's link to a live run it supersedes, which is stopped
+once that link has committed). The rules of what may be resumed or rerun are management.py's,
+rerun.py's and attach.py's. It never blocks on another owner (the pipeline's calls come back as
+`Answer` ticks), and never answers a launch before the transaction that started its run commits.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Generator
+from typing import ParamSpec, Protocol
+
+from subagents_node.actors.owner import DEFERRED, Cancel, Outcome, ReplyFn, Tick
+from subagents_node.actors.pipelines import Pipelines
+from subagents_node.actors.runs import (
+    attach,
+    checkpoints,
+    management,
+    pauses,
+    rerun,
+    runplan,
+    runstore,
+)
+from subagents_node.actors.runs.admission import AdmissionHost, Pipeline, ResumePlan, admit
+from subagents_node.actors.runs.liverun import LiveRun, new_live_run
+from subagents_node.actors.runs.recovery import write_recovery
+from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Superseded
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.capacity import SlotHandle
+from subagents_node.messages.errors import BadRequest, RunStorageFailed
+from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
+from subagents_node.messages.supervisor import (
+    Launch,
+    LaunchResult,
+    Rerun,
+    Resume,
+    RunView,
+    Snapshots,
+)
+
+P = ParamSpec("P")
+
+
+class LaunchHost(pauses.PauseHost, AdmissionHost, Protocol):
+    """What launching needs from the RunSupervisor, beyond the pause and admission hosts'."""
+
+    @property
+    def current_reply(self) -> ReplyFn | None:
+        """The reply of the request being handled."""
+
+    def reply_later(self, reply: ReplyFn, outcome: Outcome) -> None: ...
+
+    def after(self, delay_s: float, tick: Tick) -> Cancel: ...
+
+    def after_commit(self, effect: Callable[[], None]) -> None: ...
+
+    def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
+        """A callback (run on another thread) that delivers the tick `make` builds to us."""
+
+
+class RunLaunches:
+    """Launches the host's runs into `live` (the host's own map of its live runs)."""
+
+    def __init__(
+        self, host: LaunchHost, live: dict[str, LiveRun], pipelines: Pipelines[CallKey]
+    ) -> None:
+        self._host = host
+        self._live = live
+        self._pipelines = pipelines
+        #: Where each run in admission came from (rerun.Lineage), recorded with the run.
+        self._lineage: dict[str, rerun.Lineage] = {}
+
+    def launch_request(self, request: Launch) -> Message:
+        if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
+            raise BadRequest(
+                "A launch cannot attach to a run; use runs.resume with attach steps.",
+                reason="attached_run_id",
+            )
+        return self.launch(request)
+
+    def launch(
+        self,
+        request: Launch,
+        resume: ResumePlan | None = None,
+        lineage: rerun.Lineage | None = None,
+        on_started: Callable[[RunView], None] | None = None,
+    ) -> Message:
+        run_id = uuid.uuid4().hex[:12]
+        runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
+        assert self._host.current_reply is not None
+        if lineage is not None:
+            self._lineage[run_id] = lineage
+        pipeline = _launch_result(admit(self._host, request, run_id, runner_id, resume), on_started)
+        reply = self._answer_once_started(run_id, self._host.current_reply)
+        self._pipelines.start(LaunchKey(run_id), pipeline, reply)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def _answer_once_started(self, run_id: str, reply: ReplyFn) -> ReplyFn:
+        """A launch is answered only once its first children really run (their shims reported
+        their pids) or have failed to start; an admission error is answered at once."""
+
+        def answer(outcome: Outcome) -> None:
+            self._lineage.pop(run_id, None)
+            live = self._live.get(run_id)
+            if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
+                live.launch_replies.append(reply)
+                return
+            self._host.crash_point("answer_launch")
+            if isinstance(outcome, LaunchResult):
+                view = runstore.view(self._host.db, run_id)
+                outcome = outcome if view is None else LaunchResult(run=view)
+            reply(outcome)
+
+        return answer
+
+    def answer_launches(self, live: LiveRun) -> None:
+        if live.unstarted or not live.launch_replies:
+            return
+        view = runstore.view(self._host.db, live.run_id)
+        replies, live.launch_replies = live.launch_replies, []
+        self._host.crash_point("answer_launch")
+        for reply in replies:
+            if view is not None:
+                self._host.reply_later(reply, LaunchResult(run=view))
+
+    def resume(self, request: Resume) -> Message:
+        row = runstore.run_row(self._host.db, self._host.resolve(request.run_id))
+        assert row is not None
+        if request.attach:  # R-RES-6: the live source is the new chain's step 0
+            chain = attach.attach_launch(row, request)
+            return self.launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
+        if row["state"] == "paused":
+            return pauses.resume_paused(self._host, row, request)
+        launch, plan = management.resume_launch(row, request)
+        # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
+        checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self._host.clock())
+        inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})
+        return self.launch(inherited, plan, rerun.Lineage(plan.source_run_id, "resume"))
+
+    def rerun(self, request: Rerun) -> Message:
+        """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
+        row = runstore.run_row(self._host.db, self._host.resolve(request.run_id))
+        assert row is not None
+        return self.launch(rerun.rerun_launch(row, request), lineage=rerun.rerun_lineage(row))
+
+    def record_and_start(
+        self,
+        launch: Launch,
+        run_id: str,
+        runner_id: str,
+        descriptor: FanoutDescriptor,
+        handle: SlotHandle | None,
+        snapshots: Snapshots,
+        source_run_id: str | None = None,
+    ) -> RunView:
+        """AdmissionHost: write the run and its pending children, then start the first group."""
+        now = self._host.clock()
+        try:  # R-FAN-6: the recovery descriptor exists before any child starts
+            write_recovery(self._host.run_dir(run_id), launch, encode_descriptor(descriptor))
+        except OSError as exc:
+            raise RunStorageFailed(f"Failed to create run storage: {exc}") from None
+        live = new_live_run(
+            self._host.db,
+            launch,
+            run_id,
+            runner_id,
+            descriptor,
+            handle,
+            snapshots,
+            source_run_id,
+            run_dir=self._host.run_dir(run_id),
+            now=now,
+            workflow_token=management.new_token(),
+        )
+        deadline_at = runplan.deadline_at(launch, now)
+        self._live[run_id] = live
+        self._host.record_event(
+            run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)}
+        )
+        self._record_lineage(run_id, source_run_id)
+        if launch.attached_run_id:
+            source = launch.attached_run_id
+            attach.wait_for(live, self._live.get(source), runstore.run_row(self._host.db, source))
+        if deadline_at is not None:  # R-TMO-8: a resume's is its source's, not now + timeout
+            live.cancel_deadline = self._host.after(
+                max(0.0, deadline_at - now), RunDeadline(run_id)
+            )
+        # Owed, not asked: the admission pipeline does not wait for the session's answer.
+        self._host.track(launch.session_id, run_id, "running")
+        self._host.advance(live)
+        view = runstore.view(self._host.db, run_id)
+        assert view is not None
+        return view
+
+    def _record_lineage(self, run_id: str, source_run_id: str | None) -> None:
+        """In the run's own transaction: how it came from its source, and (R-MISC-2) the link
+        to the live source it supersedes; that source is stopped once the link has committed."""
+        lineage = self._lineage.pop(run_id, None)
+        if lineage is None:
+            return
+        source = source_run_id or lineage.source_run_id
+        runstore.update_run(self._host.db, run_id, source_run_id=source, source_kind=lineage.kind)
+        if not lineage.supersedes:
+            return
+        rerun.link_superseded(self._host.db, source, run_id)
+        self._host.record_event(source, "run.superseded", {"by": run_id})
+        # Stopped once the link is durable (a recovering node stops it from the link).
+        self._host.after_commit(functools.partial(self._host.to_self(Superseded), source))
+
+    def stop_superseded(self, run_id: str) -> None:
+        live, row = self._live.get(run_id), runstore.run_row(self._host.db, run_id)
+        by = row["superseded_by"] if row is not None else None
+        if live is not None and live.stop_state is None and by:
+            self._host.stop_live(live, "stopped", rerun.superseded_reason(by))
+
+
+def _launch_result(
+    pipeline: Pipeline, on_started: Callable[[RunView], None] | None = None
+) -> Generator[Request, Message, Message]:
+    view = yield from pipeline
+    if on_started is not None:  # after mark_started: the relaunch owns its slot now
+        on_started(view)
+    return LaunchResult(run=view)
