@@ -1,9 +1,10 @@
 """Node: the supervisor of the owner processes, and the node's own small service.
 
 Owns the node's lifetime: the state dir, the owner processes (started in order, watched,
-restarted, marked failed: runtime/node/ownersup.py), the address book and the pid file that
-tell other processes where each owner listens, the gateway (node.* requests, keys, and tcp
-peers) and the forwarder that carries whatever reaches the node's sockets on to the owners.
+restarted, marked failed: runtime/node/ownersup.py), the address book and the pid file
+(runtime/node/pidfile.py) that tell other processes where each owner listens, the gateway
+(node.* requests, keys, and tcp peers) and the forwarder that carries whatever reaches the
+node's sockets on to the owners.
 Each owner is its own process with its own socket and database (DESIGN §1); the node never
 opens an owner's database. Runs in the foreground (`start`), detached (`start --detach`, see
 runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
@@ -17,11 +18,9 @@ request for them to the home over CURVE, failing closed while the home is unreac
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import zmq
 
-from subagents_node.actors.child import cgroup, procfs
+from subagents_node.actors.child import cgroup
 from subagents_node.actors.links import RemoteKeys
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
@@ -42,13 +41,11 @@ from subagents_node.client.keys import check_name, client_credentials
 from subagents_node.client.paths import (
     ADDRESS_BOOK_NAME,
     OWNER_SOCKETS,
-    PID_NAME,
     check_endpoint,
     ensure_state_dir,
     ipc_endpoint,
     ipc_path,
     is_loopback_tcp,
-    read_pid_file,
     resolve_state_dir,
 )
 from subagents_node.client.transport import ZmqTransport
@@ -60,9 +57,6 @@ from subagents_node.messages.errors import (
     BadRequest,
     ConfigError,
     MembershipRefused,
-    NodeAlreadyRunning,
-    StoreError,
-    StoreFull,
     SubagentsError,
 )
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
@@ -80,7 +74,7 @@ from subagents_node.messages.node import (
 )
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import ListRuns, RunList
-from subagents_node.node import owners
+from subagents_node.node import owners, pidfile
 from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard, server_keypair
 from subagents_node.node.dispatch import Dispatcher
@@ -179,7 +173,7 @@ class Node:
         self.state_dir = self.state_dir.resolve()
         self._check_role()
         endpoints = self._endpoints()
-        self._refuse_if_running()
+        pidfile.refuse_if_running(self.state_dir, self.options.ipc)
         self.containment = self._resolve_containment()
         try:
             if self.options.join:
@@ -548,7 +542,7 @@ class Node:
             self._zctx.term()
         if self.containment.mode == "cgroup":  # kept while a child's cgroup is in it
             cgroup.remove_empty(self.containment.path)
-        self._remove_pid_file()
+        pidfile.remove_pid_file(self.state_dir, self.node_id)
 
     def request_stop(self) -> None:
         self._stop_requested.set()
@@ -677,64 +671,17 @@ class Node:
     def _tcp_endpoints(self) -> list[str]:
         return [e for e in self.endpoints if e.startswith("tcp://")]
 
-    # -- the pid file: which process serves this state dir ------------------------------------
+    # -- the pid file: which process serves this state dir (runtime/node/pidfile.py) ----------
 
     @property
     def pid_file(self) -> Path:
-        return self.state_dir / PID_NAME
-
-    def _refuse_if_running(self) -> None:
-        other = read_pid_file(self.state_dir)
-        if other is not None and other.get("pid") != os.getpid():
-            raise NodeAlreadyRunning(
-                f"a node (pid {other['pid']}) already serves {self.state_dir}; "
-                "stop it with `subagents-node stop` or use another --state-dir",
-                address=str(other.get("address", "")),
-            )
-        if other is None and self.options.ipc:
-            # A socket left by a node that was killed: nobody owns it, so it is safe to replace.
-            sock = ipc_path(ipc_endpoint(self.state_dir))
-            if sock is not None:
-                with suppress(FileNotFoundError):
-                    sock.unlink()
+        return pidfile.pid_file_of(self.state_dir)
 
     def _write_pid_file(self) -> None:
-        started = procfs.start_time_of(os.getpid())
-        assert started is not None  # this process is running
-        record = {
-            "pid": os.getpid(),
-            # What psutil's create_time says, computed the way it does (readers compare the
-            # two exactly), without loading psutil into the node: 15-25 ms of every start.
-            "create_time": procfs.wall_clock(started),
-            "node_id": self.node_id,
-            "address": self.address,
-            "endpoints": self.endpoints,
-            "host": socket.gethostname(),
-            "owners": self._owners.pids() if self._owners else {},
-        }
-        tmp = self.pid_file.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(record))
-            tmp.replace(self.pid_file)
-        except OSError as exc:
-            with suppress(OSError):
-                tmp.unlink()
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(
-                    f"the disk under {self.state_dir} is full: cannot write {PID_NAME}; "
-                    "free some space and start again",
-                    actor="node",
-                    reason=str(exc),
-                ) from None
-            raise StoreError(
-                f"cannot write {self.pid_file}: {exc}", path=str(self.pid_file)
-            ) from None
-
-    def _remove_pid_file(self) -> None:
-        record = read_pid_file(self.state_dir)
-        if record is not None and record.get("node_id") == self.node_id:
-            with suppress(FileNotFoundError):
-                self.pid_file.unlink()
+        owner_pids = self._owners.pids() if self._owners else {}
+        pidfile.write_pid_file(
+            self.state_dir, self.node_id, self.address, self.endpoints, owner_pids
+        )
 
 
 def _temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
