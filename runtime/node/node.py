@@ -37,15 +37,12 @@ from subagents_node.actors.links import RemoteKeys
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
-from subagents_node.client.keys import check_name, client_credentials
+from subagents_node.client.keys import client_credentials
 from subagents_node.client.paths import (
     ADDRESS_BOOK_NAME,
     OWNER_SOCKETS,
-    check_endpoint,
     ensure_state_dir,
-    ipc_endpoint,
     ipc_path,
-    is_loopback_tcp,
     resolve_state_dir,
 )
 from subagents_node.client.transport import ZmqTransport
@@ -74,7 +71,7 @@ from subagents_node.messages.node import (
 )
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import ListRuns, RunList
-from subagents_node.node import owners, pidfile
+from subagents_node.node import owners, pidfile, roles
 from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard, server_keypair
 from subagents_node.node.dispatch import Dispatcher
@@ -90,11 +87,6 @@ from subagents_node.node.ownersup import OwnerSupervisor
 from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
-
-#: The owners whose state lives on the home node only (DESIGN §1): a worker forwards to them.
-REMOTE_OWNERS = frozenset({"capacity", "fanout", "session"})
-#: On a home, each of those owners listens on tcp itself, this far above the home's port.
-HOME_OWNER_PORTS = {"capacity": 1, "fanout": 2, "session": 3}
 
 
 @dataclass
@@ -171,8 +163,8 @@ class Node:
     def start(self) -> Node:
         ensure_state_dir(self.state_dir)
         self.state_dir = self.state_dir.resolve()
-        self._check_role()
-        endpoints = self._endpoints()
+        self._owner_tcp = roles.check_role(self.options)
+        endpoints = roles.listen_endpoints(self.options, self.state_dir)
         pidfile.refuse_if_running(self.state_dir, self.options.ipc)
         self.containment = self._resolve_containment()
         try:
@@ -214,53 +206,7 @@ class Node:
     @property
     def remote_owners(self) -> frozenset[str]:
         """The owners this node forwards to its home (a worker's ledgers), else none."""
-        return REMOTE_OWNERS if self.options.join else frozenset()
-
-    def _check_role(self) -> None:
-        opts = self.options
-        if opts.home and opts.join:
-            raise ConfigError(
-                "a node is a home or a worker, not both (--home and --join)",
-                key="join",
-                source="options",
-                reason="role",
-            )
-        if opts.home and not any(e.startswith("tcp://") for e in opts.listen):
-            raise ConfigError(
-                "a home node needs a tcp endpoint for its workers: --listen tcp://HOST:PORT",
-                key="listen",
-                source="options",
-                reason="home_needs_tcp",
-            )
-        if opts.home:
-            self._owner_tcp = _home_owner_endpoints(
-                next(e for e in opts.listen if e.startswith("tcp://"))
-            )
-        if opts.join:
-            check_endpoint(opts.join)
-            if not opts.join.startswith("tcp://"):
-                raise BadAddress(
-                    f"--join takes the home's tcp endpoint, not {opts.join}", address=opts.join
-                )
-            missing = [
-                flag for flag, v in (("--home-key", opts.home_key), ("--name", opts.name)) if not v
-            ]
-            if missing:
-                raise ConfigError(
-                    f"a worker node needs {' and '.join(missing)} with --join",
-                    key="join",
-                    source="options",
-                    reason="worker_options",
-                )
-            check_name(opts.name)
-            if opts.name == HOME_NAME:
-                raise ConfigError(
-                    f"a worker cannot be named {HOME_NAME!r}: that is the home's name among "
-                    "its members",
-                    key="name",
-                    source="options",
-                    reason="worker_options",
-                )
+        return roles.REMOTE_OWNERS if self.options.join else frozenset()
 
     def _join_home(self) -> None:
         """A worker's first step: join its home (a refusal is this start's failure)."""
@@ -359,7 +305,7 @@ class Node:
                 self.options.heartbeat_timeout_s,
                 self._submit,
                 self._tcp_endpoints,
-                owner_ports={n: _port(e) for n, e in self._owner_tcp.items()},
+                owner_ports={n: roles.port_of(e) for n, e in self._owner_tcp.items()},
                 allowed=lambda: self._curve.allowed if self._curve is not None else {},
                 tell=self._tell_owners,
             )
@@ -558,22 +504,6 @@ class Node:
 
     # -- addresses and clients ----------------------------------------------------------------
 
-    def _endpoints(self) -> list[str]:
-        endpoints = [ipc_endpoint(self.state_dir)] if self.options.ipc else []
-        for endpoint in self.options.listen:
-            check_endpoint(endpoint)
-            remote = endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint)
-            if remote and not self.options.home:
-                raise BadAddress(
-                    f"refusing to listen on {endpoint}: beyond loopback only a home node "
-                    "listens (start it with --home; every tcp link is CURVE)",
-                    address=endpoint,
-                )
-            endpoints.append(endpoint)
-        if not endpoints:
-            raise BadAddress("the node has no endpoint to listen on", address="")
-        return endpoints
-
     @property
     def endpoints(self) -> list[str]:
         return list(self._gateway.bound) if self._gateway else []
@@ -690,22 +620,3 @@ def _temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[P
         return
     with tempfile.TemporaryDirectory(prefix="subagents-") as tmp:
         yield Path(tmp)
-
-
-def _port(endpoint: str) -> int:
-    return int(endpoint.rpartition(":")[2])
-
-
-def _home_owner_endpoints(listen: str) -> dict[str, str]:
-    """Each home ledger owner's own tcp endpoint: the home's host, its port plus the owner's
-    offset (a fixed port: workers and firewalls must know it)."""
-    host, _, port_text = listen.removeprefix("tcp://").rpartition(":")
-    port = int(port_text) if port_text.isdigit() else 0
-    top = max(HOME_OWNER_PORTS.values())
-    if not 0 < port <= 65535 - top:
-        raise BadAddress(
-            f"a home needs a fixed tcp port (1-{65535 - top}), not {listen}: its ledger "
-            f"owners listen on the next {top} ports",
-            address=listen,
-        )
-    return {name: f"tcp://{host}:{port + step}" for name, step in HOME_OWNER_PORTS.items()}

@@ -1,0 +1,112 @@
+"""A node's role among hosts (DESIGN §1 "Multi-host"): alone, a home, or a worker of a home.
+
+Owns the checks of a node's options before it starts anything: that it is a home or a worker,
+not both; that a home has a tcp endpoint for its workers and a fixed port under which its
+ledger owners' own ports fit; that a worker names its home's tcp endpoint, key and its own
+name; and where the node listens (only a home listens on tcp beyond loopback). Owns the table
+of those owners and their port offsets. It never binds, forks or connects: a failed check is a
+typed error (`ConfigError`, `BadAddress`) raised before the node takes its state dir.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from subagents_node.client.keys import check_name
+from subagents_node.client.paths import check_endpoint, ipc_endpoint, is_loopback_tcp
+from subagents_node.messages.errors import BadAddress, ConfigError
+from subagents_node.messages.members import HOME_NAME
+
+if TYPE_CHECKING:
+    from subagents_node.node.node import NodeOptions
+
+#: The owners whose state lives on the home node only (DESIGN §1): a worker forwards to them.
+REMOTE_OWNERS = frozenset({"capacity", "fanout", "session"})
+#: On a home, each of those owners listens on tcp itself, this far above the home's port.
+HOME_OWNER_PORTS = {"capacity": 1, "fanout": 2, "session": 3}
+
+
+def check_role(opts: NodeOptions) -> dict[str, str]:
+    """Raise unless the options make one role; a home's ledger owners' own tcp endpoints
+    (owner -> endpoint; none unless a home)."""
+    owner_tcp: dict[str, str] = {}
+    if opts.home and opts.join:
+        raise ConfigError(
+            "a node is a home or a worker, not both (--home and --join)",
+            key="join",
+            source="options",
+            reason="role",
+        )
+    if opts.home and not any(e.startswith("tcp://") for e in opts.listen):
+        raise ConfigError(
+            "a home node needs a tcp endpoint for its workers: --listen tcp://HOST:PORT",
+            key="listen",
+            source="options",
+            reason="home_needs_tcp",
+        )
+    if opts.home:
+        owner_tcp = home_owner_endpoints(next(e for e in opts.listen if e.startswith("tcp://")))
+    if opts.join:
+        check_endpoint(opts.join)
+        if not opts.join.startswith("tcp://"):
+            raise BadAddress(
+                f"--join takes the home's tcp endpoint, not {opts.join}", address=opts.join
+            )
+        missing = [
+            flag for flag, v in (("--home-key", opts.home_key), ("--name", opts.name)) if not v
+        ]
+        if missing:
+            raise ConfigError(
+                f"a worker node needs {' and '.join(missing)} with --join",
+                key="join",
+                source="options",
+                reason="worker_options",
+            )
+        check_name(opts.name)
+        if opts.name == HOME_NAME:
+            raise ConfigError(
+                f"a worker cannot be named {HOME_NAME!r}: that is the home's name among "
+                "its members",
+                key="name",
+                source="options",
+                reason="worker_options",
+            )
+    return owner_tcp
+
+
+def listen_endpoints(opts: NodeOptions, state_dir: Path) -> list[str]:
+    """Where the node listens: the state dir's ipc socket (unless turned off), then `listen`."""
+    endpoints = [ipc_endpoint(state_dir)] if opts.ipc else []
+    for endpoint in opts.listen:
+        check_endpoint(endpoint)
+        remote = endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint)
+        if remote and not opts.home:
+            raise BadAddress(
+                f"refusing to listen on {endpoint}: beyond loopback only a home node "
+                "listens (start it with --home; every tcp link is CURVE)",
+                address=endpoint,
+            )
+        endpoints.append(endpoint)
+    if not endpoints:
+        raise BadAddress("the node has no endpoint to listen on", address="")
+    return endpoints
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2])
+
+
+def home_owner_endpoints(listen: str) -> dict[str, str]:
+    """Each home ledger owner's own tcp endpoint: the home's host, its port plus the owner's
+    offset (a fixed port: workers and firewalls must know it)."""
+    host, _, port_text = listen.removeprefix("tcp://").rpartition(":")
+    port = int(port_text) if port_text.isdigit() else 0
+    top = max(HOME_OWNER_PORTS.values())
+    if not 0 < port <= 65535 - top:
+        raise BadAddress(
+            f"a home needs a fixed tcp port (1-{65535 - top}), not {listen}: its ledger "
+            f"owners listen on the next {top} ports",
+            address=listen,
+        )
+    return {name: f"tcp://{host}:{port + step}" for name, step in HOME_OWNER_PORTS.items()}
