@@ -71,9 +71,9 @@ from subagents_node.messages.node import (
 )
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import ListRuns, RunList
-from subagents_node.node import owners, pidfile, roles
+from subagents_node.node import owners, ownerspecs, pidfile, roles
 from subagents_node.node.containment import ContainmentProbe
-from subagents_node.node.curve import CurveGuard, server_keypair
+from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
@@ -246,48 +246,21 @@ class Node:
         self.dispatcher.dispatch(ListRuns(active_only=True, limit=1000), "", counted)
 
     def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
-        peers = {name: self._owner_endpoint(name) for name in OWNER_SOCKETS}
-        peers["node"] = node_address
-        settings = {
-            "runs_dir": str(self.state_dir / "runs"),
-            "node_address": node_address,
-            "runs_address": peers[owners.RUNS],
-            "node_pid": os.getpid(),
-            **self.options.settings,
-            "cgroup_base": self.containment.path,
-        }
-        specs = []
-        secret = server_keypair(self.state_dir).secret if self._owner_tcp else ""
-        for name in owners.NAMES:
-            if name in self.remote_owners:
-                continue  # the home's: this worker's gateway forwards to it
-            own = {**settings, "caps_child_logs": name == owners.RUNS}
-            tcp = self._owner_tcp.get(name, "")
-            specs.append(
-                OwnerSpec(
-                    owner=name,
-                    stem=OWNER_SOCKETS[name].removesuffix(".sock"),
-                    state_dir=self.state_dir,
-                    endpoint=peers[name],
-                    peers=peers,
-                    synchronous=self.options.synchronous,
-                    faults=self.options.faults,
-                    max_frame=self.options.max_frame,
-                    mailbox_limit=self.options.mailbox_limit,
-                    settings=own,
-                    tcp_endpoint=tcp,
-                    server_secret=secret if tcp else "",
-                    initial_peers=self._current_peers if tcp else None,
-                )
-            )
-        return specs
-
-    def _owner_endpoint(self, name: str) -> str:
-        return f"ipc://{self.state_dir / OWNER_SOCKETS[name]}"
+        return ownerspecs.owner_specs(
+            self.options,
+            self.state_dir,
+            node_address,
+            self.containment.path,
+            self.remote_owners,
+            self._owner_tcp,
+            self._current_peers,
+        )
 
     def _start_serving(self, specs: list[OwnerSpec], endpoints: list[str]) -> None:
         # A worker serves its home's owners' sockets itself (its gateway forwards them).
-        proxies = [self._owner_endpoint(name) for name in sorted(self.remote_owners)]
+        proxies = [
+            ownerspecs.owner_endpoint(self.state_dir, name) for name in sorted(self.remote_owners)
+        ]
         for endpoint in [spec.endpoint for spec in specs] + proxies:
             path = ipc_path(endpoint)  # sockets left by a node killed with -9
             if path is not None:
@@ -404,7 +377,7 @@ class Node:
             if target in self.remote_owners:
                 endpoint = self._home_owner_route(target)
             elif target in OWNER_SOCKETS:
-                endpoint = self._owner_endpoint(target)
+                endpoint = ownerspecs.owner_endpoint(self.state_dir, target)
             else:
                 endpoint = self.address
             self._routes[target] = endpoint
