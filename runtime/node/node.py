@@ -46,32 +46,21 @@ from subagents_node.client.paths import (
     resolve_state_dir,
 )
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.base import Ack, Request
+from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
-from subagents_node.messages.constants import version
 from subagents_node.messages.errors import (
     BadAddress,
-    BadRequest,
     ConfigError,
-    MembershipRefused,
     SubagentsError,
 )
-from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
-from subagents_node.messages.keys import KeysList
 from subagents_node.messages.members import HOME_NAME
-from subagents_node.messages.members import REQUESTS as MEMBER_REQUESTS
 from subagents_node.messages.node import (
-    ClusterStatus,
+    ActorStatus,
     ContainmentStatus,
-    NodeStatus,
-    NodeStatusResult,
-    Ping,
-    Pong,
-    Shutdown,
 )
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import ListRuns, RunList
-from subagents_node.node import owners, ownerspecs, pidfile, roles
+from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
@@ -514,65 +503,28 @@ class Node:
             finally:
                 node.stop()
 
-    # -- the node's own protocol --------------------------------------------------------------
+    # -- the node's own protocol (runtime/node/noderequests.py) --------------------------------
 
     def _serve_node(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
-        if not isinstance(request, MEMBER_REQUESTS):
-            reply(self._answer(request))
-        elif self._home is not None:
-            self._home.serve(request, principal, reply)
-        else:
-            reply(
-                MembershipRefused(
-                    f"this node is not a home ({request.type}); start one with "
-                    "`subagents-node start --home --listen tcp://HOST:PORT`",
-                    name="",
-                    reason="not_home",
-                )
-            )
+        noderequests.serve(self, request, principal, reply)
 
-    def _answer(self, request: Request) -> Outcome:
-        uptime = time.time() - self.started_at if self.started_at else 0.0
-        if isinstance(request, Ping):
-            return Pong(node_id=self.node_id, version=version(), pid=os.getpid(), uptime_s=uptime)
-        if isinstance(request, NodeStatus):
-            return NodeStatusResult(
-                node_id=self.node_id,
-                version=version(),
-                pid=os.getpid(),
-                uptime_s=uptime,
-                state_dir=str(self.state_dir),
-                endpoints=self.endpoints,
-                actors=self._owners.status(self.dispatcher.mailbox_limit) if self._owners else [],
-                containment=self.containment,
-                cluster=self._cluster_status(),
-            )
-        if isinstance(request, KEY_REQUESTS) and self._curve is not None:
-            outcome = self._curve.serve(request)
-            if self._home is not None and not isinstance(request, KeysList):
-                self._home.tell_owners()  # the owners' own tcp sockets take the change too
-            return outcome
-        if isinstance(request, Shutdown):
-            # Reply first; the owner of the process (start's main loop) performs the stop.
-            self.request_stop()
-            return Ack()
-        return BadRequest(f"the node does not serve {request.type}", reason="wrong_target")
+    @property
+    def curve(self) -> CurveGuard | None:
+        return self._curve
 
-    def _cluster_status(self) -> ClusterStatus | None:
-        if self._home_link is not None:
-            return self._home_link.status()
-        if self._home is not None and self._curve is not None:
-            return ClusterStatus(
-                role="home",
-                name="home",
-                home=",".join(self._tcp_endpoints()),
-                state="serving",
-                public_key=self._curve.server.public,
-            )
-        return None
+    @property
+    def home_service(self) -> HomeService | None:
+        return self._home
+
+    @property
+    def home_link(self) -> HomeLink | None:
+        return self._home_link
+
+    def owner_statuses(self) -> list[ActorStatus]:
+        return self._owners.status(self.dispatcher.mailbox_limit) if self._owners else []
 
     def _tcp_endpoints(self) -> list[str]:
-        return [e for e in self.endpoints if e.startswith("tcp://")]
+        return noderequests.tcp_endpoints(self.endpoints)
 
     # -- the pid file: which process serves this state dir (runtime/node/pidfile.py) ----------
 
