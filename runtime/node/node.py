@@ -1,10 +1,11 @@
 """Node: the supervisor of the owner processes, and the node's own small service.
 
 Owns the node's lifetime: the state dir, the owner processes (started in order, watched,
-restarted, marked failed: runtime/node/ownersup.py), the address book and the pid file
-(runtime/node/pidfile.py) that tell other processes where each owner listens, the gateway
-(node.* requests, keys, and tcp peers) and the forwarder that carries whatever reaches the
-node's sockets on to the owners.
+restarted, marked failed: runtime/node/ownersup.py, with the specs of runtime/node/ownerspecs.py),
+the address book and the pid file (runtime/node/pidfile.py) that tell other processes where each
+owner listens, the gateway (node.* requests, answered by runtime/node/noderequests.py, keys, and
+tcp peers) and the forwarder that carries whatever reaches the node's sockets on to the owners,
+and the order in which they start and stop. Its options are checked first (runtime/node/roles.py).
 Each owner is its own process with its own socket and database (DESIGN §1); the node never
 opens an owner's database. Runs in the foreground (`start`), detached (`start --detach`, see
 runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
