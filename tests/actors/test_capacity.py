@@ -765,7 +765,7 @@ def test_section_0_4_every_slot_due_at_once_expires_on_one_tick(tmp_path: Path) 
     try:
         for i in range(50):
             _ask(ref, Acquire(session_id=f"s{i % 5}", limit=10, run_id=f"r{i}", ttl_s=0.3))
-        kept = _ask(ref, Acquire(session_id="s0", limit=11, run_id="kept", ttl_s=0.3))
+        kept = _ask(ref, Acquire(session_id="s0", limit=11, run_id="kept", ttl_s=600))
         assert isinstance(kept, AcquireResult) and kept.handle is not None
         _ask(ref, MarkStarted(handle=kept.handle, runner_id="runner-kept"))
         _wait_for(
@@ -785,13 +785,24 @@ def test_section_0_4_an_unreadable_slot_past_its_deadline_stays_occupied_and_is_
 ) -> None:
     """DESIGN §2: a record that does not parse is never freed by a timer (fail closed); the
     tick quarantines it and arms for nothing, so it does not come round again and again."""
+    ref, timers = _ledger_with_timers(tmp_path)
+    _ask(ref, Acquire(session_id="bad", limit=2, run_id="r", ttl_s=600))
+    ref.stop()
+    timers.stop()
+    # Spoilt while its owner is down, with a deadline just ahead: the next owner arms for it.
+    with sqlite3.connect(tmp_path / "capacity.db") as other:
+        other.execute(
+            "UPDATE capacity_slots SET terminal = 'not json', expires_at = ? WHERE run_id = 'r'",
+            (time.time() + 1.0,),
+        )
     quarantined: list[str] = []
     ref, timers = _ledger_with_timers(tmp_path, quarantined)
     try:
-        _ask(ref, Acquire(session_id="bad", limit=2, run_id="r", ttl_s=0.3))
-        with sqlite3.connect(tmp_path / "capacity.db") as other:
-            other.execute("UPDATE capacity_slots SET terminal = 'not json' WHERE run_id = 'r'")
-        _wait_for(lambda: quarantined == ["bad/0"] and timers.held == 0)
+        assert _ask(ref, Snapshot(session_id="bad", limit=2)).used == 1  # recovered by now
+        assert quarantined == ["bad/0"]  # found by recover()
+        assert timers.held == 2  # armed for its deadline: the heap entry and its live id
+        _wait_for(lambda: timers.held == 0)  # the tick went off and armed nothing again
+        assert quarantined == ["bad/0"]
         assert _ask(ref, Snapshot(session_id="bad", limit=2)).used == 1
         fresh = _ask(ref, Acquire(session_id="good", limit=2, run_id="g", ttl_s=600))
         assert isinstance(fresh, AcquireResult) and fresh.handle is not None
