@@ -31,8 +31,7 @@ from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.keys import AllowedKeys, KeysList
 from subagents_node.messages.node import Shutdown
 from subagents_node.node.node import Node
-from tests.support.fleet import EXAMPLE_AGENTS, NETNS_PORT, Fleet, fleet, isolated, on_hosts
-from tests.support.netns import hosts, skip_unless_netns
+from tests.support.fleet import EXAMPLE_AGENTS, PLACES, Fleet, fleet_on
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.runs import wait_until
 
@@ -44,26 +43,11 @@ SPARE = ("wk", "wf", "w8", "w9", "wd")
 EXAMPLES = str(EXAMPLE_AGENTS)
 
 
-@pytest.fixture(scope="module", params=["loopback", "netns"])
+@pytest.fixture(scope="module", params=PLACES)
 def crew(request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """A home and three workers, on loopback or each in its own network namespace, shared by
     the module's tests (a test that kills or forgets a worker adds its own)."""
-    if request.param == "loopback":
-        with fleet(WORKERS) as started:
-            yield started
-        return
-    skip_unless_netns()
-    with (
-        hosts(["home", *WORKERS, *SPARE]) as fabric,
-        fleet(
-            WORKERS,
-            home_host=fabric.address("home"),
-            place=on_hosts(fabric),
-            port=NETNS_PORT,
-            isolation=isolated(fabric),
-        ) as started,
-    ):
-        started.fabric = fabric
+    with fleet_on(request.param, WORKERS, SPARE) as started:
         yield started
 
 

@@ -26,7 +26,7 @@ from subagents_node.client.client import Client
 from subagents_node.client.keys import CLIENT_KEY, SERVER_KEY, keys_dir, read_keypair
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.members import MemberList, MemberListing, MemberView
-from tests.support.netns import Fabric
+from tests.support.netns import Fabric, hosts, skip_unless_netns
 from tests.support.nodes import REPO, NodeProcess, free_tcp_port, new_state_dir, run_cli
 
 EXAMPLE_AGENTS = REPO / "examples" / "agents"
@@ -202,3 +202,30 @@ def fleet(
         yield crew
     finally:
         crew.close()
+
+
+#: Where a fleet's nodes live: each a process on this host, or each in its own namespaces.
+PLACES = ("loopback", "netns")
+
+
+@contextlib.contextmanager
+def fleet_on(place: str, workers: Sequence[str], spare: Sequence[str] = ()) -> Iterator[Fleet]:
+    """A home and `workers`, on loopback or (`netns`) each on its own host of a fabric that
+    has hosts for the `spare` workers a test adds too; skips, saying why, without namespaces."""
+    if place == "loopback":
+        with fleet(workers) as started:
+            yield started
+        return
+    skip_unless_netns()
+    with (
+        hosts(["home", *workers, *spare]) as fabric,
+        fleet(
+            workers,
+            home_host=fabric.address("home"),
+            place=on_hosts(fabric),
+            port=NETNS_PORT,
+            isolation=isolated(fabric),
+        ) as started,
+    ):
+        started.fabric = fabric
+        yield started
