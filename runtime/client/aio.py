@@ -5,7 +5,8 @@ method performs the same plan as the sync client's method of the same name
 (subagents_node.client.plans), so requests, their validation (a bad argument is `BadRequest`
 before anything is sent) and the meaning of their replies are defined once. Calls from one
 event loop may run concurrently; a cancelled call leaves nothing behind (its late reply is
-dropped, never given to another call).
+dropped, never given to another call). On a home node, `client.on(NAME)` reaches one of its
+workers and `client.hosts` all of them, as with `Client`.
 
     async with subagents_node.AsyncClient(address) as client:
         pong = await client.ping()
@@ -33,6 +34,7 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.node import NodeStatusResult, Pong
 
 if TYPE_CHECKING:
+    from subagents_node.client.aio_hosts import AsyncHosts
     from subagents_node.client.aio_owners import (
         AsyncCapacityAPI,
         AsyncFanoutAPI,
@@ -111,7 +113,28 @@ class AsyncClient:
     async def shutdown(self) -> None:
         await self.perform(shutdown_plan())
 
+    def on(self, host: str) -> AsyncClient:
+        """A client for host `host` of the home node this client talks to (a worker's name, or
+        `home`): the home carries each of its requests to that worker's node and back. Close
+        it on its own. Refused by a node that is not a home, and over tcp (as `Client.on`)."""
+        return AsyncClient._over(self.transport.on_host(host), self.timeout)
+
+    @classmethod
+    def _over(cls, transport: AsyncZmqTransport, timeout: float) -> AsyncClient:
+        client = cls.__new__(cls)
+        client.transport = transport
+        client.timeout = timeout
+        return client
+
+    @cached_property
+    def hosts(self) -> AsyncHosts:
+        from subagents_node.client.aio_hosts import AsyncHosts
+
+        return AsyncHosts(self)
+
     async def aclose(self) -> None:
+        if "hosts" in self.__dict__:
+            await self.hosts.aclose()
         await self.transport.aclose()
 
     async def __aenter__(self) -> AsyncClient:

@@ -1,7 +1,8 @@
 """The asyncio transport: one DEALER (zmq.asyncio) per endpoint and a table of waiting calls.
 
 Owns the sockets (one per owner it talks to, straight to the owner's socket beside a state
-dir's node.sock, as `ZmqTransport` does; else one to the address) and the correlation table
+dir's node.sock, as `ZmqTransport` does; else one to the address, and for a transport `on_host`
+a worker's name, every request to the node's socket, which carries it on) and the correlation table
 `id -> future`. One reader task per socket receives every reply
 and resolves the future filed under the reply's correlation id; a call removes its entry when
 it ends for any reason (answered, timed out, cancelled), so a reply that arrives after its
@@ -44,8 +45,11 @@ from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRu
 class AsyncZmqTransport:
     """Send requests from coroutines of one event loop; many may be outstanding at once."""
 
-    def __init__(self, address: str, sender: str = "") -> None:
+    def __init__(self, address: str, sender: str = "", host: str = "") -> None:
         self.address = check_endpoint(address)
+        #: Multi-host: the worker the home node at `address` carries every request on to
+        #: (`Envelope.host`; sent to the node's own socket, which does the carrying).
+        self.host = host
         self._sender = sender or f"client-{os.getpid()}"
         self._zctx: zmq.asyncio.Context | None = None
         self._socks: dict[str, zmq.asyncio.Socket] = {}
@@ -66,8 +70,14 @@ class AsyncZmqTransport:
         # transport's endpoint_for cache).
         endpoint = self._endpoints.get(target)
         if endpoint is None:
-            endpoint = self._endpoints[target] = endpoint_for(self.address, target)
+            direct = endpoint_for(self.address, target) if not self.host else self.address
+            endpoint = self._endpoints[target] = direct
         return endpoint
+
+    def on_host(self, host: str) -> AsyncZmqTransport:
+        """A transport whose requests the home node at this address carries on to its worker
+        `host` (the node's ipc socket only: a home carries nothing for a tcp peer)."""
+        return AsyncZmqTransport(self.address, sender=self._sender, host=host)
 
     def _socket(self, target: str) -> zmq.asyncio.Socket:
         if self._closed:
@@ -143,6 +153,7 @@ class AsyncZmqTransport:
                 body=request.to_body(),
                 target=target or request.target,
                 sender=self._sender,
+                host=self.host,
             )
             frame = encode_request(env)  # FrameTooLarge before anything is sent
             waiter: asyncio.Future[Envelope] = loop.create_future()

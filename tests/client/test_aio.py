@@ -1,15 +1,24 @@
 """`subagents_node.AsyncClient` against real node processes: concurrency from one event loop,
 cancellation safety (a cancelled call's late reply goes to nobody), the same typed results
-and errors as the sync `Client`, and runs followed without blocking the loop."""
+and errors as the sync `Client`, and runs followed without blocking the loop. Its multi-host
+views (`on`, `hosts`) run against a real home and workers (tests/support/fleet.py), on
+loopback and on one network namespace per node, as the sync client's do."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
 import subagents_node
 from subagents_node import AsyncClient, LaunchContext
+from subagents_node.client.aio_hosts import AsyncHosts
+from subagents_node.client.hosts import HostRuns
 from subagents_node.messages.base import Ack
 from subagents_node.messages.errors import (
     BadRequest,
@@ -17,12 +26,15 @@ from subagents_node.messages.errors import (
     FanoutLimitExceeded,
     NodeNotRunning,
     NodeTimeout,
+    OwnerUnavailable,
     RunNotFound,
 )
 from subagents_node.messages.fanout import FanoutDescriptor
 from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.session import GrantResult
+from tests.support.fleet import PLACES, Fleet, fleet_on
 from tests.support.nodes import REPO, NodeProcess
+from tests.support.runs import wait_until
 
 AGENTS = REPO / "examples" / "agents"
 
@@ -210,3 +222,148 @@ def test_r_spn_6_a_confirmed_grant_is_two_requests_through_the_same_plan(
 
     asyncio.run(go())
     assert node.client().session.snapshot("g").limit == 6  # the sync client sees the same
+
+
+# -- multi-host: on() and hosts -------------------------------------------------------------------
+
+WORKERS = ("w1", "w2")
+#: Workers a test stops or silences (it adds them itself).
+SPARE = ("wd", "ws", "wt")
+
+
+@pytest.fixture(scope="module", params=PLACES)
+def crew(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """A home and two workers, on loopback or each in its own network namespace."""
+    with fleet_on(request.param, WORKERS, SPARE) as started:
+        yield started
+
+
+def _up(crew: Fleet, *names: str) -> None:
+    wait_until(lambda: all(crew.nodes()[n].state == "up" for n in names), what=f"{names} up")
+
+
+def _parts(parts: list[HostRuns]) -> dict[str, HostRuns]:
+    return {part.host: part for part in parts}
+
+
+@pytest.mark.slow
+def test_a_run_placed_with_on_a_worker_is_listed_and_found_by_hosts_labelled_with_that_host(
+    crew: Fleet,
+) -> None:
+    session = f"aio-mh-{uuid.uuid4().hex[:8]}"
+    ctx = LaunchContext.from_environment(cwd=REPO, agents_dirs=[AGENTS], session_id=session)
+    launch = ctx.single("sleeper", "seconds=30", background=True, timeout_ms=None)
+    _up(crew, *WORKERS)
+
+    async def go() -> list[HostRuns]:
+        async with AsyncClient(crew.home.address, timeout=20) as client:
+            async with client.on("w2") as w2:
+                placed = await w2.runs.launch(launch)
+            # The worker itself holds it: the home carried the launch there.
+            assert crew.client(crew.workers["w2"]).runs.show(placed.run_id).state == "running"
+
+            listing = await client.hosts.listing()
+            assert listing is not None and {"home", *WORKERS} <= {n.name for n in listing.nodes}
+            parts = _parts(await client.hosts.runs(session))
+            assert [(r.run_id, r.host) for r in parts["w2"].runs] == [(placed.run_id, "w2")]
+            assert parts["w1"].runs == [] and parts["home"].runs == []
+            assert all(part.error == "" for part in parts.values() if part.host in WORKERS)
+
+            found_on, found = await client.hosts.find(placed.run_id[:12])
+            assert (found.run_id, found.host) == (placed.run_id, "w2")
+            assert found_on is client.hosts.on("w2")  # the client to act on it with
+            stopped = await found_on.runs.stop(placed.run_id)
+            assert stopped.run_id == placed.run_id
+            with pytest.raises(RunNotFound, match="no run 'no-such-run' on any host of this home"):
+                await client.hosts.find("no-such-run")
+            return await client.hosts.runs(session)
+
+    listed = asyncio.run(go())
+    synced = crew.client(crew.home).hosts.runs(session)  # the sync client's view is the same
+    assert [(p.host, [r.run_id for r in p.runs]) for p in synced] == [
+        (p.host, [r.run_id for r in p.runs]) for p in listed
+    ]
+
+
+@pytest.mark.slow
+def test_workers_that_do_not_answer_are_reported_after_one_per_host_timeout_asked_at_once(
+    crew: Fleet,
+) -> None:
+    """Two workers silenced (SIGSTOP: the home still lists them `up` until their heartbeats
+    are missed) are asked concurrently: the view answers after about one per-host timeout,
+    not two, each reported with why, and the workers that answer are listed."""
+    silent = [crew.workers.get(n) or crew.add_worker(n) for n in ("ws", "wt")]
+    _up(crew, *WORKERS, "ws", "wt")
+    timeout_s = 1.0
+
+    async def go() -> tuple[float, dict[str, HostRuns], str]:
+        async with AsyncClient(crew.home.address, timeout=20) as client:
+            hosts = AsyncHosts(client, timeout_s=timeout_s)
+            try:
+                for node in silent:
+                    os.kill(node.pid, signal.SIGSTOP)
+                began = time.monotonic()
+                parts = _parts(await hosts.runs())
+                elapsed = time.monotonic() - began
+                with pytest.raises(RunNotFound) as missing:
+                    await hosts.find("no-such-run")
+            finally:
+                for node in silent:
+                    os.kill(node.pid, signal.SIGCONT)
+                await hosts.aclose()
+            return elapsed, parts, missing.value.message
+
+    elapsed, parts, missing = asyncio.run(go())
+    for name in ("ws", "wt"):
+        assert parts[name].runs == [] and parts[name].error, parts[name]
+        assert name in missing
+    assert all(parts[name].error == "" for name in WORKERS)
+    assert elapsed < 2 * timeout_s, elapsed  # asked at once, each bounded by its own timeout
+
+
+@pytest.mark.slow
+def test_a_worker_that_is_down_is_reported_by_hosts_and_refused_at_once_through_on(
+    crew: Fleet,
+) -> None:
+    down = crew.workers.get("wd") or crew.add_worker("wd")
+    _up(crew, "wd")
+    code, _, err = crew.cli(down, "stop")
+    assert code == 0, err
+    wait_until(lambda: crew.nodes()["wd"].state == "unreachable", what="wd unreachable")
+
+    async def go() -> None:
+        async with AsyncClient(crew.home.address, timeout=20) as client:
+            parts = _parts(await client.hosts.runs())
+            assert parts["wd"] == HostRuns("wd", "unreachable", [], "unreachable: not asked")
+            with pytest.raises(RunNotFound) as missing:
+                await client.hosts.find("no-such-run")
+            assert "wd (unreachable)" in missing.value.details["hosts"]
+            began = time.monotonic()
+            async with client.on("wd") as wd:
+                with pytest.raises(OwnerUnavailable) as refused:
+                    await wd.ping()
+            assert refused.value.details["reason"] == "host_unreachable"
+            assert time.monotonic() - began < 5.0  # at once, not after a timeout
+
+    asyncio.run(go())
+
+
+def test_on_from_a_node_that_is_no_home_is_refused_with_bad_request_not_home_as_sync(
+    node: NodeProcess,
+) -> None:
+    async def go() -> None:
+        async with AsyncClient(node.address) as client:
+            async with client.on("w2") as elsewhere:
+                with pytest.raises(BadRequest) as refused:
+                    await elsewhere.runs.list(limit=1)
+            assert refused.value.details["reason"] == "not_home"
+            # Its views are the node's own: one host, named "".
+            assert await client.hosts.listing() is None
+            assert [(p.host, p.state, p.error) for p in await client.hosts.runs()] == [
+                ("", "up", "")
+            ]
+
+    asyncio.run(go())
+    with node.client() as sync, sync.on("w2") as elsewhere, pytest.raises(BadRequest) as refused:
+        elsewhere.runs.list(limit=1)
+    assert refused.value.details["reason"] == "not_home"
