@@ -46,6 +46,7 @@ from subagents_node.actors.runs import (
     children,
     management,
     pauses,
+    runrequests,
     runstore,
     steps,
 )
@@ -76,10 +77,7 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportTerminal, SlotHandle
 from subagents_node.messages.errors import (
     BadRequest,
-    IntercomOff,
     RecordQuarantined,
-    RunIdAmbiguous,
-    RunNotFound,
     SubagentsError,
 )
 from subagents_node.messages.fanout import (
@@ -95,14 +93,12 @@ from subagents_node.messages.supervisor import (
     Approve,
     ChainStep,
     Intercom,
-    IntercomMessage,
     Launch,
     ListRuns,
     Pause,
     Reject,
     Rerun,
     Resume,
-    RunList,
     RunView,
     Show,
     Snapshots,
@@ -180,13 +176,13 @@ class RunSupervisor(OwnerActor):
             Launch: self._launch_request,
             Watch: self._watch,
             WatchAll: self._watch_all,
-            Show: self._show,
-            ListRuns: self._list,
-            Stop: self._stop_run,
+            Show: partial(runrequests.show, self),
+            ListRuns: partial(runrequests.list_runs, self),
+            Stop: partial(runrequests.stop, self),
             Resume: self._resume,
             Rerun: self._rerun,
             Append: self._append,
-            Intercom: self._intercom,
+            Intercom: partial(runrequests.intercom, self),
             Pause: partial(pauses.pause, self),
             Approve: partial(pauses.approve, self),
             Reject: partial(pauses.reject, self),
@@ -257,7 +253,7 @@ class RunSupervisor(OwnerActor):
             # through the outbox: a commit lost to a restarting fan-out owner is sent again.
             management.mark_committing(self.db, run_id, seq)
             self._outbox.put(CommitReservation(reservation_id=reservation), run_id)
-        unreadable = {self._quarantine(err) for err in runstore.unreadable(self.db)}
+        unreadable = {self.quarantine_unreadable(err) for err in runstore.unreadable(self.db)}
         for run_id in runstore.unsettled_runs(self.db):
             if run_id in unreadable:  # a run that cannot be read is listed, not recovered
                 continue
@@ -280,7 +276,7 @@ class RunSupervisor(OwnerActor):
         self._retention.arm(self.db)
         self.keeper.flush()  # the adopted shims (recovery is not a commit group's message)
 
-    def _quarantine(self, err: RecordQuarantined) -> str:
+    def quarantine_unreadable(self, err: RecordQuarantined) -> str:
         """Report a run or child row that cannot be read; the run id it belongs to."""
         table, key = str(err.details["table"]), str(err.details["key"])
         self.quarantine(table, key, str(err.details["reason"]))
@@ -295,7 +291,7 @@ class RunSupervisor(OwnerActor):
                 return handler(request)
             except RecordQuarantined as err:
                 if err.details.get("owner") == self.name:
-                    self._quarantine(err)
+                    self.quarantine_unreadable(err)
                 raise
 
         return guarded
@@ -307,7 +303,7 @@ class RunSupervisor(OwnerActor):
             runstore.view(self.db, run_id)  # every field of the run and its children parses
             live, row = adopt_from_store(self.db, run_id)
         except RecordQuarantined as err:
-            self._quarantine(err)
+            self.quarantine_unreadable(err)
             return
         except (ValueError, TypeError) as exc:  # its capacity handle does not parse
             self.quarantine(runstore.RUNS, run_id, reason_of(exc))
@@ -325,10 +321,13 @@ class RunSupervisor(OwnerActor):
     # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.
 
     def resolve(self, run_id: str) -> str:
-        return self._resolve(run_id)
+        return runrequests.resolve(self.db, run_id)
 
     def live_run(self, run_id: str) -> LiveRun | None:
         return self._live.get(run_id)
+
+    def live_runs(self) -> list[LiveRun]:
+        return list(self._live.values())
 
     def relaunch(
         self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
@@ -388,11 +387,11 @@ class RunSupervisor(OwnerActor):
         self._settler.finish(live)
 
     def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
-        self._stop_live(live, state, reason)
+        runrequests.stop_live(self, live, state, reason)
 
     def _append(self, request: Append) -> Message:
         """R-APP-1..4: queue steps on a running background chain, claims and record together."""
-        run_id = self._resolve(request.run_id)
+        run_id = self.resolve(request.run_id)
         row = runstore.run_row(self.db, run_id)
         assert row is not None and self.current_reply is not None
         live = self._live.get(run_id)
@@ -430,17 +429,6 @@ class RunSupervisor(OwnerActor):
         self.after_commit(lambda: advance(run_id))
         return live.pending_appends
 
-    def _intercom(self, request: Intercom) -> Message:
-        """R-ICB: a child's message to its run; refused when the run has intercom off."""
-        run_id = self._resolve(request.run_id)
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None
-        if row["intercom"] == "off":
-            raise IntercomOff(f"Intercom is off for run {run_id}.", run_id=run_id)
-        now = self.ctx.clock()
-        self._event(run_id, "intercom", {"child": request.child_id or None, "text": request.text})
-        return IntercomMessage(run_id=run_id, child_id=request.child_id, text=request.text, ts=now)
-
     def check_workflow_child(self, launch: Launch) -> None:
         """AdmissionHost, R-FAN-24: only the live workflow's own host may pass its fields."""
         management.check_workflow_child(self.db, launch)
@@ -460,7 +448,7 @@ class RunSupervisor(OwnerActor):
             case LaunchKey(run_id=run_id):
                 live_run = self._live.get(run_id)
                 if live_run is not None and live_run.stop_state is None:
-                    self._stop_live(live_run, "failed", reason)
+                    self.stop_live(live_run, "failed", reason)
 
     def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
         """A callback (run on another thread) that delivers the tick `make` builds to us."""
@@ -519,7 +507,7 @@ class RunSupervisor(OwnerActor):
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is not None and live.stop_state is None and live.deadline_ms:
-                    self._stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
+                    self.stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
             case WatchTimeout(key=watch_key, watcher_id=watcher_id):
                 self._watchers.expired(self.db, watch_key, watcher_id)
             case RetentionDue():
@@ -558,7 +546,7 @@ class RunSupervisor(OwnerActor):
 
     def _watch(self, request: Watch) -> Message:
         assert self.current_reply is not None
-        run_id = self._resolve(request.run_id)
+        run_id = self.resolve(request.run_id)
         answer = self._watchers.watch(self.db, run_id, request, self.current_reply)
         return answer if answer is not None else DEFERRED
 
@@ -584,53 +572,3 @@ class RunSupervisor(OwnerActor):
             self.db, cutoff, self._live.__contains__, request.dry_run
         )
         return PruneResult(pruned=pruned, cutoff=cutoff, dry_run=request.dry_run, more=more)
-
-    # -- queries and stop ---------------------------------------------------------------------
-
-    def _resolve(self, run_id: str) -> str:
-        try:
-            found = runstore.resolve_run_id(self.db, run_id)
-        except LookupError:
-            raise RunIdAmbiguous(
-                f"Run id prefix '{run_id}' is ambiguous; give more characters.", run_id=run_id
-            ) from None
-        if found is None:
-            raise RunNotFound(f"Run not found: {run_id}", run_id=run_id)
-        return found
-
-    def _show(self, request: Show) -> Message:
-        view = runstore.view(self.db, self._resolve(request.run_id))
-        assert view is not None
-        return view
-
-    def _list(self, request: ListRuns) -> Message:
-        ids = runstore.list_runs(
-            self.db, request.session_id, request.active_only, request.limit, request.root_run_id
-        )
-        return RunList(runs=runstore.readable_views(self.db, ids, self._quarantine))
-
-    def _stop_run(self, request: Stop) -> Message:
-        run_id = self._resolve(request.run_id)
-        live = self._live.get(run_id)
-        if live is not None and live.stop_state is None:
-            self._stop_live(live, "stopped", "Stopped by request.")
-        elif live is None and checkpoints.parked(self.db, run_id):
-            pauses.end_parked(self, run_id, "stopped", "Stopped by request.")
-        view = runstore.view(self.db, run_id)
-        assert view is not None
-        return view
-
-    def _stop_live(self, live: LiveRun, state: str, reason: str) -> None:
-        live.stop_state = state
-        live.error = live.error or (reason if state == "failed" else "")
-        live.queue.clear()
-        self._event(live.run_id, "run.stopping", {"reason": reason})
-        for child_id in list(live.running):
-            grace = self.keeper.stop(self.db, child_id, "stopped", reason)
-            if grace is not None:  # its shim is dead: the keeper TERMed what it left
-                self.after(grace, KillEscaped(child_id))
-        # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
-        for other in list(self._live.values()):
-            if other.parent_run_id == live.run_id and other.stop_state is None:
-                self._stop_live(other, "stopped", reason)
-        self.advance(live)

@@ -1,0 +1,119 @@
+"""The requests that read or stop one run: `runs.show`, `runs.list`, `runs.stop`, `runs.intercom`.
+
+Owns how a request names a run (`resolve`: a unique prefix of its id; ambiguous or unknown ids
+are refused), the views these requests answer with (a run whose record cannot be read is left
+out of `runs.list` and reported through the host's quarantine), a child's intercom message
+(R-ICB: an event of its run, refused when the run has intercom off) and how a live run stops
+(`stop_live`: by request, at its deadline, after a failed launch, or with the run that launched
+it, R-WF-10). Functions over a RequestHost, as runs/pauses.py's are. It never kills a process
+(the keeper tells each child's shim to end its tree), never settles a run (stopping only ends
+its children; the host's `advance` settles it once none runs) and never blocks on another owner.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Protocol
+
+from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.owner import Cancel, Tick
+from subagents_node.actors.runs import checkpoints, pauses, runstore
+from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.actors.runs.ticks import KillEscaped
+from subagents_node.messages.base import Message
+from subagents_node.messages.errors import (
+    IntercomOff,
+    RecordQuarantined,
+    RunIdAmbiguous,
+    RunNotFound,
+)
+from subagents_node.messages.supervisor import (
+    Intercom,
+    IntercomMessage,
+    ListRuns,
+    RunList,
+    Show,
+    Stop,
+)
+
+
+class RequestHost(pauses.PauseHost, Protocol):
+    """What these requests need from the RunSupervisor, beyond the PauseHost's."""
+
+    @property
+    def keeper(self) -> ChildKeeper: ...
+
+    def after(self, delay_s: float, tick: Tick) -> Cancel: ...
+
+    def live_runs(self) -> list[LiveRun]:
+        """The live runs of this node, as they are now."""
+
+    def quarantine_unreadable(self, err: RecordQuarantined) -> str:
+        """Report a run or child row that cannot be read; the run id it belongs to."""
+
+
+def resolve(db: sqlite3.Connection, run_id: str) -> str:
+    """The id of the one run whose id starts with `run_id`."""
+    try:
+        found = runstore.resolve_run_id(db, run_id)
+    except LookupError:
+        raise RunIdAmbiguous(
+            f"Run id prefix '{run_id}' is ambiguous; give more characters.", run_id=run_id
+        ) from None
+    if found is None:
+        raise RunNotFound(f"Run not found: {run_id}", run_id=run_id)
+    return found
+
+
+def show(host: RequestHost, request: Show) -> Message:
+    view = runstore.view(host.db, host.resolve(request.run_id))
+    assert view is not None
+    return view
+
+
+def list_runs(host: RequestHost, request: ListRuns) -> Message:
+    ids = runstore.list_runs(
+        host.db, request.session_id, request.active_only, request.limit, request.root_run_id
+    )
+    return RunList(runs=runstore.readable_views(host.db, ids, host.quarantine_unreadable))
+
+
+def stop(host: RequestHost, request: Stop) -> Message:
+    run_id = host.resolve(request.run_id)
+    live = host.live_run(run_id)
+    if live is not None and live.stop_state is None:
+        stop_live(host, live, "stopped", "Stopped by request.")
+    elif live is None and checkpoints.parked(host.db, run_id):
+        pauses.end_parked(host, run_id, "stopped", "Stopped by request.")
+    view = runstore.view(host.db, run_id)
+    assert view is not None
+    return view
+
+
+def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None:
+    """Stop a live run's children and what it launched; it settles `state` once none runs."""
+    live.stop_state = state
+    live.error = live.error or (reason if state == "failed" else "")
+    live.queue.clear()
+    host.record_event(live.run_id, "run.stopping", {"reason": reason})
+    for child_id in list(live.running):
+        grace = host.keeper.stop(host.db, child_id, "stopped", reason)
+        if grace is not None:  # its shim is dead: the keeper TERMed what it left
+            host.after(grace, KillEscaped(child_id))
+    # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
+    for other in host.live_runs():
+        if other.parent_run_id == live.run_id and other.stop_state is None:
+            stop_live(host, other, "stopped", reason)
+    host.advance(live)
+
+
+def intercom(host: RequestHost, request: Intercom) -> Message:
+    """R-ICB: a child's message to its run; refused when the run has intercom off."""
+    run_id = host.resolve(request.run_id)
+    row = runstore.run_row(host.db, run_id)
+    assert row is not None
+    if row["intercom"] == "off":
+        raise IntercomOff(f"Intercom is off for run {run_id}.", run_id=run_id)
+    now = host.clock()
+    host.record_event(run_id, "intercom", {"child": request.child_id or None, "text": request.text})
+    return IntercomMessage(run_id=run_id, child_id=request.child_id, text=request.text, ts=now)
