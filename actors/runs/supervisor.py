@@ -25,7 +25,6 @@ adopted after a restart, so its slot and claims stay held; every other run keeps
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import signal
@@ -51,6 +50,7 @@ from subagents_node.actors.runs import (
     steps,
 )
 from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.eventlog import RunEventLog
 from subagents_node.actors.runs.launches import RunLaunches
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store
 from subagents_node.actors.runs.outbox import Outbox
@@ -136,20 +136,20 @@ class RunSupervisor(OwnerActor):
             self._delivered,
         )
         self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
-        #: Each run's events of this commit group, as `events.jsonl` lines (before_flush).
-        self._event_lines: dict[str, list[str]] = {}
         self._watchers = RunWatchers(
             self.after,
             self.reply_later,
             int(ctx.settings.get("max_watchers", DEFAULT_MAX_WATCHERS)),
         )
+        #: Run events: stored at once, appended to `events.jsonl` once per group (before_flush).
+        self._events = RunEventLog(lambda: self.db, ctx.clock, self.run_dir, self._watchers.touched)
         self._retention = RunRetention(
             lambda: self._runs_root,
             float(ctx.settings.get("run_retention_days", 0.0)) * 86_400,
             self.after,
             self.after_commit,
             ctx.clock,
-            self._announce_pruned,
+            self._events.announce_pruned,
         )
         self._settler = RunSettler(self, self._live, self._retention)
         self._launches = RunLaunches(self, self._live, self._pipelines)
@@ -168,7 +168,7 @@ class RunSupervisor(OwnerActor):
         """Stopping with the node leaves children running under their shims (the next node
         adopts them); the template and the shim watch stop with us."""
         self.keeper.close()
-        self._write_event_lines()
+        self._events.write_lines()
         super().on_stop()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
@@ -315,7 +315,7 @@ class RunSupervisor(OwnerActor):
             remaining = max(0.0, row["deadline_at"] - self.ctx.clock())
             live.cancel_deadline = self.after(remaining, RunDeadline(run_id))
         checkpoints.adopt_pausing(self.db, live)
-        self._event(run_id, "run.recovered", {"running": len(live.running)})
+        self.record_event(run_id, "run.recovered", {"running": len(live.running)})
 
     # -- pauses and checkpoints: R-RUN-2's requests are in runs/pauses.py ---------------------
     # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.
@@ -372,7 +372,7 @@ class RunSupervisor(OwnerActor):
         self._outbox.put(report, report.run_id)
 
     def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
-        self._event(run_id, kind, data)
+        self._events.record(run_id, kind, data)
 
     def call(self, key: CallKey, request: Request | Durable) -> None:
         """A request to another owner whose answer comes back as an `Answer` tick with `key`.
@@ -423,7 +423,7 @@ class RunSupervisor(OwnerActor):
         """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
         live = self._live[run_id]
         management.extend_chain(self.db, live, steps)
-        self._event(run_id, "chain.append", {"steps": len(steps)})
+        self.record_event(run_id, "chain.append", {"steps": len(steps)})
         # Start the new steps (if the chain was idle) once this transaction has committed.
         advance = self.to_self(Advance)
         self.after_commit(lambda: advance(run_id))
@@ -515,29 +515,13 @@ class RunSupervisor(OwnerActor):
 
     # -- events and watchers ------------------------------------------------------------------
 
-    def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
-        now = self.ctx.clock()
-        runstore.append_event(self.db, run_id, now, kind, data)
-        line = json.dumps({"ts": now, "runId": run_id, "type": kind, **data})
-        self._event_lines.setdefault(run_id, []).append(line)
-        self._watchers.touched(run_id)
-
     def before_flush(self) -> None:
         """Answer the watchers of every run that had events, append each run's events to its
         `events.jsonl` (one open per run per group, not one per event), and hand the shims to
         watch to the watch thread, once per commit group."""
         self._watchers.answer_touched(self.db)
-        self._write_event_lines()
+        self._events.write_lines()
         self.keeper.flush()
-
-    def _write_event_lines(self) -> None:
-        lines, self._event_lines = self._event_lines, {}
-        for run_id, texts in lines.items():
-            try:
-                with open(self.run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
-                    fh.write("\n".join(texts) + "\n")
-            except OSError:
-                pass  # the events log is for people; the store has the events
 
     def _watch_all(self, request: WatchAll) -> Message:
         assert self.current_reply is not None
@@ -551,13 +535,6 @@ class RunSupervisor(OwnerActor):
         return answer if answer is not None else DEFERRED
 
     # -- retention ----------------------------------------------------------------------------
-
-    def _announce_pruned(self, run_ids: list[str]) -> None:
-        """One fleet event per pass (run id ''): the previous one goes, so they never pile up."""
-        self.db.execute("DELETE FROM run_events WHERE run_id = '' AND kind = 'runs.pruned'")
-        data: dict[str, Any] = {"run_ids": " ".join(run_ids), "count": len(run_ids)}
-        runstore.append_event(self.db, "", self.ctx.clock(), "runs.pruned", data)
-        self._watchers.touched("")
 
     def _prune(self, request: Prune) -> Message:
         """runs.prune: finished runs past the cutoff (actors/runs/retention.py)."""
