@@ -35,13 +35,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec
 
-from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
 from subagents_node.actors.pipelines import Durable, Pipelines
-from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
-    checkpoints,
     children,
     management,
     pauses,
@@ -52,8 +49,9 @@ from subagents_node.actors.runs import (
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.eventlog import RunEventLog
 from subagents_node.actors.runs.launches import RunLaunches
-from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store
+from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.outbox import Outbox
+from subagents_node.actors.runs.restart import RunRestart
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.settle import RunSettler
 from subagents_node.actors.runs.ticks import (
@@ -153,7 +151,7 @@ class RunSupervisor(OwnerActor):
         )
         self._settler = RunSettler(self, self._live, self._retention)
         self._launches = RunLaunches(self, self._live, self._pipelines)
-        self._recovered = False
+        self._restart = RunRestart(self, self._live, self._outbox, self._launches, self._retention)
         self.keeper = ChildKeeper(
             # Shims report to this owner's own socket (its process's ROUTER), not the node's.
             str(ctx.settings.get("runs_address") or ctx.settings.get("node_address", "")),
@@ -231,50 +229,8 @@ class RunSupervisor(OwnerActor):
     # -- start and recovery -------------------------------------------------------------------
 
     def recover(self) -> None:
-        """After a node restart: settle or keep watching the runs the store says are going.
-
-        Runs only once per node process: an in-place restart after a crash keeps the live runs
-        (their shims report to this actor whatever happens to it). Every start, in place or
-        not, sends the outbox again: an in-place restart may have undone a commit whose
-        effects were to send its next rows.
-        """
-        if self._recovered:
-            self._outbox.resend_all()
-            return
-        self._recovered = True
-        # One transaction (on_start commits it): a run that recovery settles and the reports
-        # it then owes become durable together, as they do when a request settles a run.
-        self.db.execute("BEGIN IMMEDIATE")
-        self._outbox.resend_all()  # sent after that commit, oldest first, ahead of new rows
-        # PRAGMA synchronous: 2 is FULL (power-loss safe), so the exit records are synced too.
-        self.keeper.sync_records = int(self.db.execute("PRAGMA synchronous").fetchone()[0]) >= 2
-        for run_id, seq, reservation in management.uncommitted_appends(self.db):
-            # R-APP-4 after a crash: the record is durable, so its claims must be too. Owed
-            # through the outbox: a commit lost to a restarting fan-out owner is sent again.
-            management.mark_committing(self.db, run_id, seq)
-            self._outbox.put(CommitReservation(reservation_id=reservation), run_id)
-        unreadable = {self.quarantine_unreadable(err) for err in runstore.unreadable(self.db)}
-        for run_id in runstore.unsettled_runs(self.db):
-            if run_id in unreadable:  # a run that cannot be read is listed, not recovered
-                continue
-            if checkpoints.parked(self.db, run_id):
-                pauses.recover_parked(self, run_id)  # it holds no process (R-RUN-2)
-            else:
-                self._adopt_run(run_id)
-        for child_id, reason in child_rows.unreadable(self.db):
-            self.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
-        for event in self.keeper.recover(self.db, self.ctx.clock()):
-            children.apply_event(self, event)
-        for live in list(self._live.values()):
-            if live.stop_state == "paused":  # its pause was asked for before the crash
-                for child_id in list(live.running):
-                    self.keeper.stop(self.db, child_id, "stopped", "Paused by request.")
-        for run_id in list(self._live):
-            self._launches.stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
-            if run_id in self._live:
-                self.advance(self._live[run_id])
-        self._retention.arm(self.db)
-        self.keeper.flush()  # the adopted shims (recovery is not a commit group's message)
+        """Adopt the runs the store says are going, once per node process (runs/restart.py)."""
+        self._restart.recover()
 
     def quarantine_unreadable(self, err: RecordQuarantined) -> str:
         """Report a run or child row that cannot be read; the run id it belongs to."""
@@ -295,27 +251,6 @@ class RunSupervisor(OwnerActor):
                 raise
 
         return guarded
-
-    def _adopt_run(self, run_id: str) -> None:
-        """Keep watching a run the store says is going; one whose record does not parse is
-        quarantined instead (its slot and claims stay held: fail closed)."""
-        try:
-            runstore.view(self.db, run_id)  # every field of the run and its children parses
-            live, row = adopt_from_store(self.db, run_id)
-        except RecordQuarantined as err:
-            self.quarantine_unreadable(err)
-            return
-        except (ValueError, TypeError) as exc:  # its capacity handle does not parse
-            self.quarantine(runstore.RUNS, run_id, reason_of(exc))
-            return
-        self._live[run_id] = live
-        if row["deadline_at"] is not None and row["started_at"] is not None:
-            # The run's own deadline outlives the node that set it; it may have passed already.
-            live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
-            remaining = max(0.0, row["deadline_at"] - self.ctx.clock())
-            live.cancel_deadline = self.after(remaining, RunDeadline(run_id))
-        checkpoints.adopt_pausing(self.db, live)
-        self.record_event(run_id, "run.recovered", {"running": len(live.running)})
 
     # -- pauses and checkpoints: R-RUN-2's requests are in runs/pauses.py ---------------------
     # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.

@@ -1,0 +1,131 @@
+"""RunRestart: what the RunSupervisor does each time it starts, after a node restart or in place.
+
+Owns the order of recovery, in one transaction (the host's on_start commits it, so a run that
+recovery settles and the reports it then owes become durable together): the outbox sent again
+ahead of new rows; the appends whose record is durable but whose claims were never committed
+owed again (R-APP-4); run and child rows that cannot be read quarantined and never adopted, so
+their slot and claims stay held (DESIGN §2); runs that hold no process left to pauses.py; every
+other unsettled run adopted from the store (its deadline re-armed: it outlives the node that
+set it); the shims' exit records applied; the children of runs paused before the crash
+stopped; superseded runs stopped (R-MISC-2); each adopted run advanced; retention re-armed.
+Adopting runs happens once per node process: an in-place restart after a crash keeps the live
+runs (their shims report to the actor whatever happens to it) and only sends the outbox again.
+It never kills a process (the keeper tells each shim), never adopts a row it cannot read, and
+never sends what the runs owe itself (the outbox does, once the transaction has committed).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from subagents_node.actors.child import rows as child_rows
+from subagents_node.actors.owner import Cancel, Tick
+from subagents_node.actors.quarantine import reason_of
+from subagents_node.actors.runs import checkpoints, children, management, pauses, runstore
+from subagents_node.actors.runs.launches import RunLaunches
+from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store
+from subagents_node.actors.runs.outbox import Outbox
+from subagents_node.actors.runs.retention import RunRetention
+from subagents_node.actors.runs.ticks import RunDeadline
+from subagents_node.messages.errors import RecordQuarantined
+from subagents_node.messages.fanout import CommitReservation
+from subagents_node.messages.node import QuarantinedRecord
+
+
+class RestartHost(children.ChildHost, pauses.PauseHost, Protocol):
+    """What recovery needs from the RunSupervisor, beyond the child and pause hosts'."""
+
+    def after(self, delay_s: float, tick: Tick) -> Cancel: ...
+
+    def quarantine(self, table: str, key: str, reason: str) -> QuarantinedRecord: ...
+
+    def quarantine_unreadable(self, err: RecordQuarantined) -> str:
+        """Report a run or child row that cannot be read; the run id it belongs to."""
+
+
+class RunRestart:
+    """Recovers the host's runs into `live` (the host's own map of its live runs)."""
+
+    def __init__(
+        self,
+        host: RestartHost,
+        live: dict[str, LiveRun],
+        outbox: Outbox,
+        launches: RunLaunches,
+        retention: RunRetention,
+    ) -> None:
+        self._host = host
+        self._live = live
+        self._outbox = outbox
+        self._launches = launches
+        self._retention = retention
+        self._recovered = False
+
+    def recover(self) -> None:
+        """After a node restart: settle or keep watching the runs the store says are going.
+
+        Runs only once per node process: an in-place restart after a crash keeps the live runs
+        (their shims report to this actor whatever happens to it). Every start, in place or
+        not, sends the outbox again: an in-place restart may have undone a commit whose
+        effects were to send its next rows.
+        """
+        if self._recovered:
+            self._outbox.resend_all()
+            return
+        self._recovered = True
+        host, db = self._host, self._host.db
+        # One transaction (on_start commits it): a run that recovery settles and the reports
+        # it then owes become durable together, as they do when a request settles a run.
+        db.execute("BEGIN IMMEDIATE")
+        self._outbox.resend_all()  # sent after that commit, oldest first, ahead of new rows
+        # PRAGMA synchronous: 2 is FULL (power-loss safe), so the exit records are synced too.
+        host.keeper.sync_records = int(db.execute("PRAGMA synchronous").fetchone()[0]) >= 2
+        for run_id, seq, reservation in management.uncommitted_appends(db):
+            # R-APP-4 after a crash: the record is durable, so its claims must be too. Owed
+            # through the outbox: a commit lost to a restarting fan-out owner is sent again.
+            management.mark_committing(db, run_id, seq)
+            self._outbox.put(CommitReservation(reservation_id=reservation), run_id)
+        unreadable = {host.quarantine_unreadable(err) for err in runstore.unreadable(db)}
+        for run_id in runstore.unsettled_runs(db):
+            if run_id in unreadable:  # a run that cannot be read is listed, not recovered
+                continue
+            if checkpoints.parked(db, run_id):
+                pauses.recover_parked(host, run_id)  # it holds no process (R-RUN-2)
+            else:
+                self._adopt_run(run_id)
+        for child_id, reason in child_rows.unreadable(db):
+            host.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
+        for event in host.keeper.recover(db, host.clock()):
+            children.apply_event(host, event)
+        for live in list(self._live.values()):
+            if live.stop_state == "paused":  # its pause was asked for before the crash
+                for child_id in list(live.running):
+                    host.keeper.stop(db, child_id, "stopped", "Paused by request.")
+        for run_id in list(self._live):
+            self._launches.stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
+            if run_id in self._live:
+                host.advance(self._live[run_id])
+        self._retention.arm(db)
+        host.keeper.flush()  # the adopted shims (recovery is not a commit group's message)
+
+    def _adopt_run(self, run_id: str) -> None:
+        """Keep watching a run the store says is going; one whose record does not parse is
+        quarantined instead (its slot and claims stay held: fail closed)."""
+        host = self._host
+        try:
+            runstore.view(host.db, run_id)  # every field of the run and its children parses
+            live, row = adopt_from_store(host.db, run_id)
+        except RecordQuarantined as err:
+            host.quarantine_unreadable(err)
+            return
+        except (ValueError, TypeError) as exc:  # its capacity handle does not parse
+            host.quarantine(runstore.RUNS, run_id, reason_of(exc))
+            return
+        self._live[run_id] = live
+        if row["deadline_at"] is not None and row["started_at"] is not None:
+            # The run's own deadline outlives the node that set it; it may have passed already.
+            live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
+            remaining = max(0.0, row["deadline_at"] - host.clock())
+            live.cancel_deadline = host.after(remaining, RunDeadline(run_id))
+        checkpoints.adopt_pausing(host.db, live)
+        host.record_event(run_id, "run.recovered", {"running": len(live.running)})
