@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import signal
-import uuid
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from functools import partial
@@ -47,6 +46,7 @@ from subagents_node.actors.runs import (
     steps,
 )
 from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.appends import RunAppends
 from subagents_node.actors.runs.eventlog import RunEventLog
 from subagents_node.actors.runs.launches import RunLaunches
 from subagents_node.actors.runs.liverun import LiveRun
@@ -133,7 +133,7 @@ class RunSupervisor(OwnerActor):
             self.quarantine,
             self._delivered,
         )
-        self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
+        self._appends = RunAppends(self, self._live, self._pipelines)
         self._watchers = RunWatchers(
             self.after,
             self.reply_later,
@@ -324,45 +324,15 @@ class RunSupervisor(OwnerActor):
     def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
         runrequests.stop_live(self, live, state, reason)
 
+    # Bound in OwnerActor.__init__, before `_appends` exists: it delegates.
     def _append(self, request: Append) -> Message:
-        """R-APP-1..4: queue steps on a running background chain, claims and record together."""
-        run_id = self.resolve(request.run_id)
-        row = runstore.run_row(self.db, run_id)
-        assert row is not None and self.current_reply is not None
-        live = self._live.get(run_id)
-        descriptor = management.check_appendable(row, live)
-        assert live is not None
-        paths = management.append_paths(len(live.groups) + live.pending_steps, request.steps)
-        live.pending_appends += 1
-        live.pending_steps += len(request.steps)
-        key = AppendKey(run_id, uuid.uuid4().hex[:8])
-        count = len(request.steps)
-
-        def pending_after() -> int:
-            self._appending.pop(key, None)
-            live.pending_appends -= 1
-            live.pending_steps -= count
-            return live.pending_appends
-
-        pipeline = management.append_pipeline(
-            self, run_id, descriptor, list(request.steps), paths, pending_after
-        )
-        self._appending[key] = (live, count)
-        self._pipelines.start(key, pipeline, self.current_reply)
-        return DEFERRED  # type: ignore[no-any-return]
+        return self._appends.append(request)
 
     def clock(self) -> float:
         return self.ctx.clock()
 
     def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
-        """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
-        live = self._live[run_id]
-        management.extend_chain(self.db, live, steps)
-        self.record_event(run_id, "chain.append", {"steps": len(steps)})
-        # Start the new steps (if the chain was idle) once this transaction has committed.
-        advance = self.to_self(Advance)
-        self.after_commit(lambda: advance(run_id))
-        return live.pending_appends
+        return self._appends.extend_chain(run_id, steps)
 
     def check_workflow_child(self, launch: Launch) -> None:
         """AdmissionHost, R-FAN-24: only the live workflow's own host may pass its fields."""
@@ -374,12 +344,7 @@ class RunSupervisor(OwnerActor):
         on unaccounted (R-ADM-5): the run's children are stopped and the run fails."""
         match key:
             case AppendKey():
-                entry = self._appending.pop(key, None)
-                if entry is not None:
-                    live, steps = entry
-                    live.pending_appends -= 1
-                    live.pending_steps -= steps
-                    self.advance(live)
+                self._appends.failed(key)
             case LaunchKey(run_id=run_id):
                 live_run = self._live.get(run_id)
                 if live_run is not None and live_run.stop_state is None:

@@ -1,0 +1,104 @@
+"""RunAppends: how the RunSupervisor appends steps to a running background chain (`runs.append`).
+
+Owns the appends in flight: each request's pipeline started (management.py has its steps and
+rules: the paths it claims, R-APP-4's claims and record committed together), the chain's
+pending counts held while it runs (R-APP-1: a chain with an append pending does not settle), the
+committed steps made the chain's last groups (R-APP-6 order) and started once that has
+committed, and a failed append's counts given back. It never blocks on another owner (the
+pipeline's calls come back as `Answer` ticks) and never starts a step before the transaction
+that appended it commits. What a restarted node owes for an append is runs/restart.py's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol
+
+from subagents_node.actors.owner import DEFERRED, ReplyFn, Tick
+from subagents_node.actors.pipelines import Pipelines
+from subagents_node.actors.runs import management, runstore
+from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.actors.runs.ticks import Advance, AppendKey, CallKey
+from subagents_node.messages.base import Message
+from subagents_node.messages.supervisor import Append, ChainStep
+
+P = ParamSpec("P")
+
+
+class AppendsHost(management.AppendHost, Protocol):
+    """What appending needs from the RunSupervisor, beyond the append pipeline's host."""
+
+    @property
+    def current_reply(self) -> ReplyFn | None:
+        """The reply of the request being handled."""
+
+    def resolve(self, run_id: str) -> str: ...
+
+    def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None: ...
+
+    def advance(self, live: LiveRun) -> None: ...
+
+    def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
+        """A callback (run on another thread) that delivers the tick `make` builds to us."""
+
+
+class RunAppends:
+    """Appends to the host's live chains (`live`, the host's own map of its live runs)."""
+
+    def __init__(
+        self, host: AppendsHost, live: dict[str, LiveRun], pipelines: Pipelines[CallKey]
+    ) -> None:
+        self._host = host
+        self._live = live
+        self._pipelines = pipelines
+        #: The appends in flight: the chain each holds open and how many steps it adds.
+        self._appending: dict[AppendKey, tuple[LiveRun, int]] = {}
+
+    def append(self, request: Append) -> Message:
+        """R-APP-1..4: queue steps on a running background chain, claims and record together."""
+        host = self._host
+        run_id = host.resolve(request.run_id)
+        row = runstore.run_row(host.db, run_id)
+        assert row is not None and host.current_reply is not None
+        live = self._live.get(run_id)
+        descriptor = management.check_appendable(row, live)
+        assert live is not None
+        paths = management.append_paths(len(live.groups) + live.pending_steps, request.steps)
+        live.pending_appends += 1
+        live.pending_steps += len(request.steps)
+        key = AppendKey(run_id, uuid.uuid4().hex[:8])
+        count = len(request.steps)
+
+        def pending_after() -> int:
+            self._appending.pop(key, None)
+            live.pending_appends -= 1
+            live.pending_steps -= count
+            return live.pending_appends
+
+        pipeline = management.append_pipeline(
+            host, run_id, descriptor, list(request.steps), paths, pending_after
+        )
+        self._appending[key] = (live, count)
+        self._pipelines.start(key, pipeline, host.current_reply)
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
+        """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
+        host = self._host
+        live = self._live[run_id]
+        management.extend_chain(host.db, live, steps)
+        host.record_event(run_id, "chain.append", {"steps": len(steps)})
+        # Start the new steps (if the chain was idle) once this transaction has committed.
+        advance = host.to_self(Advance)
+        host.after_commit(lambda: advance(run_id))
+        return live.pending_appends
+
+    def failed(self, key: AppendKey) -> None:
+        """The append's pipeline ended with an error: it no longer holds its chain open."""
+        entry = self._appending.pop(key, None)
+        if entry is not None:
+            live, steps = entry
+            live.pending_appends -= 1
+            live.pending_steps -= steps
+            self._host.advance(live)
