@@ -10,7 +10,8 @@ a directory without a record, never a record without its files.
 The node applies `run_retention_days` by itself with one timer message (`RetentionDue`) armed
 at the moment the oldest finished run passes its retention, re-armed after each pass and when
 a run ends; there is no polling loop. A pass that finds the oldest run blocked (a sub-run still
-going) re-arms no sooner than `RECHECK_S` later.
+going) re-arms no sooner than `RECHECK_S` later. `runs.prune` (`prune_request`) prunes on demand:
+past the request's own age, or the configured one (refused when retention is off).
 
 It never removes a path outside the runs root and never follows a symlink out of it.
 """
@@ -24,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subagents_node.actors.owner import Cancel, Tick
-from subagents_node.messages.retention import MAX_PRUNED_PER_REQUEST
+from subagents_node.messages.errors import BadRequest
+from subagents_node.messages.retention import MAX_PRUNED_PER_REQUEST, Prune, PruneResult
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,20 @@ class RunRetention:
         self._announce(ids)
         log.info("pruned %d finished runs that ended before %.0f", len(ids), cutoff)
         return ids, more
+
+    def prune_request(
+        self, db: sqlite3.Connection, request: Prune, is_live: Callable[[str], bool]
+    ) -> PruneResult:
+        """runs.prune: finished runs past the cutoff."""
+        age = self.retention_s if request.older_than_s is None else request.older_than_s
+        if request.older_than_s is None and age <= 0:
+            raise BadRequest(
+                "run retention is off (run_retention_days = 0): give an age to prune",
+                reason="retention_off",
+            )
+        cutoff = self._clock() - age
+        pruned, more = self.prune(db, cutoff, is_live, request.dry_run)
+        return PruneResult(pruned=pruned, cutoff=cutoff, dry_run=request.dry_run, more=more)
 
     def _remove_dirs(self, directories: list[Path]) -> None:
         root = self._runs_root().resolve()

@@ -74,7 +74,6 @@ from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatcher
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportTerminal, SlotHandle
 from subagents_node.messages.errors import (
-    BadRequest,
     RecordQuarantined,
     SubagentsError,
 )
@@ -83,7 +82,7 @@ from subagents_node.messages.fanout import (
     FanoutDescriptor,
     FanoutSnapshot,
 )
-from subagents_node.messages.retention import Prune, PruneResult
+from subagents_node.messages.retention import Prune
 from subagents_node.messages.runs import ChildReport
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
@@ -436,16 +435,7 @@ class RunSupervisor(OwnerActor):
 
     # -- retention ----------------------------------------------------------------------------
 
+    # Bound in OwnerActor.__init__, before `_retention` exists: it delegates.
     def _prune(self, request: Prune) -> Message:
         """runs.prune: finished runs past the cutoff (actors/runs/retention.py)."""
-        age = self._retention.retention_s if request.older_than_s is None else request.older_than_s
-        if request.older_than_s is None and age <= 0:
-            raise BadRequest(
-                "run retention is off (run_retention_days = 0): give an age to prune",
-                reason="retention_off",
-            )
-        cutoff = self.ctx.clock() - age
-        pruned, more = self._retention.prune(
-            self.db, cutoff, self._live.__contains__, request.dry_run
-        )
-        return PruneResult(pruned=pruned, cutoff=cutoff, dry_run=request.dry_run, more=more)
+        return self._retention.prune_request(self.db, request, self._live.__contains__)
