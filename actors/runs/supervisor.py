@@ -12,6 +12,13 @@ report, the session's view) is owed through the outbox (`run_outbox`, runs/outbo
 with the change that owes it, sent once that has committed, in order, until answered, so a
 ledger owner that is restarting or unreachable when a run ends hears of it when it is back.
 
+The moves are in modules that take this actor as their host, each saying what it owns: the
+way into a run (admission.py, launches.py), its children (children.py), dynamic steps and
+pauses (steps.py, pauses.py), its end (settle.py), chain appends (appends.py), the requests
+that read or stop a run (runrequests.py), run events (eventlog.py) and recovery (restart.py).
+This module holds what they share (the live runs, the pipelines, the outbox, the keeper),
+binds each request to its handler and routes each tick; it never takes back a move they own.
+
 Children run under child shims (actors/child/: one small process per child, its parent and
 subreaper, which outlives the node); this actor is the only writer of their rows (the
 `children` family, through `ChildKeeper`) and learns their lives from the shims' reports
@@ -37,14 +44,7 @@ from typing import Any, ParamSpec
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
 from subagents_node.actors.pipelines import Durable, Pipelines
-from subagents_node.actors.runs import (
-    children,
-    management,
-    pauses,
-    runrequests,
-    runstore,
-    steps,
-)
+from subagents_node.actors.runs import children, management, pauses, runrequests, runstore, steps
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.appends import RunAppends
 from subagents_node.actors.runs.eventlog import RunEventLog
@@ -73,15 +73,8 @@ from subagents_node.actors.runs.ticks import (
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportTerminal, SlotHandle
-from subagents_node.messages.errors import (
-    RecordQuarantined,
-    SubagentsError,
-)
-from subagents_node.messages.fanout import (
-    CommitReservation,
-    FanoutDescriptor,
-    FanoutSnapshot,
-)
+from subagents_node.messages.errors import RecordQuarantined, SubagentsError
+from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
 from subagents_node.messages.retention import Prune
 from subagents_node.messages.runs import ChildReport
 from subagents_node.messages.session import TrackRun
@@ -169,6 +162,9 @@ class RunSupervisor(OwnerActor):
         super().on_stop()
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
+        # Called by OwnerActor.__init__ before this class's __init__ body runs: a handler is a
+        # method of this actor or a partial over a module's function, never a method of an
+        # object that __init__ creates.
         handlers: dict[type[Request], Callable[[Any], Message]] = {
             Launch: self._launch_request,
             Watch: self._watch,
@@ -225,7 +221,7 @@ class RunSupervisor(OwnerActor):
                     os.kill(node, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    # -- start and recovery -------------------------------------------------------------------
+    # -- start (runs/restart.py) and unreadable records ---------------------------------------
 
     def recover(self) -> None:
         """Adopt the runs the store says are going, once per node process (runs/restart.py)."""
@@ -251,8 +247,9 @@ class RunSupervisor(OwnerActor):
 
         return guarded
 
-    # -- pauses and checkpoints: R-RUN-2's requests are in runs/pauses.py ---------------------
-    # PauseHost (runs/pauses.py) and StepHost (runs/steps.py): what they use of the supervisor.
+    # -- what the helper modules use of the supervisor, as their hosts ------------------------
+    # StepHost (steps.py), PauseHost (pauses.py), ChildHost (children.py), SettleHost (settle.py),
+    # LaunchHost (launches.py), AppendsHost (appends.py), RequestHost (runrequests.py), RestartHost.
 
     def resolve(self, run_id: str) -> str:
         return runrequests.resolve(self.db, run_id)
@@ -323,7 +320,6 @@ class RunSupervisor(OwnerActor):
     def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
         runrequests.stop_live(self, live, state, reason)
 
-    # Bound in OwnerActor.__init__, before `_appends` exists: it delegates.
     def _append(self, request: Append) -> Message:
         return self._appends.append(request)
 
@@ -435,7 +431,6 @@ class RunSupervisor(OwnerActor):
 
     # -- retention ----------------------------------------------------------------------------
 
-    # Bound in OwnerActor.__init__, before `_retention` exists: it delegates.
     def _prune(self, request: Prune) -> Message:
         """runs.prune: finished runs past the cutoff (actors/runs/retention.py)."""
         return self._retention.prune_request(self.db, request, self._live.__contains__)
