@@ -59,6 +59,7 @@ from bench.clientpool import ClientPool, Outcomes, Run
 from bench.common import ClientResult, Measurement, detached_node
 from bench.filelock_ledger import FileLockFanout
 from bench.roundtrip import echo_server, floor_client
+from subagents_node.actors.capacity.ledger import DEFAULT_TTL_S
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.fanout import encode_descriptor
 
@@ -108,6 +109,24 @@ def _scratch() -> Iterator[Path]:
 
 
 # -- the measurements ---------------------------------------------------------------------------
+
+
+def _owner_process(client: Client, name: str) -> psutil.Process:
+    """The process of one of the node's owners (its pid from `status`)."""
+    pid = next((a.pid for a in client.status().actors if a.name == name), None)
+    if pid is None:
+        raise RuntimeError(f"the bench node reports no process for its {name} owner")
+    return psutil.Process(pid)
+
+
+def _rss_mib(proc: psutil.Process) -> float:
+    return float(proc.memory_info().rss) / 2**20
+
+
+def _grants(cycles: list[tuple[str, str, Run]]) -> int:
+    """The capacity grants one row of our cycles made (one per cycle, warm-ups included)."""
+    ours = next(run for _, system, run in cycles if system == "ours")
+    return ours.measurement.requests + WARMUP["ours"] * CYCLE_CLIENTS
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -210,12 +229,17 @@ def _used_cost(
     return by_system
 
 
-def _cycles(pool: ClientPool, node: str, scratch: Path) -> list[tuple[str, str, Run]]:
+def _cycles(
+    pool: ClientPool, node: str, scratch: Path, sample: Callable[[], None]
+) -> list[tuple[str, str, Run]]:
+    """Each session layout's cycles, ours then the file-lock's; `sample()` after each of ours
+    (the capacity owner's RSS)."""
     rows = []
     for label, (session, limit) in SESSIONS.items():
         factory = functools.partial(our_cycles, session, limit)
         count = CYCLE_COUNTS["ours"]
         run = pool.measure("ours", factory, node, CYCLE_CLIENTS, count, WARMUP["ours"])
+        sample()
         rows.append((label, "ours", run))
         root = scratch / f"capacity-{session or 'own'}"
         factory = functools.partial(filelock_cycles, session, limit)
@@ -249,7 +273,13 @@ def main() -> str:
         section_done("throughput")
         used = _used_cost(pool, setup, node, scratch)
         section_done("per-claim cost by used")
-        cycles = _cycles(pool, node, scratch)
+        capacity = _owner_process(setup, "capacity")
+        rss = [_rss_mib(capacity)]
+
+        def sample() -> None:
+            rss.append(_rss_mib(capacity))
+
+        cycles = _cycles(pool, node, scratch, sample)
         section_done("acquire + rollback")
     startup, _, _ = startup_section()
     section_done("cold start and idle memory")
@@ -284,6 +314,11 @@ def main() -> str:
         f"{used_text}\n\n"
         f"### Acquire + rollback at {CYCLE_CLIENTS} client processes\n\n"
         f"{cycles_text}\n\n"
+        "The capacity owner's RSS before the cycles, after our first row, after our second: "
+        f"{' / '.join(f'{one:.1f}' for one in rss)} MiB ({_grants(cycles):,} grants in each "
+        f"row, each with a {DEFAULT_TTL_S:g} s TTL that its rollback ends). The first row "
+        "warms the owner up (its store's page cache, its allocator's arenas); what it kept "
+        "per grant until the TTL ran out would show as growth in the second.\n\n"
         "### Targets\n\n"
         f"{targets(rows, BATCHES, growth, cycle_ratios, our_errors)}\n\n"
         f"{startup}\n" + (f"\nFirst error of ours: `{first_error}`\n" if first_error else "")
