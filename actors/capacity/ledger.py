@@ -22,13 +22,10 @@ What it decides, and from what:
   starts above the freed generation, so a report the lost execution still sends is fenced
   (DESIGN §3) even once the run holds a slot again.
 - An unstarted slot whose TTL passes is rolled back by the owner (§0.4): a fresh slot is freed,
-  a transferred one gets its source record back. One timer is armed, for the earliest stored
-  deadline: when it goes off, every slot due by then is expired (read afresh from the table,
-  so a slot that started or changed hands since is not due) and the timer is re-armed for the
-  next. What the owner keeps for its deadlines is one timer however many acquires it serves
-  (a timer per acquire kept every grant of the last TTL in memory and fired a tick for each,
-  rolled back or not); `recover` re-arms it after a restart, and past deadlines expire at
-  once.
+  a transferred one gets its source record back. One timer, armed for the earliest stored
+  deadline, expires every slot then due (read afresh: a slot started or handed on since is not
+  due) and re-arms for the next, so the owner keeps one timer however many grants it serves;
+  `recover` re-arms it after a restart, and past deadlines expire at once.
 
 A stored slot that does not parse is quarantined (DESIGN §2): `recover` and every read that
 meets it report it (`OwnerActor.quarantine`) instead of failing; it keeps counting as occupied,
