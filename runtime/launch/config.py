@@ -127,7 +127,8 @@ class Settings(BaseModel):
     #: node.log rotates past this size, keeping `node_log_backups` old files.
     node_log_max_bytes: int = Field(10 << 20, strict=True, ge=64 << 10, le=1 << 40)
     node_log_backups: int = Field(3, strict=True, ge=1, le=100)
-    #: Finished runs older than this are pruned by the node (0 = keep them forever).
+    #: Finished runs older than this are pruned by the node, and an idle run tree's fan-out claim
+    #: rows (never its count) are compacted (0 = keep them forever).
     run_retention_days: float = Field(30.0, ge=0, le=36_500)
     #: How a child's process tree is held: `auto` (a cgroup v2 cgroup per child where the node
     #: may create them, else the shim's subreaper alone), `cgroup` (required) or `subreaper`.

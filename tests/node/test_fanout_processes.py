@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from subagents_node.client.paths import owner_db
-from subagents_node.messages.errors import FanoutReservationExpired
+from subagents_node.messages.errors import FanoutLimitExceeded, FanoutReservationExpired
 from subagents_node.messages.fanout import encode_descriptor
 from tests.support.nodes import NodeProcess
+from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -207,3 +208,33 @@ def test_inv_fan_5_acked_claims_survive_kill_9_and_a_pending_reservation_expires
     states = dict(rows(node, "SELECT reservation_id, state FROM fanout_reservations"))
     assert states == {held.reservation_id: "committed", short.reservation_id: "expired"}
     assert rows(node, "PRAGMA integrity_check") == [("ok",)]
+
+
+def test_r_fan_15_the_node_compacts_an_idle_trees_claim_rows_and_keeps_its_count(
+    start_node: Callable[..., NodeProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_retention_days` reaches the fan-out owner process: with a retention of one second,
+    a budget that stops claiming loses its claim rows on the owner's own timer, and its count
+    still refuses what would not have fitted."""
+    monkeypatch.setenv("SUBAGENTS_RUN_RETENTION_DAYS", str(1 / 86_400))
+    node = start_node()
+    with node.client() as client:
+        desc = client.fanout.create("idle-tree", 4)
+        client.fanout.claim(desc, ["a", "b", "c"])
+
+        def compacted() -> bool:
+            return rows(
+                node,
+                "SELECT COUNT(*) FROM fanout_budgets WHERE budget_id = ? "
+                "AND claims_compacted_at IS NOT NULL",
+                desc.budget_id,
+            ) == [(1,)]
+
+        wait_until(compacted, timeout=30, what="the idle budget's claims compacted")
+        assert client.fanout.snapshot(desc).used == 3
+        with pytest.raises(FanoutLimitExceeded):
+            client.fanout.claim(desc, ["d", "e"])
+    stop(node)
+    assert rows(node, "SELECT COUNT(*) FROM fanout_claims WHERE budget_id = ?", desc.budget_id) == [
+        (0,)
+    ]

@@ -1,9 +1,10 @@
 """FanoutBudget: the single owner of every run-tree fan-out budget and its claims (SPEC §5).
 
-Owns the tables `fanout_budgets` (the manifest and its running `used` count),
-`fanout_claims` (one row per claim, permanent unless it belongs to a reservation that ends
-without commit) and `fanout_reservations` (two-phase claims: pending → committed | aborted |
-expired), plus one timer that fires at the earliest pending deadline.
+Owns the tables `fanout_budgets` (the manifest and its running `used` count), `fanout_claims`
+(one row per claim, kept until a reservation that holds it ends without commit or its budget has
+been idle for the retention period: compaction.py) and `fanout_reservations` (two-phase claims:
+pending → committed | aborted | expired), plus one timer that fires at the earliest pending
+deadline and the compaction's own.
 
 Decisions are serialized by the actor (R-FAN-13's budget-wide exclusion, no lock files) and a
 batch is one transaction (no partial claims, §17). The cost of a claim does not grow with the
@@ -17,7 +18,8 @@ its domain, an unknown state) is quarantined (DESIGN §2): `recover()` and every
 it report it, a request that needs it is refused with `RecordQuarantined`, and it is never
 expired or settled, so its claims stay counted (fail closed). Every other budget keeps working.
 
-It must never release a committed or plain claim (R-FAN-15), never let a descriptor's own
+It must never release a committed or plain claim (R-FAN-15: compaction deletes idle claim rows,
+never a count), never let a descriptor's own
 `limit` decide anything (the manifest's does, R-FAN-3), and never touch another owner's tables.
 """
 
@@ -30,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from subagents_node.actors import quarantine
+from subagents_node.actors.fanout import schema
+from subagents_node.actors.fanout.compaction import ClaimCompaction, CompactionDue
 from subagents_node.actors.owner import ActorContext, Cancel, OwnerActor, Tick
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
@@ -59,66 +63,7 @@ from subagents_node.messages.fanout import (
     qualify,
 )
 
-_SCHEMA_V1 = """
-CREATE TABLE fanout_budgets (
-    budget_id   TEXT PRIMARY KEY,
-    root_run_id TEXT NOT NULL,
-    claim_limit INTEGER NOT NULL CHECK (claim_limit > 0),
-    used        INTEGER NOT NULL DEFAULT 0 CHECK (used >= 0 AND used <= claim_limit),
-    next_seq    INTEGER NOT NULL DEFAULT 0,
-    created_at  REAL NOT NULL
-);
-CREATE TABLE fanout_reservations (
-    reservation_id TEXT PRIMARY KEY,
-    budget_id      TEXT NOT NULL REFERENCES fanout_budgets(budget_id),
-    claims         INTEGER NOT NULL CHECK (claims >= 0),
-    state          TEXT NOT NULL
-                   CHECK (state IN ('pending', 'committed', 'aborted', 'expired')),
-    created_at     REAL NOT NULL,
-    expires_at     REAL NOT NULL,
-    settled_at     REAL
-);
-CREATE INDEX fanout_reservations_due ON fanout_reservations(expires_at)
-    WHERE state = 'pending';
-CREATE TABLE fanout_claims (
-    budget_id      TEXT NOT NULL REFERENCES fanout_budgets(budget_id),
-    seq            INTEGER NOT NULL,
-    path           TEXT NOT NULL,
-    claimed_at     REAL NOT NULL,
-    reservation_id TEXT REFERENCES fanout_reservations(reservation_id),
-    PRIMARY KEY (budget_id, seq)
-) WITHOUT ROWID;
-CREATE INDEX fanout_claims_by_reservation ON fanout_claims(reservation_id)
-    WHERE reservation_id IS NOT NULL
-"""
-
-_INSERT_CLAIM = (
-    "INSERT INTO fanout_claims(budget_id, seq, path, claimed_at, reservation_id) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
-
-BUDGETS = "fanout_budgets"
-RESERVATIONS = "fanout_reservations"
-_BUDGET_CHECKS = (
-    quarantine.text("root_run_id"),
-    quarantine.integer("claim_limit", 1, MAX_LIMIT),
-    ("typeof(used) != 'integer' OR used < 0 OR used > claim_limit", "used is not in 0..limit"),
-    quarantine.integer("next_seq", 0),
-)
-_BUDGET_PROBLEM = quarantine.problem(_BUDGET_CHECKS)
-_RESERVATION_CHECKS = (
-    quarantine.text("budget_id"),
-    quarantine.integer("claims", 0, MAX_LIMIT),
-    quarantine.one_of("state", ("pending", "committed", "aborted", "expired")),
-    quarantine.number("expires_at"),
-)
-_RESERVATION_PROBLEM = quarantine.problem(_RESERVATION_CHECKS)
-#: The earliest deadline of a pending reservation that can be read (a broken one never expires).
-_NEXT_DUE = (
-    "SELECT MIN(expires_at) FROM fanout_reservations "
-    f"WHERE state = 'pending' AND {_RESERVATION_PROBLEM} IS NULL"
-)
 
 
 class ReservationsDue(Tick):
@@ -135,13 +80,15 @@ def budget_id_for(root_run_id: str) -> str:
 
 class FanoutBudget(OwnerActor):
     name = "fanout"
-    MIGRATIONS = (_SCHEMA_V1,)
+    MIGRATIONS = schema.MIGRATIONS
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         #: Deadline (wall s) the expiry timer is armed for; never later than any pending one.
         self._armed: float | None = None
         self._cancel_timer: Cancel | None = None
+        retention_days = float(ctx.settings.get("run_retention_days", 0.0))
+        self._compaction = ClaimCompaction(retention_days * 86_400, self.after, ctx.clock)
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
@@ -161,11 +108,13 @@ class FanoutBudget(OwnerActor):
         if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_LIMIT:
             raise FanoutLimitInvalid.of(limit)
         budget_id = budget_id_for(req.root_run_id)
+        now = self.ctx.clock()
         self.db.execute(
             "INSERT INTO fanout_budgets(budget_id, root_run_id, claim_limit, created_at) "
             "VALUES (?, ?, ?, ?)",
-            (budget_id, req.root_run_id, limit, self.ctx.clock()),
+            (budget_id, req.root_run_id, limit, now),
         )
+        self._compaction.budget_created(now)
         return FanoutDescriptor(root_run_id=req.root_run_id, budget_id=budget_id, limit=limit)
 
     def validate(self, req: ValidateDescriptor) -> FanoutDescriptor:
@@ -235,7 +184,10 @@ class FanoutBudget(OwnerActor):
             )
         if state == "pending" and not self._settle(req.reservation_id, "aborted", now):
             raise RecordQuarantined.of(
-                self.name, RESERVATIONS, req.reservation_id, "its claims do not match its record"
+                self.name,
+                schema.RESERVATIONS,
+                req.reservation_id,
+                "its claims do not match its record",
             )
         return self._snapshot_of(budget_id)
 
@@ -244,14 +196,15 @@ class FanoutBudget(OwnerActor):
     def recover(self) -> None:
         self._disarm()
         for table, key, checks in (
-            (BUDGETS, "budget_id", _BUDGET_CHECKS),
-            (RESERVATIONS, "reservation_id", _RESERVATION_CHECKS),
+            (schema.BUDGETS, "budget_id", schema.BUDGET_CHECKS),
+            (schema.RESERVATIONS, "reservation_id", schema.RESERVATION_CHECKS),
         ):
             for name, reason in quarantine.broken_rows(self.db, table, key, checks):
                 self.quarantine(table, name, reason)
-        row = self.db.execute(_NEXT_DUE).fetchone()
+        row = self.db.execute(schema.NEXT_DUE).fetchone()
         if row[0] is not None:
             self._arm(float(row[0]))
+        self._compaction.arm(self.db)
 
     def on_tick(self, tick: Tick) -> None:
         match tick:
@@ -259,12 +212,15 @@ class FanoutBudget(OwnerActor):
                 self._armed = self._cancel_timer = None
                 now = self.ctx.clock()
                 self._expire(now)
-                row = self.db.execute(_NEXT_DUE).fetchone()
+                row = self.db.execute(schema.NEXT_DUE).fetchone()
                 if row[0] is not None:
                     self._arm(float(row[0]))
+            case CompactionDue():
+                self._compaction.due(self.db)
 
     def on_stop(self) -> None:
         self._disarm()
+        self._compaction.stop()
         super().on_stop()
 
     def _arm(self, deadline: float) -> None:
@@ -288,7 +244,7 @@ class FanoutBudget(OwnerActor):
     def _expire(self, now: float) -> None:
         due = self.db.execute(
             "SELECT reservation_id FROM fanout_reservations "
-            f"WHERE state = 'pending' AND expires_at <= ? AND {_RESERVATION_PROBLEM} IS NULL",
+            f"WHERE state = 'pending' AND expires_at <= ? AND {schema.RESERVATION_PROBLEM} IS NULL",
             (now,),
         ).fetchall()
         for (reservation_id,) in due:
@@ -307,7 +263,9 @@ class FanoutBudget(OwnerActor):
         if held != claims:
             # Fail closed: the reservation stays pending and its claims stay counted.
             self.quarantine(
-                RESERVATIONS, reservation_id, f"holds {held} claims, its record says {claims}"
+                schema.RESERVATIONS,
+                reservation_id,
+                f"holds {held} claims, its record says {claims}",
             )
             return False
         self.db.execute("DELETE FROM fanout_claims WHERE reservation_id = ?", (reservation_id,))
@@ -325,14 +283,14 @@ class FanoutBudget(OwnerActor):
     def _manifest(self, descriptor: FanoutDescriptor) -> FanoutSnapshot:
         """R-FAN-3: the budget the descriptor names, if it matches its manifest; its snapshot."""
         row = self.db.execute(
-            f"SELECT root_run_id, claim_limit, used, {_BUDGET_PROBLEM} FROM fanout_budgets "
+            f"SELECT root_run_id, claim_limit, used, {schema.BUDGET_PROBLEM} FROM fanout_budgets "
             "WHERE budget_id = ?",
             (descriptor.budget_id,),
         ).fetchone()
         if row is None:
             raise FanoutBudgetUnavailable.unknown(descriptor.budget_id)
         if row[3] is not None:
-            raise self._refused(BUDGETS, descriptor.budget_id, str(row[3]))
+            raise self._refused(schema.BUDGETS, descriptor.budget_id, str(row[3]))
         root_run_id, limit, used = str(row[0]), int(row[1]), int(row[2])
         mismatched = [
             name
@@ -370,32 +328,42 @@ class FanoutBudget(OwnerActor):
                 )
             )
         budget_id = descriptor.budget_id
-        (first,) = self.db.execute(
+        first, compacted = self.db.execute(
             "UPDATE fanout_budgets SET used = used + ?, next_seq = next_seq + ? "
-            "WHERE budget_id = ? RETURNING next_seq - ?",
+            "WHERE budget_id = ? RETURNING next_seq - ?, claims_compacted_at",
             (n, n, budget_id, n),
         ).fetchone()
         now = self.ctx.clock()
+        if compacted is not None:
+            # A tree that claims again after its claims were compacted: keep its new rows until
+            # it is idle again (a separate write, so the common claim never touches the index
+            # of budgets still to compact).
+            self.db.execute(
+                "UPDATE fanout_budgets SET claims_compacted_at = NULL WHERE budget_id = ?",
+                (budget_id,),
+            )
+            self._compaction.budget_created(now)
         rows = [
             (budget_id, first + i, path, now, reservation_id) for i, path in enumerate(qualified)
         ]
         if n == 1:  # the common claim: execute costs less than executemany for one row
-            self.db.execute(_INSERT_CLAIM, rows[0])
+            self.db.execute(schema.INSERT_CLAIM, rows[0])
         else:
-            self.db.executemany(_INSERT_CLAIM, rows)
+            self.db.executemany(schema.INSERT_CLAIM, rows)
 
     def _snapshot_of(self, budget_id: str) -> FanoutSnapshot:
         used, limit, problem = self.db.execute(
-            f"SELECT used, claim_limit, {_BUDGET_PROBLEM} FROM fanout_budgets WHERE budget_id = ?",
+            f"SELECT used, claim_limit, {schema.BUDGET_PROBLEM} FROM fanout_budgets "
+            "WHERE budget_id = ?",
             (budget_id,),
         ).fetchone()
         if problem is not None:
-            raise self._refused(BUDGETS, budget_id, str(problem))
+            raise self._refused(schema.BUDGETS, budget_id, str(problem))
         return FanoutSnapshot.of(int(used), int(limit))
 
     def _reservation(self, reservation_id: str) -> tuple[str, str]:
         row: sqlite3.Row | None = self.db.execute(
-            f"SELECT budget_id, state, {_RESERVATION_PROBLEM} FROM fanout_reservations "
+            f"SELECT budget_id, state, {schema.RESERVATION_PROBLEM} FROM fanout_reservations "
             "WHERE reservation_id = ?",
             (reservation_id,),
         ).fetchone()
@@ -405,7 +373,7 @@ class FanoutBudget(OwnerActor):
                 reservation_id=reservation_id,
             )
         if row[2] is not None:
-            raise self._refused(RESERVATIONS, reservation_id, str(row[2]))
+            raise self._refused(schema.RESERVATIONS, reservation_id, str(row[2]))
         return str(row[0]), str(row[1])
 
     def _refused(self, table: str, key: str, reason: str) -> RecordQuarantined:
