@@ -23,18 +23,17 @@ import zmq
 import zmq.asyncio
 
 from subagents_node.client.paths import check_endpoint, ipc_path
+from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.client.transport import (
     DEALER_OPTIONS,
     PEER_CHECK_S,
     PeerFile,
-    check_reachable,
     curve_client,
     default_credentials,
     endpoint_for,
     no_keys,
     outcome_of,
     reply_envelope,
-    why_silent,
 )
 from subagents_node.messages.base import Message, Request, resendable
 from subagents_node.messages.codec import encode_request

@@ -39,13 +39,12 @@ import zmq
 from subagents_node.client.keys import ClientCredentials, client_credentials
 from subagents_node.client.paths import (
     OWNER_SOCKETS,
-    PID_NAME,
     SOCKET_NAME,
     check_endpoint,
     default_state_dir,
     ipc_path,
-    read_pid_file,
 )
+from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.messages.base import Message, Request, parse_result, resendable
 from subagents_node.messages.codec import decode, encode_request
 from subagents_node.messages.constants import ENV_CLIENT_KEY, ENV_SERVER_KEY
@@ -79,42 +78,6 @@ DEALER_OPTIONS: tuple[tuple[int, int], ...] = (
     (zmq.RECONNECT_IVL, 50),
     (zmq.RECONNECT_IVL_MAX, 1000),
 )
-
-
-def _stale(path: Path) -> bool:
-    """A socket left behind by a node killed with -9: its pid record names a dead process."""
-    return (path.parent / PID_NAME).exists() and read_pid_file(path.parent) is None
-
-
-def why_silent(address: str) -> str:
-    """Why a node did not answer, when that can be told (for a timeout's message)."""
-    path = ipc_path(address)
-    if path is not None and (not path.exists() or _stale(path)):
-        return "its node is not running any more"
-    return "is it running?"
-
-
-def check_reachable(address: str, stale: bool = False) -> None:
-    """For ipc: raise NodeNotRunning when no socket is there, or (`stale`) its node is gone.
-
-    Checked when a channel is first opened and when a request is sent, never per reply: a node
-    killed with -9 leaves its socket file behind.
-    """
-    path = ipc_path(address)
-    if path is None:
-        return
-    if not path.exists():
-        raise NodeNotRunning(
-            f"no node is running at {address} (socket {path} does not exist); "
-            "start one with `subagents-node start`",
-            address=address,
-        )
-    if stale and _stale(path):
-        raise NodeNotRunning(
-            f"no node is running at {address}: the node that served it is gone "
-            "(stale socket); start one with `subagents-node start`",
-            address=address,
-        )
 
 
 #: How long a reply may be late before the transport looks whether its owner restarted.

@@ -1,0 +1,54 @@
+"""Whether a node is there to answer, told from its files (ipc only).
+
+Owns the two questions a client asks before and after talking to a node over ipc: is there a
+socket to connect to, and is the node that bound it still alive (a node killed with -9 leaves
+its socket file behind; its pid record then names a dead process). A tcp address cannot be
+checked this way and always passes.
+
+It must never open a socket or talk to a node: it only looks at files, so every transport
+(sync and async) can ask it at no more than a stat or two. Like the rest of the client, it
+never imports the node or the actors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from subagents_node.client.paths import PID_NAME, ipc_path, read_pid_file
+from subagents_node.messages.errors import NodeNotRunning
+
+
+def _stale(path: Path) -> bool:
+    """A socket left behind by a node killed with -9: its pid record names a dead process."""
+    return (path.parent / PID_NAME).exists() and read_pid_file(path.parent) is None
+
+
+def why_silent(address: str) -> str:
+    """Why a node did not answer, when that can be told (for a timeout's message)."""
+    path = ipc_path(address)
+    if path is not None and (not path.exists() or _stale(path)):
+        return "its node is not running any more"
+    return "is it running?"
+
+
+def check_reachable(address: str, stale: bool = False) -> None:
+    """For ipc: raise NodeNotRunning when no socket is there, or (`stale`) its node is gone.
+
+    Checked when a channel is first opened and when a request is sent, never per reply: a node
+    killed with -9 leaves its socket file behind.
+    """
+    path = ipc_path(address)
+    if path is None:
+        return
+    if not path.exists():
+        raise NodeNotRunning(
+            f"no node is running at {address} (socket {path} does not exist); "
+            "start one with `subagents-node start`",
+            address=address,
+        )
+    if stale and _stale(path):
+        raise NodeNotRunning(
+            f"no node is running at {address}: the node that served it is gone "
+            "(stale socket); start one with `subagents-node start`",
+            address=address,
+        )
