@@ -22,16 +22,14 @@ import os
 import zmq
 import zmq.asyncio
 
+from subagents_node.client.curve import curve_client, default_credentials, no_keys
 from subagents_node.client.paths import check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.client.transport import (
     DEALER_OPTIONS,
     PEER_CHECK_S,
     PeerFile,
-    curve_client,
-    default_credentials,
     endpoint_for,
-    no_keys,
     outcome_of,
     reply_envelope,
 )

@@ -32,22 +32,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import zmq
 
-from subagents_node.client.keys import ClientCredentials, client_credentials
-from subagents_node.client.paths import (
-    OWNER_SOCKETS,
-    SOCKET_NAME,
-    check_endpoint,
-    default_state_dir,
-    ipc_path,
+from subagents_node.client.curve import (
+    HANDSHAKE_REFUSED,
+    curve_client,
+    default_credentials,
+    no_keys,
 )
+from subagents_node.client.keys import ClientCredentials
+from subagents_node.client.paths import OWNER_SOCKETS, SOCKET_NAME, check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.messages.base import Message, Request, parse_result, resendable
 from subagents_node.messages.codec import decode, encode_request
-from subagents_node.messages.constants import ENV_CLIENT_KEY, ENV_SERVER_KEY
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
     BadAddress,
@@ -60,14 +59,6 @@ from subagents_node.messages.errors import (
 
 #: Replies may be larger than requests (status listings); the node caps what it sends.
 MAX_REPLY = 64 << 20
-#: Handshake events that mean the node will not talk to this key (or to no key at all).
-_REFUSED = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
-
-
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: pyzmq's enum costs a Python call per use
 
 #: Every client DEALER's options: no linger on close, deep queues, quick reconnects.
@@ -297,7 +288,7 @@ class _Channel:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if int(event["event"]) & _REFUSED:
+            if int(event["event"]) & HANDSHAKE_REFUSED:
                 raise NotAuthenticated(
                     f"the node at {self.address} refused this client's CURVE key (not on its "
                     "allow-list, revoked, or the wrong server key); ask its owner to run "
@@ -405,7 +396,7 @@ class ZmqTransport:
             try:
                 if self.address.startswith("tcp://"):
                     curve_client(sock, self._credentials or default_credentials(self._state_dir))
-                    monitor = sock.get_monitor_socket(_REFUSED)
+                    monitor = sock.get_monitor_socket(HANDSHAKE_REFUSED)
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
@@ -465,29 +456,3 @@ class ZmqTransport:
             channel.sock.close(linger=0)
         if self._own_context:
             self._zctx.term()
-
-
-def curve_client(sock: zmq.Socket[Any], creds: ClientCredentials) -> None:
-    """Make `sock` (before it connects) a CURVE client with these keys (DESIGN §3)."""
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.client.public.encode("ascii"))
-    sock.setsockopt(zmq.CURVE_SECRETKEY, creds.client.secret.encode("ascii"))
-    sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public.encode("ascii"))
-
-
-def no_keys(address: str, err: KeyFileInvalid) -> NotAuthenticated:
-    return NotAuthenticated(
-        f"a tcp node needs CURVE keys: {err.message}; or give the server's public key "
-        f"in ${ENV_SERVER_KEY} and your key file in ${ENV_CLIENT_KEY}",
-        address=address,
-        reason="no_keys",
-    )
-
-
-def default_credentials(state_dir: Path | None = None) -> ClientCredentials:
-    """A tcp client's keys: $SUBAGENTS_CLIENT_KEY (a key file) and $SUBAGENTS_SERVER_KEY (z85)
-    when set, else the state dir's `client.key` and `server.key` (`keys generate` makes both)."""
-    return client_credentials(
-        state_dir or default_state_dir(),
-        server_key=os.environ.get(ENV_SERVER_KEY, "").strip() or None,
-        client_file=os.environ.get(ENV_CLIENT_KEY, "").strip() or None,
-    )
