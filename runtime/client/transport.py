@@ -142,12 +142,6 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _raise_or_return(outcome: Message | SubagentsError) -> Message:
-    if isinstance(outcome, SubagentsError):
-        raise outcome
-    return outcome
-
-
 class PendingReply:
     """A request on the wire. Resolve it with `result()` on the thread that submitted it.
 
