@@ -22,17 +22,17 @@ import os
 import zmq
 import zmq.asyncio
 
-from subagents_node.client.curve import curve_client, default_credentials, no_keys
-from subagents_node.client.paths import check_endpoint, ipc_path
-from subagents_node.client.reachability import check_reachable, why_silent
-from subagents_node.client.transport import (
+from subagents_node.client.channel import (
     DEALER_OPTIONS,
     PEER_CHECK_S,
     PeerFile,
-    endpoint_for,
     outcome_of,
     reply_envelope,
 )
+from subagents_node.client.curve import curve_client, default_credentials, no_keys
+from subagents_node.client.paths import check_endpoint, ipc_path
+from subagents_node.client.reachability import check_reachable, why_silent
+from subagents_node.client.transport import endpoint_for
 from subagents_node.messages.base import Message, Request, resendable
 from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope

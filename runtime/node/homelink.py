@@ -28,9 +28,10 @@ from collections.abc import Callable
 
 import zmq
 
+from subagents_node.client.channel import DEALER_OPTIONS
 from subagents_node.client.curve import curve_client
 from subagents_node.client.keys import ClientCredentials
-from subagents_node.client.transport import DEALER_OPTIONS, ZmqTransport
+from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode
 from subagents_node.messages.constants import version
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope

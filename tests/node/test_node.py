@@ -16,9 +16,10 @@ import pytest
 
 import subagents_node
 from subagents_node.actors.child import cgroup
+from subagents_node.client.channel import PendingReply
 from subagents_node.client.client import Client
 from subagents_node.client.paths import owner_db, read_pid_file
-from subagents_node.client.transport import PendingReply, ZmqTransport
+from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import (

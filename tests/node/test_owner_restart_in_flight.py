@@ -18,7 +18,7 @@ import time
 import pytest
 
 from subagents_node import AsyncClient
-from subagents_node.client.transport import PEER_CHECK_S
+from subagents_node.client.channel import PEER_CHECK_S
 from subagents_node.messages.base import Ack, resendable
 from subagents_node.messages.capacity import MarkStarted, Snapshot
 from subagents_node.messages.errors import NodeTimeout
