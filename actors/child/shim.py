@@ -18,16 +18,15 @@ so the record is exactly as durable as the row it stands in for). Its life:
 Reports go to the run supervisor over ZeroMQ (ZMTP 3.0 as a DEALER to the supervisor's ROUTER,
 spoken by actors/child/zmtp.py over one plain socket: no libzmq context, no thread; type
 `child.report`), carry a sequence number and every fact known so far, and are resent with
-backoff until acknowledged; the newest supersedes an unacknowledged one (a child that ends at
-once costs one report, not two). With the node gone the shim keeps its child running and keeps
+backoff until acknowledged. With the node gone the shim keeps its child running and keeps
 trying, and a new node adopts it by acknowledging. One thread; signals arrive through a
 wake-up pipe polled beside the socket (and the cgroup's events), so nothing polls on a timer.
 
-The records it writes are actors/child/records.py's, the spawn itself actors/child/spawn.py's;
-this module is the shim's life and its report loop. It imports only the standard library and
-msgpack (the template that forks shims must stay small: a shim costs a fork, not an
-interpreter), never logs argv, env or stdin (they may hold
-the task, R-MISC-1), and never decides a run's outcome.
+The records it writes are actors/child/records.py's, the spawn itself actors/child/spawn.py's,
+the delivery of its reports actors/child/reports.py's; this module is the shim's life and its
+loop. It imports only the standard library and msgpack (the template that forks shims must
+stay small: a shim costs a fork, not an interpreter), never logs argv, env or stdin (they may
+hold the task, R-MISC-1), and never decides a run's outcome.
 """
 
 from __future__ import annotations
@@ -49,22 +48,11 @@ import msgpack
 from subagents_node.actors.child import procfs
 from subagents_node.actors.child.cgroup import ChildCgroup
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.reports import MAX_REPORTED_PROCESSES, ReportDelivery
 from subagents_node.actors.child.spawn import spawn_agent, spawn_error
 from subagents_node.actors.child.zmtp import ReportLink
 
-#: The wire names the shim speaks (checked against messages/ by the tests).
-REPORT_TYPE = "child.report"
-SUPERVISOR = "supervisor"
-PROTOCOL_VERSION = 1
-#: Error codes that mean "not taken, try again"; any other answer acknowledges the report.
-RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
-#: As messages/runs.py MAX_REPORTED_PROCESSES (the shim imports nothing of messages/).
-MAX_REPORTED_PROCESSES = 256
 _PR_SET_CHILD_SUBREAPER = 36
-#: A report to a live node is never lost (one connection, in order): a resend is for a node
-#: that died or restarted. Resending sooner only makes a busy node apply it twice.
-_FIRST_RETRY_S = 0.5
-_MAX_RETRY_S = 2.0
 #: After its tree ended the shim keeps nothing alive; its exit record (synced) says all its
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
@@ -97,14 +85,10 @@ class Shim:
         deadline_s = order.get("deadline_s")
         self.deadline = None if deadline_s is None else time.monotonic() + float(deadline_s)
         self.grace_s = float(order.get("grace_s", 2.0))
-        self.seq = 0
-        #: The report waiting for its acknowledgement, as (message id, frame): at most one.
-        self.unacked: list[tuple[str, bytes]] = []
+        self.reports = ReportDelivery()
         #: Sync the exit record (fsync) only when the node's store syncs its commits too
         #: (synchronous=FULL, the opt-in for power loss): a process crash loses neither.
         self.sync = bool(order.get("sync", True))
-        self.retry_at = 0.0
-        self.backoff = _FIRST_RETRY_S
         #: The child's own cgroup (the node's containment is cgroup v2), else None.
         self.cgroup: ChildCgroup | None = None
 
@@ -197,8 +181,8 @@ class Shim:
         if events_fd >= 0:  # each change of cgroup.events (the tree's end) is an event
             poller.register(events_fd, select.POLLPRI)
         sock_fd = -1
-        while not (self.tree_ended and not self.unacked) and not self._given_up():
-            self._send(link)
+        while not (self.tree_ended and not self.reports.unacked) and not self._given_up():
+            self.reports.send_due(link)
             if link.fileno() != sock_fd:  # (re)connected, or the connection dropped
                 if sock_fd >= 0:
                     with contextlib.suppress(KeyError):
@@ -220,7 +204,7 @@ class Shim:
                 poller.unregister(events_fd)
                 events_fd = -1
             if sock_fd >= 0 and sock_fd in events:
-                self._receive(link)
+                self.reports.receive(link)
             self._on_timers()
 
     def _given_up(self) -> bool:
@@ -330,8 +314,8 @@ class Shim:
         due = [t for t in (self.kill_at, self.group_kill_at) if t is not None]
         if self.deadline is not None and self.term_at is None and not self.tree_ended:
             due.append(self.deadline)
-        if self.unacked:
-            due.append(self.retry_at)
+        if (send_at := self.reports.next_send_at()) is not None:
+            due.append(send_at)
         return None if not due else min(due) - now
 
     def _on_timers(self) -> None:
@@ -366,56 +350,7 @@ class Shim:
         )
 
     def _report(self, kind: str) -> None:
-        self.seq += 1
-        body = {
-            **self.facts,
-            "kind": kind,
-            "seq": self.seq,
-            "tree_ended": self.tree_ended,
-            "ended_by": self.ended_by,
-        }
-        mid = os.urandom(12).hex()  # not `random`: its at-fork reseed runs in every shim
-        envelope = {
-            "v": PROTOCOL_VERSION,
-            "id": mid,
-            "corr": None,
-            "sender": f"shim-{os.getpid()}",
-            "target": SUPERVISOR,
-            "type": REPORT_TYPE,
-            "body": body,
-        }
-        # Every report carries every fact known so far, so the newest supersedes any report
-        # not yet acknowledged: a child that ended before its `started` left is one report
-        # (one round trip, one row update), and a new node never sees facts out of order.
-        self.unacked = [(mid, msgpack.packb(envelope, use_bin_type=True))]
-        self.retry_at = 0.0  # send it now
-        self.backoff = _FIRST_RETRY_S
-
-    def _send(self, link: ReportLink) -> None:
-        """Send the unacknowledged report (the newest: it supersedes the others) when its
-        retry is due. No node to talk to: the next try comes after the backoff (a resend on
-        a live connection is for a node that restarted)."""
-        if not self.unacked or time.monotonic() < self.retry_at:
-            return
-        link.send(self.unacked[0][1])
-        self.retry_at = time.monotonic() + self.backoff
-        self.backoff = min(_MAX_RETRY_S, self.backoff * 2)
-
-    def _receive(self, link: ReportLink) -> None:
-        for frame in link.receive():
-            try:
-                reply = msgpack.unpackb(frame, raw=False)
-                corr = reply.get("corr")
-                code = (reply.get("body") or {}).get("code")
-            except Exception:
-                continue  # not an answer we can read: the report is resent
-            if not self.unacked or corr != self.unacked[0][0]:
-                continue  # an answer to a resend we already counted
-            if reply.get("type") == "error" and code in RETRY_CODES:
-                continue
-            self.unacked.pop(0)
-            self.retry_at = 0.0
-            self.backoff = _FIRST_RETRY_S
+        self.reports.post(kind, self.facts, tree_ended=self.tree_ended, ended_by=self.ended_by)
 
 
 @functools.cache  # looked up once, in the template: a shim calls it, it does not make it
@@ -457,8 +392,9 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
             shim._record_exit()
             shim._report("tree_ended")
             link = ReportLink(shim.order["node_address"])
-            shim._send(link)  # no listener: fails, and closes
-            msgpack.unpackb(msgpack.packb({"corr": shim.unacked[0][0], "body": {}}), raw=False)
+            shim.reports.send_due(link)  # no listener: fails, and closes
+            corr = shim.reports.unacked[0][0]
+            msgpack.unpackb(msgpack.packb({"corr": corr, "body": {}}), raw=False)
             procfs.start_time_of(os.getpid())
             procfs.wall_clock(0.0)
     finally:

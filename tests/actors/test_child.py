@@ -26,7 +26,7 @@ import msgpack
 import pytest
 import zmq
 
-from subagents_node.actors.child import procfs, records, shim, shims
+from subagents_node.actors.child import procfs, records, reports, shims
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
 from subagents_node.actors.child.shims import ShimTemplate, signal_shim
 from subagents_node.messages.codec import encode
@@ -163,8 +163,8 @@ def exit_record(spec: ChildSpec) -> dict[str, Any]:
 
 
 def test_the_shim_speaks_the_report_type_and_owner_the_node_routes() -> None:
-    assert ChildReport.model_fields["type"].default == shim.REPORT_TYPE
-    assert ChildReport.target == shim.SUPERVISOR
+    assert ChildReport.model_fields["type"].default == reports.REPORT_TYPE
+    assert ChildReport.target == reports.SUPERVISOR
 
 
 def test_the_shim_template_imports_neither_pydantic_pykka_nor_sqlite() -> None:
