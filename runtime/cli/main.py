@@ -1,10 +1,11 @@
 """The `subagents-node` command line (click): the group and the node commands.
 
-Owns argument parsing and rendering only: every command is a client call (or a node start),
-every user error is a one-line message with a non-zero exit code, never a traceback. Command
-families live beside it (cli/runs.py, cli/ledgers.py, cli/manage.py, cli/workflow.py), each
-listing its commands in `COMMANDS`; `LAZY_COMMANDS` names them here so that a command imports
-only its own family (tests/cli/test_cli_node.py checks the two lists agree).
+Owns argument parsing and rendering only: every command is a client call (or a node start,
+served by cli/serve.py), every user error is a one-line message with a non-zero exit code,
+never a traceback. Command families live beside it (cli/runs.py, cli/ledgers.py,
+cli/manage.py, cli/workflow.py), each listing its commands in `COMMANDS`; `LAZY_COMMANDS`
+names them here so that a command imports only its own family (tests/cli/test_cli_node.py
+checks the two lists agree).
 """
 
 from __future__ import annotations
@@ -13,19 +14,16 @@ import errno
 import functools
 import gc
 import importlib
-import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from subagents_node.cli.common import (
     EXIT_INTERRUPTED,
-    CliError,
     Ctx,
     emit,
     error_line,
@@ -39,12 +37,8 @@ from subagents_node.messages.constants import (
     ENV_NODE,
     ENV_STATE_DIR,
     ENV_TEST_FAULTS,
-    ENV_TEST_KILL_AT,
 )
 from subagents_node.messages.errors import SubagentsError
-
-if TYPE_CHECKING:
-    from subagents_node.launch.config import Configuration
 
 #: command name -> (module, attribute): the families are imported only when their command runs
 #: (or when help lists them), so `--version` and `ping` load none of them.
@@ -169,12 +163,6 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
     ctx.obj = Ctx(state_dir, address, timeout)
 
 
-def _kill_points(faults: bool) -> dict[str, list[str]]:
-    """Tests only: the launch steps at which a node started with faults kills itself."""
-    points = os.environ.get(ENV_TEST_KILL_AT, "") if faults else ""
-    return {"fault_kill_points": [p for p in points.split(",") if p]} if points else {}
-
-
 @cli.command()
 @click.option("--detach", is_flag=True, help="Run in the background; return once it serves.")
 @click.option("--listen", multiple=True, help="Extra endpoint, e.g. tcp://127.0.0.1:7700.")
@@ -240,10 +228,11 @@ def start(
     # The collector stays off while the node loads and forks its owners, as gc.freeze's
     # documentation prescribes for a process that forks: the start-up makes ~200,000 objects
     # that live as long as the node and next to no garbage, and collecting them as they load
-    # cost ~40 ms of every start. The node turns it on once it serves (_serve), each owner
-    # once its own start-up is frozen (runtime/node/ownerproc.py).
+    # cost ~40 ms of every start. The node turns it on once it serves (cli/serve.py), each
+    # owner once its own start-up is frozen (runtime/node/ownerproc.py).
     gc.disable()
     try:
+        from subagents_node.cli.serve import fleet_options, serve, serve_detached
         from subagents_node.launch.config import load_config
         from subagents_node.node import daemon
 
@@ -258,138 +247,22 @@ def start(
             config = load_config()
             for endpoint in listen:
                 check_endpoint(endpoint)
-            fleet = _fleet_options(**fleet_flags)
+            fleet = fleet_options(**fleet_flags)
         except SubagentsError as err:
             daemon.signal_ready(ready_fd, f"error: {err.message}")
             raise
         if detach:
             # Forked, not a fresh interpreter: the node starts from what this process imported
             # already, and this process holds no thread or socket yet (runtime/node/daemon.py).
-            serve = functools.partial(
-                _serve_detached, obj, config, listen, mailbox_limit, faults, verbose, fleet
+            detached = functools.partial(
+                serve_detached, obj, config, listen, mailbox_limit, faults, verbose, fleet
             )
-            record = daemon.fork_detached(obj.state_dir, serve)
+            record = daemon.fork_detached(obj.state_dir, detached)
             click.echo(f"node started (pid {record['pid']}) at {record['address']}")
             return
-        _serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, log_to_file)
+        serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, log_to_file)
     finally:
         gc.enable()  # whatever ended the start: an error, a detached node forked off
-
-
-def _fleet_options(
-    *,
-    home: bool,
-    join: str | None,
-    home_key: str | None,
-    name: str | None,
-    client_key: str | None,
-    heartbeat_s: float,
-    heartbeat_timeout_s: float,
-) -> dict[str, object]:
-    """start's multi-host flags as NodeOptions fields, checked before anything starts."""
-    if home and join:
-        raise click.UsageError("--home and --join exclude each other: a node is one or the other")
-    worker_flags = {"--home-key": home_key, "--name": name, "--client-key": client_key}
-    if not join and any(worker_flags.values()):
-        used = ", ".join(flag for flag, value in worker_flags.items() if value)
-        raise click.UsageError(f"{used} only go with --join")
-    if join and not (home_key and name):
-        raise click.UsageError("--join needs --home-key KEY and --name NAME")
-    if heartbeat_timeout_s <= heartbeat_s:
-        raise click.UsageError("--heartbeat-timeout must be longer than --heartbeat")
-    if join:
-        check_endpoint(join)
-    return {
-        "home": home,
-        "join": join or "",
-        "home_key": home_key or "",
-        "name": name or "",
-        "client_key": client_key or "",
-        "heartbeat_s": heartbeat_s,
-        "heartbeat_timeout_s": heartbeat_timeout_s,
-    }
-
-
-def _serve_detached(
-    obj: Ctx,
-    config: Configuration,
-    listen: tuple[str, ...],
-    mailbox_limit: int,
-    faults: bool,
-    verbose: bool,
-    fleet: dict[str, object],
-    ready_fd: int,
-) -> int:
-    """The detached node's life (`start --detach`, in the forked child): serve, then the exit
-    code, with a failure shown on node.log the way `start` shows it."""
-    try:
-        _serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, True)
-    except SubagentsError as err:
-        failed = CliError(err)
-        failed.show()
-        return failed.exit_code
-    except click.ClickException as err:
-        err.show()
-        return err.exit_code
-    return 0
-
-
-def _serve(
-    obj: Ctx,
-    config: Configuration,
-    listen: tuple[str, ...],
-    mailbox_limit: int,
-    faults: bool,
-    verbose: bool,
-    fleet: dict[str, object],
-    ready_fd: int | None,
-    log_to_file: bool,
-) -> None:
-    """Run a node in this process until it is stopped (`start` in the foreground, or the
-    detached node): ready (or the error) on `ready_fd` once it serves."""
-    from subagents_node.node.containment import ContainmentProbe
-
-    # Started before the node's code loads: the probe waits in the kernel meanwhile.
-    probe = ContainmentProbe(config.settings.containment, str(obj.state_dir.resolve()))
-    from subagents_node.node import daemon
-    from subagents_node.node.node import Node, NodeOptions
-
-    level = logging.DEBUG if verbose else logging.INFO
-    if log_to_file:  # a detached node (start --detach): node.log, rotated by size
-        from subagents_node.client.paths import LOG_NAME
-        from subagents_node.node.nodelog import configure_node_log
-
-        settings = config.settings
-        log_path = obj.state_dir / LOG_NAME
-        configure_node_log(log_path, settings.node_log_max_bytes, settings.node_log_backups, level)
-    else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = NodeOptions(
-        state_dir=obj.state_dir,
-        listen=(*config.settings.listen, *listen),
-        mailbox_limit=mailbox_limit,
-        faults=faults,
-        settings={**config.actor_settings(), **_kill_points(faults)},
-        containment_probe=probe,
-        **fleet,  # type: ignore[arg-type]
-    )
-    node = Node(options)
-    try:
-        node.start()
-    except SubagentsError as err:
-        daemon.signal_ready(ready_fd, f"error: {err.message}")
-        raise
-    gc.enable()  # off since `start` began (see there)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: node.request_stop())
-    daemon.signal_ready(ready_fd, "ready")
-    click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
-    try:
-        node.wait()
-    finally:
-        node.stop()
-    if node.failure:
-        raise click.ClickException(node.failure)
 
 
 @cli.command()

@@ -3,7 +3,7 @@
 Owns the answers to `node.ping`, `node.status` (the node, its owners, its children's
 containment and its place among hosts), the keys requests (`keys.*`, served by the node's
 allow-list: runtime/node/curve.py, after which a home tells its ledger owners) and
-`node.shutdown` (answered first; the stop is the process owner's, runtime/cli/main.py), and
+`node.shutdown` (answered first; the stop is the process owner's, runtime/cli/serve.py), and
 hands a home's membership requests to its HomeService (runtime/node/home.py), refused on a node
 that is not a home. Functions over a NodeHost, as actors/runs/children.py is over its host.
 It never stops the node itself, never touches a socket and never asks an owner.

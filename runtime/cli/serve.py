@@ -1,0 +1,153 @@
+"""How `subagents-node start` runs a node in this process: in the foreground, or detached.
+
+Owns what `start` does once its arguments are parsed: its multi-host flags checked and turned
+into NodeOptions fields (`fleet_options`), the node's logging (stderr, or node.log rotated by
+size when detached), the node built, started and served until SIGTERM or SIGINT (`serve`),
+readiness or the start's error written to the ready pipe, and the detached node's exit code
+(`serve_detached`, in the child `start --detach` forks). The `start` command itself, its
+options and its help, stays in cli/main.py, which imports this module only when `start` runs,
+so that `--version`, `ping` and the other commands never load it.
+
+It never parses the command line, never forks or detaches (runtime/node/daemon.py does), and
+never touches the state dir's stores itself: the node's owner processes do.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING
+
+import click
+
+from subagents_node.cli.common import CliError, Ctx
+from subagents_node.client.paths import check_endpoint
+from subagents_node.messages.constants import ENV_TEST_KILL_AT
+from subagents_node.messages.errors import SubagentsError
+
+if TYPE_CHECKING:
+    from subagents_node.launch.config import Configuration
+
+
+def _kill_points(faults: bool) -> dict[str, list[str]]:
+    """Tests only: the launch steps at which a node started with faults kills itself."""
+    points = os.environ.get(ENV_TEST_KILL_AT, "") if faults else ""
+    return {"fault_kill_points": [p for p in points.split(",") if p]} if points else {}
+
+
+def fleet_options(
+    *,
+    home: bool,
+    join: str | None,
+    home_key: str | None,
+    name: str | None,
+    client_key: str | None,
+    heartbeat_s: float,
+    heartbeat_timeout_s: float,
+) -> dict[str, object]:
+    """start's multi-host flags as NodeOptions fields, checked before anything starts."""
+    if home and join:
+        raise click.UsageError("--home and --join exclude each other: a node is one or the other")
+    worker_flags = {"--home-key": home_key, "--name": name, "--client-key": client_key}
+    if not join and any(worker_flags.values()):
+        used = ", ".join(flag for flag, value in worker_flags.items() if value)
+        raise click.UsageError(f"{used} only go with --join")
+    if join and not (home_key and name):
+        raise click.UsageError("--join needs --home-key KEY and --name NAME")
+    if heartbeat_timeout_s <= heartbeat_s:
+        raise click.UsageError("--heartbeat-timeout must be longer than --heartbeat")
+    if join:
+        check_endpoint(join)
+    return {
+        "home": home,
+        "join": join or "",
+        "home_key": home_key or "",
+        "name": name or "",
+        "client_key": client_key or "",
+        "heartbeat_s": heartbeat_s,
+        "heartbeat_timeout_s": heartbeat_timeout_s,
+    }
+
+
+def serve_detached(
+    obj: Ctx,
+    config: Configuration,
+    listen: tuple[str, ...],
+    mailbox_limit: int,
+    faults: bool,
+    verbose: bool,
+    fleet: dict[str, object],
+    ready_fd: int,
+) -> int:
+    """The detached node's life (`start --detach`, in the forked child): serve, then the exit
+    code, with a failure shown on node.log the way `start` shows it."""
+    try:
+        serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, True)
+    except SubagentsError as err:
+        failed = CliError(err)
+        failed.show()
+        return failed.exit_code
+    except click.ClickException as err:
+        err.show()
+        return err.exit_code
+    return 0
+
+
+def serve(
+    obj: Ctx,
+    config: Configuration,
+    listen: tuple[str, ...],
+    mailbox_limit: int,
+    faults: bool,
+    verbose: bool,
+    fleet: dict[str, object],
+    ready_fd: int | None,
+    log_to_file: bool,
+) -> None:
+    """Run a node in this process until it is stopped (`start` in the foreground, or the
+    detached node): ready (or the error) on `ready_fd` once it serves."""
+    from subagents_node.node.containment import ContainmentProbe
+
+    # Started before the node's code loads: the probe waits in the kernel meanwhile.
+    probe = ContainmentProbe(config.settings.containment, str(obj.state_dir.resolve()))
+    from subagents_node.node import daemon
+    from subagents_node.node.node import Node, NodeOptions
+
+    level = logging.DEBUG if verbose else logging.INFO
+    if log_to_file:  # a detached node (start --detach): node.log, rotated by size
+        from subagents_node.client.paths import LOG_NAME
+        from subagents_node.node.nodelog import configure_node_log
+
+        settings = config.settings
+        log_path = obj.state_dir / LOG_NAME
+        configure_node_log(log_path, settings.node_log_max_bytes, settings.node_log_backups, level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = NodeOptions(
+        state_dir=obj.state_dir,
+        listen=(*config.settings.listen, *listen),
+        mailbox_limit=mailbox_limit,
+        faults=faults,
+        settings={**config.actor_settings(), **_kill_points(faults)},
+        containment_probe=probe,
+        **fleet,  # type: ignore[arg-type]
+    )
+    node = Node(options)
+    try:
+        node.start()
+    except SubagentsError as err:
+        daemon.signal_ready(ready_fd, f"error: {err.message}")
+        raise
+    gc.enable()  # off since `start` began (cli/main.py, see there)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: node.request_stop())
+    daemon.signal_ready(ready_fd, "ready")
+    click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
+    try:
+        node.wait()
+    finally:
+        node.stop()
+    if node.failure:
+        raise click.ClickException(node.failure)
