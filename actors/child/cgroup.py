@@ -1,19 +1,20 @@
 """cgroup v2 containment: one cgroup per child's tree, where the node may create them.
 
-Owns finding a writable cgroup v2 subtree (`resolve`: the cgroup2 mount in
+Owns finding a writable cgroup v2 subtree (`probe`: the cgroup2 mount in
 /proc/self/mountinfo, the process's own cgroup in /proc/self/cgroup, a `subagents-node.<id>`
-directory below it, and a probe: a child cgroup made and a process moved into it and back),
-and one child's cgroup (`ChildCgroup`): made by the shim before the spawn, the agent born in it
-(the shim enters it for the spawn and leaves again: `clone3(CLONE_INTO_CGROUP)` is not
-reachable from Python), its `cgroup.events` (`populated 0`: no process of the tree is left,
-whatever it did to its sessions and parents; the file polls as POLLPRI on each change), its
-end (`cgroup.kill`, kernel >= 5.14, else freeze and SIGKILL every pid in `cgroup.procs`) and
-its removal once empty.
+directory below it, a child cgroup made and a process moved into it and back), the node's mark
+on that directory while it serves (`mark_serving`), the sweep of what killed nodes left
+(`sweep`: never a directory a live node marks), and one child's cgroup (`ChildCgroup`): made
+by the shim before the spawn, the agent born in it (the shim enters it for the spawn and leaves
+again: `clone3(CLONE_INTO_CGROUP)` is not reachable from Python), its `cgroup.events`
+(`populated 0`: no process of the tree is left, whatever it did to its sessions and parents;
+the file polls as POLLPRI on each change), its end (`cgroup.kill`, kernel >= 5.14, else
+freeze and SIGKILL every pid in `cgroup.procs`) and its removal once empty.
 
 The child cgroups sit below the node's own cgroup, which holds processes and so enables no
 controller (cgroup v2's "no internal processes" rule): they contain and account, they do not
-limit. Standard library only (the shim template imports it). It never decides an outcome and
-never signals anything outside the cgroup it was given.
+limit. Standard library and procfs.py only (the shim template imports it). It never decides
+an outcome and never signals anything outside the cgroup it was given.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import select
 import signal
 import time
 from typing import Literal, NamedTuple
+
+from subagents_node.actors.child import procfs
 
 #: The node's setting: `auto` uses cgroups where it can, `cgroup` requires them, `subreaper`
 #: never uses them.
@@ -87,21 +90,13 @@ def own_directory() -> str | None:
     return os.path.normpath(mount + own)
 
 
-def resolve(setting: str, key: str) -> Containment:
+def probe(setting: str, key: str) -> Containment:
     """The containment a node serving `key` (its state dir) uses for `setting`: `subreaper`
     unless cgroup v2 is mounted, a `subagents-node.<hash of key>` directory can be made below
-    this process's own cgroup, and a process can be moved into a child of it and back; with
-    what killed nodes left there swept away."""
-    found = probe(setting, key)
-    if found.mode == "cgroup":
-        sweep(found.path)
-    return found
-
-
-def probe(setting: str, key: str) -> Containment:
-    """`resolve` without the sweep: it changes nothing another node could be using, so it may
-    run before the node knows it is the only one serving `key` (it moves this process into a
-    cgroup of its own and back: no process may be forked meanwhile, or it is born there)."""
+    this process's own cgroup, and a process can be moved into a child of it and back. It
+    changes nothing another node could be using, so it may run before the node knows it is the
+    only one serving `key` (it moves this process into a cgroup of its own and back: no process
+    may be forked meanwhile, or it is born there); `sweep` and `mark_serving` come after."""
     if setting == "subreaper":
         return Containment("subreaper", why="containment = subreaper")
     mount = cgroup2_mount()
@@ -123,22 +118,82 @@ def probe(setting: str, key: str) -> Containment:
     return Containment("cgroup", path=base)
 
 
+#: A serving node keeps an empty cgroup `node.<pid>.<start ticks>` in its directory: another
+#: node's sweep leaves a directory alone while the process it names lives (cgroupfs holds no
+#: files, so the mark is a directory too).
+SERVING_MARK = "node."
+
+
+def mark_serving(base: str) -> str:
+    """Mark `base` as this process's, serving (made again if a sweep had just removed an empty
+    `base`); the mark's path, for `unmark_serving` at a clean stop."""
+    pid = os.getpid()
+    mark = os.path.join(base, f"{SERVING_MARK}{pid}.{_start_ticks(pid)}")
+    os.makedirs(mark, exist_ok=True)
+    return mark
+
+
+def unmark_serving(base: str, mark: str) -> None:
+    """A clean stop: the mark goes (`""`: none was made), then `base` if nothing else is in
+    it."""
+    if mark:
+        remove_empty(mark)
+    remove_empty(base)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The start time of the live process `pid`, in clock ticks; None when gone (or a zombie:
+    a killed node its parent has not reaped yet serves nothing)."""
+    stat = procfs.stat_of(pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return None
+    return round(stat.start_time * procfs.CLK_TCK)
+
+
+def _serving(base: str, names: list[str]) -> bool:
+    """Does a live process mark `base` (a mark whose pid lives with the same start time)?"""
+    for name in names:
+        pid, _, ticks = name.removeprefix(SERVING_MARK).partition(".")
+        if (
+            name.startswith(SERVING_MARK)
+            and pid.isdigit()
+            and ticks.isdigit()
+            and _start_ticks(int(pid)) == int(ticks)
+        ):
+            return True
+    return False
+
+
 def sweep(base: str) -> None:
-    """Remove what nodes killed before their clean-up left: empty child cgroups in `base` (no
-    shim of this state dir is between making one and entering it yet) and the empty
-    `subagents-node.*` directories of other state dirs (rmdir fails on anything in use; a
-    shim whose base was swept makes it again)."""
+    """Remove what nodes killed before their clean-up left: the empty child cgroups in `base`
+    (no shim of this state dir is between making one and entering it yet), and in the
+    `subagents-node.*` directories of other state dirs that no live node marks as serving, their
+    empty child cgroups, stale marks and the directory itself (rmdir fails on anything in use;
+    a shim whose base was swept makes it again). A live node's directory is left alone: its
+    path is what its `status` shows."""
     home = os.path.dirname(base)
-    for parent, prefix in ((base, ""), (home, "subagents-node.")):
-        try:
-            names = os.listdir(parent)
-        except OSError:
+    _remove_empty_children(base)
+    for name in _listdir(home):
+        other = os.path.join(home, name)
+        if not name.startswith("subagents-node.") or other == base or not os.path.isdir(other):
             continue
-        for name in names:
-            path = os.path.join(parent, name)
-            if name.startswith(prefix) and path != base and os.path.isdir(path):
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
+        if not _serving(other, _listdir(other)):
+            _remove_empty_children(other)
+            remove_empty(other)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _remove_empty_children(path: str) -> None:
+    for name in _listdir(path):
+        child = os.path.join(path, name)
+        if os.path.isdir(child):
+            remove_empty(child)
 
 
 def _probe(base: str, home: str) -> None:

@@ -147,6 +147,8 @@ class Node:
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
+        #: This node's mark in its cgroup directory (cgroup containment), removed at stop.
+        self._serving_mark = ""
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -181,6 +183,10 @@ class Node:
             found = cgroup.probe(setting, str(self.state_dir))
         if found.mode == "cgroup":  # this node is the only one serving the state dir by now
             cgroup.sweep(found.path)
+            try:  # other nodes' sweeps leave the directory alone while this node serves
+                self._serving_mark = cgroup.mark_serving(found.path)
+            except OSError as err:  # only the directory's tidiness depends on it
+                log.warning("cannot mark %s as serving: %s", found.path, err)
         if setting == "cgroup" and found.mode != "cgroup":
             raise ConfigError(
                 f"containment = cgroup, but no cgroup v2 subtree is writable: {found.why}",
@@ -450,7 +456,7 @@ class Node:
         if self._zctx is not None:
             self._zctx.term()
         if self.containment.mode == "cgroup":  # kept while a child's cgroup is in it
-            cgroup.remove_empty(self.containment.path)
+            cgroup.unmark_serving(self.containment.path, self._serving_mark)
         pidfile.remove_pid_file(self.state_dir, self.node_id)
 
     def request_stop(self) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.actors.runs.test_runs_shims import shim_of, wait_gone
@@ -267,3 +268,44 @@ def test_forced_subreaper_containment_makes_no_cgroup_and_still_holds_an_escaped
     wait_gone(daemon)
     done = client.runs.wait(run.run_id, timeout=30)
     assert done.state == "stopped" and done.children[0].proof_state == "observed"
+
+
+@needs_cgroups
+def test_a_node_starting_leaves_a_serving_nodes_cgroup_directory_alone(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    """Two nodes on one host, two state dirs: the second one's start sweeps what killed nodes
+    left, and must not take the first one's directory (idle, so empty but for its mark) for
+    one: the path the first node's `status` names stays there."""
+    first = status_json(start_node(state_dir=state_dir))
+    other = start_node()
+    second = status_json(other)
+    assert first["path"] != second["path"]
+    assert Path(str(first["path"])).is_dir() and Path(str(second["path"])).is_dir()
+
+
+@needs_cgroups
+def test_a_killed_nodes_cgroup_directory_is_swept_by_the_next_node_to_start(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    """A node killed with -9 leaves its directory and its mark behind; the next node started
+    on the host (any state dir) sees the mark's process gone and removes both. A clean stop
+    leaves nothing."""
+    killed = start_node(state_dir=state_dir)
+    left = Path(str(status_json(killed)["path"]))
+    marks = [p.name for p in left.iterdir() if p.is_dir()]
+    assert marks == [f"node.{killed.pid}.{_start_ticks(killed.pid)}"], marks
+    owners = psutil.Process(killed.pid).children()
+    killed.kill()
+    psutil.wait_procs(owners, timeout=10)  # the owners follow their node (parent death)
+    assert left.is_dir()
+    stopped = start_node()
+    assert not left.exists()
+    base = Path(str(status_json(stopped)["path"]))
+    assert stopped.stop().returncode == 0
+    assert not base.exists()
+
+
+def _start_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[19])
