@@ -13,7 +13,7 @@ runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with
 Multi-host (DESIGN §1): a home node (`home`) also listens on tcp beyond loopback, keeps its
 workers' membership and fences a forgotten worker at its gateway (runtime/node/home.py); a
 worker node (`join`) runs only the run supervisor and its shims, joins the home
-(runtime/node/homelink.py) and serves the ledger owners' sockets itself, forwarding every
+(runtime/node/homejoin.py) and serves the ledger owners' sockets itself, forwarding every
 request for them to the home over CURVE, failing closed while the home is unreachable.
 """
 
@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +34,9 @@ from pathlib import Path
 import zmq
 
 from subagents_node.actors.child import cgroup
-from subagents_node.actors.links import RemoteKeys
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
-from subagents_node.client.keys import client_credentials
 from subagents_node.client.paths import (
     ADDRESS_BOOK_NAME,
     OWNER_SOCKETS,
@@ -60,7 +58,6 @@ from subagents_node.messages.node import (
     ContainmentStatus,
 )
 from subagents_node.messages.peers import OwnerPeers
-from subagents_node.messages.supervisor import ListRuns, RunList
 from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard
@@ -68,7 +65,7 @@ from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
 from subagents_node.node.gateway import Gateway
 from subagents_node.node.home import HomeService
-from subagents_node.node.homeasks import HomeAsks
+from subagents_node.node.homejoin import HomeJoin
 from subagents_node.node.homelink import HomeLink
 from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.inprocess import InProcessTransport
@@ -136,9 +133,6 @@ class Node:
         self._gateway: Gateway | None = None
         self._curve: CurveGuard | None = None
         self._home: HomeService | None = None
-        self._home_link: HomeLink | None = None
-        self._home_keys: RemoteKeys | None = None
-        self._home_link_state: tuple[str, str] = ("joined", "")
         self._routes: dict[str, str] = {}
         #: A home's ledger owners' own tcp endpoints (owner -> endpoint), and the latest word
         #: on their tcp peers (what an owner forked now starts with).
@@ -146,6 +140,7 @@ class Node:
         self._peer_table: OwnerPeers | None = None
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
+        self._join = HomeJoin(self.options.join, self.dispatcher, self.node_id)
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
         #: This node's mark in its cgroup directory (cgroup containment), removed at stop.
         self._serving_mark = ""
@@ -161,7 +156,8 @@ class Node:
         self.containment = self._resolve_containment()
         try:
             if self.options.join:
-                self._join_home()
+                opts = self.options
+                self._join.join(self.state_dir, opts.home_key, opts.name, opts.client_key)
             self._start_serving(self._owner_specs(endpoints[0]), endpoints)
         except BaseException:
             # Whatever failed (a bind, a full disk under the pid file), nothing may keep
@@ -203,43 +199,6 @@ class Node:
     def remote_owners(self) -> frozenset[str]:
         """The owners this node forwards to its home (a worker's ledgers), else none."""
         return roles.REMOTE_OWNERS if self.options.join else frozenset()
-
-    def _join_home(self) -> None:
-        """A worker's first step: join its home (a refusal is this start's failure)."""
-        opts = self.options
-        creds = client_credentials(self.state_dir, opts.home_key, opts.client_key or None)
-        self._home_keys = RemoteKeys(creds.client.public, creds.client.secret, creds.server_public)
-        link = HomeLink(
-            opts.join,
-            creds,
-            opts.name,
-            self._home_state,
-            counts=self._worker_counts,
-            serve=HomeAsks(self.dispatcher, self.node_id),
-        )
-        self._home_link = link
-        try:
-            link.join()
-        except SubagentsError:
-            link.stop()
-            self._home_link = None
-            raise
-
-    def _home_state(self, state: str, reason: str) -> None:
-        """The home link's thread says how the home is; the forwarder and the gateway's relay
-        read it (one tuple, replaced whole: no lock needed)."""
-        self._home_link_state = (state, reason)
-
-    def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
-        """What this worker runs, for the home: active runs and their running children (asked
-        of the run supervisor; `done` is called with its answer, from its reply's thread)."""
-
-        def counted(outcome: Outcome) -> None:
-            if isinstance(outcome, RunList):
-                runs = outcome.runs
-                done((len(runs), sum(1 for r in runs for c in r.children if c.state == "running")))
-
-        self.dispatcher.dispatch(ListRuns(active_only=True, limit=1000), "", counted)
 
     def _owner_specs(self, node_address: str) -> list[OwnerSpec]:
         return ownerspecs.owner_specs(
@@ -296,9 +255,9 @@ class Node:
             self.node_id,
             self._route,
             remote=self.remote_owners,
-            remote_keys=self._home_keys,
+            remote_keys=self._join.keys,
             remote_timeout_s=self.options.remote_timeout_s,
-            home_state=lambda: self._home_link_state,
+            home_state=self._join.state,
         )
         for name in [spec.name for spec in specs] + sorted(self.remote_owners):
             self.dispatcher.register(name, self._forwarder.submit)
@@ -320,9 +279,9 @@ class Node:
                 self._route,
                 targets=frozenset(spec.name for spec in specs),
                 remote=self.remote_owners,
-                remote_keys=self._home_keys,
+                remote_keys=self._join.keys,
                 remote_timeout_s=self.options.remote_timeout_s,
-                home_state=lambda: self._home_link_state,
+                home_state=self._join.state,
                 home=self.options.join,
             ),
         )
@@ -339,8 +298,7 @@ class Node:
                 path.chmod(0o600)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
         self._owners_changed()
-        if self._home_link is not None:
-            self._home_link.start(self._zctx)
+        self._join.start(self._zctx)
 
     def _current_peers(self) -> OwnerPeers | None:
         return self._peer_table
@@ -371,24 +329,13 @@ class Node:
         endpoint = self._routes.get(target)
         if endpoint is None:
             if target in self.remote_owners:
-                endpoint = self._home_owner_route(target)
+                endpoint = self._join.owner_route(target)
             elif target in OWNER_SOCKETS:
                 endpoint = ownerspecs.owner_endpoint(self.state_dir, target)
             else:
                 endpoint = self.address
             self._routes[target] = endpoint
         return endpoint
-
-    def _home_owner_route(self, target: str) -> str:
-        """A worker's route to the home's owner `target`: its own tcp port on the host the
-        worker joined, as the home said at the join; else the home's endpoint (its gateway
-        relays)."""
-        link = self._home_link
-        port = link.membership.owner_ports.get(target) if link and link.membership else None
-        if port is None:
-            return self.options.join
-        host = self.options.join.removeprefix("tcp://").rpartition(":")[0]
-        return f"tcp://{host}:{port}"
 
     def _retire_v1_state(self) -> None:
         """Once every owner imported its tables from a version-1 `state.db`, keep the old
@@ -438,8 +385,7 @@ class Node:
         self._stop_requested.set()
         for client in self._clients:
             client.close()
-        if self._home_link is not None:
-            self._home_link.stop()
+        self._join.stop()
         if self._gateway is not None:
             self._gateway.stop()
             for endpoint in self._gateway.bound:
@@ -525,7 +471,7 @@ class Node:
 
     @property
     def home_link(self) -> HomeLink | None:
-        return self._home_link
+        return self._join.link
 
     def owner_statuses(self) -> list[ActorStatus]:
         return self._owners.status(self.dispatcher.mailbox_limit) if self._owners else []

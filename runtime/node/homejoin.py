@@ -1,0 +1,98 @@
+"""HomeJoin: a worker node's join to its home, as the node wires it (DESIGN §1 "Multi-host").
+
+Owns, for the node's lifetime, the worker's link to its home (runtime/node/homelink.py: joined
+at start, a refusal being the start's failure, started once the node serves, stopped with it),
+the CURVE keys the worker's links to the home's owners offer, the link's latest state (read by
+the forwarder and the gateway's relay) and the route to each of the home's owners. On a node
+that joins no home it holds no link: the state stays `joined` and every route is the home's.
+It never forwards a request itself (runtime/node/forwarder.py, relay.py), never decides what
+the worker serves the home (runtime/node/homeasks.py) and never writes the address book.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from subagents_node.actors.links import RemoteKeys
+from subagents_node.actors.owner import Outcome
+from subagents_node.client.keys import client_credentials
+from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.supervisor import ListRuns, RunList
+from subagents_node.node.dispatch import Dispatcher
+from subagents_node.node.homeasks import HomeAsks
+from subagents_node.node.homelink import HomeLink
+
+
+class HomeJoin:
+    """A worker's link to the home at `home` (a tcp endpoint; "" on a node that is no worker)."""
+
+    def __init__(self, home: str, dispatcher: Dispatcher, node_id: str) -> None:
+        self.home = home
+        self.link: HomeLink | None = None
+        self.keys: RemoteKeys | None = None
+        self._dispatcher = dispatcher
+        self._node_id = node_id
+        self._state: tuple[str, str] = ("joined", "")
+
+    def join(self, state_dir: Path, home_key: str, name: str, client_key: str) -> None:
+        """A worker's first step: join its home (a refusal is this start's failure)."""
+        creds = client_credentials(state_dir, home_key, client_key or None)
+        self.keys = RemoteKeys(creds.client.public, creds.client.secret, creds.server_public)
+        link = HomeLink(
+            self.home,
+            creds,
+            name,
+            self._on_state,
+            counts=self._worker_counts,
+            serve=HomeAsks(self._dispatcher, self._node_id),
+        )
+        self.link = link
+        try:
+            link.join()
+        except SubagentsError:
+            link.stop()
+            self.link = None
+            raise
+
+    def start(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """Heartbeat and serve the home, once the node serves (no-op unless joined)."""
+        if self.link is not None:
+            self.link.start(zctx)
+
+    def stop(self) -> None:
+        if self.link is not None:
+            self.link.stop()
+
+    def state(self) -> tuple[str, str]:
+        """How the home is (joined, unreachable, fenced) and why, as the link last said."""
+        return self._state
+
+    def _on_state(self, state: str, reason: str) -> None:
+        """The home link's thread says how the home is; the forwarder and the gateway's relay
+        read it (one tuple, replaced whole: no lock needed)."""
+        self._state = (state, reason)
+
+    def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
+        """What this worker runs, for the home: active runs and their running children (asked
+        of the run supervisor; `done` is called with its answer, from its reply's thread)."""
+
+        def counted(outcome: Outcome) -> None:
+            if isinstance(outcome, RunList):
+                runs = outcome.runs
+                done((len(runs), sum(1 for r in runs for c in r.children if c.state == "running")))
+
+        self._dispatcher.dispatch(ListRuns(active_only=True, limit=1000), "", counted)
+
+    def owner_route(self, target: str) -> str:
+        """A worker's route to the home's owner `target`: its own tcp port on the host the
+        worker joined, as the home said at the join; else the home's endpoint (its gateway
+        relays)."""
+        link = self.link
+        port = link.membership.owner_ports.get(target) if link and link.membership else None
+        if port is None:
+            return self.home
+        host = self.home.removeprefix("tcp://").rpartition(":")[0]
+        return f"tcp://{host}:{port}"
