@@ -2,10 +2,11 @@
 
 Owns the node's lifetime: the state dir, the owner processes (started in order, watched,
 restarted, marked failed: runtime/node/ownersup.py, with the specs of runtime/node/ownerspecs.py),
-the address book and the pid file (runtime/node/pidfile.py) that tell other processes where each
-owner listens, the gateway (node.* requests, answered by runtime/node/noderequests.py, keys, and
-tcp peers) and the forwarder that carries whatever reaches the node's sockets on to the owners,
-and the order in which they start and stop. Its options are checked first (runtime/node/roles.py).
+the address book (runtime/node/addressbook.py) and the pid file (runtime/node/pidfile.py) that
+tell other processes where each owner listens, the gateway (node.* requests, answered by
+runtime/node/noderequests.py, keys, and tcp peers) and the forwarder that carries whatever
+reaches the node's sockets on to the owners, and the order in which they start and stop. Its
+options are checked first (runtime/node/roles.py).
 Each owner is its own process with its own socket and database (DESIGN §1); the node never
 opens an owner's database. Runs in the foreground (`start`), detached (`start --detach`, see
 runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
@@ -19,7 +20,6 @@ request for them to the home over CURVE, failing closed while the home is unreac
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -38,8 +38,6 @@ from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
-    ADDRESS_BOOK_NAME,
-    OWNER_SOCKETS,
     ensure_state_dir,
     ipc_path,
     resolve_state_dir,
@@ -59,6 +57,7 @@ from subagents_node.messages.node import (
 )
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
+from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.containment import ContainmentProbe
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
@@ -133,7 +132,7 @@ class Node:
         self._gateway: Gateway | None = None
         self._curve: CurveGuard | None = None
         self._home: HomeService | None = None
-        self._routes: dict[str, str] = {}
+        self._book: AddressBook | None = None
         #: A home's ledger owners' own tcp endpoints (owner -> endpoint), and the latest word
         #: on their tcp peers (what an owner forked now starts with).
         self._owner_tcp: dict[str, str] = {}
@@ -212,6 +211,13 @@ class Node:
         )
 
     def _start_serving(self, specs: list[OwnerSpec], endpoints: list[str]) -> None:
+        book = self._book = AddressBook(
+            self.state_dir,
+            self.node_id,
+            self.remote_owners,
+            self._join.owner_route,
+            lambda: self.address,
+        )
         # A worker serves its home's owners' sockets itself (its gateway forwards them).
         proxies = [
             ownerspecs.owner_endpoint(self.state_dir, name) for name in sorted(self.remote_owners)
@@ -253,7 +259,7 @@ class Node:
         self._forwarder = Forwarder(
             self._zctx,
             self.node_id,
-            self._route,
+            book.route,
             remote=self.remote_owners,
             remote_keys=self._join.keys,
             remote_timeout_s=self.options.remote_timeout_s,
@@ -276,7 +282,7 @@ class Node:
             relay=Relay(
                 self._zctx,
                 self.node_id,
-                self._route,
+                book.route,
                 targets=frozenset(spec.name for spec in specs),
                 remote=self.remote_owners,
                 remote_keys=self._join.keys,
@@ -323,20 +329,6 @@ class Node:
 
             forwarder.submit(table, name, told)
 
-    def _route(self, target: str) -> str:
-        """Where the links send a request for `target` (asked once per request: no paths
-        built on the way)."""
-        endpoint = self._routes.get(target)
-        if endpoint is None:
-            if target in self.remote_owners:
-                endpoint = self._join.owner_route(target)
-            elif target in OWNER_SOCKETS:
-                endpoint = ownerspecs.owner_endpoint(self.state_dir, target)
-            else:
-                endpoint = self.address
-            self._routes[target] = endpoint
-        return endpoint
-
     def _retire_v1_state(self) -> None:
         """Once every owner imported its tables from a version-1 `state.db`, keep the old
         file aside (`state.db.v1`) so it is never imported again."""
@@ -356,27 +348,19 @@ class Node:
             return
         if self._owners.all_failed() and not self._stop_requested.is_set():
             self._fail("every owner failed; see node.log")
-        if not self.started_at:
+        if not self.started_at or self._book is None:
             return
         owners_book = self._owners.book()
-        for name in self.remote_owners:
-            owners_book[name] = {"endpoint": self._route(name), "pid": None, "state": "remote"}
-        book: dict[str, object] = {
-            "node": {"endpoint": self.address, "pid": os.getpid(), "node_id": self.node_id},
-            "owners": owners_book,
-        }
+        home: dict[str, object] | None = None
         if self._home is not None and self._curve is not None:
             # What a worker needs: where the home's owners answer over tcp, and its key.
-            book["home"] = {
+            home = {
                 "tcp": self._tcp_endpoints(),
                 "public_key": self._curve.server.public,
                 "owners": dict(self._owner_tcp),
             }
             self._home.tell_owners()  # an owner (re)started: it admits nobody until told
-        tmp = self.state_dir / (ADDRESS_BOOK_NAME + ".tmp")
-        with suppress(OSError):
-            tmp.write_text(json.dumps(book, indent=1))
-            tmp.replace(self.state_dir / ADDRESS_BOOK_NAME)
+        self._book.write(owners_book, home)
 
     def stop(self) -> None:
         if self._stopped:
