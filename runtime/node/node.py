@@ -35,7 +35,6 @@ import zmq
 
 from subagents_node.actors.child import cgroup
 from subagents_node.actors.outcomes import ReplyFn
-from subagents_node.actors.owner import Outcome
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
     ensure_state_dir,
@@ -48,14 +47,12 @@ from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.errors import (
     BadAddress,
     ConfigError,
-    SubagentsError,
 )
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import (
     ActorStatus,
     ContainmentStatus,
 )
-from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.containment import ContainmentProbe
@@ -68,6 +65,7 @@ from subagents_node.node.homejoin import HomeJoin
 from subagents_node.node.homelink import HomeLink
 from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.inprocess import InProcessTransport
+from subagents_node.node.ownerpeers import OwnerPeerTable
 from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
 from subagents_node.node.ownersup import OwnerSupervisor
 from subagents_node.node.relay import Relay
@@ -136,7 +134,7 @@ class Node:
         #: A home's ledger owners' own tcp endpoints (owner -> endpoint), and the latest word
         #: on their tcp peers (what an owner forked now starts with).
         self._owner_tcp: dict[str, str] = {}
-        self._peer_table: OwnerPeers | None = None
+        self._peers = OwnerPeerTable()
         self._clients: list[Client] = []
         self.dispatcher = Dispatcher(self._serve_node, self.options.mailbox_limit)
         self._join = HomeJoin(self.options.join, self.dispatcher, self.node_id)
@@ -207,7 +205,7 @@ class Node:
             self.containment.path,
             self.remote_owners,
             self._owner_tcp,
-            self._current_peers,
+            self._peers.current,
         )
 
     def _start_serving(self, specs: list[OwnerSpec], endpoints: list[str]) -> None:
@@ -241,7 +239,7 @@ class Node:
                 self._tcp_endpoints,
                 owner_ports={n: roles.port_of(e) for n, e in self._owner_tcp.items()},
                 allowed=lambda: self._curve.allowed if self._curve is not None else {},
-                tell=self._tell_owners,
+                tell=self._peers.tell,
             )
             # The home's ledger owners know their tcp peers from their first moment (each
             # fork takes the latest table): no handshake is refused while they wait to be told.
@@ -265,6 +263,7 @@ class Node:
             remote_timeout_s=self.options.remote_timeout_s,
             home_state=self._join.state,
         )
+        self._peers.carry_to(self._forwarder.submit, self._owner_tcp)
         for name in [spec.name for spec in specs] + sorted(self.remote_owners):
             self.dispatcher.register(name, self._forwarder.submit)
         self._retire_v1_state()
@@ -306,28 +305,9 @@ class Node:
         self._owners_changed()
         self._join.start(self._zctx)
 
-    def _current_peers(self) -> OwnerPeers | None:
-        return self._peer_table
-
     def _submit(self, request: Request, target: str, reply: ReplyFn) -> None:
         assert self._forwarder is not None, "the home serves nothing before its forwarder runs"
         self._forwarder.submit(request, target, reply)
-
-    def _tell_owners(self, table: OwnerPeers) -> None:
-        """A home's ledger owners learn who may reach their own tcp sockets (`owner.peers`,
-        from any thread: the forwarder carries it, in order with what follows it); an owner
-        forked later starts with this table."""
-        self._peer_table = table
-        forwarder = self._forwarder
-        if forwarder is None:
-            return
-        for name in sorted(self._owner_tcp):
-
-            def told(outcome: Outcome, name: str = name) -> None:
-                if isinstance(outcome, SubagentsError):  # it hears again when it is back
-                    log.warning("could not tell %s its tcp peers: %s", name, outcome.message)
-
-            forwarder.submit(table, name, told)
 
     def _retire_v1_state(self) -> None:
         """Once every owner imported its tables from a version-1 `state.db`, keep the old
