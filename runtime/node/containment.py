@@ -1,12 +1,14 @@
 """The node's containment probe, run on a thread from the moment the start command knows its
-state dir and setting, so that it overlaps the node's imports instead of following them.
+state dir and setting, so that it overlaps the node's imports instead of following them, and
+the rule of the `containment` setting that picks what the node's children get.
 
 The probe (actors/child/cgroup.py `probe`) moves the node's process into a cgroup of its own
 and back: the kernel waits for an RCU grace period at each move, ~15 ms in all in which the
-process does nothing. Owns that thread and its result only. The node takes the result before
-it forks anything (a process forked while the node sits in the probe's cgroup would be born
-there) and sweeps what killed nodes left only once it knows no other node serves its state
-dir (runtime/node/node.py).
+process does nothing. Owns that thread, its result and the setting's rule only. The node takes
+the result before it forks anything (a process forked while the node sits in the probe's
+cgroup would be born there) and sweeps what killed nodes left only once it knows no other node
+serves its state dir (`children_containment`, called by runtime/node/node.py). It imports
+nothing the start command has not loaded already: the probe must not wait for the node's code.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import threading
 
 from subagents_node.actors.child import cgroup
+from subagents_node.messages.errors import ConfigError
 
 
 class ContainmentProbe:
@@ -39,3 +42,26 @@ class ContainmentProbe:
             raise self._error
         assert self._found is not None
         return self._found
+
+
+def children_containment(
+    setting: str, key: str, early: ContainmentProbe | None
+) -> cgroup.Containment:
+    """Setting `containment`: `auto` (cgroup v2 where this process may make cgroups, else
+    the subreaper alone), `cgroup` (required: the node does not start without it) or
+    `subreaper`. `early` is taken only if it probed this setting for this `key` (the state
+    dir); called once the node is the only one serving `key`, so the sweep is safe."""
+    if early is not None and (early.setting, early.key) == (setting, key):
+        found = early.result()
+    else:
+        found = cgroup.probe(setting, key)
+    if found.mode == "cgroup":  # this node is the only one serving the state dir by now
+        cgroup.sweep(found.path)
+    if setting == "cgroup" and found.mode != "cgroup":
+        raise ConfigError(
+            f"containment = cgroup, but no cgroup v2 subtree is writable: {found.why}",
+            key="containment",
+            source="settings",
+            reason="cgroup",
+        )
+    return found

@@ -36,26 +36,16 @@ import zmq
 from subagents_node.actors.child import cgroup
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.client.client import Client
-from subagents_node.client.paths import (
-    ensure_state_dir,
-    ipc_path,
-    resolve_state_dir,
-)
+from subagents_node.client.paths import ensure_state_dir, ipc_path, resolve_state_dir
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
-from subagents_node.messages.errors import (
-    BadAddress,
-    ConfigError,
-)
+from subagents_node.messages.errors import BadAddress
 from subagents_node.messages.members import HOME_NAME
-from subagents_node.messages.node import (
-    ActorStatus,
-    ContainmentStatus,
-)
+from subagents_node.messages.node import ActorStatus, ContainmentStatus
 from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
-from subagents_node.node.containment import ContainmentProbe
+from subagents_node.node.containment import ContainmentProbe, children_containment
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
@@ -165,28 +155,15 @@ class Node:
         return self
 
     def _resolve_containment(self) -> ContainmentStatus:
-        """Setting `containment`: `auto` (cgroup v2 where this process may make cgroups, else
-        the subreaper alone), `cgroup` (required: the node does not start without it) or
-        `subreaper`."""
+        """The children's containment, as the setting asks (runtime/node/containment.py)."""
         setting = str(self.options.settings.get("containment") or "auto")
         early = self.options.containment_probe
-        if early is not None and (early.setting, early.key) == (setting, str(self.state_dir)):
-            found = early.result()
-        else:
-            found = cgroup.probe(setting, str(self.state_dir))
-        if found.mode == "cgroup":  # this node is the only one serving the state dir by now
-            cgroup.sweep(found.path)
+        found = children_containment(setting, str(self.state_dir), early)
+        if found.mode == "cgroup":
             try:  # other nodes' sweeps leave the directory alone while this node serves
                 self._serving_mark = cgroup.mark_serving(found.path)
             except OSError as err:  # only the directory's tidiness depends on it
                 log.warning("cannot mark %s as serving: %s", found.path, err)
-        if setting == "cgroup" and found.mode != "cgroup":
-            raise ConfigError(
-                f"containment = cgroup, but no cgroup v2 subtree is writable: {found.why}",
-                key="containment",
-                source="settings",
-                reason="cgroup",
-            )
         log.info("children's containment: %s", found.mode)
         return ContainmentStatus(mode=found.mode, path=found.path, why=found.why)
 
