@@ -6,16 +6,18 @@ the address book (runtime/node/addressbook.py) and the pid file (runtime/node/pi
 tell other processes where each owner listens, the gateway (node.* requests, answered by
 runtime/node/noderequests.py, keys, and tcp peers) and the forwarder that carries whatever
 reaches the node's sockets on to the owners, and the order in which they start and stop. Its
-options are checked first (runtime/node/roles.py).
-Each owner is its own process with its own socket and database (DESIGN §1); the node never
-opens an owner's database. Runs in the foreground (`start`), detached (`start --detach`, see
-runtime.daemon) or embedded (`Node.embedded()`: the same processes, stopped with the block).
+options are checked first (runtime/node/roles.py), its children's containment next
+(runtime/node/containment.py). Each owner is its own process with its own socket and database
+(DESIGN §1); the node never opens an owner's database. Runs in the foreground (`start`),
+detached (`start --detach`, see runtime.daemon) or embedded (`Node.embedded()`: the same
+processes, stopped with the block).
 
 Multi-host (DESIGN §1): a home node (`home`) also listens on tcp beyond loopback, keeps its
-workers' membership and fences a forgotten worker at its gateway (runtime/node/home.py); a
-worker node (`join`) runs only the run supervisor and its shims, joins the home
-(runtime/node/homejoin.py) and serves the ledger owners' sockets itself, forwarding every
-request for them to the home over CURVE, failing closed while the home is unreachable.
+workers' membership and fences a forgotten worker at its gateway (runtime/node/home.py), and
+tells its ledger owners their tcp peers (runtime/node/ownerpeers.py); a worker node (`join`)
+runs only the run supervisor and its shims, joins the home (runtime/node/homejoin.py) and
+serves the ledger owners' sockets itself, forwarding every request for them to the home over
+CURVE, failing closed while the home is unreachable.
 """
 
 from __future__ import annotations
