@@ -7,8 +7,8 @@ so a start costs a fork, not an interpreter, and no owner imports anything after
 records it reported quarantined. One thread does all of it: it forks (so the owners' death
 signal is tied to a thread that lives as long as the node), waits in poll() on every pidfd and
 control pipe at once, restarts a crashed owner from its database, and past the owner's restart
-intensity marks it `failed` and binds a stand-in on its socket that answers every request
-`OwnerUnavailable` at once, while the other owners keep serving.
+intensity marks it `failed` and binds a stand-in on its socket (tombstone.py) that answers
+every request `OwnerUnavailable` at once, while the other owners keep serving.
 
 It never opens an owner's database and never handles an owner's requests.
 """
@@ -29,13 +29,11 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from subagents_node.messages.codec import decode, encode, peek_id
-from subagents_node.messages.envelope import ERROR, Envelope
-from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
 from subagents_node.node import owners
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
+from subagents_node.node.tombstone import Tombstone
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +78,7 @@ class _Owner:
         self.ready = threading.Event()
         #: Set once the process has been reaped (and cleared when another is forked).
         self.gone = threading.Event()
-        self.tombstone: _Tombstone | None = None
+        self.tombstone: Tombstone | None = None
         #: A crash reported but not yet acted on (the intensity tripped while we were busy).
         self.exceeded = ""
 
@@ -350,7 +348,7 @@ class OwnerSupervisor:
         if self._zctx is not None and owner.tombstone is None:
             if pid is not None:
                 self._reap(owner)
-            owner.tombstone = _Tombstone(
+            owner.tombstone = Tombstone(
                 self._zctx, owner.spec.endpoint, owner.spec.name, owner.reason
             )
             owner.tombstone.start()
@@ -377,75 +375,3 @@ def _how(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exited with status {os.waitstatus_to_exitcode(status)}"
-
-
-class _Tombstone:
-    """Bound where a failed owner listened: answers every request `OwnerUnavailable` at once,
-    so its callers learn it at once instead of timing out."""
-
-    def __init__(
-        self, zctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, owner: str, reason: str
-    ) -> None:
-        self._zctx = zctx
-        self._endpoint = endpoint
-        self._owner = owner
-        self._reason = reason
-        # stop() writes here: the loop waits on its socket and this pipe, with no timer.
-        self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._run, name=f"failed-{owner}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"\x01")
-        self._thread.join(timeout=5)
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _run(self) -> None:
-        sock = self._zctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.bind(self._endpoint)
-        except zmq.ZMQError as exc:
-            log.error("cannot stand in for failed owner %s: %s", self._owner, exc)
-            sock.close()
-            return
-        error = OwnerUnavailable(
-            f"{self._owner} is not serving: it failed ({self._reason}); the other owners "
-            "keep serving; see `subagents-node status` and `doctor`",
-            owner=self._owner,
-            state="failed",
-            reason=self._reason[:500],
-        )
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        try:
-            while True:
-                events = dict(poller.poll())
-                if self._wake_r in events:
-                    return
-                frames = sock.recv_multipart()
-                if len(frames) != 2:
-                    continue
-                try:
-                    env = decode(frames[1])
-                    corr: str | None = env.id
-                    target = env.sender
-                except Exception:
-                    corr, target = peek_id(frames[1]), ""
-                answer = Envelope(
-                    type=ERROR,
-                    body=error.to_wire(),
-                    target=target,
-                    corr=corr,
-                    sender=self._owner,
-                )
-                with contextlib.suppress(zmq.ZMQError):
-                    sock.send_multipart((frames[0], encode(answer)), zmq.NOBLOCK)
-        finally:
-            sock.close(linger=0)

@@ -1,0 +1,96 @@
+"""Tombstone: the stand-in bound where a failed owner listened (DESIGN §1).
+
+Owns one ROUTER socket on the failed owner's endpoint and the thread that serves it: every
+request is answered `OwnerUnavailable` at once, naming the owner and why it failed, so its
+callers learn it at once instead of timing out while the other owners keep serving.
+
+It never opens the owner's database, never handles, forwards or queues a request, and never
+restarts the owner: the OwnerSupervisor (ownersup.py) decides when one is bound and stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+import zmq
+
+from subagents_node.messages.codec import decode, encode, peek_id
+from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.errors import OwnerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class Tombstone:
+    """Bound where a failed owner listened: answers every request `OwnerUnavailable` at once,
+    so its callers learn it at once instead of timing out."""
+
+    def __init__(
+        self, zctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, owner: str, reason: str
+    ) -> None:
+        self._zctx = zctx
+        self._endpoint = endpoint
+        self._owner = owner
+        self._reason = reason
+        # stop() writes here: the loop waits on its socket and this pipe, with no timer.
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name=f"failed-{owner}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\x01")
+        self._thread.join(timeout=5)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _run(self) -> None:
+        sock = self._zctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(self._endpoint)
+        except zmq.ZMQError as exc:
+            log.error("cannot stand in for failed owner %s: %s", self._owner, exc)
+            sock.close()
+            return
+        error = OwnerUnavailable(
+            f"{self._owner} is not serving: it failed ({self._reason}); the other owners "
+            "keep serving; see `subagents-node status` and `doctor`",
+            owner=self._owner,
+            state="failed",
+            reason=self._reason[:500],
+        )
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if self._wake_r in events:
+                    return
+                frames = sock.recv_multipart()
+                if len(frames) != 2:
+                    continue
+                try:
+                    env = decode(frames[1])
+                    corr: str | None = env.id
+                    target = env.sender
+                except Exception:
+                    corr, target = peek_id(frames[1]), ""
+                answer = Envelope(
+                    type=ERROR,
+                    body=error.to_wire(),
+                    target=target,
+                    corr=corr,
+                    sender=self._owner,
+                )
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.send_multipart((frames[0], encode(answer)), zmq.NOBLOCK)
+        finally:
+            sock.close(linger=0)
