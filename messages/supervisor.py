@@ -1,4 +1,5 @@
-"""Protocol of the RunSupervisor: launch, watch, show, list and stop runs.
+"""Protocol of the RunSupervisor: launch, watch, show, list and stop runs (its pause and
+checkpoint requests are in pauses.py, `runs.prune` in retention.py).
 
 A launch carries everything the launcher resolved on its side (the agent definitions it found,
 its depth, its inherited fan-out descriptor and its configured limits), so a node can serve
@@ -404,41 +405,6 @@ class Intercom(Request):
     text: str = Field(min_length=1, max_length=4000)
 
 
-class Pause(Request):
-    """R-RUN-2 interrupt-as-pause: stop a background run's child tree; the run is `paused`
-    (it holds no process, keeps its slot until it is resumed, R-CAP-18 / A-2)."""
-
-    type: Literal["runs.pause"] = "runs.pause"
-    target: ClassVar[str] = SUPERVISOR
-    Result: ClassVar[ResultType] = RunView
-    run_id: RunId
-
-
-class Approve(Request):
-    """R-RUN-2: a run waiting at a checkpoint goes on past it. Answers the run that continues
-    (the same run; a new one, holding the same slot, when the node restarted meanwhile)."""
-
-    type: Literal["runs.approve"] = "runs.approve"
-    target: ClassVar[str] = SUPERVISOR
-    Result: ClassVar[ResultType] = LaunchResult
-    run_id: RunId
-    #: The approving launcher's depth, limit and environment, used only when the run must be
-    #: relaunched from its checkpoint (a node restart ended the execution that paused).
-    depth: Depth = 0
-    capacity_limit: Count = 0
-    env: Environment | None = None
-
-
-class Reject(Request):
-    """R-RUN-2: a run waiting at a checkpoint ends `rejected`, with the reason as its error."""
-
-    type: Literal["runs.reject"] = "runs.reject"
-    target: ClassVar[str] = SUPERVISOR
-    Result: ClassVar[ResultType] = RunView
-    run_id: RunId
-    reason: ShortText = ""
-
-
 REQUESTS = (
     Launch,
     Watch,
@@ -450,7 +416,4 @@ REQUESTS = (
     Rerun,
     Append,
     Intercom,
-    Pause,
-    Approve,
-    Reject,
 )

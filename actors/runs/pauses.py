@@ -24,16 +24,8 @@ from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message
 from subagents_node.messages.capacity import ReportTerminal
-from subagents_node.messages.supervisor import (
-    Approve,
-    Launch,
-    LaunchResult,
-    Pause,
-    PauseKind,
-    Reject,
-    Resume,
-    RunView,
-)
+from subagents_node.messages.pauses import Approve, Pause, Reject
+from subagents_node.messages.supervisor import Launch, LaunchResult, PauseKind, Resume, RunView
 
 
 class PauseHost(steps.StepHost, Protocol):

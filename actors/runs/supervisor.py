@@ -75,18 +75,16 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportTerminal, SlotHandle
 from subagents_node.messages.errors import RecordQuarantined, SubagentsError
 from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
+from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.retention import Prune
 from subagents_node.messages.runs import ChildReport
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
     Append,
-    Approve,
     ChainStep,
     Intercom,
     Launch,
     ListRuns,
-    Pause,
-    Reject,
     Rerun,
     Resume,
     RunView,

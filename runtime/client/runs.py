@@ -16,16 +16,14 @@ from typing import TYPE_CHECKING
 
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import NodeTimeout
+from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
-    Approve,
     ChainStep,
     FleetEvents,
     Launch,
     LaunchResult,
     ListRuns,
-    Pause,
-    Reject,
     Rerun,
     Resume,
     RunEvent,

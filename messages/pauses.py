@@ -1,0 +1,52 @@
+"""Protocol of pauses and checkpoints (R-RUN-2): `runs.pause`, `runs.approve`, `runs.reject`,
+served by the run supervisor, which owns the runs.
+
+Owns the shapes of these three requests only; why a paused run waits (`PauseKind`) is part of
+the run's view and stays with it in supervisor.py. The rules of each request (what a paused run
+holds, when an approval relaunches it) live with the supervisor, in actors/runs/pauses.py and
+checkpoints.py. Like every module in messages/, it never imports anything of ours outside it.
+"""
+
+from typing import ClassVar, Literal
+
+from subagents_node.messages.base import Request, ResultType
+from subagents_node.messages.domains import Count, Depth, Environment, RunId, ShortText
+from subagents_node.messages.supervisor import SUPERVISOR, LaunchResult, RunView
+
+
+class Pause(Request):
+    """R-RUN-2 interrupt-as-pause: stop a background run's child tree; the run is `paused`
+    (it holds no process, keeps its slot until it is resumed, R-CAP-18 / A-2)."""
+
+    type: Literal["runs.pause"] = "runs.pause"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunView
+    run_id: RunId
+
+
+class Approve(Request):
+    """R-RUN-2: a run waiting at a checkpoint goes on past it. Answers the run that continues
+    (the same run; a new one, holding the same slot, when the node restarted meanwhile)."""
+
+    type: Literal["runs.approve"] = "runs.approve"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = LaunchResult
+    run_id: RunId
+    #: The approving launcher's depth, limit and environment, used only when the run must be
+    #: relaunched from its checkpoint (a node restart ended the execution that paused).
+    depth: Depth = 0
+    capacity_limit: Count = 0
+    env: Environment | None = None
+
+
+class Reject(Request):
+    """R-RUN-2: a run waiting at a checkpoint ends `rejected`, with the reason as its error."""
+
+    type: Literal["runs.reject"] = "runs.reject"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunView
+    run_id: RunId
+    reason: ShortText = ""
+
+
+REQUESTS = (Pause, Approve, Reject)
