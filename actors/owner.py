@@ -31,10 +31,12 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import pykka
+
+from subagents_node.actors.context import ActorContext, Cancel
 
 # Outcome and ReplyFn are re-exported: every owner module names them from here.
 from subagents_node.actors.outcomes import STORE_FULL_RETRY_S, store_full
@@ -46,8 +48,6 @@ from subagents_node.messages.errors import BadRequest, Internal, StoreFull, Suba
 from subagents_node.messages.node import DebugRaise, DebugSleep, QuarantinedRecord
 
 log = logging.getLogger(__name__)
-
-Cancel = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,32 +68,6 @@ class Tick(Record):
     """
 
     __slots__ = ()
-
-
-@dataclass(frozen=True)
-class ActorContext:
-    """Everything an owner needs from the runtime, injected (actors never import runtime)."""
-
-    open_db: Callable[[], sqlite3.Connection]
-    report_crash: Callable[[str, BaseException], None] = lambda name, exc: None
-    #: Tell the runtime which stored records this owner quarantined (replaces the previous
-    #: list; called from `recover()` and whenever the list changes).
-    report_quarantine: Callable[[str, Sequence[QuarantinedRecord]], None] = lambda name, records: (
-        None
-    )
-    schedule: Callable[[float, Callable[[], None]], Cancel] | None = None
-    clock: Callable[[], float] = time.time
-    faults: bool = False
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    #: Send a request to another owner; its outcome arrives through the reply function, on
-    #: another thread (an owner turns it into a Tick of its own for itself). Raises
-    #: Busy/UnknownTarget.
-    dispatch: Callable[[Request, str, ReplyFn], None] | None = None
-    #: Keep a child log file under the node's cap (actors/child/logcap.py); returns the call
-    #: that stops watching it.
-    cap_log: Callable[[str], Callable[[], None]] | None = None
-    #: Hands the log watches taken since the last call to the cap's thread (once per group).
-    cap_flush: Callable[[], None] | None = None
 
 
 class Mailbox(Protocol):

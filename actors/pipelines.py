@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable, Generator, Hashable
 from typing import Any, Generic, TypeVar
 
+from subagents_node.actors.context import ActorContext
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
-from subagents_node.actors.owner import ActorContext
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import Internal, SubagentsError
 

@@ -59,7 +59,8 @@ from subagents_node.actors.capacity.rules import (
     transfer_refusal,
     verdict_of,
 )
-from subagents_node.actors.owner import ActorContext, Cancel, OwnerActor, Tick
+from subagents_node.actors.context import ActorContext, Cancel
+from subagents_node.actors.owner import OwnerActor, Tick
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,

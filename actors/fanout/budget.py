@@ -32,9 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from subagents_node.actors import quarantine
+from subagents_node.actors.context import ActorContext, Cancel
 from subagents_node.actors.fanout import schema
 from subagents_node.actors.fanout.compaction import ClaimCompaction, CompactionDue
-from subagents_node.actors.owner import ActorContext, Cancel, OwnerActor, Tick
+from subagents_node.actors.owner import OwnerActor, Tick
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
     FanoutBudgetUnavailable,

@@ -34,8 +34,9 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
+from subagents_node.actors.context import Cancel
 from subagents_node.actors.fanout import schema
-from subagents_node.actors.owner import Cancel, Tick
+from subagents_node.actors.owner import Tick
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Callable, Generator
 from typing import ParamSpec, Protocol
 
-from subagents_node.actors.owner import DEFERRED, Cancel, Outcome, ReplyFn, Tick
+from subagents_node.actors.context import Cancel
+from subagents_node.actors.owner import DEFERRED, Outcome, ReplyFn, Tick
 from subagents_node.actors.pipelines import Pipelines
 from subagents_node.actors.runs import (
     attach,

@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subagents_node.actors.owner import Cancel, ReplyFn
+from subagents_node.actors.context import Cancel
+from subagents_node.actors.owner import ReplyFn
 from subagents_node.actors.runs import runplan, runstore
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor

@@ -37,7 +37,8 @@ import sqlite3
 from collections.abc import Callable
 from functools import partial
 
-from subagents_node.actors.owner import Cancel, Outcome, ReplyFn, Tick
+from subagents_node.actors.context import Cancel
+from subagents_node.actors.owner import Outcome, ReplyFn, Tick
 from subagents_node.actors.runs.ticks import Outbound, OutboxRetry
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import (

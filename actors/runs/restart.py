@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from subagents_node.actors.child import rows as child_rows
-from subagents_node.actors.owner import Cancel, Tick
+from subagents_node.actors.context import Cancel
+from subagents_node.actors.owner import Tick
 from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import checkpoints, children, management, pauses, runstore
 from subagents_node.actors.runs.launches import RunLaunches

@@ -16,7 +16,8 @@ import sqlite3
 from typing import Protocol
 
 from subagents_node.actors.child.keeper import ChildKeeper
-from subagents_node.actors.owner import Cancel, Tick
+from subagents_node.actors.context import Cancel
+from subagents_node.actors.owner import Tick
 from subagents_node.actors.runs import checkpoints, pauses, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import KillEscaped

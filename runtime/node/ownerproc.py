@@ -31,9 +31,9 @@ from typing import Any
 import zmq
 
 from subagents_node.actors.child.logcap import ChildLogCap
+from subagents_node.actors.context import ActorContext
 from subagents_node.actors.links import DEFAULT_TIMEOUT_S, OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
-from subagents_node.actors.owner import ActorContext
 from subagents_node.actors.peergate import PeerGate
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 from subagents_node.actors.capacity.ledger import CapacityLedger
-from subagents_node.actors.owner import ActorContext
+from subagents_node.actors.context import ActorContext
 from subagents_node.messages.capacity import TERMINAL_STATES, RunnerProof, SlotHandle, SlotRecord
 from subagents_node.messages.errors import (
     CapacityExhausted,

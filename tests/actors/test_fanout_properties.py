@@ -21,7 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from subagents_node.actors.owner import ActorContext
+from subagents_node.actors.context import ActorContext
 from subagents_node.messages.errors import (
     FanoutDescriptorMismatch,
     FanoutLimitExceeded,

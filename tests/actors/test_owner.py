@@ -9,8 +9,9 @@ from typing import Any
 
 import pykka
 
+from subagents_node.actors.context import ActorContext
 from subagents_node.actors.fanout import FanoutBudget
-from subagents_node.actors.owner import ActorContext, Job
+from subagents_node.actors.owner import Job
 from subagents_node.messages.errors import Internal
 from subagents_node.messages.fanout import CreateBudget, FanoutDescriptor
 from subagents_node.node.store import Store

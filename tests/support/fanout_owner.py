@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from subagents_node.actors.context import ActorContext
 from subagents_node.actors.fanout import FanoutBudget
-from subagents_node.actors.owner import ActorContext
 from subagents_node.client.fanout import FanoutAPI
 from subagents_node.node.store import Store
 from tests.support.nodes import new_state_dir

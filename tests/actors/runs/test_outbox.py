@@ -1,6 +1,6 @@
 """The outbox's rules, one at a time, on a real `runs.db` and the owners' dispatch seam.
 
-`Wire` stands where the node's links do (actors/owner.py's `ActorContext.dispatch`, the seam a
+`Wire` stands where the node's links do (actors/context.py's `ActorContext.dispatch`, the seam a
 unit test of owner logic uses): it keeps each request sent and lets the test answer it, as an
 owner would, with a result or a typed error. The store is a real SQLite file migrated with the
 supervisor's migrations; a transaction is committed by the test, which then runs what the
