@@ -8,10 +8,10 @@ admission group (R-WF-5), admitted in this order (R-WF-6):
 1. keys (R-WF-4), agents and output paths are checked, collisions refused (R-WF-8);
 2. `workflow[key]` is claimed for every new member as ONE batch at the budget's owner
    (all or nothing, R-FAN-13/16), qualified by the workflow descriptor's parent path;
-3. only then are the output paths recorded, and each child launched as a workflow child:
-   its key, `fanout_admitted` (so it claims nothing itself, R-FAN-20), the workflow's token
-   (R-FAN-24), the workflow as parent (never charged capacity, R-TOP-7) and the descriptor
-   extended by `workflow[key]` (R-FAN-12).
+3. only then are the output paths recorded, and each child launched as a workflow child
+   (childrequests.py): its key, `fanout_admitted` (so it claims nothing itself, R-FAN-20), the
+   workflow's token (R-FAN-24), the workflow as parent (never charged capacity, R-TOP-7) and
+   the descriptor extended by `workflow[key]` (R-FAN-12).
 
 A group refused at step 1 or 2 launches nothing and raises its typed error in the script. A
 member whose own launch is refused after admission (its claim stays, R-FAN-15) comes back as
@@ -35,15 +35,8 @@ from typing import Any
 
 from subagents_node.client.client import Client
 from subagents_node.launch.agents import Agent
-from subagents_node.launch.launcher import LaunchContext, agent_plan
-from subagents_node.messages.constants import (
-    ENV_AGENT,
-    ENV_CHILD_DIR,
-    ENV_CHILD_ID,
-    ENV_OUTPUT,
-    ENV_TASK_FILE,
-    ENV_WORKFLOW_TOKEN,
-)
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.constants import ENV_WORKFLOW_TOKEN
 from subagents_node.messages.errors import (
     FanoutLimitExceeded,
     SubagentsError,
@@ -54,14 +47,11 @@ from subagents_node.messages.errors import (
     WorkflowOutputCollision,
     WorkflowSettled,
 )
-from subagents_node.messages.fanout import FanoutSnapshot, encode_descriptor, extend
+from subagents_node.messages.fanout import FanoutSnapshot
 from subagents_node.messages.supervisor import (
     IntercomMode,
-    Launch,
     LaunchResult,
-    Resume,
     RunView,
-    TaskItem,
 )
 from subagents_node.workflow.calls import (
     ChildCall,
@@ -71,6 +61,7 @@ from subagents_node.workflow.calls import (
     step_status,
     to_jsonable,
 )
+from subagents_node.workflow.childrequests import member_launch, resume_request
 from subagents_node.workflow.outputs import check_collisions, resolve_output
 from subagents_node.workflow.stop import WorkflowStopped
 
@@ -91,17 +82,6 @@ __all__ = [
     "WorkflowStopped",
     "to_jsonable",
 ]
-
-#: The host's own variables: a child gets its own values from the node, or none at all.
-_HOST_ONLY = (
-    ENV_WORKFLOW_TOKEN,
-    ENV_OUTPUT,
-    ENV_TASK_FILE,
-    ENV_CHILD_ID,
-    ENV_CHILD_DIR,
-    ENV_AGENT,
-)
-
 
 ACTIVE = ("queued", "running", "paused")
 #: A resumed workflow's source steps that ended so are launched again (on their old claim).
@@ -313,53 +293,12 @@ class WorkflowRuns:
         for step in group.steps():
             self.steps[step.key] = step
 
-    def _child_launch(self, step: Step, agent: Agent) -> Launch:
-        call = step.call
-        plan = agent_plan(agent)
-        if step.output_path is None:
-            plan = plan.model_copy(update={"output": None})  # `output: false`: no file at all
-        item = TaskItem(
-            agent=plan,
-            task=call.task,
-            cwd=call.cwd or agent.cwd,
-            output=str(step.output_path) if step.output_path is not None else None,
-        )
-        base = self._launcher.launch(
-            "single", call.async_, items=[item], timeout_ms=call.timeout_ms
-        )
-        fields_ = base.model_dump()
-        fields_.update(
-            env={k: v for k, v in (base.env or {}).items() if k not in _HOST_ONLY},
-            parent_run_id=self.env.run_id,
-            workflow_key=step.key,
-            fanout_admitted=True,
-            workflow_token=self.env.token,
-            inherited_fanout=encode_descriptor(
-                extend(self.env.descriptor, f"workflow[{step.key}]")
-            ),
-            intercom=call.intercom or self.env.intercom,  # R-ICB-3
-        )
-        return Launch.model_validate(fields_)
-
     def _child_launch_view(self, step: Step, agent: Agent) -> RunView:
-        return self._client.runs.launch(self._child_launch(step, agent))
+        return self._client.runs.launch(member_launch(step, agent, self._launcher, self.env))
 
     def _resume_view(self, step: Step) -> RunView:
         """R-WF-5 `resume` item: the node relaunches the source as this workflow's child."""
-        call = step.call
-        assert step.source_run_id is not None
-        env = {k: v for k, v in self._launcher.env.items() if k not in _HOST_ONLY}
-        request = Resume(
-            run_id=step.source_run_id,
-            message=call.task,
-            depth=self._launcher.depth,
-            env=env,
-            parent_run_id=self.env.run_id,
-            workflow_key=step.key,
-            workflow_token=self.env.token,
-            background=call.async_,
-        )
-        view = self._client.ask(request, LaunchResult).run
+        view = self._client.ask(resume_request(step, self._launcher, self.env), LaunchResult).run
         step.agent = step.agent or view.label
         return view
 

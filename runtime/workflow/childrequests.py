@@ -1,0 +1,81 @@
+"""The requests that launch a workflow's children (SPEC §12: R-WF-3, R-WF-5, R-FAN-20/24).
+
+Owns how an admitted step becomes the request the node runs: a new member's `Launch` (a single
+run, built as the host's launcher builds one, then made a workflow child: its key,
+`fanout_admitted`, the workflow's token, the workflow as parent and the descriptor extended by
+`workflow[key]`, R-FAN-12) and a `resume` item's `Resume`. Neither carries the host's own
+variables: a child gets its own values from the node, or none at all.
+
+It only builds requests: it never talks to a node, never claims and never admits (api.py admits
+a group before any of these is built).
+"""
+
+from __future__ import annotations
+
+from subagents_node.launch.agents import Agent
+from subagents_node.launch.launcher import LaunchContext, agent_plan
+from subagents_node.messages.constants import (
+    ENV_AGENT,
+    ENV_CHILD_DIR,
+    ENV_CHILD_ID,
+    ENV_OUTPUT,
+    ENV_TASK_FILE,
+    ENV_WORKFLOW_TOKEN,
+)
+from subagents_node.messages.fanout import encode_descriptor, extend
+from subagents_node.messages.supervisor import Launch, Resume, TaskItem
+from subagents_node.workflow.calls import Step, WorkflowEnv
+
+#: The host's own variables: a child gets its own values from the node, or none at all.
+_HOST_ONLY = (
+    ENV_WORKFLOW_TOKEN,
+    ENV_OUTPUT,
+    ENV_TASK_FILE,
+    ENV_CHILD_ID,
+    ENV_CHILD_DIR,
+    ENV_AGENT,
+)
+
+
+def member_launch(
+    step: Step, agent: Agent, launcher: LaunchContext, workflow: WorkflowEnv
+) -> Launch:
+    """The launch of admitted member `step` as a child of `workflow` (R-WF-3)."""
+    call = step.call
+    plan = agent_plan(agent)
+    if step.output_path is None:
+        plan = plan.model_copy(update={"output": None})  # `output: false`: no file at all
+    item = TaskItem(
+        agent=plan,
+        task=call.task,
+        cwd=call.cwd or agent.cwd,
+        output=str(step.output_path) if step.output_path is not None else None,
+    )
+    base = launcher.launch("single", call.async_, items=[item], timeout_ms=call.timeout_ms)
+    fields_ = base.model_dump()
+    fields_.update(
+        env={k: v for k, v in (base.env or {}).items() if k not in _HOST_ONLY},
+        parent_run_id=workflow.run_id,
+        workflow_key=step.key,
+        fanout_admitted=True,
+        workflow_token=workflow.token,
+        inherited_fanout=encode_descriptor(extend(workflow.descriptor, f"workflow[{step.key}]")),
+        intercom=call.intercom or workflow.intercom,  # R-ICB-3
+    )
+    return Launch.model_validate(fields_)
+
+
+def resume_request(step: Step, launcher: LaunchContext, workflow: WorkflowEnv) -> Resume:
+    """R-WF-5 `resume` item: the node relaunches the source as `workflow`'s child."""
+    call = step.call
+    assert step.source_run_id is not None
+    return Resume(
+        run_id=step.source_run_id,
+        message=call.task,
+        depth=launcher.depth,
+        env={k: v for k, v in launcher.env.items() if k not in _HOST_ONLY},
+        parent_run_id=workflow.run_id,
+        workflow_key=step.key,
+        workflow_token=workflow.token,
+        background=call.async_,
+    )
