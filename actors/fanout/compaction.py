@@ -6,8 +6,10 @@ reservation's own claims (to release them if it ends without commit); a claim ro
 only its path and time, a label for diagnostics (R-FAN-11). Without a bound, every child ever
 launched left one row for good (the original's budget stores were never collected either,
 SPEC §17). So once a budget has had no claim for the retention period (`run_retention_days`,
-the age at which finished runs are pruned) and holds no pending reservation, its claim rows and
-its settled reservations are deleted in one transaction, and `claims_compacted_at` is set.
+the age at which finished runs are pruned) and holds no pending reservation, its claim rows are
+deleted in one transaction and `claims_compacted_at` is set. Its settled reservations stay (a
+row per reserve, not per path): a late commit or abort of one is answered exactly as before
+(committed, or `FanoutReservationExpired` with its state), never `FanoutReservationUnknown`.
 
 The budget row stays, `used` included: nothing is refunded (R-FAN-15), and every later decision
 in that tree, a revival's children's claims included (R-RES-4), is the one it would have been.
@@ -134,7 +136,6 @@ class ClaimCompaction:
                 self._resume_after = before  # so its last claim, and its idle time, stay)
                 more = True
                 break
-            db.execute("DELETE FROM fanout_reservations WHERE budget_id = ?", (budget_id,))
             db.execute(
                 "UPDATE fanout_budgets SET claims_compacted_at = ? WHERE budget_id = ?",
                 (now, budget_id),

@@ -2,8 +2,9 @@
 
 Every child ever launched left one `fanout_claims` row for good, and nothing bounded
 `fanout.db` (the original's budget stores were never collected either: SPEC §17). A budget
-idle for the retention period (`run_retention_days`) loses its claim rows and settled
-reservations; its count stays, so no decision changes (R-FAN-15: nothing is refunded).
+idle for the retention period (`run_retention_days`) loses its claim rows; its count and its
+reservations' records stay, so no decision and no answer changes (R-FAN-15: nothing is
+refunded).
 
 The owner runs on a real store with a hand-moved clock (tests/support/fanout_owner.py): moving
 time fires its timer at once, so nothing here waits on wall time.
@@ -24,7 +25,11 @@ from subagents_node.actors.fanout.compaction import (
     RECHECK_S,
     ClaimCompaction,
 )
-from subagents_node.messages.errors import FanoutLimitExceeded, RecordQuarantined
+from subagents_node.messages.errors import (
+    FanoutLimitExceeded,
+    FanoutReservationExpired,
+    RecordQuarantined,
+)
 from subagents_node.messages.fanout import MAX_PATHS, FanoutDescriptor, FanoutSnapshot
 from subagents_node.node.store import Store
 from tests.support.fanout_owner import OwnerHarness
@@ -117,7 +122,7 @@ def short() -> Iterator[OwnerHarness]:
     harness.close()
 
 
-def test_r_fan_14_a_pending_reservation_keeps_its_budget_whole_until_it_is_settled(
+def test_r_fan_14_a_pending_reservation_keeps_its_budget_whole_and_a_settled_one_its_answer(
     short: OwnerHarness,
 ) -> None:
     owner = short
@@ -134,10 +139,13 @@ def test_r_fan_14_a_pending_reservation_keeps_its_budget_whole_until_it_is_settl
     owner.time.advance(RECHECK_S)
     owner.sync()
     assert (claim_rows(owner, desc), compacted(owner, desc)) == (0, True)
-    assert owner.rows(
-        "SELECT COUNT(*) FROM fanout_reservations WHERE budget_id = ?", desc.budget_id
-    ) == [(0,)]
     assert owner.fanout.snapshot(desc).used == 2
+    # The reservations' records stay: a late settle is answered exactly as before it.
+    assert done.commit().used == 2
+    assert pending.abort().used == 2
+    with pytest.raises(FanoutReservationExpired) as caught:
+        pending.commit()
+    assert caught.value.state == "aborted"
 
 
 def test_a_quarantined_budget_is_never_compacted(owner: OwnerHarness) -> None:

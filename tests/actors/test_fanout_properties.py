@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -333,3 +333,41 @@ class FanoutMachine(RuleBasedStateMachine):
 
 FanoutMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 test_inv_fan_owner_matches_the_reference_model = FanoutMachine.TestCase
+
+
+class CompactingFanoutMachine(FanoutMachine):
+    """The same model with claim compaction on: a retention of 30 s against steps of up to
+    15 s, so idle budgets lose their claim rows between steps (compaction.py). Every decision
+    and snapshot still matches the model (R-FAN-15: a compacted budget keeps its count), no
+    claim row of a pending reservation is ever deleted, and no budget keeps more rows than its
+    count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner.close()
+        self.owner = OwnerHarness(settings={"run_retention_days": 30 / 86_400})
+
+    @invariant()
+    def used_equals_the_stored_claims(self) -> None:
+        rows = self.owner.rows(
+            "SELECT b.budget_id, b.used, (SELECT COUNT(*) FROM fanout_claims c "
+            "WHERE c.budget_id = b.budget_id) FROM fanout_budgets b"
+        )
+        for budget_id, used, claims in rows:
+            assert claims <= used, budget_id
+            if claims < used:
+                event("a budget's claim rows were compacted")
+        for reservation_id, held in self.held.items():
+            if held.state == "pending":
+                kept = self.owner.rows(
+                    "SELECT COUNT(*) FROM fanout_claims WHERE reservation_id = ?", reservation_id
+                )
+                assert kept == [(held.claims,)], reservation_id
+
+
+CompactingFanoutMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+test_r_fan_15_compaction_changes_no_decision_of_the_reference_model = (
+    CompactingFanoutMachine.TestCase
+)
