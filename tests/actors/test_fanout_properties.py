@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
@@ -209,6 +210,13 @@ class FanoutMachine(RuleBasedStateMachine):
             if r.budget_id == budget_id and r.state == "pending"
         )
 
+    def stored_counts(self) -> list[tuple[Any, ...]]:
+        """(budget id, its `used`, its claim rows) of every stored budget."""
+        return self.owner.rows(
+            "SELECT b.budget_id, b.used, (SELECT COUNT(*) FROM fanout_claims c "
+            "WHERE c.budget_id = b.budget_id) FROM fanout_budgets b"
+        )
+
     def expected(self, budget_id: str) -> FanoutSnapshot:
         used = self.model[budget_id].permanent + self.pending_claims(budget_id)
         return FanoutSnapshot.of(used, self.model[budget_id].limit)
@@ -323,10 +331,7 @@ class FanoutMachine(RuleBasedStateMachine):
 
     @invariant()
     def used_equals_the_stored_claims(self) -> None:
-        rows = self.owner.rows(
-            "SELECT b.budget_id, b.used, (SELECT COUNT(*) FROM fanout_claims c "
-            "WHERE c.budget_id = b.budget_id) FROM fanout_budgets b"
-        )
+        rows = self.stored_counts()
         for budget_id, used, claims in rows:
             assert used == claims, budget_id
 
@@ -349,10 +354,7 @@ class CompactingFanoutMachine(FanoutMachine):
 
     @invariant()
     def used_equals_the_stored_claims(self) -> None:
-        rows = self.owner.rows(
-            "SELECT b.budget_id, b.used, (SELECT COUNT(*) FROM fanout_claims c "
-            "WHERE c.budget_id = b.budget_id) FROM fanout_budgets b"
-        )
+        rows = self.stored_counts()
         for budget_id, used, claims in rows:
             assert claims <= used, budget_id
             if claims < used:
