@@ -59,7 +59,8 @@ from subagents_node.actors.capacity.rules import (
     transfer_refusal,
     verdict_of,
 )
-from subagents_node.actors.context import ActorContext, Cancel
+from subagents_node.actors.context import ActorContext
+from subagents_node.actors.deadline import EarliestDeadline
 from subagents_node.actors.owner import OwnerActor, Tick
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
@@ -112,10 +113,9 @@ class CapacityLedger(OwnerActor):
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
-        #: The deadline (wall s) the one expiry timer is armed for; never later than the
-        #: earliest deadline of an unstarted slot in the table.
-        self._armed: float | None = None
-        self._cancel_timer: Cancel | None = None
+        #: The one expiry timer: never later than the earliest deadline of an unstarted slot
+        #: (one armed for a grant that was then rolled back costs a tick that finds nothing).
+        self._expiry = EarliestDeadline(self.after, ctx.clock, SlotsDue)
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         handlers: dict[type[Request], Callable[[Any], Message]] = {
@@ -136,21 +136,21 @@ class CapacityLedger(OwnerActor):
     def recover(self) -> None:
         """Re-arm the TTL of every unstarted slot (deadlines already past fire at once) and
         quarantine every stored slot that does not parse."""
-        self._disarm()
+        self._expiry.disarm()
         records, unreadable = slots.scan(self.db)
         for bad in unreadable:
             self.quarantine(slots.TABLE, bad.key, bad.reason)
         waiting = sum(1 for r in records if r.expires_at is not None)
         # The earliest deadline, past or not: what passed while the owner was down expires
         # on the first tick, at once.
-        self._arm(slots.next_deadline(self.db))
+        self._expiry.arm(slots.next_deadline(self.db))
         if waiting:
             log.info("capacity: re-armed the deadlines of %d unstarted slots", waiting)
 
     def on_tick(self, tick: Tick) -> None:
         match tick:
             case SlotsDue():
-                self._armed = self._cancel_timer = None
+                self._expiry.fired()
                 now = self.ctx.clock()
                 for session_id, slot in slots.due(self.db, now):
                     try:
@@ -161,7 +161,7 @@ class CapacityLedger(OwnerActor):
                 self._arm_next(now)
 
     def on_stop(self) -> None:
-        self._disarm()
+        self._expiry.disarm()
         super().on_stop()
 
     def _refusing_unreadable(self, handler: Callable[[Any], Message]) -> Callable[[Any], Message]:
@@ -204,7 +204,7 @@ class CapacityLedger(OwnerActor):
             expires_at=now + self._ttl(req.ttl_s),
         )
         slots.insert(self.db, record)
-        self._arm(record.expires_at)
+        self._expiry.arm(record.expires_at)
         snapshot = CapacitySnapshot(used=used + 1, limit=req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
@@ -281,7 +281,7 @@ class CapacityLedger(OwnerActor):
             prev_record=source,
         )
         slots.update(self.db, record)
-        self._arm(record.expires_at)
+        self._expiry.arm(record.expires_at)
         snapshot = self._snapshot(req.session_id, req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
@@ -384,7 +384,7 @@ class CapacityLedger(OwnerActor):
             slots.delete(self.db, record)
             return None
         slots.update(self.db, source)
-        self._arm(source.expires_at)
+        self._expiry.arm(source.expires_at)
         return source
 
     def _expire(self, session_id: str, slot: int, now: float) -> None:
@@ -423,25 +423,10 @@ class CapacityLedger(OwnerActor):
             return ttl_s
         return float(self.ctx.settings.get("reservation_ttl_s", DEFAULT_TTL_S))
 
-    def _arm(self, deadline: float | None) -> None:
-        """Make sure the timer goes off no later than `deadline` (an earlier one stands). A
-        deadline armed for a request that was then rolled back costs one tick that finds
-        nothing due and re-arms for what the table holds."""
-        if deadline is None or (self._armed is not None and self._armed <= deadline):
-            return
-        self._disarm()
-        self._armed = deadline
-        self._cancel_timer = self.after(deadline - self.ctx.clock(), SlotsDue())
-
     def _arm_next(self, now: float) -> None:
         """After a tick: arm for the earliest deadline still ahead (what was due by `now` and
         is still stored is quarantined: fail closed, never freed by a timer, never retried)."""
-        self._arm(slots.next_deadline(self.db, after=now))
-
-    def _disarm(self) -> None:
-        if self._cancel_timer is not None:
-            self._cancel_timer()
-        self._armed = self._cancel_timer = None
+        self._expiry.arm(slots.next_deadline(self.db, after=now))
 
     def _snapshot(self, session_id: str, limit: int) -> CapacitySnapshot:
         return CapacitySnapshot(used=slots.used(self.db, session_id), limit=limit)

@@ -32,7 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from subagents_node.actors import quarantine
-from subagents_node.actors.context import ActorContext, Cancel
+from subagents_node.actors.context import ActorContext
+from subagents_node.actors.deadline import EarliestDeadline
 from subagents_node.actors.fanout import schema
 from subagents_node.actors.fanout.compaction import ClaimCompaction, CompactionDue
 from subagents_node.actors.owner import OwnerActor, Tick
@@ -85,9 +86,8 @@ class FanoutBudget(OwnerActor):
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
-        #: Deadline (wall s) the expiry timer is armed for; never later than any pending one.
-        self._armed: float | None = None
-        self._cancel_timer: Cancel | None = None
+        #: The one expiry timer: never later than any pending reservation's deadline.
+        self._expiry = EarliestDeadline(self.after, ctx.clock, ReservationsDue)
         retention_days = float(ctx.settings.get("run_retention_days", 0.0))
         self._compaction = ClaimCompaction(retention_days * 86_400, self.after, ctx.clock)
 
@@ -148,7 +148,7 @@ class FanoutBudget(OwnerActor):
         )
         if req.paths:
             self._admit(req.descriptor, req.paths, before, reservation_id)
-        self._arm(expires_at)
+        self._expiry.arm(expires_at)
         return ReservationGrant(
             reservation_id=reservation_id,
             budget_id=req.descriptor.budget_id,
@@ -195,51 +195,38 @@ class FanoutBudget(OwnerActor):
     # -- expiry -------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        self._disarm()
+        self._expiry.disarm()
         for table, key, checks in (
             (schema.BUDGETS, "budget_id", schema.BUDGET_CHECKS),
             (schema.RESERVATIONS, "reservation_id", schema.RESERVATION_CHECKS),
         ):
             for name, reason in quarantine.broken_rows(self.db, table, key, checks):
                 self.quarantine(table, name, reason)
-        row = self.db.execute(schema.NEXT_DUE).fetchone()
-        if row[0] is not None:
-            self._arm(float(row[0]))
+        self._expiry.arm(self._next_due())
         self._compaction.arm(self.db)
 
     def on_tick(self, tick: Tick) -> None:
         match tick:
             case ReservationsDue():
-                self._armed = self._cancel_timer = None
-                now = self.ctx.clock()
-                self._expire(now)
-                row = self.db.execute(schema.NEXT_DUE).fetchone()
-                if row[0] is not None:
-                    self._arm(float(row[0]))
+                self._expiry.fired()
+                self._expire(self.ctx.clock())
+                self._expiry.arm(self._next_due())
             case CompactionDue():
                 self._compaction.due(self.db)
 
     def on_stop(self) -> None:
-        self._disarm()
+        self._expiry.disarm()
         self._compaction.stop()
         super().on_stop()
 
-    def _arm(self, deadline: float) -> None:
-        if self._armed is not None and self._armed <= deadline:
-            return
-        self._disarm()
-        self._armed = deadline
-        self._cancel_timer = self.after(deadline - self.ctx.clock(), ReservationsDue())
-
-    def _disarm(self) -> None:
-        if self._cancel_timer is not None:
-            self._cancel_timer()
-        self._armed = self._cancel_timer = None
+    def _next_due(self) -> float | None:
+        (deadline,) = self.db.execute(schema.NEXT_DUE).fetchone()
+        return None if deadline is None else float(deadline)
 
     def _expire_due(self, now: float) -> None:
         # The timer is armed no later than the earliest pending deadline, so before it nothing
         # can be due and the common request skips the query.
-        if self._armed is not None and now >= self._armed:
+        if self._expiry.due(now):
             self._expire(now)
 
     def _expire(self, now: float) -> None:

@@ -37,6 +37,7 @@ import sqlite3
 from collections.abc import Callable
 
 from subagents_node.actors.context import Cancel
+from subagents_node.actors.deadline import EarliestDeadline
 from subagents_node.actors.fanout import schema
 from subagents_node.actors.owner import Tick
 
@@ -82,10 +83,8 @@ class ClaimCompaction:
         clock: Callable[[], float],
     ) -> None:
         self.retention_s = retention_s
-        self._after = after
         self._clock = clock
-        self._armed_at: float | None = None
-        self._cancel: Cancel = lambda: None
+        self._timer = EarliestDeadline(after, clock, CompactionDue)
         #: (created_at, budget_id) of the last budget the current round looked at.
         self._resume_after: tuple[float, str] = (float("-inf"), "")
         #: When the earliest budget this round skipped (still in use) is worth a look again.
@@ -97,20 +96,19 @@ class ClaimCompaction:
             return
         (oldest,) = db.execute(_OLDEST).fetchone()
         if oldest is not None:
-            self._arm_for(float(oldest) + self.retention_s, not_before)
+            self._timer.arm(float(oldest) + self.retention_s, not_before)
 
     def budget_created(self, created_at: float) -> None:
         """A new budget (or a compacted one claimed again): arm for it if nothing is armed."""
-        if self.retention_s > 0 and self._armed_at is None:
-            self._arm_for(created_at + self.retention_s)
+        if self.retention_s > 0 and self._timer.armed is None:
+            self._timer.arm(created_at + self.retention_s)
 
     def stop(self) -> None:
-        self._cancel()
-        self._armed_at = None
+        self._timer.disarm()
 
     def due(self, db: sqlite3.Connection) -> int:
         """One pass, inside the owner's transaction; the number of budgets compacted."""
-        self._armed_at = None
+        self._timer.fired()
         now = self._clock()
         cutoff = now - self.retention_s
         after_at, after_id = self._resume_after
@@ -144,7 +142,7 @@ class ClaimCompaction:
         if compacted:
             log.info("compacted the claims of %d idle budgets (%d rows)", compacted, claims)
         if more:
-            self._arm_for(now)  # more to look at: the next pass after the requests waiting now
+            self._timer.arm(now)  # more to look at: the next pass after the requests waiting now
             return compacted
         # The round is over: the next starts when a budget skipped in it, or the oldest one
         # too young to look at yet, can first be idle long enough.
@@ -156,17 +154,9 @@ class ClaimCompaction:
         ]
         if dues:
             # Never at once: a round that found nothing idle must not start the next right away.
-            self._arm_for(min(dues), not_before=now + 1.0)
+            self._timer.arm(min(dues), not_before=now + 1.0)
         return compacted
 
     def _again_at(self, due: float) -> None:
         if self._round_again is None or due < self._round_again:
             self._round_again = due
-
-    def _arm_for(self, due: float, not_before: float = 0.0) -> None:
-        due = max(due, not_before)
-        if self._armed_at is not None and self._armed_at <= due:
-            return
-        self._cancel()
-        self._armed_at = due
-        self._cancel = self._after(max(0.0, due - self._clock()), CompactionDue())
