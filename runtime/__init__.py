@@ -68,9 +68,9 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        from subagents_node.messages.constants import version
+        from subagents_node.messages.constants import VERSION
 
-        return version()
+        return VERSION
     try:
         module_name, attribute = _WHERE[name]
     except KeyError:

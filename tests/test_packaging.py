@@ -26,6 +26,7 @@ import pytest
 import subagents_node
 from subagents_node import errors
 from subagents_node.messages.codec import decode, encode
+from subagents_node.messages.constants import VERSION
 from subagents_node.messages.envelope import ERROR, Envelope
 from tests.support.docs import Block, blocks
 from tests.support.nodes import REPO
@@ -149,7 +150,15 @@ def test_the_installed_wheel_runs_the_cli_the_readme_example_and_the_demo(
     script = tmp_path / "venv" / "bin" / "subagents-node"
     version = subprocess.run([str(script), "--version"], env=env, capture_output=True, text=True)
     assert version.returncode == 0, version.stderr
-    assert version.stdout.strip() == f"subagents-node, version {PYPROJECT['project']['version']}"
+    assert version.stdout.strip() == f"subagents-node, version {VERSION}"
+    # the wheel's metadata carries the same version: pyproject.toml reads the constant
+    metadata = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('subagents-node'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert metadata.stdout.strip() == VERSION, metadata.stderr
 
     example = _readme_python_example()
     (work / "example.py").write_text(example.text, encoding="utf-8")

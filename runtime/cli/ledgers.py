@@ -189,9 +189,9 @@ def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
 def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
     """Check the state dir, store, node, config and agent files; exit 1 on any failure."""
     from subagents_node.cli.doctor import render, run_checks
-    from subagents_node.messages.constants import version
+    from subagents_node.messages.constants import VERSION
 
-    checks = run_checks(obj.state_dir, obj.address, Path.cwd(), agents_dirs, version())
+    checks = run_checks(obj.state_dir, obj.address, Path.cwd(), agents_dirs, VERSION)
     payload = {"checks": [c.__dict__ for c in checks]}
     emit(payload, as_json, "\n".join(render(checks)))
     if any(c.level == "fail" for c in checks):

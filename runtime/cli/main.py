@@ -33,10 +33,10 @@ from subagents_node.cli.common import (
 from subagents_node.cli.params import RUN_ID, SECONDS
 from subagents_node.client.paths import check_endpoint
 from subagents_node.messages.constants import (
-    DISTRIBUTION,
     ENV_NODE,
     ENV_STATE_DIR,
     ENV_TEST_FAULTS,
+    VERSION,
 )
 from subagents_node.messages.errors import SubagentsError
 
@@ -156,7 +156,7 @@ class LazyGroup(click.Group):
 @click.option(
     "--timeout", type=SECONDS, default=10.0, show_default=True, help="Seconds to wait for a reply."
 )
-@click.version_option(package_name=DISTRIBUTION, prog_name="subagents-node")
+@click.version_option(VERSION, prog_name="subagents-node")
 @click.pass_context
 def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout: float) -> None:
     """Launch and supervise agent child processes under hard, single-owner ledgers."""

@@ -28,7 +28,7 @@ from subagents_node.client.client import connect, default_address
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
-from subagents_node.messages.constants import version
+from subagents_node.messages.constants import VERSION
 from subagents_node.messages.errors import NodeNotRunning, SubagentsError
 
 P = ParamSpec("P")
@@ -123,7 +123,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     """The MCP server with one tool per launcher operation, bound to `tools`."""
     server: MCPServer[Any] = MCPServer(
         name="subagents-node",
-        version=version(),
+        version=VERSION,
         instructions=INSTRUCTIONS,
         log_level="WARNING",
     )

@@ -33,7 +33,7 @@ from subagents_node.client.curve import curve_client
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode
-from subagents_node.messages.constants import version
+from subagents_node.messages.constants import VERSION
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import MembershipRefused, SubagentsError
 from subagents_node.messages.members import MemberHeartbeat, MemberJoin, Membership
@@ -103,7 +103,7 @@ class HomeLink:
 
     def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> Membership:
         """Join the home (raises its typed refusal, or a NodeError when it cannot be reached)."""
-        request = MemberJoin(name=self.name, instance=self.instance, version=version())
+        request = MemberJoin(name=self.name, instance=self.instance, version=VERSION)
         # A transport of its own: it tells a key the home refused at the handshake
         # (NotAuthenticated) from a home that does not answer.
         transport = ZmqTransport(self.home, credentials=self._credentials, sender=self._sender)

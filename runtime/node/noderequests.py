@@ -19,7 +19,7 @@ from typing import Protocol
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
 from subagents_node.messages.base import Ack, Request
-from subagents_node.messages.constants import version
+from subagents_node.messages.constants import VERSION
 from subagents_node.messages.errors import BadRequest, MembershipRefused
 from subagents_node.messages.keys import REQUESTS as KEY_REQUESTS
 from subagents_node.messages.keys import KeysList
@@ -96,11 +96,11 @@ def serve(host: NodeHost, request: Request, principal: str | None, reply: ReplyF
 def answer(host: NodeHost, request: Request) -> Outcome:
     uptime = time.time() - host.started_at if host.started_at else 0.0
     if isinstance(request, Ping):
-        return Pong(node_id=host.node_id, version=version(), pid=os.getpid(), uptime_s=uptime)
+        return Pong(node_id=host.node_id, version=VERSION, pid=os.getpid(), uptime_s=uptime)
     if isinstance(request, NodeStatus):
         return NodeStatusResult(
             node_id=host.node_id,
-            version=version(),
+            version=VERSION,
             pid=os.getpid(),
             uptime_s=uptime,
             state_dir=str(host.state_dir),
