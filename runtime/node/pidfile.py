@@ -17,8 +17,13 @@ import socket
 from contextlib import suppress
 from pathlib import Path
 
-from subagents_node.actors.child import procfs
-from subagents_node.client.paths import PID_NAME, ipc_endpoint, ipc_path, read_pid_file
+from subagents_node.client.paths import (
+    PID_NAME,
+    ipc_endpoint,
+    ipc_path,
+    process_create_time,
+    read_pid_file,
+)
 from subagents_node.messages.errors import NodeAlreadyRunning, StoreError, StoreFull
 
 
@@ -52,13 +57,12 @@ def write_pid_file(
     owner_pids: dict[str, int],
 ) -> None:
     """Write this process's record, whole (a temporary file replaced)."""
-    started = procfs.start_time_of(os.getpid())
-    assert started is not None  # this process is running
+    created = process_create_time(os.getpid())
+    assert created is not None  # this process is running
     record = {
         "pid": os.getpid(),
-        # What psutil's create_time says, computed the way it does (readers compare the
-        # two exactly), without loading psutil into the node: 15-25 ms of every start.
-        "create_time": procfs.wall_clock(started),
+        # What readers compare exactly (read_pid_file): the same function computes both.
+        "create_time": created,
         "node_id": node_id,
         "address": address,
         "endpoints": endpoints,
