@@ -1,14 +1,14 @@
 """OwnerSupervisor: the node's supervision of its owner processes (OTP style, DESIGN §1).
 
-Owns, for each owner: its process (forked from the node once every owner's actor is imported,
-so a start costs a fork, not an interpreter, and no owner imports anything after it: see
-`start`), its pidfd and control pipe, its state
-(`running`, `restarting`, `failed`), its restart count and restart-intensity history, and the
-records it reported quarantined. One thread does all of it: it forks (so the owners' death
-signal is tied to a thread that lives as long as the node), waits in poll() on every pidfd and
-control pipe at once, restarts a crashed owner from its database, and past the owner's restart
-intensity marks it `failed` and binds a stand-in on its socket (tombstone.py) that answers
-every request `OwnerUnavailable` at once, while the other owners keep serving.
+Owns, for each owner: its process (forked from the node, so a start costs a fork, not an
+interpreter; each owner then imports its own actor's code and no other's: see `start`), its
+pidfd and control pipe, its state (`running`, `restarting`, `failed`), its restart count and
+restart-intensity history, and the records it reported quarantined. One thread does all of
+it: it forks (so the owners' death signal is tied to a thread that lives as long as the node),
+waits in poll() on every pidfd and control pipe at once, restarts a crashed owner from its
+database, and past the owner's restart intensity marks it `failed` and binds a stand-in on its
+socket (tombstone.py) that answers every request `OwnerUnavailable` at once, while the other
+owners keep serving.
 
 It never opens an owner's database and never handles an owner's requests.
 """
@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
-from subagents_node.node import owners
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
 from subagents_node.node.tombstone import Tombstone
@@ -116,15 +115,14 @@ class OwnerSupervisor:
         supervisor's recovery sends to a ledger that is not bound yet waits in its DEALER
         until the ledger binds.
 
-        Every owner's actor is imported here, before the first fork: each owner inherits the
-        code of all of them (the run supervisor's is 1.2 MiB of a ledger owner's RSS, but only
-        once in the PSS of all), because what the node imports after a fork writes to pages it
-        shares with the owners already forked (reference counts, free slots of shared arenas),
-        and each page written is copied: importing the run supervisor's code after the
-        ledgers' forks cost ~3 MiB more PSS and ~30 ms of start than it saved."""
+        No owner's actor is imported here: each owner imports its own after the fork
+        (ownerproc.py), so the node never holds the actors' code and a ledger owner never holds
+        the run supervisor's (1.2 MiB of RSS in each process that had it), and the imports run
+        in the owners at once instead of one after another in the node. (What the node itself
+        would import after a fork is another matter: it writes to pages it shares with the
+        owners already forked, and each page written is copied. The node imports nothing
+        after the forks that its requests do not need.)"""
         self._zctx = zctx
-        for owner in self._owners.values():
-            owners.actor_class(owner.spec.name)
         self._thread.start()
         for owner in sorted(self._owners.values(), key=lambda o: o.spec.name != first):
             self._order(functools.partial(self._fork, owner))
