@@ -22,7 +22,7 @@ import sys
 from types import ModuleType
 
 #: The module pydantic imports its `get_plugins` from (pydantic.plugin._schema_validator,
-#: pydantic 2.5 to 2.x). tests/node/test_noplugins.py checks that the installed pydantic
+#: pydantic 2.5 to 2.x). tests/cli/test_noplugins.py checks that the installed pydantic
 #: still asks it, and only for that name.
 LOADER = "pydantic.plugin._loader"
 
