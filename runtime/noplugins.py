@@ -31,15 +31,10 @@ def _no_plugins() -> tuple[()]:
     return ()
 
 
-def keep_pydantic_plugins_out() -> bool:
-    """Put the stand-in in the loader's place; False when too late (the real loader already
-    ran in this process: its plugins stay as they are)."""
-    if LOADER in sys.modules:
-        return sys.modules[LOADER].__doc__ == _STAND_IN_DOC
-    stand_in = ModuleType(LOADER, _STAND_IN_DOC)
-    stand_in.get_plugins = _no_plugins  # type: ignore[attr-defined]
-    sys.modules[LOADER] = stand_in
-    return True
-
-
-_STAND_IN_DOC = "subagents_node's stand-in for pydantic's plugin loader: no plugins here."
+def keep_pydantic_plugins_out() -> None:
+    """Put the stand-in in the loader's place, unless the real loader already ran in this
+    process (then its plugins stay as they are: nothing is taken back)."""
+    if LOADER not in sys.modules:
+        stand_in = ModuleType(LOADER, "subagents_node's stand-in for pydantic's plugin loader")
+        stand_in.get_plugins = _no_plugins  # type: ignore[attr-defined]
+        sys.modules[LOADER] = stand_in
