@@ -159,8 +159,11 @@ def test_r_cap_21_reports_to_an_unavailable_capacity_owner_are_replayed_in_end_o
     assert slot_held(client, first), "the first report was replayed before the test could look"
 
     def both_freed() -> bool:
-        first_held, second_held = slot_held(client, first), slot_held(client, second)
         # Whenever the second run's slot is seen free, the first run's was freed before it.
+        # So look at the second first: read the other way round, both could be freed, in
+        # order, between the two reads, and the test would blame the owner for its own race.
+        second_held = slot_held(client, second)
+        first_held = slot_held(client, first)
         assert first_held <= second_held, "the later report was applied before the earlier one"
         return not first_held and not second_held
 
