@@ -38,6 +38,7 @@ from subagents_node.messages.constants import (
     ENV_TASK_DELIVERY,
     ENV_TASK_FILE,
 )
+from subagents_node.messages.domains import MAX_ARG_BYTES
 from subagents_node.messages.errors import AgentCommandNotFound, AgentInvalid, BadRequest
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,27 @@ def check_command(agent: AgentLike, environ: Mapping[str, str] | None = None) ->
     values = {"python": sys.executable, "agent_dir": agent.agent_dir}
     search_path = agent.env.get("PATH", env_in.get("PATH", os.defpath))
     return _resolve_command(agent, _substitute(agent.command[0], values), search_path)
+
+
+def argv_task_problem(
+    agent: AgentLike, task: str, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Why exec(2) would refuse `task` in this agent's argv (None: it would not, or the task
+    does not ride in argv). Checked before admission, like the command."""
+    if resolve_delivery(agent, task, environ) != "argv":
+        return None
+    if "\x00" in task:
+        return "it contains a NUL character; use task_delivery: file or stdin"
+    for arg in agent.command[1:]:
+        if "{task}" not in arg:
+            continue
+        size = len(arg.replace("{task}", task).encode("utf-8", "surrogateescape"))
+        if size >= MAX_ARG_BYTES:
+            return (
+                f"the argument would be {size:,} bytes, over Linux's {MAX_ARG_BYTES - 1:,}; "
+                "use task_delivery: file or stdin"
+            )
+    return None
 
 
 def _resolve_command(agent: AgentLike, command: str, search_path: str) -> str:

@@ -697,6 +697,13 @@ class RunCwdMissing(BadRequest):
     code = "cwd_missing"
 
 
+class TaskUndeliverable(BadRequest):
+    """A task its agent takes in argv that exec(2) would refuse (a NUL, an argument over
+    Linux's limit); refused before any charge, instead of a child that fails to start."""
+
+    code = "task_undeliverable"
+
+
 class PreviousUnavailable(BadRequest):
     """A `{previous}` where no earlier chain step exists; nothing started."""
 

@@ -37,7 +37,7 @@ from subagents_node.messages.capacity import (
     SlotHandle,
     Transfer,
 )
-from subagents_node.messages.delivery import check_command
+from subagents_node.messages.delivery import argv_task_problem, check_command
 from subagents_node.messages.errors import (
     FanoutDescriptorInvalid,
     FanoutNotAuthorized,
@@ -46,6 +46,7 @@ from subagents_node.messages.errors import (
     RunCwdMissing,
     RunStorageFailed,
     SubagentsError,
+    TaskUndeliverable,
 )
 from subagents_node.messages.fanout import (
     ClaimPaths,
@@ -56,7 +57,7 @@ from subagents_node.messages.fanout import (
     extend,
 )
 from subagents_node.messages.session import OpenSession, SpawnPreflight, SpawnReserve
-from subagents_node.messages.supervisor import Launch, RunView, Snapshots
+from subagents_node.messages.supervisor import Launch, RunView, Snapshots, TaskItem
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,26 @@ def validate(launch: Launch) -> None:
             raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
     for item in items:
         check_command(item.agent, launch.env)  # AgentCommandNotFound before any charge
+    for label, item in _labelled_items(launch):
+        problem = argv_task_problem(item.agent, item.task, launch.env)
+        if problem is not None:
+            raise TaskUndeliverable(
+                f"Task {label} cannot be passed to agent '{item.agent.name}' in its "
+                f"arguments: {problem}",
+                agent=item.agent.name,
+                path=label,
+            )
+
+
+def _labelled_items(launch: Launch) -> list[tuple[str, TaskItem]]:
+    """Every item a launch names with its path (R-FAN-12), expand templates included."""
+    labelled = [
+        (child.label, child.item) for group in runplan.plan_children(launch) for child in group
+    ]
+    offset = 1 if launch.attached_run_id else 0
+    for i, step in runplan.dynamic_steps(launch).items():
+        labelled += [(f"chain[{launch.chain_offset + offset + i}]", item) for item in step.items]
+    return labelled
 
 
 def _inject(host: AdmissionHost, point: str) -> None:

@@ -40,6 +40,7 @@ from subagents_node.messages.errors import (
     RunStorageFailed,
     SpawnBudgetExceeded,
     SubagentsError,
+    TaskUndeliverable,
 )
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import AgentPlan, ChainStep, Launch, RunView, TaskItem
@@ -282,6 +283,19 @@ def _missing_command(ctx: LaunchContext) -> Launch:
     return ctx.launch("single", True, items=[TaskItem(agent=agent, task="x")])
 
 
+def _argv_task(task: str) -> Callable[[LaunchContext], Launch]:
+    """A parallel launch whose second task rides in argv (`--prompt={task}`) and cannot."""
+
+    def build(ctx: LaunchContext) -> Launch:
+        agent = AgentPlan(
+            name="argv", command=["/bin/echo", "--prompt={task}"], task_delivery="argv"
+        )
+        items = [TaskItem(agent=agent, task="fine"), TaskItem(agent=agent, task=task)]
+        return ctx.launch("parallel", True, items=items)
+
+    return build
+
+
 BAD_INPUT = {
     "unknown agent": BadInput(
         AgentNotFound,
@@ -293,6 +307,18 @@ BAD_INPUT = {
         AgentCommandNotFound,
         "Agent 'ghost': command '/no/such/program' not found",
         _missing_command,
+    ),
+    # exec(2) would refuse these after the claims were made: a child failed, a unit spent.
+    "task with a NUL in argv": BadInput(
+        TaskUndeliverable,
+        "Task tasks[1] cannot be passed to agent 'argv' in its arguments: it contains a NUL",
+        _argv_task("before\x00after"),
+    ),
+    "task over the argument limit": BadInput(
+        TaskUndeliverable,
+        "Task tasks[1] cannot be passed to agent 'argv' in its arguments: the argument would be "
+        "131,081 bytes, over Linux's 131,071; use task_delivery: file or stdin",
+        _argv_task("x" * 131_072),
     ),
     "timeout zero": BadInput(
         InvalidTimeout,
