@@ -54,6 +54,13 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _env_name(value: str) -> str:
+    _no_nul(value)
+    if "=" in value:  # the kernel splits NAME=VALUE at the first '='
+        raise ValueError("an environment variable name must not contain '='")
+    return value
+
+
 def _not_blank(value: str) -> str:
     _no_nul(value)
     if not value.strip():
@@ -169,8 +176,8 @@ EncodedDescriptor = Annotated[str, StringConstraints(max_length=8192)]
 Arg = Annotated[str, StringConstraints(max_length=MAX_ARG_BYTES), AfterValidator(_arg_fits)]
 EnvName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=1024, pattern=r"^[^=]+$"),
-    AfterValidator(_no_nul),
+    StringConstraints(min_length=1, max_length=1024),
+    AfterValidator(_env_name),
 ]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ARG_BYTES), AfterValidator(_arg_fits)]
 

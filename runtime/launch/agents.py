@@ -26,16 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from subagents_node.messages.constants import ENV_TASK_DELIVERY, MAX_TIMEOUT_MS
 from subagents_node.messages.delivery import (
@@ -46,6 +37,13 @@ from subagents_node.messages.delivery import (
     prepare_invocation,
     resolve_delivery,
     stdin_text,
+)
+from subagents_node.messages.domains import (
+    MAX_TASK_CHARS,
+    Command,
+    Depth,
+    Environment,
+    FsPath,
 )
 from subagents_node.messages.errors import AgentInvalid, AgentNotFound
 
@@ -60,19 +58,21 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class _FrontMatter(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    # Strict: YAML gives real types, and `PORT: 8080` must not quietly become "8080". The
+    # domain types are the wire's (AgentPlan): what this accepts, a launch can carry.
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, strict=True)
 
-    name: StrictStr = Field(min_length=1, max_length=128, pattern=_NAME)
-    description: StrictStr = Field(min_length=1)
-    command: list[StrictStr] = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=128, pattern=_NAME)
+    description: str = Field(min_length=1)
+    command: Command
     task_delivery: TaskDelivery = "auto"
-    timeout_ms: StrictInt | None = Field(default=None, gt=0, le=MAX_TIMEOUT_MS)
-    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    output: StrictStr | None = None
-    fanout: StrictBool = False
-    run_async: StrictBool | None = Field(default=None, alias="async")
-    max_subagent_depth: StrictInt | None = Field(default=None, ge=0)
-    cwd: StrictStr | None = None
+    timeout_ms: int | None = Field(default=None, gt=0, le=MAX_TIMEOUT_MS)
+    env: Environment = Field(default_factory=dict)
+    output: FsPath | None = None
+    fanout: bool = False
+    run_async: bool | None = Field(default=None, alias="async")
+    max_subagent_depth: Depth | None = None
+    cwd: FsPath | None = None
 
     @field_validator("command", mode="before")
     @classmethod
@@ -144,6 +144,13 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
             f"Invalid agent file {path}: {reason}", path=str(path), reason=reason
         ) from None
     _check_delivery(front, path)
+    system_prompt = body.strip()
+    if len(system_prompt) > MAX_TASK_CHARS:
+        raise AgentInvalid.of(
+            path,
+            f"the body (system prompt) is longer than {MAX_TASK_CHARS:,} characters "
+            f"({len(system_prompt):,})",
+        )
     extras = dict(front.model_extra or {})
     if extras:
         log.warning(
@@ -153,7 +160,7 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
         name=front.name,
         description=front.description.strip(),
         command=tuple(front.command),
-        system_prompt=body.strip(),
+        system_prompt=system_prompt,
         path=path,
         scope=scope,
         task_delivery=front.task_delivery,

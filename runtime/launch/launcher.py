@@ -304,8 +304,10 @@ def _bad(path: Path, problem: str) -> RunFileInvalid:
 
 
 def agent_plan(agent: Agent) -> AgentPlan:
-    """The wire form of a discovered agent."""
-    return AgentPlan(
+    """The wire form of a discovered agent (the parser already holds it to the wire's
+    domains; a BadRequest here, never a traceback, if the two ever disagree)."""
+    return _build(
+        AgentPlan,
         name=agent.name,
         command=list(agent.command),
         task_delivery=agent.task_delivery,

@@ -26,7 +26,9 @@ from subagents_node.launch.agents import (
     prepare_invocation,
     stdin_text,
 )
+from subagents_node.launch.launcher import agent_plan
 from subagents_node.messages.constants import ENV_FANOUT
+from subagents_node.messages.domains import MAX_ARG_BYTES, MAX_TASK_CHARS
 from subagents_node.messages.errors import (
     AgentCommandNotFound,
     AgentInvalid,
@@ -139,6 +141,15 @@ def test_r_agt_2_unknown_keys_are_kept_as_extras_with_a_warning(
         ("name: [unclosed\ndescription: d", "bad YAML front matter"),
         ("- just\n- a list", "not a mapping"),
         ("name: 'bad name!'\ndescription: d\ncommand: [x]", "name"),
+        # What the wire's domains refuse is refused here too, as this file's own error
+        # (never a traceback when the launcher turns the agent into a request).
+        (simple("a") + "env: {'A=B': x}", "env.A=B.[key]: Value error, an environment variable"),
+        (simple("a") + 'env: {A: "nul\\0byte"}', "env.A"),
+        (simple("a", command='["echo", "nul\\0byte"]'), "command.1"),
+        (simple("a") + "max_subagent_depth: 1099511627776", "max_subagent_depth"),
+        (simple("a") + 'output: "out\\0put"', "output"),
+        (simple("a") + "cwd: " + "d" * 300, "cwd"),
+        (simple("a") + "env: {A: 1}", "env.A"),
     ],
 )
 def test_r_agt_1_invalid_front_matter_is_a_clear_error_naming_file_and_reason(
@@ -149,6 +160,26 @@ def test_r_agt_1_invalid_front_matter_is_a_clear_error_naming_file_and_reason(
     assert caught.value.path == "/agents/a.md"
     assert reason in caught.value.reason
     assert caught.value.message.startswith("Invalid agent file /agents/a.md: ")
+
+
+def test_a_system_prompt_over_the_task_size_cap_is_an_invalid_agent_file() -> None:
+    with pytest.raises(AgentInvalid, match=r"the body \(system prompt\) is longer than"):
+        parse_agent(f"---\n{simple('a')}---\n{'x' * (MAX_TASK_CHARS + 1)}\n", Path("/a.md"))
+
+
+def test_every_agent_the_parser_accepts_becomes_a_wire_agent_plan() -> None:
+    """The launcher turns a parsed agent into an AgentPlan without validating again: the
+    parser's bounds must be the wire's, at their largest."""
+    front = (
+        simple("a" * 128, command=f'["echo", "{"y" * (MAX_ARG_BYTES - 1)}", "{{task}}"]')
+        + f"env: {{{'N' * 1024}: {'v' * (MAX_ARG_BYTES - 1)}}}\n"
+        + f"max_subagent_depth: {2**31 - 1}\ntimeout_ms: {2**31 - 1}\n"
+        + f"output: {'o' * 255}\ncwd: {'c' * 255}\n"
+    )
+    agent = parse_agent(f"---\n{front}---\n{'p' * MAX_TASK_CHARS}\n", Path("/agents/a.md"))
+    plan = agent_plan(agent)
+    assert plan.command[1] == "y" * (MAX_ARG_BYTES - 1)
+    assert len(plan.system_prompt) == MAX_TASK_CHARS
 
 
 @pytest.mark.parametrize(
