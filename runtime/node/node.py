@@ -142,6 +142,7 @@ class Node:
         self._owner_tcp = roles.check_role(self.options)
         endpoints = roles.listen_endpoints(self.options, self.state_dir)
         pidfile.refuse_if_running(self.state_dir, self.options.ipc)
+        pidfile.refuse_served_sockets(endpoints[1:] if self.options.ipc else endpoints)
         self.containment = self._resolve_containment()
         try:
             if self.options.join:

@@ -2,7 +2,8 @@
 
 Owns the record in the state dir that `stop`, `status` and every client read
 (runtime/client/paths.py `read_pid_file`): refusing a second node for a state dir that a live
-node serves (and clearing the socket a node killed with -9 left), writing this node's record
+node serves (and clearing the socket a node killed with -9 left) or an extra ipc socket a live
+process serves, writing this node's record
 once it listens (a full disk is `StoreFull`, any other failure `StoreError`) and removing it
 when the node stops. It never removes a record that is not this node's, and never starts,
 signals or stops a process.
@@ -24,7 +25,12 @@ from subagents_node.client.paths import (
     process_create_time,
     read_pid_file,
 )
-from subagents_node.messages.errors import NodeAlreadyRunning, StoreError, StoreFull
+from subagents_node.messages.errors import (
+    BadAddress,
+    NodeAlreadyRunning,
+    StoreError,
+    StoreFull,
+)
 
 
 def pid_file_of(state_dir: Path) -> Path:
@@ -47,6 +53,25 @@ def refuse_if_running(state_dir: Path, ipc: bool) -> None:
         if sock is not None:
             with suppress(FileNotFoundError):
                 sock.unlink()
+
+
+def refuse_served_sockets(endpoints: list[str]) -> None:
+    """Raise `BadAddress` when a process accepts connections on one of the `ipc://` endpoints
+    (zmq would unlink its socket and take its clients); a socket nobody serves is a leftover
+    that binding replaces."""
+    for endpoint in endpoints:
+        path = ipc_path(endpoint)
+        if path is None or not path.is_socket():
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                continue  # refused: nobody listens there any more
+        raise BadAddress(
+            f"refusing to listen on {endpoint}: another process serves that socket",
+            address=endpoint,
+        )
 
 
 def write_pid_file(

@@ -3,18 +3,21 @@
 Owns the checks of a node's options before it starts anything: that it is a home or a worker,
 not both; that a home has a tcp endpoint for its workers and a fixed port under which its
 ledger owners' own ports fit; that a worker names its home's tcp endpoint, key and its own
-name; and where the node listens (only a home listens on tcp beyond loopback). Owns the table
+name; and where the node listens (only a home listens on tcp beyond loopback; an extra ipc
+path never replaces a file or the state dir's own sockets). Owns the table
 of those owners and their port offsets. It never binds, forks or connects: a failed check is a
 typed error (`ConfigError`, `BadAddress`) raised before the node takes its state dir.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from subagents_node.client.keys import check_name
-from subagents_node.client.paths import check_endpoint, ipc_endpoint, is_loopback_tcp
+from subagents_node.client.paths import check_endpoint, ipc_endpoint, ipc_path, is_loopback_tcp
 from subagents_node.messages.errors import BadAddress, ConfigError
 from subagents_node.messages.members import HOME_NAME
 
@@ -87,10 +90,40 @@ def listen_endpoints(opts: NodeOptions, state_dir: Path) -> list[str]:
                 "listens (start it with --home; every tcp link is CURVE)",
                 address=endpoint,
             )
+        _check_extra_ipc(endpoint, state_dir)
         endpoints.append(endpoint)
     if not endpoints:
         raise BadAddress("the node has no endpoint to listen on", address="")
     return endpoints
+
+
+def _check_extra_ipc(endpoint: str, state_dir: Path) -> None:
+    """zmq unlinks whatever is at an ipc path before it binds there: an extra ipc endpoint may
+    name a fresh path or a socket, never a file (a `listen` from a cloned repository's
+    subagents.toml would delete it), nor a socket of the node's own state dir."""
+    path = ipc_path(endpoint)
+    if path is None:
+        return
+    where = Path(os.path.abspath(path))
+    if state_dir.resolve() in (where.parent.resolve() / where.name).parents:
+        raise BadAddress(
+            f"refusing to listen on {endpoint}: the sockets in the state dir are the node's own",
+            address=endpoint,
+        )
+    try:
+        mode = where.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BadAddress(
+            f"refusing to listen on {endpoint}: {exc.strerror}", address=endpoint
+        ) from None
+    if not stat.S_ISSOCK(mode):
+        raise BadAddress(
+            f"refusing to listen on {endpoint}: {where} exists and is not a socket "
+            "(binding there would delete it)",
+            address=endpoint,
+        )
 
 
 def port_of(endpoint: str) -> int:

@@ -116,6 +116,52 @@ def test_cli_start_with_a_non_loopback_tcp_listen_fails_and_leaves_no_node(
     assert read_pid_file(state_dir) is None
 
 
+def test_an_extra_ipc_listen_path_that_is_a_file_is_refused_and_the_file_kept(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """zmq unlinks whatever is at an ipc path before binding: a `listen` from a cloned
+    repository's subagents.toml must not delete the user's file."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    done = run_cli("start", "--detach", "--listen", f"ipc://{precious}", state_dir=state_dir)
+    assert done.returncode != 0
+    assert "exists and is not a socket" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert precious.read_text() == "keep me"
+    assert read_pid_file(state_dir) is None
+
+
+def test_an_extra_ipc_listen_path_in_the_state_dir_is_refused(state_dir: Path) -> None:
+    endpoint = f"ipc://{state_dir.resolve()}/runs.sock"
+    with pytest.raises(BadAddress, match="the sockets in the state dir are the node's own"):
+        Node(NodeOptions(state_dir=state_dir, listen=[endpoint])).start()
+
+
+def test_an_extra_ipc_listen_path_another_node_serves_is_refused(
+    shared: NodeProcess, state_dir: Path
+) -> None:
+    done = run_cli("start", "--detach", "--listen", shared.address, state_dir=state_dir)
+    assert done.returncode != 0
+    assert "another process serves that socket" in done.stderr
+    assert shared.client().ping().pid == shared.pid
+    assert read_pid_file(state_dir) is None
+
+
+def test_an_extra_ipc_listen_path_left_by_a_dead_process_is_reused(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    left = tmp_path / "left.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(str(left))  # bound, never listening, then closed: a leftover socket file
+    with (
+        Node.embedded(state_dir=state_dir, listen=[f"ipc://{left}"]) as node,
+        Client(ZmqTransport(f"ipc://{left}")) as client,
+    ):
+        assert client.ping().node_id == node.node_id
+
+
 def test_embedded_node_serves_in_process_and_zmq_clients(state_dir: Path) -> None:
     with Node.embedded(state_dir=state_dir, faults=True) as node:
         inproc, over_zmq = node.client(), node.client("zmq")
