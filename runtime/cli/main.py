@@ -271,7 +271,8 @@ def start(
 @click.pass_obj
 @user_errors
 def stop(obj: Ctx, run_id: str | None, as_json: bool) -> None:
-    """Stop run RUN_ID (its process groups; state stopped), or with no RUN_ID the node."""
+    """Stop run RUN_ID (its process groups; state stopped), or with no RUN_ID the node (the
+    one at --address when it is given, else the state dir's)."""
     if run_id is not None:
         from subagents_node.cli.runs import stop_run
 
@@ -279,7 +280,11 @@ def stop(obj: Ctx, run_id: str | None, as_json: bool) -> None:
         return
     from subagents_node.node import daemon
 
-    pid = daemon.stop_node(obj.state_dir)
+    if obj.address:
+        with obj.client() as client:
+            pid = daemon.stop_node_at(client)
+    else:
+        pid = daemon.stop_node(obj.state_dir)
     click.echo(f"node stopped (pid {pid})")
 
 

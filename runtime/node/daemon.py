@@ -233,8 +233,6 @@ def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
     record = read_pid_file(state_dir)
     if record is None:
         raise NodeNotRunning(f"no node is running for {state_dir}", address=str(state_dir))
-    import psutil
-
     pid = int(str(record["pid"]))
     client = Client(ZmqTransport(str(record["address"])), timeout=5.0)
     try:
@@ -243,19 +241,36 @@ def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
         pass  # fall back to a signal below
     finally:
         client.close()
+    _wait_stopped(pid, str(record["address"]), timeout_s)
+    return pid
+
+
+def stop_node_at(client: Client, timeout_s: float = 15.0) -> int:
+    """Ask the node `client` talks to (an explicit --address) to shut down; wait for its
+    process to exit when it runs on this host (its state dir's pid file names it)."""
+    status = client.status()
+    client.shutdown()
+    record = read_pid_file(Path(status.state_dir))
+    if record is not None and record.get("pid") == status.pid:
+        _wait_stopped(status.pid, client.address, timeout_s)
+    return status.pid
+
+
+def _wait_stopped(pid: int, address: str, timeout_s: float) -> None:
+    import psutil
+
     try:
         proc = psutil.Process(pid)
     except psutil.NoSuchProcess:
-        return pid
+        return
     if not wait_exited(proc, timeout_s):
         proc.terminate()
         if not wait_exited(proc, 5.0):
             raise NodeTimeout(
                 f"the node (pid {pid}) did not exit after shutdown and SIGTERM",
-                address=str(record["address"]),
+                address=address,
                 timeout_s=timeout_s + 5.0,
             )
-    return pid
 
 
 def wait_exited(proc: psutil.Process, timeout_s: float) -> bool:

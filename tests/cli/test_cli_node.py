@@ -89,6 +89,22 @@ def test_start_detach_ping_status_stop_as_real_processes(state_dir: Path) -> Non
     assert run_cli("stop", state_dir=state_dir).returncode == 3
 
 
+def test_stop_with_an_address_stops_that_node_and_never_the_state_dirs(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    here, there = start_node(), start_node()
+    stopped = run_cli("--address", there.address, "stop", state_dir=here.state_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout == f"node stopped (pid {there.pid})\n"
+    assert not psutil.pid_exists(there.pid) or psutil.Process(there.pid).status() == "zombie"
+    assert read_pid_file(there.state_dir) is None
+    assert here.client().ping().pid == here.pid
+    # A typo in the address stops nothing: no node answers there.
+    typo = run_cli("--address", f"ipc://{tmp_path}/typo.sock", "stop", state_dir=here.state_dir)
+    assert typo.returncode == 3, typo.stderr
+    assert here.client().ping().pid == here.pid
+
+
 def test_console_script_help_and_version_work_as_a_real_process() -> None:
     helped = run_cli("--help")
     assert helped.returncode == 0
