@@ -165,16 +165,19 @@ def client_credentials(
 
 
 def _read_toml(path: Path) -> dict[str, object]:
-    import tomllib  # here: a node with no tcp listener and no allow-list reads no key file
+    from subagents_node.client.files import load_toml
 
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        return load_toml(path)
     except FileNotFoundError:
         raise KeyFileInvalid(
             f"no key file {path}; create the keys with `subagents-node keys generate`",
             path=str(path),
             reason="missing",
         ) from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise KeyFileInvalid(
+            f"cannot read {path}: {exc.strerror or exc}", path=str(path), reason="io"
+        ) from None
+    except ValueError as exc:
         raise KeyFileInvalid(f"cannot read {path}: {exc}", path=str(path), reason="io") from None

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from subagents_node.client.files import read_small_file
 from subagents_node.messages.constants import ENV_TASK_DELIVERY, MAX_TIMEOUT_MS
 from subagents_node.messages.delivery import (
     AUTO_FILE_THRESHOLD,
@@ -132,6 +133,8 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
         data = yaml.safe_load(header)
     except yaml.YAMLError as exc:
         raise AgentInvalid.of(path, f"bad YAML front matter: {_yaml_problem(exc)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise AgentInvalid.of(path, "bad YAML front matter: nested too deeply") from None
     if not isinstance(data, dict):
         raise AgentInvalid.of(path, "the front matter is not a mapping of keys to values")
     try:
@@ -177,9 +180,12 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
 
 def load_agent_file(path: Path, scope: Scope = "explicit") -> Agent:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AgentInvalid.of(path, f"cannot read the file: {exc}") from None
+        text = read_small_file(path).decode("utf-8")
+    except OSError as exc:
+        raise AgentInvalid.of(path, f"cannot read the file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        reason = f"cannot read the file: not UTF-8 text (byte {exc.start})"
+        raise AgentInvalid.of(path, reason) from None
     return parse_agent(text, path, scope)
 
 

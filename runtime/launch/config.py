@@ -195,14 +195,13 @@ def project_config_path(cwd: Path | None = None) -> Path:
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse one TOML file; a missing file is empty, an unreadable or invalid one an error."""
-    import tomllib  # here: most processes (a node on a machine with no config file) read none
+    from subagents_node.client.files import load_toml
 
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        return load_toml(path)
     except FileNotFoundError:
         return {}
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:
         raise ConfigError(
             f"cannot parse {path}: {exc}", key="", source=str(path), reason="toml", file=str(path)
         ) from None

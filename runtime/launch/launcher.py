@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from subagents_node.client.files import load_toml
 from subagents_node.launch.agents import Agent, AgentCatalog, discover_agents
 from subagents_node.launch.config import (
     Configuration,
@@ -323,9 +323,8 @@ def agent_plan(agent: Agent) -> AgentPlan:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        return load_toml(path)
     except OSError as exc:
         raise RunFileInvalid(f"cannot read {path}: {exc.strerror}", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RunFileInvalid(f"{path} is not valid TOML: {exc}", file=str(path)) from None
+    except ValueError as exc:
+        raise RunFileInvalid(f"{path} is {exc}", file=str(path)) from None

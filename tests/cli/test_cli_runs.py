@@ -228,6 +228,34 @@ def test_cli_run_user_errors_are_one_line_with_their_exit_code(
     assert cli("runs", "--json").stdout.count('"run_id"') == 0  # nothing was launched
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read /dev/zero: not a regular file"),
+        (b"\xff\xfe", "is not UTF-8 text (byte 0)"),
+        (b"x = " + b"[" * 3000 + b"]" * 3000, "is not valid TOML: arrays or tables nested too"),
+    ],
+    ids=["endless device", "not utf-8", "nested too deeply"],
+)
+def test_cli_run_file_that_cannot_be_a_run_file_is_one_line_and_launches_nothing(
+    cli: Callable[..., Result],
+    node: NodeProcess,
+    tmp_path: Path,
+    content: bytes | None,
+    message: str,
+) -> None:
+    path = Path("/dev/zero")
+    if content is not None:
+        path = tmp_path / "tasks.toml"
+        path.write_bytes(content)
+    for flag in ("--parallel", "--chain"):
+        result = cli("run", flag, str(path))
+        assert result.exit_code == 1, result.output
+        assert result.stderr.count("\n") == 1 and message in result.stderr
+        assert "Traceback" not in result.stderr
+    assert cli("runs", "--json").stdout.count('"run_id"') == 0
+
+
 def test_cli_run_commands_without_a_node_exit_3_and_show_stop_of_unknown_runs_exit_1(
     cli: Callable[..., Result], start_node: Callable[..., NodeProcess], state_dir: Path
 ) -> None:

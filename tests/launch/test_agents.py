@@ -150,6 +150,7 @@ def test_r_agt_2_unknown_keys_are_kept_as_extras_with_a_warning(
         (simple("a") + 'output: "out\\0put"', "output"),
         (simple("a") + "cwd: " + "d" * 300, "cwd"),
         (simple("a") + "env: {A: 1}", "env.A"),
+        (simple("a") + "x: " + "[" * 3000 + "]" * 3000, "bad YAML front matter: nested too deeply"),
     ],
 )
 def test_r_agt_1_invalid_front_matter_is_a_clear_error_naming_file_and_reason(

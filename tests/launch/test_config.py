@@ -410,15 +410,21 @@ def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
     assert "unknown key" in info.value.message
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"timeout_ms = = 3\n", b"\xff\xfe", b"x = " + b"[" * 3000 + b"]" * 3000],
+    ids=["invalid", "not utf-8", "nested too deeply"],
+)
 def test_a_file_that_is_not_toml_is_an_error_naming_the_file(
-    dirs: tuple[Path, Path, dict[str, str]],
+    dirs: tuple[Path, Path, dict[str, str]], content: bytes
 ) -> None:
     user_dir, project, env = dirs
     path = user_dir / "subagents.toml"
-    path.write_text("timeout_ms = = 3\n")
+    path.write_bytes(content)
     with pytest.raises(ConfigError) as info:
         load_config(env=env, cwd=project)
     assert str(path) in info.value.message and info.value.file == str(path)
+    assert "\n" not in info.value.message
 
 
 @pytest.mark.parametrize(
