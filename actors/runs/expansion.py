@@ -13,7 +13,9 @@ item is claimed, and none starts when the batch is rejected.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 from pathlib import Path
 
 from subagents_node.actors.runs import runplan, runstore
@@ -63,14 +65,25 @@ def step_input(live: LiveRun, group: int, cwd: str) -> str:
 
 
 def _read_output_file(item: TaskItem, cwd: str) -> str | None:
+    """The file the child declared as its output, when it is a regular file (None otherwise:
+    the step reads the child's stdout). The supervisor reads it on its own loop, so the open
+    never blocks: a FIFO (or a device) named `output` would stop every run of the node."""
     if not item.output:
         return None
     base = Path(cwd, item.cwd) if item.cwd else Path(cwd)
     try:
-        with open(base / item.output, "rb") as fh:
+        fd = os.open(base / item.output, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read(MAX_INPUT_BYTES).decode("utf-8", "replace")
     except OSError:
         return None
+    finally:
+        os.close(fd)
 
 
 def item_task(template: str, item: str) -> str:

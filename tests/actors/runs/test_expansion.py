@@ -13,6 +13,7 @@ Embedded node, real children; the claims are read from the node's store.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -97,6 +98,26 @@ def test_r_fan_21_expansion_claims_all_items_as_one_batch(
         e.seq for e in events if e.kind == "child.started" and int(str(e.data["child"])) > 0
     )
     assert expanded < first_item
+
+
+def test_a_fifo_named_as_the_previous_steps_output_never_blocks_the_supervisor(
+    client: Client, agents: Path, tmp_path: Path
+) -> None:
+    """The supervisor reads that file on its own loop: an open that waited for a writer would
+    stop every run of the node. A file that is not a regular file is not read; the step
+    expands the child's stdout instead."""
+    os.mkfifo(tmp_path / "out.fifo")
+    ctx = launch_context(agents, cwd=tmp_path)
+    source = ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task="a\nb", output="out.fifo")])
+    template = TaskItem(agent=ctx.plan("echo"), task="got {item}")
+    chain = [source, ChainStep(kind="expand", items=[template])]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    assert [c.output for c in done.children[1:]] == ["got a", "got b"]
+    assert any(r.run_id == run.run_id for r in client.runs.list())
 
 
 def test_r_fan_21_a_json_list_gives_one_item_per_element(client: Client, agents: Path) -> None:
