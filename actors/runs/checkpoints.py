@@ -73,10 +73,11 @@ def pause_record(db: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
 def successor(db: sqlite3.Connection, run_id: str) -> str | None:
     """The run that went on with `run_id` and took its slot over. A relaunch that failed or
     was stopped does not count: one that failed at admission gave the slot back (R-RES-5),
-    and the source stays paused, resumable again."""
+    and the source stays paused, resumable again. A chain attached to it (its step 0 is the
+    source) or a rerun of one of its children names it as source too, and continues nothing."""
     row = db.execute(
         "SELECT run_id FROM runs WHERE source_run_id=? AND state NOT IN ('failed', 'stopped') "
-        "ORDER BY created_at LIMIT 1",
+        "AND COALESCE(source_kind, 'resume') = 'resume' ORDER BY created_at LIMIT 1",
         (run_id,),
     ).fetchone()
     return str(row[0]) if row else None

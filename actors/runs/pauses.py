@@ -45,6 +45,9 @@ class PauseHost(steps.StepHost, Protocol):
     def report_terminal(self, report: ReportTerminal) -> None:
         """Owe the capacity owner this report about the run's slot (durable, as `track`)."""
 
+    def parked_ended(self, run_id: str, state: str, output: str) -> None:
+        """A paused run that holds no process ended: the chains attached to it go on."""
+
 
 def _view(host: PauseHost, run_id: str) -> RunView:
     view = runstore.view(host.db, run_id)
@@ -100,6 +103,7 @@ def reject(host: PauseHost, request: Reject) -> Message:
         if report is not None:
             host.report_terminal(report)
         host.track(row["session_id"], run_id, "rejected")
+        host.parked_ended(run_id, "rejected", str(row["output"]))
     return _view(host, run_id)
 
 
@@ -135,15 +139,11 @@ def continued(host: PauseHost, source_id: str, run_id: str) -> None:
     row = runstore.run_row(host.db, source_id)
     if row is None or row["state"] != "paused":
         return
-    runstore.update_run(
-        host.db,
-        source_id,
-        state="stopped",
-        ended_at=host.clock(),
-        output=f"Continued as run {run_id}.",
-    )
+    output = f"Continued as run {run_id}."
+    runstore.update_run(host.db, source_id, state="stopped", ended_at=host.clock(), output=output)
     host.record_event(source_id, "run.continued", {"by": run_id})
     host.track(row["session_id"], source_id, "stopped")
+    host.parked_ended(source_id, "stopped", output)
 
 
 def end_parked(host: PauseHost, run_id: str, state: str, reason: str) -> None:
@@ -158,6 +158,7 @@ def end_parked(host: PauseHost, run_id: str, state: str, reason: str) -> None:
     if report is not None:
         host.report_terminal(report)
     host.track(row["session_id"], run_id, state)
+    host.parked_ended(run_id, state, str(row["output"]))
 
 
 def recover_parked(host: PauseHost, run_id: str) -> None:

@@ -96,9 +96,7 @@ class RunSettler:
             steps.settle_paused(host, live)
         else:
             host.record_event(live.run_id, f"run.{state}", {"error": live.error or None})
-        advance = host.to_self(Advance)
-        for chain_id in attach.source_ended(self._live.values(), live.run_id, state, live.output()):
-            host.after_commit(functools.partial(advance, chain_id))
+        self.source_ended(live.run_id, state, live.output())
         self._retention.run_ended(db)
         view = runstore.view(db, live.run_id)
         if view is not None:
@@ -118,6 +116,13 @@ class RunSettler:
         live.unstarted.clear()
         host.answer_launches(live)
         del self._live[live.run_id]
+
+    def source_ended(self, run_id: str, state: str, output: str) -> None:
+        """Run `run_id` ended (settled here, or a paused run that holds no process): the
+        chains attached to it go on, or fail, once this transaction commits."""
+        advance = self._host.to_self(Advance)
+        for chain_id in attach.source_ended(self._live.values(), run_id, state, output):
+            self._host.after_commit(functools.partial(advance, chain_id))
 
     def _report_workflow(self, run_id: str) -> None:
         """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""

@@ -315,6 +315,9 @@ class RunSupervisor(OwnerActor):
     def finish(self, live: LiveRun) -> None:
         self._settler.finish(live)
 
+    def parked_ended(self, run_id: str, state: str, output: str) -> None:
+        self._settler.source_ended(run_id, state, output)
+
     def stop_live(self, live: LiveRun, state: str, reason: str) -> None:
         runrequests.stop_live(self, live, state, reason)
 

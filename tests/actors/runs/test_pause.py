@@ -204,6 +204,39 @@ def test_r_run_2_a_paused_run_that_is_stopped_frees_its_slot(
     wait_until(lambda: used(client, ctx) == 0, what="release")
 
 
+@pytest.mark.parametrize("then", ["stop", "resume"])
+def test_r_run_2_a_chain_attached_to_a_paused_run_does_not_take_its_place(
+    client: Client, ctx: LaunchContext, gate: Gate, then: str
+) -> None:
+    """R-RES-6: an attached chain names the paused run as its source but continues nothing.
+    The paused run can still be stopped, or resumed (it then ends `stopped`, continued by the
+    resumed run); either way the chain whose step 0 it is fails and every slot is freed."""
+    run = client.runs.launch(ctx.launch("chain", True, chain=[step(ctx, "gate", str(gate.path))]))
+    gate.accept(1)
+    client.runs.pause(run.run_id)
+    paused(client, run.run_id)
+    chain = client.ask(
+        Resume(run_id=run.run_id, capacity_limit=LIMIT, attach=[step(ctx, "echo", "{previous}")]),
+        LaunchResult,
+    ).run
+    assert used(client, ctx) == 2
+
+    if then == "stop":
+        client.runs.stop(run.run_id)
+        assert client.runs.show(run.run_id).state == "stopped"
+    else:
+        resumed = resume(client, run.run_id)
+        assert resumed.source_run_id == run.run_id
+        assert client.runs.show(run.run_id).resumed_by == resumed.run_id
+        [again] = gate.accept(1)
+        again.release(0)
+        assert client.runs.wait(resumed.run_id, timeout=20).state == "complete"
+    done = client.runs.wait(chain.run_id, timeout=20)
+    assert done.state == "failed"
+    assert done.error == f"Attached run {run.run_id} (chain step 0) ended stopped."
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
 def test_r_run_2_pause_of_a_foreground_run_is_refused(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
