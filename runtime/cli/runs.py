@@ -2,15 +2,17 @@
 
 `run` launches a single agent, or a parallel / chain file. Foreground runs follow the run's
 events as they happen (a live table on a terminal, plain lines otherwise) and exit 0 only when
-the run completed; Ctrl-C stops the run. With no node running, a foreground `run` starts an
-embedded node for its own duration (its children reach it through $SUBAGENTS_NODE) and a
-background `run --async` starts a detached node first.
+the run completed; Ctrl-C (or SIGTERM, SIGHUP) stops the run. With no node running, a
+foreground `run` starts an embedded node for its own duration (its children reach it through
+$SUBAGENTS_NODE) and a background `run --async` starts a detached node first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,19 +165,45 @@ def run_table(run: RunView) -> Table:
     return table
 
 
+class _Terminated(Exception):
+    """SIGTERM or SIGHUP reached a command that follows a foreground run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: What ends a foreground command besides Ctrl-C: a CI job's timeout, a closed terminal.
+_END_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    # Once: a second TERM or HUP while the run is being stopped ends the command at once.
+    for each in _END_SIGNALS:
+        signal.signal(each, signal.SIG_DFL)
+    raise _Terminated(signum)
+
+
 def follow(client: Client, run: RunView, as_json: bool) -> RunView:
-    """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130."""
+    """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130;
+    SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after."""
     progress = Progress(live=sys.stderr.isatty() and not as_json)
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _terminated) for s in _END_SIGNALS} if main else {}
     try:
         return client.runs.wait(run.run_id, on_event=progress.update)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated) as exc:
         progress.close()
         click.echo(f"stopping run {run.run_id}…", err=True)
         client.runs.stop(run.run_id)
         final = client.runs.wait(run.run_id, timeout=30)
         emit(final, as_json, summary(final))
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        code = 128 + exc.signum if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+        raise SystemExit(code) from None
     finally:
+        for signum, handler in previous.items():
+            if handler is not None:  # None: set outside Python, nothing to restore
+                signal.signal(signum, handler)
         progress.close()
 
 

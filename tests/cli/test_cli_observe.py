@@ -322,9 +322,16 @@ _WITH_DEFAULT_SIGINT = (
 )
 
 
-def test_ctrl_c_on_a_foreground_run_stops_it_and_exits_130(
-    node: NodeProcess, state_dir: Path
+@pytest.mark.parametrize(
+    ("signum", "exit_code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+    ids=["ctrl-c", "terminated", "terminal closed"],
+)
+def test_ctrl_c_sigterm_or_sighup_on_a_foreground_run_stops_it_exit_128_plus_signal(
+    node: NodeProcess, state_dir: Path, signum: int, exit_code: int
 ) -> None:
+    """Ctrl-C, and as much a CI job's timeout (SIGTERM) or a closed terminal (SIGHUP): the
+    foreground run is stopped, not left running without anyone following it."""
     command = [
         *_WITH_DEFAULT_SIGINT,
         "--state-dir",
@@ -347,7 +354,7 @@ def test_ctrl_c_on_a_foreground_run_stops_it_and_exits_130(
             ready, _, _ = select.select([proc.stderr], [], [], max(0, deadline - time.monotonic()))
             assert ready, seen
             seen += os.read(proc.stderr.fileno(), 4096)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         try:
             code = proc.wait(WAIT_S)
         except subprocess.TimeoutExpired:
@@ -358,7 +365,9 @@ def test_ctrl_c_on_a_foreground_run_stops_it_and_exits_130(
         err = seen + proc.stderr.read()
         log = state_dir / "node.log"
         node_log = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-        assert code == 130, f"exit {code}; stdout: {out!r}; stderr: {err!r}; node.log: {node_log}"
+        assert code == exit_code, (
+            f"exit {code}; stdout: {out!r}; stderr: {err!r}; node.log: {node_log}"
+        )
         assert re.search(rb"run [0-9a-f]{12} stopped", out)
 
 
