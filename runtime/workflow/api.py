@@ -5,7 +5,9 @@ parameters, the output paths earlier groups claimed, one step per launched key (
 classification and run id) and the call trace. Every `runs.run` and `runs.all` call is one
 admission group (R-WF-5), admitted in this order (R-WF-6):
 
-1. keys (R-WF-4), agents and output paths are checked, collisions refused (R-WF-8);
+1. keys (R-WF-4), agents and output paths are checked, collisions refused (R-WF-8), and each
+   new member's launch built and checked as the node's admission would (task size, an argv
+   task exec(2) would refuse, the command);
 2. `workflow[key]` is claimed for every new member as ONE batch at the budget's owner
    (all or nothing, R-FAN-13/16), qualified by the workflow descriptor's parent path;
 3. only then are the output paths recorded, and each child launched as a workflow child
@@ -34,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from subagents_node.client.client import Client
-from subagents_node.launch.agents import Agent
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import ENV_WORKFLOW_TOKEN
 from subagents_node.messages.errors import (
@@ -50,6 +51,7 @@ from subagents_node.messages.errors import (
 from subagents_node.messages.fanout import FanoutSnapshot
 from subagents_node.messages.supervisor import (
     IntercomMode,
+    Launch,
     LaunchResult,
     RunView,
 )
@@ -94,7 +96,7 @@ class AdmissionGroup:
     claim a resumed workflow's source already made), its `resume` items, and the steps a
     resumed workflow reuses from its source."""
 
-    members: list[tuple[Step, Agent]] = field(default_factory=list)
+    members: list[tuple[Step, Launch]] = field(default_factory=list)
     claimed: set[str] = field(default_factory=set)
     resumes: list[Step] = field(default_factory=list)
     reused: list[Step] = field(default_factory=list)
@@ -178,8 +180,8 @@ class WorkflowRuns:
                 raise
             for step in group.reused:
                 self._trace("reused", step)
-            for step, agent in group.members:
-                self._launch(step, functools.partial(self._child_launch_view, step, agent))
+            for step, launch in group.members:
+                self._launch(step, functools.partial(self._client.runs.launch, launch))
             for step in group.resumes:
                 self._launch(step, functools.partial(self._resume_view, step))
             fresh = {step.key for step in group.steps()}
@@ -249,7 +251,9 @@ class WorkflowRuns:
                 continue
             if call.key in self._prior_claimed:
                 group.claimed.add(call.key)  # relaunched on the source's claim (R-FAN-23)
-            group.members.append((step, agent))
+            # Built (and checked) now: a member the node would refuse refuses the group
+            # before anything is claimed.
+            group.members.append((step, member_launch(step, agent, self._launcher, self.env)))
         return group
 
     def _reused_step(self, step: Step, prior: RunView) -> Step:
@@ -292,9 +296,6 @@ class WorkflowRuns:
                 self._claimed[step.output_path] = step.key
         for step in group.steps():
             self.steps[step.key] = step
-
-    def _child_launch_view(self, step: Step, agent: Agent) -> RunView:
-        return self._client.runs.launch(member_launch(step, agent, self._launcher, self.env))
 
     def _resume_view(self, step: Step) -> RunView:
         """R-WF-5 `resume` item: the node relaunches the source as this workflow's child."""

@@ -6,11 +6,15 @@ run, built as the host's launcher builds one, then made a workflow child: its ke
 `workflow[key]`, R-FAN-12) and a `resume` item's `Resume`. Neither carries the host's own
 variables: a child gets its own values from the node, or none at all.
 
-It only builds requests: it never talks to a node, never claims and never admits (api.py admits
-a group before any of these is built).
+It only builds requests: it never talks to a node, never claims and never admits. api.py
+builds every member's launch *before* it claims the group, so that a member the node would
+refuse (a task over the size cap, a NUL byte in an argv task, a command that is not there)
+refuses the whole group with its typed error and nothing is claimed (R-WF-5).
 """
 
 from __future__ import annotations
+
+from pydantic import ValidationError
 
 from subagents_node.launch.agents import Agent
 from subagents_node.launch.launcher import LaunchContext, agent_plan
@@ -22,6 +26,8 @@ from subagents_node.messages.constants import (
     ENV_TASK_FILE,
     ENV_WORKFLOW_TOKEN,
 )
+from subagents_node.messages.delivery import argv_task_problem, check_command
+from subagents_node.messages.errors import TaskUndeliverable, WorkflowCallInvalid
 from subagents_node.messages.fanout import encode_descriptor, extend
 from subagents_node.messages.supervisor import Launch, Resume, TaskItem
 from subagents_node.workflow.calls import Step, WorkflowEnv
@@ -40,18 +46,35 @@ _HOST_ONLY = (
 def member_launch(
     step: Step, agent: Agent, launcher: LaunchContext, workflow: WorkflowEnv
 ) -> Launch:
-    """The launch of admitted member `step` as a child of `workflow` (R-WF-3)."""
+    """The launch of member `step` as a child of `workflow` (R-WF-3), checked as the node's
+    admission would check it: a typed error names the key."""
     call = step.call
     plan = agent_plan(agent)
     if step.output_path is None:
         plan = plan.model_copy(update={"output": None})  # `output: false`: no file at all
-    item = TaskItem(
-        agent=plan,
-        task=call.task,
-        cwd=call.cwd or agent.cwd,
-        output=str(step.output_path) if step.output_path is not None else None,
-    )
+    try:
+        item = TaskItem(
+            agent=plan,
+            task=call.task,
+            cwd=call.cwd or agent.cwd,
+            output=str(step.output_path) if step.output_path is not None else None,
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "task"
+        raise WorkflowCallInvalid(
+            f"runs.run('{step.key}'): invalid {where}: {first['msg']}", key=step.key, field=where
+        ) from None
     base = launcher.launch("single", call.async_, items=[item], timeout_ms=call.timeout_ms)
+    check_command(plan, base.env)  # AgentCommandNotFound
+    problem = argv_task_problem(plan, call.task, base.env)
+    if problem is not None:
+        raise TaskUndeliverable(
+            f"Task of workflow key '{step.key}' cannot be passed to agent '{plan.name}' in "
+            f"its arguments: {problem}",
+            agent=plan.name,
+            path=f"workflow[{step.key}]",
+        )
     fields_ = base.model_dump()
     fields_.update(
         env={k: v for k, v in (base.env or {}).items() if k not in _HOST_ONLY},

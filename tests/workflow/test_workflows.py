@@ -234,6 +234,41 @@ def test_r_fan_16_a_group_over_the_fanout_limit_starts_nothing_and_claims_nothin
     assert [s["workflowKey"] for s in flow.result()["steps"]] == ["k0", "k1"]
 
 
+def test_r_wf_5_a_member_the_node_would_refuse_refuses_its_group_before_any_claim(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A task over the size cap or one exec(2) would refuse in argv is found when the group is
+    built: the whole group raises its typed error, nothing is claimed or launched."""
+    script = """
+    from subagents_node.errors import TaskUndeliverable, WorkflowCallInvalid
+
+    def main(runs):
+        codes = []
+        for task in ("x" * 600_000, "nul\\x00byte"):
+            try:
+                runs.all([{"key": "fits", "agent": "echo", "task": "1"},
+                          {"key": "bad", "agent": "echo", "task": task}])
+            except (TaskUndeliverable, WorkflowCallInvalid) as err:
+                codes.append([err.code, err.message])
+        try:
+            runs.run("alone", "echo", "x" * 600_000)
+        except WorkflowCallInvalid as err:
+            codes.append([err.code, err.message])
+        return {"codes": codes, "used": runs.budget().used}
+    """
+    flow = start_workflow(client, agents, work, script)
+
+    assert flow.wait().state == "complete", flow.run.error
+    value = flow.value()
+    codes = [code for code, _ in value["codes"]]
+    assert codes == ["workflow_call_invalid", "task_undeliverable", "workflow_call_invalid"]
+    assert value["codes"][0][1].startswith("runs.run('bad'): invalid task: ")
+    assert "NUL" in value["codes"][1][1] and "workflow key 'bad'" in value["codes"][1][1]
+    assert value["used"] == 0
+    assert not flow.children()
+    assert flow.result()["steps"] == []
+
+
 def test_r_wf_4_same_key_same_parameters_reuses_and_different_parameters_are_refused(
     client: Client, agents: Path, work: Path
 ) -> None:
