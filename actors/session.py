@@ -351,7 +351,9 @@ class SessionActor(OwnerActor):
             limit=limit,
             granted=granted,
             remaining=max(0, limit - used),
-            grant_remaining=max(0, int(configured) - granted),
+            # The configured cap bounds the grants (R-SPN-6), and the stored domain bounds
+            # the limit: a grant past 2**31-1 would leave a record no owner could read back.
+            grant_remaining=max(0, min(int(configured) - granted, MAX_INT32 - limit)),
             configured=int(configured),
             history=self._history(session_id),
         )

@@ -230,6 +230,23 @@ def test_r_spn_6_total_grants_never_exceed_the_configured_cap(client: Client, si
     assert snap.granted == 5 and snap.limit == 10
 
 
+def test_r_spn_6_no_grant_takes_the_limit_past_the_stored_domain(client: Client, sid: str) -> None:
+    """A grant within the allowance but past 2**31-1 would store a limit (and then a usage)
+    the owner itself reads back as a corrupt record, quarantining the session for good."""
+    top = 2**31 - 1
+    _capped_with_usage(client, sid, configured=top, used=0)
+    assert client.session.snapshot(sid).grant_remaining == 0
+    with pytest.raises(GrantRejected) as info:
+        client.session.grant(sid, 1, authority="auto")
+    assert info.value.reason == "over_allowance"
+    client.session.reserve(sid, top)
+    with pytest.raises(SpawnBudgetExceeded):
+        client.session.reserve(sid, 1)
+    snap = client.session.snapshot(sid)
+    assert (snap.used, snap.limit, snap.granted) == (top, top, 0)
+    assert not [q for a in client.status().actors for q in a.quarantined if sid in q.key]
+
+
 def test_r_spn_6_history_keeps_only_the_last_20_entries(client: Client, sid: str) -> None:
     _capped_with_usage(client, sid, configured=100, used=0)
     for _ in range(GRANT_HISTORY_MAX + 5):
