@@ -72,20 +72,21 @@ RawReplyFn = Callable[[Envelope | SubagentsError], None]
 class _Waiting:
     """A request sent and not answered yet. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
-    __slots__ = ("deadline", "raw", "reply", "request", "target")
+    __slots__ = ("deadline", "raw", "reply", "request", "target", "timeout_s")
 
     def __init__(
         self,
         request: Request,
         target: str,
         reply: Callable[[Any], None],
-        deadline: float,
+        timeout_s: float,
         raw: bool = False,
     ) -> None:
         self.request = request
         self.target = target
         self.reply = reply
-        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
         #: hand over the reply envelope itself (a relay passes the body on unparsed)
         self.raw = raw
 
@@ -190,9 +191,10 @@ class OwnerLinks:
                 f"{target} is not taking requests (its queue is full); retry later",
                 target=target,
             ) from None
-        deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
-        self._waiting[env.id] = _Waiting(request, target, reply, deadline, raw)
-        heapq.heappush(self._deadlines, (deadline, env.id))
+        # A long poll is held by its owner for its wait by design: that is no silence.
+        budget = (self._timeout_s if timeout_s is None else timeout_s) + request.held_s
+        waiting = self._waiting[env.id] = _Waiting(request, target, reply, budget, raw)
+        heapq.heappush(self._deadlines, (waiting.deadline, env.id))
 
     def receive(self, sock: zmq.Socket[bytes]) -> int:
         """Hand every reply waiting on `sock` to its request; returns how many there were."""
@@ -243,7 +245,7 @@ class OwnerLinks:
             waiting.reply(
                 OwnerUnavailable(
                     f"{waiting.target} did not answer {waiting.request.type} within "
-                    f"{self._timeout_s:g}s (it may have restarted with the request in flight)",
+                    f"{waiting.timeout_s:g}s (it may have restarted with the request in flight)",
                     owner=waiting.target,
                     state="unknown",
                     reason="timeout",

@@ -55,6 +55,12 @@ class Request(Message):
     #: it on its ipc socket only and refuses it from every tcp peer (`protocol.local_only`).
     local_only: ClassVar[bool] = False
 
+    @property
+    def held_s(self) -> float:
+        """How long its owner may hold it before answering, by design (a long poll's wait):
+        whoever forwards it waits this long beyond its usual call timeout."""
+        return 0.0
+
 
 def resendable(request: Request | type[Request]) -> bool:
     """Whether a request lost with a restarted owner may simply be sent again."""

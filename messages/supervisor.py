@@ -281,6 +281,10 @@ class Watch(Request):
     after_seq: Seq = 0
     wait_s: WaitS = 10.0
 
+    @property
+    def held_s(self) -> float:
+        return float(self.wait_s)
+
 
 class Show(Request):
     type: Literal["runs.show"] = "runs.show"
@@ -330,6 +334,10 @@ class WatchAll(Request):
     after_seq: Seq = 0
     wait_s: WaitS = 10.0
     limit: int = Field(default=500, ge=1, le=5000)
+
+    @property
+    def held_s(self) -> float:
+        return float(self.wait_s)
 
 
 class Resume(Request):
