@@ -206,6 +206,7 @@ class LaunchContext:
                 raise RunFileInvalid(
                     f"{path}: expected one or more [[tasks]] tables", file=str(path)
                 )
+            _no_other_keys(data, {"tasks", "concurrency"}, mode, path)
             items = [self._item(entry, path) for entry in tasks]
             concurrency = data.get("concurrency", 4)
             if (
@@ -225,6 +226,7 @@ class LaunchContext:
         steps = data.get("steps")
         if not isinstance(steps, list) or not steps:
             raise _bad(path, "expected one or more [[steps]] tables")
+        _no_other_keys(data, {"steps"}, mode, path)
         chain = []
         for step in steps:
             if isinstance(step, dict) and "checkpoint" in step:
@@ -232,7 +234,9 @@ class LaunchContext:
             elif isinstance(step, dict) and step.get("expand") is not None:
                 chain.append(self._expand(step, path))
             elif isinstance(step, dict) and "parallel" in step:
-                group = step["parallel"]
+                group, extra = step["parallel"], set(step) - {"parallel"}
+                if extra:
+                    raise _bad(path, f"a parallel step has no other keys: {sorted(extra)}")
                 if not isinstance(group, list) or not group:
                     raise RunFileInvalid(
                         f"{path}: 'parallel' must be a non-empty list", file=str(path)
@@ -262,6 +266,10 @@ class LaunchContext:
         if step["expand"] is not True:
             raise _bad(path, "'expand' is true or absent")
         max_items = step.get("max_items")
+        if max_items is not None and (
+            not isinstance(max_items, int) or isinstance(max_items, bool)
+        ):
+            raise _bad(path, "'max_items' is a positive integer")
         entry = {k: v for k, v in step.items() if k not in ("expand", "max_items")}
         return _build(
             ChainStep, kind="expand", items=[self._item(entry, path)], max_items=max_items
@@ -297,6 +305,13 @@ def _build(model: type[M], /, **fields: Any) -> M:
         return model.model_validate(fields)
     except ValidationError as exc:
         raise schema_error(model.__name__, exc) from None
+
+
+def _no_other_keys(data: Mapping[str, Any], known: set[str], mode: str, path: Path) -> None:
+    """A typo (`concurency`) or a table of the other mode must not pass silently."""
+    extra = set(data) - known
+    if extra:
+        raise _bad(path, f"unknown keys {sorted(map(str, extra))} in a {mode} run file")
 
 
 def _bad(path: Path, problem: str) -> RunFileInvalid:

@@ -1,0 +1,79 @@
+"""Run files (`run --parallel` / `--chain`, `append`, `attach`, and the MCP tools' `tasks` /
+`chain`) refuse what they would otherwise drop: a key that means nothing in its place is a
+one-line RunFileInvalid naming it, never a launch that silently does less than was written
+(SPEC §0.4: a typo must not pass silently). No node: LaunchContext only builds the request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from subagents_node.messages.errors import RunFileInvalid
+from tests.support.runs import launch_context
+
+SLEEP = {"agent": "sleeper", "task": "seconds=0"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "data", "reason"),
+    [
+        ("parallel", {"tasks": [SLEEP], "concurency": 2}, "unknown keys ['concurency']"),
+        ("chain", {"steps": [SLEEP], "tasks": [SLEEP]}, "unknown keys ['tasks'] in a chain"),
+        ("parallel", {"tasks": [SLEEP], "steps": [SLEEP]}, "unknown keys ['steps']"),
+        (
+            "chain",
+            {"steps": [{**SLEEP, "parallel": [SLEEP]}]},
+            "a parallel step has no other keys: ['agent', 'task']",
+        ),
+        ("chain", {"steps": [{"parallel": [SLEEP], "bogus": 1}]}, "no other keys: ['bogus']"),
+        (
+            "chain",
+            {"steps": [SLEEP, {**SLEEP, "expand": True, "max_items": True}]},
+            "'max_items' is a positive integer",
+        ),
+        (
+            "chain",
+            {"steps": [SLEEP, {**SLEEP, "expand": True, "max_items": 2.0}]},
+            "'max_items' is a positive integer",
+        ),
+    ],
+    ids=[
+        "typo at the top",
+        "tasks in a chain file",
+        "steps in a parallel file",
+        "agent and task beside parallel",
+        "unknown key beside parallel",
+        "max_items true",
+        "max_items float",
+    ],
+)
+def test_a_key_a_run_file_would_drop_is_refused_naming_it(
+    mode: Any, data: dict[str, Any], reason: str
+) -> None:
+    ctx = launch_context()
+    with pytest.raises(RunFileInvalid) as caught:
+        ctx.from_mapping(mode, data, True, None, path="run.toml")
+    assert caught.value.message.startswith("run.toml: ")
+    assert reason in caught.value.message
+
+
+def test_the_documented_shapes_still_launch() -> None:
+    ctx = launch_context()
+    parallel = ctx.from_mapping("parallel", {"tasks": [SLEEP, SLEEP], "concurrency": 2}, True, None)
+    assert len(parallel.items) == 2 and parallel.concurrency == 2
+    chain = ctx.from_mapping(
+        "chain",
+        {
+            "steps": [
+                SLEEP,
+                {"parallel": [SLEEP, SLEEP]},
+                {"checkpoint": "look"},
+                {**SLEEP, "expand": True, "max_items": 3},
+            ]
+        },
+        True,
+        None,
+    )
+    assert [s.kind for s in chain.chain] == ["run", "run", "checkpoint", "expand"]
+    assert chain.chain[1].parallel and chain.chain[3].max_items == 3
