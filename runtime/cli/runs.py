@@ -33,7 +33,7 @@ from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.cli.tables import pause_text
 from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
-from subagents_node.launch.launcher import LaunchContext
+from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
 from subagents_node.messages.errors import NodeNotRunning
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
@@ -416,9 +416,7 @@ def stop_run(obj: Ctx, run_id: str, as_json: bool) -> None:
 @user_errors
 def agents(agents_dirs: tuple[str, ...], as_json: bool) -> None:
     """List the agents this directory can launch (explicit > project > user)."""
-    from subagents_node.launch.agents import discover_agents
-
-    catalog = discover_agents(Path.cwd(), agents_dirs)
+    catalog = agent_catalog(Path.cwd(), agents_dirs)
     if as_json:
         emit(
             {

@@ -74,6 +74,19 @@ def terminal_session_id() -> str:
     return f"term-{user}-{sid}-{start}"
 
 
+def agent_catalog(
+    cwd: Path,
+    agents_dirs: Sequence[str | os.PathLike[str]] = (),
+    env: Mapping[str, str] | None = None,
+    config: Configuration | None = None,
+) -> AgentCatalog:
+    """The agents a launch from `cwd` can use: `agents_dirs`, then the configuration's
+    `agent_dirs` (file or $SUBAGENTS_AGENT_DIRS), then the project's and the user's."""
+    env = os.environ if env is None else env
+    config = config or load_config(env=env, cwd=cwd)
+    return discover_agents(cwd, [*agents_dirs, *config.settings.agent_dirs], env)
+
+
 def resolve_session(session_id: str | None, env: Mapping[str, str]) -> str:
     """`--session`, else $SUBAGENTS_SESSION (children inherit it), else the terminal's."""
     return (session_id or "").strip() or env.get(ENV_SESSION, "").strip() or terminal_session_id()
@@ -110,13 +123,12 @@ class LaunchContext:
         env = dict(os.environ if env is None else env)
         cwd = (cwd or Path.cwd()).resolve()
         config = load_config(overrides, env=env, cwd=cwd)
-        dirs = [*agents_dirs, *config.settings.agent_dirs]
         session = resolve_session(session_id, env)
         return cls(
             cwd=cwd,
             env=env,
             config=config,
-            catalog=discover_agents(cwd, dirs, env),
+            catalog=agent_catalog(cwd, agents_dirs, env, config),
             session_id=session,
             depth=current_depth(env),
             inherited_fanout=env.get(ENV_FANOUT, "").strip() or None,

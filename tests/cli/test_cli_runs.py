@@ -204,6 +204,27 @@ def test_cli_agents_lists_every_agent_directory_with_json_and_reports_broken_fil
     assert "warning: Invalid agent file" in listing.stderr
 
 
+def test_cli_agents_searches_the_configured_agent_dirs_as_run_does(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SUBAGENTS_AGENT_DIRS", raising=False)
+    (tmp_path / "subagents.toml").write_text(f'agent_dirs = ["{EXAMPLE_AGENTS}"]\n')
+    names = {a["name"] for a in as_json(invoke("agents", "--json"))["agents"]}
+    assert {"sleeper", "scout"} <= names
+
+    (tmp_path / "subagents.toml").write_text('agent_dirs = ["nonexistent"]\n')
+    missing = invoke("agents")
+    assert missing.exit_code == 1
+    assert "agents directory does not exist" in missing.stderr
+
+    (tmp_path / "subagents.toml").unlink()
+    monkeypatch.setenv("SUBAGENTS_AGENT_DIRS", str(EXAMPLE_AGENTS))
+    names = {a["name"] for a in as_json(invoke("agents", "--json"))["agents"]}
+    assert "sleeper" in names
+
+
 # -- errors and exit codes ------------------------------------------------------------------------
 
 
