@@ -30,10 +30,15 @@ class Age(click.ParamType):  # type: ignore[type-arg]  # generic only in click's
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
-        text = str(value).strip().lower()
+        # Case matters: `6M` (months, to a reader) must not prune everything past 6 minutes.
+        text = str(value).strip()
         match = re.fullmatch(r"(\d{1,9}(?:\.\d{1,6})?)\s*([smhdw]?)", text)
         if match is None or (not match.group(2) and float(match.group(1)) != 0):
-            self.fail(f"{value!r} is not an age like 30m, 12h, 7d or 0", param, ctx)
+            self.fail(
+                f"{value!r} is not an age like 30s, 15m, 12h, 7d, 2w or 0 (lower-case units)",
+                param,
+                ctx,
+            )
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
         if seconds > _MAX_AGE_S:
             self.fail(f"{value!r} is longer than 100 years", param, ctx)

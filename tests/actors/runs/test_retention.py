@@ -117,7 +117,8 @@ def test_issue_12_cli_prune_against_a_node(node_process: NodeProcess) -> None:
     done = run_cli("prune", "--older-than", "0", "--json", state_dir=node_process.state_dir)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["pruned"] == []
-    for bad in ("-1", "soon", "7", "1e9d", "999999999w"):
+    # "6M" reads as six months: it must not prune every run older than six minutes.
+    for bad in ("-1", "soon", "7", "1e9d", "999999999w", "6M", "12H"):
         refused = run_cli("prune", "--older-than", bad, state_dir=node_process.state_dir)
         assert refused.returncode == 2, (bad, refused.stderr)
         assert "Traceback" not in refused.stderr
