@@ -5,6 +5,7 @@ Each is a thin view over the client API; the numbers come from the owners, never
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -213,6 +214,9 @@ def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
 
     if as_json and not once:
         raise click.UsageError("--json needs --once (the live view is for a terminal)")
+    if not once and not sys.stdout.isatty():
+        # A live view redrawn into a pipe or a file never ends and shows nothing useful.
+        raise click.UsageError("the live view needs a terminal on stdout; use --once")
     with obj.client() as client:
         client.ping()
         if as_json:

@@ -371,6 +371,16 @@ def test_ctrl_c_sigterm_or_sighup_on_a_foreground_run_stops_it_exit_128_plus_sig
         assert re.search(rb"run [0-9a-f]{12} stopped", out)
 
 
+def test_fleet_without_a_terminal_is_a_usage_error_pointing_at_once(
+    cli: Cli, node: NodeProcess
+) -> None:
+    """Redrawn into a pipe, the live view printed nothing and never ended."""
+    result = cli("fleet")  # click's runner: stdout is no terminal
+    assert result.exit_code == 2
+    assert "the live view needs a terminal on stdout; use --once" in result.stderr
+    assert cli("fleet", "--once").exit_code == 0
+
+
 def test_fleet_once_json_lists_the_runs_with_full_ids(cli: Cli, node: NodeProcess) -> None:
     run_id = started_async(cli, "echo", "x")
     result = cli("fleet", "--once", "--json")
