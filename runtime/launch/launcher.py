@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from subagents_node.launch.config import (
 )
 from subagents_node.messages.base import Message, schema_error
 from subagents_node.messages.constants import ENV_FANOUT, ENV_RUN_ID, ENV_SESSION
-from subagents_node.messages.errors import RunFileInvalid
+from subagents_node.messages.errors import ConfigError, RunFileInvalid
 from subagents_node.messages.supervisor import (
     AgentPlan,
     ChainStep,
@@ -87,9 +88,25 @@ def agent_catalog(
     return discover_agents(cwd, [*agents_dirs, *config.settings.agent_dirs], env)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def resolve_session(session_id: str | None, env: Mapping[str, str]) -> str:
-    """`--session`, else $SUBAGENTS_SESSION (children inherit it), else the terminal's."""
-    return (session_id or "").strip() or env.get(ENV_SESSION, "").strip() or terminal_session_id()
+    """`--session`, else $SUBAGENTS_SESSION (children inherit it), else the terminal's. The
+    variable is held to `--session`'s rule: an id with a newline would split every listing."""
+    given = (session_id or "").strip()
+    if given:
+        return given
+    inherited = env.get(ENV_SESSION, "").strip()
+    if inherited and (len(inherited) > 256 or _CONTROL.search(inherited)):
+        raise ConfigError(
+            f"${ENV_SESSION} is not a session id (1-256 characters, no control characters): "
+            f"{inherited[:80]!r}",
+            key="session",
+            source=ENV_SESSION,
+            reason="value",
+        )
+    return inherited or terminal_session_id()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Run files (`run --parallel` / `--chain`, `append`, `attach`, and the MCP tools' `tasks` /
 `chain`) refuse what they would otherwise drop: a key that means nothing in its place is a
 one-line RunFileInvalid naming it, never a launch that silently does less than was written
-(SPEC §0.4: a typo must not pass silently). No node: LaunchContext only builds the request."""
+(SPEC §0.4: a typo must not pass silently); an inherited session id is held to the rule its
+option follows. No node: LaunchContext only builds the request."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from subagents_node.messages.errors import RunFileInvalid
+from subagents_node.launch.launcher import resolve_session
+from subagents_node.messages.errors import ConfigError, RunFileInvalid
 from tests.support.runs import launch_context
 
 SLEEP = {"agent": "sleeper", "task": "seconds=0"}
@@ -77,3 +79,15 @@ def test_the_documented_shapes_still_launch() -> None:
     )
     assert [s.kind for s in chain.chain] == ["run", "run", "checkpoint", "expand"]
     assert chain.chain[1].parallel and chain.chain[3].max_items == 3
+
+
+@pytest.mark.parametrize("raw", ["a\nb", "tab\there", "x" * 257])
+def test_an_inherited_session_id_is_held_to_the_session_options_rule(raw: str) -> None:
+    """$SUBAGENTS_SESSION with a newline was accepted (and split every `runs` row in two)
+    while `--session` with the same value was refused."""
+    with pytest.raises(ConfigError) as caught:
+        resolve_session(None, {"SUBAGENTS_SESSION": raw})
+    assert caught.value.source == "SUBAGENTS_SESSION"
+    assert "\n" not in caught.value.message
+    assert resolve_session("given", {"SUBAGENTS_SESSION": raw}) == "given"
+    assert resolve_session(None, {"SUBAGENTS_SESSION": " ok "}) == "ok"
