@@ -234,6 +234,8 @@ def reject(obj: Ctx, run_id: str, reason: str, as_json: bool) -> None:
     with obj.client() as client:
         request = validate_request(Reject, {"run_id": run_id, "reason": reason})
         run = client.ask(request, RunView)
+        # The answer comes as the rejection is taken; the run ends once its tree has.
+        run = client.runs.wait(run.run_id, timeout=30)
     emit(run, as_json, f"{run.run_id} {run.state}")
 
 

@@ -114,6 +114,7 @@ def test_r_run_2_reject_ends_the_run_rejected_with_the_reason(
     rejected = cli("reject", run_id, "--reason", "not these")
 
     assert rejected.exit_code == 0, rejected.output
+    assert rejected.stdout.strip() == f"{run_id} rejected"  # its end, not the state it left
     done = client.runs.wait(run_id, timeout=20)
     assert (done.state, done.error) == ("rejected", "Checkpoint rejected: not these")
 
