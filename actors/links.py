@@ -146,12 +146,16 @@ class OwnerLinks:
         timeout_s: float | None = None,
         host: str = "",
         endpoint: str = "",
+        body: dict[str, Any] | None = None,
     ) -> None:
         """`send`, but the reply reaches `deliver` as the owner's envelope, unparsed: for a
         relay that passes the result on to its own caller (the result is validated by
         whoever reads it, once). `host` and `endpoint`: a request a home node is to carry on
-        to its worker `host`, sent to the home at `endpoint`."""
-        self._send(request, target, deliver, timeout_s, raw=True, host=host, endpoint=endpoint)
+        to its worker `host`, sent to the home at `endpoint`. `body`: the request's body as
+        its sender wrote it (already validated into `request`), sent instead of a new one."""
+        self._send(
+            request, target, deliver, timeout_s, raw=True, host=host, endpoint=endpoint, body=body
+        )
 
     def _send(
         self,
@@ -162,13 +166,14 @@ class OwnerLinks:
         raw: bool,
         host: str = "",
         endpoint: str = "",
+        body: dict[str, Any] | None = None,
     ) -> None:
         target = target or request.target
         endpoint = endpoint or self._endpoint_of(target)
         sock = self._socket(endpoint)
         env = Envelope(
             type=request.type,
-            body=request.to_body(),
+            body=request.to_body() if body is None else body,
             target=target,
             sender=self._sender,
             host=host,

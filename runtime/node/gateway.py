@@ -297,7 +297,7 @@ class Gateway:
                     "over tcp with its CURVE key)",
                     reason="peer_only",
                 )
-            request = parse_request(env.type, env.body)
+            parsed = request = parse_request(env.type, env.body)
             if via:
                 log.debug("gateway: %s from principal %s", env.type, principal)
                 if self._admit is not None:
@@ -305,7 +305,10 @@ class Gateway:
             owner = request.target or env.target
             relay = self._relay
             if relay is not None and env.target in ("", owner) and relay.serves(owner):
-                relay.send(request, owner, self._relayed(identity, env, via))
+                # The body as it came, when nothing changed it: re-encoded with every default
+                # filled in, a request under the frame cap could come out over it.
+                body = env.body if request is parsed else None
+                relay.send(request, owner, self._relayed(identity, env, via), body)
                 return
             reply = self.reply_to(identity, env, via)
             if via and self._hosts is not None and isinstance(request, MemberHeartbeat):

@@ -16,6 +16,7 @@ reached, or has fenced it (`home_refusal`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -68,15 +69,22 @@ class Relay:
     def serves(self, target: str) -> bool:
         return target in self._targets
 
-    def send(self, request: Request, target: str, deliver: RawReplyFn) -> None:
-        """Send `request` to owner `target`; raises its refusal (nothing sent) or Busy."""
+    def send(
+        self,
+        request: Request,
+        target: str,
+        deliver: RawReplyFn,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        """Send `request` to owner `target` (as `body` when given: the validated body as it
+        came); raises its refusal (nothing sent) or Busy."""
         if target in self._remote:
             refusal = home_refusal(self._home_state(), request, target)
             if refusal is not None:
                 raise refusal
-            self.links.send_raw(request, target, deliver, self._remote_timeout_s)
+            self.links.send_raw(request, target, deliver, self._remote_timeout_s, body=body)
         else:
-            self.links.send_raw(request, target, deliver)
+            self.links.send_raw(request, target, deliver, body=body)
 
     def carry(self, request: Request, host: str, deliver: RawReplyFn) -> None:
         """Send a request for worker `host` to this worker's home, which carries it on (a

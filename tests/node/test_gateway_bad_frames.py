@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -207,3 +208,31 @@ def test_a_burst_of_every_bad_frame_on_one_socket_gets_one_reply_each(
         codes.append(error_of(reply).code)
     assert codes == [case.code for case in CASES]  # one socket, one I/O thread: in order
     assert_still_serving(served, peer, raw_dealer)
+
+
+def test_a_request_under_the_cap_is_judged_the_same_through_the_gateway_as_at_its_owner(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer], tmp_path: Path
+) -> None:
+    """The gateway relays the body as it came: re-encoded with every default filled in, a
+    944 KB launch came out over the 1 MiB cap and was refused `frame_too_large` through the
+    node's socket while its owner, asked directly, judged it by its content."""
+    item = {"agent": {"name": "t", "command": ["/bin/true"]}, "task": "x" * 880}
+    body = {
+        "session_id": "relay-size",
+        "mode": "parallel",
+        "background": False,
+        "items": [item] * 1024,
+        "cwd": str(tmp_path),
+        "spawns_per_run": 1,
+    }
+    raw = {"v": PROTOCOL_VERSION, "id": FRAME_ID, "type": "runs.launch", "body": body}
+    frame: bytes = msgpack.packb(raw, use_bin_type=True)
+    assert 900_000 < len(frame) < MAX_FRAME_BYTES
+    codes = []
+    for address in (served.address, f"ipc://{served.state_dir.resolve()}/runs.sock"):
+        peer = raw_dealer(address)
+        peer.send_frames(frame)
+        reply = peer.recv_env(timeout=20)
+        assert reply is not None and reply.corr == FRAME_ID
+        codes.append(error_of(reply).code)
+    assert codes[0] == codes[1] == "RUN_FANOUT_LIMIT", codes
