@@ -105,9 +105,17 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
     version = raw.get("v")
     # `type(...) is int`: True and 1.0 compare equal to 1 but are not a protocol version.
     if type(version) is not int or version != PROTOCOL_VERSION:
+        # Echo a short version only: a 1 MB string `v` must not cost a 2 MB reply.
+        shown = repr(version)
+        shown = shown if len(shown) <= 40 else shown[:39] + "…"
+        got = (
+            version
+            if isinstance(version, int) or (isinstance(version, str) and len(version) <= 40)
+            else None
+        )
         raise UnsupportedProtocol(
-            f"protocol version {version!r} is not supported (this node speaks {PROTOCOL_VERSION})",
-            got=version if isinstance(version, int | str) else None,
+            f"protocol version {shown} is not supported (this node speaks {PROTOCOL_VERSION})",
+            got=got,
             supported=PROTOCOL_VERSION,
         )
     for key in _HEADER_STR:

@@ -155,13 +155,23 @@ def test_msgpack_that_is_not_a_map_is_malformed(value: Any) -> None:
 
 @pytest.mark.parametrize(
     ("version", "got"),
-    [(2, 2), (0, 0), ("1", "1"), (None, None), (True, True), (1.0, None), ([1], None)],
-    ids=["newer", "zero", "string", "missing", "bool", "float", "list"],
+    [
+        (2, 2),
+        (0, 0),
+        ("1", "1"),
+        (None, None),
+        (True, True),
+        (1.0, None),
+        ([1], None),
+        ("v" * 100_000, None),
+    ],
+    ids=["newer", "zero", "string", "missing", "bool", "float", "list", "huge string"],
 )
 def test_any_protocol_version_but_the_int_1_is_unsupported(version: Any, got: Any) -> None:
     with pytest.raises(UnsupportedProtocol) as info:
         decode(frame(v=version))
     assert info.value.details == {"got": got, "supported": PROTOCOL_VERSION}
+    assert len(info.value.message) < 120  # an error never echoes a big value back whole
 
 
 @pytest.mark.parametrize("key", ["type", "id", "sender", "target"])
