@@ -25,6 +25,7 @@ from subagents_node.actors.runs import child_launch, runplan, runstore, steps
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import Advance, ShimNotLaunched
 from subagents_node.messages.base import Ack, Message
+from subagents_node.messages.constants import WORKFLOW_RESULT_FILE
 from subagents_node.messages.errors import RecordQuarantined, SubagentsError
 from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, ChildStarted
 from subagents_node.messages.supervisor import Launch
@@ -205,25 +206,28 @@ def apply_event(host: ChildHost, event: ChildStarted | ChildExited) -> None:
             started.unstarted.discard(event.child_id)
             host.answer_launches(started)
         return
+    live = host.live_run(run_id)
+    state, error = event.state, event.error
+    if live is not None and _workflow_without_result(live, state):
+        state, error = "failed", NO_WORKFLOW_RESULT
     runstore.update_child(
         host.db,
         run_id,
         idx,
-        state=event.state,
+        state=state,
         exit_code=event.exit_code,
         signal=event.proof.signal,
         started_at=event.started_at,
         ended_at=event.ended_at,
-        error=event.error or "",
+        error=error or "",
         output=event.output,
         proof_state=event.proof.state,
     )
     host.record_event(
         run_id,
         "child.exited",
-        {"child": idx, "state": event.state, "exit_code": event.exit_code},
+        {"child": idx, "state": state, "exit_code": event.exit_code},
     )
-    live = host.live_run(run_id)
     if live is None:
         return
     live.running.pop(event.child_id, None)
@@ -231,7 +235,23 @@ def apply_event(host: ChildHost, event: ChildStarted | ChildExited) -> None:
     host.answer_launches(live)
     live.outputs[idx] = event.output
     live.proofs.append(event.proof.state)
-    if event.state != "complete" and live.stop_state is None:
+    if state != "complete" and live.stop_state is None:
         live.failed = True
-        live.error = live.error or (event.error or f"child {live.labels.get(idx)} failed")
+        live.error = live.error or (error or f"child {live.labels.get(idx)} failed")
     advance(host, live)
+
+
+#: A workflow host that exited 0 without its result file: the script ended the process
+#: (`os._exit`) before main(runs) returned, so nothing says what it did (R-RUN-7).
+NO_WORKFLOW_RESULT = (
+    "The workflow host exited without writing its result: the script ended the process "
+    "before main(runs) returned."
+)
+
+
+def _workflow_without_result(live: LiveRun, state: str) -> bool:
+    return (
+        live.mode == "workflow"
+        and state == "complete"
+        and not (live.run_dir / WORKFLOW_RESULT_FILE).exists()
+    )

@@ -117,7 +117,9 @@ def workflow(
             drain_children(client, final.run_id)
     result = workflow_result(final)
     data = {"run": final.model_dump(mode="json"), "result": result}
-    emit(data, as_json, f"{summary(final)}\nresult: {Path(final.run_dir) / RESULT_FILE}")
+    where = Path(final.run_dir) / RESULT_FILE
+    shown = f"result: {where}" if result is not None else "result: none (the host wrote none)"
+    emit(data, as_json, f"{summary(final)}\n{shown}")
     if final.state != "complete":
         raise SystemExit(1)
 

@@ -172,8 +172,9 @@ class Step:
     view: RunView | None = field(default=None, repr=False)
 
 
-def to_jsonable(value: Any) -> Any:
-    """A script's value (or an emit) as JSON data; anything else becomes its repr."""
+def to_jsonable(value: Any, _within: frozenset[int] = frozenset()) -> Any:
+    """A script's value (or an emit) as JSON data; anything else becomes its repr. A value
+    that contains itself is a ValueError (JSON has no cycles), never a RecursionError."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, ChildResult):
@@ -181,11 +182,24 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(dataclasses.asdict(value))
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [to_jsonable(v) for v in value]
+        return to_jsonable(dataclasses.asdict(value), _within)
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        if id(value) in _within:
+            raise ValueError(
+                f"a {type(value).__name__} that contains itself cannot be a workflow value"
+            )
+        if len(_within) >= _MAX_NESTING:
+            raise ValueError(
+                f"a value nested over {_MAX_NESTING} levels cannot be a workflow value"
+            )
+        inner = _within | {id(value)}
+        if isinstance(value, Mapping):
+            return {str(k): to_jsonable(v, inner) for k, v in value.items()}
+        return [to_jsonable(v, inner) for v in value]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return repr(value)
+
+
+#: Deeper than any result a person reads; well within Python's recursion limit.
+_MAX_NESTING = 200

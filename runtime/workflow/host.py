@@ -53,6 +53,7 @@ from subagents_node.messages.errors import SubagentsError, WorkflowHostError
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import IntercomMode
 from subagents_node.workflow.api import WorkflowEnv, WorkflowRuns
+from subagents_node.workflow.calls import to_jsonable
 from subagents_node.workflow.launch import RESULT_FILE
 from subagents_node.workflow.report import (
     STATUS_FILE,
@@ -195,7 +196,8 @@ class Host:
         self.write_status()
         signal.signal(signal.SIGTERM, _raise_stop)
         try:
-            outcome.value = run_script(self.script, self.runs)
+            # As JSON data now: a value that cannot be one fails the script, with its reason.
+            outcome.value = to_jsonable(run_script(self.script, self.runs))
             outcome.state = "complete"
         except WorkflowStopped:
             outcome.state, outcome.error = _stop_reason(self.client, self.runs.env.run_id)
@@ -205,7 +207,7 @@ class Host:
                 outcome.state = "complete"
             else:
                 outcome.state, outcome.error = "failed", f"SystemExit: {exc.code}"
-        except Exception as exc:
+        except (Exception, KeyboardInterrupt) as exc:  # a script's own `raise KeyboardInterrupt`
             outcome.state, outcome.error = "failed", _error_text(exc)
             outcome.traceback = "".join(traceback.format_exception(exc))
         finally:

@@ -11,13 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import InvalidTimeout
+from subagents_node.messages.base import schema_error
+from subagents_node.messages.constants import WORKFLOW_RESULT_FILE
+from subagents_node.messages.errors import BadRequest, InvalidTimeout
 from subagents_node.messages.supervisor import AgentPlan, IntercomMode, Launch, RunView, TaskItem
 from subagents_node.workflow.outputs import aggregate_path
 
 #: what the workflow host leaves in the run directory (R-RUN-7)
-RESULT_FILE = "result.json"
+RESULT_FILE = WORKFLOW_RESULT_FILE
 
 HOST_MODULE = "subagents_node.workflow.host"
 
@@ -45,13 +49,34 @@ def workflow_launch(
         command += ["--agents-dir", str(Path(directory).expanduser().resolve())]
     host = AgentPlan(name="workflow", command=command, task_delivery="argv")
     aggregate = aggregate_path(output, ctx.cwd)
-    item = TaskItem(
-        agent=host,
-        task=str(script.expanduser().resolve()),
-        output=str(aggregate) if aggregate is not None else None,
-    )
+    if aggregate is not None:
+        _check_aggregate(aggregate)
+    try:
+        item = TaskItem(
+            agent=host,
+            task=str(script.expanduser().resolve()),
+            output=str(aggregate) if aggregate is not None else None,
+        )
+    except ValidationError as exc:
+        raise schema_error("workflow", exc) from None
     launch = ctx.launch("workflow", background, items=[item], timeout_ms=timeout_ms)
     return launch.model_copy(update={"intercom": intercom})
+
+
+def _check_aggregate(path: Path) -> None:
+    """An aggregate path that can never be written is refused before the launch: the script
+    would run to its end and only then report an `Output file error` (R-WF-9)."""
+    problem = ""
+    if not path.name:
+        problem = "names no file"
+    elif path.is_dir():
+        problem = "is a directory; name a file"
+    else:
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            problem = f"cannot be created: {parent} is not a directory"
+    if problem:
+        raise BadRequest(f"--output {path} {problem}", field="output", reason="output")
 
 
 def workflow_result(run: RunView) -> dict[str, Any] | None:

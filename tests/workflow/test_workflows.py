@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from subagents_node.client.client import Client
-from subagents_node.messages.errors import IntercomOff, WorkflowChildRefused
+from subagents_node.messages.errors import BadRequest, IntercomOff, WorkflowChildRefused
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
@@ -561,6 +561,48 @@ def test_a_workflow_script_that_raises_fails_the_run_with_its_error(
     assert result["error"] == "ValueError: the script broke"
     assert 'raise ValueError("the script broke")' in result["traceback"]
     assert [s["status"] for s in result["steps"]] == ["completed"]
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        (
+            "import os\ndef main(runs):\n    os._exit(0)\n",
+            "The workflow host exited without writing its result: the script ended the process "
+            "before main(runs) returned.",
+        ),
+        ("def main(runs):\n    raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+        (
+            "def main(runs):\n    a = []\n    a.append(a)\n    return a\n",
+            "ValueError: a list that contains itself cannot be a workflow value",
+        ),
+    ],
+    ids=["os._exit(0)", "KeyboardInterrupt", "a cyclic value"],
+)
+def test_r_run_7_a_script_that_ends_oddly_fails_with_a_one_line_error(
+    client: Client, agents: Path, work: Path, script: str, error: str
+) -> None:
+    """Not `complete` with no result file, nor a traceback fragment as the run's error."""
+    done = start_workflow(client, agents, work, script).wait()
+    assert (done.state, done.error) == ("failed", error)
+
+
+@pytest.mark.parametrize(
+    ("output", "problem"),
+    [
+        ("/", "names no file"),
+        (".", "is a directory; name a file"),
+        ("f/x.md", "is not a directory"),
+    ],
+)
+def test_r_wf_9_an_aggregate_path_that_cannot_be_written_is_refused_before_the_launch(
+    work: Path, output: str, problem: str
+) -> None:
+    (work / "f").write_text("a file, not a directory")
+    ctx = launch_context(cwd=work)
+    with pytest.raises(BadRequest) as caught:
+        workflow_launch(ctx, work / "w.py", background=False, output=output)
+    assert problem in caught.value.message and caught.value.details["field"] == "output"
 
 
 def test_a_workflow_script_without_main_fails_with_a_clear_error(
