@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, ParamSpec
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import connect, default_address
@@ -49,6 +49,10 @@ INSTRUCTIONS = (
 class TaskSpec(BaseModel):
     """One agent and its task, as in a run file's [[tasks]]."""
 
+    # As strict as a run file: `"background": "yes"` or a stray key is the caller's mistake to
+    # read, never a guess.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     agent: str = Field(description="Agent name (see the agents tool).")
     task: str = Field(description="The task text given to the agent.")
     cwd: str | None = Field(default=None, description="Working directory of this child.")
@@ -57,6 +61,8 @@ class TaskSpec(BaseModel):
 
 class ChainStepSpec(BaseModel):
     """One chain step: one agent and task, or a parallel group (`parallel`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     agent: str | None = Field(default=None, description="Agent of a single step.")
     task: str | None = Field(
@@ -80,11 +86,13 @@ class ChainStepSpec(BaseModel):
 
     def as_step(self) -> dict[str, Any]:
         """The run file's shape (what `LaunchContext.from_mapping` reads)."""
-        if self.parallel is not None:
-            return {"parallel": [t.model_dump(exclude_none=True) for t in self.parallel]}
         step = self.model_dump(exclude_none=True, exclude={"parallel"})
         if step.get("expand") is False:
             del step["expand"]
+        if self.parallel is not None:
+            # Whatever else the step names goes along: the launcher refuses it beside
+            # `parallel` rather than this dropping it.
+            step["parallel"] = [t.model_dump(exclude_none=True) for t in self.parallel]
         return step
 
 
@@ -156,9 +164,10 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         background: Annotated[
             bool | None,
             Field(
+                strict=True,
                 description="True: return the run id at once (follow it with wait/logs). "
                 "False: wait and return the output. Default: the agent's own setting, "
-                "else foreground."
+                "else foreground.",
             ),
         ] = None,
         timeout_ms: Annotated[

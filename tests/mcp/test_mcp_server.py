@@ -188,20 +188,28 @@ def test_r_fan_16_a_fan_out_refusal_is_a_tool_error_with_the_rejection_text(
 def test_bad_arguments_are_a_tool_error_and_launch_nothing(node: NodeProcess) -> None:
     env = server_env(SUBAGENTS_NODE=node.address)
     pair = [{"agent": "sleeper", "task": "y"}] * 2
-    both, unknown, wide, deadline = call(
+    beside = {"agent": "sleeper", "task": "dropped", "parallel": pair}
+    both, unknown, wide, deadline, mixed, loose, stray = call(
         env,
         ("run", {"agent": "sleeper", "task": "x", "tasks": pair}),
         ("run", {"agent": "no-such-agent", "task": "x"}),
         ("run", {"tasks": pair, "concurrency": 65}),
         ("run", {"agent": "sleeper", "task": "x", "timeout_ms": 0}),
+        ("run", {"chain": [beside]}),
+        ("run", {"agent": "sleeper", "task": "x", "background": "yes"}),
+        ("run", {"tasks": [{"agent": "sleeper", "task": "y", "session": "other"}]}),
     )
     assert both.is_error and "give agent and task" in text_of(both)
     assert unknown.is_error and "Unknown agent 'no-such-agent'" in text_of(unknown)
     assert wide.is_error
     assert "concurrency must be an integer from 1 to 64" in text_of(wide)  # the launcher's rule
     assert deadline.is_error and "timeout" in text_of(deadline).lower()
-    for refused in (both, unknown, wide, deadline):
+    # A step's agent and task beside `parallel` are refused, not dropped (the run file's rule).
+    assert mixed.is_error and "a parallel step has no other keys" in text_of(mixed)
+    for refused in (both, unknown, wide, deadline, mixed):
         assert "\n" not in text_of(refused), "a refusal is one line"
+    # Arguments are as strict as a run file: no "yes" for true, no stray keys.
+    assert loose.is_error and stray.is_error
     assert node.client().runs.list() == []
 
 
