@@ -24,6 +24,7 @@ from subagents_node.client.keys import (
     CLIENT_KEY,
     SERVER_KEY,
     Keypair,
+    allowing,
     check_name,
     check_public_key,
     keys_dir,
@@ -119,8 +120,7 @@ def _change(state_dir: Path, request: KeysAllow | KeysRevoke | KeysList) -> Allo
     directory = keys_dir(state_dir)
     allowed = read_allowed(directory / ALLOWED)
     if isinstance(request, KeysAllow):
-        allowed = {n: k for n, k in allowed.items() if k != request.public_key}
-        allowed[request.name] = request.public_key
+        allowed = allowing(allowed, request.name, request.public_key)
         write_allowed(directory / ALLOWED, allowed)
     elif isinstance(request, KeysRevoke):
         gone = [n for n, k in allowed.items() if request.name in (n, k)]

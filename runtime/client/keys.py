@@ -64,8 +64,13 @@ def check_public_key(text: str) -> str:
     """A z85 CURVE public key (40 characters), or KeyFileInvalid naming what is wrong."""
     key = text.strip()
     if not _Z85.fullmatch(key):
+        found = (
+            f"{len(key)} characters"
+            if len(key) != 40
+            else f"{next(c for c in key if not _Z85.fullmatch(c * 40))!r}, which z85 does not use"
+        )
         raise KeyFileInvalid(
-            f"not a CURVE public key: expected 40 characters of z85 text (got {len(key)})",
+            f"not a CURVE public key: expected 40 characters of z85 text (got {found})",
             path="",
             reason="public_key",
         )
@@ -125,6 +130,24 @@ def read_allowed(path: Path) -> dict[str, str]:
             )
         allowed[name] = key
     return allowed
+
+
+def allowing(allowed: Mapping[str, str], name: str, public_key: str) -> dict[str, str]:
+    """The allow-list with `public_key` admitted as `name` (an old name of that key goes).
+    A name that admits another key is refused: replacing it silently would lock out whoever
+    holds that key (the node's own `local` one, say); revoke it first."""
+    name, key = check_name(name), check_public_key(public_key)
+    held = allowed.get(name)
+    if held is not None and held != key:
+        raise KeyFileInvalid(
+            f"the name {name!r} already admits another key; revoke it first "
+            f"(`subagents-node keys revoke {name}`) or choose another name",
+            path="",
+            reason="name_taken",
+        )
+    updated = {n: k for n, k in allowed.items() if k != key}
+    updated[name] = key
+    return updated
 
 
 def write_allowed(path: Path, allowed: Mapping[str, str]) -> None:

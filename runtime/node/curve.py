@@ -34,8 +34,7 @@ from subagents_node.client.keys import (
     ALLOWED,
     SERVER_KEY,
     Keypair,
-    check_name,
-    check_public_key,
+    allowing,
     keys_dir,
     read_allowed,
     read_keypair,
@@ -101,12 +100,10 @@ class CurveGuard:
         return dict(self._allowed)
 
     def allow(self, name: str, public_key: str) -> None:
-        name, key = check_name(name), check_public_key(public_key)
-        updated = {n: k for n, k in self._allowed.items() if k != key}
-        updated[name] = key
+        updated = allowing(self._allowed, name, public_key)
         write_allowed(self._allowed_path, updated)  # durable before it takes effect
         self._allowed = updated
-        log.info("tcp key allowed: %s (%s)", name, key)
+        log.info("tcp key allowed: %s (%s)", name, updated[name])
 
     def revoke(self, name_or_key: str) -> list[str]:
         """Remove the entries named `name_or_key` (a name or a public key); their names."""

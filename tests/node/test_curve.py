@@ -194,6 +194,14 @@ def test_design_3_keys_allow_without_a_node_edits_the_file(state_dir: Path) -> N
     bad = run_cli("keys", "allow", "not-a-key", "--name", "ci", state_dir=state_dir)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "not a CURVE public key" in bad.stderr
+    accented = run_cli("keys", "allow", "--name", "x", "--", "A" * 39 + "é", state_dir=state_dir)
+    assert "got 'é', which z85 does not use" in accented.stderr
+    # A name that admits another key is not silently taken over: revoke it first.
+    other = Keypair.generate().public
+    taken = run_cli("keys", "allow", other, "--name", "ci", state_dir=state_dir)
+    assert taken.returncode != 0 and "already admits another key" in taken.stderr
+    assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {"ci": key}
+    assert run_cli("keys", "allow", key, "--name", "ci", state_dir=state_dir).returncode == 0
     assert run_cli("keys", "revoke", "ci", state_dir=state_dir).returncode == 0
     assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {}
 
