@@ -71,7 +71,10 @@ class RunIdType(click.ParamType[str]):
         text = str(value).strip()
         if not _RUN_ID.match(text):
             self.fail(
-                f"{value!r} is not a run id (1-128 letters, digits, '.', '_' or '-')", param, ctx
+                f"{value!r} is not a run id (1-128 letters, digits, '.', '_' or '-', starting "
+                "with a letter or digit)",
+                param,
+                ctx,
             )
         return text
 

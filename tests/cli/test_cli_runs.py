@@ -228,6 +228,13 @@ def test_cli_agents_searches_the_configured_agent_dirs_as_run_does(
 # -- errors and exit codes ------------------------------------------------------------------------
 
 
+def test_a_run_id_refusal_states_the_whole_rule(invoke: Invoke) -> None:
+    """`_` is made of allowed characters: the message must say why it is still no run id."""
+    result = invoke("show", "_")
+    assert result.exit_code == 2
+    assert "starting with a letter or digit" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
