@@ -44,6 +44,10 @@ def workflow_launch(
             name="timeout_ms",
             value=repr(timeout_ms),
         )
+    script = script.expanduser().resolve()
+    if not script.is_file():  # a FIFO would hang the host, a missing file fail it later
+        what = "does not exist" if not script.exists() else "is not a regular file"
+        raise BadRequest(f"workflow script {script} {what}", field="script", reason="script")
     command = [sys.executable, "-m", HOST_MODULE, "{task}", "--intercom", intercom]
     for directory in agents_dirs:
         command += ["--agents-dir", str(Path(directory).expanduser().resolve())]
@@ -54,7 +58,7 @@ def workflow_launch(
     try:
         item = TaskItem(
             agent=host,
-            task=str(script.expanduser().resolve()),
+            task=str(script),
             output=str(aggregate) if aggregate is not None else None,
         )
     except ValidationError as exc:

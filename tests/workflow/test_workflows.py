@@ -11,6 +11,7 @@ them; every wait is on an event or re-reads a snapshot with a deadline.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from collections.abc import Iterator
@@ -599,10 +600,29 @@ def test_r_wf_9_an_aggregate_path_that_cannot_be_written_is_refused_before_the_l
     work: Path, output: str, problem: str
 ) -> None:
     (work / "f").write_text("a file, not a directory")
+    (work / "w.py").write_text("def main(runs):\n    return 1\n")
     ctx = launch_context(cwd=work)
     with pytest.raises(BadRequest) as caught:
         workflow_launch(ctx, work / "w.py", background=False, output=output)
     assert problem in caught.value.message and caught.value.details["field"] == "output"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "missing", "directory"])
+def test_a_workflow_script_that_is_no_regular_file_is_refused_before_the_launch(
+    work: Path, kind: str
+) -> None:
+    """A FIFO given as the script hung the host (and left the run running for good)."""
+    script = work / "w.py"
+    if kind == "fifo":
+        os.mkfifo(script)
+    elif kind == "directory":
+        script.mkdir()
+    with pytest.raises(BadRequest) as caught:
+        workflow_launch(launch_context(cwd=work), script, background=False)
+    assert caught.value.details["field"] == "script"
+    assert ("does not exist" if kind == "missing" else "is not a regular file") in (
+        caught.value.message
+    )
 
 
 def test_a_workflow_script_without_main_fails_with_a_clear_error(
