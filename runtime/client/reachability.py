@@ -46,6 +46,10 @@ def check_reachable(address: str, stale: bool = False) -> None:
             "start one with `subagents-node start`",
             address=address,
         )
+    if not path.is_socket():  # a directory, a file, a device: nothing will ever answer there
+        raise NodeNotRunning(
+            f"no node is running at {address}: {path} is not a socket", address=address
+        )
     if stale and _stale(path):
         raise NodeNotRunning(
             f"no node is running at {address}: the node that served it is gone "

@@ -105,6 +105,16 @@ def test_stop_with_an_address_stops_that_node_and_never_the_state_dirs(
     assert here.client().ping().pid == here.pid
 
 
+@pytest.mark.parametrize("where", ["directory", "/dev/zero", "file"])
+def test_an_ipc_address_that_is_no_socket_is_no_node_at_once(tmp_path: Path, where: str) -> None:
+    """Not a wait for the whole --timeout followed by 'is it running?'."""
+    path = {"directory": str(tmp_path), "/dev/zero": "/dev/zero", "file": str(tmp_path / "f")}
+    (tmp_path / "f").write_text("x")
+    done = run_cli("--address", f"ipc://{path[where]}", "--timeout", "30", "ping", timeout=20)
+    assert done.returncode == 3
+    assert "is not a socket" in done.stderr
+
+
 def test_console_script_help_and_version_work_as_a_real_process() -> None:
     helped = run_cli("--help")
     assert helped.returncode == 0
