@@ -161,7 +161,7 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
         )
     return Agent(
         name=front.name,
-        description=front.description.strip(),
+        description=" ".join(front.description.split()),  # one line, as every listing shows it
         command=tuple(front.command),
         system_prompt=system_prompt,
         path=path,

@@ -305,7 +305,8 @@ def _apply_env(
             continue
         resolve, floor = lenient
         number = parse_env_int(raw)
-        if number is None or number < floor:
+        # Out of the stored domain is as unusable as no number at all: the same warning.
+        if number is None or number < floor or number > MAX_COUNT:
             warnings.append(
                 f"{var}={raw!r} is not a {'positive' if floor else 'non-negative'} integer; "
                 f"ignored, {key} comes from {origins[key]}"

@@ -9,6 +9,7 @@ it, after validating what came from files (SPEC §0.4), and launchers call it di
 from __future__ import annotations
 
 import math
+import re
 
 from subagents_node.messages.constants import MAX_TIMEOUT_MS
 from subagents_node.messages.errors import InvalidTimeout
@@ -31,6 +32,9 @@ def as_integer(value: object) -> int | None:
     return None
 
 
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+
+
 def parse_env_int(raw: str | None) -> int | None:
     """An environment value parsed as a number (R-CFG-3/4: "string -> number"), if integral.
 
@@ -40,6 +44,9 @@ def parse_env_int(raw: str | None) -> int | None:
     if raw is None or not raw.strip():
         return None
     text = raw.strip()
+    # Plain ASCII decimal only: int() would also take "1_000" and full-width digits.
+    if not _DECIMAL.fullmatch(text):
+        return None
     try:
         return int(text)
     except ValueError:

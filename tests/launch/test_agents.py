@@ -163,6 +163,11 @@ def test_r_agt_1_invalid_front_matter_is_a_clear_error_naming_file_and_reason(
     assert caught.value.message.startswith("Invalid agent file /agents/a.md: ")
 
 
+def test_a_description_is_one_line_whatever_the_yaml_said() -> None:
+    agent = parse('name: a\ndescription: "line one\\n  line two\\t end"\ncommand: [x]')
+    assert agent.description == "line one line two end"
+
+
 def test_a_system_prompt_over_the_task_size_cap_is_an_invalid_agent_file() -> None:
     with pytest.raises(AgentInvalid, match=r"the body \(system prompt\) is longer than"):
         parse_agent(f"---\n{simple('a')}---\n{'x' * (MAX_TASK_CHARS + 1)}\n", Path("/a.md"))

@@ -454,6 +454,11 @@ def test_an_invalid_non_spec_variable_is_an_error_naming_the_key_and_the_variabl
         ("SUBAGENTS_MAX_SPAWNS_PER_RUN", "many", "max_subagent_spawns_per_run", 10),
         ("SUBAGENTS_MAX_SPAWNS_PER_SESSION", "-1", "max_subagent_spawns_per_session", 5),
         ("SUBAGENTS_MAX_DEPTH", "1.5", "max_subagent_depth", 3),
+        # Out of range is as unusable as no number: the same warning, not a hard error.
+        ("SUBAGENTS_MAX_SPAWNS_PER_RUN", "9" * 23, "max_subagent_spawns_per_run", 10),
+        # ASCII decimal only (int() also reads these).
+        ("SUBAGENTS_MAX_SPAWNS_PER_RUN", "1_000", "max_subagent_spawns_per_run", 10),
+        ("SUBAGENTS_MAX_SPAWNS_PER_RUN", "\uff15", "max_subagent_spawns_per_run", 10),
     ],
 )
 def test_r_cfg_3_4_8_an_unusable_spec_variable_falls_through_with_a_warning(
