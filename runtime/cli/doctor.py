@@ -44,6 +44,15 @@ class Check:
 
 def check_state_dir(state_dir: Path) -> Iterator[Check]:
     if not state_dir.exists():
+        blocker = next((p for p in state_dir.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            yield Check(
+                "state dir",
+                "fail",
+                f"{state_dir} cannot be created: {blocker} is not a directory",
+                "choose another --state-dir",
+            )
+            return
         yield Check(
             "state dir",
             "warn",
@@ -203,7 +212,12 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
         endpoint = address or ipc_endpoint(state_dir)
         client = Client(ZmqTransport(endpoint), timeout=3.0)
     except SubagentsError as err:
-        yield Check("node", "fail", err.message, "choose a shorter --state-dir")
+        yield Check(
+            "node",
+            "fail",
+            err.message,
+            "choose a --state-dir whose socket path is short (under 107 bytes) and printable",
+        )
         return
     try:
         pong = client.ping()

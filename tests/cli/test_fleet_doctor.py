@@ -154,6 +154,14 @@ def test_doctor_fails_on_a_state_dir_others_can_read_and_says_how_to_fix_it(
     assert f"fix: chmod 700 {node.state_dir}" in result.stdout
 
 
+def test_doctor_fails_on_a_state_dir_that_cannot_be_created(tmp_path: Path) -> None:
+    """Under a file, `start` fails: doctor must not say start will create it."""
+    (tmp_path / "file").write_text("x")
+    result = doctor(tmp_path / "file" / "sub")
+    assert result.returncode == 1
+    assert "cannot be created" in result.stdout and "is not a directory" in result.stdout
+
+
 def test_doctor_fails_on_a_corrupted_store(state_dir: Path) -> None:
     state_dir.chmod(0o700)
     (state_dir / "state.db").write_bytes(b"this is not a sqlite database" * 100)
