@@ -35,7 +35,7 @@ from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Superseded
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
-from subagents_node.messages.errors import BadRequest, RunStorageFailed
+from subagents_node.messages.errors import BadRequest, RunNotResumable, RunStorageFailed
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
 from subagents_node.messages.supervisor import (
     Launch,
@@ -139,6 +139,14 @@ class RunLaunches:
             return self.launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
         if row["state"] == "paused":
             return pauses.resume_paused(self._host, row, request)
+        taken = checkpoints.successor(self._host.db, str(row["run_id"]))
+        if row["state"] == "stopped" and taken is not None:  # "was stopped" would mislead
+            raise RunNotResumable(
+                f"Run '{row['run_id']}' was paused and resumed already: run {taken} went on "
+                "with it; resume that run instead.",
+                run_id=str(row["run_id"]),
+                reason="continued",
+            )
         launch, plan = management.resume_launch(row, request)
         # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
         checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self._host.clock())

@@ -21,7 +21,12 @@ import pytest
 from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import DeadlineExpired, InjectedFault, PauseRefused
+from subagents_node.messages.errors import (
+    DeadlineExpired,
+    InjectedFault,
+    PauseRefused,
+    RunNotResumable,
+)
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import (
     ChainStep,
@@ -164,6 +169,11 @@ def test_r_run_2_pause_then_resume_keeps_the_claim_the_slot_and_the_deadline(
     source_after = client.runs.show(run.run_id)
     assert (source_after.state, source_after.resumed_by) == ("stopped", resumed.run_id)
     wait_until(lambda: used(client, ctx) == 0, what="release")
+    # Its state says stopped, but nobody stopped it: a second resume names the run that went on.
+    with pytest.raises(RunNotResumable) as again_refused:
+        resume(client, run.run_id)
+    assert again_refused.value.details["reason"] == "continued"
+    assert f"run {resumed.run_id} went on with it" in again_refused.value.message
 
 
 def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_nothing(
