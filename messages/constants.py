@@ -41,9 +41,10 @@ ENV_AGENT = "SUBAGENTS_AGENT"
 ENV_TASK_DELIVERY = "SUBAGENTS_TASK_DELIVERY"
 ENV_WORKFLOW_TOKEN = "SUBAGENTS_WORKFLOW_TOKEN"
 
-#: What a workflow's host leaves in its run directory once the script returned (R-RUN-7).
-WORKFLOW_RESULT_FILE = "result.json"
 #: tests only: serve the fault-injection requests
 ENV_TEST_FAULTS = "SUBAGENTS_TEST_FAULTS"
 #: tests only, with faults: comma-separated launch steps at which the node kills itself (-9)
 ENV_TEST_KILL_AT = "SUBAGENTS_TEST_KILL_AT"
+
+#: What a workflow's host leaves in its run directory once the script returned (R-RUN-7).
+WORKFLOW_RESULT_FILE = "result.json"
