@@ -39,9 +39,18 @@ class ProcStat(NamedTuple):
 
 def stat_of(pid: int) -> ProcStat | None:
     try:
+        return read_stat(pid)
+    except OSError:
+        return None
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """/proc/PID/stat, None when the process is gone; any other failure to read it (no file
+    descriptor left, say) is raised: it says nothing about the process."""
+    try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
     fields = raw[raw.rindex(b")") + 2 :].split()  # the command name may hold spaces
     return ProcStat(
@@ -70,6 +79,17 @@ def is_alive(identity: ProcessIdentity) -> bool:
     """True when `identity.pid` still runs the process that started at `identity.start_time`."""
     started = start_time_of(identity.pid)
     return started is not None and abs(started - identity.start_time) < START_TIME_TOLERANCE_S
+
+
+def is_alive_or_unknown(identity: ProcessIdentity) -> bool | None:
+    """`is_alive`, or None when /proc could not be read (no descriptor left, say)."""
+    try:
+        stat = read_stat(identity.pid)
+    except OSError:
+        return None
+    if stat is None or stat.state in ("X", "Z"):
+        return False
+    return abs(stat.start_time - identity.start_time) < START_TIME_TOLERANCE_S
 
 
 @functools.cache  # one boot per process life: read once (the template reads it for its shims)

@@ -16,6 +16,7 @@ verified by pid and start time (`signal_shim`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
+from subagents_node.actors.child.procfs import ProcessIdentity, is_alive, is_alive_or_unknown
 from subagents_node.messages.runs import ChildSpec
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,10 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
             os.close(fd)
 
 
+#: How soon a shim whose pidfd could not be opened (no descriptor left) is tried again.
+RETRY_OPEN_S = 1.0
+
+
 class ShimWatch:
     """One thread for every shim: `watch(key, identity)`, then `flush()` (once per batch: the
     supervisor's commit group); `on_gone(key)` runs on the thread when that shim exits (at
@@ -175,6 +180,8 @@ class ShimWatch:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
         self._count = 0  # shims the thread holds a pidfd for (read under the lock)
+        #: Shims alive but not watched yet: no descriptor was left to open their pidfd.
+        self._retry: list[tuple[str, ProcessIdentity]] = []
         self._thread = threading.Thread(target=self._run, name="shim-watch", daemon=True)
         self._thread.start()
 
@@ -197,7 +204,7 @@ class ShimWatch:
     def watched(self) -> int:
         """Shims watched now or about to be (a shim leaves the table when it exits)."""
         with self._lock:
-            return len(self._add) + self._count
+            return len(self._add) + self._count + len(self._retry)
 
     def close(self) -> None:
         with self._lock:
@@ -213,7 +220,14 @@ class ShimWatch:
         fds: dict[int, str] = {}
         try:
             while True:
-                for fd, _ in poller.poll():
+                if self._retry:  # descriptors ran out: try those again, now and then
+                    with self._lock:
+                        again, self._retry = self._retry, []
+                        for key, identity in again:
+                            self._open(key, identity, poller, fds)
+                        self._count = len(fds)
+                waiting = poller.poll(int(RETRY_OPEN_S * 1000) if self._retry else None)
+                for fd, _ in waiting:
                     if fd == self._wake_r:
                         os.read(self._wake_r, 4096)
                         with self._lock:
@@ -241,12 +255,20 @@ class ShimWatch:
     ) -> None:
         try:
             fd = os.pidfd_open(identity.pid)
-        except OSError:
-            self._gone(key)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                self._gone(key)
+            else:  # EMFILE, ENFILE, ENOMEM: that says nothing of the shim, only of us
+                log.warning("shim watch: cannot watch shim %s yet (%s); retrying", key, exc)
+                self._retry.append((key, identity))
             return
-        if not is_alive(identity):  # opened first, checked second: no pid-reuse window
+        alive = is_alive_or_unknown(identity)  # opened first, checked second: no pid reuse
+        if not alive:
             os.close(fd)
-            self._gone(key)
+            if alive is None:
+                self._retry.append((key, identity))
+            else:
+                self._gone(key)
             return
         fds[fd] = key
         poller.register(fd, select.POLLIN)

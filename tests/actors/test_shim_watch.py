@@ -1,0 +1,52 @@
+"""The supervisor's watch of its shims (actors/child/shims.py ShimWatch): a shim is reported
+gone only when it is. Out of file descriptors (EMFILE), `pidfd_open` fails for a shim that is
+alive; that once settled a healthy run `failed` ("the shim died before its tree ended"). Real
+processes, a real descriptor limit, in a process of its own (the limit must not reach pytest).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, resource, subprocess, threading
+    from subagents_node.actors.child.procfs import identity_of
+    from subagents_node.actors.child.shims import ShimWatch
+
+    gone = threading.Event()
+    watch = ShimWatch(lambda key: gone.set())
+    shim = subprocess.Popen(["sleep", "60"])
+    identity = identity_of(shim.pid)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    hog = []
+    try:
+        while True:
+            hog.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    watch.watch("shim-1", identity)
+    watch.flush()
+    # Alive but unwatchable: never reported gone.
+    print("gone while alive:", gone.wait(2.5))
+    for fd in hog:
+        os.close(fd)
+    shim.kill()
+    shim.wait()
+    # Descriptors back: the watch is taken again, and the real exit is seen.
+    print("gone after exit:", gone.wait(10))
+    watch.close()
+    """
+)
+
+
+def test_a_shim_is_not_reported_gone_when_only_descriptors_ran_out() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "gone while alive: False" in done.stdout, done.stdout + done.stderr
+    assert "gone after exit: True" in done.stdout, done.stdout + done.stderr
