@@ -20,6 +20,7 @@ anything about the requests it carries.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import logging
 import time
@@ -260,7 +261,17 @@ class OwnerLinks:
     def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._sockets.get(endpoint)
         if sock is None:
-            sock = self._zctx.socket(zmq.DEALER)
+            try:
+                sock = self._zctx.socket(zmq.DEALER)
+            except zmq.ZMQError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                # Out of descriptors is load, not a bug: refused like a full queue, and the
+                # owner keeps serving (no crash counted against its restart intensity).
+                raise Busy(
+                    f"cannot open a link to {endpoint}: no file descriptor left; retry later",
+                    target=endpoint,
+                ) from None
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 10_000)
             sock.setsockopt(zmq.RCVHWM, 10_000)

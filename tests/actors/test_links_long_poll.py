@@ -66,3 +66,45 @@ def test_a_long_poll_is_waited_for_its_wait_beyond_the_call_timeout(
     # Each timeout names the time it was given.
     assert f"within {CALL_TIMEOUT_S:g}s" in show.message
     assert f"within {WAIT_S + CALL_TIMEOUT_S:g}s" in watch.message
+
+
+LINKS_OUT_OF_DESCRIPTORS = """
+import os, resource, zmq
+from subagents_node.actors.links import OwnerLinks
+from subagents_node.messages.errors import Busy
+from subagents_node.messages.supervisor import Show
+
+zctx = zmq.Context()
+links = OwnerLinks(zctx, "node", lambda target: "ipc:///nonexistent/owner.sock")
+request = Show(run_id="abc")  # built (and its schema) before the descriptors run out
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+hog = []
+try:
+    while True:
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+try:
+    links.send(request, "supervisor", lambda answer: None)
+    print("sent")
+except Busy as err:
+    print("busy:", err.message)
+"""
+
+
+def test_out_of_descriptors_a_link_is_refused_busy_never_a_crash() -> None:
+    """A ZMQError(EMFILE) opening a link crashed the run supervisor until its restart
+    intensity gave up on it; it is load, answered like a full queue."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LINKS_OUT_OF_DESCRIPTORS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("busy: cannot open a link to ipc:///nonexistent/owner.sock")

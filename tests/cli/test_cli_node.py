@@ -115,6 +115,37 @@ def test_an_ipc_address_that_is_no_socket_is_no_node_at_once(tmp_path: Path, whe
     assert "is not a socket" in done.stderr
 
 
+def test_a_detached_node_lifts_its_soft_descriptor_limit(state_dir: Path) -> None:
+    """A pidfd per live shim: 1,000 children must not meet a login shell's 1024 (or less)."""
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard descriptor limit here is {hard}: nothing to lift to")
+
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    command = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir)]
+    started = subprocess.run(
+        [*command, "start", "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=low_soft_limit,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr
+    record = read_pid_file(state_dir)
+    assert record is not None
+    try:
+        limits = Path(f"/proc/{record['pid']}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert int(line.split()[3]) >= 4096, line
+    finally:
+        run_cli("stop", state_dir=state_dir)
+
+
 def test_console_script_help_and_version_work_as_a_real_process() -> None:
     helped = run_cli("--help")
     assert helped.returncode == 0
