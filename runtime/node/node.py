@@ -47,6 +47,7 @@ from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus
 from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
+from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.containment import ContainmentProbe, children_containment
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
@@ -133,6 +134,7 @@ class Node:
         self.containment = ContainmentStatus(mode="subreaper", why="not started")
         #: This node's mark in its cgroup directory (cgroup containment), removed at stop.
         self._serving_mark = ""
+        self._claim = StateDirClaim(self.state_dir)
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -141,8 +143,16 @@ class Node:
         self.state_dir = self.state_dir.resolve()
         self._owner_tcp = roles.check_role(self.options)
         endpoints = roles.listen_endpoints(self.options, self.state_dir)
-        pidfile.refuse_if_running(self.state_dir, self.options.ipc)
-        pidfile.refuse_served_sockets(endpoints[1:] if self.options.ipc else endpoints)
+        pidfile.refuse_if_serving(self.state_dir)  # at once, before waiting on any claim
+        # One node per state dir, decided by the kernel before anything is bound or forked.
+        self._claim = StateDirClaim(self.state_dir)
+        self._claim.take(pidfile.recorded_pids(self.state_dir))
+        try:
+            pidfile.refuse_if_running(self.state_dir, self.options.ipc)
+            pidfile.refuse_served_sockets(endpoints[1:] if self.options.ipc else endpoints)
+        except BaseException:
+            self._claim.release()
+            raise
         self.containment = self._resolve_containment()
         try:
             if self.options.join:
@@ -348,6 +358,7 @@ class Node:
         if self.containment.mode == "cgroup":  # kept while a child's cgroup is in it
             cgroup.unmark_serving(self.containment.path, self._serving_mark)
         pidfile.remove_pid_file(self.state_dir, self.node_id)
+        self._claim.release()  # last: the owners that held it too are gone by now
 
     def request_stop(self) -> None:
         self._stop_requested.set()

@@ -37,9 +37,9 @@ def pid_file_of(state_dir: Path) -> Path:
     return state_dir / PID_NAME
 
 
-def refuse_if_running(state_dir: Path, ipc: bool) -> None:
-    """Raise `NodeAlreadyRunning` when another live process serves `state_dir`; else remove the
-    ipc socket a killed node left (nobody owns it, so it is safe to replace)."""
+def refuse_if_serving(state_dir: Path) -> None:
+    """Raise `NodeAlreadyRunning` when another live process's record says it serves
+    `state_dir`."""
     other = read_pid_file(state_dir)
     if other is not None and other.get("pid") != os.getpid():
         raise NodeAlreadyRunning(
@@ -47,7 +47,24 @@ def refuse_if_running(state_dir: Path, ipc: bool) -> None:
             "stop it with `subagents-node stop` or use another --state-dir",
             address=str(other.get("address", "")),
         )
-    if other is None and ipc:
+
+
+def recorded_pids(state_dir: Path) -> list[int]:
+    """The node and owner pids the record names, live or not (what a start may wait for)."""
+    try:
+        record = json.loads(pid_file_of(state_dir).read_text())
+        pids = [int(record["pid"]), *(int(p) for p in dict(record.get("owners") or {}).values())]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [pid for pid in pids if pid > 0 and pid != os.getpid()]
+
+
+def refuse_if_running(state_dir: Path, ipc: bool) -> None:
+    """Raise `NodeAlreadyRunning` when another live process serves `state_dir`; else remove the
+    ipc socket a killed node left (nobody owns it, so it is safe to replace). Called with the
+    state dir's claim held (runtime/node/claim.py): no other node can be binding it now."""
+    refuse_if_serving(state_dir)
+    if ipc:
         # A socket left by a node that was killed: nobody owns it, so it is safe to replace.
         sock = ipc_path(ipc_endpoint(state_dir))
         if sock is not None:

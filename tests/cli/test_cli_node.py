@@ -146,6 +146,43 @@ def test_a_detached_node_lifts_its_soft_descriptor_limit(state_dir: Path) -> Non
         run_cli("stop", state_dir=state_dir)
 
 
+def test_starts_racing_for_one_state_dir_leave_exactly_one_node(state_dir: Path) -> None:
+    """The pid file is written only once a node serves: two starts at once both passed its
+    check, and two nodes (with two sets of owners) served one state dir."""
+    command = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir)]
+    racers = [
+        subprocess.Popen(
+            [*command, "start", "--detach"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outcomes = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=60)
+        outcomes.append((racer.returncode, out, err))
+    try:
+        started = [o for o in outcomes if o[0] == 0]
+        assert len(started) == 1, outcomes
+        for code, _, err in outcomes:
+            if code != 0:
+                assert "Traceback" not in err
+                assert "already serves" in err or "another node is starting" in err, err
+        record = read_pid_file(state_dir)
+        assert record is not None and f"(pid {record['pid']})" in started[0][1]
+        forked = {  # nodes and the owners each node forks share the command line
+            p.pid: p.ppid()
+            for p in psutil.process_iter(["cmdline"])
+            if "start" in (p.info["cmdline"] or []) and str(state_dir) in (p.info["cmdline"] or [])
+        }
+        nodes = [pid for pid, parent in forked.items() if parent not in forked]
+        assert nodes == [record["pid"]], forked
+    finally:
+        run_cli("stop", state_dir=state_dir)
+
+
 def test_console_script_help_and_version_work_as_a_real_process() -> None:
     helped = run_cli("--help")
     assert helped.returncode == 0
