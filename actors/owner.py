@@ -16,7 +16,8 @@ The rules, enforced here so no subclass can forget them:
 - Full disk: SQLITE_FULL or ENOSPC is no crash. The whole open group is undone, every write in
   it is answered `StoreFull` (reads and refusals keep their answers), the owner reopens its
   store and carries on: the next write tries again, a timer's work is retried by itself
-  (STORE_FULL_RETRY_S), and nothing counts against the restart intensity.
+  (STORE_FULL_RETRY_S), `group_undone()` lets the owner take up what the group had begun in
+  memory, and nothing counts against the restart intensity.
 - Exactly once: `outcomes.answer_once` wraps every reply function the dispatcher hands out.
 - Quarantine: a stored record that does not parse is no crash. The owner calls `quarantine()`
   (from `recover()` or the read that met it), counts the record as occupied / unavailable, and
@@ -135,6 +136,11 @@ class OwnerActor(pykka.ThreadingActor):
     def before_flush(self) -> None:
         """Called once per group, inside its transaction, just before it commits: the place
         for work worth doing once per group rather than once per message."""
+
+    def group_undone(self, full: StoreFull) -> None:
+        """The disk was full: the open group was rolled back, its after-commit effects were
+        dropped and the store reopened. The place to take up again what the group's messages
+        had begun in memory and now waits for an effect that will never come."""
 
     def quarantine(self, table: str, key: str, reason: str) -> QuarantinedRecord:
         """Fail closed for one stored record that does not parse: remember it and report this
@@ -377,6 +383,7 @@ class OwnerActor(pykka.ThreadingActor):
                 if full is not None:
                     self._deliver([(r, full if w else o, False) for r, o, w in pending])
                     self._reopen()
+                    self._undone(full)
                     return
                 log.exception(
                     "%s: commit failed; %d replies turn into errors", self.name, len(pending)
@@ -405,6 +412,17 @@ class OwnerActor(pykka.ThreadingActor):
                 self._db.rollback()
         self._deliver([(r, full if w else o, False) for r, o, w in pending])
         self._reopen()
+        self._undone(full)
+
+    def _undone(self, full: StoreFull) -> None:
+        try:
+            self.group_undone(full)
+        except Exception as exc:
+            full_again = store_full(exc, self.name)
+            if full_again is None:
+                self._crashed(exc)
+            else:
+                log.warning("%s: %s (while taking the undone group up again)", self.name, full)
 
     def _deliver(self, pending: list[tuple[ReplyFn, Outcome, bool]]) -> None:
         for reply, outcome, _ in pending:

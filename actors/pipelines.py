@@ -19,7 +19,7 @@ a table (the generators do, on the owner's thread) and never waits for an answer
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 from subagents_node.actors.context import ActorContext
@@ -63,6 +63,8 @@ class Pipelines(Generic[K]):
         self._after_commit = after_commit
         self._on_failed = on_failed
         self._running: dict[K, tuple[Pipeline, ReplyFn]] = {}
+        #: Pipelines whose next request waits for the owner's commit (Durable).
+        self._after_commit_keys: set[K] = set()
 
     def start(self, key: K, pipeline: Pipeline, reply: ReplyFn) -> None:
         self._running[key] = (pipeline, reply)
@@ -82,7 +84,13 @@ class Pipelines(Generic[K]):
         """Send a request to another owner; its outcome comes back through `deliver`."""
         if isinstance(request, Durable):
             inner = request.request
-            self._after_commit(lambda: self.call(key, inner))
+            self._after_commit_keys.add(key)
+
+            def send() -> None:
+                self._after_commit_keys.discard(key)
+                self.call(key, inner)
+
+            self._after_commit(send)
             return
         assert self._ctx.dispatch is not None, "the node injects dispatch"
         deliver = self._deliver
@@ -93,6 +101,19 @@ class Pipelines(Generic[K]):
                 self._step(key, None, err)
             else:
                 log.error("%s to %s failed: %s", request.type, request.target, err.message)
+
+    def dropped(self) -> set[K]:
+        """The pipelines whose after-commit send was dropped with an undone transaction (they
+        would wait for an answer that never comes); forgotten here once taken."""
+        keys, self._after_commit_keys = self._after_commit_keys, set()
+        return {key for key in keys if key in self._running}
+
+    def fail(self, keys: Iterable[K], error: SubagentsError) -> None:
+        """Throw `error` into each pipeline still running among `keys`: its own clean-up runs
+        (a slot rolled back) and its caller is answered with the error."""
+        for key in keys:
+            if key in self._running:
+                self._step(key, None, error)
 
     def _step(self, key: K, value: Message | None, error: SubagentsError | None) -> None:
         pipeline, reply = self._running[key]

@@ -25,6 +25,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
 
+from subagents_node.actors.pipelines import Durable
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.actors.runs import runplan
 from subagents_node.messages.base import Message, Request
@@ -61,7 +62,7 @@ from subagents_node.messages.supervisor import Launch, RunView, Snapshots, TaskI
 
 log = logging.getLogger(__name__)
 
-Pipeline = Generator[Request, Message, RunView]
+Pipeline = Generator[Request | Durable, Message, RunView]
 
 #: The steps at which a failure must roll a held slot back (R-ADM-2), plus the last two (R-ADM-3's
 #: finally-rule; a refused mark_started, R-ADM-5), by the names `fault_points` uses.
@@ -262,7 +263,9 @@ def admit(
                 if launch.mode == "workflow"
                 else MarkStarted(handle=handle, runner_id=runner_id, pid=os.getpid())
             )
-            _expect((yield mark), SlotHandle)
+            # Only once the run's rows are durable: a slot started for a run whose record a
+            # full disk undid would be held for good (no run would ever end it).
+            _expect((yield Durable(mark)), SlotHandle)
         started = True
         return view
     finally:

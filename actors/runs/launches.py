@@ -19,7 +19,7 @@ from typing import ParamSpec, Protocol
 
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.owner import DEFERRED, Outcome, ReplyFn, Tick
-from subagents_node.actors.pipelines import Pipelines
+from subagents_node.actors.pipelines import Durable, Pipelines
 from subagents_node.actors.runs import (
     attach,
     checkpoints,
@@ -232,7 +232,7 @@ class RunLaunches:
 
 def _launch_result(
     pipeline: Pipeline, on_started: Callable[[RunView], None] | None = None
-) -> Generator[Request, Message, Message]:
+) -> Generator[Request | Durable, Message, Message]:
     view = yield from pipeline
     if on_started is not None:  # after mark_started: the relaunch owns its slot now
         on_started(view)

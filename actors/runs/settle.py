@@ -115,7 +115,12 @@ class RunSettler:
         host.track(live.session_id, live.run_id, state)
         live.unstarted.clear()
         host.answer_launches(live)
-        del self._live[live.run_id]
+        # Forgotten once the settlement is durable: undone by a full disk, the run stays live
+        # and settling, and settles again (RunSupervisor.group_undone).
+        host.after_commit(functools.partial(self._forget, live.run_id))
+
+    def _forget(self, run_id: str) -> None:
+        self._live.pop(run_id, None)
 
     def source_ended(self, run_id: str, state: str, output: str) -> None:
         """Run `run_id` ended (settled here, or a paused run that holds no process): the

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, ParamSpec
 
 from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.outcomes import STORE_FULL_RETRY_S
 from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
 from subagents_node.actors.pipelines import Durable, Pipelines
 from subagents_node.actors.runs import children, management, pauses, runrequests, runstore, steps
@@ -69,11 +70,12 @@ from subagents_node.actors.runs.ticks import (
     ShimGone,
     ShimNotLaunched,
     Superseded,
+    TakeUp,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportTerminal, SlotHandle
-from subagents_node.messages.errors import RecordQuarantined, SubagentsError
+from subagents_node.messages.errors import RecordQuarantined, StoreFull, SubagentsError
 from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.retention import Prune
@@ -315,6 +317,17 @@ class RunSupervisor(OwnerActor):
     def finish(self, live: LiveRun) -> None:
         self._settler.finish(live)
 
+    def group_undone(self, full: StoreFull) -> None:
+        """A full disk undid the group: launches that waited to mark their slot started fail
+        (their slot is rolled back, their caller told `store_full`), and runs whose settlement
+        was undone settle again. In a tick of its own: its writes need a group of their own."""
+        keys = tuple(self._pipelines.dropped())
+        settling = tuple(live.run_id for live in self._live.values() if live.settling)
+        for run_id in settling:
+            self._live[run_id].settling = False
+        if keys or settling:  # not at once: while the disk stays full, retries are paced
+            self.after(STORE_FULL_RETRY_S, TakeUp(keys, settling, full))
+
     def parked_ended(self, run_id: str, state: str, output: str) -> None:
         self._settler.source_ended(run_id, state, output)
 
@@ -398,6 +411,12 @@ class RunSupervisor(OwnerActor):
                 live = self._live.get(run_id)
                 if live is not None:
                     self.advance(live)
+            case TakeUp(keys=keys, run_ids=run_ids, error=error):
+                self._pipelines.fail(keys, error)
+                for run_id in run_ids:
+                    live = self._live.get(run_id)
+                    if live is not None:
+                        self.advance(live)
             case Superseded(run_id=run_id):
                 self._launches.stop_superseded(run_id)
             case RunDeadline(run_id=run_id):

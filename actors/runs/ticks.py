@@ -13,6 +13,7 @@ from typing import TypeAlias
 
 from subagents_node.actors.owner import Outcome, Tick
 from subagents_node.actors.records import Record, init_fields
+from subagents_node.messages.errors import SubagentsError
 
 # -- call keys: what the answer to a call to another owner is for ----------------------------
 
@@ -160,3 +161,19 @@ class OutboxRetry(Tick):
 
     def __init__(self, target: str) -> None:
         init_fields(self, target=target)
+
+
+class TakeUp(Tick):
+    """A full disk undid a group (OwnerActor.group_undone): the launches in `keys` waited for
+    an after-commit send that was dropped, and the runs in `run_ids` had their settlement
+    undone. Each is taken up again from what the store holds."""
+
+    __slots__ = ("error", "keys", "run_ids")
+    keys: tuple[CallKey, ...]
+    run_ids: tuple[str, ...]
+    error: SubagentsError
+
+    def __init__(
+        self, keys: tuple[CallKey, ...], run_ids: tuple[str, ...], error: SubagentsError
+    ) -> None:
+        init_fields(self, keys=keys, run_ids=run_ids, error=error)

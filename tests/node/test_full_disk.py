@@ -163,3 +163,59 @@ def test_issue12_start_on_a_full_disk_fails_fast_with_one_line_and_leaves_nothin
     assert read_pid_file(tiny_disk) is None
     assert _processes_serving(tiny_disk) == []
     assert not (tiny_disk / "node.sock").exists()
+
+
+def _fill(directory: Path) -> Path:
+    """Write one file until the disk under `directory` is full; the file."""
+    filler = directory / "filler"
+    with filler.open("wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
+    tiny_disk: Path, tmp_path: Path
+) -> None:
+    """The child's end is stored; then the disk fills before the run's settlement commits.
+    The supervisor had forgotten the run in memory before that commit failed: it stayed
+    `running` for good with its slot held, until a node restart."""
+    import threading
+
+    from subagents_node.messages.base import Ack
+    from subagents_node.messages.node import DebugSleep
+    from tests.support.runs import Gate, launch_context, script_agents, wait_until
+
+    agents = script_agents(tmp_path / "agents")
+    gate = Gate(tmp_path)
+    try:
+        with running_node("--faults", state_dir=tiny_disk) as node:
+            client = node.client()
+            ctx = launch_context(agents, max_active_async_runs_per_session=2)
+            run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+            [child] = gate.accept(1)
+            # The fan-out owner is busy for a while: the settlement waits for its budget read.
+            busy = threading.Thread(
+                target=lambda: node.client().ask(DebugSleep(ms=3000), Ack, target="fanout")
+            )
+            busy.start()
+            child.release(0)
+            child.wait_exit()
+            wait_until(
+                lambda: client.runs.show(run.run_id).children[0].state == "complete",
+                what="the child's end stored",
+            )
+            filler = _fill(tiny_disk)
+            busy.join()
+            assert client.runs.show(run.run_id).state == "running"  # its settlement was undone
+            filler.unlink()
+            done = client.runs.wait(run.run_id, timeout=30)
+            assert done.state == "complete", done.error
+            assert client.capacity.snapshot(ctx.session_id, 2).used == 0
+            assert_no_restarts(node)
+    finally:
+        gate.close()
