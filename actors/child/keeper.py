@@ -45,7 +45,9 @@ from subagents_node.messages.runs import (
 log = logging.getLogger(__name__)
 
 REASON_SHIM_GONE = "the shim died; every process it reported is gone"
-REASON_SHIM_GONE_LIVE = "process-tree-unverified: the shim died while its child still runs"
+REASON_SHIM_GONE_LIVE = (
+    "process-tree-unverified: the shim died before its child was known to have started"
+)
 NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
 STOPPED = "Stopped by request."
 #: How long a stopping node waits for the shims of finished children to exit.
@@ -310,30 +312,36 @@ class ChildKeeper:
                 shim_pid=record.shim_pid or 1,
                 shim_start=record.shim_start or 0.0,
             )
-        alive = (
-            record.pid is None
-            or record.identity_start is None
-            or is_alive(ProcessIdentity(record.pid, record.identity_start))
-        )
-        if not alive and self._wait_for_escaped(row, report):
-            return []  # the tree lives on in processes the shim reported: the slot stays held
+        # Never reported started: nothing says which process to watch (fail closed below).
+        unknown = record.pid is None or record.identity_start is None
+        if not unknown:
+            assert record.pid is not None and record.identity_start is not None
+            leader = ProcessIdentity(record.pid, record.identity_start)
+            if self._wait_for_escaped(row, report, leader if is_alive(leader) else None):
+                # The tree lives on (its leader, or processes the shim reported): the run stays
+                # running, holds its slot, and a stop kills them; their end brings it back here.
+                return []
         self._escaped.pop(child_id, None)
         if (path := self._escaped_cgroups.pop(child_id, None) or report.cgroup) is not None:
             cg.remove_when_empty(path)
         log.warning("the shim of child %s died before its tree ended", child_id)
-        reason = REASON_SHIM_GONE_LIVE if alive else REASON_SHIM_GONE
+        reason = REASON_SHIM_GONE_LIVE if unknown else REASON_SHIM_GONE
         return self._ended(
-            [self._settle(db, record, row, report, now, unverified=alive, reason=reason)]
+            [self._settle(db, record, row, report, now, unverified=unknown, reason=reason)]
         )
 
-    def _wait_for_escaped(self, row: Any, report: ChildReport) -> bool:
-        """The shim died after its leader: the processes it reported left (a `setsid()` daemon)
-        are the tree now. While one of them lives, watch it (its exit brings the child back
-        here); True while there is one. A stop already asked for ends them at once."""
+    def _wait_for_escaped(
+        self, row: Any, report: ChildReport, leader: ProcessIdentity | None = None
+    ) -> bool:
+        """The shim died: its live `leader` (the child itself, when the shim died first) and
+        the processes it reported left (a `setsid()` daemon) are the tree now. While one of
+        them lives, watch it (its exit brings the child back here); True while there is one.
+        A stop already asked for ends them at once."""
         child_id = str(row["child_id"])
         recorded = [ProcessIdentity(p.pid, p.start) for p in report.descendants]
         recorded = recorded or [ProcessIdentity(p, t) for p, t in rows.descendants_of(row)]
-        alive = [identity for identity in recorded if is_alive(identity)]
+        alive = [leader] if leader is not None else []
+        alive += [i for i in recorded if i not in alive and is_alive(i)]
         if report.cgroup is not None and cg.populated(report.cgroup):
             # The child's cgroup holds the whole tree: whatever it started after the report.
             known = {identity.pid for identity in alive}

@@ -281,24 +281,47 @@ def shim_of(view: RunView) -> int:
     return int(json.loads(record.read_text())["shim_pid"])
 
 
-def test_r_cap_21_a_shim_killed_while_its_child_runs_fails_closed_and_keeps_the_slot(
-    start_node: Callable[..., NodeProcess], state_dir: Path
+@pytest.mark.parametrize("then", ["stop", "child exits"])
+def test_r_cap_21_a_shim_killed_while_its_child_runs_leaves_the_child_the_tree(
+    start_node: Callable[..., NodeProcess], state_dir: Path, then: str
 ) -> None:
-    """Only `tree_ended` proves a tree's end: a shim that died leaves a live child unproven
-    (proof `unknown`, the slot stays retained) instead of being taken for an ended tree."""
-    client = start_node(state_dir=state_dir).client()
+    """Only the tree's end proves it, and with its shim dead the live child *is* the tree:
+    the run stays running and holds its slot (it used to settle `failed` at once with the
+    slot retained for good and the child out of `stop`'s reach), `stop` kills the child, and
+    the child's end, seen by the node, frees the slot (its exit status is unknown)."""
+    node = start_node(state_dir=state_dir)
+    client = node.client()
     ctx = launch_context(max_active_async_runs_per_session=1)
     run = client.runs.launch(ctx.single("sleeper", "seconds=60", True, None))
     child_pid = run.children[0].pid
     assert child_pid is not None
     try:
-        os.kill(shim_of(run), signal.SIGKILL)
-        done = client.runs.wait(run.run_id, timeout=30)
-        assert done.state == "failed" and done.children[0].proof_state == "unknown"
+        shim = shim_of(run)
+        os.kill(shim, signal.SIGKILL)
+        wait_gone(shim)
+        wait_until(
+            lambda: (
+                "live on (pid " in node.log() or client.runs.show(run.run_id).state != "running"
+            ),
+            what="the node to see the shim's death",
+        )
+        view = client.runs.show(run.run_id)
+        assert view.state == "running" and view.children[0].state == "running"
         assert client.capacity.snapshot(ctx.session_id, 1).used == 1
-        os.kill(child_pid, 0)  # still running: nobody took it for gone
+        os.kill(child_pid, 0)  # alive, and what holds the slot
+
+        if then == "stop":
+            client.runs.stop(run.run_id)
+        else:
+            os.kill(child_pid, signal.SIGTERM)
+        wait_gone(child_pid)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == ("stopped" if then == "stop" else "failed")
+        assert done.children[0].proof_state == "observed"
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
     finally:
-        os.kill(child_pid, signal.SIGKILL)
+        with suppress(ProcessLookupError):
+            os.kill(child_pid, signal.SIGKILL)
 
 
 def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported_identity(
