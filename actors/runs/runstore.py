@@ -242,6 +242,20 @@ def events_of_kind(db: sqlite3.Connection, run_id: str, kind: str) -> list[RunEv
     return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
 
 
+def workflows_awaiting_children(db: sqlite3.Connection) -> list[str]:
+    """Settled workflows that hold a capacity slot while a child run of theirs is live."""
+    return [
+        str(row[0])
+        for row in db.execute(
+            "SELECT w.run_id FROM runs w WHERE w.mode = 'workflow' "
+            "AND w.state NOT IN ('queued', 'running', 'paused') "
+            "AND w.capacity IS NOT NULL AND w.capacity != '' "
+            "AND EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = w.run_id "
+            "AND c.state IN ('queued', 'running', 'paused'))"
+        )
+    ]
+
+
 def child_runs(db: sqlite3.Connection, parent_run_id: str) -> list[sqlite3.Row]:
     rows: list[sqlite3.Row] = db.execute(
         "SELECT run_id, state, background, workflow_key FROM runs WHERE parent_run_id=?",

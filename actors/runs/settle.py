@@ -14,6 +14,7 @@ only once none runs).
 from __future__ import annotations
 
 import functools
+import sqlite3
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol
 
@@ -128,6 +129,12 @@ class RunSettler:
         advance = self._host.to_self(Advance)
         for chain_id in attach.source_ended(self._live.values(), run_id, state, output):
             self._host.after_commit(functools.partial(advance, chain_id))
+
+    def recover_unproven(self, db: sqlite3.Connection) -> None:
+        """After a restart: the settled workflows that hold a slot while a child of theirs is
+        still live. The set lives in memory only; without this, such a child's end after a
+        restart would never re-judge its workflow's slot, held for good."""
+        self._unproven_workflows |= set(runstore.workflows_awaiting_children(db))
 
     def _report_workflow(self, run_id: str) -> None:
         """R-CAP-22: re-judge a settled workflow's slot once one of its children settles."""

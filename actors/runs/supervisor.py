@@ -224,7 +224,9 @@ class RunSupervisor(OwnerActor):
     # -- start (runs/restart.py) and unreadable records ---------------------------------------
 
     def recover(self) -> None:
-        """Adopt the runs the store says are going, once per node process (runs/restart.py)."""
+        """Adopt the runs the store says are going, once per node process (runs/restart.py),
+        and know again which settled workflows wait for their background children (R-CAP-22)."""
+        self._settler.recover_unproven(self.db)
         self._restart.recover()
 
     def quarantine_unreadable(self, err: RecordQuarantined) -> str:

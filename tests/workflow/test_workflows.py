@@ -25,6 +25,7 @@ from subagents_node.messages.errors import BadRequest, IntercomOff, WorkflowChil
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
+from subagents_node.node.node import Node
 from subagents_node.workflow.api import (
     WorkflowEnv,
     WorkflowOutputCollision,
@@ -405,6 +406,40 @@ def test_r_cap_22_a_background_workflow_holds_its_slot_until_its_async_children_
     slow.release(0)
     assert client.runs.wait(child.run_id, timeout=WAIT_S).state == "complete"
     wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
+
+
+def test_r_cap_22_a_restart_between_the_scripts_end_and_its_async_childs_end_frees_the_slot(
+    agents: Path, work: Path, gate: Gate
+) -> None:
+    """Which settled workflows wait for their children lived in memory only: after a restart
+    the child's end never re-judged its workflow's slot, held for good."""
+    state_dir = new_state_dir()
+    script = f"""
+    def main(runs):
+        return runs.run("slow", "gate", {str(gate.path)!r}, async_=True).run_id
+    """
+    try:
+        with Node.embedded(state_dir=state_dir) as node:
+            flow = start_workflow(
+                node.client(),
+                agents,
+                work,
+                script,
+                background=True,
+                max_active_async_runs_per_session=2,
+            )
+            [slow] = gate.accept(1)
+            assert flow.wait().state == "complete", flow.run.error
+            assert flow.capacity_used() == 1
+        # The node is gone; the child's shim is not. A new node adopts the child.
+        with Node.embedded(state_dir=state_dir) as node:
+            client = node.client()
+            flow.client = client
+            slow.release(0)
+            assert client.runs.wait(flow.value(), timeout=WAIT_S).state == "complete"
+            wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def test_r_top_4_a_foreground_workflow_takes_no_capacity(
