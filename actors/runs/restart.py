@@ -16,13 +16,21 @@ never sends what the runs owe itself (the outbox does, once the transaction has 
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Protocol
 
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.owner import Tick
 from subagents_node.actors.quarantine import reason_of
-from subagents_node.actors.runs import checkpoints, children, management, pauses, runstore
+from subagents_node.actors.runs import (
+    checkpoints,
+    children,
+    management,
+    pauses,
+    runrequests,
+    runstore,
+)
 from subagents_node.actors.runs.launches import RunLaunches
 from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store
 from subagents_node.actors.runs.outbox import Outbox
@@ -129,4 +137,20 @@ class RunRestart:
             remaining = max(0.0, row["deadline_at"] - host.clock())
             live.cancel_deadline = host.after(remaining, RunDeadline(run_id))
         checkpoints.adopt_pausing(host.db, live)
+        _adopt_stopping(host.db, live)
         host.record_event(run_id, "run.recovered", {"running": len(live.running)})
+
+
+def _adopt_stopping(db: sqlite3.Connection, live: LiveRun) -> None:
+    """A stop begun before the restart is finished as that stop: the run ends in the state the
+    stop named (`stopped` for a request), not `failed` because the node went away meanwhile."""
+    if live.stop_state is not None:
+        return
+    found = runstore.events_of_kind(db, live.run_id, runrequests.STOPPING)
+    if not found:
+        return
+    data = found[-1].data
+    state = str(data.get("state") or "stopped")  # records from before the state was kept
+    live.stop_state = state
+    if state == "failed":
+        live.error = live.error or str(data.get("reason") or "")

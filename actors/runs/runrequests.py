@@ -79,6 +79,10 @@ def list_runs(host: RequestHost, request: ListRuns) -> Message:
     return RunList(runs=runstore.readable_views(host.db, ids, host.quarantine_unreadable))
 
 
+#: The event a run records when a stop (a request, a deadline, a failed launch) begins.
+STOPPING = "run.stopping"
+
+
 def stop(host: RequestHost, request: Stop) -> Message:
     run_id = host.resolve(request.run_id)
     live = host.live_run(run_id)
@@ -96,7 +100,9 @@ def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None
     live.stop_state = state
     live.error = live.error or (reason if state == "failed" else "")
     live.queue.clear()
-    host.record_event(live.run_id, "run.stopping", {"reason": reason})
+    # The state it is to end in goes with the reason: a node restarted during the stop's grace
+    # finishes the stop it finds here (runs/restart.py), instead of failing the run.
+    host.record_event(live.run_id, STOPPING, {"reason": reason, "state": state})
     for child_id in list(live.running):
         grace = host.keeper.stop(host.db, child_id, "stopped", reason)
         if grace is not None:  # its shim is dead: the keeper TERMed what it left

@@ -394,7 +394,10 @@ def test_r_misc_2_rerun_of_a_live_foreground_child_links_the_superseded_one(
     assert new.state == "running" and new.superseded_by is None
     kinds = {e.kind: e.data for e in events_of(client, old.run_id)}
     assert kinds["run.superseded"] == {"by": new.run_id}
-    assert kinds["run.stopping"] == {"reason": f"Superseded by rerun {new.run_id}."}
+    assert kinds["run.stopping"] == {
+        "reason": f"Superseded by rerun {new.run_id}.",
+        "state": "stopped",
+    }
     second.release(0)
     assert client.runs.wait(new.run_id, timeout=20).state == "complete"
     assert client.capacity.snapshot(ctx.session_id, LIMIT).used == 0  # foreground: never charged

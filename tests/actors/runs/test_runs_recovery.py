@@ -22,8 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from subagents_node.client.paths import owner_db
-from subagents_node.messages.supervisor import RunView, TaskItem
+from subagents_node.messages.errors import RunNotResumable
+from subagents_node.messages.supervisor import LaunchResult, Resume, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
 from tests.support.run_fixtures import agents as agents
@@ -35,6 +38,7 @@ from tests.support.runs import (
     process_gone,
     wait_until,
     wait_view,
+    write_agent,
 )
 
 ACQUIRE_THEN_HANG = """\
@@ -160,6 +164,30 @@ def test_after_a_node_restart_stop_and_a_run_deadline_still_end_the_adopted_chil
     assert timed_out.children[0].state == "stopped"
     for child in (stopped_child, timed_child):
         child.wait_exit()  # ended by the restarted node, not released by the test
+
+
+def test_a_stop_in_its_grace_when_the_node_dies_ends_the_run_stopped_after_restart(
+    start_node: Callable[..., NodeProcess], state_dir: Path, tmp_path: Path
+) -> None:
+    """The adopted run had forgotten it was being stopped: its TERM-deaf child was KILLed at
+    the end of the grace and the run ended `failed` ("Stopped by request."), resumable."""
+    stubborn = write_agent(
+        tmp_path / "agents", "stubborn", "ignores TERM", '["sh", "-c", "trap \'\' TERM; sleep 60"]'
+    )
+    first_node = start_node(state_dir=state_dir)
+    client = first_node.client()
+    ctx = launch_context(stubborn.parent)
+    run = client.runs.launch(ctx.single("stubborn", "x", True, None))
+    wait_view(client, run.run_id, lambda v: v.children[0].pid is not None)
+    client.runs.stop(run.run_id)
+    first_node.kill()  # well inside the stop's 2 s grace: the child still runs
+
+    client = start_node(state_dir=state_dir).client()
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "stopped", (done.state, done.error)
+    with pytest.raises(RunNotResumable) as refused:
+        client.ask(Resume(run_id=run.run_id, capacity_limit=0), LaunchResult)
+    assert refused.value.details["reason"] == "stopped"
 
 
 def test_an_exit_record_whose_report_never_reached_the_store_settles_its_run_after_restart(
