@@ -16,6 +16,7 @@ import zmq
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.supervisor import Show, WatchAll
+from tests.support.descriptors import run_python
 
 CALL_TIMEOUT_S = 0.2
 WAIT_S = 1.0
@@ -69,22 +70,16 @@ def test_a_long_poll_is_waited_for_its_wait_beyond_the_call_timeout(
 
 
 LINKS_OUT_OF_DESCRIPTORS = """
-import os, resource, zmq
+import zmq
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.messages.errors import Busy
 from subagents_node.messages.supervisor import Show
+from tests.support.descriptors import exhaust_descriptors
 
 zctx = zmq.Context()
 links = OwnerLinks(zctx, "node", lambda target: "ipc:///nonexistent/owner.sock")
 request = Show(run_id="abc")  # built (and its schema) before the descriptors run out
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
-hog = []
-try:
-    while True:
-        hog.append(os.open("/dev/null", os.O_RDONLY))
-except OSError:
-    pass
+exhaust_descriptors()
 try:
     links.send(request, "supervisor", lambda answer: None)
     print("sent")
@@ -96,15 +91,6 @@ except Busy as err:
 def test_out_of_descriptors_a_link_is_refused_busy_never_a_crash() -> None:
     """A ZMQError(EMFILE) opening a link crashed the run supervisor until its restart
     intensity gave up on it; it is load, answered like a full queue."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", LINKS_OUT_OF_DESCRIPTORS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python(LINKS_OUT_OF_DESCRIPTORS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("busy: cannot open a link to ipc:///nonexistent/owner.sock")

@@ -6,28 +6,22 @@ processes, a real descriptor limit, in a process of its own (the limit must not 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
+
+from tests.support.descriptors import run_python
 
 SCRIPT = textwrap.dedent(
     """
-    import os, resource, subprocess, threading
+    import os, subprocess, threading
     from subagents_node.actors.child.procfs import identity_of
     from subagents_node.actors.child.shims import ShimWatch
+    from tests.support.descriptors import exhaust_descriptors
 
     gone = threading.Event()
     watch = ShimWatch(lambda key: gone.set())
     shim = subprocess.Popen(["sleep", "60"])
     identity = identity_of(shim.pid)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
-    hog = []
-    try:
-        while True:
-            hog.append(os.open("/dev/null", os.O_RDONLY))
-    except OSError:
-        pass
+    hog = exhaust_descriptors()
     watch.watch("shim-1", identity)
     watch.flush()
     # Alive but unwatchable: never reported gone.
@@ -44,9 +38,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_shim_is_not_reported_gone_when_only_descriptors_ran_out() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = run_python(SCRIPT)
     assert done.returncode == 0, done.stderr
     assert "gone while alive: False" in done.stdout, done.stdout + done.stderr
     assert "gone after exit: True" in done.stdout, done.stdout + done.stderr
