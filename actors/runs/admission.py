@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
@@ -194,7 +195,8 @@ def admit(
 
     handle: SlotHandle | None = None
     capacity = None
-    started = False
+    started = recorded = made_dir = False
+    run_dir = host.run_dir(run_id)
     try:
         if runplan.capacity_eligible(launch):
             take: Request
@@ -230,7 +232,6 @@ def admit(
             (yield ClaimPaths(descriptor=descriptor, paths=paths)), FanoutSnapshot
         )
 
-        run_dir = host.run_dir(run_id)
         _inject(host, "create_run_dir")
         try:
             run_dir.mkdir(parents=True, mode=0o700)
@@ -238,6 +239,7 @@ def admit(
             raise RunStorageFailed(
                 f"Failed to create run storage: {exc}", run_dir=str(run_dir)
             ) from None
+        made_dir = True
 
         _inject(host, "reserve_spawns")
         if requested:
@@ -256,6 +258,7 @@ def admit(
         view = host.record_and_start(
             launch, run_id, runner_id, descriptor, handle, snapshots, source
         )
+        recorded = True
         _inject(host, "mark_started")
         if handle is not None:
             mark: Request = (
@@ -269,6 +272,8 @@ def admit(
         started = True
         return view
     finally:
+        if made_dir and not recorded:  # refused before any record names it: nothing to keep
+            shutil.rmtree(run_dir, ignore_errors=True)
         if handle is not None and not started:
             try:
                 yield Rollback(handle=handle)  # R-ADM-2 / R-ADM-3

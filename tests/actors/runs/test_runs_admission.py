@@ -149,7 +149,7 @@ def test_r_top_7_foreground_runs_are_admitted_while_the_sessions_capacity_is_ful
 
 @pytest.mark.parametrize("point", FAULT_POINTS)
 def test_r_adm_2_a_failure_injected_at_each_rollback_point_leaves_no_slot_behind(
-    start_embedded: StartNode, agents: Path, point: str
+    start_embedded: StartNode, agents: Path, point: str, state_dir: Path
 ) -> None:
     client = start_embedded(faults=True, settings={"fault_points": [point]}).client()
     ctx = launch_context(agents, max_active_async_runs_per_session=1)
@@ -164,6 +164,9 @@ def test_r_adm_2_a_failure_injected_at_each_rollback_point_leaves_no_slot_behind
     assert_slot_is_free(client, ctx.session_id)
     if point != "mark_started":
         assert after.runs == before.runs == ()
+        # Nor a run directory no record names (prune would never find it).
+        runs_dir = state_dir / "runs"
+        assert not runs_dir.exists() or not any(runs_dir.iterdir())
         return
     # R-ADM-5: the run was recorded and its child started before mark_started failed; a launch
     # that reports an error must not leave it running.
