@@ -35,7 +35,8 @@ class Prune(Request):
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = PruneResult
     older_than_s: float | None = Field(default=None, ge=0, le=100 * 365 * 86_400)
-    dry_run: bool = False
+    # Strict: a destructive request must not read `0` or "no" as "not a dry run".
+    dry_run: bool = Field(default=False, strict=True)
 
 
 REQUESTS = (Prune,)

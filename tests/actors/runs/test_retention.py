@@ -113,6 +113,16 @@ def test_issue_12_node_applies_its_retention_by_itself_on_a_timer(
         assert client.runs.show(running).state == "running"
 
 
+@pytest.mark.parametrize("value", [0, "no", "false", 0.0])
+def test_a_prune_request_reads_nothing_but_a_boolean_as_dry_run(value: object) -> None:
+    """Lax, `dry_run: 0` (or "no") from a hand-made frame meant a real prune."""
+    from subagents_node.messages.base import validate_request
+    from subagents_node.messages.errors import BadRequest
+
+    with pytest.raises(BadRequest, match="dry_run"):
+        validate_request(Prune, {"older_than_s": 0, "dry_run": value})
+
+
 def test_issue_12_cli_prune_against_a_node(node_process: NodeProcess) -> None:
     done = run_cli("prune", "--older-than", "0", "--json", state_dir=node_process.state_dir)
     assert done.returncode == 0, done.stderr
