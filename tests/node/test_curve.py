@@ -140,7 +140,7 @@ def test_design_3_revoked_key_is_refused_without_a_restart(
     node, tcp = tcp_node
     peer_keys = Keypair.generate()
     allowed = run_cli(
-        "keys", "allow", peer_keys.public, "--name", "worker-1", state_dir=node.state_dir
+        "keys", "allow", "--name", "worker-1", "--", peer_keys.public, state_dir=node.state_dir
     )
     assert allowed.returncode == 0, allowed.stderr
     assert read_allowed(keys_dir(node.state_dir) / "allowed.toml")["worker-1"] == peer_keys.public
@@ -189,7 +189,9 @@ def test_design_3_ipc_needs_no_keys(node: NodeProcess) -> None:
 
 def test_design_3_keys_allow_without_a_node_edits_the_file(state_dir: Path) -> None:
     key = Keypair.generate().public
-    assert run_cli("keys", "allow", key, "--name", "ci", state_dir=state_dir).returncode == 0
+    # A z85 key may start with '-': after '--', as the command's help says.
+    allowed = run_cli("keys", "allow", "--name", "ci", "--", key, state_dir=state_dir)
+    assert allowed.returncode == 0, allowed.stderr
     assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {"ci": key}
     bad = run_cli("keys", "allow", "not-a-key", "--name", "ci", state_dir=state_dir)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
@@ -198,10 +200,11 @@ def test_design_3_keys_allow_without_a_node_edits_the_file(state_dir: Path) -> N
     assert "got 'é', which z85 does not use" in accented.stderr
     # A name that admits another key is not silently taken over: revoke it first.
     other = Keypair.generate().public
-    taken = run_cli("keys", "allow", other, "--name", "ci", state_dir=state_dir)
+    taken = run_cli("keys", "allow", "--name", "ci", "--", other, state_dir=state_dir)
     assert taken.returncode != 0 and "already admits another key" in taken.stderr
     assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {"ci": key}
-    assert run_cli("keys", "allow", key, "--name", "ci", state_dir=state_dir).returncode == 0
+    again = run_cli("keys", "allow", "--name", "ci", "--", key, state_dir=state_dir)
+    assert again.returncode == 0, again.stderr  # the same key again: nothing changes
     assert run_cli("keys", "revoke", "ci", state_dir=state_dir).returncode == 0
     assert read_allowed(keys_dir(state_dir) / "allowed.toml") == {}
 

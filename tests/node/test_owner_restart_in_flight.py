@@ -83,7 +83,8 @@ def test_a_write_in_flight_when_its_owner_is_killed_is_an_unknown_outcome_at_onc
     transport = node.transport()
     client = node.client(timeout=TIMEOUT_S)
     budget = client.fanout.create(root_run_id="no-resend", limit=10)
-    busy = transport.submit(DebugSleep(ms=3000), "fanout")
+    # Long enough that a loaded machine still kills the owner before the claim behind it runs.
+    busy = transport.submit(DebugSleep(ms=10_000), "fanout")
     claim = transport.submit(ClaimPaths(descriptor=budget, paths=["x"]))
     kill_and_wait_back(node, "fanout")
     started = time.monotonic()
