@@ -10,9 +10,7 @@ $SUBAGENTS_NODE) and a background `run --async` starts a detached node first.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from subagents_node.cli.common import (
     plural,
     user_errors,
 )
+from subagents_node.cli.ending import Ended, ending_signals_raise
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.cli.tables import pause_text
 from subagents_node.client.client import Client
@@ -165,45 +164,22 @@ def run_table(run: RunView) -> Table:
     return table
 
 
-class _Terminated(Exception):
-    """SIGTERM or SIGHUP reached a command that follows a foreground run."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-#: What ends a foreground command besides Ctrl-C: a CI job's timeout, a closed terminal.
-_END_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    # Once: a second TERM or HUP while the run is being stopped ends the command at once.
-    for each in _END_SIGNALS:
-        signal.signal(each, signal.SIG_DFL)
-    raise _Terminated(signum)
-
-
 def follow(client: Client, run: RunView, as_json: bool) -> RunView:
     """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130;
     SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after."""
     progress = Progress(live=sys.stderr.isatty() and not as_json)
-    main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, _terminated) for s in _END_SIGNALS} if main else {}
     try:
-        return client.runs.wait(run.run_id, on_event=progress.update)
-    except (KeyboardInterrupt, _Terminated) as exc:
+        with ending_signals_raise():
+            return client.runs.wait(run.run_id, on_event=progress.update)
+    except (KeyboardInterrupt, Ended) as exc:
         progress.close()
         click.echo(f"stopping run {run.run_id}…", err=True)
         client.runs.stop(run.run_id)
         final = client.runs.wait(run.run_id, timeout=30)
         emit(final, as_json, summary(final))
-        code = 128 + exc.signum if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+        code = 128 + exc.signum if isinstance(exc, Ended) else EXIT_INTERRUPTED
         raise SystemExit(code) from None
     finally:
-        for signum, handler in previous.items():
-            if handler is not None:  # None: set outside Python, nothing to restore
-                signal.signal(signum, handler)
         progress.close()
 
 
