@@ -76,9 +76,9 @@ def identity_of(pid: int) -> ProcessIdentity | None:
 
 
 def is_alive(identity: ProcessIdentity) -> bool:
-    """True when `identity.pid` still runs the process that started at `identity.start_time`."""
-    started = start_time_of(identity.pid)
-    return started is not None and abs(started - identity.start_time) < START_TIME_TOLERANCE_S
+    """True when `identity.pid` still runs the process that started at `identity.start_time`
+    (an unreadable /proc counts as not running)."""
+    return is_alive_or_unknown(identity) is True
 
 
 def is_alive_or_unknown(identity: ProcessIdentity) -> bool | None:
