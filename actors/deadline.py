@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 
 
 class EarliestDeadline:

@@ -29,9 +29,10 @@ from collections.abc import Callable
 
 import zmq
 
+from subagents_node.actors.inbox import Job, Tick
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
-from subagents_node.actors.owner import Job, OwnerActor, Tick
+from subagents_node.actors.owner import OwnerActor
 from subagents_node.actors.peergate import PeerGate
 from subagents_node.messages.base import Ack
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id

@@ -32,62 +32,22 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import pykka
 
 from subagents_node.actors.context import ActorContext, Cancel
+from subagents_node.actors.inbox import DEFERRED, Job, Mailbox, Tick
 
 # Outcome and ReplyFn are re-exported: every owner module names them from here.
 from subagents_node.actors.outcomes import STORE_FULL_RETRY_S, store_full
 from subagents_node.actors.outcomes import Outcome as Outcome
 from subagents_node.actors.outcomes import ReplyFn as ReplyFn
-from subagents_node.actors.records import Record
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.errors import BadRequest, Internal, StoreFull, SubagentsError
 from subagents_node.messages.node import DebugRaise, DebugSleep, QuarantinedRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A validated request and where its outcome goes (a socket reply or an in-process future)."""
-
-    request: Request
-    reply: ReplyFn
-
-
-class Tick(Record):
-    """A timer callback or an answer delivered through the inbox, so it runs serialized with
-    requests.
-
-    Each owner subclasses it (a frozen record: actors/records.py) next to the code that handles
-    it, one class per thing that happened, and its `on_tick` matches on the class, so mypy
-    checks every field a handler reads.
-    """
-
-    __slots__ = ()
-
-
-class Mailbox(Protocol):
-    """Where an owner's messages wait when it is hosted by a loop rather than a pykka thread."""
-
-    def post(self, message: Job | Tick) -> None:
-        """Queue a message; called from any thread (it wakes the loop)."""
-
-    def empty(self) -> bool:
-        """True when nothing waits: the moment an owner commits its group."""
-
-
-class _Deferred:
-    """Returned by a handler whose reply is sent later with `OwnerActor.reply_later`."""
-
-    __slots__ = ()
-
-
-DEFERRED: Any = _Deferred()
 
 
 class OwnerActor(pykka.ThreadingActor):

@@ -61,7 +61,8 @@ from subagents_node.actors.capacity.rules import (
 )
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.deadline import EarliestDeadline
-from subagents_node.actors.owner import OwnerActor, Tick
+from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,

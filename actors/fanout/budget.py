@@ -36,7 +36,8 @@ from subagents_node.actors.context import ActorContext
 from subagents_node.actors.deadline import EarliestDeadline
 from subagents_node.actors.fanout import schema
 from subagents_node.actors.fanout.compaction import ClaimCompaction, CompactionDue
-from subagents_node.actors.owner import OwnerActor, Tick
+from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
     FanoutBudgetUnavailable,

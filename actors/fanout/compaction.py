@@ -39,7 +39,7 @@ from collections.abc import Callable
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.deadline import EarliestDeadline
 from subagents_node.actors.fanout import schema
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol
 
-from subagents_node.actors.owner import DEFERRED, ReplyFn, Tick
+from subagents_node.actors.inbox import DEFERRED, Tick
+from subagents_node.actors.owner import ReplyFn
 from subagents_node.actors.pipelines import Pipelines
 from subagents_node.actors.runs import management, runstore
 from subagents_node.actors.runs.liverun import LiveRun

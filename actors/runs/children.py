@@ -20,7 +20,7 @@ from typing import ParamSpec, Protocol
 
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.child.keeper import ChildKeeper
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 from subagents_node.actors.runs import child_launch, runplan, runstore, steps
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import Advance, ShimNotLaunched

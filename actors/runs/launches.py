@@ -18,7 +18,8 @@ from collections.abc import Callable, Generator
 from typing import ParamSpec, Protocol
 
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import DEFERRED, Outcome, ReplyFn, Tick
+from subagents_node.actors.inbox import DEFERRED, Tick
+from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.pipelines import Durable, Pipelines
 from subagents_node.actors.runs import (
     attach,

@@ -38,7 +38,8 @@ from collections.abc import Callable
 from functools import partial
 
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import Outcome, ReplyFn, Tick
+from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.runs.ticks import Outbound, OutboxRetry
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import (

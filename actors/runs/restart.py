@@ -21,7 +21,7 @@ from typing import Protocol
 
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
     checkpoints,

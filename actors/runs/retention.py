@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 from subagents_node.messages.errors import BadRequest
 from subagents_node.messages.retention import MAX_PRUNED_PER_REQUEST, Prune, PruneResult
 from subagents_node.messages.runs import TERMINAL_RUN_STATES

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 from subagents_node.actors.runs import checkpoints, pauses, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import KillEscaped

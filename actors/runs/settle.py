@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol
 
-from subagents_node.actors.owner import Tick
+from subagents_node.actors.inbox import Tick
 from subagents_node.actors.runs import attach, management, runstore, settlement, steps
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.retention import RunRetention

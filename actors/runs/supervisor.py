@@ -33,22 +33,21 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import signal
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec
 
 from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.inbox import DEFERRED, Tick
 from subagents_node.actors.outcomes import STORE_FULL_RETRY_S
-from subagents_node.actors.owner import DEFERRED, Outcome, OwnerActor, Tick
+from subagents_node.actors.owner import Outcome, OwnerActor
 from subagents_node.actors.pipelines import Durable, Pipelines
 from subagents_node.actors.runs import children, management, pauses, runrequests, runstore, steps
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.appends import RunAppends
 from subagents_node.actors.runs.eventlog import RunEventLog
+from subagents_node.actors.runs.faults import FaultInjection
 from subagents_node.actors.runs.launches import RunLaunches
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.outbox import Outbox
@@ -108,6 +107,10 @@ class RunSupervisor(OwnerActor):
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
+        injection = FaultInjection(ctx)
+        #: Fault injection (tests, runs/faults.py): inert on a node started without faults.
+        self.faults, self.fault_points = injection.live, injection.points
+        self.crash_point = injection.crash
         self._live: dict[str, LiveRun] = {}
         self._pipelines: Pipelines[CallKey] = Pipelines(
             ctx, self.to_self(Answer), self.reply_later, self.after_commit, self._failed
@@ -196,30 +199,6 @@ class RunSupervisor(OwnerActor):
     @property
     def node_address(self) -> str:
         return str(self.ctx.settings.get("node_address", ""))
-
-    @property
-    def faults(self) -> bool:
-        """A node started with faults (tests): its crash points are live."""
-        return bool(self.ctx.faults)
-
-    @property
-    def fault_points(self) -> frozenset[str]:
-        """Admission steps told to fail (tests): honoured only on a node started with faults."""
-        if not self.ctx.faults:
-            return frozenset()
-        return frozenset(str(p) for p in self.ctx.settings.get("fault_points", ()))
-
-    def crash_point(self, point: str) -> None:
-        """Tests only (a node started with faults): die here with SIGKILL, as a power cut or
-        an OOM kill would, to prove that no step of a launch leaves a stuck run."""
-        if self.ctx.faults and point in self.ctx.settings.get("fault_kill_points", ()):
-            log.warning("fault injection: killing the node at %s", point)
-            node = int(self.ctx.settings.get("node_pid", 0) or 0)
-            if node and node != os.getpid():
-                # The node first (its owners die with it, PDEATHSIG), then this process.
-                with suppress(ProcessLookupError):
-                    os.kill(node, signal.SIGKILL)
-            os.kill(os.getpid(), signal.SIGKILL)
 
     # -- start (runs/restart.py) and unreadable records ---------------------------------------
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from subagents_node.actors.owner import Outcome, Tick
+from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import Outcome
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.errors import SubagentsError
 

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.owner import Outcome, ReplyFn, Tick
+from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.records import init_fields
 from subagents_node.actors.runs import runstore
 from subagents_node.messages.errors import Busy, RecordQuarantined, RunNotFound

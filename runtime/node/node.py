@@ -59,7 +59,7 @@ from subagents_node.node.homelink import HomeLink
 from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.ownerpeers import OwnerPeerTable
-from subagents_node.node.ownerproc import V1_DB_NAME, OwnerSpec
+from subagents_node.node.ownerproc import OwnerSpec, retire_v1_state
 from subagents_node.node.ownersup import OwnerSupervisor
 from subagents_node.node.relay import Relay
 
@@ -256,7 +256,8 @@ class Node:
         self._peers.carry_to(self._forwarder.submit, self._owner_tcp)
         for name in [spec.name for spec in specs] + sorted(self.remote_owners):
             self.dispatcher.register(name, self._forwarder.submit)
-        self._retire_v1_state()
+        if not self._owners.all_failed():
+            retire_v1_state(self.state_dir, [s.state for s in self._owners.status(0)])
         self._gateway = Gateway(
             self._zctx,
             endpoints,
@@ -298,18 +299,6 @@ class Node:
     def _submit(self, request: Request, target: str, reply: ReplyFn) -> None:
         assert self._forwarder is not None, "the home serves nothing before its forwarder runs"
         self._forwarder.submit(request, target, reply)
-
-    def _retire_v1_state(self) -> None:
-        """Once every owner imported its tables from a version-1 `state.db`, keep the old
-        file aside (`state.db.v1`) so it is never imported again."""
-        old = self.state_dir / V1_DB_NAME
-        if not old.exists() or self._owners is None or self._owners.all_failed():
-            return
-        if any(s.state != "running" for s in self._owners.status(0)):
-            return
-        for suffix in ("", "-wal", "-shm"):
-            with suppress(FileNotFoundError):
-                Path(f"{old}{suffix}").replace(Path(f"{old}.v1{suffix}"))
 
     def _owners_changed(self) -> None:
         """An owner started, restarted or failed: rewrite the address book; when no owner at

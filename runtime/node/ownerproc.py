@@ -2,9 +2,10 @@
 
 Owns the process's side of an owner: its signals (TERM stops it cleanly, INT is the node's to
 handle, the node's death kills it), its own database file (migrated here, imported once from a
-version-1 `state.db`), its timers, its links to the other owners, its log cap (the run
-supervisor's children's logs) and the control pipe on which it tells the node `ready`, a crash
-it restarted from in place, the records it quarantined, or why it could not start.
+version-1 `state.db`, set aside once every owner runs), its timers, its links to the other
+owners, its log cap (the run supervisor's children's logs) and the control pipe on which it
+tells the node `ready`, a crash it restarted from in place, the records it quarantined, or why
+it could not start.
 
 It inherits every owner's code from the node (runtime/node/ownersup.py) and imports only the
 store, which the node never opens, once it is forked. It never returns into the node's code: the
@@ -25,6 +26,7 @@ import sqlite3
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +304,17 @@ def import_v1_state(spec: OwnerSpec, families: Mapping[str, Sequence[str]], stor
     tmp.replace(spec.db_path)
     log.info("%s: imported its tables from %s", spec.name, old)
     return True
+
+
+def retire_v1_state(state_dir: Path, owner_states: Sequence[str]) -> None:
+    """Once every owner imported its tables from a version-1 `state.db` (all are running), keep
+    the old file aside (`state.db.v1`) so it is never imported again."""
+    old = state_dir / V1_DB_NAME
+    if not old.exists() or any(state != "running" for state in owner_states):
+        return
+    for suffix in ("", "-wal", "-shm"):
+        with suppress(FileNotFoundError):
+            Path(f"{old}{suffix}").replace(Path(f"{old}.v1{suffix}"))
 
 
 #: The version-1 database every owner shared (imported from once, then renamed).

@@ -26,7 +26,7 @@ from subagents_node import Client, Node
 from subagents_node.actors.capacity.ledger import CapacityLedger
 from subagents_node.actors.capacity.rules import NO_SLOT
 from subagents_node.actors.context import ActorContext
-from subagents_node.actors.owner import Job
+from subagents_node.actors.inbox import Job
 from subagents_node.client.capacity import CapacityHandle
 from subagents_node.messages.capacity import (
     Acquire,

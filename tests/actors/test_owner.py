@@ -11,7 +11,7 @@ import pykka
 
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.fanout import FanoutBudget
-from subagents_node.actors.owner import Job
+from subagents_node.actors.inbox import Job
 from subagents_node.messages.errors import Internal
 from subagents_node.messages.fanout import CreateBudget, FanoutDescriptor
 from subagents_node.node.store import Store

@@ -20,10 +20,11 @@ import pykka
 import zmq
 
 from subagents_node.actors.context import ActorContext
+from subagents_node.actors.inbox import Job
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.loop import OwnerLoop
 from subagents_node.actors.outcomes import ReplyFn
-from subagents_node.actors.owner import Job, OwnerActor
+from subagents_node.actors.owner import OwnerActor
 from subagents_node.client.client import Client
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Request

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from subagents_node.actors.capacity.rules import RELEASED_OBSERVED
-from subagents_node.actors.owner import Outcome, ReplyFn, Tick
+from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.runs import runstore
 from subagents_node.actors.runs.outbox import (
     FIRST_RETRY_S,
