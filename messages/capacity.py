@@ -299,6 +299,9 @@ class MarkStarted(Request):
     runner_id: Token
     pid: Pid | None = None
     process_start_time: Timestamp | None = None
+    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
+    #: home node and its operators. A worker acts only on the slots of its own host.
+    host: HostOrHome = ""
 
 
 class MarkWorkflowStarted(Request):
@@ -309,6 +312,9 @@ class MarkWorkflowStarted(Request):
     Result: ClassVar[ResultType] = SlotHandle
 
     handle: SlotHandle
+    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
+    #: home node and its operators. A worker acts only on the slots of its own host.
+    host: HostOrHome = ""
 
 
 class Rollback(Request):
@@ -319,6 +325,9 @@ class Rollback(Request):
     Result: ClassVar[ResultType] = RollbackResult
 
     handle: SlotHandle
+    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
+    #: home node and its operators. A worker acts only on the slots of its own host.
+    host: HostOrHome = ""
 
 
 class Transfer(Request):
@@ -361,6 +370,9 @@ class ReportTerminal(Request):
     workflow_children_proven: bool = False
     #: Workflow slots only: why the children are not proven, shown by `inspect`.
     reason: ShortText = ""
+    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
+    #: home node and its operators. A worker acts only on the slots of its own host.
+    host: HostOrHome = ""
 
 
 class Inspect(Request):

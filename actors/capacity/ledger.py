@@ -20,7 +20,9 @@ What it decides, and from what:
   request, so in one transaction, each with its audit row (proof state `operator`): the
   "explicit, audited operator release" of DESIGN §2. A fresh grant to a run an operator freed
   starts above the freed generation, so a report the lost execution still sends is fenced
-  (DESIGN §3) even once the run holds a slot again.
+  (DESIGN §3) even once the run holds a slot again. A worker acts only on its own host's
+  slots: what it sends is stamped with its name (actors/peergate.stamp_host), and a start,
+  rollback or terminal report it sends for another host's slot is refused and changes nothing.
 - An unstarted slot whose TTL passes is rolled back by the owner (§0.4): a fresh slot is freed,
   a transferred one gets its source record back. One timer, armed for the earliest stored
   deadline, expires every slot then due (read afresh: a slot started or handed on since is not
@@ -51,6 +53,7 @@ from typing import Any, ClassVar
 from subagents_node.actors.capacity import hosts, releases, slots
 from subagents_node.actors.capacity.rules import (
     NO_SLOT,
+    foreign,
     lowest_free,
     mismatch,
     proof_state,
@@ -211,7 +214,7 @@ class CapacityLedger(OwnerActor):
 
     def mark_started(self, req: MarkStarted) -> SlotHandle:
         """R-CAP-13, A-14 resolved: cannot fail for the current handle; same runner = no-op."""
-        record = self._current(req.handle, workflow=False)
+        record = self._current(req.handle, workflow=False, host=req.host)
         if record.runner_id is not None:
             if record.runner_id != req.runner_id:
                 raise CapacityOwnershipChanged.of(req.handle, "runner_conflict")
@@ -229,7 +232,7 @@ class CapacityLedger(OwnerActor):
 
     def mark_workflow_started(self, req: MarkWorkflowStarted) -> SlotHandle:
         """R-CAP-14: only for `workflow` records, and only the start time is set."""
-        record = self._current(req.handle, workflow=True)
+        record = self._current(req.handle, workflow=True, host=req.host)
         if record.kind != "workflow":
             raise CapacityOwnershipChanged.of(req.handle, "kind_mismatch", workflow=True)
         if record.runner_started_at is None:
@@ -240,6 +243,8 @@ class CapacityLedger(OwnerActor):
         """R-CAP-15..17: undo an unstarted grant; otherwise false, and nothing changed."""
         record = slots.load(self.db, req.handle.session_id, req.handle.slot)
         if record is None or mismatch(record, req.handle) or record.started:
+            return RollbackResult(rolled_back=False)
+        if foreign(record, req.host):
             return RollbackResult(rolled_back=False)
         restored = self._undo(record)
         return RollbackResult(rolled_back=True, handle=restored.handle() if restored else None)
@@ -296,6 +301,11 @@ class CapacityLedger(OwnerActor):
         record = slots.held_by(self.db, req.session_id, req.run_id)
         if record is None:
             return self._unowned(req.session_id, req.run_id)
+        if foreign(record, req.host):
+            # A worker reports only its own runs' ends: another host's slot is not its to free.
+            return Verdict(
+                verdict="not-owned", reason=f"the run's slot is not held for host {req.host!r}"
+            )
         if req.generation is not None and req.generation != record.generation:
             return Verdict(
                 verdict="not-owned",
@@ -358,12 +368,13 @@ class CapacityLedger(OwnerActor):
 
     # -- slot life ----------------------------------------------------------------------------
 
-    def _current(self, handle: SlotHandle, workflow: bool) -> SlotRecord:
-        """The stored record the handle names, or the ownership error (R-CAP-4)."""
+    def _current(self, handle: SlotHandle, workflow: bool, host: str) -> SlotRecord:
+        """The stored record the handle names, or the ownership error (R-CAP-4); a worker
+        (`host`) names only its own host's records."""
         record = slots.load(self.db, handle.session_id, handle.slot)
         if record is None:
             raise CapacityOwnershipChanged.of(handle, "slot_gone", workflow=workflow)
-        reason = mismatch(record, handle)
+        reason = mismatch(record, handle) or ("host_mismatch" if foreign(record, host) else "")
         if reason:
             raise CapacityOwnershipChanged.of(handle, reason, workflow=workflow)
         return record

@@ -63,6 +63,12 @@ def mismatch(record: SlotRecord, handle: SlotHandle) -> str:
     return ""
 
 
+def foreign(record: SlotRecord, host: str) -> bool:
+    """Whether worker `host` asks about a slot another host holds ("" = the home node or its
+    operators, who may act on any slot)."""
+    return bool(host) and record.host != host
+
+
 def started(record: SlotRecord, **runner: Any) -> SlotRecord:
     """The record once started: runner fields set, no TTL, and no way back to a transfer
     source, since a rollback after a start is refused forever (R-CAP-17)."""

@@ -35,6 +35,7 @@ from subagents_node.messages.members import (
 )
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import Launch
+from subagents_node.node import roles
 from subagents_node.node.members import DB_NAME, Members, forgotten, slots_merged
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 #: what the child's `run` follows it with. Nothing else: a worker never runs a top-level run,
 #: or anything but a run, on another host.
 PLACEABLE = frozenset({"runs.launch", "runs.watch", "runs.show", "runs.stop"})
+#: What a worker may ask of the home node itself, besides its ledgers and `PLACEABLE`: its
+#: key speaks for that worker alone, never as the home's operator (no stop of the home, no
+#: top-level run on it, no listing of other hosts' runs).
+WORKER_NODE_TYPES = frozenset({"node.ping", "node.members.heartbeat"})
 #: Hands a request to an owner (the forwarder's `submit`): (request, target, reply).
 Submit = Callable[[Request, str, ReplyFn], None]
 
@@ -77,14 +82,18 @@ class HomeService:
 
     def admit(self, request: Request, principal: str) -> Request:
         """The gateway's check of a tcp request: a forgotten worker is refused (but may join
-        again), and a worker's name is the `host` of what it asks (it can neither hide nor
-        spoof where a slot is held)."""
+        again), a worker asks only what a worker may (`WORKER_SCOPE`: its ledgers, its
+        membership, a nested child's run), and a worker's name is the `host` of what it asks
+        (it can neither hide nor spoof where a slot is held)."""
         if isinstance(request, MemberJoin):
             return request
         with self._lock:
             if self._members.fenced(principal):
                 raise self._members.fenced_error(principal)
             member = self._members.is_member(principal)
+        ledger = request.target in roles.REMOTE_OWNERS
+        if member and not ledger and request.type not in WORKER_NODE_TYPES:
+            _check_placeable(request)
         return stamp_host(request, principal, member)
 
     def tell_owners(self) -> None:
@@ -107,13 +116,7 @@ class HomeService:
                 name=principal,
                 reason="not_member",
             )
-        nested = not isinstance(request, Launch) or request.inherited_fanout is not None
-        if request.type not in PLACEABLE or not nested:
-            raise BadRequest(
-                f"a worker may place only a nested child's run on another worker (and follow "
-                f"it); not {request.type}" + ("" if nested else " of a top-level run"),
-                reason="not_placeable",
-            )
+        _check_placeable(request)
 
     def unreachable(self, name: str) -> SubagentsError | None:
         """Why a local client's request cannot be carried to worker `name` now (None: it can)."""
@@ -168,3 +171,14 @@ class HomeService:
             reply(outcome if isinstance(outcome, SubagentsError) else answer(outcome))
 
         self._submit(request, CAPACITY, answered)
+
+
+def _check_placeable(request: Request) -> None:
+    """Refuse what a worker may not have run on another host (the home included)."""
+    nested = not isinstance(request, Launch) or request.inherited_fanout is not None
+    if request.type not in PLACEABLE or not nested:
+        raise BadRequest(
+            f"a worker may place only a nested child's run on another host (and follow it); "
+            f"not {request.type}" + ("" if nested else " of a top-level run"),
+            reason="not_placeable",
+        )

@@ -533,9 +533,10 @@ def test_run_on_a_name_that_is_no_worker_or_a_top_level_run_on_from_a_worker_is_
     assert done.returncode != 0
     assert "no worker named 'nosuch' has joined this home" in done.stderr
     w1 = crew.workers["w1"].state_dir
-    done = run_cli(*args, "--on", "w2", "sleeper", "seconds=1", state_dir=w1)
-    assert done.returncode != 0
-    assert "a worker may place only a nested child's run on another worker" in done.stderr
+    for other in ("w2", "home"):  # the home is a host like any other: no top-level run on it
+        done = run_cli(*args, "--on", other, "sleeper", "seconds=1", state_dir=w1)
+        assert done.returncode != 0
+        assert "a worker may place only a nested child's run on another host" in done.stderr
     code, _, err = crew.cli(crew.home, "show", "no-such-run")
     assert code != 0 and "no run 'no-such-run' on any host of this home" in err
 

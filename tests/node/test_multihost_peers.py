@@ -27,18 +27,24 @@ from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
     HostReleased,
+    MarkStarted,
     ReleaseHost,
+    ReportTerminal,
     Rollback,
     RollbackResult,
+    RunnerProof,
+    SlotHandle,
+    Verdict,
 )
 from subagents_node.messages.errors import (
     BadRequest,
+    CapacityOwnershipChanged,
     MembershipRefused,
     NodeTimeout,
     NotAuthenticated,
 )
 from subagents_node.messages.members import MemberForget, MemberForgotten, MemberJoin, Membership
-from subagents_node.messages.node import Ping, Pong
+from subagents_node.messages.node import Ping, Pong, Shutdown
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.supervisor import (
     AgentPlan,
@@ -174,6 +180,59 @@ def test_a_ledger_owners_own_tcp_socket_refuses_strangers_operator_acts_and_spoo
     assert handle is not None
     undone = crew.client(crew.home).ask(Rollback(handle=handle), RollbackResult)
     assert undone.rolled_back
+
+
+def test_a_workers_key_is_no_operator_of_the_home_node_itself(local_crew: Fleet) -> None:
+    """A worker's key speaks for that worker alone: the home answers its ping and its ledger
+    requests, and refuses it the home's runs, a top-level run on the home and the home's stop."""
+    crew = local_crew
+    top_level = Launch(
+        session_id="s-home-op",
+        mode="single",
+        background=True,
+        items=[TaskItem(agent=AgentPlan(name="t", command=["true"]), task="x")],
+        cwd="/",
+    )
+    refused_asks = ((ListRuns(limit=1), RunList), (top_level, LaunchResult), (Shutdown(), Ack))
+    for host in ("", "home"):
+        with Client(
+            ZmqTransport(crew.endpoint, credentials=_credentials(crew, "w1"), host=host)
+        ) as client:
+            assert client.ask(Ping(), Pong).node_id
+            for request, result in refused_asks:
+                with pytest.raises(BadRequest) as refused:
+                    client.ask(request, result)  # type: ignore[arg-type]
+                assert refused.value.details["reason"] == "not_placeable"
+    home = crew.client(crew.home)
+    assert home.ask(Ping(), Pong).node_id  # still serving
+    assert not home.runs.list(session_id="s-home-op")
+
+
+@pytest.mark.parametrize("way", ["gateway", "owner socket"])
+def test_r_cap_21_a_worker_cannot_start_roll_back_or_free_another_hosts_slot(
+    local_crew: Fleet, way: str
+) -> None:
+    """What a worker sends is stamped with its name; a slot the home holds for another host
+    (here the home's own) is not its to start, roll back or free, even with a matching proof."""
+    crew = local_crew
+    home = crew.client(crew.home)
+    session = f"s-victim-{way.split()[0]}"
+    held = home.ask(Acquire(session_id=session, limit=1, run_id=f"r-{way[0]}1"), AcquireResult)
+    assert held.handle is not None
+    handle = held.handle
+    endpoint = crew.endpoint if way == "gateway" else _owner_endpoint(crew, "capacity")
+    forged = RunnerProof(state="observed", runner_id="forged", pid=1)
+    with Client(ZmqTransport(endpoint, credentials=_credentials(crew, "w1"))) as w1:
+        with pytest.raises(CapacityOwnershipChanged) as changed:
+            w1.ask(MarkStarted(handle=handle, runner_id="forged", pid=1), SlotHandle)
+        assert changed.value.reason == "host_mismatch"
+        assert not w1.ask(Rollback(handle=handle), RollbackResult).rolled_back
+        report = ReportTerminal(
+            session_id=session, run_id=handle.run_id, state="complete", proof=forged
+        )
+        assert w1.ask(report, Verdict).verdict == "not-owned"
+    assert home.capacity.snapshot(session, 1).used == 1  # still held, and unstarted
+    assert home.ask(Rollback(handle=handle), RollbackResult).rolled_back
 
 
 def test_a_key_revoked_while_connected_to_a_ledger_owner_is_refused_from_its_next_frame(
