@@ -70,6 +70,10 @@ class Pipelines(Generic[K]):
         self._running[key] = (pipeline, reply)
         self._step(key, None, None)
 
+    def running(self, key: K) -> bool:
+        """Whether the pipeline `key` names has not ended yet."""
+        return key in self._running
+
     def resume(self, key: K, outcome: Outcome) -> bool:
         """Feed an answer to its pipeline; False when the key names none (bookkeeping)."""
         if key not in self._running:

@@ -78,6 +78,10 @@ class RunLaunches:
         self._pipelines = pipelines
         #: Where each run in admission came from (rerun.Lineage), recorded with the run.
         self._lineage: dict[str, rerun.Lineage] = {}
+        #: Paused runs whose continuation is being admitted: source -> the continuing run.
+        #: Its record, which names the source, is written only once admitted; until then a
+        #: second resume or approval would pass the stored check and go on with it twice.
+        self._continuing: dict[str, str] = {}
 
     def launch_request(self, request: Launch) -> Message:
         if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
@@ -93,10 +97,14 @@ class RunLaunches:
         resume: ResumePlan | None = None,
         lineage: rerun.Lineage | None = None,
         on_started: Callable[[RunView], None] | None = None,
+        continues: str | None = None,
     ) -> Message:
+        """Admit and start a run; `continues` names the paused run it goes on with."""
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self._host.current_reply is not None
+        if continues is not None:
+            self._continue_once(continues, run_id)
         if lineage is not None:
             self._lineage[run_id] = lineage
         pipeline = _launch_result(admit(self._host, request, run_id, runner_id, resume), on_started)
@@ -104,12 +112,24 @@ class RunLaunches:
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]
 
+    def _continue_once(self, source_id: str, run_id: str) -> None:
+        """A paused run goes on once: refuse a continuation while another one is admitted."""
+        going = self._continuing.get(source_id)
+        if going is not None and self._pipelines.running(LaunchKey(going)):
+            raise checkpoints.refuse(
+                source_id, f"is being continued as run {going} already.", "continued"
+            )
+        self._continuing[source_id] = run_id
+
     def _answer_once_started(self, run_id: str, reply: ReplyFn) -> ReplyFn:
         """A launch is answered only once its first children really run (their shims reported
         their pids) or have failed to start; an admission error is answered at once."""
 
         def answer(outcome: Outcome) -> None:
             self._lineage.pop(run_id, None)
+            # Admitted (the record names its source now) or refused: the mark has done its job.
+            for source_id in [s for s, going in self._continuing.items() if going == run_id]:
+                del self._continuing[source_id]
             live = self._live.get(run_id)
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
                 live.launch_replies.append(reply)

@@ -244,7 +244,10 @@ class RunSupervisor(OwnerActor):
     def relaunch(
         self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
     ) -> Message:
-        return self._launches.launch(launch, plan, on_started=on_started)
+        """Go on with a paused run (runs/pauses.py): one continuation at a time."""
+        return self._launches.launch(
+            launch, plan, on_started=on_started, continues=plan.source_run_id
+        )
 
     # The handlers are bound in OwnerActor.__init__, before `_launches` exists: they delegate.
     def _launch_request(self, request: Launch) -> Message:

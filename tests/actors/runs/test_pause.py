@@ -13,6 +13,7 @@ Embedded node, real children (the gate agent holds a step open until the test re
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -174,6 +175,47 @@ def test_r_run_2_pause_then_resume_keeps_the_claim_the_slot_and_the_deadline(
         resume(client, run.run_id)
     assert again_refused.value.details["reason"] == "continued"
     assert f"run {resumed.run_id} went on with it" in again_refused.value.message
+
+
+def test_r_run_2_resumes_of_a_paused_run_sent_at_once_continue_it_only_once(
+    node: Node, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The continuation's record names its source only once it is admitted; a second resume
+    arriving meanwhile must not go on with the same run again (a second run on the one claim,
+    R-FAN-23, and a second slot)."""
+    client = node.client()
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "after")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    gate.accept(1)
+    budget = decode_descriptor(run.fanout_descriptor)
+    claims = client.fanout.snapshot(budget).used
+    client.runs.pause(run.run_id)
+    paused(client, run.run_id)
+
+    start = threading.Barrier(8)
+    won: list[RunView] = []
+    refused: list[str] = []
+
+    def resume_at_once() -> None:
+        start.wait(timeout=10)
+        try:
+            won.append(resume(node.client(), run.run_id))
+        except (PauseRefused, RunNotResumable) as err:
+            refused.append(err.details["reason"])
+
+    threads = [threading.Thread(target=resume_at_once) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(won) == 1 and refused == ["continued"] * 7
+    [again] = gate.accept(1)
+    again.release(0)
+    assert client.runs.wait(won[0].run_id, timeout=20).state == "complete"
+    assert client.fanout.snapshot(budget).used == claims
+    assert [r.run_id for r in client.runs.list() if r.source_run_id == run.run_id] == [
+        won[0].run_id
+    ]
 
 
 def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_nothing(
