@@ -224,6 +224,11 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
+def child_path(base: str, child_id: str) -> str:
+    """Where the cgroup of child `child_id` is made below the node's directory `base`."""
+    return os.path.join(base, child_id.replace("/", "_"))
+
+
 class ChildCgroup:
     """One child's cgroup: `create` it, `enter` it, spawn, `leave` it, watch `events_fd`
     (POLLPRI) and ask `populated()`, `kill()` what is in it, `remove()` it once empty."""
@@ -240,7 +245,7 @@ class ChildCgroup:
         home = own_directory()
         if home is None:
             return None
-        path = os.path.join(base, name.replace("/", "_"))
+        path = child_path(base, name)
         try:
             for attempt in (1, 2):
                 try:

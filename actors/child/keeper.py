@@ -312,17 +312,23 @@ class ChildKeeper:
                 shim_pid=record.shim_pid or 1,
                 shim_start=record.shim_start or 0.0,
             )
-        # Never reported started: nothing says which process to watch (fail closed below).
+        # The child's cgroup, when it has one, holds its whole tree whatever the shim reported
+        # (a shim killed before the leader's exit wrote no record that names it).
+        group = report.cgroup or self._cgroup_of(child_id)
+        # Never reported started: only its cgroup can say which processes to watch.
         unknown = record.pid is None or record.identity_start is None
-        if not unknown:
-            assert record.pid is not None and record.identity_start is not None
+        leader: ProcessIdentity | None = None
+        if record.pid is not None and record.identity_start is not None:
             leader = ProcessIdentity(record.pid, record.identity_start)
-            if self._wait_for_escaped(row, report, leader if is_alive(leader) else None):
-                # The tree lives on (its leader, or processes the shim reported): the run stays
-                # running, holds its slot, and a stop kills them; their end brings it back here.
-                return []
+        if self._wait_for_escaped(
+            row, report, group, leader if leader and is_alive(leader) else None
+        ):
+            # The tree lives on (its leader, or processes the shim reported or its cgroup
+            # holds): the run stays running, holds its slot, and a stop kills them; their end
+            # brings it back here.
+            return []
         self._escaped.pop(child_id, None)
-        if (path := self._escaped_cgroups.pop(child_id, None) or report.cgroup) is not None:
+        if (path := self._escaped_cgroups.pop(child_id, None) or group) is not None:
             cg.remove_when_empty(path)
         log.warning("the shim of child %s died before its tree ended", child_id)
         reason = REASON_SHIM_GONE_LIVE if unknown else REASON_SHIM_GONE
@@ -330,8 +336,19 @@ class ChildKeeper:
             [self._settle(db, record, row, report, now, unverified=unknown, reason=reason)]
         )
 
+    def _cgroup_of(self, child_id: str) -> str | None:
+        """The cgroup this node made for `child_id`, if it still exists."""
+        if not self._cgroup_base:
+            return None
+        path = cg.child_path(self._cgroup_base, child_id)
+        return path if cg.populated(path) is not None else None
+
     def _wait_for_escaped(
-        self, row: Any, report: ChildReport, leader: ProcessIdentity | None = None
+        self,
+        row: Any,
+        report: ChildReport,
+        group: str | None,
+        leader: ProcessIdentity | None = None,
     ) -> bool:
         """The shim died: its live `leader` (the child itself, when the shim died first) and
         the processes it reported left (a `setsid()` daemon) are the tree now. While one of
@@ -342,12 +359,12 @@ class ChildKeeper:
         recorded = recorded or [ProcessIdentity(p, t) for p, t in rows.descendants_of(row)]
         alive = [leader] if leader is not None else []
         alive += [i for i in recorded if i not in alive and is_alive(i)]
-        if report.cgroup is not None and cg.populated(report.cgroup):
+        if group is not None and cg.populated(group):
             # The child's cgroup holds the whole tree: whatever it started after the report.
             known = {identity.pid for identity in alive}
-            found = (identity_of(pid) for pid in cg.pids_in(report.cgroup) if pid not in known)
+            found = (identity_of(pid) for pid in cg.pids_in(group) if pid not in known)
             alive += [identity for identity in found if identity is not None]
-            self._escaped_cgroups[child_id] = report.cgroup
+            self._escaped_cgroups[child_id] = group
         if not alive:
             return False
         if self._escaped.get(child_id) != alive:  # each new set once (not each re-check)

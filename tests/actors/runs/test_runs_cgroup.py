@@ -61,6 +61,26 @@ if daemon():
         signal.pause()
 '''
 
+#: A child that leaves a `setsid()` daemon (it ignores SIGTERM and reports its pid on READY),
+#: then waits for a line on GO and exits 0. Task: `READY GO`.
+_HOLDER = """\
+import os, signal, sys
+ready, go = sys.argv[1].split()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(ready, "w") as fifo:
+        fifo.write(f"daemon {os.getpid()}\\n")
+    while True:
+        signal.pause()
+os.waitpid(pid, 0)
+with open(go) as fifo:
+    fifo.read()
+"""
+
 
 def cgroup_v2_writable() -> str:
     """Why this process cannot make and enter a cgroup v2 cgroup ('' when it can)."""
@@ -106,6 +126,13 @@ def escaper() -> Iterator[Path]:
         '["{python}", "{agent_dir}/escaper.py", "{task}"]',
     )
     (agents / "escaper.py").write_text(_ESCAPER)
+    write_agent(
+        agents,
+        "holder",
+        "Leaves a setsid() daemon behind, then waits for a line before it exits.",
+        '["{python}", "{agent_dir}/holder.py", "{task}"]',
+    )
+    (agents / "holder.py").write_text(_HOLDER)
     yield agents
     with suppress(OSError):
         for path in sorted(directory.rglob("*"), reverse=True):
@@ -221,6 +248,56 @@ def test_r_cap_21_after_its_shim_died_the_cgroup_holds_a_daemon_the_shim_never_s
     assert done.state == "stopped" and done.children[0].proof_state == "observed"
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
     assert not (base / child.child_id).exists()
+
+
+@needs_cgroups
+def test_r_cap_21_a_shim_killed_before_its_child_exited_leaves_the_cgroup_as_the_tree(
+    start_node: Callable[..., NodeProcess], state_dir: Path, escaper: Path, tmp_path: Path
+) -> None:
+    """The shim is killed while its child runs, so no exit record names the daemon the child
+    left; then the child exits. The child's cgroup still holds the daemon: the run stays
+    running with its slot held (it used to settle with the daemon alive and the slot freed),
+    and `stop` kills the daemon through the cgroup (it ignores SIGTERM)."""
+    node = start_node(state_dir=state_dir)
+    base = Path(str(status_json(node)["path"]))
+    client = node.client()
+    ctx = launch_context(escaper, max_active_async_runs_per_session=1)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    os.mkfifo(ready)
+    os.mkfifo(go)
+    run = client.runs.launch(ctx.single("holder", f"{ready} {go}", True, None))
+    daemon = int(read_fifo(ready).split()[1])
+    try:
+        child = run.children[0]
+        assert child.pid is not None
+        shim = shim_of(run)
+        os.kill(shim, signal.SIGKILL)
+        wait_gone(shim)
+        wait_until(lambda: "live on (pid " in node.log(), what="the node to watch the child")
+        with open(go, "w") as fifo:
+            fifo.write("go\n")
+        wait_gone(child.pid)
+        wait_until(
+            lambda: (
+                f"live on (pid {daemon}): waiting" in node.log()
+                or client.runs.show(run.run_id).state != "running"
+            ),
+            what="the node to see the child's end",
+        )
+
+        assert client.runs.show(run.run_id).state == "running"
+        assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+        os.kill(daemon, 0)  # alive, and what holds the slot
+        assert cgroup_of(daemon).endswith(f"/{base.name}/{child.child_id}")
+
+        client.runs.stop(run.run_id)
+        wait_gone(daemon)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "stopped"
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGKILL)
 
 
 @needs_cgroups
