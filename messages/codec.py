@@ -13,6 +13,7 @@ import msgpack
 from subagents_node.messages.domains import MAX_BODY_DEPTH, MAX_WIRE_ITEMS
 from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
 from subagents_node.messages.errors import (
+    BadRequest,
     FrameTooLarge,
     MalformedFrame,
     SubagentsError,
@@ -70,8 +71,15 @@ def encode_answer(request: Envelope, outcome: Any, sender: str) -> bytes:
 
 def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """A request's frame, refused before it is sent when no owner would accept it: a request
-    whose fields are each within their bounds can still add up past the frame limit."""
-    frame = encode(env)
+    whose fields are each within their bounds can still add up past the frame limit, and a
+    value msgpack cannot carry (an integer beyond 64 bits) is refused here, not raised raw."""
+    try:
+        frame = encode(env)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise BadRequest(
+            f"{env.type} holds a value the wire cannot carry ({exc}); integers must fit in 64 bits",
+            reason="unencodable",
+        ) from None
     if len(frame) > max_bytes:
         raise FrameTooLarge(
             f"{env.type} would be a frame of {len(frame)} bytes, over the {max_bytes}-byte "

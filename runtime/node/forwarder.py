@@ -12,13 +12,16 @@ worker's home link says the home is unreachable they fail closed at once with
 `OwnerUnavailable` (reason `home_unreachable`) instead of waiting.
 
 It never decides anything about a request; an owner that does not answer in time is
-answered `OwnerUnavailable` by the links.
+answered `OwnerUnavailable` by the links. One request that cannot be sent is answered with
+its error and never ends the thread; a request handed over once it has stopped is answered
+`NodeNotRunning`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -28,8 +31,10 @@ import zmq
 from subagents_node.actors.links import OwnerLinks, RemoteKeys
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.messages.base import Request
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import Internal, NodeNotRunning, SubagentsError
 from subagents_node.node.relay import HomeState, home_refusal
+
+log = logging.getLogger(__name__)
 
 
 class Forwarder:
@@ -63,22 +68,31 @@ class Forwarder:
             on_drop=self._poller.unregister,
         )
         self._stopping = False
+        #: Guards the wake-up pipe against a `submit` racing `stop`: once closed, its fd
+        #: numbers may belong to anyone's file.
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="subagents-forward", daemon=True)
         self._thread.start()
 
     def submit(self, request: Request, target: str, reply: ReplyFn) -> None:
         """Queue `request` for its owner (any thread)."""
-        self._queue.append((request, target, reply))
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"\x01")
+        with self._lock:
+            if not self._stopping:
+                self._queue.append((request, target, reply))
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\x01")
+                return
+        reply(NodeNotRunning(f"the node stopped; {request.type} was not sent"))
 
     def stop(self) -> None:
-        self._stopping = True
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"\x01")
+        with self._lock:
+            self._stopping = True
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"\x01")
         self._thread.join(timeout=10)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     def _send_home(self, request: Request, target: str, reply: ReplyFn) -> None:
         refusal = home_refusal(self._home_state(), request, target)
@@ -110,6 +124,9 @@ class Forwarder:
                             links.send(request, target, reply)
                     except SubagentsError as err:
                         reply(err)
+                    except Exception as exc:  # one request must never end the thread
+                        log.exception("forwarder: cannot send %s", request.type)
+                        reply(Internal(f"cannot send {request.type}: {exc!r}"[:500]))
                 for sock in links.sockets:
                     if events.get(sock):
                         links.receive(sock)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.errors import NodeTimeout, SubagentsError
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, SubagentsError
 from subagents_node.node.dispatch import Dispatcher
 
 
@@ -33,8 +33,11 @@ class InProcessTransport:
     def __init__(self, dispatcher: Dispatcher, address: str) -> None:
         self._dispatcher = dispatcher
         self.address = address
+        self._closed = False
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
+        if self._closed:  # the node stopped (it closes its in-process clients) or the caller did
+            raise NodeNotRunning("this client is closed", address=self.address)
         box = _Box()
         self._dispatcher.dispatch(request, target or request.target, box.set)
         if not box.wait(timeout):
@@ -49,4 +52,4 @@ class InProcessTransport:
         return box.value
 
     def close(self) -> None:
-        pass
+        self._closed = True
