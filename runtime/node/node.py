@@ -150,6 +150,7 @@ class Node:
         try:
             pidfile.refuse_if_running(self.state_dir, self.options.ipc)
             pidfile.refuse_served_sockets(endpoints[1:] if self.options.ipc else endpoints)
+            roles.refuse_taken_ports(self._owner_tcp)
         except BaseException:
             self._claim.release()
             raise

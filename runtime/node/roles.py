@@ -12,6 +12,7 @@ typed error (`ConfigError`, `BadAddress`) raised before the node takes its state
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,3 +144,23 @@ def home_owner_endpoints(listen: str) -> dict[str, str]:
             address=listen,
         )
     return {name: f"tcp://{host}:{port + step}" for name, step in HOME_OWNER_PORTS.items()}
+
+
+def refuse_taken_ports(owner_tcp: dict[str, str]) -> None:
+    """A home's ledger owners bind their ports in their own processes, after the node said it
+    started: one that cannot would only show as a `failed` owner. Refuse at once, in one line,
+    a port another process holds (BadAddress)."""
+    for name, endpoint in owner_tcp.items():
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as zmq binds
+            try:
+                probe.bind((host, int(port)))
+            except OSError as err:
+                raise BadAddress(
+                    f"cannot listen on {endpoint} (the {name} owner's port: the home's port "
+                    f"+ {HOME_OWNER_PORTS[name]}): {err.strerror or err}",
+                    address=endpoint,
+                ) from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -263,4 +264,27 @@ def test_a_home_needs_a_fixed_port_because_its_ledger_owners_listen_on_the_next_
         assert done.returncode != 0
         assert f"a home needs a fixed tcp port (1-65532), not {listen}" in done.stderr
     finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_a_home_whose_ledger_owner_port_is_taken_is_refused_at_start_in_one_line() -> None:
+    """It used to start, say so, and leave its fan-out owner `failed` (a bind error, four times
+    within five seconds): a port another process holds is refused before anything forks."""
+    state_dir = new_state_dir()
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        fanout_port = squatter.getsockname()[1]
+        listen = f"tcp://127.0.0.1:{fanout_port - 2}"
+        done = run_cli("start", "--detach", "--home", "--listen", listen, state_dir=state_dir)
+        assert done.returncode != 0
+        assert f"cannot listen on tcp://127.0.0.1:{fanout_port} (the fanout owner's port" in (
+            done.stderr
+        )
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert run_cli("ping", state_dir=state_dir).returncode != 0
+    finally:
+        squatter.close()
+        run_cli("stop", state_dir=state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
