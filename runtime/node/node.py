@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import time
 import uuid
@@ -45,7 +44,7 @@ from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.errors import BadAddress
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus
-from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
+from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.containment import ContainmentProbe, children_containment
@@ -391,14 +390,17 @@ class Node:
     ) -> Iterator[Node]:
         """Start a node in this process for the duration of the block.
 
-        Without `state_dir`, state lives in a fresh temporary directory removed afterwards.
+        Without `state_dir`, state lives in a fresh temporary directory removed afterwards,
+        once every run still going in it was stopped (runtime/node/embedding.py).
         """
-        with contextmanager(_temporary_state_dir)(state_dir) as directory:
+        with embedding.temporary_state_dir(state_dir) as directory:
             node = cls(NodeOptions(state_dir=directory, **options))  # type: ignore[arg-type]
             node.start()
             try:
                 yield node
             finally:
+                if state_dir is None:  # its shims would outlive the directory they write to
+                    embedding.stop_running(node.client())
                 node.stop()
 
     # -- the node's own protocol (runtime/node/noderequests.py) --------------------------------
@@ -435,11 +437,3 @@ class Node:
         pidfile.write_pid_file(
             self.state_dir, self.node_id, self.address, self.endpoints, owner_pids
         )
-
-
-def _temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
-    if state_dir is not None:
-        yield Path(state_dir)
-        return
-    with tempfile.TemporaryDirectory(prefix="subagents-") as tmp:
-        yield Path(tmp)

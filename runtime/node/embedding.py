@@ -1,0 +1,56 @@
+"""What an embedded node with no state dir of its own needs: a temporary one, and its runs
+ended before the directory goes.
+
+Owns the temporary state dir's life and the stop of every run still going in it when the
+`with` block ends: its shims outlive the node by design (a restarted node adopts them), but
+nothing can adopt children whose state dir was deleted, so they would run on unsupervised. It
+never touches a state dir the caller named: those runs stay for the next node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import SubagentsError
+
+log = logging.getLogger(__name__)
+
+#: How long the end of an embedded node's block waits for its runs to stop (their grace is
+#: part of it); a run still going after that is left to its shim, and logged.
+STOP_WAIT_S = 30.0
+
+
+@contextmanager
+def temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
+    """`state_dir` as it is, or a fresh temporary directory removed afterwards."""
+    if state_dir is not None:
+        yield Path(state_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="subagents-") as tmp:
+        yield Path(tmp)
+
+
+def stop_running(client: Client, wait_s: float = STOP_WAIT_S) -> None:
+    """Stop every run still going and wait until each settled (bounded by `wait_s`)."""
+    deadline = time.monotonic() + wait_s
+    try:
+        going = client.runs.list(active_only=True, limit=1000)
+    except SubagentsError as err:
+        log.warning("embedded node: cannot list its runs to stop them: %s", err.message)
+        return
+    for run in going:
+        with suppress(SubagentsError):
+            client.runs.stop(run.run_id)
+    for run in going:
+        left = deadline - time.monotonic()
+        try:
+            client.runs.wait(run.run_id, timeout=max(0.1, left))
+        except SubagentsError as err:
+            log.warning("embedded node: run %s did not stop: %s", run.run_id, err.message)

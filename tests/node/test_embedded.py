@@ -1,0 +1,73 @@
+"""An embedded node with no state dir of its own (`Node.embedded()`): its temporary directory
+goes when the block ends, so the runs still going in it are stopped first. A shim outlives its
+node by design, for the next node to adopt; with the directory gone there is none, and the
+child used to run on unsupervised, reparented to init. A named state dir keeps its runs."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+from contextlib import suppress
+
+from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
+from subagents_node.node.node import Node
+from tests.support.nodes import new_state_dir
+
+
+def _sleeper(session: str) -> Launch:
+    agent = AgentPlan(name="sleep", command=["sleep", "300"], task_delivery="argv")
+    return Launch(
+        session_id=session,
+        mode="single",
+        background=True,
+        items=[TaskItem(agent=agent, task="")],
+        cwd="/",
+    )
+
+
+def _gone_within(pid: int, timeout: float) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def test_leaving_a_temporary_embedded_node_stops_its_runs_before_their_directory_goes() -> None:
+    with Node.embedded() as node:
+        directory = node.state_dir
+        run = node.client().runs.launch(_sleeper("s-embedded"))
+        pid = run.children[0].pid
+        assert pid is not None
+    try:
+        assert _gone_within(pid, 5.0), "the child outlived its temporary node"
+        assert not directory.exists()
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_embedded_node_on_a_named_state_dir_leaves_its_runs_to_the_next_node() -> None:
+    state_dir = new_state_dir()
+    pid = None
+    try:
+        with Node.embedded(state_dir=state_dir) as node:
+            run = node.client().runs.launch(_sleeper("s-named"))
+            pid = run.children[0].pid
+            assert pid is not None
+        os.kill(pid, 0)  # still running, under its shim
+        with Node.embedded(state_dir=state_dir) as node:
+            client = node.client()
+            assert client.runs.show(run.run_id).state == "running"
+            client.runs.stop(run.run_id)
+            assert client.runs.wait(run.run_id, timeout=30).state == "stopped"
+    finally:
+        if pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(state_dir, ignore_errors=True)
