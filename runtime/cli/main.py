@@ -249,7 +249,7 @@ def start(
                 check_endpoint(endpoint)
             fleet = fleet_options(**fleet_flags)
         except SubagentsError as err:
-            daemon.signal_ready(ready_fd, f"error: {err.message}")
+            daemon.signal_failed(ready_fd, err)
             raise
         if detach:
             # Forked, not a fresh interpreter: the node starts from what this process imported

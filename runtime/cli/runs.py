@@ -28,13 +28,13 @@ from subagents_node.cli.common import (
     user_errors,
 )
 from subagents_node.cli.ending import Ended, ending_signals_raise
+from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.cli.tables import pause_text
 from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
-from subagents_node.messages.errors import NodeNotRunning
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -44,45 +44,6 @@ from subagents_node.messages.supervisor import (
     RunEvent,
     RunView,
 )
-
-
-@contextlib.contextmanager
-def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Client]:
-    """A client for the node; starts one (embedded, or detached for background runs) if none.
-
-    An embedded node gets the settings the launcher already loaded, the same a `start`ed node
-    would load (reservation TTL, grant authority).
-    """
-    client = obj.client()
-    try:
-        client.ping(timeout=2.0)
-    except BaseException as err:
-        client.close()  # any other failure (a timeout, Ctrl-C) must not leak the socket
-        if not isinstance(err, NodeNotRunning):
-            raise
-        if obj.address:
-            raise
-        if background:
-            from subagents_node.node import daemon
-
-            record = daemon.start_detached(obj.state_dir, [])
-            click.echo(
-                f"started a node (pid {record['pid']}) for background runs; "
-                "stop it with `subagents-node stop`",
-                err=True,
-            )
-            client = obj.client()
-        else:
-            from subagents_node.node.node import Node
-
-            settings = ctx.config.actor_settings()
-            with Node.embedded(state_dir=obj.state_dir, settings=settings) as node:
-                yield node.client()
-            return
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @contextlib.contextmanager

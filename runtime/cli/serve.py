@@ -158,7 +158,7 @@ def serve(
     try:
         node.start()
     except SubagentsError as err:
-        daemon.signal_ready(ready_fd, f"error: {err.message}")
+        daemon.signal_failed(ready_fd, err)
         raise
     gc.enable()  # off since `start` began (cli/main.py, see there)
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -22,8 +22,9 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import PATH_TEXT, SESSION
-from subagents_node.cli.runs import follow, node_client, summary
+from subagents_node.cli.runs import follow, summary
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.supervisor import IntercomMode

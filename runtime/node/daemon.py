@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Protocol
 from subagents_node.client.client import Client
 from subagents_node.client.paths import LOG_NAME, ensure_state_dir, read_pid_file
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.errors import NodeError, NodeNotRunning, NodeTimeout
+from subagents_node.messages.errors import (
+    NodeAlreadyRunning,
+    NodeError,
+    NodeNotRunning,
+    NodeTimeout,
+    SubagentsError,
+)
 
 if TYPE_CHECKING:  # psutil and subprocess load where they are used: a node forked from the
     # start command, and its owners forked from it, never need them
@@ -213,10 +219,19 @@ def _await_ready(
     if not proc.wait(FAILED_EXIT_WAIT_S):
         proc.kill()
         proc.wait(FAILED_EXIT_WAIT_S)
+    code, _, message = line.removeprefix("error ").partition(": ")
+    if code == NodeAlreadyRunning.code:  # another node claimed the state dir first
+        raise NodeAlreadyRunning(message, address=str(state_dir))
     raise NodeError(
-        f"the detached node failed to start: {line or 'exited'}; see {log_path}",
+        f"the detached node failed to start: {'error: ' + message if message else 'exited'}; "
+        f"see {log_path}",
         address=str(state_dir),
     )
+
+
+def signal_failed(ready_fd: int | None, err: SubagentsError) -> None:
+    """Tell the starter why the start failed: `error CODE: MESSAGE` (one line)."""
+    signal_ready(ready_fd, f"error {err.code}: {err.message}")
 
 
 def signal_ready(ready_fd: int | None, message: str) -> None:

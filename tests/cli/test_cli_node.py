@@ -23,7 +23,7 @@ from click.testing import Result
 from subagents_node.cli import cli
 from subagents_node.client.paths import read_pid_file
 from subagents_node.node.daemon import wait_exited
-from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
+from tests.support.nodes import REPO, NodeProcess, new_state_dir, run_cli, running_node
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +179,36 @@ def test_starts_racing_for_one_state_dir_leave_exactly_one_node(state_dir: Path)
         }
         nodes = [pid for pid, parent in forked.items() if parent not in forked]
         assert nodes == [record["pid"]], forked
+    finally:
+        run_cli("stop", state_dir=state_dir)
+
+
+RACERS = 12
+
+
+@pytest.mark.slow
+def test_background_runs_launched_at_once_with_no_node_all_use_the_one_node_that_won(
+    state_dir: Path,
+) -> None:
+    """Each `run --async` with no node running starts one; the kernel lets one claim the
+    state dir. The others used to fail with `node_error` (\"already serves\"); they wait for
+    the winner to serve and launch there."""
+    command = [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir)]
+    agents = str(REPO / "examples" / "agents")
+    launch = ["run", "--async", "--json", "--agents-dir", agents, "sleeper", "seconds=0"]
+    racers = [
+        subprocess.Popen(
+            [*command, *launch], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(RACERS)
+    ]
+    try:
+        outcomes = [(*r.communicate(timeout=90), r.returncode) for r in racers]
+        assert all(code == 0 for _, _, code in outcomes), outcomes
+        runs = {json.loads(out)["run_id"] for out, _, _ in outcomes}
+        assert len(runs) == RACERS
+        started = [err for _, err, _ in outcomes if "started a node" in err]
+        assert len(started) == 1, outcomes
     finally:
         run_cli("stop", state_dir=state_dir)
 

@@ -1,0 +1,102 @@
+"""How a command that launches gets a node: the one serving its state dir, else one it starts
+(embedded for a foreground run, detached for a background one).
+
+Owns the start and the race it can lose: several commands launched at once with no node
+running each try to start one; the kernel lets one node claim the state dir and the others'
+starts are refused. A background launch whose detached start was refused waits for the winner
+to serve (the pid file it writes once serving, watched with inotify: an event, not a poll) and
+uses it, bounded by `RACE_WAIT_S`; a foreground one is refused with the advice to retry (the
+winner may be another foreground run's embedded node, gone when that run ends). It never
+starts a node when `--address` names one, and never stops a node it did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from subagents_node.cli.common import Ctx
+from subagents_node.client.client import Client
+from subagents_node.client.inotify import DirectoryWatch
+from subagents_node.client.paths import PID_NAME
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning
+
+#: How long a command whose node start lost the race waits for the winner to serve.
+RACE_WAIT_S = 20.0
+
+
+@contextlib.contextmanager
+def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Client]:
+    """A client for the node; starts one (embedded, or detached for background runs) if none.
+
+    An embedded node gets the settings the launcher already loaded, the same a `start`ed node
+    would load (reservation TTL, grant authority).
+    """
+    client = _answering(obj)
+    if client is None and background:
+        from subagents_node.node import daemon
+
+        try:
+            record = daemon.start_detached(obj.state_dir, [])
+        except NodeAlreadyRunning:
+            client = _wait_for_winner(obj)
+            if client is None:
+                raise
+        else:
+            click.echo(
+                f"started a node (pid {record['pid']}) for background runs; "
+                "stop it with `subagents-node stop`",
+                err=True,
+            )
+            client = obj.client()
+    elif client is None:
+        # Not after a lost race: the node that won may be another foreground run's embedded
+        # node, which stops when that run ends (this one's follow would lose it midway).
+        from subagents_node.node.node import Node
+
+        settings = ctx.config.actor_settings()
+        with Node.embedded(state_dir=obj.state_dir, settings=settings) as node:
+            yield node.client()
+        return
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _answering(obj: Ctx, timeout: float = 2.0) -> Client | None:
+    """A client of the node that answers now; None when none runs (and none was named)."""
+    client = obj.client()
+    try:
+        client.ping(timeout=timeout)
+    except BaseException as err:
+        client.close()  # any other failure (a timeout, Ctrl-C) must not leak the socket
+        if not isinstance(err, NodeNotRunning) or obj.address:
+            raise
+        return None
+    return client
+
+
+def _wait_for_winner(obj: Ctx, wait_s: float = RACE_WAIT_S) -> Client | None:
+    """The node another command started meanwhile, once it serves; None if none does in time."""
+    deadline = time.monotonic() + wait_s
+    state_dir = Path(obj.state_dir)
+    with DirectoryWatch(state_dir) as watch:
+        while True:
+            client = _answering(obj)
+            if client is not None:
+                return client
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            # The winner writes its pid file once it serves (temp file, then a rename in).
+            while PID_NAME not in watch.read():
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([watch], [], [], left)[0]:
+                    break
