@@ -35,6 +35,7 @@ from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
+from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -306,12 +307,23 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
     On a home node, the run may be on any of its hosts; it says which."""
     with obj.client() as client:
         _, found = client.hosts.find(run_id)
-        spawns, capacity = session_status(client, found)  # the ledgers are the home's
+        try:
+            ledgers: tuple[SpawnSnapshot, CapacitySnapshot] | None = session_status(client, found)
+            unknown = ""
+        except OwnerUnavailable as err:  # a worker cut off from its home still shows its run
+            ledgers, unknown = None, err.message
     lines = [
         f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
         *([f"host: {found.host}"] if found.host else []),
-        spawns.text(),
-        f"Active async capacity: {capacity.used}/{capacity.limit or 'unlimited'} used",
+    ]
+    if ledgers is None:
+        lines.append(f"Spawn budget and active async capacity: unknown ({unknown})")
+    else:
+        lines += [
+            ledgers[0].text(),
+            f"Active async capacity: {ledgers[1].used}/{ledgers[1].limit or 'unlimited'} used",
+        ]
+    lines += [
         summary(found, capacity=False),
         f"dir: {found.run_dir}",
         *lineage(found),
@@ -321,8 +333,9 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         lines.append(f"  {child.label:<24} {child.agent:<16} {child.state}{how}")
     data = {
         **found.model_dump(mode="json"),
-        "spawn_budget": spawns.model_dump(mode="json"),
-        "active_async_capacity": capacity.model_dump(mode="json"),
+        "spawn_budget": ledgers[0].model_dump(mode="json") if ledgers else None,
+        "active_async_capacity": ledgers[1].model_dump(mode="json") if ledgers else None,
+        **({"ledgers_unknown": unknown} if unknown else {}),
     }
     emit(data, as_json, "\n".join(lines))
 

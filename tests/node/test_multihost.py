@@ -359,6 +359,10 @@ def test_while_the_home_is_unreachable_admissions_fail_closed_at_once_and_childr
             what="the child completes while the home is away",
         )
         assert view.children[0].exit_code == 0
+        # `show` on the worker still shows its own run; the home's ledgers are unknown.
+        code, out, err = crew.cli(w1, "show", run_id)
+        assert code == 0, err
+        assert "Spawn budget and active async capacity: unknown" in out and "complete" in out
     finally:
         undo()
     wait_until(
