@@ -39,7 +39,10 @@ def curve_client(sock: zmq.Socket[Any], creds: ClientCredentials) -> None:
 
 
 def no_keys(address: str, err: KeyFileInvalid) -> NotAuthenticated:
-    """The error for a tcp client with no usable keys: it says where keys may come from."""
+    """The error for a tcp client with no usable keys: it says where keys may come from, or,
+    for a key file refused as unsafe, only that (its fix is a chmod, not other keys)."""
+    if err.details.get("reason") == "unsafe_key_file":
+        return NotAuthenticated(err.message, address=address, reason="unsafe_key_file")
     return NotAuthenticated(
         f"a tcp node needs CURVE keys: {err.message}; or give the server's public key "
         f"in ${ENV_SERVER_KEY} and your key file in ${ENV_CLIENT_KEY}",

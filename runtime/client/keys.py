@@ -11,6 +11,13 @@ and is TOML, so a person can read it:
   runs (`keys allow|revoke` ask the node, which applies the change at once); with no node
   running the command writes it itself.
 
+A keypair file holds a secret, so it is read only when it is private, the way ssh reads an
+identity file: a regular file owned by the current user and neither readable nor writable by
+the group or others. Anything else is refused (`KeyFileInvalid`, reason `unsafe_key_file`,
+one line naming the file and the fix), never used and never repaired: whoever else could read
+it may already hold the secret, and whoever could write it may have planted their own key.
+Public keys (a `--home-key`, `$SUBAGENTS_SERVER_KEY`) are text, not files, and need no check.
+
 Both the node and clients import this module, so it stays light (zmq only; tomllib when a
 file is read) and never talks to a node. It never logs a secret key.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +97,8 @@ def check_name(name: str) -> str:
 
 
 def read_keypair(path: Path) -> Keypair:
+    """The keypair in the file at `path`, refused unless the file is private (see above)."""
+    _check_private(path)
     table = _read_toml(path)
     public, secret = table.get("public"), table.get("secret")
     if not isinstance(public, str) or not isinstance(secret, str):
@@ -185,6 +195,30 @@ def client_credentials(
     else:
         server = read_keypair(directory / SERVER_KEY).public
     return ClientCredentials(client, server)
+
+
+def _check_private(path: Path) -> None:
+    """Refuse a secret key file another user owns, or the group or others may read or write."""
+    try:
+        info = path.stat()
+    except OSError:
+        return  # reading it says why (missing, unreadable) in the caller's words
+    if info.st_uid != os.geteuid():
+        raise KeyFileInvalid(
+            f"refusing key file {path}: it is owned by uid {info.st_uid}, not by you "
+            f"(uid {os.geteuid()}); copy it to a file of your own and `chmod 600` that",
+            path=str(path),
+            reason="unsafe_key_file",
+            fix="copy it to a file of your own, then chmod 600 that file",
+        )
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileInvalid(
+            f"refusing key file {path}: it holds a secret key and is open to group or others "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}); fix with `chmod 600 {path}`",
+            path=str(path),
+            reason="unsafe_key_file",
+            fix=f"chmod 600 {path}",
+        )
 
 
 def _read_toml(path: Path) -> dict[str, object]:

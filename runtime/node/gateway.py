@@ -151,7 +151,7 @@ class Gateway:
             socks.append(self._router(ipc, secure=False))
             if tcp:
                 socks.append(self._router(tcp, secure=True))
-        except zmq.ZMQError:
+        except BaseException:  # a bind, or the server key refused: no socket may stay open
             for sock in socks:
                 sock.close(linger=0)
             raise
@@ -166,13 +166,13 @@ class Gateway:
         # zmq drops (and disconnects) only grossly oversized frames; anything up to 4x the cap
         # reaches us so that we can answer it with a typed FrameTooLarge.
         sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
-        if secure and self.curve is not None:
-            self.curve.make_server(sock)
         try:
+            if secure and self.curve is not None:
+                self.curve.make_server(sock)  # reads the server key, which may be refused
             for endpoint in endpoints:
                 sock.bind(endpoint)
                 self.bound.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
-        except zmq.ZMQError:
+        except BaseException:
             sock.close(linger=0)
             raise
         return sock
