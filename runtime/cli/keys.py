@@ -6,6 +6,14 @@ socket, so the node, the allow-list's owner, writes the file and applies the cha
 next handshake; with no node running, the command edits the file itself. It never prints a
 secret key.
 
+`keys generate --force` is a key rotation, done only with no node serving the state dir (a
+running node holds its server key and its tcp sockets' keys in memory, so it would go on
+serving the old key while the files say otherwise; it is refused, and nothing changes). Every
+refusal it can meet (a malformed allow-list, a key file refused as unsafe) comes before the
+first write; then it writes the two new keypairs and the allow-list with `local` moved to the
+new client key (the old one revoked in that same write), each file atomically. Interrupted
+between those writes, it is run again.
+
     subagents-node keys generate [--force]     node.keys.allow {name: "local", public_key}
     subagents-node keys show [--json]          node.keys.list
     subagents-node keys allow KEY --name NAME  node.keys.allow {name, public_key}
@@ -35,7 +43,7 @@ from subagents_node.client.keys import (
 )
 from subagents_node.client.paths import ensure_state_dir, ipc_endpoint, read_pid_file
 from subagents_node.messages.base import validate_request
-from subagents_node.messages.errors import KeyFileInvalid
+from subagents_node.messages.errors import KeyFileInvalid, NodeAlreadyRunning
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
 
 #: the name `keys generate` gives this state dir's own client key on the allow-list
@@ -51,21 +59,47 @@ def keys_group() -> None:
 @click.option(
     "--force",
     is_flag=True,
-    help="Replace existing keys (clients must be re-allowed; restart a running node).",
+    help="Replace both keypairs and allow the new client key as 'local' in place of the old "
+    "one (refused while a node serves the state dir: stop it first).",
 )
 @click.pass_obj
 @user_errors
 def generate(obj: Ctx, force: bool) -> None:
     """Create the server and client keypairs (0600) and allow this client as 'local'."""
-    directory = keys_dir(ensure_state_dir(obj.state_dir))
-    for name, role in ((SERVER_KEY, "server"), (CLIENT_KEY, "client")):
-        path = directory / name
-        if force or not path.exists():
-            write_keypair(path, Keypair.generate(), role)
-    client = read_keypair(directory / CLIENT_KEY)
-    listing = _change(obj.state_dir, KeysAllow(name=LOCAL_NAME, public_key=client.public))
-    click.echo(f"server key  {listing.server_public}")
+    state_dir = ensure_state_dir(obj.state_dir)
+    directory = keys_dir(state_dir)
+    running = read_pid_file(state_dir)
+    if force and running is not None:
+        raise NodeAlreadyRunning(
+            f"a node (pid {running['pid']}) serves {state_dir} with the current keys; stop it "
+            "(`subagents-node stop`), run `keys generate --force` again, then start it",
+            address=str(running.get("address", "")),
+        )
+    roles = {SERVER_KEY: "server", CLIENT_KEY: "client"}
+    fresh = {n: Keypair.generate() for n in roles if force or not (directory / n).exists()}
+    client = fresh.get(CLIENT_KEY) or read_keypair(directory / CLIENT_KEY)
+    # The allow-list change is checked before any key file is written: a refusal (`local`
+    # already admits another key, without --force) leaves every file as it was.
+    allowed = _change(state_dir, KeysList()).clients if running else _allowed(state_dir)
+    updated = allowing(allowed, LOCAL_NAME, client.public, replace=force)
+    replaced = [n for n in fresh if (directory / n).exists()]
+    for name, pair in fresh.items():
+        write_keypair(directory / name, pair, roles[name])
+    if force:  # no node runs: this command owns the allow-list file
+        write_allowed(directory / ALLOWED, updated)  # old `local` out, new one in: one write
+        server = fresh[SERVER_KEY].public
+    else:
+        request = KeysAllow(name=LOCAL_NAME, public_key=client.public)
+        server = _change(state_dir, request).server_public
+    click.echo(f"server key  {server}")
     click.echo(f"client key  {client.public}  (allowed as {LOCAL_NAME!r})")
+    if replaced:
+        click.echo(
+            f"warning: replaced {' and '.join(replaced)}: the node serves the new server key "
+            "from its next start; give its workers the new --home-key and its tcp clients the "
+            "new key, and if it is a worker, have its home allow the new client key",
+            err=True,
+        )
 
 
 @keys_group.command()
@@ -108,6 +142,11 @@ def revoke(obj: Ctx, name_or_key: str) -> None:
     request = validate_request(KeysRevoke, {"name": name_or_key.strip()})  # '' is a BadRequest
     _change(ensure_state_dir(obj.state_dir), request)
     click.echo(f"revoked {name_or_key}")
+
+
+def _allowed(state_dir: Path) -> dict[str, str]:
+    """The allow-list file as it is (no node runs: the file is the list)."""
+    return read_allowed(keys_dir(state_dir) / ALLOWED)
 
 
 def _change(state_dir: Path, request: KeysAllow | KeysRevoke | KeysList) -> AllowedKeys:

@@ -142,20 +142,23 @@ def read_allowed(path: Path) -> dict[str, str]:
     return allowed
 
 
-def allowing(allowed: Mapping[str, str], name: str, public_key: str) -> dict[str, str]:
+def allowing(
+    allowed: Mapping[str, str], name: str, public_key: str, replace: bool = False
+) -> dict[str, str]:
     """The allow-list with `public_key` admitted as `name` (an old name of that key goes).
     A name that admits another key is refused: replacing it silently would lock out whoever
-    holds that key (the node's own `local` one, say); revoke it first."""
+    holds that key (the node's own `local` one, say); revoke it first. `replace` is that
+    revocation, asked for: the name's old key goes in the same change (a key rotation)."""
     name, key = check_name(name), check_public_key(public_key)
     held = allowed.get(name)
-    if held is not None and held != key:
+    if held is not None and held != key and not replace:
         raise KeyFileInvalid(
             f"the name {name!r} already admits another key; revoke it first "
             f"(`subagents-node keys revoke {name}`) or choose another name",
             path="",
             reason="name_taken",
         )
-    updated = {n: k for n, k in allowed.items() if k != key}
+    updated = {n: k for n, k in allowed.items() if k != key and n != name}
     updated[name] = key
     return updated
 

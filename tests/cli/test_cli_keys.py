@@ -1,0 +1,91 @@
+"""`keys generate` as a key rotation (DESIGN §3): all of it, or nothing.
+
+`keys generate --force` replaces both keypairs and moves the allow-list's `local` entry to the
+new client key in one write, so the state dir's own tcp client is admitted with the new keys
+at the next start; while a node serves the state dir it is refused and no file changes (the
+node would go on serving the old key it holds). Every refusal comes before the first write.
+The CLI, the node and its tcp listener are real processes; the key files are real files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from subagents_node.client.keys import (
+    ALLOWED,
+    CLIENT_KEY,
+    SERVER_KEY,
+    Keypair,
+    keys_dir,
+    read_allowed,
+    read_keypair,
+)
+from tests.support.nodes import NodeProcess, free_tcp_port, run_cli
+
+
+def _generate(state_dir: Path, *args: str) -> tuple[int, str, str]:
+    done = run_cli("keys", "generate", *args, state_dir=state_dir)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _files(state_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(keys_dir(state_dir).iterdir())}
+
+
+def test_keys_generate_force_replaces_both_keys_and_moves_local_to_the_new_client_key(
+    state_dir: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    assert _generate(state_dir)[0] == 0
+    directory = keys_dir(state_dir)
+    old_server, old_client = (read_keypair(directory / n) for n in (SERVER_KEY, CLIENT_KEY))
+    ci = Keypair.generate().public
+    assert run_cli("keys", "allow", "--name", "ci", "--", ci, state_dir=state_dir).returncode == 0
+
+    code, out, err = _generate(state_dir, "--force")
+
+    assert code == 0, err
+    server, client = (read_keypair(directory / n) for n in (SERVER_KEY, CLIENT_KEY))
+    assert server != old_server and client != old_client
+    assert read_allowed(directory / ALLOWED) == {"local": client.public, "ci": ci}
+    assert f"server key  {server.public}" in out and client.public in out
+    assert "warning: replaced server.key and client.key" in err and "--home-key" in err
+    # The state dir's own tcp client is admitted with the new keys at the next start.
+    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
+    node = start_node("--listen", tcp, state_dir=state_dir)
+    assert node.client(address=tcp).ping().pid == node.pid
+    shown = run_cli("keys", "show", state_dir=state_dir)
+    assert f"server key  {server.public}" in shown.stdout
+
+
+def test_keys_generate_force_is_refused_while_a_node_serves_and_changes_nothing(
+    state_dir: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    assert _generate(state_dir)[0] == 0
+    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
+    node = start_node("--listen", tcp, state_dir=state_dir)
+    before = _files(state_dir)
+
+    code, _, err = _generate(state_dir, "--force")
+
+    assert code == 1
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"a node (pid {node.pid}) serves" in err and "subagents-node stop" in err
+    assert _files(state_dir) == before
+    assert node.client(address=tcp).ping().pid == node.pid  # the old keys still work
+
+
+def test_keys_generate_that_cannot_allow_its_new_client_key_writes_no_file(
+    state_dir: Path,
+) -> None:
+    """Without --force, `local` admitting another key is refused before any key is written."""
+    assert _generate(state_dir)[0] == 0
+    directory = keys_dir(state_dir)
+    (directory / SERVER_KEY).unlink()
+    (directory / CLIENT_KEY).unlink()
+    before = _files(state_dir)
+
+    code, _, err = _generate(state_dir)
+
+    assert code == 1 and "the name 'local' already admits another key" in err
+    assert _files(state_dir) == before
