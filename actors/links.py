@@ -29,6 +29,7 @@ from typing import Any
 
 import zmq
 
+from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.base import Request, parse_result
@@ -277,6 +278,7 @@ class OwnerLinks:
             sock.setsockopt(zmq.RCVHWM, 10_000)
             sock.setsockopt(zmq.RECONNECT_IVL, 20)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+            ipv6_for(sock, endpoint)  # a home's owners may be at an IPv6 address
             if endpoint.startswith("tcp://"):
                 self._secure(sock, endpoint)
             sock.connect(endpoint)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import zmq
 
 from subagents_node.actors.inbox import Job, Tick
+from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
 from subagents_node.actors.owner import OwnerActor
@@ -132,6 +133,7 @@ class OwnerLoop:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
+        ipv6_for(sock, endpoint)  # a home's tcp address may be IPv6
         if secure and self._gate is not None:
             self._gate.make_server(sock)
         try:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
+from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.links import OwnerLinks, RawReplyFn
 from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.messages.base import Request
@@ -170,6 +171,7 @@ class Gateway:
             if secure and self.curve is not None:
                 self.curve.make_server(sock)  # reads the server key, which may be refused
             for endpoint in endpoints:
+                ipv6_for(sock, endpoint)
                 sock.bind(endpoint)
                 self.bound.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
         except BaseException:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import zmq
 
+from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.client.channel import DEALER_OPTIONS
 from subagents_node.client.curve import curve_client
 from subagents_node.client.keys import ClientCredentials
@@ -164,6 +165,7 @@ class HomeLink:
         sock = zctx.socket(zmq.DEALER)
         for option, value in DEALER_OPTIONS:
             sock.setsockopt(option, value)
+        ipv6_for(sock, self.home)  # the home may be at an IPv6 address
         curve_client(sock, self._credentials)
         sock.connect(self.home)
         return sock

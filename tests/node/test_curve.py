@@ -4,10 +4,12 @@ The peers here are real sockets on loopback: a bare DEALER with no security (the
 exploit), a CURVE client whose key was never allowed, one whose key is revoked while it is
 connected, and the allow-listed one. A refused peer gets no reply at all; our own transport
 reports the refusal as `NotAuthenticated` from its handshake events, within a bounded wait.
+A node (and a home's ledger owners) listening on IPv6 loopback serves there too.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +28,7 @@ from subagents_node.client.keys import (
     read_keypair,
 )
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.codec import encode
+from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadRequest, NodeTimeout, NotAuthenticated
 from subagents_node.messages.keys import AllowedKeys, KeysAllow
@@ -240,3 +242,57 @@ def test_design_3_curve_raw_peer_with_stolen_server_key_but_own_key_hears_nothin
     finally:
         sock.close(linger=0)
         zctx.term()
+
+
+def _ipv6_loopback_port() -> int:
+    """A port free on ::1 right now; skips the test on a machine with no IPv6 loopback."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+            return int(probe.getsockname()[1])
+    except OSError as exc:
+        pytest.skip(f"this machine has no IPv6 loopback (::1): {exc}")
+
+
+def _curve_ping(address: str, state_dir: Path) -> Envelope | None:
+    """A node.ping from a raw CURVE DEALER that speaks IPv6, with the state dir's keys."""
+    creds = _credentials(state_dir)
+    zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.client.public.encode())
+        sock.setsockopt(zmq.CURVE_SECRETKEY, creds.client.secret.encode())
+        sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public.encode())
+        sock.connect(address)
+        sock.send(encode(Envelope(type="node.ping", body={})))
+        return decode(sock.recv(), 1 << 20) if sock.poll(int(REFUSAL_S * 1000)) else None
+    finally:
+        sock.close(linger=0)
+        zctx.term()
+
+
+def test_design_3_a_node_listening_on_ipv6_loopback_answers_there(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    assert run_cli("keys", "generate", state_dir=state_dir).returncode == 0
+    tcp = f"tcp://[::1]:{_ipv6_loopback_port()}"
+    node = start_node("--listen", tcp, state_dir=state_dir)
+    assert node.status().endpoints == [node.address, tcp]
+    reply = _curve_ping(tcp, state_dir)
+    assert reply is not None and reply.type == "reply" and reply.body["pid"] == node.pid
+
+
+def test_design_1_a_home_on_ipv6_loopback_serves_its_ledger_owners_there(
+    start_node: Callable[..., NodeProcess], state_dir: Path
+) -> None:
+    """A home's ledger owners bind their own tcp ports on the home's (IPv6) host."""
+    assert run_cli("keys", "generate", state_dir=state_dir).returncode == 0
+    tcp = f"tcp://[::1]:{_ipv6_loopback_port()}"
+    home = start_node("--home", "--listen", tcp, state_dir=state_dir)
+    owners = {actor.name: actor for actor in home.status().actors}
+    for name in ("capacity", "fanout", "session"):
+        assert owners[name].state == "running", owners[name].reason
+    reply = _curve_ping(tcp, state_dir)
+    assert reply is not None and reply.body["pid"] == home.pid
