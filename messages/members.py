@@ -2,25 +2,27 @@
 
 A worker node joins the home over tcp with its own CURVE key; the key's name on the home's
 allow-list is the worker's name, so a worker can speak only for itself. It then heartbeats at
-the interval the home gives it. The home's operator lists the members (`subagents-node nodes`)
-and forgets a worker that will not come back (`nodes forget NAME --reason TEXT`), which fences
-it (its generation grows, so its late heartbeats and reports change nothing) and releases its
-capacity slots with an `operator` proof. Join and heartbeat are served on tcp only (they name
-an authenticated principal); forget is served on the home's ipc socket only.
+the interval the home gives it, and leaves when it stops cleanly, so that its next start may
+join at once (a killed worker's name is free once it has been silent past the timeout). The
+home's operator lists the members (`subagents-node nodes`) and forgets a worker that will not
+come back (`nodes forget NAME --reason TEXT`), which fences it (its generation grows, so its
+late heartbeats and reports change nothing) and releases its capacity slots with an
+`operator` proof. Join, heartbeat and leave are served on tcp only (they
+name an authenticated principal); forget is served on the home's ipc socket only.
 """
 
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
 
-from subagents_node.messages.base import Message, Request, ResultType
+from subagents_node.messages.base import Ack, Message, Request, ResultType
 from subagents_node.messages.domains import Count, Generation, HostName, Timestamp, Token
 
 NODE = "node"
 #: The name a home node goes by among its members (`nodes`, `run --on home`, Envelope.host).
 HOME_NAME = "home"
 #: Types that name the tcp peer that sent them: refused on ipc.
-PEER_ONLY_TYPES = ("node.members.join", "node.members.heartbeat")
+PEER_ONLY_TYPES = ("node.members.join", "node.members.heartbeat", "node.members.leave")
 
 #: A worker's name: the name its key has on the home's allow-list (as `keys allow --name`).
 MemberName = HostName
@@ -70,6 +72,24 @@ class MemberHeartbeat(Request):
     generation: Generation
     runs: Count = 0
     children: Count = 0
+
+
+class MemberLeave(Request):
+    """A worker's clean stop: this process beats no more, so a new start of the worker may join
+    at once instead of waiting out the heartbeat timeout. The membership stays (its generation
+    and its slots: the worker's children outlive its node, and their slots are held until their
+    ends are reported); `nodes` shows it `unreachable`. Refused (`fenced`) unless it names the
+    current generation and instance: a stale process's leave must not end a newer one's
+    liveness."""
+
+    type: Literal["node.members.leave"] = "node.members.leave"
+    target: ClassVar[str] = NODE
+    Result: ClassVar[ResultType] = Ack
+    idempotent: ClassVar[bool] = True  # a second leave says the same
+
+    name: MemberName
+    instance: Token
+    generation: Generation
 
 
 class MemberView(Message):
@@ -128,4 +148,4 @@ class MemberForget(Request):
     reason: Annotated[str, StringConstraints(min_length=1, max_length=500)]
 
 
-REQUESTS = (MemberJoin, MemberHeartbeat, MemberList, MemberForget)
+REQUESTS = (MemberJoin, MemberHeartbeat, MemberLeave, MemberList, MemberForget)

@@ -15,7 +15,7 @@ name is the request's principal: logged, passed to the dispatcher, and shown to 
 `admit` check (a home node fences a forgotten worker there and stamps a worker's name on what
 it asks the ledgers). `node.keys.*` requests, and every request that is an operator's act
 (`capacity.release_host`, `node.members.forget`; `messages.protocol.local_only`), are served
-on ipc only; `node.members.join|heartbeat` (which name the peer) on tcp only.
+on ipc only; `node.members.join|heartbeat|leave` (which name the peer) on tcp only.
 
 On a home node, a frame from a local (ipc) client whose envelope names a worker `host` is
 carried on to that worker over the connection the worker's home link opened, and the worker's

@@ -4,8 +4,9 @@ Owns the home's Members (runtime/node/members.py) and the lock that serialises t
 gateway's thread calls `admit` on every tcp request and `serve` for `node.members.*`, and an
 embedded home's in-process client may call `serve` from its own thread. `admit` refuses a
 forgotten worker everything but a new join and stamps a worker's name as the `host` of what it
-asks the ledgers. `serve` answers joins, heartbeats, the listing (with each node's slots, asked
-of the capacity owner) and forget (whose slot release it asks of the capacity owner).
+asks the ledgers. `serve` answers joins, heartbeats, leaves, the listing (with each node's
+slots, asked of the capacity owner) and forget (whose slot release it asks of the capacity
+owner).
 
 It never writes a ledger itself; it asks the capacity owner through `submit`.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
 from subagents_node.actors.peergate import stamp_host
-from subagents_node.messages.base import Message, Request
+from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
 from subagents_node.messages.errors import (
     BadRequest,
@@ -31,6 +32,7 @@ from subagents_node.messages.members import (
     MemberForget,
     MemberHeartbeat,
     MemberJoin,
+    MemberLeave,
     MemberList,
 )
 from subagents_node.messages.peers import OwnerPeers
@@ -48,7 +50,7 @@ PLACEABLE = frozenset({"runs.launch", "runs.watch", "runs.show", "runs.stop"})
 #: What a worker may ask of the home node itself, besides its ledgers and `PLACEABLE`: its
 #: key speaks for that worker alone, never as the home's operator (no stop of the home, no
 #: top-level run on it, no listing of other hosts' runs).
-WORKER_NODE_TYPES = frozenset({"node.ping", "node.members.heartbeat"})
+WORKER_NODE_TYPES = frozenset({"node.ping", "node.members.heartbeat", "node.members.leave"})
 #: Hands a request to an owner (the forwarder's `submit`): (request, target, reply).
 Submit = Callable[[Request, str, ReplyFn], None]
 
@@ -136,13 +138,17 @@ class HomeService:
 
     def _serve(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
         members = self._members
-        if isinstance(request, MemberJoin | MemberHeartbeat):
+        if isinstance(request, MemberJoin | MemberHeartbeat | MemberLeave):
             if principal is None:  # the gateway lets these in on tcp only
                 raise BadRequest(f"{request.type} names a tcp peer", reason="peer_only")
             if isinstance(request, MemberJoin):
                 joined = members.join(request, principal)
                 self._tell(self._table())
                 reply(joined)
+            elif isinstance(request, MemberLeave):
+                members.leave(request, principal)
+                log.info("worker %s left (a clean stop)", request.name)
+                reply(Ack())
             else:
                 reply(members.heartbeat(request, principal))
         elif isinstance(request, MemberList):

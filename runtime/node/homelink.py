@@ -10,6 +10,9 @@ connections they opened, so a worker needs no listener of its own. The heartbeat
 runs and children this worker has (asked of its own run supervisor). A heartbeat refused as
 `fenced` (the operator forgot this worker, or a newer start of it joined) leaves the worker
 fenced: it stops forwarding and serving for good, until it is started again with `--join`.
+When the node stops cleanly while joined, the link tells the home it leaves (best effort, for
+at most `LEAVE_TIMEOUT_S`), so a stop then a start of the worker (an upgrade) joins at once
+instead of being refused as a live member until the heartbeat timeout has passed.
 
 It never decides admissions itself, never writes a ledger, and never decides whether it serves
 a request of the home (`serve`, the node's, does); it talks to the home's node only.
@@ -37,7 +40,7 @@ from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode
 from subagents_node.messages.constants import VERSION
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import MembershipRefused, SubagentsError
-from subagents_node.messages.members import MemberHeartbeat, MemberJoin, Membership
+from subagents_node.messages.members import MemberHeartbeat, MemberJoin, MemberLeave, Membership
 from subagents_node.messages.node import ClusterStatus
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,9 @@ JOIN_TIMEOUT_S = 10.0
 #: How often the counts a heartbeat carries are asked of the run supervisor again: a listing
 #: of every active run is far more work than a beat, and `nodes` needs no fresher figure.
 COUNTS_EVERY_S = 5.0
+#: How long a stopping worker waits for its home to take its leave (a home that does not
+#: answer in time sees the worker go silent instead, and frees its name at the timeout).
+LEAVE_TIMEOUT_S = 1.0
 #: Frames read per wake-up before queued answers are sent again.
 _RECV_BATCH = 256
 
@@ -213,6 +219,9 @@ class HomeLink:
                         elif env.corr is None and env.type not in (REPLY, ERROR):
                             self._serve(env, self._send_later)
                 self._flush(sock)
+            self._flush(sock)
+            if self.state == "joined":
+                self._leave(sock, member)
         finally:
             self._flush(sock)
             sock.close(linger=0)
@@ -235,6 +244,28 @@ class HomeLink:
         with contextlib.suppress(zmq.Again):  # not connected yet: the beat's deadline says so
             sock.send(encode(env), zmq.NOBLOCK)
         return env.id
+
+    def _leave(self, sock: zmq.Socket[bytes], member: Membership) -> None:
+        """Tell the home this process stops, and wait (at most LEAVE_TIMEOUT_S) for its word;
+        what else arrives meanwhile is dropped (the home times out what it asked)."""
+        request = MemberLeave(name=self.name, instance=self.instance, generation=member.generation)
+        env = Envelope(type=request.type, body=request.to_body(), sender=self._sender)
+        try:
+            sock.send(encode(env), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("home %s: could not send this worker's leave: %s", self.home, exc)
+            return
+        deadline = time.monotonic() + LEAVE_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
+            answer = next((got for got in self._receive(sock) if got.corr == env.id), None)
+            if answer is not None:
+                if answer.type == ERROR:
+                    refusal = SubagentsError.from_wire(answer.body).message
+                    log.warning("home %s refused this worker's leave: %s", self.home, refusal)
+                else:
+                    log.info("left home %s as %s", self.home, self.name)
+                return
+        log.warning("home %s did not take this worker's leave in %gs", self.home, LEAVE_TIMEOUT_S)
 
     def _receive(self, sock: zmq.Socket[bytes]) -> list[Envelope]:
         got: list[Envelope] = []

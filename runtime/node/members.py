@@ -5,7 +5,8 @@ each worker last beat and what it said it runs. A worker is identified by the na
 key has on the home's allow-list: it joins as that name and no other, so a worker can speak
 only for itself. Every join and every forget makes the worker's generation grow, so a
 heartbeat of an earlier incarnation is refused (`fenced`), and a forgotten worker is refused
-everything but a new join.
+everything but a new join. A worker that stops cleanly leaves: its last beat is marked left,
+so it is no longer alive and its next start joins at once; its membership row is unchanged.
 
 Used from the gateway's I/O thread (the node serves `node.members.*` and the gateway's `admit`
 check there); the in-process client of an embedded home calls from its own thread, so the
@@ -34,6 +35,7 @@ from subagents_node.messages.members import (
     MemberForgotten,
     MemberHeartbeat,
     MemberJoin,
+    MemberLeave,
     MemberListing,
     Membership,
     MemberState,
@@ -58,15 +60,16 @@ CREATE TABLE IF NOT EXISTS members (
 class _Beat:
     """The last heartbeat of a worker since this home started (memory only: after a home
     restart every worker is `unreachable` until it beats again). Slotted, not a dataclass
-    (~1 ms of every node's start)."""
+    (~1 ms of every node's start). `left`: the worker said it stopped (it is not alive)."""
 
-    __slots__ = ("at", "children", "monotonic", "runs")
+    __slots__ = ("at", "children", "left", "monotonic", "runs")
 
     def __init__(self, at: float, monotonic: float, runs: int = 0, children: int = 0) -> None:
         self.at = at  # time.time()
         self.monotonic = monotonic
         self.runs = runs
         self.children = children
+        self.left = False
 
 
 class Members:
@@ -151,8 +154,9 @@ class Members:
         ):
             raise MembershipRefused(
                 f"worker {request.name!r} is already a live member (another process of it "
-                f"heartbeat {self._silent(request.name):.1f}s ago); stop it first, or wait "
-                f"{self.timeout_s:g}s after it stopped",
+                f"heartbeat {self._silent(request.name):.1f}s ago); stop it first (a clean "
+                f"stop leaves at once; a killed one is taken as gone {self.timeout_s:g}s after "
+                "its last heartbeat)",
                 name=request.name,
                 reason="name_in_use",
             )
@@ -170,6 +174,23 @@ class Members:
         return self._membership(request.name, generation)
 
     def heartbeat(self, request: MemberHeartbeat, principal: str) -> Membership:
+        generation = self._current(request, principal)
+        self._beats[request.name] = _Beat(
+            time.time(), time.monotonic(), request.runs, request.children
+        )
+        return self._membership(request.name, generation)
+
+    def leave(self, request: MemberLeave, principal: str) -> None:
+        """The current process of a worker stopped cleanly: it is no longer alive (its last
+        beat stays for `nodes` to show), so its next start joins at once."""
+        self._current(request, principal)
+        beat = self._beats.get(request.name)
+        if beat is not None:
+            beat.left = True
+
+    def _current(self, request: MemberHeartbeat | MemberLeave, principal: str) -> int:
+        """The generation of the member `request` speaks for, if it is the current process
+        of a worker that joined and was not forgotten; else the refusal."""
         self._check_principal(request.name, principal)
         row = self._row(request.name)
         if row is None:
@@ -188,10 +209,7 @@ class Members:
                 name=request.name,
                 reason="fenced",
             )
-        self._beats[request.name] = _Beat(
-            time.time(), time.monotonic(), request.runs, request.children
-        )
-        return self._membership(request.name, int(row["generation"]))
+        return int(row["generation"])
 
     # -- the operator --------------------------------------------------------------------------
 
@@ -272,7 +290,11 @@ class Members:
 
     def _alive(self, name: str) -> bool:
         beat = self._beats.get(name)
-        return beat is not None and time.monotonic() - beat.monotonic <= self.timeout_s
+        return (
+            beat is not None
+            and not beat.left
+            and time.monotonic() - beat.monotonic <= self.timeout_s
+        )
 
     def _silent(self, name: str) -> float:
         beat = self._beats.get(name)
