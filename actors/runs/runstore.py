@@ -1,7 +1,7 @@
 """The RunSupervisor's tables: runs, their children, and their event log.
 
 Owns the SQL of the "supervisor" table family and the mapping between rows and the views sent
-to clients (the family's migrations too, `run_outbox`'s included; that table's SQL is in
+to clients (the family's migrations are runs/runschema.py's; `run_outbox`'s SQL is in
 runs/outbox.py). Only the RunSupervisor's connection calls these functions (one writer per
 family).
 Task text is never stored (R-MISC-1): rows hold labels, agent names, states and outputs.
@@ -72,101 +72,9 @@ def unreadable(db: sqlite3.Connection) -> list[RecordQuarantined]:
     ]
 
 
-MIGRATIONS = (
-    """
-    CREATE TABLE runs (
-        run_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL,
-        mode TEXT NOT NULL,
-        background INTEGER NOT NULL,
-        state TEXT NOT NULL,
-        label TEXT NOT NULL,
-        depth INTEGER NOT NULL,
-        parent_run_id TEXT,
-        root_run_id TEXT NOT NULL,
-        run_dir TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        started_at REAL,
-        ended_at REAL,
-        deadline_at REAL,
-        error TEXT NOT NULL DEFAULT '',
-        output TEXT NOT NULL DEFAULT '',
-        runner_id TEXT NOT NULL,
-        fanout TEXT NOT NULL DEFAULT '',
-        capacity TEXT,
-        snapshots TEXT NOT NULL
-    );
-    CREATE INDEX runs_by_session ON runs(session_id, created_at);
-    CREATE INDEX runs_by_state ON runs(state);
-    CREATE TABLE run_children (
-        run_id TEXT NOT NULL REFERENCES runs(run_id),
-        idx INTEGER NOT NULL,
-        child_id TEXT NOT NULL,
-        step INTEGER NOT NULL,
-        label TEXT NOT NULL,
-        agent TEXT NOT NULL,
-        state TEXT NOT NULL,
-        pid INTEGER,
-        exit_code INTEGER,
-        signal INTEGER,
-        started_at REAL,
-        ended_at REAL,
-        error TEXT NOT NULL DEFAULT '',
-        output TEXT NOT NULL DEFAULT '',
-        stdout_path TEXT NOT NULL DEFAULT '',
-        stderr_path TEXT NOT NULL DEFAULT '',
-        proof_state TEXT,
-        PRIMARY KEY (run_id, idx)
-    );
-    CREATE UNIQUE INDEX run_children_by_id ON run_children(child_id);
-    CREATE TABLE run_events (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id TEXT NOT NULL,
-        ts REAL NOT NULL,
-        kind TEXT NOT NULL,
-        data TEXT NOT NULL
-    );
-    CREATE INDEX run_events_by_run ON run_events(run_id, seq)
-    """,
-    # 2: resume, workflows, intercom and chain appends.
-    """
-    ALTER TABLE runs ADD COLUMN source_run_id TEXT;
-    ALTER TABLE runs ADD COLUMN workflow_key TEXT;
-    ALTER TABLE runs ADD COLUMN workflow_token TEXT;
-    ALTER TABLE runs ADD COLUMN intercom TEXT NOT NULL DEFAULT 'on';
-    CREATE INDEX runs_by_parent ON runs(parent_run_id);
-    CREATE TABLE run_appends (
-        run_id TEXT NOT NULL REFERENCES runs(run_id),
-        seq INTEGER NOT NULL,
-        created_at REAL NOT NULL,
-        steps INTEGER NOT NULL,
-        reservation_id TEXT NOT NULL,
-        state TEXT NOT NULL,
-        PRIMARY KEY (run_id, seq)
-    )
-    """,
-    # 3: how a run came from its source (resume, rerun, attach) and the rerun superseding it.
-    """
-    ALTER TABLE runs ADD COLUMN source_kind TEXT;
-    ALTER TABLE runs ADD COLUMN superseded_by TEXT
-    """,
-    # 4: the requests owed to other owners until they answer (actors/runs/outbox.py). seq is
-    # AUTOINCREMENT so it is never reused: it is the order, and an answer names its row by it.
-    # No reference to `runs`: pruning a run must never drop what it still owes a ledger.
-    """
-    CREATE TABLE run_outbox (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        target TEXT NOT NULL,
-        run_id TEXT NOT NULL,
-        type TEXT NOT NULL,
-        body TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT NOT NULL DEFAULT ''
-    );
-    CREATE INDEX run_outbox_by_target ON run_outbox(target, seq)
-    """,
-)
+#: How many of a run's intercom messages its view carries (the latest): a child may send any
+#: number, and every view, watch and listing that includes the run would carry them all.
+MAX_VIEW_INTERCOM = 100
 
 #: The event a run records once it is paused (R-RUN-2): its kind, step and checkpoint note.
 PAUSED_EVENT = "run.paused"
@@ -234,12 +142,16 @@ def events_after(db: sqlite3.Connection, run_id: str, after_seq: int) -> list[Ru
     return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
 
 
-def events_of_kind(db: sqlite3.Connection, run_id: str, kind: str) -> list[RunEvent]:
+def events_of_kind(
+    db: sqlite3.Connection, run_id: str, kind: str, last: int = -1
+) -> list[RunEvent]:
+    """The run's events of `kind` in order; only the `last` ones when given."""
     rows = db.execute(
-        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND kind=? ORDER BY seq",
-        (run_id, kind),
+        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND kind=? "
+        "ORDER BY seq DESC LIMIT ?",
+        (run_id, kind, last),
     ).fetchall()
-    return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
+    return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in reversed(rows)]
 
 
 def workflows_awaiting_children(db: sqlite3.Connection) -> list[str]:
@@ -330,18 +242,24 @@ def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
         raise RecordQuarantined.of(OWNER, RUNS, run_id, quarantine.reason_of(exc)) from None
 
 
+def resumed_by(db: sqlite3.Connection, run_id: str) -> str | None:
+    """The first run that resumed `run_id` (a rerun or an attach that names it as its source
+    is no resume)."""
+    row = db.execute(
+        "SELECT run_id FROM runs WHERE source_run_id=? AND COALESCE(source_kind, 'resume') "
+        "= 'resume' ORDER BY created_at LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return str(row[0]) if row else None
+
+
 def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row]) -> RunView:
     run_id = str(row["run_id"])
     paused: dict[str, Any] = {}
     if row["state"] == "paused":
         found = events_of_kind(db, run_id, PAUSED_EVENT)
         paused = found[-1].data if found else {}
-    successor = db.execute(
-        # Resumed by: a rerun or an attach that names this run as its source is no resume.
-        "SELECT run_id FROM runs WHERE source_run_id=? AND COALESCE(source_kind, 'resume') "
-        "= 'resume' ORDER BY created_at LIMIT 1",
-        (run_id,),
-    ).fetchone()
+    successor = resumed_by(db, run_id)
     return RunView(
         run_id=row["run_id"],
         session_id=row["session_id"],
@@ -369,7 +287,7 @@ def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row])
         paused=paused.get("kind"),
         paused_step=paused.get("step"),
         checkpoint_note=str(paused.get("note") or ""),
-        resumed_by=str(successor[0]) if successor else None,
+        resumed_by=successor,
         intercom=[
             IntercomMessage(
                 run_id=run_id,
@@ -377,7 +295,7 @@ def _view(db: sqlite3.Connection, row: sqlite3.Row, children: list[sqlite3.Row])
                 text=str(e.data["text"]),
                 ts=e.ts,
             )
-            for e in events_of_kind(db, run_id, "intercom")
+            for e in events_of_kind(db, run_id, "intercom", last=MAX_VIEW_INTERCOM)
         ],
         children=[
             ChildView(

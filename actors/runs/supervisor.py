@@ -43,7 +43,15 @@ from subagents_node.actors.inbox import DEFERRED, Tick
 from subagents_node.actors.outcomes import STORE_FULL_RETRY_S
 from subagents_node.actors.owner import Outcome, OwnerActor
 from subagents_node.actors.pipelines import Durable, Pipelines
-from subagents_node.actors.runs import children, management, pauses, runrequests, runstore, steps
+from subagents_node.actors.runs import (
+    children,
+    management,
+    pauses,
+    runrequests,
+    runschema,
+    runstore,
+    steps,
+)
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.appends import RunAppends
 from subagents_node.actors.runs.eventlog import RunEventLog
@@ -103,7 +111,7 @@ P = ParamSpec("P")
 
 class RunSupervisor(OwnerActor):
     name = "supervisor"
-    MIGRATIONS = runstore.MIGRATIONS
+    MIGRATIONS = runschema.MIGRATIONS
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.actors.runs.runstore import MAX_VIEW_INTERCOM
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import IntercomOff, RunNotFound
 from subagents_node.messages.supervisor import Intercom, IntercomMessage, TaskItem
@@ -101,3 +102,20 @@ def test_r_icb_2_the_api_refuses_a_message_to_a_run_with_intercom_off_with_a_typ
 def test_r_icb_a_message_to_an_unknown_run_is_refused(client: Client) -> None:
     with pytest.raises(RunNotFound):
         client.ask(Intercom(run_id="0123456789ab", text="hello"), IntercomMessage)
+
+
+def test_a_runs_view_carries_its_latest_intercom_messages_only(
+    client: Client, agents: Path
+) -> None:
+    """A child may send any number of messages; every view, watch and listing that includes
+    the run carried them all (20 MB per view after 5,000 of 4,000 characters). A view
+    carries the latest MAX_VIEW_INTERCOM, in order; the event log keeps every one."""
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("echo", "hi", True, None))
+    client.runs.wait(run.run_id, timeout=30)
+    sent = MAX_VIEW_INTERCOM + 5
+    for n in range(sent):
+        client.ask(Intercom(run_id=run.run_id, text=f"m{n}"), IntercomMessage)
+    view = client.runs.show(run.run_id)
+    assert [m.text for m in view.intercom] == [f"m{n}" for n in range(5, sent)]
+    assert len([e for e in events_of(client, run.run_id) if e.kind == "intercom"]) == sent

@@ -20,7 +20,7 @@ import pytest
 from subagents_node.actors.capacity.rules import RELEASED_OBSERVED
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.owner import Outcome, ReplyFn
-from subagents_node.actors.runs import runstore
+from subagents_node.actors.runs import runschema
 from subagents_node.actors.runs.outbox import (
     FIRST_RETRY_S,
     INTERNAL_RESENDS,
@@ -149,7 +149,7 @@ class Harness:
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
     store = Store(tmp_path / "runs.db")
-    store.migrate({"supervisor": runstore.MIGRATIONS})
+    store.migrate({"supervisor": runschema.MIGRATIONS})
     return store
 
 

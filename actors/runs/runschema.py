@@ -1,0 +1,110 @@
+"""The "supervisor" table family's schema: its migrations, in order (runs, their children and
+events, chain appends, lineage, the outbox, and the indexes every view and listing uses).
+
+Owns the DDL only; the SQL that reads and writes these tables is runs/runstore.py's (and
+runs/outbox.py's for `run_outbox`). A migration once released is never edited: a change is a
+new entry at the end.
+"""
+
+MIGRATIONS = (
+    """
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        background INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        label TEXT NOT NULL,
+        depth INTEGER NOT NULL,
+        parent_run_id TEXT,
+        root_run_id TEXT NOT NULL,
+        run_dir TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        deadline_at REAL,
+        error TEXT NOT NULL DEFAULT '',
+        output TEXT NOT NULL DEFAULT '',
+        runner_id TEXT NOT NULL,
+        fanout TEXT NOT NULL DEFAULT '',
+        capacity TEXT,
+        snapshots TEXT NOT NULL
+    );
+    CREATE INDEX runs_by_session ON runs(session_id, created_at);
+    CREATE INDEX runs_by_state ON runs(state);
+    CREATE TABLE run_children (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        idx INTEGER NOT NULL,
+        child_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        label TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        state TEXT NOT NULL,
+        pid INTEGER,
+        exit_code INTEGER,
+        signal INTEGER,
+        started_at REAL,
+        ended_at REAL,
+        error TEXT NOT NULL DEFAULT '',
+        output TEXT NOT NULL DEFAULT '',
+        stdout_path TEXT NOT NULL DEFAULT '',
+        stderr_path TEXT NOT NULL DEFAULT '',
+        proof_state TEXT,
+        PRIMARY KEY (run_id, idx)
+    );
+    CREATE UNIQUE INDEX run_children_by_id ON run_children(child_id);
+    CREATE TABLE run_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX run_events_by_run ON run_events(run_id, seq)
+    """,
+    # 2: resume, workflows, intercom and chain appends.
+    """
+    ALTER TABLE runs ADD COLUMN source_run_id TEXT;
+    ALTER TABLE runs ADD COLUMN workflow_key TEXT;
+    ALTER TABLE runs ADD COLUMN workflow_token TEXT;
+    ALTER TABLE runs ADD COLUMN intercom TEXT NOT NULL DEFAULT 'on';
+    CREATE INDEX runs_by_parent ON runs(parent_run_id);
+    CREATE TABLE run_appends (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        seq INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        steps INTEGER NOT NULL,
+        reservation_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    )
+    """,
+    # 3: how a run came from its source (resume, rerun, attach) and the rerun superseding it.
+    """
+    ALTER TABLE runs ADD COLUMN source_kind TEXT;
+    ALTER TABLE runs ADD COLUMN superseded_by TEXT
+    """,
+    # 4: the requests owed to other owners until they answer (actors/runs/outbox.py). seq is
+    # AUTOINCREMENT so it is never reused: it is the order, and an answer names its row by it.
+    # No reference to `runs`: pruning a run must never drop what it still owes a ledger.
+    """
+    CREATE TABLE run_outbox (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        target TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX run_outbox_by_target ON run_outbox(target, seq)
+    """,
+    # 5: what every view and listing asks, by index, not by a scan of the whole run
+    # history (a view looks up the run that resumed it; `runs` lists the newest first).
+    """
+    CREATE INDEX runs_by_source ON runs(source_run_id, created_at);
+    CREATE INDEX runs_by_created ON runs(created_at);
+    CREATE INDEX runs_by_root ON runs(root_run_id, created_at)
+    """,
+)

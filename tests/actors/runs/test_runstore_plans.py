@@ -1,0 +1,62 @@
+"""What every run view and listing asks of the run supervisor's store is answered by an index,
+never by a scan of the whole run history: the supervisor is single-threaded, and with tens of
+thousands of runs kept (30 days by default) a scan per view made `runs` take seconds and held
+every launch and child report behind it. Checked on SQLite's own query plans, on a real store
+migrated as the supervisor migrates it."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents_node.actors.runs import checkpoints, runschema, runstore
+from subagents_node.node.store import Store
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    store = Store(tmp_path / "runs.db")
+    store.migrate({"supervisor": runschema.MIGRATIONS})
+    conn = store.connect()
+    yield conn
+    conn.close()
+
+
+def _plans(db: sqlite3.Connection, ask: Callable[[sqlite3.Connection], object]) -> list[str]:
+    """The query plan of every SELECT on `runs` that `ask` runs."""
+    statements: list[str] = []
+    db.set_trace_callback(statements.append)
+    try:
+        ask(db)
+    finally:
+        db.set_trace_callback(None)
+    return [
+        " / ".join(str(row[3]) for row in db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        for sql in statements
+        if sql.lstrip().upper().startswith("SELECT") and " FROM runs " in f"{sql} "
+    ]
+
+
+ASKS: dict[str, Callable[[sqlite3.Connection], object]] = {
+    "resumed by (every view)": lambda db: runstore.resumed_by(db, "r1"),
+    "continued by (resume, approve)": lambda db: checkpoints.successor(db, "r1"),
+    "runs, newest first": lambda db: runstore.list_runs(db, None, False, 50),
+    "active runs": lambda db: runstore.list_runs(db, None, True, 50),
+    "one session's runs": lambda db: runstore.list_runs(db, "s1", False, 50),
+    "one run tree's runs": lambda db: runstore.list_runs(db, None, False, 50, root_run_id="r1"),
+}
+
+
+@pytest.mark.parametrize("what", list(ASKS))
+def test_a_view_or_listing_never_scans_the_run_history(db: sqlite3.Connection, what: str) -> None:
+    plans = _plans(db, ASKS[what])
+    assert plans, f"{what}: no SELECT on runs was traced"
+    for plan in plans:
+        # Walking an index in its order up to the LIMIT is fine (`runs` lists the newest
+        # first); reading every row, or sorting all of them, is not.
+        assert not re.search(r"SCAN runs(?! USING (COVERING )?INDEX)", plan), f"{what}: {plan}"
+        assert "SCAN" not in plan or "TEMP B-TREE" not in plan, f"{what}: {plan}"
