@@ -9,8 +9,10 @@ and, over tcp, a refused CURVE handshake reported as NotAuthenticated instead of
 timeout. `PendingReply` is a request on the wire, resolved on the thread that sent it.
 
 It must never choose where a request goes or open a socket (the transport does both, and
-hands a channel its socket) and never share a channel between threads: sockets are not
-thread-safe. Like the rest of the client, it never imports the node or the actors.
+hands a channel its socket), never share a channel between threads (sockets are not
+thread-safe), and never touch its socket outside its guard's `enter` ... `leave`: a client
+closed from another thread closes the socket then (client/thread_channels.py). Like the rest
+of the client, it never imports the node or the actors.
 """
 
 from __future__ import annotations
@@ -90,6 +92,17 @@ def reply_envelope(frame: bytes) -> Envelope | None:
         return None
 
 
+class SocketGuard(Protocol):
+    """Whether the channel's thread may touch its socket now (thread_channels.ThreadChannels):
+    `enter` raises NodeNotRunning once the client is closed; `leave` closes the thread's
+    sockets and raises it when the client was closed during the call (or, `terminated`, the
+    call was cut short by the context's termination)."""
+
+    def enter(self) -> None: ...
+
+    def leave(self, terminated: bool = False) -> None: ...
+
+
 class ChannelSender(Protocol):
     """Where a PendingReply sends its request again: a fresh channel of the same thread.
 
@@ -146,6 +159,7 @@ class Channel:
     def __init__(
         self,
         sock: zmq.Socket[bytes],
+        guard: SocketGuard,
         address: str,
         diagnose: Callable[[], str],
         monitor: zmq.Socket[bytes] | None = None,
@@ -153,6 +167,7 @@ class Channel:
         peer: PeerFile | None = None,
     ) -> None:
         self.sock = sock
+        self.guard = guard
         self.monitor = monitor  # tcp only: the socket's handshake events
         self.address = address
         self.endpoint = endpoint or address
@@ -173,8 +188,15 @@ class Channel:
 
     def send(self, env: Envelope) -> None:
         frame = encode_request(env)  # FrameTooLarge before anything is sent
+        self.guard.enter()
+        terminated = False
+        try:
+            self.sock.send(frame)
+        except zmq.ContextTerminated:
+            terminated = True
+        finally:
+            self.guard.leave(terminated)
         self.waiting.add(env.id)
-        self.sock.send(frame)
 
     def wait(self, corr: str, deadline: float, request: Request) -> Envelope:
         try:
@@ -192,7 +214,7 @@ class Channel:
                 # reply than poll-then-receive, which matters at tens of µs per call on VMs.
                 # A late reply (past PEER_CHECK_S) looks whether the owner restarted.
                 late = self.peer is not None and remaining > PEER_CHECK_S
-                frame = self._receive(PEER_CHECK_S if late else remaining)
+                frame = self._receive_guarded(PEER_CHECK_S if late else remaining)
                 if frame is not None:
                     self._keep(frame)
                 elif late and corr not in self.arrived and self.peer and self.peer.changed():
@@ -202,6 +224,18 @@ class Channel:
             self.waiting.discard(corr)
             if self.on_retired is not None and not self.waiting:
                 self.on_retired(self)
+
+    def _receive_guarded(self, timeout_s: float) -> bytes | None:
+        """A reply frame, or None after `timeout_s`; NodeNotRunning once the client closed."""
+        self.guard.enter()
+        terminated = False
+        try:
+            return self._receive(timeout_s)
+        except zmq.ContextTerminated:  # the client closed under this call (ctx.term())
+            terminated = True
+            return None
+        finally:
+            self.guard.leave(terminated)
 
     def _receive(self, timeout_s: float) -> bytes | None:
         if self.monitor is not None:

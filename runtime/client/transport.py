@@ -15,10 +15,16 @@
 - `InProcessTransport` (subagents_node.node.inprocess) hands the request model to a node in the
   same process: no encoding, used by the embedded node and the fast unit tests.
 
-Here: which endpoint a request goes to, and opening, renewing and closing each thread's
-channels. Beside it: `client/channel.py` (one channel: replies matched by correlation id,
-timeouts, a restarted owner noticed in flight, a refused handshake), `client/curve.py` (the
-keys a tcp socket offers), `client/reachability.py` (whether a node is there at all).
+Thread-safe, `close()` included: it may be called while other threads are inside calls, which
+then raise NodeNotRunning("this client is closed"), as does every call after it; it never
+closes a socket its thread is using (client/thread_channels.py says how). A thread's channels
+are released when the thread ends.
+
+Here: which endpoint a request goes to, and opening and renewing each thread's channels.
+Beside it: `client/thread_channels.py` (one thread's channels, and when they may be closed),
+`client/channel.py` (one channel: replies matched by correlation id, timeouts, a restarted
+owner noticed in flight, a refused handshake), `client/curve.py` (the keys a tcp socket
+offers), `client/reachability.py` (whether a node is there at all).
 
 It must never import the node or the actors: every child agent imports this module.
 """
@@ -42,6 +48,7 @@ from subagents_node.client.curve import (
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import OWNER_SOCKETS, SOCKET_NAME, check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
+from subagents_node.client.thread_channels import ThreadAnchor, ThreadChannels
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning
@@ -91,9 +98,11 @@ class ZmqTransport:
         self._own_context = zctx is None
         self._zctx: zmq.Context[zmq.Socket[bytes]] = zctx or zmq.Context()
         self._sender = sender or f"client-{os.getpid()}"
+        #: Each thread's ThreadAnchor: the thread's channels live as long as the thread.
         self._local = threading.local()
-        self._channels: list[Channel] = []
-        self._lock = threading.Lock()  # guards _channels, appended from several threads
+        #: Every thread's channels, for close(); a thread's leave when the thread ends.
+        self._threads: set[ThreadChannels] = set()
+        self._lock = threading.Lock()  # guards _threads and _closed
         self._closed = False
         self._endpoints: dict[str, str] = {}
         self._generation = 0
@@ -104,14 +113,22 @@ class ZmqTransport:
         DEALER saw it close would be lost; a fresh connection queues until it connects."""
         self._generation += 1
 
-    def _drop(self, channel: Channel) -> None:
+    def _thread_channels(self) -> ThreadChannels:
+        """This thread's channels: registered on first use, refused once the client closed."""
+        anchor: ThreadAnchor | None = getattr(self._local, "anchor", None)
+        if anchor is not None:
+            return anchor.channels
         with self._lock:
-            if channel in self._channels:
-                self._channels.remove(channel)
-        if channel.monitor is not None:
-            channel.sock.disable_monitor()
-            channel.monitor.close(linger=0)
-        channel.sock.close(linger=0)
+            if self._closed:
+                raise NodeNotRunning("this client is closed", address=self.address)
+            channels = ThreadChannels(self.address, self._forget)
+            self._threads.add(channels)
+        self._local.anchor = channels.anchor()
+        return channels
+
+    def _forget(self, channels: ThreadChannels) -> None:
+        with self._lock:
+            self._threads.discard(channels)
 
     def endpoint_for(self, target: str) -> str:
         # Computed once per target: path parsing on every request shows in a claim's CPU.
@@ -133,11 +150,20 @@ class ZmqTransport:
         )
 
     def _channel(self, target: str = "") -> Channel:
-        channels: dict[str, Channel] | None = getattr(self._local, "channels", None)
-        if channels is None:
-            channels = self._local.channels = {}
+        threads = self._thread_channels()
         endpoint = self.endpoint_for(target)
-        channel = channels.get(endpoint)
+        threads.enter()  # NodeNotRunning once closed; from here on close() leaves these be
+        terminated = False
+        try:
+            return self._open_channel(threads, endpoint)
+        except zmq.ContextTerminated:  # closed from another thread while this one opened
+            terminated = True
+            raise
+        finally:
+            threads.leave(terminated)  # NodeNotRunning if the client closed meanwhile
+
+    def _open_channel(self, threads: ThreadChannels, endpoint: str) -> Channel:
+        channel = threads.current.get(endpoint)
         if channel is not None and (
             channel.generation != self._generation
             or (channel.peer is not None and channel.peer.changed())
@@ -145,39 +171,39 @@ class ZmqTransport:
             # After `reset`, or its owner restarted (a new socket file): a fresh connection,
             # so nothing more is written to one the peer closed. The old one is closed here,
             # by its own thread, once no request of this thread waits on it.
-            del channels[endpoint]
-            channel.retire(self._drop)
+            del threads.current[endpoint]
+            channel.retire(threads.drop)
             channel = None
-        if channel is None:
-            if self._closed:
-                raise NodeNotRunning("this client is closed", address=self.address)
-            self._check_reachable(stale=True)
-            if endpoint != self.address:
-                check_reachable(endpoint, stale=True)
-            sock = self._zctx.socket(zmq.DEALER)
-            for option, value in DEALER_OPTIONS:
-                sock.setsockopt(option, value)
-            monitor = None
-            try:
-                if self.address.startswith("tcp://"):
-                    curve_client(sock, self._credentials or default_credentials(self._state_dir))
-                    monitor = sock.get_monitor_socket(HANDSHAKE_REFUSED)
-                sock.connect(endpoint)
-            except zmq.ZMQError as exc:
-                sock.close(linger=0)
-                raise BadAddress(
-                    f"cannot connect to {self.address}: {exc}", address=self.address
-                ) from None
-            except KeyFileInvalid as err:
-                sock.close(linger=0)
-                raise no_keys(self.address, err) from None
-            path = ipc_path(endpoint)
-            peer = None if path is None else PeerFile(str(path))
-            channel = Channel(sock, self.address, self._why_silent, monitor, endpoint, peer)
-            channel.generation = self._generation
-            channels[endpoint] = channel
-            with self._lock:
-                self._channels.append(channel)
+        if channel is not None:
+            return channel
+        self._check_reachable(stale=True)
+        if endpoint != self.address:
+            check_reachable(endpoint, stale=True)
+        sock = self._zctx.socket(zmq.DEALER)
+        for option, value in DEALER_OPTIONS:
+            sock.setsockopt(option, value)
+        monitor = None
+        try:
+            if self.address.startswith("tcp://"):
+                curve_client(sock, self._credentials or default_credentials(self._state_dir))
+                monitor = sock.get_monitor_socket(HANDSHAKE_REFUSED)
+            sock.connect(endpoint)
+        except zmq.ContextTerminated:
+            sock.close(linger=0)
+            raise
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise BadAddress(
+                f"cannot connect to {self.address}: {exc}", address=self.address
+            ) from None
+        except KeyFileInvalid as err:
+            sock.close(linger=0)
+            raise no_keys(self.address, err) from None
+        path = ipc_path(endpoint)
+        peer = None if path is None else PeerFile(str(path))
+        channel = Channel(sock, threads, self.address, self._why_silent, monitor, endpoint, peer)
+        channel.generation = self._generation
+        threads.add(channel)
         return channel
 
     def _why_silent(self) -> str:
@@ -211,13 +237,15 @@ class ZmqTransport:
         return self.submit(request, target).result(timeout)
 
     def close(self) -> None:
+        """Close every thread's channels. Safe while other threads are inside calls: theirs
+        are closed by those threads as their calls return, at once (`term()` cuts a blocked
+        call short), and those calls raise NodeNotRunning("this client is closed")."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            channels, self._channels = self._channels, []
-        for channel in channels:
-            if channel.monitor is not None:
-                channel.sock.disable_monitor()
-                channel.monitor.close(linger=0)
-            channel.sock.close(linger=0)
+            threads = list(self._threads)
+        for channels in threads:
+            channels.close()
         if self._own_context:
-            self._zctx.term()
+            self._zctx.term()  # returns once each thread inside a call closed its sockets

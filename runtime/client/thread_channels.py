@@ -1,0 +1,128 @@
+"""One thread's channels of a sync transport, and when their sockets may be closed.
+
+A zmq socket must only ever be used by one thread at a time, and closing it while its thread
+is inside a call on it aborts the process (libzmq asserts). `ThreadChannels` holds one thread's
+channels (the current one per endpoint, and retired ones a request still waits on) and knows
+whether its thread is inside a socket call right now (`enter` ... `leave`, around every call).
+Closing (the transport's `close()`, from any thread) therefore never races the thread:
+
+- a thread outside a call has its sockets closed at once, under the lock `enter` takes, and its
+  next call raises NodeNotRunning("this client is closed");
+- a thread inside a call is only marked: `ctx.term()` makes its blocked call return (ETERM),
+  and it closes its own sockets in `leave` before raising the same NodeNotRunning.
+
+Its channels are also released when the thread ends: the thread-local `ThreadAnchor` is the
+only strong reference to the thread's slot, and its weak reference's callback closes the
+sockets (a client shared by many short-lived threads keeps no descriptor of theirs). In a
+forked child nothing of the parent's is ever touched: those sockets belong to a zmq context
+whose I/O threads the child does not have.
+
+It must never choose an endpoint or open a socket (the transport does both) and never close a
+socket whose thread is inside a call on it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+
+from subagents_node.client.channel import Channel
+from subagents_node.messages.errors import NodeNotRunning
+
+
+class ThreadAnchor:
+    """Kept in the thread-local of one thread; when the thread ends it goes, and so do the
+    thread's channels."""
+
+    __slots__ = ("__weakref__", "channels")
+
+    def __init__(self, channels: ThreadChannels) -> None:
+        self.channels = channels
+
+
+class ThreadChannels:
+    """One thread's open channels of one transport, closed by whoever may close them."""
+
+    def __init__(self, address: str, on_released: Callable[[ThreadChannels], None]) -> None:
+        self.address = address
+        #: The channel each endpoint's next request goes on (this thread only).
+        self.current: dict[str, Channel] = {}
+        self._open: list[Channel] = []  # current and retired ones still awaited
+        self._lock = threading.Lock()
+        self._in_call = False
+        self._closing = False
+        self._pid = os.getpid()
+        self._on_released = on_released
+        self._anchor_ref: weakref.ref[ThreadAnchor] | None = None
+
+    def anchor(self) -> ThreadAnchor:
+        """The object the thread keeps in its thread-local; its end releases these channels."""
+        anchor = ThreadAnchor(self)
+        self._anchor_ref = weakref.ref(anchor, self._thread_ended)
+        return anchor
+
+    def enter(self) -> None:
+        """Before any call on a socket of this thread (opening one included)."""
+        with self._lock:
+            if self._closing:
+                raise self.closed_error()
+            self._in_call = True
+
+    def leave(self, terminated: bool = False) -> None:
+        """After the call. If the client closed meanwhile (or the context was terminated
+        under it: `terminated`), close this thread's sockets and raise NodeNotRunning."""
+        with self._lock:
+            self._in_call = False
+            self._closing = self._closing or terminated
+            if not self._closing:
+                return
+            self._close_sockets()
+        self._on_released(self)
+        raise self.closed_error()
+
+    def add(self, channel: Channel) -> None:
+        """A channel just opened (between `enter` and `leave`) to its endpoint."""
+        self.current[channel.endpoint] = channel
+        self._open.append(channel)
+
+    def drop(self, channel: Channel) -> None:
+        """Close a retired channel (its thread only, outside a call: nothing else uses it)."""
+        with self._lock:
+            if channel in self._open:
+                self._open.remove(channel)
+                close_channel(channel)
+
+    def close(self) -> None:
+        """From any thread: close the sockets now, or mark them for their thread to close
+        when its call returns."""
+        with self._lock:
+            self._closing = True
+            if self._in_call:
+                return
+            self._close_sockets()
+        self._on_released(self)
+
+    def closed_error(self) -> NodeNotRunning:
+        return NodeNotRunning("this client is closed", address=self.address)
+
+    def _close_sockets(self) -> None:
+        channels, self._open = self._open, []
+        self.current.clear()
+        for channel in channels:
+            close_channel(channel)
+
+    def _thread_ended(self, _anchor: weakref.ref[ThreadAnchor]) -> None:
+        if os.getpid() != self._pid:
+            # A forked child dropping its copy of the parent's thread-local: those sockets are
+            # the parent's (and its lock may have been held by a thread the child lacks).
+            return
+        self.close()
+
+
+def close_channel(channel: Channel) -> None:
+    if channel.monitor is not None:
+        channel.sock.disable_monitor()
+        channel.monitor.close(linger=0)
+    channel.sock.close(linger=0)

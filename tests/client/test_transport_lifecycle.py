@@ -1,0 +1,177 @@
+"""The sync transport's life: closed under callers, shared by many threads, used after close
+(client/transport.py, client/thread_channels.py).
+
+A zmq socket used or closed by a thread other than its own aborts the whole process (libzmq
+asserts), so each scenario that closed a socket under a caller before the fix runs in a process
+of its own: a failure is then an exit code, not the test runner gone. Real node, real sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from subagents_node.client.client import Client, connect
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.errors import NodeNotRunning
+from subagents_node.messages.node import DebugSleep
+from tests.support.descriptors import run_python
+from tests.support.nodes import NodeProcess, running_node
+
+CLOSED = "this client is closed"
+
+
+@pytest.fixture(scope="module")
+def faulty_node() -> Iterator[NodeProcess]:
+    """One node for the module, with debug.sleep (a call that stays in flight)."""
+    with running_node("--faults") as node:
+        yield node
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# -- scenarios run in a process of their own (`python -c`, from the repository root) ----------
+
+
+def close_under_busy_callers(address: str, rounds: int = 20, callers: int = 8) -> None:
+    """`rounds` times: `callers` threads call in a loop; once each has answers, close."""
+    for _ in range(rounds):
+        _close_under(connect(address, timeout=3), callers)
+    print("ok")
+
+
+def _close_under(client: Client, callers: int) -> None:
+    answered = threading.Semaphore(0)
+    outcomes: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            while True:
+                client.ping()
+                client.capacity.snapshot("s")
+                answered.release()
+        except BaseException as err:  # the one way out: the client closed under it
+            outcomes.append(err)
+
+    threads = [threading.Thread(target=call) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    for _ in range(callers):
+        assert answered.acquire(timeout=10), "a caller never got an answer"
+    began = time.monotonic()
+    client.close()
+    assert time.monotonic() - began < 5, "close() waited on the callers"
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), "a caller is stuck after close()"
+    assert [type(err) for err in outcomes] == [NodeNotRunning] * callers, outcomes
+    assert {str(err) for err in outcomes} == {CLOSED}
+
+
+def close_under_a_blocked_call(address: str) -> None:
+    """A call waits 3 s for its reply; close() from another thread ends it at once."""
+    transport = ZmqTransport(address)
+    on_the_wire = threading.Event()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        pending = transport.submit(DebugSleep(ms=3000), "capacity")
+        on_the_wire.set()
+        try:
+            pending.result(timeout=8)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert on_the_wire.wait(10)
+    began = time.monotonic()
+    transport.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert time.monotonic() - began < 1.5, "close() waited for the call's reply"
+    assert len(outcome) == 1 and isinstance(outcome[0], NodeNotRunning), outcome
+    assert str(outcome[0]) == CLOSED
+    print("ok")
+
+
+def _scenario(name: str, address: str) -> None:
+    done = run_python(
+        f"from tests.client.test_transport_lifecycle import {name}; {name}({address!r})",
+        timeout=90,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
+        f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    )
+
+
+# -- the rules --------------------------------------------------------------------------------
+
+
+def test_close_while_threads_are_mid_call_neither_aborts_nor_hangs_and_they_get_closed(
+    faulty_node: NodeProcess,
+) -> None:
+    _scenario("close_under_busy_callers", faulty_node.address)
+
+
+def test_close_ends_a_call_blocked_on_its_reply_at_once_with_client_closed(
+    node: NodeProcess,
+) -> None:
+    # A node of its own: its capacity owner stays asleep for the 3 s the call asked for.
+    _scenario("close_under_a_blocked_call", node.address)
+
+
+def test_a_threads_socket_is_released_when_the_thread_ends(faulty_node: NodeProcess) -> None:
+    client = connect(faulty_node.address, timeout=10)
+    try:
+        client.ping()  # the context's own descriptors and this thread's channel, once
+        before = _open_descriptors()
+        failures: list[BaseException] = []
+
+        def ping() -> None:
+            try:
+                client.ping()
+            except BaseException as err:
+                failures.append(err)
+
+        for _ in range(24):  # 1,200 short-lived threads, 50 at a time
+            threads = [threading.Thread(target=ping) for _ in range(50)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        assert failures == []
+        assert _open_descriptors() - before < 20
+    finally:
+        client.close()
+
+
+def test_a_client_used_after_close_says_it_is_closed_on_every_thread(
+    faulty_node: NodeProcess,
+) -> None:
+    client = connect(faulty_node.address, timeout=10)
+    client.ping()  # this thread has a channel now
+    client.close()
+    with pytest.raises(NodeNotRunning, match=CLOSED):
+        client.ping()
+    with pytest.raises(NodeNotRunning, match=CLOSED):
+        client.capacity.snapshot("s")
+    outcome: list[BaseException] = []
+
+    def ping_from_a_new_thread() -> None:
+        try:
+            client.ping()
+        except BaseException as err:
+            outcome.append(err)
+
+    fresh = threading.Thread(target=ping_from_a_new_thread)
+    fresh.start()
+    fresh.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], NodeNotRunning), outcome
+    assert str(outcome[0]) == CLOSED
