@@ -18,7 +18,8 @@
 Thread-safe, `close()` included: it may be called while other threads are inside calls, which
 then raise NodeNotRunning("this client is closed"), as does every call after it; it never
 closes a socket its thread is using (client/thread_channels.py says how). A thread's channels
-are released when the thread ends.
+are released when the thread ends. A forked child that goes on using its parent's transport
+gets a fresh zmq context and fresh channels of its own (the parent's are never touched).
 
 Here: which endpoint a request goes to, and opening and renewing each thread's channels.
 Beside it: `client/thread_channels.py` (one thread's channels, and when they may be closed),
@@ -98,6 +99,7 @@ class ZmqTransport:
         self._own_context = zctx is None
         self._zctx: zmq.Context[zmq.Socket[bytes]] = zctx or zmq.Context()
         self._sender = sender or f"client-{os.getpid()}"
+        self._pid = os.getpid()
         #: Each thread's ThreadAnchor: the thread's channels live as long as the thread.
         self._local = threading.local()
         #: Every thread's channels, for close(); a thread's leave when the thread ends.
@@ -115,6 +117,8 @@ class ZmqTransport:
 
     def _thread_channels(self) -> ThreadChannels:
         """This thread's channels: registered on first use, refused once the client closed."""
+        if os.getpid() != self._pid:
+            self._after_fork()
         anchor: ThreadAnchor | None = getattr(self._local, "anchor", None)
         if anchor is not None:
             return anchor.channels
@@ -129,6 +133,17 @@ class ZmqTransport:
     def _forget(self, channels: ThreadChannels) -> None:
         with self._lock:
             self._threads.discard(channels)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a context and channels of its own. The parent's context has no
+        I/O threads here (a request on it would wait forever, whatever its timeout), and its
+        sockets are the parent's: they are left alone, never closed from the child."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()  # the parent's may have been held by another thread
+        self._threads = set()
+        self._local = threading.local()
+        self._zctx = zmq.Context()
+        self._own_context = True
 
     def endpoint_for(self, target: str) -> str:
         # Computed once per target: path parsing on every request shows in a claim's CPU.
@@ -240,6 +255,8 @@ class ZmqTransport:
         """Close every thread's channels. Safe while other threads are inside calls: theirs
         are closed by those threads as their calls return, at once (`term()` cuts a blocked
         call short), and those calls raise NodeNotRunning("this client is closed")."""
+        if os.getpid() != self._pid:
+            self._after_fork()  # a forked child closes what is its own, never the parent's
         with self._lock:
             if self._closed:
                 return

@@ -1,5 +1,5 @@
-"""The sync transport's life: closed under callers, shared by many threads, used after close
-(client/transport.py, client/thread_channels.py).
+"""The sync transport's life: closed under callers, shared by many threads, used after close,
+used in a forked child (client/transport.py, client/thread_channels.py).
 
 A zmq socket used or closed by a thread other than its own aborts the whole process (libzmq
 asserts), so each scenario that closed a socket under a caller before the fix runs in a process
@@ -9,6 +9,7 @@ of its own: a failure is then an exit code, not the test runner gone. Real node,
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -101,6 +102,28 @@ def close_under_a_blocked_call(address: str) -> None:
     print("ok")
 
 
+def ping_from_a_forked_child(address: str) -> None:
+    """The parent pings, forks; the child pings with the parent's client, then the parent."""
+    client = connect(address, timeout=3)
+    client.ping()
+    pid = os.fork()
+    if pid == 0:  # the child: a hang must end it, never leave it behind
+        signal.alarm(15)
+        try:
+            client.ping(timeout=3)
+            client.capacity.snapshot("s")
+            client.close()
+        except BaseException as err:
+            print(f"child: {type(err).__name__}: {err}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the child ended with {status:#x}"
+    client.ping()  # the child closed its own channels, never the parent's
+    client.close()
+    print("ok")
+
+
 def _scenario(name: str, address: str) -> None:
     done = run_python(
         f"from tests.client.test_transport_lifecycle import {name}; {name}({address!r})",
@@ -125,6 +148,12 @@ def test_close_ends_a_call_blocked_on_its_reply_at_once_with_client_closed(
 ) -> None:
     # A node of its own: its capacity owner stays asleep for the 3 s the call asked for.
     _scenario("close_under_a_blocked_call", node.address)
+
+
+def test_a_forked_child_using_its_parents_client_gets_answers_of_its_own(
+    faulty_node: NodeProcess,
+) -> None:
+    _scenario("ping_from_a_forked_child", faulty_node.address)
 
 
 def test_a_threads_socket_is_released_when_the_thread_ends(faulty_node: NodeProcess) -> None:
