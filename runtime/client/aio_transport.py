@@ -23,9 +23,9 @@ import zmq
 import zmq.asyncio
 
 from subagents_node.client.channel import (
-    DEALER_OPTIONS,
     PEER_CHECK_S,
     PeerFile,
+    dealer_options,
     outcome_of,
     reply_envelope,
 )
@@ -96,7 +96,7 @@ class AsyncZmqTransport:
             if self._zctx is None:
                 self._zctx = zmq.asyncio.Context()
             sock = self._zctx.socket(zmq.DEALER)
-            for option, value in DEALER_OPTIONS:
+            for option, value in dealer_options(endpoint):
                 sock.setsockopt(option, value)
             try:
                 if self.address.startswith("tcp://"):  # DESIGN §3: tcp is always CURVE

@@ -6,7 +6,8 @@ id (stale replies, for requests that timed out, and garbled ones are dropped), t
 noticing that the owner behind an ipc socket restarted (`PeerFile`: a request in flight is
 sent again if it is resendable, else a NodeTimeout at once, worded as an unknown outcome),
 and, over tcp, a refused CURVE handshake reported as NotAuthenticated instead of a silent
-timeout. `PendingReply` is a request on the wire, resolved on the thread that sent it.
+timeout. `PendingReply` is a request on the wire, resolved on the thread that sent it. Also
+what both transports open every socket with: the DEALER options (IPv6 for a bracketed host).
 
 It must never choose where a request goes or open a socket (the transport does both, and
 hands a channel its socket), never share a channel between threads (sockets are not
@@ -43,6 +44,13 @@ DEALER_OPTIONS: tuple[tuple[int, int], ...] = (
     (zmq.RECONNECT_IVL, 50),
     (zmq.RECONNECT_IVL_MAX, 1000),
 )
+_IPV6 = ((zmq.IPV6, 1),)
+
+
+def dealer_options(endpoint: str) -> tuple[tuple[int, int], ...]:
+    """DEALER_OPTIONS, plus IPV6 for a bracketed IPv6 host: zmq resolves tcp hosts as IPv4
+    only unless a socket is told otherwise, so `tcp://[::1]:PORT` would never connect."""
+    return DEALER_OPTIONS + _IPV6 if endpoint.startswith("tcp://[") else DEALER_OPTIONS
 
 
 #: How long a reply may be late before the transport looks whether its owner restarted.

@@ -39,7 +39,7 @@ from typing import Protocol
 
 import zmq
 
-from subagents_node.client.channel import DEALER_OPTIONS, Channel, PeerFile, PendingReply
+from subagents_node.client.channel import Channel, PeerFile, PendingReply, dealer_options
 from subagents_node.client.curve import (
     HANDSHAKE_REFUSED,
     curve_client,
@@ -195,7 +195,7 @@ class ZmqTransport:
         if endpoint != self.address:
             check_reachable(endpoint, stale=True)
         sock = self._zctx.socket(zmq.DEALER)
-        for option, value in DEALER_OPTIONS:
+        for option, value in dealer_options(endpoint):
             sock.setsockopt(option, value)
         monitor = None
         try:

@@ -1,5 +1,5 @@
 """The sync transport's life: closed under callers, shared by many threads, used after close,
-used in a forked child (client/transport.py, client/thread_channels.py).
+used in a forked child, and dialled over IPv6 (client/transport.py, client/thread_channels.py).
 
 A zmq socket used or closed by a thread other than its own aborts the whole process (libzmq
 asserts), so each scenario that closed a socket under a caller before the fix runs in a process
@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import zmq
 
 from subagents_node.client.client import Client, connect
+from subagents_node.client.keys import ClientCredentials, Keypair
 from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.codec import decode, encode_answer
 from subagents_node.messages.errors import NodeNotRunning
-from subagents_node.messages.node import DebugSleep
+from subagents_node.messages.node import DebugSleep, Pong
 from tests.support.descriptors import run_python
 from tests.support.nodes import NodeProcess, running_node
 
@@ -204,3 +208,47 @@ def test_a_client_used_after_close_says_it_is_closed_on_every_thread(
     fresh.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], NodeNotRunning), outcome
     assert str(outcome[0]) == CLOSED
+
+
+def _ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this host")
+def test_a_client_dials_a_bracketed_ipv6_tcp_address() -> None:
+    server_public, server_secret = zmq.curve_keypair()
+    zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = zctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.IPV6, 1)
+    router.setsockopt(zmq.CURVE_SERVER, 1)
+    router.setsockopt(zmq.CURVE_SECRETKEY, server_secret)
+    router.bind("tcp://[::1]:*")
+    address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    stop = threading.Event()
+
+    def answer_pings() -> None:  # the node's half, just enough of it
+        while not stop.is_set():
+            if router.poll(100):
+                peer, frame = router.recv_multipart()
+                pong = Pong(node_id="v6", version="test", pid=os.getpid(), uptime_s=0.0)
+                router.send_multipart([peer, encode_answer(decode(frame), pong, "node")])
+
+    server = threading.Thread(target=answer_pings)
+    server.start()
+    creds = ClientCredentials(Keypair.generate(), server_public.decode("ascii"))
+    try:
+        with connect(address, timeout=5, credentials=creds) as client:
+            assert client.ping().node_id == "v6"
+    finally:
+        stop.set()
+        server.join(10)
+        router.close()
+        zctx.term()
