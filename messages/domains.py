@@ -206,6 +206,8 @@ def _shallow(value: Any) -> Any:
             stack.extend((child, depth + 1) for child in children)
         elif isinstance(item, str) and len(item) > 256:
             raise ValueError("a string of more than 256 characters")
+        elif isinstance(item, int) and not -SQLITE_MAX_INT - 1 <= item <= SQLITE_MAX_INT:
+            raise ValueError("an integer outside the 64-bit range")
         elif not (item is None or isinstance(item, bool | int | float | str)):
             raise ValueError(f"a value of type {type(item).__name__}")
     return value
