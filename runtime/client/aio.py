@@ -24,6 +24,7 @@ from subagents_node.client.aio_transport import AsyncZmqTransport
 from subagents_node.client.client import (
     DEFAULT_TIMEOUT_S,
     checked,
+    checked_timeout,
     default_address,
     ping_plan,
     shutdown_plan,
@@ -54,8 +55,8 @@ class AsyncClient:
     """
 
     def __init__(self, address: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout = checked_timeout(timeout)
         self.transport = AsyncZmqTransport(address or default_address())
-        self.timeout = timeout
 
     @cached_property
     def capacity(self) -> AsyncCapacityAPI:
@@ -93,7 +94,7 @@ class AsyncClient:
         target: str = "",
     ) -> R:
         """Send one request and return its typed result, or raise its typed error."""
-        wait = self.timeout if timeout is None else timeout
+        wait = self.timeout if timeout is None else checked_timeout(timeout)
         return checked(request, await self.transport.call(request, wait, target), result)
 
     async def perform(self, plan: Plan[T]) -> T:

@@ -18,6 +18,7 @@ from subagents_node.client.plans import Plan, one, perform
 from subagents_node.client.transport import Transport, ZmqTransport
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.constants import ENV_NODE
+from subagents_node.messages.domains import MAX_DURATION_S
 from subagents_node.messages.errors import BadRequest
 from subagents_node.messages.node import NodeStatus, NodeStatusResult, Ping, Pong, Shutdown
 
@@ -42,7 +43,7 @@ class Client:
 
     def __init__(self, transport: Transport, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.transport = transport
-        self.timeout = timeout
+        self.timeout = checked_timeout(timeout)
 
     @cached_property
     def capacity(self) -> CapacityAPI:
@@ -83,7 +84,8 @@ class Client:
 
         `target` is needed only by requests that leave their owner open (`debug.*`).
         """
-        outcome = self.transport.call(request, self.timeout if timeout is None else timeout, target)
+        wait = self.timeout if timeout is None else checked_timeout(timeout)
+        outcome = self.transport.call(request, wait, target)
         return checked(request, outcome, result)
 
     def perform(self, plan: Plan[T]) -> T:
@@ -135,6 +137,27 @@ def checked(request: Request, outcome: Message, result: type[R]) -> R:
     return outcome
 
 
+def checked_timeout(value: float, name: str = "timeout", *, forever: bool = False) -> float:
+    """`value` as seconds to wait, else a BadRequest naming the argument before anything is
+    sent: a number, 0 or more, at most MAX_DURATION_S (a socket's receive timeout is an int32
+    of milliseconds); `forever`, for a wait that follows a run, takes any, inf meaning no
+    limit. NaN is refused everywhere: no deadline ever compares with it."""
+    bounded = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value >= 0
+        and (forever or value <= MAX_DURATION_S)
+    )
+    if not bounded:
+        domain = "0 or more (inf: no limit)" if forever else f"from 0 to {MAX_DURATION_S:g}"
+        raise BadRequest(
+            f"{name} must be a number of seconds {domain}, not {value!r}",
+            reason="argument",
+            field=name,
+        )
+    return float(value)
+
+
 def ping_plan(timeout: float | None = None) -> Plan[Pong]:
     return one(Ping(), Pong, timeout)
 
@@ -168,6 +191,7 @@ def connect(
     A tcp address is CURVE-authenticated: `credentials`, else the keys of `state_dir` (else
     $SUBAGENTS_CLIENT_KEY / $SUBAGENTS_SERVER_KEY, else the default state dir's key files).
     """
+    timeout = checked_timeout(timeout)  # before a context is opened for nothing
     transport = ZmqTransport(
         address or default_address(),
         credentials=credentials,

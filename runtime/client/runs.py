@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import NodeTimeout
 from subagents_node.messages.pauses import Approve, Pause, Reject
@@ -77,6 +78,8 @@ def wait_plan(
     on_event: OnEvent | None = None,
 ) -> Plan[RunView]:
     """Follow a run through long polls until it is terminal (R-RUN-3)."""
+    if timeout is not None:  # a NaN deadline would never pass: the wait would never end
+        timeout = checked_timeout(timeout, forever=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     seq = 0
     while True:
@@ -207,6 +210,8 @@ class RunsAPI:
         means the deadline came first (nothing is raised for that). `on_end` sees each run
         once it has ended, in the order given. Unknown or ambiguous ids raise before any wait.
         """
+        if timeout is not None:
+            timeout = checked_timeout(timeout, forever=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         views = [self.show(run_id) for run_id in run_ids]
         for i, view in enumerate(views):

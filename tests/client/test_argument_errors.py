@@ -6,11 +6,13 @@ read as one path per character). Sync and asyncio clients alike (they share the 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from subagents_node import AsyncClient
 from subagents_node.client.channel import encode_frame
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.envelope import Envelope
@@ -36,6 +38,32 @@ def _refused(call: Callable[[], Any], field: str) -> BadRequest:
     assert info.value.details.get("field") == field, info.value.details
     assert "\n" not in info.value.message
     return info.value
+
+
+@pytest.mark.parametrize("timeout", [NAN, INF, -1.0], ids=["nan", "inf", "negative"])
+def test_a_timeout_that_is_nan_infinite_or_negative_is_refused_naming_it(
+    timeout: float, client: Client
+) -> None:
+    _refused(lambda: connect(NOWHERE, timeout=timeout), "timeout")
+    _refused(lambda: client.ping(timeout=timeout), "timeout")
+
+    async def from_a_loop() -> None:
+        with pytest.raises(BadRequest):
+            AsyncClient(NOWHERE, timeout=timeout)
+        async with AsyncClient(NOWHERE) as aclient:
+            with pytest.raises(BadRequest) as info:
+                await aclient.ping(timeout=timeout)
+            assert info.value.details["field"] == "timeout"
+
+    asyncio.run(from_a_loop())
+
+
+@pytest.mark.parametrize("timeout", [NAN, -1.0], ids=["nan", "negative"])
+def test_a_run_wait_with_a_nan_or_negative_timeout_is_refused_not_followed_forever(
+    timeout: float, client: Client
+) -> None:
+    _refused(lambda: client.runs.wait("abc123", timeout=timeout), "timeout")
+    _refused(lambda: client.runs.settle(["abc123"], timeout=timeout), "timeout")
 
 
 @pytest.mark.parametrize("limit", [2**64, 2**63, -(2**64)])
