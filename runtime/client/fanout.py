@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.base import Message
 from subagents_node.messages.constants import ENV_FANOUT
-from subagents_node.messages.errors import FanoutError
+from subagents_node.messages.errors import BadRequest, FanoutError
 from subagents_node.messages.fanout import (
     INHERITED_INVALID,
     AbortReservation,
@@ -70,8 +70,21 @@ def validate_plan(descriptor: DescriptorLike) -> Plan[FanoutDescriptor]:
     return one(request, FanoutDescriptor)
 
 
+def path_list(paths: Iterable[str]) -> list[str]:
+    """The paths to claim as a list; a single string is refused (BadRequest), never read as
+    one path per character (`"tasks[0]"` would claim eight units)."""
+    if isinstance(paths, str | bytes):
+        raise BadRequest(
+            f"paths must be a list of paths, not a single {type(paths).__name__}: "
+            f"write [{paths!r}]",
+            reason="argument",
+            field="paths",
+        )
+    return list(paths)
+
+
 def claim_plan(descriptor: DescriptorLike, paths: Iterable[str]) -> Plan[FanoutSnapshot]:
-    request = build(ClaimPaths, descriptor=as_descriptor(descriptor), paths=list(paths))
+    request = build(ClaimPaths, descriptor=as_descriptor(descriptor), paths=path_list(paths))
     return one(request, FanoutSnapshot)
 
 
@@ -79,7 +92,7 @@ def reserve_plan(
     descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
 ) -> Plan[ReservationGrant]:
     request = build(
-        ReservePaths, descriptor=as_descriptor(descriptor), paths=list(paths), ttl_s=ttl_s
+        ReservePaths, descriptor=as_descriptor(descriptor), paths=path_list(paths), ttl_s=ttl_s
     )
     return one(request, ReservationGrant)
 

@@ -17,6 +17,7 @@ from subagents_node.client.channel import encode_frame
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadRequest
+from tests.support.nodes import NodeProcess, running_node
 
 NAN = float("nan")
 INF = float("inf")
@@ -24,6 +25,12 @@ INF = float("inf")
 
 #: No node is ever there: each argument is refused before anything looks for one.
 NOWHERE = "ipc:///tmp/no-node-here/node.sock"
+
+
+@pytest.fixture(scope="module")
+def fanout_node() -> Iterator[NodeProcess]:
+    with running_node() as node:
+        yield node
 
 
 @pytest.fixture
@@ -64,6 +71,28 @@ def test_a_run_wait_with_a_nan_or_negative_timeout_is_refused_not_followed_forev
 ) -> None:
     _refused(lambda: client.runs.wait("abc123", timeout=timeout), "timeout")
     _refused(lambda: client.runs.settle(["abc123"], timeout=timeout), "timeout")
+
+
+def test_a_single_string_as_paths_is_refused_not_claimed_one_character_at_a_time(
+    fanout_node: NodeProcess,
+) -> None:
+    client = fanout_node.client()
+    budget = client.fanout.create(root_run_id="one-string", limit=64)
+    message = _refused(lambda: client.fanout.claim(budget, "tasks[0]"), "paths").message
+    assert "['tasks[0]']" in message
+    _refused(lambda: client.fanout.reserve(budget, "tasks[0]", ttl_s=30), "paths")
+
+    async def from_a_loop() -> None:
+        async with AsyncClient(fanout_node.address) as aclient:
+            for call in (
+                aclient.fanout.claim(budget, "tasks[0]"),
+                aclient.fanout.reserve(budget, "tasks[0]", ttl_s=30),
+            ):
+                with pytest.raises(BadRequest):
+                    await call
+
+    asyncio.run(from_a_loop())
+    assert client.fanout.snapshot(budget).used == 0  # nothing was claimed
 
 
 @pytest.mark.parametrize("limit", [2**64, 2**63, -(2**64)])
