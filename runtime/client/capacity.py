@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import ValidationError
+
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
@@ -52,7 +54,7 @@ from subagents_node.messages.capacity import (
     Transfer,
     Verdict,
 )
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import BadRequest, SubagentsError
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -179,7 +181,21 @@ def releases_plan(host: str | None = None, limit: int = 50) -> Plan[OperatorRele
 
 
 def as_slot_handle(wire: SlotHandle | dict[str, Any]) -> SlotHandle:
-    return wire if isinstance(wire, SlotHandle) else SlotHandle.model_validate(wire)
+    """The handle, or the one its wire form (a dict) describes; anything else is a BadRequest
+    naming what is wrong, never pydantic's ValidationError."""
+    if isinstance(wire, SlotHandle):
+        return wire
+    try:
+        return SlotHandle.model_validate(wire)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise BadRequest(
+            f"not a capacity handle ({type(wire).__name__}): "
+            f"{where + ': ' if where else ''}{first['msg']}"[:200],
+            reason="argument",
+            field="handle",
+        ) from None
 
 
 class CapacityHandle:

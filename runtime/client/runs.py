@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
-from subagents_node.messages.errors import NodeTimeout
+from subagents_node.messages.errors import BadRequest, NodeTimeout
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
@@ -52,6 +52,13 @@ OnEvent = Callable[[RunEvent, RunView], None]
 
 
 def launch_plan(launch: Launch) -> Plan[RunView]:
+    if not isinstance(launch, Launch):  # a dict or None would fail deep in the transport
+        raise BadRequest(
+            f"runs.launch takes a Launch request, not {type(launch).__name__}; build one with "
+            "Launch.model_validate({...})",
+            reason="argument",
+            field="launch",
+        )
     result: LaunchResult = yield from one(launch, LaunchResult)
     return result.run
 

@@ -73,6 +73,25 @@ def test_a_run_wait_with_a_nan_or_negative_timeout_is_refused_not_followed_forev
     _refused(lambda: client.runs.settle(["abc123"], timeout=timeout), "timeout")
 
 
+def test_a_capacity_handle_rebuilt_from_garbage_is_refused_in_one_line(client: Client) -> None:
+    for garbage in ("garbage", None, {"slot": 1}):
+        _refused(lambda garbage=garbage: client.capacity.handle(garbage), "handle")
+    aclient = AsyncClient(NOWHERE)  # opens nothing until its first request
+    _refused(lambda: aclient.capacity.handle("garbage"), "handle")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("launch", [None, {"agent": "echo", "task": "hi"}], ids=["none", "dict"])
+def test_runs_launch_refuses_anything_but_a_launch_request(launch: Any, client: Client) -> None:
+    _refused(lambda: client.runs.launch(launch), "launch")
+
+    async def from_a_loop() -> None:
+        async with AsyncClient(NOWHERE) as aclient:
+            with pytest.raises(BadRequest):
+                await aclient.runs.launch(launch)
+
+    asyncio.run(from_a_loop())
+
+
 def test_a_single_string_as_paths_is_refused_not_claimed_one_character_at_a_time(
     fanout_node: NodeProcess,
 ) -> None:
