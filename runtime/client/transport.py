@@ -102,8 +102,10 @@ class ZmqTransport:
         self._pid = os.getpid()
         #: Each thread's ThreadAnchor: the thread's channels live as long as the thread.
         self._local = threading.local()
-        #: Every thread's channels, for close(); a thread's leave when the thread ends.
+        #: Every thread's channels, for close(); each leaves when its thread ends.
         self._threads: set[ThreadChannels] = set()
+        #: In a forked child: what the parent left in this object (`_after_fork`).
+        self._parents: tuple[object, ...] = ()
         self._lock = threading.Lock()  # guards _threads and _closed
         self._closed = False
         self._endpoints: dict[str, str] = {}
@@ -138,6 +140,11 @@ class ZmqTransport:
         """In a forked child: a context and channels of its own. The parent's context has no
         I/O threads here (a request on it would wait forever, whatever its timeout), and its
         sockets are the parent's: they are left alone, never closed from the child."""
+        # Kept, untouched, as long as this transport: collecting them would close sockets of
+        # a context whose I/O threads this process does not have (and warn about each).
+        self._parents = (self._zctx, self._threads, self._local, self._parents)
+        if self._sender == f"client-{self._pid}":
+            self._sender = f"client-{os.getpid()}"
         self._pid = os.getpid()
         self._lock = threading.Lock()  # the parent's may have been held by another thread
         self._threads = set()
