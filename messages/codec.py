@@ -41,6 +41,25 @@ def encode(env: Envelope) -> bytes:
     return frame
 
 
+#: The integers msgpack can carry: int64 and uint64.
+_WIRE_INTS = range(-(1 << 63), 1 << 64)
+
+
+def _too_wide(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first integer in `value` that msgpack cannot encode."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return path if isinstance(value, int) and value not in _WIRE_INTS else None
+    for key, item in items:
+        found = _too_wide(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def peek_id(frame: bytes) -> str | None:
     """Best effort: the message id of a frame that failed later checks, to correlate the error."""
     try:
@@ -72,13 +91,21 @@ def encode_answer(request: Envelope, outcome: Any, sender: str) -> bytes:
 def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """A request's frame, refused before it is sent when no owner would accept it: a request
     whose fields are each within their bounds can still add up past the frame limit, and a
-    value msgpack cannot carry (an integer beyond 64 bits) is refused here, not raised raw."""
+    value msgpack cannot carry (an integer beyond 64 bits) is a BadRequest naming its field,
+    never msgpack's OverflowError (in a forwarding thread, that would end the thread)."""
     try:
         frame = encode(env)
-    except (OverflowError, ValueError, TypeError) as exc:
+    except OverflowError:
+        field = _too_wide(env.body) or "body"
         raise BadRequest(
-            f"{env.type} holds a value the wire cannot carry ({exc}); integers must fit in 64 bits",
-            reason="unencodable",
+            f"invalid {env.type} request: {field}: an integer outside the 64-bit range the "
+            "wire carries",
+            reason="schema",
+            field=field,
+        ) from None
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(
+            f"{env.type} holds a value the wire cannot carry ({exc})", reason="unencodable"
         ) from None
     if len(frame) > max_bytes:
         raise FrameTooLarge(

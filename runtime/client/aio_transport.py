@@ -26,7 +26,6 @@ from subagents_node.client.channel import (
     PEER_CHECK_S,
     PeerFile,
     dealer_options,
-    encode_frame,
     outcome_of,
     reply_envelope,
 )
@@ -35,6 +34,7 @@ from subagents_node.client.paths import check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.client.transport import endpoint_for
 from subagents_node.messages.base import Message, Request, resendable
+from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
 
@@ -152,7 +152,7 @@ class AsyncZmqTransport:
                 sender=self._sender,
                 host=self.host,
             )
-            frame = encode_frame(env)  # FrameTooLarge, BadRequest before anything is sent
+            frame = encode_request(env)  # FrameTooLarge, BadRequest before anything is sent
             waiter: asyncio.Future[Envelope] = loop.create_future()
             self._waiting[env.id] = waiter
             try:

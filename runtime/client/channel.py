@@ -7,8 +7,7 @@ noticing that the owner behind an ipc socket restarted (`PeerFile`: a request in
 sent again if it is resendable, else a NodeTimeout at once, worded as an unknown outcome),
 and, over tcp, a refused CURVE handshake reported as NotAuthenticated instead of a silent
 timeout. `PendingReply` is a request on the wire, resolved on the thread that sent it. Also
-the two things both transports do to every request and socket: the frame (an integer no wire
-can carry is a BadRequest naming its field) and the DEALER options (IPv6 for a bracketed host).
+what both transports open every socket with: the DEALER options (IPv6 for a bracketed host).
 
 It must never choose where a request goes or open a socket (the transport does both, and
 hands a channel its socket), never share a channel between threads (sockets are not
@@ -23,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import zmq
 
@@ -32,7 +31,6 @@ from subagents_node.messages.base import Message, Request, parse_result, resenda
 from subagents_node.messages.codec import decode, encode_request
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
-    BadRequest,
     NodeTimeout,
     NotAuthenticated,
     SubagentsError,
@@ -57,40 +55,6 @@ def dealer_options(endpoint: str) -> tuple[tuple[int, int], ...]:
     """DEALER_OPTIONS, plus IPV6 for a bracketed IPv6 host: zmq resolves tcp hosts as IPv4
     only unless a socket is told otherwise, so `tcp://[::1]:PORT` would never connect."""
     return DEALER_OPTIONS + _IPV6 if endpoint.startswith("tcp://[") else DEALER_OPTIONS
-
-
-#: The integers msgpack can carry: int64 and uint64.
-_WIRE_INTS = range(-(1 << 63), 1 << 64)
-
-
-def encode_frame(env: Envelope) -> bytes:
-    """A request's frame (codec.encode_request: FrameTooLarge over the limit), or a BadRequest
-    naming the field whose integer no wire can carry, never msgpack's OverflowError."""
-    try:
-        return encode_request(env)
-    except OverflowError:
-        field = _too_wide(env.body) or "body"
-        raise BadRequest(
-            f"invalid {env.type} request: {field}: an integer outside the 64-bit range "
-            "the wire carries",
-            reason="schema",
-            field=field,
-        ) from None
-
-
-def _too_wide(value: Any, path: str = "") -> str | None:
-    """The dotted path of the first integer in `value` that msgpack cannot encode."""
-    if isinstance(value, dict):
-        items: Any = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    else:
-        return path if isinstance(value, int) and value not in _WIRE_INTS else None
-    for key, item in items:
-        found = _too_wide(item, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
-    return None
 
 
 #: How long a reply may be late before the transport looks whether its owner restarted.
@@ -235,7 +199,7 @@ class Channel:
             close(self)
 
     def send(self, env: Envelope) -> None:
-        frame = encode_frame(env)  # FrameTooLarge, BadRequest before anything is sent
+        frame = encode_request(env)  # FrameTooLarge, BadRequest before anything is sent
         self.guard.enter()
         terminated = False
         try:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from subagents_node import AsyncClient
-from subagents_node.client.channel import encode_frame
 from subagents_node.client.client import Client, connect
+from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadRequest
 from tests.support.nodes import NodeProcess, running_node
@@ -124,4 +124,4 @@ def test_an_integer_no_wire_can_carry_is_refused_naming_its_field(
 def test_a_frame_with_an_integer_past_64_bits_is_refused_naming_where_it_is() -> None:
     # What a request that escaped its schema would carry: the seam says where, not msgpack.
     env = Envelope(type="fanout.create", body={"root_run_id": "x", "limit": [1, {"n": 2**70}]})
-    _refused(lambda: encode_frame(env), "limit.1.n")
+    _refused(lambda: encode_request(env), "limit.1.n")
