@@ -12,6 +12,7 @@ Times are wall-clock seconds since the epoch; durations are seconds unless named
 """
 
 import os
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -38,6 +39,19 @@ ProofState = Literal["pending", "observed", "unknown", "not-started"]
 
 #: R-EXT-3: the in-memory tails of stdout and stderr.
 OUTPUT_TAIL_BYTES = 64 * 1024
+#: The line a capped child log holds where bytes were cut (between newlines, after the kept
+#: head, before the kept tail): `cut` bytes of the child's output in all so far. The node
+#: writes it (actors/child/logcap.py); a follower reads it to go on across a cut.
+LOG_CUT_LINE = (
+    "[subagents-node: {cut} bytes of this log were cut here (child_log_max_bytes = {cap}); "
+    "the head and the tail are kept]"
+)
+#: Beside a capped log, how its last cut left it (a `LogCut`, JSON, replaced atomically).
+LOG_CUT_SUFFIX = ".cut"
+LOG_CUT_PATTERN = re.compile(
+    rb"\[subagents-node: (\d+) bytes of this log were cut here \(child_log_max_bytes = \d+\); "
+    rb"the head and the tail are kept\]"
+)
 #: R-EXT-3: SIGTERM, then SIGKILL this many seconds later.
 DEFAULT_GRACE_S = 2.0
 #: R-EXT-3: the exit code reported for a child ended by a timeout or a stop.
@@ -226,3 +240,24 @@ def output_tail(path: str, limit: int = OUTPUT_TAIL_BYTES) -> str:
     except OSError:
         return ""
     return data.decode("utf-8", "replace").strip()
+
+
+class LogCut(Message):
+    """How the last cut of a capped child log left the file: `gen` is odd while a rewrite is
+    under way and even once it is done; the tail then starts at `at + line` in the file (after
+    the head and the cut line) and at `at + cut` in the child's output."""
+
+    gen: int = 0
+    at: int = 0
+    cut: int = 0
+    line: int = 0
+
+    @classmethod
+    def of(cls, log_path: str) -> "LogCut | None":
+        """The announcement beside `log_path`, None when there is none (never cut) or it
+        cannot be read."""
+        try:
+            with open(log_path + LOG_CUT_SUFFIX, "rb") as fh:
+                return cls.model_validate_json(fh.read(4096))
+        except (OSError, ValueError):
+            return None

@@ -7,7 +7,9 @@ stdout and stderr straight into its log files (so it keeps running, and keeps lo
 node restart); the kernel tells the thread each time a watched file is modified (IN_MODIFY,
 coalesced while unread), and once a file passes the cap the thread cuts its middle in place:
 
-    [head: the first cap/4 bytes] [one line saying how many bytes were cut] [tail: last cap/4]
+    [head: up to cap/4 bytes] [one line saying how many bytes were cut] [tail: up to cap/4]
+
+(the head ends at a line end, fixed by the first cut; the tail starts at a line start)
 
 The file is truncated back to the head and the marker and the tail are appended with O_APPEND,
 so the child's own appends keep landing at the end; after a cut the file is about half the cap,
@@ -16,6 +18,12 @@ cut itself (the instant between the last size check and the truncate; the tail i
 while the size moves) may be lost: the marker's count is of what was removed, not a guarantee
 about those few bytes. When a
 child ends, its files get one last check, so a final burst is cut too.
+
+Each cut is announced beside the file, in `<log>.cut` (replaced atomically, JSON, the layout
+of `messages.runs.LogCut`): its generation goes odd just before the rewrite and even once it
+is done, with where the tail now starts and how much was cut. A reader that follows the log
+(client/logs.py) reads it before and after each read, as a seqlock: a read that a cut crossed
+is read again, and a reader past the head goes on where the child's output went on.
 
 Without inotify (not Linux) logs are not capped and a warning says so. It never follows a
 symlink, never touches a file it was not asked to watch, and never raises into the run supervisor.
@@ -32,6 +40,9 @@ import struct
 import threading
 from collections.abc import Callable
 
+from subagents_node.actors.child.records import write_atomically
+from subagents_node.messages.runs import LOG_CUT_LINE, LOG_CUT_SUFFIX, LogCut
+
 log = logging.getLogger(__name__)
 
 _IN_MODIFY = 0x00000002
@@ -46,7 +57,7 @@ MIN_CAP = 4096
 class _Watched:
     """One capped log file. (Slotted, not a dataclass: ~1 ms of every node's start.)"""
 
-    __slots__ = ("cut", "marker_len", "path", "refs", "wd")
+    __slots__ = ("cut", "head", "marker_len", "path", "refs", "wd")
 
     def __init__(self, path: str, wd: int) -> None:
         self.path = path
@@ -54,6 +65,7 @@ class _Watched:
         self.refs = 1
         self.cut = 0  # child output removed so far
         self.marker_len = 0  # length of the marker now in the file (not child output)
+        self.head = 0  # where the kept head ends (fixed by the first cut)
 
 
 #: Queued inotify calls that wake the thread without waiting for `flush`.
@@ -218,6 +230,21 @@ class ChildLogCap:
         except OSError as exc:  # the file went away or cannot be opened: nothing to cap
             log.debug("child log %s not cut: %s", watched.path, exc)
 
+    @staticmethod
+    def _head(watched: _Watched, fd: int, keep: int) -> int:
+        """Where the kept head ends: at the last line end within the first `keep` bytes, fixed
+        by the first cut (a later cut, by this node or an earlier one, keeps the same head)."""
+        if watched.head:
+            return watched.head
+        last = LogCut.of(watched.path)
+        if last is not None and last.gen % 2 == 0 and last.at:  # cut before this node
+            watched.head, watched.cut, watched.marker_len = last.at, last.cut, last.line
+            return watched.head
+        look = os.pread(fd, min(keep, 4096), keep - min(keep, 4096))
+        newline = look.rfind(b"\n")
+        watched.head = keep - len(look) + newline + 1 if newline >= 0 else keep
+        return watched.head
+
     def _cut(self, watched: _Watched) -> None:
         flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(watched.path, flags)
@@ -226,6 +253,7 @@ class ChildLogCap:
             if size <= self.max_bytes:
                 return
             keep = self.max_bytes // 4
+            head = self._head(watched, fd, keep)
             # Read the tail until the size holds still between the read and the truncate
             # (bounded: a child that never pauses loses at most what lands in that window).
             for _ in range(5):
@@ -234,13 +262,29 @@ class ChildLogCap:
                 if grown == size:
                     break
                 size = grown
-            watched.cut += size - keep - len(tail) - watched.marker_len
-            marker = (
-                f"\n[subagents-node: {watched.cut} bytes of this log were cut here "
-                f"(child_log_max_bytes = {self.max_bytes}); the head and the tail are kept]\n"
-            ).encode()
-            os.ftruncate(fd, keep)
+            # The tail starts at a line: the piece of a line whose start is cut goes with it.
+            newline = tail.find(b"\n")
+            if 0 <= newline < len(tail) - 1:
+                tail = tail[newline + 1 :]
+            watched.cut += size - head - len(tail) - watched.marker_len
+            line = LOG_CUT_LINE.format(cut=watched.cut, cap=self.max_bytes)
+            marker = f"\n{line}\n".encode()
+            generation = _announce(watched.path, None)  # odd: a rewrite is under way
+            os.ftruncate(fd, head)
             os.write(fd, marker + tail)
             watched.marker_len = len(marker)
+            done = LogCut(gen=generation + 1, at=head, cut=watched.cut, line=len(marker))
+            _announce(watched.path, done)
         finally:
             os.close(fd)
+
+
+def _announce(path: str, done: LogCut | None) -> int:
+    """Write `<path>.cut`: `done`, or (None) the next odd generation (a rewrite under way),
+    above whatever an earlier node wrote there; the generation written."""
+    if done is None:
+        last = LogCut.of(path)
+        gen = 1 if last is None else last.gen + (1 if last.gen % 2 == 0 else 2)
+        done = LogCut(gen=gen)
+    write_atomically(path + LOG_CUT_SUFFIX, done.model_dump(), sync=False)
+    return done.gen

@@ -1,10 +1,12 @@
 """Following a run's child logs: what `logs RUN [--child PATH] [-f]` and any client stream.
 
-Owns reading each child's stdout and stderr log from the byte offset it has reached, cutting
-the bytes into labelled lines (a line still being written is held until its newline, or until
-the run ends), and, when following, waking only on events: inotify on the run's directory for
-new bytes or a new log file (client/inotify.py, ctypes), and the run's `runs.watch` long-poll
-at the node for a child that started and for the run's end. The long-poll runs on a helper
+Owns reading each child's stdout and stderr log from the byte offset it has reached, a chunk
+at a time, cutting the bytes into labelled lines (a line still being written is held until its
+newline, or until the run ends), going on across a cut of a capped log where the child's
+output went on (nothing printed twice; the cut line when something was cut before it was
+read), and, when following, waking only on events: inotify on the run's directory for new
+bytes or a new log file (client/inotify.py, ctypes), and the run's `runs.watch` long-poll at
+the node for a child that started and for the run's end. The long-poll runs on a helper
 thread with its own connection (ZeroMQ sockets belong to one thread) that wakes the reader
 through a pipe. It never polls files on a timer, never writes, and never imports the node.
 """
@@ -22,7 +24,12 @@ from typing import TYPE_CHECKING, Literal
 
 from subagents_node.client.inotify import DirectoryWatch
 from subagents_node.messages.errors import BadRequest, SubagentsError
-from subagents_node.messages.runs import TERMINAL_RUN_STATES
+from subagents_node.messages.runs import (
+    LOG_CUT_LINE,
+    LOG_CUT_PATTERN,
+    TERMINAL_RUN_STATES,
+    LogCut,
+)
 from subagents_node.messages.supervisor import ChildView, RunView
 
 if TYPE_CHECKING:
@@ -43,31 +50,89 @@ class LogLine:
     text: str
 
 
+#: How much of a log one read takes: a 64 MiB log is streamed, never held whole.
+READ_CHUNK = 1 << 20
+
+
 @dataclass
 class _LogFile:
+    """One log file as far as it was read. `offset` is where the next read starts in the file;
+    `cut`/`marker_len` are the count and the length of the cut line before it: a capped log is
+    rewritten in place (head, cut line, tail: actors/child/logcap.py), so the position in the
+    child's output is `offset - marker_len + cut`, which is what survives a cut; `gen` is the
+    cut announcement (`LogCut`) this reader has taken into account."""
+
     label: str
     stream: Stream
     path: str
     offset: int = 0
     partial: bytes = field(default=b"")
+    cut: int = 0
+    marker_len: int = 0
+    gen: int = 0
 
-    def new_lines(self, final: bool) -> list[LogLine]:
-        """The complete lines written since the last call (and the rest, when `final`)."""
+    def new_lines(self, final: bool) -> tuple[list[LogLine], bool]:
+        """The complete lines of the next chunk written since the last call (and the rest,
+        when `final` and nothing is left); True when more is waiting to be read."""
+        lines: list[LogLine] = []
+        # A seqlock on the node's word about cuts (`<log>.cut`): a read that a cut crossed is
+        # thrown away and done again; one that follows a cut first finds its place again.
+        before = LogCut.of(self.path)
+        if before is not None and before.gen % 2 and not final:
+            return [], False  # a cut under way: its end (the announcement) wakes the follower
+        if before is not None and before.gen != self.gen:
+            if self.offset > before.at:  # past the head: the file changed under this reader
+                lines += self._across_cut(before)
+            self.gen = before.gen
         try:
             with open(self.path, "rb") as log:
+                size = os.fstat(log.fileno()).st_size
+                if size < self.offset:  # shrunk with no word of a cut: read on from its end
+                    self.offset, self.partial = size, b""
                 log.seek(self.offset)
-                data = log.read()
+                data = log.read(READ_CHUNK)
         except FileNotFoundError:
-            return []
+            return lines, False
         except OSError as exc:
             raise BadRequest(f"cannot read {self.path}: {exc.strerror}", reason="log") from None
+        if not final and LogCut.of(self.path) != before:
+            return lines, True  # a cut crossed this read: read again
         self.offset += len(data)
+        more = self.offset < size
         chunks = (self.partial + data).split(b"\n")
         self.partial = chunks.pop()
-        if final and self.partial:
+        if final and not more and self.partial:
             chunks.append(self.partial)
             self.partial = b""
-        return [LogLine(self.label, self.stream, c.decode("utf-8", "replace")) for c in chunks]
+        for chunk in chunks:
+            if (cut := LOG_CUT_PATTERN.fullmatch(chunk)) is not None:
+                self.cut, self.marker_len = int(cut.group(1)), len(chunk) + 2
+            lines.append(LogLine(self.label, self.stream, chunk.decode("utf-8", "replace")))
+        return lines, more
+
+    def _across_cut(self, cut: LogCut) -> list[LogLine]:
+        """The node cut the file (head, cut line, tail). Skip what of the tail was read
+        already; if some output was cut before it was read, say so (the cut line) and go on
+        from the tail."""
+        position = self.offset - self.marker_len + self.cut  # in the child's output
+        tail, tail_position = cut.at + cut.line, cut.at + cut.cut
+        self.cut, self.marker_len = cut.cut, cut.line
+        if position >= tail_position:  # nothing was lost: go on where this reader was
+            self.offset = tail + position - tail_position
+            return []
+        lost = [self.partial] if self.partial else []
+        self.offset, self.partial = tail, b""
+        try:  # the node's own cut line, between its newlines
+            with open(self.path, "rb") as log:
+                line = os.pread(log.fileno(), max(0, cut.line - 2), cut.at + 1)
+        except OSError:
+            line = b""
+        if not LOG_CUT_PATTERN.fullmatch(line):
+            line = LOG_CUT_LINE.format(cut=cut.cut, cap="?").encode()
+        return [
+            LogLine(self.label, self.stream, text.decode("utf-8", "replace"))
+            for text in [*lost, line]
+        ]
 
 
 def select_children(run: RunView, child: str | None) -> list[ChildView]:
@@ -157,7 +222,10 @@ def follow_logs(
 
     def drain(final: bool) -> Iterator[LogLine]:
         for log in list(files.values()):
-            yield from log.new_lines(final)
+            more = True
+            while more:
+                lines, more = log.new_lines(final)
+                yield from lines
 
     if not follow or run.state in TERMINAL_RUN_STATES:
         track(run)

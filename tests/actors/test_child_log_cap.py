@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.client.logs import follow_logs
+from subagents_node.messages.runs import LOG_CUT_PATTERN
 from subagents_node.node.node import Node
 from tests.support.manage import embedded
 from tests.support.run_fixtures import gate as gate
@@ -78,3 +80,66 @@ def test_issue_12_child_logs_stay_under_the_cap_with_head_tail_and_a_cut_line(
         assert data.startswith(b"HEAD-LINE\n")
         assert data.rstrip().endswith(b"TAIL-LINE")
         assert b"bytes of this log were cut here (child_log_max_bytes = 65536)" in data
+
+
+_BURSTS = """
+import sys, time
+for burst in range(30):
+    sys.stdout.write("".join(f"L{burst:02d}-{n:06d}\\n" for n in range(2000)))
+    sys.stdout.flush()
+    time.sleep(0.05)
+"""
+
+
+def test_logs_follow_goes_on_across_a_cut_in_order_and_says_when_something_was_cut(
+    node: Node, tmp_path: Path
+) -> None:
+    """A follower used to keep its byte offset across a cut: it printed nothing until the
+    file grew past it again, then bytes from the middle of lines (`L36-00L37-000000001`),
+    and gaps of millions of lines with no word of a cut. Now every line it prints is whole,
+    in order, printed once, and a gap comes right after the cut line."""
+    directory = tmp_path / "bursts"
+    command = json.dumps([sys.executable, "-c", _BURSTS])
+    write_agent(directory, "bursts", "Writes numbered lines in bursts.", command)
+    client = node.client()
+    run = client.runs.launch(launch_context(directory).single("bursts", "", True, None))
+
+    seen: list[tuple[int, int]] = []
+    cuts_before: list[int] = []  # indexes into `seen` a cut line came before
+    for line in follow_logs(client, run.run_id, follow=True):
+        if line.stream != "stdout" or not line.text:
+            continue
+        if LOG_CUT_PATTERN.fullmatch(line.text.encode()):
+            cuts_before.append(len(seen))
+            continue
+        burst, _, number = line.text.partition("-")
+        assert burst.startswith("L") and len(burst) == 3 and len(number) == 6, line.text
+        seen.append((int(burst[1:]), int(number)))
+    assert client.runs.wait(run.run_id, timeout=30).state == "complete"
+
+    assert seen[0] == (0, 0) and seen[-1] == (29, 1999)  # the head and the tail are kept
+    assert seen == sorted(set(seen)), "a line printed twice or out of order"
+    for index in range(1, len(seen)):
+        (b0, n0), (b1, n1) = seen[index - 1], seen[index]
+        contiguous = (b1, n1) == (b0, n0 + 1) or ((b1, n1) == (b0 + 1, 0) and n0 == 1999)
+        assert contiguous or index in cuts_before, (
+            f"a silent gap: {seen[index - 1]} -> {seen[index]}"
+        )
+
+
+def test_a_big_log_is_read_a_chunk_at_a_time_not_held_whole(tmp_path: Path) -> None:
+    """`logs` on a 51 MB log peaked at 1.43 GB: the whole file was read, then split into a
+    list of every line. It is read READ_CHUNK bytes at a time, every line exactly once."""
+    from subagents_node.client import logs
+
+    path = tmp_path / "big.log"
+    count = 3 * logs.READ_CHUNK // 16 + 7
+    path.write_bytes(b"".join(b"%015d\n" % n for n in range(count)))
+    reader = logs._LogFile("single", "stdout", str(path))
+    seen, reads, more = 0, 0, True
+    while more:
+        lines, more = reader.new_lines(final=True)
+        assert len(lines) <= logs.READ_CHUNK // 16 + 1
+        assert all(line.text == f"{seen + i:015d}" for i, line in enumerate(lines))
+        seen, reads = seen + len(lines), reads + 1
+    assert seen == count and reads >= 4
