@@ -7,10 +7,17 @@ its `children` rows, which the supervisor owns too), inside the supervisor's tra
 directory under the runs root is removed only after that commit, so a crash in between leaves
 a directory without a record, never a record without its files.
 
+The directories are removed by one thread of their own (`DirectoryRemover`), in the order they
+were pruned: removing a thousand run directories took seconds, and the supervisor would answer
+nothing meanwhile. A stop waits (bounded) for what is queued; a crash leaves the rest as
+directories without records, as above.
+
 The node applies `run_retention_days` by itself with one timer message (`RetentionDue`) armed
 at the moment the oldest finished run passes its retention, re-armed after each pass and when
-a run ends; there is no polling loop. A pass that finds the oldest run blocked (a sub-run still
-going) re-arms no sooner than `RECHECK_S` later. `runs.prune` (`prune_request`) prunes on demand:
+a run ends; there is no polling loop. A pass prunes at most `PASS_MAX` runs and, when more are
+due, is re-armed at once: the requests that arrived meanwhile are served between passes. A pass
+that finds the oldest run blocked (a sub-run still going) re-arms no sooner than `RECHECK_S`
+later. `runs.prune` (`prune_request`) prunes on demand:
 past the request's own age, or the configured one (refused when retention is off).
 
 It never removes a path outside the runs root and never follows a symlink out of it.
@@ -19,8 +26,10 @@ It never removes a path outside the runs root and never follows a symlink out of
 from __future__ import annotations
 
 import logging
+import queue
 import shutil
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: The earliest a retention pass re-runs after one that left a blocked run behind.
 RECHECK_S = 60.0
+#: Runs one automatic retention pass prunes at the most (one transaction on the supervisor).
+PASS_MAX = 100
+#: How long a stopping supervisor waits for the directories still queued for removal.
+REMOVE_ON_STOP_S = 10.0
 _TERMINAL = tuple(sorted(TERMINAL_RUN_STATES))
 _IN_TERMINAL = ", ".join("?" * len(_TERMINAL))
 
@@ -62,23 +75,29 @@ class RunRetention:
         self._announce = announce  # a fleet event naming the pruned runs (watch_all sees it)
         self._armed_at: float | None = None
         self._cancel: Cancel = lambda: None
+        self._remover = DirectoryRemover()
 
     # -- the rule -----------------------------------------------------------------------------
 
     def prunable(
-        self, db: sqlite3.Connection, cutoff: float, is_live: Callable[[str], bool]
+        self,
+        db: sqlite3.Connection,
+        cutoff: float,
+        is_live: Callable[[str], bool],
+        limit: int = MAX_PRUNED_PER_REQUEST,
     ) -> tuple[list[tuple[str, str]], bool]:
-        """(run id, run dir) of the runs to prune, oldest first; and whether more are due."""
+        """(run id, run dir) of the runs to prune, oldest first (at most `limit`); and whether
+        more are due."""
         rows = db.execute(
             f"SELECT run_id, run_dir FROM runs r WHERE state IN ({_IN_TERMINAL}) "
             "AND ended_at IS NOT NULL AND ended_at < ? AND NOT EXISTS ("
             f"  SELECT 1 FROM runs c WHERE c.parent_run_id = r.run_id "
             f"  AND c.state NOT IN ({_IN_TERMINAL})) "
             "ORDER BY ended_at LIMIT ?",
-            (*_TERMINAL, cutoff, *_TERMINAL, MAX_PRUNED_PER_REQUEST + 1),
+            (*_TERMINAL, cutoff, *_TERMINAL, limit + 1),
         ).fetchall()
         found = [(str(r["run_id"]), str(r["run_dir"])) for r in rows if not is_live(r["run_id"])]
-        return found[:MAX_PRUNED_PER_REQUEST], len(found) > MAX_PRUNED_PER_REQUEST
+        return found[:limit], len(found) > limit
 
     def prune(
         self,
@@ -86,8 +105,9 @@ class RunRetention:
         cutoff: float,
         is_live: Callable[[str], bool],
         dry_run: bool = False,
+        limit: int = MAX_PRUNED_PER_REQUEST,
     ) -> tuple[list[str], bool]:
-        victims, more = self.prunable(db, cutoff, is_live)
+        victims, more = self.prunable(db, cutoff, is_live, limit)
         if dry_run or not victims:
             return [run_id for run_id, _ in victims], more
         ids = [run_id for run_id, _ in victims]
@@ -98,7 +118,7 @@ class RunRetention:
             db.execute(f"DELETE FROM children WHERE run_id IN ({marks})", ids)
         db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
         directories = [Path(run_dir) for _, run_dir in victims]
-        self._after_commit(lambda: self._remove_dirs(directories))
+        self._after_commit(lambda: self._remover.remove(self._run_dirs(directories)))
         self._announce(ids)
         log.info("pruned %d finished runs that ended before %.0f", len(ids), cutoff)
         return ids, more
@@ -117,8 +137,14 @@ class RunRetention:
         pruned, more = self.prune(db, cutoff, is_live, request.dry_run)
         return PruneResult(pruned=pruned, cutoff=cutoff, dry_run=request.dry_run, more=more)
 
-    def _remove_dirs(self, directories: list[Path]) -> None:
+    def close(self) -> None:
+        """The supervisor stops: let the queued removals finish (bounded)."""
+        self._remover.close(REMOVE_ON_STOP_S)
+
+    def _run_dirs(self, directories: list[Path]) -> list[Path]:
+        """The directories that are run directories right under the runs root."""
         root = self._runs_root().resolve()
+        kept = []
         for directory in directories:
             try:
                 target = directory.resolve()
@@ -127,7 +153,8 @@ class RunRetention:
             if target.parent != root or directory.is_symlink():
                 log.warning("not removing %s: it is not a run directory under %s", directory, root)
                 continue
-            shutil.rmtree(target, ignore_errors=True)
+            kept.append(target)
+        return kept
 
     # -- the timer ----------------------------------------------------------------------------
 
@@ -156,5 +183,32 @@ class RunRetention:
     def due(self, db: sqlite3.Connection, is_live: Callable[[str], bool]) -> None:
         self._armed_at = None
         now = self._clock()
-        _, more = self.prune(db, now - self.retention_s, is_live)
+        _, more = self.prune(db, now - self.retention_s, is_live, limit=PASS_MAX)
         self.arm(db, not_before=now if more else now + RECHECK_S)
+
+
+class DirectoryRemover:
+    """One thread that removes the directories handed to it, in order; started on first use."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[Path] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def remove(self, directories: list[Path]) -> None:
+        if not directories:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="run-dir-remover", daemon=True)
+            self._thread.start()
+        self._queue.put(directories)
+
+    def close(self, wait_s: float) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(wait_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while (directories := self._queue.get()) is not None:
+            for directory in directories:
+                shutil.rmtree(directory, ignore_errors=True)

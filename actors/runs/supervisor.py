@@ -169,6 +169,7 @@ class RunSupervisor(OwnerActor):
         """Stopping with the node leaves children running under their shims (the next node
         adopts them); the template and the shim watch stop with us."""
         self.keeper.close()
+        self._retention.close()
         self._events.write_lines()
         super().on_stop()
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from subagents_node.actors.runs import retention, runschema
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import BadRequest, RunNotFound
 from subagents_node.messages.retention import Prune, PruneResult
 from subagents_node.node.node import Node
+from subagents_node.node.store import Store
 from tests.support.manage import embedded
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.run_fixtures import agents as agents
@@ -140,3 +142,45 @@ def node_process(start_node: object) -> NodeProcess:
     started = start_node()
     assert isinstance(started, NodeProcess)
     return started
+
+
+def test_issue_12_a_retention_pass_prunes_a_bounded_batch_and_the_next_one_follows_at_once(
+    tmp_path: Path,
+) -> None:
+    """One pass pruned up to 1,000 runs in one transaction and removed their directories on
+    the supervisor's thread: seconds in which it answered nothing. A pass now prunes at most
+    PASS_MAX runs, is re-armed at once while more are due (requests queued meanwhile are
+    served between passes), and the directories go on a thread of their own."""
+    store = Store(tmp_path / "runs.db")
+    store.migrate({"supervisor": runschema.MIGRATIONS})
+    db = store.connect()
+    root = tmp_path / "runs"
+    count = retention.PASS_MAX + 20
+    for n in range(count):
+        run_dir = root / f"{n:012x}"
+        run_dir.mkdir(parents=True)
+        db.execute(
+            "INSERT INTO runs(run_id, session_id, mode, background, state, label, depth, "
+            "root_run_id, run_dir, created_at, ended_at, runner_id, snapshots) "
+            "VALUES (?, 's', 'single', 1, 'complete', 'x', 0, ?, ?, 1.0, 2.0, 'r', '{}')",
+            (f"{n:012x}", f"{n:012x}", str(run_dir)),
+        )
+    armed: list[float] = []
+    committed: list[Callable[[], None]] = []
+    keeper = retention.RunRetention(
+        lambda: root,
+        retention_s=60.0,
+        after=lambda delay, tick: armed.append(delay) or (lambda: None),
+        after_commit=committed.append,
+        clock=lambda: 1_000.0,
+        announce=lambda ids: None,
+    )
+    keeper.due(db, lambda run_id: False)
+    left = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert left == count - retention.PASS_MAX
+    assert armed == [0.0]  # the next pass at once, behind whatever waits in the inbox
+    for effect in committed:
+        effect()  # the commit: the directories are handed to the remover
+    keeper.close()
+    assert len(list(root.iterdir())) == count - retention.PASS_MAX
+    db.close()
