@@ -22,7 +22,6 @@ import click
 
 from subagents_node.cli.common import Ctx
 from subagents_node.client.client import Client
-from subagents_node.client.inotify import DirectoryWatch
 from subagents_node.client.paths import PID_NAME
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning
@@ -85,6 +84,9 @@ def _answering(obj: Ctx, timeout: float = 2.0) -> Client | None:
 
 def _wait_for_winner(obj: Ctx, wait_s: float = RACE_WAIT_S) -> Client | None:
     """The node another command started meanwhile, once it serves; None if none does in time."""
+    # Here, not at the top: ctypes (inotify's) would add a MiB to every node `start` forks.
+    from subagents_node.client.inotify import DirectoryWatch
+
     deadline = time.monotonic() + wait_s
     state_dir = Path(obj.state_dir)
     with DirectoryWatch(state_dir) as watch:

@@ -95,7 +95,7 @@ class _LogFile:
             return lines, False
         except OSError as exc:
             raise BadRequest(f"cannot read {self.path}: {exc.strerror}", reason="log") from None
-        if not final and LogCut.of(self.path) != before:
+        if LogCut.of(self.path) != before:
             return lines, True  # a cut crossed this read: read again
         self.offset += len(data)
         more = self.offset < size

@@ -257,7 +257,8 @@ class Node:
         for name in [spec.name for spec in specs] + sorted(self.remote_owners):
             self.dispatcher.register(name, self._forwarder.submit)
         if not self._owners.all_failed():
-            retire_v1_state(self.state_dir, [s.state for s in self._owners.status(0)])
+            owners_now = self._owners
+            retire_v1_state(self.state_dir, lambda: [s.state for s in owners_now.status(0)])
         self._gateway = Gateway(
             self._zctx,
             endpoints,

@@ -306,11 +306,13 @@ def import_v1_state(spec: OwnerSpec, families: Mapping[str, Sequence[str]], stor
     return True
 
 
-def retire_v1_state(state_dir: Path, owner_states: Sequence[str]) -> None:
+def retire_v1_state(state_dir: Path, owner_states: Callable[[], Sequence[str]]) -> None:
     """Once every owner imported its tables from a version-1 `state.db` (all are running), keep
-    the old file aside (`state.db.v1`) so it is never imported again."""
+    the old file aside (`state.db.v1`) so it is never imported again. The owners' states are
+    asked only when there is such a file: building them costs the node a MiB of pydantic's
+    code pages at every start."""
     old = state_dir / V1_DB_NAME
-    if not old.exists() or any(state != "running" for state in owner_states):
+    if not old.exists() or any(state != "running" for state in owner_states()):
         return
     for suffix in ("", "-wal", "-shm"):
         with suppress(FileNotFoundError):
