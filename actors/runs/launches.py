@@ -112,10 +112,15 @@ class RunLaunches:
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]
 
+    def continuing(self, source_id: str) -> str | None:
+        """The run whose admission is going on with paused run `source_id` now, if any."""
+        going = self._continuing.get(source_id)
+        return going if going is not None and self._pipelines.running(LaunchKey(going)) else None
+
     def _continue_once(self, source_id: str, run_id: str) -> None:
         """A paused run goes on once: refuse a continuation while another one is admitted."""
-        going = self._continuing.get(source_id)
-        if going is not None and self._pipelines.running(LaunchKey(going)):
+        going = self.continuing(source_id)
+        if going is not None:
             raise checkpoints.refuse(
                 source_id, f"is being continued as run {going} already.", "continued"
             )

@@ -52,6 +52,9 @@ class RequestHost(pauses.PauseHost, Protocol):
     def quarantine_unreadable(self, err: RecordQuarantined) -> str:
         """Report a run or child row that cannot be read; the run id it belongs to."""
 
+    def continuing(self, run_id: str) -> str | None:
+        """The run being admitted to go on with paused run `run_id`, if any."""
+
 
 def resolve(db: sqlite3.Connection, run_id: str) -> str:
     """The id of the one run whose id starts with `run_id`."""
@@ -89,6 +92,11 @@ def stop(host: RequestHost, request: Stop) -> Message:
     if live is not None and live.stop_state is None:
         stop_live(host, live, "stopped", "Stopped by request.")
     elif live is None and checkpoints.parked(host.db, run_id):
+        going = host.continuing(run_id)
+        if going is not None:  # stopped now, the source would be over and its successor run
+            raise checkpoints.refuse(
+                run_id, f"is being continued as run {going}; stop that run instead.", "continued"
+            )
         pauses.end_parked(host, run_id, "stopped", "Stopped by request.")
     view = runstore.view(host.db, run_id)
     assert view is not None

@@ -154,6 +154,7 @@ class RunSupervisor(OwnerActor):
         )
         self._settler = RunSettler(self, self._live, self._retention)
         self._launches = RunLaunches(self, self._live, self._pipelines)
+        self.continuing = self._launches.continuing  # RequestHost: a continuation admitted now
         self._restart = RunRestart(self, self._live, self._outbox, self._launches, self._retention)
         self.keeper = ChildKeeper(
             # Shims report to this owner's own socket (its process's ROUTER), not the node's.

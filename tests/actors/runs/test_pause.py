@@ -218,6 +218,59 @@ def test_r_run_2_resumes_of_a_paused_run_sent_at_once_continue_it_only_once(
     ]
 
 
+def _stop_and_resume_at_once(node: Node, run_id: str) -> dict[str, object]:
+    """`stop` and `resume` of `run_id` from two threads at once: what each got (a view, or
+    the refusal's reason)."""
+    start = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def act(what: str) -> None:
+        client = node.client()
+        start.wait(timeout=10)
+        try:
+            outcomes[what] = client.runs.stop(run_id) if what == "stop" else resume(client, run_id)
+        except (PauseRefused, RunNotResumable) as err:
+            outcomes[what] = err.details["reason"]
+
+    threads = [threading.Thread(target=act, args=(what,)) for what in ("stop", "resume")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return outcomes
+
+
+def test_r_run_2_a_stop_and_a_resume_of_a_paused_run_sent_at_once_never_both_win(
+    node: Node, ctx: LaunchContext, gate: Gate
+) -> None:
+    """Either the stop ends the paused run (and the resume is refused), or the resume goes on
+    with it (and a stop that arrives while that continuation is admitted is refused, naming
+    it). A stop that arrived in that window used to end the source `stopped` while the
+    continuation ran on regardless."""
+    client = node.client()
+    for _ in range(4):
+        chain = [step(ctx, "gate", str(gate.path))]
+        run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+        [child] = gate.accept(1)
+        client.runs.pause(run.run_id)
+        paused(client, run.run_id)
+        child.wait_exit()
+        outcomes = _stop_and_resume_at_once(node, run.run_id)
+        resumed = outcomes["resume"]
+        if isinstance(resumed, RunView):  # the resume won: the source went on, not stopped
+            stopped = outcomes["stop"]
+            assert stopped == "continued" or (
+                isinstance(stopped, RunView)
+                and stopped.output == f"Continued as run {resumed.run_id}."
+            ), stopped  # refused, or it found the source over already: it changed nothing
+            [again] = gate.accept(1)
+            again.release(0)
+            client.runs.wait(resumed.run_id, timeout=20)
+        else:  # the stop won: nothing goes on with it
+            assert client.runs.show(run.run_id).state == "stopped"
+            assert not [r for r in client.runs.list() if r.source_run_id == run.run_id]
+
+
 def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_nothing(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
