@@ -269,6 +269,11 @@ class OperatorReleases(Message):
 # -- requests -------------------------------------------------------------------------------
 
 
+#: A slot request's asker: a worker's name (stamped by the home, whatever the worker wrote),
+#: "" for the home node and its operators. A worker acts only on the slots of its own host.
+AskingHost = HostOrHome
+
+
 class Acquire(Request):
     """Take the lowest free slot in [0, limit) for `run_id` (R-CAP-8..12)."""
 
@@ -299,9 +304,7 @@ class MarkStarted(Request):
     runner_id: Token
     pid: Pid | None = None
     process_start_time: Timestamp | None = None
-    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
-    #: home node and its operators. A worker acts only on the slots of its own host.
-    host: HostOrHome = ""
+    host: AskingHost = ""
 
 
 class MarkWorkflowStarted(Request):
@@ -312,9 +315,7 @@ class MarkWorkflowStarted(Request):
     Result: ClassVar[ResultType] = SlotHandle
 
     handle: SlotHandle
-    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
-    #: home node and its operators. A worker acts only on the slots of its own host.
-    host: HostOrHome = ""
+    host: AskingHost = ""
 
 
 class Rollback(Request):
@@ -325,9 +326,7 @@ class Rollback(Request):
     Result: ClassVar[ResultType] = RollbackResult
 
     handle: SlotHandle
-    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
-    #: home node and its operators. A worker acts only on the slots of its own host.
-    host: HostOrHome = ""
+    host: AskingHost = ""
 
 
 class Transfer(Request):
@@ -370,9 +369,7 @@ class ReportTerminal(Request):
     workflow_children_proven: bool = False
     #: Workflow slots only: why the children are not proven, shown by `inspect`.
     reason: ShortText = ""
-    #: Who asks: a worker's name (stamped by the home, whatever the worker wrote), "" for the
-    #: home node and its operators. A worker acts only on the slots of its own host.
-    host: HostOrHome = ""
+    host: AskingHost = ""
 
 
 class Inspect(Request):
@@ -441,15 +438,6 @@ class ListReleases(Request):
 
 
 REQUESTS: tuple[type[Request], ...] = (
-    Acquire,
-    MarkStarted,
-    MarkWorkflowStarted,
-    Rollback,
-    Transfer,
-    ReportTerminal,
-    Inspect,
-    Snapshot,
-    ReleaseHost,
-    HostSlots,
-    ListReleases,
+    *(Acquire, MarkStarted, MarkWorkflowStarted, Rollback, Transfer, ReportTerminal),
+    *(Inspect, Snapshot, ReleaseHost, HostSlots, ListReleases),
 )
