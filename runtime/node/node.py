@@ -330,15 +330,20 @@ class Node:
         for client in self._clients:
             client.close()
         self._join.stop()
+        bound: list[str] = []
         if self._gateway is not None:
             self._gateway.stop()
-            for endpoint in self._gateway.bound:
-                path = ipc_path(endpoint)
-                if path is not None:
-                    with suppress(FileNotFoundError):
-                        path.unlink()
+            bound += self._gateway.bound
         if self._owners is not None:
             self._owners.stop()
+            # Gone with them: a client holding a channel to one is told the node stopped at
+            # once (its socket file is gone) instead of waiting out its timeout.
+            bound += self._owners.endpoints()
+        for endpoint in bound:
+            path = ipc_path(endpoint)
+            if path is not None:
+                with suppress(FileNotFoundError):
+                    path.unlink()
         if self._forwarder is not None:
             self._forwarder.stop()
         if self._home is not None:

@@ -165,6 +165,10 @@ class OwnerSupervisor:
     def all_failed(self) -> bool:
         return all(o.state == "failed" for o in self._owners.values())
 
+    def endpoints(self) -> list[str]:
+        """Where each owner listens (its ipc socket file outlives a process that exits)."""
+        return [owner.spec.endpoint for owner in self._owners.values()]
+
     def pids(self) -> dict[str, int]:
         return {name: o.pid for name, o in self._owners.items() if o.pid is not None}
 

@@ -21,7 +21,10 @@ import zmq
 from click.testing import Result
 
 from subagents_node.cli import cli
+from subagents_node.client.client import Client
 from subagents_node.client.paths import read_pid_file
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.errors import NodeNotRunning
 from subagents_node.node.daemon import wait_exited
 from tests.support.nodes import REPO, NodeProcess, new_state_dir, run_cli, running_node
 
@@ -367,3 +370,18 @@ def test_version_and_help_of_one_command_load_no_other_command_family() -> None:
         "subagents_node.cli.main",
         "subagents_node.cli.params",  # the value types of the group's own options
     ]
+
+
+def test_a_client_that_talked_to_an_owner_is_told_at_once_when_the_node_stops(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A clean stop left the owners' socket files behind: a client holding a channel to an
+    owner waited out its whole timeout (NodeTimeout) where a fresh one got NodeNotRunning."""
+    node = start_node()
+    with Client(ZmqTransport(node.address), timeout=30.0) as client:
+        budget = client.fanout.create(root_run_id="r-stop", limit=2)
+        done = run_cli("stop", state_dir=node.state_dir)
+        assert done.returncode == 0, done.stderr
+        with pytest.raises(NodeNotRunning):
+            client.fanout.claim(budget, ["tasks[0]"])
+    assert not list(node.state_dir.glob("*.sock"))
