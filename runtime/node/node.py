@@ -41,7 +41,7 @@ from subagents_node.client.paths import ensure_state_dir, ipc_path, resolve_stat
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
-from subagents_node.messages.errors import BadAddress
+from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus
 from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
@@ -145,7 +145,11 @@ class Node:
         pidfile.refuse_if_serving(self.state_dir)  # at once, before waiting on any claim
         # One node per state dir, decided by the kernel before anything is bound or forked.
         self._claim = StateDirClaim(self.state_dir)
-        self._claim.take(pidfile.recorded_pids(self.state_dir))
+        try:
+            self._claim.take(pidfile.recorded_pids(self.state_dir))
+        except NodeAlreadyRunning:
+            pidfile.refuse_if_serving(self.state_dir, ours_too=True)  # a clearer word, if ours
+            raise
         try:
             pidfile.refuse_if_running(self.state_dir, self.options.ipc)
             pidfile.refuse_served_sockets(endpoints[1:] if self.options.ipc else endpoints)

@@ -37,14 +37,24 @@ def pid_file_of(state_dir: Path) -> Path:
     return state_dir / PID_NAME
 
 
-def refuse_if_serving(state_dir: Path) -> None:
+def refuse_if_serving(state_dir: Path, ours_too: bool = False) -> None:
     """Raise `NodeAlreadyRunning` when another live process's record says it serves
-    `state_dir`."""
+    `state_dir`; with `ours_too`, also when it is a node of this very process (an embedded
+    one), which a start otherwise passes over: a record of this pid may be left by a node of
+    this process that failed to stop."""
     other = read_pid_file(state_dir)
-    if other is not None and other.get("pid") != os.getpid():
+    if other is None:
+        return
+    if other.get("pid") != os.getpid():
         raise NodeAlreadyRunning(
             f"a node (pid {other['pid']}) already serves {state_dir}; "
             "stop it with `subagents-node stop` or use another --state-dir",
+            address=str(other.get("address", "")),
+        )
+    if ours_too:
+        raise NodeAlreadyRunning(
+            f"a node of this process (pid {other['pid']}) already serves {state_dir}; stop it "
+            "(Node.stop(), or leave its `with Node.embedded()` block) before starting another",
             address=str(other.get("address", "")),
         )
 

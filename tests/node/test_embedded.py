@@ -11,6 +11,9 @@ import shutil
 import signal
 from contextlib import suppress
 
+import pytest
+
+from subagents_node.messages.errors import NodeAlreadyRunning
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import new_state_dir
@@ -70,4 +73,17 @@ def test_an_embedded_node_on_a_named_state_dir_leaves_its_runs_to_the_next_node(
         if pid is not None:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_a_second_embedded_node_on_a_served_dir_is_told_a_node_of_this_process_serves_it() -> None:
+    """It used to be told that another node was starting or stopping, and to retry."""
+    state_dir = new_state_dir()
+    try:
+        with Node.embedded(state_dir=state_dir) as node:
+            with pytest.raises(NodeAlreadyRunning) as refused, Node.embedded(state_dir=state_dir):
+                pass
+            assert "a node of this process" in refused.value.message
+            assert node.client().capacity.snapshot("s", 1).used == 0  # the first serves on
+    finally:
         shutil.rmtree(state_dir, ignore_errors=True)
