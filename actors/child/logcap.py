@@ -232,8 +232,9 @@ class ChildLogCap:
 
     @staticmethod
     def _head(watched: _Watched, fd: int, keep: int) -> int:
-        """Where the kept head ends: at the last line end within the first `keep` bytes, fixed
-        by the first cut (a later cut, by this node or an earlier one, keeps the same head)."""
+        """Where the kept head ends: just before the last newline within the first `keep` bytes
+        (the cut line's own leading newline ends that line: no empty line before it), fixed by
+        the first cut (a later cut, by this node or an earlier one, keeps the same head)."""
         if watched.head:
             return watched.head
         last = LogCut.of(watched.path)
@@ -242,7 +243,7 @@ class ChildLogCap:
             return watched.head
         look = os.pread(fd, min(keep, 4096), keep - min(keep, 4096))
         newline = look.rfind(b"\n")
-        watched.head = keep - len(look) + newline + 1 if newline >= 0 else keep
+        watched.head = keep - len(look) + newline if newline >= 0 else keep
         return watched.head
 
     def _cut(self, watched: _Watched) -> None:
@@ -254,27 +255,31 @@ class ChildLogCap:
                 return
             keep = self.max_bytes // 4
             head = self._head(watched, fd, keep)
-            # Read the tail until the size holds still between the read and the truncate
-            # (bounded: a child that never pauses loses at most what lands in that window).
-            for _ in range(5):
-                tail = os.pread(fd, keep, size - keep)
-                grown = os.fstat(fd).st_size
-                if grown == size:
-                    break
-                size = grown
-            # The tail starts at a line: the piece of a line whose start is cut goes with it.
-            newline = tail.find(b"\n")
-            if 0 <= newline < len(tail) - 1:
-                tail = tail[newline + 1 :]
-            watched.cut += size - head - len(tail) - watched.marker_len
-            line = LOG_CUT_LINE.format(cut=watched.cut, cap=self.max_bytes)
-            marker = f"\n{line}\n".encode()
+            # Announced before the tail is read: between the last size check and the truncate
+            # nothing else is done (a write landing there is lost, the cut line not counting it).
             generation = _announce(watched.path, None)  # odd: a rewrite is under way
-            os.ftruncate(fd, head)
-            os.write(fd, marker + tail)
-            watched.marker_len = len(marker)
-            done = LogCut(gen=generation + 1, at=head, cut=watched.cut, line=len(marker))
-            _announce(watched.path, done)
+            try:
+                # Read the tail until the size holds still between the read and the truncate
+                # (bounded: a child that never pauses loses at most what lands in that window).
+                for _ in range(5):
+                    tail = os.pread(fd, keep, size - keep)
+                    grown = os.fstat(fd).st_size
+                    if grown == size:
+                        break
+                    size = grown
+                # The tail starts at a line: the piece of a line whose start is cut goes too.
+                newline = tail.find(b"\n")
+                if 0 <= newline < len(tail) - 1:
+                    tail = tail[newline + 1 :]
+                cut = watched.cut + size - head - len(tail) - watched.marker_len
+                line = LOG_CUT_LINE.format(cut=cut, cap=self.max_bytes)
+                marker = f"\n{line}\n".encode()
+                os.ftruncate(fd, head)
+                os.write(fd, marker + tail)
+                watched.cut, watched.marker_len = cut, len(marker)
+            finally:  # even again, also when the rewrite failed: readers must not wait on it
+                done = LogCut(gen=generation + 1, at=head, cut=watched.cut, line=watched.marker_len)
+                _announce(watched.path, done)
         finally:
             os.close(fd)
 

@@ -87,16 +87,17 @@ class _LogFile:
         try:
             with open(self.path, "rb") as log:
                 size = os.fstat(log.fileno()).st_size
-                if size < self.offset:  # shrunk with no word of a cut: read on from its end
-                    self.offset, self.partial = size, b""
-                log.seek(self.offset)
-                data = log.read(READ_CHUNK)
+                data = (
+                    os.pread(log.fileno(), READ_CHUNK, self.offset) if size > self.offset else b""
+                )
         except FileNotFoundError:
             return lines, False
         except OSError as exc:
             raise BadRequest(f"cannot read {self.path}: {exc.strerror}", reason="log") from None
         if LogCut.of(self.path) != before:
-            return lines, True  # a cut crossed this read: read again
+            return lines, True  # a cut crossed this read: nothing changed here, read again
+        if size < self.offset:  # shrunk with no word of a cut: read on from its end
+            self.offset, self.partial = size, b""
         self.offset += len(data)
         more = self.offset < size
         chunks = (self.partial + data).split(b"\n")
@@ -120,7 +121,7 @@ class _LogFile:
         if position >= tail_position:  # nothing was lost: go on where this reader was
             self.offset = tail + position - tail_position
             return []
-        lost = [self.partial] if self.partial else []
+        # The line this reader was in the middle of lost its end: it is not printed.
         self.offset, self.partial = tail, b""
         try:  # the node's own cut line, between its newlines
             with open(self.path, "rb") as log:
@@ -129,10 +130,7 @@ class _LogFile:
             line = b""
         if not LOG_CUT_PATTERN.fullmatch(line):
             line = LOG_CUT_LINE.format(cut=cut.cut, cap="?").encode()
-        return [
-            LogLine(self.label, self.stream, text.decode("utf-8", "replace"))
-            for text in [*lost, line]
-        ]
+        return [LogLine(self.label, self.stream, line.decode("utf-8", "replace"))]
 
 
 def select_children(run: RunView, child: str | None) -> list[ChildView]:

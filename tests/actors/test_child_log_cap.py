@@ -7,6 +7,7 @@ head and their tail, and say what was cut; then it is released and exits normall
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.logs import follow_logs
-from subagents_node.messages.runs import LOG_CUT_PATTERN
+from subagents_node.messages.runs import LOG_CUT_PATTERN, LogCut
 from subagents_node.node.node import Node
 from tests.support.manage import embedded
 from tests.support.run_fixtures import gate as gate
@@ -143,3 +144,63 @@ def test_a_big_log_is_read_a_chunk_at_a_time_not_held_whole(tmp_path: Path) -> N
         assert all(line.text == f"{seen + i:015d}" for i, line in enumerate(lines))
         seen, reads = seen + len(lines), reads + 1
     assert seen == count and reads >= 4
+
+
+def test_a_cut_between_a_readers_two_looks_at_the_announcement_changes_nothing_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower reads the cut announcement before and after each read (a seqlock). A cut
+    landing right after its first look, shrinking the file below where it had read to, used
+    to move its offset before the second look sent it round again: it printed hundreds of
+    lines twice, or skipped some with no cut line. The interleaving is forced here: the real
+    cut of a real file, at that very moment."""
+    from subagents_node.actors.child import logcap
+    from subagents_node.client import logs
+
+    path = tmp_path / "child.log"
+    written = 0
+
+    def write(lines: int) -> None:
+        nonlocal written
+        with open(path, "ab") as log:
+            log.write(b"".join(b"L%07d\n" % n for n in range(written, written + lines)))
+        written += lines
+
+    cap = logcap.ChildLogCap(CAP)
+    watched = logcap._Watched(str(path), -1)
+    reader = logs._LogFile("single", "stdout", str(path))
+    real_of = LogCut.of
+    cut_now = False
+
+    def of_then_a_cut(log_path: str) -> LogCut | None:
+        nonlocal cut_now
+        found = real_of(log_path)
+        if cut_now:  # the node cuts right after this look
+            cut_now = False
+            cap._cut(watched)
+        return found
+
+    monkeypatch.setattr(LogCut, "of", of_then_a_cut)
+    seen: list[str] = []
+    for _ in range(12):
+        write(6_000)  # 48 KB: past the cap within two rounds
+        more = True
+        while more:  # the reader catches up: its offset is at the end of the file
+            lines, more = reader.new_lines(final=False)
+            seen += [line.text for line in lines]
+        cut_now = True  # the next read's first look is followed by a cut
+        write(100)
+        lines, _ = reader.new_lines(final=False)
+        seen += [line.text for line in lines]
+    cap.stop()
+    numbers = [int(text[1:]) for text in seen if not LOG_CUT_PATTERN.fullmatch(text.encode())]
+    assert len(numbers) > 10_000
+    whole = logs._LogFile("single", "stdout", str(path))  # `logs`, from the start
+    assert "" not in [line.text for line in whole.new_lines(final=True)[0]], (
+        "an empty line the child never wrote, before the cut line"
+    )
+    assert numbers == sorted(set(numbers)), "a line printed twice or out of order"
+    assert all(len(text) == 8 for text in seen if text.startswith("L")), "a broken line"
+    for before, after in itertools.pairwise(seen):
+        if before.startswith("L") and after.startswith("L"):
+            assert int(after[1:]) == int(before[1:]) + 1, f"a silent gap: {before} -> {after}"
