@@ -16,7 +16,8 @@ so the child's own appends keep landing at the end; after a cut the file is abou
 so a child that writes N bytes costs about N/2 bytes of copying in all. A write that races the
 cut itself (the instant between the last size check and the truncate; the tail is re-read
 while the size moves) may be lost: the marker's count is of what was removed, not a guarantee
-about those few bytes. When a
+about those few bytes. One that lands between the truncate and the cut line's write would sit
+before the cut line, run into the head's last line: it is moved after the tail. When a
 child ends, its files get one last check, so a final burst is cut too.
 
 Each cut is announced beside the file, in `<log>.cut` (replaced atomically, JSON, the layout
@@ -276,12 +277,30 @@ class ChildLogCap:
                 marker = f"\n{line}\n".encode()
                 os.ftruncate(fd, head)
                 os.write(fd, marker + tail)
+                _put_back_in_order(fd, head, marker, len(tail))
                 watched.cut, watched.marker_len = cut, len(marker)
             finally:  # even again, also when the rewrite failed: readers must not wait on it
                 done = LogCut(gen=generation + 1, at=head, cut=watched.cut, line=watched.marker_len)
                 _announce(watched.path, done)
         finally:
             os.close(fd)
+
+
+def _put_back_in_order(fd: int, head: int, marker: bytes, tail_len: int) -> None:
+    """The child appends while the file is rewritten: a write that landed between the truncate
+    and the cut line's write sits before the cut line, though it came after the tail. Move it
+    after the tail (bounded: each move has the same narrow window, and a reader waits on the
+    odd announcement meanwhile)."""
+    for _ in range(3):
+        if os.pread(fd, len(marker), head) == marker:
+            return
+        rest = os.pread(fd, os.fstat(fd).st_size - head, head)
+        at = rest.find(marker)
+        if at < 0:
+            return
+        early, after = rest[:at], rest[at + len(marker) :]
+        os.ftruncate(fd, head)
+        os.write(fd, marker + after[:tail_len] + early + after[tail_len:])
 
 
 def _announce(path: str, done: LogCut | None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,3 +205,40 @@ def test_a_cut_between_a_readers_two_looks_at_the_announcement_changes_nothing_i
     for before, after in itertools.pairwise(seen):
         if before.startswith("L") and after.startswith("L"):
             assert int(after[1:]) == int(before[1:]) + 1, f"a silent gap: {before} -> {after}"
+
+
+def test_a_childs_write_landing_inside_the_rewrite_comes_after_the_tail_not_before_the_cut_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child appends while the node rewrites the file (truncate to the head, then the cut
+    line and the tail): a write landing between those two calls sat right after the head, run
+    into its last line, before the cut line though it came after the tail. It is moved after
+    the tail. The child's write is forced into that very moment here."""
+    from subagents_node.actors.child import logcap
+    from subagents_node.client import logs
+
+    path = tmp_path / "child.log"
+    path.write_bytes(b"".join(b"L%07d\n" % n for n in range(10_000)))  # 90 KB, over the cap
+    real_truncate = os.ftruncate
+    child_wrote = False
+
+    def truncate_then_the_child_writes(fd: int, length: int) -> None:
+        nonlocal child_wrote
+        real_truncate(fd, length)
+        if not child_wrote:
+            child_wrote = True
+            with open(path, "ab") as child:  # its own descriptor, O_APPEND like its stdout
+                child.write(b"L0010000\nL0010001\n")
+
+    cap = logcap.ChildLogCap(CAP)
+    monkeypatch.setattr(os, "ftruncate", truncate_then_the_child_writes)
+    cap._cut(logcap._Watched(str(path), -1))
+    monkeypatch.setattr(os, "ftruncate", real_truncate)
+    cap.stop()
+    assert child_wrote
+    texts = [line.text for line in logs._LogFile("x", "stdout", str(path)).new_lines(True)[0]]
+    [cut_at] = [i for i, t in enumerate(texts) if LOG_CUT_PATTERN.fullmatch(t.encode())]
+    head, tail = texts[:cut_at], texts[cut_at + 1 :]
+    assert all(len(t) == 8 for t in head + tail), "a line run into another"
+    numbers = [int(t[1:]) for t in head + tail]
+    assert numbers == sorted(set(numbers)) and numbers[-2:] == [10_000, 10_001]
