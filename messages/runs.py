@@ -40,8 +40,8 @@ ProofState = Literal["pending", "observed", "unknown", "not-started"]
 #: R-EXT-3: the in-memory tails of stdout and stderr.
 OUTPUT_TAIL_BYTES = 64 * 1024
 #: The line a capped child log holds where bytes were cut (between newlines, after the kept
-#: head, before the kept tail): `cut` bytes of the child's output in all so far. The node
-#: writes it (actors/child/logcap.py); a follower reads it to go on across a cut.
+#: head, before the kept tail; padded with spaces): `cut` bytes of the child's output so far.
+#: The node writes it (actors/child/logcap.py); a follower reads it to go on across a cut.
 LOG_CUT_LINE = (
     "[subagents-node: {cut} bytes of this log were cut here (child_log_max_bytes = {cap}); "
     "the head and the tail are kept]"
@@ -50,7 +50,7 @@ LOG_CUT_LINE = (
 LOG_CUT_SUFFIX = ".cut"
 LOG_CUT_PATTERN = re.compile(
     rb"\[subagents-node: (\d+) bytes of this log were cut here \(child_log_max_bytes = \d+\); "
-    rb"the head and the tail are kept\]"
+    rb"the head and the tail are kept\] *"
 )
 #: R-EXT-3: SIGTERM, then SIGKILL this many seconds later.
 DEFAULT_GRACE_S = 2.0

@@ -11,14 +11,18 @@ coalesced while unread), and once a file passes the cap the thread cuts its midd
 
 (the head ends at a line end, fixed by the first cut; the tail starts at a line start)
 
-The file is truncated back to the head and the marker and the tail are appended with O_APPEND,
-so the child's own appends keep landing at the end; after a cut the file is about half the cap,
-so a child that writes N bytes costs about N/2 bytes of copying in all. A write that races the
-cut itself (the instant between the last size check and the truncate; the tail is re-read
-while the size moves) may be lost: the marker's count is of what was removed, not a guarantee
-about those few bytes. One that lands between the truncate and the cut line's write would sit
-before the cut line, run into the head's last line: it is moved after the tail. When a
-child ends, its files get one last check, so a final burst is cut too.
+Where the file system can (ext4, xfs), the middle goes with fallocate's COLLAPSE_RANGE, which
+holds the file's lock while it moves the rest down, so nothing the child writes meanwhile is
+lost or misplaced; the range is whole blocks, so the cut line is padded with spaces. Elsewhere
+(tmpfs) the file is truncated back to the head and the marker and the tail are appended with
+O_APPEND, so the child's own appends keep landing at the end. After a cut the file is about
+half the cap, so a child that writes N bytes costs about N/2 bytes of copying in all. On the
+truncate path, a write that races the cut itself (the instant between the last size check and
+the truncate; the tail is re-read while the size moves) may be lost: the marker's count is of
+what was removed, not a guarantee about those few bytes; one that lands between the truncate
+and the cut line's write would sit before the cut line, run into the head's last line: it is
+moved after the tail. When a child ends, its files get one last check, so a final burst is
+cut too.
 
 Each cut is announced beside the file, in `<log>.cut` (replaced atomically, JSON, the layout
 of `messages.runs.LogCut`): its generation goes odd just before the rewrite and even once it
@@ -68,6 +72,9 @@ class _Watched:
         self.marker_len = 0  # length of the marker now in the file (not child output)
         self.head = 0  # where the kept head ends (fixed by the first cut)
 
+
+#: fallocate(2): remove a range of whole blocks and move the rest of the file down.
+_FALLOC_FL_COLLAPSE_RANGE = 0x08
 
 #: Queued inotify calls that wake the thread without waiting for `flush`.
 WAKE_BATCH = 64
@@ -247,6 +254,50 @@ class ChildLogCap:
         watched.head = keep - len(look) + newline if newline >= 0 else keep
         return watched.head
 
+    def _collapse(
+        self, watched: _Watched, fd: int, size: int, head: int, keep: int, generation: int
+    ) -> bool:
+        """Cut the middle out in place with FALLOC_FL_COLLAPSE_RANGE, which holds the file's
+        lock while it moves the rest down: a write of the child's waits for it, and nothing
+        the child writes meanwhile is lost or misplaced. The range must be whole blocks, so
+        the cut line is padded with spaces to a block boundary, and the piece of a line the
+        tail would start with is blanked onto the cut line's end. False when the file system
+        cannot (tmpfs, say): the caller truncates and rewrites instead."""
+        if self._libc is None:
+            return False
+        block = os.fstat(fd).st_blksize or 4096
+        start = size - keep  # where the tail would start, then at its first line
+        piece = os.pread(fd, min(keep, 1 << 16), start)
+        newline = piece.find(b"\n")
+        if not 0 <= newline < len(piece) - 1:
+            return False  # no line starts in the tail's first 64 KiB
+        tail_at = start + newline + 1
+        cut = watched.cut + tail_at - head - watched.marker_len
+        line = LOG_CUT_LINE.format(cut=cut, cap=self.max_bytes).encode()
+        gone_from = -(-(head + 2 + len(line)) // block) * block  # the cut line, its padding
+        gone_to = tail_at // block * block
+        if gone_to <= gone_from:
+            return False
+        padding = b" " * (gone_from - head - 1 - len(line))
+        if gone_to == tail_at:  # the tail's newline before it goes: the padding ends the line
+            padding = padding[:-1] + b"\n"
+        plain = os.open(watched.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:  # not O_APPEND: pwrite would append, not write where it is told
+            os.pwrite(plain, b"\n" + line + padding, head)
+            if tail_at - 1 > gone_to:  # the tail's first piece of a line joins the cut line
+                os.pwrite(plain, b" " * (tail_at - 1 - gone_to), gone_to)
+        finally:
+            os.close(plain)
+        mode, length = _FALLOC_FL_COLLAPSE_RANGE, gone_to - gone_from
+        if self._libc.fallocate(fd, mode, ctypes.c_long(gone_from), ctypes.c_long(length)):
+            # Refused (not that file system): the bytes blanked above are in the middle, which
+            # the truncate that follows removes anyway.
+            return False
+        marker_len = (gone_from - head) + (tail_at - gone_to)
+        watched.cut, watched.marker_len = cut, marker_len
+        _announce(watched.path, LogCut(gen=generation + 1, at=head, cut=cut, line=marker_len))
+        return True
+
     def _cut(self, watched: _Watched) -> None:
         flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(watched.path, flags)
@@ -259,6 +310,8 @@ class ChildLogCap:
             # Announced before the tail is read: between the last size check and the truncate
             # nothing else is done (a write landing there is lost, the cut line not counting it).
             generation = _announce(watched.path, None)  # odd: a rewrite is under way
+            if self._collapse(watched, fd, size, head, keep, generation):
+                return
             try:
                 # Read the tail until the size holds still between the read and the truncate
                 # (bounded: a child that never pauses loses at most what lands in that window).

@@ -108,6 +108,7 @@ class _LogFile:
         for chunk in chunks:
             if (cut := LOG_CUT_PATTERN.fullmatch(chunk)) is not None:
                 self.cut, self.marker_len = int(cut.group(1)), len(chunk) + 2
+                chunk = chunk.rstrip(b" ")  # the cut line's padding (to a block boundary)
             lines.append(LogLine(self.label, self.stream, chunk.decode("utf-8", "replace")))
         return lines, more
 
@@ -125,12 +126,13 @@ class _LogFile:
         self.offset, self.partial = tail, b""
         try:  # the node's own cut line, between its newlines
             with open(self.path, "rb") as log:
-                line = os.pread(log.fileno(), max(0, cut.line - 2), cut.at + 1)
+                line = os.pread(log.fileno(), max(0, cut.line - 1), cut.at + 1).rstrip(b"\n ")
         except OSError:
             line = b""
         if not LOG_CUT_PATTERN.fullmatch(line):
             line = LOG_CUT_LINE.format(cut=cut.cut, cap="?").encode()
-        return [LogLine(self.label, self.stream, line.decode("utf-8", "replace"))]
+        text = line.rstrip(b" \n").decode("utf-8", "replace")
+        return [LogLine(self.label, self.stream, text)]
 
 
 def select_children(run: RunView, child: str | None) -> list[ChildView]:

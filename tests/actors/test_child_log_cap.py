@@ -210,10 +210,11 @@ def test_a_cut_between_a_readers_two_looks_at_the_announcement_changes_nothing_i
 def test_a_childs_write_landing_inside_the_rewrite_comes_after_the_tail_not_before_the_cut_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The child appends while the node rewrites the file (truncate to the head, then the cut
-    line and the tail): a write landing between those two calls sat right after the head, run
-    into its last line, before the cut line though it came after the tail. It is moved after
-    the tail. The child's write is forced into that very moment here."""
+    """Where the file system cannot collapse a range (tmpfs), the node rewrites the file while
+    the child appends (truncate to the head, then the cut line and the tail): a write landing
+    between those two calls sat right after the head, run into its last line, before the cut
+    line though it came after the tail. It is moved after the tail. The child's write is
+    forced into that very moment here."""
     from subagents_node.actors.child import logcap
     from subagents_node.client import logs
 
@@ -231,6 +232,8 @@ def test_a_childs_write_landing_inside_the_rewrite_comes_after_the_tail_not_befo
                 child.write(b"L0010000\nL0010001\n")
 
     cap = logcap.ChildLogCap(CAP)
+    # The truncate-and-rewrite path, taken where the file system cannot collapse a range.
+    monkeypatch.setattr(logcap.ChildLogCap, "_collapse", lambda *args: False)
     monkeypatch.setattr(os, "ftruncate", truncate_then_the_child_writes)
     cap._cut(logcap._Watched(str(path), -1))
     monkeypatch.setattr(os, "ftruncate", real_truncate)
