@@ -310,8 +310,11 @@ class ChildLogCap:
             # Announced before the tail is read: between the last size check and the truncate
             # nothing else is done (a write landing there is lost, the cut line not counting it).
             generation = _announce(watched.path, None)  # odd: a rewrite is under way
-            if self._collapse(watched, fd, size, head, keep, generation):
-                return
+            try:
+                if self._collapse(watched, fd, size, head, keep, generation):
+                    return
+            except OSError as exc:  # what it blanked is in the middle the rewrite removes
+                log.debug("child log %s not collapsed: %s", watched.path, exc)
             try:
                 # Read the tail until the size holds still between the read and the truncate
                 # (bounded: a child that never pauses loses at most what lands in that window).
