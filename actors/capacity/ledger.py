@@ -297,15 +297,13 @@ class CapacityLedger(OwnerActor):
         Idempotent (the supervisor's outbox resends a report until it is answered, so one may
         arrive twice): a second copy of a report that released the slot finds no slot and
         changes nothing (`not-owned`, or `transferred`); one that retained it finds the same
-        facts stored and changes nothing either, not even their time."""
+        facts stored and changes nothing either, not even their time, unless the slot changed
+        since (its runner started: the same proof may match it now)."""
         record = slots.held_by(self.db, req.session_id, req.run_id)
         if record is None:
             return self._unowned(req.session_id, req.run_id)
-        if foreign(record, req.host):
-            # A worker reports only its own runs' ends: another host's slot is not its to free.
-            return Verdict(
-                verdict="not-owned", reason=f"the run's slot is not held for host {req.host!r}"
-            )
+        if foreign(record, req.host):  # a worker reports its own runs' ends, no other host's
+            return Verdict(verdict="not-owned", reason=f"the slot is not {req.host!r}'s")
         if req.generation is not None and req.generation != record.generation:
             return Verdict(
                 verdict="not-owned",
@@ -321,10 +319,13 @@ class CapacityLedger(OwnerActor):
             reported_at=self.ctx.clock(),
         )
         stored = record.terminal
-        if stored is not None and stored.model_copy(update={"reported_at": 0.0}) == (
-            facts.model_copy(update={"reported_at": 0.0})
+        if (
+            stored is not None
+            and stored.model_copy(update={"reported_at": 0.0})
+            == facts.model_copy(update={"reported_at": 0.0})
+            and record.proof_state == proof_state(record, req.proof)
         ):
-            return verdict_of(record)  # a replay: these facts decided this verdict already
+            return verdict_of(record)  # a replay, and the slot is as these facts found it
         reported = record.model_copy(
             update={
                 "terminal_state": req.state,

@@ -134,6 +134,24 @@ def test_ttl_tick_never_frees_a_slot_that_has_started(harness: Harness) -> None:
     assert harness.client.capacity.snapshot("s").used == 1
 
 
+def test_r_cap_21_a_report_repeated_after_its_runner_started_is_judged_again(
+    harness: Harness,
+) -> None:
+    """Found by the state machine below: a report whose facts were stored while the slot had
+    no runner yet was taken, when sent again after the runner started, for a replay. The
+    verdict said releasable (the proof matched the runner now) but the slot was never freed."""
+    capacity = harness.client.capacity
+    handle = capacity.acquire(session_id="s", limit=1, run_id="a", ttl_s=10)
+    assert handle is not None
+    proof = RunnerProof(state="observed", runner_id="runner-a")
+    first = capacity.report_terminal("s", "a", "failed", live_process=False, proof=proof)
+    assert first.verdict != "releasable"  # no runner on the slot: the proof matches nobody
+    handle.mark_started(runner_id="runner-a")
+    again = capacity.report_terminal("s", "a", "failed", live_process=False, proof=proof)
+    assert again.verdict == "releasable"
+    assert capacity.snapshot("s").used == 0
+
+
 def test_ttl_tick_never_frees_a_slot_that_changed_hands(harness: Harness) -> None:
     capacity = harness.client.capacity
     first = capacity.acquire(session_id="s", limit=1, run_id="a", ttl_s=10)
