@@ -17,6 +17,7 @@ import contextlib
 import os
 import select
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from subagents_node.messages.errors import BadRequest, SubagentsError
 from subagents_node.messages.runs import (
     LOG_CUT_LINE,
     LOG_CUT_PATTERN,
+    LOG_CUT_SUFFIX,
     TERMINAL_RUN_STATES,
     LogCut,
 )
@@ -52,6 +54,9 @@ class LogLine:
 
 #: How much of a log one read takes: a 64 MiB log is streamed, never held whole.
 READ_CHUNK = 1 << 20
+#: A cut takes milliseconds: one announced as under way for longer was left so by an owner
+#: that died in the middle, and is not waited for.
+STALE_CUT_S = 10.0
 
 
 @dataclass
@@ -78,9 +83,10 @@ class _LogFile:
         # A seqlock on the node's word about cuts (`<log>.cut`): a read that a cut crossed is
         # thrown away and done again; one that follows a cut first finds its place again.
         before = LogCut.of(self.path)
-        if before is not None and before.gen % 2 and not final:
-            return [], False  # a cut under way: its end (the announcement) wakes the follower
-        if before is not None and before.gen != self.gen:
+        if before is not None and before.gen % 2:  # a cut under way
+            if not final and not _stale(self.path):
+                return [], False  # its end (the announcement) wakes the follower
+        elif before is not None and before.gen != self.gen:
             if self.offset > before.at:  # past the head: the file changed under this reader
                 lines += self._across_cut(before)
             self.gen = before.gen
@@ -133,6 +139,16 @@ class _LogFile:
             line = LOG_CUT_LINE.format(cut=cut.cut, cap="?").encode()
         text = line.rstrip(b" \n").decode("utf-8", "replace")
         return [LogLine(self.label, self.stream, text)]
+
+
+def _stale(log_path: str) -> bool:
+    """Whether a cut announced as under way has been so for longer than any cut takes: the
+    owner that made it died in the middle (the log is then read as it is)."""
+    try:
+        age = time.time() - os.stat(log_path + LOG_CUT_SUFFIX).st_mtime
+    except OSError:
+        return True
+    return age > STALE_CUT_S
 
 
 def select_children(run: RunView, child: str | None) -> list[ChildView]:

@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -245,3 +246,22 @@ def test_a_childs_write_landing_inside_the_rewrite_comes_after_the_tail_not_befo
     assert all(len(t) == 8 for t in head + tail), "a line run into another"
     numbers = [int(t[1:]) for t in head + tail]
     assert numbers == sorted(set(numbers)) and numbers[-2:] == [10_000, 10_001]
+
+
+def test_a_cut_left_half_done_by_a_dead_owner_does_not_stop_a_follower_for_good(
+    tmp_path: Path,
+) -> None:
+    """A follower waits while a cut is announced as under way (an odd generation). An owner
+    killed in the middle of one leaves it so: past STALE_CUT_S the log is read as it is."""
+    from subagents_node.client import logs
+
+    path = tmp_path / "child.log"
+    path.write_bytes(b"one\ntwo\n")
+    announcement = Path(f"{path}.cut")
+    announcement.write_text(LogCut(gen=3).model_dump_json())
+    reader = logs._LogFile("single", "stdout", str(path))
+    assert reader.new_lines(final=False) == ([], False)  # a cut under way: wait for its end
+    old = time.time() - logs.STALE_CUT_S - 1
+    os.utime(announcement, (old, old))
+    lines, _ = reader.new_lines(final=False)
+    assert [line.text for line in lines] == ["one", "two"]
