@@ -244,14 +244,24 @@ def test_design_3_curve_raw_peer_with_stolen_server_key_but_own_key_hears_nothin
         zctx.term()
 
 
-def _ipv6_loopback_port() -> int:
-    """A port free on ::1 right now; skips the test on a machine with no IPv6 loopback."""
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-            probe.bind(("::1", 0))
-            return int(probe.getsockname()[1])
-    except OSError as exc:
-        pytest.skip(f"this machine has no IPv6 loopback (::1): {exc}")
+def _ipv6_loopback_port(also_next: int = 3) -> int:
+    """A port free on ::1 right now with the next `also_next` (a home's ledger owners take
+    them); skips the test on a machine with no IPv6 loopback."""
+    for _ in range(100):
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+                probe.bind(("::1", 0))
+                base = int(probe.getsockname()[1])
+        except OSError as exc:
+            pytest.skip(f"this machine has no IPv6 loopback (::1): {exc}")
+        try:
+            for offset in range(1, also_next + 1):
+                with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+                    probe.bind(("::1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free run of ports on ::1")
 
 
 def _curve_ping(address: str, state_dir: Path) -> Envelope | None:

@@ -27,7 +27,7 @@ from subagents_node.client.keys import CLIENT_KEY, SERVER_KEY, keys_dir, read_ke
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.members import MemberList, MemberListing, MemberView
 from tests.support.netns import Fabric, hosts, skip_unless_netns
-from tests.support.nodes import REPO, NodeProcess, free_tcp_port, new_state_dir, run_cli
+from tests.support.nodes import REPO, NodeProcess, free_home_port, new_state_dir, run_cli
 
 EXAMPLE_AGENTS = REPO / "examples" / "agents"
 #: The home's port inside its own network namespace (nothing else listens there).
@@ -178,7 +178,7 @@ def fleet(
     home_dir = isolation.state_dir("home") if isolation else new_state_dir()
     generated = run_cli("keys", "generate", state_dir=home_dir)
     assert generated.returncode == 0, generated.stderr
-    endpoint = f"tcp://{home_host}:{port or free_tcp_port()}"
+    endpoint = f"tcp://{home_host}:{port or free_home_port()}"
     beat, timeout = heartbeat
     home = NodeProcess(
         home_dir,

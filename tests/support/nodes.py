@@ -19,6 +19,7 @@ Helpers
     run_cli(...)        the CLI as a real subprocess (`python -m subagents_node`)
     run_in_processes()  run a module-level function in N fresh processes and collect results
     free_tcp_port()     a loopback port nobody is listening on right now
+    free_home_port()    one free with the next three (a home and its ledger owners)
     new_state_dir()     what the state_dir fixture uses, for module-scoped fixtures
 """
 
@@ -81,6 +82,26 @@ def free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_home_port() -> int:
+    """A loopback port that is free with the next three (a home's ledger owners listen on
+    them: a start refuses one that is taken), as far as can be known right now."""
+    for _ in range(100):
+        base = free_tcp_port()
+        if base > 65532:
+            continue
+        probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for offset, probe in enumerate(probes, 1):
+                probe.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError("no four free loopback ports in a row")
 
 
 def run_cli(
