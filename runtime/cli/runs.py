@@ -35,7 +35,7 @@ from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
-from subagents_node.messages.errors import OwnerUnavailable
+from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -130,9 +130,13 @@ def follow(client: Client, run: RunView, as_json: bool) -> RunView:
     """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130;
     SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after."""
     progress = Progress(live=sys.stderr.isatty() and not as_json)
+
+    def gap(err: SubagentsError) -> None:  # the run goes on on its worker: so does the wait
+        click.echo(f"{err.message}; still following run {run.run_id}", err=True)
+
     try:
         with ending_signals_raise():
-            return client.runs.wait(run.run_id, on_event=progress.update)
+            return client.runs.wait(run.run_id, on_event=progress.update, on_gap=gap)
     except (KeyboardInterrupt, Ended) as exc:
         progress.close()
         click.echo(f"stopping run {run.run_id}…", err=True)

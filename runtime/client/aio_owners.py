@@ -21,7 +21,7 @@ from subagents_node.client import fanout as fan
 from subagents_node.client import runs as run_plans
 from subagents_node.client import session as ses
 from subagents_node.client.fanout import DescriptorLike
-from subagents_node.client.runs import WATCH_WAIT_S, OnEvent
+from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
 from subagents_node.client.session import ConfirmGrant
 from subagents_node.messages.capacity import (
     AcquireResult,
@@ -365,11 +365,19 @@ class AsyncRunsAPI:
         return await self._client.perform(plan)
 
     async def wait(
-        self, run_id: str, timeout: float | None = None, on_event: OnEvent | None = None
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        on_event: OnEvent | None = None,
+        on_gap: OnGap | None = None,
     ) -> RunView:
-        """Until the run is terminal (R-RUN-3); other coroutines run meanwhile."""
+        """Until the run is terminal (R-RUN-3); other coroutines run meanwhile. A worker's
+        partition does not end it (`Runs.wait`)."""
         client = self._client
-        plan = run_plans.wait_plan(client.address, client.timeout, run_id, timeout, on_event)
+        carried = bool(getattr(client.transport, "host", ""))
+        plan = run_plans.wait_plan(
+            client.address, client.timeout, run_id, timeout, on_event, on_gap, carried
+        )
         return await client.perform(plan)
 
     async def attach(

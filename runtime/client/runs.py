@@ -2,10 +2,12 @@
 (`client.runs`).
 
 `wait()` and `settle()` follow runs through long-poll `watch` requests: each one is answered by
-the node as soon as the run has new events, so nothing here polls. `logs()` streams the child
-logs (client/logs.py: inotify for new bytes, the same long-poll for the run's end). Requests
-are built with `validate_request`, so a bad argument is a typed `BadRequest`, never pydantic's
-ValidationError.
+the node as soon as the run has new events, so nothing here polls. `wait()` on a worker's run
+(a client `on` a host) rides out a partition: the home holds its watch while the worker is
+unreachable and answers `host_unreachable` after the watch's wait, and the wait asks again.
+`logs()` streams the child logs (client/logs.py: inotify for new bytes, the same long-poll for
+the run's end). Requests are built with `validate_request`, so a bad argument is a typed
+`BadRequest`, never pydantic's ValidationError.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
-from subagents_node.messages.errors import BadRequest, NodeTimeout
+from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
@@ -49,6 +51,11 @@ WATCH_WAIT_S = 10.0
 
 #: Called with each event of a followed run, in order, and the run as that batch left it.
 OnEvent = Callable[[RunEvent, RunView], None]
+#: Called each time a followed run's worker could not be reached (the wait goes on).
+OnGap = Callable[[SubagentsError], None]
+#: Watches of a worker's run lost in a row (no answer at all: the partition cut one in
+#: flight, or the home itself is gone) before a wait gives up.
+MAX_LOST_WATCHES = 3
 
 
 def launch_plan(launch: Launch) -> Plan[RunView]:
@@ -83,17 +90,31 @@ def wait_plan(
     run_id: str,
     timeout: float | None = None,
     on_event: OnEvent | None = None,
+    on_gap: OnGap | None = None,
+    carried: bool = False,
 ) -> Plan[RunView]:
-    """Follow a run through long polls until it is terminal (R-RUN-3)."""
+    """Follow a run through long polls until it is terminal (R-RUN-3). `carried`: the run is
+    on a worker the home carries the watches to, so a worker out of reach is waited for."""
     if timeout is not None:  # a NaN deadline would never pass: the wait would never end
         timeout = checked_timeout(timeout, forever=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     seq = 0
+    lost = 0
     while True:
         wait_s = WATCH_WAIT_S
         if deadline is not None:
             wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-        batch: RunEvents = yield from watch_plan(run_id, seq, wait_s, reply_timeout)
+        try:
+            batch: RunEvents = yield from watch_plan(run_id, seq, wait_s, reply_timeout)
+        except (OwnerUnavailable, NodeTimeout) as err:
+            lost = lost + 1 if isinstance(err, NodeTimeout) else 0
+            out_of_time = deadline is not None and time.monotonic() >= deadline
+            if out_of_time or not _worker_away(err, carried, lost):
+                raise
+            if on_gap is not None:
+                on_gap(err)
+            continue
+        lost = 0
         for event in batch.events:
             if on_event is not None:
                 on_event(event, batch.run)
@@ -106,6 +127,19 @@ def wait_plan(
                 address=address,
                 timeout_s=timeout,
             )
+
+
+def _worker_away(err: SubagentsError, carried: bool, lost: int) -> bool:
+    """Whether a watch's error means only that the run's worker is out of reach for now: the
+    home said so (it held the watch as long as it asked to wait), or a carried watch went
+    unanswered (cut in flight) fewer than MAX_LOST_WATCHES times in a row. A worker the home
+    forgot (`lost`) or does not know is no gap: the wait ends with its error."""
+    if isinstance(err, NodeTimeout):
+        return carried and lost <= MAX_LOST_WATCHES
+    details = err.details
+    return details.get("reason") in ("host_unreachable", "host_timeout") and (
+        details.get("state") == "unreachable"
+    )
 
 
 def show_plan(run_id: str) -> Plan[RunView]:
@@ -199,11 +233,21 @@ class RunsAPI:
         return self._client.perform(watch_all_plan(after_seq, wait_s, limit, self._client.timeout))
 
     def wait(
-        self, run_id: str, timeout: float | None = None, on_event: OnEvent | None = None
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        on_event: OnEvent | None = None,
+        on_gap: OnGap | None = None,
     ) -> RunView:
-        """Block until the run is terminal (R-RUN-3); `on_event` sees each event in order."""
+        """Block until the run is terminal (R-RUN-3); `on_event` sees each event in order.
+
+        On a client `on` a worker, a partition does not end the wait: `on_gap` is told each
+        time the worker could not be reached, and the wait goes on until the run ends (or
+        `timeout`), unless the home forgets the worker."""
         client = self._client
-        return client.perform(wait_plan(client.address, client.timeout, run_id, timeout, on_event))
+        carried = bool(getattr(client.transport, "host", ""))
+        plan = wait_plan(client.address, client.timeout, run_id, timeout, on_event, on_gap, carried)
+        return client.perform(plan)
 
     def settle(
         self,

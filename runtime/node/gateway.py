@@ -337,7 +337,9 @@ class Gateway:
                         "this home carries nothing for a tcp peer", reason="local_only"
                     )
                 self._placement(request, principal)
-            self._outbound.append(self._hosts.send(env, via, identity))
+            carried = self._hosts.send(env, via, identity)
+            if carried is not None:  # None: a long poll held until its worker is back
+                self._outbound.append(carried)
             return
         if self._relay is not None and self._relay.home and not via:
             request = parse_request(env.type, env.body)
@@ -358,12 +360,13 @@ class Gateway:
 
     def _linking(self, reply: ReplyFn, principal: str, identity: bytes) -> ReplyFn:
         """`reply`, and once the heartbeat was answered (not refused), this connection is the
-        one a home reaches worker `principal` on."""
+        one a home reaches worker `principal` on (the long polls held for it go out on it).
+        The home answers heartbeats on this thread, so HostCalls stays this thread's."""
         hosts = self._hosts
 
         def linked(outcome: Outcome) -> None:
             if hosts is not None and not isinstance(outcome, SubagentsError):
-                hosts.linked(principal, identity)
+                self._outbound.extend(hosts.linked(principal, identity))
             reply(outcome)
 
         return linked

@@ -8,9 +8,12 @@ and the worker's answer goes back to the client under the client's own id, body 
 A worker needs no listener of its own: the home reaches it over the connection the worker
 opened (and authenticated with CURVE) itself.
 
-It never decides whether a request is one a worker serves (the worker does, once) and never
-waits: a request the worker does not answer within `timeout_s` is answered `unavailable` here,
-and a worker the home cannot reach now is refused before anything is sent.
+It never decides whether a request is one a worker serves (the worker does, once): a request
+the worker does not answer within `timeout_s` is answered `unavailable` here, and a worker the
+home cannot reach now is refused before anything is sent. The one exception is a long poll
+(`runs.watch`), which waits anyway: one for a member that is unreachable is held for as long as
+it asked to wait and sent the moment the worker is linked again (its next heartbeat), else
+answered `host_unreachable`, so a follower rides out a partition without asking in a loop.
 """
 
 from __future__ import annotations
@@ -30,18 +33,25 @@ HOST_CALL_TIMEOUT_S = 75.0
 MAX_IN_FLIGHT = 10_000
 #: Why a request for worker `name` is not sent now (None: send it).
 HostCheck = Callable[[str], "SubagentsError | None"]
+#: Long polls: held while their worker is unreachable, for as long as they ask to wait.
+HELD_WHILE_UNREACHABLE = frozenset({"runs.watch"})
+#: The longest a long poll waits (`WaitS`'s bound); a body that says otherwise is not held.
+_MAX_HOLD_S = 60.0
 
 
 class _Call:
     """A request on its way to a worker. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
-    __slots__ = ("client", "host", "request", "via")
+    __slots__ = ("client", "deadline", "held", "host", "request", "via")
 
     def __init__(self, via: int, client: bytes, request: Envelope, host: str) -> None:
         self.via = via
         self.client = client
         self.request = request
         self.host = host
+        self.deadline = 0.0
+        #: Why it is held, not sent: its worker is unreachable (None: sent).
+        self.held: OwnerUnavailable | None = None
 
 
 #: A frame for the gateway to send: (socket index, peer routing id, frame).
@@ -66,12 +76,16 @@ class HostCalls:
         self._calls: dict[str, _Call] = {}
         self._deadlines: list[tuple[float, str]] = []
 
-    def linked(self, name: str, routing_id: bytes) -> None:
-        """Worker `name`'s home link answered a heartbeat on this connection."""
+    def linked(self, name: str, routing_id: bytes) -> list[Outbound]:
+        """Worker `name`'s home link answered a heartbeat on this connection: the long polls
+        held for it go out now."""
         self._links[name] = routing_id
+        held = [i for i, c in self._calls.items() if c.host == name and c.held is not None]
+        return [self._onward(call_id) for call_id in held]
 
-    def send(self, request: Envelope, via: int, client: bytes) -> Outbound:
-        """The frame that carries `request` on to its host (raises why it is not sent)."""
+    def send(self, request: Envelope, via: int, client: bytes) -> Outbound | None:
+        """The frame that carries `request` on to its host (raises why it is not sent; None:
+        a long poll held until its unreachable worker is linked again)."""
         host = request.host
         refusal = self._check(host)
         if refusal is None and host not in self._links:
@@ -83,7 +97,8 @@ class HostCalls:
                 reason="host_unreachable",
                 host=host,
             )
-        if refusal is not None:
+        hold_s = _hold_s(request) if _unreachable(refusal) else None
+        if refusal is not None and hold_s is None:
             raise refusal
         if len(self._calls) >= self._limit:
             raise Busy(
@@ -91,23 +106,41 @@ class HostCalls:
                 limit=self._limit,
             )
         call_id = new_message_id()
-        deadline = time.monotonic() + self._timeout_s
-        self._calls[call_id] = _Call(via, client, request, host)
-        heapq.heappush(self._deadlines, (deadline, call_id))
+        call = self._calls[call_id] = _Call(via, client, request, host)
+        if hold_s is not None:
+            assert isinstance(refusal, OwnerUnavailable)
+            call.held = refusal
+            self._arm(call_id, hold_s)
+            return None
+        return self._onward(call_id)
+
+    def _onward(self, call_id: str) -> Outbound:
+        """Send call `call_id` now: its frame, under its own deadline."""
+        call = self._calls[call_id]
+        request = call.request
+        body = request.body
+        if call.held is not None:  # the worker answers by the time the client was promised
+            body = {**body, "wait_s": max(0.0, call.deadline - time.monotonic())}
+        call.held = None
+        self._arm(call_id, self._timeout_s)
         onward = Envelope(
             type=request.type,
-            body=request.body,
+            body=body,
             target=request.target,
             id=call_id,
             sender=self._node_id,
         )
-        return (self._worker_via, self._links[host], encode(onward))
+        return (self._worker_via, self._links[call.host], encode(onward))
+
+    def _arm(self, call_id: str, after_s: float) -> None:
+        deadline = self._calls[call_id].deadline = time.monotonic() + after_s
+        heapq.heappush(self._deadlines, (deadline, call_id))
 
     def answer(self, reply: Envelope, principal: str) -> Outbound | None:
         """The client's frame for a worker's reply (None: not one we wait for, from this
         worker: a late answer after its deadline, or a peer answering for another)."""
         call = self._calls.get(reply.corr or "")
-        if call is None or call.host != principal:
+        if call is None or call.host != principal or call.held is not None:
             return None
         del self._calls[reply.corr or ""]
         answer = call.request.reply(reply.type, reply.body, self._node_id)
@@ -115,8 +148,8 @@ class HostCalls:
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest call runs out (None: nothing in flight)."""
-        while self._deadlines and self._deadlines[0][1] not in self._calls:
-            heapq.heappop(self._deadlines)  # answered already
+        while self._deadlines and not self._due(*self._deadlines[0]):
+            heapq.heappop(self._deadlines)  # answered already, or re-armed when sent
         if not self._deadlines:
             return None
         return max(0.0, self._deadlines[0][0] - time.monotonic())
@@ -126,11 +159,11 @@ class HostCalls:
         now = time.monotonic()
         out: list[Outbound] = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, call_id = heapq.heappop(self._deadlines)
-            call = self._calls.pop(call_id, None)
-            if call is None:
+            deadline, call_id = heapq.heappop(self._deadlines)
+            if not self._due(deadline, call_id):
                 continue
-            err = OwnerUnavailable(
+            call = self._calls.pop(call_id)
+            err = call.held or OwnerUnavailable(
                 f"worker {call.host!r} did not answer {call.request.type} within "
                 f"{self._timeout_s:g}s",
                 owner=call.request.target,
@@ -140,3 +173,29 @@ class HostCalls:
             )
             out.append((call.via, call.client, encode_answer(call.request, err, self._node_id)))
         return out
+
+    def _due(self, deadline: float, call_id: str) -> bool:
+        """Whether this heap entry is its call's current deadline."""
+        call = self._calls.get(call_id)
+        return call is not None and call.deadline == deadline
+
+
+def _unreachable(refusal: SubagentsError | None) -> bool:
+    """A member the home cannot reach now (not one unknown here, or forgotten: `lost`)."""
+    return (
+        isinstance(refusal, OwnerUnavailable)
+        and refusal.details.get("reason") == "host_unreachable"
+        and refusal.details.get("state") == "unreachable"
+    )
+
+
+def _hold_s(request: Envelope) -> float | None:
+    """How long long poll `request` may be held (None: it is no long poll; answer now)."""
+    if request.type not in HELD_WHILE_UNREACHABLE:
+        return None
+    wait = request.body.get("wait_s", 10.0)
+    if isinstance(wait, bool) or not isinstance(wait, int | float):
+        return None  # the worker would refuse it: so does the home, now
+    if not 0.0 <= wait <= _MAX_HOLD_S:  # NaN fails both
+        return None
+    return float(wait)

@@ -72,3 +72,89 @@ def test_in_flight_calls_are_bounded() -> None:
     calls.send(_request(), 0, b"b")
     with pytest.raises(Busy):
         calls.send(_request(), 0, b"c")
+
+
+def _away(name: str) -> SubagentsError | None:
+    """Every worker a member the home cannot reach now (its heartbeats stopped)."""
+    return OwnerUnavailable(
+        f"worker {name!r} is unreachable",
+        owner="runs",
+        state="unreachable",
+        reason="host_unreachable",
+        host=name,
+    )
+
+
+def _lost(name: str) -> SubagentsError | None:
+    return OwnerUnavailable(
+        f"worker {name!r} is lost",
+        owner="runs",
+        state="lost",
+        reason="host_unreachable",
+        host=name,
+    )
+
+
+def _watch(host: str = "w1", wait_s: object = 5.0) -> Envelope:
+    body = {"run_id": "abc", "after_seq": 0, "wait_s": wait_s}
+    return Envelope(type="runs.watch", body=body, target="supervisor", sender="cli", host=host)
+
+
+def test_a_watch_for_an_unreachable_worker_is_held_and_sent_when_the_worker_is_linked_again() -> (
+    None
+):
+    reachable = {"w1": False}
+    calls = HostCalls("home-node", lambda n: None if reachable[n] else _away(n))
+    request = _watch(wait_s=5.0)
+    assert calls.send(request, 0, b"client-1") is None  # held: nothing sent, nothing answered
+    assert calls.expire() == []
+    assert 4.0 < (calls.next_deadline() or 0.0) <= 5.0  # answered by the watch's own wait
+    reachable["w1"] = True
+    ((via, peer, frame),) = calls.linked("w1", b"conn-w1")
+    onward = decode(frame)
+    assert (via, peer, onward.type) == (1, b"conn-w1", "runs.watch")
+    # The worker waits only what is left of what the client was promised.
+    assert 4.0 < onward.body["wait_s"] <= 5.0 and onward.body["run_id"] == "abc"
+    assert calls.linked("w1", b"conn-w1") == []  # sent once
+    answer = Envelope(type=REPLY, body={"events": []}, corr=onward.id, sender="w1-node")
+    via, client, back = calls.answer(answer, "w1") or (0, b"", b"")
+    assert (client, decode(back).corr) == (b"client-1", request.id)
+
+
+def test_a_held_watch_whose_worker_stays_away_is_answered_host_unreachable_once() -> None:
+    calls = HostCalls("home-node", _away)
+    request = _watch(wait_s=0.0)  # due at once
+    assert calls.send(request, 0, b"client-1") is None
+    ((_via, client, frame),) = calls.expire()
+    err = decode(frame)
+    assert (client, err.type, err.corr) == (b"client-1", ERROR, request.id)
+    assert err.body["details"]["reason"] == "host_unreachable"
+    assert calls.expire() == [] and calls.next_deadline() is None
+    assert calls.linked("w1", b"conn-w1") == []  # nothing is left to send
+
+
+def test_an_answer_to_a_held_watch_that_was_never_sent_changes_nothing() -> None:
+    calls = HostCalls("home-node", _away)
+    calls.send(_watch(), 0, b"client-1")
+    (call_id,) = list(calls._calls)
+    assert calls.answer(Envelope(type=REPLY, body={}, corr=call_id), "w1") is None
+    assert calls.next_deadline() is not None  # still held
+
+
+@pytest.mark.parametrize("wait_s", [61.0, -1.0, float("nan"), "5", True, None])
+def test_a_watch_for_a_lost_worker_or_with_a_wait_it_may_not_have_is_refused_at_once(
+    wait_s: object,
+) -> None:
+    with pytest.raises(OwnerUnavailable):
+        HostCalls("home-node", _lost).send(_watch(), 0, b"c")
+    with pytest.raises(OwnerUnavailable):
+        HostCalls("home-node", _away).send(_watch(wait_s=wait_s), 0, b"c")
+
+
+def test_only_long_polls_are_held_and_held_ones_count_toward_the_bound() -> None:
+    calls = HostCalls("home-node", _away, limit=1)
+    with pytest.raises(OwnerUnavailable):
+        calls.send(_request(), 0, b"a")  # runs.list: answered now
+    calls.send(_watch(), 0, b"b")
+    with pytest.raises(Busy):
+        calls.send(_watch(), 0, b"c")

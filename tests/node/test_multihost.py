@@ -32,7 +32,7 @@ from subagents_node.messages.keys import AllowedKeys, KeysList
 from subagents_node.messages.node import Shutdown
 from subagents_node.node.node import Node
 from tests.support.fleet import EXAMPLE_AGENTS, PLACES, Fleet, fleet_on
-from tests.support.nodes import NodeProcess, run_cli
+from tests.support.nodes import CLI, REPO, NodeProcess, run_cli
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.slow
@@ -512,6 +512,64 @@ def test_a_foreground_run_on_a_worker_is_followed_from_the_home_to_its_end(crew:
     final = json.loads(done.stdout)
     assert final["state"] == "complete" and final["children"][0]["exit_code"] == 0
     assert final["run_id"] in _runs_by_id(crew, crew.workers["w1"])
+
+
+def _cut_worker(crew: Fleet, name: str) -> Callable[[], None]:
+    """Cut worker `name` off its home (its link down on hosts, its node stopped on loopback:
+    its shims and children run on either way); the undo."""
+    fabric = crew.fabric
+    if fabric is not None:
+        fabric.link_down(name)
+        return lambda: fabric.link_up(name)
+    pid = crew.workers[name].pid
+    os.kill(pid, signal.SIGSTOP)
+    return lambda: os.kill(pid, signal.SIGCONT)
+
+
+def test_a_foreground_run_on_a_worker_is_followed_across_a_partition_to_its_true_end(
+    crew: Fleet,
+) -> None:
+    """The worker is cut off while the home's CLI follows its run, longer than one watch may
+    take: the follow waits the partition out (saying so) and ends with the run's own end (the
+    child ended meanwhile) once the worker is back."""
+    session = _session()
+    args = ("run", "--on", "w1", "--session", session, "--agents-dir", EXAMPLES, "--json")
+    cmd = [*CLI, "--state-dir", str(crew.home.state_dir), "--timeout", "2", *args]
+    follower = subprocess.Popen(
+        [*cmd, "sleeper", "seconds=3"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said: list[str] = []
+    assert follower.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(follower.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        # The first event line: the launch was answered and the follow is under way.
+        wait_until(lambda: any(" started " in line for line in said), what="the run followed")
+        undo = _cut_worker(crew, "w1")
+        try:  # one watch lost in the cut (10 s + the 2 s timeout), then held by the home
+            wait_until(
+                lambda: follower.poll() is not None or any("still following" in s for s in said),
+                timeout=60,
+                what="the follower waiting out the partition",
+            )
+        finally:
+            undo()
+        follower.wait(timeout=90)
+        out = follower.stdout.read() if follower.stdout is not None else ""
+    finally:
+        follower.kill()
+        follower.wait()
+        reader.join(10)
+        for pipe in (follower.stdout, follower.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert follower.returncode == 0, "".join(said)
+    final = json.loads(out)
+    assert final["state"] == "complete" and final["children"][0]["exit_code"] == 0
 
 
 def test_a_run_launched_on_a_worker_is_found_by_the_homes_show_and_listed_with_its_host(

@@ -70,7 +70,7 @@ _LEAKY_ENV = (
     "SUBAGENTS_CONTAINMENT",
 )
 START_TIMEOUT_S = 30.0
-_CLI = (sys.executable, "-m", "subagents_node")
+CLI = (sys.executable, "-m", "subagents_node")
 
 
 def new_state_dir() -> Path:
@@ -113,7 +113,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """`python -m subagents_node [--state-dir D] ARGS` as a real process; output as text.
     `prefix` runs it through another command (`ip netns exec NS`: on another "host")."""
-    cmd = [*prefix, *_CLI]
+    cmd = [*prefix, *CLI]
     if state_dir is not None:
         cmd += ["--state-dir", str(state_dir)]
     return subprocess.run(
@@ -286,7 +286,7 @@ def start_foreground(state_dir: Path, *args: str) -> ForegroundNode:
     log = open(state_dir / "foreground.log", "wb")  # noqa: SIM115 (the child owns it)
     with log:
         proc = subprocess.Popen(
-            [*_CLI, "--state-dir", str(state_dir), "start", "--ready-fd", str(write_fd), *args],
+            [*CLI, "--state-dir", str(state_dir), "start", "--ready-fd", str(write_fd), *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
