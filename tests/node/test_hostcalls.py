@@ -6,6 +6,8 @@ from any other peer, or late, changes nothing. HostCalls is the gateway thread's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from subagents_node.messages.codec import decode
@@ -74,25 +76,24 @@ def test_in_flight_calls_are_bounded() -> None:
         calls.send(_request(), 0, b"c")
 
 
-def _away(name: str) -> SubagentsError | None:
-    """Every worker a member the home cannot reach now (its heartbeats stopped)."""
-    return OwnerUnavailable(
-        f"worker {name!r} is unreachable",
-        owner="runs",
-        state="unreachable",
-        reason="host_unreachable",
-        host=name,
-    )
+def _member_in(state: str) -> Callable[[str], SubagentsError | None]:
+    """A home's check where every worker is a member in `state` (`unreachable`: its heartbeats
+    stopped; `lost`: forgotten)."""
+
+    def check(name: str) -> SubagentsError | None:
+        return OwnerUnavailable(
+            f"worker {name!r} is {state}",
+            owner="runs",
+            state=state,
+            reason="host_unreachable",
+            host=name,
+        )
+
+    return check
 
 
-def _lost(name: str) -> SubagentsError | None:
-    return OwnerUnavailable(
-        f"worker {name!r} is lost",
-        owner="runs",
-        state="lost",
-        reason="host_unreachable",
-        host=name,
-    )
+_away = _member_in("unreachable")
+_lost = _member_in("lost")
 
 
 def _watch(host: str = "w1", wait_s: object = 5.0) -> Envelope:
