@@ -21,7 +21,9 @@ On a home node, a frame from a local (ipc) client whose envelope names a worker 
 carried on to that worker over the connection the worker's home link opened, and the worker's
 answer, arriving on the tcp socket as a reply, is carried back (runtime/node/hostcalls.py);
 from a worker (tcp), only what the home's placement rule lets a nested child place on another
-worker. On a worker, a local frame naming another host is handed to the home (the relay).
+worker, and of those follow-ups only for a run the worker placed (the home's `settle` records
+each placed run from its launch's answer before the answer goes on). On a worker, a local frame
+naming another host is handed to the home (the relay).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from subagents_node.messages.members import PEER_ONLY_TYPES, MemberHeartbeat
 from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
-from subagents_node.node.hostcalls import HostCalls
+from subagents_node.node.hostcalls import HostCalls, Settle
 from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -60,8 +62,11 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: How long a stopping gateway may spend delivering replies already sent.
 _CLOSE_LINGER_MS = 500
-#: A tcp request and its peer's principal -> the request to dispatch (raise to refuse it).
-Admit = Callable[[Request, str], Request]
+#: A tcp request, its peer's principal and the host it is for -> the request to dispatch
+#: (raise to refuse it).
+Admit = Callable[[Request, str, str], Request]
+#: The same -> what its answer changes at the home before it goes on (None: nothing).
+Settler = Callable[[Request, str, str], Settle | None]
 
 
 class Gateway:
@@ -79,9 +84,11 @@ class Gateway:
         hosts: HostCalls | None = None,
         host_name: str = "",
         placement: Callable[[Request, str], None] | None = None,
+        settler: Settler | None = None,
     ) -> None:
         self._zctx = zctx
         self._admit = admit
+        self._settler = settler
         #: This node's name among its home's members (`home` on a home; "" alone): a request
         #: addressed to it by name is its own.
         self._host_name = host_name
@@ -300,18 +307,24 @@ class Gateway:
                     reason="peer_only",
                 )
             parsed = request = parse_request(env.type, env.body)
+            settle: Settle | None = None
             if via:
                 log.debug("gateway: %s from principal %s", env.type, principal)
+                host = env.host or self._host_name
                 if self._admit is not None:
-                    request = self._admit(request, principal)
+                    request = self._admit(request, principal, host)
+                if self._settler is not None:
+                    settle = self._settler(request, principal, host)
             owner = request.target or env.target
             relay = self._relay
             if relay is not None and env.target in ("", owner) and relay.serves(owner):
                 # The body as it came, when nothing changed it: re-encoded with every default
                 # filled in, a request under the frame cap could come out over it.
                 body = env.body if request is parsed else None
-                relay.send(request, owner, self._relayed(identity, env, via), body)
+                relay.send(request, owner, self._relayed(identity, env, via, settle), body)
                 return
+            # A home's runs owner is always the relay's (above): what a worker placed on the
+            # home is settled there; here, nothing is recorded, so nothing may be followed.
             reply = self.reply_to(identity, env, via)
             if via and self._hosts is not None and isinstance(request, MemberHeartbeat):
                 reply = self._linking(reply, principal, identity)
@@ -328,16 +341,18 @@ class Gateway:
         """Send a request for worker `env.host` on to it (raises why not): a home carries it
         over that worker's own connection; a worker hands it to its home."""
         if self._hosts is not None:
+            settle: Settle | None = None
             if via:  # a worker's nested child, placed on another worker
                 request = parse_request(env.type, env.body)
-                if self._admit is not None:
-                    request = self._admit(request, principal)  # a fenced worker is refused
-                if self._placement is None:
+                if self._admit is not None:  # a fenced worker, or a run not its own, is refused
+                    request = self._admit(request, principal, env.host)
+                if self._placement is None or self._settler is None:
                     raise BadRequest(
                         "this home carries nothing for a tcp peer", reason="local_only"
                     )
                 self._placement(request, principal)
-            carried = self._hosts.send(env, via, identity)
+                settle = self._settler(request, principal, env.host)
+            carried = self._hosts.send(env, via, identity, settle)
             if carried is not None:  # None: a long poll held until its worker is back
                 self._outbound.append(carried)
             return
@@ -371,11 +386,16 @@ class Gateway:
 
         return linked
 
-    def _relayed(self, identity: bytes, request: Envelope, via: int) -> RawReplyFn:
+    def _relayed(
+        self, identity: bytes, request: Envelope, via: int, settle: Settle | None = None
+    ) -> RawReplyFn:
         """The relay's reply to `request`: the owner's reply body passed on as it came (or the
-        typed error standing for it), from this thread: no wake-up needed."""
+        typed error standing for it), from this thread: no wake-up needed; `settle` sees the
+        owner's answer first."""
 
         def deliver(answer: Envelope | SubagentsError) -> None:
+            if settle is not None and isinstance(answer, Envelope):
+                answer = settle(answer.type, answer.body) or answer
             if isinstance(answer, SubagentsError):
                 frame = encode_answer(request, answer, self._node_id)
             else:

@@ -3,10 +3,12 @@
 Owns the home's Members (runtime/node/members.py) and the lock that serialises them: the
 gateway's thread calls `admit` on every tcp request and `serve` for `node.members.*`, and an
 embedded home's in-process client may call `serve` from its own thread. `admit` refuses a
-forgotten worker everything but a new join and stamps a worker's name as the `host` of what it
-asks the ledgers. `serve` answers joins, heartbeats, leaves, the listing (with each node's
-slots, asked of the capacity owner) and forget (whose slot release it asks of the capacity
-owner).
+forgotten worker everything but a new join, refuses a worker's key the runs it did not place
+through this home (`not_placed_by_you`) and stamps a worker's name as the `host` of what it
+asks the ledgers. `settler` gives the gateway what a worker's placed request's answer changes
+before it goes on: a launch's run is recorded as that worker's (runtime/node/placed.py). `serve`
+answers joins, heartbeats, leaves, the listing (with each node's slots, asked of the capacity
+owner) and forget (whose slot release it asks of the capacity owner).
 
 It never writes a ledger itself; it asks the capacity owner through `submit`.
 """
@@ -14,14 +16,17 @@ It never writes a ledger itself; it asks the capacity owner through `submit`.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
 from subagents_node.actors.peergate import stamp_host
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
+from subagents_node.messages.envelope import ERROR, REPLY
 from subagents_node.messages.errors import (
     BadRequest,
     MembershipRefused,
@@ -29,6 +34,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.members import (
+    HOME_NAME,
     MemberForget,
     MemberHeartbeat,
     MemberJoin,
@@ -36,16 +42,18 @@ from subagents_node.messages.members import (
     MemberList,
 )
 from subagents_node.messages.peers import OwnerPeers
-from subagents_node.messages.supervisor import Launch
+from subagents_node.messages.supervisor import Launch, Show, Stop, Watch
 from subagents_node.node import roles
+from subagents_node.node.hostcalls import Settle
 from subagents_node.node.members import DB_NAME, Members, forgotten, slots_merged
 
 log = logging.getLogger(__name__)
 
 #: What a worker may have the home carry to another worker: a nested child's launch (it
 #: carries its run tree's fan-out descriptor, so the tree's budget at the home admits it) and
-#: what the child's `run` follows it with. Nothing else: a worker never runs a top-level run,
-#: or anything but a run, on another host.
+#: what the child's `run` follows it with, for that run only (`not_placed_by_you` for any
+#: other: runtime/node/placed.py). Nothing else: a worker never runs a top-level run, or
+#: anything but a run, on another host.
 PLACEABLE = frozenset({"runs.launch", "runs.watch", "runs.show", "runs.stop"})
 #: What a worker may ask of the home node itself, besides its ledgers and `PLACEABLE`: its
 #: key speaks for that worker alone, never as the home's operator (no stop of the home, no
@@ -82,10 +90,11 @@ class HomeService:
     def close(self) -> None:
         self._members.close()
 
-    def admit(self, request: Request, principal: str) -> Request:
-        """The gateway's check of a tcp request: a forgotten worker is refused (but may join
-        again), a worker asks only what a worker may (`WORKER_SCOPE`: its ledgers, its
-        membership, a nested child's run), and a worker's name is the `host` of what it asks
+    def admit(self, request: Request, principal: str, host: str = HOME_NAME) -> Request:
+        """The gateway's check of a tcp request for `host` (the home itself, or the worker it
+        is to carry it to): a forgotten worker is refused (but may join again), a worker asks
+        only what a worker may (`WORKER_SCOPE`: its ledgers, its membership, a nested child's
+        run, and only the runs it placed), and a worker's name is the `host` of what it asks
         (it can neither hide nor spoof where a slot is held)."""
         if isinstance(request, MemberJoin):
             return request
@@ -93,14 +102,85 @@ class HomeService:
             if self._members.fenced(principal):
                 raise self._members.fenced_error(principal)
             member = self._members.is_member(principal)
-        ledger = request.target in roles.REMOTE_OWNERS
-        if member and not ledger and request.type not in WORKER_NODE_TYPES:
-            _check_placeable(request)
+            ledger = request.target in roles.REMOTE_OWNERS
+            if member and not ledger and request.type not in WORKER_NODE_TYPES:
+                _check_placeable(request)
+                if isinstance(request, Watch | Show | Stop):
+                    self._check_placed_by(principal, host or HOME_NAME, request.run_id)
         return stamp_host(request, principal, member)
+
+    def _check_placed_by(self, principal: str, host: str, run_id: str) -> None:
+        try:
+            mine = self._members.placed.placed_by(principal, host, run_id)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._path}: {exc}", path=self._path) from None
+        if not mine:
+            raise BadRequest(
+                f"run {run_id!r} on host {host!r} was not placed by worker {principal!r} "
+                "through this home: a worker's key follows only the runs it placed (by their "
+                "full id)",
+                reason="not_placed_by_you",
+                run_id=run_id,
+                host=host,
+            )
+
+    def settler(self, request: Request, principal: str, host: str = HOME_NAME) -> Settle | None:
+        """What the answer to worker `principal`'s `request` for `host` changes here before it
+        goes on (None: nothing): a nested launch's run is recorded as placed by that worker
+        (if it cannot be, the worker gets the store's error instead: it could never follow the
+        run), and a run its host no longer has is dropped from the record."""
+        host = host or HOME_NAME
+        if not isinstance(request, Launch | Watch | Show | Stop):
+            return None  # the ledgers' requests, first of all: no lock taken for them
+        with self._lock:
+            if not self._members.is_member(principal):
+                return None
+        if isinstance(request, Launch):
+            return lambda kind, body: self._launched(principal, host, kind, body)
+        run_id = request.run_id
+        return lambda kind, body: self._followed(host, run_id, kind, body)
+
+    def _launched(
+        self, principal: str, host: str, kind: str, body: Mapping[str, Any]
+    ) -> SubagentsError | None:
+        run = body.get("run") if kind == REPLY else None
+        run_id = run.get("run_id") if isinstance(run, Mapping) else None
+        if not isinstance(run_id, str) or not run_id:
+            return None  # refused, or no run in it: nothing to follow
+        try:
+            with self._lock:
+                self._members.placed.record(principal, host, run_id)
+        except Exception as exc:  # members.db failed under us: a full disk, a bad file
+            # Not StoreFull: that says nothing changed, and the run was launched.
+            log.exception("members: recording run %s placed by %s failed", run_id, principal)
+            return StoreError(
+                f"run {run_id} was launched on host {host!r} but the home could not record it "
+                f"as placed by {principal!r} ({exc}), so this worker cannot follow it; the "
+                "home's operator may stop it",
+                path=self._path,
+                run_id=run_id,
+                host=host,
+            )
+        return None
+
+    def _followed(
+        self, host: str, run_id: str, kind: str, body: Mapping[str, Any]
+    ) -> SubagentsError | None:
+        if kind == ERROR and body.get("code") == "run_not_found":
+            try:  # pruned on its host: its record goes too (retention)
+                with self._lock:
+                    self._members.placed.gone(host, run_id)
+            except sqlite3.Error as exc:  # the answer still goes on; the row stays
+                log.warning("members: cannot drop placed run %s on %s: %s", run_id, host, exc)
+        return None
 
     def tell_owners(self) -> None:
         with self._lock:
             table = self._table()
+            try:  # a name no longer allowed (its key revoked) loses what it placed
+                self._members.placed.keep_only(table.allowed)
+            except sqlite3.Error as exc:
+                log.warning("members: cannot drop placed runs of revoked keys: %s", exc)
         self._tell(table)
 
     def _table(self) -> OwnerPeers:

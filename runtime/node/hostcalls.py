@@ -8,19 +8,22 @@ and the worker's answer goes back to the client under the client's own id, body 
 A worker needs no listener of its own: the home reaches it over the connection the worker
 opened (and authenticated with CURVE) itself.
 
-It never decides whether a request is one a worker serves (the worker does, once): a request
-the worker does not answer within `timeout_s` is answered `unavailable` here, and a worker the
-home cannot reach now is refused before anything is sent. The one exception is a long poll
-(`runs.watch`), which waits anyway: one for a member that is unreachable is held for as long as
-it asked to wait and sent the moment the worker is linked again (its next heartbeat), else
-answered `host_unreachable`, so a follower rides out a partition without asking in a loop.
+It never decides whether a request is one a worker serves (the worker does, once), nor what an
+answer changes at the home (the caller's `Settle`, run on the answer before it goes on): a
+request the worker does not answer within `timeout_s` is answered `unavailable` here, and a
+worker the home cannot reach now is refused before anything is sent. The one exception is a
+long poll (`runs.watch`), which waits anyway: one for a member that is unreachable is held for
+as long as it asked to wait and sent the moment the worker is linked again (its next
+heartbeat), else answered `host_unreachable`, so a follower rides out a partition without
+asking in a loop.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from subagents_node.messages.codec import encode, encode_answer
 from subagents_node.messages.envelope import Envelope, new_message_id
@@ -37,18 +40,24 @@ HostCheck = Callable[[str], "SubagentsError | None"]
 HELD_WHILE_UNREACHABLE = frozenset({"runs.watch"})
 #: The longest a long poll waits (`WaitS`'s bound); a body that says otherwise is not held.
 _MAX_HOLD_S = 60.0
+#: What an answer changes at the home before it goes on, given its kind (`reply`, `error`) and
+#: body: None passes the answer on as it came, an error is passed on instead of it.
+Settle = Callable[[str, Mapping[str, Any]], "SubagentsError | None"]
 
 
 class _Call:
     """A request on its way to a worker. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
-    __slots__ = ("client", "deadline", "held", "host", "request", "via")
+    __slots__ = ("client", "deadline", "held", "host", "request", "settle", "via")
 
-    def __init__(self, via: int, client: bytes, request: Envelope, host: str) -> None:
+    def __init__(
+        self, via: int, client: bytes, request: Envelope, host: str, settle: Settle | None
+    ) -> None:
         self.via = via
         self.client = client
         self.request = request
         self.host = host
+        self.settle = settle
         self.deadline = 0.0
         #: Why it is held, not sent: its worker is unreachable (None: sent).
         self.held: OwnerUnavailable | None = None
@@ -83,9 +92,12 @@ class HostCalls:
         held = [i for i, c in self._calls.items() if c.host == name and c.held is not None]
         return [self._onward(call_id) for call_id in held]
 
-    def send(self, request: Envelope, via: int, client: bytes) -> Outbound | None:
+    def send(
+        self, request: Envelope, via: int, client: bytes, settle: Settle | None = None
+    ) -> Outbound | None:
         """The frame that carries `request` on to its host (raises why it is not sent; None:
-        a long poll held until its unreachable worker is linked again)."""
+        a long poll held until its unreachable worker is linked again); `settle` sees the
+        worker's answer before the client does."""
         host = request.host
         refusal = self._check(host)
         if refusal is None and host not in self._links:
@@ -106,7 +118,7 @@ class HostCalls:
                 limit=self._limit,
             )
         call_id = new_message_id()
-        call = self._calls[call_id] = _Call(via, client, request, host)
+        call = self._calls[call_id] = _Call(via, client, request, host, settle)
         if hold_s is not None:
             assert isinstance(refusal, OwnerUnavailable)
             call.held = refusal
@@ -143,6 +155,9 @@ class HostCalls:
         if call is None or call.host != principal or call.held is not None:
             return None
         del self._calls[reply.corr or ""]
+        refusal = call.settle(reply.type, reply.body) if call.settle is not None else None
+        if refusal is not None:
+            return (call.via, call.client, encode_answer(call.request, refusal, self._node_id))
         answer = call.request.reply(reply.type, reply.body, self._node_id)
         return (call.via, call.client, encode(answer))
 

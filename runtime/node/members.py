@@ -7,6 +7,8 @@ only for itself. Every join and every forget makes the worker's generation grow,
 heartbeat of an earlier incarnation is refused (`fenced`), and a forgotten worker is refused
 everything but a new join. A worker that stops cleanly leaves: its last beat is marked left,
 so it is no longer alive and its next start joins at once; its membership row is unchanged.
+Beside the members, the same database holds which runs each worker placed through the home
+(`self.placed`, runtime/node/placed.py): forgetting a worker drops them with it, atomically.
 
 Used from the gateway's I/O thread (the node serves `node.members.*` and the gateway's `admit`
 check there); the in-process client of an embedded home calls from its own thread, so the
@@ -41,6 +43,7 @@ from subagents_node.messages.members import (
     MemberState,
     MemberView,
 )
+from subagents_node.node.placed import PlacedRuns
 
 DB_NAME = "members.db"
 
@@ -92,6 +95,7 @@ class Members:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        self.placed = PlacedRuns(self._db)
         self._beats: dict[str, _Beat] = {}
         #: name -> 'member' | 'forgotten', mirrored from the table (this class is its only
         #: writer): the gateway asks about every tcp request, so without a query each time.
@@ -228,11 +232,20 @@ class Members:
         if row["state"] == "forgotten":
             return int(row["generation"]), float(row["forgotten_at"])
         generation, now = int(row["generation"]) + 1, time.time()
-        self._db.execute(
-            "UPDATE members SET generation=?, state='forgotten', forgotten_at=?, "
-            "forget_reason=? WHERE name=?",
-            (generation, now, request.reason, request.name),
-        )
+        # Its placements go with it: whoever joins under this name next is no heir to them.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(
+                "UPDATE members SET generation=?, state='forgotten', forgotten_at=?, "
+                "forget_reason=? WHERE name=?",
+                (generation, now, request.reason, request.name),
+            )
+            self.placed.drop_worker(request.name)
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:  # sqlite may have rolled back itself (a full disk)
+                self._db.execute("ROLLBACK")
+            raise
         self._states[request.name] = "forgotten"
         self._beats.pop(request.name, None)
         return generation, now

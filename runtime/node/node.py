@@ -274,6 +274,7 @@ class Node:
             hosts=HostCalls(self.node_id, self._home.unreachable) if self._home else None,
             host_name=HOME_NAME if self.options.home else self.options.name,
             placement=self._home.check_placement if self._home is not None else None,
+            settler=self._home.settler if self._home is not None else None,
             relay=Relay(
                 self._zctx,
                 self.node_id,
