@@ -33,7 +33,8 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import zmq
 
@@ -62,11 +63,20 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: How long a stopping gateway may spend delivering replies already sent.
 _CLOSE_LINGER_MS = 500
-#: A tcp request, its peer's principal and the host it is for -> the request to dispatch
-#: (raise to refuse it).
-Admit = Callable[[Request, str, str], Request]
-#: The same -> what its answer changes at the home before it goes on (None: nothing).
-Settler = Callable[[Request, str, str], Settle | None]
+
+
+class HomeChecks(Protocol):
+    """What a home's gateway asks of its HomeService (runtime/node/home.py) about a tcp
+    request, given its peer's principal and the host it is for."""
+
+    def admit(self, request: Request, principal: str, host: str) -> Request:
+        """The request to dispatch (raises to refuse it)."""
+
+    def check_placement(self, request: Request, principal: str) -> None:
+        """Raises unless the peer may have the request carried to another worker."""
+
+    def settler(self, request: Request, principal: str, host: str) -> Settle | None:
+        """What its answer changes at the home before it goes on (None: nothing)."""
 
 
 class Gateway:
@@ -79,21 +89,17 @@ class Gateway:
         max_frame: int = MAX_FRAME_BYTES,
         hwm: int = 10_000,
         curve: CurveGuard | None = None,
-        admit: Admit | None = None,
+        home: HomeChecks | None = None,
         relay: Relay | None = None,
         hosts: HostCalls | None = None,
         host_name: str = "",
-        placement: Callable[[Request, str], None] | None = None,
-        settler: Settler | None = None,
     ) -> None:
         self._zctx = zctx
-        self._admit = admit
-        self._settler = settler
+        #: A home's checks of its tcp peers' requests (None: not a home).
+        self._home = home
         #: This node's name among its home's members (`home` on a home; "" alone): a request
         #: addressed to it by name is its own.
         self._host_name = host_name
-        #: A home's check of a worker's request for another worker (raise to refuse it).
-        self._placement = placement
         #: A home's requests in flight to its workers (None: not a home).
         self._hosts = hosts
         #: Owners this thread sends to itself (no hand-off to the forwarder's thread).
@@ -311,10 +317,9 @@ class Gateway:
             if via:
                 log.debug("gateway: %s from principal %s", env.type, principal)
                 host = env.host or self._host_name
-                if self._admit is not None:
-                    request = self._admit(request, principal, host)
-                if self._settler is not None:
-                    settle = self._settler(request, principal, host)
+                if self._home is not None:
+                    request = self._home.admit(request, principal, host)
+                    settle = self._home.settler(request, principal, host)
             owner = request.target or env.target
             relay = self._relay
             if relay is not None and env.target in ("", owner) and relay.serves(owner):
@@ -344,14 +349,14 @@ class Gateway:
             settle: Settle | None = None
             if via:  # a worker's nested child, placed on another worker
                 request = parse_request(env.type, env.body)
-                if self._admit is not None:  # a fenced worker, or a run not its own, is refused
-                    request = self._admit(request, principal, env.host)
-                if self._placement is None or self._settler is None:
+                if self._home is None:
                     raise BadRequest(
                         "this home carries nothing for a tcp peer", reason="local_only"
                     )
-                self._placement(request, principal)
-                settle = self._settler(request, principal, env.host)
+                # A fenced worker, a run not its own, or a non-member's request is refused.
+                request = self._home.admit(request, principal, env.host)
+                self._home.check_placement(request, principal)
+                settle = self._home.settler(request, principal, env.host)
             carried = self._hosts.send(env, via, identity, settle)
             if carried is not None:  # None: a long poll held until its worker is back
                 self._outbound.append(carried)

@@ -270,11 +270,9 @@ class Node:
             self.node_id,
             self.options.max_frame,
             curve=self._curve,
-            admit=self._home.admit if self._home is not None else None,
+            home=self._home,
             hosts=HostCalls(self.node_id, self._home.unreachable) if self._home else None,
             host_name=HOME_NAME if self.options.home else self.options.name,
-            placement=self._home.check_placement if self._home is not None else None,
-            settler=self._home.settler if self._home is not None else None,
             relay=Relay(
                 self._zctx,
                 self.node_id,
