@@ -12,6 +12,7 @@ key, as test_multihost_peers.py does; the workers are real nodes that carry and 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import uuid
 from collections.abc import Iterator
@@ -22,8 +23,9 @@ from subagents_node.client.client import Client
 from subagents_node.client.keys import CLIENT_KEY, ClientCredentials, keys_dir, read_keypair
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Request
-from subagents_node.messages.errors import BadRequest, RunNotFound
+from subagents_node.messages.errors import BadRequest, RunNotFound, SubagentsError
 from subagents_node.messages.fanout import encode_descriptor
+from subagents_node.messages.retention import Prune, PruneResult
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
     AgentPlan,
@@ -37,7 +39,6 @@ from subagents_node.messages.supervisor import (
     Watch,
 )
 from tests.support.fleet import Fleet, fleet
-from tests.support.nodes import run_cli
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,14 @@ NAP = AgentPlan(name="nap", command=[sys.executable, "-c", "import time; time.sl
 @pytest.fixture(scope="module")
 def crew() -> Iterator[Fleet]:
     with fleet(("w1", "w2")) as started:
-        yield started
+        try:
+            yield started
+        finally:  # a failed test's runs: their children would outlive the nodes
+            for node in [started.home, *started.workers.values()]:
+                with contextlib.suppress(SubagentsError):
+                    client = started.client(node)
+                    for view in client.runs.list(active_only=True, limit=1000):
+                        client.runs.stop(view.run_id)
 
 
 def _as_worker(crew: Fleet, name: str, host: str) -> Client:
@@ -171,7 +179,9 @@ def test_a_workers_key_follows_the_runs_it_placed_and_still_may_after_a_home_res
         assert stopped.returncode == 0, stopped.stderr
         crew.home.start()
         wait_until(
-            lambda: all(v.state == "up" for v in crew.nodes().values()), what="workers back up"
+            lambda: all(v.state == "up" for v in crew.nodes().values()),
+            timeout=60,
+            what="workers back up",
         )
         for host, run_id in placed:
             _refused_every_follow_up(crew, "w2", host, run_id)  # still w1's alone
@@ -197,8 +207,12 @@ def test_a_placed_run_pruned_on_its_host_leaves_the_homes_record_on_the_next_fol
     with _as_worker(crew, "w1", "w2") as w1:
         w1.ask(Stop(run_id=run_id), RunView)
         wait_until(lambda: w1.ask(Show(run_id=run_id), RunView).state == "stopped", what="stopped")
-        pruned = run_cli("prune", "--older-than", "0", state_dir=crew.workers["w2"].state_dir)
-        assert pruned.returncode == 0, pruned.stderr
+        w2 = crew.client(crew.workers["w2"])
+        # Pruned once it has settled (a run still live in its supervisor is not yet prunable).
+        wait_until(
+            lambda: run_id in w2.ask(Prune(older_than_s=0), PruneResult).pruned,
+            what=f"{run_id} pruned on w2",
+        )
         with pytest.raises(RunNotFound):
             w1.ask(Show(run_id=run_id), RunView)
         with pytest.raises(BadRequest) as forgotten:  # the home's record went with the run
