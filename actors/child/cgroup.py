@@ -20,6 +20,7 @@ an outcome and never signals anything outside the cgroup it was given.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -88,6 +89,13 @@ def own_directory() -> str | None:
     if mount is None or own is None:
         return None
     return os.path.normpath(mount + own)
+
+
+@functools.cache  # read once, in the shim template: every shim it forks starts where it is
+def template_directory() -> str | None:
+    """`own_directory()` of the shim template, the cgroup each shim returns to after its spawn.
+    A shim asking /proc itself read two files (mountinfo is KiBs) for every child."""
+    return own_directory()
 
 
 def probe(setting: str, key: str) -> Containment:
@@ -242,14 +250,19 @@ class ChildCgroup:
     def create(cls, base: str, name: str) -> ChildCgroup | None:
         """The cgroup `base/name`, made now; None when it cannot be (the shim then relies on
         the subreaper alone)."""
-        home = own_directory()
+        home = template_directory()
         if home is None:
             return None
         path = child_path(base, name)
         try:
             for attempt in (1, 2):
                 try:
-                    os.makedirs(path, exist_ok=True)  # exists: a shim that died before
+                    if attempt == 1:
+                        os.mkdir(path)  # one syscall: the node made its base
+                    else:
+                        os.makedirs(path, exist_ok=True)
+                    break
+                except FileExistsError:  # a shim that died before
                     break
                 except FileNotFoundError:  # its base swept by a node starting just now
                     if attempt == 2:

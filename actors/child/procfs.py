@@ -47,11 +47,19 @@ def stat_of(pid: int) -> ProcStat | None:
 def read_stat(pid: int) -> ProcStat | None:
     """/proc/PID/stat, None when the process is gone; any other failure to read it (no file
     descriptor left, say) is raised: it says nothing about the process."""
+    # os.open/os.read, not open(): a shim reads its own and its child's stat right after its
+    # fork, and the io module's objects (a FileIO, a BufferedReader) it would touch to do so
+    # copy some 60 of the template's pages into each shim (a page fault each).
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         return None
+    try:
+        raw = os.read(fd, 4096)  # one read: procfs makes the whole file at once
+    except ProcessLookupError:
+        return None
+    finally:
+        os.close(fd)
     fields = raw[raw.rindex(b")") + 2 :].split()  # the command name may hold spaces
     return ProcStat(
         state=fields[0].decode(),

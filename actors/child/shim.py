@@ -46,7 +46,7 @@ from typing import Any
 import msgpack
 
 from subagents_node.actors.child import procfs
-from subagents_node.actors.child.cgroup import ChildCgroup
+from subagents_node.actors.child.cgroup import ChildCgroup, template_directory
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.reports import MAX_REPORTED_PROCESSES, ReportDelivery
 from subagents_node.actors.child.spawn import spawn_agent, spawn_error
@@ -102,8 +102,13 @@ class Shim:
             os.dup2(devnull, fd)
         os.close(devnull)
         # The supervisor made it only for a child with private files (its task file or
-        # stdin); otherwise it is made here, in the shim, off the supervisor's loop.
-        if not os.path.isdir(self.record_dir):
+        # stdin); otherwise it is made here, in the shim, off the supervisor's loop. One
+        # mkdir: the run's directory is there already (makedirs would stat both first).
+        try:
+            os.mkdir(self.record_dir, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
             os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
         claim = {**self.facts, "at": time.time()}
         # No fsync: the claim fences a recovering node against a late shim, and a power cut
@@ -379,6 +384,7 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
         "sync": False,
     }
     _prctl()
+    template_directory()
     try:
         for _ in range(rounds):
             shim = Shim(json.loads(json.dumps(order)))

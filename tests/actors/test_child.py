@@ -410,6 +410,16 @@ def test_write_atomically_exclusive_loses_to_an_existing_record(tmp_path: Path) 
     assert os.listdir(tmp_path) == ["r.json"]
 
 
+def test_write_atomically_that_cannot_rename_raises_and_leaves_no_temp_file(
+    tmp_path: Path,
+) -> None:
+    """Only a failed rename leaves the temp file behind, so only that path removes it."""
+    (tmp_path / "r.json").mkdir()  # a directory where the record goes: rename fails
+    with pytest.raises(OSError):
+        records.write_atomically(str(tmp_path / "r.json"), {"a": 1}, sync=False)
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
 def test_signal_shim_never_signals_a_pid_whose_start_time_differs() -> None:
     identity = ProcessIdentity(os.getpid(), 1.0)  # our pid, another start time
     assert not signal_shim(identity, signal.SIGTERM)  # (had it sent it, pytest would be dead)
