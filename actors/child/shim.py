@@ -422,13 +422,16 @@ def serve_template() -> None:
     while chunk := stdin.read(1 << 16):
         *lines, buffer = (buffer + chunk).split(b"\n")
         for line in lines:
-            order = json.loads(line)
+            # The shim parses its own order: the template, whose every page each live shim
+            # shares, then makes and frees no objects between forks (each page it wrote
+            # was a copy, a page fault, while a shim shared it), and an order it cannot
+            # read ends one shim, not the template.
             if os.fork() == 0:
                 code = 1
                 try:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     gc.disable()  # a shim allocates little and lives long: no collections
-                    code = Shim(order).run()
+                    code = Shim(json.loads(line)).run()
                 finally:
                     os._exit(code)
 

@@ -177,6 +177,22 @@ def test_the_shim_template_imports_neither_pydantic_pykka_nor_sqlite() -> None:
     assert out.strip() == "[]"
 
 
+def test_an_order_the_template_cannot_read_ends_one_shim_and_the_template_serves_on(
+    harness: Harness,
+) -> None:
+    """The shim parses its order (the template makes no objects between forks): a line that
+    is not an order costs that one fork, not the template and the orders after it."""
+    spec = harness.spec("c-after", [PY, "-c", "pass"])
+    Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
+    proc = harness.template._ensure()  # started, as for a first order
+    assert proc.stdin is not None
+    proc.stdin.write(b"not an order\n")
+    proc.stdin.flush()
+    harness.start(spec)
+    assert harness.until("tree_ended").exit_code == 0
+    assert harness.template.pid == proc.pid and proc.poll() is None
+
+
 # -- exits -----------------------------------------------------------------------------------
 
 
