@@ -9,6 +9,7 @@ template imports it). It never reads a record: ChildKeeper does.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from typing import Any
@@ -29,11 +30,15 @@ def write_atomically(
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, json.dumps(data).encode())
+        if os.write(fd, payload := json.dumps(data).encode()) != len(payload):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)  # a short write
         if sync:
             os.fsync(fd)
-    finally:
+    except BaseException:  # a full disk: no empty temp file is left behind
         os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
     try:
         if exclusive:
             try:

@@ -91,6 +91,9 @@ class Shim:
         self.sync = bool(order.get("sync", True))
         #: The child's own cgroup (the node's containment is cgroup v2), else None.
         self.cgroup: ChildCgroup | None = None
+        #: The newest exit record could not be written (a full or read-only disk): it is
+        #: written again at each report resend, and the shim never gives up while it is owed.
+        self.record_owed = False
 
     # -- the life of the shim -------------------------------------------------------------------
 
@@ -101,28 +104,34 @@ class Shim:
         for fd in (0, 1, 2):  # the template's pipes are not ours to hold
             os.dup2(devnull, fd)
         os.close(devnull)
-        # The supervisor made it only for a child with private files (its task file or
-        # stdin); otherwise it is made here, in the shim, off the supervisor's loop. One
-        # mkdir: the run's directory is there already (makedirs would stat both first).
-        try:
-            os.mkdir(self.record_dir, 0o700)
-        except FileExistsError:
-            pass
-        except FileNotFoundError:
-            os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
         claim = {**self.facts, "at": time.time()}
-        # No fsync: the claim fences a recovering node against a late shim, and a power cut
-        # ends both; the exit record, which must survive the node, is synced.
-        if not write_atomically(self._path(SHIM_RECORD), claim, exclusive=True, sync=False):
-            return 0  # a recovering node gave this child up as never started: do not start it
+        try:
+            # The supervisor made it only for a child with private files (its task file or
+            # stdin); otherwise it is made here, in the shim, off the supervisor's loop. One
+            # mkdir: the run's directory is there already (makedirs would stat both first).
+            try:
+                os.mkdir(self.record_dir, 0o700)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
+            # No fsync: the claim fences a recovering node against a late shim, and a power
+            # cut ends both; the exit record, which must survive the node, is synced.
+            if not write_atomically(self._path(SHIM_RECORD), claim, exclusive=True, sync=False):
+                return 0  # a recovering node gave this child up as never started: keep it so
+        except OSError as err:  # a full or read-only disk: no claim, so no child; say why
+            self.facts["error"] = f"cannot write the child's records: {err}"[:4000]
+            self.leader_gone = self.tree_ended = True
+            self._report("not_started")
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, lambda *_: None)  # the byte in the wake-up pipe is the event
-        base = self.order.get("cgroup_base")
-        if base:
-            self.cgroup = ChildCgroup.create(str(base), str(self.order["child_id"]))
-        self._start()
+        if not self.tree_ended:
+            base = self.order.get("cgroup_base")
+            if base:
+                self.cgroup = ChildCgroup.create(str(base), str(self.order["child_id"]))
+            self._start()
         link = ReportLink(str(self.order["node_address"]))
         try:
             self._loop(link, wake_r)
@@ -187,6 +196,8 @@ class Shim:
             poller.register(events_fd, select.POLLPRI)
         sock_fd = -1
         while not (self.tree_ended and not self.reports.unacked) and not self._given_up():
+            if self.record_owed:  # a resend is due: space may have come back since
+                self._record_exit()
             self.reports.send_due(link)
             if link.fileno() != sock_fd:  # (re)connected, or the connection dropped
                 if sock_fd >= 0:
@@ -213,6 +224,8 @@ class Shim:
             self._on_timers()
 
     def _given_up(self) -> bool:
+        if self.record_owed:  # nothing on disk says how the tree ended: only a report can
+            return False
         ended = self.facts.get("tree_ended_at")
         limit = float(self.order.get("give_up_s", GIVE_UP_AFTER_TREE_END_S))
         return ended is not None and time.time() - ended > limit
@@ -347,12 +360,18 @@ class Shim:
         return os.path.join(self.record_dir, name)
 
     def _record_exit(self) -> None:
-        """Before the report that tells of it: a new node reads it even if the report is lost."""
-        write_atomically(
-            self._path(EXIT_RECORD),
-            {**self.facts, "tree_ended": self.tree_ended, "version": 1},
-            sync=self.sync,
-        )
+        """Before the report that tells of it: a new node reads it even if the report is lost.
+        One that cannot be written (ENOSPC, EROFS) never stops the report, which alone, once
+        acknowledged, makes the end durable in the node's store."""
+        try:
+            write_atomically(
+                self._path(EXIT_RECORD),
+                {**self.facts, "tree_ended": self.tree_ended, "version": 1},
+                sync=self.sync,
+            )
+            self.record_owed = False
+        except OSError:
+            self.record_owed = True
 
     def _report(self, kind: str) -> None:
         self.reports.post(kind, self.facts, tree_ended=self.tree_ended, ended_by=self.ended_by)
