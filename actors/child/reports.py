@@ -27,8 +27,9 @@ from subagents_node.actors.child.zmtp import ReportLink
 REPORT_TYPE = "child.report"
 SUPERVISOR = "supervisor"
 PROTOCOL_VERSION = 1
-#: Error codes that mean "not taken, try again"; any other answer acknowledges the report.
-RETRY_CODES = frozenset({"busy", "internal", "unavailable"})
+#: Error codes that mean "not taken, try again"; any other answer acknowledges the report. A
+#: store error (a full disk: `store_full`) undid the report's commit: acknowledged, it is lost.
+RETRY_CODES = frozenset({"busy", "internal", "unavailable", "store_error", "store_full"})
 #: How many processes a report names at most: as messages/runs.py MAX_REPORTED_PROCESSES
 #: (the shim imports nothing of messages/).
 MAX_REPORTED_PROCESSES = 256

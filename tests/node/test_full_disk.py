@@ -17,7 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -215,6 +215,76 @@ def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
             filler.unlink()
             done = client.runs.wait(run.run_id, timeout=30)
             assert done.state == "complete", done.error
+            assert client.capacity.snapshot(ctx.session_id, 2).used == 0
+            assert_no_restarts(node)
+    finally:
+        gate.close()
+
+
+def _release_on_a_full_disk(
+    node: NodeProcess, tiny_disk: Path, release: Callable[[], None]
+) -> None:
+    """Fill the disk, end the child (`release`) and free the disk only once the supervisor
+    has handled the shim's report on the full disk: it is held busy while the report comes
+    in, and a read it answers after the report's group was tried tells when that was."""
+    import threading
+
+    from subagents_node.messages.base import Ack
+    from subagents_node.messages.node import DebugSleep
+
+    filler = _fill(tiny_disk)
+
+    def hold() -> None:  # its answer may be the group's StoreFull
+        with contextlib.suppress(StoreFull):
+            node.client().ask(DebugSleep(ms=2000), Ack, target="supervisor")
+
+    busy = threading.Thread(target=hold)
+    busy.start()
+    release()
+    busy.join()
+    node.client().runs.list()  # answered once the group holding the report was tried
+    filler.unlink()
+
+
+_QUIET_GATE = """\
+import os, socket, sys
+
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(sys.argv[1])
+sock.sendall(f"{os.getpid()}\\n".encode())
+sys.exit(int(sock.recv(64).decode().strip() or 3))
+"""
+
+
+def test_a_child_that_ends_while_the_disk_is_full_settles_with_its_exit_status_once_space_returns(
+    tiny_disk: Path, tmp_path: Path
+) -> None:
+    """The child ends (exit 0, writing nothing) on a full disk: its shim cannot write its exit
+    record, and the supervisor's commit of its report fails (`store_full`). The shim took that
+    answer for an acknowledgement (or died of the record's ENOSPC) and exited; the node then
+    found it gone with no record and settled the child `failed`, exit status unknown."""
+    from tests.support.runs import Gate, launch_context, wait_until, write_agent
+
+    agents = tmp_path / "agents"
+    write_agent(
+        agents, "quiet", "A gate that prints nothing.", '["{python}", "{agent_dir}/q.py", "{task}"]'
+    )
+    (agents / "q.py").write_text(_QUIET_GATE)
+    gate = Gate(tmp_path)
+    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
+    try:
+        with running_node("--faults", state_dir=tiny_disk) as node:
+            client = node.client()
+            ctx = launch_context(agents, max_active_async_runs_per_session=2)
+            run = client.runs.launch(ctx.single("quiet", str(gate.path), True, None))
+            [child] = gate.accept(1)
+            _release_on_a_full_disk(node, tiny_disk, lambda: child.release(0))
+            assert client.runs.wait(run.run_id, timeout=30).state == "complete"
+            child_view = wait_until(
+                lambda: [c for c in client.runs.show(run.run_id).children if c.exit_code == 0],
+                what="the child's end stored",
+            )[0]
+            assert (child_view.state, child_view.proof_state) == ("complete", "observed")
             assert client.capacity.snapshot(ctx.session_id, 2).used == 0
             assert_no_restarts(node)
     finally:
