@@ -98,6 +98,32 @@ def advance(host: ChildHost, live: LiveRun) -> None:
         host.finish(live)
 
 
+def take_up(host: ChildHost, live: LiveRun) -> None:
+    """After a full disk undid a group (RunSupervisor.group_undone): the children it had
+    started in memory are `pending` again in the store and their shims, forked only after a
+    commit, never were: start them again, or the run waits for good on children that do not
+    exist; those it had settled are waited for again. Then advance (a run whose settlement
+    was undone settles again, from what its children's rows say)."""
+    # Settled in memory only: the run waits for it again (its shim resends its report).
+    for child_id, idx in host.db.execute(
+        "SELECT child_id, idx FROM run_children WHERE run_id=? AND state='running'",
+        (live.run_id,),
+    ):
+        live.running.setdefault(child_id, idx)
+    plans = {plan.index: plan for group in live.groups for plan in group}
+    for child_id in sorted(live.unstarted):
+        idx = live.running.get(child_id)
+        row = host.db.execute(
+            "SELECT state FROM run_children WHERE run_id=? AND idx=?", (live.run_id, idx)
+        ).fetchone()
+        if live.launch is None or row is None or row[0] != "pending" or idx not in plans:
+            continue  # started in a group that committed (its shim will report), or gone
+        del live.running[child_id]
+        live.unstarted.discard(child_id)
+        _start_child(host, live, live.launch, plans[idx])
+    advance(host, live)
+
+
 def _start_child(host: ChildHost, live: LiveRun, launch: Launch, child: runplan.ChildPlan) -> None:
     token = None
     if launch.mode == "workflow":

@@ -313,10 +313,11 @@ class RunSupervisor(OwnerActor):
 
     def group_undone(self, full: StoreFull) -> None:
         """A full disk undid the group: launches that waited to mark their slot started fail
-        (their slot is rolled back, their caller told `store_full`), and runs whose settlement
-        was undone settle again. In a tick of its own: its writes need a group of their own."""
+        (their slot is rolled back, their caller told `store_full`), runs whose settlement was
+        undone settle again, and children whose start was undone start again (a chain's next
+        step). In a tick of its own: its writes need a group of their own."""
         keys = tuple(self._pipelines.dropped())
-        settling = tuple(live.run_id for live in self._live.values() if live.settling)
+        settling = tuple(r for r, live in self._live.items() if live.settling or live.unstarted)
         for run_id in settling:
             self._live[run_id].settling = False
         if keys or settling:  # not at once: while the disk stays full, retries are paced
@@ -408,9 +409,8 @@ class RunSupervisor(OwnerActor):
             case TakeUp(keys=keys, run_ids=run_ids, error=error):
                 self._pipelines.fail(keys, error)
                 for run_id in run_ids:
-                    live = self._live.get(run_id)
-                    if live is not None:
-                        self.advance(live)
+                    if (live := self._live.get(run_id)) is not None:
+                        children.take_up(self, live)
             case Superseded(run_id=run_id):
                 self._launches.stop_superseded(run_id)
             case RunDeadline(run_id=run_id):

@@ -289,3 +289,38 @@ def test_a_child_that_ends_while_the_disk_is_full_settles_with_its_exit_status_o
             assert_no_restarts(node)
     finally:
         gate.close()
+
+
+def test_a_chain_whose_next_step_start_the_full_disk_undid_starts_it_once_space_returns(
+    tiny_disk: Path, tmp_path: Path
+) -> None:
+    """Step 0 ends on a full disk; the group that settled it and started step 1 is undone.
+    Step 1 stayed in the supervisor's memory as running (its shim, forked only after a
+    commit, never was) while the store said `pending`: the chain waited for it for good,
+    holding its slot."""
+    from tests.support.runs import Gate, launch_context, write_agent
+
+    agents = tmp_path / "agents"
+    command = '["{python}", "{agent_dir}/q.py", "{task}"]'
+    write_agent(agents, "quiet", "A gate that prints nothing.", command)
+    (agents / "q.py").write_text(_QUIET_GATE)
+    gate = Gate(tmp_path)
+    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
+    try:
+        with running_node("--faults", state_dir=tiny_disk) as node:
+            client = node.client()
+            ctx = launch_context(agents, max_active_async_runs_per_session=2)
+            step = {"agent": "quiet", "task": str(gate.path)}
+            launch = ctx.from_mapping("chain", {"steps": [step, step]}, True, None)
+            run = client.runs.launch(launch)
+            [first] = gate.accept(1)
+            _release_on_a_full_disk(node, tiny_disk, lambda: first.release(0))
+            [second] = gate.accept(1)  # it used to never start
+            second.release(0)
+            done = client.runs.wait(run.run_id, timeout=30)
+            assert done.state == "complete", done.error
+            assert [c.state for c in done.children] == ["complete", "complete"]
+            assert client.capacity.snapshot(ctx.session_id, 2).used == 0
+            assert_no_restarts(node)
+    finally:
+        gate.close()
