@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -150,10 +151,15 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
         else:
             os.close(fd)
     deadline = time.monotonic() + timeout
+    # poll, not select: with the node's lifted descriptor limit a pidfd can be numbered past
+    # select()'s FD_SETSIZE (1024), where select raises ValueError.
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
     try:
         while fds and (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select(fds, [], [], left)
-            for fd in ready:
+            for fd, _ in poller.poll(math.ceil(left * 1000)):
+                poller.unregister(fd)
                 fds.remove(fd)
                 os.close(fd)
     finally:

@@ -42,3 +42,35 @@ def test_a_shim_is_not_reported_gone_when_only_descriptors_ran_out() -> None:
     assert done.returncode == 0, done.stderr
     assert "gone while alive: False" in done.stdout, done.stdout + done.stderr
     assert "gone after exit: True" in done.stdout, done.stdout + done.stderr
+
+
+HIGH_FD_SCRIPT = textwrap.dedent(
+    """
+    import os, resource, subprocess
+    from subagents_node.actors.child.procfs import identity_of
+    from subagents_node.actors.child.shims import wait_exits
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        print("skip: hard limit", hard)
+        raise SystemExit(0)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    hog = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    shim = subprocess.Popen(["sleep", "0.3"])
+    wait_exits([identity_of(shim.pid)], 10)
+    print("exited:", shim.poll() is not None or shim.wait(0) == 0)
+    """
+)
+
+
+def test_waiting_for_shims_works_with_descriptors_numbered_past_1024() -> None:
+    """A node lifts its descriptor limit for 1,000 children (cli/serve.py), so a pidfd the
+    supervisor opens at stop can be numbered past select()'s FD_SETSIZE: select raised
+    ValueError ("filedescriptor out of range") and the stop's wait for its shims failed."""
+    done = run_python(HIGH_FD_SCRIPT)
+    if done.stdout.startswith("skip:"):
+        import pytest
+
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stderr
+    assert "exited: True" in done.stdout, done.stdout + done.stderr
