@@ -214,9 +214,14 @@ class OwnerSupervisor:
                     fds[owner.pidfd] = ("exit", owner)
                 if owner.control is not None:
                     fds[owner.control] = ("control", owner)
+            # poll, not select: the node lifts its descriptor limit (cli/serve.py), and a pidfd
+            # numbered past select()'s FD_SETSIZE made select raise, and this loop spin.
+            poller = select.poll()
+            for fd in (self._wake_r, *fds):
+                poller.register(fd, select.POLLIN)
             try:
-                readable, _, _ = select.select([self._wake_r, *fds], [], [])
-            except (OSError, ValueError):
+                readable = [fd for fd, _ in poller.poll()]
+            except OSError:
                 if self._stopping:
                     return
                 continue
