@@ -78,7 +78,14 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
         )
     else:
         yield Check("state dir mode", "ok", f"{state_dir} is 0700")
-    if os.access(state_dir, os.W_OK | os.X_OK):
+    if _read_only(state_dir):
+        yield Check(
+            "state dir writable",
+            "fail",
+            f"{state_dir} is on a read-only file system",
+            "remount that file system read-write (mount -o remount,rw MOUNTPOINT)",
+        )
+    elif os.access(state_dir, os.W_OK | os.X_OK):
         yield Check("state dir writable", "ok", "writable")
     else:
         yield Check(
@@ -87,6 +94,14 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
             f"{state_dir} is not writable",
             f"fix its ownership: chown $USER {state_dir}",
         )
+
+
+def _read_only(directory: Path) -> bool:
+    """Whether `directory` is on a file system mounted read-only (EROFS for every write)."""
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_store(state_dir: Path) -> Iterator[Check]:
@@ -114,21 +129,25 @@ def check_store(state_dir: Path) -> Iterator[Check]:
 
 def _check_db(check: str, path: Path, families: Mapping[str, Sequence[str]]) -> Iterator[Check]:
     expected = {name: len(scripts) for name, scripts in families.items()}
+    # On a read-only file system SQLite cannot open a WAL database read-only (it needs its
+    # -shm): nobody can write it there, so it is read as immutable.
+    read_only = _read_only(path.parent)
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        mode = "immutable=1" if read_only else "mode=ro"
+        conn = sqlite3.connect(f"file:{path}?{mode}", uri=True, timeout=5)
         try:
             integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
             rows = conn.execute("SELECT family, version FROM schema_migrations").fetchall()
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        yield Check(
-            check,
-            "fail",
-            f"{path} cannot be read: {exc}",
-            f"move it aside (mv {path} {path}.broken) and restart the node; its ledger "
-            "starts empty",
+        fix = (  # never "move it aside" for what a remount fixes: that would empty a ledger
+            "remount its file system read-write, then run doctor again"
+            if read_only
+            else f"move it aside (mv {path} {path}.broken) and restart the node; its ledger "
+            "starts empty"
         )
+        yield Check(check, "fail", f"{path} cannot be read: {exc}", fix)
         return
     if integrity != "ok":
         yield Check(

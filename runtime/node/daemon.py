@@ -28,6 +28,7 @@ from subagents_node.messages.errors import (
     NodeError,
     NodeNotRunning,
     NodeTimeout,
+    StoreError,
     SubagentsError,
 )
 
@@ -101,8 +102,13 @@ def fork_detached(
         code = 1
         try:
             os.close(read_fd)
-            _become_detached(log_path, keep=write_fd)
-            code = serve(write_fd)
+            try:
+                _become_detached(log_path, keep=write_fd)
+            except OSError as exc:  # a read-only (or full) state dir: no node.log to write to;
+                # the starter prints this one line (a traceback here would reach its terminal)
+                signal_failed(write_fd, StoreError(f"cannot open {log_path}: {exc.strerror}"))
+            else:
+                code = serve(write_fd)
         except BaseException:
             with contextlib.suppress(BaseException):
                 traceback.print_exc()
