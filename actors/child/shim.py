@@ -34,8 +34,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import gc
-import json
 import math
 import os
 import select
@@ -43,10 +41,8 @@ import signal
 import time
 from typing import Any
 
-import msgpack
-
 from subagents_node.actors.child import procfs
-from subagents_node.actors.child.cgroup import ChildCgroup, template_directory
+from subagents_node.actors.child.cgroup import ChildCgroup
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.reports import MAX_REPORTED_PROCESSES, ReportDelivery
 from subagents_node.actors.child.spawn import spawn_agent, spawn_error
@@ -57,9 +53,6 @@ _PR_SET_CHILD_SUBREAPER = 36
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
 GIVE_UP_AFTER_TREE_END_S = 30.0
-#: How often the template runs a shim's paths before it forks any (CPython 3.11 specialises a
-#: function's bytecode after 8 calls).
-WARM_UP_ROUNDS = 12
 
 
 class Shim:
@@ -380,80 +373,3 @@ class Shim:
 @functools.cache  # looked up once, in the template: a shim calls it, it does not make it
 def _prctl() -> Any:
     return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
-    """Run in the template, `rounds` times, what every shim runs (its set-up, a spawn, its
-    records and reports, an answer), so that the objects those paths make on first use are
-    made here and shared, and so that CPython has specialised their bytecode here (3.11 writes
-    its counters and caches into the code objects until it has): a shim that runs warm code
-    copies fewer of the template's pages."""
-    record_dir = os.path.join("/tmp", f"subagents-shim-warm-up.{os.getpid()}")
-    os.makedirs(record_dir, mode=0o700, exist_ok=True)
-    order: dict[str, Any] = {
-        "child_id": "warm-up",
-        "run_id": "warm-up",
-        "argv": ["true"],
-        "cwd": "/",
-        "env": {"PATH": os.defpath},
-        "stdout_path": os.devnull,
-        "stderr_path": os.devnull,
-        "record_dir": record_dir,
-        "node_address": "ipc:///nonexistent/warm-up.sock",
-        "sync": False,
-    }
-    _prctl()
-    template_directory()
-    try:
-        for _ in range(rounds):
-            shim = Shim(json.loads(json.dumps(order)))
-            claim = {**shim.facts, "at": time.time()}
-            write_atomically(shim._path(SHIM_RECORD), claim, exclusive=True, sync=False)
-            os.unlink(shim._path(SHIM_RECORD))
-            shim._start()  # spawns `true` and packs the `started` report
-            os.waitpid(shim.leader, 0)
-            shim.leader_gone = shim.tree_ended = True
-            shim.facts.update(exit_code=0, ended_at=time.time(), tree_ended_at=time.time())
-            shim._record_exit()
-            shim._report("tree_ended")
-            link = ReportLink(shim.order["node_address"])
-            shim.reports.send_due(link)  # no listener: fails, and closes
-            corr = shim.reports.unacked[0][0]
-            msgpack.unpackb(msgpack.packb({"corr": corr, "body": {}}), raw=False)
-            procfs.start_time_of(os.getpid())
-            procfs.wall_clock(0.0)
-    finally:
-        for name in os.listdir(record_dir):
-            os.unlink(os.path.join(record_dir, name))
-        os.rmdir(record_dir)
-
-
-def serve_template() -> None:
-    """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
-    each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
-    _warm_up()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
-    # Everything imported so far is shared with every shim: keep the collector off those
-    # pages (a collection would touch, and so copy, each of them in every shim).
-    gc.freeze()
-    stdin = os.fdopen(0, "rb", buffering=0)
-    buffer = b""
-    while chunk := stdin.read(1 << 16):
-        *lines, buffer = (buffer + chunk).split(b"\n")
-        for line in lines:
-            # The shim parses its own order: the template, whose every page each live shim
-            # shares, then makes and frees no objects between forks (each page it wrote
-            # was a copy, a page fault, while a shim shared it), and an order it cannot
-            # read ends one shim, not the template.
-            if os.fork() == 0:
-                code = 1
-                try:
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    gc.disable()  # a shim allocates little and lives long: no collections
-                    code = Shim(json.loads(line)).run()
-                finally:
-                    os._exit(code)
-
-
-if __name__ == "__main__":
-    serve_template()

@@ -1,7 +1,7 @@
 """The run supervisor's side of the shims: the template that forks them, and the watch on them.
 
 Owns two things the supervisor starts once, whatever the number of children:
-- `ShimTemplate`: one small process (`python -m subagents_node.actors.child.shim`) that has
+- `ShimTemplate`: one small process (`python -m subagents_node.actors.child.template`) that has
   imported what a shim needs and forks one shim per order written to its stdin, so a child
   costs a fork, not an interpreter start. It exits when its stdin closes (the supervisor is
   gone); the shims it forked do not.
@@ -36,7 +36,7 @@ from subagents_node.messages.runs import ChildSpec
 
 log = logging.getLogger(__name__)
 
-TEMPLATE_MODULE = "subagents_node.actors.child.shim"
+TEMPLATE_MODULE = "subagents_node.actors.child.template"
 #: The template's order pipe (F_SETPIPE_SZ; 1 MiB is Linux's default limit for a user).
 ORDER_PIPE_BYTES = 1 << 20
 

@@ -170,7 +170,7 @@ def test_the_shim_speaks_the_report_type_and_owner_the_node_routes() -> None:
 def test_the_shim_template_imports_neither_pydantic_pykka_nor_sqlite() -> None:
     """A shim costs a fork of a small process: what the template imports, every shim holds."""
     code = (
-        "import sys; import subagents_node.actors.child.shim; "
+        "import sys; import subagents_node.actors.child.template; "
         "print(sorted(m for m in ('pydantic', 'pykka', 'sqlite3', 'psutil') if m in sys.modules))"
     )
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True).stdout

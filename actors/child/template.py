@@ -1,0 +1,147 @@
+"""The shim template: the small pre-imported process every child's shim is forked from.
+
+Owns the template's life: it runs a shim's paths a few times (so the code a shim runs is warm
+and shared), then reads one spawn order (a JSON line) at a time on stdin and forks a shim
+(actors/child/shim.py) for each, until stdin closes (the supervisor that started it is gone;
+the shims stay). A fork that fails (EAGAIN: the pids controller's or RLIMIT_NPROC's limit) is
+reported to the supervisor as the child's `not_started`, as its shim would have, so the launch
+is answered and the slot rolled back; the template lives on for the next order.
+
+Standard library, msgpack and the shim's modules only (what it imports, every shim holds); it
+never logs an order (it may hold the task, R-MISC-1) and never decides a run's outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import select
+import signal
+import time
+from typing import Any
+
+import msgpack
+
+from subagents_node.actors.child import procfs
+from subagents_node.actors.child.cgroup import template_directory
+from subagents_node.actors.child.records import SHIM_RECORD, write_atomically
+from subagents_node.actors.child.shim import Shim, _prctl
+from subagents_node.actors.child.zmtp import ReportLink
+
+#: How often the template runs a shim's paths before it forks any (CPython 3.11 specialises a
+#: function's bytecode after 8 calls).
+WARM_UP_ROUNDS = 12
+#: How long the template waits for the supervisor to take a `not_started` report of a shim it
+#: could not fork (a node that is up answers at once; one that is not will find the child
+#: unstarted at recovery).
+NOT_FORKED_REPORT_S = 10.0
+
+
+def _not_forked(order: dict[str, Any], err: OSError) -> None:
+    """No shim for `order`: report its child `not_started`, from the template, and wait
+    (bounded) for the supervisor to take it; otherwise the launch waited for it for good."""
+    shim = Shim(order)
+    shim.facts["error"] = f"cannot fork the child's shim: {err.strerror or err}"[:4000]
+    shim.leader_gone = shim.tree_ended = True
+    shim._report("not_started")
+    link = ReportLink(str(order["node_address"]))
+    deadline = time.monotonic() + NOT_FORKED_REPORT_S
+    try:
+        while shim.reports.unacked and (left := deadline - time.monotonic()) > 0:
+            shim.reports.send_due(link)
+            poller = select.poll()
+            if link.fileno() >= 0:
+                poller.register(link.fileno(), select.POLLIN)
+            due = shim.reports.next_send_at()
+            wait = left if due is None else min(left, max(0.0, due - time.monotonic()))
+            if poller.poll(math.ceil(wait * 1000)):
+                shim.reports.receive(link)
+    finally:
+        link.close()
+
+
+def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
+    """Run in the template, `rounds` times, what every shim runs (its set-up, a spawn, its
+    records and reports, an answer), so that the objects those paths make on first use are
+    made here and shared, and so that CPython has specialised their bytecode here (3.11 writes
+    its counters and caches into the code objects until it has): a shim that runs warm code
+    copies fewer of the template's pages."""
+    record_dir = os.path.join("/tmp", f"subagents-shim-warm-up.{os.getpid()}")
+    os.makedirs(record_dir, mode=0o700, exist_ok=True)
+    order: dict[str, Any] = {
+        "child_id": "warm-up",
+        "run_id": "warm-up",
+        "argv": ["true"],
+        "cwd": "/",
+        "env": {"PATH": os.defpath},
+        "stdout_path": os.devnull,
+        "stderr_path": os.devnull,
+        "record_dir": record_dir,
+        "node_address": "ipc:///nonexistent/warm-up.sock",
+        "sync": False,
+    }
+    _prctl()
+    template_directory()
+    try:
+        for _ in range(rounds):
+            shim = Shim(json.loads(json.dumps(order)))
+            claim = {**shim.facts, "at": time.time()}
+            write_atomically(shim._path(SHIM_RECORD), claim, exclusive=True, sync=False)
+            os.unlink(shim._path(SHIM_RECORD))
+            shim._start()  # spawns `true` and packs the `started` report
+            os.waitpid(shim.leader, 0)
+            shim.leader_gone = shim.tree_ended = True
+            shim.facts.update(exit_code=0, ended_at=time.time(), tree_ended_at=time.time())
+            shim._record_exit()
+            shim._report("tree_ended")
+            link = ReportLink(shim.order["node_address"])
+            shim.reports.send_due(link)  # no listener: fails, and closes
+            corr = shim.reports.unacked[0][0]
+            msgpack.unpackb(msgpack.packb({"corr": corr, "body": {}}), raw=False)
+            procfs.start_time_of(os.getpid())
+            procfs.wall_clock(0.0)
+    finally:
+        for name in os.listdir(record_dir):
+            os.unlink(os.path.join(record_dir, name))
+        os.rmdir(record_dir)
+
+
+def serve_template() -> None:
+    """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
+    each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
+    _warm_up()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
+    # Everything imported so far is shared with every shim: keep the collector off those
+    # pages (a collection would touch, and so copy, each of them in every shim).
+    gc.freeze()
+    stdin = os.fdopen(0, "rb", buffering=0)
+    buffer = b""
+    while chunk := stdin.read(1 << 16):
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            # The shim parses its own order: the template, whose every page each live shim
+            # shares, then makes and frees no objects between forks (each page it wrote
+            # was a copy, a page fault, while a shim shared it), and an order it cannot
+            # read ends one shim, not the template.
+            try:
+                pid = os.fork()
+            except OSError as err:  # EAGAIN: no process left (pids.max, RLIMIT_NPROC)
+                # An order it cannot read names nobody to tell: the template serves on.
+                with contextlib.suppress(Exception):
+                    _not_forked(json.loads(line), err)
+                continue
+            if pid == 0:
+                code = 1
+                try:
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    gc.disable()  # a shim allocates little and lives long: no collections
+                    code = Shim(json.loads(line)).run()
+                finally:
+                    os._exit(code)
+
+
+if __name__ == "__main__":
+    serve_template()
