@@ -82,6 +82,10 @@ class RunLaunches:
         #: Its record, which names the source, is written only once admitted; until then a
         #: second resume or approval would pass the stored check and go on with it twice.
         self._continuing: dict[str, str] = {}
+        #: Live runs whose superseding rerun is being admitted: source -> the rerun. The link
+        #: (`superseded_by`) is written only with the rerun's record; until then a second rerun
+        #: would pass the stored check and supersede the same run again (R-MISC-2).
+        self._superseding: dict[str, str] = {}
 
     def launch_request(self, request: Launch) -> Message:
         if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
@@ -105,6 +109,8 @@ class RunLaunches:
         assert self._host.current_reply is not None
         if continues is not None:
             self._continue_once(continues, run_id)
+        if lineage is not None and lineage.supersedes:
+            self._supersede_once(lineage.source_run_id, run_id)
         if lineage is not None:
             self._lineage[run_id] = lineage
         pipeline = _launch_result(admit(self._host, request, run_id, runner_id, resume), on_started)
@@ -126,6 +132,17 @@ class RunLaunches:
             )
         self._continuing[source_id] = run_id
 
+    def _supersede_once(self, source_id: str, run_id: str) -> None:
+        """A live run is superseded once: refuse a rerun of it while another one is admitted."""
+        going = self._superseding.get(source_id)
+        if going is not None and self._pipelines.running(LaunchKey(going)):
+            raise RunNotResumable(
+                f"Run '{source_id}' is being superseded by rerun {going} already.",
+                run_id=source_id,
+                reason="superseded",
+            )
+        self._superseding[source_id] = run_id
+
     def _answer_once_started(self, run_id: str, reply: ReplyFn) -> ReplyFn:
         """A launch is answered only once its first children really run (their shims reported
         their pids) or have failed to start; an admission error is answered at once."""
@@ -133,8 +150,9 @@ class RunLaunches:
         def answer(outcome: Outcome) -> None:
             self._lineage.pop(run_id, None)
             # Admitted (the record names its source now) or refused: the mark has done its job.
-            for source_id in [s for s, going in self._continuing.items() if going == run_id]:
-                del self._continuing[source_id]
+            for marks in (self._continuing, self._superseding):
+                for source_id in [s for s, going in marks.items() if going == run_id]:
+                    del marks[source_id]
             live = self._live.get(run_id)
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
                 live.launch_replies.append(reply)

@@ -15,6 +15,7 @@ on one node and resume it on a second node over the same state dir.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from subagents_node.messages.supervisor import (
     RunView,
     TaskItem,
 )
+from subagents_node.node.node import Node
 from tests.support.manage import embedded, hold_with_unknown_proof
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -403,6 +405,43 @@ def test_r_misc_2_rerun_of_a_live_foreground_child_links_the_superseded_one(
     assert client.capacity.snapshot(ctx.session_id, LIMIT).used == 0  # foreground: never charged
     after = ledgers(client, ctx.session_id, LIMIT, decode_descriptor(old.fanout_descriptor))
     assert after.capacity == before.capacity
+
+
+def test_r_misc_2_reruns_of_a_live_foreground_run_sent_at_once_supersede_it_only_once(
+    node: Node, client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The link to the superseding rerun is written with the rerun's record, once admitted; a
+    second rerun arriving meanwhile used to pass the stored check too, so every one of them
+    ran and "superseded" the same run (its link naming whichever committed last)."""
+    old = client.runs.launch(ctx.single("gate", str(gate.path), False, None))
+    gate.accept(1)
+    start = threading.Barrier(8)
+    won: list[RunView] = []
+    refused: list[str] = []
+
+    def rerun_at_once() -> None:
+        own = node.client()
+        start.wait(timeout=10)
+        try:
+            won.append(own.ask(Rerun(run_id=old.run_id, task=str(gate.path)), LaunchResult).run)
+        except RunNotResumable as err:
+            refused.append(err.details["reason"])
+
+    threads = [threading.Thread(target=rerun_at_once) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert len(won) == 1 and refused == ["superseded"] * 7, (won, refused)
+    [new] = gate.accept(1)
+    superseded = client.runs.wait(old.run_id, timeout=20)
+    assert (superseded.state, superseded.superseded_by) == ("stopped", won[0].run_id)
+    assert [r.run_id for r in client.runs.list() if r.source_run_id == old.run_id] == [
+        won[0].run_id
+    ]
+    new.release(0)
+    assert client.runs.wait(won[0].run_id, timeout=20).state == "complete"
 
 
 def test_r_misc_2_a_live_foreground_run_with_several_children_is_not_rerun(
