@@ -20,6 +20,7 @@ from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message, Request
+from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
     AppendRejected,
     FanoutLimitExceeded,
@@ -48,8 +49,21 @@ APPEND_TTL_S = 300.0
 ACTIVE = ("queued", "running", "paused")
 
 
-def _with_message(item: TaskItem, message: str) -> TaskItem:
-    return item if not message else item.model_copy(update={"task": f"{item.task}\n\n{message}"})
+def _with_message(run_id: str, item: TaskItem, message: str) -> TaskItem:
+    """The item's task with the resume's follow-up. Refused past the task cap: model_copy does
+    not validate, so the relaunch would run an over-long task and persist a recovery.json that
+    no later resume or rerun could read (it is validated on read)."""
+    if not message:
+        return item
+    task = f"{item.task}\n\n{message}"
+    if len(task) > MAX_TASK_CHARS:
+        raise RunNotResumable(
+            f"Run '{run_id}' cannot be resumed with this message: its task and the message "
+            f"come to {len(task)} characters, over the {MAX_TASK_CHARS}-character task limit.",
+            run_id=run_id,
+            reason="task_too_long",
+        )
+    return item.model_copy(update={"task": task})
 
 
 def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan]:
@@ -105,10 +119,10 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         "workflow_token": request.workflow_token if as_child else None,
     }
     if launch.items:
-        update["items"] = [_with_message(i, request.message) for i in first]
+        update["items"] = [_with_message(run_id, i, request.message) for i in first]
     else:
         head = launch.chain[0].model_copy(
-            update={"items": [_with_message(i, request.message) for i in first]}
+            update={"items": [_with_message(run_id, i, request.message) for i in first]}
         )
         update["chain"] = [head, *launch.chain[1:]]
     relaunch = launch.model_copy(update=update)

@@ -26,6 +26,7 @@ from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.actors.runs.recovery import RECOVERY, read_recovery, write_recovery
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
     BadRequest,
     CapacityExhausted,
@@ -192,6 +193,26 @@ def test_r_res_4_chained_resumes_keep_one_budget_and_the_message_follows_the_tas
     assert third.source_run_id == second.run_id and second.source_run_id == source.run_id
     assert {second.fanout_descriptor, third.fanout_descriptor} == {source.fanout_descriptor}
     assert client.fanout.snapshot(budget).used == used
+
+
+def test_r_res_1_a_message_that_takes_the_task_past_its_limit_is_refused_and_changes_nothing(
+    client: Client, ctx: LaunchContext
+) -> None:
+    """The follow-up is appended to the first task. Past the task limit the relaunch used to
+    run anyway and write a recovery.json no later resume or rerun could read."""
+    source = finished(client, ctx, task="x" * (MAX_TASK_CHARS - 10))
+    before = everything(client, source)
+
+    with pytest.raises(RunNotResumable) as caught:
+        resume(client, source.run_id, "y" * 9)
+
+    assert caught.value.details["reason"] == "task_too_long"
+    assert "\n" not in caught.value.message and "xxx" not in caught.value.message
+    assert everything(client, source) == before
+    fits = client.runs.wait(resume(client, source.run_id, "y" * 8).run_id, timeout=20)
+    assert fits.state == "complete"
+    launch, _ = read_recovery(Path(fits.run_dir), fits.run_id)  # resumable again
+    assert len(launch.items[0].task) == MAX_TASK_CHARS
 
 
 # -- a relaunch that fails gives the slot back (R-RES-5, INV-CAP-9) --------------------------------
