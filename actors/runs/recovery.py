@@ -39,6 +39,19 @@ def write_recovery(run_dir: Path, launch: Launch, descriptor: str) -> None:
     tmp.replace(run_dir / RECOVERY)
 
 
+def _reason(exc: Exception) -> str:
+    """One line, and never the file's values: pydantic's own text spans lines and quotes the
+    offending input, which here is task text (R-MISC-1)."""
+    if isinstance(exc, ValidationError):
+        problems = exc.errors(include_input=False, include_url=False)
+        return "; ".join(
+            f"{'.'.join(str(part) for part in p['loc']) or 'launch'}: {p['msg']}"
+            for p in problems[:3]
+        )
+    text = str(getattr(exc, "message", exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def read_recovery(run_dir: Path, run_id: str) -> tuple[Launch, FanoutDescriptor]:
     path = run_dir / RECOVERY
     try:
@@ -60,7 +73,7 @@ def read_recovery(run_dir: Path, run_id: str) -> tuple[Launch, FanoutDescriptor]
         launch = Launch.model_validate(data["launch"])
         descriptor = decode_descriptor(str(data["fanout"]))
     except (KeyError, TypeError, ValidationError, FanoutDescriptorInvalid) as exc:
-        reason = getattr(exc, "message", str(exc))
+        reason = _reason(exc)
         raise RunNotResumable(
             f"Invalid persisted run fan-out budget '{path}': {reason}",
             run_id=run_id,

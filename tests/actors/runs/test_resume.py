@@ -215,6 +215,25 @@ def test_r_res_1_a_message_that_takes_the_task_past_its_limit_is_refused_and_cha
     assert len(launch.items[0].task) == MAX_TASK_CHARS
 
 
+def test_r_fan_7_an_unreadable_recovery_descriptor_is_refused_in_one_line_without_its_task(
+    client: Client, ctx: LaunchContext
+) -> None:
+    """R-FAN-7's error names the file and the problem; it used to be pydantic's text: several
+    lines, quoting the offending value (here the task text, R-MISC-1)."""
+    source = finished(client, ctx, task="secret task text")
+    path = Path(source.run_dir) / RECOVERY
+    data = json.loads(path.read_text())
+    data["launch"]["items"][0]["task"] = "secret task text" * 40_000
+    path.write_text(json.dumps(data))
+
+    err = refused(client, source, RunNotResumable)
+
+    assert err.message == (
+        f"Invalid persisted run fan-out budget '{path}': items.0.task: String should have at "
+        f"most {MAX_TASK_CHARS} characters"
+    )
+
+
 # -- a relaunch that fails gives the slot back (R-RES-5, INV-CAP-9) --------------------------------
 
 
