@@ -13,6 +13,7 @@ the source paused with its slot restored (R-CAP-16). It never blocks on another 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,9 @@ from subagents_node.actors.runs import checkpoints, management, runstore, steps
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
-from subagents_node.messages.base import Message
-from subagents_node.messages.capacity import ReportTerminal
+from subagents_node.messages.base import Message, Request
+from subagents_node.messages.capacity import MarkStarted, ReportTerminal, SlotHandle
+from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.supervisor import Launch, LaunchResult, PauseKind, Resume, RunView
 
@@ -44,6 +46,11 @@ class PauseHost(steps.StepHost, Protocol):
 
     def report_terminal(self, report: ReportTerminal) -> None:
         """Owe the capacity owner this report about the run's slot (durable, as `track`)."""
+
+    def owe(self, request: Request, run_id: str) -> None:
+        """Owe another owner `request` for `run_id` (durable, as `track`)."""
+
+    def stop_live(self, live: LiveRun, state: str, reason: str) -> None: ...
 
     def parked_ended(self, run_id: str, state: str, output: str) -> None:
         """A paused run that holds no process ended: the chains attached to it go on."""
@@ -169,8 +176,39 @@ def recover_parked(host: PauseHost, run_id: str) -> None:
     row = _row(host, run_id)
     successor = checkpoints.successor(host.db, run_id)
     if successor is not None:
+        going = _row(host, successor)
+        if going["capacity"] and going["state"] in management.ACTIVE:
+            # The node died while `successor` was admitted, maybe before its mark_started: had
+            # the slot's TTL given it back to this run, ending this run here would leave it held
+            # ("still paused") for good. Asked again (idempotent); continuation_marked decides.
+            handle = SlotHandle.model_validate_json(going["capacity"])
+            mark = MarkStarted(handle=handle, runner_id=going["runner_id"], pid=os.getpid())
+            host.owe(mark, successor)
+            return
         continued(host, run_id, successor)
         return
     report = steps.parked_report(host.db, row, "paused", host.clock())
     if report is not None:
         host.report_terminal(report)
+
+
+def continuation_marked(host: PauseHost, run_id: str, outcome: Message | SubagentsError) -> None:
+    """The answer to a recovered continuation's mark_started (recover_parked). Taken: the
+    source is over, unless its continuation has already failed (then the source stays paused,
+    resumable; the slot is the continuation's, freed by its end). Refused: the slot went back
+    to the source, which stays paused with it, and the continuation fails as a launch whose
+    mark_started is refused fails (R-ADM-5)."""
+    row = runstore.run_row(host.db, run_id)
+    source = (
+        runstore.run_row(host.db, row["source_run_id"]) if row and row["source_run_id"] else None
+    )
+    if row is None or source is None or source["state"] != "paused":
+        return
+    if not isinstance(outcome, SubagentsError):
+        if row["state"] not in ("failed", "stopped"):
+            continued(host, str(source["run_id"]), run_id)
+        return
+    live = host.live_run(run_id)
+    if live is not None and live.stop_state is None:
+        reason = f"Its capacity slot went back to run {source['run_id']}: {outcome.message}"
+        host.stop_live(live, "failed", reason)

@@ -1,8 +1,9 @@
 """The requests that read or stop one run: `runs.show`, `runs.list`, `runs.stop`, `runs.intercom`.
 
 Owns how a request names a run (`resolve`: a unique prefix of its id; ambiguous or unknown ids
-are refused), the views these requests answer with (a run whose record cannot be read is left
-out of `runs.list` and reported through the host's quarantine), a child's intercom message
+are refused; `refusing_unreadable`: a run it cannot read is reported as it is refused), the
+views these requests answer with (a run whose record cannot be read is left out of `runs.list`
+and reported through the host's quarantine), a child's intercom message
 (R-ICB: an event of its run, refused when the run has intercom off) and how a live run stops
 (`stop_live`: by request, at its deadline, after a failed launch, or with the run that launched
 it, R-WF-10). Functions over a RequestHost, as runs/pauses.py's are. It never kills a process
@@ -12,8 +13,10 @@ its children; the host's `advance` settles it once none runs) and never blocks o
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.context import Cancel
@@ -54,6 +57,25 @@ class RequestHost(pauses.PauseHost, Protocol):
 
     def continuing(self, run_id: str) -> str | None:
         """The run being admitted to go on with paused run `run_id`, if any."""
+
+
+def refusing_unreadable(
+    owner: str,
+    report: Callable[[RecordQuarantined], object],
+    handler: Callable[[Any], Message],
+) -> Callable[[Any], Message]:
+    """`handler`, with a run it cannot read reported (status, doctor) as it is refused."""
+
+    @functools.wraps(handler)
+    def guarded(request: Any) -> Message:
+        try:
+            return handler(request)
+        except RecordQuarantined as err:
+            if err.details.get("owner") == owner:
+                report(err)
+            raise
+
+    return guarded
 
 
 def resolve(db: sqlite3.Connection, run_id: str) -> str:

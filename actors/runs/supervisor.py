@@ -81,7 +81,7 @@ from subagents_node.actors.runs.ticks import (
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.capacity import ReportTerminal, SlotHandle
+from subagents_node.messages.capacity import MarkStarted, ReportTerminal, SlotHandle
 from subagents_node.messages.errors import RecordQuarantined, StoreFull, SubagentsError
 from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
 from subagents_node.messages.pauses import Approve, Pause, Reject
@@ -195,7 +195,8 @@ class RunSupervisor(OwnerActor):
             Prune: self._prune,
             ChildReport: partial(children.child_report, self),
         }
-        return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
+        guard = partial(runrequests.refusing_unreadable, self.name, self.quarantine_unreadable)
+        return {kind: guard(h) for kind, h in handlers.items()}
 
     # -- settings -----------------------------------------------------------------------------
 
@@ -223,20 +224,6 @@ class RunSupervisor(OwnerActor):
         table, key = str(err.details["table"]), str(err.details["key"])
         self.quarantine(table, key, str(err.details["reason"]))
         return key.rsplit("/", 1)[0] if table == runstore.CHILDREN else key
-
-    def _refusing_unreadable(self, handler: Callable[[Any], Message]) -> Callable[[Any], Message]:
-        """`handler`, with a run it cannot read reported (status, doctor) as it is refused."""
-
-        @functools.wraps(handler)
-        def guarded(request: Any) -> Message:
-            try:
-                return handler(request)
-            except RecordQuarantined as err:
-                if err.details.get("owner") == self.name:
-                    self.quarantine_unreadable(err)
-                raise
-
-        return guarded
 
     # -- what the helper modules use of the supervisor, as their hosts ------------------------
     # StepHost (steps.py), PauseHost (pauses.py), ChildHost (children.py), SettleHost (settle.py),
@@ -292,9 +279,12 @@ class RunSupervisor(OwnerActor):
         self._outbox.put(TrackRun(session_id=session_id, run_id=run_id, state=state), run_id)
 
     def report_terminal(self, report: ReportTerminal) -> None:
-        """Owe the capacity owner this report about the run's slot (it frees the slot when
-        the report's proof allows): durable with this transaction, sent until answered."""
-        self._outbox.put(report, report.run_id)
+        """Owe the capacity owner this report (it frees the slot when the proof allows)."""
+        self.owe(report, report.run_id)
+
+    def owe(self, request: Request, run_id: str) -> None:
+        """Durable with this transaction, sent until answered (runs/outbox.py)."""
+        self._outbox.put(request, run_id)
 
     def record_event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         self._events.record(run_id, kind, data)
@@ -368,8 +358,10 @@ class RunSupervisor(OwnerActor):
         match request:
             case CommitReservation(reservation_id=reservation):
                 management.append_committed(
-                    self.db, reservation, not isinstance(outcome, SubagentsError)
+                    self.db, reservation, not isinstance(outcome, Exception)
                 )
+            case MarkStarted(handle=handle):  # a recovered continuation's (pauses.py)
+                pauses.continuation_marked(self, handle.run_id, outcome)
 
     def on_tick(self, tick: Tick) -> None:
         match tick:

@@ -88,6 +88,55 @@ def test_r_run_2_kill_9_while_a_pause_settles_leaves_a_paused_run_that_resumes(
 
 
 @pytest.mark.slow
+def test_r_res_5_kill_9_before_a_continuation_took_the_paused_runs_slot_leaks_nothing(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    """The node dies once a paused run's continuation is recorded, before its mark_started
+    (`fork_shim`). Its transferred slot is unstarted: the TTL gives it back to the paused run
+    (R-CAP-16), unless the restarted node marks it started first. The restarted node used to
+    end the paused run ("continued") at once, so in the first case the slot it held again was
+    "still paused" for good. Now the slot's owner decides: either the paused run keeps it and
+    resumes, or the continuation took it and frees it when it ends."""
+    monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "{previous} then more")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    [child] = gate.accept(1)
+    client.runs.pause(run.run_id)
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+    child.wait_exit()
+    first.cleanup()
+    dying = killed_at(start_node, state_dir, monkeypatch, "fork_shim")
+    with pytest.raises(SubagentsError):
+        dying.client(timeout=5).ask(Resume(run_id=run.run_id, capacity_limit=LIMIT), LaunchResult)
+    assert dying.wait_exited(10), "the node did not die at fork_shim"
+
+    client = start_node(state_dir=state_dir).client()
+    [going] = wait_until(
+        lambda: [r for r in client.runs.list() if r.source_run_id == run.run_id],
+        what="the recorded continuation",
+    )
+    assert client.runs.wait(going.run_id, timeout=20).state == "failed"  # started nothing
+    source = client.runs.show(run.run_id)
+    if source.state == "paused":  # the slot went back to it: it goes on with it
+        inspection = client.capacity.inspect(run.run_id, ctx.session_id)
+        assert inspection.verdict.reason == "run is still paused"
+        resumed = client.ask(Resume(run_id=run.run_id, capacity_limit=LIMIT), LaunchResult).run
+        [again] = gate.accept(1)
+        again.release(0)
+        assert client.runs.wait(resumed.run_id, timeout=20).state == "complete"
+    else:
+        assert source.state == "stopped"
+    wait_until(lambda: used(client, ctx) == 0, what="no slot held without a live run")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("decision", ["approve", "reject"])
 def test_r_run_2_kill_9_while_waiting_at_a_checkpoint_then_a_decision_after_restart(
     start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, decision: str
