@@ -125,7 +125,13 @@ def validate(launch: Launch) -> None:
             depth=launch.depth,
         )
     runplan.check_previous(launch)
-    items = launch.items or [item for step in launch.chain for item in step.items]
+    check_items(launch, _labelled_items(launch))
+
+
+def check_items(launch: Launch, labelled: list[tuple[str, TaskItem]]) -> None:
+    """What each item needs before anything is charged for it (also a chain append's, R-APP-1):
+    a usable working directory, its agent's command, and a task exec(2) accepts in argv."""
+    items = [item for _, item in labelled]
     for cwd in [launch.cwd, *(i.cwd for i in items if i.cwd)]:
         path = Path(launch.cwd, cwd) if cwd else Path(launch.cwd)
         try:
@@ -138,7 +144,7 @@ def validate(launch: Launch) -> None:
             raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
     for item in items:
         check_command(item.agent, launch.env)  # AgentCommandNotFound before any charge
-    for label, item in _labelled_items(launch):
+    for label, item in labelled:
         problem = argv_task_problem(item.agent, item.task, launch.env)
         if problem is not None:
             raise TaskUndeliverable(

@@ -65,7 +65,10 @@ class RunAppends:
         live = self._live.get(run_id)
         descriptor = management.check_appendable(row, live)
         assert live is not None
-        paths = management.append_paths(len(live.groups) + live.pending_steps, request.steps)
+        start = len(live.groups) + live.pending_steps
+        assert live.launch is not None  # check_appendable: a live chain this node launched
+        management.check_append_items(run_id, live.launch, start, list(request.steps))
+        paths = management.append_paths(start, request.steps)
         live.pending_appends += 1
         live.pending_steps += len(request.steps)
         key = AppendKey(run_id, uuid.uuid4().hex[:8])

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from subagents_node.actors.pipelines import Durable
 from subagents_node.actors.runs import runplan, runstore
-from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.admission import ResumePlan, check_items
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message, Request
@@ -189,6 +189,22 @@ def append_paths(start: int, steps: list[ChainStep]) -> list[str]:
         else:
             paths.append(f"chain[{index}]")
     return paths
+
+
+def check_append_items(run_id: str, launch: Launch, start: int, steps: list[ChainStep]) -> None:
+    """R-APP-1: appended steps pass the checks a launch's steps pass before anything is
+    claimed for them (working directory, command, argv task), so a step that could never
+    start is refused instead of claimed and then failing the chain when it comes up."""
+    labelled: list[tuple[str, TaskItem]] = []
+    for offset, step in enumerate(steps):
+        label = f"chain[{start + offset}]"
+        for j, item in enumerate(step.items):
+            labelled.append((f"{label}.parallel[{j}]" if step.parallel else label, item))
+    try:
+        check_items(launch, labelled)
+    except SubagentsError as err:  # R-APP-5's wording, the check's own type and details
+        problem = f"Failed to append step to chain run {run_id}: {err.message}"
+        raise type(err)(problem, **err.details) from None
 
 
 def append_rejected(run_id: str, problem: str, **details: object) -> AppendRejected:

@@ -20,10 +20,13 @@ import pytest
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import (
+    AgentCommandNotFound,
     AppendRejected,
     FanoutLimitExceeded,
+    RunCwdMissing,
     RunNotFound,
     SubagentsError,
+    TaskUndeliverable,
 )
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
 from subagents_node.messages.supervisor import Append, AppendResult, ChainStep, RunView, TaskItem
@@ -253,3 +256,34 @@ def test_r_app_1_append_to_an_unknown_run_is_refused(client: Client, agents: Pat
     ctx = launch_context(agents)
     with pytest.raises(RunNotFound):
         append(client, "0123456789ab", echo(ctx, "x"))
+
+
+@pytest.mark.parametrize("problem", ["nul task", "no cwd", "no command"])
+def test_r_app_1_a_step_that_could_never_start_is_refused_before_any_claim(
+    client: Client, agents: Path, gate: Gate, state_dir: Path, problem: str
+) -> None:
+    """Appended steps pass the checks a launch's steps pass (R-ADM-1's validation); they used
+    to be queued and claimed, and then failed the whole chain when they came up."""
+    ctx = launch_context(agents)
+    run = gated_chain(client, ctx, gate)
+    item = TaskItem(agent=ctx.plan("echo"), task="fine")
+    if problem == "nul task":
+        item = item.model_copy(update={"task": "a\x00b"})
+        refusal: type[SubagentsError] = TaskUndeliverable
+    elif problem == "no cwd":
+        item = item.model_copy(update={"cwd": str(state_dir / "no-such-dir")})
+        refusal = RunCwdMissing
+    else:
+        agent = item.agent.model_copy(update={"command": ["/no/such/command", "{task}"]})
+        item = item.model_copy(update={"agent": agent})
+        refusal = AgentCommandNotFound
+    before = chain_facts(client, run)
+
+    with pytest.raises(refusal) as refused:
+        append(client, run.run_id, echo(ctx, "ok"), ChainStep(items=[item, item], parallel=True))
+
+    assert refused.value.message.startswith(f"Failed to append step to chain run {run.run_id}: ")
+    assert chain_facts(client, run) == before
+    assert appends_of(state_dir, run.run_id) == [] and reservations(state_dir, budget_of(run)) == {}
+    gate.children[0].release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
