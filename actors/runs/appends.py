@@ -87,16 +87,16 @@ class RunAppends:
         self._pipelines.start(key, pipeline, host.current_reply)
         return DEFERRED  # type: ignore[no-any-return]
 
-    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> str:
         """AppendHost: the committed steps become the chain's last groups (R-APP-6 order)."""
         host = self._host
         live = self._live[run_id]
-        management.extend_chain(host.db, live, steps)
+        warning = management.extend_chain(host.db, live, steps)
         host.record_event(run_id, "chain.append", {"steps": len(steps)})
         # Start the new steps (if the chain was idle) once this transaction has committed.
         advance = host.to_self(Advance)
         host.after_commit(lambda: advance(run_id))
-        return live.pending_appends
+        return warning
 
     def failed(self, key: AppendKey) -> None:
         """The append's pipeline ended with an error: it no longer holds its chain open."""

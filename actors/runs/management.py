@@ -18,7 +18,7 @@ from subagents_node.actors.pipelines import Durable
 from subagents_node.actors.runs import runplan, runstore
 from subagents_node.actors.runs.admission import ResumePlan, check_items
 from subagents_node.actors.runs.liverun import LiveRun
-from subagents_node.actors.runs.recovery import read_recovery
+from subagents_node.actors.runs.recovery import read_recovery, write_recovery
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
@@ -224,8 +224,9 @@ class AppendHost(Protocol):
     def crash_point(self, point: str) -> None:
         """Tests only: kill the process at `point` (a node started with faults)."""
 
-    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
-        """Add the committed steps to the live run; answers its pending-append count."""
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> str:
+        """Add the committed steps to the live run; answers a bookkeeping warning ('' if
+        none, R-APP-5)."""
 
 
 def append_pipeline(
@@ -267,17 +268,15 @@ def append_pipeline(
     host.db.execute(
         "UPDATE run_appends SET state='committed' WHERE run_id=? AND seq=?", (run_id, seq)
     )
-    host.extend_chain(run_id, steps)
+    warning = host.extend_chain(run_id, steps)
     pending = pending_after()
-    return AppendResult(
-        run_id=run_id,
-        steps=len(steps),
-        pending_appends=pending,
-        text=(
-            f"Append queued for chain run {run_id}: {len(steps)} step(s). It becomes eligible "
-            f"after the chain's already-queued steps finish. Pending appends: {pending}."
-        ),
+    text = (
+        f"Append queued for chain run {run_id}: {len(steps)} step(s). It becomes eligible "
+        f"after the chain's already-queued steps finish. Pending appends: {pending}."
     )
+    if warning:
+        text += f" Bookkeeping warning: {warning}"
+    return AppendResult(run_id=run_id, steps=len(steps), pending_appends=pending, text=text)
 
 
 def uncommitted_appends(db: sqlite3.Connection) -> list[tuple[str, int, str]]:
@@ -352,8 +351,13 @@ def check_appendable(row: sqlite3.Row, live: LiveRun | None) -> FanoutDescriptor
     return live.descriptor
 
 
-def extend_chain(db: sqlite3.Connection, live: LiveRun, steps: list[ChainStep]) -> None:
-    """Committed appended steps become the chain's last groups, their children pending."""
+def extend_chain(db: sqlite3.Connection, live: LiveRun, steps: list[ChainStep]) -> str:
+    """Committed appended steps become the chain's last groups, their children pending, and
+    the last steps of its recovery descriptor: a resume of the run (one that goes on from a
+    pause, too) runs them as the run would have. Answers the warning when that write fails
+    (R-APP-5: the append stands; only a later resume would miss the steps)."""
+    assert live.launch is not None and live.descriptor is not None  # check_appendable
+    live.launch = live.launch.model_copy(update={"chain": [*live.launch.chain, *steps]})
     index = len(live.labels)
     for step in steps:
         number = len(live.groups)
@@ -380,6 +384,11 @@ def extend_chain(db: sqlite3.Connection, live: LiveRun, steps: list[ChainStep]) 
             live.labels[index] = label
             index += 1
         live.groups.append(group)
+    try:
+        write_recovery(live.run_dir, live.launch, encode_descriptor(live.descriptor))
+    except OSError as exc:
+        return f"the run's recovery descriptor was not updated ({exc.strerror or exc})"
+    return ""
 
 
 def check_workflow_child(db: sqlite3.Connection, launch: Launch) -> None:

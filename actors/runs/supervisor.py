@@ -325,7 +325,7 @@ class RunSupervisor(OwnerActor):
     def clock(self) -> float:
         return self.ctx.clock()
 
-    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> int:
+    def extend_chain(self, run_id: str, steps: list[ChainStep]) -> str:
         return self._appends.extend_chain(run_id, steps)
 
     def check_workflow_child(self, launch: Launch) -> None:

@@ -30,6 +30,8 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import (
+    Append,
+    AppendResult,
     ChainStep,
     LaunchResult,
     Resume,
@@ -216,6 +218,35 @@ def test_r_run_2_resumes_of_a_paused_run_sent_at_once_continue_it_only_once(
     assert [r.run_id for r in client.runs.list() if r.source_run_id == run.run_id] == [
         won[0].run_id
     ]
+
+
+def test_r_app_6_steps_appended_before_a_pause_run_in_the_run_that_goes_on_with_it(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """An append's claims are spent and it was answered "queued"; its steps used to live only
+    in the paused execution's memory, so the resume (built from the recovery descriptor) went
+    on without them."""
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "then {previous}")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    gate.accept(1)
+    client.ask(Append(run_id=run.run_id, steps=[step(ctx, "echo", "appended")]), AppendResult)
+    budget = decode_descriptor(run.fanout_descriptor)
+    claims = client.fanout.snapshot(budget).used
+    client.runs.pause(run.run_id)
+    paused(client, run.run_id)
+
+    resumed = resume(client, run.run_id)
+    [again] = gate.accept(1)
+    again.release(0)
+    done = client.runs.wait(resumed.run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    assert [(c.label, c.output) for c in done.children] == [
+        ("chain[0]", "released 0"),
+        ("chain[1]", "then released 0"),
+        ("chain[2]", "appended"),
+    ]
+    assert client.fanout.snapshot(budget).used == claims  # nothing claimed again
 
 
 def _stop_and_resume_at_once(node: Node, run_id: str) -> dict[str, object]:
