@@ -247,10 +247,28 @@ class RunLaunches:
             )
         # Owed, not asked: the admission pipeline does not wait for the session's answer.
         self._host.track(launch.session_id, run_id, "running")
-        self._host.advance(live)
+        stopped_by = self._stopped_parent(launch.parent_run_id)
+        if stopped_by is not None:
+            # Admitted while its parent was being stopped (a workflow host launching in its
+            # stop's grace, a launch in flight): the parent's stop did not see it (R-WF-10).
+            self._host.stop_live(live, "stopped", f"Its parent run {stopped_by} was stopped.")
+        else:
+            self._host.advance(live)
         view = runstore.view(self._host.db, run_id)
         assert view is not None
         return view
+
+    def _stopped_parent(self, parent_run_id: str | None) -> str | None:
+        """The parent, when this node stops it (or stopped it): its runs stop with it. A
+        parent that ended by itself (complete, failed) lets a nested run it launched go on."""
+        if parent_run_id is None:
+            return None
+        parent = self._live.get(parent_run_id)
+        if parent is not None:
+            return parent_run_id if parent.stop_state is not None else None
+        row = runstore.run_row(self._host.db, parent_run_id)
+        stopped = row is not None and row["state"] in ("stopped", "paused", "rejected")
+        return parent_run_id if stopped else None
 
     def _record_lineage(self, run_id: str, source_run_id: str | None) -> None:
         """In the run's own transaction: how it came from its source, and (R-MISC-2) the link

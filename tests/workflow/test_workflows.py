@@ -376,6 +376,44 @@ def test_r_fan_24_a_forged_workflow_child_launch_is_refused_and_changes_nothing(
     assert flow.wait().state == "complete", flow.run.error
 
 
+def test_r_wf_10_a_child_admitted_while_its_workflow_is_being_stopped_is_stopped_too(
+    client: Client, agents: Path, work: Path, gate: Gate
+) -> None:
+    """The stop stops the children the workflow has; one its host launches in the stop's grace
+    (or one whose admission was in flight) used to run on, an orphan of a stopped workflow."""
+    script = f"""
+    import signal
+
+    def main(runs):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the host outlives its stop's TERM
+        return runs.run("hold", "gate", {str(gate.path)!r}).output
+    """
+    flow = start_workflow(client, agents, work, script)
+    [held] = gate.accept(1)
+    running = wait_view(client, flow.run.run_id, lambda v: v.children[0].pid is not None)
+    environ = Path(f"/proc/{running.children[0].pid}/environ").read_bytes().split(b"\0")
+    token = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"SUBAGENTS_WORKFLOW_TOKEN="))
+    ctx = launch_context(agents, session=flow.session, cwd=work)
+    late = ctx.single("gate", str(gate.path), False, None).model_copy(
+        update={
+            "parent_run_id": flow.run.run_id,
+            "workflow_key": "late",
+            "fanout_admitted": True,
+            "inherited_fanout": flow.run.fanout_descriptor,
+            "workflow_token": token.decode(),
+        }
+    )
+
+    client.runs.stop(flow.run.run_id)  # answered at once; the host lives out its grace
+    child = client.runs.launch(late)
+
+    done = client.runs.wait(child.run_id, timeout=WAIT_S)
+    assert done.state == "stopped" and done.error == ""
+    assert [c.pid for c in done.children] == [None]  # it never started
+    assert flow.wait().state == "stopped"
+    held.wait_exit()
+
+
 # -- capacity (R-TOP-4, R-TOP-7, R-CAP-22) -----------------------------------------------------
 
 
