@@ -19,7 +19,7 @@ import json
 import sqlite3
 from typing import Any
 
-from subagents_node.actors.runs import expansion, runstore
+from subagents_node.actors.runs import appendrecovery, expansion, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.errors import DeadlineExpired, PauseRefused, RunNotResumable
@@ -101,6 +101,9 @@ def adopt_pausing(db: sqlite3.Connection, live: LiveRun) -> None:
     elif expansion.interrupted(db, live.run_id) or _unopened_dynamic(db, live):
         live.failed = True
         live.error = live.error or expansion.INTERRUPTED
+    elif appendrecovery.unfinished(db, live.run_id):  # its appended steps never joined it
+        live.failed = True
+        live.error = live.error or "The node restarted before every child started."
 
 
 def _unopened_dynamic(db: sqlite3.Connection, live: LiveRun) -> bool:

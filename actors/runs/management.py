@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from subagents_node.actors.pipelines import Durable
-from subagents_node.actors.runs import runplan, runstore
+from subagents_node.actors.runs import appendrecovery, runplan, runstore
 from subagents_node.actors.runs.admission import ResumePlan, check_items
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery, write_recovery
@@ -254,9 +254,9 @@ def append_pipeline(
     ).fetchone()
     seq = int(row[0])
     host.db.execute(
-        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state) "
-        "VALUES(?, ?, ?, ?, ?, 'pending')",
-        (run_id, seq, host.clock(), len(steps), grant.reservation_id),
+        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state, body) "
+        "VALUES(?, ?, ?, ?, ?, 'pending', ?)",
+        (run_id, seq, host.clock(), len(steps), grant.reservation_id, appendrecovery.body(steps)),
     )
     # Tests: die once the record is durable, before its claims' commit is sent (recovery's).
     host.after_commit(lambda: host.crash_point("append_recorded"))
@@ -299,6 +299,8 @@ def append_committed(db: sqlite3.Connection, reservation_id: str, committed: boo
         "UPDATE run_appends SET state=? WHERE reservation_id=? AND state='committing'",
         ("committed" if committed else "expired", reservation_id),
     )
+    if committed:
+        appendrecovery.committed(db, reservation_id)
 
 
 def abort_request(reservation_id: str) -> AbortReservation:

@@ -107,4 +107,9 @@ MIGRATIONS = (
     CREATE INDEX runs_by_created ON runs(created_at);
     CREATE INDEX runs_by_root ON runs(root_run_id, created_at)
     """,
+    # 6: the steps an append record carries, so a node that dies before they join their run
+    # does not lose them (actors/runs/appendrecovery.py).
+    """
+    ALTER TABLE run_appends ADD COLUMN body TEXT
+    """,
 )

@@ -12,7 +12,8 @@ R-CAP-21, R-CAP-24: release is eventual; R-RUN-5).
   report was answered: the restarted supervisor replays the report and the slot is freed; when
   the report had been applied already, the replay changes nothing.
 - kill -9 of the node once a chain append is recorded and before its claims are committed
-  (R-APP-4): the restarted supervisor owes the commit through the outbox, and the claims exist.
+  (R-APP-4): the restarted supervisor owes the commit through the outbox, and the claims exist;
+  the run it adopted without the appended step fails, and its resume runs that step.
 - A worker node's run ends while its home cannot be reached (the home node SIGSTOPped): the
   child ends, its report waits in the worker's outbox, and once the home answers again the
   slot it holds there is freed (DESIGN §1 "replayed on reconnect").
@@ -36,7 +37,15 @@ import pytest
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.supervisor import Append, AppendResult, ChainStep, RunView, TaskItem
+from subagents_node.messages.supervisor import (
+    Append,
+    AppendResult,
+    ChainStep,
+    LaunchResult,
+    Resume,
+    RunView,
+    TaskItem,
+)
 from subagents_node.node.node import Node
 from tests.support.fleet import fleet
 from tests.support.manage import embedded, store_rows
@@ -215,7 +224,7 @@ def test_r_cap_21_supervisor_killed_after_a_run_end_replays_its_report_on_restar
 
 
 @pytest.mark.slow
-def test_r_app_4_an_append_recorded_before_a_node_kill_has_its_claims_committed_on_restart(
+def test_r_app_4_an_append_recorded_before_a_node_kill_is_committed_and_kept_on_restart(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
     agents: Path,
@@ -262,7 +271,22 @@ def test_r_app_4_an_append_recorded_before_a_node_kill_has_its_claims_committed_
     assert client.fanout.snapshot(decode_descriptor(run.fanout_descriptor)).used == 2
     wait_until(lambda: outbox(state_dir) == [], what="the outbox drained")
     held.release(0)
-    client.runs.wait(run.run_id, timeout=20)
+    ended = client.runs.wait(run.run_id, timeout=20)
+    # Its step never joined the execution the node adopted: the run used to end `complete`
+    # without it (the append lost, its claims spent). It fails, and its resume runs the step,
+    # which the record kept.
+    assert (ended.state, ended.error) == (
+        "failed",
+        "The node restarted before every child started.",
+    )
+    resumed = client.ask(Resume(run_id=run.run_id), LaunchResult).run
+    [again] = gate.accept(1)
+    again.release(0)
+    done = client.runs.wait(resumed.run_id, timeout=20)
+    assert [(c.label, c.output) for c in done.children] == [
+        ("chain[0]", "released 0"),
+        ("chain[1]", "later"),
+    ]
 
 
 @pytest.mark.slow
