@@ -144,13 +144,13 @@ class RunRestart:
 def _adopt_stopping(db: sqlite3.Connection, live: LiveRun) -> None:
     """A stop begun before the restart is finished as that stop: the run ends in the state the
     stop named (`stopped` for a request), not `failed` because the node went away meanwhile."""
-    if live.stop_state is not None:
+    if live.stop_state not in (None, "paused"):
         return
     found = runstore.events_of_kind(db, live.run_id, runrequests.STOPPING)
     if not found:
         return
     data = found[-1].data
     state = str(data.get("state") or "stopped")  # records from before the state was kept
-    live.stop_state = state
+    live.stop_state = state  # a stop that came while it paused wins over the pause
     if state == "failed":
         live.error = live.error or str(data.get("reason") or "")

@@ -113,6 +113,11 @@ def stop(host: RequestHost, request: Stop) -> Message:
     live = host.live_run(run_id)
     if live is not None and live.stop_state is None:
         stop_live(host, live, "stopped", "Stopped by request.")
+    elif live is not None and live.stop_state == "paused" and not live.settling:
+        # Stopped while it pauses (its children are ending already): it ends stopped and frees
+        # its slot; it used to settle paused, holding the slot, as if the stop never came.
+        live.stop_state = "stopped"
+        host.record_event(run_id, STOPPING, {"reason": "Stopped by request.", "state": "stopped"})
     elif live is None and checkpoints.parked(host.db, run_id):
         going = host.continuing(run_id)
         if going is not None:  # stopped now, the source would be over and its successor run

@@ -44,7 +44,7 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, ledgers, wait_until, wait_view
+from tests.support.runs import Gate, launch_context, ledgers, wait_until, wait_view, write_agent
 
 LIMIT = 2
 
@@ -338,6 +338,49 @@ def test_r_run_2_a_paused_run_that_is_stopped_frees_its_slot(
 
     assert client.runs.show(run.run_id).state == "stopped"
     wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+_SLOW_TO_END = """\
+import os, signal, socket, sys
+
+def knock():  # one connection to the gate: our pid, then wait for its word
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    sock.sendall(f"{os.getpid()}\\n".encode())
+    return sock
+
+def ending(*_):  # asked to end: knock again, and end only once the gate says so
+    knock().recv(64)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, ending)
+started = knock()
+signal.pause()
+"""
+
+
+def test_r_run_2_a_stop_that_comes_while_a_run_pauses_ends_it_stopped_and_frees_its_slot(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """The stop used to be answered and ignored: the run settled `paused`, keeping its slot."""
+    write_agent(
+        agents, "slow", "Ends when the gate says.", '["{python}", "{agent_dir}/slow.py", "{task}"]'
+    )
+    (agents / "slow.py").write_text(_SLOW_TO_END)
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    run = client.runs.launch(ctx.launch("chain", True, chain=[step(ctx, "slow", str(gate.path))]))
+    gate.accept(1)  # started, its TERM handler set
+    client.runs.pause(run.run_id)
+    [ending] = gate.accept(1)  # it got the TERM: the run is pausing
+
+    client.runs.stop(run.run_id)
+    ending.release(0)
+
+    done = client.runs.wait(run.run_id, timeout=20)
+    assert done.state == "stopped"
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+    with pytest.raises(RunNotResumable):
+        resume(client, run.run_id)
 
 
 @pytest.mark.parametrize("then", ["stop", "resume"])
