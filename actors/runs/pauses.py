@@ -55,6 +55,9 @@ class PauseHost(steps.StepHost, Protocol):
     def parked_ended(self, run_id: str, state: str, output: str) -> None:
         """A paused run that holds no process ended: the chains attached to it go on."""
 
+    def continuing(self, run_id: str) -> str | None:
+        """The run being admitted to go on with paused run `run_id`, if any."""
+
 
 def _view(host: PauseHost, run_id: str) -> RunView:
     view = runstore.view(host.db, run_id)
@@ -106,6 +109,11 @@ def reject(host: PauseHost, request: Reject) -> Message:
     else:
         row = _row(host, run_id)
         checkpoints.waiting_checkpoint(host.db, row)
+        going = host.continuing(run_id)
+        if going is not None:  # approved: rejected now, it would end while its steps ran on
+            raise checkpoints.refuse(
+                run_id, f"was approved: it is being continued as run {going}.", "continued"
+            )
         report = steps.reject_parked(host, row, request.reason)
         if report is not None:
             host.report_terminal(report)

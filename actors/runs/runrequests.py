@@ -55,9 +55,6 @@ class RequestHost(pauses.PauseHost, Protocol):
     def quarantine_unreadable(self, err: RecordQuarantined) -> str:
         """Report a run or child row that cannot be read; the run id it belongs to."""
 
-    def continuing(self, run_id: str) -> str | None:
-        """The run being admitted to go on with paused run `run_id`, if any."""
-
 
 def refusing_unreadable(
     owner: str,

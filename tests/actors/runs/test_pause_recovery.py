@@ -13,14 +13,17 @@ Real detached node processes (fault injection through SUBAGENTS_TEST_KILL_AT), r
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from contextlib import suppress
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import PauseRefused, SubagentsError
 from subagents_node.messages.supervisor import ChainStep, LaunchResult, Resume, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -36,6 +39,10 @@ def step(ctx: LaunchContext, agent: str, task: str) -> ChainStep:
 
 def used(client: Client, ctx: LaunchContext) -> int:
     return client.capacity.snapshot(ctx.session_id, LIMIT).used
+
+
+def freed(client: Client, ctx: LaunchContext) -> bool:
+    return used(client, ctx) == 0
 
 
 def killed_at(
@@ -169,6 +176,61 @@ def test_r_run_2_kill_9_while_waiting_at_a_checkpoint_then_a_decision_after_rest
         client.runs.reject(run.run_id, reason="no")
         assert client.runs.show(run.run_id).state == "rejected"
     wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+def _approve_and_reject_at_once(node: NodeProcess, run_id: str) -> dict[str, object]:
+    """`approve` and `reject` of `run_id` from two threads at once: what each won."""
+    start = threading.Barrier(2)
+    won: dict[str, object] = {}
+
+    def decide(what: str) -> None:
+        own = node.client()
+        start.wait(timeout=10)
+        with suppress(PauseRefused):
+            if what == "approve":
+                won[what] = own.runs.approve(run_id, capacity_limit=LIMIT).run_id
+            else:
+                won[what] = own.runs.reject(run_id, reason="no").state
+
+    threads = [threading.Thread(target=decide, args=(w,)) for w in ("approve", "reject")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return won
+
+
+@pytest.mark.slow
+def test_r_run_2_after_a_restart_an_approve_and_a_reject_sent_at_once_never_both_win(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path
+) -> None:
+    """After a restart an approval goes on in a new run, admitted while the checkpoint still
+    waits; a reject arriving meanwhile used to end the run `rejected` while that new run went
+    on past the checkpoint anyway."""
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    waiting = []
+    for _ in range(4):
+        ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+        chain = [step(ctx, "echo", "one"), ChainStep(kind="checkpoint"), step(ctx, "echo", "two")]
+        run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+        waiting.append((wait_view(client, run.run_id, lambda v: v.state == "paused"), ctx))
+    first.kill()
+    node = start_node(state_dir=state_dir)
+
+    for run, ctx in waiting:
+        won = _approve_and_reject_at_once(node, run.run_id)
+
+        client = node.client()
+        assert len(won) == 1, won
+        if "approve" in won:
+            done = client.runs.wait(str(won["approve"]), timeout=20)
+            assert done.state == "complete"
+            assert client.runs.show(run.run_id).state == "stopped"  # continued
+        else:
+            assert client.runs.show(run.run_id).state == "rejected"
+            assert not [r for r in client.runs.list() if r.source_run_id == run.run_id]
+        wait_until(partial(freed, client, ctx), what="release")
 
 
 @pytest.mark.slow
