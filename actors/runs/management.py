@@ -343,6 +343,10 @@ def check_appendable(row: sqlite3.Row, live: LiveRun | None) -> FanoutDescriptor
     run_id = str(row["run_id"])
     if row["mode"] != "chain" or not row["background"]:
         raise append_rejected(run_id, "it is not a background chain run")
+    if live is not None and live.stop_state is not None and row["state"] == "running":
+        # Its row says running until the stop settles: "the run is running" read as a retry.
+        ending = "pausing" if live.stop_state == "paused" else "stopping"
+        raise append_rejected(run_id, f"the run is {ending}")
     if live is None or live.launch is None or live.stop_state or live.settling:
         raise append_rejected(run_id, f"the run is {row['state']}")
     busy = live.running or live.queue or live.next_group < len(live.groups)

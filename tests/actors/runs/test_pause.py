@@ -23,6 +23,7 @@ from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import (
+    AppendRejected,
     DeadlineExpired,
     InjectedFault,
     PauseRefused,
@@ -373,7 +374,13 @@ def test_r_run_2_a_stop_that_comes_while_a_run_pauses_ends_it_stopped_and_frees_
     client.runs.pause(run.run_id)
     [ending] = gate.accept(1)  # it got the TERM: the run is pausing
 
+    with pytest.raises(AppendRejected) as refused:
+        client.ask(Append(run_id=run.run_id, steps=[step(ctx, "echo", "x")]), AppendResult)
+    assert refused.value.message.endswith(": the run is pausing")  # not "running": no retry
     client.runs.stop(run.run_id)
+    with pytest.raises(AppendRejected) as refused:
+        client.ask(Append(run_id=run.run_id, steps=[step(ctx, "echo", "x")]), AppendResult)
+    assert refused.value.message.endswith(": the run is stopping")
     ending.release(0)
 
     done = client.runs.wait(run.run_id, timeout=20)
