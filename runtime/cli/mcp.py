@@ -20,7 +20,8 @@ from subagents_node.cli.common import Ctx, user_errors
 @user_errors
 def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> None:
     """Serve the launcher as a stdio MCP server (tools: agents, run, status, logs, wait,
-    stop, resume, append) for agent CLIs such as Claude Code, Codex CLI and Gemini CLI.
+    stop, resume, rerun, attach, append, pause, approve, reject) for agent CLIs such as Claude
+    Code, Codex CLI and Gemini CLI. TERM, HUP or INT stop its foreground runs, then end it.
 
     It uses the node at --address / $SUBAGENTS_NODE (an agent child inherits its run tree's
     budget, depth and session), else the state dir's node, else an embedded node that lives

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import connect, default_address
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.mcp.stdio import serve_stdio
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import VERSION
@@ -332,14 +333,19 @@ def serve(
     agents_dirs: tuple[str, ...] = (),
     session_id: str | None = None,
 ) -> None:
-    """Serve MCP over stdin/stdout until the client closes the stream."""
+    """Serve MCP over stdin/stdout until the client closes the stream, or a signal ends it
+    (SystemExit 128 + the signal, once the calls it cut short were cancelled)."""
     # The session is resolved once, as the CLI would: every launch of this server's client
     # (one agent CLI session) counts against the same session's ledgers.
     ctx = LaunchContext.from_environment(env=env, agents_dirs=agents_dirs, session_id=session_id)
 
-    async def main() -> None:
+    async def main() -> int | None:
         async with AsyncClient(address, timeout=timeout) as client:
             tools = LauncherTools(client, ctx.session_id, env, agents_dirs, ctx.cwd)
-            await build_server(tools).run_stdio_async()
+            return await serve_stdio(build_server(tools))
 
-    anyio.run(main)
+    signum = anyio.run(main)
+    if signum is not None:
+        # Ended by TERM, HUP or INT after its calls were cancelled (a foreground run stopped):
+        # 128 + the signal, as a foreground `subagents-node run` ends.
+        raise SystemExit(128 + signum)

@@ -1,0 +1,161 @@
+"""`subagents-node mcp` over raw stdio frames, as a hostile or careless client writes them: a
+frame that is not a JSON-RPC message is answered (JSON-RPC 2.0: a parse error or an invalid
+request), never dropped, and the server goes on; a signal that ends the server (an agent CLI
+exits: TERM; its terminal closes: HUP; Ctrl-C: INT) first stops a foreground run it was
+following, as the CLI does, and exits 128 + the signal."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+import pytest
+
+from subagents_node.messages.supervisor import RunView
+from tests.support.nodes import REPO, NodeProcess
+from tests.support.runs import wait_view
+
+AGENTS = REPO / "examples" / "agents"
+#: Longest the server may take to answer one frame in these tests.
+ANSWER_S = 30.0
+
+pytestmark = pytest.mark.processes
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+
+
+class RawServer:
+    """`python -m subagents_node mcp` with its stdin and stdout as plain pipes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        assert proc.stdout is not None
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, stdout: IO[bytes]) -> None:
+        for line in stdout:
+            self.answers.put(json.loads(line))  # the server writes only JSON-RPC frames
+        self.answers.put(None)
+
+    def send(self, frame: bytes | dict[str, Any] | list[Any]) -> None:
+        raw = frame if isinstance(frame, bytes) else json.dumps(frame).encode()
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(raw + b"\n")
+        self.proc.stdin.flush()
+
+    def answer(self) -> dict[str, Any]:
+        got = self.answers.get(timeout=ANSWER_S)
+        assert got is not None, "the server closed its output without answering"
+        return got
+
+    def initialize(self) -> None:
+        self.send(INITIALIZE)
+        assert self.answer()["id"] == 0
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+@contextmanager
+def raw_server(node: NodeProcess) -> Iterator[RawServer]:
+    env = {**os.environ, "SUBAGENTS_NODE": node.address}
+    args = [sys.executable, "-m", "subagents_node", "mcp", "--agents-dir", str(AGENTS)]
+    with open(os.devnull, "w") as quiet:
+        proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=quiet, env=env, cwd=REPO
+        )
+    try:
+        yield RawServer(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=ANSWER_S)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_a_frame_that_is_no_json_rpc_message_is_answered_and_the_server_goes_on(
+    node: NodeProcess,
+) -> None:
+    with raw_server(node) as server:
+        server.initialize()
+        server.send(b"this is not json")
+        parse = server.answer()
+        assert parse["id"] is None and parse["error"]["code"] == -32700
+        assert parse["error"]["message"].startswith("Parse error")
+        server.send(b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"\\ud800"}}')
+        assert server.answer()["error"]["code"] == -32700  # a lone surrogate is no JSON text
+        server.send([{"jsonrpc": "2.0", "id": 4, "method": "ping"}])
+        batch = server.answer()
+        assert batch["id"] is None and batch["error"]["code"] == -32600
+        assert "batches are not supported" in batch["error"]["message"]
+        server.send(b"42")
+        assert server.answer()["error"]["code"] == -32600
+        # A request whose id can be read is answered with it, naming what is wrong.
+        server.send({"id": 5, "method": "tools/list"})
+        wrong = server.answer()
+        assert wrong["id"] == 5 and wrong["error"]["code"] == -32600
+        assert "jsonrpc" in wrong["error"]["message"]
+        server.send({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": [1]})
+        listed = server.answer()
+        assert listed["id"] == 6 and "params" in listed["error"]["message"]
+        server.send(b"   ")  # whitespace is no frame: nothing to answer
+        server.send({"jsonrpc": "2.0", "id": 7, "method": "ping"})
+        assert server.answer() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    assert node.client().runs.list() == [], "nothing was launched"
+
+
+def first_run(node: NodeProcess) -> str:
+    """The id of the first run the node starts (followed through the node's events)."""
+    client = node.client()
+    deadline = time.monotonic() + ANSWER_S
+    seq = 0
+    while time.monotonic() < deadline:
+        batch = client.runs.watch_all(seq, wait_s=5.0)
+        if batch.runs:
+            return batch.runs[0].run_id
+        seq = batch.last_seq
+    raise AssertionError("no run started")
+
+
+def first_running_run(node: NodeProcess) -> RunView:
+    """The first run the node starts, once its child runs."""
+    run_id = first_run(node)
+    return wait_view(node.client(), run_id, lambda v: bool(v.children and v.children[0].pid))
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["TERM", "HUP", "INT"]
+)
+def test_a_signal_that_ends_the_server_stops_its_foreground_run_first(
+    node: NodeProcess, signum: signal.Signals
+) -> None:
+    """An agent CLI that exits sends its MCP servers TERM: the foreground run the server was
+    following must not go on unowned, as the CLI stops its own foreground run."""
+    with raw_server(node) as server:
+        server.initialize()
+        long = {"name": "run", "arguments": {"agent": "sleeper", "task": "seconds=60"}}
+        server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": long})
+        run = first_running_run(node)
+        server.proc.send_signal(signum)
+        assert server.proc.wait(timeout=ANSWER_S) == 128 + signum
+    final = node.client().runs.wait(run.run_id, timeout=ANSWER_S)
+    assert final.state == "stopped"
