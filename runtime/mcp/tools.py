@@ -122,7 +122,10 @@ class LauncherTools:
             agents_dirs,
             cwd,
         )
-        started = await self.client.runs.launch(launch)
+        # Shielded: a cancel that came while the launch was on its way would leave a started
+        # run nobody stops; once it is known, the next await (the wait) takes the cancel.
+        with anyio.CancelScope(shield=True):
+            started = await self.client.runs.launch(launch)
         if launch.background:
             text = (
                 f"run {started.run_id} started in the background "
@@ -244,7 +247,8 @@ class LauncherTools:
     async def rerun(self, run_id: str, task: str, child: int) -> ToolAnswer:
         """R-MISC-2: child `child` of `run_id` again with a new task, in the foreground (a
         live foreground run with one child is superseded); waits for the rerun to end."""
-        started = await self.client.runs.rerun(run_id, task, child, dict(self.env))
+        with anyio.CancelScope(shield=True):  # as for `run`: a started rerun is always known
+            started = await self.client.runs.rerun(run_id, task, child, dict(self.env))
         try:
             final = await self.client.runs.wait(started.run_id)
         except anyio.get_cancelled_exc_class():

@@ -159,3 +159,20 @@ def test_a_signal_that_ends_the_server_stops_its_foreground_run_first(
         assert server.proc.wait(timeout=ANSWER_S) == 128 + signum
     final = node.client().runs.wait(run.run_id, timeout=ANSWER_S)
     assert final.state == "stopped"
+
+
+def test_a_foreground_run_cancelled_while_its_launch_is_on_its_way_is_stopped(
+    node: NodeProcess,
+) -> None:
+    """notifications/cancelled right behind the call: it reaches the server while the launch is
+    still being admitted; the run the launch started must be stopped, not left unowned."""
+    with raw_server(node) as server:
+        server.initialize()
+        long = {"name": "run", "arguments": {"agent": "sleeper", "task": "seconds=60"}}
+        cancel = {"requestId": 1, "reason": "the user pressed Esc"}
+        server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": long})
+        server.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+        server.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert server.answer()["id"] == 2  # the cancelled call itself is never answered
+        final = node.client().runs.wait(first_run(node), timeout=ANSWER_S)
+        assert final.state == "stopped"
