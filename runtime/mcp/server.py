@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec
 
 import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import connect, default_address
@@ -30,7 +32,7 @@ from subagents_node.mcp.stdio import serve_stdio
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import VERSION
-from subagents_node.messages.errors import NodeNotRunning, SubagentsError
+from subagents_node.messages.errors import BadRequest, NodeNotRunning, SubagentsError
 
 P = ParamSpec("P")
 
@@ -97,6 +99,16 @@ class ChainStepSpec(BaseModel):
         return step
 
 
+def not_bool(value: object) -> object:
+    """JSON's true is no number: pydantic would read it as 1 (`timeout_ms: true` a 1 ms
+    deadline); a number given as a string ("100") is still read, as the SDK intends."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true or false")
+    return value
+
+
+NOT_BOOL = BeforeValidator(not_bool)
+
 RunId = Annotated[str, Field(description="A run id, or a unique prefix of one.")]
 AgentsDirs = Annotated[
     list[str], Field(description="Extra agent directories to search (highest priority first).")
@@ -160,7 +172,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
             Field(description="A chain run: these steps in order ({previous} = last output)."),
         ] = None,
         concurrency: Annotated[
-            int, Field(ge=1, description="Parallel runs: children at once.")
+            int, Field(ge=1, description="Parallel runs: children at once."), NOT_BOOL
         ] = 4,
         background: Annotated[
             bool | None,
@@ -172,7 +184,7 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
             ),
         ] = None,
         timeout_ms: Annotated[
-            int | None, Field(description="Deadline of the run in milliseconds.")
+            int | None, Field(description="Deadline of the run in milliseconds."), NOT_BOOL
         ] = None,
         intercom: Annotated[
             Literal["on", "off"], Field(description="Whether its children may message it.")
@@ -206,11 +218,14 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     async def logs(
         run_id: RunId,
         child: Annotated[
-            int | None, Field(ge=0, description="Only this child (its index); default: all.")
+            int | None,
+            Field(ge=0, description="Only this child (its index); default: all."),
+            NOT_BOOL,
         ] = None,
         max_bytes: Annotated[
             int,
             Field(ge=1, le=MAX_LOG_BYTES, description="At most this many bytes per stream."),
+            NOT_BOOL,
         ] = 16_000,
     ) -> ToolAnswer:
         """A run's child logs (stdout and stderr, labelled), the last `max_bytes` of each."""
@@ -221,7 +236,9 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     async def wait(
         run_id: RunId,
         timeout_s: Annotated[
-            float, Field(gt=0, le=86_400, description="Give up after this many seconds.")
+            float,
+            Field(gt=0, le=86_400, description="Give up after this many seconds."),
+            NOT_BOOL,
         ] = WAIT_DEFAULT_S,
     ) -> ToolAnswer:
         """Wait until a run settles and return its end and output (or that it still runs)."""
@@ -268,7 +285,9 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
     async def rerun(
         run_id: RunId,
         task: Annotated[str, Field(min_length=1, description="The new task.")],
-        child: Annotated[int, Field(ge=0, description="Which child's parameters to reuse.")] = 0,
+        child: Annotated[
+            int, Field(ge=0, description="Which child's parameters to reuse."), NOT_BOOL
+        ] = 0,
     ) -> ToolAnswer:
         """Run a run's child again with a new task in the foreground and wait for it; a live
         foreground run with one child is superseded (stopped and linked to the rerun)."""
@@ -300,7 +319,38 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         """Queue steps on a running background chain (their fan-out claims come first)."""
         return await tools.append(run_id, [s.as_step() for s in steps], agents_dirs)
 
+    tools_ = (agents, run, status, logs, wait, stop, resume, pause, approve, reject, rerun, attach)
+    takes = {fn.__name__: frozenset(inspect.signature(fn).parameters) for fn in (*tools_, append)}
+    server.middleware.append(refuse_unknown_arguments(takes))
     return server
+
+
+def refuse_unknown_arguments(takes: Mapping[str, frozenset[str]]) -> ServerMiddleware[Any]:
+    """A tool call naming an argument its tool does not take is a tool error that launches
+    nothing: the SDK would drop it, and `backgrund: true` or `timeout: 60` would quietly run
+    in the foreground or without a deadline (the run file refuses a stray key as well)."""
+
+    async def refuse(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params if ctx.method == "tools/call" else None
+        if isinstance(params, dict) and isinstance(params.get("arguments"), dict):
+            name = params.get("name")
+            known = takes.get(name) if isinstance(name, str) else None
+            stray = sorted(set(params["arguments"]) - known) if known is not None else []
+            if stray:
+                shown = ", ".join(repr(k[:64]) for k in stray[:5])
+                accepted = ", ".join(sorted(known or ())) or "none"
+                err = BadRequest(
+                    f"{name} takes no argument {shown} (its arguments: {accepted})",
+                    field=stray[0][:64],
+                )
+                return CallToolResult(
+                    content=[TextContent(type="text", text=err.message)],
+                    structured_content={"error": err.to_wire()},
+                    is_error=True,
+                )
+        return await call_next(ctx)
+
+    return refuse
 
 
 @contextlib.contextmanager

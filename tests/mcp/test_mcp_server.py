@@ -213,6 +213,32 @@ def test_bad_arguments_are_a_tool_error_and_launch_nothing(node: NodeProcess) ->
     assert node.client().runs.list() == []
 
 
+def test_an_unknown_argument_or_true_for_a_number_is_a_tool_error_and_launches_nothing(
+    node: NodeProcess,
+) -> None:
+    """A misspelt `background` or a `timeout` for `timeout_ms` would otherwise run in the
+    foreground without a deadline, and `timeout_ms: true` would be a 1 ms deadline."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+    sleeper = {"agent": "sleeper", "task": "seconds=0"}
+    misspelt, deadline, wide, waited, status = call(
+        env,
+        ("run", {**sleeper, "backgrund": True, "timeout": 60}),
+        ("run", {**sleeper, "timeout_ms": True}),
+        ("run", {**sleeper, "concurrency": True}),
+        ("wait", {"run_id": "no-such-run", "timeout_s": True}),
+        ("status", {"verbose": 1}),
+    )
+    assert misspelt.is_error
+    assert text_of(misspelt).startswith("run takes no argument 'backgrund', 'timeout' (")
+    assert "timeout_ms" in text_of(misspelt)  # the arguments it does take are named
+    assert misspelt.structured_content is not None
+    assert misspelt.structured_content["error"]["code"] == "bad_request"
+    for refused in (deadline, wide, waited):
+        assert refused.is_error and "not true or false" in text_of(refused)
+    assert status.is_error and "status takes no argument 'verbose'" in text_of(status)
+    assert node.client().runs.list() == []
+
+
 CHILD_SCRIPT = """
 import asyncio, os, sys
 from mcp import ClientSession
