@@ -31,7 +31,7 @@ from subagents_node.cli.common import (
     user_errors,
 )
 from subagents_node.cli.params import RUN_ID, SECONDS
-from subagents_node.client.paths import check_endpoint
+from subagents_node.client.paths import check_endpoint, ipc_endpoint
 from subagents_node.messages.constants import (
     ENV_NODE,
     ENV_STATE_DIR,
@@ -245,6 +245,7 @@ def start(
             # Before detaching: a bad listen address (flag, SUBAGENTS_LISTEN or a project's
             # subagents.toml) is a one-line error here, not a detached node that never gets ready.
             config = load_config()
+            ipc_endpoint(obj.state_dir)  # a socket no client could reach: refused before anything
             for endpoint in listen:
                 check_endpoint(endpoint)
             fleet = fleet_options(**fleet_flags)

@@ -138,7 +138,18 @@ def _check_trusted_parent(parent: Path, state_dir: Path) -> None:
 
 
 def ipc_endpoint(state_dir: Path) -> str:
+    """The state dir's node socket as an address every client accepts (see check_endpoint):
+    a node must never serve at one that no command could then reach, ping or stop."""
     sock = state_dir / SOCKET_NAME
+    if not str(sock).isprintable() or ";" in str(sock):
+        shown = repr(str(state_dir))
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        raise BadAddress(
+            f"state dir {shown} cannot hold the node's socket: its path must be printable "
+            f"(no newline or undecodable byte) and have no ';'; choose another "
+            f"(--state-dir or ${ENV_STATE_DIR})",
+            address=f"ipc://{sock}"[:1000],
+        )
     if len(str(sock)) > _IPC_PATH_MAX:
         raise BadAddress(
             f"socket path {sock} is longer than {_IPC_PATH_MAX} bytes; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -305,6 +306,29 @@ def test_state_dir_too_long_for_an_ipc_socket_exits_2(invoke: Callable[..., Resu
     too_long = "/tmp/" + "d" * 120
     result = invoke("--state-dir", too_long, "status")
     assert_one_line_error(result, 2, "longer than 107 bytes")
+
+
+@pytest.mark.parametrize("name", ["new\nline", "semi;colon"], ids=["newline", "semicolon"])
+def test_start_refuses_a_state_dir_whose_socket_no_command_could_reach_and_creates_nothing(
+    name: str,
+) -> None:
+    """Such a node served, but ping, status and stop refuse its address: nothing could reach
+    or stop it. `start` refuses the state dir first, as it does one too long for a socket."""
+    state_dir = new_state_dir() / name
+    try:
+        done = run_cli("start", "--detach", state_dir=state_dir)
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == "" and "Traceback" not in done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("error: state dir ") and "cannot hold the node's socket" in line
+        assert not state_dir.exists(), "a refused start creates nothing"
+    finally:
+        record = read_pid_file(state_dir) if state_dir.exists() else None
+        if record is not None:  # without the check: a node nothing else could stop
+            node = psutil.Process(int(str(record["pid"])))
+            node.terminate()
+            wait_exited(node, 30.0)
+        shutil.rmtree(state_dir.parent)
 
 
 @pytest.mark.parametrize("command", ["ping", "status"])
