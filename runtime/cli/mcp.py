@@ -11,11 +11,16 @@ import os
 import click
 
 from subagents_node.cli.common import Ctx, user_errors
+from subagents_node.cli.params import SESSION
 
 
 @click.command("mcp")
 @click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
-@click.option("--session", help="Session id (default: $SUBAGENTS_SESSION, else a new one).")
+@click.option(
+    "--session",
+    type=SESSION,
+    help="Session id (default: $SUBAGENTS_SESSION, else this terminal's Unix session).",
+)
 @click.pass_obj
 @user_errors
 def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -237,6 +238,28 @@ def test_an_unknown_argument_or_true_for_a_number_is_a_tool_error_and_launches_n
         assert refused.is_error and "not true or false" in text_of(refused)
     assert status.is_error and "status takes no argument 'verbose'" in text_of(status)
     assert node.client().runs.list() == []
+
+
+@pytest.mark.parametrize("session", ["", "a\nb", "s" * 257], ids=["empty", "newline", "long"])
+def test_mcp_refuses_a_session_id_the_cli_refuses_before_it_serves(
+    session: str, state_dir: Path
+) -> None:
+    """`--session` is checked as `run --session` checks it: an empty one is not the default
+    session, one with a newline is no session id, and a long one would fail every call."""
+    done = subprocess.run(
+        [sys.executable, "-m", "subagents_node", "mcp", "--session", session],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=server_env(SUBAGENTS_STATE_DIR=str(state_dir)),
+        cwd=REPO,
+        timeout=CALL_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: Invalid value for '--session'"), line
+    assert "is not a session id" in line
 
 
 CHILD_SCRIPT = """
