@@ -34,6 +34,13 @@ _COMPLETION_TIMEOUT_S = 0.5
 MAX_WAIT_S = 86_400.0
 
 
+def shown(value: Any) -> str:
+    """A value as an error shows it: its repr, cut at 80 characters (an id pasted from a big
+    file must not make the one-line error a hundred kilobytes long)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:80]}… ({len(str(value))} characters)"
+
+
 def _client_for_completion(ctx: click.Context) -> Any:
     """A client for the node the command line names, or None (nothing is printed)."""
     from subagents_node.client.client import connect, default_address
@@ -71,7 +78,7 @@ class RunIdType(click.ParamType[str]):
         text = str(value).strip()
         if not _RUN_ID.match(text):
             self.fail(
-                f"{value!r} is not a run id (1-128 letters, digits, '.', '_' or '-', starting "
+                f"{shown(value)} is not a run id (1-128 letters, digits, '.', '_' or '-', starting "
                 "with a letter or digit)",
                 param,
                 ctx,
@@ -99,7 +106,7 @@ class SessionType(click.ParamType[str]):
         text = str(value).strip()
         if not text or len(text) > 256 or _CONTROL.search(text):
             self.fail(
-                f"{value!r} is not a session id (1-256 characters, no control characters)",
+                f"{shown(value)} is not a session id (1-256 characters, no control characters)",
                 param,
                 ctx,
             )
@@ -126,7 +133,7 @@ class AgentNameType(click.ParamType[str]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value).strip()
         if not text or len(text) > 128 or _CONTROL.search(text):
-            self.fail(f"{value!r} is not an agent name (1-128 characters)", param, ctx)
+            self.fail(f"{shown(value)} is not an agent name (1-128 characters)", param, ctx)
         return text
 
     def shell_complete(
@@ -163,9 +170,11 @@ class SecondsType(click.ParamType[float]):
             try:
                 number = float(str(value))
             except ValueError:
-                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+                self.fail(f"{shown(value)} is not a number of seconds", param, ctx)
         if not math.isfinite(number) or number <= 0 or number > MAX_WAIT_S:
-            self.fail(f"{value!r} is not in the range 0 < seconds <= {MAX_WAIT_S:g}", param, ctx)
+            self.fail(
+                f"{shown(value)} is not in the range 0 < seconds <= {MAX_WAIT_S:g}", param, ctx
+            )
         return number
 
 

@@ -302,6 +302,17 @@ def test_bad_address_exits_2_with_one_line(address: str, invoke: Callable[..., R
     assert_one_line_error(result, 2, "bad node address", repr(address))
 
 
+@pytest.mark.parametrize(
+    "args", [["show", "a" * 100_000], ["--timeout", "9" * 100_000, "ping"], ["show", "é" * 500]]
+)
+def test_a_huge_bad_value_is_shown_cut_short_in_its_one_line_error(
+    args: list[str], invoke: Callable[..., Result]
+) -> None:
+    result = invoke(*args, "--json")
+    assert_one_line_error(result, 2, "characters)")
+    assert len(result.stderr) < 1000, "the error names the value, it does not repeat it"
+
+
 def test_state_dir_too_long_for_an_ipc_socket_exits_2(invoke: Callable[..., Result]) -> None:
     too_long = "/tmp/" + "d" * 120
     result = invoke("--state-dir", too_long, "status")
