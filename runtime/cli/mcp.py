@@ -33,7 +33,9 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
     as long as the server. See docs/mcp.md.
     """
     from subagents_node.mcp.server import node_address, serve
+    from subagents_node.mcp.stdio import check_stdio
 
+    check_stdio()  # before a node is embedded: nothing starts for a server that cannot talk
     with node_address(obj.address, obj.state_dir, obj.timeout) as address:
         serve(address, obj.timeout, dict(os.environ), agents_dirs, session)
 

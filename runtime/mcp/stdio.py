@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,6 +29,8 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 from pydantic import ValidationError
+
+from subagents_node.messages.errors import BadRequest
 
 #: What ends the server besides the end of its input: an agent CLI that exits sends TERM (or
 #: its terminal closes: HUP); Ctrl-C in a terminal reaches every process of its group.
@@ -157,6 +160,18 @@ async def answer_unreadable(
                 await write.send(SessionMessage(unreadable_answer(item)))
             else:
                 await sink.send(item)
+
+
+def check_stdio() -> None:
+    """Refuse to serve when stdin or stdout was closed when the process started (`mcp <&-`):
+    Python then has no sys.stdin / sys.stdout, and descriptor 0 or 1 may since belong to a
+    socket of ours, which the server must never read or write as the MCP channel."""
+    for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
+        if stream is None:
+            raise BadRequest(
+                f"{name} is closed: the MCP server talks over stdin and stdout",
+                reason="stdio_closed",
+            )
 
 
 async def serve_stdio(server: MCPServer[Any]) -> int | None:

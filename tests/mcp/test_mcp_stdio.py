@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -176,3 +177,25 @@ def test_a_foreground_run_cancelled_while_its_launch_is_on_its_way_is_stopped(
         assert server.answer()["id"] == 2  # the cancelled call itself is never answered
         final = node.client().runs.wait(first_run(node), timeout=ANSWER_S)
         assert final.state == "stopped"
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-"], ids=["stdin", "stdout"])
+def test_a_server_started_with_stdin_or_stdout_closed_refuses_in_one_line(
+    closed: str, state_dir: Path
+) -> None:
+    """Descriptor 0 or 1 may then belong to a socket of the process: never the MCP channel."""
+    command = f'exec "$0" -m subagents_node mcp </dev/null {closed}'
+    env = {**os.environ, "SUBAGENTS_STATE_DIR": str(state_dir)}
+    done = subprocess.run(
+        ["sh", "-c", command, sys.executable],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=ANSWER_S,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    stream = "stdin" if closed == "<&-" else "stdout"
+    assert line == f"error: {stream} is closed: the MCP server talks over stdin and stdout"
