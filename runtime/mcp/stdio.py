@@ -153,8 +153,9 @@ async def answer_unreadable(
     sink: ObjectSendStream[SessionMessage | Exception],
     write: ObjectSendStream[SessionMessage],
 ) -> None:
-    """Forward the transport's messages to the server; answer each unreadable frame instead."""
-    async with sink:
+    """Forward the transport's messages to the server; answer each unreadable frame instead.
+    It owns `source` and `sink` (closed when it ends), as the server owned the transport's."""
+    async with source, sink:
         async for item in source:
             if isinstance(item, Exception):
                 await write.send(SessionMessage(unreadable_answer(item)))
@@ -179,7 +180,9 @@ async def serve_stdio(server: MCPServer[Any]) -> int | None:
     arrives (its number, once every call was cancelled: a foreground run's call stops it)."""
     ended: list[int] = []
     lowlevel = server._lowlevel_server  # the SDK's run_stdio_async, with our reader and filter
-    lines = FdLines(0)
+    # Only the process's own stdin is read from its descriptor; a stand-in (click's test
+    # runner) is left to the SDK, which reads whatever sys.stdin is.
+    lines = FdLines(0) if _on_fd(sys.stdin, 0) else None
     async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
         try:
             async with anyio.create_task_group() as tg:
@@ -190,8 +193,17 @@ async def serve_stdio(server: MCPServer[Any]) -> int | None:
                 await lowlevel.run(checked, write, options)
                 tg.cancel_scope.cancel()
         finally:
-            lines.close()  # else the SDK's reader task keeps the transport open until input ends
+            if lines is not None:  # else the SDK's reader keeps the transport open until EOF
+                lines.close()
     return ended[0] if ended else None
+
+
+def _on_fd(stream: Any, fd: int) -> bool:
+    """Whether `stream` reads descriptor `fd` (the SDK's own test before it claims one)."""
+    try:
+        return bool(stream.buffer.fileno() == fd)
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 async def _watch_signals(scope: anyio.CancelScope, ended: list[int]) -> None:
