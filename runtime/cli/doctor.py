@@ -43,6 +43,14 @@ class Check:
 
 
 def check_state_dir(state_dir: Path) -> Iterator[Check]:
+    if state_dir.is_symlink() and not state_dir.exists():  # `start` refuses it (paths.py)
+        yield Check(
+            "state dir",
+            "fail",
+            f"{state_dir} is a symlink to {os.readlink(state_dir)}, which does not exist",
+            "create the symlink's target or choose another --state-dir",
+        )
+        return
     if not state_dir.exists():
         blocker = next((p for p in state_dir.parents if p.exists()), None)
         if blocker is not None and not blocker.is_dir():

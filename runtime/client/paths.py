@@ -63,6 +63,15 @@ def ensure_state_dir(path: Path) -> Path:
     (`/tmp`). An existing dir of ours that is merely readable by others is tightened to 0700.
     """
     path = path.expanduser().absolute()
+    if path.is_symlink() and not path.exists():
+        # mkdir cannot create a dir where a link names a missing one; say which, not ENOENT.
+        raise UnsafeStateDir(
+            f"state dir {path} is a symlink to {os.readlink(path)}, which does not exist; "
+            "create that directory or choose another --state-dir",
+            path=str(path),
+            reason="dangling_symlink",
+            fix="create the symlink's target or choose another --state-dir",
+        )
     missing = [p for p in (path, *path.parents) if not p.exists()]
     for parent in path.parents:
         if parent.exists():

@@ -238,3 +238,18 @@ def test_doctor_says_which_file_or_variable_each_configured_value_came_from(
     out = proc.stdout
     assert f"config max_subagent_spawns_per_run: 12 (from project config {project}" in out
     assert "config max_subagent_depth: 3 (from environment variable SUBAGENTS_MAX_DEPTH)" in out
+
+
+def test_doctor_fails_a_state_dir_that_is_a_symlink_to_nothing_as_start_refuses_it(
+    tmp_path: Path,
+) -> None:
+    link = tmp_path / "state"
+    link.symlink_to(tmp_path / "missing")
+    done = run_cli("--state-dir", str(link), "doctor", "--json")
+    assert done.returncode == 1, done.stderr
+    (check,) = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "state dir"]
+    assert check["level"] == "fail"
+    assert check["detail"] == f"{link} is a symlink to {tmp_path / 'missing'}, which does not exist"
+    started = run_cli("--state-dir", str(link), "start", "--detach")
+    assert started.returncode == 1 and "is a symlink to" in started.stderr
+    assert not (tmp_path / "missing").exists()

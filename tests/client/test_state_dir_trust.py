@@ -104,3 +104,15 @@ def test_design_3_own_readable_state_dir_is_tightened_to_0700(tmp_path: Path) ->
     mine.chmod(0o755)
     ensure_state_dir(mine)
     assert mine.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_state_dir_that_is_a_symlink_to_nothing_is_refused_naming_both(tmp_path: Path) -> None:
+    link = tmp_path / "state"
+    link.symlink_to(tmp_path / "missing")
+    with pytest.raises(UnsafeStateDir) as refused:
+        ensure_state_dir(link)
+    assert refused.value.message == (
+        f"state dir {link} is a symlink to {tmp_path / 'missing'}, which does not exist; "
+        "create that directory or choose another --state-dir"
+    )
+    assert not (tmp_path / "missing").exists()
