@@ -146,8 +146,14 @@ def _exit_codes() -> list[str]:
         2: ["bad usage or an out-of-range value (click)"],
         EXIT_TIMEOUT: ["`wait --timeout` came before every run ended"],
         EXIT_INTERRUPTED: ["interrupted by Ctrl-C (a foreground run is stopped first)"],
-        128 + 1: ["a foreground run's command got SIGHUP (its terminal closed): run stopped first"],
-        128 + 15: ["a foreground run's command got SIGTERM (e.g. a CI timeout): run stopped first"],
+        128 + 1: [
+            "a foreground run's command (or `mcp`) got SIGHUP (its terminal closed): "
+            "run stopped first"
+        ],
+        128 + 15: [
+            "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "
+            "(e.g. a CI timeout): run stopped first"
+        ],
     }
     for error, code in sorted(EXIT_CODES.items(), key=lambda item: item[0].__name__):
         meanings.setdefault(code, []).append(f"`{error.__name__}`")
