@@ -54,6 +54,15 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _no_control(value: str) -> str:
+    # A session id is printed in one-line errors, tables and logs, and typed back in by
+    # people: a newline or an escape would forge lines there, or name a session no command
+    # can name again (the CLI refuses control characters in --session too).
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must not contain a control character (a newline, a tab, an escape)")
+    return value
+
+
 def _env_name(value: str) -> str:
     _no_nul(value)
     if "=" in value:  # the kernel splits NAME=VALUE at the first '='
@@ -124,7 +133,9 @@ WaitS = Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)]
 #: add a short suffix).
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_no_nul)]
 #: A session id (chosen by the launcher: `cli-xxxxxxxx`, or a caller's own name).
-SessionId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_no_nul)]
+SessionId = Annotated[
+    str, StringConstraints(min_length=1, max_length=256), AfterValidator(_no_control)
+]
 #: An opaque token or id the owner minted (slot tokens, reservation ids, runner ids).
 Token = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_no_nul)]
 #: A fan-out budget id (the sanitized root id plus a uuid) and the root id a budget names.

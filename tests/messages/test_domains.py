@@ -12,8 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
+from subagents_node.messages.base import validate_request
+from subagents_node.messages.capacity import Snapshot
 from subagents_node.messages.constants import SQLITE_MAX_INT, SQLITE_MIN_INT
+from subagents_node.messages.domains import SessionId
+from subagents_node.messages.errors import BadRequest
 from subagents_node.messages.protocol import REQUEST_CLASSES
 
 #: Fields that are free-form on purpose, with the reason (checked by their own validator).
@@ -85,3 +90,20 @@ def test_issue12_every_request_field_has_a_bounded_domain(
         return
     problem = unbounded(schema)
     assert problem is None, f"{type_} field {path}: {problem}"
+
+
+@pytest.mark.parametrize("session_id", ["a\nb", "a\tb", "\x1b[31mred", "a\x7fb", "a\x00b"])
+def test_a_session_id_with_a_control_character_is_refused_naming_the_field(
+    session_id: str,
+) -> None:
+    """The CLI refuses control characters in a session id; so does every request that names
+    one (a newline would forge a line of a table or a log, and name a session nobody can
+    type back)."""
+    with pytest.raises(ValueError, match="control character"):
+        TypeAdapter(SessionId).validate_python(session_id)
+    with pytest.raises(BadRequest) as refused:
+        validate_request(Snapshot, {"session_id": session_id, "limit": 1})
+    assert refused.value.details.get("field") == "session_id"
+    assert "\n" not in str(refused.value)  # one line, whatever the id held
+    accepted = validate_request(Snapshot, {"session_id": "ops-1 (night shift) é", "limit": 1})
+    assert accepted.session_id == "ops-1 (night shift) é"
