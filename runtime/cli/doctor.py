@@ -422,7 +422,7 @@ def run_checks(
     checks += check_outbox(state_dir, time.time())
     checks += check_node(state_dir, address, version)
     try:
-        config = load_config(cwd=cwd)
+        config = load_config(cwd=cwd, log_warnings=False)
     except SubagentsError as err:
         checks.append(Check("config", "fail", err.message, "fix the value it names"))
     else:

@@ -139,7 +139,7 @@ def config_group() -> None:
 @user_errors
 def config_show(as_json: bool) -> None:
     """Print every effective setting and where its value came from."""
-    config = load_config(cwd=Path.cwd())
+    config = load_config(cwd=Path.cwd(), log_warnings=False)
     rows = config.rows()
     if as_json:
         emit(

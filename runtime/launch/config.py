@@ -222,10 +222,13 @@ def load_config(
     cwd: Path | None = None,
     user_file: Path | None = None,
     project_file: Path | None = None,
+    log_warnings: bool = True,
 ) -> Configuration:
     """Resolve the settings from every source (see the module docstring), or raise ConfigError.
 
-    `overrides` holds explicit values (CLI flags); None values mean "flag not given".
+    `overrides` holds explicit values (CLI flags); None values mean "flag not given". Each
+    warning is logged unless `log_warnings` is False: a caller that shows `warnings` itself
+    (`config show`, `doctor`) would print each twice.
     """
     env = os.environ if env is None else env
     cwd = cwd or Path.cwd()
@@ -246,7 +249,7 @@ def load_config(
     _apply_env(values, origins, warnings, env, cwd)
     explicit = {k: v for k, v in (overrides or {}).items() if v is not None}
     _apply(values, origins, _anchor(explicit, cwd), Origin("override"))
-    for warning in warnings:
+    for warning in warnings if log_warnings else ():
         log.warning("%s", warning)
     return Configuration(
         settings=Settings.model_validate(values),

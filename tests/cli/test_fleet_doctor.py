@@ -253,3 +253,13 @@ def test_doctor_fails_a_state_dir_that_is_a_symlink_to_nothing_as_start_refuses_
     started = run_cli("--state-dir", str(link), "start", "--detach")
     assert started.returncode == 1 and "is a symlink to" in started.stderr
     assert not (tmp_path / "missing").exists()
+
+
+def test_config_show_and_doctor_say_each_unusable_variable_once(state_dir: Path) -> None:
+    """`config show` and `doctor` show the configuration's warnings themselves: the loader's
+    own log line of the same warning would say it twice."""
+    env = {**os.environ, "SUBAGENTS_MAX_DEPTH": "nan"}
+    for args in (("config", "show"), ("config", "show", "--json"), ("doctor",)):
+        done = run_cli(*args, state_dir=state_dir, env=env)
+        said = done.stdout + done.stderr
+        assert said.count("SUBAGENTS_MAX_DEPTH='nan'") == 1, (args, said)
