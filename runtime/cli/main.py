@@ -30,7 +30,7 @@ from subagents_node.cli.common import (
     json_option,
     user_errors,
 )
-from subagents_node.cli.params import RUN_ID, SECONDS
+from subagents_node.cli.params import RUN_ID, SECONDS, given_or_default
 from subagents_node.client.paths import check_endpoint, ipc_endpoint
 from subagents_node.messages.constants import (
     ENV_NODE,
@@ -145,11 +145,13 @@ class LazyGroup(click.Group):
     "--state-dir",
     type=click.Path(file_okay=False),
     envvar=ENV_STATE_DIR,
+    callback=given_or_default,
     help=f"Node state directory (default: ${ENV_STATE_DIR}, else the XDG state dir).",
 )
 @click.option(
     "--address",
     envvar=ENV_NODE,
+    callback=given_or_default,
     help="Node address, ipc://PATH or tcp://HOST:PORT (default: $SUBAGENTS_NODE, "
     "else the state dir's socket).",
 )

@@ -194,6 +194,17 @@ class PathTextType(click.ParamType[str]):
         return text
 
 
+def given_or_default(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """An option's value, where an empty one typed on the command line is refused (a
+    `--state-dir "$DIR"` whose DIR is unset would otherwise quietly mean the default one, and
+    `stop` would stop another node), and an empty variable counts as unset."""
+    if value != "":
+        return value
+    if ctx.get_parameter_source(str(param.name)) is click.core.ParameterSource.COMMANDLINE:
+        raise click.BadParameter("is empty; leave the option out to mean the default")
+    return None
+
+
 RUN_ID = RunIdType()
 PATH_TEXT = PathTextType()
 SESSION = SessionType()

@@ -9,6 +9,7 @@ both ways (real subprocess and click's CliRunner) against real nodes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ from subagents_node.client.paths import read_pid_file
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import NodeNotRunning
 from subagents_node.node.daemon import wait_exited
-from tests.support.nodes import REPO, NodeProcess, new_state_dir, run_cli, running_node
+from tests.support.nodes import CLI, REPO, NodeProcess, new_state_dir, run_cli, running_node
 
 
 @pytest.fixture(scope="module")
@@ -420,3 +421,27 @@ def test_a_client_that_talked_to_an_owner_is_told_at_once_when_the_node_stops(
         with pytest.raises(NodeNotRunning):
             client.fanout.claim(budget, ["tasks[0]"])
     assert not list(node.state_dir.glob("*.sock"))
+
+
+def test_an_empty_state_dir_or_address_on_the_command_line_is_refused_not_taken_as_default(
+    tmp_path: Path,
+) -> None:
+    """`--state-dir "$DIR"` with DIR unset must not mean the default state dir (a `stop`
+    would stop another node); an empty variable, though, is as good as unset."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    env.pop("SUBAGENTS_STATE_DIR", None)
+    env.pop("SUBAGENTS_NODE", None)
+    for option in ("--state-dir", "--address"):
+        done = subprocess.run(
+            [*CLI, option, "", "stop"], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert done.returncode == 2, done.stderr
+        assert f"'{option}': is empty" in done.stderr and len(done.stderr.splitlines()) == 1
+    done = subprocess.run(
+        [*CLI, "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "SUBAGENTS_STATE_DIR": ""},
+    )
+    assert str(tmp_path / "xdg") in done.stderr  # the default state dir, asked
