@@ -23,7 +23,13 @@ from subagents_node.messages.supervisor import RunView
 @click.argument("run_id", type=RUN_ID)
 @click.option("--child", "child", help="Only this child: its path (`tasks[1]`) or index.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
-@json_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON Lines: one {child, stream, text} object per log line (none when the "
+    "children printed nothing).",
+)
 @click.pass_obj
 @user_errors
 def logs(obj: Ctx, run_id: str, child: str | None, follow: bool, as_json: bool) -> None:
