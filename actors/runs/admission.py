@@ -40,6 +40,7 @@ from subagents_node.messages.capacity import (
     Transfer,
 )
 from subagents_node.messages.delivery import argv_task_problem, check_command
+from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
     FanoutDescriptorInvalid,
     FanoutNotAuthorized,
@@ -129,10 +130,12 @@ def validate(launch: Launch) -> None:
 
 
 def check_items(launch: Launch, labelled: list[tuple[str, TaskItem]]) -> None:
-    """What each item needs before anything is charged for it (also a chain append's, R-APP-1):
-    a usable working directory, its agent's command, and a task exec(2) accepts in argv."""
+    """What each item needs before anything is charged for it (also a chain append's, R-APP-1,
+    and an expand step's batch, R-FAN-21): a usable working directory, its agent's command, a
+    task within the task limit, and a task exec(2) accepts in argv. An expansion's items share
+    their template's directory and agent, so each distinct one is checked once."""
     items = [item for _, item in labelled]
-    for cwd in [launch.cwd, *(i.cwd for i in items if i.cwd)]:
+    for cwd in dict.fromkeys([launch.cwd, *(i.cwd for i in items if i.cwd)]):
         path = Path(launch.cwd, cwd) if cwd else Path(launch.cwd)
         try:
             found = path.is_dir()
@@ -142,9 +145,17 @@ def check_items(launch: Launch, labelled: list[tuple[str, TaskItem]]) -> None:
             ) from None
         if not found:
             raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
-    for item in items:
-        check_command(item.agent, launch.env)  # AgentCommandNotFound before any charge
+    for agent in {id(item.agent): item.agent for item in items}.values():
+        check_command(agent, launch.env)  # AgentCommandNotFound before any charge
     for label, item in labelled:
+        if len(item.task) > MAX_TASK_CHARS:  # built by substitution (expand), not validated
+            raise TaskUndeliverable(
+                f"Task {label} is {len(item.task):,} characters, over the "
+                f"{MAX_TASK_CHARS:,}-character task limit.",
+                agent=item.agent.name,
+                path=label,
+                reason="task_too_long",
+            )
         problem = argv_task_problem(item.agent, item.task, launch.env)
         if problem is not None:
             raise TaskUndeliverable(

@@ -18,8 +18,9 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from subagents_node.actors.runs import runplan, runstore
+from subagents_node.actors.runs import admission, runplan, runstore
 from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.supervisor import ITEM, MAX_EXPAND_ITEMS, ChainStep, TaskItem
 
 #: R-FAN-21's text for a runner that has no descriptor to claim from.
@@ -95,7 +96,9 @@ def item_task(template: str, item: str) -> str:
 def plan_expansion(
     live: LiveRun, group: int, step: ChainStep, items: list[str]
 ) -> list[runplan.ChildPlan]:
-    """The step's children, indexed after every child the run already has."""
+    """The step's children, indexed after every child the run already has; ExpansionFailed,
+    naming the item, when one could never start (admission's item checks: a NUL in an argv
+    task, a task over the task limit once `{item}` is in it, a missing cwd or command)."""
     limit = min(step.max_items or MAX_EXPAND_ITEMS, MAX_EXPAND_ITEMS)
     if len(items) > limit:
         raise ExpansionFailed(
@@ -111,6 +114,12 @@ def plan_expansion(
         task = item_task(template.task, text)
         item = template.model_copy(update={"task": task})
         plans.append(runplan.ChildPlan(first + j, group, label, label, item))
+    assert live.launch is not None  # a dynamic step belongs to a chain this node launched
+    try:  # the checks run and append pass: an item that could never start is never claimed
+        admission.check_items(live.launch, [(plan.label, plan.item) for plan in plans])
+    except SubagentsError as err:
+        problem = f"Dynamic step chain[{absolute}] cannot start: {err.message}"
+        raise ExpansionFailed(problem) from None
     return plans
 
 

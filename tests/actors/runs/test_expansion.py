@@ -21,6 +21,7 @@ from subagents_node.actors.runs import expansion, runplan, steps
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import ChainStep, RunView, TaskItem
 from tests.support.manage import store_rows
@@ -231,3 +232,48 @@ def test_r_fan_21_an_expansion_of_no_items_claims_nothing_and_the_chain_goes_on(
 
     assert done.state == "complete" and done.output == "end"
     assert claimed_paths(state_dir, done) == ["chain[0]", "chain[2]"]
+
+
+def test_r_fan_21_an_item_with_a_nul_byte_fails_the_step_before_the_batch_is_claimed(
+    client: Client, agents: Path, state_dir: Path
+) -> None:
+    """The echo agent takes its task in argv, where exec(2) refuses a NUL: the item could never
+    start, so the batch is not claimed (nothing charged) and no child of it starts."""
+    ctx = launch_context(agents)
+    chain = expanding_chain(ctx, '["a", "b\\u0000c", "d"]')
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "failed"
+    assert done.error == (
+        "Dynamic step chain[1] cannot start: Task chain[1].expand[1] cannot be passed to agent "
+        "'echo' in its arguments: it contains a NUL character; use task_delivery: file or stdin"
+    )
+    assert claimed_paths(state_dir, done) == ["chain[0]"]
+    assert [c.label for c in done.children] == ["chain[0]"]
+    assert done.snapshots.fanout_used == 1
+
+
+def test_r_fan_21_an_item_over_the_task_limit_fails_the_step_before_the_batch_is_claimed(
+    client: Client, agents: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """`{item}` twice in the template: each item fits, the second one's task does not (the
+    over-long task would go by file, so only the task limit catches it)."""
+    big = "x" * (MAX_TASK_CHARS // 2 + 1)
+    (tmp_path / "items.txt").write_text(f"small\n{big}\n")
+    ctx = launch_context(agents, cwd=tmp_path)
+    source = ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task="s", output="items.txt")])
+    template = TaskItem(agent=ctx.plan("echo"), task="{item}{item}")
+    chain = [source, ChainStep(kind="expand", items=[template])]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain))
+
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "failed"
+    assert done.error == (
+        f"Dynamic step chain[1] cannot start: Task chain[1].expand[1] is {2 * len(big):,} "
+        f"characters, over the {MAX_TASK_CHARS:,}-character task limit."
+    )
+    assert claimed_paths(state_dir, done) == ["chain[0]"]
+    assert [c.label for c in done.children] == ["chain[0]"]
