@@ -305,8 +305,13 @@ class ListRuns(Request):
     Result: ClassVar[ResultType] = RunList
     session_id: SessionId | None = None
     root_run_id: RunId | None = None
+    #: Only the runs this run launched (a workflow's children, by the index on parent_run_id).
+    parent_run_id: RunId | None = None
     active_only: bool = False
     limit: int = Field(default=50, ge=1, le=1000)
+    #: Paging: the runs after this one (the last of the previous page) in the listing's order,
+    #: newest first; a listing longer than `limit` is read page by page, never all at once.
+    after_run_id: RunId | None = None
 
 
 class Stop(Request):

@@ -95,8 +95,15 @@ def show(host: RequestHost, request: Show) -> Message:
 
 
 def list_runs(host: RequestHost, request: ListRuns) -> Message:
+    after = None if request.after_run_id is None else host.resolve(request.after_run_id)
     ids = runstore.list_runs(
-        host.db, request.session_id, request.active_only, request.limit, request.root_run_id
+        host.db,
+        request.session_id,
+        request.active_only,
+        request.limit,
+        request.root_run_id,
+        parent_run_id=request.parent_run_id,
+        after_run_id=after,
     )
     return RunList(runs=runstore.readable_views(host.db, ids, host.quarantine_unreadable))
 

@@ -112,4 +112,17 @@ MIGRATIONS = (
     """
     ALTER TABLE run_appends ADD COLUMN body TEXT
     """,
+    # 7: listings page on by (created_at, run_id), newest first (a resumed workflow reads every
+    # child of its source a page at a time): each index a listing walks ends in run_id, so
+    # runs created at the same instant are in index order too and no page is sorted.
+    """
+    DROP INDEX runs_by_parent;
+    CREATE INDEX runs_by_parent ON runs(parent_run_id, created_at, run_id);
+    DROP INDEX runs_by_created;
+    CREATE INDEX runs_by_created ON runs(created_at, run_id);
+    DROP INDEX runs_by_root;
+    CREATE INDEX runs_by_root ON runs(root_run_id, created_at, run_id);
+    DROP INDEX runs_by_session;
+    CREATE INDEX runs_by_session ON runs(session_id, created_at, run_id)
+    """,
 )

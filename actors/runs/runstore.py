@@ -345,18 +345,29 @@ def list_runs(
     active_only: bool,
     limit: int,
     root_run_id: str | None = None,
+    parent_run_id: str | None = None,
+    after_run_id: str | None = None,
 ) -> list[str]:
+    """Newest first (run_id breaks ties, so pages never skip or repeat a run); after_run_id,
+    an existing run, starts the page after it."""
     clauses: list[str] = []
     args: list[Any] = []
-    for column, value in (("session_id", session_id), ("root_run_id", root_run_id)):
+    filters = (("session_id", session_id), ("root_run_id", root_run_id))
+    for column, value in (*filters, ("parent_run_id", parent_run_id)):
         if value is not None:
             clauses.append(f"{column}=?")
             args.append(value)
     if active_only:
         clauses.append("state IN ('queued', 'running', 'paused')")
+    if after_run_id is not None:
+        clauses.append(
+            "(created_at, run_id) < (SELECT created_at, run_id FROM runs WHERE run_id=?)"
+        )
+        args.append(after_run_id)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = db.execute(
-        f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT ?", [*args, limit]
+        f"SELECT run_id FROM runs {where} ORDER BY created_at DESC, run_id DESC LIMIT ?",
+        [*args, limit],
     ).fetchall()
     return [str(r[0]) for r in rows]
 

@@ -407,8 +407,12 @@ class AsyncRunsAPI:
         active_only: bool = False,
         limit: int = 50,
         root_run_id: str | None = None,
+        parent_run_id: str | None = None,
+        after_run_id: str | None = None,
     ) -> list[RunView]:
-        plan = run_plans.list_plan(session_id, active_only, limit, root_run_id)
+        plan = run_plans.list_plan(
+            session_id, active_only, limit, root_run_id, parent_run_id, after_run_id
+        )
         return await self._client.perform(plan)
 
     async def stop(self, run_id: str) -> RunView:

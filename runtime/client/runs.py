@@ -151,6 +151,8 @@ def list_plan(
     active_only: bool = False,
     limit: int = 50,
     root_run_id: str | None = None,
+    parent_run_id: str | None = None,
+    after_run_id: str | None = None,
 ) -> Plan[list[RunView]]:
     request = build(
         ListRuns,
@@ -158,6 +160,8 @@ def list_plan(
         active_only=active_only,
         limit=limit,
         root_run_id=root_run_id,
+        parent_run_id=parent_run_id,
+        after_run_id=after_run_id,
     )
     found: RunList = yield from one(request, RunList)
     return found.runs
@@ -299,8 +303,12 @@ class RunsAPI:
         active_only: bool = False,
         limit: int = 50,
         root_run_id: str | None = None,
+        parent_run_id: str | None = None,
+        after_run_id: str | None = None,
     ) -> list[RunView]:
-        return self._client.perform(list_plan(session_id, active_only, limit, root_run_id))
+        """Newest first; `after_run_id` (the last run of the previous page) pages on."""
+        plan = list_plan(session_id, active_only, limit, root_run_id, parent_run_id, after_run_id)
+        return self._client.perform(plan)
 
     def stop(self, run_id: str) -> RunView:
         return self._client.perform(stop_plan(run_id))

@@ -48,6 +48,11 @@ ASKS: dict[str, Callable[[sqlite3.Connection], object]] = {
     "active runs": lambda db: runstore.list_runs(db, None, True, 50),
     "one session's runs": lambda db: runstore.list_runs(db, "s1", False, 50),
     "one run tree's runs": lambda db: runstore.list_runs(db, None, False, 50, root_run_id="r1"),
+    "one run's children": lambda db: runstore.list_runs(db, None, False, 50, parent_run_id="r1"),
+    "the next page of a run's children": lambda db: runstore.list_runs(
+        db, None, False, 50, parent_run_id="r1", after_run_id="r9"
+    ),
+    "the next page of runs": lambda db: runstore.list_runs(db, None, False, 50, after_run_id="r9"),
 }
 
 
@@ -60,3 +65,26 @@ def test_a_view_or_listing_never_scans_the_run_history(db: sqlite3.Connection, w
         # first); reading every row, or sorting all of them, is not.
         assert not re.search(r"SCAN runs(?! USING (COVERING )?INDEX)", plan), f"{what}: {plan}"
         assert "SCAN" not in plan or "TEMP B-TREE" not in plan, f"{what}: {plan}"
+
+
+def test_paging_a_listing_by_its_last_run_skips_and_repeats_no_run_even_at_one_instant(
+    db: sqlite3.Connection,
+) -> None:
+    """Children created in one instant (one batch) share created_at: run_id orders them, so a
+    page that ends among them goes on with the next one."""
+    times = [1.0, 2.0, 2.0, 2.0, 2.0, 3.0, 2.0]
+    for n, created in enumerate(times):
+        db.execute(
+            "INSERT INTO runs (run_id, session_id, mode, background, state, label, depth, "
+            "parent_run_id, root_run_id, run_dir, created_at, runner_id, snapshots) "
+            "VALUES (?, 's1', 'single', 0, 'complete', '', 1, 'p', 'p', '', ?, '', '{}')",
+            (f"c{n}", created),
+        )
+    pages: list[list[str]] = []
+    after: str | None = None
+    while not pages or len(pages[-1]) == 2:
+        pages.append(runstore.list_runs(db, None, False, 2, parent_run_id="p", after_run_id=after))
+        after = pages[-1][-1] if pages[-1] else None
+
+    listed = [run_id for page in pages for run_id in page]
+    assert listed == ["c5", "c6", "c4", "c3", "c2", "c1", "c0"]
