@@ -2,8 +2,9 @@
 
 A workflow run resumed with `subagents-node resume RUN` (after its host was killed, a node
 kill -9, a failure) is a new workflow run of the same script under the same fan-out budget; its
-run names its source (`source_run_id`, `source_kind: resume`). Its host asks the node, once, for
-the children of that source and of the source's own sources, newest first, and reads the keys
+run names its source (`source_run_id`, `source_kind: resume`). Its host asks the node for every
+child of that source and of the source's own sources, newest first and a page at a time (a
+source may have more children than one listing holds), and reads the keys
 each source's host recorded as admitted (its `status.json`): a key the source finished (or
 still runs) is not run again, and a key the source admitted, launched or not, keeps its claim.
 
@@ -13,6 +14,7 @@ Owns that read, nothing else: it changes no state and reads only the hosts' own 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from subagents_node.client.client import Client
 from subagents_node.messages.supervisor import RunView
 from subagents_node.workflow.report import STATUS_FILE
 
-#: How many runs of one budget tree one read covers (the node's `runs.list` cap).
+#: How many children one page of the read covers (the node's `runs.list` cap); the read goes
+#: on page by page, so only the keyed children found, not the whole tree, are held at once.
 MAX_RUNS = 1000
 
 
@@ -44,13 +47,23 @@ def prior_steps(client: Client, source_run_id: str | None) -> Prior:
         if source.mode != "workflow":
             break
         claimed |= admitted_keys(Path(source.run_dir))
-        tree = client.runs.list(root_run_id=source.root_run_id, limit=MAX_RUNS)  # newest first
-        for run in tree:
+        for run in children(client, source.run_id):  # newest first: the newest of a key wins
             key = run.workflow_key
-            if run.parent_run_id == source.run_id and key and key not in found:
+            if key and key not in found:
                 found[key] = run
         source_run_id = source.source_run_id if source.source_kind == "resume" else None
     return Prior(found, frozenset(claimed | set(found)))
+
+
+def children(client: Client, run_id: str) -> Iterator[RunView]:
+    """Every run `run_id` launched, newest first, read MAX_RUNS at a time."""
+    after: str | None = None
+    while True:
+        page = client.runs.list(parent_run_id=run_id, limit=MAX_RUNS, after_run_id=after)
+        yield from page
+        if len(page) < MAX_RUNS:
+            return
+        after = page[-1].run_id
 
 
 def admitted_keys(run_dir: Path) -> set[str]:

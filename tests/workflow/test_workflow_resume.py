@@ -31,6 +31,7 @@ from subagents_node.client.client import Client
 from subagents_node.messages.errors import InjectedFault
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import LaunchResult, Resume, RunView
+from subagents_node.workflow import resumed
 from subagents_node.workflow.launch import workflow_launch, workflow_result
 from tests.support.manage import embedded
 from tests.support.nodes import NodeProcess, new_state_dir
@@ -282,3 +283,28 @@ def test_r_wf_5_a_workflow_resume_failing_at_each_admission_step_rolls_its_slot_
             assert strays == []
         wait_until(lambda: client.capacity.snapshot(session, LIMIT).used == 0, what="rollback")
         assert client.fanout.snapshot(budget) == before  # a resume claims nothing (R-FAN-23)
+
+
+def test_r_wf_5_a_resume_finds_every_finished_key_of_a_source_with_more_children_than_a_page(
+    client: Client, agents: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read of the source's children pages on past the node's listing cap (lowered to 2
+    here, in place of 1,000 real runs): every key the source finished is found, so none is run
+    again; a read capped at one listing missed the older ones."""
+    keys = [f"k{n}" for n in range(5)]
+    calls = "\n".join(f"        runs.run({k!r}, 'echo', {k!r})" for k in keys)
+    script = f"""
+    def main(runs):
+{calls}
+        return "done"
+    """
+    flow, _ = launch_workflow(client, agents, work, script, background=False)
+    source = client.runs.wait(flow.run_id, timeout=WAIT_S)
+    assert source.state == "complete", source.error
+    monkeypatch.setattr(resumed, "MAX_RUNS", 2)
+
+    prior = resumed.prior_steps(client, source.run_id)
+
+    assert sorted(prior.runs) == keys
+    assert {k: r.output for k, r in prior.runs.items()} == {k: k for k in keys}
+    assert {r.parent_run_id for r in prior.runs.values()} == {source.run_id}
