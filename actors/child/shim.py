@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import math
 import os
@@ -53,6 +54,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 #: reports say, so it stops retrying after this long and exits: a running supervisor sees it
 #: go (pidfd) and reads the record, a new node reads it at recovery.
 GIVE_UP_AFTER_TREE_END_S = 30.0
+#: Why an exit record could not be written that a later try may not meet: a full disk or
+#: quota, or a file system remounted read-only for repair.
+_SPACE_MAY_COME_BACK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 class Shim:
@@ -355,7 +359,10 @@ class Shim:
     def _record_exit(self) -> None:
         """Before the report that tells of it: a new node reads it even if the report is lost.
         One that cannot be written (ENOSPC, EROFS) never stops the report, which alone, once
-        acknowledged, makes the end durable in the node's store."""
+        acknowledged, makes the end durable in the node's store. Owed (written again at each
+        resend, and the shim does not give up) only while space may come back; a record
+        directory that is gone (the state dir removed) is owed to nobody, and a shim that kept
+        trying would live on for good, an idle process per child, once no node came back."""
         try:
             write_atomically(
                 self._path(EXIT_RECORD),
@@ -363,8 +370,8 @@ class Shim:
                 sync=self.sync,
             )
             self.record_owed = False
-        except OSError:
-            self.record_owed = True
+        except OSError as err:
+            self.record_owed = err.errno in _SPACE_MAY_COME_BACK
 
     def _report(self, kind: str) -> None:
         self.reports.post(kind, self.facts, tree_ended=self.tree_ended, ended_by=self.ended_by)

@@ -473,3 +473,21 @@ def test_a_running_childs_shim_is_one_thread_with_at_most_2_mib_of_private_memor
     assert threads == [1] * count
     mean = sum(private) / len(private)
     assert mean <= SHIM_PRIVATE_LIMIT, f"{mean / (1 << 20):.2f} MiB per shim"
+
+
+def test_a_shim_whose_record_directory_was_removed_gives_up_once_its_tree_ended(
+    harness: Harness,
+) -> None:
+    """A record that cannot be written for lack of space is owed (the shim waits for space);
+    one whose directory is gone (the state dir removed with its node) is owed to nobody, and
+    a shim that kept trying, unacknowledged, would live on for good."""
+    release = harness.dir / "release.fifo"
+    os.mkfifo(release)
+    spec = harness.spec("c1", [PY, "-c", "import sys; open(sys.argv[1]).read()", str(release)])
+    harness.template.order_raw({**shims.order_of(spec, harness.address), "give_up_s": 0.1})
+    started = harness.until("started")
+    shutil.rmtree(spec.records)
+    release.write_text("go")
+    ended = harness.report(ack=False)
+    assert (ended.kind, ended.exit_code) == ("tree_ended", 0)
+    wait_gone(started.shim_pid)  # no acknowledgement ever came: it gives up all the same
