@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import zmq
 
+from subagents_node.actors.inbound import bound_inbound
 from subagents_node.actors.inbox import Job, Tick
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.links import OwnerLinks
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Frames read per pass before the owner handles them (the largest possible group).
 READ_BATCH = 256
+#: ...and the bytes read per pass: 256 frames at the cap would put 256 MiB in the mailbox.
+READ_BATCH_BYTES = 16 << 20
 # Plain ints: pyzmq's flag enums cost a Python-level enum operation per use, several per
 # message on this hot path.
 _POLLIN = int(zmq.POLLIN)
@@ -130,9 +133,8 @@ class OwnerLoop:
         sock = self._zctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
+        bound_inbound(sock, self._max_frame)  # a flood waits in its senders, not here
         ipv6_for(sock, endpoint)  # a home's tcp address may be IPv6
         if secure and self._gate is not None:
             self._gate.make_server(sock)
@@ -199,23 +201,29 @@ class OwnerLoop:
     def _read(self, router: zmq.Socket[bytes]) -> None:
         # Ask the socket whether more is waiting rather than receive until zmq.Again: an
         # exception per pass costs more than the check on this hot path.
+        taken = 0
         for _ in range(READ_BATCH):
-            if not int(router.getsockopt(_EVENTS)) & _POLLIN:
+            if taken >= READ_BATCH_BYTES or not int(router.getsockopt(_EVENTS)) & _POLLIN:
                 return
             frames = [router.recv(_NOBLOCK)]
             while router.getsockopt(_RCVMORE):
                 frames.append(router.recv(_NOBLOCK))
+            taken += len(frames[-1])
             self._frame(frames)
 
     def _read_tcp(self, sock: zmq.Socket[bytes]) -> None:
         """Frames from authenticated tcp peers: each judged by its key's current standing."""
         gate = self._gate
         assert gate is not None
+        taken = 0
         for _ in range(READ_BATCH):
+            if taken >= READ_BATCH_BYTES:
+                return
             try:
                 frames = sock.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            taken += len(frames[-1])
             user_id = frames[-1].get("User-Id") if frames else ""
             principal = gate.principal(str(user_id))
             if principal is None:

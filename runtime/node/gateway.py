@@ -38,6 +38,7 @@ from typing import Protocol
 
 import zmq
 
+from subagents_node.actors.inbound import bound_inbound
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.links import OwnerLinks, RawReplyFn
 from subagents_node.actors.owner import Outcome, ReplyFn
@@ -176,10 +177,9 @@ class Gateway:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self._hwm)
-        sock.setsockopt(zmq.RCVHWM, self._hwm)
-        # zmq drops (and disconnects) only grossly oversized frames; anything up to 4x the cap
-        # reaches us so that we can answer it with a typed FrameTooLarge.
-        sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame * 4)
+        # zmq cuts the connection of a frame far over the cap; one a little over reaches us
+        # so that we answer it with a typed FrameTooLarge. A busy gateway's peers wait.
+        bound_inbound(sock, self._max_frame)
         try:
             if secure and self.curve is not None:
                 self.curve.make_server(sock)  # reads the server key, which may be refused

@@ -17,7 +17,8 @@ import threading
 
 import zmq
 
-from subagents_node.messages.codec import decode, encode, peek_id
+from subagents_node.actors.inbound import bound_inbound
+from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import OwnerUnavailable
 
@@ -53,6 +54,7 @@ class Tombstone:
     def _run(self) -> None:
         sock = self._zctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        bound_inbound(sock, MAX_FRAME_BYTES)
         try:
             sock.bind(self._endpoint)
         except zmq.ZMQError as exc:
