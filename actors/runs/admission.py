@@ -26,6 +26,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
 
+from subagents_node.actors.outcomes import store_full
 from subagents_node.actors.pipelines import Durable
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.actors.runs import runplan
@@ -195,6 +196,14 @@ class ResumePlan(Record):
         init_fields(self, source_run_id=source_run_id, descriptor=descriptor, transfer=transfer)
 
 
+def storage_failed(exc: OSError, run_dir: Path) -> SubagentsError:
+    """R-ADM-2: why a run's directory or files could not be made. A full disk (or quota) is
+    the StoreFull every store answers, so a client that retries on `store_full` retries this."""
+    return store_full(exc, "supervisor") or RunStorageFailed(
+        f"Failed to create run storage: {exc}", run_dir=str(run_dir)
+    )
+
+
 def admit(
     host: AdmissionHost,
     launch: Launch,
@@ -253,9 +262,7 @@ def admit(
         try:
             run_dir.mkdir(parents=True, mode=0o700)
         except OSError as exc:
-            raise RunStorageFailed(
-                f"Failed to create run storage: {exc}", run_dir=str(run_dir)
-            ) from None
+            raise storage_failed(exc, run_dir) from None
         made_dir = True
 
         _inject(host, "reserve_spawns")

@@ -30,13 +30,19 @@ from subagents_node.actors.runs import (
     runplan,
     runstore,
 )
-from subagents_node.actors.runs.admission import AdmissionHost, Pipeline, ResumePlan, admit
+from subagents_node.actors.runs.admission import (
+    AdmissionHost,
+    Pipeline,
+    ResumePlan,
+    admit,
+    storage_failed,
+)
 from subagents_node.actors.runs.liverun import LiveRun, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Superseded
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
-from subagents_node.messages.errors import BadRequest, RunNotResumable, RunStorageFailed
+from subagents_node.messages.errors import BadRequest, RunNotResumable
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
 from subagents_node.messages.supervisor import (
     Launch,
@@ -218,7 +224,7 @@ class RunLaunches:
         try:  # R-FAN-6: the recovery descriptor exists before any child starts
             write_recovery(self._host.run_dir(run_id), launch, encode_descriptor(descriptor))
         except OSError as exc:
-            raise RunStorageFailed(f"Failed to create run storage: {exc}") from None
+            raise storage_failed(exc, self._host.run_dir(run_id)) from None
         live = new_live_run(
             self._host.db,
             launch,
