@@ -20,6 +20,8 @@ MAX_PRUNED_PER_REQUEST = 1000
 
 class PruneResult(Message):
     pruned: list[str]
+    #: Run directories with no record (a refused launch's, a crash's) removed: their names.
+    orphans: list[str] = []
     #: The end time before which finished runs were pruned (Unix seconds).
     cutoff: float
     dry_run: bool

@@ -124,6 +124,10 @@ class RunLaunches:
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]
 
+    def admitting(self, run_id: str) -> bool:
+        """Whether run `run_id`'s admission is under way (its directory may have no row yet)."""
+        return self._pipelines.running(LaunchKey(run_id))
+
     def continuing(self, source_id: str) -> str | None:
         """The run whose admission is going on with paused run `source_id` now, if any."""
         going = self._continuing.get(source_id)

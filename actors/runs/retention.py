@@ -20,13 +20,22 @@ that finds the oldest run blocked (a sub-run still going) re-arms no sooner than
 later. `runs.prune` (`prune_request`) prunes on demand:
 past the request's own age, or the configured one (refused when retention is off).
 
+Both also remove run directories that have no record (`orphans`): what a launch refused after
+making its directory leaves when its own cleanup fails too (out of descriptors), or a crash
+between a prune's commit and its removal. One is removed only when no `runs` row names it, no
+admission of that run id is under way (`admitting`: its row may not be written yet; the
+supervisor is one thread, so that check and the row's write cannot interleave), and it is
+untouched since before the cutoff and `ORPHAN_GRACE_S`.
+
 It never removes a path outside the runs root and never follows a symlink out of it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import re
 import shutil
 import sqlite3
 import threading
@@ -47,6 +56,11 @@ RECHECK_S = 60.0
 PASS_MAX = 100
 #: How long a stopping supervisor waits for the directories still queued for removal.
 REMOVE_ON_STOP_S = 10.0
+#: The least age of a run directory without a record that prune removes: a launch's directory
+#: is recorded within its admission (seconds); this is a margin on top of `admitting`.
+ORPHAN_GRACE_S = 600.0
+#: A run directory's name: a run id (launches.py, `uuid4().hex[:12]`); nothing else is removed.
+_RUN_ID = re.compile(r"[0-9a-f]{12}")
 _TERMINAL = tuple(sorted(TERMINAL_RUN_STATES))
 _IN_TERMINAL = ", ".join("?" * len(_TERMINAL))
 
@@ -66,8 +80,10 @@ class RunRetention:
         after_commit: Callable[[Callable[[], None]], None],
         clock: Callable[[], float],
         announce: Callable[[list[str]], None],
+        admitting: Callable[[str], bool] = lambda run_id: False,
     ) -> None:
         self._runs_root = runs_root
+        self._admitting = admitting  # whether run id's admission is under way
         self.retention_s = retention_s
         self._after = after
         self._after_commit = after_commit
@@ -135,7 +151,49 @@ class RunRetention:
             )
         cutoff = self._clock() - age
         pruned, more = self.prune(db, cutoff, is_live, request.dry_run)
-        return PruneResult(pruned=pruned, cutoff=cutoff, dry_run=request.dry_run, more=more)
+        orphans = self.sweep_orphans(db, cutoff, request.dry_run)
+        return PruneResult(
+            pruned=pruned, orphans=orphans, cutoff=cutoff, dry_run=request.dry_run, more=more
+        )
+
+    def sweep_orphans(
+        self, db: sqlite3.Connection, cutoff: float, dry_run: bool = False
+    ) -> list[str]:
+        """Remove (unless `dry_run`) the run directories without a record; their names."""
+        found = self.orphans(db, cutoff)
+        if found and not dry_run:
+            self._remover.remove(self._run_dirs(found))
+            log.warning("removing %d run directories that have no record", len(found))
+        return [directory.name for directory in found]
+
+    def orphans(
+        self, db: sqlite3.Connection, cutoff: float, limit: int = MAX_PRUNED_PER_REQUEST
+    ) -> list[Path]:
+        """Run directories under the runs root that no `runs` row names, of no admission
+        under way, untouched since before `cutoff` and the grace (at most `limit`)."""
+        newest = min(cutoff, self._clock() - ORPHAN_GRACE_S)
+        found: list[Path] = []
+        try:
+            entries = os.scandir(self._runs_root())
+        except OSError:  # no runs root yet (or unreadable): nothing to sweep
+            return found
+        with entries:
+            for entry in entries:
+                if len(found) >= limit:
+                    break
+                if not _RUN_ID.fullmatch(entry.name) or self._admitting(entry.name):
+                    continue
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    if entry.stat(follow_symlinks=False).st_mtime >= newest:
+                        continue
+                except OSError:
+                    continue
+                if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (entry.name,)).fetchone():
+                    continue
+                found.append(Path(entry.path))
+        return found
 
     def close(self) -> None:
         """The supervisor stops: let the queued removals finish (bounded)."""
@@ -184,6 +242,7 @@ class RunRetention:
         self._armed_at = None
         now = self._clock()
         _, more = self.prune(db, now - self.retention_s, is_live, limit=PASS_MAX)
+        self.sweep_orphans(db, now - self.retention_s)
         self.arm(db, not_before=now if more else now + RECHECK_S)
 
 

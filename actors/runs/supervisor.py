@@ -151,6 +151,7 @@ class RunSupervisor(OwnerActor):
             self.after_commit,
             ctx.clock,
             self._events.announce_pruned,
+            admitting=self._admitting,
         )
         self._settler = RunSettler(self, self._live, self._retention)
         self._launches = RunLaunches(self, self._live, self._pipelines)
@@ -436,6 +437,9 @@ class RunSupervisor(OwnerActor):
         return answer if answer is not None else DEFERRED
 
     # -- retention ----------------------------------------------------------------------------
+
+    def _admitting(self, run_id: str) -> bool:
+        return self._launches.admitting(run_id)
 
     def _prune(self, request: Prune) -> Message:
         """runs.prune: finished runs past the cutoff (actors/runs/retention.py)."""

@@ -56,11 +56,18 @@ class Age(click.ParamType):  # type: ignore[type-arg]  # generic only in click's
 @click.pass_obj
 @user_errors
 def prune(obj: Ctx, older_than: float | None, dry_run: bool, as_json: bool) -> None:
-    """Remove finished runs (records and directories) past their retention."""
+    """Remove finished runs (records and directories) past their retention, and run directories
+    that have no record (a refused launch's), untouched for as long and at least 10 minutes."""
     with obj.client() as client:
         result = client.ask(Prune(older_than_s=older_than, dry_run=dry_run), PruneResult)
     verb = "would prune" if dry_run else "pruned"
     lines = [f"{verb} {len(result.pruned)} finished runs"] + [f"  {r}" for r in result.pruned]
+    if result.orphans:
+        lines.append(
+            f"{'would remove' if dry_run else 'removed'} {len(result.orphans)} run "
+            "directories that had no record"
+        )
+        lines += [f"  {name}" for name in result.orphans]
     if result.more:
         lines.append("more runs are past the cutoff: run prune again")
     emit(result, as_json, "\n".join(lines))

@@ -9,6 +9,7 @@ retention (`run_retention_days`) does the same by itself on a timer, which the t
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -183,4 +184,60 @@ def test_issue_12_a_retention_pass_prunes_a_bounded_batch_and_the_next_one_follo
         effect()  # the commit: the directories are handed to the remover
     keeper.close()
     assert len(list(root.iterdir())) == count - retention.PASS_MAX
+    db.close()
+
+
+def _aged(directory: Path, seconds: float) -> Path:
+    directory.mkdir(parents=True)
+    then = time.time() - seconds
+    os.utime(directory, (then, then))
+    return directory
+
+
+def test_prune_removes_run_directories_without_a_record_once_past_the_grace(
+    node: Node, agents: Path, gate: Gate
+) -> None:
+    """Out of descriptors, a refused launch's cleanup fails too: its empty `runs/<id>/` had no
+    record and no prune ever removed it (189 after 300 launches at `ulimit -n 256`)."""
+    client = node.client()
+    running = _running_gate(client, agents, gate)
+    running_dir = Path(client.runs.show(running).run_dir)
+    root = running_dir.parent
+    hour = 3600.0
+    os.utime(running_dir, (time.time() - hour, time.time() - hour))
+    orphan = _aged(root / "0123456789ab", hour)
+    young = _aged(root / "ba9876543210", 0)  # may be a launch's not yet recorded: kept
+    other = _aged(root / "not-a-run-id", hour)  # not a run's name: never ours to remove
+
+    dry = client.ask(Prune(older_than_s=0, dry_run=True), PruneResult)
+    assert dry.orphans == [orphan.name] and orphan.is_dir()
+    result = client.ask(Prune(older_than_s=0), PruneResult)
+    assert result.orphans == [orphan.name] and result.pruned == []
+    wait_until(lambda: not orphan.exists(), what="the directory without a record to go")
+    assert young.is_dir() and other.is_dir() and running_dir.is_dir()
+    assert client.runs.show(running).state == "running"
+    gate.children[0].release(0)
+    assert client.runs.wait(running, timeout=20).state == "complete"
+
+
+def test_a_directory_of_a_launch_under_admission_is_never_swept(tmp_path: Path) -> None:
+    """A launch makes its directory before it writes its row (the row is written later in the
+    same admission, after the session owner answers): the sweep skips a run id being admitted
+    whatever the directory's age."""
+    store = Store(tmp_path / "runs.db")
+    store.migrate({"supervisor": runschema.MIGRATIONS})
+    db = store.connect()
+    root = tmp_path / "runs"
+    admitting = _aged(root / "aaaaaaaaaaaa", 3600.0)
+    orphan = _aged(root / "bbbbbbbbbbbb", 3600.0)
+    keeper = retention.RunRetention(
+        lambda: root,
+        retention_s=0.0,
+        after=lambda delay, tick: lambda: None,
+        after_commit=lambda effect: effect(),
+        clock=time.time,
+        announce=lambda ids: None,
+        admitting=lambda run_id: run_id == admitting.name,
+    )
+    assert keeper.orphans(db, cutoff=time.time()) == [orphan]
     db.close()
