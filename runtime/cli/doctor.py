@@ -1,11 +1,11 @@
 """`doctor`: checks a person can act on, each with ok / warn / fail and a fix.
 
-Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the store
-(every table family at the version this installation knows, SQLite's integrity check), what
-the run supervisor still owes the ledgers (a warning once it is old), the node (reachable,
-same version, how it contains children, no stored record quarantined by its owner), the
-configuration (valid; where each value came from) and every agent file (parses; its command
-resolves).
+Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the hard
+limit on open files (node/descriptors.py), the store (every table family at the version this
+installation knows, SQLite's integrity check), what the run supervisor still owes the ledgers
+(a warning once it is old), the node (reachable, same version, how it contains children, no
+stored record quarantined by its owner), the configuration (valid; where each value came
+from) and every agent file (parses; its command resolves).
 It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
@@ -30,6 +30,7 @@ from subagents_node.launch.config import Configuration, load_config
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.node import ClusterStatus, ContainmentStatus, QuarantinedRecord
 from subagents_node.node import owners
+from subagents_node.node.descriptors import descriptor_warnings
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -419,6 +420,7 @@ def run_checks(
     state_dir: Path, address: str | None, cwd: Path, agents_dirs: tuple[str, ...], version: str
 ) -> list[Check]:
     checks = [*check_state_dir(state_dir), *check_store(state_dir)]
+    checks += [Check("open files", "warn", *warning) for warning in descriptor_warnings()]
     checks += check_outbox(state_dir, time.time())
     checks += check_node(state_dir, address, version)
     try:

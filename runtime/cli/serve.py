@@ -14,7 +14,6 @@ never touches the state dir's stores itself: the node's owner processes do.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -27,6 +26,12 @@ from subagents_node.cli.common import CliError, Ctx
 from subagents_node.client.paths import check_endpoint
 from subagents_node.messages.constants import ENV_TEST_KILL_AT
 from subagents_node.messages.errors import SubagentsError
+from subagents_node.node.descriptors import (
+    DESCRIPTOR_FIX,
+    low_hard_limit,
+    low_limit_warning,
+    raise_descriptor_limit,
+)
 
 if TYPE_CHECKING:
     from subagents_node.launch.config import Configuration
@@ -96,24 +101,6 @@ def serve_detached(
     return 0
 
 
-#: The soft limit on open descriptors a node asks for (the hard limit permitting): the run
-#: supervisor holds a pidfd per live shim, and 1,000 children must not meet the common 1024.
-NODE_DESCRIPTOR_LIMIT = 65_536
-
-
-def _raise_descriptor_limit() -> None:
-    """Lift the soft RLIMIT_NOFILE toward NODE_DESCRIPTOR_LIMIT, as far as the hard limit lets
-    (what a daemon manager would set); never lowers it."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    ceiling = NODE_DESCRIPTOR_LIMIT if hard == resource.RLIM_INFINITY else hard
-    wanted = min(NODE_DESCRIPTOR_LIMIT, ceiling)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-
-
 def serve(
     obj: Ctx,
     config: Configuration,
@@ -153,7 +140,10 @@ def serve(
         containment_probe=probe,
         **fleet,  # type: ignore[arg-type]
     )
-    _raise_descriptor_limit()
+    raise_descriptor_limit()
+    hard = low_hard_limit()
+    if hard is not None:  # where the node's log says it, beside the crashes it explains
+        logging.getLogger(__name__).warning("%s; %s", low_limit_warning(hard), DESCRIPTOR_FIX)
     node = Node(options)
     try:
         node.start()

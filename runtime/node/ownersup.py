@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
+from subagents_node.node.descriptors import abort_cause
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
 from subagents_node.node.tombstone import Tombstone
@@ -52,6 +53,7 @@ class _Owner:
         "exceeded",
         "gone",
         "intensity",
+        "out_of_descriptors",
         "pid",
         "pidfd",
         "quarantined",
@@ -78,6 +80,8 @@ class _Owner:
         #: Set once the process has been reaped (and cleared when another is forked).
         self.gone = threading.Event()
         self.tombstone: Tombstone | None = None
+        #: Its last death was most likely libzmq's abort on EMFILE (descriptors.abort_cause).
+        self.out_of_descriptors = False
         #: A crash reported but not yet acted on (the intensity tripped while we were busy).
         self.exceeded = ""
 
@@ -302,6 +306,7 @@ class OwnerSupervisor:
             # Restarted in place by the owner itself; it counts against the same intensity.
             owner.restarts += 1
             owner.reason = str(said.get("reason", ""))
+            owner.out_of_descriptors = False
             owner.intensity.report(owner.spec.name, RuntimeError(owner.reason))
             if owner.exceeded:
                 self._give_up(owner)
@@ -326,7 +331,9 @@ class OwnerSupervisor:
         if self._stopping:
             return
         how = _how(status)
-        owner.reason = owner.reason or f"the process {how}"
+        cause = abort_cause(status)
+        owner.out_of_descriptors = bool(cause)
+        owner.reason = owner.reason or f"the process {how}{cause}"
         log.error("owner %s (pid %d) %s; restarting it", owner.spec.name, pid, how)
         owner.restarts += 1
         owner.intensity.report(owner.spec.name, RuntimeError(owner.reason))
@@ -355,10 +362,15 @@ class OwnerSupervisor:
         if self._zctx is not None and owner.tombstone is None:
             if pid is not None:
                 self._reap(owner)
-            owner.tombstone = Tombstone(
-                self._zctx, owner.spec.endpoint, owner.spec.name, owner.reason
-            )
-            owner.tombstone.start()
+            if owner.out_of_descriptors:
+                # Its stand-in would listen in this process, under the same limit, to the
+                # peers that used up the owner's descriptors: libzmq's abort would take the node.
+                log.critical("no stand-in for %s: it ran out of open files", owner.spec.name)
+            else:
+                owner.tombstone = Tombstone(
+                    self._zctx, owner.spec.endpoint, owner.spec.name, owner.reason
+                )
+                owner.tombstone.start()
         self._on_change()
 
     def _reap(self, owner: _Owner) -> int:
