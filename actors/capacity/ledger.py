@@ -27,7 +27,7 @@ What it decides, and from what:
   a transferred one gets its source record back. One timer, armed for the earliest stored
   deadline, expires every slot then due (read afresh: a slot started or handed on since is not
   due) and re-arms for the next, so the owner keeps one timer however many grants it serves;
-  `recover` re-arms it after a restart, and past deadlines expire at once.
+  `recover` re-arms it after a restart, each unstarted slot at least one TTL ahead (below).
 
 A stored slot that does not parse is quarantined (DESIGN §2): `recover` and every read that
 meets it report it (`OwnerActor.quarantine`) instead of failing; it keeps counting as occupied,
@@ -138,15 +138,15 @@ class CapacityLedger(OwnerActor):
         return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
 
     def recover(self) -> None:
-        """Re-arm the TTL of every unstarted slot (deadlines already past fire at once) and
-        quarantine every stored slot that does not parse."""
+        """Re-arm every unstarted slot's TTL, at least one full TTL from now; quarantine
+        every stored slot that does not parse."""
         self._expiry.disarm()
         records, unreadable = slots.scan(self.db)
         for bad in unreadable:
             self.quarantine(slots.TABLE, bad.key, bad.reason)
         waiting = sum(1 for r in records if r.expires_at is not None)
-        # The earliest deadline, past or not: what passed while the owner was down expires
-        # on the first tick, at once.
+        # Not at once: the node may owe a start made before the crash (runs/restart.py, R-CAP-7).
+        slots.postpone(self.db, records, self.ctx.clock() + self._ttl(None))
         self._expiry.arm(slots.next_deadline(self.db))
         if waiting:
             log.info("capacity: re-armed the deadlines of %d unstarted slots", waiting)

@@ -205,6 +205,14 @@ def update(db: sqlite3.Connection, record: SlotRecord) -> None:
     db.execute(_UPDATE, (*(data[c] for c in _VALUES), record.session_id, record.slot))
 
 
+def postpone(db: sqlite3.Connection, records: list[SlotRecord], until: float) -> None:
+    """Move the deadline of every unstarted record among `records` that is due before `until`
+    to `until` (rows that do not parse are not among them: they keep theirs)."""
+    for record in records:
+        if not record.started and record.expires_at is not None and record.expires_at < until:
+            update(db, record.model_copy(update={"expires_at": until}))
+
+
 def delete(db: sqlite3.Connection, record: SlotRecord) -> None:
     db.execute(
         "DELETE FROM capacity_slots WHERE session_id = ? AND slot = ?",

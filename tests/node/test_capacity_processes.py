@@ -221,8 +221,10 @@ def test_inv_cap_1_inv_cap_2_sixteen_processes_never_hold_more_than_the_limit(
 
 
 def test_r_cap_7_kill_9_keeps_every_acknowledged_slot_and_ttl_still_applies(
-    detached: DetachedNode,
+    detached: DetachedNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Unstarted slots expire after the restart, each at its own deadline but no sooner than
+    one TTL (1 s here) from the restart: the restarted node may owe their starts."""
     with detached.client() as client:
         running = client.capacity.acquire(session_id="s", limit=5, run_id="running")
         assert running is not None
@@ -236,6 +238,8 @@ def test_r_cap_7_kill_9_keeps_every_acknowledged_slot_and_ttl_still_applies(
         wires = {run_id: client.capacity.inspect(run_id).owner.handle() for run_id in ("long",)}  # type: ignore[union-attr]
 
     detached.kill()
+    monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
+    restarted = time.time()
     detached.start()
 
     with detached.client() as client:
@@ -250,6 +254,7 @@ def test_r_cap_7_kill_9_keeps_every_acknowledged_slot_and_ttl_still_applies(
         _wait_for(expired)
         for run_id, deadline in deadlines.items():
             assert deadline is not None and gone[run_id] >= deadline, f"{run_id} expired early"
+            assert gone[run_id] >= restarted + 1.0, f"{run_id} expired within a TTL of the restart"
         owner = client.capacity.inspect("running").owner
         assert owner is not None and (owner.runner_id, owner.pid) == ("runner-1", 1234)
         assert client.capacity.snapshot("s").used == 2
