@@ -313,6 +313,7 @@ class MarkWorkflowStarted(Request):
     type: Literal["capacity.mark_workflow_started"] = "capacity.mark_workflow_started"
     target: ClassVar[str] = CAPACITY
     Result: ClassVar[ResultType] = SlotHandle
+    idempotent: ClassVar[bool] = True  # R-CAP-14: a start time already set is kept
 
     handle: SlotHandle
     host: AskingHost = ""

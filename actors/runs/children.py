@@ -148,6 +148,8 @@ def _start_child(host: ChildHost, live: LiveRun, launch: Launch, child: runplan.
         error = keeper.launch(spec)
         if error is not None:
             not_launched(spec.child_id, error)
+            return
+        crash_point("shim_launched")  # its child runs: the slot's mark_started is not sent yet
 
     host.after_commit(fork_shim)
     live.running[spec.child_id] = child.index

@@ -200,23 +200,25 @@ def recover_parked(host: PauseHost, run_id: str) -> None:
         host.report_terminal(report)
 
 
-def continuation_marked(host: PauseHost, run_id: str, outcome: Message | SubagentsError) -> None:
+def continuation_marked(host: PauseHost, run_id: str, outcome: Message | SubagentsError) -> bool:
     """The answer to a recovered continuation's mark_started (recover_parked). Taken: the
     source is over, unless its continuation has already failed (then the source stays paused,
     resumable; the slot is the continuation's, freed by its end). Refused: the slot went back
     to the source, which stays paused with it, and the continuation fails as a launch whose
-    mark_started is refused fails (R-ADM-5)."""
+    mark_started is refused fails (R-ADM-5). False when `run_id` is no paused run's
+    continuation: the answer is then an adopted run's (runs/restart.py)."""
     row = runstore.run_row(host.db, run_id)
     source = (
         runstore.run_row(host.db, row["source_run_id"]) if row and row["source_run_id"] else None
     )
     if row is None or source is None or source["state"] != "paused":
-        return
+        return False
     if not isinstance(outcome, SubagentsError):
         if row["state"] not in ("failed", "stopped"):
             continued(host, str(source["run_id"]), run_id)
-        return
+        return True
     live = host.live_run(run_id)
     if live is not None and live.stop_state is None:
         reason = f"Its capacity slot went back to run {source['run_id']}: {outcome.message}"
         host.stop_live(live, "failed", reason)
+    return True

@@ -6,8 +6,9 @@ ahead of new rows; the appends whose record is durable but whose claims were nev
 owed again (R-APP-4); run and child rows that cannot be read quarantined and never adopted, so
 their slot and claims stay held (DESIGN §2); runs that hold no process left to pauses.py; every
 other unsettled run adopted from the store (its deadline re-armed: it outlives the node that
-set it); the shims' exit records applied; the children of runs paused before the crash
-stopped; superseded runs stopped (R-MISC-2); each adopted run advanced; retention re-armed.
+set it, and its slot's start owed again: the node may have died before marking it); the shims'
+exit records applied; the children of runs paused before the crash stopped; superseded runs
+stopped (R-MISC-2); each adopted run advanced; retention re-armed.
 Adopting runs happens once per node process: an in-place restart after a crash keeps the live
 runs (their shims report to the actor whatever happens to it) and only sends the outbox again.
 It never kills a process (the keeper tells each shim), never adopts a row it cannot read, and
@@ -16,12 +17,14 @@ never sends what the runs owe itself (the outbox does, once the transaction has 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Protocol
 
 from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.inbox import Tick
+from subagents_node.actors.owner import Outcome
 from subagents_node.actors.quarantine import reason_of
 from subagents_node.actors.runs import (
     checkpoints,
@@ -36,7 +39,9 @@ from subagents_node.actors.runs.liverun import LiveRun, adopt_from_store
 from subagents_node.actors.runs.outbox import Outbox
 from subagents_node.actors.runs.retention import RunRetention
 from subagents_node.actors.runs.ticks import RunDeadline
-from subagents_node.messages.errors import RecordQuarantined
+from subagents_node.messages.base import Request
+from subagents_node.messages.capacity import MarkStarted, MarkWorkflowStarted
+from subagents_node.messages.errors import RecordQuarantined, SubagentsError
 from subagents_node.messages.fanout import CommitReservation
 from subagents_node.messages.node import QuarantinedRecord
 
@@ -138,7 +143,40 @@ class RunRestart:
             live.cancel_deadline = host.after(remaining, RunDeadline(run_id))
         checkpoints.adopt_pausing(host.db, live)
         _adopt_stopping(host.db, live)
+        _owe_slot_start(host, live, row)
         host.record_event(run_id, "run.recovered", {"running": len(live.running)})
+
+
+def _owe_slot_start(host: RestartHost, live: LiveRun, row: sqlite3.Row) -> None:
+    """The node may have died after the run's children started but before its slot was marked
+    started: that slot is unstarted still, and its TTL would free it while the run goes on, so
+    a second run would pass max_active (R-CAP-7). The start is owed again (idempotent: a
+    started slot stays as it is), ahead of any report of the run's end (the outbox keeps
+    order); `adopted_slot_marked` hears the answer."""
+    if live.handle is None:
+        return
+    source = row["source_run_id"]
+    if source and checkpoints.parked(host.db, source):
+        return  # a paused run's continuation: pauses.recover_parked asks it and decides
+    mark: Request = (
+        MarkWorkflowStarted(handle=live.handle)
+        if live.mode == "workflow"
+        else MarkStarted(handle=live.handle, runner_id=live.runner_id, pid=os.getpid())
+    )
+    host.owe(mark, live.run_id)
+
+
+def adopted_slot_marked(host: RestartHost, run_id: str, outcome: Outcome) -> None:
+    """The answer to an adopted run's owed start (`_owe_slot_start`). Refused, the slot was
+    freed or handed on while no node ran (its TTL passed): the run holds no slot, so it may
+    not go on; it is stopped, failed, and its children with it."""
+    if not isinstance(outcome, SubagentsError):
+        return
+    live = host.live_run(run_id)
+    if live is None or live.stop_state is not None:
+        return  # it ended or is ending anyway; its end report finds no slot, frees nothing
+    reason = f"Its capacity slot was lost while the node was down: {outcome.message}"
+    host.stop_live(live, "failed", reason)
 
 
 def _adopt_stopping(db: sqlite3.Connection, live: LiveRun) -> None:

@@ -59,7 +59,7 @@ from subagents_node.actors.runs.faults import FaultInjection
 from subagents_node.actors.runs.launches import RunLaunches
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.outbox import Outbox
-from subagents_node.actors.runs.restart import RunRestart
+from subagents_node.actors.runs.restart import RunRestart, adopted_slot_marked
 from subagents_node.actors.runs.retention import RetentionDue, RunRetention
 from subagents_node.actors.runs.settle import RunSettler
 from subagents_node.actors.runs.ticks import (
@@ -81,7 +81,12 @@ from subagents_node.actors.runs.ticks import (
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.capacity import MarkStarted, ReportTerminal, SlotHandle
+from subagents_node.messages.capacity import (
+    MarkStarted,
+    MarkWorkflowStarted,
+    ReportTerminal,
+    SlotHandle,
+)
 from subagents_node.messages.errors import RecordQuarantined, StoreFull, SubagentsError
 from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
 from subagents_node.messages.pauses import Approve, Pause, Reject
@@ -361,8 +366,10 @@ class RunSupervisor(OwnerActor):
                 management.append_committed(
                     self.db, reservation, not isinstance(outcome, Exception)
                 )
-            case MarkStarted(handle=handle):  # a recovered continuation's (pauses.py)
-                pauses.continuation_marked(self, handle.run_id, outcome)
+            case MarkStarted(handle=handle) | MarkWorkflowStarted(handle=handle):
+                # A recovered continuation's (pauses.py) or an adopted run's (restart.py).
+                if not pauses.continuation_marked(self, handle.run_id, outcome):
+                    adopted_slot_marked(self, handle.run_id, outcome)
 
     def on_tick(self, tick: Tick) -> None:
         match tick:

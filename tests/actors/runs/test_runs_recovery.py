@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.paths import owner_db
-from subagents_node.messages.errors import RunNotResumable
+from subagents_node.messages.capacity import Inspection
+from subagents_node.messages.errors import CapacityExhausted, RunNotResumable, SubagentsError
 from subagents_node.messages.supervisor import LaunchResult, Resume, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
@@ -261,3 +262,46 @@ def test_a_program_embedding_a_node_exits_while_a_background_child_runs_on() -> 
         os.kill(pid, signal.SIGKILL)
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_the_ttl(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    """The node dies once a background run's child has started, before the run's slot is
+    marked started (`shim_launched`). The child runs on (its shim outlives the node); after
+    the restart its slot is still unstarted, so its TTL used to free it while the run went on,
+    and a second background run of the session was admitted past max_active (R-CAP-7, §0.4).
+    Now the restarted node marks the adopted run's slot started, and the slot is released
+    only when the run ends."""
+    monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "shim_launched")
+    dying = start_node("--faults", state_dir=state_dir)
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    ctx = launch_context(agents, max_active_async_runs_per_session=1)
+    with pytest.raises(SubagentsError):
+        dying.client(timeout=5).runs.launch(ctx.single("gate", str(gate.path), True, None))
+    assert dying.wait_exited(10), "the node did not die at shim_launched"
+    [held] = gate.accept(1)  # the child started: its shim forked it before the node died
+
+    client = start_node(state_dir=state_dir).client(timeout=20)
+    [run] = wait_until(lambda: [r for r in client.runs.list() if r.state == "running"])
+
+    def settled_slot() -> Inspection | None:
+        inspection = client.capacity.inspect(run.run_id, ctx.session_id)
+        owner = inspection.owner
+        return inspection if owner is None or owner.runner_started_at is not None else None
+
+    slot = wait_until(settled_slot, what="the slot started or freed by its 1 s TTL")
+    with pytest.raises(CapacityExhausted):  # max_active is 1 and the first run still runs
+        client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    assert slot.owner is not None and slot.owner.run_id == run.run_id
+    assert client.runs.show(run.run_id).state == "running"
+
+    held.release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
