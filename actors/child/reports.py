@@ -29,7 +29,11 @@ SUPERVISOR = "supervisor"
 PROTOCOL_VERSION = 1
 #: Error codes that mean "not taken, try again"; any other answer acknowledges the report. A
 #: store error (a full disk: `store_full`) undid the report's commit: acknowledged, it is lost.
-RETRY_CODES = frozenset({"busy", "internal", "unavailable", "store_error", "store_full"})
+#: So is one refused because its child's row cannot be read (`record_quarantined`): kept, it is
+#: applied once the row is repaired (an ended child's shim waits for that, up to its give-up).
+RETRY_CODES = frozenset(
+    {"busy", "internal", "unavailable", "store_error", "store_full", "record_quarantined"}
+)
 #: How many processes a report names at most: as messages/runs.py MAX_REPORTED_PROCESSES
 #: (the shim imports nothing of messages/).
 MAX_REPORTED_PROCESSES = 256

@@ -25,7 +25,7 @@ from subagents_node.messages.supervisor import TaskItem
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, new_session
+from tests.support.runs import Gate, launch_context, new_session, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -363,3 +363,40 @@ def test_corrupt_child_process_row_is_quarantined_and_its_child_never_adopted(
     gate.accept(1)[0].release(0)
     assert client.runs.wait(other.run_id, timeout=20).state == "complete"
     assert restarts(state_dir, "supervisor") == 0
+
+
+def test_a_report_refused_as_quarantined_is_kept_by_its_shim_and_settles_once_repaired(
+    start_node: StartNode, state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    """The supervisor refuses a shim's report about a child whose row it cannot read
+    (`record_quarantined`); the shim keeps it and resends it, as after `store_full`. It used
+    to take that refusal as an acknowledgement: its child had ended, so it exited, and the
+    child's exit status reached the run only at the next node restart. Once the row is
+    repaired, the next resend settles the run with the child's true exit code."""
+    first = start_node(state_dir=state_dir)
+    ctx = launch_context(agents, max_active_async_runs_per_session=2)
+    item = TaskItem(agent=ctx.plan("gate"), task=str(gate.path))
+    run = first.client().runs.launch(ctx.launch("single", True, items=[item]))
+    (child,) = gate.accept(1)
+    stop(first)
+    child_id = f"{run.run_id}-0"
+    corrupt(
+        state_dir, "supervisor", "UPDATE children SET grace_s = 'soon' WHERE child_id = ?", child_id
+    )
+    client = start_node(state_dir=state_dir).client()
+    assert_reported(state_dir, "supervisor", "children", child_id)
+
+    child.release(3)
+    child.wait_exit()
+    # The shim writes its exit record, then sends the report that is refused.
+    wait_until(lambda: list(Path(run.run_dir).rglob("exit.json")), what="the exit record")
+    db = sqlite3.connect(owner_db(state_dir, "supervisor"))
+    try:  # the operator repairs the row (doctor: "repair or delete that row")
+        db.execute("UPDATE children SET grace_s = 5 WHERE child_id = ?", (child_id,))
+        db.commit()
+    finally:
+        db.close()
+
+    done = client.runs.wait(run.run_id, timeout=20)
+    assert (done.state, done.children[0].exit_code) == ("failed", 3)
+    assert done.children[0].proof_state == "observed"
