@@ -41,7 +41,7 @@ from subagents_node.actors.runs.retention import RunRetention
 from subagents_node.actors.runs.ticks import RunDeadline
 from subagents_node.messages.base import Request
 from subagents_node.messages.capacity import MarkStarted, MarkWorkflowStarted
-from subagents_node.messages.errors import RecordQuarantined, SubagentsError
+from subagents_node.messages.errors import CapacityOwnershipChanged, RecordQuarantined
 from subagents_node.messages.fanout import CommitReservation
 from subagents_node.messages.node import QuarantinedRecord
 
@@ -169,8 +169,9 @@ def _owe_slot_start(host: RestartHost, live: LiveRun, row: sqlite3.Row) -> None:
 def adopted_slot_marked(host: RestartHost, run_id: str, outcome: Outcome) -> None:
     """The answer to an adopted run's owed start (`_owe_slot_start`). Refused, the slot was
     freed or handed on while no node ran (its TTL passed): the run holds no slot, so it may
-    not go on; it is stopped, failed, and its children with it."""
-    if not isinstance(outcome, SubagentsError):
+    not go on; it is stopped, failed, and its children with it. Any other refusal (a slot
+    record that cannot be read counts as held: fail closed) leaves the run going."""
+    if not isinstance(outcome, CapacityOwnershipChanged):
         return
     live = host.live_run(run_id)
     if live is None or live.stop_state is not None:

@@ -305,3 +305,32 @@ def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_t
     held.release(0)
     assert client.runs.wait(run.run_id, timeout=20).state == "complete"
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+@pytest.mark.slow
+def test_r_cap_7_an_adopted_run_whose_unstarted_slot_was_lost_meanwhile_is_stopped(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    """As above, but the unstarted slot is gone when the restarted node marks it started (here
+    deleted behind the node's back while it is down, as a lost grant would be): the run holds
+    no slot, so it does not go on uncounted; it is stopped, failed, and says why."""
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "shim_launched")
+    dying = start_node("--faults", state_dir=state_dir)
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    ctx = launch_context(agents, max_active_async_runs_per_session=1)
+    with pytest.raises(SubagentsError):
+        dying.client(timeout=5).runs.launch(ctx.single("gate", str(gate.path), True, None))
+    assert dying.wait_exited(10), "the node did not die at shim_launched"
+    [held] = gate.accept(1)
+    with sqlite3.connect(owner_db(state_dir, "capacity")) as db:
+        assert db.execute("DELETE FROM capacity_slots").rowcount == 1
+
+    client = start_node(state_dir=state_dir).client(timeout=20)
+    [run] = wait_until(lambda: client.runs.list(), what="the adopted run")
+    done = client.runs.wait(run.run_id, timeout=20)
+    assert done.state == "failed" and "capacity slot was lost" in done.error
+    held.wait_exit()  # its child was stopped with it
