@@ -174,8 +174,8 @@ def adopted_slot_marked(host: RestartHost, run_id: str, outcome: Outcome) -> Non
     if not isinstance(outcome, CapacityOwnershipChanged):
         return
     live = host.live_run(run_id)
-    if live is None or live.stop_state is not None:
-        return  # it ended or is ending anyway; its end report finds no slot, frees nothing
+    if live is None or live.stop_state is not None or live.settling or not live.running:
+        return  # it ended or is ending anyway (no child runs); its end report frees nothing
     reason = f"Its capacity slot was lost while the node was down: {outcome.message}"
     host.stop_live(live, "failed", reason)
 
