@@ -69,6 +69,7 @@
         ├── WorkflowKeyConflict          workflow_key_conflict       key          (+BadRequest)
         ├── WorkflowOutputCollision      workflow_output_collision   key, path, first (+BadRequest)
         ├── WorkflowSettled              workflow_settled            key
+        ├── WorkflowResultTooLarge       workflow_result_too_large   size, limit
         └── WorkflowHostError            workflow_host_error         variable
 
 An error crosses the wire as ``{code, message, details}``. Every class is defined in this
@@ -856,6 +857,21 @@ class WorkflowSettled(WorkflowError):
     """R-WF-5: a launch attempted after the script ended; nothing is admitted."""
 
     code = "workflow_settled"
+
+
+class WorkflowResultTooLarge(WorkflowError):
+    """A workflow's return value, or its emitted values together, over the size limit as JSON
+    (docs/workflows.md); `size` and `limit` are in bytes of UTF-8 JSON."""
+
+    code = "workflow_result_too_large"
+
+    @property
+    def size(self) -> int:
+        return int(self.details.get("size", 0))
+
+    @property
+    def limit(self) -> int:
+        return int(self.details.get("limit", 0))
 
 
 class WorkflowHostError(WorkflowError):

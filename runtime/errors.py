@@ -74,6 +74,7 @@ from subagents_node.messages.errors import (
     WorkflowKeyConflict,
     WorkflowKeyInvalid,
     WorkflowOutputCollision,
+    WorkflowResultTooLarge,
     WorkflowSettled,
 )
 
@@ -146,5 +147,6 @@ __all__ = [
     "WorkflowKeyConflict",
     "WorkflowKeyInvalid",
     "WorkflowOutputCollision",
+    "WorkflowResultTooLarge",
     "WorkflowSettled",
 ]

@@ -64,6 +64,7 @@ from subagents_node.workflow.calls import (
     to_jsonable,
 )
 from subagents_node.workflow.childrequests import member_launch, resume_request
+from subagents_node.workflow.limits import ConsoleLines, check_emit, json_size
 from subagents_node.workflow.outputs import check_collisions, resolve_output
 from subagents_node.workflow.stop import WorkflowStopped
 
@@ -126,7 +127,8 @@ class WorkflowRuns:
         self.trace: list[dict[str, Any]] = []
         self.fanout: FanoutSnapshot | None = None
         self.emits: list[Any] = []
-        self.console_lines: list[str] = []
+        self._emitted_bytes = 0
+        self._console = ConsoleLines()
         self._claimed: dict[Path, str] = {}
         self._settled = False
         #: A resumed workflow's source children by key (R-WF-5: finished steps are not run
@@ -197,13 +199,26 @@ class WorkflowRuns:
             return [self._result_of(call) for call in calls]
 
     def emit(self, value: Any) -> None:
-        """Add a value to the workflow's result, as it is now (a JSON copy)."""
-        self.emits.append(to_jsonable(value))
+        """Add a value to the workflow's result, as it is now (a JSON copy); past the record
+        limit it is WorkflowResultTooLarge and nothing is added."""
+        data = to_jsonable(value)
+        size = json_size(data)
+        with self._lock:
+            check_emit(size, self._emitted_bytes)
+            self.emits.append(data)
+            self._emitted_bytes += size
         self._on_change()
 
     def console(self, *values: object, sep: str = " ") -> None:
         """A console line for the result (`print()` in a script lands here too)."""
-        self.console_lines.append(sep.join(str(v) for v in values))
+        with self._lock:
+            self._console.add(sep.join(str(v) for v in values))
+
+    @property
+    def console_lines(self) -> list[str]:
+        """The kept console lines, and a marker line for any dropped past the limit."""
+        with self._lock:
+            return self._console.lines()
 
     def budget(self) -> FanoutSnapshot:
         """The workflow's fan-out budget as it stands (R-FAN-17), nested claims included."""

@@ -55,6 +55,7 @@ from subagents_node.messages.supervisor import IntercomMode
 from subagents_node.workflow.api import WorkflowEnv, WorkflowRuns
 from subagents_node.workflow.calls import to_jsonable
 from subagents_node.workflow.launch import RESULT_FILE
+from subagents_node.workflow.limits import RECORD_MAX_BYTES, check_value
 from subagents_node.workflow.report import (
     STATUS_FILE,
     Outcome,
@@ -114,6 +115,8 @@ class ConsoleWriter:
         self._partial = lines.pop()
         for line in lines:
             self._runs.console(line)
+        if len(self._partial) > RECORD_MAX_BYTES:  # a line that never ends is not held whole
+            self.flush()
         return len(text)
 
     def flush(self) -> None:
@@ -197,8 +200,9 @@ class Host:
         signal.signal(signal.SIGTERM, _raise_stop)
         try:
             # As JSON data now: a value that cannot be one fails the script, with its reason.
-            outcome.value = to_jsonable(run_script(self.script, self.runs))
-            outcome.state = "complete"
+            value = to_jsonable(run_script(self.script, self.runs))
+            check_value(value)  # WorkflowResultTooLarge: failed, and the value is not kept
+            outcome.value, outcome.state = value, "complete"
         except WorkflowStopped:
             outcome.state, outcome.error = _stop_reason(self.client, self.runs.env.run_id)
             self.runs.abort(outcome.error)
