@@ -189,7 +189,9 @@ def result_document(
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Atomic replace-write (R-RUN-4); raises OSError for the caller to report."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with tmp.open("w", encoding="utf-8") as fh:  # streamed: no whole-document string in memory
+        json.dump(data, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
     tmp.replace(path)
 
 
