@@ -4,8 +4,10 @@ of our own, a frame that is not a JSON-RPC message answered, and the signals tha
 Owns three things the SDK leaves out. A line that is not JSON gets the JSON-RPC 2.0 answer,
 a parse error (-32700, id null), and a JSON value that is not a request an invalid-request
 error (-32600; with the request's id when it has one), where the SDK drops both without a
-word (a client would wait for an answer forever). Stdin is read without a worker thread, so a
-signal ends the server at once even while nothing arrives. SIGTERM, SIGHUP and SIGINT cancel
+word (a client would wait for an answer forever). A line over MAX_LINE_BYTES is dropped as it
+arrives (memory stays bounded whatever comes) and answered with an invalid-request error
+naming its size and the limit. Stdin is read without a worker thread, so a signal ends the
+server at once even while nothing arrives. SIGTERM, SIGHUP and SIGINT cancel
 the server's calls (a foreground run's call stops its run, see tools.py) and then end it; the
 caller exits 128 + the signal, as the CLI does for a foreground run.
 
@@ -30,6 +32,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 from pydantic import ValidationError
 
+from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.errors import BadRequest
 
 #: What ends the server besides the end of its input: an agent CLI that exits sends TERM (or
@@ -37,6 +40,15 @@ from subagents_node.messages.errors import BadRequest
 END_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 #: Bytes read from stdin at a time.
 CHUNK = 1 << 16
+#: The longest line (one message, its newline not counted) the server reads. A tool call is
+#: passed on to the node in one frame of at most MAX_FRAME_BYTES (a task is at most
+#: MAX_TASK_CHARS); 8 times that leaves room for such a call written with every character
+#: JSON-escaped (`\u0001` is 6 bytes). A longer line is dropped as it arrives, never held.
+MAX_LINE_BYTES = 8 * MAX_FRAME_BYTES
+#: What FdLines hands the SDK in place of an over-long line: it starts with a lone surrogate,
+#: which no decoded input can hold (bad UTF-8 becomes U+FFFD), so no client can forge it; the
+#: SDK fails to read it like any bad frame, and `unreadable_answer` names the size and the limit.
+_TOO_LONG = "\ud800subagents-node: over-long line of "
 
 
 class FdLines:
@@ -49,6 +61,10 @@ class FdLines:
         self.fd = fd
         self.pollable = True
         self.buffer = bytearray()
+        #: How much of `buffer` is known to hold no newline (each byte is searched once).
+        self.scanned = 0
+        #: Bytes dropped of the over-long line being read, None while no line is over-long.
+        self.dropped: int | None = None
         self.eof = False
         self.waiting: anyio.CancelScope | None = None
 
@@ -64,18 +80,36 @@ class FdLines:
 
     async def __anext__(self) -> str:
         while True:
-            end = self.buffer.find(b"\n")
+            end = self.buffer.find(b"\n", self.scanned)
+            self.scanned = len(self.buffer) if end < 0 else end
+            if self.dropped is not None or self.scanned > MAX_LINE_BYTES:
+                if end < 0 and not self.eof:  # the rest of an over-long line: counted, dropped
+                    self.dropped = (self.dropped or 0) + len(self.buffer)
+                    self.buffer.clear()
+                    self.scanned = 0
+                    await self._fill()
+                    continue
+                size = (self.dropped or 0) + self.scanned
+                self._take(self.scanned + 1)
+                self.dropped = None
+                return f"{_TOO_LONG}{size}"
             if end < 0 and self.eof:
                 if not self.buffer:
                     raise StopAsyncIteration
                 end = len(self.buffer)  # a last frame without its newline is still a frame
             if end >= 0:
-                frame = bytes(self.buffer[: end + 1])
-                del self.buffer[: end + 1]
+                frame = self._take(end + 1)
                 if frame.strip():
                     return frame.decode("utf-8", "replace")
                 continue
             await self._fill()
+
+    def _take(self, size: int) -> bytes:
+        """The first `size` bytes of the buffer, removed from it."""
+        frame = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        self.scanned = 0
+        return frame
 
     async def _fill(self) -> None:
         with anyio.CancelScope() as self.waiting:
@@ -104,6 +138,16 @@ def unreadable_answer(exc: Exception) -> JSONRPCError:
             jsonrpc="2.0", id=None, error=ErrorData(code=PARSE_ERROR, message="Parse error")
         )
     errors = exc.errors(include_url=False)
+    line = errors[0].get("input") if len(errors) == 1 else None
+    if isinstance(line, str) and line.startswith(_TOO_LONG):
+        size = int(line[len(_TOO_LONG) :])
+        message = (
+            f"Invalid Request: a line of {size:,} bytes is over the {MAX_LINE_BYTES:,}-byte "
+            "limit of one message; it was dropped"
+        )
+        return JSONRPCError(
+            jsonrpc="2.0", id=None, error=ErrorData(code=INVALID_REQUEST, message=message)
+        )
     if any(e["type"] == "json_invalid" for e in errors):
         why = next(e["msg"] for e in errors if e["type"] == "json_invalid")
         return JSONRPCError(

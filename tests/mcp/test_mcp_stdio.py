@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import pytest
 
+from subagents_node.mcp.stdio import MAX_LINE_BYTES
 from subagents_node.messages.supervisor import RunView
 from tests.support.nodes import REPO, NodeProcess
 from tests.support.runs import wait_view
@@ -122,6 +123,47 @@ def test_a_frame_that_is_no_json_rpc_message_is_answered_and_the_server_goes_on(
         server.send({"jsonrpc": "2.0", "id": 7, "method": "ping"})
         assert server.answer() == {"jsonrpc": "2.0", "id": 7, "result": {}}
     assert node.client().runs.list() == [], "nothing was launched"
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) * 1024
+
+
+def test_an_over_long_line_is_answered_dropped_without_being_held_and_the_server_goes_on(
+    node: NodeProcess,
+) -> None:
+    with raw_server(node) as server:
+        server.initialize()
+        assert server.proc.stdin is not None
+        before = peak_rss(server.proc.pid)
+        chunk = b"x" * (1 << 20)
+        for _ in range(200):  # 200 MiB of one line, no newline yet
+            server.proc.stdin.write(chunk)
+        server.send(b"")  # its newline
+        too_long = server.answer()
+        # The line was read and dropped as it came: the server never held it.
+        assert peak_rss(server.proc.pid) - before < 64 << 20
+        assert too_long["id"] is None and too_long["error"]["code"] == -32600
+        assert too_long["error"]["message"] == (
+            f"Invalid Request: a line of {200 << 20:,} bytes is over the "
+            f"{MAX_LINE_BYTES:,}-byte limit of one message; it was dropped"
+        )
+        # A whole over-long line and a request in one write: the request is still answered.
+        server.send(
+            b'{"a": "'
+            + b"y" * (MAX_LINE_BYTES + 1)
+            + b'"}\n{"jsonrpc":"2.0","id":8,"method":"ping"}'
+        )
+        assert f"a line of {MAX_LINE_BYTES + 10:,} bytes" in server.answer()["error"]["message"]
+        assert server.answer() == {"jsonrpc": "2.0", "id": 8, "result": {}}
+        # A line of exactly the limit is read as a message (here: not a request, so -32600).
+        server.send(b'"' + b"z" * (MAX_LINE_BYTES - 2) + b'"')
+        assert server.answer()["error"]["message"] == "Invalid Request: a message is a JSON object"
+        server.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+        assert server.answer() == {"jsonrpc": "2.0", "id": 9, "result": {}}
 
 
 def first_run(node: NodeProcess) -> str:
