@@ -276,20 +276,30 @@ class ChildKeeper:
 
     # -- stop, a shim's death, a restart --------------------------------------------------------
 
-    def stop(self, db: Connection, child_id: str, reason: str, message: str) -> float | None:
-        """Record why (the first reason wins), then SIGTERM its shim, which ends the tree. With
-        its shim dead, the processes it left get the TERM: the grace (seconds) is returned,
+    def stop(
+        self, db: Connection, child_id: str, reason: str, message: str
+    ) -> Callable[[], float | None] | None:
+        """Record why (the first reason wins); the call returned (None: the child is not
+        running) SIGTERMs its shim, which ends the tree. The caller makes it only once that
+        record has committed: a stop a full disk undoes must have signalled nobody. With its
+        shim dead, the processes it left get the TERM: the call returns the grace (seconds),
         after which the caller calls `kill_escaped`."""
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
             return None
         if row["end_reason"] is None:
             rows.record_end(db, child_id, reason, message)
-        if row["shim_pid"] is not None:
-            signal_shim(ProcessIdentity(row["shim_pid"], row["shim_start"]))
-        if self.kill_escaped(child_id, signal.SIGTERM):
-            return float(row["grace_s"])
-        return None
+        shim = (
+            None if row["shim_pid"] is None else ProcessIdentity(row["shim_pid"], row["shim_start"])
+        )
+        grace = float(row["grace_s"])
+
+        def send() -> float | None:
+            if shim is not None:
+                signal_shim(shim)
+            return grace if self.kill_escaped(child_id, signal.SIGTERM) else None
+
+        return send
 
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise

@@ -17,8 +17,10 @@ never sends what the runs owe itself (the outbox does, once the transaction has 
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
+from collections.abc import Callable
 from typing import Protocol
 
 from subagents_node.actors.child import rows as child_rows
@@ -114,7 +116,9 @@ class RunRestart:
         for live in list(self._live.values()):
             if live.stop_state == "paused":  # its pause was asked for before the crash
                 for child_id in list(live.running):
-                    host.keeper.stop(db, child_id, "stopped", "Paused by request.")
+                    send = host.keeper.stop(db, child_id, "stopped", "Paused by request.")
+                    if send is not None:  # once recovery's transaction has committed
+                        host.after_commit(functools.partial(_discard, send))
         for run_id in list(self._live):
             self._launches.stop_superseded(run_id)  # R-MISC-2: linked, but maybe not yet stopped
             if run_id in self._live:
@@ -193,3 +197,7 @@ def _adopt_stopping(db: sqlite3.Connection, live: LiveRun) -> None:
     live.stop_state = state  # a stop that came while it paused wins over the pause
     if state == "failed":
         live.error = live.error or str(data.get("reason") or "")
+
+
+def _discard(send: Callable[[], float | None]) -> None:
+    send()  # as before on this path: no grace timer for what a dead shim left

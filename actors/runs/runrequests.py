@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.inbox import Tick
-from subagents_node.actors.runs import checkpoints, pauses, runstore
+from subagents_node.actors.runs import checkpoints, pauses, runplan, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import KillEscaped
 from subagents_node.messages.base import Message
@@ -51,6 +51,11 @@ class RequestHost(pauses.PauseHost, Protocol):
 
     def live_runs(self) -> list[LiveRun]:
         """The live runs of this node, as they are now."""
+
+    def after_commit(self, effect: Callable[[], None]) -> None: ...
+
+    @property
+    def unrecorded_stops(self) -> UnrecordedStops: ...
 
     def quarantine_unreadable(self, err: RecordQuarantined) -> str:
         """Report a run or child row that cannot be read; the run id it belongs to."""
@@ -120,6 +125,7 @@ def stop(host: RequestHost, request: Stop) -> Message:
     elif live is not None and live.stop_state == "paused" and not live.settling:
         # Stopped while it pauses (its children are ending already): it ends stopped and frees
         # its slot; it used to settle paused, holding the slot, as if the stop never came.
+        host.unrecorded_stops.begun(live)
         live.stop_state = "stopped"
         host.record_event(run_id, STOPPING, {"reason": "Stopped by request.", "state": "stopped"})
     elif live is None and checkpoints.parked(host.db, run_id):
@@ -135,7 +141,10 @@ def stop(host: RequestHost, request: Stop) -> Message:
 
 
 def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None:
-    """Stop a live run's children and what it launched; it settles `state` once none runs."""
+    """Stop a live run's children and what it launched; it settles `state` once none runs.
+    Its children are signalled only once the stop has committed: a full disk that undoes it
+    undoes it in memory too (`UnrecordedStops`), so `store_full` means nothing changed."""
+    host.unrecorded_stops.begun(live)
     live.stop_state = state
     live.error = live.error or (reason if state == "failed" else "")
     live.queue.clear()
@@ -143,14 +152,45 @@ def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None
     # finishes the stop it finds here (runs/restart.py), instead of failing the run.
     host.record_event(live.run_id, STOPPING, {"reason": reason, "state": state})
     for child_id in list(live.running):
-        grace = host.keeper.stop(host.db, child_id, "stopped", reason)
-        if grace is not None:  # its shim is dead: the keeper TERMed what it left
-            host.after(grace, KillEscaped(child_id))
+        send = host.keeper.stop(host.db, child_id, "stopped", reason)
+        if send is not None:  # signalled once the stop is durable, never before
+            host.after_commit(functools.partial(_signal, host, child_id, send))
     # Runs this run launched (workflow children, nested launches) stop with it (R-WF-10).
     for other in host.live_runs():
         if other.parent_run_id == live.run_id and other.stop_state is None:
             stop_live(host, other, "stopped", reason)
     host.advance(live)
+
+
+def _signal(host: RequestHost, child_id: str, send: Callable[[], float | None]) -> None:
+    grace = send()
+    if grace is not None:  # its shim is dead: the keeper TERMed what it left
+        host.after(grace, KillEscaped(child_id))
+
+
+class UnrecordedStops:
+    """The stops begun in the open group, until it commits. Their signals wait for that commit
+    (after-commit effects); a full disk that undoes the group drops those signals and, here,
+    what the stops had changed in memory, so a stop asked again later is a stop again."""
+
+    def __init__(self, after_commit: Callable[[Callable[[], None]], None]) -> None:
+        self._after_commit = after_commit
+        self._begun: list[tuple[LiveRun, str | None, str, list[runplan.ChildPlan]]] = []
+
+    def begun(self, live: LiveRun) -> None:
+        if any(known is live for known, *_ in self._begun):
+            return  # the first snapshot of the group is the one to go back to
+        if not self._begun:
+            self._after_commit(self._begun.clear)
+        self._begun.append((live, live.stop_state, live.error, list(live.queue)))
+
+    def undo(self) -> None:
+        """The group was undone: the runs are as the store still says, not stopping."""
+        begun, self._begun = self._begun, []
+        for live, stop_state, error, queue in reversed(begun):
+            live.stop_state, live.error = stop_state, error
+            live.queue.clear()
+            live.queue.extend(queue)
 
 
 def intercom(host: RequestHost, request: Intercom) -> Message:

@@ -159,6 +159,7 @@ class RunSupervisor(OwnerActor):
             admitting=self._admitting,
         )
         self._settler = RunSettler(self, self._live, self._retention)
+        self.unrecorded_stops = runrequests.UnrecordedStops(self.after_commit)  # RequestHost
         self._launches = RunLaunches(self, self._live, self._pipelines)
         self.continuing = self._launches.continuing  # RequestHost: a continuation admitted now
         self._restart = RunRestart(self, self._live, self._outbox, self._launches, self._retention)
@@ -311,7 +312,9 @@ class RunSupervisor(OwnerActor):
         """A full disk undid the group: launches that waited to mark their slot started fail
         (their slot is rolled back, their caller told `store_full`), runs whose settlement was
         undone settle again, and children whose start was undone start again (a chain's next
-        step). In a tick of its own: its writes need a group of their own."""
+        step). Stops it undid signalled nobody: the runs are not stopping. In a tick of its own:
+        its writes need a group of their own."""
+        self.unrecorded_stops.undo()
         keys = tuple(self._pipelines.dropped())
         settling = tuple(r for r, live in self._live.items() if live.settling or live.unstarted)
         for run_id in settling:
