@@ -27,6 +27,9 @@ class PruneResult(Message):
     dry_run: bool
     #: True when more runs were past the cutoff than one request prunes.
     more: bool = False
+    #: Runs whose directories were removed but whose records the full disk kept (deleting
+    #: rows is a write too): they show with no directory; the next prune deletes them.
+    records_kept: list[str] = []
 
 
 class Prune(Request):

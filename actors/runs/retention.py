@@ -3,14 +3,19 @@
 Owns the retention rule and its timer for the run supervisor. A run is prunable when it is
 terminal, ended before the cutoff, is not live in the supervisor, and has no sub-run that is
 still going. Pruning deletes its rows (`runs`, `run_children`, `run_events`, `run_appends`, and
-its `children` rows, which the supervisor owns too), inside the supervisor's transaction; its
-directory under the runs root is removed only after that commit, so a crash in between leaves
-a directory without a record, never a record without its files.
+its `children` rows, which the supervisor owns too), inside the supervisor's transaction, and
+hands its directory under the runs root to be removed at once, not after that commit: on a full
+disk the commit fails, and only the space the directories free lets it succeed. A crash or a
+full disk in between leaves a terminal run's record without its directory (shown with no
+directory; `logs` says it was pruned); the next prune deletes the record. A `runs.prune` is
+answered once the group has committed, or once a full disk has undone it: then with the
+directories removed and the records kept (`records_kept`), never `store_full` ("changed
+nothing"), since something did change.
 
 The directories are removed by one thread of their own (`DirectoryRemover`), in the order they
 were pruned: removing a thousand run directories took seconds, and the supervisor would answer
 nothing meanwhile. A stop waits (bounded) for what is queued; a crash leaves the rest as
-directories without records, as above.
+directories with or without records, and the next prune or orphan sweep removes them.
 
 The node applies `run_retention_days` by itself with one timer message (`RetentionDue`) armed
 at the moment the oldest finished run passes its retention, re-armed after each pass and when
@@ -43,7 +48,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subagents_node.actors.context import Cancel
-from subagents_node.actors.inbox import Tick
+from subagents_node.actors.inbox import DEFERRED, Tick
+from subagents_node.actors.outcomes import ReplyFn, store_full
+from subagents_node.messages.base import Message
 from subagents_node.messages.errors import BadRequest
 from subagents_node.messages.retention import MAX_PRUNED_PER_REQUEST, Prune, PruneResult
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
@@ -92,6 +99,9 @@ class RunRetention:
         self._armed_at: float | None = None
         self._cancel: Cancel = lambda: None
         self._remover = DirectoryRemover()
+        #: The prune requests of the open group: their reply, its answer once the group has
+        #: committed, and once a full disk has undone it (the directories went; rows stay).
+        self._answers: list[tuple[ReplyFn, PruneResult, PruneResult]] = []
 
     # -- the rule -----------------------------------------------------------------------------
 
@@ -122,27 +132,54 @@ class RunRetention:
         is_live: Callable[[str], bool],
         dry_run: bool = False,
         limit: int = MAX_PRUNED_PER_REQUEST,
-    ) -> tuple[list[str], bool]:
+    ) -> tuple[list[str], bool, bool]:
+        """The runs pruned (or to prune), whether more are due, and whether their rows were
+        deleted (False: a full disk kept them; their directories went all the same)."""
         victims, more = self.prunable(db, cutoff, is_live, limit)
         if dry_run or not victims:
-            return [run_id for run_id, _ in victims], more
+            return [run_id for run_id, _ in victims], more, False
         ids = [run_id for run_id, _ in victims]
-        marks = ", ".join("?" * len(ids))
-        for table in ("run_events", "run_children", "run_appends"):
-            db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", ids)
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name='children'").fetchone():
-            db.execute(f"DELETE FROM children WHERE run_id IN ({marks})", ids)
-        db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
-        directories = [Path(run_dir) for _, run_dir in victims]
-        self._after_commit(lambda: self._remover.remove(self._run_dirs(directories)))
+        deleted = self._delete_rows(db, ids)
+        # The directories go now, not after the commit: on a full disk that commit fails, and
+        # the space they free is what lets the next try delete the rows (their records show
+        # with no directory meanwhile, terminal runs all of them).
+        self._remover.remove(self._run_dirs([Path(run_dir) for _, run_dir in victims]))
+        if not deleted:
+            return ids, more, False
         self._announce(ids)
         log.info("pruned %d finished runs that ended before %.0f", len(ids), cutoff)
-        return ids, more
+        return ids, more, True
+
+    def _delete_rows(self, db: sqlite3.Connection, ids: list[str]) -> bool:
+        """Delete the runs' rows; False when the disk is too full for even that (the rows
+        stay). Raises when the full disk undid more than this (the whole open group)."""
+        marks = ", ".join("?" * len(ids))
+        db.execute("SAVEPOINT prune_rows")
+        try:
+            for table in ("run_events", "run_children", "run_appends"):
+                db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", ids)
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name='children'").fetchone():
+                db.execute(f"DELETE FROM children WHERE run_id IN ({marks})", ids)
+            db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
+        except sqlite3.Error as exc:
+            if store_full(exc, "supervisor") is None or not db.in_transaction:
+                raise  # nothing removed yet: the owner answers store_full, truthfully
+            db.execute("ROLLBACK TO prune_rows")
+            db.execute("RELEASE prune_rows")
+            return False
+        db.execute("RELEASE prune_rows")
+        return True
 
     def prune_request(
-        self, db: sqlite3.Connection, request: Prune, is_live: Callable[[str], bool]
-    ) -> PruneResult:
-        """runs.prune: finished runs past the cutoff."""
+        self,
+        db: sqlite3.Connection,
+        request: Prune,
+        is_live: Callable[[str], bool],
+        reply: ReplyFn | None = None,
+    ) -> Message:
+        """runs.prune: finished runs past the cutoff. Answered (`reply`) once the group has
+        committed, or once a full disk undid it: its directories are gone either way, and the
+        answer says whether their records went too (DEFERRED then)."""
         age = self.retention_s if request.older_than_s is None else request.older_than_s
         if request.older_than_s is None and age <= 0:
             raise BadRequest(
@@ -150,11 +187,32 @@ class RunRetention:
                 reason="retention_off",
             )
         cutoff = self._clock() - age
-        pruned, more = self.prune(db, cutoff, is_live, request.dry_run)
+        pruned, more, deleted = self.prune(db, cutoff, is_live, request.dry_run)
         orphans = self.sweep_orphans(db, cutoff, request.dry_run)
-        return PruneResult(
+        result = PruneResult(
             pruned=pruned, orphans=orphans, cutoff=cutoff, dry_run=request.dry_run, more=more
         )
+        if request.dry_run or not (pruned or orphans) or reply is None:
+            return result
+        # Directories went already: whatever the commit does, the answer must not be
+        # `store_full` ("changed nothing").
+        kept = result.model_copy(update={"pruned": [], "records_kept": pruned})
+        if not self._answers:
+            self._after_commit(self._answer_committed)
+        self._answers.append((reply, result if deleted else kept, kept))
+        return DEFERRED  # type: ignore[no-any-return]
+
+    def _answer_committed(self) -> None:
+        answers, self._answers = self._answers, []
+        for reply, committed, _ in answers:
+            reply(committed)
+
+    def undone(self) -> None:
+        """A full disk undid the group: the prunes in it removed their directories; their
+        records stay for the next prune. Each is told so (not `store_full`: something changed)."""
+        answers, self._answers = self._answers, []
+        for reply, _, kept in answers:
+            reply(kept)
 
     def sweep_orphans(
         self, db: sqlite3.Connection, cutoff: float, dry_run: bool = False
@@ -241,7 +299,7 @@ class RunRetention:
     def due(self, db: sqlite3.Connection, is_live: Callable[[str], bool]) -> None:
         self._armed_at = None
         now = self._clock()
-        _, more = self.prune(db, now - self.retention_s, is_live, limit=PASS_MAX)
+        _, more, _ = self.prune(db, now - self.retention_s, is_live, limit=PASS_MAX)
         self.sweep_orphans(db, now - self.retention_s)
         self.arm(db, not_before=now if more else now + RECHECK_S)
 

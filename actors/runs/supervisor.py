@@ -315,6 +315,7 @@ class RunSupervisor(OwnerActor):
         step). Stops it undid signalled nobody: the runs are not stopping. In a tick of its own:
         its writes need a group of their own."""
         self.unrecorded_stops.undo()
+        self._retention.undone()  # prunes: their directories went, their records stay
         keys = tuple(self._pipelines.dropped())
         settling = tuple(r for r, live in self._live.items() if live.settling or live.unstarted)
         for run_id in settling:
@@ -453,4 +454,5 @@ class RunSupervisor(OwnerActor):
 
     def _prune(self, request: Prune) -> Message:
         """runs.prune: finished runs past the cutoff (actors/runs/retention.py)."""
-        return self._retention.prune_request(self.db, request, self._live.__contains__)
+        live = self._live.__contains__
+        return self._retention.prune_request(self.db, request, live, self.current_reply)

@@ -57,17 +57,29 @@ class Age(click.ParamType):  # type: ignore[type-arg]  # generic only in click's
 @user_errors
 def prune(obj: Ctx, older_than: float | None, dry_run: bool, as_json: bool) -> None:
     """Remove finished runs (records and directories) past their retention, and run directories
-    that have no record (a refused launch's), untouched for as long and at least 10 minutes."""
+    that have no record (a refused launch's), untouched for as long and at least 10 minutes.
+
+    On a full disk the directories go first and the records stay (shown with no directory):
+    run prune again once there is space to delete them."""
     with obj.client() as client:
         result = client.ask(Prune(older_than_s=older_than, dry_run=dry_run), PruneResult)
     verb = "would prune" if dry_run else "pruned"
     lines = [f"{verb} {len(result.pruned)} finished runs"] + [f"  {r}" for r in result.pruned]
+    if result.records_kept and not result.pruned:
+        lines = []  # the one line below says what was done
     if result.orphans:
         lines.append(
             f"{'would remove' if dry_run else 'removed'} {len(result.orphans)} run "
             "directories that had no record"
         )
         lines += [f"  {name}" for name in result.orphans]
+    if result.records_kept:
+        lines.append(
+            f"the disk is full: removed the directories of {len(result.records_kept)} finished "
+            "runs; their records stay (shown with no directory) until prune runs again with "
+            "space"
+        )
+        lines += [f"  {r}" for r in result.records_kept]
     if result.more:
         lines.append("more runs are past the cutoff: run prune again")
     emit(result, as_json, "\n".join(lines))

@@ -225,6 +225,13 @@ def follow_logs(
     """The lines of a run's child logs (stdout and stderr, per child in order); with `follow`,
     keep streaming new lines as they are written until the run has ended."""
     run = client.runs.show(run_id)
+    if run.state in TERMINAL_RUN_STATES and not os.path.isdir(run.run_dir):
+        # Pruned on a full disk: its directory went first, its record stays until the next
+        # prune. Printing nothing would read as "the children wrote nothing".
+        raise BadRequest(
+            f"run {run.run_id} has no logs any more: its directory was pruned",
+            reason="run_dir_gone",
+        )
     chosen = {c.index for c in select_children(run, child)}
     files: dict[str, _LogFile] = {}
 
