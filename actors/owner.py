@@ -32,7 +32,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, ParamSpec
 
 import pykka
 
@@ -46,6 +46,9 @@ from subagents_node.actors.outcomes import ReplyFn as ReplyFn
 from subagents_node.messages.base import Ack, Message, Request
 from subagents_node.messages.errors import BadRequest, Internal, StoreFull, SubagentsError
 from subagents_node.messages.node import DebugRaise, DebugSleep, QuarantinedRecord
+
+#: The arguments of a callback `to_self` makes.
+P = ParamSpec("P")
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,15 @@ class OwnerActor(pykka.ThreadingActor):
         if ref.is_alive():
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(message)
+
+    def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
+        """A callback (run on another thread) that delivers the tick `make` builds to us."""
+        tell = self.tell_self
+
+        def deliver(*args: P.args, **kwargs: P.kwargs) -> None:
+            tell(make(*args, **kwargs))  # dropped once we have stopped: nobody to tell
+
+        return deliver
 
     def _inbox_empty(self) -> bool:
         if self._mailbox is not None:

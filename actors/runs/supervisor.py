@@ -36,7 +36,7 @@ import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import Any
 
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.inbox import DEFERRED, Tick
@@ -110,8 +110,6 @@ from subagents_node.messages.supervisor import (
 )
 
 log = logging.getLogger(__name__)
-
-P = ParamSpec("P")
 
 
 class RunSupervisor(OwnerActor):
@@ -353,15 +351,6 @@ class RunSupervisor(OwnerActor):
                 live_run = self._live.get(run_id)
                 if live_run is not None and live_run.stop_state is None:
                     self.stop_live(live_run, "failed", reason)
-
-    def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
-        """A callback (run on another thread) that delivers the tick `make` builds to us."""
-        tell = self.tell_self
-
-        def deliver(*args: P.args, **kwargs: P.kwargs) -> None:
-            tell(make(*args, **kwargs))  # dropped once we have stopped: nobody to tell
-
-        return deliver
 
     def _delivered(self, request: Request, outcome: Outcome) -> None:
         """An outbox row was answered for good (inside the transaction that deletes it)."""
