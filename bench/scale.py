@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench.common import REPO, markdown_table
 from bench.spawn import bare_popen, node_process
+from subagents_node.actors.child.shims import TEMPLATE_MODULE
 from subagents_node.client.client import Client
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 
@@ -111,7 +112,7 @@ def node_processes(node_pid: int) -> tuple[list[int], int]:
     for owner in children_of(node_pid):
         found.append(owner)
         for pid in children_of(owner):
-            if "shim" in _cmdline(pid):
+            if TEMPLATE_MODULE in _cmdline(pid):
                 template = pid
     return found, template
 
