@@ -17,7 +17,7 @@ import logging
 import sqlite3
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from subagents_node.actors.runs.recovery import read_recovery, write_recovery
 from subagents_node.messages.errors import RunNotResumable
@@ -26,7 +26,6 @@ from subagents_node.messages.supervisor import ChainStep
 
 log = logging.getLogger(__name__)
 
-_STEPS = TypeAdapter(list[ChainStep])
 #: Append records whose steps may not have joined their run: recorded, commit not answered.
 UNFINISHED = ("pending", "committing")
 
@@ -55,14 +54,24 @@ def committed(db: sqlite3.Connection, reservation_id: str) -> None:
     if row is None or row[0] is None:
         return  # pruned since, or recorded before records kept their steps
     try:
-        steps = _STEPS.validate_json(row[0])
+        steps = _steps_of(row[0])
         launch, descriptor = read_recovery(Path(row[2]), str(row[1]))
         extended = launch.model_copy(update={"chain": [*launch.chain, *steps]})
         write_recovery(Path(row[2]), extended, encode_descriptor(descriptor))
-    except (ValidationError, RunNotResumable, OSError) as exc:
+    except (ValueError, ValidationError, RunNotResumable, OSError) as exc:
         log.error(
             "append %s of run %s: its steps did not join recovery.json: %s",
             reservation_id,
             row[1],
             exc,
         )
+
+
+def _steps_of(body: str | bytes) -> list[ChainStep]:
+    """The steps an append record keeps, read with ChainStep's own validator: a TypeAdapter
+    built at import made every supervisor build (and hold, idle) a validator of its own,
+    about 2 MiB of pydantic-core pages per owner process."""
+    raw = json.loads(body)
+    if not isinstance(raw, list):
+        raise ValueError(f"an append record's steps are a list, not {type(raw).__name__}")
+    return [ChainStep.model_validate(step) for step in raw]
