@@ -256,6 +256,17 @@ sys.exit(int(sock.recv(64).decode().strip() or 3))
 """
 
 
+def _quiet_agents(tmp_path: Path) -> Path:
+    """An agents dir with `quiet`: a gate child that prints nothing (no log write to fail)."""
+    from tests.support.runs import write_agent
+
+    agents = tmp_path / "agents"
+    command = '["{python}", "{agent_dir}/q.py", "{task}"]'
+    write_agent(agents, "quiet", "A gate that prints nothing.", command)
+    (agents / "q.py").write_text(_QUIET_GATE)
+    return agents
+
+
 def test_a_child_that_ends_while_the_disk_is_full_settles_with_its_exit_status_once_space_returns(
     tiny_disk: Path, tmp_path: Path
 ) -> None:
@@ -263,13 +274,9 @@ def test_a_child_that_ends_while_the_disk_is_full_settles_with_its_exit_status_o
     record, and the supervisor's commit of its report fails (`store_full`). The shim took that
     answer for an acknowledgement (or died of the record's ENOSPC) and exited; the node then
     found it gone with no record and settled the child `failed`, exit status unknown."""
-    from tests.support.runs import Gate, launch_context, wait_until, write_agent
+    from tests.support.runs import Gate, launch_context, wait_until
 
-    agents = tmp_path / "agents"
-    write_agent(
-        agents, "quiet", "A gate that prints nothing.", '["{python}", "{agent_dir}/q.py", "{task}"]'
-    )
-    (agents / "q.py").write_text(_QUIET_GATE)
+    agents = _quiet_agents(tmp_path)
     gate = Gate(tmp_path)
     _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
     try:
@@ -298,12 +305,9 @@ def test_a_chain_whose_next_step_start_the_full_disk_undid_starts_it_once_space_
     Step 1 stayed in the supervisor's memory as running (its shim, forked only after a
     commit, never was) while the store said `pending`: the chain waited for it for good,
     holding its slot."""
-    from tests.support.runs import Gate, launch_context, write_agent
+    from tests.support.runs import Gate, launch_context
 
-    agents = tmp_path / "agents"
-    command = '["{python}", "{agent_dir}/q.py", "{task}"]'
-    write_agent(agents, "quiet", "A gate that prints nothing.", command)
-    (agents / "q.py").write_text(_QUIET_GATE)
+    agents = _quiet_agents(tmp_path)
     gate = Gate(tmp_path)
     _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
     try:
