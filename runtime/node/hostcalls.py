@@ -84,13 +84,15 @@ class HostCalls:
         self._links: dict[str, bytes] = {}
         self._calls: dict[str, _Call] = {}
         self._deadlines: list[tuple[float, str]] = []
+        #: The calls held for each worker, by id: a heartbeat looks at its worker's only (it
+        #: comes every second from each worker; the calls in flight may number thousands).
+        self._held: dict[str, set[str]] = {}
 
     def linked(self, name: str, routing_id: bytes) -> list[Outbound]:
         """Worker `name`'s home link answered a heartbeat on this connection: the long polls
         held for it go out now."""
         self._links[name] = routing_id
-        held = [i for i, c in self._calls.items() if c.host == name and c.held is not None]
-        return [self._onward(call_id) for call_id in held]
+        return [self._onward(call_id) for call_id in self._held.pop(name, ())]
 
     def send(
         self, request: Envelope, via: int, client: bytes, settle: Settle | None = None
@@ -122,6 +124,7 @@ class HostCalls:
         if hold_s is not None:
             assert isinstance(refusal, OwnerUnavailable)
             call.held = refusal
+            self._held.setdefault(host, set()).add(call_id)
             self._arm(call_id, hold_s)
             return None
         return self._onward(call_id)
@@ -178,6 +181,8 @@ class HostCalls:
             if not self._due(deadline, call_id):
                 continue
             call = self._calls.pop(call_id)
+            if call.held is not None:
+                self._held.get(call.host, set()).discard(call_id)
             err = call.held or OwnerUnavailable(
                 f"worker {call.host!r} did not answer {call.request.type} within "
                 f"{self._timeout_s:g}s",
