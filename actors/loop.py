@@ -199,17 +199,24 @@ class OwnerLoop:
         self._send()
 
     def _read(self, router: zmq.Socket[bytes]) -> None:
-        # Ask the socket whether more is waiting rather than receive until zmq.Again: an
-        # exception per pass costs more than the check on this hot path.
+        # The poll reported a message waiting, so the first needs no check; for each later one,
+        # ask the socket rather than receive until zmq.Again (an exception per pass costs more
+        # than the check). A ROUTER's routing id is always followed by a part, so only the
+        # parts after the first body part need the RCVMORE call (each costs a microsecond).
         taken = 0
-        for _ in range(READ_BATCH):
-            if taken >= READ_BATCH_BYTES or not int(router.getsockopt(_EVENTS)) & _POLLIN:
-                return
-            frames = [router.recv(_NOBLOCK)]
-            while router.getsockopt(_RCVMORE):
-                frames.append(router.recv(_NOBLOCK))
-            taken += len(frames[-1])
-            self._frame(frames)
+        try:
+            for n in range(READ_BATCH):
+                if taken >= READ_BATCH_BYTES or (
+                    n and not int(router.getsockopt(_EVENTS)) & _POLLIN
+                ):
+                    return
+                frames = [router.recv(_NOBLOCK), router.recv(_NOBLOCK)]
+                while router.getsockopt(_RCVMORE):
+                    frames.append(router.recv(_NOBLOCK))
+                taken += len(frames[-1])
+                self._frame(frames)
+        except zmq.Again:  # the poll's report was stale: nothing to read after all
+            return
 
     def _read_tcp(self, sock: zmq.Socket[bytes]) -> None:
         """Frames from authenticated tcp peers: each judged by its key's current standing."""
