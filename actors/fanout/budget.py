@@ -29,7 +29,7 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from subagents_node.actors import quarantine
 from subagents_node.actors.context import ActorContext
@@ -129,11 +129,10 @@ class FanoutBudget(OwnerActor):
 
     def claim(self, req: ClaimPaths) -> FanoutSnapshot:
         self._expire_due(self.ctx.clock())
-        before = self._manifest(req.descriptor)
         if not req.paths:
-            return before
-        self._admit(req.descriptor, req.paths, before, reservation_id=None)
-        return FanoutSnapshot.of(before.used + len(req.paths), before.limit)
+            return self._manifest(req.descriptor)
+        # _admit checks the manifest itself: the common claim reads nothing before it writes.
+        return self._admit(req.descriptor, req.paths, reservation_id=None)
 
     def reserve(self, req: ReservePaths) -> ReservationGrant:
         now = self.ctx.clock()
@@ -147,15 +146,14 @@ class FanoutBudget(OwnerActor):
             "VALUES (?, ?, ?, 'pending', ?, ?)",
             (reservation_id, req.descriptor.budget_id, len(req.paths), now, expires_at),
         )
-        if req.paths:
-            self._admit(req.descriptor, req.paths, before, reservation_id)
+        after = self._admit(req.descriptor, req.paths, reservation_id) if req.paths else before
         self._expiry.arm(expires_at)
         return ReservationGrant(
             reservation_id=reservation_id,
             budget_id=req.descriptor.budget_id,
             claims=len(req.paths),
             expires_at=expires_at,
-            snapshot=FanoutSnapshot.of(before.used + len(req.paths), before.limit),
+            snapshot=after,
         )
 
     def commit(self, req: CommitReservation) -> FanoutSnapshot:
@@ -271,11 +269,7 @@ class FanoutBudget(OwnerActor):
 
     def _manifest(self, descriptor: FanoutDescriptor) -> FanoutSnapshot:
         """R-FAN-3: the budget the descriptor names, if it matches its manifest; its snapshot."""
-        row = self.db.execute(
-            f"SELECT root_run_id, claim_limit, used, {schema.BUDGET_PROBLEM} FROM fanout_budgets "
-            "WHERE budget_id = ?",
-            (descriptor.budget_id,),
-        ).fetchone()
+        row = self.db.execute(schema.MANIFEST, (descriptor.budget_id,)).fetchone()
         if row is None:
             raise FanoutBudgetUnavailable.unknown(descriptor.budget_id)
         if row[3] is not None:
@@ -299,29 +293,23 @@ class FanoutBudget(OwnerActor):
         self,
         descriptor: FanoutDescriptor,
         paths: Sequence[str],
-        before: FanoutSnapshot,
         reservation_id: str | None,
-    ) -> None:
-        """R-FAN-13/16: add every claim of the batch, or none and raise the rejection."""
+    ) -> FanoutSnapshot:
+        """R-FAN-13/16: add every claim of the batch, or none and raise the rejection; the
+        budget's snapshot after the batch."""
         qualified = [qualify(descriptor.parent_path, p) for p in paths]
         n = len(qualified)
-        if n > before.remaining:
-            index = before.remaining if before.remaining < n else 0
-            raise FanoutLimitExceeded.of(
-                FanoutRejection(
-                    path=qualified[index],
-                    requested=n,
-                    used=before.used,
-                    limit=before.limit,
-                    remaining=before.remaining,
-                )
-            )
         budget_id = descriptor.budget_id
-        first, compacted = self.db.execute(
-            "UPDATE fanout_budgets SET used = used + ?, next_seq = next_seq + ? "
-            "WHERE budget_id = ? RETURNING next_seq - ?, claims_compacted_at",
-            (n, n, budget_id, n),
+        # One statement checks the manifest (R-FAN-3), the record's soundness and the room
+        # left, and takes the claims' sequence numbers; it changes nothing unless all hold.
+        row = self.db.execute(
+            schema.ADMIT, (n, n, budget_id, descriptor.root_run_id, descriptor.limit, n, n)
         ).fetchone()
+        if row is None:
+            # Refused: the manifest names the reason (unknown, quarantined, mismatched), else
+            # the batch does not fit.
+            self._refuse_batch(qualified, self._manifest(descriptor))
+        first, compacted, used, limit = row
         now = self.ctx.clock()
         if compacted is not None:
             # A tree that claims again after its claims were compacted: keep its new rows until
@@ -339,6 +327,24 @@ class FanoutBudget(OwnerActor):
             self.db.execute(schema.INSERT_CLAIM, rows[0])
         else:
             self.db.executemany(schema.INSERT_CLAIM, rows)
+        return FanoutSnapshot.of(int(used), int(limit))
+
+    @staticmethod
+    def _refuse_batch(qualified: Sequence[str], before: FanoutSnapshot) -> NoReturn:
+        """R-FAN-16: the rejection of a batch larger than the room left (numbers before it)."""
+        n = len(qualified)
+        if n <= before.remaining:  # ADMIT and the manifest disagree: a bug, never a refusal
+            raise RuntimeError(f"a batch of {n} was not admitted with {before.remaining} left")
+        index = before.remaining if before.remaining < n else 0
+        raise FanoutLimitExceeded.of(
+            FanoutRejection(
+                path=qualified[index],
+                requested=n,
+                used=before.used,
+                limit=before.limit,
+                remaining=before.remaining,
+            )
+        )
 
     def _snapshot_of(self, budget_id: str) -> FanoutSnapshot:
         used, limit, problem = self.db.execute(

@@ -71,6 +71,20 @@ BUDGET_CHECKS = (
     quarantine.integer("next_seq", 0),
 )
 BUDGET_PROBLEM = quarantine.problem(BUDGET_CHECKS)
+#: A budget's manifest, its count and what makes it unreadable (NULL: nothing).
+MANIFEST = (
+    f"SELECT root_run_id, claim_limit, used, {BUDGET_PROBLEM} FROM fanout_budgets "
+    "WHERE budget_id = ?"
+)
+#: A batch of n claims, admitted only when the descriptor matches its readable manifest and
+#: all n fit (R-FAN-3/13); it answers the first sequence number and the budget afterwards, or
+#: no row (nothing changed). Parameters: n, n, budget_id, root_run_id, limit, n, n.
+ADMIT = (
+    "UPDATE fanout_budgets SET used = used + ?, next_seq = next_seq + ? "
+    "WHERE budget_id = ? AND root_run_id = ? AND claim_limit = ? AND used + ? <= claim_limit "
+    f"AND {BUDGET_PROBLEM} IS NULL "
+    "RETURNING next_seq - ?, claims_compacted_at, used, claim_limit"
+)
 RESERVATION_CHECKS = (
     quarantine.text("budget_id"),
     quarantine.integer("claims", 0, MAX_LIMIT),

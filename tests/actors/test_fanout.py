@@ -352,6 +352,29 @@ def test_r_fan_13_claims_are_stored_once_each_under_their_qualified_paths(
     ) == [(3,)]
 
 
+def test_r_fan_13_a_refused_batch_leaves_the_count_and_the_sequence_where_they_were(
+    shared: Node, fanout: FanoutAPI
+) -> None:
+    desc = fanout.create("r1", 3)
+    fanout.claim(desc, ["a"])
+    wrong_root = desc.model_copy(update={"root_run_id": "r2"})
+    for refused, error in (
+        (desc, FanoutLimitExceeded),  # 3 do not fit in the 2 left
+        (wrong_root, FanoutDescriptorMismatch),
+        (desc.model_copy(update={"limit": 4}), FanoutDescriptorMismatch),
+    ):
+        with pytest.raises(error):
+            fanout.claim(refused, ["b", "c", "d"])
+    counts = "SELECT used, next_seq FROM fanout_budgets WHERE budget_id = ?"
+    assert stored(shared, counts, desc.budget_id) == [(1, 1)]
+    assert fanout.claim(desc, ["b", "c"]) == FanoutSnapshot(used=3, limit=3, remaining=0)
+    assert stored(
+        shared,
+        "SELECT seq, path FROM fanout_claims WHERE budget_id = ? ORDER BY seq",
+        desc.budget_id,
+    ) == [(0, "a"), (1, "b"), (2, "c")]
+
+
 def test_r_fan_14_claim_answers_the_snapshot_taken_after_its_claims(fanout: FanoutAPI) -> None:
     desc = fanout.create("r1", 4)
     assert fanout.claim(desc, ["a"]) == FanoutSnapshot(used=1, limit=4, remaining=3)
