@@ -11,7 +11,13 @@ from typing import Any
 import msgpack
 
 from subagents_node.messages.domains import MAX_BODY_DEPTH, MAX_WIRE_ITEMS
-from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
+from subagents_node.messages.envelope import (
+    ERROR,
+    PROTOCOL_VERSION,
+    REPLY,
+    Envelope,
+    new_message_id,
+)
 from subagents_node.messages.errors import (
     BadRequest,
     FrameTooLarge,
@@ -82,10 +88,25 @@ def peek_id(frame: bytes) -> str | None:
 
 def encode_answer(request: Envelope, outcome: Any, sender: str) -> bytes:
     """The frame answering `request` with `outcome`: a typed error as `{code, message,
-    details}`, else the result model's fields (every owner and the node answer this way)."""
+    details}`, else the result model's fields (every owner and the node answer this way).
+
+    The frame `encode(request.reply(...))` makes, header for header, built without the reply
+    Envelope in between: every answer of every owner passes here."""
     if isinstance(outcome, SubagentsError):
-        return encode(request.reply(ERROR, outcome.to_wire(), sender))
-    return encode(request.reply(REPLY, outcome.model_dump(mode="python"), sender))
+        type_, body = ERROR, outcome.to_wire()
+    else:
+        type_, body = REPLY, outcome.model_dump(mode="python")
+    header = {
+        "v": PROTOCOL_VERSION,
+        "id": new_message_id(),
+        "corr": request.id,
+        "sender": sender,
+        "target": request.sender,
+        "type": type_,
+        "body": body,
+    }
+    frame: bytes = msgpack.packb(header, use_bin_type=True)
+    return frame
 
 
 def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagents_node.messages.base import parse_result
-from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
+from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
 from subagents_node.messages.errors import (
     BadRequest,
@@ -100,6 +100,22 @@ def test_a_reply_is_correlated_to_the_request_id_and_addressed_to_its_sender() -
         "client-1",
         "node-1",
     )
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [Pong(node_id="n", version="1", pid=7, uptime_s=0.5), BadRequest("b", reason="schema")],
+    ids=["result", "error"],
+)
+def test_an_answer_frame_is_the_reply_envelope_encoded_header_for_header(outcome: Any) -> None:
+    request = Envelope(type="node.ping", body={}, sender="client-1", host="worker-1")
+    answer = msgpack.unpackb(encode_answer(request, outcome, "node-1"))
+    body = outcome.to_wire() if isinstance(outcome, SubagentsError) else outcome.model_dump()
+    kind = ERROR if isinstance(outcome, SubagentsError) else REPLY
+    expected = msgpack.unpackb(encode(request.reply(kind, body, "node-1")))
+    assert list(answer) == list(expected)  # the same keys in the same order
+    assert len(answer.pop("id")) == len(expected.pop("id")) == 24
+    assert answer == expected
 
 
 def test_message_ids_are_unique_and_short() -> None:
