@@ -86,7 +86,12 @@ class PeerFile:
         return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
     def changed(self) -> bool:
-        return self.current() != self.identity
+        # `current()` written out: this runs before every request on an ipc channel.
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return self.identity is not None
+        return (st.st_dev, st.st_ino, st.st_ctime_ns) != self.identity
 
 
 def outcome_of(request: Request, reply: Envelope) -> Message:
@@ -189,6 +194,7 @@ class Channel:
         self.generation = 0  # the transport's `reset` count when this channel was opened
         self.waiting: set[str] = set()
         self.arrived: dict[str, Envelope] = {}
+        self._rcvtimeo = -1  # the socket's RCVTIMEO in ms as last set (-1: zmq's default)
         #: Set once a fresh channel replaced this one: closed when its last waiter is done.
         self.on_retired: Callable[[Channel], None] | None = None
 
@@ -198,21 +204,17 @@ class Channel:
         else:
             close(self)
 
-    def send(self, env: Envelope) -> None:
-        frame = encode_request(env)  # FrameTooLarge, BadRequest before anything is sent
-        self.guard.enter()
-        terminated = False
-        try:
-            self.sock.send(frame)
-        except zmq.ContextTerminated:
-            terminated = True
-        finally:
-            self.guard.leave(terminated)
+    def write(self, env: Envelope) -> None:
+        """Put `env` on the socket. The caller is inside the guard's `enter` ... `leave` (the
+        transport opens or renews the channel and writes under one `enter`), and catches
+        zmq.ContextTerminated there. FrameTooLarge, BadRequest before anything is sent."""
+        self.sock.send(encode_request(env))
         self.waiting.add(env.id)
 
     def wait(self, corr: str, deadline: float, request: Request) -> Envelope:
+        arrived = self.arrived
         try:
-            while corr not in self.arrived:
+            while corr not in arrived:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     # The outcome is unknown (the request may have been applied), so this
@@ -224,35 +226,40 @@ class Channel:
                     )
                 # One blocking receive with a timeout: fewer calls (and system calls) per
                 # reply than poll-then-receive, which matters at tens of µs per call on VMs.
-                # A late reply (past PEER_CHECK_S) looks whether the owner restarted.
+                # A late reply (past PEER_CHECK_S) looks whether the owner restarted. Written
+                # out here rather than in helpers: this loop runs once per request.
                 late = self.peer is not None and remaining > PEER_CHECK_S
-                frame = self._receive_guarded(PEER_CHECK_S if late else remaining)
+                self.guard.enter()
+                terminated = False
+                try:
+                    frame = self._receive(PEER_CHECK_S if late else remaining)
+                except zmq.ContextTerminated:  # the client closed under this call (ctx.term())
+                    terminated = True
+                    frame = None
+                finally:
+                    self.guard.leave(terminated)  # NodeNotRunning once the client closed
                 if frame is not None:
-                    self._keep(frame)
-                elif late and corr not in self.arrived and self.peer and self.peer.changed():
+                    env = reply_envelope(frame)  # stale and garbled replies are dropped
+                    if env is not None and env.corr is not None and env.corr in self.waiting:
+                        arrived[env.corr] = env
+                elif late and corr not in arrived and self.peer and self.peer.changed():
                     raise _PeerRestarted
-            return self.arrived.pop(corr)
+            return arrived.pop(corr)
         finally:
             self.waiting.discard(corr)
             if self.on_retired is not None and not self.waiting:
                 self.on_retired(self)
 
-    def _receive_guarded(self, timeout_s: float) -> bytes | None:
-        """A reply frame, or None after `timeout_s`; NodeNotRunning once the client closed."""
-        self.guard.enter()
-        terminated = False
-        try:
-            return self._receive(timeout_s)
-        except zmq.ContextTerminated:  # the client closed under this call (ctx.term())
-            terminated = True
-            return None
-        finally:
-            self.guard.leave(terminated)
-
     def _receive(self, timeout_s: float) -> bytes | None:
+        """A reply frame, or None after `timeout_s` (inside the guard)."""
         if self.monitor is not None:
             return self._receive_watching(timeout_s)
-        self.sock.setsockopt(_RCVTIMEO, max(1, int(timeout_s * 1000)))
+        timeout_ms = max(1, int(timeout_s * 1000))
+        if timeout_ms != self._rcvtimeo:
+            # Only when it changes: a request with more than PEER_CHECK_S left always waits
+            # PEER_CHECK_S, and each setsockopt costs a lookup of the option in pyzmq.
+            self.sock.setsockopt(_RCVTIMEO, timeout_ms)
+            self._rcvtimeo = timeout_ms
         try:
             return self.sock.recv()
         except zmq.Again:
@@ -292,11 +299,3 @@ class Channel:
                     address=self.address,
                     reason="handshake",
                 )
-
-    def _keep(self, frame: bytes) -> None:
-        """File a reply under its correlation id; stale and garbled replies are dropped."""
-        env = reply_envelope(frame)
-        if env is None:
-            return
-        if env.corr is not None and env.corr in self.waiting:
-            self.arrived[env.corr] = env

@@ -171,19 +171,6 @@ class ZmqTransport:
             host=host,
         )
 
-    def _channel(self, target: str = "") -> Channel:
-        threads = self._thread_channels()
-        endpoint = self.endpoint_for(target)
-        threads.enter()  # NodeNotRunning once closed; from here on close() leaves these be
-        terminated = False
-        try:
-            return self._open_channel(threads, endpoint)
-        except zmq.ContextTerminated:  # closed from another thread while this one opened
-            terminated = True
-            raise
-        finally:
-            threads.leave(terminated)  # NodeNotRunning if the client closed meanwhile
-
     def _open_channel(self, threads: ThreadChannels, endpoint: str) -> Channel:
         channel = threads.current.get(endpoint)
         if channel is not None and (
@@ -243,16 +230,30 @@ class ZmqTransport:
         """Put `request` on this thread's channel to its owner (opened or renewed here).
 
         The one stat per request is the channel's check of its socket file: a file gone or
-        replaced opens a fresh channel, which checks the node is there (NodeNotRunning)."""
-        channel = self._channel(target or request.target)
-        env = Envelope(
-            type=request.type,
-            body=request.to_body(),
-            target=target or request.target,
-            sender=self._sender,
-            host=self.host,
-        )
-        channel.send(env)
+        replaced opens a fresh channel, which checks the node is there (NodeNotRunning). It
+        stays before every write: a write into a connection whose owner already restarted is
+        lost, and for a request that is not resendable that would be an unknown outcome.
+        Opening the channel and writing happen under one `enter` of the thread's guard."""
+        threads = self._thread_channels()
+        target = target or request.target
+        endpoint = self.endpoint_for(target)
+        threads.enter()  # NodeNotRunning once closed; from here on close() leaves these be
+        terminated = False
+        try:
+            channel = self._open_channel(threads, endpoint)
+            env = Envelope(
+                type=request.type,
+                body=request.to_body(),
+                target=target,
+                sender=self._sender,
+                host=self.host,
+            )
+            channel.write(env)
+        except zmq.ContextTerminated:  # closed from another thread during this call
+            terminated = True
+            raise
+        finally:
+            threads.leave(terminated)  # NodeNotRunning if the client closed meanwhile
         return channel, env
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
