@@ -6,7 +6,7 @@ frame with a typed error and carry on.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -116,21 +116,50 @@ def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     never msgpack's OverflowError (in a forwarding thread, that would end the thread)."""
     try:
         frame = encode(env)
-    except OverflowError:
-        field = _too_wide(env.body) or "body"
-        raise BadRequest(
-            f"invalid {env.type} request: {field}: an integer outside the 64-bit range the "
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise _unencodable(env.type, env.body, exc) from None
+    return _within(env.type, frame, max_bytes)
+
+
+def request_frame(
+    type_: str, body: dict[str, Any], id_: str, sender: str, target: str, host: str
+) -> bytes:
+    """`encode_request` of the Envelope these fields make (no correlation id), built without
+    the Envelope: a client's sync transport sends one per call and needs nothing else of it."""
+    header: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "id": id_,
+        "corr": None,
+        "sender": sender,
+        "target": target,
+        "type": type_,
+        "body": body,
+    }
+    if host:
+        header["host"] = host
+    try:
+        frame: bytes = msgpack.packb(header, use_bin_type=True)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise _unencodable(type_, body, exc) from None
+    return _within(type_, frame, MAX_FRAME_BYTES)
+
+
+def _unencodable(type_: str, body: dict[str, Any], exc: Exception) -> BadRequest:
+    if isinstance(exc, OverflowError):
+        field = _too_wide(body) or "body"
+        return BadRequest(
+            f"invalid {type_} request: {field}: an integer outside the 64-bit range the "
             "wire carries",
             reason="schema",
             field=field,
-        ) from None
-    except (ValueError, TypeError) as exc:
-        raise BadRequest(
-            f"{env.type} holds a value the wire cannot carry ({exc})", reason="unencodable"
-        ) from None
+        )
+    return BadRequest(f"{type_} holds a value the wire cannot carry ({exc})", reason="unencodable")
+
+
+def _within(type_: str, frame: bytes, max_bytes: int) -> bytes:
     if len(frame) > max_bytes:
         raise FrameTooLarge(
-            f"{env.type} would be a frame of {len(frame)} bytes, over the {max_bytes}-byte "
+            f"{type_} would be a frame of {len(frame)} bytes, over the {max_bytes}-byte "
             "limit; send it in smaller parts",
             size=len(frame),
             limit=max_bytes,
@@ -139,6 +168,36 @@ def encode_request(env: Envelope, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
 
 
 def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
+    raw = _checked(frame, max_bytes)
+    return Envelope(
+        type=raw["type"],
+        body=raw.get("body", {}),
+        target=raw.get("target", ""),
+        id=raw["id"],
+        corr=raw.get("corr"),
+        sender=raw.get("sender", ""),
+        host=raw.get("host", ""),
+        v=raw["v"],
+    )
+
+
+class Reply(NamedTuple):
+    """What a client reads of a reply frame: the request it answers, its type, its body."""
+
+    corr: str | None
+    type: str
+    body: dict[str, Any]
+
+
+def decode_reply(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Reply:
+    """`decode`, checks and errors the same, keeping only what a client matches and reads
+    (a sync client decodes one per call; an Envelope costs more to build than this)."""
+    raw = _checked(frame, max_bytes)
+    return Reply(raw.get("corr"), raw["type"], raw.get("body", {}))
+
+
+def _checked(frame: bytes, max_bytes: int) -> dict[str, Any]:
+    """The frame's map, once its size, msgpack, protocol version and header are checked."""
     if len(frame) > max_bytes:
         raise FrameTooLarge(
             f"frame of {len(frame)} bytes exceeds the {max_bytes}-byte limit",
@@ -190,16 +249,7 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
         # Before any model sees it: validating (and reporting) a deep value costs time and
         # memory in proportion to its depth times its width.
         raise MalformedFrame(f"body is nested deeper than {MAX_BODY_DEPTH} levels", reason="depth")
-    return Envelope(
-        type=raw["type"],
-        body=body,
-        target=raw.get("target", ""),
-        id=raw["id"],
-        corr=corr,
-        sender=raw.get("sender", ""),
-        host=raw.get("host", ""),
-        v=version,
-    )
+    return raw
 
 
 def _deeper_than(body: dict[str, Any], limit: int) -> bool:

@@ -28,7 +28,7 @@ import zmq
 
 from subagents_node.client.curve import HANDSHAKE_REFUSED
 from subagents_node.messages.base import Message, Request, parse_result, resendable
-from subagents_node.messages.codec import decode, encode_request
+from subagents_node.messages.codec import Reply, decode, decode_reply
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
     NodeTimeout,
@@ -94,7 +94,7 @@ class PeerFile:
         return (st.st_dev, st.st_ino, st.st_ctime_ns) != self.identity
 
 
-def outcome_of(request: Request, reply: Envelope) -> Message:
+def outcome_of(request: Request, reply: Envelope | Reply) -> Message:
     """The typed result a reply carries, or its typed error raised."""
     if reply.type == ERROR:
         raise SubagentsError.from_wire(reply.body)
@@ -125,7 +125,7 @@ class ChannelSender(Protocol):
 
     A protocol, not the transport itself, so this module never imports the transport."""
 
-    def send(self, request: Request, target: str = "") -> tuple[Channel, Envelope]: ...
+    def send(self, request: Request, target: str = "") -> tuple[Channel, str]: ...
 
 
 class PendingReply:
@@ -138,13 +138,13 @@ class PendingReply:
     """
 
     def __init__(
-        self, transport: ChannelSender, channel: Channel, request: Request, env: Envelope
+        self, transport: ChannelSender, channel: Channel, request: Request, msg_id: str, target: str
     ) -> None:
         self._transport = transport
         self._channel = channel
         self.request = request
-        self.target = env.target
-        self.id = env.id
+        self.target = target
+        self.id = msg_id
         self.resent = 0
 
     def result(self, timeout: float) -> Message:
@@ -163,8 +163,7 @@ class PendingReply:
                         address=self._channel.address,
                         reason="owner_restarted",
                     ) from None
-                self._channel, env = self._transport.send(self.request, self.target)
-                self.id = env.id
+                self._channel, self.id = self._transport.send(self.request, self.target)
                 self.resent += 1
                 continue
             return outcome_of(self.request, reply)
@@ -193,7 +192,7 @@ class Channel:
         self.thread_id = threading.get_ident()
         self.generation = 0  # the transport's `reset` count when this channel was opened
         self.waiting: set[str] = set()
-        self.arrived: dict[str, Envelope] = {}
+        self.arrived: dict[str, Reply] = {}
         self._rcvtimeo = -1  # the socket's RCVTIMEO in ms as last set (-1: zmq's default)
         #: Set once a fresh channel replaced this one: closed when its last waiter is done.
         self.on_retired: Callable[[Channel], None] | None = None
@@ -204,14 +203,14 @@ class Channel:
         else:
             close(self)
 
-    def write(self, env: Envelope) -> None:
-        """Put `env` on the socket. The caller is inside the guard's `enter` ... `leave` (the
-        transport opens or renews the channel and writes under one `enter`), and catches
-        zmq.ContextTerminated there. FrameTooLarge, BadRequest before anything is sent."""
-        self.sock.send(encode_request(env))
-        self.waiting.add(env.id)
+    def write(self, frame: bytes, msg_id: str) -> None:
+        """Put a request's frame on the socket and wait for replies to `msg_id`. The caller is
+        inside the guard's `enter` ... `leave` (the transport opens or renews the channel and
+        writes under one `enter`), and catches zmq.ContextTerminated there."""
+        self.sock.send(frame)
+        self.waiting.add(msg_id)
 
-    def wait(self, corr: str, deadline: float, request: Request) -> Envelope:
+    def wait(self, corr: str, deadline: float, request: Request) -> Reply:
         arrived = self.arrived
         try:
             while corr not in arrived:
@@ -239,9 +238,12 @@ class Channel:
                 finally:
                     self.guard.leave(terminated)  # NodeNotRunning once the client closed
                 if frame is not None:
-                    env = reply_envelope(frame)  # stale and garbled replies are dropped
-                    if env is not None and env.corr is not None and env.corr in self.waiting:
-                        arrived[env.corr] = env
+                    try:
+                        reply = decode_reply(frame, MAX_REPLY)
+                    except SubagentsError:  # garbled: it cannot be matched to anything
+                        continue
+                    if reply.corr is not None and reply.corr in self.waiting:  # else stale
+                        arrived[reply.corr] = reply
                 elif late and corr not in arrived and self.peer and self.peer.changed():
                     raise _PeerRestarted
             return arrived.pop(corr)

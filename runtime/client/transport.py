@@ -51,7 +51,8 @@ from subagents_node.client.paths import OWNER_SOCKETS, SOCKET_NAME, check_endpoi
 from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.client.thread_channels import ThreadAnchor, ThreadChannels
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.envelope import Envelope
+from subagents_node.messages.codec import request_frame
+from subagents_node.messages.envelope import new_message_id
 from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning
 
 
@@ -223,17 +224,18 @@ class ZmqTransport:
 
     def submit(self, request: Request, target: str = "") -> PendingReply:
         """Put `request` on the wire now; resolve the returned PendingReply later, same thread."""
-        channel, env = self.send(request, target)
-        return PendingReply(self, channel, request, env)
+        channel, msg_id = self.send(request, target)
+        return PendingReply(self, channel, request, msg_id, target or request.target)
 
-    def send(self, request: Request, target: str = "") -> tuple[Channel, Envelope]:
+    def send(self, request: Request, target: str = "") -> tuple[Channel, str]:
         """Put `request` on this thread's channel to its owner (opened or renewed here).
 
         The one stat per request is the channel's check of its socket file: a file gone or
         replaced opens a fresh channel, which checks the node is there (NodeNotRunning). It
         stays before every write: a write into a connection whose owner already restarted is
         lost, and for a request that is not resendable that would be an unknown outcome.
-        Opening the channel and writing happen under one `enter` of the thread's guard."""
+        Opening the channel and writing happen under one `enter` of the thread's guard.
+        Returns the channel and the request's message id (its replies' correlation id)."""
         threads = self._thread_channels()
         target = target or request.target
         endpoint = self.endpoint_for(target)
@@ -241,20 +243,17 @@ class ZmqTransport:
         terminated = False
         try:
             channel = self._open_channel(threads, endpoint)
-            env = Envelope(
-                type=request.type,
-                body=request.to_body(),
-                target=target,
-                sender=self._sender,
-                host=self.host,
-            )
-            channel.write(env)
+            msg_id = new_message_id()
+            body = request.to_body()
+            # FrameTooLarge, BadRequest before anything is sent
+            frame = request_frame(request.type, body, msg_id, self._sender, target, self.host)
+            channel.write(frame, msg_id)
         except zmq.ContextTerminated:  # closed from another thread during this call
             terminated = True
             raise
         finally:
             threads.leave(terminated)  # NodeNotRunning if the client closed meanwhile
-        return channel, env
+        return channel, msg_id
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
         return self.submit(request, target).result(timeout)

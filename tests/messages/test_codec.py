@@ -12,7 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagents_node.messages.base import parse_result
-from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
+from subagents_node.messages.codec import (
+    MAX_FRAME_BYTES,
+    decode,
+    decode_reply,
+    encode,
+    encode_answer,
+    encode_request,
+    peek_id,
+    request_frame,
+)
 from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, REPLY, Envelope
 from subagents_node.messages.errors import (
     BadRequest,
@@ -236,6 +245,39 @@ def test_decoding_arbitrary_bytes_raises_nothing_but_bad_request(raw: bytes) -> 
 def test_decoding_arbitrary_maps_raises_nothing_but_bad_request(raw: dict[str, Any]) -> None:
     with contextlib.suppress(BadRequest):
         decode(msgpack.packb(raw, use_bin_type=True))
+
+
+def _outcome(function: Any, argument: Any) -> Any:
+    try:
+        return ("ok", function(argument))
+    except BadRequest as err:
+        return (type(err), err.message, err.details)
+
+
+@given(st.dictionaries(st.sampled_from(["v", "id", "type", "corr", "sender", "body"]), values))
+def test_a_clients_reply_decoder_accepts_and_refuses_exactly_what_decode_does(
+    raw: dict[str, Any],
+) -> None:
+    """decode_reply (the sync client's, without an Envelope) runs decode's checks unchanged."""
+    frame_ = msgpack.packb({"v": PROTOCOL_VERSION, "id": "r1", "type": REPLY, **raw})
+    full, light = _outcome(decode, frame_), _outcome(decode_reply, frame_)
+    if full[0] == "ok":
+        env = full[1]
+        assert light == ("ok", (env.corr, env.type, env.body))
+    else:
+        assert light == full
+
+
+def test_a_request_frame_built_from_parts_is_the_frame_of_its_envelope() -> None:
+    for host in ("", "w1"):
+        env = Envelope(type="node.ping", body={"a": [1]}, target="fanout", sender="c", host=host)
+        parts = (env.type, env.body, env.id, env.sender, env.target, env.host)
+        assert request_frame(*parts) == encode_request(env)
+    for body in ({"n": 1 << 70}, {"s": {1, 2}}, {"x": "y" * MAX_FRAME_BYTES}):
+        env = Envelope(type="node.ping", body=body)
+        parts = (env.type, env.body, env.id, env.sender, env.target, env.host)
+        from_parts = _outcome(lambda p: request_frame(*p), parts)
+        assert from_parts == _outcome(encode_request, env)
 
 
 # -- peek_id --------------------------------------------------------------------------------------
