@@ -12,8 +12,7 @@ This module owns that protocol only; it must never do I/O itself.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Generic, NamedTuple, TypeAlias, TypeVar
 
 from subagents_node.messages.base import Message, Request, validate_request
 
@@ -22,10 +21,10 @@ T = TypeVar("T")
 Q = TypeVar("Q", bound=Request)
 
 
-@dataclass(frozen=True)
-class Ask(Generic[R]):
+class Ask(NamedTuple, Generic[R]):
     """One request of a plan, the result type it must answer with, and its own timeout
-    (None: the client's)."""
+    (None: the client's). A named tuple: one is made per request, at half the cost of a
+    frozen dataclass."""
 
     request: Request
     result: type[R]
