@@ -2,9 +2,9 @@
 
 Owns the shape of that seam: how an owner opens its store, reports a crash or the records it
 quarantined, schedules a timer (and `Cancel`, the call that takes one back), reads the clock,
-the fault switch and its settings, sends a request to another owner, and keeps its children's
-log files under the node's cap. The runtime fills it in (runtime/node/ownerproc.py), a unit
-test with its own doubles.
+the fault switch and its settings, sends a request to another owner, keeps its children's
+log files under the node's cap, and hears of each commit. The runtime fills it in
+(runtime/node/ownerproc.py), a unit test with its own doubles.
 
 It holds no state and implements none of these calls; like everything in actors/, it never
 imports runtime/.
@@ -50,3 +50,6 @@ class ActorContext:
     cap_log: Callable[[str], Callable[[], None]] | None = None
     #: Hands the log watches taken since the last call to the cap's thread (once per group).
     cap_flush: Callable[[], None] | None = None
+    #: Told after each commit of the owner's store (the runtime checkpoints the WAL off the
+    #: owner's thread: runtime/node/checkpointer.py).
+    on_commit: Callable[[], None] | None = None

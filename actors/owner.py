@@ -348,6 +348,8 @@ class OwnerActor(pykka.ThreadingActor):
         if self._db is not None and self._db.in_transaction:
             try:
                 self._db.commit()
+                if self.ctx.on_commit is not None:
+                    self.ctx.on_commit()
             except sqlite3.Error as exc:
                 full = store_full(exc, self.name)
                 with contextlib.suppress(sqlite3.Error):

@@ -16,6 +16,7 @@ pytest's machinery, the parent's zmq context) runs twice.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import json
 import logging
@@ -189,6 +190,7 @@ def _become_owner(spec: OwnerSpec) -> None:
 
 def _serve(spec: OwnerSpec, control: _Control) -> None:
     # Imported here, not at the top: the store module is the node's, and only owners open it.
+    from subagents_node.node.checkpointer import BACKSTOP_PAGES, WalCheckpointer
     from subagents_node.node.store import Store
 
     cls = owners.actor_class(spec.name)
@@ -217,8 +219,9 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     def report_quarantine(name: str, records: Sequence[QuarantinedRecord]) -> None:
         control.say("quarantine", records=[r.model_dump(mode="json") for r in records])
 
+    checkpointer = WalCheckpointer(store.connect, spec.name)
     ctx = ActorContext(
-        open_db=store.connect,
+        open_db=functools.partial(store.connect, autocheckpoint=BACKSTOP_PAGES),
         report_crash=report_crash,
         report_quarantine=report_quarantine,
         schedule=timers.schedule,
@@ -227,6 +230,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         dispatch=links.send,
         cap_log=log_cap.watch if log_cap is not None else None,
         cap_flush=log_cap.flush if log_cap is not None else None,
+        on_commit=checkpointer.committed,
     )
     actor = cls(ctx)
     # What the node and this owner's start-up made (modules, schemas, the actor) lives as long
@@ -255,6 +259,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         loop.run(on_ready=lambda: control.say("ready", pid=os.getpid()))
     finally:
         timers.stop()
+        checkpointer.stop()
         if log_cap is not None:
             log_cap.stop()
         zctx.term()

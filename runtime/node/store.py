@@ -25,13 +25,17 @@ class Store:
         self.path = path
         self.synchronous = synchronous
 
-    def connect(self) -> sqlite3.Connection:
-        """A new connection for one owner thread. Autocommit mode: owners BEGIN explicitly."""
+    def connect(self, autocheckpoint: int | None = None) -> sqlite3.Connection:
+        """A new connection for one owner thread. Autocommit mode: owners BEGIN explicitly.
+        `autocheckpoint`: the WAL pages past which a commit checkpoints (None: SQLite's own
+        1,000; an owner whose WAL a WalCheckpointer keeps short sets a backstop)."""
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("PRAGMA foreign_keys=ON")
+            if autocheckpoint is not None:
+                conn.execute(f"PRAGMA wal_autocheckpoint={int(autocheckpoint)}")
         except sqlite3.Error as exc:
             self._raise_if_full(exc)
             raise StoreError(f"cannot open the state database {self.path}: {exc}") from exc
