@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 #: 4 KiB pages), far past what this thread lets a WAL grow to while its owner pauses at times.
 BACKSTOP_PAGES = 8192
 #: Commits between two checkpoints. A claim's commit writes ~3 pages: ~800 pages a time, about
-#: SQLite's own 1,000, so the WAL stays as short as it was; a supervisor's commits are larger,
-#: and stay well under the backstop. (Every 128 or 512 commits read the same in the bench.)
+#: SQLite's own 1,000, so the WAL stays as short as it was (a supervisor's commits are larger:
+#: its WAL grows further between two, and the backstop bounds it). Every 128 or 512 commits
+#: read the same in the bench.
 EVERY_COMMITS = 256
 
 
@@ -61,11 +62,6 @@ class WalCheckpointer:
         if self._commits >= self._every:
             self._commits = 0
             self._due.set()
-
-    def checkpoint_soon(self) -> None:
-        """Checkpoint now, whatever the count (a test, or an owner that has just gone idle)."""
-        self._commits = 0
-        self._due.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Let a checkpoint under way finish, then end the thread and close its connection."""
