@@ -86,12 +86,7 @@ class PeerFile:
         return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
     def changed(self) -> bool:
-        # `current()` written out: this runs before every request on an ipc channel.
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return self.identity is not None
-        return (st.st_dev, st.st_ino, st.st_ctime_ns) != self.identity
+        return self.current() != self.identity
 
 
 def outcome_of(request: Request, reply: Envelope | Reply) -> Message:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +111,6 @@ class Harness:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    h = Harness()
-    yield h
-    h.close()
-
-
 def read_fifo(path: Path, timeout: float = WAIT_S) -> str:
     got: list[str] = []
     done = threading.Event()
@@ -178,35 +170,35 @@ def test_the_shim_template_imports_neither_pydantic_pykka_nor_sqlite() -> None:
 
 
 def test_an_order_the_template_cannot_read_ends_one_shim_and_the_template_serves_on(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """The shim parses its order (the template makes no objects between forks): a line that
     is not an order costs that one fork, not the template and the orders after it."""
-    spec = harness.spec("c-after", [PY, "-c", "pass"])
+    spec = shim_harness.spec("c-after", [PY, "-c", "pass"])
     Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
-    proc = harness.template._ensure()  # started, as for a first order
+    proc = shim_harness.template._ensure()  # started, as for a first order
     assert proc.stdin is not None
     proc.stdin.write(b"not an order\n")
     proc.stdin.flush()
-    harness.start(spec)
-    assert harness.until("tree_ended").exit_code == 0
-    assert harness.template.pid == proc.pid and proc.poll() is None
+    shim_harness.start(spec)
+    assert shim_harness.until("tree_ended").exit_code == 0
+    assert shim_harness.template.pid == proc.pid and proc.poll() is None
 
 
 # -- exits -----------------------------------------------------------------------------------
 
 
 def test_r_ext_3_exit_0_is_reported_started_then_tree_ended_in_sequence(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """A child that leaves no descendant: its exit and its tree's end are one report."""
-    spec = harness.spec("c1", [PY, "-c", "print('  hello  ')"])
-    harness.start(spec)
-    started = harness.until("started")
+    spec = shim_harness.spec("c1", [PY, "-c", "print('  hello  ')"])
+    shim_harness.start(spec)
+    started = shim_harness.until("started")
     assert started.pid is not None and started.identity_start is not None
-    ended = harness.until("tree_ended")
+    ended = shim_harness.until("tree_ended")
     assert [started.seq, ended.seq] == [1, 2]
-    assert [r.kind for r in harness.reports] == ["started", "tree_ended"]
+    assert [r.kind for r in shim_harness.reports] == ["started", "tree_ended"]
     assert (ended.exit_code, ended.signal, ended.tree_ended) == (0, None, True)
     assert Path(spec.stdout_path).read_text() == "  hello  \n"  # stdout straight to the log
     wait_gone(started.shim_pid)  # every report acknowledged: the shim exits
@@ -214,69 +206,73 @@ def test_r_ext_3_exit_0_is_reported_started_then_tree_ended_in_sequence(
 
 @pytest.mark.parametrize(("argv_tail", "code", "signum"), [("exit(3)", 3, None), ("kill", None, 9)])
 def test_r_ext_3_the_shim_as_parent_sees_the_exact_exit_code_or_signal(
-    harness: Harness, argv_tail: str, code: int | None, signum: int | None
+    shim_harness: Harness, argv_tail: str, code: int | None, signum: int | None
 ) -> None:
     script = (
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
         if argv_tail == "kill"
         else ("import sys; sys.exit(3)")
     )
-    spec = harness.spec("c1", [PY, "-c", script])
-    harness.start(spec)
-    ended = harness.until("tree_ended")
+    spec = shim_harness.spec("c1", [PY, "-c", script])
+    shim_harness.start(spec)
+    ended = shim_harness.until("tree_ended")
     assert (ended.exit_code, ended.signal) == (code, signum)
 
 
 def test_r_run_5_the_exit_record_is_durable_before_the_report_that_tells_of_it(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
-    argv, fifo = sleeper(harness, "seconds=0 daemon=1 exit=5")
-    spec = harness.spec("c1", argv)
-    harness.start(spec)
+    argv, fifo = sleeper(shim_harness, "seconds=0 daemon=1 exit=5")
+    spec = shim_harness.spec("c1", argv)
+    shim_harness.start(spec)
     read_fifo(fifo)
-    harness.until("exited")  # the daemon keeps the tree alive: the exit is reported alone
+    shim_harness.until("exited")  # the daemon keeps the tree alive: the exit is reported alone
     record = exit_record(spec)  # read while the report is only just received
     assert record["exit_code"] == 5 and record["tree_ended"] is False
-    harness.until("tree_ended")
+    shim_harness.until("tree_ended")
     record = exit_record(spec)
     assert record["tree_ended"] is True and record["exit_code"] == 5
     assert not [p for p in os.listdir(spec.records) if p.endswith(".tmp")]
 
 
-def test_child_reads_its_stdin_file_and_gets_the_given_env_and_cwd(harness: Harness) -> None:
-    stdin = harness.dir / "task.txt"
+def test_child_reads_its_stdin_file_and_gets_the_given_env_and_cwd(shim_harness: Harness) -> None:
+    stdin = shim_harness.dir / "task.txt"
     stdin.write_text("the task")
-    work = harness.dir / "work"
+    work = shim_harness.dir / "work"
     work.mkdir()
     script = "import os, sys; print(sys.stdin.read(), os.environ['X_TEST'], os.getcwd())"
-    spec = harness.spec(
+    spec = shim_harness.spec(
         "c1", [PY, "-c", script], stdin_path=str(stdin), cwd=str(work), env={"X_TEST": "42"}
     )
-    harness.start(spec)
-    assert harness.until("tree_ended").exit_code == 0
+    shim_harness.start(spec)
+    assert shim_harness.until("tree_ended").exit_code == 0
     assert Path(spec.stdout_path).read_text().split() == ["the", "task", "42", str(work)]
 
 
-def test_child_without_a_stdin_file_reads_dev_null(harness: Harness) -> None:
-    spec = harness.spec("c1", [PY, "-c", "import sys; print(repr(sys.stdin.read()))"])
-    harness.start(spec)
-    harness.until("tree_ended")
+def test_child_without_a_stdin_file_reads_dev_null(shim_harness: Harness) -> None:
+    spec = shim_harness.spec("c1", [PY, "-c", "import sys; print(repr(sys.stdin.read()))"])
+    shim_harness.start(spec)
+    shim_harness.until("tree_ended")
     assert Path(spec.stdout_path).read_text().strip() == "''"
 
 
 @pytest.mark.parametrize("case", ["missing-command", "cwd-gone", "not-executable"])
 def test_r_run_5_spawn_failure_is_reported_not_started_with_one_line_naming_the_cause(
-    harness: Harness, case: str
+    shim_harness: Harness, case: str
 ) -> None:
-    not_executable = harness.dir / "tool.sh"
+    not_executable = shim_harness.dir / "tool.sh"
     not_executable.write_text("#!/bin/sh\n")
     argv, cwd, words = {
-        "missing-command": (["/nonexistent/agent-cli"], str(harness.dir), "/nonexistent/agent-cli"),
-        "cwd-gone": ([PY, "-c", "pass"], str(harness.dir / "gone"), "working directory"),
-        "not-executable": ([str(not_executable)], str(harness.dir), "Permission denied"),
+        "missing-command": (
+            ["/nonexistent/agent-cli"],
+            str(shim_harness.dir),
+            "/nonexistent/agent-cli",
+        ),
+        "cwd-gone": ([PY, "-c", "pass"], str(shim_harness.dir / "gone"), "working directory"),
+        "not-executable": ([str(not_executable)], str(shim_harness.dir), "Permission denied"),
     }[case]
-    harness.start(harness.spec("c1", argv, cwd=cwd))
-    report = harness.report()
+    shim_harness.start(shim_harness.spec("c1", argv, cwd=cwd))
+    report = shim_harness.report()
     assert report.kind == "not_started" and report.pid is None
     assert report.error is not None and words in report.error and "\n" not in report.error
 
@@ -285,66 +281,66 @@ def test_r_run_5_spawn_failure_is_reported_not_started_with_one_line_naming_the_
 
 
 def test_r_ext_3_deadline_kills_the_whole_tree_including_a_grandchild_that_ignores_term(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
-    argv, fifo = sleeper(harness, "seconds=60 grandchild=1 ignore_term=1")
-    harness.start(harness.spec("c1", argv, deadline_s=0.5, grace_s=0.3))
-    harness.until("started")
+    argv, fifo = sleeper(shim_harness, "seconds=60 grandchild=1 ignore_term=1")
+    shim_harness.start(shim_harness.spec("c1", argv, deadline_s=0.5, grace_s=0.3))
+    shim_harness.until("started")
     leader, grandchild = (int(p) for p in read_fifo(fifo).split())
-    ended = harness.until("tree_ended")
+    ended = shim_harness.until("tree_ended")
     assert ended.ended_by == "deadline" and ended.signal == signal.SIGKILL
     for pid in (leader, grandchild):
         wait_gone(pid)
 
 
 def test_r_ext_3_stop_is_sigterm_to_the_shim_and_ends_the_group_with_term(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
-    argv, fifo = sleeper(harness, "seconds=60 grandchild=1")
-    harness.start(harness.spec("c1", argv, grace_s=5))
-    started = harness.until("started")
+    argv, fifo = sleeper(shim_harness, "seconds=60 grandchild=1")
+    shim_harness.start(shim_harness.spec("c1", argv, grace_s=5))
+    started = shim_harness.until("started")
     read_fifo(fifo)
     assert signal_shim(ProcessIdentity(started.shim_pid, started.shim_start))
-    ended = harness.until("tree_ended")
+    ended = shim_harness.until("tree_ended")
     assert (ended.ended_by, ended.signal) == ("stop", signal.SIGTERM)
 
 
-def test_leader_exit_ends_members_of_its_group_that_outlive_it(harness: Harness) -> None:
-    spec = harness.spec("c1", ["sh", "-c", "sleep 60 & echo $!; exit 0"], grace_s=0.3)
-    harness.start(spec)
-    ended = harness.until("tree_ended")
+def test_leader_exit_ends_members_of_its_group_that_outlive_it(shim_harness: Harness) -> None:
+    spec = shim_harness.spec("c1", ["sh", "-c", "sleep 60 & echo $!; exit 0"], grace_s=0.3)
+    shim_harness.start(spec)
+    ended = shim_harness.until("tree_ended")
     assert ended.exit_code == 0
     grandchild = int(Path(spec.stdout_path).read_text())
     assert procfs.start_time_of(grandchild) is None
 
 
 def test_a_setsid_daemon_keeps_the_tree_alive_until_it_ends_and_stop_kills_it(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """The daemon escapes the child's process group, not its subreaper: the shim reports the
     child's exit, but `tree_ended` only once the daemon is gone too (here: stopped)."""
-    argv, fifo = sleeper(harness, "seconds=0 daemon=60")
-    harness.start(harness.spec("c1", argv, grace_s=0.3))
-    started = harness.until("started")
+    argv, fifo = sleeper(shim_harness, "seconds=0 daemon=60")
+    shim_harness.start(shim_harness.spec("c1", argv, grace_s=0.3))
+    started = shim_harness.until("started")
     _, _, daemon = (int(p) for p in read_fifo(fifo).split())
-    assert harness.until("exited").exit_code == 0
-    assert harness.router is not None and not harness.router.poll(500)  # no tree end yet
+    assert shim_harness.until("exited").exit_code == 0
+    assert shim_harness.router is not None and not shim_harness.router.poll(500)  # no tree end yet
     assert procfs.start_time_of(daemon) is not None
     assert signal_shim(ProcessIdentity(started.shim_pid, started.shim_start))
-    ended = harness.until("tree_ended")
+    ended = shim_harness.until("tree_ended")
     assert ended.ended_by == "stop" and ended.exit_code == 0
     wait_gone(daemon)
 
 
 def test_a_daemon_that_ends_by_itself_ends_the_tree_with_the_childs_exit_status(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
-    argv, fifo = sleeper(harness, "seconds=0 daemon=1 exit=4")
-    harness.start(harness.spec("c1", argv))
-    harness.until("started")
+    argv, fifo = sleeper(shim_harness, "seconds=0 daemon=1 exit=4")
+    shim_harness.start(shim_harness.spec("c1", argv))
+    shim_harness.until("started")
     _, _, daemon = (int(p) for p in read_fifo(fifo).split())
-    assert harness.until("exited").exit_code == 4
-    ended = harness.until("tree_ended")
+    assert shim_harness.until("exited").exit_code == 4
+    ended = shim_harness.until("tree_ended")
     assert (ended.exit_code, ended.ended_by) == (4, "")
     assert procfs.start_time_of(daemon) is None
 
@@ -353,69 +349,69 @@ def test_a_daemon_that_ends_by_itself_ends_the_tree_with_the_childs_exit_status(
 
 
 def test_reports_are_resent_until_acknowledged_and_the_child_runs_on_meanwhile(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
-    argv, fifo = sleeper(harness, "seconds=60")
-    harness.start(harness.spec("c1", argv))
-    first = harness.report(ack=False)
-    again = harness.report(ack=False)
+    argv, fifo = sleeper(shim_harness, "seconds=60")
+    shim_harness.start(shim_harness.spec("c1", argv))
+    first = shim_harness.report(ack=False)
+    again = shim_harness.report(ack=False)
     assert (first.kind, again.kind, first.seq, again.seq) == ("started", "started", 1, 1)
     leader = int(read_fifo(fifo).split()[0])
-    harness.unbind()  # the node is gone
+    shim_harness.unbind()  # the node is gone
     assert first.identity_start is not None
     assert is_alive(ProcessIdentity(leader, first.identity_start))
-    harness.bind()  # a new node: it receives the resend and adopts the shim by acknowledging
-    assert harness.report().kind == "started"
+    shim_harness.bind()  # a new node: it receives the resend and adopts the shim by acknowledging
+    assert shim_harness.report().kind == "started"
     assert signal_shim(ProcessIdentity(first.shim_pid, first.shim_start))
-    assert harness.until("tree_ended").ended_by == "stop"
+    assert shim_harness.until("tree_ended").ended_by == "stop"
 
 
 def test_a_child_that_ended_before_its_started_report_left_costs_one_report(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """Every report carries every fact known so far: the newest supersedes one not yet
     acknowledged, so a child that ends while the node is away is one `tree_ended` report
     that also says who it was (pid, start time), not `started` and then `tree_ended`."""
-    harness.unbind()  # no node: the `started` report cannot leave
-    spec = harness.spec("c1", ["/bin/true"])
-    harness.start(spec)
+    shim_harness.unbind()  # no node: the `started` report cannot leave
+    spec = shim_harness.spec("c1", ["/bin/true"])
+    shim_harness.start(spec)
     record = Path(spec.records) / records.EXIT_RECORD
     wait_until(lambda: record.exists() and exit_record(spec)["tree_ended"], what="the tree end")
-    harness.bind()
-    only = harness.report()
+    shim_harness.bind()
+    only = shim_harness.report()
     assert (only.kind, only.seq, only.exit_code) == ("tree_ended", 2, 0)
     assert only.pid is not None and only.identity_start is not None
     wait_gone(only.shim_pid)  # acknowledged: nothing else was waiting to be sent
-    assert [r.kind for r in harness.reports] == ["tree_ended"]
+    assert [r.kind for r in shim_harness.reports] == ["tree_ended"]
 
 
 def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_record(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """Nothing to keep alive once the tree ended: the shim exits after a bounded retry, and its
     exit record (what a recovering node reads) holds the exit status and the tree's end."""
-    spec = harness.spec("c1", [PY, "-c", "import sys; sys.exit(6)"])
-    order = {**shims.order_of(spec, harness.address), "give_up_s": 0.5}
+    spec = shim_harness.spec("c1", [PY, "-c", "import sys; sys.exit(6)"])
+    order = {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.5}
     Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
-    harness.template.order_raw(order)
-    first = harness.report(ack=False)
-    harness.unbind()  # the node is gone for good
+    shim_harness.template.order_raw(order)
+    first = shim_harness.report(ack=False)
+    shim_harness.unbind()  # the node is gone for good
     wait_gone(first.shim_pid)
     record = exit_record(spec)
     assert (record["exit_code"], record["tree_ended"]) == (6, True)
 
 
 def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
-    spec = harness.spec("c1", [PY, "-c", "open('started', 'w')"])
+    spec = shim_harness.spec("c1", [PY, "-c", "open('started', 'w')"])
     Path(spec.records).mkdir(parents=True)
     assert records.write_atomically(
         str(Path(spec.records) / records.SHIM_RECORD), {"abandoned": True}
     )
-    harness.start(spec)
-    assert harness.router is not None and not harness.router.poll(1000)
-    assert not (harness.dir / "started").exists()
+    shim_harness.start(spec)
+    assert shim_harness.router is not None and not shim_harness.router.poll(1000)
+    assert not (shim_harness.dir / "started").exists()
 
 
 def test_write_atomically_exclusive_loses_to_an_existing_record(tmp_path: Path) -> None:
@@ -455,20 +451,20 @@ def private_bytes(pid: int) -> int:
 
 @pytest.mark.slow
 def test_a_running_childs_shim_is_one_thread_with_at_most_2_mib_of_private_memory(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """Issue 10's target, with a child's whole environment (as the node passes it): the shim
     is forked from the template, runs one thread (no libzmq context) and copies little."""
     count = 8
     for i in range(count):
-        harness.start(harness.spec(f"c{i}", ["/bin/sleep", "60"], env=dict(os.environ)))
-    started = [harness.until("started") for _ in range(count)]
+        shim_harness.start(shim_harness.spec(f"c{i}", ["/bin/sleep", "60"], env=dict(os.environ)))
+    started = [shim_harness.until("started") for _ in range(count)]
     pids = [report.shim_pid for report in started]
     threads = [len(os.listdir(f"/proc/{pid}/task")) for pid in pids]
     private = [private_bytes(pid) for pid in pids[:-1]]  # the last shares the least so far
     for report in started:
         assert signal_shim(ProcessIdentity(report.shim_pid, report.shim_start))
-    ended = {harness.until("tree_ended").child_id for _ in range(count)}
+    ended = {shim_harness.until("tree_ended").child_id for _ in range(count)}
     assert ended == {f"c{i}" for i in range(count)}
     assert threads == [1] * count
     mean = sum(private) / len(private)
@@ -476,18 +472,20 @@ def test_a_running_childs_shim_is_one_thread_with_at_most_2_mib_of_private_memor
 
 
 def test_a_shim_whose_record_directory_was_removed_gives_up_once_its_tree_ended(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     """A record that cannot be written for lack of space is owed (the shim waits for space);
     one whose directory is gone (the state dir removed with its node) is owed to nobody, and
     a shim that kept trying, unacknowledged, would live on for good."""
-    release = harness.dir / "release.fifo"
+    release = shim_harness.dir / "release.fifo"
     os.mkfifo(release)
-    spec = harness.spec("c1", [PY, "-c", "import sys; open(sys.argv[1]).read()", str(release)])
-    harness.template.order_raw({**shims.order_of(spec, harness.address), "give_up_s": 0.1})
-    started = harness.until("started")
+    spec = shim_harness.spec("c1", [PY, "-c", "import sys; open(sys.argv[1]).read()", str(release)])
+    shim_harness.template.order_raw(
+        {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.1}
+    )
+    started = shim_harness.until("started")
     shutil.rmtree(spec.records)
     release.write_text("go")
-    ended = harness.report(ack=False)
+    ended = shim_harness.report(ack=False)
     assert (ended.kind, ended.exit_code) == ("tree_ended", 0)
     wait_gone(started.shim_pid)  # no acknowledgement ever came: it gives up all the same

@@ -30,17 +30,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs need
 
 
 @pytest.fixture
-def harness() -> Iterator[Harness]:
-    h = Harness()
-    try:
-        yield h
-    finally:
-        h.close()
-
-
-@pytest.fixture
-def tiny_disk(harness: Harness) -> Iterator[Path]:
-    disk = harness.dir / "disk"
+def tiny_disk(shim_harness: Harness) -> Iterator[Path]:
+    disk = shim_harness.dir / "disk"
     disk.mkdir()
     try:
         subprocess.run(
@@ -70,30 +61,30 @@ def fill(disk: Path) -> Path:
 
 
 def test_a_child_that_ends_while_the_disk_is_full_is_reported_with_its_exit_status(
-    harness: Harness, tiny_disk: Path
+    shim_harness: Harness, tiny_disk: Path
 ) -> None:
-    release = harness.dir / "release.fifo"
+    release = shim_harness.dir / "release.fifo"
     os.mkfifo(release)
-    spec = harness.spec(
+    spec = shim_harness.spec(
         "c1",
         [PY, "-c", "import sys; open(sys.argv[1]).read(); sys.exit(4)", str(release)],
         record_dir=str(tiny_disk / "c1"),
     )
     # A shim that has sent all it knows gives up quickly: it must not while its record is owed.
-    order = {**shims.order_of(spec, harness.address), "give_up_s": 0.1}
-    harness.template.order_raw(order)
+    order = {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.1}
+    shim_harness.template.order_raw(order)
     try:
-        started = harness.until("started")
+        started = shim_harness.until("started")
         filler = fill(tiny_disk)
         release.write_text("go")  # the child exits 4; the shim cannot write its record
 
-        ended = harness.report(ack=False)
+        ended = shim_harness.report(ack=False)
         assert (ended.kind, ended.exit_code, ended.tree_ended) == ("tree_ended", 4, True)
         assert not (Path(spec.records) / records.EXIT_RECORD).exists()
         assert not [p for p in os.listdir(spec.records) if p.endswith(".tmp")]  # no empty temp file
 
         filler.unlink()  # space is back: the next resend writes the record first
-        again = harness.report(ack=False)
+        again = shim_harness.report(ack=False)
         assert (again.kind, again.exit_code) == ("tree_ended", 4)
         wait_until(lambda: exit_record(spec)["tree_ended"], what="the exit record written")
         assert exit_record(spec)["exit_code"] == 4
@@ -105,16 +96,18 @@ def test_a_child_that_ends_while_the_disk_is_full_is_reported_with_its_exit_stat
 
 
 def test_a_shim_that_cannot_write_its_claim_on_a_full_disk_reports_not_started(
-    harness: Harness, tiny_disk: Path
+    shim_harness: Harness, tiny_disk: Path
 ) -> None:
     """No claim, no child (the claim fences a recovering node): the node hears why at once
     instead of finding the shim dead with nothing said."""
     fill(tiny_disk)
-    spec = harness.spec("c1", [PY, "-c", "open('started', 'w')"], record_dir=str(tiny_disk / "c1"))
-    harness.start(spec)
-    report = harness.report()
+    spec = shim_harness.spec(
+        "c1", [PY, "-c", "open('started', 'w')"], record_dir=str(tiny_disk / "c1")
+    )
+    shim_harness.start(spec)
+    report = shim_harness.report()
     assert report.kind == "not_started" and report.tree_ended
     assert report.error is not None and "No space left on device" in report.error
     assert "\n" not in report.error
-    assert not (harness.dir / "started").exists()
+    assert not (shim_harness.dir / "started").exists()
     wait_gone(report.shim_pid)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,23 +26,14 @@ PIDS_ROOT = Path("/sys/fs/cgroup/pids")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="moving a process to a cgroup needs root")
 
 
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    h = Harness()
-    try:
-        yield h
-    finally:
-        h.close()
-
-
 def test_a_shim_the_template_cannot_fork_is_reported_not_started_and_the_template_lives_on(
-    harness: Harness,
+    shim_harness: Harness,
 ) -> None:
     if not (PIDS_ROOT / "cgroup.procs").exists():
         pytest.skip("no cgroup v1 pids controller mounted here")
-    harness.start(harness.spec("c0", ["/bin/true"]))  # the template is up
-    assert harness.until("tree_ended").exit_code == 0
-    template = harness.template.pid
+    shim_harness.start(shim_harness.spec("c0", ["/bin/true"]))  # the template is up
+    assert shim_harness.until("tree_ended").exit_code == 0
+    template = shim_harness.template.pid
     assert template is not None
     group = PIDS_ROOT / f"sa-test-{uuid.uuid4().hex[:8]}"
     group.mkdir()
@@ -51,8 +41,8 @@ def test_a_shim_the_template_cannot_fork_is_reported_not_started_and_the_templat
         (group / "pids.max").write_text("1")
         (group / "cgroup.procs").write_text(str(template))  # it alone: any fork fails
 
-        harness.start(harness.spec("c1", ["/bin/true"]))
-        report = harness.report()
+        shim_harness.start(shim_harness.spec("c1", ["/bin/true"]))
+        report = shim_harness.report()
         assert (report.kind, report.child_id, report.tree_ended) == ("not_started", "c1", True)
         assert report.error is not None and "Resource temporarily unavailable" in report.error
         assert "\n" not in report.error
@@ -60,6 +50,6 @@ def test_a_shim_the_template_cannot_fork_is_reported_not_started_and_the_templat
         (PIDS_ROOT / "cgroup.procs").write_text(str(template))
         group.rmdir()
 
-    harness.start(harness.spec("c2", ["/bin/true"]))  # the same template forks again
-    assert harness.until("tree_ended").exit_code == 0
-    assert harness.template.pid == template
+    shim_harness.start(shim_harness.spec("c2", ["/bin/true"]))  # the same template forks again
+    assert shim_harness.until("tree_ended").exit_code == 0
+    assert shim_harness.template.pid == template
