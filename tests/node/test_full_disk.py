@@ -25,10 +25,12 @@ import pytest
 
 from subagents_node.client.client import Client
 from subagents_node.client.paths import read_pid_file
+from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import MAX_INT32
 from subagents_node.messages.errors import StoreFull
 from subagents_node.messages.fanout import FanoutDescriptor
 from tests.support.nodes import NodeProcess, run_cli, running_node
+from tests.support.runs import Gate, launch_context
 
 pytestmark = [
     pytest.mark.processes,
@@ -256,6 +258,22 @@ sys.exit(int(sock.recv(64).decode().strip() or 3))
 """
 
 
+@contextlib.contextmanager
+def gated_node(
+    tiny_disk: Path, tmp_path: Path, agents: Path
+) -> Iterator[tuple[NodeProcess, Client, LaunchContext, Gate]]:
+    """A node started with faults on the tiny disk, 16 MiB of room for a launch, a launch
+    context allowing 2 background runs, and a gate its children wait at (closed after)."""
+    gate = Gate(tmp_path)
+    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
+    try:
+        with running_node("--faults", state_dir=tiny_disk) as node:
+            ctx = launch_context(agents, max_active_async_runs_per_session=2)
+            yield node, node.client(), ctx, gate
+    finally:
+        gate.close()
+
+
 def _quiet_agents(tmp_path: Path) -> Path:
     """An agents dir with `quiet`: a gate child that prints nothing (no log write to fail)."""
     from tests.support.runs import write_agent
@@ -274,28 +292,20 @@ def test_a_child_that_ends_while_the_disk_is_full_settles_with_its_exit_status_o
     record, and the supervisor's commit of its report fails (`store_full`). The shim took that
     answer for an acknowledgement (or died of the record's ENOSPC) and exited; the node then
     found it gone with no record and settled the child `failed`, exit status unknown."""
-    from tests.support.runs import Gate, launch_context, wait_until
+    from tests.support.runs import wait_until
 
-    agents = _quiet_agents(tmp_path)
-    gate = Gate(tmp_path)
-    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
-    try:
-        with running_node("--faults", state_dir=tiny_disk) as node:
-            client = node.client()
-            ctx = launch_context(agents, max_active_async_runs_per_session=2)
-            run = client.runs.launch(ctx.single("quiet", str(gate.path), True, None))
-            [child] = gate.accept(1)
-            _release_on_a_full_disk(node, tiny_disk, lambda: child.release(0))
-            assert client.runs.wait(run.run_id, timeout=30).state == "complete"
-            child_view = wait_until(
-                lambda: [c for c in client.runs.show(run.run_id).children if c.exit_code == 0],
-                what="the child's end stored",
-            )[0]
-            assert (child_view.state, child_view.proof_state) == ("complete", "observed")
-            assert client.capacity.snapshot(ctx.session_id, 2).used == 0
-            assert_no_restarts(node)
-    finally:
-        gate.close()
+    with gated_node(tiny_disk, tmp_path, _quiet_agents(tmp_path)) as (node, client, ctx, gate):
+        run = client.runs.launch(ctx.single("quiet", str(gate.path), True, None))
+        [child] = gate.accept(1)
+        _release_on_a_full_disk(node, tiny_disk, lambda: child.release(0))
+        assert client.runs.wait(run.run_id, timeout=30).state == "complete"
+        child_view = wait_until(
+            lambda: [c for c in client.runs.show(run.run_id).children if c.exit_code == 0],
+            what="the child's end stored",
+        )[0]
+        assert (child_view.state, child_view.proof_state) == ("complete", "observed")
+        assert client.capacity.snapshot(ctx.session_id, 2).used == 0
+        assert_no_restarts(node)
 
 
 def test_a_chain_whose_next_step_start_the_full_disk_undid_starts_it_once_space_returns(
@@ -305,26 +315,17 @@ def test_a_chain_whose_next_step_start_the_full_disk_undid_starts_it_once_space_
     Step 1 stayed in the supervisor's memory as running (its shim, forked only after a
     commit, never was) while the store said `pending`: the chain waited for it for good,
     holding its slot."""
-    from tests.support.runs import Gate, launch_context
 
-    agents = _quiet_agents(tmp_path)
-    gate = Gate(tmp_path)
-    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
-    try:
-        with running_node("--faults", state_dir=tiny_disk) as node:
-            client = node.client()
-            ctx = launch_context(agents, max_active_async_runs_per_session=2)
-            step = {"agent": "quiet", "task": str(gate.path)}
-            launch = ctx.from_mapping("chain", {"steps": [step, step]}, True, None)
-            run = client.runs.launch(launch)
-            [first] = gate.accept(1)
-            _release_on_a_full_disk(node, tiny_disk, lambda: first.release(0))
-            [second] = gate.accept(1)  # it used to never start
-            second.release(0)
-            done = client.runs.wait(run.run_id, timeout=30)
-            assert done.state == "complete", done.error
-            assert [c.state for c in done.children] == ["complete", "complete"]
-            assert client.capacity.snapshot(ctx.session_id, 2).used == 0
-            assert_no_restarts(node)
-    finally:
-        gate.close()
+    with gated_node(tiny_disk, tmp_path, _quiet_agents(tmp_path)) as (node, client, ctx, gate):
+        step = {"agent": "quiet", "task": str(gate.path)}
+        launch = ctx.from_mapping("chain", {"steps": [step, step]}, True, None)
+        run = client.runs.launch(launch)
+        [first] = gate.accept(1)
+        _release_on_a_full_disk(node, tiny_disk, lambda: first.release(0))
+        [second] = gate.accept(1)  # it used to never start
+        second.release(0)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "complete", done.error
+        assert [c.state for c in done.children] == ["complete", "complete"]
+        assert client.capacity.snapshot(ctx.session_id, 2).used == 0
+        assert_no_restarts(node)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from subagents_node.messages.errors import StoreFull
-from tests.node.test_full_disk import _fill, _mount, assert_no_restarts, tiny_disk
+from tests.node.test_full_disk import _fill, _mount, assert_no_restarts, gated_node, tiny_disk
 from tests.support.nodes import NodeProcess, run_cli, running_node
-from tests.support.runs import Gate, launch_context, script_agents, wait_until
+from tests.support.runs import launch_context, script_agents, wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -47,32 +47,29 @@ def _still_alive_after(pid: int, timeout: float) -> bool:
 def test_a_stop_the_full_disk_refuses_signals_no_child_and_a_stop_after_space_returns_stops(
     tiny_disk: Path, tmp_path: Path
 ) -> None:
-    agents = script_agents(tmp_path / "agents")
-    gate = Gate(tmp_path)
-    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
-    try:
-        with running_node("--faults", state_dir=tiny_disk) as node:
-            client = node.client()
-            ctx = launch_context(agents, max_active_async_runs_per_session=2)
-            run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
-            [child] = gate.accept(1)
-            filler = _fill(tiny_disk)
+    with gated_node(tiny_disk, tmp_path, script_agents(tmp_path / "agents")) as (
+        node,
+        client,
+        ctx,
+        gate,
+    ):
+        run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+        [child] = gate.accept(1)
+        filler = _fill(tiny_disk)
 
-            with pytest.raises(StoreFull) as refused:
-                client.runs.stop(run.run_id)
-            assert refused.value.details["actor"] == "supervisor"
-            # "Changed nothing": the child was not signalled, the run is not stopping.
-            assert _still_alive_after(child.pid, SIGNAL_S), "a refused stop killed the child"
-            assert client.runs.show(run.run_id).state == "running"
-
-            filler.unlink()
+        with pytest.raises(StoreFull) as refused:
             client.runs.stop(run.run_id)
-            child.wait_exit()
-            assert client.runs.wait(run.run_id, timeout=30).state == "stopped"
-            assert client.capacity.snapshot(ctx.session_id, 2).used == 0
-            assert_no_restarts(node)
-    finally:
-        gate.close()
+        assert refused.value.details["actor"] == "supervisor"
+        # "Changed nothing": the child was not signalled, the run is not stopping.
+        assert _still_alive_after(child.pid, SIGNAL_S), "a refused stop killed the child"
+        assert client.runs.show(run.run_id).state == "running"
+
+        filler.unlink()
+        client.runs.stop(run.run_id)
+        child.wait_exit()
+        assert client.runs.wait(run.run_id, timeout=30).state == "stopped"
+        assert client.capacity.snapshot(ctx.session_id, 2).used == 0
+        assert_no_restarts(node)
 
 
 def _finished_runs(node: NodeProcess, agents: Path, count: int) -> tuple[list[str], list[Path]]:
