@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.paths import owner_db
+from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.capacity import Inspection
 from subagents_node.messages.errors import CapacityExhausted, RunNotResumable, SubagentsError
 from subagents_node.messages.supervisor import LaunchResult, Resume, RunView, TaskItem
@@ -34,6 +35,7 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
 from tests.support.runs import (
     Gate,
+    GateChild,
     launch_context,
     new_session,
     process_gone,
@@ -264,6 +266,27 @@ def test_a_program_embedding_a_node_exits_while_a_background_child_runs_on() -> 
         shutil.rmtree(state, ignore_errors=True)
 
 
+def died_at_shim_launched(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> tuple[LaunchContext, GateChild]:
+    """A background gate run (max_active 1) launched on a node that kills itself once the
+    run's child is forked (`shim_launched`): the launch gets an error, its slot is unstarted,
+    and the child runs on at the gate (its shim outlives the node)."""
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "shim_launched")
+    dying = start_node("--faults", state_dir=state_dir)
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    ctx = launch_context(agents, max_active_async_runs_per_session=1)
+    with pytest.raises(SubagentsError):
+        dying.client(timeout=5).runs.launch(ctx.single("gate", str(gate.path), True, None))
+    assert dying.wait_exited(10), "the node did not die at shim_launched"
+    [held] = gate.accept(1)
+    return ctx, held
+
+
 @pytest.mark.slow
 def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_the_ttl(
     start_node: Callable[..., NodeProcess],
@@ -279,14 +302,7 @@ def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_t
     Now the restarted node marks the adopted run's slot started, and the slot is released
     only when the run ends."""
     monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "shim_launched")
-    dying = start_node("--faults", state_dir=state_dir)
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
-    ctx = launch_context(agents, max_active_async_runs_per_session=1)
-    with pytest.raises(SubagentsError):
-        dying.client(timeout=5).runs.launch(ctx.single("gate", str(gate.path), True, None))
-    assert dying.wait_exited(10), "the node did not die at shim_launched"
-    [held] = gate.accept(1)  # the child started: its shim forked it before the node died
+    ctx, held = died_at_shim_launched(start_node, state_dir, monkeypatch, agents, gate)
 
     client = start_node(state_dir=state_dir).client(timeout=20)
     [run] = wait_until(lambda: [r for r in client.runs.list() if r.state == "running"])
@@ -318,14 +334,7 @@ def test_r_cap_7_an_adopted_run_whose_unstarted_slot_was_lost_meanwhile_is_stopp
     """As above, but the unstarted slot is gone when the restarted node marks it started (here
     deleted behind the node's back while it is down, as a lost grant would be): the run holds
     no slot, so it does not go on uncounted; it is stopped, failed, and says why."""
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "shim_launched")
-    dying = start_node("--faults", state_dir=state_dir)
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
-    ctx = launch_context(agents, max_active_async_runs_per_session=1)
-    with pytest.raises(SubagentsError):
-        dying.client(timeout=5).runs.launch(ctx.single("gate", str(gate.path), True, None))
-    assert dying.wait_exited(10), "the node did not die at shim_launched"
-    [held] = gate.accept(1)
+    _, held = died_at_shim_launched(start_node, state_dir, monkeypatch, agents, gate)
     with sqlite3.connect(owner_db(state_dir, "capacity")) as db:
         assert db.execute("DELETE FROM capacity_slots").rowcount == 1
 
