@@ -22,7 +22,7 @@ import pykka
 import pytest
 import zmq
 
-from subagents_node import Client, Node
+from subagents_node import Client, Node, connect
 from subagents_node.actors.capacity.ledger import CapacityLedger
 from subagents_node.actors.capacity.rules import NO_SLOT
 from subagents_node.actors.context import ActorContext
@@ -307,6 +307,28 @@ def test_r_cap_14_workflow_start_of_a_runner_slot_is_refused(client: Client, sid
     assert _state(client, sid, "a") == before
 
 
+def test_r_cap_6_a_workflow_slot_with_only_a_start_time_is_started(
+    client: Client, sid: str
+) -> None:
+    """No runner id, only `runner_started_at`: still started, so never rolled back, never
+    expired by its TTL, and counted as started (not reserved) per host."""
+    before = {h.host: (h.reserved, h.started) for h in client.capacity.hosts().hosts}
+    handle = _acquire(client, sid, "wf", kind="workflow", ttl_s=1.0)
+    handle.mark_workflow_started()
+    # The TTL's witness: acquired later with the same TTL, it expires after wf's would have.
+    lapsing = _acquire(client, sid, "lapsing", ttl_s=1.0)
+    owner = client.capacity.inspect("wf", sid).owner
+    assert owner is not None and owner.runner_id is None and owner.started
+
+    _wait_for(lambda: client.capacity.inspect(lapsing.run_id, sid).relation == "none")
+    assert client.capacity.handle(handle.wire).rollback() is False  # the ledger's copy
+    assert handle.rollback() is False  # and the caller's
+    assert client.capacity.inspect("wf", sid).owner == owner
+    reserved, started = before.get("", (0, 0))
+    after = {h.host: (h.reserved, h.started) for h in client.capacity.hosts().hosts}
+    assert after[""] == (reserved, started + 1)
+
+
 # -- rollback -------------------------------------------------------------------------------
 
 
@@ -353,6 +375,55 @@ def test_r_adm_3_handle_context_rolls_back_unless_started(client: Client, sid: s
         handle.mark_started(runner_id="runner-b")
     assert client.capacity.inspect("a", sid).relation == "none"
     assert client.capacity.inspect("b", sid).relation == "current"
+
+
+def _start_racing_rollback(starter: Client, roller: Client, wire: SlotHandle) -> tuple[bool, bool]:
+    """mark_started from `starter` and rollback from `roller`, released at one instant:
+    (whether the start was accepted, whether the rollback was)."""
+    barrier = threading.Barrier(2)
+    seen: dict[str, bool] = {}
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            starter.capacity.handle(wire).mark_started(runner_id="runner")
+            seen["started"] = True
+        except CapacityOwnershipChanged:
+            seen["started"] = False
+
+    def roll() -> None:
+        barrier.wait()
+        seen["rolled_back"] = roller.capacity.handle(wire).rollback()
+
+    threads = [threading.Thread(target=start), threading.Thread(target=roll)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    return seen["started"], seen["rolled_back"]
+
+
+def test_r_cap_5_a_start_racing_a_rollback_of_one_slot_from_two_processes_is_all_or_nothing(
+    node: Node, sid: str
+) -> None:
+    """Two clients (two sockets, as two processes would have) send mark_started and rollback
+    for the same slot at the same instant. Exactly one wins: started and held, or rolled back
+    and free; never both, never neither (the original's claim file made mere contention fail)."""
+    with connect(node.address, timeout=10) as starter, connect(node.address, timeout=10) as roller:
+        for round_ in range(40):
+            run_id = f"race-{round_}"
+            wire = _acquire(starter, sid, run_id, limit=1).wire
+            started, rolled_back = _start_racing_rollback(starter, roller, wire)
+            assert started is not rolled_back, (started, rolled_back)
+            inspection = starter.capacity.inspect(run_id, sid)
+            if started:
+                assert inspection.owner is not None and inspection.owner.runner_id == "runner"
+                proof = _observed("runner")
+                verdict = starter.capacity.report_terminal(sid, run_id, "complete", proof=proof)
+                assert verdict.verdict == "releasable"
+            else:
+                assert inspection.relation == "none"
+            assert starter.capacity.snapshot(sid).used == 0
 
 
 # -- transfer -------------------------------------------------------------------------------
@@ -579,7 +650,8 @@ def test_r_cap_21_a_replayed_report_that_retained_a_slot_changes_nothing(
 def test_r_cap_21_a_replayed_report_that_released_a_slot_changes_nothing(
     client: Client, sid: str
 ) -> None:
-    """A replay after the slot was freed, and after the freed index went to another run."""
+    """A replay after the slot was freed, and after the freed index went to another run
+    (R-CAP-23: releasing is idempotent)."""
     run, other_run = f"{sid}-a", f"{sid}-b"
     handle = _acquire(client, sid, run, limit=1)
     handle.mark_started(runner_id="runner-a")
@@ -629,7 +701,12 @@ def test_r_cap_22_inv_cap_8_workflow_verdict(
     assert client.capacity.snapshot(sid).used == (0 if verdict == "releasable" else 1)
 
 
-def test_reports_about_runs_without_a_slot_change_nothing(client: Client, sid: str) -> None:
+def test_r_cap_23_reports_about_runs_without_a_slot_change_nothing(
+    client: Client, sid: str
+) -> None:
+    """R-CAP-23 (reconcile, done here when a report arrives): only a slot of the reporting
+    session whose identity still matches is released; a transferred source, another
+    session's slot and a stale generation are left exactly as they were."""
     _finished_source(client, sid, "a")
     assert client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
     _acquire(client, f"{sid}-other", "z").mark_started(runner_id="runner-z")
