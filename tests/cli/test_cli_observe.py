@@ -137,6 +137,25 @@ def test_logs_of_an_ended_run_prints_every_line_labelled_and_child_selects_one(
     assert missing.stderr.strip().startswith("error: run ") and "tasks[7]" in missing.stderr
 
 
+def test_r_adm_6_logs_read_only_runs_the_node_recorded_never_a_directory_found_on_disk(
+    cli: Cli, node: NodeProcess
+) -> None:
+    """R-ADM-6: only a run the node registered is trusted for log lookup. A directory under
+    runs/ that looks like a run's (a leftover, or planted) is never read as one, and a run id
+    that is a path is refused before any file is touched."""
+    planted = node.state_dir / "runs" / "0123456789ab"
+    planted.mkdir(parents=True, exist_ok=True)
+    (planted / "external-0.stdout.log").write_text("planted line\n")
+    unknown = cli("logs", "0123456789ab")
+    assert unknown.exit_code == 1, unknown.output
+    assert "planted line" not in unknown.output
+    assert unknown.stderr.startswith("error: ") and "0123456789ab" in unknown.stderr
+    for path in ("../runs/0123456789ab", str(planted)):
+        refused = cli("logs", path)
+        assert refused.exit_code == 2, refused.output  # a usage error: not a run id
+        assert "planted line" not in refused.output and "is not a run id" in refused.stderr
+
+
 def _two_echoes(cli: Cli, node: NodeProcess) -> Path:
     path = node.state_dir / "two.toml"
     path.write_text(

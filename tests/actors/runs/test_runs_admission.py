@@ -96,6 +96,8 @@ def assert_slot_is_free(client: Client, session: str) -> None:
 def test_r_cap_9_a_session_limit_of_2_admits_2_of_5_background_launches_and_frees_slots_as_runs_end(
     client: Client, agents: Path, gate: Gate
 ) -> None:
+    """R-ADM-7 too: each admitted launch reports the capacity snapshot its acquire left, and
+    each refusal carries the error's snapshot."""
     ctx = launch_context(agents, max_active_async_runs_per_session=2)
     admitted: list[RunView] = []
     refused: list[CapacityExhausted] = []
@@ -106,6 +108,10 @@ def test_r_cap_9_a_session_limit_of_2_admits_2_of_5_background_launches_and_free
             refused.append(err)
 
     assert len(admitted) == 2 and len(refused) == 3
+    assert [(r.snapshots.capacity_used, r.snapshots.capacity_limit) for r in admitted] == [
+        (1, 2),
+        (2, 2),
+    ]
     for err in refused:
         assert (err.used, err.limit) == (2, 2)
         assert err.message == "Active async run capacity exhausted: 2/2 used."
@@ -151,6 +157,8 @@ def test_r_top_7_foreground_runs_are_admitted_while_the_sessions_capacity_is_ful
 def test_r_adm_2_a_failure_injected_at_each_rollback_point_leaves_no_slot_behind(
     start_embedded: StartNode, agents: Path, point: str, state_dir: Path
 ) -> None:
+    """R-ADM-2/3, and R-ADM-6's registry: a launch that failed before its run was recorded
+    leaves no run record and no run directory behind (nothing a lookup could find)."""
     client = start_embedded(faults=True, settings={"fault_points": [point]}).client()
     ctx = launch_context(agents, max_active_async_runs_per_session=1)
     before = ledgers(client, ctx.session_id, 1)
