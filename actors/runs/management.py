@@ -347,13 +347,18 @@ def check_appendable(row: sqlite3.Row, live: LiveRun | None) -> FanoutDescriptor
         # Its row says running until the stop settles: "the run is running" read as a retry.
         ending = "pausing" if live.stop_state == "paused" else "stopping"
         raise append_rejected(run_id, f"the run is {ending}")
-    if live is None or live.launch is None or live.stop_state or live.settling:
+    if live is None or live.stop_state or live.settling:
         raise append_rejected(run_id, f"the run is {row['state']}")
     busy = live.running or live.queue or live.next_group < len(live.groups)
     if not busy and not live.pending_appends:
         raise append_rejected(run_id, "no step is running or pending")
-    if live.descriptor is None:
-        raise append_rejected(run_id, f"Run '{run_id}' is missing its run fan-out budget identity.")
+    if live.launch is None or live.descriptor is None:
+        missing = f"Run '{run_id}' is missing its run fan-out budget identity."
+        if live.launch is None:
+            # Adopted from its rows by a restarted node (liverun.adopt_from_store): it has no
+            # launch to extend and no budget to claim against, and starts no new step.
+            missing += " A restarted node adopted it and starts none of its steps still to come."
+        raise append_rejected(run_id, missing)
     return live.descriptor
 
 

@@ -13,6 +13,7 @@ Embedded node, real children; the racing appends come from separate ZeroMQ clien
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
 from subagents_node.messages.supervisor import Append, AppendResult, ChainStep, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.manage import store_rows
+from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
@@ -287,3 +289,33 @@ def test_r_app_1_a_step_that_could_never_start_is_refused_before_any_claim(
     assert appends_of(state_dir, run.run_id) == [] and reservations(state_dir, budget_of(run)) == {}
     gate.children[0].release(0)
     assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+
+
+# -- the budget identity (R-APP-2) ----------------------------------------------------------------
+
+
+def test_r_app_2_append_to_a_chain_adopted_after_a_node_kill_9_is_refused_and_claims_nothing(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    """A restarted node adopts a running chain from its rows, without the launch or the budget
+    identity its steps would claim against (it starts no new step). An append to it is
+    refused with one line saying why, and nothing is claimed or recorded."""
+    first = start_node(state_dir=state_dir)
+    ctx = launch_context(agents)
+    run = gated_chain(first.client(), ctx, gate, echo(ctx, "later"))
+    first.kill()
+    client = start_node(state_dir=state_dir).client()
+    before = client.fanout.snapshot(budget_of(run))
+
+    with pytest.raises(AppendRejected) as refused:
+        append(client, run.run_id, echo(ctx, "x"))
+
+    assert refused.value.message == (
+        f"Failed to append step to chain run {run.run_id}: "
+        f"Run '{run.run_id}' is missing its run fan-out budget identity. "
+        "A restarted node adopted it and starts none of its steps still to come."
+    )
+    assert client.fanout.snapshot(budget_of(run)) == before
+    assert appends_of(state_dir, run.run_id) == [] and reservations(state_dir, budget_of(run)) == {}
+    gate.children[0].release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "failed"  # its later step never ran
