@@ -24,6 +24,7 @@ from tests.support.run_fixtures import gate as gate
 from tests.support.runs import EXAMPLE_AGENTS, Gate, launch_context, write_agent
 
 Invoke = Callable[..., Result]
+ECHO_COMMAND = '["{python}", "-c", "import sys; print(sys.argv[1])", "{task}"]'
 
 
 @pytest.fixture
@@ -77,6 +78,32 @@ def test_cli_run_exits_1_when_the_run_fails(cli: Callable[..., Result], node: No
     assert result.exit_code == 1
     assert re.search(r"run [0-9a-f]{12} failed", result.stdout)
     assert "error: broken: on purpose" in result.stdout
+
+
+def test_r_cfg_5_an_omitted_async_takes_a_single_agents_setting_else_runs_in_the_foreground(
+    cli: Callable[..., Result], node: NodeProcess, agents: Path, state_dir: Path
+) -> None:
+    """R-CFG-5 as adapted here: a single launch that omits --async/--foreground takes its
+    agent's `async` (R-AGT-3) and an explicit flag wins over it; a parallel or chain launch
+    that omits it runs in the foreground whatever its agents say (our default is foreground:
+    there is no `async_by_default`, tests/launch/test_config.py)."""
+    write_agent(agents, "bgecho", "Prints its task.", ECHO_COMMAND, **{"async": "true"})
+    background = cli("run", "bgecho", "to the background")
+    assert background.exit_code == 0, background.output
+    run_id = background.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{12}", run_id), background.stdout
+    assert as_json(cli("show", run_id, "--json"))["background"] is True
+    assert cli("wait", run_id).exit_code == 0
+
+    foreground = cli("run", "--foreground", "bgecho", "in the foreground")
+    assert foreground.exit_code == 0, foreground.output
+    assert re.search(r"run [0-9a-f]{12} complete \(single, 1 child\)", foreground.stdout)
+
+    two = state_dir / "two.toml"
+    two.write_text('[[tasks]]\nagent = "bgecho"\ntask = "a"\n' * 2)
+    parallel = cli("run", "--parallel", str(two))
+    assert parallel.exit_code == 0, parallel.output
+    assert re.search(r"run [0-9a-f]{12} complete \(parallel, 2 children\)", parallel.stdout)
 
 
 def test_cli_run_async_prints_the_run_id_and_show_runs_and_stop_find_it(

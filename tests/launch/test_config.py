@@ -411,6 +411,25 @@ def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
 
 
 @pytest.mark.parametrize(
+    "line",
+    ["async_by_default = false", "force_top_level_async = true", "foreground_only = true"],
+)
+def test_r_cfg_5_r_cfg_7_the_originals_async_switches_are_refused_not_ignored(
+    dirs: tuple[Path, Path, dict[str, str]], line: str
+) -> None:
+    """Here a launch is foreground unless it (or a single's agent) asks for the background;
+    there is no `asyncByDefault` or `forceTopLevelAsync` to set. A user who writes one gets
+    an error naming it, never a config that silently does something else."""
+    _, project, env = dirs
+    path = project / "subagents.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env, cwd=project)
+    assert info.value.key == line.split(" = ")[0] and info.value.file == str(path)
+    assert "unknown key" in info.value.message
+
+
+@pytest.mark.parametrize(
     "content",
     [b"timeout_ms = = 3\n", b"\xff\xfe", b"x = " + b"[" * 3000 + b"]" * 3000],
     ids=["invalid", "not utf-8", "nested too deeply"],

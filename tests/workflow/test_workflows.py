@@ -763,9 +763,12 @@ def test_r_icb_3_a_workflow_child_takes_its_own_intercom_setting_else_the_workfl
 # -- the command line ----------------------------------------------------------------------------
 
 
-def test_cli_workflow_json_runs_in_the_foreground_and_prints_run_and_result(
+def test_r_cfg_6_cli_workflow_runs_in_the_foreground_unless_async_and_json_prints_its_result(
     agents: Path, work: Path, state_dir: Path
 ) -> None:
+    """R-CFG-6 as adapted (docs/workflows.md): the `workflow` command, like `run`, is
+    foreground unless `--async` is given (the original's tool call defaults workflows to async);
+    the background form is the next test."""
     script = work / "hello.py"
     script.write_text("def main(runs):\n    return runs.run('hi', 'echo', 'from the cli').output\n")
 
