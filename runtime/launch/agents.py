@@ -5,8 +5,9 @@ become for one child (argv, stdin, task file, environment) is actors.invocation,
 here: `prepare_invocation(agent, task, run_dir) -> Invocation`.
 
 Front matter (snake_case): `name`, `description` (required), `command` (argv list, or a string
-split like a shell would, with no shell), `task_delivery` (argv|stdin|file|auto, default auto),
-`timeout_ms`, `env`, `output` (a path or false), `fanout`, `async`, `max_subagent_depth`, `cwd`.
+split like a shell would, with no shell; its first item names the program), `task_delivery`
+(argv|stdin|file|auto, default auto), `timeout_ms`, `env`, `output` (a path or false),
+`fanout`, `async`, `max_subagent_depth`, `cwd`.
 Unknown keys are kept as `extras`, with a warning. The body is the system prompt.
 
 Discovery, highest priority first: each `--agents-dir` (earlier wins), the project's
@@ -83,6 +84,15 @@ class _FrontMatter(BaseModel):
                 return shlex.split(value)
             except ValueError as exc:
                 raise ValueError(f"cannot split the command string: {exc}") from None
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _names_a_program(cls, value: list[str]) -> list[str]:
+        # R-EXT-1: the command is non-empty. A blank argv[0] (an empty templated value) would
+        # load as an agent and only fail at each launch as "command '' not found".
+        if not value[0].strip():
+            raise ValueError("the program (its first item) is empty")
         return value
 
     @field_validator("output", mode="before")

@@ -127,6 +127,9 @@ def test_r_agt_2_unknown_keys_are_kept_as_extras_with_a_warning(
         ("description: d\ncommand: [x]", "name"),
         ("name: a\ndescription: d", "command"),
         ("name: a\ndescription: d\ncommand: []", "command"),
+        ('name: a\ndescription: d\ncommand: ["", "{task}"]', "the program (its first item)"),
+        ("name: a\ndescription: d\ncommand: ['  ']", "the program (its first item) is empty"),
+        ("name: a\ndescription: d\ncommand: [echo, 3]", "command.1"),
         (simple("a") + "timeout_ms: 0", "timeout_ms"),
         (simple("a") + "timeout_ms: 2147483648", "timeout_ms"),
         (simple("a") + "timeout_ms: '1000'", "timeout_ms"),
@@ -156,6 +159,8 @@ def test_r_agt_2_unknown_keys_are_kept_as_extras_with_a_warning(
 def test_r_agt_1_invalid_front_matter_is_a_clear_error_naming_file_and_reason(
     text: str, reason: str
 ) -> None:
+    """R-EXT-1 too, for what it says of a command: present, a non-empty program name, and
+    arguments that are strings; the delivery is one this product knows."""
     with pytest.raises(AgentInvalid) as caught:
         parse_agent(f"---\n{text}\n---\nbody\n", Path("/agents/a.md"))
     assert caught.value.path == "/agents/a.md"
