@@ -20,6 +20,7 @@ import pytest
 
 from subagents_node.client.client import Client
 from subagents_node.client.paths import owner_db
+from subagents_node.messages.capacity import RunnerProof
 from subagents_node.messages.errors import CapacityExhausted, RecordQuarantined
 from subagents_node.messages.supervisor import TaskItem
 from tests.support.nodes import NodeProcess, run_cli
@@ -97,10 +98,14 @@ def assert_reported(state_dir: Path, owner: str, table: str, key: str) -> None:
 def test_corrupt_capacity_record_is_quarantined_and_counted_occupied(
     start_node: StartNode, state_dir: Path, agents: Path
 ) -> None:
+    """R-CAP-3, and R-CAP-23: a slot is released only if its record parses; a report with
+    matching observed proof for a run whose record does not is refused and frees nothing."""
     broken, healthy = new_session(), new_session()
     first = start_node(state_dir=state_dir)
     client = first.client()
-    assert client.capacity.acquire(broken, 2, "run-broken", ttl_s=3600) is not None
+    held = client.capacity.acquire(broken, 2, "run-broken", ttl_s=3600)
+    assert held is not None
+    held.mark_started(runner_id="runner-broken")  # so matching proof would release it
     assert client.capacity.acquire(healthy, 2, "run-healthy", ttl_s=3600) is not None
     stop(first)
     corrupt(
@@ -125,6 +130,10 @@ def test_corrupt_capacity_record_is_quarantined_and_counted_occupied(
     with pytest.raises(RecordQuarantined) as refused:
         client.capacity.inspect("run-broken", broken)
     assert refused.value.details["key"] == f"{broken}/0"
+    proof = RunnerProof(state="observed", runner_id="runner-broken", exit_code=0)
+    with pytest.raises(RecordQuarantined):
+        client.capacity.report_terminal(broken, "run-broken", "complete", proof=proof)
+    assert client.capacity.snapshot(broken, 2).used == 2
     # Every other session keeps working, background launches included.
     assert client.capacity.snapshot(healthy, 2).used == 1
     assert client.capacity.acquire(healthy, 2, "run-healthy-2") is not None
