@@ -196,6 +196,11 @@ class Host:
     def execute(self) -> None:
         outcome = self.outcome
         outcome.state = "running"
+        # R-WF-1 step 6 / R-RUN-4: the initial status carries the budget as it stands, not only
+        # after the first admission; without the fanout owner it says null, as status.json
+        # is for people and the node has the truth.
+        with contextlib.suppress(SubagentsError):
+            self.runs.fanout = self.runs.budget()
         self.write_status()
         signal.signal(signal.SIGTERM, _raise_stop)
         try:

@@ -856,3 +856,56 @@ def test_r_wf_8_children_without_an_output_file_never_collide() -> None:
     with pytest.raises(WorkflowOutputCollision) as clash:
         check_collisions([("a", Path("/p")), ("b", None), ("c", Path("/p"))], None, {})
     assert (clash.value.first, clash.value.key, clash.value.path) == ("a", "c", "/p")
+
+
+# -- setup, completion and children (R-WF-1..3, R-RUN-4) ---------------------------------------
+
+
+def _held_script(gate: Gate, then: str) -> str:
+    """A script that first reports its host's pid at the gate and waits there, then runs
+    `then` (one statement) and returns its value."""
+    return f"""
+    import os, socket
+
+    def main(runs):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect({str(gate.path)!r})
+        sock.sendall(f"{{os.getpid()}}\\n".encode())
+        sock.recv(64)
+        return {then}
+    """
+
+
+def test_r_wf_1_r_run_4_a_background_workflow_starts_with_its_slot_budget_and_initial_status(
+    client: Client, agents: Path, work: Path, gate: Gate
+) -> None:
+    """R-WF-1: the launch answers with the run id, its dir and both snapshots; its slot is a
+    started `workflow` slot owned by that id (R-TOP-6); and before the script has done
+    anything the host has written the initial status (R-RUN-4): running, mode workflow, the
+    host's own pid and the fan-out snapshot."""
+    script = _held_script(gate, 'runs.run("after", "echo", "x").output')
+    flow = start_workflow(
+        client, agents, work, script, background=True, max_active_async_runs_per_session=1
+    )
+    [host] = gate.accept(1)
+
+    started = flow.run
+    assert (started.mode, started.background, started.state) == ("workflow", True, "running")
+    assert Path(started.run_dir).name == started.run_id
+    assert (started.snapshots.capacity_used, started.snapshots.capacity_limit) == (1, 1)
+    assert (started.snapshots.fanout_used, started.snapshots.fanout_limit) == (0, 64)
+    slot = client.capacity.inspect(started.run_id, flow.session)
+    assert slot.relation == "current" and slot.owner is not None
+    assert (slot.owner.kind, slot.owner.run_id) == ("workflow", started.run_id)
+    assert slot.owner.async_dir == started.run_dir
+    assert slot.owner.expires_at is None  # mark_workflow_started: no reservation TTL left
+    assert [c.pid for c in client.runs.show(started.run_id).children] == [host.pid]
+    status = json.loads((Path(started.run_dir) / "status.json").read_text())
+    assert (status["state"], status["mode"], status["pid"]) == ("running", "workflow", host.pid)
+    assert (status["runId"], status["sessionId"]) == (started.run_id, flow.session)
+    budget = client.fanout.snapshot(decode_descriptor(started.fanout_descriptor))
+    assert status["runFanoutBudget"] == budget.model_dump()
+
+    host.release(0)
+    assert flow.wait().state == "complete", flow.run.error
+    assert flow.value() == "x"
