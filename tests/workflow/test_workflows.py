@@ -21,7 +21,12 @@ from typing import Any
 import pytest
 
 from subagents_node.client.client import Client
-from subagents_node.messages.errors import BadRequest, IntercomOff, WorkflowChildRefused
+from subagents_node.messages.errors import (
+    BadRequest,
+    InjectedFault,
+    IntercomOff,
+    WorkflowChildRefused,
+)
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
@@ -39,6 +44,7 @@ from subagents_node.workflow.outputs import (
     default_output,
     resolve_output,
 )
+from tests.support.manage import embedded
 from tests.support.nodes import new_state_dir, run_cli
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -50,6 +56,7 @@ from tests.support.runs import (
     process_gone,
     wait_until,
     wait_view,
+    write_agent,
 )
 
 WAIT_S = 30.0
@@ -909,3 +916,109 @@ def test_r_wf_1_r_run_4_a_background_workflow_starts_with_its_slot_budget_and_in
     host.release(0)
     assert flow.wait().state == "complete", flow.run.error
     assert flow.value() == "x"
+
+
+@pytest.mark.parametrize("point", ["resolve_budget", "claim_paths", "create_run_dir"])
+def test_r_wf_1_a_background_workflow_whose_setup_fails_rolls_its_slot_back_and_leaves_nothing(
+    agents: Path, work: Path, point: str
+) -> None:
+    """R-WF-1 steps 2 and 4 (R-ADM-2's workflow path): the `workflow` slot is acquired first,
+    so a budget or storage failure after it must give it back; no run, no run directory."""
+    state_dir = new_state_dir()
+    path = work / "workflow.py"
+    path.write_text("def main(runs):\n    return 1\n")
+    session = new_session()
+    ctx = launch_context(agents, session=session, cwd=work, max_active_async_runs_per_session=1)
+    try:
+        with embedded(state_dir, faults=True, settings={"fault_points": [point]}) as node:
+            client = node.client()
+            launch = workflow_launch(ctx, path, background=True, agents_dirs=(str(agents),))
+            with pytest.raises(InjectedFault) as failed:
+                client.runs.launch(launch)
+            assert failed.value.point == point
+            assert client.runs.list(limit=10) == []
+            assert client.capacity.snapshot(session, 1).used == 0
+            runs_dir = state_dir / "runs"
+            assert not runs_dir.exists() or not any(runs_dir.iterdir())
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("then", "state"),
+    [("'done'", "complete"), ("1 / 0", "failed")],
+)
+def test_r_wf_2_the_host_writes_aggregate_result_and_final_status_before_its_slot_is_freed(
+    client: Client, agents: Path, work: Path, gate: Gate, then: str, state: str
+) -> None:
+    """R-WF-2: whether the script succeeded or failed, its aggregate output, result file and
+    final status are on disk by the time its slot is released (the host writes them and only
+    then ends, and the slot waits for the host's tree to end)."""
+    flow = start_workflow(
+        client,
+        agents,
+        work,
+        _held_script(gate, then),
+        background=True,
+        output="report.md",
+        max_active_async_runs_per_session=1,
+    )
+    [host] = gate.accept(1)
+    assert flow.capacity_used() == 1
+
+    host.release(0)
+    wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
+
+    run_dir = Path(flow.run.run_dir)
+    status = json.loads((run_dir / "status.json").read_text())
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (status["state"], result["state"], result["runId"]) == (state, state, flow.run.run_id)
+    aggregate = (work / "report.md").read_text()
+    if state == "complete":
+        assert aggregate.startswith("Workflow completed with 0 child run(s).")
+    else:
+        assert "ZeroDivisionError" in aggregate
+    assert flow.wait().state == state
+    assert client.capacity.inspect(flow.run.run_id, flow.session).relation == "none"
+
+
+def test_r_wf_3_children_inherit_the_workflows_defaults_run_foreground_and_take_no_capacity(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """R-WF-3: a child runs in the workflow's cwd and session, in the foreground unless it asks
+    otherwise, as the workflow's child under its key; it takes no capacity, not even from a
+    pool the workflow itself filled; its budget is the workflow's extended by `workflow[key]`,
+    and it claims nothing beyond the host's claim of that key."""
+    write_agent(
+        agents,
+        "pwd",
+        "Prints its working directory.",
+        '["{python}", "-c", "import os; print(os.getcwd())"]',
+    )
+    script = """
+    def main(runs):
+        here = runs.run("here", "pwd", "x")
+        away = runs.run("away", "pwd", "y", async_=True)
+        return [here.output, away.run_id]
+    """
+    flow = start_workflow(
+        client, agents, work, script, background=True, max_active_async_runs_per_session=1
+    )
+
+    assert flow.wait().state == "complete", flow.run.error
+    here_output, away_id = flow.value()
+    children = flow.children()
+    here, away = children["here"], client.runs.wait(away_id, timeout=WAIT_S)
+    assert here_output == str(work)
+    assert (away.state, away.output) == ("complete", str(work))
+    assert (here.background, away.background) == (False, True)
+    workflow_budget = decode_descriptor(flow.run.fanout_descriptor)
+    for key, child in (("here", here), ("away", away)):
+        assert (child.parent_run_id, child.workflow_key) == (flow.run.run_id, key)
+        assert (child.session_id, child.depth) == (flow.session, flow.run.depth)
+        assert child.snapshots.capacity_used is None
+        assert client.capacity.inspect(child.run_id, flow.session).relation == "none"
+        budget = decode_descriptor(child.fanout_descriptor)
+        assert budget.budget_id == workflow_budget.budget_id
+        assert budget.parent_path.endswith(f"workflow[{key}]"), budget.parent_path
+    assert flow.fanout_used() == 2  # workflow[here] and workflow[away], nothing more
