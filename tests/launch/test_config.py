@@ -27,9 +27,11 @@ from subagents_node.launch.config import (
     user_config_path,
     validate_call_timeout,
 )
+from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import MAX_TIMEOUT_MS
 from subagents_node.messages.errors import ConfigError, InvalidTimeout, NestedCallBlocked
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
+from tests.support.runs import write_agent
 
 # -- R-CFG-1 / R-CFG-2 ----------------------------------------------------------------------------
 
@@ -562,3 +564,28 @@ def test_actor_settings_are_plain_values(dirs: tuple[Path, Path, dict[str, str]]
     assert settings["reservation_ttl_s"] == 5.0
     assert settings["max_subagent_spawns_per_run"] == 64
     assert settings["agent_dirs"] == [] and settings["state_dir"] is None
+
+
+@pytest.mark.parametrize("variable", [None, "", "  "])
+def test_r_tmo_2_with_no_timeout_anywhere_foreground_and_async_singles_get_30_minutes(
+    dirs: tuple[Path, Path, dict[str, str]], tmp_path: Path, variable: str | None
+) -> None:
+    """R-TMO-2: a launcher that finds no timeout in a file, a variable (an empty
+    SUBAGENTS_TIMEOUT_MS is unset) or the call gives a foreground launch and an async single
+    1,800,000 ms; the launcher's constant and the node's agree."""
+    _, project, env = dirs
+    if variable is not None:
+        env = {**env, "SUBAGENTS_TIMEOUT_MS": variable}
+    agents = tmp_path / "agents"
+    write_agent(agents, "a", "An agent with no timeout.", '["{python}", "-c", "pass"]')
+    ctx = LaunchContext.from_environment(cwd=project, env=env, agents_dirs=[agents], session_id="s")
+
+    assert ctx.config.settings.timeout_ms is None
+    for background in (False, True):
+        single = ctx.single("a", "t", background, None)
+        assert runplan.child_timeout_ms(single, single.items[0]) == 1_800_000
+    item = single.items[0]
+    foreground = ctx.launch("parallel", False, items=[item, item])
+    assert runplan.run_deadline_ms(foreground) == 1_800_000
+    assert [runplan.child_timeout_ms(foreground, i) for i in foreground.items] == [1_800_000] * 2
+    assert DEFAULT_TIMEOUT_MS == runplan.DEFAULT_TIMEOUT_MS == 1_800_000

@@ -103,6 +103,7 @@ def everything(client: Client, run: RunView) -> tuple[Ledgers, object]:
 def test_r_cap_18_resume_of_a_source_that_still_holds_its_slot_transfers_it_and_used_stays_constant(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
+    """R-TOP-5 (transfer half): a top-level resume of a source that holds its slot moves it."""
     source = finished_at_gate(client, ctx, gate)
     held = hold_with_unknown_proof(client, source, LIMIT)
     assert held.owner is not None
@@ -137,6 +138,7 @@ def test_r_cap_18_resume_of_a_source_that_still_holds_its_slot_transfers_it_and_
 def test_r_cap_20_resume_of_a_source_whose_slot_was_released_acquires_a_fresh_one(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
+    """R-TOP-5 (acquire half): a top-level resume of a source with no slot acquires one."""
     source = finished_at_gate(client, ctx, gate)
     budget = decode_descriptor(source.fanout_descriptor)
     fanout_before = client.fanout.snapshot(budget)

@@ -14,11 +14,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.errors import CapacityExhausted
 from subagents_node.messages.runs import timeout_error
-from subagents_node.messages.supervisor import AgentPlan, ChainStep, RunView, TaskItem
+from subagents_node.messages.supervisor import AgentPlan, ChainStep, Launch, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -91,6 +93,41 @@ def test_r_top_2_background_single_holds_one_slot_until_its_child_is_proven_ende
     assert done.children[0].pid == child.pid
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
     assert client.capacity.inspect(started.run_id).relation == "none"
+
+
+def test_r_top_6_one_run_id_names_the_slot_owner_the_run_dir_and_the_summary(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """R-TOP-6: the node fixes a fresh run id before admission (a launch cannot name one), and
+    the slot's owner record, the run directory and the run's summary all carry that id. Two
+    launches at once get two ids; a launch refused at admission leaves no directory."""
+    ctx = launch_context(agents, max_active_async_runs_per_session=2)
+    launch = ctx.single("gate", str(gate.path), True, None)
+    with pytest.raises(ValidationError):
+        Launch.model_validate({**launch.model_dump(), "run_id": "../elsewhere"})
+    runs = [client.runs.launch(launch), client.runs.launch(launch)]
+    held = gate.accept(2)
+
+    assert runs[0].run_id != runs[1].run_id
+    for run in runs:
+        slot = client.capacity.inspect(run.run_id, ctx.session_id)
+        assert slot.relation == "current" and slot.owner is not None
+        assert (slot.owner.run_id, slot.owner.runner_id) == (run.run_id, run.runner_id)
+        assert slot.owner.async_dir == run.run_dir
+        assert Path(run.run_dir).name == run.run_id
+    runs_dir = Path(runs[0].run_dir).parent
+    before = sorted(runs_dir.iterdir())
+    with pytest.raises(CapacityExhausted):
+        client.runs.launch(ctx.single("echo", "no room", True, None))
+    assert sorted(runs_dir.iterdir()) == before
+
+    for child in held:
+        child.release(0)
+    for run in runs:
+        done = client.runs.wait(run.run_id, timeout=20)
+        assert done.state == "complete", done.error
+        summary = json.loads((Path(run.run_dir) / "summary.json").read_text())
+        assert (summary["run_id"], summary["runner_id"]) == (run.run_id, run.runner_id)
 
 
 def test_r_run_5_a_child_that_cannot_start_fails_the_run_with_not_started_proof_and_frees_its_slot(
