@@ -14,13 +14,23 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from subagents_node.actors.runs.runstore import MAX_VIEW_INTERCOM
 from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import IntercomOff, RunNotFound
-from subagents_node.messages.supervisor import Intercom, IntercomMessage, TaskItem
+from subagents_node.messages.supervisor import (
+    Intercom,
+    IntercomMessage,
+    IntercomMode,
+    LaunchResult,
+    Resume,
+    RunView,
+    TaskItem,
+)
 from tests.support.manage import talker_agents
 from tests.support.nodes import new_state_dir
 from tests.support.run_fixtures import client as client
@@ -119,3 +129,45 @@ def test_a_runs_view_carries_its_latest_intercom_messages_only(
     view = client.runs.show(run.run_id)
     assert [m.text for m in view.intercom] == [f"m{n}" for n in range(5, sent)]
     assert len([e for e in events_of(client, run.run_id) if e.kind == "intercom"]) == sent
+
+
+# -- resume (R-RES-7) -------------------------------------------------------------------------
+
+
+def _finished(client: Client, ctx: LaunchContext, task: str, intercom: IntercomMode) -> RunView:
+    run = client.runs.launch(ctx.single("talker", task, True, None, intercom=intercom))
+    return client.runs.wait(run.run_id, timeout=30)
+
+
+def _resumed(client: Client, run_id: str, **fields: Any) -> RunView:
+    run = client.ask(Resume(run_id=run_id, **fields), LaunchResult).run
+    return client.runs.wait(run.run_id, timeout=30)
+
+
+def _heard(view: RunView) -> bool:
+    """Whether the run's talker child got its message through (else intercom refused it)."""
+    if view.state == "complete":
+        return True
+    [child] = view.children
+    assert child.error == f"error: Intercom is off for run {view.run_id}.", child.error
+    assert view.intercom == []
+    return False
+
+
+def test_r_res_7_a_resume_keeps_its_sources_intercom_setting_and_its_child_talks_to_the_new_run(
+    client: Client, agents: Path
+) -> None:
+    """R-RES-7: with no override a resume takes the setting persisted with its source, and the
+    relaunched child's messages reach the new run, not the source."""
+    ctx = launch_context(agents)
+    quiet = _finished(client, ctx, "hush", "off")
+    heard = _finished(client, ctx, "again", "on")
+    assert (_heard(quiet), _heard(heard)) == (False, True)
+
+    quiet_again = _resumed(client, quiet.run_id)
+    heard_again = _resumed(client, heard.run_id)
+
+    assert _heard(quiet_again) is False
+    assert _heard(heard_again) is True
+    assert [m.run_id for m in heard_again.intercom] == [heard_again.run_id]
+    assert [m.text for m in client.runs.show(heard.run_id).intercom] == ["again"]
