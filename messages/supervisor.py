@@ -369,6 +369,8 @@ class Resume(Request):
     workflow_token: Token | None = None
     #: Whether the relaunch runs in the background (a workflow's resume items may await it).
     background: bool = True
+    #: R-RES-7: the relaunch's intercom setting; None keeps the one persisted with the source.
+    intercom: IntercomMode | None = None
     #: R-RES-6 attach as chain root: with steps, live background run `run_id` is not
     #: relaunched; it becomes step 0 of a new background chain of these steps, with its own
     #: capacity slot and a new fan-out budget (the source keeps its own).

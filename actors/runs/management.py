@@ -118,6 +118,8 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         "fanout_admitted": as_child,
         "workflow_token": request.workflow_token if as_child else None,
     }
+    if request.intercom is not None:  # R-RES-7: the call's setting, else the persisted one
+        update["intercom"] = request.intercom
     if launch.items:
         update["items"] = [_with_message(run_id, i, request.message) for i in first]
     else:
@@ -157,10 +159,11 @@ def as_resume(
 def _workflow_relaunch(run_id: str, launch: Launch, request: Resume) -> Launch:
     """R-WF-5 resume: the same script under the same budget; the new host learns its source
     from its run (`source_run_id`) and reuses what the source's children finished."""
-    if request.message or request.workflow_key is not None:
+    # Its host reads the intercom setting from its own arguments, fixed at the launch.
+    if request.message or request.workflow_key is not None or request.intercom is not None:
         raise RunNotResumable(
-            f"Run '{run_id}' is a workflow: it resumes as a whole, with no message and not as "
-            "a workflow's resume item.",
+            f"Run '{run_id}' is a workflow: it resumes as a whole, with no message, with its "
+            "own intercom setting and not as a workflow's resume item.",
             run_id=run_id,
             reason="workflow",
         )

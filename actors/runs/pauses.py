@@ -27,7 +27,14 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import MarkStarted, ReportTerminal, SlotHandle
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.pauses import Approve, Pause, Reject
-from subagents_node.messages.supervisor import Launch, LaunchResult, PauseKind, Resume, RunView
+from subagents_node.messages.supervisor import (
+    IntercomMode,
+    Launch,
+    LaunchResult,
+    PauseKind,
+    Resume,
+    RunView,
+)
 
 
 class PauseHost(steps.StepHost, Protocol):
@@ -125,7 +132,13 @@ def reject(host: PauseHost, request: Reject) -> Message:
 def resume_paused(host: PauseHost, row: sqlite3.Row, request: Resume) -> Message:
     """`resume` of an interrupt-paused run: it goes on from the interrupted step."""
     return continue_paused(
-        host, row, "interrupt", request.depth, request.capacity_limit, request.env
+        host,
+        row,
+        "interrupt",
+        request.depth,
+        request.capacity_limit,
+        request.env,
+        request.intercom,
     )
 
 
@@ -136,13 +149,17 @@ def continue_paused(
     depth: int,
     capacity_limit: int,
     env: dict[str, str] | None,
+    intercom: IntercomMode | None = None,
 ) -> Message:
-    """Launch the run that goes on with paused run `row` from its pause point."""
+    """Launch the run that goes on with paused run `row` from its pause point; `intercom`
+    overrides the setting persisted with it (R-RES-7)."""
     source_id = str(row["run_id"])
     checkpoints.check_continuable(host.db, row, kind)
     source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
     launch = checkpoints.continuation(host.db, row, source, kind, host.clock())
     launch = management.as_resume(launch, env, depth, capacity_limit)
+    if intercom is not None:
+        launch = launch.model_copy(update={"intercom": intercom})
     plan = ResumePlan(
         source_run_id=source_id, descriptor=descriptor, transfer=row["capacity"] is not None
     )

@@ -37,10 +37,16 @@ from subagents_node.messages.supervisor import (
 @click.command()
 @click.argument("run_id", type=RUN_ID)
 @click.option("--message", "-m", default="", help="Follow-up appended to the task.")
+@click.option(
+    "--intercom",
+    type=click.Choice(["on", "off"]),
+    default=None,
+    help="Whether the relaunch's children may message it (default: as the source was).",
+)
 @json_option
 @click.pass_obj
 @user_errors
-def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
+def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: bool) -> None:
     """Relaunch finished or paused background run RUN_ID in the background, moving its slot.
 
     Only background runs can be resumed: a foreground, stopped or still-running run is
@@ -49,7 +55,8 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
     by `pause` goes on from the interrupted step; one waiting at a checkpoint needs `approve`.
     A failed or complete workflow (background or not) is resumed as a new background workflow
     run of its script: the steps it finished are not run again and nothing it claimed is
-    claimed again (R-WF-5, R-FAN-23).
+    claimed again (R-WF-5, R-FAN-23). The relaunch keeps the source's intercom setting
+    unless --intercom gives one (R-RES-7; a workflow keeps its own).
     """
     limit = load_config().settings.max_active_async_runs_per_session
     fields = {
@@ -58,6 +65,7 @@ def resume(obj: Ctx, run_id: str, message: str, as_json: bool) -> None:
         "depth": current_depth(),
         "capacity_limit": limit,
         "env": dict(os.environ),
+        "intercom": intercom,  # R-RES-7: None keeps the source's
     }
     request = validate_request(Resume, fields)
     with obj.client() as client:

@@ -275,6 +275,27 @@ def test_cli_intercom_send_reaches_a_run_unless_it_was_started_with_intercom_off
         assert client.runs.wait(run_id, timeout=20).state == "complete"
 
 
+def test_r_res_7_cli_resume_intercom_overrides_the_sources_setting_and_refuses_a_bad_one(
+    cli: Cli, client: Client, gate: Gate
+) -> None:
+    source = started(cli, "--intercom", "on", "gate", str(gate.path))
+    [first] = gate.accept(1)
+    first.release(0)
+    assert client.runs.wait(source, timeout=20).state == "complete"
+
+    bad = cli("resume", source, "--intercom", "maybe")
+    resumed = cli("resume", source, "--intercom", "off")
+    [again] = gate.accept(1)
+
+    assert bad.exit_code == 2 and "'maybe' is not one of 'on', 'off'" in bad.stderr
+    assert resumed.exit_code == 0, resumed.output
+    quiet = resumed.stdout.strip()
+    refused(cli("intercom send", "--run", quiet, "anyone?"), f"Intercom is off for run {quiet}.")
+    assert cli("intercom send", "--run", source, "still on").exit_code == 0
+    again.release(0)
+    assert client.runs.wait(quiet, timeout=20).state == "complete"
+
+
 def test_cli_intercom_send_outside_a_child_without_run_is_a_usage_error(cli: Cli) -> None:
     result = cli("intercom send", "hello")
 

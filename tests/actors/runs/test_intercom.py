@@ -21,8 +21,9 @@ import pytest
 from subagents_node.actors.runs.runstore import MAX_VIEW_INTERCOM
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import IntercomOff, RunNotFound
+from subagents_node.messages.errors import IntercomOff, RunNotFound, RunNotResumable
 from subagents_node.messages.supervisor import (
+    ChainStep,
     Intercom,
     IntercomMessage,
     IntercomMode,
@@ -31,11 +32,20 @@ from subagents_node.messages.supervisor import (
     RunView,
     TaskItem,
 )
+from subagents_node.workflow.launch import workflow_launch
 from tests.support.manage import talker_agents
 from tests.support.nodes import new_state_dir
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
-from tests.support.runs import events_of, launch_context, new_session, script_agents
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import (
+    Gate,
+    events_of,
+    launch_context,
+    new_session,
+    script_agents,
+    wait_view,
+)
 
 
 @pytest.fixture
@@ -171,3 +181,68 @@ def test_r_res_7_a_resume_keeps_its_sources_intercom_setting_and_its_child_talks
     assert _heard(heard_again) is True
     assert [m.run_id for m in heard_again.intercom] == [heard_again.run_id]
     assert [m.text for m in client.runs.show(heard.run_id).intercom] == ["again"]
+
+
+@pytest.mark.parametrize(("source", "override"), [("off", "on"), ("on", "off")])
+def test_r_res_7_a_resumes_own_intercom_setting_wins_and_is_what_a_later_resume_keeps(
+    client: Client, agents: Path, source: IntercomMode, override: IntercomMode
+) -> None:
+    """R-RES-7: the call's setting overrides the persisted one, and the relaunch persists it
+    for its own resumes; the source keeps its own."""
+    ctx = launch_context(agents)
+    first = _finished(client, ctx, "hello", source)
+
+    second = _resumed(client, first.run_id, intercom=override)
+    third = _resumed(client, second.run_id)
+
+    assert _heard(second) is (override == "on")
+    assert _heard(third) is (override == "on")
+    assert _heard(_resumed(client, first.run_id)) is (source == "on")
+
+
+def test_r_res_7_a_paused_run_goes_on_with_the_resumes_intercom_setting(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """R-RES-7 for a resume of an interrupt-paused chain: the continuation takes the call's
+    setting too."""
+    ctx = launch_context(agents)
+    chain = [
+        ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))]),
+        ChainStep(items=[TaskItem(agent=ctx.plan("talker"), task="after {previous}")]),
+    ]
+    run = client.runs.launch(
+        ctx.launch("chain", True, chain=chain, timeout_ms=600_000, intercom="off")
+    )
+    [child] = gate.accept(1)
+    client.runs.pause(run.run_id)
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+    child.wait_exit()
+
+    resumed = client.ask(Resume(run_id=run.run_id, intercom="on"), LaunchResult).run
+    [again] = gate.accept(1)
+    again.release(0)
+    done = client.runs.wait(resumed.run_id, timeout=30)
+
+    assert _heard(done) is True
+    assert [m.text for m in done.intercom] == ["after released 0"]
+
+
+def test_r_res_7_a_workflow_whose_host_fixed_its_setting_refuses_an_override_and_changes_nothing(
+    client: Client, agents: Path
+) -> None:
+    """A workflow's host reads its intercom setting from its own arguments: a resume that asks
+    for another one is refused in one line, not silently run with the old one."""
+    script = agents / "flow.py"
+    script.write_text("def main(runs):\n    return 1\n")
+    ctx = launch_context(agents, cwd=agents)
+    flow = client.runs.launch(workflow_launch(ctx, script, background=True, intercom="off"))
+    done = client.runs.wait(flow.run_id, timeout=30)
+    assert done.state == "complete", done.error
+    before = client.runs.list(limit=100)
+
+    with pytest.raises(RunNotResumable) as refused:
+        client.ask(Resume(run_id=flow.run_id, intercom="on"), LaunchResult)
+
+    assert refused.value.details["reason"] == "workflow"
+    assert "with its own intercom setting" in refused.value.message
+    assert client.runs.list(limit=100) == before
