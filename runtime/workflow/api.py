@@ -155,12 +155,19 @@ class WorkflowRuns:
         return self.all([call])[0]
 
     def resume(
-        self, key: str, source: str, message: str = "", *, async_: bool = False
+        self,
+        key: str,
+        source: str,
+        message: str = "",
+        *,
+        async_: bool = False,
+        intercom: IntercomMode | None = None,
     ) -> ChildResult:
         """Relaunch finished child `source` (a run id, or a key of this workflow) under `key`,
         with `message` as the follow-up. It reuses the source's fan-out claim (R-FAN-23) and
-        takes no capacity (R-RES-3); awaited unless `async_`."""
-        call = ChildCall(key, task=message, async_=async_, resume=source)
+        takes no capacity (R-RES-3); awaited unless `async_`. Its intercom setting is
+        `intercom`, else the workflow's (R-ICB-3)."""
+        call = ChildCall(key, task=message, async_=async_, resume=source, intercom=intercom)
         return self.all([call])[0]
 
     def all(self, specs: Iterable[ChildCall | Mapping[str, Any]]) -> list[ChildResult]:

@@ -101,4 +101,5 @@ def resume_request(step: Step, launcher: LaunchContext, workflow: WorkflowEnv) -
         workflow_key=step.key,
         workflow_token=workflow.token,
         background=call.async_,
+        intercom=call.intercom or workflow.intercom,  # R-ICB-3, as a new member's launch
     )

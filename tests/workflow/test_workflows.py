@@ -767,6 +767,37 @@ def test_r_icb_3_a_workflow_child_takes_its_own_intercom_setting_else_the_workfl
     assert send(children["own"].run_id).text == "hello parent"
 
 
+def test_r_icb_3_a_workflows_resume_item_takes_its_own_intercom_setting_else_the_workflows(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """R-ICB-3 holds for resumes too: a resume item's setting is its own, else the workflow's,
+    not the one its source happened to run with."""
+    script = """
+    def main(runs):
+        runs.run("heard", "echo", "x", intercom="on")
+        runs.all([{"key": "inherits", "resume": "heard"}])
+        runs.resume("own", "heard", intercom="on")
+    """
+    path = work / "workflow.py"
+    path.write_text(textwrap.dedent(script))
+    ctx = launch_context(agents, cwd=work)
+    launch = workflow_launch(
+        ctx, path, background=False, agents_dirs=(str(agents),), intercom="off"
+    )
+    flow = Workflow(client, client.runs.launch(launch), ctx.session_id, 0)
+    assert flow.wait().state == "complete", flow.run.error
+    children = flow.children()
+    assert children["inherits"].source_run_id == children["heard"].run_id
+
+    def send(run_id: str) -> IntercomMessage:
+        return client.ask(Intercom(run_id=run_id, text="hello parent"), IntercomMessage)
+
+    assert send(children["heard"].run_id).text == "hello parent"
+    with pytest.raises(IntercomOff):
+        send(children["inherits"].run_id)
+    assert send(children["own"].run_id).text == "hello parent"
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 
