@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from subagents_node.client.client import Client
+from subagents_node.client.paths import default_state_dir
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import CapacityExhausted
 from subagents_node.messages.runs import timeout_error
@@ -72,6 +74,34 @@ def test_r_run_2_foreground_single_completes_with_its_output_observed_proof_and_
     kinds = [e["type"] for e in logged]
     assert (kinds[0], kinds[-1]) == ("run.started", "run.complete")
     assert json.loads((run_dir / "summary.json").read_text())["state"] == "complete"
+
+
+def test_r_run_1_the_state_dir_is_per_user_and_each_run_has_its_own_private_dir_of_files(
+    client: Client, agents: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-RUN-1 as DESIGN §5 lays it out: the storage root is the user's own state dir (its
+    ledgers are owner databases, not lock-file directories, §0.4), and each run's files sit in
+    `runs/<run id>/`, private to the user."""
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("echo", "laid out", True, None))
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    run_dir = Path(done.run_dir)
+    assert run_dir == state_dir / "runs" / done.run_id
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    files = {p.name for p in run_dir.iterdir()}
+    expected = {"events.jsonl", "summary.json", "recovery.json", "child-0"}
+    assert expected | {"external-0.stdout.log", "external-0.stderr.log"} <= files, files
+    assert stat.S_IMODE((run_dir / "recovery.json").stat().st_mode) == 0o600
+    owners = {"capacity.db", "fanout.db", "session.db", "runs.db"}
+    assert owners <= {p.name for p in state_dir.iterdir()}
+    assert [p for p in state_dir.rglob("*") if "lock" in p.name.lower()] == []
+    # The default root is per user: $SUBAGENTS_STATE_DIR, else the user's XDG state dir.
+    monkeypatch.delenv("SUBAGENTS_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", "/srv/someone/state")
+    assert default_state_dir() == Path("/srv/someone/state/subagents-node")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert default_state_dir() == Path.home() / ".local" / "state" / "subagents-node"
 
 
 def test_r_top_2_background_single_holds_one_slot_until_its_child_is_proven_ended(

@@ -343,3 +343,36 @@ def test_r_cap_7_an_adopted_run_whose_unstarted_slot_was_lost_meanwhile_is_stopp
     done = client.runs.wait(run.run_id, timeout=20)
     assert done.state == "failed" and "capacity slot was lost" in done.error
     held.wait_exit()  # its child was stopped with it
+
+
+def test_r_run_4_the_initial_status_is_recorded_before_the_launch_is_answered_and_survives_kill_9(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    """R-RUN-4: a run's status is its row in the supervisor's store, written in one
+    transaction (the store's atomic replace). By the time the launch is answered it says
+    running, with the run's session, id, mode and runner id, its child's pid with the proof
+    still pending, and the fan-out snapshot; a kill -9 of the node right then loses none of
+    it, and the run ends normally after a restart."""
+    first_node = start_node(state_dir=state_dir)
+    client = first_node.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [child] = gate.accept(1)
+
+    first_node.kill()
+    client = start_node(state_dir=state_dir).client()
+    seen = client.runs.show(run.run_id)
+
+    for view in (run, seen):
+        assert (view.state, view.mode, view.background) == ("running", "single", True)
+        assert (view.run_id, view.session_id, view.runner_id) == (
+            run.run_id,
+            ctx.session_id,
+            run.runner_id,
+        )
+        assert (view.snapshots.fanout_used, view.snapshots.fanout_limit) == (1, 64)
+        [only] = view.children
+        assert (only.label, only.pid, only.proof_state) == ("single", child.pid, None)
+    child.release(0)
+    done = client.runs.wait(run.run_id, timeout=20)
+    assert (done.state, done.output) == ("complete", "released 0"), done.error
