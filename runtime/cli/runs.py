@@ -316,6 +316,7 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
             unknown = ""
         except OwnerUnavailable as err:  # a worker cut off from its home still shows its run
             ledgers, unknown = None, err.message
+        found = live_fanout(client, found)
     lines = [
         f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
         *([f"host: {found.host}"] if found.host else []),
@@ -342,6 +343,26 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         **({"ledgers_unknown": unknown} if unknown else {}),
     }
     emit(data, as_json, "\n".join(lines))
+
+
+def live_fanout(client: Client, run: RunView) -> RunView:
+    """R-FAN-26: the run with a live snapshot of its persisted budget, so the claims its
+    children's nested launches made since admission count at once; the snapshot the run
+    recorded when there is no budget or its owner cannot answer (a worker cut off from home)."""
+    if not run.fanout_descriptor:
+        return run
+    try:
+        live = client.fanout.snapshot(run.fanout_descriptor)
+    except SubagentsError:
+        return run
+    snapshots = run.snapshots.model_copy(
+        update={
+            "fanout_used": live.used,
+            "fanout_limit": live.limit,
+            "fanout_remaining": live.remaining,
+        }
+    )
+    return run.model_copy(update={"snapshots": snapshots})
 
 
 def session_status(client: Client, run: RunView) -> tuple[SpawnSnapshot, CapacitySnapshot]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
+from subagents_node.messages.fanout import decode_descriptor, extend
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
@@ -183,6 +184,31 @@ def test_cli_run_parallel_and_chain_files(
 
 
 # -- show, runs, agents ---------------------------------------------------------------------------
+
+
+def test_r_fan_26_show_of_a_running_background_run_reads_its_fan_out_budget_live(
+    cli: Callable[..., Result], node: NodeProcess, gate: Gate
+) -> None:
+    """The status view's fan-out line is a live snapshot of the run's persisted budget: claims
+    its children's nested launches made since admission count at once, not when it ends."""
+    started = cli("run", "--async", "gate", str(gate.path))
+    assert started.exit_code == 0, started.output
+    run_id = started.stdout.strip()
+    [child] = gate.accept(1)
+    budget = decode_descriptor(as_json(cli("show", run_id, "--json"))["fanout_descriptor"])
+    # Two nested launches of the child, as its own `subagents-node run` would claim them.
+    node.client().fanout.claim(extend(budget, "0123abcd"), ["single"])
+    node.client().fanout.claim(extend(budget, "4567cdef"), ["tasks[0]", "tasks[1]"])
+
+    shown = cli("show", run_id)
+    data = as_json(cli("show", run_id, "--json"))
+
+    assert shown.exit_code == 0, shown.output
+    assert "Run fan-out: 4/64 used" in shown.stdout.splitlines()
+    assert (data["snapshots"]["fanout_used"], data["snapshots"]["fanout_remaining"]) == (4, 60)
+    child.release(0)
+    assert node.client().runs.wait(run_id, timeout=20).snapshots.fanout_used == 4
+    assert "Run fan-out: 4/64 used" in cli("show", run_id).stdout.splitlines()
 
 
 def test_cli_show_resolves_a_unique_prefix_and_refuses_an_ambiguous_or_unknown_one(
