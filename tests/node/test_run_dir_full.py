@@ -64,6 +64,8 @@ def _fill(path: Path) -> None:
 def test_r_adm_2_a_launch_with_no_room_for_its_run_dir_answers_store_full(
     full_runs_dir: Path, tmp_path: Path
 ) -> None:
+    """With no room for a file in the run's directory (`no-space`), the first file written is
+    the one that persists the run's fan-out descriptor: the launch fails (R-FAN-6)."""
     agents = script_agents(tmp_path / "agents")
     with running_node(state_dir=full_runs_dir) as node:
         client = node.client()

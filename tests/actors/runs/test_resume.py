@@ -35,9 +35,10 @@ from subagents_node.messages.errors import (
     RunNotResumable,
     SubagentsError,
 )
-from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.fanout import decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import (
     AgentPlan,
+    ChainStep,
     Launch,
     LaunchResult,
     Rerun,
@@ -215,6 +216,68 @@ def test_r_res_1_a_message_that_takes_the_task_past_its_limit_is_refused_and_cha
     assert fits.state == "complete"
     launch, _ = read_recovery(Path(fits.run_dir), fits.run_id)  # resumable again
     assert len(launch.items[0].task) == MAX_TASK_CHARS
+
+
+@pytest.mark.parametrize("mode", ["single", "parallel", "chain"])
+def test_r_fan_6_a_background_run_persists_its_validated_descriptor_before_its_children_start(
+    client: Client, ctx: LaunchContext, gate: Gate, mode: str
+) -> None:
+    """While its first children run, the run directory already holds the run's descriptor,
+    the one its owner validates, under the budget the run's claims went to."""
+    item = TaskItem(agent=ctx.plan("gate"), task=str(gate.path))
+    if mode == "single":
+        launch = ctx.launch("single", True, items=[item])
+    elif mode == "parallel":
+        launch = ctx.launch("parallel", True, items=[item, item])
+    else:
+        launch = ctx.launch(
+            "chain",
+            True,
+            chain=[ChainStep(items=[item, item], parallel=True), ChainStep(items=[item])],
+        )
+    run = client.runs.launch(launch)
+    started = gate.accept(1 if mode == "single" else 2)
+
+    _, persisted = read_recovery(Path(run.run_dir), run.run_id)
+
+    assert persisted == decode_descriptor(run.fanout_descriptor)
+    assert client.fanout.validate(persisted) == persisted
+    assert client.fanout.snapshot(persisted).used == {"single": 1, "parallel": 2, "chain": 3}[mode]
+    for child in started:
+        child.release(0)
+    if mode == "chain":
+        gate.accept(1)[0].release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+
+
+@pytest.mark.parametrize("tamper", ["not a descriptor", "raised limit", "other budget"])
+def test_r_fan_6_the_persisted_descriptor_is_validated_when_a_resume_reads_it(
+    client: Client, ctx: LaunchContext, tamper: str
+) -> None:
+    """A recovery descriptor whose budget was edited is refused, and no ledger moves: not the
+    source's budget, not the budget it names, not the capacity pool."""
+    source = finished(client, ctx)
+    budget = decode_descriptor(source.fanout_descriptor)
+    other = client.fanout.create("other", 5)
+    path = Path(source.run_dir) / RECOVERY
+    data = json.loads(path.read_text())
+    if tamper == "not a descriptor":
+        data["fanout"] = "%%%"
+    elif tamper == "raised limit":
+        data["fanout"] = encode_descriptor(budget.model_copy(update={"limit": budget.limit + 1}))
+    else:  # a real budget, but its owner's manifest names another root and limit
+        data["fanout"] = encode_descriptor(other.model_copy(update={"budget_id": budget.budget_id}))
+    path.write_text(json.dumps(data))
+    before = client.fanout.snapshot(other)
+
+    err = refused(client, source, SubagentsError)
+
+    assert "\n" not in err.message
+    if tamper == "not a descriptor":
+        assert err.message.startswith(f"Invalid persisted run fan-out budget '{path}': ")
+    else:
+        assert err.message == "Run fan-out budget descriptor does not match its manifest."
+    assert client.fanout.snapshot(other) == before
 
 
 def test_r_fan_7_an_unreadable_recovery_descriptor_is_refused_in_one_line_without_its_task(
