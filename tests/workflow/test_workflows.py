@@ -27,7 +27,7 @@ from subagents_node.messages.errors import (
     IntercomOff,
     WorkflowChildRefused,
 )
-from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.fanout import decode_descriptor, encode_descriptor, extend
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
 from subagents_node.node.node import Node
@@ -337,6 +337,90 @@ def test_a_6_a_child_refused_after_admission_never_launched_and_is_classified_no
     assert steps["second"]["runId"] is None
     assert flow.fanout_used() == 2  # R-FAN-15: its claim stays
     assert sorted(flow.children()) == ["first"]
+
+
+# -- which budget a workflow uses, and who claims for its children (R-FAN-9, R-FAN-20) ----------
+
+
+def test_r_fan_9_a_workflow_a_fanout_child_starts_uses_the_inherited_budget_unchanged(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """No run-id segment is added (A-13): the children's paths are the inherited parent path
+    and `workflow[key]`, and the inherited root's limit holds, whatever the child's config."""
+    tree = client.fanout.create("tree", 3)
+    client.fanout.claim(tree, ["single"])  # the launch of the child that starts the workflow
+    inherited = extend(tree, "single")  # what that child (an agent with `fanout: true`) holds
+    script = """
+    from subagents_node.errors import FanoutLimitExceeded
+
+    def main(runs):
+        runs.all([{"key": "a", "agent": "echo", "task": "a"}])
+        try:
+            runs.all([{"key": "b", "agent": "echo", "task": "b"},
+                      {"key": "c", "agent": "echo", "task": "c"}])
+        except FanoutLimitExceeded as err:
+            return {"path": err.rejection.path, "used": err.rejection.used}
+    """
+    env = {
+        "SUBAGENTS_RUN_FANOUT": encode_descriptor(inherited),
+        "SUBAGENTS_DEPTH": "1",
+        "SUBAGENTS_MAX_DEPTH": "4",
+    }
+    flow = start_workflow(client, agents, work, script, env=env, max_subagent_spawns_per_run=50)
+
+    assert flow.wait().state == "complete", flow.run.error
+    assert decode_descriptor(flow.run.fanout_descriptor) == inherited
+    assert flow.value() == {"path": "single/workflow[c]", "used": 2}
+    assert decode_descriptor(flow.children()["a"].fanout_descriptor).parent_path == (
+        "single/workflow[a]"
+    )
+    assert client.fanout.snapshot(tree).used == 2
+    assert sorted(flow.children()) == ["a"]
+
+
+def test_r_fan_9_a_top_level_workflow_gets_a_new_budget_of_its_own_each_time(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """The root run id is the workflow's short run id (our tool-call id, A-20)."""
+    script = """
+    def main(runs):
+        return runs.run("a", "echo", "a").state
+    """
+    flows = [start_workflow(client, agents, work, script, max_subagent_spawns_per_run=7)]
+    flows.append(start_workflow(client, agents, work, script, max_subagent_spawns_per_run=7))
+
+    budgets = []
+    for flow in flows:
+        assert flow.wait().state == "complete", flow.run.error
+        budget = decode_descriptor(flow.run.fanout_descriptor)
+        assert (budget.root_run_id, budget.limit, budget.parent_path) == (
+            flow.run.run_id[:8],
+            7,
+            "",
+        )
+        assert client.fanout.snapshot(budget).used == 1
+        budgets.append(budget.budget_id)
+    assert budgets[0] != budgets[1]
+
+
+def test_r_fan_20_a_workflow_child_claims_nothing_itself_its_host_claimed_its_key(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A budget of exactly one unit per child: a child claiming its own `single` on top of the
+    host's `workflow[key]` would be refused, so every child running proves the skip."""
+    script = """
+    def main(runs):
+        done = runs.all([{"key": f"k{i}", "agent": "echo", "task": str(i)} for i in range(3)])
+        return [r.state for r in done]
+    """
+    flow = start_workflow(client, agents, work, script, max_subagent_spawns_per_run=3)
+
+    assert flow.wait().state == "complete", flow.run.error
+    assert flow.value() == ["complete"] * 3
+    assert flow.fanout_used() == 3
+    for key, child in flow.children().items():
+        assert decode_descriptor(child.fanout_descriptor).parent_path == f"workflow[{key}]"
+        assert child.snapshots.fanout_limit == 3
 
 
 # -- R-FAN-24: only the workflow's own host may launch its children ---------------------------
