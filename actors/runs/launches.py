@@ -201,7 +201,8 @@ class RunLaunches:
                 run_id=str(row["run_id"]),
                 reason="continued",
             )
-        launch, plan = management.resume_launch(row, request)
+        route = management.workflow_route(self._host.db, request)
+        launch, plan = management.resume_launch(row, request, route)
         # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
         checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self._host.clock())
         inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})

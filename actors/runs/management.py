@@ -34,7 +34,9 @@ from subagents_node.messages.fanout import (
     FanoutDescriptor,
     ReservationGrant,
     ReservePaths,
+    decode_descriptor,
     encode_descriptor,
+    extend,
 )
 from subagents_node.messages.supervisor import (
     AppendResult,
@@ -66,12 +68,27 @@ def _with_message(run_id: str, item: TaskItem, message: str) -> TaskItem:
     return item.model_copy(update={"task": task})
 
 
-def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan]:
+def workflow_route(db: sqlite3.Connection, request: Resume) -> FanoutDescriptor | None:
+    """R-FAN-10: the descriptor a workflow's `resume` item runs under, the workflow's own
+    extended by `workflow[key]` (R-FAN-12), whatever tree its source ran in. None for any
+    other resume, or when there is no such workflow (the token check refuses it, R-FAN-24)."""
+    if request.workflow_key is None or request.parent_run_id is None:
+        return None
+    parent = runstore.run_row(db, request.parent_run_id)
+    if parent is None or parent["mode"] != "workflow" or not parent["fanout"]:
+        return None
+    return extend(decode_descriptor(parent["fanout"]), f"workflow[{request.workflow_key}]")
+
+
+def resume_launch(
+    row: sqlite3.Row, request: Resume, route: FanoutDescriptor | None = None
+) -> tuple[Launch, ResumePlan]:
     """R-RES-1..4: the relaunch of a finished run and what it reuses.
 
     A workflow resumes as a new workflow run of the same script (its host reuses the source's
     finished steps, R-WF-5); a workflow's `resume` item relaunches a child under that workflow
-    (no capacity, R-RES-3; its source's claim, R-FAN-23), awaited when it is a foreground one.
+    (no capacity, R-RES-3; its source's claim, R-FAN-23; the workflow's `route`, R-FAN-10),
+    awaited when it is a foreground one.
     """
     run_id, state = str(row["run_id"]), str(row["state"])
     as_child = request.workflow_key is not None
@@ -98,6 +115,8 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
             reason="foreground",
         )
     launch, descriptor = read_recovery(Path(row["run_dir"]), run_id)
+    if as_child and route is not None:
+        descriptor = route  # nested launches of the relaunched child charge this tree
     if launch.mode == "workflow":
         # A fresh `workflow` slot (R-TOP-4): a transfer hands over a `runner` one (R-CAP-19).
         plan = ResumePlan(source_run_id=run_id, descriptor=descriptor, transfer=False)
@@ -110,7 +129,7 @@ def resume_launch(row: sqlite3.Row, request: Resume) -> tuple[Launch, ResumePlan
         "capacity_limit": request.capacity_limit,
         # A resume is a top-level launch of the resuming process (R-RES-3); the budget comes
         # from the recovery descriptor (R-RES-4), not from an inherited route. A workflow's
-        # resume item is a nested launch whose route is that same descriptor.
+        # resume item is a nested launch whose route is its workflow's (R-FAN-10).
         "inherited_fanout": encode_descriptor(descriptor) if as_child else None,
         "parent_run_id": request.parent_run_id if as_child else None,
         "workflow_key": request.workflow_key,

@@ -29,7 +29,7 @@ import pytest
 from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import InjectedFault
-from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.fanout import decode_descriptor, extend
 from subagents_node.messages.supervisor import LaunchResult, Resume, RunView
 from subagents_node.workflow import resumed
 from subagents_node.workflow.launch import workflow_launch, workflow_result
@@ -207,12 +207,45 @@ def test_r_fan_23_a_resume_item_reuses_its_sources_claim_and_claims_nothing(
     first, again = kids["a"], kids["a2"]
     assert (first.run_id, again.run_id) == (value["first"], value["again"])
     assert (again.source_run_id, again.source_kind) == (first.run_id, "resume")
-    assert again.fanout_descriptor == first.fanout_descriptor  # its source's claim's route
+    # The workflow's route under the item's own key (R-FAN-10, R-FAN-12), on the same budget.
+    assert decode_descriptor(again.fanout_descriptor) == extend(
+        decode_descriptor(flow.fanout_descriptor), "workflow[a2]"
+    )
     assert again.output.split() == ["first", "second"]
     assert again.snapshots.capacity_used is None  # a workflow child takes no capacity
     assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 1
     steps = {s["workflowKey"]: s for s in value_of(done)["steps"]}
     assert steps["a2"]["resume"] is True and steps["a2"]["sourceRunId"] == first.run_id
+
+
+def test_r_fan_10_a_resume_item_of_a_run_from_another_tree_runs_under_its_workflows_budget(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A workflow-child revival uses the workflow's descriptor extended by `workflow[key]`
+    (R-FAN-12), not its source's: a fan-out child it relaunches claims its nested launches
+    from this workflow's budget, not from the tree the source ran in. Nothing is claimed
+    (R-FAN-23), in either budget."""
+    ctx = launch_context(agents)
+    outside = client.runs.launch(ctx.single("echo", "outside", True, None))
+    outside = client.runs.wait(outside.run_id, timeout=WAIT_S)
+    outside_budget = decode_descriptor(outside.fanout_descriptor)
+    outside_used = client.fanout.snapshot(outside_budget).used
+    script = f"""
+    def main(runs):
+        return runs.resume("again", "{outside.run_id}", "more").state
+    """
+    flow, _ = launch_workflow(client, agents, work, script, background=False)
+    done = client.runs.wait(flow.run_id, timeout=WAIT_S)
+
+    assert done.state == "complete", done.error
+    assert value_of(done)["value"] == "complete"
+    again = children_of(client, flow.run_id)["again"]
+    assert again.source_run_id == outside.run_id
+    assert decode_descriptor(again.fanout_descriptor) == extend(
+        decode_descriptor(flow.fanout_descriptor), "workflow[again]"
+    )
+    assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 0
+    assert client.fanout.snapshot(outside_budget).used == outside_used
 
 
 def test_a_19_a_refused_admission_fails_the_batchs_resume_items_too_and_starts_nothing(
