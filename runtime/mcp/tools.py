@@ -132,7 +132,7 @@ class LauncherTools:
                 f"({started.mode}, session {started.session_id}); "
                 "follow it with the wait and logs tools"
             )
-            return ToolAnswer(text, run_data(started))
+            return ToolAnswer(f"{text}\n{fanout_line(started)}", run_data(started))
         try:
             final = await self.client.runs.wait(started.run_id)
         except anyio.get_cancelled_exc_class():
@@ -226,7 +226,7 @@ class LauncherTools:
         )
         run = (await self.client.ask(request, LaunchResult)).run
         text = f"run {run.run_id} resumes {run_id} in the background"
-        return ToolAnswer(text, run_data(run))
+        return ToolAnswer(f"{text}\n{fanout_line(run)}", run_data(run))
 
     async def attach(
         self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
@@ -242,7 +242,7 @@ class LauncherTools:
             env=dict(self.env),
         )
         text = f"run {run.run_id} chains after {run_id} in the background"
-        return ToolAnswer(text, run_data(run))
+        return ToolAnswer(f"{text}\n{fanout_line(run)}", run_data(run))
 
     async def rerun(self, run_id: str, task: str, child: int) -> ToolAnswer:
         """R-MISC-2: child `child` of `run_id` again with a new task, in the foreground (a
@@ -335,12 +335,18 @@ def read_tail(path: str, limit: int) -> tuple[str, bool]:
     return data.decode("utf-8", "replace"), size > limit
 
 
+def fanout_line(run: RunView) -> str:
+    """R-FAN-25: the run tree's budget as the launch left it, in every launch result's text
+    (started in the background, or settled), beside the `fanout` of its data."""
+    snaps = run.snapshots
+    return f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used"
+
+
 def summary(run: RunView) -> str:
     """What a model needs from a settled run: its end, its ledgers and its output."""
     count = len(run.children)
     lines = [f"run {run.run_id} {run.state} ({run.mode}, {count} child{'ren' * (count != 1)})"]
-    snaps = run.snapshots
-    lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
+    lines.append(fanout_line(run))
     if run.error:
         lines.append(f"error: {run.error}")
     for child in run.children:

@@ -148,6 +148,43 @@ def test_a_background_run_returns_its_id_and_wait_and_logs_follow_it(node: NodeP
     assert unknown.is_error and "no-such-run" in text_of(unknown)
 
 
+def test_r_fan_25_every_run_result_carries_the_budget_after_its_claims_in_text_and_data(
+    node: NodeProcess,
+) -> None:
+    """Started in the background, complete in the foreground, failed in the foreground, and a
+    resume of the background one (it claims nothing, R-FAN-23): each result has the snapshot
+    taken after its own launch's claims, as data and as a text line."""
+    env = server_env(SUBAGENTS_NODE=node.address, SUBAGENTS_MAX_SPAWNS_PER_RUN="5")
+    two = [{"agent": "sleeper", "task": "seconds=0.1"}] * 2
+
+    async def go() -> list[CallToolResult]:
+        async with mcp_session(env) as session:
+            started = await session.call_tool("run", {"tasks": two, "background": True})
+            assert started.structured_content is not None, text_of(started)
+            run_id = started.structured_content["run_id"]
+            await session.call_tool("wait", {"run_id": run_id, "timeout_s": 30})
+            resumed = await session.call_tool("resume", {"run_id": run_id})
+            ran = await session.call_tool("run", {"agent": "sleeper", "task": "seconds=0.1"})
+            failed = await session.call_tool(
+                "run", {"agent": "sleeper", "task": "seconds=30", "timeout_ms": 300}
+            )
+            return [started, resumed, ran, failed]
+
+    started, resumed, ran, failed = asyncio.run(go())
+
+    for result, used, state in (
+        (started, 2, "running"),
+        (resumed, 2, "running"),
+        (ran, 1, "complete"),
+        (failed, 1, "failed"),
+    ):
+        assert result.structured_content is not None, text_of(result)
+        assert result.structured_content["state"] == state
+        assert result.structured_content["fanout"] == {"used": used, "limit": 5}
+        assert f"Run fan-out: {used}/5 used" in text_of(result).splitlines(), text_of(result)
+    node.client().runs.wait(resumed.structured_content["run_id"], timeout=30)  # type: ignore[index]
+
+
 def test_a_foreground_run_whose_call_the_client_cancels_is_stopped(node: NodeProcess) -> None:
     """An MCP client that abandons a foreground `run` (its user pressed Esc) sends
     notifications/cancelled: the server stops the run, as Ctrl-C does for the CLI."""
