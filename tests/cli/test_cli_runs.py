@@ -53,6 +53,7 @@ def as_json(result: Result) -> Any:
 def test_cli_run_in_the_foreground_follows_the_run_and_prints_its_summary(
     cli: Callable[..., Result], node: NodeProcess
 ) -> None:
+    """R-FAN-25: a foreground result's text has the `Run fan-out` line."""
     result = cli("run", "echo", "hello from the cli")
 
     assert result.exit_code == 0, result.output

@@ -213,6 +213,8 @@ def test_r_wf_8_a_colliding_batch_consumes_no_fanout_and_the_batches_around_it_r
 def test_r_fan_16_a_group_over_the_fanout_limit_starts_nothing_and_claims_nothing(
     client: Client, agents: Path, work: Path
 ) -> None:
+    """R-FAN-22: a workflow's children are claimed per admission batch, `workflow[key]` each,
+    all or nothing (R-WF-6)."""
     script = """
     from subagents_node.errors import FanoutLimitExceeded
 

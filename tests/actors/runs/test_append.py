@@ -119,6 +119,8 @@ def chain_facts(client: Client, run: RunView) -> tuple[object, ...]:
 def test_r_app_4_two_appends_racing_for_a_nearly_full_budget_admit_exactly_the_one_that_fits(
     node: Node, client: Client, agents: Path, gate: Gate, state_dir: Path
 ) -> None:
+    """R-FAN-22: a chain append claims its own steps' paths (`chain[1]`, `chain[2]`) on the
+    chain's budget, when it is appended, not at the chain's admission."""
     ctx = launch_context(agents, max_subagent_spawns_per_run=4)
     run = gated_chain(client, ctx, gate)
     budget = budget_of(run)

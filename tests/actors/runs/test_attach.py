@@ -53,6 +53,8 @@ def attach(client: Client, run_id: str, ctx: LaunchContext) -> RunView:
 def test_r_res_6_attach_as_root_charges_exactly_one_new_slot(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
+    """Also R-FAN-10 (A-12): attaching a live run as a new chain's root always creates a new
+    budget; the source's is left as it was."""
     source = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
     [held] = gate.accept(1)
     source_budget = decode_descriptor(source.fanout_descriptor)

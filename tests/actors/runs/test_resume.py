@@ -184,6 +184,8 @@ def test_r_cap_20_a_resume_that_must_acquire_is_refused_when_the_pool_is_full_an
 def test_r_res_4_chained_resumes_keep_one_budget_and_the_message_follows_the_task(
     client: Client, ctx: LaunchContext
 ) -> None:
+    """R-FAN-10: a revival that is no workflow child's runs under the descriptor in its
+    source's recovery descriptor, so a chain of resumes stays on one budget."""
     source = finished(client, ctx, task="first")
     budget = decode_descriptor(source.fanout_descriptor)
     used = client.fanout.snapshot(budget).used

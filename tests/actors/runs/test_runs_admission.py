@@ -437,7 +437,8 @@ def test_r_fan_16_a_recursive_agent_is_stopped_by_the_budget_after_exactly_limit
     client: Client, agents: Path, state_dir: Path
 ) -> None:
     """depth=2 width=2 asks for 1 + 2 + 4 launches; a budget of 4 admits the root, both
-    children and exactly one of the four grandchildren, all or nothing per launch."""
+    children and exactly one of the four grandchildren, all or nothing per launch. Each nested
+    launch of a fan-out child claims its own static path, `single`, under the child's (R-FAN-22)."""
     logs = state_dir / "launches"
     logs.mkdir()
     wrapper = state_dir / "launch.py"
