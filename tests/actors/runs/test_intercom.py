@@ -1,10 +1,11 @@
-"""Intercom: a child's messages to the run that launched it, and the per-run `off` (R-ICB-1..3).
+"""Intercom: a child's messages to the run that launched it, and the per-run `off` (R-ICB-1..4).
 
 A child sends with `subagents-node intercom send TEXT` or with the client API, addressed by the
 $SUBAGENTS_RUN_ID and $SUBAGENTS_CHILD_ID the node gave it; the run's view (its result, and the
 fleet's event feed) shows each message with the child that sent it. A run launched with
 `intercom: off` refuses them (IntercomOff) and records nothing, and the override is that run's
-only: another run of the same session still hears its children (R-ICB-1).
+only: another run of the same session still hears its children (R-ICB-1). A resume applies its
+source's setting again to the agent the source recorded as it was found (R-ICB-4).
 
 Embedded node; the children are real processes that reach the node through $SUBAGENTS_NODE.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.actors.runs.runstore import MAX_VIEW_INTERCOM
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
@@ -246,3 +248,30 @@ def test_r_res_7_a_workflow_whose_host_fixed_its_setting_refuses_an_override_and
     assert refused.value.details["reason"] == "workflow"
     assert "with its own intercom setting" in refused.value.message
     assert client.runs.list(limit=100) == before
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_r_icb_4_a_resume_applies_its_runs_intercom_setting_to_the_agent_recorded_as_found(
+    client: Client, agents: Path, mode: IntercomMode
+) -> None:
+    """The recovery descriptor keeps the agent as it was discovered, with nothing of the
+    bridge in it, and the run's own setting beside it; the resume applies that setting again
+    (this `Resume` asks for no override of its own, R-RES-7): `off` stays off, `on` stays on."""
+    ctx = launch_context(agents)
+    source = client.runs.launch(ctx.single("talker", "first", True, None, intercom=mode))
+    source = client.runs.wait(source.run_id, timeout=30)
+    recorded, _ = read_recovery(Path(source.run_dir), source.run_id)
+    assert recorded.items[0].agent == ctx.plan("talker")
+    assert recorded.intercom == mode
+
+    request = Resume(run_id=source.run_id, message="again", capacity_limit=0)
+    resumed = client.ask(request, LaunchResult).run
+    done = client.runs.wait(resumed.run_id, timeout=30)
+
+    if mode == "off":
+        assert (source.state, done.state) == ("failed", "failed")
+        assert done.children[0].error == f"error: Intercom is off for run {done.run_id}."
+        assert done.intercom == []
+    else:
+        assert (source.state, done.state) == ("complete", "complete")
+        assert [m.text for m in done.intercom] == ["first\n\nagain"]
