@@ -765,6 +765,8 @@ def test_r_run_7_a_script_that_ends_oddly_fails_with_a_one_line_error(
 def test_r_wf_9_an_aggregate_path_that_cannot_be_written_is_refused_before_the_launch(
     work: Path, output: str, problem: str
 ) -> None:
+    """R-MISC-6 (its first half, in our terms): a workflow's artifact path, its aggregate output
+    beside which its children's outputs go (R-WF-7), is computed up front, before the launch."""
     (work / "f").write_text("a file, not a directory")
     (work / "w.py").write_text("def main(runs):\n    return 1\n")
     ctx = launch_context(cwd=work)
