@@ -28,6 +28,7 @@ from subagents_node.client.paths import owner_db
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.capacity import Inspection
 from subagents_node.messages.errors import CapacityExhausted, RunNotResumable, SubagentsError
+from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import LaunchResult, Resume, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
@@ -321,6 +322,36 @@ def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_t
     held.release(0)
     assert client.runs.wait(run.run_id, timeout=20).state == "complete"
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+@pytest.mark.slow
+def test_r_fan_6_a_run_whose_node_was_killed_as_its_child_started_resumes_on_its_own_budget(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    """The descriptor is durable before the child starts: a kill -9 of the node right after
+    the fork leaves a run that, once adopted and ended, resumes on the very budget it claimed
+    from, and the resume claims nothing (R-FAN-23)."""
+    ctx, held = died_at_shim_launched(start_node, state_dir, monkeypatch, agents, gate)
+    client = start_node(state_dir=state_dir).client(timeout=20)
+    [run] = wait_until(lambda: client.runs.list(), what="the adopted run")
+    budget = decode_descriptor(run.fanout_descriptor)
+    assert client.fanout.snapshot(budget).used == 1
+    held.release(0)
+    assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+    request = Resume(run_id=run.run_id, capacity_limit=1)  # the gate task names the socket
+    resumed = client.ask(request, LaunchResult).run
+    [again] = gate.accept(1)
+    again.release(0)
+
+    assert client.runs.wait(resumed.run_id, timeout=20).state == "complete"
+    assert decode_descriptor(resumed.fanout_descriptor) == budget
+    assert client.fanout.snapshot(budget).used == 1
 
 
 @pytest.mark.slow
