@@ -103,6 +103,8 @@ def assert_no_restarts(node: NodeProcess) -> None:
 def test_issue12_full_disk_writes_answer_store_full_reads_answer_and_writes_resume(
     tiny_disk: Path,
 ) -> None:
+    """INV-FAN-4: a claim whose commit fails (the disk is full) raises StoreFull to its caller
+    and leaves `used` where the acknowledged claims put it, before and after a restart."""
     with running_node("--faults", state_dir=tiny_disk) as node:
         client = node.client()
         descriptor = client.fanout.create("full-disk", MAX_INT32)
