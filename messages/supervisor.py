@@ -359,6 +359,11 @@ class Resume(Request):
     #: The resuming launcher's depth and limit (R-TOP-1, R-CAP-18).
     depth: Depth = 0
     capacity_limit: Count = 0
+    #: The resuming launcher's inherited route ($SUBAGENTS_RUN_FANOUT), if any. With one (or
+    #: at depth > 0) the resume is nested: it takes no capacity (R-TOP-1, R-RES-3), and at
+    #: depth > 0 it is refused without one (R-FAN-4: only a `fanout: true` agent launches).
+    #: The route is only validated: the relaunch runs on its source's budget (R-RES-4).
+    inherited_fanout: EncodedDescriptor | None = None
     #: The resuming launcher's environment (never persisted; None: the node's own).
     env: Environment | None = None
     #: A `resume` item of a workflow (R-WF-5, R-FAN-23): the relaunch becomes workflow

@@ -6,11 +6,12 @@ thrown in, so the supervisor never blocks its thread on another owner. Local ste
 the run's rows, starting children) are the host's.
 
 Order (SPEC R-ADM-1, adapted by §0): depth guard -> fan-out authorization -> validation
-(`{previous}`, cwd) -> session spawn preflight -> capacity acquire (top-level background only)
--> fan-out budget resolve + static claim -> run dir -> spawn reserve -> record + start ->
-mark_started. Once a slot is held, every failure rolls it back (R-ADM-2), and a handle that is
-still unstarted when the pipeline ends, by return or raise, is rolled back (R-ADM-3). Fan-out
-claims made before a later failure stay claimed (R-FAN-15).
+(`{previous}`, cwd; a nested resume's route, R-FAN-5) -> session spawn preflight -> capacity
+acquire (top-level background only) -> fan-out budget resolve + static claim -> run dir ->
+spawn reserve -> record + start -> mark_started. Once a slot is held, every failure rolls it
+back (R-ADM-2), and a handle that is still unstarted when the pipeline ends, by return or
+raise, is rolled back (R-ADM-3). Fan-out claims made before a later failure stay claimed
+(R-FAN-15).
 
 Fault injection (tests only): the host's `fault_points` names steps that fail with a typed
 `InjectedFault` (one per rollback point: FAULT_POINTS); the supervisor hands over a non-empty
@@ -213,6 +214,12 @@ def admit(
 ) -> Pipeline:
     validate(launch)
     host.check_workflow_child(launch)
+    if resume is not None and launch.inherited_fanout is not None and not launch.fanout_admitted:
+        # A nested resume runs on its source's budget (R-RES-4): the caller's own route is its
+        # authorization to launch (R-FAN-4), so it must be a real budget (R-FAN-5), but an
+        # empty batch validates it without claiming anything on it (R-FAN-13).
+        route = _decode_inherited(launch.inherited_fanout)
+        _expect((yield ClaimPaths(descriptor=route, paths=[])), FanoutSnapshot)
     # Resumes reuse the source's claim and are not new spawns (R-FAN-23).
     requested = 0 if resume is not None else runplan.requested_spawns(launch)
     if requested:
@@ -312,16 +319,21 @@ def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, 
     child whose host already extended it by `workflow[key]` and claimed it (R-FAN-20).
     """
     if launch.inherited_fanout is not None:
-        try:
-            inherited = decode_descriptor(launch.inherited_fanout)
-        except FanoutDescriptorInvalid as err:
-            reason = err.details.get("reason", err.message)
-            raise FanoutDescriptorInvalid(
-                f"Invalid inherited run fan-out budget: {reason}", reason=reason
-            ) from None
+        inherited = _decode_inherited(launch.inherited_fanout)
         if launch.mode == "workflow" or launch.fanout_admitted:
             return inherited
         return extend(inherited, runplan.short_id(run_id))
     created = yield CreateBudget(root_run_id=runplan.short_id(run_id), limit=launch.spawns_per_run)
     descriptor: FanoutDescriptor = _expect(created, FanoutDescriptor)
     return descriptor
+
+
+def _decode_inherited(encoded: str) -> FanoutDescriptor:
+    """R-FAN-5: an inherited route that does not decode is refused in the spec's words."""
+    try:
+        return decode_descriptor(encoded)
+    except FanoutDescriptorInvalid as err:
+        reason = err.details.get("reason", err.message)
+        raise FanoutDescriptorInvalid(
+            f"Invalid inherited run fan-out budget: {reason}", reason=reason
+        ) from None

@@ -127,10 +127,12 @@ def resume_launch(
         "background": request.background if as_child else True,
         "depth": request.depth,
         "capacity_limit": request.capacity_limit,
-        # A resume is a top-level launch of the resuming process (R-RES-3); the budget comes
-        # from the recovery descriptor (R-RES-4), not from an inherited route. A workflow's
-        # resume item is a nested launch whose route is its workflow's (R-FAN-10).
-        "inherited_fanout": encode_descriptor(descriptor) if as_child else None,
+        # The resuming process's route: none makes a top-level resume (R-TOP-1, R-RES-3), one
+        # a nested resume that takes no capacity; either way the budget is the recovery
+        # descriptor's (R-RES-4). A workflow's resume item's route is its workflow's (R-FAN-10).
+        "inherited_fanout": (
+            encode_descriptor(descriptor) if as_child else request.inherited_fanout
+        ),
         "parent_run_id": request.parent_run_id if as_child else None,
         "workflow_key": request.workflow_key,
         # A workflow's resume item reuses its source's claim: nothing is claimed (R-FAN-23).
@@ -147,6 +149,8 @@ def resume_launch(
         )
         update["chain"] = [head, *launch.chain[1:]]
     relaunch = launch.model_copy(update=update)
+    # Only a top-level relaunch takes capacity (admission's capacity_eligible): a nested one
+    # neither transfers nor acquires, whatever this says.
     plan = ResumePlan(
         source_run_id=run_id,
         descriptor=descriptor,
@@ -156,17 +160,22 @@ def resume_launch(
 
 
 def as_resume(
-    launch: Launch, env: dict[str, str] | None, depth: int, capacity_limit: int
+    launch: Launch,
+    env: dict[str, str] | None,
+    depth: int,
+    capacity_limit: int,
+    route: str | None = None,
 ) -> Launch:
-    """A relaunch as a top-level background launch of the resuming process (R-RES-3): its
-    budget comes from the recovery descriptor (R-RES-4), not from an inherited route."""
+    """A relaunch as a background launch of the resuming process (R-RES-3): top-level unless
+    that process has a nested-run `route` or a depth (R-TOP-1). Its budget comes from the
+    recovery descriptor (R-RES-4), never from the route."""
     return launch.model_copy(
         update={
             "env": env,
             "background": True,
             "depth": depth,
             "capacity_limit": capacity_limit,
-            "inherited_fanout": None,
+            "inherited_fanout": route,
             "parent_run_id": None,
             "workflow_key": None,
             "fanout_admitted": False,
@@ -192,8 +201,9 @@ def _workflow_relaunch(run_id: str, launch: Launch, request: Resume) -> Launch:
             "background": True,
             "depth": request.depth,
             "capacity_limit": request.capacity_limit,
-            # R-RES-4: the recovery descriptor's budget, not an inherited route.
-            "inherited_fanout": None,
+            # R-RES-4: the recovery descriptor's budget; the caller's route only makes the
+            # resume nested (no `workflow` slot, R-TOP-1/4).
+            "inherited_fanout": request.inherited_fanout,
             "parent_run_id": None,
         }
     )

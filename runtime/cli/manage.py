@@ -20,7 +20,7 @@ from subagents_node.cli.runs import follow, summary
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.base import validate_request
-from subagents_node.messages.constants import ENV_CHILD_ID, ENV_RUN_ID
+from subagents_node.messages.constants import ENV_CHILD_ID, ENV_FANOUT, ENV_RUN_ID
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.supervisor import (
     Append,
@@ -51,7 +51,9 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
 
     Only background runs can be resumed: a foreground, stopped or still-running run is
     refused (use `rerun` for a foreground one). The resumed run reuses the source's fan-out
-    budget without claiming (R-RES-4) and keeps its absolute deadline (R-TMO-8). A run paused
+    budget without claiming (R-RES-4) and keeps its absolute deadline (R-TMO-8). Run inside
+    a run (by a `fanout: true` agent), the resume is nested: it takes no capacity slot, and a
+    paused source's slot is freed instead of moved (R-TOP-1, R-RES-3). A run paused
     by `pause` goes on from the interrupted step; one waiting at a checkpoint needs `approve`.
     A failed or complete workflow (background or not) is resumed as a new background workflow
     run of its script: the steps it finished are not run again and nothing it claimed is
@@ -66,6 +68,8 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
         "capacity_limit": limit,
         "env": dict(os.environ),
         "intercom": intercom,  # R-RES-7: None keeps the source's
+        # Inside a run: a nested resume (R-TOP-1), allowed to a `fanout: true` agent (R-FAN-4).
+        "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
     request = validate_request(Resume, fields)
     with obj.client() as client:

@@ -223,6 +223,7 @@ class LauncherTools:
             depth=ctx.depth,
             capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
             env=dict(self.env),
+            inherited_fanout=ctx.inherited_fanout,  # inside a run: nested (R-TOP-1, R-FAN-4)
         )
         run = (await self.client.ask(request, LaunchResult)).run
         text = f"run {run.run_id} resumes {run_id} in the background"
