@@ -8,7 +8,9 @@ restart ended) goes on in a new run launched like a resume: the source's budget 
 claimed, R-FAN-23), its slot (transferred, R-CAP-18: a paused source with no live process is
 transferable, SPEC §0.4 / A-2) and its absolute deadline (R-TMO-8). Once that run has its slot
 (after mark_started), the source is `stopped` with a link to it; a rollback before that leaves
-the source paused with its slot restored (R-CAP-16). It never blocks on another owner.
+the source paused with its slot restored (R-CAP-16). A nested resume (R-TOP-1) takes no slot:
+once its run started, the source ends `stopped` and reports so, which frees the slot it held.
+It never blocks on another owner.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from subagents_node.actors.runs import checkpoints, management, runstore, steps
+from subagents_node.actors.runs import checkpoints, management, runplan, runstore, steps
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
@@ -139,6 +141,7 @@ def resume_paused(host: PauseHost, row: sqlite3.Row, request: Resume) -> Message
         request.capacity_limit,
         request.env,
         request.intercom,
+        request.inherited_fanout,
     )
 
 
@@ -150,29 +153,38 @@ def continue_paused(
     capacity_limit: int,
     env: dict[str, str] | None,
     intercom: IntercomMode | None = None,
+    route: str | None = None,
 ) -> Message:
     """Launch the run that goes on with paused run `row` from its pause point; `intercom`
-    overrides the setting persisted with it (R-RES-7)."""
+    overrides the setting persisted with it (R-RES-7), `route` is the caller's nested-run
+    route (R-TOP-1: with one, or a depth, the new run takes no capacity)."""
     source_id = str(row["run_id"])
     checkpoints.check_continuable(host.db, row, kind)
     source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
     launch = checkpoints.continuation(host.db, row, source, kind, host.clock())
-    launch = management.as_resume(launch, env, depth, capacity_limit)
+    launch = management.as_resume(launch, env, depth, capacity_limit, route)
     if intercom is not None:
         launch = launch.model_copy(update={"intercom": intercom})
-    plan = ResumePlan(
-        source_run_id=source_id, descriptor=descriptor, transfer=row["capacity"] is not None
+    moves = row["capacity"] is not None and runplan.capacity_eligible(launch)
+    plan = ResumePlan(source_id, descriptor, transfer=moves)
+    return host.relaunch(
+        launch, plan, lambda view: continued(host, source_id, view.run_id, moved=moves)
     )
-    return host.relaunch(launch, plan, lambda view: continued(host, source_id, view.run_id))
 
 
-def continued(host: PauseHost, source_id: str, run_id: str) -> None:
-    """The paused source gave its slot to the run that goes on with it: it is over."""
+def continued(host: PauseHost, source_id: str, run_id: str, moved: bool = True) -> None:
+    """The paused source is over: it gave its slot to the run that goes on with it, or, when
+    that run is nested and takes no capacity (R-TOP-7, R-RES-3), it ends like a stopped
+    paused run (R-CAP-25): its terminal report lets the owner release the slot it holds."""
     row = runstore.run_row(host.db, source_id)
     if row is None or row["state"] != "paused":
         return
     output = f"Continued as run {run_id}."
-    runstore.update_run(host.db, source_id, state="stopped", ended_at=host.clock(), output=output)
+    now = host.clock()
+    runstore.update_run(host.db, source_id, state="stopped", ended_at=now, output=output)
+    report = None if moved else steps.parked_report(host.db, row, "stopped", now)
+    if report is not None:
+        host.report_terminal(report)
     host.record_event(source_id, "run.continued", {"by": run_id})
     host.track(row["session_id"], source_id, "stopped")
     host.parked_ended(source_id, "stopped", output)

@@ -5,14 +5,18 @@ capacity: it neither transfers nor acquires (R-RES-3, R-TOP-7). Its run goes on 
 source's budget, claiming nothing (R-RES-4, R-FAN-10), at the caller's depth, so the depth limit
 still refuses it (R-RES-1, R-ADM). Launching anything from inside a run needs the caller's own
 route, which only a `fanout: true` agent is given (§0.2, R-FAN-4): a resume starts children, so
-it needs it too; the route is validated (R-FAN-5) but nothing is claimed on it.
+it needs it too; the route is validated (R-FAN-5) but nothing is claimed on it. A paused source
+that still holds its slot gives it to no one: it ends `stopped` (continued), and that terminal
+report frees its slot (R-CAP-25; transfer is for top-level resumes only, R-CAP-18..20).
 
-Embedded node, real children: the `resumer` agent runs `subagents-node resume` itself.
+Embedded node, real children: the `resumer` agent runs `subagents-node resume` itself; the
+kill -9 case uses real detached node processes (SUBAGENTS_TEST_KILL_AT).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,13 +31,14 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
-from subagents_node.messages.supervisor import LaunchResult, Resume, RunView
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, Resume, RunView, TaskItem
 from tests.support.manage import hold_with_unknown_proof
+from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, ledgers, wait_until, write_agent
+from tests.support.runs import Gate, launch_context, ledgers, wait_until, wait_view, write_agent
 
 LIMIT = 2
 RESUMER = json.dumps(["{python}", "-m", "subagents_node", "resume", "{task}"])
@@ -140,6 +145,43 @@ def test_r_res_3_a_nested_resume_leaves_a_finished_sources_held_slot_where_it_is
     assert client.capacity.inspect(source.run_id, ctx.session_id) == held
 
 
+def test_r_res_3_a_nested_resume_of_a_paused_run_frees_the_slot_the_source_held(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The continuation takes no slot; its source ends `stopped` and its slot is released
+    (R-CAP-25), instead of moving to a run that is never charged (R-TOP-7)."""
+    gate_step = ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))])
+    tail = ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task="{previous} then more")])
+    run = client.runs.launch(ctx.launch("chain", True, chain=[gate_step, tail]))
+    [child] = gate.accept(1)
+    budget = decode_descriptor(run.fanout_descriptor)
+    claims = client.fanout.snapshot(budget)
+    client.runs.pause(run.run_id)
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+    child.wait_exit()
+    assert used(client, ctx) == 1  # "run is still paused"
+    route = a_route(client)
+
+    resumed = nested_resume(client, run.run_id, route)
+    [again] = gate.accept(1)
+
+    assert (resumed.source_run_id, resumed.depth) == (run.run_id, 1)
+    assert resumed.snapshots.capacity_used is None
+    assert client.capacity.inspect(resumed.run_id, ctx.session_id).relation == "none"
+    source = client.runs.show(run.run_id)
+    assert (source.state, source.resumed_by) == ("stopped", resumed.run_id)
+    wait_until(lambda: used(client, ctx) == 0, what="the paused source's slot to be freed")
+    assert resumed.fanout_descriptor == run.fanout_descriptor
+    assert client.fanout.snapshot(budget) == claims
+    assert client.fanout.snapshot(decode_descriptor(route)).used == 0
+
+    again.release(0)
+    done = client.runs.wait(resumed.run_id, timeout=20)
+    assert (done.state, done.output) == ("complete", "released 0 then more")
+    assert used(client, ctx) == 0
+    assert client.fanout.snapshot(budget) == claims
+
+
 @pytest.mark.parametrize(
     ("depth", "route", "error", "message"),
     [
@@ -179,3 +221,43 @@ def test_r_res_1_a_refused_nested_resume_changes_nothing(
     assert message in refused.value.message
     assert ledgers(client, ctx.session_id, LIMIT, budget) == before
     assert client.fanout.snapshot(decode_descriptor(caller)).used == 0
+
+
+@pytest.mark.slow
+def test_r_res_3_kill_9_before_a_nested_continuation_said_so_still_frees_the_paused_slot(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    """The node dies once a nested continuation is recorded, before its child is forked
+    (`fork_shim`). With no slot to mark started, the source is ended in the transaction that
+    records its continuation, and the report that frees its slot is owed durably with it: the
+    restarted node sends it, so the slot is not left "still paused" for good."""
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    gate_step = ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))])
+    run = client.runs.launch(ctx.launch("chain", True, chain=[gate_step]))
+    [child] = gate.accept(1)
+    client.runs.pause(run.run_id)
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+    child.wait_exit()
+    route = a_route(client)
+    first.cleanup()
+    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "fork_shim")
+    dying = start_node("--faults", state_dir=state_dir)
+    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    with pytest.raises(SubagentsError):
+        nested_resume(dying.client(timeout=5), run.run_id, route)
+    assert dying.wait_exited(10), "the node did not die at fork_shim"
+
+    client = start_node(state_dir=state_dir).client()
+    [going] = wait_until(
+        lambda: [r for r in client.runs.list() if r.source_run_id == run.run_id],
+        what="the recorded continuation",
+    )
+    assert client.runs.wait(going.run_id, timeout=20).state == "failed"  # started nothing
+    assert client.runs.show(run.run_id).state == "stopped"
+    wait_until(lambda: used(client, ctx) == 0, what="the paused source's slot to be freed")
