@@ -31,10 +31,10 @@ import pytest
 from subagents_node import Client, connect
 from subagents_node.client.paths import read_pid_file
 from subagents_node.messages.capacity import RunnerProof
-from subagents_node.messages.errors import SubagentsError
 from tests.support.manage import store_rows
 from tests.support.nodes import running_node
 from tests.support.runs import wait_until
+from tests.support.storms import Storm
 
 pytestmark = pytest.mark.processes
 
@@ -271,43 +271,6 @@ def test_r_cap_7_kill_9_keeps_every_acknowledged_slot_and_ttl_still_applies(
         assert client.capacity.snapshot("s").used == 0
 
 
-class AcquireStorm:
-    """One thread acquiring a fresh slot (its own run id) at a time; it keeps the run ids the
-    owner acknowledged and those whose answer was lost with it (outcome unknown)."""
-
-    def __init__(self, client: Client, session: str) -> None:
-        self.client = client
-        self.session = session
-        self.acked: list[str] = []
-        self.unknown: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> AcquireStorm:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            run_id = f"storm-{n}"
-            n += 1
-            try:
-                self.client.capacity.acquire(self.session, 100_000, run_id, ttl_s=600.0)
-            except SubagentsError:
-                self.unknown.append(run_id)  # in flight while the owner died
-                continue
-            self.acked.append(run_id)
-
-    def wait_acked(self, count: int) -> None:
-        target = len(self.acked) + count
-        wait_until(lambda: len(self.acked) >= target, timeout=30, what=f"{count} more slots")
-
-
 def test_r_cap_11_kill_9_of_the_owner_mid_acquire_leaves_no_slot_without_its_record() -> None:
     """kill -9 of the capacity owner while acquires stream in: after its restart every
     acknowledged slot is there, every counted slot has its complete owner record (so it can be
@@ -316,7 +279,11 @@ def test_r_cap_11_kill_9_of_the_owner_mid_acquire_leaves_no_slot_without_its_rec
     with running_node() as node:
         before = {a.name: int(a.pid or 0) for a in node.status().actors}
         storm_client = node.client(timeout=2.0)
-        with AcquireStorm(storm_client, "atomic") as storm:
+
+        def acquire(run_id: str) -> None:
+            storm_client.capacity.acquire("atomic", 100_000, run_id, ttl_s=600.0)
+
+        with Storm(acquire, "storm-") as storm:
             storm.wait_acked(50)
             os.kill(before["capacity"], signal.SIGKILL)
             wait_until(

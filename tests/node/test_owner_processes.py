@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +21,12 @@ import pytest
 
 from subagents_node.client.paths import OWNER_SOCKETS, owner_db
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.node.node import Node
 from tests.support.manage import store_rows
 from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
 from tests.support.runs import wait_until
+from tests.support.storms import Storm
 
 pytestmark = pytest.mark.processes
 
@@ -41,49 +41,15 @@ def owner_pids(node: NodeProcess) -> dict[str, int]:
     return {a.name: int(a.pid or 0) for a in node.status().actors if a.state == "running"}
 
 
-class ClaimStorm:
-    """One thread claiming fresh paths one at a time; it keeps what was acknowledged."""
-
-    def __init__(self, node: NodeProcess, root: str) -> None:
-        self.client = node.client(timeout=2.0)
-        self.budget = self.client.fanout.create(root_run_id=root, limit=100_000)
-        self.acked: list[str] = []
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> ClaimStorm:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            path = f"tasks[{i}]"
-            i += 1
-            try:
-                self.client.fanout.claim(self.budget, [path])
-            except SubagentsError:
-                self.failures += 1  # in flight while its owner died: outcome unknown
-                continue
-            self.acked.append(path)
-
-    def wait_acked(self, count: int) -> None:
-        target = len(self.acked) + count
-        wait_until(lambda: len(self.acked) >= target, timeout=30, what=f"{count} more claims")
-
-
 @pytest.mark.parametrize("victim", ["capacity", "session", "supervisor", "fanout"])
 def test_kill_9_of_one_owner_under_a_claim_storm_loses_no_acknowledged_claim(
     node: NodeProcess, victim: str
 ) -> None:
     before = owner_pids(node)
     other = node.client(timeout=5.0)
-    with ClaimStorm(node, f"storm-{victim}") as storm:
+    claimer = node.client(timeout=2.0)
+    budget = claimer.fanout.create(root_run_id=f"storm-{victim}", limit=100_000)
+    with Storm(lambda path: claimer.fanout.claim(budget, [path]), "tasks-") as storm:
         storm.wait_acked(50)
         os.kill(before[victim], signal.SIGKILL)
         # The other owners answer while the victim is down or coming back.
@@ -103,7 +69,7 @@ def test_kill_9_of_one_owner_under_a_claim_storm_loses_no_acknowledged_claim(
         for r in store_rows(
             node.state_dir,
             "SELECT path FROM fanout_claims WHERE budget_id=?",
-            storm.budget.budget_id,
+            budget.budget_id,
             owner="fanout",
         )
     }
