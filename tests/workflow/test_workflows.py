@@ -29,7 +29,7 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.fanout import decode_descriptor, encode_descriptor, extend
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
-from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
+from subagents_node.messages.supervisor import Intercom, IntercomMessage, IntercomMode, RunView
 from subagents_node.node.node import Node
 from subagents_node.workflow.api import (
     WorkflowEnv,
@@ -119,6 +119,7 @@ def start_workflow(
     output: str | None = None,
     timeout_ms: int | None = None,
     env: dict[str, str] | None = None,
+    intercom: IntercomMode = "on",
     **config: Any,
 ) -> Workflow:
     path = work / "workflow.py"
@@ -132,6 +133,7 @@ def start_workflow(
         output=output,
         timeout_ms=timeout_ms,
         agents_dirs=(str(agents),),
+        intercom=intercom,
     )
     run = client.runs.launch(launch)
     limit = int(config.get("max_active_async_runs_per_session", 0))
@@ -835,13 +837,7 @@ def test_r_icb_3_a_workflow_child_takes_its_own_intercom_setting_else_the_workfl
             {"key": "own", "agent": "echo", "task": "y", "intercom": "on"},
         ])
     """
-    path = work / "workflow.py"
-    path.write_text(textwrap.dedent(script))
-    ctx = launch_context(agents, cwd=work)
-    launch = workflow_launch(
-        ctx, path, background=False, agents_dirs=(str(agents),), intercom="off"
-    )
-    flow = Workflow(client, client.runs.launch(launch), ctx.session_id, 0)
+    flow = start_workflow(client, agents, work, script, intercom="off")
     assert flow.wait().state == "complete", flow.run.error
     children = flow.children()
 
@@ -866,13 +862,7 @@ def test_r_icb_3_a_workflows_resume_item_takes_its_own_intercom_setting_else_the
         runs.all([{"key": "inherits", "resume": "heard"}])
         runs.resume("own", "heard", intercom="on")
     """
-    path = work / "workflow.py"
-    path.write_text(textwrap.dedent(script))
-    ctx = launch_context(agents, cwd=work)
-    launch = workflow_launch(
-        ctx, path, background=False, agents_dirs=(str(agents),), intercom="off"
-    )
-    flow = Workflow(client, client.runs.launch(launch), ctx.session_id, 0)
+    flow = start_workflow(client, agents, work, script, intercom="off")
     assert flow.wait().state == "complete", flow.run.error
     children = flow.children()
     assert children["inherits"].source_run_id == children["heard"].run_id
