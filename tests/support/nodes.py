@@ -155,6 +155,10 @@ class NodeProcess:
     args: tuple[str, ...] = ()
     #: run `start` through this command (e.g. `ip netns exec NS`: the node lives there)
     prefix: tuple[str, ...] = ()
+    #: a fault-injection step at which the node kills itself (SUBAGENTS_TEST_KILL_AT, with
+    #: `--faults`); only this start sees it, so the node started after it on the same state
+    #: dir lives
+    kill_at: str = ""
     pid: int = 0
     address: str = ""
     _proc: psutil.Process | None = None
@@ -168,8 +172,9 @@ class NodeProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self) -> NodeProcess:
+        env = {**os.environ, "SUBAGENTS_TEST_KILL_AT": self.kill_at} if self.kill_at else None
         done = run_cli(
-            "start", "--detach", *self.args, state_dir=self.state_dir, prefix=self.prefix
+            "start", "--detach", *self.args, state_dir=self.state_dir, prefix=self.prefix, env=env
         )
         assert done.returncode == 0, f"start failed: {done.stderr}\n--- node log ---\n{self.log()}"
         record = read_pid_file(self.state_dir)
@@ -240,10 +245,13 @@ class NodeProcess:
 
 
 @contextlib.contextmanager
-def running_node(*args: str, state_dir: Path | None = None) -> Iterator[NodeProcess]:
-    """A detached node for the duration of the block (usable from any fixture scope)."""
+def running_node(
+    *args: str, state_dir: Path | None = None, kill_at: str = ""
+) -> Iterator[NodeProcess]:
+    """A detached node for the duration of the block (usable from any fixture scope);
+    `kill_at` makes it one that kills itself at that step (NodeProcess.kill_at)."""
     own_dir = state_dir is None
-    node = NodeProcess(state_dir or new_state_dir(), tuple(args))
+    node = NodeProcess(state_dir or new_state_dir(), tuple(args), kill_at=kill_at)
     try:
         yield node.start()
     finally:
@@ -394,11 +402,12 @@ def state_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def start_node() -> Iterator[Callable[..., NodeProcess]]:
-    """Factory: `start_node(*start_args, state_dir=None)`; every node is stopped at teardown."""
+    """Factory: `start_node(*start_args, state_dir=None, kill_at="")`; every node is stopped
+    at teardown."""
     stack = contextlib.ExitStack()
 
-    def start(*args: str, state_dir: Path | None = None) -> NodeProcess:
-        return stack.enter_context(running_node(*args, state_dir=state_dir))
+    def start(*args: str, state_dir: Path | None = None, kill_at: str = "") -> NodeProcess:
+        return stack.enter_context(running_node(*args, state_dir=state_dir, kill_at=kill_at))
 
     with stack:
         yield start

@@ -38,12 +38,10 @@ def killed_at(
 ) -> Client:
     """`ask` on a node that kills itself at `point`; then a restarted node's client."""
     monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
-    dying = start_node("--faults", state_dir=state_dir)
+    dying = start_node("--faults", state_dir=state_dir, kill_at=point)
     with pytest.raises(SubagentsError):
         ask(dying.client(timeout=5))
     assert dying.wait_exited(10), f"the node did not die at {point}"
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
     return start_node(state_dir=state_dir).client(timeout=20)
 
 

@@ -46,27 +46,14 @@ def freed(client: Client, ctx: LaunchContext) -> bool:
     return used(client, ctx) == 0
 
 
-def killed_at(
-    start_node: Callable[..., NodeProcess],
-    state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    point: str,
-) -> NodeProcess:
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
-    node = start_node("--faults", state_dir=state_dir)
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
-    return node
-
-
 @pytest.mark.slow
 def test_r_run_2_kill_9_while_a_pause_settles_leaves_a_paused_run_that_resumes(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     agents: Path,
     gate: Gate,
 ) -> None:
-    first = killed_at(start_node, state_dir, monkeypatch, "pause_settle")
+    first = start_node("--faults", state_dir=state_dir, kill_at="pause_settle")
     client = first.client()
     ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
     chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "{previous} then more")]
@@ -120,7 +107,7 @@ def test_r_res_5_kill_9_before_a_continuation_took_the_paused_runs_slot_leaks_no
     wait_view(client, run.run_id, lambda v: v.state == "paused")
     child.wait_exit()
     first.cleanup()
-    dying = killed_at(start_node, state_dir, monkeypatch, "fork_shim")
+    dying = start_node("--faults", state_dir=state_dir, kill_at="fork_shim")
     with pytest.raises(SubagentsError):
         dying.client(timeout=5).ask(Resume(run_id=run.run_id, capacity_limit=LIMIT), LaunchResult)
     assert dying.wait_exited(10), "the node did not die at fork_shim"
@@ -241,11 +228,10 @@ def test_r_run_2_after_a_restart_an_approve_and_a_reject_sent_at_once_never_both
 def test_r_fan_21_kill_9_during_an_expansion_fails_the_run_after_restart_and_frees_its_slot(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     agents: Path,
     point: str,
 ) -> None:
-    first = killed_at(start_node, state_dir, monkeypatch, point)
+    first = start_node("--faults", state_dir=state_dir, kill_at=point)
     client = first.client(timeout=5)
     ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
     template = TaskItem(agent=ctx.plan("echo"), task="got {item}")

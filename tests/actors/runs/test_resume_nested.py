@@ -227,7 +227,6 @@ def test_r_res_1_a_refused_nested_resume_changes_nothing(
 def test_r_res_3_kill_9_before_a_nested_continuation_said_so_still_frees_the_paused_slot(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     agents: Path,
     gate: Gate,
 ) -> None:
@@ -246,9 +245,7 @@ def test_r_res_3_kill_9_before_a_nested_continuation_said_so_still_frees_the_pau
     child.wait_exit()
     route = a_route(client)
     first.cleanup()
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "fork_shim")
-    dying = start_node("--faults", state_dir=state_dir)
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    dying = start_node("--faults", state_dir=state_dir, kill_at="fork_shim")
     with pytest.raises(SubagentsError):
         nested_resume(dying.client(timeout=5), run.run_id, route)
     assert dying.wait_exited(10), "the node did not die at fork_shim"

@@ -191,15 +191,13 @@ def test_r_cap_21_supervisor_killed_after_a_run_end_replays_its_report_on_restar
     state_dir: Path,
     agents: Path,
     gate: Gate,
-    monkeypatch: pytest.MonkeyPatch,
     point: str,
 ) -> None:
     """The node (and its run supervisor) dies with SIGKILL once the run's end has committed:
     before the report went out, or after the capacity owner applied it and before the
     supervisor recorded its answer. Either way the restarted supervisor sends it again; a copy
     of an applied report changes nothing, here the slot another run still holds."""
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
-    dying = start_node("--faults", state_dir=state_dir)
+    dying = start_node("--faults", state_dir=state_dir, kill_at=point)
     client = dying.client(timeout=20)
     (ended, ended_child), (running, running_child) = start_gated(
         client, agents, gate, limit=2, count=2
@@ -210,7 +208,6 @@ def test_r_cap_21_supervisor_killed_after_a_run_end_replays_its_report_on_restar
     assert dying.wait_exited(20), f"the node did not die at {point}"
     assert (REPORT, ended.run_id) in outbox(state_dir)  # committed, never acknowledged
 
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
     client = start_node(state_dir=state_dir).client(timeout=20)
     assert client.runs.show(ended.run_id).state == "complete"
     wait_until(lambda: not slot_held(client, ended), what="the replayed report to free the slot")
@@ -229,10 +226,8 @@ def test_r_app_4_an_append_recorded_before_a_node_kill_is_committed_and_kept_on_
     state_dir: Path,
     agents: Path,
     gate: Gate,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "append_recorded")
-    dying = start_node("--faults", state_dir=state_dir)
+    dying = start_node("--faults", state_dir=state_dir, kill_at="append_recorded")
     client = dying.client(timeout=20)
     ctx = launch_context(agents)
     first = ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))])
@@ -248,7 +243,6 @@ def test_r_app_4_an_append_recorded_before_a_node_kill_is_committed_and_kept_on_
     )
     assert state == "pending"  # recorded; its claims reserved and not committed
 
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
     client = start_node(state_dir=state_dir).client(timeout=20)
 
     def reservation_state() -> str:

@@ -270,16 +270,13 @@ def test_a_program_embedding_a_node_exits_while_a_background_child_runs_on() -> 
 def died_at_shim_launched(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     agents: Path,
     gate: Gate,
 ) -> tuple[LaunchContext, GateChild]:
     """A background gate run (max_active 1) launched on a node that kills itself once the
     run's child is forked (`shim_launched`): the launch gets an error, its slot is unstarted,
     and the child runs on at the gate (its shim outlives the node)."""
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", "shim_launched")
-    dying = start_node("--faults", state_dir=state_dir)
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
+    dying = start_node("--faults", state_dir=state_dir, kill_at="shim_launched")
     ctx = launch_context(agents, max_active_async_runs_per_session=1)
     with pytest.raises(SubagentsError):
         dying.client(timeout=5).runs.launch(ctx.single("gate", str(gate.path), True, None))
@@ -303,7 +300,7 @@ def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_t
     Now the restarted node marks the adopted run's slot started, and the slot is released
     only when the run ends."""
     monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
-    ctx, held = died_at_shim_launched(start_node, state_dir, monkeypatch, agents, gate)
+    ctx, held = died_at_shim_launched(start_node, state_dir, agents, gate)
 
     client = start_node(state_dir=state_dir).client(timeout=20)
     [run] = wait_until(lambda: [r for r in client.runs.list() if r.state == "running"])
@@ -328,14 +325,13 @@ def test_r_cap_7_a_run_whose_child_started_before_a_kill_9_keeps_its_slot_past_t
 def test_r_fan_6_a_run_whose_node_was_killed_as_its_child_started_resumes_on_its_own_budget(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     agents: Path,
     gate: Gate,
 ) -> None:
     """The descriptor is durable before the child starts: a kill -9 of the node right after
     the fork leaves a run that, once adopted and ended, resumes on the very budget it claimed
     from, and the resume claims nothing (R-FAN-23)."""
-    ctx, held = died_at_shim_launched(start_node, state_dir, monkeypatch, agents, gate)
+    ctx, held = died_at_shim_launched(start_node, state_dir, agents, gate)
     client = start_node(state_dir=state_dir).client(timeout=20)
     [run] = wait_until(lambda: client.runs.list(), what="the adopted run")
     budget = decode_descriptor(run.fanout_descriptor)
@@ -358,14 +354,13 @@ def test_r_fan_6_a_run_whose_node_was_killed_as_its_child_started_resumes_on_its
 def test_r_cap_7_an_adopted_run_whose_unstarted_slot_was_lost_meanwhile_is_stopped(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     agents: Path,
     gate: Gate,
 ) -> None:
     """As above, but the unstarted slot is gone when the restarted node marks it started (here
     deleted behind the node's back while it is down, as a lost grant would be): the run holds
     no slot, so it does not go on uncounted; it is stopped, failed, and says why."""
-    _, held = died_at_shim_launched(start_node, state_dir, monkeypatch, agents, gate)
+    _, held = died_at_shim_launched(start_node, state_dir, agents, gate)
     with sqlite3.connect(owner_db(state_dir, "capacity")) as db:
         assert db.execute("DELETE FROM capacity_slots").rowcount == 1
 

@@ -220,13 +220,11 @@ def test_a_node_killed_between_launch_steps_leaves_no_stuck_run_and_no_unproven_
     after a restart every run of the session is settled or genuinely running, and the slot is
     freed (with proof, or by the reservation TTL when no run was ever recorded)."""
     monkeypatch.setenv("SUBAGENTS_RESERVATION_TTL_S", "1")
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
-    first = start_node("--faults", state_dir=state_dir)
+    first = start_node("--faults", state_dir=state_dir, kill_at=point)
     ctx = launch_context(max_active_async_runs_per_session=1)
     with pytest.raises(SubagentsError):
         first.client(timeout=5).runs.launch(ctx.single("sleeper", "seconds=1", True, None))
     assert first.wait_exited(10), f"the node did not die at {point}"
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
 
     client = start_node(state_dir=state_dir).client()
     for run in client.runs.list(session_id=ctx.session_id):
@@ -249,14 +247,12 @@ REPORT_KILL_POINTS = (
 def test_a_node_killed_between_a_shim_report_and_its_ack_leaves_no_stuck_run_or_held_slot(
     start_node: Callable[..., NodeProcess],
     state_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
     point: str,
 ) -> None:
     """kill -9 of the node on receiving a shim's report, or after committing it but before
     acknowledging it: the shim resends it to the next node (a report is applied idempotently),
     so the run settles with the child's true exit status and the slot is released."""
-    monkeypatch.setenv("SUBAGENTS_TEST_KILL_AT", point)
-    first = start_node("--faults", state_dir=state_dir)
+    first = start_node("--faults", state_dir=state_dir, kill_at=point)
     ctx = launch_context(max_active_async_runs_per_session=1)
     launch = ctx.single("sleeper", "seconds=0.5 exit=3", True, None)
     if "started" in point:  # the launch is answered only once its child's start is committed
@@ -265,7 +261,6 @@ def test_a_node_killed_between_a_shim_report_and_its_ack_leaves_no_stuck_run_or_
     else:
         first.client(timeout=5).runs.launch(launch)
     assert first.wait_exited(20), f"the node did not die at {point}"
-    monkeypatch.delenv("SUBAGENTS_TEST_KILL_AT")
 
     client = start_node(state_dir=state_dir).client()
     [run] = client.runs.list(session_id=ctx.session_id)
