@@ -10,7 +10,14 @@ checkpoints.py. Like every module in messages/, it never imports anything of our
 from typing import ClassVar, Literal
 
 from subagents_node.messages.base import Request, ResultType
-from subagents_node.messages.domains import Count, Depth, Environment, RunId, ShortText
+from subagents_node.messages.domains import (
+    Count,
+    Depth,
+    EncodedDescriptor,
+    Environment,
+    RunId,
+    ShortText,
+)
 from subagents_node.messages.supervisor import SUPERVISOR, LaunchResult, RunView
 
 
@@ -37,6 +44,11 @@ class Approve(Request):
     depth: Depth = 0
     capacity_limit: Count = 0
     env: Environment | None = None
+    #: The approving launcher's inherited route ($SUBAGENTS_RUN_FANOUT), as for `Resume`:
+    #: with one (or at depth > 0) that relaunch is nested and takes no capacity (R-TOP-1,
+    #: R-RES-3); at depth > 0 it is refused without one (R-FAN-4). Only validated, never
+    #: charged: the relaunch runs on its source's budget (R-RES-4).
+    inherited_fanout: EncodedDescriptor | None = None
 
 
 class Reject(Request):

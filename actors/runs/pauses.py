@@ -104,8 +104,15 @@ def approve(host: PauseHost, request: Approve) -> Message:
     row = _row(host, run_id)
     checkpoints.waiting_checkpoint(host.db, row)
     # A node restart ended the execution that paused: a new run goes on after the checkpoint.
+    # From inside a run (a route, or a depth) it is a nested resume: no slot (R-TOP-1).
     return continue_paused(
-        host, row, "checkpoint", request.depth, request.capacity_limit, request.env
+        host,
+        row,
+        "checkpoint",
+        request.depth,
+        request.capacity_limit,
+        request.env,
+        route=request.inherited_fanout,
     )
 
 

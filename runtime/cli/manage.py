@@ -229,6 +229,8 @@ def approve(obj: Ctx, run_id: str, as_json: bool) -> None:
         "depth": current_depth(),
         "capacity_limit": load_config().settings.max_active_async_runs_per_session,
         "env": dict(os.environ),
+        # A relaunch inside a run is a nested resume (R-TOP-1), allowed to `fanout: true` agents.
+        "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
     with obj.client() as client:
         run = client.ask(validate_request(Approve, fields), LaunchResult).run

@@ -428,9 +428,10 @@ class AsyncRunsAPI:
         depth: int = 0,
         capacity_limit: int = 0,
         env: dict[str, str] | None = None,
+        inherited_fanout: str | None = None,
     ) -> RunView:
         """The run that goes on past the checkpoint `run_id` waits at (RunsAPI.approve)."""
-        plan = run_plans.approve_plan(run_id, depth, capacity_limit, env)
+        plan = run_plans.approve_plan(run_id, depth, capacity_limit, env, inherited_fanout)
         return await self._client.perform(plan)
 
     async def reject(self, run_id: str, reason: str = "") -> RunView:

@@ -195,9 +195,20 @@ def pause_plan(run_id: str) -> Plan[RunView]:
 
 
 def approve_plan(
-    run_id: str, depth: int = 0, capacity_limit: int = 0, env: dict[str, str] | None = None
+    run_id: str,
+    depth: int = 0,
+    capacity_limit: int = 0,
+    env: dict[str, str] | None = None,
+    inherited_fanout: str | None = None,
 ) -> Plan[RunView]:
-    request = build(Approve, run_id=run_id, depth=depth, capacity_limit=capacity_limit, env=env)
+    request = build(
+        Approve,
+        run_id=run_id,
+        depth=depth,
+        capacity_limit=capacity_limit,
+        env=env,
+        inherited_fanout=inherited_fanout,
+    )
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
 
@@ -346,11 +357,14 @@ class RunsAPI:
         depth: int = 0,
         capacity_limit: int = 0,
         env: dict[str, str] | None = None,
+        inherited_fanout: str | None = None,
     ) -> RunView:
         """A run waiting at a checkpoint goes on. Returns the run that continues: the same
         one, or (after a node restart ended the paused execution) a new run that takes its
-        slot over, launched with `depth`, `capacity_limit` and `env` like a resume."""
-        return self._client.perform(approve_plan(run_id, depth, capacity_limit, env))
+        slot over, launched with `depth`, `capacity_limit`, `env` and the caller's
+        `inherited_fanout` like a resume (from inside a run: nested, no slot, R-TOP-1)."""
+        plan = approve_plan(run_id, depth, capacity_limit, env, inherited_fanout)
+        return self._client.perform(plan)
 
     def reject(self, run_id: str, reason: str = "") -> RunView:
         """A run waiting at a checkpoint ends `rejected`, with `reason` in its error."""

@@ -269,6 +269,7 @@ class LauncherTools:
             depth=ctx.depth,
             capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
             env=dict(self.env),
+            inherited_fanout=ctx.inherited_fanout,  # a relaunch inside a run: nested (R-TOP-1)
         )
         return ToolAnswer(f"run {run.run_id} goes on past the checkpoint", run_data(run))
 

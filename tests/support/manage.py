@@ -3,8 +3,10 @@
 What it owns: embedded nodes whose runs are stopped before the node stops, the agents these
 tests write for themselves (`talker` and `api_talker` send intercom messages from inside a
 child, `leaky` plants secrets in its stdout and stderr), the one way these tests make a finished
-run keep its capacity slot, and read-only queries of the node's store for the "claims exist iff
-the append exists" checks. It never mocks ZeroMQ, SQLite or processes.
+run keep its capacity slot, the refusals every request that launches from inside a run must
+give (`NESTED_REFUSALS`: depth limit, no route, a bad route), and read-only queries of the
+node's store for the "claims exist iff the append exists" checks. It never mocks ZeroMQ,
+SQLite or processes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from typing import Any
 from subagents_node.client.client import Client
 from subagents_node.client.paths import owner_db
 from subagents_node.messages.capacity import Inspection, RunnerProof
+from subagents_node.messages.errors import (
+    FanoutBudgetUnavailable,
+    FanoutDescriptorInvalid,
+    FanoutNotAuthorized,
+    NestedCallBlocked,
+)
+from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
 from subagents_node.messages.supervisor import RunView
 from subagents_node.node.node import Node
 from tests.support.runs import stop_active_runs, wait_until, write_agent
@@ -93,6 +102,25 @@ def leaky_agent(directory: Path, stdout_secret: str, stderr_secret: str) -> Path
     )
     (directory / "leaky.py").write_text(_LEAKY.format(stdout=stdout_secret, stderr=stderr_secret))
     return directory
+
+
+_GONE = encode_descriptor(FanoutDescriptor(root_run_id="gone", budget_id="gone-1", limit=5))
+
+#: (depth, route, error, message) of a launch asked from inside a run that must be refused:
+#: at max depth (R-CFG-8), without the caller's route (R-FAN-4: not a `fanout: true` agent), with
+#: a route that does not decode or names no budget (R-FAN-5). "valid" stands for a real route.
+NESTED_REFUSALS = [
+    (2, "valid", NestedCallBlocked, "Nested subagent call blocked (depth=2, max=2)."),
+    (1, None, FanoutNotAuthorized, "may not launch subagents (its agent needs `fanout: true`)"),
+    (1, "not a descriptor!", FanoutDescriptorInvalid, "Invalid inherited run fan-out budget"),
+    (1, _GONE, FanoutBudgetUnavailable, "unknown budget gone-1"),
+]
+NESTED_REFUSAL_IDS = ["at max depth", "no route", "undecodable route", "unknown budget"]
+
+
+def a_route(client: Client) -> str:
+    """A caller's own run tree's budget, encoded as a `fanout: true` child is given it."""
+    return encode_descriptor(client.fanout.create("caller00", 8))
 
 
 def hold_with_unknown_proof(client: Client, run: RunView, limit: int) -> Inspection:
