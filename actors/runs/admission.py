@@ -214,11 +214,13 @@ def admit(
 ) -> Pipeline:
     validate(launch)
     host.check_workflow_child(launch)
-    if resume is not None and launch.inherited_fanout is not None and not launch.fanout_admitted:
-        # A nested resume runs on its source's budget (R-RES-4): the caller's own route is its
-        # authorization to launch (R-FAN-4), so it must be a real budget (R-FAN-5), but an
-        # empty batch validates it without claiming anything on it (R-FAN-13).
-        route = _decode_inherited(launch.inherited_fanout)
+    only_checked = _route_only(launch, resume)
+    if only_checked is not None:
+        # A nested resume runs on its source's budget (R-RES-4), a nested attach on a new one
+        # (R-FAN-10, A-12): the caller's own route is its authorization to launch (R-FAN-4),
+        # so it must be a real budget (R-FAN-5), but an empty batch validates it without
+        # claiming anything on it (R-FAN-13).
+        route = _decode_inherited(only_checked)
         _expect((yield ClaimPaths(descriptor=route, paths=[])), FanoutSnapshot)
     # Resumes reuse the source's claim and are not new spawns (R-FAN-23).
     requested = 0 if resume is not None else runplan.requested_spawns(launch)
@@ -314,11 +316,12 @@ def admit(
 
 def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, FanoutDescriptor]:
     """R-FAN-8: the inherited budget extended by this run's short id, else a new budget.
+    An attach as chain root always gets a new one, its caller's route or not (R-FAN-10).
 
     A workflow uses an inherited budget unchanged (R-FAN-9, A-13), and so does a workflow
     child whose host already extended it by `workflow[key]` and claimed it (R-FAN-20).
     """
-    if launch.inherited_fanout is not None:
+    if launch.inherited_fanout is not None and not launch.attached_run_id:
         inherited = _decode_inherited(launch.inherited_fanout)
         if launch.mode == "workflow" or launch.fanout_admitted:
             return inherited
@@ -326,6 +329,14 @@ def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, 
     created = yield CreateBudget(root_run_id=runplan.short_id(run_id), limit=launch.spawns_per_run)
     descriptor: FanoutDescriptor = _expect(created, FanoutDescriptor)
     return descriptor
+
+
+def _route_only(launch: Launch, resume: ResumePlan | None) -> str | None:
+    """The caller's route of a nested launch whose budget is not that route: a resume's is
+    its source's, an attach as chain root's always a new one (R-FAN-10, A-12)."""
+    if launch.fanout_admitted or not (resume is not None or launch.attached_run_id):
+        return None
+    return launch.inherited_fanout
 
 
 def _decode_inherited(encoded: str) -> FanoutDescriptor:

@@ -1,11 +1,13 @@
 """Attach as chain root (SPEC R-RES-6): a live background run becomes step 0 of a new chain.
 
 Owns the rules, not the state. `attach_launch` turns `runs.resume` with `attach` steps into the
-new chain's launch: a top-level background chain in the source's session, cwd and limits, whose
-step 0 is the source (`attached_run_id`) and whose own steps are chain[1], chain[2], ... It is
-admitted like any launch, so it **acquires** its own `runner` slot (the source keeps its own),
-gets a **new** fan-out budget with its own static claims, and every admission failure rolls the
-new slot back (R-ADM-2/3); nothing of the source changes.
+new chain's launch: a background chain of the attaching process in the source's session, cwd and
+limits, whose step 0 is the source (`attached_run_id`) and whose own steps are chain[1],
+chain[2], ... It is admitted like any launch: top-level, it **acquires** its own `runner` slot
+(the source keeps its own); asked from inside a run (the caller's depth and route) it is nested
+and takes no slot (R-TOP-1, R-TOP-7), the route only validated. Either way it gets a **new**
+fan-out budget with its own static claims (R-FAN-10, A-12), and every admission failure rolls
+the new slot back (R-ADM-2/3); nothing of the source changes.
 
 The chain waits for its source: `wait_for` (when the chain is recorded) and `source_ended`
 (when the source settles) hand it the source's output as its first step's `{previous}`, or fail
@@ -62,9 +64,10 @@ def attach_launch(row: sqlite3.Row, request: Resume) -> Launch:
             "env": request.env,
             "depth": request.depth,
             "capacity_limit": request.capacity_limit,
-            # A top-level launch of the attaching process (R-RES-6): a slot of its own and a
-            # new budget, not the source's route.
-            "inherited_fanout": None,
+            # A launch of the attaching process (R-RES-6): top-level, with a slot of its own,
+            # unless that process is a run's child: its route makes the chain nested, with no
+            # slot (R-TOP-1, R-TOP-7); it is only validated, the budget is new (R-FAN-10).
+            "inherited_fanout": request.inherited_fanout,
             "parent_run_id": None,
             "workflow_key": None,
             "fanout_admitted": False,

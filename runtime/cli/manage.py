@@ -144,6 +144,8 @@ def attach(
         "depth": current_depth(),
         "capacity_limit": ctx.config.settings.max_active_async_runs_per_session,
         "env": dict(os.environ),
+        # Inside a run: a nested attach (R-TOP-1), allowed to a `fanout: true` agent (R-FAN-4).
+        "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
     request = validate_request(Resume, fields)
     with obj.client() as client:

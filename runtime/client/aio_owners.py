@@ -387,9 +387,10 @@ class AsyncRunsAPI:
         capacity_limit: int = 0,
         depth: int = 0,
         env: Mapping[str, str] | None = None,
+        inherited_fanout: str | None = None,
     ) -> RunView:
         """As `Client.runs.attach` (R-RES-6)."""
-        plan = run_plans.attach_plan(run_id, steps, capacity_limit, depth, env)
+        plan = run_plans.attach_plan(run_id, steps, capacity_limit, depth, env, inherited_fanout)
         return await self._client.perform(plan)
 
     async def rerun(

@@ -177,6 +177,7 @@ def attach_plan(
     capacity_limit: int = 0,
     depth: int = 0,
     env: Mapping[str, str] | None = None,
+    inherited_fanout: str | None = None,
 ) -> Plan[RunView]:
     request = build(
         Resume,
@@ -185,6 +186,7 @@ def attach_plan(
         capacity_limit=capacity_limit,
         depth=depth,
         env=dict(env) if env is not None else None,
+        inherited_fanout=inherited_fanout,
     )
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
@@ -331,12 +333,16 @@ class RunsAPI:
         capacity_limit: int = 0,
         depth: int = 0,
         env: Mapping[str, str] | None = None,
+        inherited_fanout: str | None = None,
     ) -> RunView:
         """Start a background chain whose step 0 is live background run `run_id` (R-RES-6):
         `steps` run once it ended, the first with its output as `{previous}`. The chain takes
         its own capacity slot (under `capacity_limit`; the source keeps its slot) and a new
-        fan-out budget. Returns the chain's run, waiting for its source."""
-        return self._client.perform(attach_plan(run_id, steps, capacity_limit, depth, env))
+        fan-out budget. From inside a run (`depth` and the caller's `inherited_fanout`, its
+        $SUBAGENTS_RUN_FANOUT) it is nested and takes no slot (R-TOP-1). Returns the chain's
+        run, waiting for its source."""
+        plan = attach_plan(run_id, steps, capacity_limit, depth, env, inherited_fanout)
+        return self._client.perform(plan)
 
     def rerun(
         self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None

@@ -241,6 +241,7 @@ class LauncherTools:
             capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
             depth=ctx.depth,
             env=dict(self.env),
+            inherited_fanout=ctx.inherited_fanout,  # inside a run: nested (R-TOP-1, R-FAN-4)
         )
         text = f"run {run.run_id} chains after {run_id} in the background"
         return ToolAnswer(f"{text}\n{fanout_line(run)}", run_data(run))
