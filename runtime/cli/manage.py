@@ -135,6 +135,8 @@ def attach(
     The [[steps]] of STEPS_FILE (chain TOML) run once RUN_ID has ended, the first with its
     output as {previous}; if it fails, the chain fails. The chain takes a capacity slot of its
     own (RUN_ID keeps its slot) and a new fan-out budget; a refused launch changes nothing.
+    Run inside a run (by a `fanout: true` agent), the chain is nested: it takes no capacity
+    slot, and still gets a new fan-out budget (R-TOP-1, R-FAN-10).
     """
     ctx = LaunchContext.from_environment(agents_dirs=agents_dirs)
     chain = ctx.from_file("chain", steps_file, True, None).chain
@@ -224,7 +226,9 @@ def approve(obj: Ctx, run_id: str, as_json: bool) -> None:
     """Approve the checkpoint run RUN_ID waits at: the run goes on past it (R-RUN-2).
 
     Prints the id of the run that goes on: RUN_ID itself, or, when a node restart ended the
-    paused execution, a new run that continues after the checkpoint with its slot.
+    paused execution, a new run that continues after the checkpoint with its slot. Run inside
+    a run (by a `fanout: true` agent), that new run is a nested resume: it takes no slot, and
+    RUN_ID's slot is freed instead of moved (R-TOP-1, R-RES-3).
     """
     fields = {
         "run_id": run_id,
