@@ -256,7 +256,8 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         run_id: RunId,
         message: Annotated[str, Field(description="Follow-up appended to the task.")] = "",
     ) -> ToolAnswer:
-        """Relaunch a finished background run in the background, moving its capacity slot."""
+        """Relaunch a finished background run in the background on its own fan-out budget,
+        moving its capacity slot (asked from inside a run, it takes no slot)."""
         return await tools.resume(run_id, message)
 
     @server.tool(annotations=ends, structured_output=False)
@@ -304,7 +305,8 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         agents_dirs: AgentsDirs = [],  # noqa: B006 (a schema default)
     ) -> ToolAnswer:
         """Start a background chain whose step 0 is a live background run: its steps run once
-        that run ended ({previous} is its output), with a capacity slot and budget of their own."""
+        that run ended ({previous} is its output), with a budget of their own and a capacity
+        slot of their own (none when asked from inside a run)."""
         return await tools.attach(run_id, [s.as_step() for s in steps], agents_dirs)
 
     @server.tool(annotations=launches, structured_output=False)
