@@ -6,12 +6,12 @@ thrown in, so the supervisor never blocks its thread on another owner. Local ste
 the run's rows, starting children) are the host's.
 
 Order (SPEC R-ADM-1, adapted by §0): depth guard -> fan-out authorization -> validation
-(`{previous}`, cwd; a nested resume's route, R-FAN-5) -> session spawn preflight -> capacity
-acquire (top-level background only) -> fan-out budget resolve + static claim -> run dir ->
-spawn reserve -> record + start -> mark_started. Once a slot is held, every failure rolls it
-back (R-ADM-2), and a handle that is still unstarted when the pipeline ends, by return or
-raise, is rolled back (R-ADM-3). Fan-out claims made before a later failure stay claimed
-(R-FAN-15).
+(`{previous}`, cwd) -> a nested resume's or attach's one path on its caller's route (R-FAN-5)
+-> session spawn preflight -> capacity acquire (top-level background only) -> fan-out budget
+resolve + static claim -> run dir -> spawn reserve -> record + start -> mark_started. Once a
+slot is held, every failure rolls it back (R-ADM-2), and a handle that is still unstarted when
+the pipeline ends, by return or raise, is rolled back (R-ADM-3). Fan-out claims made before a
+later failure stay claimed (R-FAN-15).
 
 Fault injection (tests only): the host's `fault_points` names steps that fail with a typed
 `InjectedFault` (one per rollback point: FAULT_POINTS); the supervisor hands over a non-empty
@@ -214,14 +214,16 @@ def admit(
 ) -> Pipeline:
     validate(launch)
     host.check_workflow_child(launch)
-    only_checked = _route_only(launch, resume)
-    if only_checked is not None:
+    caller_route = _route_only(launch, resume)
+    if caller_route is not None:
         # A nested resume runs on its source's budget (R-RES-4), a nested attach on a new one
-        # (R-FAN-10, A-12): the caller's own route is its authorization to launch (R-FAN-4),
-        # so it must be a real budget (R-FAN-5), but an empty batch validates it without
-        # claiming anything on it (R-FAN-13).
-        route = _decode_inherited(only_checked)
-        _expect((yield ClaimPaths(descriptor=route, paths=[])), FanoutSnapshot)
+        # (R-FAN-10, A-12); the caller's own route is its authorization to launch (R-FAN-4).
+        # It is also a launch from the caller's run tree, so it claims one path there: the
+        # spec charges it nowhere (R-FAN-23, R-TOP-7), which would let one child relaunch
+        # runs without bound; claimed, its tree's fan-out limit bounds them (docs/concepts.md).
+        route = _decode_inherited(caller_route)
+        label = _caller_path(launch, resume)
+        _expect((yield ClaimPaths(descriptor=route, paths=[label])), FanoutSnapshot)
     # Resumes reuse the source's claim and are not new spawns (R-FAN-23).
     requested = 0 if resume is not None else runplan.requested_spawns(launch)
     if requested:
@@ -337,6 +339,14 @@ def _route_only(launch: Launch, resume: ResumePlan | None) -> str | None:
     if launch.fanout_admitted or not (resume is not None or launch.attached_run_id):
         return None
     return launch.inherited_fanout
+
+
+def _caller_path(launch: Launch, resume: ResumePlan | None) -> str:
+    """The path a nested resume (`resume[SOURCE]`, an approve's relaunch too) or attach
+    (`attach[RUN]`) claims on its caller's route."""
+    if resume is not None:
+        return f"resume[{runplan.short_id(resume.source_run_id)}]"
+    return f"attach[{runplan.short_id(launch.attached_run_id or '')}]"
 
 
 def _decode_inherited(encoded: str) -> FanoutDescriptor:

@@ -52,8 +52,9 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
     Only background runs can be resumed: a foreground, stopped or still-running run is
     refused (use `rerun` for a foreground one). The resumed run reuses the source's fan-out
     budget without claiming (R-RES-4) and keeps its absolute deadline (R-TMO-8). Run inside
-    a run (by a `fanout: true` agent), the resume is nested: it takes no capacity slot, and a
-    paused source's slot is freed instead of moved (R-TOP-1, R-RES-3). A run paused
+    a run (by a `fanout: true` agent), the resume is nested: it takes no capacity slot (a
+    paused source's slot is freed instead of moved, R-TOP-1, R-RES-3) and claims one path,
+    `resume[RUN_ID]`, on the caller's own fan-out budget. A run paused
     by `pause` goes on from the interrupted step; one waiting at a checkpoint needs `approve`.
     A failed or complete workflow (background or not) is resumed as a new background workflow
     run of its script: the steps it finished are not run again and nothing it claimed is

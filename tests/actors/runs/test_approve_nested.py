@@ -6,10 +6,10 @@ caller's route) it is not top-level, so it takes no slot (R-TOP-7): it neither t
 acquires (R-RES-3), and the paused source, which gives its slot to no one, ends `stopped`
 (continued) with a terminal report that frees it (R-CAP-25). Its budget is the source's,
 nothing claimed (R-RES-4, R-FAN-23). The caller must show its own route, which only a
-`fanout: true` agent is given (§0.2, R-FAN-4); it is validated (R-FAN-5), never charged, and the
-depth limit still refuses the relaunch (R-CFG-8). A refusal changes nothing: the run still waits
-at its checkpoint, holding its slot. (A checkpoint still held in memory is decided in place: no
-launch, nothing to authorize.)
+`fanout: true` agent is given (§0.2, R-FAN-4); it is validated (R-FAN-5) and charged one path
+(`resume[RUN]`, as a nested resume is), and the depth limit still refuses the relaunch
+(R-CFG-8). A refusal changes nothing: the run still waits at its checkpoint, holding its slot.
+(A checkpoint still held in memory is decided in place: no launch, nothing to authorize.)
 
 Real detached node processes killed with -9 (a checkpoint that a restart ended); in the first
 test the `approver` agent, a `fanout: true` child, runs `subagents-node approve` itself.
@@ -83,10 +83,11 @@ def test_r_res_3_a_fanout_child_approves_a_restarted_checkpoint_taking_no_capaci
     source = client.runs.show(waiting.run_id)
     assert (source.state, source.resumed_by) == ("stopped", going.run_id)
     wait_until(lambda: used(client, ctx) == 0, what="the paused source's slot to be freed")
-    # R-RES-4 / R-FAN-23: the source's budget; nothing claimed on it nor on the caller's route.
+    # R-RES-4 / R-FAN-23: the source's budget, nothing claimed on it; the caller's tree has the
+    # approver itself and the relaunch (`resume[RUN]`).
     assert going.fanout_descriptor == waiting.fanout_descriptor
     assert client.fanout.snapshot(budget) == claims
-    assert client.fanout.snapshot(decode_descriptor(done.fanout_descriptor)).used == 1
+    assert client.fanout.snapshot(decode_descriptor(done.fanout_descriptor)).used == 2
 
     finished = client.runs.wait(going.run_id, timeout=20)
     assert (finished.state, finished.output) == ("complete", "after one")

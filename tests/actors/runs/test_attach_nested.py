@@ -5,8 +5,9 @@ route), is not a top-level launch (R-TOP-1), so the chain takes no slot (R-TOP-7
 keeps its own, as it always does (R-RES-6). Its budget is new all the same, with its own static
 claims: R-FAN-10 says attaching *always* creates one (A-12); the caller's route is not the
 chain's budget. The caller must show that route, which only a `fanout: true` agent is given
-(§0.2, R-FAN-4); it is validated (R-FAN-5), never charged, and the depth limit still refuses the
-chain (R-CFG-8). A refusal changes nothing.
+(§0.2, R-FAN-4); it is validated (R-FAN-5) and charged one path (`attach[RUN]`: each attach
+opens a new budget, so uncharged, one child could open them without bound), and the depth limit
+still refuses the chain (R-CFG-8). A refusal changes nothing.
 
 Embedded node, real children: in the first test the `attacher` agent, a `fanout: true` child,
 runs `subagents-node attach` itself.
@@ -48,7 +49,8 @@ def test_r_res_6_a_fanout_child_attaches_a_chain_taking_no_slot_on_a_new_budget(
 ) -> None:
     """`subagents-node attach` run by a `fanout: true` agent (SUBAGENTS_DEPTH=1 and
     SUBAGENTS_RUN_FANOUT in its environment): no slot for the chain, the source's kept as it
-    was; a new budget with the chain's own claim; nothing claimed on the caller's route."""
+    was; a new budget with the chain's own claim; one path (`attach[RUN]`) claimed on the
+    caller's route."""
     steps = state_dir / "steps.toml"
     steps.write_text('[[steps]]\nagent = "echo"\ntask = "after {previous}"\n')
     command = ["{python}", "-m", "subagents_node", "attach", "{task}", str(steps)]
@@ -79,7 +81,7 @@ def test_r_res_6_a_fanout_child_attaches_a_chain_taking_no_slot_on_a_new_budget(
     assert chain_budget.parent_path == ""
     assert client.fanout.snapshot(chain_budget).used == 1  # chain[1]
     assert client.fanout.snapshot(source_budget) == source_claims
-    assert client.fanout.snapshot(decode_descriptor(done.fanout_descriptor)).used == 1
+    assert client.fanout.snapshot(decode_descriptor(done.fanout_descriptor)).used == 2
 
     held.release(0)
     finished = client.runs.wait(chain.run_id, timeout=20)

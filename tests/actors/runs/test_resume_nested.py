@@ -2,10 +2,11 @@
 
 A resume asked at depth > 0 (or with an inherited route) is not top-level, so it takes no
 capacity: it neither transfers nor acquires (R-RES-3, R-TOP-7). Its run goes on with its
-source's budget, claiming nothing (R-RES-4, R-FAN-10), at the caller's depth, so the depth limit
-still refuses it (R-RES-1, R-ADM). Launching anything from inside a run needs the caller's own
-route, which only a `fanout: true` agent is given (§0.2, R-FAN-4): a resume starts children, so
-it needs it too; the route is validated (R-FAN-5) but nothing is claimed on it. A paused source
+source's budget, claiming nothing there (R-RES-4, R-FAN-10), at the caller's depth, so the depth
+limit still refuses it (R-RES-1, R-ADM). Launching anything from inside a run needs the caller's
+own route, which only a `fanout: true` agent is given (§0.2, R-FAN-4): a resume starts children,
+so it needs it too, and it claims one path on it (`resume[SOURCE]`): charged nowhere, as the
+spec has it (R-FAN-23, R-TOP-7), one child could relaunch runs without bound. A paused source
 that still holds its slot gives it to no one: it ends `stopped` (continued), and that terminal
 report frees its slot (R-CAP-25; transfer is for top-level resumes only, R-CAP-18..20).
 
@@ -26,6 +27,7 @@ from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import (
     FanoutBudgetUnavailable,
     FanoutDescriptorInvalid,
+    FanoutLimitExceeded,
     FanoutNotAuthorized,
     NestedCallBlocked,
     SubagentsError,
@@ -97,10 +99,11 @@ def test_r_res_3_a_fanout_child_resumes_a_run_taking_no_capacity_on_the_sources_
     assert resumed.snapshots.capacity_used is None
     assert client.capacity.inspect(resumed.run_id, ctx.session_id).relation == "none"
     assert used(client, ctx) == 0
-    # R-RES-4 / R-FAN-10: the source's budget, nothing claimed on it nor on the caller's route.
+    # R-RES-4 / R-FAN-10: the source's budget, nothing claimed on it; the caller's tree has
+    # the resumer itself and its resume (`resume[SOURCE]`).
     assert resumed.fanout_descriptor == source.fanout_descriptor
     assert client.fanout.snapshot(budget) == fanout_before
-    assert client.fanout.snapshot(decode_descriptor(done.fanout_descriptor)).used == 1
+    assert client.fanout.snapshot(decode_descriptor(done.fanout_descriptor)).used == 2
 
     child.release(0)
     assert client.runs.wait(resumed.run_id, timeout=20).state == "complete"
@@ -173,13 +176,34 @@ def test_r_res_3_a_nested_resume_of_a_paused_run_frees_the_slot_the_source_held(
     wait_until(lambda: used(client, ctx) == 0, what="the paused source's slot to be freed")
     assert resumed.fanout_descriptor == run.fanout_descriptor
     assert client.fanout.snapshot(budget) == claims
-    assert client.fanout.snapshot(decode_descriptor(route)).used == 0
+    assert client.fanout.snapshot(decode_descriptor(route)).used == 1  # resume[SOURCE]
 
     again.release(0)
     done = client.runs.wait(resumed.run_id, timeout=20)
     assert (done.state, done.output) == ("complete", "released 0 then more")
     assert used(client, ctx) == 0
     assert client.fanout.snapshot(budget) == claims
+
+
+def test_nested_resumes_are_bounded_by_the_callers_fanout_limit(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """Each nested resume claims one path on its caller's route, so a child that resumes in a
+    loop is stopped by its own tree's limit (FanoutLimitExceeded), and the refused one starts
+    nothing."""
+    source = finished_at_gate(client, ctx, gate)
+    route = encode_descriptor(client.fanout.create("caller01", 1))
+
+    first = nested_resume(client, source.run_id, route)
+    [child] = gate.accept(1)
+    with pytest.raises(FanoutLimitExceeded) as refused:
+        nested_resume(client, source.run_id, route)
+
+    assert refused.value.rejection.path == f"resume[{source.run_id[:8]}]"
+    assert client.fanout.snapshot(decode_descriptor(route)).used == 1
+    assert {r.run_id for r in client.runs.list() if r.source_run_id} == {first.run_id}
+    child.release(0)
+    assert client.runs.wait(first.run_id, timeout=20).state == "complete"
 
 
 @pytest.mark.parametrize(
