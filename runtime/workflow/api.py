@@ -8,8 +8,9 @@ admission group (R-WF-5), admitted in this order (R-WF-6):
 1. keys (R-WF-4), agents and output paths are checked, collisions refused (R-WF-8), and each
    new member's launch built and checked as the node's admission would (task size, an argv
    task exec(2) would refuse, the command);
-2. `workflow[key]` is claimed for every new member as ONE batch at the budget's owner
-   (all or nothing, R-FAN-13/16), qualified by the workflow descriptor's parent path;
+2. `workflow[key]` is claimed for every new member and `resume` item as ONE batch at the
+   budget's owner (all or nothing, R-FAN-13/16), qualified by the workflow descriptor's parent
+   path;
 3. only then are the output paths recorded, and each child launched as a workflow child
    (childrequests.py): its key, `fanout_admitted` (so it claims nothing itself, R-FAN-20), the
    workflow's token (R-FAN-24), the workflow as parent (never charged capacity, R-TOP-7) and
@@ -164,8 +165,9 @@ class WorkflowRuns:
         intercom: IntercomMode | None = None,
     ) -> ChildResult:
         """Relaunch finished child `source` (a run id, or a key of this workflow) under `key`,
-        with `message` as the follow-up. It reuses the source's fan-out claim (R-FAN-23) and
-        takes no capacity (R-RES-3); awaited unless `async_`. Its intercom setting is
+        with `message` as the follow-up. It claims `workflow[key]` as a new child does (the
+        revived child's own claim is not made again, R-FAN-23) and takes no capacity
+        (R-RES-3); awaited unless `async_`. Its intercom setting is
         `intercom`, else the workflow's (R-ICB-3)."""
         call = ChildCall(key, task=message, async_=async_, resume=source, intercom=intercom)
         return self.all([call])[0]
@@ -254,8 +256,10 @@ class WorkflowRuns:
                 step = self._resume_step(call)
                 if prior is not None and prior.state not in _RELAUNCHED:
                     group.reused.append(self._reused_step(step, prior))
-                else:
-                    group.resumes.append(step)
+                    continue
+                if call.key in self._prior_claimed:
+                    group.claimed.add(call.key)
+                group.resumes.append(step)
                 continue
             agent = self._launcher.catalog.get(call.agent)
             child_cwd = self.env.cwd / (call.cwd or agent.cwd or "")
@@ -303,14 +307,17 @@ class WorkflowRuns:
 
     def _admit(self, group: AdmissionGroup) -> None:
         """R-WF-6: collisions before the claim; the claim before the output paths are held.
-        Keys a resumed workflow's source already claimed, and resume items, claim nothing."""
+        Keys a resumed workflow's source already claimed claim nothing again."""
         admitted = [*group.members, *((step, None) for step in group.reused)]
         check_collisions(
             [(step.key, step.output_path) for step, _ in admitted],
             self.env.aggregate,
             self._claimed,
         )
-        paths = [f"workflow[{s.key}]" for s, _ in group.members if s.key not in group.claimed]
+        # A resume item claims its key as a member does: the spec claims nothing for it
+        # (R-FAN-23), which would let a script relaunch children without bound.
+        launched = [*(step for step, _ in group.members), *group.resumes]
+        paths = [f"workflow[{s.key}]" for s in launched if s.key not in group.claimed]
         if paths:
             self.fanout = self._client.fanout.claim(self.env.descriptor, paths)
         for step, _ in admitted:

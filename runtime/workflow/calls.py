@@ -64,7 +64,7 @@ class ChildCall:
     timeout_ms: int | None = None
     intercom: IntercomMode | None = None
     #: A `resume` item (R-WF-5, R-FAN-23): the run id (or this workflow's key) of a finished
-    #: child to relaunch under `key`, with `task` as the follow-up; it claims nothing.
+    #: child to relaunch under `key`, with `task` as the follow-up; it claims its key only.
     resume: str | None = None
 
     @classmethod

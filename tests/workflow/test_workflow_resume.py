@@ -185,9 +185,13 @@ def test_r_fan_23_a_resumed_workflow_claims_no_key_its_source_admitted_even_one_
     assert client.fanout.snapshot(budget).used == 2  # neither key claimed again
 
 
-def test_r_fan_23_a_resume_item_reuses_its_sources_claim_and_claims_nothing(
+def test_r_fan_23_a_resume_item_claims_its_own_key_and_nothing_of_its_sources(
     client: Client, agents: Path, work: Path
 ) -> None:
+    """R-FAN-23 as we adapt it: the relaunch claims nothing on its source's behalf (the child
+    it revives keeps its claim), but the item is a launch of this workflow's, so it claims its
+    own key, `workflow[a2]`, as a member would: uncharged, a script could relaunch children
+    without bound (docs/workflows.md)."""
     script = """
     def main(runs):
         first = runs.run("a", "echo", "first")
@@ -202,7 +206,7 @@ def test_r_fan_23_a_resume_item_reuses_its_sources_claim_and_claims_nothing(
     assert done.state == "complete", done.error
     value = value_of(done)["value"]
     assert value["state"] == "complete"
-    assert value["used_before"] == value["used_after"] == 1
+    assert (value["used_before"], value["used_after"]) == (1, 2)
     kids = children_of(client, flow.run_id)
     first, again = kids["a"], kids["a2"]
     assert (first.run_id, again.run_id) == (value["first"], value["again"])
@@ -213,7 +217,7 @@ def test_r_fan_23_a_resume_item_reuses_its_sources_claim_and_claims_nothing(
     )
     assert again.output.split() == ["first", "second"]
     assert again.snapshots.capacity_used is None  # a workflow child takes no capacity
-    assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 1
+    assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 2
     steps = {s["workflowKey"]: s for s in value_of(done)["steps"]}
     assert steps["a2"]["resume"] is True and steps["a2"]["sourceRunId"] == first.run_id
 
@@ -223,8 +227,8 @@ def test_r_fan_10_a_resume_item_of_a_run_from_another_tree_runs_under_its_workfl
 ) -> None:
     """A workflow-child revival uses the workflow's descriptor extended by `workflow[key]`
     (R-FAN-12), not its source's: a fan-out child it relaunches claims its nested launches
-    from this workflow's budget, not from the tree the source ran in. Nothing is claimed
-    (R-FAN-23), in either budget."""
+    from this workflow's budget, not from the tree the source ran in. Nothing is claimed on
+    the source's budget (R-FAN-23); the item claims its own key on the workflow's."""
     ctx = launch_context(agents)
     outside = client.runs.launch(ctx.single("echo", "outside", True, None))
     outside = client.runs.wait(outside.run_id, timeout=WAIT_S)
@@ -244,8 +248,38 @@ def test_r_fan_10_a_resume_item_of_a_run_from_another_tree_runs_under_its_workfl
     assert decode_descriptor(again.fanout_descriptor) == extend(
         decode_descriptor(flow.fanout_descriptor), "workflow[again]"
     )
-    assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 0
+    assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 1
     assert client.fanout.snapshot(outside_budget).used == outside_used
+
+
+def test_a_workflow_that_resumes_in_a_loop_is_stopped_by_its_budget(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """Each resume item claims its key, so a script relaunching one finished child under new
+    keys is refused once the workflow's budget is spent, and the refused item starts nothing."""
+    script = """
+    from subagents_node.errors import FanoutLimitExceeded
+
+    def main(runs):
+        runs.run("a", "echo", "first")
+        done = 0
+        try:
+            for i in range(10):
+                runs.resume(f"again{i}", "a", "more")
+                done += 1
+        except FanoutLimitExceeded as err:
+            return {"relaunched": done, "path": err.rejection.path}
+        return {"relaunched": done, "path": None}
+    """
+    flow, _ = launch_workflow(
+        client, agents, work, script, background=False, max_subagent_spawns_per_run=3
+    )
+    done = client.runs.wait(flow.run_id, timeout=WAIT_S)
+
+    assert done.state == "complete", done.error
+    assert value_of(done)["value"] == {"relaunched": 2, "path": "workflow[again2]"}
+    assert len([r for r in client.runs.list(limit=1000) if r.source_run_id]) == 2
+    assert client.fanout.snapshot(decode_descriptor(flow.fanout_descriptor)).used == 3
 
 
 def test_a_19_a_refused_admission_fails_the_batchs_resume_items_too_and_starts_nothing(
