@@ -2,7 +2,8 @@
 
 `run` launches a single agent, or a parallel / chain file. Foreground runs follow the run's
 events as they happen (a live table on a terminal, plain lines otherwise) and exit 0 only when
-the run completed; Ctrl-C (or SIGTERM, SIGHUP) stops the run. With no node running, a
+the run completed; Ctrl-C (or SIGTERM, SIGHUP) stops the run, even one that comes while the
+launch is in flight (runtime/cli/ending.py holds it until the run is known). With no node running, a
 foreground `run` starts an embedded node for its own duration (its children reach it through
 $SUBAGENTS_NODE) and a background `run --async` starts a detached node first.
 """
@@ -10,9 +11,10 @@ $SUBAGENTS_NODE) and a background `run --async` starts a detached node first.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -27,7 +29,7 @@ from subagents_node.cli.common import (
     plural,
     user_errors,
 )
-from subagents_node.cli.ending import Ended, ending_signals_raise
+from subagents_node.cli.ending import Ended, EndingSignals, interruption
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.cli.tables import pause_text
@@ -126,27 +128,52 @@ def run_table(run: RunView) -> Table:
     return table
 
 
-def follow(client: Client, run: RunView, as_json: bool) -> RunView:
+def follow(
+    client: Client, run: RunView, as_json: bool, signals: EndingSignals | None = None
+) -> RunView:
     """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130;
-    SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after."""
+    SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after.
+    `signals` are the command's own when it held them through its launch (a signal held then
+    stops the run at once); without them the follow handles its own."""
+    if signals is None:
+        with EndingSignals() as own:
+            return _follow(client, run, as_json, own)
+    return _follow(client, run, as_json, signals)
+
+
+def _follow(client: Client, run: RunView, as_json: bool, signals: EndingSignals) -> RunView:
     progress = Progress(live=sys.stderr.isatty() and not as_json)
 
     def gap(err: SubagentsError) -> None:  # the run goes on on its worker: so does the wait
         click.echo(f"{err.message}; still following run {run.run_id}", err=True)
 
     try:
-        with ending_signals_raise():
+        with signals.raising():
             return client.runs.wait(run.run_id, on_event=progress.update, on_gap=gap)
     except (KeyboardInterrupt, Ended) as exc:
         progress.close()
+        code = exit_code(exc)
         click.echo(f"stopping run {run.run_id}…", err=True)
-        client.runs.stop(run.run_id)
-        final = client.runs.wait(run.run_id, timeout=30)
+        try:
+            with signals.holding():  # once sent, the shims end the children whatever follows
+                client.runs.stop(run.run_id)
+            if signals.count > 1:
+                raise interruption(signals.pending or signal.SIGINT)
+            final = client.runs.wait(run.run_id, timeout=30)
+        except (KeyboardInterrupt, Ended):
+            signals.hold()
+            click.echo(f"interrupted again: run {run.run_id} stops without waiting", err=True)
+            raise SystemExit(code) from None
+        signals.hold()
         emit(final, as_json, summary(final))
-        code = 128 + exc.signum if isinstance(exc, Ended) else EXIT_INTERRUPTED
         raise SystemExit(code) from None
     finally:
         progress.close()
+
+
+def exit_code(exc: BaseException) -> int:
+    """128 + the signal that ended a foreground command (130 for Ctrl-C)."""
+    return 128 + exc.signum if isinstance(exc, Ended) else EXIT_INTERRUPTED
 
 
 def summary(run: RunView, capacity: bool = True) -> str:
@@ -251,17 +278,49 @@ def run(
         # This host's environment means nothing on the worker: its node's own is the base.
         launch = launch.model_copy(update={"env": None})
     clients = hosted_client(obj, on_host) if on_host else node_client(obj, ctx, launch.background)
-    with clients as client:
-        started = client.runs.launch(launch)
-        if launch.background:
-            emit(started, as_json, f"{started.run_id}")
-            if not as_json:
-                click.echo(f"session {started.session_id}", err=True)
-            return
-        final = follow(client, started, as_json)
+    if launch.background:
+        with clients as client:
+            started = client.runs.launch(launch)
+        emit(started, as_json, f"{started.run_id}")
+        if not as_json:
+            click.echo(f"session {started.session_id}", err=True)
+        return
+    final = launch_and_follow(clients, launch, as_json)
     emit(final, as_json, summary(final))
     if final.state != "complete":
         raise SystemExit(1)
+
+
+def launch_and_follow(
+    clients: contextlib.AbstractContextManager[Client],
+    launch: Launch,
+    as_json: bool,
+    then: Callable[[Client, RunView], None] | None = None,
+) -> RunView:
+    """Start the node if need be, launch, follow to the end, stop an embedded node.
+
+    Ctrl-C, SIGTERM and SIGHUP are held from the start (runtime/cli/ending.py): one that comes
+    while the node starts ends the command before anything is launched, one that comes while
+    the launch is in flight stops the run as soon as its id is known. Only a second signal
+    before the launch cuts the node's start short (it is stopped all the same). `then` runs
+    with the client once the run ended, before an embedded node stops.
+    """
+    with EndingSignals() as signals:
+        try:
+            with clients as client:
+                if signals.pending is None:
+                    with signals.holding():
+                        started = client.runs.launch(launch)
+                    final = follow(client, started, as_json, signals)
+                    if then is not None:
+                        then(client, final)
+                    signals.hold()
+                    return final
+        except (KeyboardInterrupt, Ended) as exc:
+            signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)
+        assert signals.pending is not None
+        click.echo("interrupted: no run was launched", err=True)
+        raise SystemExit(128 + signals.pending)
 
 
 @click.command("runs")

@@ -24,10 +24,10 @@ import click
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import PATH_TEXT, SESSION
-from subagents_node.cli.runs import follow, summary
+from subagents_node.cli.runs import launch_and_follow, summary
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.supervisor import IntercomMode
+from subagents_node.messages.supervisor import IntercomMode, RunView
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.workflow.launch import RESULT_FILE, workflow_launch, workflow_result
 
@@ -108,14 +108,17 @@ def workflow(
         agents_dirs=agents_dirs,
         intercom=intercom,
     )
-    with node_client(obj, ctx, background) as client:
-        started = client.runs.launch(launch)
-        if background:
-            emit(started, as_json, started.run_id)
-            return
-        final = follow(client, started, as_json)
+    if background:
+        with node_client(obj, ctx, background) as client:
+            started = client.runs.launch(launch)
+        emit(started, as_json, started.run_id)
+        return
+
+    def drained(client: Client, final: RunView) -> None:
         if isinstance(client.transport, InProcessTransport):
             drain_children(client, final.run_id)
+
+    final = launch_and_follow(node_client(obj, ctx, background), launch, as_json, drained)
     result = workflow_result(final)
     data = {"run": final.model_dump(mode="json"), "result": result}
     where = Path(final.run_dir) / RESULT_FILE
