@@ -1,10 +1,12 @@
-"""What an embedded node with no state dir of its own needs: a temporary one, and its runs
-ended before the directory goes.
+"""`Node.embedded()`: a node for the length of a `with` block, and what one with no state dir
+of its own needs: a temporary one, and its runs ended before the directory goes.
 
-Owns the temporary state dir's life and the stop of every run still going in it when the
-`with` block ends: its shims outlive the node by design (a restarted node adopts them), but
-nothing can adopt children whose state dir was deleted, so they would run on unsupervised. It
-never touches a state dir the caller named: those runs stay for the next node.
+Owns the block (its arguments checked before anything is created, the node started, then
+stopped however the block ends), the temporary state dir's life and the stop of every run still
+going in it when the `with` block ends: its shims outlive the node by design (a restarted
+node adopts them), but nothing can adopt children whose state dir was deleted, so they would
+run on unsupervised. It never touches a state dir the caller named: those runs stay for the
+next node.
 """
 
 from __future__ import annotations
@@ -13,18 +15,49 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from subagents_node.client.client import Client
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import BadRequest, SubagentsError
+from subagents_node.node.optioncheck import check_options, check_state_dir
+
+if TYPE_CHECKING:
+    from subagents_node.node.node import Node
 
 log = logging.getLogger(__name__)
 
 #: How long the end of an embedded node's block waits for its runs to stop (their grace is
 #: part of it); a run still going after that is left to its shim, and logged.
 STOP_WAIT_S = 30.0
+
+
+@contextmanager
+def embedded(
+    node_class: type[Node],
+    options_class: Callable[..., Any],
+    state_dir: str | os.PathLike[str] | None,
+    options: Mapping[str, object],
+) -> Iterator[Node]:
+    """`Node.embedded(state_dir, **options)`: every argument is checked before the temporary
+    directory is made; the node is stopped however the block ends (its runs first, when the
+    directory is temporary)."""
+    check_state_dir(state_dir)
+    try:
+        check_options(options_class(state_dir=None, **options))
+    except TypeError as exc:  # an unknown option: say which, as for any argument
+        raise BadRequest(f"Node.embedded(): {exc}"[:200], reason="argument") from None
+    with temporary_state_dir(state_dir) as directory:
+        node = node_class(options_class(state_dir=directory, **options))
+        node.start()
+        try:
+            yield node
+        finally:
+            if state_dir is None:  # its shims would outlive the directory they write to
+                stop_running(node.client())
+            node.stop()
 
 
 @contextmanager

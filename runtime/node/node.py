@@ -27,8 +27,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from subagents_node.client.paths import ensure_state_dir, ipc_path, resolve_stat
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
-from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning
+from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning, NodeNotRunning
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus
 from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
@@ -57,6 +57,7 @@ from subagents_node.node.homejoin import HomeJoin
 from subagents_node.node.homelink import HomeLink
 from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.inprocess import InProcessTransport
+from subagents_node.node.optioncheck import check_options, check_transport
 from subagents_node.node.ownerpeers import OwnerPeerTable
 from subagents_node.node.ownerproc import OwnerSpec, retire_v1_state
 from subagents_node.node.ownersup import OwnerSupervisor
@@ -110,6 +111,7 @@ class Node:
 
     def __init__(self, options: NodeOptions | None = None) -> None:
         self.options = options or NodeOptions()
+        check_options(self.options)  # before anything reads them
         self.state_dir = resolve_state_dir(self.options.state_dir)
         self.node_id = f"node-{uuid.uuid4().hex[:12]}"
         self.started_at = 0.0
@@ -138,6 +140,12 @@ class Node:
     # -- lifetime -----------------------------------------------------------------------------
 
     def start(self) -> Node:
+        if self._stopped or self._owners is not None:  # a Node serves once: a new one, again
+            raise NodeAlreadyRunning(
+                f"this Node {'served' if self._stopped else 'serves'} {self.state_dir}: "
+                "a Node starts once; create a new one",
+                state_dir=str(self.state_dir),
+            )
         ensure_state_dir(self.state_dir)
         self.state_dir = self.state_dir.resolve()
         self._owner_tcp = roles.check_role(self.options)
@@ -383,34 +391,25 @@ class Node:
 
     def client(self, transport: str = "inproc", timeout: float = 10.0) -> Client:
         """A connected client: in-process (no encoding) or over the node's first endpoint."""
-        if transport == "inproc":
+        if self._stopped or not self.started_at:  # its dispatcher would still answer node.*
+            raise NodeNotRunning(f"this Node does not serve {self.state_dir}", address="")
+        if check_transport(transport) == "inproc":
             client = Client(InProcessTransport(self.dispatcher, self.address), timeout)
-        elif transport == "zmq":
-            client = Client(ZmqTransport(self.address), timeout)
         else:
-            raise ValueError("transport must be 'inproc' or 'zmq'")
+            client = Client(ZmqTransport(self.address), timeout)
         self._clients.append(client)
         return client
 
     @classmethod
-    @contextmanager
     def embedded(
         cls, state_dir: str | os.PathLike[str] | None = None, **options: object
-    ) -> Iterator[Node]:
+    ) -> AbstractContextManager[Node]:
         """Start a node in this process for the duration of the block.
 
         Without `state_dir`, state lives in a fresh temporary directory removed afterwards,
         once every run still going in it was stopped (runtime/node/embedding.py).
         """
-        with embedding.temporary_state_dir(state_dir) as directory:
-            node = cls(NodeOptions(state_dir=directory, **options))  # type: ignore[arg-type]
-            node.start()
-            try:
-                yield node
-            finally:
-                if state_dir is None:  # its shims would outlive the directory they write to
-                    embedding.stop_running(node.client())
-                node.stop()
+        return embedding.embedded(cls, NodeOptions, state_dir, options)
 
     # -- the node's own protocol (runtime/node/noderequests.py) --------------------------------
 
