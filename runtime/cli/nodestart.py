@@ -5,9 +5,10 @@ Owns the start and the race it can lose: several commands launched at once with 
 running each try to start one; the kernel lets one node claim the state dir and the others'
 starts are refused. A background launch whose detached start was refused waits for the winner
 to serve (the pid file it writes once serving, watched with inotify: an event, not a poll) and
-uses it, bounded by `RACE_WAIT_S`; a foreground one is refused with the advice to retry (the
-winner may be another foreground run's embedded node, gone when that run ends). It never
-starts a node when `--address` names one, and never stops a node it did not start.
+uses it, bounded by `RACE_WAIT_S`; so does a foreground one whose embedded node's start was
+refused (the winner may be another foreground run's embedded node, gone when that run ends:
+the follow then starts a node of its own, which adopts the run). It never starts a node when
+`--address` names one, and never stops a node it did not start.
 """
 
 from __future__ import annotations
@@ -55,14 +56,24 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
             )
             client = obj.client()
     elif client is None:
-        # Not after a lost race: the node that won may be another foreground run's embedded
-        # node, which stops when that run ends (this one's follow would lose it midway).
         from subagents_node.node.node import Node
 
         settings = ctx.config.actor_settings()
-        with Node.embedded(state_dir=obj.state_dir, settings=settings) as node:
-            yield node.client()
-        return
+        with contextlib.ExitStack() as stack:
+            try:
+                node = stack.enter_context(
+                    Node.embedded(state_dir=obj.state_dir, settings=settings)
+                )
+            except NodeAlreadyRunning:
+                # Another command's node won the state dir (a detached one starting, or
+                # another foreground run's embedded one): use it. If it stops before this run
+                # ends, the follow takes the dir over (runtime/cli/runs.py, `reconnect`).
+                client = _wait_for_winner(obj)
+                if client is None:
+                    raise
+            else:
+                yield node.client()
+                return
     try:
         yield client
     finally:

@@ -37,7 +37,7 @@ from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
-from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import NodeNotRunning, OwnerUnavailable, SubagentsError
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -285,10 +285,19 @@ def run(
         if not as_json:
             click.echo(f"session {started.session_id}", err=True)
         return
-    final = launch_and_follow(clients, launch, as_json)
+    local = not (on_host or obj.address)  # a named node is never replaced by one started here
+    reconnect = (lambda: node_client(obj, ctx, False)) if local else None
+    final = launch_and_follow(clients, launch, as_json, reconnect=reconnect)
     emit(final, as_json, summary(final))
     if final.state != "complete":
         raise SystemExit(1)
+
+
+#: How many times one foreground command takes its state dir over from a node that stopped
+#: under its follow before it gives up (each time another command's node went away).
+MAX_TAKEOVERS = 3
+
+Clients = Callable[[], contextlib.AbstractContextManager[Client]]
 
 
 def launch_and_follow(
@@ -296,6 +305,7 @@ def launch_and_follow(
     launch: Launch,
     as_json: bool,
     then: Callable[[Client, RunView], None] | None = None,
+    reconnect: Clients | None = None,
 ) -> RunView:
     """Start the node if need be, launch, follow to the end, stop an embedded node.
 
@@ -303,7 +313,10 @@ def launch_and_follow(
     while the node starts ends the command before anything is launched, one that comes while
     the launch is in flight stops the run as soon as its id is known. Only a second signal
     before the launch cuts the node's start short (it is stopped all the same). `then` runs
-    with the client once the run ended, before an embedded node stops.
+    with the client once the run ended, before an embedded node stops. `reconnect` gives a
+    client of the state dir's node, starting one if none serves: when the node followed stops
+    under the run (another foreground command's embedded node, ending with its command), the
+    run's shims outlive it and a node this command starts adopts them, so the follow goes on.
     """
     with EndingSignals() as signals:
         try:
@@ -311,10 +324,24 @@ def launch_and_follow(
                 if signals.pending is None:
                     with signals.holding():
                         started = client.runs.launch(launch)
-                    final = follow(client, started, as_json, signals)
-                    if then is not None:
-                        then(client, final)
-                    signals.hold()
+                    with contextlib.ExitStack() as taken:
+                        for left in range(MAX_TAKEOVERS, -1, -1):
+                            try:
+                                final = follow(client, started, as_json, signals)
+                                break
+                            except NodeNotRunning:
+                                if reconnect is None or not left:
+                                    raise
+                                click.echo(
+                                    f"the node stopped under run {started.run_id}; "
+                                    "following it on a node of this command",
+                                    err=True,
+                                )
+                            with signals.holding():  # the run goes on: so does the follow
+                                client = taken.enter_context(reconnect())
+                        if then is not None:
+                            then(client, final)
+                        signals.hold()
                     return final
         except (KeyboardInterrupt, Ended) as exc:
             signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)

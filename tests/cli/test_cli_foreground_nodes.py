@@ -1,0 +1,112 @@
+"""A foreground `run` with no node of its own beside other commands on the same state dir.
+
+The first foreground run embeds a node for its own duration; a second one started meanwhile
+uses that node, and so does one started while another node is still starting (it holds the
+state dir's claim but answers nobody yet). When the node it follows stops under it (the first
+run ended, and its embedded node with it) the second must neither fail nor leave its child
+running unfollowed: the child's shim outlives the node, a node the second run starts adopts
+it, and the follow goes on to the child's true end. Real CLI processes, real nodes, a gate
+socket that releases each child when the test says.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents_node.node.claim import StateDirClaim
+from subagents_node.node.node import Node
+from tests.support.nodes import REPO
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import WAIT_S, Gate, wait_until
+
+
+def _foreground(state_dir: Path, agents: Path, gate: Gate) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "run"),
+            *("--agents-dir", str(agents), "gate", str(gate.path)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture
+def commands() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:  # a failed check must not leave a command (and its node) behind
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=WAIT_S)
+
+
+def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_node_stops(
+    state_dir: Path, agents: Path, gate: Gate, commands: list[subprocess.Popen[str]]
+) -> None:
+    """It used to exit 3 ("no node is running") when the first run ended, its child running on
+    with nobody following it."""
+    first = _foreground(state_dir, agents, gate)
+    commands.append(first)
+    [first_child] = gate.accept(1)  # the first run's embedded node serves
+    second = _foreground(state_dir, agents, gate)
+    commands.append(second)
+    [second_child] = gate.accept(1)  # launched on the first run's node
+    first_child.release(0)
+    out, err = first.communicate(timeout=WAIT_S)
+    assert first.returncode == 0, err
+    second_child.release(0)
+    out, err = second.communicate(timeout=WAIT_S)
+    assert second.returncode == 0, (out, err)
+    assert re.search(r"run [0-9a-f]{12} complete", out), out
+    assert "released 0" in out  # the child's own output: adopted, not restarted
+    second_child.wait_exit()
+    assert not (state_dir / "node.pid").exists()
+
+
+def _watches_inotify(pid: int) -> bool:
+    """Whether the process holds an inotify watch (the CLI waiting for a node's pid file)."""
+    try:
+        fdinfo = list(Path(f"/proc/{pid}/fdinfo").iterdir())
+    except FileNotFoundError:
+        return False
+    for info in fdinfo:
+        try:
+            if "inotify wd:" in info.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_foreground_run_started_while_another_node_starts_waits_for_it_and_uses_it(
+    state_dir: Path, agents: Path, gate: Gate, commands: list[subprocess.Popen[str]]
+) -> None:
+    """It used to be refused at once: "another node is starting or stopping; retry"."""
+    claim = StateDirClaim(state_dir)
+    claim.take()  # a node is starting: it holds the state dir, answers nobody yet
+    try:
+        command = _foreground(state_dir, agents, gate)
+        commands.append(command)
+        wait_until(
+            lambda: command.poll() is not None or _watches_inotify(command.pid),
+            what="the command waiting for the starting node",
+        )
+        assert command.poll() is None, command.communicate()
+    finally:
+        claim.release()
+    with Node.embedded(state_dir=state_dir):  # the node that was starting now serves
+        [child] = gate.accept(1)
+        child.release(0)
+        out, err = command.communicate(timeout=WAIT_S)
+    assert command.returncode == 0, (out, err)
+    assert re.search(r"run [0-9a-f]{12} complete", out), out
