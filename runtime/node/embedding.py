@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from subagents_node.client.client import Client
-from subagents_node.messages.errors import BadRequest, SubagentsError
+from subagents_node.messages.errors import BadRequest, NodeNotRunning, SubagentsError
 from subagents_node.node.optioncheck import check_options, check_state_dir
 
 if TYPE_CHECKING:
@@ -55,9 +55,12 @@ def embedded(
         try:
             yield node
         finally:
-            if state_dir is None:  # its shims would outlive the directory they write to
-                stop_running(node.client())
-            node.stop()
+            try:
+                if state_dir is None:  # its shims would outlive the directory they write to
+                    with suppress(NodeNotRunning):  # the block stopped it itself
+                        stop_running(node.client())
+            finally:  # a second Ctrl-C while its runs stop must not leave the node serving
+                node.stop()
 
 
 @contextmanager

@@ -13,8 +13,9 @@ from contextlib import suppress
 
 import pytest
 
-from subagents_node.messages.errors import NodeAlreadyRunning
+from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
+from subagents_node.node import embedding
 from subagents_node.node.node import Node
 from tests.support.nodes import new_state_dir
 
@@ -87,3 +88,29 @@ def test_a_second_embedded_node_on_a_served_dir_is_told_a_node_of_this_process_s
             assert node.client().capacity.snapshot("s", 1).used == 0  # the first serves on
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_a_temporary_embedded_node_stopped_inside_its_block_ends_the_block_quietly() -> None:
+    with Node.embedded() as node:
+        directory = node.state_dir
+        node.stop()
+    assert not directory.exists()
+
+
+def test_a_second_interrupt_while_a_temporary_node_stops_its_runs_still_stops_the_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second Ctrl-C while the block's end waits for its runs used to skip the node's stop:
+    its owners and sockets served on, in a directory being removed."""
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedding, "stop_running", interrupted)
+    with pytest.raises(KeyboardInterrupt), Node.embedded() as node:
+        owners = [actor.pid for actor in node.owner_statuses() if actor.pid]
+        assert owners
+    with pytest.raises(NodeNotRunning):
+        node.client()
+    for pid in owners:
+        assert _gone_within(pid, 10.0), f"owner {pid} outlived its node"
