@@ -7,8 +7,10 @@ starts are refused. A background launch whose detached start was refused waits f
 to serve (the pid file it writes once serving, watched with inotify: an event, not a poll) and
 uses it, bounded by `RACE_WAIT_S`; so does a foreground one whose embedded node's start was
 refused (the winner may be another foreground run's embedded node, gone when that run ends:
-the follow then starts a node of its own, which adopts the run). It never starts a node when
-`--address` names one, and never stops a node it did not start.
+the follow then starts a node of its own, which adopts the run). An embedded node that other
+commands' runs still use when its own command ends hands them over: once it stopped, a
+detached node starts and adopts them. It never starts a node when `--address` names one, and
+never stops a node it did not start.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from subagents_node.cli.common import Ctx
 from subagents_node.client.client import Client
 from subagents_node.client.paths import PID_NAME
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning
+from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning, SubagentsError
 
 #: How long a command whose node start lost the race waits for the winner to serve.
 RACE_WAIT_S = 20.0
@@ -59,6 +61,7 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
         from subagents_node.node.node import Node
 
         settings = ctx.config.actor_settings()
+        left = -1  # runs still going on this command's node when it stops (-1: none embedded)
         with contextlib.ExitStack() as stack:
             try:
                 node = stack.enter_context(
@@ -72,12 +75,50 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
                 if client is None:
                     raise
             else:
-                yield node.client()
-                return
+                own = node.client()
+                try:
+                    yield own
+                finally:
+                    left = _still_going(own)
+        if left >= 0:
+            if left:
+                _hand_over(obj, left)
+            return
+    assert client is not None  # answering, started detached, or the race's winner
     try:
         yield client
     finally:
         client.close()
+
+
+def _still_going(client: Client) -> int:
+    """How many runs are still going on this command's embedded node: other commands' runs
+    (a `run --async`, another foreground run) that found it serving, or one whose stop
+    outlasted the wait."""
+    try:
+        return len(client.runs.list(active_only=True, limit=1000))
+    except SubagentsError:
+        return 0  # nothing to say which: the next node on the dir adopts them all the same
+
+
+def _hand_over(obj: Ctx, count: int) -> None:
+    """Runs outlived this command's embedded node: a detached node adopts them at once (their
+    shims outlived the embedded one), so they stay supervised and their followers go on."""
+    from subagents_node.node import daemon
+
+    runs = f"{count} run{'s' if count != 1 else ''}"
+    try:
+        record = daemon.start_detached(obj.state_dir, [])
+    except NodeAlreadyRunning:
+        return  # another command's node took the state dir over: it adopts them
+    except SubagentsError as err:
+        click.echo(f"warning: {runs} left without a node: {err.message}", err=True)
+        return
+    click.echo(
+        f"{runs} still going: started a node (pid {record['pid']}) to supervise them; "
+        "stop it with `subagents-node stop`",
+        err=True,
+    )
 
 
 def _answering(obj: Ctx, timeout: float = 2.0) -> Client | None:

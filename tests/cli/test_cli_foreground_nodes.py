@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.client.client import connect
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO
@@ -27,11 +28,11 @@ from tests.support.run_fixtures import gate as gate
 from tests.support.runs import WAIT_S, Gate, wait_until
 
 
-def _foreground(state_dir: Path, agents: Path, gate: Gate) -> subprocess.Popen[str]:
+def _foreground(state_dir: Path, agents: Path, gate: Gate, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             *(sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "run"),
-            *("--agents-dir", str(agents), "gate", str(gate.path)),
+            *("--agents-dir", str(agents), *flags, "gate", str(gate.path)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -40,14 +41,26 @@ def _foreground(state_dir: Path, agents: Path, gate: Gate) -> subprocess.Popen[s
     )
 
 
+def _stop_node(state_dir: Path) -> None:
+    """Stop the node a handover started, if any (`stop` with none running changes nothing)."""
+    subprocess.run(
+        [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "stop"],
+        capture_output=True,
+        timeout=WAIT_S,
+        cwd=REPO,
+        check=False,
+    )
+
+
 @pytest.fixture
-def commands() -> Iterator[list[subprocess.Popen[str]]]:
+def commands(state_dir: Path) -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started
     for proc in started:  # a failed check must not leave a command (and its node) behind
         if proc.poll() is None:
             proc.terminate()
             proc.communicate(timeout=WAIT_S)
+    _stop_node(state_dir)
 
 
 def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_node_stops(
@@ -70,7 +83,6 @@ def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_
     assert re.search(r"run [0-9a-f]{12} complete", out), out
     assert "released 0" in out  # the child's own output: adopted, not restarted
     second_child.wait_exit()
-    assert not (state_dir / "node.pid").exists()
 
 
 def _watches_inotify(pid: int) -> bool:
@@ -110,3 +122,30 @@ def test_a_foreground_run_started_while_another_node_starts_waits_for_it_and_use
         out, err = command.communicate(timeout=WAIT_S)
     assert command.returncode == 0, (out, err)
     assert re.search(r"run [0-9a-f]{12} complete", out), out
+
+
+def test_a_background_run_on_a_foreground_runs_node_is_handed_to_a_node_when_that_run_ends(
+    state_dir: Path, agents: Path, gate: Gate, commands: list[subprocess.Popen[str]]
+) -> None:
+    """`run --async` found the foreground run's embedded node serving and launched on it; when
+    the foreground command ended, its node stopped and the background run was left with no
+    node at all (`show` said "no node is running") until someone started one."""
+    first = _foreground(state_dir, agents, gate)
+    commands.append(first)
+    [first_child] = gate.accept(1)
+    background = _foreground(state_dir, agents, gate, "--async")
+    commands.append(background)
+    out, err = background.communicate(timeout=WAIT_S)
+    assert background.returncode == 0, err
+    run_id = out.strip()
+    [background_child] = gate.accept(1)
+    first_child.release(0)
+    _, err = first.communicate(timeout=WAIT_S)
+    assert first.returncode == 0, err
+    assert "1 run still going: started a node" in err
+    with connect(f"ipc://{state_dir}/node.sock", timeout=5) as client:
+        assert client.runs.show(run_id).state == "running"
+        background_child.release(0)
+        final = client.runs.wait(run_id, timeout=WAIT_S)
+        assert final.state == "complete", final
+        assert "released 0" in final.output
