@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from subagents_node import examples
-from subagents_node.cli.runs import Progress
+from subagents_node.cli.following import Progress
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import CapacityExhausted

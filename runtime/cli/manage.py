@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.following import follow, summary
 from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
-from subagents_node.cli.runs import follow, summary
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.base import validate_request

@@ -70,7 +70,7 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
             except NodeAlreadyRunning:
                 # Another command's node won the state dir (a detached one starting, or
                 # another foreground run's embedded one): use it. If it stops before this run
-                # ends, the follow takes the dir over (runtime/cli/runs.py, `reconnect`).
+                # ends, the follow takes the dir over (runtime/cli/following.py, `reconnect`).
                 client = _wait_for_winner(obj)
                 if client is None:
                     raise

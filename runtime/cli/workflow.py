@@ -22,9 +22,9 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import PATH_TEXT, SESSION
-from subagents_node.cli.runs import launch_and_follow, summary
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.supervisor import IntercomMode, RunView

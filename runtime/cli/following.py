@@ -1,0 +1,215 @@
+"""How a foreground run is followed: its progress (a live table on a terminal, plain lines
+otherwise), its end, and the signals and lost nodes on the way (`run`, `workflow`, `rerun`).
+
+Owns the follow: the events shown as they come, the summary printed at the end, what Ctrl-C,
+SIGTERM and SIGHUP do at each step (runtime/cli/ending.py holds them while the node starts and
+the launch is in flight, then stops the run), and the takeover of the state dir when the node
+followed stops under its run. It never chooses the node (runtime/cli/nodestart.py does) and
+never builds a launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+import click
+from rich.table import Table
+
+from subagents_node.cli.common import EXIT_INTERRUPTED, emit, plural
+from subagents_node.cli.ending import Ended, EndingSignals, interruption
+from subagents_node.cli.tables import pause_text
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import NodeNotRunning, SubagentsError
+from subagents_node.messages.supervisor import ChildView, Launch, RunEvent, RunView
+
+
+def describe(event: RunEvent, run: RunView) -> str | None:
+    """One plain line per event (no task text, R-MISC-1)."""
+    data = event.data
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.ts))
+    if event.kind == "child.started":
+        child = run.children[int(data["child"] or 0)]
+        return f"{stamp} started {child.label} ({child.agent}) pid {data['pid']}"
+    if event.kind == "child.exited":
+        child = run.children[int(data["child"] or 0)]
+        code = data.get("exit_code")
+        how = child_end(child, code if isinstance(code, int) else None)
+        return f"{stamp} {child.label} ({child.agent}) {data['state']} ({how})"
+    if event.kind.startswith("run."):
+        extra = f": {data['error']}" if data.get("error") else ""
+        return f"{stamp} run {run.run_id} {event.kind[4:]}{extra}"
+    return None
+
+
+def child_end(child: ChildView, exit_code: int | None = None) -> str:
+    """How a child ended, for people: `exit 0`, `killed by SIGTERM`, or `exit unknown`."""
+    import signal as signals
+
+    if child.signal:
+        try:
+            return f"killed by {signals.Signals(child.signal).name}"
+        except ValueError:
+            return f"killed by signal {child.signal}"
+    code = child.exit_code if exit_code is None else exit_code
+    return "exit unknown" if code is None else f"exit {code}"
+
+
+class Progress:
+    """Live progress: a rich table on a terminal, plain lines otherwise."""
+
+    def __init__(self, live: bool) -> None:
+        self._live = None
+        if live:
+            from rich.live import Live
+
+            self._live = Live(refresh_per_second=8, transient=True)
+            self._live.start()
+
+    def update(self, event: RunEvent, run: RunView) -> None:
+        if self._live is not None:
+            self._live.update(run_table(run))
+            return
+        line = describe(event, run)
+        if line:
+            click.echo(line, err=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+
+def run_table(run: RunView) -> Table:
+    table = Table(title=f"run {run.run_id} · {run.label} · {run.state}", expand=False)
+    for column in ("child", "agent", "state", "pid", "elapsed"):
+        table.add_column(column)
+    now = time.time()
+    for child in run.children:
+        elapsed = ""
+        if child.started_at:
+            elapsed = f"{(child.ended_at or now) - child.started_at:.1f}s"
+        table.add_row(child.label, child.agent, child.state, str(child.pid or ""), elapsed)
+    return table
+
+
+def follow(
+    client: Client, run: RunView, as_json: bool, signals: EndingSignals | None = None
+) -> RunView:
+    """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130;
+    SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after.
+    `signals` are the command's own when it held them through its launch (a signal held then
+    stops the run at once); without them the follow handles its own."""
+    if signals is None:
+        with EndingSignals() as own:
+            return _follow(client, run, as_json, own)
+    return _follow(client, run, as_json, signals)
+
+
+def _follow(client: Client, run: RunView, as_json: bool, signals: EndingSignals) -> RunView:
+    progress = Progress(live=sys.stderr.isatty() and not as_json)
+
+    def gap(err: SubagentsError) -> None:  # the run goes on on its worker: so does the wait
+        click.echo(f"{err.message}; still following run {run.run_id}", err=True)
+
+    try:
+        with signals.raising():
+            return client.runs.wait(run.run_id, on_event=progress.update, on_gap=gap)
+    except (KeyboardInterrupt, Ended) as exc:
+        progress.close()
+        code = exit_code(exc)
+        click.echo(f"stopping run {run.run_id}…", err=True)
+        try:
+            with signals.holding():  # once sent, the shims end the children whatever follows
+                client.runs.stop(run.run_id)
+            if signals.count > 1:
+                raise interruption(signals.pending or signal.SIGINT)
+            final = client.runs.wait(run.run_id, timeout=30)
+        except (KeyboardInterrupt, Ended):
+            signals.hold()
+            click.echo(f"interrupted again: run {run.run_id} stops without waiting", err=True)
+            raise SystemExit(code) from None
+        signals.hold()
+        emit(final, as_json, summary(final))
+        raise SystemExit(code) from None
+    finally:
+        progress.close()
+
+
+def exit_code(exc: BaseException) -> int:
+    """128 + the signal that ended a foreground command (130 for Ctrl-C)."""
+    return 128 + exc.signum if isinstance(exc, Ended) else EXIT_INTERRUPTED
+
+
+def summary(run: RunView, capacity: bool = True) -> str:
+    children = plural(len(run.children), "child", "children")
+    lines = [f"run {run.run_id} {run.state} ({run.mode}, {children})"]
+    if pause_text(run):
+        lines.append(pause_text(run))
+    snaps = run.snapshots
+    lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
+    if capacity and snaps.capacity_limit is not None:
+        limit = snaps.capacity_limit or "unlimited"
+        lines.append(f"Active async capacity: {snaps.capacity_used}/{limit} used")
+    if run.error:
+        lines.append(f"error: {run.error}")
+    if run.output:
+        lines.append(run.output.rstrip())
+    return "\n".join(lines)
+
+
+MAX_TAKEOVERS = 3
+
+Clients = Callable[[], contextlib.AbstractContextManager[Client]]
+
+
+def launch_and_follow(
+    clients: contextlib.AbstractContextManager[Client],
+    launch: Launch,
+    as_json: bool,
+    then: Callable[[Client, RunView], None] | None = None,
+    reconnect: Clients | None = None,
+) -> RunView:
+    """Start the node if need be, launch, follow to the end, stop an embedded node.
+
+    Ctrl-C, SIGTERM and SIGHUP are held from the start (runtime/cli/ending.py): one that comes
+    while the node starts ends the command before anything is launched, one that comes while
+    the launch is in flight stops the run as soon as its id is known. Only a second signal
+    before the launch cuts the node's start short (it is stopped all the same). `then` runs
+    with the client once the run ended, before an embedded node stops. `reconnect` gives a
+    client of the state dir's node, starting one if none serves: when the node followed stops
+    under the run (another foreground command's embedded node, ending with its command), the
+    run's shims outlive it and a node this command starts adopts them, so the follow goes on.
+    """
+    with EndingSignals() as signals:
+        try:
+            with clients as client:
+                if signals.pending is None:
+                    with signals.holding():
+                        started = client.runs.launch(launch)
+                    with contextlib.ExitStack() as taken:
+                        for left in range(MAX_TAKEOVERS, -1, -1):
+                            try:
+                                final = follow(client, started, as_json, signals)
+                                break
+                            except NodeNotRunning:
+                                if reconnect is None or not left:
+                                    raise
+                                click.echo(
+                                    f"the node stopped under run {started.run_id}; "
+                                    "following it on a node of this command",
+                                    err=True,
+                                )
+                            with signals.holding():  # the run goes on: so does the follow
+                                client = taken.enter_context(reconnect())
+                        if then is not None:
+                            then(client, final)
+                        signals.hold()
+                    return final
+        except (KeyboardInterrupt, Ended) as exc:
+            signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)
+        assert signals.pending is not None
+        click.echo("interrupted: no run was launched", err=True)
+        raise SystemExit(128 + signals.pending)
