@@ -160,8 +160,11 @@ def summary(run: RunView, capacity: bool = True) -> str:
     return "\n".join(lines)
 
 
+#: How many times one foreground command follows its run on to another node after the one it
+#: followed stopped under it (each time another command's node went away) before it gives up.
 MAX_TAKEOVERS = 3
 
+#: Gives a client of the state dir's node, starting one if none serves.
 Clients = Callable[[], contextlib.AbstractContextManager[Client]]
 
 
@@ -199,7 +202,7 @@ def launch_and_follow(
                                     raise
                                 click.echo(
                                     f"the node stopped under run {started.run_id}; "
-                                    "following it on a node of this command",
+                                    "following it on the state dir's next node",
                                     err=True,
                                 )
                             with signals.holding():  # the run goes on: so does the follow
