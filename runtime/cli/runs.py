@@ -31,7 +31,7 @@ from subagents_node.client.client import Client
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
-from subagents_node.messages.errors import OwnerUnavailable
+from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
