@@ -123,6 +123,23 @@ def a_route(client: Client) -> str:
     return encode_descriptor(client.fanout.create("caller00", 8))
 
 
+def assert_nested_continuation(
+    client: Client, going: RunView, source_run_id: str, session_id: str, limit: int
+) -> None:
+    """`going` continues paused run `source_run_id` as a nested launch: at depth 1 and with no
+    slot of its own (R-RES-3, R-TOP-7), the source ended `stopped` and linked to it, and the
+    slot the source held freed by that end (R-CAP-25), not moved."""
+    assert (going.source_run_id, going.depth) == (source_run_id, 1)
+    assert going.snapshots.capacity_used is None
+    assert client.capacity.inspect(going.run_id, session_id).relation == "none"
+    source = client.runs.show(source_run_id)
+    assert (source.state, source.resumed_by) == ("stopped", going.run_id)
+    wait_until(
+        lambda: client.capacity.snapshot(session_id, limit).used == 0,
+        what="the paused source's slot to be freed",
+    )
+
+
 def hold_with_unknown_proof(client: Client, run: RunView, limit: int) -> Inspection:
     """Leave finished `run` holding a started runner slot whose proof is `unknown`.
 

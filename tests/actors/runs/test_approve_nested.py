@@ -27,10 +27,15 @@ from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import ChainStep, RunView, TaskItem
-from tests.support.manage import NESTED_REFUSAL_IDS, NESTED_REFUSALS, a_route
+from tests.support.manage import (
+    NESTED_REFUSAL_IDS,
+    NESTED_REFUSALS,
+    a_route,
+    assert_nested_continuation,
+)
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
-from tests.support.runs import launch_context, ledgers, wait_until, wait_view, write_agent
+from tests.support.runs import launch_context, ledgers, wait_view, write_agent
 
 LIMIT = 2
 APPROVER = json.dumps(["{python}", "-m", "subagents_node", "approve", "{task}"])
@@ -76,13 +81,8 @@ def test_r_res_3_a_fanout_child_approves_a_restarted_checkpoint_taking_no_capaci
     assert done.state == "complete", done.error
     going = client.runs.show(done.output.strip())
 
-    assert (going.source_run_id, going.depth) == (waiting.run_id, 1)
     # R-RES-3 / R-TOP-7: not top-level, so no slot: nothing acquired, nothing transferred.
-    assert going.snapshots.capacity_used is None
-    assert client.capacity.inspect(going.run_id, ctx.session_id).relation == "none"
-    source = client.runs.show(waiting.run_id)
-    assert (source.state, source.resumed_by) == ("stopped", going.run_id)
-    wait_until(lambda: used(client, ctx) == 0, what="the paused source's slot to be freed")
+    assert_nested_continuation(client, going, waiting.run_id, ctx.session_id, LIMIT)
     # R-RES-4 / R-FAN-23: the source's budget, nothing claimed on it; the caller's tree has the
     # approver itself and the relaunch (`resume[RUN]`).
     assert going.fanout_descriptor == waiting.fanout_descriptor

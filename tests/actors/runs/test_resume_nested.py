@@ -34,7 +34,7 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import ChainStep, LaunchResult, Resume, RunView, TaskItem
-from tests.support.manage import hold_with_unknown_proof
+from tests.support.manage import assert_nested_continuation, hold_with_unknown_proof
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -168,12 +168,7 @@ def test_r_res_3_a_nested_resume_of_a_paused_run_frees_the_slot_the_source_held(
     resumed = nested_resume(client, run.run_id, route)
     [again] = gate.accept(1)
 
-    assert (resumed.source_run_id, resumed.depth) == (run.run_id, 1)
-    assert resumed.snapshots.capacity_used is None
-    assert client.capacity.inspect(resumed.run_id, ctx.session_id).relation == "none"
-    source = client.runs.show(run.run_id)
-    assert (source.state, source.resumed_by) == ("stopped", resumed.run_id)
-    wait_until(lambda: used(client, ctx) == 0, what="the paused source's slot to be freed")
+    assert_nested_continuation(client, resumed, run.run_id, ctx.session_id, LIMIT)
     assert resumed.fanout_descriptor == run.fanout_descriptor
     assert client.fanout.snapshot(budget) == claims
     assert client.fanout.snapshot(decode_descriptor(route)).used == 1  # resume[SOURCE]
