@@ -47,11 +47,9 @@ def describe(event: RunEvent, run: RunView) -> str | None:
 
 def child_end(child: ChildView, exit_code: int | None = None) -> str:
     """How a child ended, for people: `exit 0`, `killed by SIGTERM`, or `exit unknown`."""
-    import signal as signals
-
     if child.signal:
         try:
-            return f"killed by {signals.Signals(child.signal).name}"
+            return f"killed by {signal.Signals(child.signal).name}"
         except ValueError:
             return f"killed by signal {child.signal}"
     code = child.exit_code if exit_code is None else exit_code
