@@ -132,7 +132,7 @@ class LauncherTools:
                 f"({started.mode}, session {started.session_id}); "
                 "follow it with the wait and logs tools"
             )
-            return ToolAnswer(f"{text}\n{fanout_line(started)}", run_data(started))
+            return ToolAnswer(f"{fanout_line(started)}\n{text}", run_data(started))
         try:
             final = await self.client.runs.wait(started.run_id)
         except anyio.get_cancelled_exc_class():
@@ -227,7 +227,7 @@ class LauncherTools:
         )
         run = (await self.client.ask(request, LaunchResult)).run
         text = f"run {run.run_id} resumes {run_id} in the background"
-        return ToolAnswer(f"{text}\n{fanout_line(run)}", run_data(run))
+        return ToolAnswer(f"{fanout_line(run)}\n{text}", run_data(run))
 
     async def attach(
         self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
@@ -244,7 +244,7 @@ class LauncherTools:
             inherited_fanout=ctx.inherited_fanout,  # inside a run: nested (R-TOP-1, R-FAN-4)
         )
         text = f"run {run.run_id} chains after {run_id} in the background"
-        return ToolAnswer(f"{text}\n{fanout_line(run)}", run_data(run))
+        return ToolAnswer(f"{fanout_line(run)}\n{text}", run_data(run))
 
     async def rerun(self, run_id: str, task: str, child: int) -> ToolAnswer:
         """R-MISC-2: child `child` of `run_id` again with a new task, in the foreground (a
@@ -339,8 +339,8 @@ def read_tail(path: str, limit: int) -> tuple[str, bool]:
 
 
 def fanout_line(run: RunView) -> str:
-    """R-FAN-25: the run tree's budget as the launch left it, in every launch result's text
-    (started in the background, or settled), beside the `fanout` of its data."""
+    """R-FAN-25: the run tree's budget as the launch left it, the first line of every launch
+    result's text (started in the background, or settled), beside the `fanout` of its data."""
     snaps = run.snapshots
     return f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used"
 
@@ -348,8 +348,10 @@ def fanout_line(run: RunView) -> str:
 def summary(run: RunView) -> str:
     """What a model needs from a settled run: its end, its ledgers and its output."""
     count = len(run.children)
-    lines = [f"run {run.run_id} {run.state} ({run.mode}, {count} child{'ren' * (count != 1)})"]
-    lines.append(fanout_line(run))
+    lines = [
+        fanout_line(run),
+        f"run {run.run_id} {run.state} ({run.mode}, {count} child{'ren' * (count != 1)})",
+    ]
     if run.error:
         lines.append(f"error: {run.error}")
     for child in run.children:

@@ -136,7 +136,8 @@ def test_a_background_run_returns_its_id_and_wait_and_logs_follow_it(node: NodeP
 
     started, settled, logs, unknown = asyncio.run(go())
     run_id = started.structured_content["run_id"]  # type: ignore[index]
-    assert not started.is_error and text_of(started).startswith(f"run {run_id} started")
+    assert not started.is_error
+    assert text_of(started).splitlines()[1].startswith(f"run {run_id} started")
     assert settled.structured_content is not None
     assert settled.structured_content["state"] == "complete"
     assert not settled.structured_content["timed_out"]
@@ -181,7 +182,8 @@ def test_r_fan_25_every_run_result_carries_the_budget_after_its_claims_in_text_a
         assert result.structured_content is not None, text_of(result)
         assert result.structured_content["state"] == state
         assert result.structured_content["fanout"] == {"used": used, "limit": 5}
-        assert f"Run fan-out: {used}/5 used" in text_of(result).splitlines(), text_of(result)
+        # R-FAN-25: the first line of the result's text.
+        assert text_of(result).splitlines()[0] == f"Run fan-out: {used}/5 used", text_of(result)
     node.client().runs.wait(resumed.structured_content["run_id"], timeout=30)  # type: ignore[index]
 
 
