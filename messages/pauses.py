@@ -46,8 +46,8 @@ class Approve(Request):
     env: Environment | None = None
     #: The approving launcher's inherited route ($SUBAGENTS_RUN_FANOUT), as for `Resume`:
     #: with one (or at depth > 0) that relaunch is nested and takes no capacity (R-TOP-1,
-    #: R-RES-3); at depth > 0 it is refused without one (R-FAN-4). Only validated, never
-    #: charged: the relaunch runs on its source's budget (R-RES-4).
+    #: R-RES-3); at depth > 0 it is refused without one (R-FAN-4). The relaunch runs on its
+    #: source's budget (R-RES-4) and claims one path on this route (`resume[RUN]`).
     inherited_fanout: EncodedDescriptor | None = None
 
 

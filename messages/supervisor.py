@@ -362,7 +362,8 @@ class Resume(Request):
     #: The resuming launcher's inherited route ($SUBAGENTS_RUN_FANOUT), if any. With one (or
     #: at depth > 0) the resume is nested: it takes no capacity (R-TOP-1, R-RES-3), and at
     #: depth > 0 it is refused without one (R-FAN-4: only a `fanout: true` agent launches).
-    #: The route is only validated: the relaunch runs on its source's budget (R-RES-4).
+    #: The relaunch runs on its source's budget (R-RES-4); this route is charged one path
+    #: (`resume[RUN]`, `attach[RUN]`), so a child's resumes count against its own tree.
     inherited_fanout: EncodedDescriptor | None = None
     #: The resuming launcher's environment (never persisted; None: the node's own).
     env: Environment | None = None

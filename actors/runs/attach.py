@@ -5,9 +5,10 @@ new chain's launch: a background chain of the attaching process in the source's 
 limits, whose step 0 is the source (`attached_run_id`) and whose own steps are chain[1],
 chain[2], ... It is admitted like any launch: top-level, it **acquires** its own `runner` slot
 (the source keeps its own); asked from inside a run (the caller's depth and route) it is nested
-and takes no slot (R-TOP-1, R-TOP-7), the route only validated. Either way it gets a **new**
-fan-out budget with its own static claims (R-FAN-10, A-12), and every admission failure rolls
-the new slot back (R-ADM-2/3); nothing of the source changes.
+and takes no slot (R-TOP-1, R-TOP-7), and its route is charged one path (`attach[RUN]`: each
+attach opens a new budget, so uncharged a child could open them without bound). Either way it
+gets a **new** fan-out budget with its own static claims (R-FAN-10, A-12), and every admission
+failure rolls the new slot back (R-ADM-2/3); nothing of the source changes.
 
 The chain waits for its source: `wait_for` (when the chain is recorded) and `source_ended`
 (when the source settles) hand it the source's output as its first step's `{previous}`, or fail
@@ -66,7 +67,7 @@ def attach_launch(row: sqlite3.Row, request: Resume) -> Launch:
             "capacity_limit": request.capacity_limit,
             # A launch of the attaching process (R-RES-6): top-level, with a slot of its own,
             # unless that process is a run's child: its route makes the chain nested, with no
-            # slot (R-TOP-1, R-TOP-7); it is only validated, the budget is new (R-FAN-10).
+            # slot (R-TOP-1, R-TOP-7); it is charged one path, the budget is new (R-FAN-10).
             "inherited_fanout": request.inherited_fanout,
             "parent_run_id": None,
             "workflow_key": None,
