@@ -419,8 +419,9 @@ def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
 def test_r_cfg_5_r_cfg_7_the_originals_async_switches_are_refused_not_ignored(
     dirs: tuple[Path, Path, dict[str, str]], line: str
 ) -> None:
-    """Here a launch is foreground unless it (or a single's agent) asks for the background;
-    there is no `asyncByDefault` or `forceTopLevelAsync` to set. A user who writes one gets
+    """R-CFG-5 and R-CFG-7 as this product adapts them: a launch is foreground unless it (or a
+    single's agent) asks for the background; there is no `asyncByDefault` or
+    `forceTopLevelAsync` to set. A user who writes one gets
     an error naming it, never a config that silently does something else."""
     _, project, env = dirs
     path = project / "subagents.toml"
