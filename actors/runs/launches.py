@@ -5,7 +5,7 @@ its steps), its answer held until the run's first children really run (their shi
 their pids) or failed to start, the run's record written and its first group started
 (`record_and_start`, the AdmissionHost's last step), and where the run came from (its lineage:
 a resume, a rerun, an attach; R-MISC-2's link to a live run it supersedes, which is stopped
-once that link has committed). The rules of what may be resumed or rerun are management.py's,
+once that link has committed). The rules of what may be resumed or rerun are relaunch.py's,
 rerun.py's and attach.py's. It never blocks on another owner (the pipeline's calls come back as
 `Answer` ticks), and never answers a launch before the transaction that started its run commits.
 """
@@ -26,6 +26,7 @@ from subagents_node.actors.runs import (
     checkpoints,
     management,
     pauses,
+    relaunch,
     rerun,
     runplan,
     runstore,
@@ -201,8 +202,8 @@ class RunLaunches:
                 run_id=str(row["run_id"]),
                 reason="continued",
             )
-        route = management.workflow_route(self._host.db, request)
-        launch, plan = management.resume_launch(row, request, route)
+        route = relaunch.workflow_route(self._host.db, request)
+        launch, plan = relaunch.resume_launch(row, request, route)
         # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
         checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self._host.clock())
         inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})

@@ -21,7 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from subagents_node.actors.runs import checkpoints, management, runplan, runstore, steps
+from subagents_node.actors.runs import (
+    checkpoints,
+    management,
+    relaunch,
+    runplan,
+    runstore,
+    steps,
+)
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
@@ -169,7 +176,7 @@ def continue_paused(
     checkpoints.check_continuable(host.db, row, kind)
     source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
     launch = checkpoints.continuation(host.db, row, source, kind, host.clock())
-    launch = management.as_resume(launch, env, depth, capacity_limit, route)
+    launch = relaunch.as_resume(launch, env, depth, capacity_limit, route)
     if intercom is not None:
         launch = launch.model_copy(update={"intercom": intercom})
     moves = row["capacity"] is not None and runplan.capacity_eligible(launch)
