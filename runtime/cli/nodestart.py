@@ -94,9 +94,10 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
 def _still_going(client: Client) -> int:
     """How many runs are still going on this command's embedded node: other commands' runs
     (a `run --async`, another foreground run) that found it serving, or one whose stop
-    outlasted the wait."""
+    outlasted the wait. A paused run holds no process, so it needs no node to supervise it."""
     try:
-        return len(client.runs.list(active_only=True, limit=1000))
+        active = client.runs.list(active_only=True, limit=1000)
+        return sum(1 for run in active if run.state != "paused")
     except SubagentsError:
         return 0  # nothing to say which: the next node on the dir adopts them all the same
 

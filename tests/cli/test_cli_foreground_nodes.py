@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.client import connect
+from subagents_node.client.paths import PID_NAME
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import WAIT_S, Gate, wait_until
+from tests.support.runs import WAIT_S, Gate, launch_context, wait_until, wait_view
 
 
 def _foreground(state_dir: Path, agents: Path, gate: Gate, *flags: str) -> subprocess.Popen[str]:
@@ -149,3 +150,30 @@ def test_a_background_run_on_a_foreground_runs_node_is_handed_to_a_node_when_tha
         final = client.runs.wait(run_id, timeout=WAIT_S)
         assert final.state == "complete", final
         assert "released 0" in final.output
+
+
+def test_a_paused_run_on_the_state_dir_is_not_handed_to_a_node_when_a_foreground_run_ends(
+    state_dir: Path, agents: Path, gate: Gate, commands: list[subprocess.Popen[str]]
+) -> None:
+    """A paused run holds no process, so nothing needs to supervise it: the foreground
+    command's embedded node stops at its end and leaves no detached node behind for it."""
+    with Node.embedded(state_dir=state_dir) as node:
+        client = node.client()
+        launch = launch_context(agents).single("gate", str(gate.path), True, None)
+        paused = client.runs.launch(launch)
+        [held] = gate.accept(1)
+        client.runs.pause(paused.run_id)
+        wait_view(client, paused.run_id, lambda v: v.state == "paused")
+        held.wait_exit()
+
+    command = _foreground(state_dir, agents, gate)
+    commands.append(command)
+    [child] = gate.accept(1)
+    child.release(0)
+    _, err = command.communicate(timeout=WAIT_S)
+
+    assert command.returncode == 0, err
+    assert "still going" not in err
+    assert not (state_dir / PID_NAME).exists()
+    with Node.embedded(state_dir=state_dir) as node:
+        assert node.client().runs.show(paused.run_id).state == "paused"
