@@ -129,7 +129,7 @@ class Settings(BaseModel):
     node_log_backups: int = Field(3, strict=True, ge=1, le=100)
     #: Finished runs older than this are pruned by the node, and an idle run tree's fan-out claim
     #: rows (never its count) are compacted (0 = keep them forever).
-    run_retention_days: float = Field(30.0, ge=0, le=36_500)
+    run_retention_days: float = Field(30.0, strict=True, ge=0, le=36_500)
     #: How a child's process tree is held: `auto` (a cgroup v2 cgroup per child where the node
     #: may create them, else the shim's subreaper alone), `cgroup` (required) or `subreaper`.
     containment: Literal["auto", "cgroup", "subreaper"] = "auto"

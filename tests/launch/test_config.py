@@ -379,6 +379,8 @@ INVALID_FILE_VALUES = [
     ("max_subagent_spawns_per_session", "-3"),
     ("max_subagent_depth", "true"),
     ("reservation_ttl_s", "0"),
+    ("run_retention_days", "true"),  # was 1 day
+    ("run_retention_days", '"30"'),
     ("grant_authority", '"sometimes"'),
     ("listen", '["http://example.org"]'),
     ("agent_dirs", '"not-a-list"'),
