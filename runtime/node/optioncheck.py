@@ -2,7 +2,8 @@
 
 Owns the check a program's `Node(NodeOptions(...))` and `Node.embedded(**options)` get that
 `subagents-node start` gets from click: a wrong type, a negative, NaN or huge number, an empty
-state dir or a single string as `listen` is a `BadRequest` naming the field
+state dir, a single string as `listen` or a setting outside its domain
+(runtime/node/settingscheck.py) is a `BadRequest` naming the field
 (`details["reason"] == "argument"`), raised before the state dir is created or any process
 forked. Without it such a value reached the owner processes, which crashed at every restart
 (`max_frame=2**70`, `synchronous="BOGUS"`) until the node stopped, or served in the current
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from subagents_node.messages.errors import BadRequest
+from subagents_node.node.settingscheck import check_settings
 
 if TYPE_CHECKING:
     from subagents_node.node.node import NodeOptions
@@ -82,6 +84,7 @@ def check_options(opts: NodeOptions) -> None:
     settings = opts.settings
     if not isinstance(settings, Mapping) or not all(isinstance(k, str) for k in settings):
         raise _refuse("settings", "a dict of setting names to values", settings)
+    check_settings(settings)  # each key known, each value in its domain
     for field in ("join", "home_key", "name", "client_key"):
         if not isinstance(getattr(opts, field), str):
             raise _refuse(field, "a string", getattr(opts, field))

@@ -42,6 +42,7 @@ from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import owners
+from subagents_node.node.settingscheck import usable_settings
 from subagents_node.node.timers import Timers
 
 log = logging.getLogger(__name__)
@@ -200,9 +201,14 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     store.migrate(families)
     zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     timers = Timers()
+    # The node checked each setting (runtime/node/settingscheck.py); one that reached this
+    # owner unchecked is dropped for its default, never a crash at start or first use.
+    settings, dropped = usable_settings(spec.settings)
+    for line in dropped:
+        log.error("%s: %s", spec.name, line)
     log_cap: ChildLogCap | None = None
-    cap = spec.settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
-    if spec.settings.get("caps_child_logs"):
+    cap = settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
+    if settings.get("caps_child_logs"):
         log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)
 
     def endpoint_of(target: str) -> str:
@@ -210,7 +216,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
 
     # The node setting `owner_call_timeout_s` (not a user config key: tests shorten it so a
     # request lost with a killed owner is retried in seconds, not after the default 15 s).
-    timeout_s = float(spec.settings.get("owner_call_timeout_s") or DEFAULT_TIMEOUT_S)
+    timeout_s = float(settings.get("owner_call_timeout_s") or DEFAULT_TIMEOUT_S)
     links = OwnerLinks(zctx, spec.name, endpoint_of, timeout_s)
 
     def report_crash(name: str, exc: BaseException) -> None:
@@ -226,7 +232,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         report_quarantine=report_quarantine,
         schedule=timers.schedule,
         faults=spec.faults,
-        settings=spec.settings,
+        settings=settings,
         dispatch=links.send,
         cap_log=log_cap.watch if log_cap is not None else None,
         cap_flush=log_cap.flush if log_cap is not None else None,

@@ -44,11 +44,13 @@ def owner_specs(
     peers = {name: owner_endpoint(state_dir, name) for name in OWNER_SOCKETS}
     peers["node"] = node_address
     settings = {
+        **options.settings,
+        # The node's own, after the program's: runtime/node/settingscheck.py refuses these
+        # keys in a program's settings, and none may ever replace what the node knows.
         "runs_dir": str(state_dir / "runs"),
         "node_address": node_address,
         "runs_address": peers[owners.RUNS],
         "node_pid": os.getpid(),
-        **options.settings,
         "cgroup_base": cgroup_base,
     }
     specs = []

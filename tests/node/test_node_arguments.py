@@ -17,11 +17,14 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from subagents_node.launch.config import load_config
 from subagents_node.messages.errors import BadRequest, NodeAlreadyRunning, NodeNotRunning
 from subagents_node.node.node import Node, NodeOptions
 from tests.support.nodes import new_state_dir
+from tests.support.runs import wait_until
 
 CARELESS: list[tuple[dict[str, Any], str]] = [
     ({"state_dir": ""}, "state_dir"),
@@ -40,6 +43,25 @@ CARELESS: list[tuple[dict[str, Any], str]] = [
     ({"listen": "tcp://127.0.0.1:7700"}, "listen"),
     ({"ipc": "yes"}, "ipc"),
     ({"name": None}, "name"),
+    # The settings each owner reads: a value outside the config key's domain (runtime/launch/
+    # config.py `Settings`), a test-only key's, an unknown key, or one the node sets itself.
+    ({"settings": {"reservation_ttl_s": -1}}, "settings.reservation_ttl_s"),  # freed at once
+    ({"settings": {"reservation_ttl_s": "abc"}}, "settings.reservation_ttl_s"),  # float("abc")
+    ({"settings": {"reservation_ttl_s": float("nan")}}, "settings.reservation_ttl_s"),
+    ({"settings": {"reservation_ttl_s": 1e300}}, "settings.reservation_ttl_s"),
+    ({"settings": {"reservation_ttl_s": [60]}}, "settings.reservation_ttl_s"),
+    ({"settings": {"reservation_ttl_s": True}}, "settings.reservation_ttl_s"),
+    ({"settings": {"run_retention_days": "x"}}, "settings.run_retention_days"),
+    ({"settings": {"run_retention_days": True}}, "settings.run_retention_days"),
+    ({"settings": {"max_watchers": 0}}, "settings.max_watchers"),
+    ({"settings": {"child_log_max_bytes": -5}}, "settings.child_log_max_bytes"),
+    ({"settings": {"containment": "bogus"}}, "settings.containment"),
+    ({"settings": {"grant_authority": "sometimes"}}, "settings.grant_authority"),
+    ({"settings": {"owner_call_timeout_s": "x"}}, "settings.owner_call_timeout_s"),
+    ({"settings": {"owner_call_timeout_s": float("inf")}}, "settings.owner_call_timeout_s"),
+    ({"settings": {"fault_points": "mark_started"}}, "settings.fault_points"),  # not a list
+    ({"settings": {"reservaton_ttl_s": 5.0}}, "settings.reservaton_ttl_s"),  # a typo
+    ({"settings": {"node_pid": 1}}, "settings.node_pid"),  # the node's: owners exited at start
 ]
 
 
@@ -58,6 +80,7 @@ def test_a_careless_option_is_a_one_line_bad_request_naming_it_and_changes_nothi
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))
     monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(BadRequest) as refused, Node.embedded(**options):
         pytest.fail("the block ran")
     assert refused.value.details["field"] == field
@@ -67,6 +90,54 @@ def test_a_careless_option_is_a_one_line_bad_request_naming_it_and_changes_nothi
         Node(NodeOptions(**options))
     assert _entries(work) == [] and _entries(temporary) == []  # nothing created
     assert stat.S_IMODE(work.stat().st_mode) == 0o755
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children  # no fork
+
+
+def test_a_mistyped_setting_is_refused_with_the_name_it_resembles_and_the_known_ones() -> None:
+    with pytest.raises(BadRequest) as refused:
+        Node(NodeOptions(settings={"reservaton_ttl_s": 5.0}))
+    message = refused.value.message
+    assert "did you mean 'reservation_ttl_s'" in message
+    assert all(key in message for key in ("max_watchers", "containment", "fault_points"))
+
+
+def test_the_settings_start_passes_are_accepted_and_a_short_reservation_ttl_takes_effect(
+    tmp_path: Path,
+) -> None:
+    """What `subagents-node start` hands a node (every config key, in JSON form, and a kill
+    point) passes the check; the TTL set by a program is the one the capacity owner applies."""
+    config = load_config(env={"XDG_CONFIG_HOME": str(tmp_path)}, cwd=tmp_path)
+    settings = {**config.actor_settings(), "fault_kill_points": [], "reservation_ttl_s": 0.3}
+    with Node.embedded(state_dir=new_state_dir(), settings=settings) as node:
+        client = node.client()
+        assert client.capacity.acquire(session_id="s", limit=1, run_id="a") is not None
+        owner = client.capacity.inspect("a").owner
+        assert owner is not None and owner.expires_at is not None
+        assert owner.expires_at - owner.reserved_at == pytest.approx(0.3)
+        wait_until(lambda: client.capacity.snapshot("s", 1).used == 0, what="the slot expired")
+
+
+def test_a_setting_that_reaches_the_owners_unchecked_is_served_as_its_default_not_a_crash() -> None:
+    """A program that changes `options.settings` after the check (or any other path around it)
+    still cannot crash an owner: each drops the value for its default, and says so in its log.
+    Before, `run_retention_days="x"` failed the fanout and runs owners at every start and
+    `reservation_ttl_s="abc"` failed every acquire."""
+    state_dir = new_state_dir()
+    node = Node(NodeOptions(state_dir=state_dir))
+    node.options.settings.update(
+        reservation_ttl_s="abc", run_retention_days="x", max_watchers=[1], node_pid="me"
+    )
+    node.start()
+    try:
+        client = node.client()
+        assert client.capacity.acquire(session_id="s", limit=1, run_id="a") is not None
+        owner = client.capacity.inspect("a").owner
+        assert owner is not None and owner.expires_at is not None
+        assert owner.expires_at - owner.reserved_at == pytest.approx(60.0)  # the default
+        assert client.runs.list() == []
+    finally:
+        node.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def test_an_unknown_embedded_option_is_a_bad_request() -> None:
