@@ -45,6 +45,9 @@ MAX_PATHS = 10_000
 MAX_PATH_CHARS = 512
 MAX_PARENT_PATH_CHARS = 2048
 MAX_TTL_S = 3600.0
+#: Budgets one `fanout.snapshots` reads at once: a view's runs (a few hundred descriptors of a
+#: few hundred bytes each) fit one frame; a caller with more sends more batches.
+MAX_READINGS = 1000
 #: An encoded descriptor is a few hundred bytes; anything far larger is not one.
 MAX_ENCODED_CHARS = 8192
 
@@ -160,6 +163,21 @@ class FanoutSnapshot(Message):
         return f"Run fan-out: {self.used}/{self.limit} used, {self.remaining} remaining"
 
 
+class BudgetReading(Message):
+    """One descriptor's part of a batch read: its live snapshot, or why it has none (the
+    refusal `fanout.snapshot` would have raised for it, by code and message)."""
+
+    snapshot: FanoutSnapshot | None = None
+    code: str = ""
+    error: str = ""
+
+
+class BudgetReadings(Message):
+    """The answer to `fanout.snapshots`: one reading per descriptor, in the request's order."""
+
+    readings: list[BudgetReading]
+
+
 class FanoutRejection(Message):
     """R-FAN-16: why a batch was refused. Numbers are the values before the batch."""
 
@@ -264,6 +282,18 @@ class ReadSnapshot(Request):
     descriptor: FanoutDescriptor
 
 
+class ReadSnapshots(Request):
+    """Read many budgets at once (a view of many runs: `fleet`, `runs --json`): one round trip,
+    and a budget that cannot be read spoils only its own reading, never the batch."""
+
+    type: Literal["fanout.snapshots"] = "fanout.snapshots"
+    target: ClassVar[str] = FANOUT
+    Result: ClassVar[ResultType] = BudgetReadings
+    idempotent: ClassVar[bool] = True  # like fanout.snapshot: expiring what is due is the same
+
+    descriptors: list[FanoutDescriptor] = Field(max_length=MAX_READINGS)
+
+
 REQUESTS = (
     CreateBudget,
     ValidateDescriptor,
@@ -272,4 +302,5 @@ REQUESTS = (
     CommitReservation,
     AbortReservation,
     ReadSnapshot,
+    ReadSnapshots,
 )

@@ -48,11 +48,14 @@ from subagents_node.messages.errors import (
     FanoutReservationExpired,
     FanoutReservationUnknown,
     RecordQuarantined,
+    SubagentsError,
 )
 from subagents_node.messages.fanout import (
     DESCRIPTOR_MISMATCH,
     MAX_LIMIT,
     AbortReservation,
+    BudgetReading,
+    BudgetReadings,
     ClaimPaths,
     CommitReservation,
     CreateBudget,
@@ -60,6 +63,7 @@ from subagents_node.messages.fanout import (
     FanoutRejection,
     FanoutSnapshot,
     ReadSnapshot,
+    ReadSnapshots,
     ReservationGrant,
     ReservePaths,
     ValidateDescriptor,
@@ -101,6 +105,7 @@ class FanoutBudget(OwnerActor):
             CommitReservation: self.commit,
             AbortReservation: self.abort,
             ReadSnapshot: self.snapshot,
+            ReadSnapshots: self.snapshots,
         }
 
     # -- requests -----------------------------------------------------------------------------
@@ -126,6 +131,18 @@ class FanoutBudget(OwnerActor):
     def snapshot(self, req: ReadSnapshot) -> FanoutSnapshot:
         self._expire_due(self.ctx.clock())
         return self._manifest(req.descriptor)
+
+    def snapshots(self, req: ReadSnapshots) -> BudgetReadings:
+        """Each budget as `snapshot` reads it; a refusal (unknown, mismatched, quarantined) is
+        that descriptor's reading, so one bad budget never hides the others from a view."""
+        self._expire_due(self.ctx.clock())
+        readings = []
+        for descriptor in req.descriptors:
+            try:
+                readings.append(BudgetReading(snapshot=self._manifest(descriptor)))
+            except SubagentsError as err:
+                readings.append(BudgetReading(code=err.code, error=err.message))
+        return BudgetReadings(readings=readings)
 
     def claim(self, req: ClaimPaths) -> FanoutSnapshot:
         self._expire_due(self.ctx.clock())

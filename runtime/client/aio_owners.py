@@ -37,7 +37,12 @@ from subagents_node.messages.capacity import (
     Verdict,
 )
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.fanout import FanoutDescriptor, FanoutSnapshot, ReservationGrant
+from subagents_node.messages.fanout import (
+    BudgetReading,
+    FanoutDescriptor,
+    FanoutSnapshot,
+    ReservationGrant,
+)
 from subagents_node.messages.runs import RunState
 from subagents_node.messages.session import (
     GrantAuthority,
@@ -281,6 +286,9 @@ class AsyncFanoutAPI:
 
     async def snapshot(self, descriptor: DescriptorLike) -> FanoutSnapshot:
         return await self._client.perform(fan.snapshot_plan(descriptor))
+
+    async def snapshots(self, descriptors: Sequence[DescriptorLike]) -> list[BudgetReading]:
+        return await self._client.perform(fan.snapshots_plan(descriptors))
 
     async def from_env(self, environ: Mapping[str, str] | None = None) -> FanoutDescriptor | None:
         return await self._client.perform(fan.from_env_plan(environ))

@@ -8,6 +8,7 @@ every refusal is a typed error from `subagents_node.messages.fanout`::
     res = c.fanout.reserve(desc, ["chain[3]"], ttl_s=30)        # Reservation
     res.commit()                                                # or res.abort()
     c.fanout.snapshot(desc); c.fanout.validate(desc)
+    c.fanout.snapshots([desc, other])                           # [BudgetReading, ...], one trip
     c.fanout.from_env()                                         # $SUBAGENTS_RUN_FANOUT or None
 
 A descriptor may be given as the model or as its encoded string. Requests are built through
@@ -18,7 +19,7 @@ and over the wire.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -28,13 +29,17 @@ from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import BadRequest, FanoutError
 from subagents_node.messages.fanout import (
     INHERITED_INVALID,
+    MAX_READINGS,
     AbortReservation,
+    BudgetReading,
+    BudgetReadings,
     ClaimPaths,
     CommitReservation,
     CreateBudget,
     FanoutDescriptor,
     FanoutSnapshot,
     ReadSnapshot,
+    ReadSnapshots,
     ReservationGrant,
     ReservePaths,
     ValidateDescriptor,
@@ -107,6 +112,20 @@ def abort_plan(reservation_id: str) -> Plan[FanoutSnapshot]:
 
 def snapshot_plan(descriptor: DescriptorLike) -> Plan[FanoutSnapshot]:
     return one(build(ReadSnapshot, descriptor=as_descriptor(descriptor)), FanoutSnapshot)
+
+
+def snapshots_plan(
+    descriptors: Sequence[DescriptorLike], timeout: float | None = None
+) -> Plan[list[BudgetReading]]:
+    """One reading per descriptor, in order: one request per `MAX_READINGS` of them (each
+    waiting `timeout`, None: the client's)."""
+    wanted = [as_descriptor(d) for d in descriptors]
+    readings: list[BudgetReading] = []
+    for start in range(0, len(wanted), MAX_READINGS):
+        batch = build(ReadSnapshots, descriptors=wanted[start : start + MAX_READINGS])
+        answer: BudgetReadings = yield from one(batch, BudgetReadings, timeout)
+        readings += answer.readings
+    return readings
 
 
 def from_env_plan(environ: Mapping[str, str] | None = None) -> Plan[FanoutDescriptor | None]:
@@ -207,6 +226,11 @@ class FanoutAPI:
 
     def snapshot(self, descriptor: DescriptorLike) -> FanoutSnapshot:
         return self._client.perform(snapshot_plan(descriptor))
+
+    def snapshots(self, descriptors: Sequence[DescriptorLike]) -> list[BudgetReading]:
+        """Many budgets in one round trip: each reading is its snapshot, or the refusal
+        `snapshot` would have raised for it (`code`, `error`)."""
+        return self._client.perform(snapshots_plan(descriptors))
 
     def from_env(self, environ: Mapping[str, str] | None = None) -> FanoutDescriptor | None:
         """The inherited budget in $SUBAGENTS_RUN_FANOUT, validated by its owner; None if unset
