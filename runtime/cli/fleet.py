@@ -5,6 +5,11 @@ long-polls `runs.watch_all`: the node answers as soon as any run has an event, s
 updates from events, never by re-reading state files. A one-second tick only advances clocks
 (elapsed, time to deadline) and re-reads the last line of running children's logs. `q` quits.
 On a home node there is one such thread per host that is up, and each run says its host.
+
+The fan-out gauges are not the figures runs recorded at admission: each frame reads the shown
+runs' budgets live from the fan-out owner, in one request (R-FAN-26), so the claims of a fan-out
+storm's nested launches show as they happen. A budget that cannot be read shows its recorded
+figure marked `(recorded)`, with the reason under the table; the view itself goes on.
 """
 
 from __future__ import annotations
@@ -26,12 +31,17 @@ from rich.text import Text
 from subagents_node.cli.common import lineage
 from subagents_node.cli.tables import state_label
 from subagents_node.client.client import Client, connect
+from subagents_node.client.fanout_views import RECORDED, LiveFanout, live_fanout_plan
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.runs import output_tail
 from subagents_node.messages.supervisor import RunView
 
 ACTIVE = ("queued", "running", "paused")
+#: Runs a frame shows (and whose budgets it reads).
+SHOWN = 40
+#: How long a frame waits for the fan-out owner before it shows the recorded figures instead.
+FANOUT_TIMEOUT_S = 2.0
 
 
 class FleetState:
@@ -85,7 +95,16 @@ def gauge(used: int | None, limit: int | None, width: int = 10) -> str:
     return f"{'█' * filled}{'░' * (width - filled)} {used}/{limit}"
 
 
-def render(runs: list[RunView], now: float, error: str = "") -> Group:
+def live_frame(client: Client, runs: list[RunView]) -> LiveFanout:
+    """The runs a frame shows, with their budgets' live figures (one request for them all)."""
+    return client.perform(live_fanout_plan(runs[:SHOWN], FANOUT_TIMEOUT_S))
+
+
+def render(
+    runs: list[RunView], now: float, error: str = "", recorded: dict[str, str] | None = None
+) -> Group:
+    """One frame; a run in `recorded` (run id -> why) shows the fan-out figure it recorded."""
+    recorded = recorded or {}
     table = Table(title="subagents fleet  (q quits)", expand=True)
     hosts = any(run.host for run in runs)  # a home's view of several hosts
     if hosts:
@@ -103,7 +122,7 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
         "last output",
     ):
         table.add_column(column, no_wrap=True, overflow="ellipsis")
-    for run in runs[:40]:
+    for run in runs[:SHOWN]:
         start = run.started_at or run.created_at
         elapsed = (run.ended_at or now) - start
         deadline = "-"
@@ -121,11 +140,16 @@ def render(runs: list[RunView], now: float, error: str = "") -> Group:
             f"{elapsed:.1f}s",
             deadline,
             gauge(snaps.capacity_used, snaps.capacity_limit),
-            gauge(snaps.fanout_used, snaps.fanout_limit),
+            gauge(snaps.fanout_used, snaps.fanout_limit)
+            + (f" ({RECORDED})" if run.run_id in recorded else ""),
             "; ".join(lineage(run)) or "-",
             output,
         )
     parts: list[Table | Text] = [table]
+    reasons = sorted(set(recorded.values()))
+    if reasons:
+        text = f"fan-out ({RECORDED}): not read live: {'; '.join(reasons)}"
+        parts.append(Text(text, style="yellow"))
     if error:
         parts.append(Text(f"node: {error}", style="red"))
     return Group(*parts)
@@ -188,7 +212,8 @@ def run_fleet(client: Client, once: bool = False) -> None:
 
         # Piped, rich would assume 80 columns and cut every cell; a file gets whole lines.
         console = Console() if sys.stdout.isatty() else Console(width=240)
-        console.print(render(state.snapshot(), time.time(), state.error))
+        frame = live_frame(client, state.snapshot())
+        console.print(render(frame.runs, time.time(), state.error, frame.recorded))
         return
     stop = threading.Event()
     for host in hosts:  # one long-poll per host (each node counts its own events)
@@ -197,7 +222,10 @@ def run_fleet(client: Client, once: bool = False) -> None:
     with keys() as interactive, Live(render([], time.time()), auto_refresh=False) as live:
         while not stop.is_set():
             state.changed.clear()
-            live.update(render(state.snapshot(), time.time(), state.error), refresh=True)
+            # Each frame reads the budgets again: nested launches claim without a run event.
+            frame = live_frame(client, state.snapshot())
+            shown = render(frame.runs, time.time(), state.error, frame.recorded)
+            live.update(shown, refresh=True)
             if interactive:
                 ready, _, _ = select.select([sys.stdin], [], [], 1.0)
                 if ready and sys.stdin.read(1) in ("q", "Q"):

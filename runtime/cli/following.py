@@ -141,13 +141,15 @@ def exit_code(exc: BaseException) -> int:
     return 128 + exc.signum if isinstance(exc, Ended) else EXIT_INTERRUPTED
 
 
-def summary(run: RunView, capacity: bool = True) -> str:
+def summary(run: RunView, capacity: bool = True, fanout_note: str = "") -> str:
+    """The run's end, ledgers and output; `fanout_note` follows its fan-out figures."""
     children = plural(len(run.children), "child", "children")
     lines = [f"run {run.run_id} {run.state} ({run.mode}, {children})"]
     if pause_text(run):
         lines.append(pause_text(run))
     snaps = run.snapshots
-    lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used")
+    note = f" ({fanout_note})" if fanout_note else ""
+    lines.append(f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used{note}")
     if capacity and snaps.capacity_limit is not None:
         limit = snaps.capacity_limit or "unlimited"
         lines.append(f"Active async capacity: {snaps.capacity_used}/{limit} used")

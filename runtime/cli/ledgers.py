@@ -207,8 +207,10 @@ def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
 def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits.
 
-    Run ids are never cut. `--once --json` prints the frame's runs for scripts. On a home
-    node: the runs of every host that is up, each with its host.
+    Run ids are never cut. The fan-out gauge is the run tree's budget read live (used/limit,
+    nested launches included); "(recorded)" marks a figure the run recorded because its budget
+    could not be read. `--once --json` prints the frame's runs for scripts. On a home node:
+    the runs of every host that is up, each with its host.
     """
     from subagents_node.cli.fleet import run_fleet
 
@@ -220,9 +222,12 @@ def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     with obj.client() as client:
         client.ping()
         if as_json:
+            from subagents_node.client.fanout_views import live_parts_plan
             from subagents_node.client.hosts import runs_json
 
-            emit(runs_json(client.hosts.runs(limit=100)), True, "")
+            # The budgets' live figures, as the view shows them (R-FAN-26).
+            parts, recorded = client.perform(live_parts_plan(client.hosts.runs(limit=100)))
+            emit(runs_json(parts, recorded), True, "")
             return
         run_fleet(client, once=once)
 

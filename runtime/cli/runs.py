@@ -28,10 +28,11 @@ from subagents_node.cli.following import child_end, launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
 from subagents_node.client.client import Client
+from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
-from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -169,15 +170,17 @@ def runs_command(
 
     On a home node, every host's runs, each with its HOST (a host that cannot be asked is
     named on stderr). Ids and labels are shortened only on a terminal without --wide; piped
-    output is never cut.
+    output is never cut. --json gives each run's fan-out figures read live from its budget.
     """
     with obj.client() as client:
         parts = client.hosts.runs(session, active, limit)
-    if as_json:
-        from subagents_node.client.hosts import runs_json
+        if as_json:  # the table shows no fan-out figures; the JSON shows them live (R-FAN-26)
+            from subagents_node.client.fanout_views import live_parts_plan
+            from subagents_node.client.hosts import runs_json
 
-        emit(runs_json(parts), True, "")
-        return
+            parts, recorded = client.perform(live_parts_plan(parts))
+            emit(runs_json(parts, recorded), True, "")
+            return
     found = [run for part in parts for run in part.runs]
     for part in parts:
         if part.error:
@@ -206,7 +209,8 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
             unknown = ""
         except OwnerUnavailable as err:  # a worker cut off from its home still shows its run
             ledgers, unknown = None, err.message
-        found = live_fanout(client, found)
+        live = client.perform(live_fanout_plan([found]))  # R-FAN-26
+    found, recorded = live.runs[0], live.recorded.get(found.run_id, "")
     lines = [
         f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
         *([f"host: {found.host}"] if found.host else []),
@@ -218,8 +222,10 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
             ledgers[0].text(),
             f"Active async capacity: {ledgers[1].used}/{ledgers[1].limit or 'unlimited'} used",
         ]
+    # R-FAN-26: the record stands in for a budget its owner could not read, and says so.
+    note = f"{RECORDED}: {recorded}" if recorded else ""
     lines += [
-        summary(found, capacity=False),
+        summary(found, capacity=False, fanout_note=note),
         f"dir: {found.run_dir}",
         *lineage(found),
     ]
@@ -231,28 +237,9 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         "spawn_budget": ledgers[0].model_dump(mode="json") if ledgers else None,
         "active_async_capacity": ledgers[1].model_dump(mode="json") if ledgers else None,
         **({"ledgers_unknown": unknown} if unknown else {}),
+        **({"fanout_recorded": recorded} if recorded else {}),
     }
     emit(data, as_json, "\n".join(lines))
-
-
-def live_fanout(client: Client, run: RunView) -> RunView:
-    """R-FAN-26: the run with a live snapshot of its persisted budget, so the claims its
-    children's nested launches made since admission count at once; the snapshot the run
-    recorded when there is no budget or its owner cannot answer (a worker cut off from home)."""
-    if not run.fanout_descriptor:
-        return run
-    try:
-        live = client.fanout.snapshot(run.fanout_descriptor)
-    except SubagentsError:
-        return run
-    snapshots = run.snapshots.model_copy(
-        update={
-            "fanout_used": live.used,
-            "fanout_limit": live.limit,
-            "fanout_remaining": live.remaining,
-        }
-    )
-    return run.model_copy(update={"snapshots": snapshots})
 
 
 def session_status(client: Client, run: RunView) -> tuple[SpawnSnapshot, CapacitySnapshot]:

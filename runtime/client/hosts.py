@@ -47,11 +47,19 @@ class HostRuns:
     error: str = ""
 
 
-def runs_json(parts: list[HostRuns]) -> dict[str, object]:
-    """A view's runs over every host as JSON, naming the hosts whose runs are unknown."""
-    data: dict[str, object] = {
-        "runs": [run.model_dump(mode="json") for part in parts for run in part.runs]
-    }
+def runs_json(
+    parts: list[HostRuns], recorded: Mapping[str, str] | None = None
+) -> dict[str, object]:
+    """A view's runs over every host as JSON, naming the hosts whose runs are unknown; a run
+    in `recorded` (run id -> why) says its fan-out figures are its record, not a live reading."""
+    runs = []
+    for part in parts:
+        for run in part.runs:
+            view = run.model_dump(mode="json")
+            if recorded and run.run_id in recorded:
+                view["fanout_recorded"] = recorded[run.run_id]
+            runs.append(view)
+    data: dict[str, object] = {"runs": runs}
     missing = {part.host: part.error for part in parts if part.error}
     if missing:
         data["hosts_not_listed"] = missing

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from subagents_node.client.aio import AsyncClient
+from subagents_node.client.fanout_views import live_fanout_plan
 from subagents_node.launch.agents import discover_agents
 from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
@@ -206,8 +207,12 @@ class LauncherTools:
             view = await self.client.runs.show(run_id)
             if view.state in TERMINAL_RUN_STATES:
                 return ToolAnswer(summary(view), run_data(view))
+            # Still going: its children's nested launches claim as it runs (R-FAN-26).
+            live = await self.client.perform(live_fanout_plan([view]))
+            view, recorded = live.runs[0], live.recorded.get(view.run_id)
             text = f"run {view.run_id} is still {view.state} after {timeout_s:g}s"
-            return ToolAnswer(text, {**run_data(view), "timed_out": True})
+            data = {**run_data(view), "timed_out": True}
+            return ToolAnswer(text, {**data, **({"fanout_recorded": recorded} if recorded else {})})
         return ToolAnswer(summary(final), {**run_data(final), "timed_out": False})
 
     async def stop(self, run_id: str) -> ToolAnswer:

@@ -491,7 +491,10 @@ def test_run_on_a_worker_from_the_home_runs_it_there_and_every_view_on_the_home_
     assert "host: w2" in out.splitlines()
     code, out, err = crew.cli(crew.home, "fleet", "--once", "--json")
     assert code == 0, err
-    assert {r["run_id"]: r["host"] for r in json.loads(out)["runs"]}[run_id] == "w2"
+    [listed] = [r for r in json.loads(out)["runs"] if r["run_id"] == run_id]
+    assert listed["host"] == "w2"
+    # Its budget is the home's: read live there, for a run on any host (R-FAN-26).
+    assert "fanout_recorded" not in listed and listed["snapshots"]["fanout_used"] == 1
     code, out, err = crew.cli(crew.home, "status")
     assert code == 0, err
     assert any(line.strip().startswith("host w2: up") for line in out.splitlines()), out
