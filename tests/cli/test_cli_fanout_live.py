@@ -5,7 +5,7 @@ runs of its own through `subagents-node run` (each claims on the run tree's budg
 at a gate. Its run recorded the budget at admission (1 used); while it waits, `fleet --once`,
 `fleet --once --json`, `runs --json` and the MCP `wait` tool (timed out: the run still going)
 must show what the fan-out owner says, as `budget` does. A budget the owner cannot read keeps
-the recorded figure, marked, and the view goes on.
+the recorded figure, marked, and the view goes on (`show` too).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from rich.console import Console
 from subagents_node.cli.fleet import render
 from subagents_node.client.client import Client
 from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
-from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
+from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import RunView
 from tests.mcp.test_mcp_server import mcp_session, server_env, text_of
+from tests.node.test_quarantine import corrupt, echo_runs, stop
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
@@ -155,3 +156,36 @@ def test_r_fan_26_mcp_wait_that_times_out_on_a_running_run_shows_its_budget_live
     assert waited.structured_content is not None, text_of(waited)
     assert waited.structured_content["timed_out"]
     assert waited.structured_content["fanout"] == {"used": used, "limit": 64}
+
+
+def test_r_fan_26_a_quarantined_budget_leaves_show_and_fleet_its_runs_recorded_figure_marked(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, invoke: Cli
+) -> None:
+    """Its owner refuses to read a broken budget: the views show what the run recorded, say so
+    and why, and still show every other run live."""
+    first = start_node(state_dir=state_dir)
+    broken, healthy = echo_runs(first.client(), agents, 2)
+    budget = decode_descriptor(first.client().runs.show(broken).fanout_descriptor)
+    stop(first)
+    sql = "UPDATE fanout_budgets SET used = 'lots' WHERE budget_id = ?"
+    corrupt(state_dir, "fanout", sql, budget.budget_id)
+    start_node(state_dir=state_dir)
+
+    def cli(*args: str) -> Result:
+        return invoke("--state-dir", str(state_dir), *args)
+
+    shown = cli("show", broken)
+    fleet = cli("fleet", "--once")
+    listed = {r["run_id"]: r for r in as_json(cli("fleet", "--once", "--json"))["runs"]}
+
+    assert shown.exit_code == 0, shown.output
+    [line] = [line for line in shown.stdout.splitlines() if line.startswith("Run fan-out:")]
+    assert line.startswith(f"Run fan-out: 1/64 used ({RECORDED}: ") and "quarantined" in line
+    assert "quarantined" in as_json(cli("show", broken, "--json"))["fanout_recorded"]
+    assert fleet.exit_code == 0, fleet.output
+    rows = {r: next(x for x in fleet.stdout.splitlines() if r in x) for r in (broken, healthy)}
+    assert f"1/64 ({RECORDED})" in rows[broken] and RECORDED not in rows[healthy], fleet.stdout
+    assert f"fan-out ({RECORDED}): not read live: " in fleet.stdout
+    assert "quarantined" in listed[broken]["fanout_recorded"]
+    assert "fanout_recorded" not in listed[healthy]
+    assert listed[healthy]["snapshots"]["fanout_used"] == 1
