@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import click
 from rich.table import Table
@@ -93,28 +94,49 @@ def run_table(run: RunView) -> Table:
     return table
 
 
+@dataclass
+class Shown:
+    """How far one command has shown its run: the `seq` of the last event shown. A follow
+    taken over on the state dir's next node goes on after it (events are numbered in the run's
+    store, which that node reads too), so no line is shown twice and none is skipped."""
+
+    seq: int = 0
+
+
 def follow(
-    client: Client, run: RunView, as_json: bool, signals: EndingSignals | None = None
+    client: Client,
+    run: RunView,
+    as_json: bool,
+    signals: EndingSignals | None = None,
+    shown: Shown | None = None,
 ) -> RunView:
     """Follow a foreground run to its end. Ctrl-C stops the run, prints its end and exits 130;
     SIGTERM and SIGHUP do the same (exit 128 + the signal): nobody follows the run after.
     `signals` are the command's own when it held them through its launch (a signal held then
-    stops the run at once); without them the follow handles its own."""
+    stops the run at once); without them the follow handles its own. `shown`: what an earlier
+    follow of the run in this command showed; the events after it are shown."""
+    shown = Shown() if shown is None else shown
     if signals is None:
         with EndingSignals() as own:
-            return _follow(client, run, as_json, own)
-    return _follow(client, run, as_json, signals)
+            return _follow(client, run, as_json, own, shown)
+    return _follow(client, run, as_json, signals, shown)
 
 
-def _follow(client: Client, run: RunView, as_json: bool, signals: EndingSignals) -> RunView:
+def _follow(
+    client: Client, run: RunView, as_json: bool, signals: EndingSignals, shown: Shown
+) -> RunView:
     progress = Progress(live=sys.stderr.isatty() and not as_json)
+
+    def show(event: RunEvent, view: RunView) -> None:
+        progress.update(event, view)
+        shown.seq = event.seq
 
     def gap(err: SubagentsError) -> None:  # the run goes on on its worker: so does the wait
         click.echo(f"{err.message}; still following run {run.run_id}", err=True)
 
     try:
         with signals.raising():
-            return client.runs.wait(run.run_id, on_event=progress.update, on_gap=gap)
+            return client.runs.wait(run.run_id, on_event=show, on_gap=gap, after_seq=shown.seq)
     except (KeyboardInterrupt, Ended) as exc:
         progress.close()
         code = exit_code(exc)
@@ -192,10 +214,11 @@ def launch_and_follow(
                 if signals.pending is None:
                     with signals.holding():
                         started = client.runs.launch(launch)
+                    shown = Shown()  # a follow taken over goes on from there
                     with contextlib.ExitStack() as taken:
                         for left in range(MAX_TAKEOVERS, -1, -1):
                             try:
-                                final = follow(client, started, as_json, signals)
+                                final = follow(client, started, as_json, signals, shown)
                                 break
                             except NodeNotRunning:
                                 if reconnect is None or not left:

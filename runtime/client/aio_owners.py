@@ -378,13 +378,14 @@ class AsyncRunsAPI:
         timeout: float | None = None,
         on_event: OnEvent | None = None,
         on_gap: OnGap | None = None,
+        after_seq: int = 0,
     ) -> RunView:
         """Until the run is terminal (R-RUN-3); other coroutines run meanwhile. A worker's
-        partition does not end it (`Runs.wait`)."""
+        partition does not end it; `on_event` sees the events after `after_seq` (`Runs.wait`)."""
         client = self._client
         carried = bool(getattr(client.transport, "host", ""))
         plan = run_plans.wait_plan(
-            client.address, client.timeout, run_id, timeout, on_event, on_gap, carried
+            client.address, client.timeout, run_id, timeout, on_event, on_gap, carried, after_seq
         )
         return await client.perform(plan)
 

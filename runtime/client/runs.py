@@ -92,13 +92,16 @@ def wait_plan(
     on_event: OnEvent | None = None,
     on_gap: OnGap | None = None,
     carried: bool = False,
+    after_seq: int = 0,
 ) -> Plan[RunView]:
     """Follow a run through long polls until it is terminal (R-RUN-3). `carried`: the run is
-    on a worker the home carries the watches to, so a worker out of reach is waited for."""
+    on a worker the home carries the watches to, so a worker out of reach is waited for.
+    `after_seq`: the last event the caller already has (events are numbered in the run's store,
+    so the numbers hold on the next node of the same state dir); `on_event` sees the later ones."""
     if timeout is not None:  # a NaN deadline would never pass: the wait would never end
         timeout = checked_timeout(timeout, forever=True)
     deadline = None if timeout is None else time.monotonic() + timeout
-    seq = 0
+    seq = after_seq
     lost = 0
     while True:
         wait_s = WATCH_WAIT_S
@@ -255,15 +258,20 @@ class RunsAPI:
         timeout: float | None = None,
         on_event: OnEvent | None = None,
         on_gap: OnGap | None = None,
+        after_seq: int = 0,
     ) -> RunView:
-        """Block until the run is terminal (R-RUN-3); `on_event` sees each event in order.
+        """Block until the run is terminal (R-RUN-3); `on_event` sees each event in order,
+        from the one after `after_seq` (the `seq` of the last event a previous wait showed, so
+        a wait resumed on another node of the same state dir shows nothing twice).
 
         On a client `on` a worker, a partition does not end the wait: `on_gap` is told each
         time the worker could not be reached, and the wait goes on until the run ends (or
         `timeout`), unless the home forgets the worker."""
         client = self._client
         carried = bool(getattr(client.transport, "host", ""))
-        plan = wait_plan(client.address, client.timeout, run_id, timeout, on_event, on_gap, carried)
+        plan = wait_plan(
+            client.address, client.timeout, run_id, timeout, on_event, on_gap, carried, after_seq
+        )
         return client.perform(plan)
 
     def settle(

@@ -5,16 +5,21 @@ uses that node, and so does one started while another node is still starting (it
 state dir's claim but answers nobody yet). When the node it follows stops under it (the first
 run ended, and its embedded node with it) the second must neither fail nor leave its child
 running unfollowed: the child's shim outlives the node, a node the second run starts adopts
-it, and the follow goes on to the child's true end. Real CLI processes, real nodes, a gate
-socket that releases each child when the test says.
+it, and the follow goes on to the child's true end, showing each progress line once (it goes
+on after the last event it showed). Real CLI processes, real nodes, a gate socket that
+releases each child when the test says.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,18 +28,20 @@ from subagents_node.client.client import connect
 from subagents_node.client.paths import PID_NAME
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.node import Node
-from tests.support.nodes import REPO
+from tests.support.nodes import REPO, NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
 from tests.support.runs import WAIT_S, Gate, launch_context, wait_until, wait_view
 
 
 def _foreground(state_dir: Path, agents: Path, gate: Gate, *flags: str) -> subprocess.Popen[str]:
+    return _run_command(state_dir, "--agents-dir", str(agents), *flags, "gate", str(gate.path))
+
+
+def _run_command(state_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """`subagents-node run ARGS...` on the state dir, its stdout and stderr piped."""
     return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "run"),
-            *("--agents-dir", str(agents), *flags, "gate", str(gate.path)),
-        ],
+        [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "run", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -51,6 +58,47 @@ def _stop_node(state_dir: Path) -> None:
         cwd=REPO,
         check=False,
     )
+
+
+class _Lines:
+    """A command's stderr read as it comes: select on the pipe, each wait with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        self._fd = proc.stderr.fileno()  # read raw: the text wrapper would buffer ahead
+        self._partial = b""
+        self.lines: list[str] = []
+        self.ended = False
+
+    def _read(self, deadline: float) -> bool:
+        ready, _, _ = select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return False
+        chunk = os.read(self._fd, 65536)
+        if not chunk:
+            self.ended = True
+            if self._partial:
+                self.lines.append(self._partial.decode())
+            return False
+        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        self.lines += [line.decode() for line in whole]
+        return True
+
+    def wait_for(self, pattern: str) -> str:
+        """The first line matching `pattern`, once the command has written it."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            found = next((line for line in self.lines if re.search(pattern, line)), None)
+            if found is not None:
+                return found
+            assert self._read(deadline), f"no line matching {pattern!r}: {self.lines}"
+
+    def to_end(self) -> list[str]:
+        """Every line, once the command closed its stderr (it ended)."""
+        deadline = time.monotonic() + WAIT_S
+        while not self.ended:
+            assert self._read(deadline) or self.ended, f"stderr still open: {self.lines}"
+        return self.lines
 
 
 @pytest.fixture
@@ -177,3 +225,78 @@ def test_a_paused_run_on_the_state_dir_is_not_handed_to_a_node_when_a_foreground
     assert not (state_dir / PID_NAME).exists()
     with Node.embedded(state_dir=state_dir) as node:
         assert node.client().runs.show(paused.run_id).state == "paused"
+
+
+#: A progress line of a followed run (runtime/cli/following.py `describe`): a time stamp first.
+_PROGRESS = re.compile(r"\d\d:\d\d:\d\d (.*)")
+
+
+def _progress(lines: list[str]) -> list[str]:
+    """The progress lines, without their stamp, run id or pid (the same in every run)."""
+    shown = [m.group(1) for line in lines if (m := _PROGRESS.fullmatch(line))]
+    return [re.sub(r"pid \d+", "pid P", re.sub(r"run [0-9a-f]{12}", "run R", s)) for s in shown]
+
+
+def _follow_across_a_lost_node(
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    commands: list[subprocess.Popen[str]],
+    node: NodeProcess,
+    lose: Callable[[NodeProcess], None],
+) -> list[str]:
+    """A foreground parallel run of two gates on `node`: one ends and is shown, `lose` takes
+    the node away, the other ends (while no node serves, or as the next one adopts it). The
+    command's stderr, once it exited 0."""
+    tasks = state_dir / "tasks.toml"
+    tasks.write_text(f'[[tasks]]\nagent = "gate"\ntask = "{gate.path}"\n' * 2)
+    command = _run_command(state_dir, "--agents-dir", str(agents), "--parallel", str(tasks))
+    commands.append(command)
+    stderr = _Lines(command)
+    first, second = gate.accept(2)
+    first.release(0)
+    stderr.wait_for(r" \(gate\) complete \(exit 0\)$")  # shown while its node served
+    lose(node)
+    second.release(0)
+    lines = stderr.to_end()
+    out, _ = command.communicate(timeout=WAIT_S)  # closes the pipes
+    assert command.returncode == 0, (out, lines)
+    assert "released 0" in out  # the adopted child's own output
+    assert any("the node stopped under run" in line for line in lines), lines
+    return lines
+
+
+#: What the follow shows of that run: every event once, whichever node recorded it.
+_SHOWN_ONCE = Counter(
+    [
+        "run R started",
+        "started tasks[0] (gate) pid P",
+        "started tasks[1] (gate) pid P",
+        "tasks[0] (gate) complete (exit 0)",
+        "tasks[1] (gate) complete (exit 0)",
+        "run R recovered",  # the node that took the state dir over adopted the run
+        "run R complete",
+    ]
+)
+
+
+def test_a_foreground_run_whose_node_is_stopped_shows_each_progress_line_once_on_the_next_node(
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    commands: list[subprocess.Popen[str]],
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The follow on the node the command started began again from the run's first event:
+    every line already shown was shown a second time (a script counting events counted them
+    twice). It resumes after the last event it showed; none is lost either."""
+
+    def stop(node: NodeProcess) -> None:
+        assert node.stop().returncode == 0
+
+    lines = _follow_across_a_lost_node(
+        state_dir, agents, gate, commands, start_node(state_dir=state_dir), stop
+    )
+    shown = _progress(lines)
+    assert Counter(shown) == _SHOWN_ONCE, lines
+    assert shown[-1] == "run R complete", lines
