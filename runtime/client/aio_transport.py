@@ -26,6 +26,7 @@ from subagents_node.client.channel import (
     PEER_CHECK_S,
     PeerFile,
     dealer_options,
+    gone_error,
     outcome_of,
     reply_envelope,
 )
@@ -179,7 +180,8 @@ class AsyncZmqTransport:
         peer: PeerFile | None,
         sent_to: tuple[int, int, int] | None,
     ) -> Envelope | None:
-        """The reply, or None once the peer's socket file is not the one it was sent to."""
+        """The reply, or None once the peer's socket file is not the one it was sent to (raises
+        `gone_error` once its node is known dead)."""
         loop = asyncio.get_running_loop()
         while True:
             remaining = deadline - loop.time()
@@ -198,6 +200,8 @@ class AsyncZmqTransport:
             except TimeoutError:
                 if late and peer is not None and peer.current() != sent_to:
                     return None
+                if late and peer is not None and peer.gone():  # killed -9: the file stays
+                    raise gone_error(request, self.address) from None
 
     def _fail_waiting(self, why: str) -> None:
         for waiter in self._waiting.values():

@@ -4,7 +4,9 @@ Owns what happens between putting an envelope on a socket and handing back its o
 the options every client DEALER is opened with, matching replies to requests by correlation
 id (stale replies, for requests that timed out, and garbled ones are dropped), the timeout,
 noticing that the owner behind an ipc socket restarted (`PeerFile`: a request in flight is
-sent again if it is resendable, else a NodeTimeout at once, worded as an unknown outcome),
+sent again if it is resendable, else a NodeTimeout at once, worded as an unknown outcome) or
+that its node was killed (`gone_error`: a resendable request is told at once that no node
+runs, so a follower takes the state dir over, and any other is an unknown outcome at once),
 and, over tcp, a refused CURVE handshake reported as NotAuthenticated instead of a silent
 timeout. `PendingReply` is a request on the wire, resolved on the thread that sent it. Also
 what both transports open every socket with: the DEALER options (IPv6 for a bracketed host).
@@ -22,15 +24,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import zmq
 
 from subagents_node.client.curve import HANDSHAKE_REFUSED
+from subagents_node.client.reachability import known_dead
 from subagents_node.messages.base import Message, Request, parse_result, resendable
 from subagents_node.messages.codec import Reply, decode, decode_reply
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
+    NodeNotRunning,
     NodeTimeout,
     NotAuthenticated,
     SubagentsError,
@@ -65,6 +70,10 @@ class _PeerRestarted(Exception):
     """The socket file a channel connected to is not the one it connected to any more."""
 
 
+class _PeerGone(Exception):
+    """The node behind the socket file a channel connected to is dead (killed with -9)."""
+
+
 class PeerFile:
     """The ipc socket file a connection was made to, as it was then (device, inode, ctime).
 
@@ -87,6 +96,29 @@ class PeerFile:
 
     def changed(self) -> bool:
         return self.current() != self.identity
+
+    def gone(self) -> bool:
+        """Its node is dead: the socket file stayed, but nothing will ever answer on it."""
+        return known_dead(Path(self.path))
+
+
+def gone_error(request: Request, address: str) -> SubagentsError:
+    """What a request in flight gets once its node is known dead. A resendable one (read-only
+    or idempotent) lost nothing: no node runs, as a new request would be told (a foreground
+    follow then takes the state dir over). Any other may have been applied before the node
+    died: an unknown outcome, at once instead of after the whole timeout."""
+    if resendable(request):
+        return NodeNotRunning(
+            f"no node is running at {address}: the node that served it is gone (it ended "
+            f"while {request.type} was in flight); start one with `subagents-node start`",
+            address=address,
+        )
+    return NodeTimeout(
+        f"the node at {address} is gone: it ended while {request.type} was in flight; its "
+        "outcome is unknown (it may have been applied)",
+        address=address,
+        reason="node_gone",
+    )
 
 
 def outcome_of(request: Request, reply: Envelope | Reply) -> Message:
@@ -161,6 +193,8 @@ class PendingReply:
                 self._channel, self.id = self._transport.send(self.request, self.target)
                 self.resent += 1
                 continue
+            except _PeerGone:
+                raise gone_error(self.request, self._channel.address) from None
             return outcome_of(self.request, reply)
 
 
@@ -239,8 +273,11 @@ class Channel:
                         continue
                     if reply.corr is not None and reply.corr in self.waiting:  # else stale
                         arrived[reply.corr] = reply
-                elif late and corr not in arrived and self.peer and self.peer.changed():
-                    raise _PeerRestarted
+                elif late and corr not in arrived and self.peer:
+                    if self.peer.changed():
+                        raise _PeerRestarted
+                    if self.peer.gone():  # killed -9: its socket file stays as it was
+                        raise _PeerGone
             return arrived.pop(corr)
         finally:
             self.waiting.discard(corr)

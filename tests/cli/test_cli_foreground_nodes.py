@@ -26,6 +26,7 @@ import pytest
 
 from subagents_node.client.client import connect
 from subagents_node.client.paths import PID_NAME
+from subagents_node.client.runs import WATCH_WAIT_S
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess
@@ -257,12 +258,17 @@ def _follow_across_a_lost_node(
     first.release(0)
     stderr.wait_for(r" \(gate\) complete \(exit 0\)$")  # shown while its node served
     lose(node)
+    lost_at = time.monotonic()
+    stderr.wait_for("the node stopped under run")
+    taken_over = time.monotonic() - lost_at
+    # The follow's long poll waits 10 s at the node: a takeover that waited it out (or the
+    # client's timeout after it) did not see the node go.
+    assert taken_over < WATCH_WAIT_S, f"took {taken_over:.1f} s to see the node go"
     second.release(0)
     lines = stderr.to_end()
     out, _ = command.communicate(timeout=WAIT_S)  # closes the pipes
     assert command.returncode == 0, (out, lines)
     assert "released 0" in out  # the adopted child's own output
-    assert any("the node stopped under run" in line for line in lines), lines
     return lines
 
 
@@ -296,6 +302,26 @@ def test_a_foreground_run_whose_node_is_stopped_shows_each_progress_line_once_on
 
     lines = _follow_across_a_lost_node(
         state_dir, agents, gate, commands, start_node(state_dir=state_dir), stop
+    )
+    shown = _progress(lines)
+    assert Counter(shown) == _SHOWN_ONCE, lines
+    assert shown[-1] == "run R complete", lines
+
+
+def test_a_foreground_run_whose_node_is_killed_follows_on_at_once_showing_each_line_once(
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    commands: list[subprocess.Popen[str]],
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A node killed with -9 leaves its socket file behind: the follow's long poll waited out
+    its 10 s and the client's 10 s timeout, then the command exited 4 ("did not answer
+    runs.watch in time") and left its run going with nobody following it. The client now sees
+    the node's pid record name a dead process as soon as a reply is late, and the follow takes
+    the state dir over as when the node stops."""
+    lines = _follow_across_a_lost_node(
+        state_dir, agents, gate, commands, start_node(state_dir=state_dir), NodeProcess.kill
     )
     shown = _progress(lines)
     assert Counter(shown) == _SHOWN_ONCE, lines

@@ -5,7 +5,9 @@ A request in flight when its owner died is lost with it. The client sees the own
 file replaced (the restarted owner binds a new one) as soon as a reply is late: a read-only or
 idempotent request is sent again on a fresh connection and answered within its deadline; any
 other is a NodeTimeout at once, worded as an unknown outcome, instead of a wait for the whole
-timeout. Real node, real owner processes, real sockets.
+timeout. So does a request in flight when the whole node is killed, its socket file left as
+it was: the node's pid record names a dead process. Real node, real owner processes, real
+sockets.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from subagents_node import AsyncClient
 from subagents_node.client.channel import PEER_CHECK_S
 from subagents_node.messages.base import Ack, resendable
 from subagents_node.messages.capacity import MarkStarted, Snapshot
-from subagents_node.messages.errors import NodeTimeout
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
 from subagents_node.messages.fanout import ClaimPaths, ReadSnapshot, ValidateDescriptor
 from subagents_node.messages.node import DebugSleep, NodeStatus, Ping
-from subagents_node.messages.supervisor import Launch
+from subagents_node.messages.supervisor import Launch, WatchAll
 from tests.support.nodes import NodeProcess
 from tests.support.runs import wait_until
 
@@ -141,3 +143,48 @@ def test_the_async_client_resends_a_read_and_refuses_to_resend_a_write(
     assert isinstance(lost, NodeTimeout) and lost.details.get("reason") == "owner_restarted"
     assert waited < TIMEOUT_S / 3
     assert client.fanout.snapshot(budget).used == 1  # the claim was never applied
+
+
+#: A reply the client waits for this long after its node was killed was waited for in vain:
+#: it looks at the node's pid record once a reply is a second late.
+NOTICED_S = PEER_CHECK_S + 5
+
+
+def test_a_read_in_flight_when_its_node_is_killed_is_told_no_node_runs_and_a_write_at_once(
+    node: NodeProcess,
+) -> None:
+    """A node killed with -9 leaves its socket file and its pid record behind, the socket
+    unchanged: a request in flight waited its whole timeout (a watch's long poll its wait on
+    top) for a reply that could not come. A read loses nothing: it is told at once that no
+    node runs (a foreground follow then takes the state dir over); a write may have been
+    applied: an unknown outcome, at once."""
+    transport = node.transport()
+    watch = transport.submit(WatchAll(after_seq=1 << 40, wait_s=TIMEOUT_S))
+    busy = transport.submit(DebugSleep(ms=10_000), "capacity")  # still asleep at the kill
+    node.kill()
+    started = time.monotonic()
+    with pytest.raises(NodeNotRunning, match="the node that served it is gone"):
+        watch.result(timeout=TIMEOUT_S * 2)
+    with pytest.raises(NodeTimeout) as lost:
+        busy.result(timeout=TIMEOUT_S)
+    waited = time.monotonic() - started
+    assert lost.value.details.get("reason") == "node_gone"
+    assert "outcome is unknown" in lost.value.message
+    assert waited < NOTICED_S, f"waited {waited:.1f} s for replies that cannot come"
+
+
+def test_the_async_client_tells_a_read_in_flight_when_its_node_is_killed_no_node_runs(
+    node: NodeProcess,
+) -> None:
+    async def go() -> tuple[BaseException | None, float]:
+        async with AsyncClient(node.address, timeout=TIMEOUT_S) as aio:
+            watch = asyncio.ensure_future(aio.runs.watch_all(1 << 40, wait_s=TIMEOUT_S))
+            await asyncio.sleep(0.2)  # the watch is out, waiting at the node
+            await asyncio.to_thread(node.kill)
+            started = time.monotonic()
+            lost = (await asyncio.gather(watch, return_exceptions=True))[0]
+            return lost if isinstance(lost, BaseException) else None, time.monotonic() - started
+
+    lost, waited = asyncio.run(go())
+    assert isinstance(lost, NodeNotRunning), lost
+    assert waited < NOTICED_S, f"waited {waited:.1f} s for a reply that cannot come"
