@@ -153,8 +153,6 @@ def run(
         raise SystemExit(1)
 
 
-#: How many times one foreground command takes its state dir over from a node that stopped
-#: under its follow before it gives up (each time another command's node went away).
 @click.command("runs")
 @click.option("--session", type=SESSION, help="Only this session's runs.")
 @click.option("--active", is_flag=True, help="Only queued, running or paused runs.")
