@@ -132,6 +132,8 @@ def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_
     assert second.returncode == 0, (out, err)
     assert re.search(r"run [0-9a-f]{12} complete", out), out
     assert "released 0" in out  # the child's own output: adopted, not restarted
+    shown = _progress(err.splitlines())
+    assert len(shown) == len(set(shown)) and shown[-1] == "run R complete", err
     second_child.wait_exit()
 
 
