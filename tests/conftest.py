@@ -13,6 +13,7 @@ netns_hosts         factory: netns_hosts(["home", "worker"]) -> Fabric, one netw
                     per host; torn down after the test; skips (saying why) without root or ip
 """
 
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 
@@ -29,6 +30,20 @@ from tests.support.nodes import (
     start_node,
     state_dir,
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started under `nohup` (or as a background job of a script) ignores SIGHUP (or
+    SIGINT), and an ignored signal stays ignored across exec: every command the tests start
+    would ignore it too (as it should: the CLI keeps what `nohup` asked for), and the tests that
+    close a command's terminal or press Ctrl-C on it would wait for an end that never comes.
+    A handler that does nothing keeps this process deaf to them as asked, while a caught signal
+    is reset to its default on exec, so the commands under test get the default."""
+    del config
+    for signum in (signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, lambda *_: None)
+
 
 __all__ = [
     "embedded_node",
