@@ -11,7 +11,9 @@ On a home node a ledger owner also owns a second ROUTER, a CURVE server on tcp w
 PeerGate admits (actors/peergate.py): a worker's admission reaches the owner straight, with no
 hop through the node. A frame from it carries its peer's key; the gate judges it (revoked,
 fenced, operator-only) and stamps the peer's name as the `host` of what it asks. The node's
-`owner.peers` (ipc only) is the gate's allow-list, handled here, never by the owner.
+`owner.peers` (ipc only) is the gate's allow-list, handled here, never by the owner. A TcpBudget
+(actors/tcpbudget.py) unbinds that socket for a moment when it holds too many connections at
+once, so that a flood of idle ones never takes the owner's last descriptor.
 
 Rules it enforces: a frame that does not decode or validate is answered with a typed error and
 never reaches the owner; a request for another owner is refused (`wrong_target`); a mailbox at
@@ -36,6 +38,7 @@ from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.actors.peergate import PeerGate
+from subagents_node.actors.tcpbudget import TcpBudget, earliest, tcp_listener
 from subagents_node.messages.base import Ack
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
@@ -77,6 +80,8 @@ class OwnerLoop:
         self._gate = gate
         self._tcp: zmq.Socket[bytes] | None = None
         self._zap: zmq.Socket[bytes] | None = None
+        #: The tcp connections the tcp socket may hold at once (unbound past them).
+        self.budget: TcpBudget | None = None
         self.links = links
         self.mailbox_limit = mailbox_limit
         self._max_frame = max_frame
@@ -128,6 +133,8 @@ class OwnerLoop:
             self._poller.register(self._zap, zmq.POLLIN)
             self._tcp = self._bound(self.tcp_endpoint, secure=True)
             self._poller.register(self._tcp, zmq.POLLIN)
+            bound = str(self._tcp.getsockopt_string(zmq.LAST_ENDPOINT))
+            self.budget = TcpBudget(self._tcp, [bound], self._poller, self.actor.name)
 
     def _bound(self, endpoint: str, secure: bool) -> zmq.Socket[bytes]:
         sock = self._zctx.socket(zmq.ROUTER)
@@ -137,6 +144,7 @@ class OwnerLoop:
         bound_inbound(sock, self._max_frame)  # a flood waits in its senders, not here
         ipv6_for(sock, endpoint)  # a home's tcp address may be IPv6
         if secure and self._gate is not None:
+            tcp_listener(sock)
             self._gate.make_server(sock)
         try:
             sock.bind(endpoint)
@@ -168,6 +176,8 @@ class OwnerLoop:
             self._drain()
             self._send()
             self._router.close(linger=500)
+            if self.budget is not None:
+                self.budget.close()
             if self._tcp is not None:
                 self._tcp.close(linger=500)
             if self._gate is not None:
@@ -177,7 +187,8 @@ class OwnerLoop:
 
     def _pass(self) -> None:
         assert self._router is not None
-        wait = self.links.next_deadline()
+        budget = self.budget
+        wait = earliest(self.links.next_deadline(), budget.next_deadline() if budget else None)
         timeout_ms = None if wait is None else max(1, int(wait * 1000) + 1)
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r in events:
@@ -191,6 +202,8 @@ class OwnerLoop:
                 self._gate.handle()
             if events.get(self._tcp):
                 self._read_tcp(self._tcp)
+            if budget is not None:
+                budget.handle(events)
         for sock in self.links.sockets:
             if events.get(sock):
                 self.links.receive(sock)

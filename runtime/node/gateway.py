@@ -8,7 +8,8 @@ I/O thread is woken through a pipe it polls beside the sockets.
 
 Sockets: one ROUTER for the ipc endpoints (no security mechanism; the state dir's 0700 mode
 guards them) and, when the node listens on tcp, a second ROUTER that is a CURVE server whose
-peers the CurveGuard (runtime/node/curve.py) admits through ZAP, polled in this same thread.
+peers the CurveGuard (runtime/node/curve.py) admits through ZAP, polled in this same thread;
+its TcpBudget (actors/tcpbudget.py) unbinds it for a moment when it holds too many connections.
 A reply leaves through the socket its request came in on. A tcp frame carries its peer's
 authenticated key; it is refused (dropped, with no reply) once that key is revoked, and its
 name is the request's principal: logged, passed to the dispatcher, and shown to the node's
@@ -34,15 +35,14 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Protocol
 
 import zmq
 
 from subagents_node.actors.inbound import bound_inbound
 from subagents_node.actors.ipv6 import ipv6_for
-from subagents_node.actors.links import OwnerLinks, RawReplyFn
+from subagents_node.actors.links import RawReplyFn
 from subagents_node.actors.owner import Outcome, ReplyFn
-from subagents_node.messages.base import Request
+from subagents_node.actors.tcpbudget import TcpBudget, earliest, tcp_listener
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
 from subagents_node.messages.errors import BadRequest, MalformedFrame, SubagentsError
@@ -50,7 +50,7 @@ from subagents_node.messages.members import PEER_ONLY_TYPES, MemberHeartbeat
 from subagents_node.messages.protocol import local_only, parse_request
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
-from subagents_node.node.hostcalls import HostCalls, Settle
+from subagents_node.node.hostcalls import HomeChecks, HostCalls, Settle
 from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -64,20 +64,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: How long a stopping gateway may spend delivering replies already sent.
 _CLOSE_LINGER_MS = 500
-
-
-class HomeChecks(Protocol):
-    """What a home's gateway asks of its HomeService (runtime/node/home.py) about a tcp
-    request, given its peer's principal and the host it is for."""
-
-    def admit(self, request: Request, principal: str, host: str) -> Request:
-        """The request to dispatch (raises to refuse it)."""
-
-    def check_placement(self, request: Request, principal: str) -> None:
-        """Raises unless the peer may have the request carried to another worker."""
-
-    def settler(self, request: Request, principal: str, host: str) -> Settle | None:
-        """What its answer changes at the home before it goes on (None: nothing)."""
 
 
 class Gateway:
@@ -182,6 +168,7 @@ class Gateway:
         bound_inbound(sock, self._max_frame)
         try:
             if secure and self.curve is not None:
+                tcp_listener(sock)
                 self.curve.make_server(sock)  # reads the server key, which may be refused
             for endpoint in endpoints:
                 ipv6_for(sock, endpoint)
@@ -212,16 +199,24 @@ class Gateway:
             poller.register(zap, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         links = self._relay.links if self._relay is not None else None
+        tcp = [e for e in self.bound if e.startswith("tcp://")]
+        budget = TcpBudget(socks[1], tcp, poller, "gateway") if tcp else None
         if links is not None:
             links.watch_with(lambda sock: poller.register(sock, zmq.POLLIN), poller.unregister)
         try:
             while not self._stopping:
-                wait = self._next_deadline(links)
+                wait = earliest(
+                    links.next_deadline() if links is not None else None,
+                    self._hosts.next_deadline() if self._hosts is not None else None,
+                    budget.next_deadline() if budget is not None else None,
+                )
                 events = dict(poller.poll(None if wait is None else int(wait * 1000) + 1))
                 if self._wake_r in events:
                     self._drain_wake()
                 if zap is not None and events.get(zap) and self.curve is not None:
                     self.curve.handle()
+                if budget is not None:
+                    budget.handle(events)
                 for via, sock in enumerate(socks):
                     if events.get(sock):
                         self._receive(socks, via)
@@ -237,20 +232,14 @@ class Gateway:
             if self._relay is not None:
                 self._relay.close()  # what still waits is answered (OwnerUnavailable)
             self._send(socks)
+            if budget is not None:
+                budget.close()
             # A short linger: the last replies (a shim's acknowledgement, which it would
             # otherwise resend to a node that is gone) reach their peers before the close.
             for sock in socks:
                 sock.close(linger=_CLOSE_LINGER_MS)
             if self.curve is not None:
                 self.curve.close()
-
-    def _next_deadline(self, links: OwnerLinks | None) -> float | None:
-        """Seconds until the first relayed or host-carried request runs out (None: none)."""
-        relayed = links.next_deadline() if links is not None else None
-        carried = self._hosts.next_deadline() if self._hosts is not None else None
-        if relayed is None or carried is None:
-            return carried if relayed is None else relayed
-        return min(relayed, carried)
 
     def _drain_wake(self) -> None:
         # Empty the pipe first, then clear the flag: the other order loses a wake-up when a

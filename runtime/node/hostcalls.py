@@ -23,8 +23,9 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from subagents_node.messages.base import Request
 from subagents_node.messages.codec import encode, encode_answer
 from subagents_node.messages.envelope import Envelope, new_message_id
 from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
@@ -43,6 +44,20 @@ _MAX_HOLD_S = 60.0
 #: What an answer changes at the home before it goes on, given its kind (`reply`, `error`) and
 #: body: None passes the answer on as it came, an error is passed on instead of it.
 Settle = Callable[[str, Mapping[str, Any]], "SubagentsError | None"]
+
+
+class HomeChecks(Protocol):
+    """What a home's gateway asks of its HomeService (runtime/node/home.py) about a tcp
+    request, given its peer's principal and the host it is for."""
+
+    def admit(self, request: Request, principal: str, host: str) -> Request:
+        """The request to dispatch (raises to refuse it)."""
+
+    def check_placement(self, request: Request, principal: str) -> None:
+        """Raises unless the peer may have the request carried to another worker."""
+
+    def settler(self, request: Request, principal: str, host: str) -> Settle | None:
+        """What its answer changes at the home before it goes on (None: nothing)."""
 
 
 class _Call:
