@@ -8,6 +8,9 @@ client) aborts the whole process. So when the count reaches the budget (half the
 RLIMIT_NOFILE less a reserve, computed once) every tcp endpoint is unbound, which closes each
 connection accepted on it (authenticated peers reconnect by themselves), and bound again once
 the listeners have closed and PAUSE_S has passed, or after HOLD_S whatever the monitor said.
+Its figures (budget, open, sheds, the time of the last shed) are what `status` and `doctor`
+show of the listener; a listener in another process than the node's hands them to `report`,
+at once on a shed and otherwise at most once per REPORT_S while the count moves.
 
 It lives in the thread of the loop that polls the socket: its monitor is registered in that
 loop's poller, and the loop polls no longer than `next_deadline` (no thread, no timer of its
@@ -20,6 +23,7 @@ import logging
 import resource
 import struct
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -35,6 +39,8 @@ RESERVE = 64
 PAUSE_S = 1.0
 #: ...and at most this long, even if the monitor never reports the listeners closed.
 HOLD_S = 10.0
+#: How often at most a moving count of open connections is handed to `report`.
+REPORT_S = 1.0
 _WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 #: Monitor events read per pass (one per connection opened or closed).
 _READ_MAX = 1024
@@ -52,6 +58,10 @@ def budget_for(soft: int) -> int:
     return max(8, soft // 2 - RESERVE)
 
 
+#: What a TcpBudget hands its `report`: its budget, connections open, sheds, last shed's time.
+Report = Callable[[int, int, int, float | None], None]
+
+
 def earliest(*waits: float | None) -> float | None:
     """The shortest of the waits given (None: none)."""
     known = [w for w in waits if w is not None]
@@ -66,6 +76,7 @@ class TcpBudget:
         poller: zmq.Poller,
         name: str,
         limit: int | None = None,
+        report: Report | None = None,
     ) -> None:
         """Watch `sock`, already bound to the tcp `endpoints` (as resolved: LAST_ENDPOINT)."""
         self._sock = sock
@@ -80,6 +91,12 @@ class TcpBudget:
         self.open = 0
         #: How many times the endpoints were unbound for holding too many connections.
         self.sheds = 0
+        #: When the last shed happened (time.time()); None: never.
+        self.last_shed: float | None = None
+        self._report = report
+        #: (open, sheds) as last reported, and when the next report of a moved count may go.
+        self._reported = (0, 0)
+        self._report_at = 0.0
         self._unbound: list[str] = []
         #: Listeners unbound whose close the monitor has not reported yet: its events until
         #: then are of connections already gone.
@@ -88,18 +105,36 @@ class TcpBudget:
         self._hold_until = 0.0
 
     def next_deadline(self) -> float | None:
-        """Seconds until the endpoints are due to be bound again (None: they are bound)."""
-        if not self._unbound:
-            return None
-        due = self._hold_until if self._closing else self._pause_until
-        return max(0.0, due - time.monotonic())
+        """Seconds until the endpoints are due to be bound again, or a moved count is due to
+        be reported (None: neither)."""
+        dues = [self._report_at] if self._report_pending() else []
+        if self._unbound:
+            dues.append(self._bind_at())
+        return max(0.0, min(dues) - time.monotonic()) if dues else None
 
     def handle(self, events: dict[object, int]) -> None:
         """After each poll of the loop: read the monitor's events, bind again when due."""
         if events.get(self._monitor):
             self._read()
-        if self._unbound and self.next_deadline() == 0.0:
+        if self._unbound and self._bind_at() <= time.monotonic():
             self._bind()
+        if self._report_pending() and (
+            self.sheds != self._reported[1] or time.monotonic() >= self._report_at
+        ):
+            self.report()
+
+    def report(self) -> None:
+        """Hand the figures to `report` now (also once at the start: the budget)."""
+        if self._report is not None:
+            self._reported = (self.open, self.sheds)
+            self._report_at = time.monotonic() + REPORT_S
+            self._report(self.limit, self.open, self.sheds, self.last_shed)
+
+    def _bind_at(self) -> float:
+        return self._hold_until if self._closing else self._pause_until
+
+    def _report_pending(self) -> bool:
+        return self._report is not None and (self.open, self.sheds) != self._reported
 
     def close(self) -> None:
         self._poller.unregister(self._monitor)
@@ -135,6 +170,7 @@ class TcpBudget:
             self._unbound.append(endpoint)
             self._closing += 1
         self.sheds += 1
+        self.last_shed = time.time()
         log.warning(
             "%s: %d tcp connections open at once, its budget under a limit of %d open files: "
             "closed them all and unbound %s for %.0f s (shed %d; authenticated peers reconnect)",
