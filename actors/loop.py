@@ -38,7 +38,7 @@ from subagents_node.actors.links import OwnerLinks
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.actors.peergate import PeerGate
-from subagents_node.actors.tcpbudget import TcpBudget, earliest, tcp_listener
+from subagents_node.actors.tcpbudget import Report, TcpBudget, earliest, tcp_listener
 from subagents_node.messages.base import Ack
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
@@ -72,6 +72,7 @@ class OwnerLoop:
         mailbox_limit: int = 1024,
         gate: PeerGate | None = None,
         tcp_endpoint: str = "",
+        report_tcp: Report | None = None,
     ) -> None:
         self.actor = actor
         self.endpoint = endpoint
@@ -82,6 +83,8 @@ class OwnerLoop:
         self._zap: zmq.Socket[bytes] | None = None
         #: The tcp connections the tcp socket may hold at once (unbound past them).
         self.budget: TcpBudget | None = None
+        #: Where its figures go (the node's `status`, through the owner's control pipe).
+        self._report_tcp = report_tcp
         self.links = links
         self.mailbox_limit = mailbox_limit
         self._max_frame = max_frame
@@ -134,7 +137,10 @@ class OwnerLoop:
             self._tcp = self._bound(self.tcp_endpoint, secure=True)
             self._poller.register(self._tcp, zmq.POLLIN)
             bound = str(self._tcp.getsockopt_string(zmq.LAST_ENDPOINT))
-            self.budget = TcpBudget(self._tcp, [bound], self._poller, self.actor.name)
+            self.budget = TcpBudget(
+                self._tcp, [bound], self._poller, self.actor.name, report=self._report_tcp
+            )
+            self.budget.report()  # its budget, before any connection
 
     def _bound(self, endpoint: str, secure: bool) -> zmq.Socket[bytes]:
         sock = self._zctx.socket(zmq.ROUTER)

@@ -93,6 +93,21 @@ class ClusterStatus(Message):
         )
 
 
+class TcpListenerStatus(Message):
+    """One tcp listener: the node's (`gateway`) or a home's ledger owner's own port (the
+    owner's name). Past `budget` connections open at once it sheds: closes them all and
+    listens again a second later (docs/operations.md). An owner's figures are as it last
+    reported them (on each shed, and at most once a second while its count moves)."""
+
+    name: str
+    budget: int
+    open: int = 0
+    #: How many times it shed since the node (an owner's: since the node) started.
+    sheds: int = 0
+    #: When it last shed (Unix time); None: never.
+    last_shed: float | None = None
+
+
 class NodeStatusResult(Message):
     node_id: str
     version: str
@@ -104,6 +119,8 @@ class NodeStatusResult(Message):
     containment: ContainmentStatus = ContainmentStatus(mode="subreaper", why="not reported")
     #: None: a single node (neither a home nor a worker)
     cluster: ClusterStatus | None = None
+    #: The node's tcp listeners and its owners' (none on a node without tcp).
+    tcp: list[TcpListenerStatus] = []
 
 
 class NodeStatus(Request):

@@ -107,6 +107,8 @@ class Gateway:
         self._ready = threading.Event()
         self._bind_error: BaseException | None = None
         self.bound: list[str] = []
+        #: Its tcp listener's budget, once it listens on tcp (read by `status`, any thread).
+        self.budget: TcpBudget | None = None
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="subagents-gateway", daemon=True)
 
@@ -200,7 +202,7 @@ class Gateway:
         poller.register(self._wake_r, zmq.POLLIN)
         links = self._relay.links if self._relay is not None else None
         tcp = [e for e in self.bound if e.startswith("tcp://")]
-        budget = TcpBudget(socks[1], tcp, poller, "gateway") if tcp else None
+        budget = self.budget = TcpBudget(socks[1], tcp, poller, "gateway") if tcp else None
         if links is not None:
             links.watch_with(lambda sock: poller.register(sock, zmq.POLLIN), poller.unregister)
         try:

@@ -43,7 +43,7 @@ from subagents_node.messages.base import Request
 from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning, NodeNotRunning
 from subagents_node.messages.members import HOME_NAME
-from subagents_node.messages.node import ActorStatus, ContainmentStatus
+from subagents_node.messages.node import ActorStatus, ContainmentStatus, TcpListenerStatus
 from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.claim import StateDirClaim
@@ -430,6 +430,9 @@ class Node:
 
     def owner_statuses(self) -> list[ActorStatus]:
         return self._owners.status(self.dispatcher.mailbox_limit) if self._owners else []
+
+    def tcp_listeners(self) -> list[TcpListenerStatus]:
+        return noderequests.listeners(self._gateway, self._owners)
 
     def _tcp_endpoints(self) -> list[str]:
         return noderequests.tcp_endpoints(self.endpoints)

@@ -33,10 +33,13 @@ from subagents_node.messages.node import (
     Ping,
     Pong,
     Shutdown,
+    TcpListenerStatus,
 )
 from subagents_node.node.curve import CurveGuard
+from subagents_node.node.gateway import Gateway
 from subagents_node.node.home import HomeService
 from subagents_node.node.homelink import HomeLink
+from subagents_node.node.ownersup import OwnerSupervisor
 
 
 class NodeHost(Protocol):
@@ -71,6 +74,9 @@ class NodeHost(Protocol):
         """A worker's link to its home; None unless a worker."""
 
     def owner_statuses(self) -> list[ActorStatus]: ...
+
+    def tcp_listeners(self) -> list[TcpListenerStatus]:
+        """The node's tcp listener and its owners' own ports, with what each shed."""
 
     def request_stop(self) -> None: ...
 
@@ -108,6 +114,7 @@ def answer(host: NodeHost, request: Request) -> Outcome:
             actors=host.owner_statuses(),
             containment=host.containment,
             cluster=cluster_status(host),
+            tcp=host.tcp_listeners(),
         )
     curve = host.curve
     if isinstance(request, KEY_REQUESTS) and curve is not None:
@@ -141,3 +148,20 @@ def cluster_status(host: NodeHost) -> ClusterStatus | None:
 
 def tcp_endpoints(endpoints: list[str]) -> list[str]:
     return [e for e in endpoints if e.startswith("tcp://")]
+
+
+def listeners(gateway: Gateway | None, owners: OwnerSupervisor | None) -> list[TcpListenerStatus]:
+    """What `status` shows of the gateway's tcp listener (actors/tcpbudget.py), then of the
+    owners' own ports (as they reported them: runtime/node/ownersup.py)."""
+    theirs = owners.tcp_status() if owners is not None else []
+    budget = gateway.budget if gateway is not None else None
+    if budget is None:
+        return theirs
+    own = TcpListenerStatus(
+        name=budget.name,
+        budget=budget.limit,
+        open=budget.open,
+        sheds=budget.sheds,
+        last_shed=budget.last_shed,
+    )
+    return [own, *theirs]

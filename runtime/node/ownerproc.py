@@ -258,6 +258,9 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         spec.mailbox_limit,
         gate=gate,
         tcp_endpoint=spec.tcp_endpoint,
+        report_tcp=lambda budget, open_, sheds, last: control.say(
+            "tcp", budget=budget, open=open_, sheds=sheds, last_shed=last
+        ),
     )
     loop.bind()
     signal.signal(signal.SIGTERM, lambda signum, frame: loop.request_stop())

@@ -29,7 +29,12 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from subagents_node.messages.node import ActorStatus, OwnerState, QuarantinedRecord
+from subagents_node.messages.node import (
+    ActorStatus,
+    OwnerState,
+    QuarantinedRecord,
+    TcpListenerStatus,
+)
 from subagents_node.node.descriptors import abort_cause
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
@@ -62,6 +67,8 @@ class _Owner:
         "restarts",
         "spec",
         "state",
+        "tcp",
+        "tcp_carried",
         "tombstone",
     )
 
@@ -84,6 +91,10 @@ class _Owner:
         self.out_of_descriptors = False
         #: A crash reported but not yet acted on (the intensity tripped while we were busy).
         self.exceeded = ""
+        #: Its own tcp port's figures as last reported (a home's ledger owner; None: no port),
+        #: and the sheds of its earlier processes (each process counts from zero).
+        self.tcp: TcpListenerStatus | None = None
+        self.tcp_carried = 0
 
 
 class OwnerSupervisor:
@@ -192,6 +203,11 @@ class OwnerSupervisor:
                 for name, o in self._owners.items()
             ]
 
+    def tcp_status(self) -> list[TcpListenerStatus]:
+        """Each owner's own tcp port (a home's ledger owners), as it last reported it."""
+        with self._lock:
+            return [o.tcp for o in self._owners.values() if o.tcp is not None]
+
     def book(self) -> dict[str, dict[str, object]]:
         """The address book's owner entries: endpoint, pid and state of each."""
         with self._lock:
@@ -268,6 +284,9 @@ class OwnerSupervisor:
             owner.pidfd = os.pidfd_open(pid)
             owner.control = control_r
             owner.buffer = b""
+            if owner.tcp is not None:  # the new process counts its sheds from zero
+                owner.tcp_carried = owner.tcp.sheds
+                owner.tcp = owner.tcp.model_copy(update={"open": 0})
             owner.state = "restarting"
             owner.ready.clear()
             owner.gone.clear()
@@ -320,6 +339,26 @@ class OwnerSupervisor:
             ]
             with self._lock:
                 owner.quarantined = parsed
+        elif kind == "tcp":
+            self._heard_tcp(owner, said)
+
+    def _heard_tcp(self, owner: _Owner, said: dict[str, object]) -> None:
+        """Its tcp port's figures (ownerproc.py); a shed is also in node.log, from the owner."""
+        try:
+            budget, open_, sheds = (int(str(said[k])) for k in ("budget", "open", "sheds"))
+            last = said.get("last_shed")
+            last_shed = float(str(last)) if last is not None else None
+        except (KeyError, ValueError):
+            return
+        before = owner.tcp.last_shed if owner.tcp is not None else None
+        with self._lock:
+            owner.tcp = TcpListenerStatus(
+                name=owner.spec.name,
+                budget=budget,
+                open=open_,
+                sheds=owner.tcp_carried + sheds,
+                last_shed=last_shed if last_shed is not None else before,
+            )
 
     def _exited(self, owner: _Owner) -> None:
         if owner.pid is None:
