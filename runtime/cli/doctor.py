@@ -4,8 +4,9 @@ Owns the list of checks and nothing else: the state dir (exists, 0700, writable)
 limit on open files (node/descriptors.py), the store (every table family at the version this
 installation knows, SQLite's integrity check), what the run supervisor still owes the ledgers
 (a warning once it is old), the node (reachable, same version, how it contains children, no
-stored record quarantined by its owner), the configuration (valid; where each value came
-from) and every agent file (parses; its command resolves).
+stored record quarantined by its owner, no tcp listener that shed a flood in the last hour:
+runtime/cli/tcpsheds.py), the configuration (valid; where each value came from) and every
+agent file (parses; its command resolves).
 It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from subagents_node.cli.tcpsheds import shed_checks
 from subagents_node.client.client import Client
 from subagents_node.client.paths import DB_NAME, OWNER_SOCKETS, ipc_endpoint, owner_db
 from subagents_node.client.transport import ZmqTransport
@@ -283,6 +285,7 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
                 "the cause is fixed",
             )
     yield from check_quarantine(state_dir, [q for a in owners_now for q in a.quarantined])
+    yield from (Check(*c) for c in shed_checks(status.tcp, time.time()))
 
 
 def check_containment(containment: ContainmentStatus) -> Check:

@@ -16,6 +16,7 @@ import gc
 import importlib
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -309,8 +310,10 @@ def ping(obj: Ctx, as_json: bool) -> None:
 def status(obj: Ctx, as_json: bool) -> None:
     """Show the node: endpoints, uptime, how children are contained (cgroup v2 or the
     subreaper alone), its part in a fleet (home, or worker and its link to the home), each
-    owner process (state, pid, restarts) and the stored records its owners quarantined. On a
-    home node, also each worker: its membership, runs, children, slots and owners."""
+    owner process (state, pid, restarts), the stored records its owners quarantined and, once a
+    tcp listener shed a flood of connections, how often and when (`--json`: every tcp
+    listener's budget, connections open, sheds, last shed). On a home node, also each worker:
+    its membership, runs, children, slots and owners."""
     hosts: list[str] = []
     by_host: dict[str, object] = {}
     with obj.client() as client:
@@ -338,6 +341,11 @@ def status(obj: Ctx, as_json: bool) -> None:
             f"quarantined records ({len(quarantined)}; counted occupied/unavailable, see `doctor`):"
         )
         lines += [f"  {q.owner} {q.table}[{q.key}]: {q.reason}" for q in quarantined]
+    from subagents_node.cli.tcpsheds import status_line
+
+    shed = status_line(st.tcp, time.time())  # only once a tcp listener shed a flood
+    if shed:
+        lines.append(shed)
     data = {**st.model_dump(mode="json"), "hosts": by_host} if by_host else st
     emit(data, as_json, "\n".join(lines))
 
