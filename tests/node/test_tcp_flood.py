@@ -6,6 +6,11 @@ survives EMFILE, its ipc accept asserts on it. Before the TcpBudget (actors/tcpb
 first ipc connection after such a flood (any CLI command) aborted the node, and an owner whose
 own tcp port was flooded was SIGABRTed. The home runs under `prlimit --nofile=256:256` (its
 owners inherit it); the flood comes from this process, which keeps its own limit.
+
+An operator sees each shed outside node.log too: `status --json` lists every tcp listener (the
+gateway, each ledger owner's own port) with its budget, connections open, sheds and the time
+of the last one, `status` adds one line once a listener shed, and `doctor` warns with the
+remedy docs/operations.md gives.
 """
 
 from __future__ import annotations
@@ -88,10 +93,39 @@ def _served_over_ipc(crew: Fleet, times: int = 5) -> None:
     assert code == 0 and json.loads(out), err
 
 
+def _listener(crew: Fleet, name: str) -> dict[str, object] | None:
+    """The listener `name` as `status --json` shows it (None: not listed)."""
+    code, out, err = crew.cli(crew.home, "status", "--json")
+    assert code == 0, err
+    return next((t for t in json.loads(out)["tcp"] if t["name"] == name), None)
+
+
+def _shed_is_shown(crew: Fleet, name: str, flooded: float) -> None:
+    """`status --json`, `status` and `doctor` show that listener `name` shed since `flooded`."""
+    shown = wait_until(
+        lambda: (t := _listener(crew, name)) is not None and int(str(t["sheds"])) > 0 and t,
+        what=f"status --json to show the sheds of {name}",
+    )
+    assert shown["budget"] == BUDGET, shown
+    assert 0 <= int(str(shown["open"])) < BUDGET, shown
+    assert flooded <= float(str(shown["last_shed"])) <= time.time(), shown
+    code, out, err = crew.cli(crew.home, "status")
+    assert code == 0, err
+    said = [line for line in out.splitlines() if line.startswith("tcp floods shed:")]
+    assert len(said) == 1 and f"{name} shed " in said[0], out
+    code, out, err = crew.cli(crew.home, "doctor")
+    warning = next(
+        (line for line in out.splitlines() if line.startswith(f"[warn] tcp flood {name}:")), ""
+    )
+    assert f"{name} shed " in warning, out
+    assert "connlimit" in out and "hard limit on open files" in out, out
+
+
 def test_a_flood_of_idle_tcp_connections_does_not_abort_the_node_and_its_peers_are_served_after(
     crew: Fleet,
 ) -> None:
     before = _pids(crew)
+    began = time.time()
     with _flood(crew.endpoint) as held:
         assert held > 0
         _served_over_ipc(crew)
@@ -106,12 +140,14 @@ def test_a_flood_of_idle_tcp_connections_does_not_abort_the_node_and_its_peers_a
         lambda: (crew.nodes()["w1"].last_heartbeat or 0.0) > flooded, what="w1 heartbeats again"
     )
     _served_over_ipc(crew, times=1)
+    _shed_is_shown(crew, "gateway", began)
 
 
 def test_a_flood_of_a_ledger_owners_own_tcp_port_does_not_abort_the_owner(crew: Fleet) -> None:
     book = json.loads((crew.home.state_dir / ADDRESS_BOOK_NAME).read_text())
     capacity = str(book["home"]["owners"]["capacity"])
     before = _pids(crew)
+    flooded = time.time()
     with _flood(capacity) as held:
         assert held > 0
         _served_over_ipc(crew)
@@ -125,3 +161,15 @@ def test_a_flood_of_a_ledger_owners_own_tcp_port_does_not_abort_the_owner(crew: 
     assert f"capacity: {BUDGET} tcp connections open at once" in crew.home.log()
     with Client(ZmqTransport(capacity, credentials=_w1(crew)), timeout=15.0) as peer:
         peer.capacity.snapshot("s-flood-w1", 1)
+    _shed_is_shown(crew, "capacity", flooded)
+
+
+def test_status_json_lists_the_gateway_and_each_ledger_owners_tcp_listener_with_its_budget(
+    crew: Fleet,
+) -> None:
+    """The gateway and each ledger owner's own port, whether they shed or not."""
+    book = json.loads((crew.home.state_dir / ADDRESS_BOOK_NAME).read_text())
+    assert "capacity" in book["home"]["owners"], book
+    for name in ("gateway", *book["home"]["owners"]):
+        shown = wait_until(lambda n=name: _listener(crew, n), what=f"{name} listed")
+        assert shown["budget"] == BUDGET, shown
