@@ -269,8 +269,10 @@ def test_json_output_is_the_result_model_and_nothing_else(
         "actors",
         "containment",
         "cluster",
+        "tcp",
     }
     assert set(status["containment"]) == {"mode", "path", "why"}
+    assert status["tcp"] == []  # a node on ipc alone has no tcp listener
     for actor in status["actors"]:
         assert set(actor) == {
             "name",
