@@ -4,6 +4,7 @@ of this thread as an owner's loop drives it: the connections it counts, the shed
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -11,13 +12,20 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from subagents_node.actors.tcpbudget import HANDSHAKE_MS, PAUSE_S, TcpBudget, tcp_listener
+from subagents_node.actors.tcpbudget import (
+    HANDSHAKE_MS,
+    PAUSE_S,
+    REPORT_S,
+    Report,
+    TcpBudget,
+    tcp_listener,
+)
 
 LIMIT = 4
 
 
 class Listener:
-    def __init__(self) -> None:
+    def __init__(self, report: Report | None = None) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -30,7 +38,9 @@ class Listener:
         self.endpoint = str(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self.port = int(self.endpoint.rsplit(":", 1)[1])
         self.poller = zmq.Poller()
-        self.budget = TcpBudget(self.sock, [self.endpoint], self.poller, "test", limit=LIMIT)
+        self.budget = TcpBudget(
+            self.sock, [self.endpoint], self.poller, "test", limit=LIMIT, report=report
+        )
         self.held: list[socket.socket] = []
 
     def pump(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -106,3 +116,30 @@ def test_at_its_budget_the_listener_closes_every_connection_refuses_new_ones_the
     listener.connect()  # bound again, on the same port
     listener.pump(lambda: listener.budget.open == 1)
     assert listener.budget.sheds == 1
+
+
+def test_a_shed_is_reported_at_once_and_a_moved_count_within_a_second_with_no_further_event() -> (
+    None
+):
+    """What an owner tells the node for `status` (budget, open, sheds, last shed's time)."""
+    reports: list[tuple[float, int, int, int, float | None]] = []
+    listener = Listener(lambda *figures: reports.append((time.monotonic(), *figures)))
+    try:
+        began = time.time()
+        flood = [listener.connect() for _ in range(LIMIT)]
+        listener.pump(lambda: listener.budget.sheds == 1)
+        _, budget, open_, sheds, last_shed = reports[-1]  # handed over in the shed's own pass
+        assert (budget, open_, sheds) == (LIMIT, 0, 1)
+        assert last_shed is not None and began <= last_shed <= time.time()
+        for conn in flood:
+            conn.close()
+        listener.pump(lambda: listener.budget.next_deadline() is None)
+        listener.connect()
+        # The count moved less than REPORT_S after the last report: it goes out at the
+        # budget's deadline, with no other event to wake the loop.
+        listener.pump(lambda: reports[-1][2] == 1, timeout=REPORT_S + 5.0)
+        assert reports[-1][1:4] == (LIMIT, 1, 1) and reports[-1][4] == last_shed
+        moves = [at for at, _, _, sheds, _ in reports if sheds == 1]
+        assert all(b - a >= REPORT_S * 0.99 for a, b in itertools.pairwise(moves))
+    finally:
+        listener.close()
