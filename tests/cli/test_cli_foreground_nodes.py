@@ -12,105 +12,30 @@ releases each child when the test says.
 
 from __future__ import annotations
 
-import os
 import re
-import select
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from subagents_node.client.client import connect
 from subagents_node.client.paths import PID_NAME
 from subagents_node.client.runs import WATCH_WAIT_S
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.node import Node
-from tests.support.nodes import REPO, NodeProcess
+from tests.support.foreground import StderrLines, cli_command, progress
+from tests.support.foreground import commands as commands
+from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
 from tests.support.runs import WAIT_S, Gate, launch_context, wait_until, wait_view
 
 
 def _foreground(state_dir: Path, agents: Path, gate: Gate, *flags: str) -> subprocess.Popen[str]:
-    return _run_command(state_dir, "--agents-dir", str(agents), *flags, "gate", str(gate.path))
-
-
-def _run_command(state_dir: Path, *args: str) -> subprocess.Popen[str]:
-    """`subagents-node run ARGS...` on the state dir, its stdout and stderr piped."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "run", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
+    return cli_command(
+        state_dir, "run", "--agents-dir", str(agents), *flags, "gate", str(gate.path)
     )
-
-
-def _stop_node(state_dir: Path) -> None:
-    """Stop the node a handover started, if any (`stop` with none running changes nothing)."""
-    subprocess.run(
-        [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "stop"],
-        capture_output=True,
-        timeout=WAIT_S,
-        cwd=REPO,
-        check=False,
-    )
-
-
-class _Lines:
-    """A command's stderr read as it comes: select on the pipe, each wait with a deadline."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        self._fd = proc.stderr.fileno()  # read raw: the text wrapper would buffer ahead
-        self._partial = b""
-        self.lines: list[str] = []
-        self.ended = False
-
-    def _read(self, deadline: float) -> bool:
-        ready, _, _ = select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            return False
-        chunk = os.read(self._fd, 65536)
-        if not chunk:
-            self.ended = True
-            if self._partial:
-                self.lines.append(self._partial.decode())
-            return False
-        *whole, self._partial = (self._partial + chunk).split(b"\n")
-        self.lines += [line.decode() for line in whole]
-        return True
-
-    def wait_for(self, pattern: str) -> str:
-        """The first line matching `pattern`, once the command has written it."""
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            found = next((line for line in self.lines if re.search(pattern, line)), None)
-            if found is not None:
-                return found
-            assert self._read(deadline), f"no line matching {pattern!r}: {self.lines}"
-
-    def to_end(self) -> list[str]:
-        """Every line, once the command closed its stderr (it ended)."""
-        deadline = time.monotonic() + WAIT_S
-        while not self.ended:
-            assert self._read(deadline) or self.ended, f"stderr still open: {self.lines}"
-        return self.lines
-
-
-@pytest.fixture
-def commands(state_dir: Path) -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:  # a failed check must not leave a command (and its node) behind
-        if proc.poll() is None:
-            proc.terminate()
-            proc.communicate(timeout=WAIT_S)
-    _stop_node(state_dir)
 
 
 def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_node_stops(
@@ -132,7 +57,7 @@ def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_
     assert second.returncode == 0, (out, err)
     assert re.search(r"run [0-9a-f]{12} complete", out), out
     assert "released 0" in out  # the child's own output: adopted, not restarted
-    shown = _progress(err.splitlines())
+    shown = progress(err.splitlines())
     assert len(shown) == len(set(shown)) and shown[-1] == "run R complete", err
     second_child.wait_exit()
 
@@ -230,16 +155,6 @@ def test_a_paused_run_on_the_state_dir_is_not_handed_to_a_node_when_a_foreground
         assert node.client().runs.show(paused.run_id).state == "paused"
 
 
-#: A progress line of a followed run (runtime/cli/following.py `describe`): a time stamp first.
-_PROGRESS = re.compile(r"\d\d:\d\d:\d\d (.*)")
-
-
-def _progress(lines: list[str]) -> list[str]:
-    """The progress lines, without their stamp, run id or pid (the same in every run)."""
-    shown = [m.group(1) for line in lines if (m := _PROGRESS.fullmatch(line))]
-    return [re.sub(r"pid \d+", "pid P", re.sub(r"run [0-9a-f]{12}", "run R", s)) for s in shown]
-
-
 def _follow_across_a_lost_node(
     state_dir: Path,
     agents: Path,
@@ -253,9 +168,9 @@ def _follow_across_a_lost_node(
     command's stderr, once it exited 0."""
     tasks = state_dir / "tasks.toml"
     tasks.write_text(f'[[tasks]]\nagent = "gate"\ntask = "{gate.path}"\n' * 2)
-    command = _run_command(state_dir, "--agents-dir", str(agents), "--parallel", str(tasks))
+    command = cli_command(state_dir, "run", "--agents-dir", str(agents), "--parallel", str(tasks))
     commands.append(command)
-    stderr = _Lines(command)
+    stderr = StderrLines(command)
     first, second = gate.accept(2)
     first.release(0)
     stderr.wait_for(r" \(gate\) complete \(exit 0\)$")  # shown while its node served
@@ -305,7 +220,7 @@ def test_a_foreground_run_whose_node_is_stopped_shows_each_progress_line_once_on
     lines = _follow_across_a_lost_node(
         state_dir, agents, gate, commands, start_node(state_dir=state_dir), stop
     )
-    shown = _progress(lines)
+    shown = progress(lines)
     assert Counter(shown) == _SHOWN_ONCE, lines
     assert shown[-1] == "run R complete", lines
 
@@ -325,6 +240,6 @@ def test_a_foreground_run_whose_node_is_killed_follows_on_at_once_showing_each_l
     lines = _follow_across_a_lost_node(
         state_dir, agents, gate, commands, start_node(state_dir=state_dir), NodeProcess.kill
     )
-    shown = _progress(lines)
+    shown = progress(lines)
     assert Counter(shown) == _SHOWN_ONCE, lines
     assert shown[-1] == "run R complete", lines

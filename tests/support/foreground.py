@@ -1,0 +1,104 @@
+"""Helpers of the tests that follow a foreground command across its node's loss: the command
+run as a real CLI process, its stderr read as it comes (select with deadlines, never a sleep),
+and its progress lines as the follow showed them. It never mocks ZeroMQ, SQLite or processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.nodes import REPO
+from tests.support.runs import WAIT_S
+
+
+def cli_command(state_dir: Path, command: str, *args: str) -> subprocess.Popen[str]:
+    """`subagents-node COMMAND ARGS...` on the state dir, its stdout and stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), command, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def stop_node(state_dir: Path) -> None:
+    """Stop the node a handover started, if any (`stop` with none running changes nothing)."""
+    subprocess.run(
+        [sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir), "stop"],
+        capture_output=True,
+        timeout=WAIT_S,
+        cwd=REPO,
+        check=False,
+    )
+
+
+class StderrLines:
+    """A command's stderr read as it comes: select on the pipe, each wait with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        self._fd = proc.stderr.fileno()  # read raw: the text wrapper would buffer ahead
+        self._partial = b""
+        self.lines: list[str] = []
+        self.ended = False
+
+    def _read(self, deadline: float) -> bool:
+        ready, _, _ = select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return False
+        chunk = os.read(self._fd, 65536)
+        if not chunk:
+            self.ended = True
+            if self._partial:
+                self.lines.append(self._partial.decode())
+            return False
+        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        self.lines += [line.decode() for line in whole]
+        return True
+
+    def wait_for(self, pattern: str) -> str:
+        """The first line matching `pattern`, once the command has written it."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            found = next((line for line in self.lines if re.search(pattern, line)), None)
+            if found is not None:
+                return found
+            assert self._read(deadline), f"no line matching {pattern!r}: {self.lines}"
+
+    def to_end(self) -> list[str]:
+        """Every line, once the command closed its stderr (it ended)."""
+        deadline = time.monotonic() + WAIT_S
+        while not self.ended:
+            assert self._read(deadline) or self.ended, f"stderr still open: {self.lines}"
+        return self.lines
+
+
+#: A progress line of a followed run (runtime/cli/following.py `describe`): a time stamp first.
+PROGRESS = re.compile(r"\d\d:\d\d:\d\d (.*)")
+
+
+def progress(lines: list[str]) -> list[str]:
+    """The progress lines, without their stamp, run id or pid (the same in every run)."""
+    shown = [m.group(1) for line in lines if (m := PROGRESS.fullmatch(line))]
+    return [re.sub(r"pid \d+", "pid P", re.sub(r"run [0-9a-f]{12}", "run R", s)) for s in shown]
+
+
+@pytest.fixture
+def commands(state_dir: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:  # a failed check must not leave a command (and its node) behind
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=WAIT_S)
+    stop_node(state_dir)
