@@ -190,14 +190,21 @@ MAX_TAKEOVERS = 3
 Clients = Callable[[], contextlib.AbstractContextManager[Client]]
 
 
+#: Starts a foreground command's run on the node's client: a launch, a rerun.
+Start = Callable[[Client], RunView]
+
+
 def launch_and_follow(
     clients: contextlib.AbstractContextManager[Client],
-    launch: Launch,
+    launch: Launch | Start,
     as_json: bool,
     then: Callable[[Client, RunView], None] | None = None,
     reconnect: Clients | None = None,
 ) -> RunView:
     """Start the node if need be, launch, follow to the end, stop an embedded node.
+
+    `launch` is the run's launch request, or what starts it on the client (`rerun` asks for a
+    relaunch): either way the run is followed the same way, across lost nodes too.
 
     Ctrl-C, SIGTERM and SIGHUP are held from the start (runtime/cli/ending.py): one that comes
     while the node starts ends the command before anything is launched, one that comes while
@@ -205,15 +212,19 @@ def launch_and_follow(
     before the launch cuts the node's start short (it is stopped all the same). `then` runs
     with the client once the run ended, before an embedded node stops. `reconnect` gives a
     client of the state dir's node, starting one if none serves: when the node followed stops
-    under the run (another foreground command's embedded node, ending with its command), the
-    run's shims outlive it and a node this command starts adopts them, so the follow goes on.
+    under the run (another foreground command's embedded node, ending with its command, or a
+    node stopped or killed), the run's shims outlive it and a node this command starts adopts
+    them, so the follow goes on to the run's true end (`run`, `rerun` and `workflow` alike).
     """
     with EndingSignals() as signals:
         try:
             with clients as client:
                 if signals.pending is None:
                     with signals.holding():
-                        started = client.runs.launch(launch)
+                        if isinstance(launch, Launch):
+                            started = client.runs.launch(launch)
+                        else:
+                            started = launch(client)
                     shown = Shown()  # a follow taken over goes on from there
                     with contextlib.ExitStack() as taken:
                         for left in range(MAX_TAKEOVERS, -1, -1):

@@ -7,6 +7,7 @@ claimed, when intercom is off) live in the node, so every client gets the same a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +16,10 @@ from typing import Any
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
-from subagents_node.cli.following import follow, summary
+from subagents_node.cli.following import launch_and_follow, summary
+from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
+from subagents_node.client.client import Client
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.base import validate_request
@@ -93,11 +96,18 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     A finished run is left as it is. A live foreground run with one child is superseded: it is
     stopped, and `show` links the two (`superseded by rerun` / `rerun of`).
     """
-    with obj.client() as client:
-        fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
-        request = validate_request(Rerun, fields)
-        run = client.ask(request, LaunchResult).run
-        final = follow(client, run, as_json)
+    fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
+    request = validate_request(Rerun, fields)
+
+    def relaunch(client: Client) -> RunView:
+        return client.ask(request, LaunchResult).run
+
+    def reconnect() -> contextlib.AbstractContextManager[Client]:
+        # Like `run`'s follow: a node this command starts adopts the run from its shims.
+        return node_client(obj, LaunchContext.from_environment(), False)
+
+    taken_over = None if obj.address else reconnect  # a named node is never replaced here
+    final = launch_and_follow(obj.client(), relaunch, as_json, reconnect=taken_over)
     emit(final, as_json, summary(final))
     if final.state != "complete":
         raise SystemExit(1)

@@ -6,7 +6,8 @@
 Builds one `runs.launch` request (mode `workflow`) whose single item is the workflow host
 (`python -m subagents_node.workflow.host SCRIPT`, see workflow/host.py); the node starts it as
 the run's child and the host admits and launches the script's children. Foreground (the
-default) follows the run like `run` does and prints the script's result; `--async` prints the
+default) follows the run like `run` does (across a lost node too: the host's shim outlives it
+and a node this command starts adopts it) and prints the script's result; `--async` prints the
 run id and returns (top-level background workflows hold one `workflow` capacity slot, R-TOP-4).
 
 Defaults: the command is foreground unless `--async` is given, like `run` (SPEC R-CFG-6 makes
@@ -118,7 +119,11 @@ def workflow(
         if isinstance(client.transport, InProcessTransport):
             drain_children(client, final.run_id)
 
-    final = launch_and_follow(node_client(obj, ctx, background), launch, as_json, drained)
+    # A lost node loses neither the follow nor the host (its shim outlives the node): a node
+    # this command starts adopts it, as for `run`. A named node is never replaced here.
+    reconnect = None if obj.address else (lambda: node_client(obj, ctx, False))
+    clients = node_client(obj, ctx, background)
+    final = launch_and_follow(clients, launch, as_json, drained, reconnect)
     result = workflow_result(final)
     data = {"run": final.model_dump(mode="json"), "result": result}
     where = Path(final.run_dir) / RESULT_FILE
