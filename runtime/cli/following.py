@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import click
 from rich.table import Table
@@ -189,6 +190,36 @@ MAX_TAKEOVERS = 3
 #: Gives a client of the state dir's node, starting one if none serves.
 Clients = Callable[[], contextlib.AbstractContextManager[Client]]
 
+T = TypeVar("T")
+
+
+def across_nodes(
+    client: Client,
+    attempt: Callable[[Client], T],
+    what: str,
+    reconnect: Clients | None,
+    taken: contextlib.ExitStack,
+    holding: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> tuple[Client, T]:
+    """`attempt` with `client`; when its node stops under it (NodeNotRunning), again with a
+    client `reconnect` gives (entered on `taken`, so it lives as long as the caller needs it),
+    up to MAX_TAKEOVERS times. `attempt` must go on where the last one stopped (a follow after
+    the last event it showed). `holding` is held while the next node starts. Gives the client
+    that answered and what `attempt` returned; without `reconnect`, NodeNotRunning is raised."""
+    for left in range(MAX_TAKEOVERS, -1, -1):
+        try:
+            return client, attempt(client)
+        except NodeNotRunning:
+            if reconnect is None or not left:
+                raise
+            click.echo(
+                f"the node stopped under {what}; following it on the state dir's next node",
+                err=True,
+            )
+        with holding():
+            client = taken.enter_context(reconnect())
+    raise AssertionError("unreachable: the last takeover re-raises")
+
 
 #: Starts a foreground command's run on the node's client: a launch, a rerun.
 Start = Callable[[Client], RunView]
@@ -226,21 +257,19 @@ def launch_and_follow(
                         else:
                             started = launch(client)
                     shown = Shown()  # a follow taken over goes on from there
+
+                    def following(on: Client) -> RunView:
+                        return follow(on, started, as_json, signals, shown)
+
                     with contextlib.ExitStack() as taken:
-                        for left in range(MAX_TAKEOVERS, -1, -1):
-                            try:
-                                final = follow(client, started, as_json, signals, shown)
-                                break
-                            except NodeNotRunning:
-                                if reconnect is None or not left:
-                                    raise
-                                click.echo(
-                                    f"the node stopped under run {started.run_id}; "
-                                    "following it on the state dir's next node",
-                                    err=True,
-                                )
-                            with signals.holding():  # the run goes on: so does the follow
-                                client = taken.enter_context(reconnect())
+                        client, final = across_nodes(
+                            client,
+                            following,
+                            f"run {started.run_id}",
+                            reconnect,
+                            taken,
+                            signals.holding,  # the run goes on: so does the follow
+                        )
                         if then is not None:
                             then(client, final)
                         signals.hold()

@@ -4,17 +4,26 @@
 and the stream (`single stdout | …`); with `-f` it keeps printing lines as they are written
 and returns when the run ends. `wait RUN... [--timeout S]` blocks until the runs settle,
 prints each run's end, and exits 0 if all completed, 1 if any failed, was stopped or was
-rejected, 124 on timeout. Both are fed by node events and inotify (client/logs.py,
-`RunsAPI.settle`), never by re-reading files on a timer; the logic lives in the client, so
-every client (the MCP server too) gets the same behaviour.
+rejected, 124 on timeout; a node lost on the way is taken over as a foreground run's is
+(runtime/cli/following.py, `across_nodes`). `logs -f` is not: a lost node ends it (exit 3).
+Both are fed by node events and inotify (client/logs.py, `RunsAPI.settle`), never by
+re-reading files on a timer; the logic lives in the client, so every client (the MCP server
+too) gets the same behaviour.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import click
 
 from subagents_node.cli.common import EXIT_TIMEOUT, Ctx, emit, json_option, user_errors
+from subagents_node.cli.following import across_nodes
+from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import RUN_ID, SECONDS
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import RunView
 
@@ -62,15 +71,31 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
     """Block until every RUN_ID has ended; print each end.
 
     Exit 0 if all completed, 1 if any failed, was stopped or was rejected, 124 if the timeout
-    came first.
+    came first. If the state dir's node stops or is killed meanwhile, the wait starts one,
+    which adopts the runs, and goes on (each end is printed once).
     """
+    settled: list[RunView] = []  # the runs ended so far, in the order given (settle's order)
+    deadline = None if timeout is None else time.monotonic() + timeout
 
     def ended(run: RunView) -> None:
+        settled.append(run)
         if not as_json:
             click.echo(run_end(run))
 
-    with obj.client() as client:
-        views = client.runs.settle(run_ids, timeout=timeout, on_end=ended)
+    def waiting(client: Client) -> list[RunView]:
+        # Taken over on the next node: the runs not yet ended, with what is left of the timeout.
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, rest = settled[:], run_ids[len(settled) :]
+        return done + client.runs.settle(rest, timeout=left, on_end=ended)
+
+    def reconnect() -> contextlib.AbstractContextManager[Client]:
+        return node_client(obj, LaunchContext.from_environment(), False)
+
+    with contextlib.ExitStack() as taken:
+        client = taken.enter_context(obj.client())
+        client.ping()  # with no node to ask, say so: only a wait that has begun follows on
+        what = f"run {run_ids[0]}" if len(run_ids) == 1 else "the runs waited on"
+        _, views = across_nodes(client, waiting, what, None if obj.address else reconnect, taken)
     pending = [v for v in views if v.state not in TERMINAL_RUN_STATES]
     if as_json:
         emit({"runs": [v.model_dump(mode="json") for v in views]}, True, "")

@@ -1,10 +1,11 @@
-"""`rerun` and a foreground `workflow` follow their run across a lost node, like `run` does.
+"""`rerun`, a foreground `workflow` and `wait` follow their runs across a lost node, like `run`.
 
 Each follows a run in the foreground; when the node it follows is stopped, or killed with -9,
 the run's shims outlive it, so the command takes the state dir over (a node it starts adopts
 the run) and follows on to the run's true end, with the run's own exit code, showing each
-progress line once (runtime/cli/following.py, `launch_and_follow`). Real CLI processes, real
-nodes, a gate socket that releases each child (or the workflow script) when the test says.
+progress line (or each end, for `wait`) once (runtime/cli/following.py, `across_nodes`). Real
+CLI processes, real nodes, a gate socket that releases each child (or the workflow script) when
+the test says.
 """
 
 from __future__ import annotations
@@ -143,3 +144,40 @@ def test_a_foreground_workflow_whose_node_is_lost_follows_its_host_on_to_its_res
     shown = progress(lines)
     assert len(shown) == len(set(shown)) and shown[-1] == "run R complete", lines
     assert "run R recovered" in shown, lines
+
+
+@pytest.mark.parametrize("loss", sorted(_LOSSES))
+def test_wait_whose_node_is_lost_follows_on_and_prints_each_runs_end_once(
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    commands: list[subprocess.Popen[str]],
+    start_node: Callable[..., NodeProcess],
+    loss: str,
+) -> None:
+    """`wait` ended with exit 3 ("no node is running") when its node went, though the runs it
+    waited on went on to their ends."""
+    node = start_node(state_dir=state_dir)
+    with connect(node.address, timeout=5) as client:
+        launch = launch_context(agents).single("gate", str(gate.path), True, None)
+        ids = [client.runs.launch(launch).run_id for _ in range(2)]
+    first, second = gate.accept(2)
+    command = cli_command(state_dir, "wait", *ids)
+    commands.append(command)
+    stdout, stderr = StderrLines(command, stdout=True), StderrLines(command)
+    gated = {child.pid: child for child in (first, second)}
+    with connect(node.address, timeout=5) as client:  # release the first run's gate first
+        pid = client.runs.show(ids[0]).children[0].pid
+    gated.pop(pid or 0).release(0)
+    stdout.wait_for(f"^run {ids[0]} complete$")  # printed while its node served
+
+    _LOSSES[loss](node)
+    lost_at = time.monotonic()
+    stderr.wait_for("the node stopped under")
+    assert time.monotonic() - lost_at < WATCH_WAIT_S, "did not see the node go"
+    [rest] = gated.values()
+    rest.release(0)
+
+    assert stdout.to_end() == [f"run {ids[0]} complete", f"run {ids[1]} complete"]
+    command.communicate(timeout=WAIT_S)
+    assert command.returncode == 0, stderr.to_end()

@@ -43,11 +43,13 @@ def stop_node(state_dir: Path) -> None:
 
 
 class StderrLines:
-    """A command's stderr read as it comes: select on the pipe, each wait with a deadline."""
+    """A command's stderr (or stdout) read as it comes: select on the pipe, each wait with a
+    deadline."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        self._fd = proc.stderr.fileno()  # read raw: the text wrapper would buffer ahead
+    def __init__(self, proc: subprocess.Popen[str], stdout: bool = False) -> None:
+        stream = proc.stdout if stdout else proc.stderr  # stdout: a command's results
+        assert stream is not None
+        self._fd = stream.fileno()  # read raw: the text wrapper would buffer ahead
         self._partial = b""
         self.lines: list[str] = []
         self.ended = False
