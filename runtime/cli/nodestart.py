@@ -16,8 +16,6 @@ never stops a node it did not start.
 from __future__ import annotations
 
 import contextlib
-import select
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +23,6 @@ import click
 
 from subagents_node.cli.common import Ctx
 from subagents_node.client.client import Client
-from subagents_node.client.paths import PID_NAME
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning, SubagentsError
 
@@ -138,20 +135,6 @@ def _answering(obj: Ctx, timeout: float = 2.0) -> Client | None:
 def _wait_for_winner(obj: Ctx, wait_s: float = RACE_WAIT_S) -> Client | None:
     """The node another command started meanwhile, once it serves; None if none does in time."""
     # Here, not at the top: ctypes (inotify's) would add a MiB to every node `start` forks.
-    from subagents_node.client.inotify import DirectoryWatch
+    from subagents_node.client.nodewait import wait_for_node
 
-    deadline = time.monotonic() + wait_s
-    state_dir = Path(obj.state_dir)
-    with DirectoryWatch(state_dir) as watch:
-        while True:
-            client = _answering(obj)
-            if client is not None:
-                return client
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            # The winner writes its pid file once it serves (temp file, then a rename in).
-            while PID_NAME not in watch.read():
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([watch], [], [], left)[0]:
-                    break
+    return wait_for_node(Path(obj.state_dir), lambda: _answering(obj), wait_s)
