@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from subagents_node.client.client import Client
+from subagents_node.client.nodewait import served_again
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import ENV_WORKFLOW_TOKEN
 from subagents_node.messages.errors import (
     FanoutLimitExceeded,
+    NodeNotRunning,
     SubagentsError,
     WorkflowCallInvalid,
     WorkflowError,
@@ -88,6 +90,11 @@ __all__ = [
 ]
 
 ACTIVE = ("queued", "running", "paused")
+#: How long a script awaiting a child waits for the state dir's next node when its node
+#: stopped or was killed (a foreground `workflow` following it starts one at once), and how
+#: many lost nodes one await outlives.
+NODE_BACK_S = 30.0
+MAX_NODE_LOSSES = 3
 #: A resumed workflow's source steps that ended so are launched again (on their old claim).
 _RELAUNCHED = ("failed", "stopped", "rejected")
 
@@ -350,7 +357,13 @@ class WorkflowRuns:
 
     def _await(self, step: Step) -> None:
         assert step.run_id is not None
-        view = self._client.runs.wait(step.run_id)
+        for left in range(MAX_NODE_LOSSES, -1, -1):
+            try:
+                view = self._client.runs.wait(step.run_id)
+                break
+            except NodeNotRunning:  # the child's shim outlives the node: the next adopts it
+                if not left or not served_again(self._client, NODE_BACK_S):
+                    raise
         self._settle_step(step, view)
         self._on_change()
 

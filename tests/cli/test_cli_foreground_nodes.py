@@ -24,7 +24,7 @@ from subagents_node.client.paths import PID_NAME
 from subagents_node.client.runs import WATCH_WAIT_S
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.node import Node
-from tests.support.foreground import StderrLines, cli_command, progress
+from tests.support.foreground import StderrLines, cli_command, progress, watches_inotify
 from tests.support.foreground import commands as commands
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -62,21 +62,6 @@ def test_a_foreground_run_on_another_foreground_runs_node_follows_on_after_that_
     second_child.wait_exit()
 
 
-def _watches_inotify(pid: int) -> bool:
-    """Whether the process holds an inotify watch (the CLI waiting for a node's pid file)."""
-    try:
-        fdinfo = list(Path(f"/proc/{pid}/fdinfo").iterdir())
-    except FileNotFoundError:
-        return False
-    for info in fdinfo:
-        try:
-            if "inotify wd:" in info.read_text():
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def test_a_foreground_run_started_while_another_node_starts_waits_for_it_and_uses_it(
     state_dir: Path, agents: Path, gate: Gate, commands: list[subprocess.Popen[str]]
 ) -> None:
@@ -87,7 +72,7 @@ def test_a_foreground_run_started_while_another_node_starts_waits_for_it_and_use
         command = _foreground(state_dir, agents, gate)
         commands.append(command)
         wait_until(
-            lambda: command.poll() is not None or _watches_inotify(command.pid),
+            lambda: command.poll() is not None or watches_inotify(command.pid),
             what="the command waiting for the starting node",
         )
         assert command.poll() is None, command.communicate()

@@ -20,12 +20,12 @@ import pytest
 
 from subagents_node.client.client import connect
 from subagents_node.client.runs import WATCH_WAIT_S
-from tests.support.foreground import StderrLines, cli_command, progress
+from tests.support.foreground import StderrLines, cli_command, progress, watches_inotify
 from tests.support.foreground import commands as commands
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import WAIT_S, Gate, launch_context
+from tests.support.runs import WAIT_S, Gate, launch_context, process_gone, wait_until
 
 #: A workflow script that blocks on the gate like a gate agent does, with no request to the
 #: node meanwhile: only its host (the workflow run's child) waits through the lost node.
@@ -144,6 +144,48 @@ def test_a_foreground_workflow_whose_node_is_lost_follows_its_host_on_to_its_res
     shown = progress(lines)
     assert len(shown) == len(set(shown)) and shown[-1] == "run R complete", lines
     assert "run R recovered" in shown, lines
+
+
+def test_a_workflow_awaiting_a_child_when_its_node_stops_awaits_it_on_the_next_node(
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    commands: list[subprocess.Popen[str]],
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The host's wait on its child ended with NodeNotRunning as soon as it saw no node: the
+    script failed (`Workflow failed: NodeNotRunning`) though its child went on and completed.
+    The host now waits for the state dir's next node (the pid file it writes, with inotify)
+    and awaits its child there."""
+    node = start_node(state_dir=state_dir)
+    script = state_dir / "awaits.py"
+    script.write_text(
+        f"def main(runs):\n    return runs.run('g', 'gate', {str(gate.path)!r}).output\n"
+    )
+    command = cli_command(
+        state_dir, "workflow", "--async", "--agents-dir", str(agents), str(script)
+    )
+    commands.append(command)
+    out, err = command.communicate(timeout=WAIT_S)
+    assert command.returncode == 0, err
+    run_id = out.strip()
+    [child] = gate.accept(1)
+    with connect(node.address, timeout=5) as client:
+        host = client.runs.show(run_id).children[0].pid
+    assert host is not None
+
+    assert node.stop().returncode == 0
+    wait_until(
+        lambda: process_gone(host) or watches_inotify(host), what="the host to see the node go"
+    )
+    assert not process_gone(host), "the workflow host gave up when its node stopped"
+    again = start_node(state_dir=state_dir)
+    child.release(0)
+
+    with connect(again.address, timeout=5) as client:
+        final = client.runs.wait(run_id, timeout=WAIT_S)
+    assert final.state == "complete", final.error
+    assert "released 0" in final.output, final.output
 
 
 @pytest.mark.parametrize("loss", sorted(_LOSSES))

@@ -95,6 +95,21 @@ def progress(lines: list[str]) -> list[str]:
     return [re.sub(r"pid \d+", "pid P", re.sub(r"run [0-9a-f]{12}", "run R", s)) for s in shown]
 
 
+def watches_inotify(pid: int) -> bool:
+    """Whether the process holds an inotify watch (waiting for a node's pid file)."""
+    try:
+        fdinfo = list(Path(f"/proc/{pid}/fdinfo").iterdir())
+    except FileNotFoundError:
+        return False
+    for info in fdinfo:
+        try:
+            if "inotify wd:" in info.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 @pytest.fixture
 def commands(state_dir: Path) -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
