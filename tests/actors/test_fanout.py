@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,23 +50,6 @@ from subagents_node.messages.fanout import (
 )
 from subagents_node.messages.node import DebugSleep
 from subagents_node.node.node import Node
-from tests.support.nodes import new_state_dir
-
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Node]:
-    """One embedded node for the module; every test makes its own budgets."""
-    state = new_state_dir()
-    try:
-        with Node.embedded(state_dir=state) as running:
-            yield running
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-
-
-@pytest.fixture
-def fanout(shared: Node) -> FanoutAPI:
-    return shared.client().fanout
 
 
 def stored(node: Node, sql: str, *args: object) -> list[tuple[Any, ...]]:

@@ -8,9 +8,6 @@ anything is sent, and the client splits a longer list into batches by itself.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import pytest
 
 from subagents_node.client.fanout import FanoutAPI
@@ -23,23 +20,6 @@ from subagents_node.messages.fanout import (
     FanoutSnapshot,
     ReadSnapshots,
 )
-from subagents_node.node.node import Node
-from tests.support.nodes import new_state_dir
-
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Node]:
-    state = new_state_dir()
-    try:
-        with Node.embedded(state_dir=state) as running:
-            yield running
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-
-
-@pytest.fixture
-def fanout(shared: Node) -> FanoutAPI:
-    return shared.client().fanout
 
 
 def test_r_fan_26_one_request_reads_every_budget_in_order_and_a_bad_one_spoils_only_its_own(

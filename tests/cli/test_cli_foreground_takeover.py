@@ -11,7 +11,6 @@ the test says.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +18,13 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.client import connect
-from subagents_node.client.runs import WATCH_WAIT_S
-from tests.support.foreground import StderrLines, cli_command, progress, watches_inotify
+from tests.support.foreground import (
+    StderrLines,
+    cli_command,
+    lose_and_see_taken_over,
+    progress,
+    watches_inotify,
+)
 from tests.support.foreground import commands as commands
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -60,11 +64,7 @@ def _across_a_lost_node(
     stderr = StderrLines(command)
     [child] = gate.accept(1)
     stderr.wait_for(r" started .* pid \d+$")  # shown while its node served
-    lose(node)
-    lost_at = time.monotonic()
-    stderr.wait_for("the node stopped under run")
-    taken_over = time.monotonic() - lost_at
-    assert taken_over < WATCH_WAIT_S, f"took {taken_over:.1f} s to see the node go"
+    lose_and_see_taken_over(stderr, lambda: lose(node))
     child.release(exit_code)
     lines = stderr.to_end()
     out, _ = command.communicate(timeout=WAIT_S)  # closes the pipes
@@ -213,10 +213,7 @@ def test_wait_whose_node_is_lost_follows_on_and_prints_each_runs_end_once(
     gated.pop(pid or 0).release(0)
     stdout.wait_for(f"^run {ids[0]} complete$")  # printed while its node served
 
-    _LOSSES[loss](node)
-    lost_at = time.monotonic()
-    stderr.wait_for("the node stopped under")
-    assert time.monotonic() - lost_at < WATCH_WAIT_S, "did not see the node go"
+    lose_and_see_taken_over(stderr, lambda: _LOSSES[loss](node))
     [rest] = gated.values()
     rest.release(0)
 

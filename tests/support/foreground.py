@@ -11,11 +11,12 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from subagents_node.client.runs import WATCH_WAIT_S
 from tests.support.nodes import REPO
 from tests.support.runs import WAIT_S
 
@@ -83,6 +84,17 @@ class StderrLines:
         while not self.ended:
             assert self._read(deadline) or self.ended, f"stderr still open: {self.lines}"
         return self.lines
+
+
+def lose_and_see_taken_over(stderr: StderrLines, lose: Callable[[], object]) -> None:
+    """`lose()` takes the node away; the command must say it took the state dir over before
+    the follow's long poll (WATCH_WAIT_S at the node) could have run out: a takeover that
+    waited it out (or the client's timeout after it) did not see the node go."""
+    lose()
+    lost_at = time.monotonic()
+    stderr.wait_for("the node stopped under")
+    taken_over = time.monotonic() - lost_at
+    assert taken_over < WATCH_WAIT_S, f"took {taken_over:.1f} s to see the node go"
 
 
 #: A progress line of a followed run (runtime/cli/following.py `describe`): a time stamp first.
