@@ -42,7 +42,6 @@ from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import owners
-from subagents_node.node.settingscheck import usable_settings
 from subagents_node.node.timers import Timers
 
 log = logging.getLogger(__name__)
@@ -201,12 +200,8 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     store.migrate(families)
     zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     timers = Timers()
-    # The node checked each setting (runtime/node/settingscheck.py); one that reached this
-    # owner unchecked is dropped for its default, never a crash at start or first use.
-    settings, dropped = usable_settings(spec.settings)
-    for line in dropped:
-        log.error("%s: %s", spec.name, line)
     log_cap: ChildLogCap | None = None
+    settings = spec.settings  # checked by the node as it composed the spec (ownerspecs.py)
     cap = settings.get("child_log_max_bytes", DEFAULT_CHILD_LOG_MAX_BYTES)
     if settings.get("caps_child_logs"):
         log_cap = ChildLogCap(cap if isinstance(cap, int) else DEFAULT_CHILD_LOG_MAX_BYTES)

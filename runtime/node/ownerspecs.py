@@ -10,6 +10,7 @@ database: the specs are handed to the owner supervisor (runtime/node/ownersup.py
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -20,9 +21,12 @@ from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import owners
 from subagents_node.node.curve import server_keypair
 from subagents_node.node.ownerproc import OwnerSpec
+from subagents_node.node.settingscheck import usable_settings
 
 if TYPE_CHECKING:
     from subagents_node.node.node import NodeOptions
+
+log = logging.getLogger(__name__)
 
 
 def owner_endpoint(state_dir: Path, name: str) -> str:
@@ -43,8 +47,15 @@ def owner_specs(
     forwards to its home's); `owner_tcp` are a home's ledger owners' own tcp endpoints."""
     peers = {name: owner_endpoint(state_dir, name) for name in OWNER_SOCKETS}
     peers["node"] = node_address
+    # The node checked each setting as it was given (runtime/node/settingscheck.py); one changed
+    # in `options.settings` since is dropped here for its default, never a crash in an owner.
+    # (Checked here, once, rather than in each owner: validating there faults the validator's
+    # code pages into every owner, about 0.9 MiB of resident memory each.)
+    kept, dropped = usable_settings(options.settings)
+    for line in dropped:
+        log.error("owners: %s", line)
     settings = {
-        **options.settings,
+        **kept,
         # The node's own, after the program's: runtime/node/settingscheck.py refuses these
         # keys in a program's settings, and none may ever replace what the node knows.
         "runs_dir": str(state_dir / "runs"),

@@ -1,5 +1,5 @@
 """The domain of each key of `NodeOptions.settings`, checked before a node takes anything and
-again as each owner starts.
+again as the node hands them to its owners.
 
 Owns which keys a node's settings may hold and the check of their values:
 
@@ -19,9 +19,9 @@ Before, only "a dict of str keys" was checked: `reservation_ttl_s="abc"` crashed
 owner at its first reservation, `run_retention_days="x"` the fanout and runs owners at every
 restart, and `reservation_ttl_s=-1` freed every slot at once. `check_settings` refuses such a
 value (`BadRequest`, `details["reason"] == "argument"`, `details["field"] == "settings.<key>"`)
-before the state dir is created or anything forked; `usable_settings` is the owner's side: a
-value that reached an owner some other way is dropped (its default served) and logged, never
-raised. It never touches the file system.
+before the state dir is created or anything forked; `usable_settings` is what the node hands
+its owners (runtime/node/ownerspecs.py): a value changed since the check is dropped (its default
+served) and logged, never raised. It never touches the file system.
 """
 
 from __future__ import annotations

@@ -119,7 +119,8 @@ def test_the_settings_start_passes_are_accepted_and_a_short_reservation_ttl_take
 
 def test_a_setting_that_reaches_the_owners_unchecked_is_served_as_its_default_not_a_crash() -> None:
     """A program that changes `options.settings` after the check (or any other path around it)
-    still cannot crash an owner: each drops the value for its default, and says so in its log.
+    still cannot crash an owner: the node drops the value as it hands the settings to its owners
+    (each serves the default), and says so in its log.
     Before, `run_retention_days="x"` failed the fanout and runs owners at every start and
     `reservation_ttl_s="abc"` failed every acquire."""
     state_dir = new_state_dir()
