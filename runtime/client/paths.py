@@ -238,8 +238,10 @@ def is_loopback_tcp(endpoint: str) -> bool:
     return address is not None and address.is_loopback
 
 
-def read_pid_file(state_dir: Path) -> dict[str, object] | None:
-    """The live node serving `state_dir`, or None (a stale record of a dead process is None).
+def pid_record(state_dir: Path) -> tuple[dict[str, object], bool] | None:
+    """The node's pid record for `state_dir` as written, and whether the process it names is
+    alive (the same process: its start time matches, so a reused pid is not it); None when
+    there is no record that parses.
 
     A zombie is dead: after `kill -9` the process lingers until its reaper (often pid 1, which
     in a container may never reap) collects it, and that must not block a restart.
@@ -249,9 +251,13 @@ def read_pid_file(state_dir: Path) -> dict[str, object] | None:
         pid, created = int(record["pid"]), record["create_time"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if pid <= 0 or created != process_create_time(pid):  # gone, a zombie, or the pid reused
-        return None
-    return dict(record)
+    return dict(record), pid > 0 and created == process_create_time(pid)
+
+
+def read_pid_file(state_dir: Path) -> dict[str, object] | None:
+    """The live node serving `state_dir`, or None (a stale record of a dead process is None)."""
+    found = pid_record(state_dir)
+    return found[0] if found is not None and found[1] else None
 
 
 def process_create_time(pid: int) -> float | None:

@@ -12,10 +12,9 @@ never imports the node or the actors.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from subagents_node.client.paths import PID_NAME, ipc_path, process_create_time, read_pid_file
+from subagents_node.client.paths import PID_NAME, ipc_path, pid_record, read_pid_file
 from subagents_node.messages.errors import NodeNotRunning
 
 
@@ -29,12 +28,8 @@ def known_dead(path: Path) -> bool:
     beside it names a process that is no more (a node killed with -9 leaves both files behind,
     the socket unchanged). A record that cannot be read says nothing: a live node must never
     be taken for dead, so only a record that parses and names a dead process counts."""
-    try:
-        record = json.loads((path.parent / PID_NAME).read_text())
-        pid, created = int(record["pid"]), record["create_time"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return bool(created != process_create_time(pid))
+    found = pid_record(path.parent)
+    return found is not None and not found[1]
 
 
 def why_silent(address: str) -> str:
