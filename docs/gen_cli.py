@@ -138,7 +138,12 @@ def _section(ctx: click.Context) -> list[str]:
 
 
 def _exit_codes() -> list[str]:
-    from subagents_node.cli.common import EXIT_CODES, EXIT_INTERRUPTED, EXIT_TIMEOUT
+    from subagents_node.cli.common import (
+        EXIT_CODES,
+        EXIT_INTERRUPTED,
+        EXIT_READER_GONE,
+        EXIT_TIMEOUT,
+    )
 
     meanings: dict[int, list[str]] = {
         0: ["success"],
@@ -150,6 +155,7 @@ def _exit_codes() -> list[str]:
             "a foreground run's command (or `mcp`) got SIGHUP (its terminal closed): "
             "run stopped first"
         ],
+        EXIT_READER_GONE: ["the reader of stdout went away (`| head`): nothing more is printed"],
         128 + 15: [
             "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "
             "(e.g. a CI timeout): run stopped first"

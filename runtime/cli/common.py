@@ -2,16 +2,20 @@
 
 Owns how a user error looks (one line on stderr, a stable exit code: 1 refused by a ledger or
 invalid, 2 bad usage or address, 3 node not running, 4 node timeout, 124 `wait` timed out,
-130 interrupted by Ctrl-C) and how results print (text, or `--json`). With `--json` an error
-is `{"error": {"code", "message", "details"}}` on stderr, so a script reads one shape.
+130 interrupted by Ctrl-C, 141 the reader of stdout went away) and how results print (text,
+or `--json`). With `--json` an error is `{"error": {"code", "message", "details"}}` on stderr,
+so a script reads one shape.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
@@ -31,6 +35,8 @@ EXIT_CODES: dict[type[SubagentsError], int] = {NodeNotRunning: 3, NodeTimeout: 4
 EXIT_TIMEOUT = 124
 #: Interrupted by Ctrl-C (SIGINT): 128 + 2, the shell's convention.
 EXIT_INTERRUPTED = 130
+#: The reader of our stdout went away (`| head`): 128 + SIGPIPE, the shell's convention.
+EXIT_READER_GONE = 141
 
 
 def error_line(code: str, message: str, details: dict[str, Any], as_json: bool) -> str:
@@ -65,9 +71,21 @@ def user_errors(fn: Callable[P, T]) -> Callable[P, T]:
         except SubagentsError as err:
             raise CliError(err, as_json=bool(kwargs.get("as_json"))) from None
         except OSError as exc:  # a path or descriptor the user gave that the system refused
+            if exc.errno == errno.EPIPE:  # our reader went away (`| head`): not the user's
+                raise  # path; the command group exits quietly (cli/main.py)
             raise CliError(file_error(exc), as_json=bool(kwargs.get("as_json"))) from None
 
     return wrapper
+
+
+def reader_gone() -> NoReturn:
+    """The reader of our stdout went away (`| head`): exit 141, quietly, as a Unix tool
+    killed by SIGPIPE shows in a shell (click's own handling would exit 1). Stdout goes to
+    /dev/null first, so the interpreter's last flush of it has nothing to fail on."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(EXIT_READER_GONE)
 
 
 def file_error(exc: OSError) -> SubagentsError:

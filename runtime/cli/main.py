@@ -29,6 +29,7 @@ from subagents_node.cli.common import (
     emit,
     error_line,
     json_option,
+    reader_gone,
     user_errors,
 )
 from subagents_node.cli.params import RUN_ID, SECONDS, given_or_default
@@ -121,13 +122,15 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt:
             click.echo(error_line("interrupted", "interrupted", {}, as_json), err=True)
             _exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:
-            _exit(141)  # the reader went away (`| head`): quietly, like any Unix tool
-        except OSError as err:
-            if err.errno == errno.EPIPE:
-                _exit(141)
-            raise
         _exit(outcome if isinstance(outcome, int) else 0)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as err:
+            if err.errno == errno.EPIPE:  # before click's own handling, which exits 1
+                reader_gone()
+            raise
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})

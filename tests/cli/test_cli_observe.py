@@ -156,6 +156,37 @@ def test_r_adm_6_logs_read_only_runs_the_node_recorded_never_a_directory_found_o
         assert "planted line" not in refused.output and "is not a run id" in refused.stderr
 
 
+def test_logs_into_a_reader_that_goes_away_exits_141_quietly_like_a_unix_tool(
+    cli: Cli, node: NodeProcess, agents: Path, state_dir: Path
+) -> None:
+    """`logs RUN | head`: once the reader is gone, the command ends with 141 (128 + SIGPIPE)
+    and says nothing; it used to print "error: Broken pipe" as if the user's path had failed,
+    and exit 1."""
+    write_agent(
+        agents,
+        "chatty",
+        "Prints many lines.",
+        '["{python}", "-c", "for i in range(20000): print(\'line\', i)"]',
+    )
+    result = cli("run", "chatty", "x")
+    assert result.exit_code == 0, result.output
+    run_id = re.search(r"run ([0-9a-f]{12}) complete", result.stdout)
+    assert run_id
+    for extra in ((), ("--json",)):
+        with subprocess.Popen(
+            [*_CLI, "--state-dir", str(state_dir), "logs", *extra, run_id.group(1)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            cwd=REPO,
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout.read(10)  # what `head -c 10` takes, then it exits
+            proc.stdout.close()
+            assert proc.wait(WAIT_S) == 141
+            assert proc.stderr.read() == b""
+
+
 def _two_echoes(cli: Cli, node: NodeProcess) -> Path:
     path = node.state_dir / "two.toml"
     path.write_text(
