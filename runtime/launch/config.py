@@ -25,6 +25,7 @@ them, or at the working directory for environment variables and overrides.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -265,8 +266,10 @@ def _apply(
     """Merge one source's values, validating them against what is already resolved."""
     for key in layer:
         if key not in Settings.model_fields:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
-                f"unknown key {key!r} in {origin} (known keys: {', '.join(KEYS)})",
+                f"unknown key {key!r} in {origin} ({hint}known keys: {', '.join(KEYS)})",
                 key=key,
                 source=str(origin),
                 reason="unknown_key",
@@ -310,8 +313,10 @@ def _apply_env(
         number = parse_env_int(raw)
         # Out of the stored domain is as unusable as no number at all: the same warning.
         if number is None or number < floor or number > MAX_COUNT:
+            kind = "positive" if floor else "non-negative"
+            bound = f" up to {MAX_COUNT}" if number is not None and number > MAX_COUNT else ""
             warnings.append(
-                f"{var}={raw!r} is not a {'positive' if floor else 'non-negative'} integer; "
+                f"{var}={raw!r} is not a {kind} integer{bound}; "
                 f"ignored, {key} comes from {origins[key]}"
             )
             continue

@@ -412,6 +412,7 @@ def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
         load_config(env=env, cwd=project)
     assert info.value.key == "max_subagent_spawn_per_run" and info.value.file == str(path)
     assert "unknown key" in info.value.message
+    assert "did you mean 'max_subagent_spawns_per_run'?" in info.value.message
 
 
 @pytest.mark.parametrize(
@@ -498,6 +499,8 @@ def test_r_cfg_3_4_8_an_unusable_spec_variable_falls_through_with_a_warning(
     assert getattr(config.settings, key) == expected
     assert config.origins[key].kind == "project"
     assert len(config.warnings) == 1 and var in config.warnings[0]
+    # a number too large says so, rather than that it is not positive
+    assert ("up to" in config.warnings[0]) == (raw == "9" * 23)
 
 
 def test_r_cfg_4_a_zero_in_the_environment_overrides_a_config_cap(
