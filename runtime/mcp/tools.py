@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from subagents_node.client.aio import AsyncClient
-from subagents_node.client.fanout_views import live_fanout_plan
+from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.launch.agents import discover_agents
 from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
@@ -208,11 +208,9 @@ class LauncherTools:
             if view.state in TERMINAL_RUN_STATES:
                 return ToolAnswer(summary(view), run_data(view))
             # Still going: its children's nested launches claim as it runs (R-FAN-26).
-            live = await self.client.perform(live_fanout_plan([view]))
-            view, recorded = live.runs[0], live.recorded.get(view.run_id)
+            view, recorded = await self._live(view)
             text = f"run {view.run_id} is still {view.state} after {timeout_s:g}s"
-            data = {**run_data(view), "timed_out": True}
-            return ToolAnswer(text, {**data, **({"fanout_recorded": recorded} if recorded else {})})
+            return ToolAnswer(text, {**run_data(view, recorded), "timed_out": True})
         return ToolAnswer(summary(final), {**run_data(final), "timed_out": False})
 
     async def stop(self, run_id: str) -> ToolAnswer:
@@ -265,8 +263,9 @@ class LauncherTools:
         return ToolAnswer(summary(final), run_data(final))
 
     async def pause(self, run_id: str) -> ToolAnswer:
-        run = await self.client.runs.pause(run_id)
-        return ToolAnswer(f"run {run.run_id} pausing: its children are stopped", run_data(run))
+        run, recorded = await self._live(await self.client.runs.pause(run_id))
+        text = f"run {run.run_id} pausing: its children are stopped"
+        return ToolAnswer(text, run_data(run, recorded))
 
     async def approve(self, run_id: str) -> ToolAnswer:
         ctx = self.context()
@@ -277,11 +276,15 @@ class LauncherTools:
             env=dict(self.env),
             inherited_fanout=ctx.inherited_fanout,  # a relaunch inside a run: nested (R-TOP-1)
         )
-        return ToolAnswer(f"run {run.run_id} goes on past the checkpoint", run_data(run))
+        # After a node restart the approve is a launch (a relaunch, charged to the caller's
+        # tree from inside a run): R-FAN-25's first line, read after its claims.
+        run, recorded = await self._live(run)
+        text = f"run {run.run_id} goes on past the checkpoint"
+        return ToolAnswer(f"{fanout_line(run, recorded)}\n{text}", run_data(run, recorded))
 
     async def reject(self, run_id: str, reason: str) -> ToolAnswer:
-        run = await self.client.runs.reject(run_id, reason)
-        return ToolAnswer(f"run {run.run_id} {run.state}", run_data(run))
+        run, recorded = await self._live(await self.client.runs.reject(run_id, reason))
+        return ToolAnswer(f"run {run.run_id} {run.state}", run_data(run, recorded))
 
     async def append(
         self, run_id: str, steps: Sequence[Mapping[str, Any]], agents_dirs: Sequence[str]
@@ -295,6 +298,13 @@ class LauncherTools:
         return ToolAnswer(result.text, result.model_dump(mode="json"))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    async def _live(self, run: RunView) -> tuple[RunView, str]:
+        """R-FAN-26: `run` with its tree's fan-out as the budget's owner has it now (the run's
+        record lags every later claim on the tree) and ''; or, when the budget cannot be read
+        live, `run` with the figure it recorded and why (one request, never a failed tool)."""
+        live = await self.client.perform(live_fanout_plan([run]))
+        return live.runs[0], live.recorded.get(run.run_id, "")
 
     def _launch(
         self,
@@ -343,11 +353,13 @@ def read_tail(path: str, limit: int) -> tuple[str, bool]:
     return data.decode("utf-8", "replace"), size > limit
 
 
-def fanout_line(run: RunView) -> str:
+def fanout_line(run: RunView, recorded: str = "") -> str:
     """R-FAN-25: the run tree's budget as the launch left it, the first line of every launch
-    result's text (started in the background, or settled), beside the `fanout` of its data."""
+    result's text (started in the background, or settled), beside the `fanout` of its data;
+    `recorded` says why the figure is the run's record, not a live reading."""
     snaps = run.snapshots
-    return f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used"
+    note = f" ({RECORDED}: {recorded})" if recorded else ""
+    return f"Run fan-out: {snaps.fanout_used}/{snaps.fanout_limit} used{note}"
 
 
 def summary(run: RunView) -> str:
@@ -367,8 +379,9 @@ def summary(run: RunView) -> str:
     return "\n".join(lines)
 
 
-def run_data(run: RunView) -> dict[str, Any]:
-    """The structured form of a run: the parts a program decides on, not every field."""
+def run_data(run: RunView, recorded: str = "") -> dict[str, Any]:
+    """The structured form of a run: the parts a program decides on, not every field;
+    `fanout_recorded` (when `recorded` is given) says why `fanout` is the run's record."""
     return {
         "run_id": run.run_id,
         "state": run.state,
@@ -394,4 +407,5 @@ def run_data(run: RunView) -> dict[str, Any]:
             }
             for c in run.children
         ],
+        **({"fanout_recorded": recorded} if recorded else {}),
     }
