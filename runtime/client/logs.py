@@ -8,7 +8,10 @@ read), and, when following, waking only on events: inotify on the run's director
 bytes or a new log file (client/inotify.py, ctypes), and the run's `runs.watch` long-poll at
 the node for a child that started and for the run's end. The long-poll runs on a helper
 thread with its own connection (ZeroMQ sockets belong to one thread) that wakes the reader
-through a pipe. It never polls files on a timer, never writes, and never imports the node.
+through a pipe. What it has read is kept apart (`LogsRead`), so a caller whose node stopped or
+was killed mid-follow can follow on from there on the next node (the CLI waits for it: this
+module never waits for or starts a node). It never polls files on a timer, never writes, and
+never imports the node.
 """
 
 from __future__ import annotations
@@ -141,6 +144,17 @@ class _LogFile:
         return [LogLine(self.label, self.stream, text)]
 
 
+@dataclass
+class LogsRead:
+    """How far one reader has read a run's child logs: each log file it follows, by path, with
+    its offset and the line still being written. A follow given the one an earlier follow of
+    the run left (one that ended with NodeNotRunning: the node stopped or was killed, the
+    children and their logs went on) goes on from there, so no line is printed twice and none
+    is lost."""
+
+    files: dict[str, _LogFile] = field(default_factory=dict)
+
+
 def _stale(log_path: str) -> bool:
     """Whether a cut announced as under way has been so for longer than any cut takes: the
     owner that made it died in the middle (the log is then read as it is)."""
@@ -220,10 +234,17 @@ class _RunFollower:
 
 
 def follow_logs(
-    client: Client, run_id: str, child: str | None = None, follow: bool = False
+    client: Client,
+    run_id: str,
+    child: str | None = None,
+    follow: bool = False,
+    read: LogsRead | None = None,
 ) -> Iterator[LogLine]:
     """The lines of a run's child logs (stdout and stderr, per child in order); with `follow`,
-    keep streaming new lines as they are written until the run has ended."""
+    keep streaming new lines as they are written until the run has ended. `read`: what an
+    earlier follow of the run read (the lines after it are given), kept up to date as lines
+    are given. A node lost under a follow ends it with NodeNotRunning after the last line it
+    gave; nothing read is lost with it."""
     run = client.runs.show(run_id)
     if run.state in TERMINAL_RUN_STATES and not os.path.isdir(run.run_dir):
         # Pruned on a full disk: its directory went first, its record stays until the next
@@ -233,7 +254,7 @@ def follow_logs(
             reason="run_dir_gone",
         )
     chosen = {c.index for c in select_children(run, child)}
-    files: dict[str, _LogFile] = {}
+    files = (LogsRead() if read is None else read).files
 
     def track(view: RunView) -> None:
         for c in view.children:

@@ -41,7 +41,7 @@ from subagents_node.messages.supervisor import (
 
 if TYPE_CHECKING:
     from subagents_node.client.client import Client
-    from subagents_node.client.logs import LogLine
+    from subagents_node.client.logs import LogLine, LogsRead
 
 #: How long one watch request may wait at the node before answering with no events.
 WATCH_WAIT_S = 10.0
@@ -306,14 +306,19 @@ class RunsAPI:
         return views
 
     def logs(
-        self, run_id: str, child: str | None = None, follow: bool = False
+        self,
+        run_id: str,
+        child: str | None = None,
+        follow: bool = False,
+        read: LogsRead | None = None,
     ) -> Iterator[LogLine]:
         """The lines of run `run_id`'s child logs (all children, or the one labelled `child`),
         stdout and stderr labelled; with `follow`, new lines as they are written until the run
-        ends. The logs are read from the run's directory, so the node must be on this host."""
+        ends. The logs are read from the run's directory, so the node must be on this host.
+        `read`: where an earlier follow stopped (its node was lost): the lines after it."""
         from subagents_node.client.logs import follow_logs
 
-        return follow_logs(self._client, run_id, child, follow)
+        return follow_logs(self._client, run_id, child, follow, read)
 
     def show(self, run_id: str) -> RunView:
         return self._client.perform(show_plan(run_id))
