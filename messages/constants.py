@@ -46,5 +46,10 @@ ENV_TEST_FAULTS = "SUBAGENTS_TEST_FAULTS"
 #: tests only, with faults: comma-separated launch steps at which the node kills itself (-9)
 ENV_TEST_KILL_AT = "SUBAGENTS_TEST_KILL_AT"
 
+#: How long a follower that does not start the state dir's next node itself waits for it once
+#: its node stopped or was killed: a workflow script awaiting a child (a foreground `workflow`
+#: following it starts one at once) and `logs -f` (another command starts it).
+NODE_BACK_S = 30.0
+
 #: What a workflow's host leaves in its run directory once the script returned (R-RUN-7).
 WORKFLOW_RESULT_FILE = "result.json"

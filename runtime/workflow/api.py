@@ -39,7 +39,7 @@ from typing import Any
 from subagents_node.client.client import Client
 from subagents_node.client.nodewait import served_again
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.constants import ENV_WORKFLOW_TOKEN
+from subagents_node.messages.constants import ENV_WORKFLOW_TOKEN, NODE_BACK_S
 from subagents_node.messages.errors import (
     FanoutLimitExceeded,
     NodeNotRunning,
@@ -90,10 +90,7 @@ __all__ = [
 ]
 
 ACTIVE = ("queued", "running", "paused")
-#: How long a script awaiting a child waits for the state dir's next node when its node
-#: stopped or was killed (a foreground `workflow` following it starts one at once), and how
-#: many lost nodes one await outlives.
-NODE_BACK_S = 30.0
+#: How many lost nodes one await of a script outlives (it waits NODE_BACK_S for each next one).
 MAX_NODE_LOSSES = 3
 #: A resumed workflow's source steps that ended so are launched again (on their old claim).
 _RELAUNCHED = ("failed", "stopped", "rejected")
