@@ -187,7 +187,8 @@ def summary(run: RunView, capacity: bool = True, fanout_note: str = "") -> str:
 #: followed stopped under it (each time another command's node went away) before it gives up.
 MAX_TAKEOVERS = 3
 
-#: Gives a client of the state dir's node, starting one if none serves.
+#: Gives a client of the state dir's node: one it starts if none serves (a foreground run,
+#: `wait`), or the next one someone else starts, waited for (`logs -f`, runtime/cli/observe.py).
 Clients = Callable[[], contextlib.AbstractContextManager[Client]]
 
 T = TypeVar("T")

@@ -7,10 +7,11 @@ starts are refused. A background launch whose detached start was refused waits f
 to serve (the pid file it writes once serving, watched with inotify: an event, not a poll) and
 uses it, bounded by `RACE_WAIT_S`; so does a foreground one whose embedded node's start was
 refused (the winner may be another foreground run's embedded node, gone when that run ends:
-the follow then starts a node of its own, which adopts the run). An embedded node that other
-commands' runs still use when its own command ends hands them over: once it stopped, a
-detached node starts and adopts them. It never starts a node when `--address` names one, and
-never stops a node it did not start.
+the follow then starts a node of its own, which adopts the run). A command that only watches
+(`logs -f`) waits for the state dir's next node the same way (`next_node`), never starting one.
+An embedded node that other commands' runs still use when its own command ends hands them
+over: once it stopped, a detached node starts and adopts them. It never starts a node when
+`--address` names one, and never stops a node it did not start.
 """
 
 from __future__ import annotations
@@ -82,6 +83,19 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
                 _hand_over(obj, left)
             return
     assert client is not None  # answering, started detached, or the race's winner
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def next_node(obj: Ctx, wait_s: float, gone: str) -> Iterator[Client]:
+    """A client of the state dir's next node once it serves, waiting up to `wait_s` seconds for
+    whoever starts it; NodeNotRunning with the message `gone` if none serves by then."""
+    client = _wait_for_winner(obj, wait_s)
+    if client is None:
+        raise NodeNotRunning(gone, state_dir=str(obj.state_dir), waited_s=wait_s)
     try:
         yield client
     finally:

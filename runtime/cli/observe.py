@@ -2,13 +2,15 @@
 
 `logs RUN [--child PATH] [-f]` prints a run's child logs, each line labelled with the child
 and the stream (`single stdout | …`); with `-f` it keeps printing lines as they are written
-and returns when the run ends. `wait RUN... [--timeout S]` blocks until the runs settle,
-prints each run's end, and exits 0 if all completed, 1 if any failed, was stopped or was
-rejected, 124 on timeout; a node lost on the way is taken over as a foreground run's is
-(runtime/cli/following.py, `across_nodes`). `logs -f` is not: a lost node ends it (exit 3).
-Both are fed by node events and inotify (client/logs.py, `RunsAPI.settle`), never by
-re-reading files on a timer; the logic lives in the client, so every client (the MCP server
-too) gets the same behaviour.
+and returns when the run ends; when the node stops or is killed meanwhile (the children and
+their logs go on), it waits up to `--node-wait` seconds for the state dir's next node, started
+by someone else, and follows on after the last line it printed (exit 3 if none serves by then).
+`wait RUN... [--timeout S]` blocks until the runs settle, prints each run's end, and exits 0
+if all completed, 1 if any failed, was stopped or was rejected, 124 on timeout; a node lost on
+the way is taken over as a foreground run's is, by a node it starts. Both go on through
+runtime/cli/following.py's `across_nodes`, and both are fed by node events and inotify
+(client/logs.py, `RunsAPI.settle`), never by re-reading files on a timer; the logic lives in
+the client, so every client (the MCP server too) gets the same behaviour.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import click
 
 from subagents_node.cli.common import EXIT_TIMEOUT, Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import across_nodes
-from subagents_node.cli.nodestart import node_client
+from subagents_node.cli.nodestart import next_node, node_client
 from subagents_node.cli.params import RUN_ID, SECONDS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import RunView
 
@@ -33,6 +36,15 @@ from subagents_node.messages.supervisor import RunView
 @click.option("--child", "child", help="Only this child: its path (`tasks[1]`) or index.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
 @click.option(
+    "--node-wait",
+    "node_wait",
+    type=SECONDS,
+    default=NODE_BACK_S,
+    show_default=True,
+    help="With -f: how long to wait for the state dir's next node when the node stops or is "
+    "killed (this command does not start one).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -41,17 +53,49 @@ from subagents_node.messages.supervisor import RunView
 )
 @click.pass_obj
 @user_errors
-def logs(obj: Ctx, run_id: str, child: str | None, follow: bool, as_json: bool) -> None:
-    """Print the stdout and stderr of RUN_ID's children, each line labelled (`-f`: follow)."""
+def logs(
+    obj: Ctx, run_id: str, child: str | None, follow: bool, node_wait: float, as_json: bool
+) -> None:
+    """Print the stdout and stderr of RUN_ID's children, each line labelled (`-f`: follow).
+
+    With -f, if the state dir's node stops or is killed meanwhile (the children go on), the
+    command waits for the next node (`start --detach`) and follows on after the last line it
+    printed; exit 3 if none serves within --node-wait seconds.
+    """
     import json
 
-    with obj.client() as client:
-        for line in client.runs.logs(run_id, child=child, follow=follow):
-            if as_json:  # one object per line, so a script can read them as they come
-                record = {"child": line.child, "stream": line.stream, "text": line.text}
-                click.echo(json.dumps(record))
-            else:
-                click.echo(f"{line.child} {line.stream} | {line.text}")
+    # Here, not at the top: inotify's ctypes would load for every command.
+    from subagents_node.client.logs import LogLine, LogsRead
+
+    def show(line: LogLine) -> None:
+        if as_json:  # one object per line, so a script can read them as they come
+            record = {"child": line.child, "stream": line.stream, "text": line.text}
+            click.echo(json.dumps(record))
+        else:
+            click.echo(f"{line.child} {line.stream} | {line.text}")
+
+    if not follow:
+        with obj.client() as client:
+            for line in client.runs.logs(run_id, child=child):
+                show(line)
+        return
+    read = LogsRead()  # a follow taken over on the next node goes on from there
+
+    def following(client: Client) -> None:
+        for line in client.runs.logs(run_id, child=child, follow=True, read=read):
+            show(line)
+
+    def reconnect() -> contextlib.AbstractContextManager[Client]:
+        gone = (
+            f"no node served {obj.state_dir} again within {node_wait:g} s: stopped following "
+            f"run {run_id}, which goes on (`logs -f {run_id}` again once a node serves)"
+        )
+        return next_node(obj, node_wait, gone)
+
+    with contextlib.ExitStack() as taken:
+        client = taken.enter_context(obj.client())
+        client.ping()  # with no node to ask, say so: only a follow that has begun waits
+        across_nodes(client, following, f"run {run_id}", None if obj.address else reconnect, taken)
 
 
 def run_end(run: RunView) -> str:
