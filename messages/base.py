@@ -1,6 +1,7 @@
 """Base classes for body models (immutable, no unknown fields, one `type` discriminator), and
-the two validations every side runs: a request against its own model, a reply against the
-result model its request declares.
+the validations every side runs: a request against its own model, a reply against the result
+model its request declares (strictly between owners of one node; tolerating fields it does not
+know on a client, which a node one release newer may add: `validated_reply`).
 
 It must never import an owner's schema module: a client that validates one request loads only
 that request's module (`protocol.py` builds the union of all of them, for the node)."""
@@ -10,6 +11,7 @@ from typing import Any, ClassVar, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from subagents_node.messages.errors import BadRequest
+from subagents_node.messages.tolerant import known_fields
 
 
 class Message(BaseModel):
@@ -40,6 +42,26 @@ def validated(kind: type[M], data: Any) -> M:
     if kind.__pydantic_complete__:
         return cast(M, kind.__pydantic_validator__.validate_python(data))
     return kind.model_validate(data)
+
+
+def validated_reply(kind: type[M], data: Any) -> M:
+    """`validated`, as a client reads what a node sent: a field the model does not know, at any
+    level, is dropped, never an error (a node one release newer than its client may add fields
+    to a reply: docs/api.md, "Compatibility"). Anything else wrong is the error `validated`
+    raises for it.
+
+    Strict first, so a reply of this release costs what it always did; only a refusal that
+    names an unknown field validates again, once those fields are dropped (`known_fields`)."""
+    try:
+        # `validated`, written out: this runs once per reply a client reads.
+        if kind.__pydantic_complete__:
+            return cast(M, kind.__pydantic_validator__.validate_python(data))
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        raw = exc.errors(include_url=False, include_context=False, include_input=False)
+        if not isinstance(data, dict) or all(e["type"] != "extra_forbidden" for e in raw):
+            raise
+    return validated(kind, known_fields(kind, data))
 
 
 class Ack(Message):
@@ -141,9 +163,23 @@ def validate_request(kind: type[Q], fields: dict[str, Any]) -> Q:
 
 
 def parse_result(request: Request, body: dict[str, Any]) -> Message:
-    """Validate a reply body into the result model the request declares."""
+    """Validate a reply body into the result model the request declares, strictly: for an
+    owner reading another owner of its own node (one release: an unknown field is a bug)."""
     try:
         return validated(request.Result, body)
     except ValidationError as exc:
-        bounded = schema_error(f"reply to {request.type}", exc)
-        raise BadRequest(bounded.message, **{**bounded.details, "reason": "reply"}) from None
+        raise _reply_error(request, exc) from None
+
+
+def parse_reply(request: Request, body: dict[str, Any]) -> Message:
+    """`parse_result` as a client reads a node's reply: fields it does not know, at any level,
+    are dropped (`validated_reply`); any other fault is the same BadRequest."""
+    try:
+        return validated_reply(request.Result, body)
+    except ValidationError as exc:
+        raise _reply_error(request, exc) from None
+
+
+def _reply_error(request: Request, exc: ValidationError) -> BadRequest:
+    bounded = schema_error(f"reply to {request.type}", exc)
+    return BadRequest(bounded.message, **{**bounded.details, "reason": "reply"})

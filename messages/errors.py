@@ -79,7 +79,8 @@ the exact class with its details. Errors of the layers below (zmq, sqlite3, OSEr
 translated into these types where they are caught, never passed through.
 
 This module imports nothing of ours but constants; the few errors that rebuild a model from
-their details (a snapshot, a rejection) import it when asked.
+their details (a snapshot, a rejection) import it when asked, and rebuild it as a client reads
+a reply (`base.validated_reply`): details a newer node added are dropped, never an error.
 """
 
 from __future__ import annotations
@@ -453,10 +454,12 @@ class FanoutError(SubagentsError):
     @property
     def snapshot(self) -> FanoutSnapshot | None:
         """The budget when the request was refused, where the error knows it."""
+        from subagents_node.messages.base import validated_reply
         from subagents_node.messages.fanout import FanoutSnapshot
 
+        # Rebuilt from a reply: a newer node's snapshot may hold fields this one does not know.
         raw = self.details.get("snapshot")
-        return FanoutSnapshot.model_validate(raw) if isinstance(raw, dict) else None
+        return validated_reply(FanoutSnapshot, raw) if isinstance(raw, dict) else None
 
 
 class FanoutLimitInvalid(FanoutError):
@@ -525,9 +528,11 @@ class FanoutLimitExceeded(FanoutError):
 
     @property
     def rejection(self) -> FanoutRejection:
+        from subagents_node.messages.base import validated_reply
         from subagents_node.messages.fanout import FanoutRejection
 
-        return FanoutRejection.model_validate(self.details)
+        # Rebuilt from a reply: a newer node's rejection may hold fields this one does not know.
+        return validated_reply(FanoutRejection, self.details)
 
     @property
     def snapshot(self) -> FanoutSnapshot:
