@@ -31,7 +31,7 @@ import zmq
 
 from subagents_node.client.curve import HANDSHAKE_REFUSED
 from subagents_node.client.reachability import known_dead
-from subagents_node.messages.base import Message, Request, parse_result, resendable
+from subagents_node.messages.base import Message, Request, parse_reply, resendable
 from subagents_node.messages.codec import Reply, decode, decode_reply
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import (
@@ -122,10 +122,11 @@ def gone_error(request: Request, address: str) -> SubagentsError:
 
 
 def outcome_of(request: Request, reply: Envelope | Reply) -> Message:
-    """The typed result a reply carries, or its typed error raised."""
+    """The typed result a reply carries, or its typed error raised. Fields this client does
+    not know (its node is a release newer) are dropped, at any level (`parse_reply`)."""
     if reply.type == ERROR:
         raise SubagentsError.from_wire(reply.body)
-    return parse_result(request, reply.body)
+    return parse_reply(request, reply.body)
 
 
 def reply_envelope(frame: bytes) -> Envelope | None:
