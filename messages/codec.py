@@ -66,8 +66,9 @@ def _too_wide(value: Any, path: str = "") -> str | None:
     return None
 
 
-def peek_id(frame: bytes) -> str | None:
-    """Best effort: the message id of a frame that failed later checks, to correlate the error."""
+def peek_id(frame: bytes, key: str = "id") -> str | None:
+    """Best effort: the message id (or, with `key="corr"`, the id it answers) of a frame that
+    failed later checks, to correlate the error."""
     try:
         raw = msgpack.unpackb(
             frame,
@@ -80,7 +81,7 @@ def peek_id(frame: bytes) -> str | None:
     except Exception:
         return None
     if isinstance(raw, dict):
-        mid = raw.get("id")
+        mid = raw.get(key)
         if isinstance(mid, str) and 0 < len(mid) <= 64:
             return mid
     return None

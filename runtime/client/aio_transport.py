@@ -28,14 +28,14 @@ from subagents_node.client.channel import (
     dealer_options,
     gone_error,
     outcome_of,
-    reply_envelope,
+    read_reply,
 )
 from subagents_node.client.curve import curve_client, default_credentials, no_keys
 from subagents_node.client.paths import check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.client.transport import endpoint_for
 from subagents_node.messages.base import Message, Request, resendable
-from subagents_node.messages.codec import encode_request
+from subagents_node.messages.codec import Reply, encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
 
@@ -51,7 +51,7 @@ class AsyncZmqTransport:
         self._sender = sender or f"client-{os.getpid()}"
         self._zctx: zmq.asyncio.Context | None = None
         self._socks: dict[str, zmq.asyncio.Socket] = {}
-        self._waiting: dict[str, asyncio.Future[Envelope]] = {}
+        self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._closed = False
         #: ipc only: each socket's peer file as it was when the socket connected
@@ -128,12 +128,12 @@ class AsyncZmqTransport:
             except zmq.ZMQError as exc:  # the socket is unusable: fail every waiting call now
                 self._fail_waiting(f"the connection to {self.address} failed: {exc}")
                 return
-            env = reply_envelope(frame)
-            if env is None or env.corr is None:
+            reply = read_reply(frame)
+            if reply is None or reply.corr is None:
                 continue
-            waiter = self._waiting.get(env.corr)
+            waiter = self._waiting.get(reply.corr)
             if waiter is not None and not waiter.done():
-                waiter.set_result(env)
+                waiter.set_result(reply)
 
     async def call(self, request: Request, timeout: float, target: str = "") -> Message:
         """Send `request` and await its outcome. If its owner restarts while it is in flight,
@@ -154,7 +154,7 @@ class AsyncZmqTransport:
                 host=self.host,
             )
             frame = encode_request(env)  # FrameTooLarge, BadRequest before anything is sent
-            waiter: asyncio.Future[Envelope] = loop.create_future()
+            waiter: asyncio.Future[Reply] = loop.create_future()
             self._waiting[env.id] = waiter
             try:
                 await sock.send(frame)
@@ -174,12 +174,12 @@ class AsyncZmqTransport:
 
     async def _reply(
         self,
-        waiter: asyncio.Future[Envelope],
+        waiter: asyncio.Future[Reply],
         request: Request,
         deadline: float,
         peer: PeerFile | None,
         sent_to: tuple[int, int, int] | None,
-    ) -> Envelope | None:
+    ) -> Reply | None:
         """The reply, or None once the peer's socket file is not the one it was sent to (raises
         `gone_error` once its node is known dead)."""
         loop = asyncio.get_running_loop()

@@ -2,7 +2,8 @@
 
 Owns what happens between putting an envelope on a socket and handing back its outcome:
 the options every client DEALER is opened with, matching replies to requests by correlation
-id (stale replies, for requests that timed out, and garbled ones are dropped), the timeout,
+id (stale replies, for requests that timed out, and garbled ones are dropped; one in another
+protocol version is its request's UnsupportedProtocol, `read_reply`), the timeout,
 noticing that the owner behind an ipc socket restarted (`PeerFile`: a request in flight is
 sent again if it is resendable, else a NodeTimeout at once, worded as an unknown outcome) or
 that its node was killed (`gone_error`: a resendable request is told at once that no node
@@ -32,13 +33,14 @@ import zmq
 from subagents_node.client.curve import HANDSHAKE_REFUSED
 from subagents_node.client.reachability import known_dead
 from subagents_node.messages.base import Message, Request, parse_reply, resendable
-from subagents_node.messages.codec import Reply, decode, decode_reply
-from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.codec import Reply, decode_reply, peek_id
+from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION
 from subagents_node.messages.errors import (
     NodeNotRunning,
     NodeTimeout,
     NotAuthenticated,
     SubagentsError,
+    UnsupportedProtocol,
 )
 
 #: Replies may be larger than requests (status listings); the node caps what it sends.
@@ -121,7 +123,7 @@ def gone_error(request: Request, address: str) -> SubagentsError:
     )
 
 
-def outcome_of(request: Request, reply: Envelope | Reply) -> Message:
+def outcome_of(request: Request, reply: Reply) -> Message:
     """The typed result a reply carries, or its typed error raised. Fields this client does
     not know (its node is a release newer) are dropped, at any level (`parse_reply`)."""
     if reply.type == ERROR:
@@ -129,10 +131,27 @@ def outcome_of(request: Request, reply: Envelope | Reply) -> Message:
     return parse_reply(request, reply.body)
 
 
-def reply_envelope(frame: bytes) -> Envelope | None:
-    """A reply frame decoded, or None when it is garbled (it cannot be matched to anything)."""
+def read_reply(frame: bytes) -> Reply | None:
+    """A reply frame decoded, or None when it is garbled (it cannot be matched to anything).
+
+    A reply in another protocol version (a node of another release, answering this client's
+    request or refusing it for its version) is the UnsupportedProtocol its request gets, not
+    a frame dropped as garbled: its caller would wait out its timeout and hear NodeTimeout."""
     try:
-        return decode(frame, MAX_REPLY)
+        return decode_reply(frame, MAX_REPLY)
+    except UnsupportedProtocol as exc:
+        corr = peek_id(frame, "corr")
+        if corr is None:
+            return None
+        got = exc.details.get("got")
+        spoken = f"protocol version {got!r}" if got is not None else "another protocol version"
+        mismatch = UnsupportedProtocol(
+            f"the node answered in {spoken}; this client speaks {PROTOCOL_VERSION}: use a "
+            "client of the node's release (`subagents-node doctor` compares them)",
+            got=got,
+            supported=PROTOCOL_VERSION,
+        )
+        return Reply(corr, ERROR, mismatch.to_wire())
     except SubagentsError:
         return None
 
@@ -268,9 +287,8 @@ class Channel:
                 finally:
                     self.guard.leave(terminated)  # NodeNotRunning once the client closed
                 if frame is not None:
-                    try:
-                        reply = decode_reply(frame, MAX_REPLY)
-                    except SubagentsError:  # garbled: it cannot be matched to anything
+                    reply = read_reply(frame)
+                    if reply is None:  # garbled: it cannot be matched to anything
                         continue
                     if reply.corr is not None and reply.corr in self.waiting:  # else stale
                         arrived[reply.corr] = reply

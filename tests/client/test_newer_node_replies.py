@@ -23,11 +23,12 @@ import zmq
 
 from subagents_node import AsyncClient
 from subagents_node.client.client import Client, connect
-from subagents_node.messages.envelope import ERROR, Envelope
+from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION, Envelope
 from subagents_node.messages.errors import (
     BadRequest,
     FanoutLimitExceeded,
     FanoutReservationCommitted,
+    UnsupportedProtocol,
 )
 from subagents_node.messages.fanout import FanoutSnapshot
 from subagents_node.messages.node import NodeStatusResult
@@ -58,8 +59,9 @@ class NewerNode:
     """A ROUTER that passes requests on to `node` and answers with its replies, each body
     rewritten by `rewrite(reply type, body)`. Serves on one thread until `close`."""
 
-    def __init__(self, node: NodeProcess, rewrite: Rewrite = newer) -> None:
+    def __init__(self, node: NodeProcess, rewrite: Rewrite = newer, v: int | None = None) -> None:
         self.rewrite = rewrite
+        self.v = v  # the protocol version its replies carry (None: the node's own)
         self._dir = Path(tempfile.mkdtemp(prefix="sa-newer-", dir="/tmp"))
         self.address = f"ipc://{self._dir / 'newer.sock'}"
         self._zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -87,6 +89,8 @@ class NewerNode:
             if self._back in ready:
                 raw = msgpack.unpackb(self._back.recv())
                 raw["body"] = self.rewrite(raw["type"], raw["body"])
+                if self.v is not None:
+                    raw["v"] = self.v
                 self._front.send_multipart([peers.pop(raw["corr"]), msgpack.packb(raw)])
 
     def close(self) -> None:
@@ -102,11 +106,11 @@ class NewerNode:
 
 @pytest.fixture
 def newer_node(node: NodeProcess) -> Iterator[Callable[..., NewerNode]]:
-    """Factory: `newer_node(rewrite=newer)` -> a NewerNode in front of `node`."""
+    """Factory: `newer_node(rewrite=newer, v=None)` -> a NewerNode in front of `node`."""
     made: list[NewerNode] = []
 
-    def make(rewrite: Rewrite = newer) -> NewerNode:
-        made.append(NewerNode(node, rewrite))
+    def make(rewrite: Rewrite = newer, v: int | None = None) -> NewerNode:
+        made.append(NewerNode(node, rewrite, v))
         return made[-1]
 
     yield make
@@ -192,6 +196,30 @@ def test_the_asyncio_client_reads_a_newer_nodes_replies_and_errors_alike(
     assert isinstance(status, NodeStatusResult) and status.actors
     assert snap == FanoutSnapshot.of(1, 1)
     assert refused.rejection.path == "tasks[1]" and refused.snapshot == FanoutSnapshot.of(1, 1)
+
+
+def test_a_node_of_another_protocol_version_is_unsupported_protocol_at_once_not_a_timeout(
+    newer_node: Callable[..., NewerNode],
+) -> None:
+    """A node whose release changed the protocol version answers in it: the sync and the
+    asyncio client each raise UnsupportedProtocol for the request it answers, naming both
+    versions. They used to drop such a reply as garbled and wait out their timeout
+    (NodeTimeout: "did not answer in time", which sent the user looking for a busy node)."""
+    later = PROTOCOL_VERSION + 1
+    proxy = newer_node(v=later)
+    with connect(proxy.address, timeout=5) as client, pytest.raises(UnsupportedProtocol) as sync:
+        client.status()
+
+    async def go() -> None:
+        async with AsyncClient(proxy.address, timeout=5) as client:
+            await client.status()
+
+    with pytest.raises(UnsupportedProtocol) as aio:
+        asyncio.run(go())
+    for raised in (sync.value, aio.value):
+        assert raised.details == {"got": later, "supported": PROTOCOL_VERSION}
+        assert f"answered in protocol version {later}" in raised.message
+        assert f"this client speaks {PROTOCOL_VERSION}" in raised.message
 
 
 def _grown_without_pid(type_: str, body: dict[str, Any]) -> dict[str, Any]:
