@@ -165,6 +165,9 @@ class ChildExited(Message):
     error: str | None = None
     timed_out: bool = False
     stopped: bool = False
+    #: Its shim stopped it because the embedded node it was bound to died without stopping it
+    #: (a foreground command killed with -9): its run ends `stopped`, as after Ctrl-C.
+    node_gone: bool = False
     started_at: float | None = None
     ended_at: float
 
@@ -173,7 +176,10 @@ ChildEvent = ChildStarted | ChildExited
 
 
 ShimReportKind = Literal["started", "not_started", "exited", "tree_ended"]
-EndedBy = Literal["", "stop", "deadline"]
+#: What ended a tree before its leader exited by itself: a stop (the supervisor's SIGTERM to the
+#: shim), the child's deadline, or `node_gone`: the embedded node the shim was bound to at spawn
+#: died without stopping it, and nothing would ever adopt the child (DESIGN §1, embedded mode).
+EndedBy = Literal["", "stop", "deadline", "node_gone"]
 
 
 #: The most escaped processes one report names (the rest are still waited for by the shim).

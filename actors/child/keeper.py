@@ -39,7 +39,6 @@ from subagents_node.messages.runs import (
     ChildExited,
     ChildReport,
     ChildSpec,
-    timeout_error,
 )
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ REASON_SHIM_GONE_LIVE = (
     "process-tree-unverified: the shim died before its child was known to have started"
 )
 NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
-STOPPED = "Stopped by request."
+STOPPED = cp.STOPPED
 #: How long a stopping node waits for the shims of finished children to exit.
 FINISHING_WAIT_S = 2.0
 
@@ -173,10 +172,12 @@ class ChildKeeper:
             record.deadline_at = now + spec.deadline_s
         rows.insert_ordered(db, record)
 
-    def launch(self, spec: ChildSpec) -> str | None:
-        """Fork its shim; the error (one line) when there is no template to fork from."""
+    def launch(self, spec: ChildSpec, ends_with: ProcessIdentity | None = None) -> str | None:
+        """Fork its shim (bound to `ends_with`, an embedded node, when the child must end with
+        it); the error (one line) when there is no template to fork from."""
         try:
-            self._template.order(spec, self._address, self.sync_records, self._cgroup_base)
+            order = (spec, self._address, self.sync_records, self._cgroup_base, ends_with)
+            self._template.order(*order)
         except OSError as exc:
             return f"cannot start the child's shim: {exc}"
         return None
@@ -260,10 +261,8 @@ class ChildKeeper:
         reason: str = REASON_EXITED,
     ) -> ChildExited:
         end_reason, end_message = row["end_reason"], row["end_message"]
-        if end_reason is None and report.ended_by == "deadline":
-            end_reason, end_message = "timed_out", timeout_error(record.timeout_s or 0.0)
-        elif end_reason is None and report.ended_by == "stop":
-            end_reason, end_message = "stopped", STOPPED
+        if end_reason is None:  # its shim ended it by itself (deadline, SIGTERM, node's death)
+            end_reason, end_message = cp.shim_end(report.ended_by, record.timeout_s)
         facts = cp.ExitFacts(
             reason=reason,
             exit_code=report.exit_code,

@@ -22,11 +22,18 @@ from subagents_node.messages.runs import (
     ChildExited,
     ChildStarted,
     ChildState,
+    EndedBy,
     ProcessProof,
     exit_error,
     output_tail,
     signal_error,
+    timeout_error,
 )
+
+STOPPED = "Stopped by request."
+#: A foreground command that embedded its node was killed (-9) without stopping its run: the
+#: shims, bound to that node at spawn, stopped each tree as its stop would have.
+NODE_GONE = "Stopped: the foreground command that ran it (and its embedded node) was killed."
 
 Liveness = Literal["alive", "gone", "reused"]
 
@@ -80,6 +87,18 @@ def started_event(record: ChildRecord, adopted: bool = False) -> ChildStarted:
     )
 
 
+def shim_end(ended_by: EndedBy, timeout_s: float | None) -> tuple[str | None, str | None]:
+    """The end reason and message of a tree its shim ended by itself (no stop was recorded):
+    its deadline, a SIGTERM to the shim, or the death of the embedded node it was bound to."""
+    if ended_by == "deadline":
+        return "timed_out", timeout_error(timeout_s or 0.0)
+    if ended_by == "stop":
+        return "stopped", STOPPED
+    if ended_by == "node_gone":
+        return "node_gone", NODE_GONE
+    return None, None
+
+
 def outcome(
     record: ChildRecord,
     facts: ExitFacts,
@@ -104,8 +123,9 @@ def outcome(
     )
     state: ChildState
     exit_code: int | None
+    stopped = end_reason in ("stopped", "node_gone")
     if end_reason is not None:
-        state = "stopped" if end_reason == "stopped" else "failed"
+        state = "stopped" if stopped else "failed"
         error: str | None = end_message
         exit_code = ENDED_EXIT_CODE
     elif facts.exit_code == 0:
@@ -127,7 +147,8 @@ def outcome(
         output=output_tail(record.stdout_path),
         error=error,
         timed_out=end_reason == "timed_out",
-        stopped=end_reason == "stopped",
+        stopped=stopped,
+        node_gone=end_reason == "node_gone",
         started_at=record.started_at,
         ended_at=ended_at,
     )

@@ -14,6 +14,9 @@ so the record is exactly as durable as the row it stands in for). Its life:
       -> exit.json with `tree_ended` -> report `tree_ended` -> exit once every report is acked
     SIGTERM (the supervisor's stop) or the deadline: TERM, grace, KILL to every descendant and
       every group they are in, escaped sessions included (found through /proc)
+    bound at spawn to an embedded node (`ends_with`, actors/runs/binding.py), the death of that
+      process (its pidfd readable) ends the tree the same way (`ended_by: node_gone`): nothing
+      would adopt it; the exit record is written and the shim exits without waiting for a node
 
 Reports go to the run supervisor over ZeroMQ (ZMTP 3.0 as a DEALER to the supervisor's ROUTER,
 spoken by actors/child/zmtp.py over one plain socket: no libzmq context, no thread; type
@@ -91,6 +94,8 @@ class Shim:
         #: The newest exit record could not be written (a full or read-only disk): it is
         #: written again at each report resend, and the shim never gives up while it is owed.
         self.record_owed = False
+        #: The embedded node this child ends with died (its pidfd became readable).
+        self.node_gone = False
 
     # -- the life of the shim -------------------------------------------------------------------
 
@@ -124,6 +129,7 @@ class Shim:
         signal.set_wakeup_fd(wake_w)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, lambda *_: None)  # the byte in the wake-up pipe is the event
+        node_fd = self._watch_node()  # before the start: a node gone meanwhile is not missed
         if not self.tree_ended:
             base = self.order.get("cgroup_base")
             if base:
@@ -131,7 +137,7 @@ class Shim:
             self._start()
         link = ReportLink(str(self.order["node_address"]))
         try:
-            self._loop(link, wake_r)
+            self._loop(link, wake_r, node_fd)
         finally:
             link.close()
         return 0
@@ -185,9 +191,34 @@ class Shim:
             self.cgroup.remove()
             self.cgroup = None
 
-    def _loop(self, link: ReportLink, wake_r: int) -> None:
+    def _watch_node(self) -> int:
+        """A pidfd of the embedded node this child ends with (`ends_with`: its pid and start
+        time), readable once that process is gone; -1 when the child outlives its node, or
+        when the node is gone already (`node_gone`: the tree is ended as soon as it starts)."""
+        ends_with = self.order.get("ends_with")
+        if not ends_with:
+            return -1
+        pid, start = int(ends_with[0]), float(ends_with[1])
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.node_gone = True
+            return -1
+        except OSError:  # no pidfd here (a kernel before 5.3): it outlives its node, as before
+            return -1
+        if procfs.start_time_of(pid) != start:  # a zombie, or its pid taken by another process
+            os.close(fd)
+            self.node_gone = True
+            return -1
+        return fd
+
+    def _loop(self, link: ReportLink, wake_r: int, node_fd: int = -1) -> None:
         poller = select.poll()
         poller.register(wake_r, select.POLLIN)
+        if node_fd >= 0:  # the embedded node's end is an event (pidfd), not a poll of its pid
+            poller.register(node_fd, select.POLLIN)
+        if self.node_gone and not self.tree_ended:
+            self._end_tree("node_gone")
         events_fd = -1 if self.cgroup is None else self.cgroup.events_fd
         if events_fd >= 0:  # each change of cgroup.events (the tree's end) is an event
             poller.register(events_fd, select.POLLPRI)
@@ -216,6 +247,13 @@ class Shim:
             if events_fd >= 0 and self.tree_ended:
                 poller.unregister(events_fd)
                 events_fd = -1
+            if node_fd >= 0 and node_fd in events:
+                poller.unregister(node_fd)
+                os.close(node_fd)
+                node_fd = -1
+                self.node_gone = True
+                if not self.tree_ended:  # as its command's stop would have (Ctrl-C)
+                    self._end_tree("node_gone")
             if sock_fd >= 0 and sock_fd in events:
                 self.reports.receive(link)
             self._on_timers()
@@ -224,6 +262,8 @@ class Shim:
         if self.record_owed:  # nothing on disk says how the tree ended: only a report can
             return False
         ended = self.facts.get("tree_ended_at")
+        if ended is not None and self.node_gone:  # no node to report to: the record says it
+            return True
         limit = float(self.order.get("give_up_s", GIVE_UP_AFTER_TREE_END_S))
         return ended is not None and time.time() - ended > limit
 

@@ -42,17 +42,23 @@ ORDER_PIPE_BYTES = 1 << 20
 
 
 def order_of(
-    spec: ChildSpec, node_address: str, sync: bool = True, cgroup_base: str = ""
+    spec: ChildSpec,
+    node_address: str,
+    sync: bool = True,
+    cgroup_base: str = "",
+    ends_with: ProcessIdentity | None = None,
 ) -> dict[str, Any]:
     """What the shim is told: the spec, where its records go, where to report, whether to
-    fsync its exit record (as the node's store syncs its commits: synchronous=FULL) and where
-    to make the child's cgroup ('' for none: the subreaper alone)."""
+    fsync its exit record (as the node's store syncs its commits: synchronous=FULL), where
+    to make the child's cgroup ('' for none: the subreaper alone) and the embedded node whose
+    death ends the child (None: the child outlives its node, for the next one to adopt)."""
     return {
         **spec.model_dump(mode="json"),
         "record_dir": spec.records,
         "node_address": node_address,
         "sync": sync,
         "cgroup_base": cgroup_base,
+        "ends_with": None if ends_with is None else [ends_with.pid, ends_with.start_time],
     }
 
 
@@ -68,10 +74,15 @@ class ShimTemplate:
         return None if self._proc is None else self._proc.pid
 
     def order(
-        self, spec: ChildSpec, node_address: str, sync: bool = True, cgroup_base: str = ""
+        self,
+        spec: ChildSpec,
+        node_address: str,
+        sync: bool = True,
+        cgroup_base: str = "",
+        ends_with: ProcessIdentity | None = None,
     ) -> None:
         """Fork a shim for `spec`. Raises OSError when no template can be started."""
-        self.order_raw(order_of(spec, node_address, sync, cgroup_base))
+        self.order_raw(order_of(spec, node_address, sync, cgroup_base, ends_with))
 
     def order_raw(self, order: dict[str, Any]) -> None:
         """Fork a shim for an order as `order_of` builds it (tests add their own knobs)."""
