@@ -33,7 +33,7 @@ from subagents_node.messages.domains import (
     Token,
     WaitS,
 )
-from subagents_node.messages.runs import ProofState, RunState
+from subagents_node.messages.runs import MAX_PID, ProofState, RunState
 
 SUPERVISOR = "supervisor"
 
@@ -238,6 +238,11 @@ class Launch(Request):
     #: A resumed chain: its source's last output, what its first step's `{previous}` (or an
     #: expand step's input) refers to.
     seed_previous: TaskText | None = None
+    #: The pid of the foreground command that launches this run and follows it. When that
+    #: command embeds the node the run is launched on, the run's children (and its nested
+    #: runs') end with that process: killed with -9, it can stop nothing, and its shims stop
+    #: their trees themselves (DESIGN §1, embedded mode). Ignored by any other node.
+    foreground_pid: int | None = Field(default=None, ge=1, le=MAX_PID)
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> "Launch":

@@ -145,7 +145,7 @@ def _start_child(host: ChildHost, live: LiveRun, launch: Launch, child: runplan.
 
     def fork_shim() -> None:
         crash_point("fork_shim")
-        error = keeper.launch(spec)
+        error = keeper.launch(spec, live.ends_with)
         if error is not None:
             not_launched(spec.child_id, error)
             return
@@ -263,6 +263,8 @@ def apply_event(host: ChildHost, event: ChildStarted | ChildExited) -> None:
     host.answer_launches(live)
     live.outputs[idx] = event.output
     live.proofs.append(event.proof.state)
+    if event.node_gone and live.stop_state is None:  # as if its command had stopped it
+        live.stop_state = "stopped"
     if state != "complete" and live.stop_state is None:
         live.failed = True
         live.error = live.error or (error or f"child {live.labels.get(idx)} failed")

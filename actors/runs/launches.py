@@ -38,6 +38,7 @@ from subagents_node.actors.runs.admission import (
     admit,
     storage_failed,
 )
+from subagents_node.actors.runs.binding import NodeBinding
 from subagents_node.actors.runs.liverun import LiveRun, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Superseded
@@ -63,6 +64,9 @@ class LaunchHost(pauses.PauseHost, AdmissionHost, Protocol):
     @property
     def current_reply(self) -> ReplyFn | None:
         """The reply of the request being handled."""
+
+    #: Which runs' children end with this (embedded) node's process (runs/binding.py).
+    node_binding: NodeBinding
 
     def reply_later(self, reply: ReplyFn, outcome: Outcome) -> None: ...
 
@@ -244,6 +248,8 @@ class RunLaunches:
             now=now,
             workflow_token=management.new_token(),
         )
+        parent = self._live.get(launch.parent_run_id) if launch.parent_run_id else None
+        live.ends_with = self._host.node_binding.ends_with(launch, parent)
         deadline_at = runplan.deadline_at(launch, now)
         self._live[run_id] = live
         self._host.record_event(

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from subagents_node.actors.child.procfs import ProcessIdentity
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.owner import ReplyFn
 from subagents_node.actors.runs import runplan, runstore
@@ -58,6 +59,10 @@ class LiveRun:
     #: replies that wait for them (a launch is answered once its first children run).
     unstarted: set[str] = field(default_factory=set)
     launch_replies: list[ReplyFn] = field(default_factory=list)
+    #: The embedded node its children's shims are bound to (actors/runs/binding.py): they stop
+    #: their trees if that process dies; None (and for a run adopted after a restart): they
+    #: outlive the node.
+    ends_with: ProcessIdentity | None = None
     #: R-RES-6: the live source run this chain's step 0 is, until it ends; then its output.
     attached: str | None = None
     attached_output: str = ""

@@ -25,7 +25,9 @@ RECOVERY = "recovery.json"
 
 def write_recovery(run_dir: Path, launch: Launch, descriptor: str) -> None:
     """Atomic, private write; raises OSError for the caller's rollback (R-FAN-6)."""
-    launch = launch.model_copy(update={"env": None})
+    # Nor the foreground command's pid: it names that process at launch time only, and a run
+    # relaunched from this record (rerun, resume) must not end with it (runs/binding.py).
+    launch = launch.model_copy(update={"env": None, "foreground_pid": None})
     # pydantic's own JSON serializer, in one piece: `json.dump` to a file takes the pure-Python
     # encoder, which cost a 200-child launch about 50 ms of the supervisor's time.
     text = (

@@ -54,6 +54,7 @@ from subagents_node.actors.runs import (
 )
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.appends import RunAppends
+from subagents_node.actors.runs.binding import NodeBinding
 from subagents_node.actors.runs.eventlog import RunEventLog
 from subagents_node.actors.runs.faults import FaultInjection
 from subagents_node.actors.runs.launches import RunLaunches
@@ -158,6 +159,7 @@ class RunSupervisor(OwnerActor):
         )
         self._settler = RunSettler(self, self._live, self._retention)
         self.unrecorded_stops = runrequests.UnrecordedStops(self.after_commit)  # RequestHost
+        self.node_binding = NodeBinding.from_settings(ctx.settings)  # LaunchHost
         self._launches = RunLaunches(self, self._live, self._pipelines)
         self.continuing = self._launches.continuing  # RequestHost: a continuation admitted now
         self._restart = RunRestart(self, self._live, self._outbox, self._launches, self._retention)

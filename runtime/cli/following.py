@@ -11,6 +11,7 @@ never builds a launch.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -254,7 +255,10 @@ def launch_and_follow(
                 if signals.pending is None:
                     with signals.holding():
                         if isinstance(launch, Launch):
-                            started = client.runs.launch(launch)
+                            # This command follows it: on a node it embeds, the run's children
+                            # die with it, should it be killed with -9 (runs/binding.py).
+                            own = {"foreground_pid": os.getpid()}
+                            started = client.runs.launch(launch.model_copy(update=own))
                         else:
                             started = launch(client)
                     shown = Shown()  # a follow taken over goes on from there

@@ -6,7 +6,10 @@ stopped however the block ends), the temporary state dir's life and the stop of 
 going in it when the `with` block ends: its shims outlive the node by design (a restarted
 node adopts them), but nothing can adopt children whose state dir was deleted, so they would
 run on unsupervised. It never touches a state dir the caller named: those runs stay for the
-next node.
+next node. Should the process die without leaving the block (kill -9), the shims of the runs
+nobody would adopt stop their trees themselves: it binds them to the process at spawn
+(`children_end_with_node`: every run with a temporary dir; with a named one, only a foreground
+command's own run and what that run launched, actors/runs/binding.py).
 """
 
 from __future__ import annotations
@@ -49,8 +52,12 @@ def embedded(
         check_options(options_class(state_dir=None, **options))
     except TypeError as exc:  # an unknown option: say which, as for any argument
         raise BadRequest(f"Node.embedded(): {exc}"[:200], reason="argument") from None
+    # Should this process die with -9 (nothing stops its runs then), the children nobody would
+    # adopt die with it: every one in a temporary dir; a foreground command's own run in a
+    # named one (actors/runs/binding.py). A program may say otherwise.
+    bound = {"children_end_with_node": "all" if state_dir is None else "foreground"}
     with temporary_state_dir(state_dir) as directory:
-        node = node_class(options_class(state_dir=directory, **options))
+        node = node_class(options_class(state_dir=directory, **{**bound, **options}))
         node.start()
         try:
             yield node

@@ -81,9 +81,9 @@ class NodeOptions:
     settings: dict[str, object] = field(default_factory=dict)
     #: Multi-host: serve worker nodes (needs a tcp `listen`, which may then be any address).
     home: bool = False
-    #: Multi-host: be a worker of the home at this tcp endpoint, as `name`, trusting
-    #: `home_key` (the home's server public key) and offering `client_key` (a key file; the
-    #: state dir's client key by default), which the home must allow under `name`.
+    #: Multi-host: be a worker of the home at this tcp endpoint, as `name`, trusting `home_key`
+    #: (the home's server public key), offering `client_key` (a key file; the state dir's
+    #: by default), which the home must allow under `name`.
     join: str = ""
     home_key: str = ""
     name: str = ""
@@ -94,9 +94,9 @@ class NodeOptions:
     #: How long a worker waits for the home to answer a forwarded request.
     remote_timeout_s: float = 5.0
     #: The containment probe, started early by whoever knows the state dir and setting first
-    #: (`start` runs it while this module loads); `start()` probes itself without one, or
-    #: when it was started for another state dir or setting.
+    #: (`start`: as this module loads); `start()` probes itself without one, or another's.
     containment_probe: ContainmentProbe | None = None
+    children_end_with_node: str = "never"  # Node.embedded() sets it: actors/runs/binding.py
 
 
 class Node:
@@ -125,8 +125,8 @@ class Node:
         self._curve: CurveGuard | None = None
         self._home: HomeService | None = None
         self._book: AddressBook | None = None
-        #: A home's ledger owners' own tcp endpoints (owner -> endpoint), and the latest word
-        #: on their tcp peers (what an owner forked now starts with).
+        #: A home's ledger owners' tcp endpoints (owner -> endpoint), and the latest word on
+        #: their tcp peers (what an owner forked now starts with).
         self._owner_tcp: dict[str, str] = {}
         self._peers = OwnerPeerTable()
         self._clients: list[Client] = []

@@ -31,6 +31,8 @@ MIN_FRAME, MAX_FRAME = 1024, (1 << 31) - 1
 #: The longest interval or wait an option may name (a week, as a client's timeout).
 MAX_SECONDS = 7 * 24 * 3600.0
 SYNCHRONOUS = ("NORMAL", "FULL")
+#: Which runs' children die with an embedded node's process (actors/runs/binding.py's modes).
+CHILDREN_END_WITH_NODE = ("never", "foreground", "all")
 
 
 def _refuse(field: str, domain: str, value: object) -> BadRequest:
@@ -79,6 +81,9 @@ def check_options(opts: NodeOptions) -> None:
     _int(opts, "restart_max", 0, 1_000_000)
     if opts.synchronous not in SYNCHRONOUS:
         raise _refuse("synchronous", "'NORMAL' or 'FULL'", opts.synchronous)
+    if opts.children_end_with_node not in CHILDREN_END_WITH_NODE:
+        shown = " or ".join(repr(mode) for mode in CHILDREN_END_WITH_NODE)
+        raise _refuse("children_end_with_node", shown, opts.children_end_with_node)
     for field in ("restart_window_s", "heartbeat_s", "heartbeat_timeout_s", "remote_timeout_s"):
         _seconds(opts, field)
     settings = opts.settings

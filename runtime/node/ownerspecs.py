@@ -63,6 +63,7 @@ def owner_specs(
         "runs_address": peers[owners.RUNS],
         "node_pid": os.getpid(),
         "cgroup_base": cgroup_base,
+        "children_end_with_node": options.children_end_with_node,
     }
     specs = []
     secret = server_keypair(state_dir).secret if owner_tcp else ""

@@ -50,6 +50,7 @@ NODE_KEYS = (
     "node_pid",
     "cgroup_base",
     "caps_child_logs",
+    "children_end_with_node",
 )
 CONFIG_KEYS = tuple(Settings.model_fields)
 KNOWN_KEYS = CONFIG_KEYS + TEST_KEYS

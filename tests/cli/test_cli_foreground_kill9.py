@@ -1,0 +1,208 @@
+"""A foreground `run` killed with -9 takes its whole tree with it, as Ctrl-C does.
+
+With no node running, a foreground `run` embeds one in its own process. Ctrl-C stops the run
+(every process of its tree, `setsid()` daemons included) before the command exits; kill -9
+gives the command no such chance, and the child shims, which outlive their node by design so
+that the next node adopts them, used to keep the whole tree running until its deadline (30
+minutes by default), with nobody following it. The shims of the command's own run are now bound
+to its process at spawn: when it dies they stop the tree as `stop` does, record the end, and
+exit; a later node on the state dir settles the run `stopped`, never `complete`. A detached
+node's children still outlive it (tests/actors/runs/test_runs_recovery.py,
+`test_r_run_5_node_kill_9_and_restart_settles_exited_children_with_their_exit_status`), and
+so do the runs of a program that embeds a node on a named state dir
+(`test_a_program_embedding_a_node_exits_while_a_background_child_runs_on`). Real CLI
+processes, real nodes, real children; every wait is on an event or a condition, with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from subagents_node.node.node import Node
+from tests.support.foreground import cli_command
+from tests.support.nodes import REPO
+from tests.support.runs import (
+    EXAMPLE_AGENTS,
+    WAIT_S,
+    Gate,
+    process_gone,
+    script_agents,
+    wait_gone,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+#: The sleeper's task: a long sleep, a grandchild in its group and a `setsid()` daemon, their
+#: pids written to the FIFO once all three run (examples/agents/sleeper.py).
+_TASK = "seconds=600 grandchild=1 daemon=600 ready={fifo}"
+
+#: A program that embeds a node with a temporary state dir, launches the sleeper in the
+#: background and waits (until it is killed): nobody could adopt that child, the directory's
+#: name being known to this process only. Prints the state dir once the child runs.
+_EMBED_AND_WAIT = """\
+import sys, threading
+import subagents_node
+from tests.support.runs import launch_context
+
+with subagents_node.Node.embedded() as node:
+    ctx = launch_context()
+    node.client().runs.launch(ctx.single("sleeper", sys.argv[1], True, None))
+    print(node.state_dir, flush=True)
+    threading.Event().wait()
+"""
+
+
+@pytest.fixture
+def orphans_dir() -> Iterator[Path]:
+    """A short state dir of this test's own (ipc socket paths must stay under 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="orphans-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _read_pids(fifo: Path, proc: subprocess.Popen[str]) -> list[int]:
+    """The sleeper's three pids, once it wrote them; fails (bounded) when it never does."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    reader.join(WAIT_S)
+    if reader.is_alive():  # unblock the reader: it must not outlive the test
+        with open(fifo, "w"):
+            pass
+        proc.kill()
+        raise AssertionError(f"the sleeper never wrote its pids: {proc.communicate()}")
+    pids = [int(p) for p in got[0].split()]
+    assert len(pids) == 3 and all(pids), got
+    return pids
+
+
+def _shim_pids(state_dir: Path, run_id: str = "*") -> list[int]:
+    """Every shim that claimed a child of the run(s) (runs/<id>/child-<i>/shim.json)."""
+    return [
+        int(json.loads(path.read_text())["shim_pid"])
+        for path in (state_dir / "runs").glob(f"{run_id}/child-*/shim.json")
+    ]
+
+
+def _assert_gone(pids: list[int]) -> None:
+    try:
+        for pid in pids:
+            wait_gone(pid, WAIT_S)
+    finally:
+        for pid in pids:  # a failed check must not leave sleepers behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _foreground_sleeper(state_dir: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """A foreground `run` of the sleeper (its node embedded, none serving the dir before), and
+    the pids of its child, grandchild and setsid() daemon once they all run."""
+    fifo = state_dir.parent / f"{state_dir.name}.ready"
+    os.mkfifo(fifo)
+    try:
+        command = cli_command(
+            state_dir,
+            "run",
+            "--agents-dir",
+            str(EXAMPLE_AGENTS),
+            "sleeper",
+            _TASK.format(fifo=fifo),
+        )
+        return command, _read_pids(fifo, command)
+    finally:
+        fifo.unlink()
+
+
+def test_a_foreground_run_killed_with_9_ends_its_child_grandchild_and_setsid_daemon(
+    orphans_dir: Path,
+) -> None:
+    """They used to run on until the child's deadline (the sleeper's: 10 minutes), and a node
+    started later on the state dir adopted them as a run still going."""
+    command, pids = _foreground_sleeper(orphans_dir)
+    shims = _shim_pids(orphans_dir)
+    assert len(shims) == 1, shims
+
+    command.kill()
+    command.communicate(timeout=WAIT_S)
+    _assert_gone([*pids, *shims])
+
+    with Node.embedded(state_dir=orphans_dir) as node:  # the next node reads what they left
+        client = node.client()
+        [run] = client.runs.list(limit=10)
+        final = client.runs.wait(run.run_id, timeout=WAIT_S)
+    assert (final.state, final.children[0].state) == ("stopped", "stopped"), final
+    assert "killed" in (final.children[0].error or ""), final.children[0]
+
+
+def test_a_program_killed_with_9_inside_an_embedded_node_with_a_temporary_dir_ends_its_runs(
+    tmp_path: Path,
+) -> None:
+    """Nothing can adopt those children (the directory's name died with the program); they
+    used to run on, unsupervised, until their deadline."""
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    program = subprocess.Popen(
+        [sys.executable, "-c", _EMBED_AND_WAIT, _TASK.format(fifo=fifo)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    pids = _read_pids(fifo, program)
+    assert program.stdout is not None
+    state_dir = Path(program.stdout.readline().strip())  # printed once the launch returned
+    try:
+        shims = wait_until(lambda: _shim_pids(state_dir), what="the child's shim record")
+
+        program.kill()
+        program.communicate(timeout=WAIT_S)
+        _assert_gone([*pids, *shims])
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)  # the program died before removing it
+
+
+def test_another_commands_background_run_on_a_killed_foreground_runs_node_runs_on_for_the_next(
+    orphans_dir: Path,
+) -> None:
+    """Only the killed command's own run ends with it: a `run --async` that found its node
+    serving keeps running (its shim outlives the node as any shim does) and the next node on
+    the state dir adopts it and settles it from its true end."""
+    gate = Gate(orphans_dir)
+    try:
+        command, pids = _foreground_sleeper(orphans_dir)
+        agents = script_agents(orphans_dir / "agents")
+        background = cli_command(
+            orphans_dir, "run", "--agents-dir", str(agents), "--async", "gate", str(gate.path)
+        )
+        out, err = background.communicate(timeout=WAIT_S)
+        assert background.returncode == 0, err
+        [held] = gate.accept(1)
+        run_id = out.strip()
+        [held_shim] = _shim_pids(orphans_dir, run_id)
+        own_shims = [pid for pid in _shim_pids(orphans_dir) if pid != held_shim]
+
+        command.kill()
+        command.communicate(timeout=WAIT_S)
+        _assert_gone([*pids, *own_shims])
+        assert not process_gone(held.pid) and not process_gone(held_shim)
+
+        with Node.embedded(state_dir=orphans_dir) as node:
+            client = node.client()
+            held.release(0)
+            final = client.runs.wait(run_id, timeout=WAIT_S)
+        assert final.state == "complete" and "released 0" in final.output, final
+    finally:
+        gate.close()
