@@ -1,17 +1,20 @@
 """A foreground `run` killed with -9 takes its whole tree with it, as Ctrl-C does.
 
 With no node running, a foreground `run` embeds one in its own process. Ctrl-C stops the run
-(every process of its tree, `setsid()` daemons included) before the command exits; kill -9
-gives the command no such chance, and the child shims, which outlive their node by design so
-that the next node adopts them, used to keep the whole tree running until its deadline (30
-minutes by default), with nobody following it. The shims of the command's own run are now bound
-to its process at spawn: when it dies they stop the tree as `stop` does, record the end, and
-exit; a later node on the state dir settles the run `stopped`, never `complete`. A detached
-node's children still outlive it (tests/actors/runs/test_runs_recovery.py,
-`test_r_run_5_node_kill_9_and_restart_settles_exited_children_with_their_exit_status`), and
-so do the runs of a program that embeds a node on a named state dir
-(`test_a_program_embedding_a_node_exits_while_a_background_child_runs_on`). Real CLI
-processes, real nodes, real children; every wait is on an event or a condition, with a deadline.
+(every process of its tree, `setsid()` daemons included) before the command exits; kill -9 gives
+the command no such chance, and the child shims, which outlive their node by design so that the
+next node adopts them, used to keep the whole tree running until its deadline (30 minutes by
+default), with nobody following it. The shims of the command's own run are now bound to its
+process at spawn: when it dies they stop the tree as `stop` does, record the end, and exit; a
+later node on the state dir settles the run `stopped`, never `complete`. So do the runs that run
+launched (nested runs), and every run of a program's `Node.embedded()` with a temporary state
+dir, which nobody could adopt. Another command's run on the killed node is not bound: the next
+node adopts it, as after any node's loss. A detached node's children still outlive it
+(tests/actors/runs/test_runs_recovery.py,
+`test_r_run_5_node_kill_9_and_restart_settles_exited_children_with_their_exit_status`), and so
+do the runs of a program that embeds a node on a named state dir
+(`test_a_program_embedding_a_node_exits_while_a_background_child_runs_on`). Real CLI processes,
+real nodes, real children; every wait is on an event or a condition, with a deadline.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from tests.support.runs import (
     script_agents,
     wait_gone,
     wait_until,
+    write_agent,
 )
 
 pytestmark = pytest.mark.slow
@@ -62,6 +66,20 @@ with subagents_node.Node.embedded() as node:
     node.client().runs.launch(ctx.single("sleeper", sys.argv[1], True, None))
     print(node.state_dir, flush=True)
     threading.Event().wait()
+"""
+
+
+#: A fan-out agent that launches the sleeper (its task) as a nested background run on its node
+#: (`run --async`: that launcher exits at once; only the nested run's shim holds the sleeper),
+#: then sleeps until it is ended.
+_NESTING_AGENT = """\
+import subprocess, sys, time
+subprocess.run(
+    [sys.executable, "-m", "subagents_node", "run", "--async", "--agents-dir", sys.argv[2],
+     "sleeper", sys.argv[1]],
+    check=True, stdout=subprocess.DEVNULL,
+)
+time.sleep(600)
 """
 
 
@@ -107,20 +125,17 @@ def _assert_gone(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _foreground_sleeper(state_dir: Path) -> tuple[subprocess.Popen[str], list[int]]:
-    """A foreground `run` of the sleeper (its node embedded, none serving the dir before), and
-    the pids of its child, grandchild and setsid() daemon once they all run."""
+def _foreground_sleeper(
+    state_dir: Path, agent: str = "sleeper", agents: Path = EXAMPLE_AGENTS
+) -> tuple[subprocess.Popen[str], list[int]]:
+    """A foreground `run` of `agent` with the sleeper's task (its node embedded, none serving
+    the dir before), and the pids of the sleeper, its grandchild and its setsid() daemon once
+    they all run."""
     fifo = state_dir.parent / f"{state_dir.name}.ready"
     os.mkfifo(fifo)
     try:
-        command = cli_command(
-            state_dir,
-            "run",
-            "--agents-dir",
-            str(EXAMPLE_AGENTS),
-            "sleeper",
-            _TASK.format(fifo=fifo),
-        )
+        task = _TASK.format(fifo=fifo)
+        command = cli_command(state_dir, "run", "--agents-dir", str(agents), agent, task)
         return command, _read_pids(fifo, command)
     finally:
         fifo.unlink()
@@ -145,6 +160,35 @@ def test_a_foreground_run_killed_with_9_ends_its_child_grandchild_and_setsid_dae
         final = client.runs.wait(run.run_id, timeout=WAIT_S)
     assert (final.state, final.children[0].state) == ("stopped", "stopped"), final
     assert "killed" in (final.children[0].error or ""), final.children[0]
+
+
+def test_a_foreground_run_killed_with_9_ends_the_runs_its_child_launched_too(
+    orphans_dir: Path,
+) -> None:
+    """Ctrl-C stops a run and the runs it launched (R-WF-10); so does kill -9 now. The nested
+    run's sleeper used to run on under its shim, with its launcher long gone."""
+    agents = orphans_dir / "agents"
+    write_agent(
+        agents,
+        "nesting",
+        "Launches its task as a nested background sleeper, then sleeps.",
+        f'["{{python}}", "{{agent_dir}}/nesting.py", "{{task}}", "{EXAMPLE_AGENTS}"]',
+        fanout="true",
+    )
+    (agents / "nesting.py").write_text(_NESTING_AGENT)
+    command, pids = _foreground_sleeper(orphans_dir, "nesting", agents)
+    shims = _shim_pids(orphans_dir)
+    assert len(shims) == 2, shims  # the nesting agent's and the nested sleeper's
+
+    command.kill()
+    command.communicate(timeout=WAIT_S)
+    _assert_gone([*pids, *shims])
+
+    with Node.embedded(state_dir=orphans_dir) as node:
+        client = node.client()
+        runs = client.runs.list(limit=10)
+        finals = [client.runs.wait(run.run_id, timeout=WAIT_S) for run in runs]
+    assert sorted(run.state for run in finals) == ["stopped", "stopped"], finals
 
 
 def test_a_program_killed_with_9_inside_an_embedded_node_with_a_temporary_dir_ends_its_runs(
