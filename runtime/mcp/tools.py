@@ -4,7 +4,9 @@ Owns the mapping from a tool call to client calls and back to text a model reads
 same facts as structured content). Every launch is built by `LaunchContext`, exactly as the
 CLI builds it, and sent through `AsyncClient` (the `Client` API for asyncio), so a call the MCP
 client cancels stops waiting at once; the ledgers' decisions are the node's. A foreground run
-whose call is cancelled is stopped, as Ctrl-C stops a foreground `subagents-node run`.
+whose call is cancelled is stopped, as Ctrl-C stops a foreground `subagents-node run`, and
+carries the server's pid: on a node the server embeds, its children end with the server should
+it be killed with -9 (actors/runs/binding.py).
 Refusals are not handled here: they propagate as `SubagentsError` and the server turns each
 into a tool error carrying the ledger's message.
 
@@ -123,6 +125,8 @@ class LauncherTools:
             agents_dirs,
             cwd,
         )
+        if not launch.background:  # followed here: on the node this server embeds, its children
+            launch = launch.model_copy(update={"foreground_pid": os.getpid()})  # end with it
         # Shielded: a cancel that came while the launch was on its way would leave a started
         # run nobody stops; once it is known, the next await (the wait) takes the cancel.
         with anyio.CancelScope(shield=True):

@@ -7,9 +7,10 @@ next node adopts them, used to keep the whole tree running until its deadline (3
 default), with nobody following it. The shims of the command's own run are now bound to its
 process at spawn: when it dies they stop the tree as `stop` does, record the end, and exit; a
 later node on the state dir settles the run `stopped`, never `complete`. So do the runs that run
-launched (nested runs), and every run of a program's `Node.embedded()` with a temporary state
-dir, which nobody could adopt. Another command's run on the killed node is not bound: the next
-node adopts it, as after any node's loss. A detached node's children still outlive it
+launched (nested runs), and so does a foreground run of `subagents-node mcp` on the node it
+embeds, and every run of a program's `Node.embedded()` with a temporary state dir, which nobody
+could adopt. Another command's run on the killed node is not bound: the next node adopts it, as
+after any node's loss. A detached node's children still outlive it
 (tests/actors/runs/test_runs_recovery.py,
 `test_r_run_5_node_kill_9_and_restart_settles_exited_children_with_their_exit_status`), and so
 do the runs of a program that embeds a node on a named state dir
@@ -250,3 +251,47 @@ def test_another_commands_background_run_on_a_killed_foreground_runs_node_runs_o
         assert final.state == "complete" and "released 0" in final.output, final
     finally:
         gate.close()
+
+
+def _mcp_frame(server: subprocess.Popen[str], frame: dict[str, object]) -> None:
+    assert server.stdin is not None
+    server.stdin.write(json.dumps({"jsonrpc": "2.0", **frame}) + "\n")
+    server.stdin.flush()
+
+
+def test_an_mcp_server_killed_with_9_ends_the_tree_of_its_foreground_run_on_its_own_node(
+    orphans_dir: Path,
+) -> None:
+    """With no node to use, `subagents-node mcp` embeds one; TERM, HUP and INT stop its
+    foreground run first, but an agent CLI that crashes (or is killed) takes the server with
+    it at once: the run's child, grandchild and setsid() daemon used to run on."""
+    fifo = orphans_dir.parent / f"{orphans_dir.name}.mcp-ready"
+    os.mkfifo(fifo)
+    env = {k: v for k, v in os.environ.items() if k != "SUBAGENTS_NODE"}
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "subagents_node", "--state-dir", str(orphans_dir)),
+            *("mcp", "--agents-dir", str(EXAMPLE_AGENTS)),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+        _mcp_frame(server, {"id": 0, "method": "initialize", "params": init})
+        _mcp_frame(server, {"method": "notifications/initialized"})
+        task = _TASK.format(fifo=fifo)
+        call = {"name": "run", "arguments": {"agent": "sleeper", "task": task}}
+        _mcp_frame(server, {"id": 1, "method": "tools/call", "params": call})
+        pids = _read_pids(fifo, server)
+    finally:
+        fifo.unlink()
+    shims = _shim_pids(orphans_dir)
+
+    server.kill()
+    server.communicate(timeout=WAIT_S)
+    _assert_gone([*pids, *shims])
