@@ -19,6 +19,7 @@ import pytest
 
 from subagents_node.client.client import connect
 from tests.support.foreground import (
+    LOSSES,
     StderrLines,
     cli_command,
     lose_and_see_taken_over,
@@ -42,13 +43,6 @@ def main(runs):
     sock.sendall(f"{{os.getpid()}}\\n".encode())
     return "released " + sock.recv(64).decode().strip()
 """
-
-
-def _stop(node: NodeProcess) -> None:
-    assert node.stop().returncode == 0
-
-
-_LOSSES: dict[str, Callable[[NodeProcess], None]] = {"stopped": _stop, "killed": NodeProcess.kill}
 
 
 def _across_a_lost_node(
@@ -84,7 +78,7 @@ def _shown_once(child: str, end: str, run_end: str) -> Counter[str]:
     )
 
 
-@pytest.mark.parametrize("loss", sorted(_LOSSES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 @pytest.mark.parametrize("exit_code", [0, 5])
 def test_a_rerun_whose_node_is_lost_follows_on_to_its_true_end_showing_each_line_once(
     state_dir: Path,
@@ -108,7 +102,7 @@ def test_a_rerun_whose_node_is_lost_follows_on_to_its_true_end_showing_each_line
     command = cli_command(state_dir, "rerun", source.run_id, "--task", str(gate.path))
     commands.append(command)
 
-    out, lines = _across_a_lost_node(command, gate, node, _LOSSES[loss], exit_code)
+    out, lines = _across_a_lost_node(command, gate, node, LOSSES[loss], exit_code)
 
     assert command.returncode == (0 if exit_code == 0 else 1), (out, lines)
     assert f"released {exit_code}" in out  # the adopted child's own output
@@ -121,7 +115,7 @@ def test_a_rerun_whose_node_is_lost_follows_on_to_its_true_end_showing_each_line
     assert shown[-1].startswith("run R "), lines
 
 
-@pytest.mark.parametrize("loss", sorted(_LOSSES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_a_foreground_workflow_whose_node_is_lost_follows_its_host_on_to_its_result(
     state_dir: Path,
     gate: Gate,
@@ -137,7 +131,7 @@ def test_a_foreground_workflow_whose_node_is_lost_follows_its_host_on_to_its_res
     command = cli_command(state_dir, "workflow", str(script))
     commands.append(command)
 
-    out, lines = _across_a_lost_node(command, gate, node, _LOSSES[loss], 0)
+    out, lines = _across_a_lost_node(command, gate, node, LOSSES[loss], 0)
 
     assert command.returncode == 0, (out, lines)
     assert "result: " in out and "released 0" in out, out  # the script's own value
@@ -188,7 +182,7 @@ def test_a_workflow_awaiting_a_child_when_its_node_stops_awaits_it_on_the_next_n
     assert "released 0" in final.output, final.output
 
 
-@pytest.mark.parametrize("loss", sorted(_LOSSES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_wait_whose_node_is_lost_follows_on_and_prints_each_runs_end_once(
     state_dir: Path,
     agents: Path,
@@ -213,7 +207,7 @@ def test_wait_whose_node_is_lost_follows_on_and_prints_each_runs_end_once(
     gated.pop(pid or 0).release(0)
     stdout.wait_for(f"^run {ids[0]} complete$")  # printed while its node served
 
-    lose_and_see_taken_over(stderr, lambda: _LOSSES[loss](node))
+    lose_and_see_taken_over(stderr, lambda: LOSSES[loss](node))
     [rest] = gated.values()
     rest.release(0)
 

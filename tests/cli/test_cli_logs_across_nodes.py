@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.client import connect
-from tests.support.foreground import StderrLines, cli_command, lose_and_see_taken_over
+from tests.support.foreground import (
+    LOSSES,
+    StderrLines,
+    cli_command,
+    lose_and_see_taken_over,
+    stop_cleanly,
+)
 from tests.support.foreground import commands as commands
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -46,13 +52,6 @@ lines(21, 40)
 _LINES = [f"single stdout | line {number}" for number in range(1, 41)]
 
 
-def _stop(node: NodeProcess) -> None:
-    assert node.stop().returncode == 0
-
-
-_LOSSES: dict[str, Callable[[NodeProcess], None]] = {"stopped": _stop, "killed": NodeProcess.kill}
-
-
 def _pacing_run(agents: Path, gate: Gate, node: NodeProcess) -> str:
     """A background run of the pacer on `node`; its id."""
     (agents / "pacer.py").write_text(_PACER)
@@ -67,7 +66,7 @@ def _pacing_run(agents: Path, gate: Gate, node: NodeProcess) -> str:
         return client.runs.launch(launch).run_id
 
 
-@pytest.mark.parametrize("loss", sorted(_LOSSES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_logs_follow_whose_node_is_lost_goes_on_on_the_next_node_printing_each_line_once(
     state_dir: Path,
     agents: Path,
@@ -85,7 +84,7 @@ def test_logs_follow_whose_node_is_lost_goes_on_on_the_next_node_printing_each_l
     stdout, stderr = StderrLines(command, stdout=True), StderrLines(command)
     stdout.wait_for(r"\| line 5$")  # mid-stream: printed while its node served
 
-    lose_and_see_taken_over(stderr, lambda: _LOSSES[loss](node))
+    lose_and_see_taken_over(stderr, lambda: LOSSES[loss](node))
     start_node(state_dir=state_dir)  # `start --detach`: the next node adopts the run
     [child] = gate.accept(1)
     child.release(0)  # lines 21-40 are written once the next node serves
@@ -116,7 +115,7 @@ def test_logs_follow_whose_node_does_not_come_back_ends_after_node_wait_with_exi
     stdout.wait_for(r"\| line 5$")
 
     lost_from = time.monotonic()  # the wait starts once the command saw the node go
-    lose_and_see_taken_over(stderr, lambda: _stop(node))
+    lose_and_see_taken_over(stderr, lambda: stop_cleanly(node))
     lines = stderr.to_end()
     waited = time.monotonic() - lost_from
     printed = stdout.to_end()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.runs import WATCH_WAIT_S
-from tests.support.nodes import REPO
+from tests.support.nodes import REPO, NodeProcess
 from tests.support.runs import WAIT_S
 
 
@@ -84,6 +84,17 @@ class StderrLines:
         while not self.ended:
             assert self._read(deadline) or self.ended, f"stderr still open: {self.lines}"
         return self.lines
+
+
+def stop_cleanly(node: NodeProcess) -> None:
+    assert node.stop().returncode == 0
+
+
+#: The ways a node goes under a following command: `stop`, and kill -9.
+LOSSES: dict[str, Callable[[NodeProcess], None]] = {
+    "stopped": stop_cleanly,
+    "killed": NodeProcess.kill,
+}
 
 
 def lose_and_see_taken_over(stderr: StderrLines, lose: Callable[[], object]) -> None:
