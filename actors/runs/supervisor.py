@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.faults import FaultInjection
 from subagents_node.actors.inbox import DEFERRED, Tick
 from subagents_node.actors.outcomes import STORE_FULL_RETRY_S
 from subagents_node.actors.owner import Outcome, OwnerActor
@@ -56,7 +57,6 @@ from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.appends import RunAppends
 from subagents_node.actors.runs.binding import NodeBinding
 from subagents_node.actors.runs.eventlog import RunEventLog
-from subagents_node.actors.runs.faults import FaultInjection
 from subagents_node.actors.runs.launches import RunLaunches
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.outbox import Outbox
@@ -120,7 +120,7 @@ class RunSupervisor(OwnerActor):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         injection = FaultInjection(ctx)
-        #: Fault injection (tests, runs/faults.py): inert on a node started without faults.
+        #: Fault injection (tests, actors/faults.py): inert on a node started without faults.
         self.faults, self.fault_points = injection.live, injection.points
         self.crash_point = injection.crash
         self._live: dict[str, LiveRun] = {}

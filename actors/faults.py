@@ -1,9 +1,11 @@
-"""Fault injection for the run supervisor: live only on a node started with faults (tests).
+"""Fault injection for the owners: live only on a node started with faults (tests).
 
 Owns the reading of the fault settings once per process: which admission steps must fail with
-a typed error (`points`), and where the node must die as a power cut or an OOM kill would
-(`crash`), so tests can prove that no step of a launch leaves a stuck run. It must never act on
-a node started without faults.
+a typed error (`points`, the run supervisor's), and where the node must die as a power cut or
+an OOM kill would (`crash`: the run supervisor's launch steps, the fan-out owner's recorded
+claim), so tests can prove that no step of a launch leaves a stuck run and that a request
+whose answer was lost is safe to send again. It must never act on a node started without
+faults.
 """
 
 from __future__ import annotations
