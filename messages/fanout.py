@@ -228,7 +228,13 @@ class ValidateDescriptor(Request):
 
 
 class ClaimPaths(Request):
-    """Claim one permanent unit per path, all or nothing (R-FAN-13/14/15)."""
+    """Claim one permanent unit per path, all or nothing (R-FAN-13/14/15).
+
+    With `claim_id` (any id its caller picks once per batch, a uuid) the batch is made at most
+    once: sent again with the same id and the same paths (its first answer was lost with its
+    node), it claims nothing more and answers the budget as it stands; with other paths it is
+    refused. Paths alone cannot tell a batch sent again from a new one: they are labels, not
+    keys (R-FAN-11)."""
 
     type: Literal["fanout.claim"] = "fanout.claim"
     target: ClassVar[str] = FANOUT
@@ -236,6 +242,7 @@ class ClaimPaths(Request):
 
     descriptor: FanoutDescriptor
     paths: list[ClaimPath] = Field(max_length=MAX_PATHS)
+    claim_id: Token | None = None
 
 
 class ReservePaths(Request):

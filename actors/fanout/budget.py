@@ -3,8 +3,9 @@
 Owns the tables `fanout_budgets` (the manifest and its running `used` count), `fanout_claims`
 (one row per claim, kept until a reservation that holds it ends without commit or its budget has
 been idle for the retention period: compaction.py) and `fanout_reservations` (two-phase claims:
-pending → committed | aborted | expired), plus one timer that fires at the earliest pending
-deadline and the compaction's own.
+pending → committed | aborted | expired; a claim made with its caller's id is one committed at
+once, so that batch sent again claims nothing more), plus one timer that fires at the earliest
+pending deadline and the compaction's own.
 
 Decisions are serialized by the actor (R-FAN-13's budget-wide exclusion, no lock files) and a
 batch is one transaction (no partial claims, §17). The cost of a claim does not grow with the
@@ -36,10 +37,12 @@ from subagents_node.actors.context import ActorContext
 from subagents_node.actors.deadline import EarliestDeadline
 from subagents_node.actors.fanout import schema
 from subagents_node.actors.fanout.compaction import ClaimCompaction, CompactionDue
+from subagents_node.actors.faults import FaultInjection
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
+    BadRequest,
     FanoutBudgetUnavailable,
     FanoutDescriptorMismatch,
     FanoutLimitExceeded,
@@ -95,6 +98,7 @@ class FanoutBudget(OwnerActor):
         self._expiry = EarliestDeadline(self.after, ctx.clock, ReservationsDue)
         retention_days = float(ctx.settings.get("run_retention_days", 0.0))
         self._compaction = ClaimCompaction(retention_days * 86_400, self.after, ctx.clock)
+        self._faults = FaultInjection(ctx)  # tests only: inert without faults
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
@@ -148,8 +152,45 @@ class FanoutBudget(OwnerActor):
         self._expire_due(self.ctx.clock())
         if not req.paths:
             return self._manifest(req.descriptor)
+        if req.claim_id is not None:
+            return self._claim_once(req, req.claim_id)
         # _admit checks the manifest itself: the common claim reads nothing before it writes.
         return self._admit(req.descriptor, req.paths, reservation_id=None)
+
+    def _claim_once(self, req: ClaimPaths, claim_id: str) -> FanoutSnapshot:
+        """A batch with its caller's id, made at most once: stored as a reservation committed
+        at once under that id (settled reservations are kept, compaction.py), so the same
+        batch sent again is found and claims nothing more, however full the budget is now."""
+        descriptor = req.descriptor
+        qualified = [qualify(descriptor.parent_path, p) for p in req.paths]
+        row = self.db.execute(
+            f"SELECT budget_id, claims, state, {schema.RESERVATION_PROBLEM} "
+            "FROM fanout_reservations WHERE reservation_id = ?",
+            (claim_id,),
+        ).fetchone()
+        if row is not None:
+            if row[3] is not None:
+                raise self._refused(schema.RESERVATIONS, claim_id, str(row[3]))
+            held = [str(path) for (path,) in self.db.execute(schema.CLAIM_PATHS, (claim_id,))]
+            made = (str(row[0]), int(row[1]), str(row[2]))
+            # Its claim rows may be compacted already: then its count and budget must do.
+            if made != (descriptor.budget_id, len(qualified), "committed") or (
+                held and held != qualified
+            ):
+                raise BadRequest(
+                    f"claim id {claim_id} was used for another claim; pick a new id per batch",
+                    reason="claim_id",
+                    field="claim_id",
+                )
+            return self._manifest(descriptor)
+        self._manifest(descriptor)  # an unknown budget is refused before anything is written
+        now = self.ctx.clock()
+        row = (claim_id, descriptor.budget_id, len(qualified), now)
+        self.db.execute(schema.INSERT_CLAIMED, row)
+        snapshot = self._admit(descriptor, req.paths, claim_id)  # a rejection undoes the row
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("claim_recorded"))  # recorded, not yet answered
+        return snapshot
 
     def reserve(self, req: ReservePaths) -> ReservationGrant:
         now = self.ctx.clock()

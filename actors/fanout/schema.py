@@ -62,6 +62,16 @@ INSERT_CLAIM = (
     "VALUES (?, ?, ?, ?, ?)"
 )
 
+#: A claim made with its caller's id (fanout.claim `claim_id`): a reservation committed at
+#: once, under that id. Parameters: claim_id, budget_id, claims, now.
+INSERT_CLAIMED = (
+    "INSERT INTO fanout_reservations"
+    "(reservation_id, budget_id, claims, state, created_at, expires_at, settled_at) "
+    "VALUES (?1, ?2, ?3, 'committed', ?4, ?4, ?4)"
+)
+#: The paths a reservation (or a claim made with an id) holds, in the order it claimed them.
+CLAIM_PATHS = "SELECT path FROM fanout_claims WHERE reservation_id = ? ORDER BY seq"
+
 BUDGETS = "fanout_budgets"
 RESERVATIONS = "fanout_reservations"
 BUDGET_CHECKS = (

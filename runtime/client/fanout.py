@@ -5,6 +5,7 @@ every refusal is a typed error from `subagents_node.messages.fanout`::
 
     desc = c.fanout.create(root_run_id="r1", limit=64)          # FanoutDescriptor
     snap = c.fanout.claim(desc, ["tasks[0]", "tasks[1]"])       # FanoutSnapshot
+    c.fanout.claim(desc, ["tasks[2]"], claim_id=uuid)           # made once, however often sent
     res = c.fanout.reserve(desc, ["chain[3]"], ttl_s=30)        # Reservation
     res.commit()                                                # or res.abort()
     c.fanout.snapshot(desc); c.fanout.validate(desc)
@@ -88,8 +89,12 @@ def path_list(paths: Iterable[str]) -> list[str]:
     return list(paths)
 
 
-def claim_plan(descriptor: DescriptorLike, paths: Iterable[str]) -> Plan[FanoutSnapshot]:
-    request = build(ClaimPaths, descriptor=as_descriptor(descriptor), paths=path_list(paths))
+def claim_plan(
+    descriptor: DescriptorLike, paths: Iterable[str], claim_id: str | None = None
+) -> Plan[FanoutSnapshot]:
+    request = build(
+        ClaimPaths, descriptor=as_descriptor(descriptor), paths=path_list(paths), claim_id=claim_id
+    )
     return one(request, FanoutSnapshot)
 
 
@@ -208,9 +213,12 @@ class FanoutAPI:
         """The descriptor checked against its manifest (R-FAN-3)."""
         return self._client.perform(validate_plan(descriptor))
 
-    def claim(self, descriptor: DescriptorLike, paths: Iterable[str]) -> FanoutSnapshot:
-        """Claim one unit per path, all or nothing; raises FanoutLimitExceeded (R-FAN-16)."""
-        return self._client.perform(claim_plan(descriptor, paths))
+    def claim(
+        self, descriptor: DescriptorLike, paths: Iterable[str], claim_id: str | None = None
+    ) -> FanoutSnapshot:
+        """Claim one unit per path, all or nothing; raises FanoutLimitExceeded (R-FAN-16).
+        With `claim_id` (one per batch) the same batch sent again claims nothing more."""
+        return self._client.perform(claim_plan(descriptor, paths, claim_id))
 
     def reserve(
         self, descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float

@@ -10,6 +10,7 @@ import base64
 import json
 import sqlite3
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -372,6 +373,51 @@ def test_r_fan_15_claims_are_permanent_across_a_node_restart(state_dir: Path) ->
         assert api.snapshot(desc) == FanoutSnapshot(used=2, limit=3, remaining=1)
         with pytest.raises(FanoutLimitExceeded):
             api.claim(desc, ["c", "d"])
+
+
+WORKFLOW_BATCH = ["workflow[a]", "workflow[b]", "workflow[c]"]
+
+
+def test_r_fan_13_a_batch_sent_again_with_its_claim_id_is_charged_once_even_when_it_filled_up(
+    shared: Node, fanout: FanoutAPI
+) -> None:
+    """A workflow host sends its admission again when its node was lost before answering:
+    with the same claim id it claims nothing more and is not refused for the room its own
+    first attempt took; a new batch still is (R-FAN-16), and nothing is refunded (R-FAN-15)."""
+    desc = extend(fanout.create("r1", 3), "w")
+    admission = uuid.uuid4().hex  # one per batch: ids are unique across every budget
+    first = fanout.claim(desc, WORKFLOW_BATCH, claim_id=admission)
+    assert first == FanoutSnapshot(used=3, limit=3, remaining=0)
+    assert fanout.claim(desc, WORKFLOW_BATCH, claim_id=admission) == first
+    with pytest.raises(FanoutLimitExceeded):
+        fanout.claim(desc, ["workflow[d]"], claim_id=uuid.uuid4().hex)
+    with pytest.raises(FanoutReservationCommitted):
+        fanout.abort(admission)
+    assert stored(
+        shared, "SELECT path FROM fanout_claims WHERE budget_id = ? ORDER BY seq", desc.budget_id
+    ) == [("w/workflow[a]",), ("w/workflow[b]",), ("w/workflow[c]",)]
+    assert fanout.snapshot(desc).used == 3
+
+
+def test_r_fan_13_a_claim_id_used_again_for_another_batch_is_refused_and_changes_nothing(
+    fanout: FanoutAPI,
+) -> None:
+    desc = fanout.create("r1", 5)
+    other = fanout.create("r2", 5)
+    admission = uuid.uuid4().hex
+    fanout.claim(desc, ["a", "b"], claim_id=admission)
+    for budget, paths in ((desc, ["a"]), (desc, ["a", "c"]), (other, ["a", "b"])):
+        with pytest.raises(BadRequest, match=f"claim id {admission} was used for another claim"):
+            fanout.claim(budget, paths, claim_id=admission)
+    assert (fanout.snapshot(desc).used, fanout.snapshot(other).used) == (2, 0)
+
+
+def test_r_fan_13_a_refused_batch_leaves_its_claim_id_unused(fanout: FanoutAPI) -> None:
+    desc = fanout.create("r1", 2)
+    admission = uuid.uuid4().hex
+    with pytest.raises(FanoutLimitExceeded):
+        fanout.claim(desc, ["a", "b", "c"], claim_id=admission)
+    assert fanout.claim(desc, ["a", "b"], claim_id=admission).used == 2
 
 
 def test_r_fan_16_rejection_names_first_path_that_does_not_fit(fanout: FanoutAPI) -> None:
