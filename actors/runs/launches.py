@@ -5,9 +5,11 @@ its steps), its answer held until the run's first children really run (their shi
 their pids) or failed to start, the run's record written and its first group started
 (`record_and_start`, the AdmissionHost's last step), and where the run came from (its lineage:
 a resume, a rerun, an attach; R-MISC-2's link to a live run it supersedes, which is stopped
-once that link has committed). The rules of what may be resumed or rerun are relaunch.py's,
-rerun.py's and attach.py's. It never blocks on another owner (the pipeline's calls come back as
-`Answer` ticks), and never answers a launch before the transaction that started its run commits.
+once that link has committed). A workflow host's child launch or `resume` item sent again for a
+key that launched already is answered with that key's run (workflowkeys.py, R-WF-4). The rules
+of what may be resumed or rerun are relaunch.py's, rerun.py's and attach.py's. It never
+blocks on another owner (the pipeline's calls come back as `Answer` ticks), and never answers a
+launch before the transaction that started its run commits.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from subagents_node.actors.runs.binding import NodeBinding
 from subagents_node.actors.runs.liverun import LiveRun, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Superseded
+from subagents_node.actors.runs.workflowkeys import ChildKey, KeyedLaunch, launched
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import BadRequest, RunNotResumable
@@ -97,6 +100,9 @@ class RunLaunches:
         #: (`superseded_by`) is written only with the rerun's record; until then a second rerun
         #: would pass the stored check and supersede the same run again (R-MISC-2).
         self._superseding: dict[str, str] = {}
+        #: Workflow children being admitted, by key: a request for the same key meanwhile
+        #: waits on that admission's answer (R-WF-4); the digest goes on the run's record.
+        self._keyed: dict[ChildKey, KeyedLaunch] = {}
 
     def launch_request(self, request: Launch) -> Message:
         if request.attached_run_id is not None:  # R-RES-6: only `runs.resume` attaches
@@ -104,7 +110,36 @@ class RunLaunches:
                 "A launch cannot attach to a run; use runs.resume with attach steps.",
                 reason="attached_run_id",
             )
-        return self.launch(request)
+        keyed = KeyedLaunch.of(request)
+        if keyed is not None:
+            made = self._launched_by_key(keyed, request.workflow_token)
+            if made is not None:
+                return made
+        return self.launch(request, keyed=keyed)
+
+    def _launched_by_key(self, keyed: KeyedLaunch, token: str | None) -> Message | None:
+        """R-WF-4: the answer to a workflow child's launch whose key launched already (sent
+        again after its node was lost before answering): that run, once it runs, or the outcome
+        of its admission under way. None when the key launched nothing: launch it."""
+        management.check_workflow_host(self._host.db, keyed.key[0], token, keyed.key[1])
+        reply = self._host.current_reply
+        assert reply is not None
+        going = self._keyed.get(keyed.key)
+        if going is not None and self._pipelines.running(LaunchKey(going.run_id)):
+            keyed.check_same(going.digest)
+            going.joined.append(reply)
+            return DEFERRED  # type: ignore[no-any-return]
+        made = launched(self._host.db, keyed.key)
+        if made is None:
+            return None
+        run_id, digest = made
+        keyed.check_same(digest)
+        live = self._live.get(run_id)
+        if live is not None and live.unstarted:
+            live.launch_replies.append(reply)
+            return DEFERRED  # type: ignore[no-any-return]
+        view = runstore.view(self._host.db, run_id)
+        return None if view is None else LaunchResult(run=view)
 
     def launch(
         self,
@@ -113,11 +148,16 @@ class RunLaunches:
         lineage: rerun.Lineage | None = None,
         on_started: Callable[[RunView], None] | None = None,
         continues: str | None = None,
+        keyed: KeyedLaunch | None = None,
     ) -> Message:
-        """Admit and start a run; `continues` names the paused run it goes on with."""
+        """Admit and start a run; `continues` names the paused run it goes on with, `keyed`
+        the workflow child key it launches (workflowkeys.py)."""
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self._host.current_reply is not None
+        if keyed is not None:
+            keyed.run_id = run_id
+            self._keyed[keyed.key] = keyed
         if continues is not None:
             self._continue_once(continues, run_id)
         if lineage is not None and lineage.supersedes:
@@ -168,15 +208,18 @@ class RunLaunches:
             for marks in (self._continuing, self._superseding):
                 for source_id in [s for s, going in marks.items() if going == run_id]:
                     del marks[source_id]
+            joined = self._admitted_key(run_id)
             live = self._live.get(run_id)
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
-                live.launch_replies.append(reply)
+                live.launch_replies += [reply, *joined]
                 return
             self._host.crash_point("answer_launch")
             if isinstance(outcome, LaunchResult):
                 view = runstore.view(self._host.db, run_id)
                 outcome = outcome if view is None else LaunchResult(run=view)
             reply(outcome)
+            for waiting in joined:  # the same key asked again meanwhile: the same answer
+                self._host.reply_later(waiting, outcome)
 
         return answer
 
@@ -185,6 +228,8 @@ class RunLaunches:
             return
         view = runstore.view(self._host.db, live.run_id)
         replies, live.launch_replies = live.launch_replies, []
+        if live.launch is not None and live.launch.workflow_key is not None:
+            self._host.crash_point("answer_workflow_launch")  # recorded, running, unanswered
         self._host.crash_point("answer_launch")
         for reply in replies:
             if view is not None:
@@ -196,6 +241,11 @@ class RunLaunches:
         if request.attach:  # R-RES-6: the live source is the new chain's step 0
             chain = attach.attach_launch(row, request)
             return self.launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
+        keyed = KeyedLaunch.of(request)  # a workflow's `resume` item, sent again (R-WF-4)
+        if keyed is not None:
+            made = self._launched_by_key(keyed, request.workflow_token)
+            if made is not None:
+                return made
         if row["state"] == "paused":
             return pauses.resume_paused(self._host, row, request)
         taken = checkpoints.successor(self._host.db, str(row["run_id"]))
@@ -211,7 +261,8 @@ class RunLaunches:
         # R-TMO-8: a resume inherits its source's absolute deadline (if it had one).
         checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self._host.clock())
         inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})
-        return self.launch(inherited, plan, rerun.Lineage(plan.source_run_id, "resume"))
+        lineage = rerun.Lineage(plan.source_run_id, "resume")
+        return self.launch(inherited, plan, lineage, keyed=keyed)
 
     def rerun(self, request: Rerun) -> Message:
         """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
@@ -252,6 +303,9 @@ class RunLaunches:
         live.ends_with = self._host.node_binding.ends_with(launch, parent)
         deadline_at = runplan.deadline_at(launch, now)
         self._live[run_id] = live
+        keyed = self._keyed.get((launch.parent_run_id or "", launch.workflow_key or ""))
+        if keyed is not None and keyed.run_id == run_id:  # in the run's own transaction
+            runstore.update_run(self._host.db, run_id, launch_digest=keyed.digest)
         self._host.record_event(
             run_id, "run.started", {"mode": launch.mode, "children": len(live.labels)}
         )
@@ -275,6 +329,15 @@ class RunLaunches:
         view = runstore.view(self._host.db, run_id)
         assert view is not None
         return view
+
+    def _admitted_key(self, run_id: str) -> list[ReplyFn]:
+        """Run `run_id`'s admission ended: its key is the run's record's from now on; the
+        requests for the same key that waited on it."""
+        for key, keyed in list(self._keyed.items()):
+            if keyed.run_id == run_id:
+                del self._keyed[key]
+                return keyed.joined
+        return []
 
     def _stopped_parent(self, parent_run_id: str | None) -> str | None:
         """The parent, when this node stops it (or stopped it): its runs stop with it. A

@@ -275,16 +275,23 @@ def check_workflow_child(db: sqlite3.Connection, launch: Launch) -> None:
     """R-FAN-24: only the running workflow's own host (its token) may pass workflow fields."""
     if not (launch.workflow_key or launch.fanout_admitted or launch.workflow_token):
         return
-    parent = runstore.run_row(db, launch.parent_run_id) if launch.parent_run_id else None
+    check_workflow_host(db, launch.parent_run_id, launch.workflow_token, launch.workflow_key)
+
+
+def check_workflow_host(
+    db: sqlite3.Connection, parent_run_id: str | None, token: str | None, key: str | None
+) -> None:
+    """R-FAN-24: a child `key` of running workflow `parent_run_id`, asked by its host (its
+    token), else WorkflowChildRefused."""
+    parent = runstore.run_row(db, parent_run_id) if parent_run_id else None
     if (
         parent is None
         or parent["mode"] != "workflow"
         or parent["state"] != "running"
-        or not launch.workflow_token
-        or parent["workflow_token"] != launch.workflow_token
-        or not launch.workflow_key
+        or not token
+        or parent["workflow_token"] != token
+        or not key
     ):
         raise WorkflowChildRefused(
-            "Public execution does not accept internal run fan-out fields.",
-            workflow_key=launch.workflow_key,
+            "Public execution does not accept internal run fan-out fields.", workflow_key=key
         )

@@ -125,4 +125,12 @@ MIGRATIONS = (
     DROP INDEX runs_by_session;
     CREATE INDEX runs_by_session ON runs(session_id, created_at, run_id)
     """,
+    # 8: a workflow child's launch by key (actors/runs/workflowkeys.py): the digest of the
+    # request that launched it, so the same request sent again after a lost node is that run
+    # (R-WF-4), found by its key without a walk over the workflow's other children.
+    """
+    ALTER TABLE runs ADD COLUMN launch_digest TEXT;
+    CREATE INDEX runs_by_workflow_key ON runs(parent_run_id, workflow_key, created_at)
+        WHERE workflow_key IS NOT NULL
+    """,
 )
