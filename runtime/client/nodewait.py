@@ -1,9 +1,11 @@
 """Waiting for a state dir's node to serve: the one another process is starting, or the next
-one after the node stopped or was killed under a client (`served_again`).
+one after the node stopped or was killed under a client (`served_again`), and a call made again
+there (`across_lost_nodes`).
 
 Owns the wait: it asks at once, then sleeps until the state dir's pid file is written (a node
 writes it once it serves: a temp file renamed in, seen with inotify, an event and not a poll)
-and asks again, until the deadline. It never starts a node and never reads the pid file.
+and asks again, until the deadline. It never starts a node and never reads the pid file, and it
+makes a call again only for a caller that says the call is safe to make twice.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TypeVar
 from subagents_node.client.client import Client
 from subagents_node.client.inotify import DirectoryWatch
 from subagents_node.client.paths import PID_NAME, ipc_path
-from subagents_node.messages.errors import NodeNotRunning
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
 
 T = TypeVar("T")
 
@@ -56,3 +58,31 @@ def served_again(client: Client, wait_s: float) -> bool:
         return True
 
     return wait_for_node(sock.parent, answering, wait_s) is not None
+
+
+#: How a request in flight ends when its node goes (client/channel.py): a node that was killed
+#: (`node_gone`), or an owner whose socket was replaced under it (`owner_restarted`, a node
+#: stopped and started again): its outcome is unknown, it may have been applied.
+_LOST_IN_FLIGHT = ("node_gone", "owner_restarted")
+
+
+def node_lost(err: NodeNotRunning | NodeTimeout) -> bool:
+    """Whether `err` says the node went (none runs, or it went with the request in flight),
+    not that a node which is there was slow to answer."""
+    return isinstance(err, NodeNotRunning) or err.details.get("reason") in _LOST_IN_FLIGHT
+
+
+def across_lost_nodes(client: Client, call: Callable[[], T], wait_s: float, losses: int) -> T:
+    """What `call()` gives, made again on the state dir's next node each time the node under it
+    is lost (stopped or killed, before or while it was asked), at most `losses` times, each time
+    waiting up to `wait_s` seconds for that next node. Only for a call that is safe to make
+    twice, even when the lost node applied it and died before answering (a workflow's launch
+    by key, its claim by id, a read); any other error, or no node back in time, is raised."""
+    left = losses
+    while True:
+        try:
+            return call()
+        except (NodeNotRunning, NodeTimeout) as err:
+            if not node_lost(err) or left <= 0 or not served_again(client, wait_s):
+                raise
+            left -= 1

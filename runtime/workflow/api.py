@@ -31,18 +31,18 @@ import contextlib
 import functools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from subagents_node.client.client import Client
-from subagents_node.client.nodewait import served_again
+from subagents_node.client.nodewait import across_lost_nodes
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import ENV_WORKFLOW_TOKEN, NODE_BACK_S
 from subagents_node.messages.errors import (
     FanoutLimitExceeded,
-    NodeNotRunning,
     SubagentsError,
     WorkflowCallInvalid,
     WorkflowError,
@@ -89,8 +89,13 @@ __all__ = [
     "to_jsonable",
 ]
 
+T = TypeVar("T")
+
 ACTIVE = ("queued", "running", "paused")
-#: How many lost nodes one await of a script outlives (it waits NODE_BACK_S for each next one).
+#: A script's call (an await, an admission, a launch) waits NODE_BACK_S for the state dir's
+#: next node when its node stopped or was killed (a foreground `workflow` following it starts
+#: one at once), and outlives this many lost nodes. An admission is sent again with its claim
+#: id and a launch with its key, so neither is made twice (R-WF-4).
 MAX_NODE_LOSSES = 3
 #: A resumed workflow's source steps that ended so are launched again (on their old claim).
 _RELAUNCHED = ("failed", "stopped", "rejected")
@@ -196,9 +201,9 @@ class WorkflowRuns:
             for step in group.reused:
                 self._trace("reused", step)
             for step, launch in group.members:
-                self._launch(step, functools.partial(self._client.runs.launch, launch))
+                self._launch(step, self._resent(self._client.runs.launch, launch))
             for step in group.resumes:
-                self._launch(step, functools.partial(self._resume_view, step))
+                self._launch(step, self._resent(self._resume_view, step))
             fresh = {step.key for step in group.steps()}
             for call in calls:
                 if call.key in fresh:
@@ -323,7 +328,9 @@ class WorkflowRuns:
         launched = [*(step for step, _ in group.members), *group.resumes]
         paths = [f"workflow[{s.key}]" for s in launched if s.key not in group.claimed]
         if paths:
-            self.fanout = self._client.fanout.claim(self.env.descriptor, paths)
+            # One id for the batch: sent again after a lost node, it is not charged twice.
+            claim = self._client.fanout.claim
+            self.fanout = self._resent(claim, self.env.descriptor, paths, uuid.uuid4().hex)()
         for step, _ in admitted:
             if step.output_path is not None:
                 self._claimed[step.output_path] = step.key
@@ -352,16 +359,16 @@ class WorkflowRuns:
         if step.async_:
             step.result = self._result(step, view)
 
+    def _resent(self, call: Callable[..., T], *args: Any) -> Callable[[], T]:
+        """`call(*args)`, made again on the next node each time its node is lost under it."""
+        once = functools.partial(call, *args)
+        losses = MAX_NODE_LOSSES
+        return functools.partial(across_lost_nodes, self._client, once, NODE_BACK_S, losses)
+
     def _await(self, step: Step) -> None:
         assert step.run_id is not None
-        for left in range(MAX_NODE_LOSSES, -1, -1):
-            try:
-                view = self._client.runs.wait(step.run_id)
-                break
-            except NodeNotRunning:  # the child's shim outlives the node: the next adopts it
-                if not left or not served_again(self._client, NODE_BACK_S):
-                    raise
-        self._settle_step(step, view)
+        # The child's shim outlives its node: the next node adopts it.
+        self._settle_step(step, self._resent(self._client.runs.wait, step.run_id)())
         self._on_change()
 
     def _settle_step(self, step: Step, view: RunView) -> None:
