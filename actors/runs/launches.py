@@ -155,15 +155,15 @@ class RunLaunches:
         run_id = uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self._host.current_reply is not None
-        if keyed is not None:
-            keyed.run_id = run_id
-            self._keyed[keyed.key] = keyed
         if continues is not None:
             self._continue_once(continues, run_id)
         if lineage is not None and lineage.supersedes:
             self._supersede_once(lineage.source_run_id, run_id)
         if lineage is not None:
             self._lineage[run_id] = lineage
+        if keyed is not None:  # popped when the admission is answered (`_admitted_key`)
+            keyed.run_id = run_id
+            self._keyed[keyed.key] = keyed
         pipeline = _launch_result(admit(self._host, request, run_id, runner_id, resume), on_started)
         reply = self._answer_once_started(run_id, self._host.current_reply)
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
@@ -219,7 +219,7 @@ class RunLaunches:
                 outcome = outcome if view is None else LaunchResult(run=view)
             reply(outcome)
             for waiting in joined:  # the same key asked again meanwhile: the same answer
-                self._host.reply_later(waiting, outcome)
+                waiting(outcome)
 
         return answer
 

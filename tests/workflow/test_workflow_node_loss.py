@@ -90,6 +90,31 @@ def main(runs):
 """
 
 
+#: One key's launch sent twice at once, as a host whose first answer is slow might.
+_SENT_TWICE_AT_ONCE = """\
+import threading
+
+from subagents_node.workflow.calls import ChildCall
+
+
+def main(runs):
+    group = runs._group([ChildCall.of({"key": "k", "agent": "echo", "task": "hello"})])
+    [(step, launch)] = group.members
+    runs._client.fanout.claim(runs.env.descriptor, ["workflow[k]"])  # admitted, as runs.run does
+    views = [None, None]
+
+    def send(i):
+        views[i] = runs._client.runs.launch(launch)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [view.run_id for view in views]
+"""
+
+
 def launch_workflow(
     client: Client, agents: Path, work: Path, gate: str = "", script_text: str = ""
 ) -> str:
@@ -187,3 +212,18 @@ def test_r_wf_4_the_same_child_launch_sent_again_is_its_first_run_and_a_changed_
     )
     [child] = client.runs.list(parent_run_id=run_id, limit=1000)
     assert (child.run_id, child.workflow_key) == (value["first"], "k")
+
+
+def test_r_wf_4_one_key_launched_twice_at_once_is_one_run(
+    client: Client, agents: Path, state_dir: Path
+) -> None:
+    """The second launch of a key while the first is being admitted (or waits for its child
+    to start) waits for that launch's answer: it used to start a second run."""
+    run_id = launch_workflow(client, agents, state_dir, script_text=_SENT_TWICE_AT_ONCE)
+    run = client.runs.wait(run_id, timeout=WAIT_S)
+    assert run.state == "complete", run.error
+    result = workflow_result(run)
+    assert result is not None
+    first, second = result["value"]
+    [child] = client.runs.list(parent_run_id=run_id, limit=1000)
+    assert first == second == child.run_id
