@@ -69,6 +69,20 @@ KEYS = [
 ]
 
 
+#: A child, then (past the gate) a `resume` item of it under its own key.
+_RESUMES = """\
+import os, socket
+
+
+def main(runs):
+    runs.run("a", "echo", "first")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect({gate!r})
+    sock.sendall(f"{{os.getpid()}}\\n".encode())
+    sock.recv(64)
+    return runs.resume("b", "a", "again").state
+"""
+
 #: The host's launch of key `k` sent again as it is after a lost node, then changed (R-WF-4).
 _SENT_AGAIN = """\
 from subagents_node.messages.errors import WorkflowKeyConflict
@@ -192,6 +206,35 @@ def test_r_wf_4_a_request_the_lost_node_recorded_but_never_answered_is_not_done_
     again = start_node(state_dir=state_dir)
 
     each_key_once_and_charged_once(again.client(timeout=20), run_id)
+
+
+@pytest.mark.slow
+def test_r_wf_5_a_resume_item_the_lost_node_recorded_but_never_answered_is_relaunched_once(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+) -> None:
+    """The node that gets the host's `resume` item is killed right after it recorded the
+    relaunch (running) and before it answered: the next node answers the item sent again with
+    that relaunch, not a second one."""
+    first = start_node(state_dir=state_dir)
+    script = _RESUMES.format(gate=str(gate.path))
+    run_id = launch_workflow(first.client(timeout=20), agents, state_dir, script_text=script)
+    [held] = gate.accept(1, timeout=WAIT_S)
+    _stop(first)
+    dying = start_node("--faults", state_dir=state_dir, kill_at="answer_workflow_launch")
+    held.release(0)
+    assert dying.wait_exited(WAIT_S), "the node did not die at answer_workflow_launch"
+    client = start_node(state_dir=state_dir).client(timeout=20)
+
+    run = client.runs.wait(run_id, timeout=WAIT_S)
+    assert run.state == "complete", run.error
+    result = workflow_result(run)
+    assert result is not None and result["value"] == "complete", result  # the item's own end
+    children = client.runs.list(parent_run_id=run_id, limit=1000)
+    assert Counter(child.workflow_key for child in children) == Counter(["a", "b"])
+    assert client.fanout.snapshot(decode_descriptor(run.fanout_descriptor)).used == 2
 
 
 def test_r_wf_4_the_same_child_launch_sent_again_is_its_first_run_and_a_changed_one_a_conflict(
