@@ -63,7 +63,8 @@
     ├── AppendRejected                   append_rejected             run_id (R-APP-1/2)
     ├── IntercomOff                      intercom_off                run_id (R-ICB-2)
     ├── ConfigError                      config_invalid              key, source, reason
-    └── WorkflowError                    workflow_error              key (raised in the host)
+    └── WorkflowError                    workflow_error              key (raised in the host;
+                                                                     a key conflict by the node too)
         ├── WorkflowCallInvalid          workflow_call_invalid       key, field   (+BadRequest)
         ├── WorkflowKeyInvalid           workflow_key_invalid        key          (+BadRequest)
         ├── WorkflowKeyConflict          workflow_key_conflict       key          (+BadRequest)
