@@ -19,7 +19,9 @@ admission group (R-WF-5), admitted in this order (R-WF-6):
 A group refused at step 1 or 2 launches nothing and raises its typed error in the script. A
 member whose own launch is refused after admission (its claim stays, R-FAN-15) comes back as
 a failed result that never launched (async = false, A-6). Foreground members are awaited;
-background ones (`async_=True`) are not, and may outlive the workflow.
+background ones (`async_=True`) are not, and may outlive the workflow. A claim, launch or await
+whose node is lost (stopped, killed) waits for the next node and is sent again there: the claim
+with its id, the launch by its key, so neither is made twice (R-WF-4).
 
 It never claims for a reused key, never launches once the workflow has settled, never hands a
 child its token or the aggregate output path, and changes node state only through requests.
