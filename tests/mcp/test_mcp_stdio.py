@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import pytest
 
-from subagents_node.mcp.stdio import MAX_LINE_BYTES
+from subagents_node.mcp.frames import MAX_LINE_BYTES
 from subagents_node.messages.supervisor import RunView
 from tests.support.nodes import REPO, NodeProcess
 from tests.support.runs import wait_view
