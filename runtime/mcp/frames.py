@@ -4,15 +4,17 @@ Owns reading stdin's lines (FdLines: without a worker thread, a line over MAX_LI
 dropped as it arrives, never held) and the JSON-RPC 2.0 answer to a frame that is no message
 the SDK takes, which the SDK itself drops without a word: a parse error (-32700, id null) for a
 line that is not JSON; an invalid request (-32600) for a JSON value that is not a message (with
-the request's id when it has a valid one) and for an over-long line (id null, naming its size
-and the limit), which reaches the SDK as a marker line no client can forge, which it fails to
-read like any bad frame.
+the request's id when it has a valid one), for an over-long line (id null, naming its size and
+the limit) and for a request whose id is no string or integer (id null, naming the id: the
+SDK's models would read it as a notification). The last two reach the SDK as marker lines no
+client can forge, which it fails to read like any bad frame.
 
 It must never write anything itself nor forward a frame anywhere: stdio.py does both.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from subagents_node.messages.codec import MAX_FRAME_BYTES
 
@@ -35,6 +37,11 @@ MAX_LINE_BYTES = 8 * MAX_FRAME_BYTES
 #: which no decoded input can hold (bad UTF-8 becomes U+FFFD), so no client can forge it; the
 #: SDK fails to read it like any bad frame, and `unreadable_answer` names the size and the limit.
 _TOO_LONG = "\ud800subagents-node: over-long line of "
+#: What FdLines hands the SDK in place of a request whose id is no string or integer (the SDK
+#: would read it as a notification, its models ignoring the id, and answer nothing), followed
+#: by the id as JSON, at most MAX_ID_SHOWN characters of it; unforgeable as _TOO_LONG is.
+_BAD_ID = "\ud800subagents-node: request id "
+MAX_ID_SHOWN = 64
 
 
 class FdLines:
@@ -86,7 +93,7 @@ class FdLines:
             if end >= 0:
                 frame = self._take(end + 1)
                 if frame.strip():
-                    return frame.decode("utf-8", "replace")
+                    return checked_id(frame.decode("utf-8", "replace"))
                 continue
             await self._fill()
 
@@ -117,6 +124,37 @@ class FdLines:
             self.eof = True
 
 
+class _Envelope(BaseModel):
+    """The two members of a frame that make it a request; pydantic skips the others' values
+    without building them, so reading them costs a fraction of the SDK's own validation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: Any = None
+    method: Any = None
+
+
+def checked_id(frame: str) -> str:
+    """`frame`, or the _BAD_ID marker when it is a request (it has a `method`) whose `id` is no
+    string or integer (JSON-RPC 2.0 answers it as an invalid request, id null). A message with
+    an id and no method is a response: the SDK's to read. A frame that is no JSON object is
+    also left to the SDK, which answers it."""
+    try:
+        envelope = _Envelope.model_validate_json(frame)
+    except ValidationError:
+        return frame
+    given = envelope.model_fields_set
+    rid = envelope.id
+    if "method" not in given or "id" not in given:
+        return frame
+    if isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool)):
+        return frame
+    shown = json.dumps(rid)
+    if len(shown) > MAX_ID_SHOWN:
+        shown = shown[: MAX_ID_SHOWN - 3] + "..."
+    return f"{_BAD_ID}{shown}"
+
+
 def unreadable_answer(exc: Exception) -> JSONRPCError:
     """The JSON-RPC answer to a frame the SDK could not read as a message (`exc`, its error)."""
     if not isinstance(exc, ValidationError):
@@ -131,6 +169,11 @@ def unreadable_answer(exc: Exception) -> JSONRPCError:
             f"Invalid Request: a line of {size:,} bytes is over the {MAX_LINE_BYTES:,}-byte "
             "limit of one message; it was dropped"
         )
+        return JSONRPCError(
+            jsonrpc="2.0", id=None, error=ErrorData(code=INVALID_REQUEST, message=message)
+        )
+    if isinstance(line, str) and line.startswith(_BAD_ID):
+        message = f"Invalid Request: id must be a string or an integer, not {line[len(_BAD_ID) :]}"
         return JSONRPCError(
             jsonrpc="2.0", id=None, error=ErrorData(code=INVALID_REQUEST, message=message)
         )

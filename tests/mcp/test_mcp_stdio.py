@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import pytest
 
-from subagents_node.mcp.frames import MAX_LINE_BYTES
+from subagents_node.mcp.frames import MAX_ID_SHOWN, MAX_LINE_BYTES
 from subagents_node.messages.supervisor import RunView
 from tests.support.nodes import REPO, NodeProcess
 from tests.support.runs import wait_view
@@ -123,6 +123,30 @@ def test_a_frame_that_is_no_json_rpc_message_is_answered_and_the_server_goes_on(
         server.send({"jsonrpc": "2.0", "id": 7, "method": "ping"})
         assert server.answer() == {"jsonrpc": "2.0", "id": 7, "result": {}}
     assert node.client().runs.list() == [], "nothing was launched"
+
+
+def test_a_request_whose_id_is_no_string_or_integer_is_answered_as_invalid_with_a_null_id(
+    node: NodeProcess,
+) -> None:
+    """The SDK reads such a request as a notification (its models ignore the id) and would
+    answer nothing; JSON-RPC 2.0 answers an invalid request with -32600 and id null."""
+    with raw_server(node) as server:
+        server.initialize()
+        for rid, shown in [({"a": 1}, '{"a": 1}'), (1.5, "1.5"), (True, "true"), (None, "null")]:
+            server.send({"jsonrpc": "2.0", "id": rid, "method": "tools/list"})
+            assert server.answer() == {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": -32600,
+                    "message": f"Invalid Request: id must be a string or an integer, not {shown}",
+                },
+            }
+        server.send({"jsonrpc": "2.0", "id": ["x" * 200], "method": "ping"})
+        shown = json.dumps(["x" * 200])[: MAX_ID_SHOWN - 3] + "..."  # the id shown is bounded
+        assert server.answer()["error"]["message"].endswith(f" not {shown}")
+        server.send({"jsonrpc": "2.0", "id": "ok", "method": "ping"})
+        assert server.answer() == {"jsonrpc": "2.0", "id": "ok", "result": {}}
 
 
 def peak_rss(pid: int) -> int:
