@@ -1,8 +1,10 @@
 """`subagents-node mcp` over raw stdio frames, as a hostile or careless client writes them: a
 frame that is not a JSON-RPC message is answered (JSON-RPC 2.0: a parse error or an invalid
-request), never dropped, and the server goes on; a signal that ends the server (an agent CLI
-exits: TERM; its terminal closes: HUP; Ctrl-C: INT) first stops a foreground run it was
-following, as the CLI does, and exits 128 + the signal."""
+request), never dropped, and the server goes on; every request read before stdin's end is
+answered before the server exits (a call still running after the grace is cut short as a
+signal would, and answered); a signal that ends the server (an agent CLI exits: TERM; its
+terminal closes: HUP; Ctrl-C: INT) first stops a foreground run it was following, as the CLI
+does, and exits 128 + the signal."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import IO, Any
 import pytest
 
 from subagents_node.mcp.frames import MAX_ID_SHOWN, MAX_LINE_BYTES
+from subagents_node.mcp.stdio import EOF_GRACE_S
 from subagents_node.messages.supervisor import RunView
 from tests.support.nodes import REPO, NodeProcess
 from tests.support.runs import wait_view
@@ -77,14 +81,21 @@ class RawServer:
 
 @contextmanager
 def raw_server(node: NodeProcess) -> Iterator[RawServer]:
+    with server_process(node, subprocess.PIPE) as proc:
+        yield RawServer(proc)
+
+
+@contextmanager
+def server_process(node: NodeProcess, stdin: int | IO[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m subagents_node mcp` on `node`, reading `stdin`, its stdout a pipe."""
     env = {**os.environ, "SUBAGENTS_NODE": node.address}
     args = [sys.executable, "-m", "subagents_node", "mcp", "--agents-dir", str(AGENTS)]
     with open(os.devnull, "w") as quiet:
         proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=quiet, env=env, cwd=REPO
+            args, stdin=stdin, stdout=subprocess.PIPE, stderr=quiet, env=env, cwd=REPO
         )
     try:
-        yield RawServer(proc)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -147,6 +158,66 @@ def test_a_request_whose_id_is_no_string_or_integer_is_answered_as_invalid_with_
         assert server.answer()["error"]["message"].endswith(f" not {shown}")
         server.send({"jsonrpc": "2.0", "id": "ok", "method": "ping"})
         assert server.answer() == {"jsonrpc": "2.0", "id": "ok", "result": {}}
+
+
+@contextmanager
+def served_from_file(
+    node: NodeProcess, path: Path, frames: list[dict[str, Any]]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Write `frames` to `path`; the server reading it as its stdin (`mcp < path`)."""
+    path.write_text("".join(json.dumps(frame) + "\n" for frame in frames))
+    with path.open("rb") as stdin, server_process(node, stdin) as proc:
+        yield proc
+
+
+def call_frame(rid: int | str, name: str, **arguments: Any) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def test_a_file_of_requests_on_stdin_is_answered_completely_and_the_server_exits_0(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """The end of the input ends the server only once every request read before it was
+    answered: none is cut short (`Connection closed`) nor dropped."""
+    frames = [
+        INITIALIZE,
+        INITIALIZED,
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        call_frame(9, "status"),
+        call_frame("agents", "agents"),
+        call_frame(5, "run", agent="sleeper", task="seconds=0.5"),
+        {"jsonrpc": "2.0", "id": 4, "method": "ping"},
+    ]
+    with served_from_file(node, tmp_path / "requests.jsonl", frames) as proc:
+        out, _ = proc.communicate(timeout=ANSWER_S)
+        assert proc.returncode == 0
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert Counter(a["id"] for a in answers) == Counter([0, 2, 9, "agents", 5, 4])
+    assert all("error" not in a for a in answers), answers
+    run = next(a for a in answers if a["id"] == 5)
+    assert run["result"]["structuredContent"]["state"] == "complete"
+
+
+def test_a_foreground_run_still_running_a_grace_after_the_end_of_input_is_stopped_and_answered(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """The server waits EOF_GRACE_S for the call, then cancels it as a signal would: its run
+    is stopped (never left running unowned) and the call is answered with an error."""
+    frames = [INITIALIZE, INITIALIZED, call_frame(1, "run", agent="sleeper", task="seconds=300")]
+    started = time.monotonic()
+    with served_from_file(node, tmp_path / "requests.jsonl", frames) as proc:
+        run = first_running_run(node)
+        out, _ = proc.communicate(timeout=EOF_GRACE_S + ANSWER_S)
+        assert proc.returncode == 0
+    assert time.monotonic() - started >= EOF_GRACE_S, "the call was cut short before its grace"
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert [a["id"] for a in answers] == [0, 1]
+    assert answers[1]["error"] == {"code": -32000, "message": "Connection closed"}
+    assert node.client().runs.wait(run.run_id, timeout=ANSWER_S).state == "stopped"
 
 
 def peak_rss(pid: int) -> int:
