@@ -27,17 +27,12 @@ import signal
 import sys
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import ObjectSendStream
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
-
-# The stream protocols the SDK's own run() takes (no public name exports them).
-from mcp.shared._stream_protocols import ReadStream, WriteStream
-from mcp.shared.dispatcher import coerce_request_id
-from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 from mcp.types import (
     CONNECTION_CLOSED,
@@ -51,6 +46,11 @@ from mcp.types import (
 
 from subagents_node.mcp.frames import FdLines, unreadable_answer
 from subagents_node.messages.errors import BadRequest
+
+if TYPE_CHECKING:
+    # The stream protocols the SDK's own run() takes (no public name exports them): named
+    # for the type checker only, so an SDK release that moves them breaks no import.
+    from mcp.shared._stream_protocols import ReadStream, WriteStream
 
 #: What ends the server besides the end of its input: an agent CLI that exits sends TERM (or
 #: its terminal closes: HUP); Ctrl-C in a terminal reaches every process of its group.
@@ -96,9 +96,9 @@ class Answers:
 
     def cancelled(self, rid: RequestId) -> None:
         """The client cancelled `rid`: the SDK correlates "7" with 7, and so does this."""
-        key = coerce_request_id(rid)
+        key = _correlated(rid)
         for pending in list(self.pending):
-            if coerce_request_id(pending) == key:
+            if _correlated(pending) == key:
                 self.settled(pending)
                 return
 
@@ -166,7 +166,7 @@ async def forward_requests(
             elif (
                 isinstance(message, JSONRPCNotification)
                 and message.method == "notifications/cancelled"
-                and (rid := cancelled_request_id_from_params(message.params)) is not None
+                and (rid := _cancelled_id(message.params)) is not None
             ):
                 answers.cancelled(rid)
             await sink.send(item)
@@ -174,6 +174,22 @@ async def forward_requests(
             await answers.idle.wait()
         if answers.pending:
             answers.ending()
+
+
+def _correlated(rid: RequestId) -> RequestId:
+    """The id as the SDK correlates it: a string holding an integer is that integer."""
+    if isinstance(rid, str):
+        try:
+            return int(rid)
+        except ValueError:
+            pass
+    return rid
+
+
+def _cancelled_id(params: Any) -> RequestId | None:
+    """The `requestId` of a `notifications/cancelled` (None when it holds no valid id)."""
+    rid = params.get("requestId") if isinstance(params, dict) else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
 async def answer_left(answers: Answers) -> None:
