@@ -35,13 +35,11 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.node import NodeStatusResult, Pong
 
 if TYPE_CHECKING:
+    from subagents_node.client.aio_capacity import AsyncCapacityAPI
+    from subagents_node.client.aio_fanout import AsyncFanoutAPI
     from subagents_node.client.aio_hosts import AsyncHosts
-    from subagents_node.client.aio_owners import (
-        AsyncCapacityAPI,
-        AsyncFanoutAPI,
-        AsyncRunsAPI,
-        AsyncSessionAPI,
-    )
+    from subagents_node.client.aio_runs import AsyncRunsAPI
+    from subagents_node.client.aio_session import AsyncSessionAPI
 
 R = TypeVar("R", bound=Message)
 T = TypeVar("T")
@@ -60,25 +58,25 @@ class AsyncClient:
 
     @cached_property
     def capacity(self) -> AsyncCapacityAPI:
-        from subagents_node.client.aio_owners import AsyncCapacityAPI
+        from subagents_node.client.aio_capacity import AsyncCapacityAPI
 
         return AsyncCapacityAPI(self)
 
     @cached_property
     def fanout(self) -> AsyncFanoutAPI:
-        from subagents_node.client.aio_owners import AsyncFanoutAPI
+        from subagents_node.client.aio_fanout import AsyncFanoutAPI
 
         return AsyncFanoutAPI(self)
 
     @cached_property
     def session(self) -> AsyncSessionAPI:
-        from subagents_node.client.aio_owners import AsyncSessionAPI
+        from subagents_node.client.aio_session import AsyncSessionAPI
 
         return AsyncSessionAPI(self)
 
     @cached_property
     def runs(self) -> AsyncRunsAPI:
-        from subagents_node.client.aio_owners import AsyncRunsAPI
+        from subagents_node.client.aio_runs import AsyncRunsAPI
 
         return AsyncRunsAPI(self)
 

@@ -1,0 +1,118 @@
+"""`AsyncClient.runs`: launch, watch, wait, show, list, stop, awaited.
+
+Each method performs the plan of `RunsAPI`'s method of the same name (client/runs.py): the
+requests, their checks and the meaning of the replies live there, once; here is only the
+awaiting (a wait lets the loop's other coroutines run meanwhile).
+
+It must never build a request itself, nor import the node or the actors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from subagents_node.client import runs as run_plans
+from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
+from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
+
+if TYPE_CHECKING:
+    from subagents_node.client.aio import AsyncClient
+
+
+class AsyncRunsAPI:
+    """`client.runs` of an AsyncClient: launch, watch, wait, show, list, stop."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def launch(self, launch: Launch) -> RunView:
+        return await self._client.perform(run_plans.launch_plan(launch))
+
+    async def watch(
+        self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S
+    ) -> RunEvents:
+        plan = run_plans.watch_plan(run_id, after_seq, wait_s, self._client.timeout)
+        return await self._client.perform(plan)
+
+    async def watch_all(
+        self, after_seq: int = 0, wait_s: float = WATCH_WAIT_S, limit: int = 500
+    ) -> FleetEvents:
+        plan = run_plans.watch_all_plan(after_seq, wait_s, limit, self._client.timeout)
+        return await self._client.perform(plan)
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        on_event: OnEvent | None = None,
+        on_gap: OnGap | None = None,
+        after_seq: int = 0,
+    ) -> RunView:
+        """Until the run is terminal (R-RUN-3); other coroutines run meanwhile. A worker's
+        partition does not end it; `on_event` sees the events after `after_seq` (`Runs.wait`)."""
+        client = self._client
+        carried = bool(getattr(client.transport, "host", ""))
+        plan = run_plans.wait_plan(
+            client.address, client.timeout, run_id, timeout, on_event, on_gap, carried, after_seq
+        )
+        return await client.perform(plan)
+
+    async def attach(
+        self,
+        run_id: str,
+        steps: Sequence[ChainStep],
+        capacity_limit: int = 0,
+        depth: int = 0,
+        env: Mapping[str, str] | None = None,
+        inherited_fanout: str | None = None,
+    ) -> RunView:
+        """As `Client.runs.attach` (R-RES-6)."""
+        plan = run_plans.attach_plan(run_id, steps, capacity_limit, depth, env, inherited_fanout)
+        return await self._client.perform(plan)
+
+    async def rerun(
+        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+    ) -> RunView:
+        """As `Client.runs.rerun` (R-MISC-2)."""
+        return await self._client.perform(run_plans.rerun_plan(run_id, task, child, env))
+
+    async def show(self, run_id: str) -> RunView:
+        return await self._client.perform(run_plans.show_plan(run_id))
+
+    async def list(
+        self,
+        session_id: str | None = None,
+        active_only: bool = False,
+        limit: int = 50,
+        root_run_id: str | None = None,
+        parent_run_id: str | None = None,
+        after_run_id: str | None = None,
+    ) -> list[RunView]:
+        plan = run_plans.list_plan(
+            session_id, active_only, limit, root_run_id, parent_run_id, after_run_id
+        )
+        return await self._client.perform(plan)
+
+    async def stop(self, run_id: str) -> RunView:
+        return await self._client.perform(run_plans.stop_plan(run_id))
+
+    async def pause(self, run_id: str) -> RunView:
+        """R-RUN-2 interrupt-as-pause (RunsAPI.pause)."""
+        return await self._client.perform(run_plans.pause_plan(run_id))
+
+    async def approve(
+        self,
+        run_id: str,
+        depth: int = 0,
+        capacity_limit: int = 0,
+        env: dict[str, str] | None = None,
+        inherited_fanout: str | None = None,
+    ) -> RunView:
+        """The run that goes on past the checkpoint `run_id` waits at (RunsAPI.approve)."""
+        plan = run_plans.approve_plan(run_id, depth, capacity_limit, env, inherited_fanout)
+        return await self._client.perform(plan)
+
+    async def reject(self, run_id: str, reason: str = "") -> RunView:
+        """The run waiting at a checkpoint ends `rejected` (RunsAPI.reject)."""
+        return await self._client.perform(run_plans.reject_plan(run_id, reason))
