@@ -76,9 +76,12 @@ class AsyncFanoutAPI:
     async def validate(self, descriptor: DescriptorLike) -> FanoutDescriptor:
         return await self._client.perform(fan.validate_plan(descriptor))
 
-    async def claim(self, descriptor: DescriptorLike, paths: Iterable[str]) -> FanoutSnapshot:
-        """Claim one unit per path, all or nothing; raises FanoutLimitExceeded (R-FAN-16)."""
-        return await self._client.perform(fan.claim_plan(descriptor, paths))
+    async def claim(
+        self, descriptor: DescriptorLike, paths: Iterable[str], claim_id: str | None = None
+    ) -> FanoutSnapshot:
+        """Claim one unit per path, all or nothing; raises FanoutLimitExceeded (R-FAN-16).
+        With `claim_id` (one per batch) the same batch sent again claims nothing more."""
+        return await self._client.perform(fan.claim_plan(descriptor, paths, claim_id))
 
     async def reserve(
         self, descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float

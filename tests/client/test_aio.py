@@ -67,6 +67,30 @@ def test_r_fan_14_fifty_gathered_claims_from_one_loop_are_each_counted_once(
     assert node.client().fanout.snapshot(budget).used == 50  # the sync client agrees
 
 
+def test_r_fan_13_an_async_claim_sent_again_with_its_claim_id_is_charged_once_even_when_full(
+    node: NodeProcess,
+) -> None:
+    """As with the sync client: the batch sent again with its id claims nothing more and
+    answers the budget as it stands, though the budget is full; a new batch is still refused
+    (R-FAN-16), and the id used again with other paths is BadRequest and changes nothing."""
+
+    async def go() -> None:
+        async with AsyncClient(node.address) as client:
+            budget = await client.fanout.create(root_run_id="aio-claim-id", limit=2)
+            admission = uuid.uuid4().hex
+            first = await client.fanout.claim(budget, ["w[a]", "w[b]"], claim_id=admission)
+            assert (first.used, first.remaining) == (2, 0)
+            again = await client.fanout.claim(budget, ["w[a]", "w[b]"], claim_id=admission)
+            assert again == first
+            with pytest.raises(FanoutLimitExceeded):
+                await client.fanout.claim(budget, ["w[c]"], claim_id=uuid.uuid4().hex)
+            with pytest.raises(BadRequest, match=f"claim id {admission} was used for another"):
+                await client.fanout.claim(budget, ["w[a]"], claim_id=admission)
+            assert (await client.fanout.snapshot(budget)).used == 2
+
+    asyncio.run(go())
+
+
 def test_a_cancelled_call_leaves_no_reply_behind_for_the_calls_after_it(
     node: NodeProcess,
 ) -> None:
