@@ -11,13 +11,14 @@ A ChildSpec's argv and stdin file may hold the task text; nothing here logs or p
 Times are wall-clock seconds since the epoch; durations are seconds unless named `_ms`.
 """
 
+import json
 import os
 import re
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from subagents_node.messages.base import Ack, Message, Request, ResultType
+from subagents_node.messages.base import Ack, Message, Request, ResultType, validated_reply
 from subagents_node.messages.domains import Timestamp
 
 SUPERVISOR = "supervisor"
@@ -259,11 +260,17 @@ class LogCut(Message):
     line: int = 0
 
     @classmethod
-    def of(cls, log_path: str) -> "LogCut | None":
+    def of(cls, log_path: str, tolerant: bool = False) -> "LogCut | None":
         """The announcement beside `log_path`, None when there is none (never cut) or it
-        cannot be read."""
+        cannot be read. `tolerant` is a client's read: a node one release newer may add a field
+        to the announcement, which is dropped as a reply's would be (`validated_reply`,
+        docs/api.md "Compatibility") instead of reading the log as never cut; the node reads
+        its own announcement strictly."""
         try:
             with open(log_path + LOG_CUT_SUFFIX, "rb") as fh:
-                return cls.model_validate_json(fh.read(4096))
-        except (OSError, ValueError):
+                raw = fh.read(4096)
+            if not tolerant:
+                return cls.model_validate_json(raw)
+            return validated_reply(cls, json.loads(raw))
+        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError too
             return None

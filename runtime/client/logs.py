@@ -85,7 +85,7 @@ class _LogFile:
         lines: list[LogLine] = []
         # A seqlock on the node's word about cuts (`<log>.cut`): a read that a cut crossed is
         # thrown away and done again; one that follows a cut first finds its place again.
-        before = LogCut.of(self.path)
+        before = LogCut.of(self.path, tolerant=True)
         if before is not None and before.gen % 2:  # a cut under way
             if not final and not _stale(self.path):
                 return [], False  # its end (the announcement) wakes the follower
@@ -103,7 +103,7 @@ class _LogFile:
             return lines, False
         except OSError as exc:
             raise BadRequest(f"cannot read {self.path}: {exc.strerror}", reason="log") from None
-        if LogCut.of(self.path) != before:
+        if LogCut.of(self.path, tolerant=True) != before:
             return lines, True  # a cut crossed this read: nothing changed here, read again
         if size < self.offset:  # shrunk with no word of a cut: read on from its end
             self.offset, self.partial = size, b""

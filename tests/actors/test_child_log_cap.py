@@ -174,9 +174,9 @@ def test_a_cut_between_a_readers_two_looks_at_the_announcement_changes_nothing_i
     real_of = LogCut.of
     cut_now = False
 
-    def of_then_a_cut(log_path: str) -> LogCut | None:
+    def of_then_a_cut(log_path: str, tolerant: bool = False) -> LogCut | None:
         nonlocal cut_now
-        found = real_of(log_path)
+        found = real_of(log_path, tolerant)
         if cut_now:  # the node cuts right after this look
             cut_now = False
             cap._cut(watched)
@@ -206,6 +206,58 @@ def test_a_cut_between_a_readers_two_looks_at_the_announcement_changes_nothing_i
     for before, after in itertools.pairwise(seen):
         if before.startswith("L") and after.startswith("L"):
             assert int(after[1:]) == int(before[1:]) + 1, f"a silent gap: {before} -> {after}"
+
+
+@pytest.mark.parametrize("newer", [{}, {"from_a_newer_node": [1, 2]}], ids=["known", "newer"])
+def test_a_cut_announced_with_a_field_this_client_does_not_know_is_followed_as_any_cut(
+    tmp_path: Path, newer: dict[str, object]
+) -> None:
+    """A node one release newer may add a field to the cut announcement (`<log>.cut`), as to a
+    reply (docs/api.md, "Compatibility"). A client read it strictly, found it unreadable and
+    took the log as never cut: a follower past the head jumped to the file's end, printing
+    neither the cut line nor the tail. The field is dropped; the cut is shown as any other."""
+    from subagents_node.actors.child import logcap
+    from subagents_node.client import logs
+
+    path = tmp_path / "child.log"
+    path.write_bytes(b"".join(b"L%07d\n" % n for n in range(5_000)))  # 40 KB: past the head
+    reader = logs._LogFile("single", "stdout", str(path))
+    seen, more = [], True
+    while more:
+        lines, more = reader.new_lines(final=False)
+        seen += [line.text for line in lines]
+    assert seen[-1] == "L0004999"
+    with open(path, "ab") as log:  # 80 KB, over the cap: the next cut takes unread lines
+        log.write(b"".join(b"L%07d\n" % n for n in range(5_000, 10_000)))
+    cap = logcap.ChildLogCap(CAP)
+    cap._cut(logcap._Watched(str(path), -1))
+    cap.stop()
+    announcement = Path(f"{path}.cut")
+    announcement.write_text(json.dumps({**json.loads(announcement.read_text()), **newer}))
+
+    after: list[str] = []
+    more = True
+    while more:
+        lines, more = reader.new_lines(final=False)
+        after += [line.text for line in lines]
+    assert after, "nothing followed the cut"
+    assert LOG_CUT_PATTERN.fullmatch(after[0].encode()), after[:2]
+    numbers = [int(text[1:]) for text in after[1:]]
+    assert numbers == list(range(numbers[0], 10_000)) and numbers[0] > 5_000
+
+
+@pytest.mark.parametrize(
+    "written", ['{"gen": "two", "at": 1}', "[2, 1]", "{not json", '{"gen": 2', "\udcff"]
+)
+def test_a_cut_announcement_wrong_otherwise_is_still_read_as_none_by_a_client(
+    tmp_path: Path, written: str
+) -> None:
+    """Only fields a client does not know are forgiven: anything else wrong is, as before, an
+    announcement that cannot be read (None: the log is read as it is)."""
+    path = tmp_path / "child.log"
+    Path(f"{path}.cut").write_bytes(written.encode("utf-8", "surrogateescape"))
+    assert LogCut.of(str(path), tolerant=True) is None
+    assert LogCut.of(str(path)) is None
 
 
 def test_a_childs_write_landing_inside_the_rewrite_comes_after_the_tail_not_before_the_cut_line(
