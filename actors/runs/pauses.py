@@ -156,6 +156,7 @@ def resume_paused(host: PauseHost, row: sqlite3.Row, request: Resume) -> Message
         request.env,
         request.intercom,
         request.inherited_fanout,
+        request.message,
     )
 
 
@@ -168,14 +169,17 @@ def continue_paused(
     env: dict[str, str] | None,
     intercom: IntercomMode | None = None,
     route: str | None = None,
+    message: str = "",
 ) -> Message:
     """Launch the run that goes on with paused run `row` from its pause point; `intercom`
     overrides the setting persisted with it (R-RES-7), `route` is the caller's nested-run
-    route (R-TOP-1: with one, or a depth, the new run takes no capacity)."""
+    route (R-TOP-1: with one, or a depth, the new run takes no capacity), `message` a resume's
+    follow-up, appended to the task of the step it goes on from."""
     source_id = str(row["run_id"])
     checkpoints.check_continuable(host.db, row, kind)
     source, descriptor = read_recovery(Path(row["run_dir"]), source_id)
     launch = checkpoints.continuation(host.db, row, source, kind, host.clock())
+    launch = relaunch.with_follow_up(source_id, launch, message)
     launch = relaunch.as_resume(launch, env, depth, capacity_limit, route)
     if intercom is not None:
         launch = launch.model_copy(update={"intercom": intercom})

@@ -45,6 +45,25 @@ def _with_message(run_id: str, item: TaskItem, message: str) -> TaskItem:
     return item.model_copy(update={"task": task})
 
 
+def with_follow_up(run_id: str, launch: Launch, message: str) -> Launch:
+    """`launch` with the resume's follow-up appended to its first task: every item of a single
+    or parallel launch, the first step's items of a chain (for a paused run's continuation,
+    the step it goes on from)."""
+    if not message:
+        return launch
+    if launch.items:
+        return launch.model_copy(
+            update={"items": [_with_message(run_id, i, message) for i in launch.items]}
+        )
+    if not launch.chain or not launch.chain[0].items:
+        return launch
+    head = launch.chain[0]
+    items = [_with_message(run_id, i, message) for i in head.items]
+    return launch.model_copy(
+        update={"chain": [head.model_copy(update={"items": items}), *launch.chain[1:]]}
+    )
+
+
 def workflow_route(db: sqlite3.Connection, request: Resume) -> FanoutDescriptor | None:
     """R-FAN-10: the descriptor a workflow's `resume` item runs under, the workflow's own
     extended by `workflow[key]` (R-FAN-12), whatever tree its source ran in. None for any
@@ -98,7 +117,6 @@ def resume_launch(
         # A fresh `workflow` slot (R-TOP-4): a transfer hands over a `runner` one (R-CAP-19).
         plan = ResumePlan(source_run_id=run_id, descriptor=descriptor, transfer=False)
         return _workflow_relaunch(run_id, launch, request), plan
-    first = launch.items or [i for step in launch.chain[:1] for i in step.items]
     update: dict[str, object] = {
         "env": request.env,
         "background": request.background if as_child else True,
@@ -118,14 +136,7 @@ def resume_launch(
     }
     if request.intercom is not None:  # R-RES-7: the call's setting, else the persisted one
         update["intercom"] = request.intercom
-    if launch.items:
-        update["items"] = [_with_message(run_id, i, request.message) for i in first]
-    else:
-        head = launch.chain[0].model_copy(
-            update={"items": [_with_message(run_id, i, request.message) for i in first]}
-        )
-        update["chain"] = [head, *launch.chain[1:]]
-    relaunch = launch.model_copy(update=update)
+    relaunch = with_follow_up(run_id, launch.model_copy(update=update), request.message)
     # Only a top-level relaunch takes capacity (admission's capacity_eligible): a nested one
     # neither transfers nor acquires, whatever this says.
     plan = ResumePlan(

@@ -180,6 +180,24 @@ def test_r_run_2_pause_then_resume_keeps_the_claim_the_slot_and_the_deadline(
     assert f"run {resumed.run_id} went on with it" in again_refused.value.message
 
 
+def test_r_run_2_resume_of_a_paused_run_appends_its_message_to_the_interrupted_step(
+    client: Client, ctx: LaunchContext
+) -> None:
+    # `resume -m` is the follow-up appended to the task (R-RES-1): a paused run's resume goes
+    # on from the interrupted step, and that step's task carries the message (it was dropped).
+    chain = [step(ctx, "sleeper", "seconds=600"), step(ctx, "echo", "{previous} then done")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    wait_view(client, run.run_id, lambda v: v.children[0].state == "running")
+    client.runs.pause(run.run_id)
+    paused(client, run.run_id)
+
+    follow_up = Resume(run_id=run.run_id, capacity_limit=LIMIT, message="seconds=0")
+    resumed = client.ask(follow_up, LaunchResult).run
+
+    done = client.runs.wait(resumed.run_id, timeout=20)
+    assert (done.state, done.output) == ("complete", "slept 0 then done")
+
+
 def test_r_run_2_resumes_of_a_paused_run_sent_at_once_continue_it_only_once(
     node: Node, ctx: LaunchContext, gate: Gate
 ) -> None:
