@@ -44,6 +44,20 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
         snap = client.capacity.snapshot(session, limit=limit)
         active = [r for r in client.runs.list(session, active_only=True) if r.background]
         holders = [(r, client.capacity.inspect(r.run_id, session)) for r in active]
+        # R-CAP-22: a workflow that ended while its async children run keeps its slot until
+        # they end. It is no longer active, but its children are: name it as a holder too.
+        listed = {r.run_id for r in active}
+        parents = dict.fromkeys(r.parent_run_id for r in active if r.parent_run_id)
+        for parent_id in parents:
+            if parent_id in listed:
+                continue
+            try:
+                parent = client.runs.show(parent_id)
+            except RunNotFound:  # pruned meanwhile: it holds nothing
+                continue
+            inspection = client.capacity.inspect(parent_id, session)
+            if parent.session_id == session and inspection.owner is not None:
+                holders.append((parent, inspection))
     if as_json:
         emit(
             {

@@ -541,6 +541,37 @@ def test_r_cap_22_a_background_workflow_holds_its_slot_until_its_async_children_
     wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
 
 
+def test_r_cap_27_capacity_names_a_finished_workflow_that_holds_its_slot_for_its_async_child(
+    client: Client, agents: Path, work: Path, gate: Gate, state_dir: Path
+) -> None:
+    """`capacity` says who holds each slot: it listed the session's active runs only, so a
+    workflow that ended while its async child ran (its slot held, R-CAP-22) was missing from
+    the list while `used` counted it."""
+    script = f"""
+    def main(runs):
+        return runs.run("slow", "gate", {str(gate.path)!r}, async_=True).run_id
+    """
+    flow = start_workflow(
+        client, agents, work, script, background=True, max_active_async_runs_per_session=2
+    )
+    [slow] = gate.accept(1)
+    assert flow.wait().state == "complete", flow.run.error
+    asked = ("capacity", "--session", flow.session, "--limit", "2")
+
+    listed = run_cli(*asked, "--json", state_dir=state_dir)
+    text = run_cli(*asked, state_dir=state_dir)
+
+    assert listed.returncode == 0, listed.stderr
+    listing = json.loads(listed.stdout)
+    holders = {h["run_id"]: h for h in listing["holders"] if h["owner"] is not None}
+    assert listing["used"] == len(holders) == 1
+    assert holders[flow.run.run_id]["verdict"]["verdict"] == "retained"
+    assert f"{flow.run.run_id} complete" in text.stdout and "slow is still running" in text.stdout
+    slow.release(0)
+    assert client.runs.wait(flow.value(), timeout=WAIT_S).state == "complete"
+    wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
+
+
 def test_r_cap_22_a_restart_between_the_scripts_end_and_its_async_childs_end_frees_the_slot(
     agents: Path, work: Path, gate: Gate
 ) -> None:
