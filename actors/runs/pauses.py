@@ -247,6 +247,34 @@ def recover_parked(host: PauseHost, run_id: str) -> None:
         host.report_terminal(report)
 
 
+def checkpoint_deadline(host: PauseHost, run_id: str) -> float | None:
+    """The deadline of the checkpoint `run_id` still waits at with no live execution; None
+    when it has none, or was decided, stopped or continued (or is being continued)."""
+    row = runstore.run_row(host.db, run_id)
+    record = checkpoints.pause_record(host.db, run_id)
+    if row is None or row["state"] != "paused" or row["started_at"] is None:
+        return None
+    if record is None or record.get("kind") != "checkpoint":
+        return None
+    if checkpoints.successor(host.db, run_id) or host.continuing(run_id):
+        return None
+    return None if row["deadline_at"] is None else float(row["deadline_at"])
+
+
+def expire_parked(host: PauseHost, run_id: str) -> None:
+    """R-RUN-2: a checkpoint's deadline keeps counting while the run waits, also across a
+    node restart that ended its execution (runs/restart.py re-arms it): once it passes, the
+    run fails as a live one would and its slot is reported free."""
+    if checkpoint_deadline(host, run_id) is None:  # decided or continued meanwhile
+        return
+    row = _row(host, run_id)
+    report = steps.expire_parked(host, row)
+    if report is not None:
+        host.report_terminal(report)
+    host.track(row["session_id"], run_id, "failed")
+    host.parked_ended(run_id, "failed", str(row["output"]))
+
+
 def continuation_marked(host: PauseHost, run_id: str, outcome: Message | SubagentsError) -> bool:
     """The answer to a recovered continuation's mark_started (recover_parked). Taken: the
     source is over, unless its continuation has already failed (then the source stays paused,

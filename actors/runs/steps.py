@@ -188,6 +188,18 @@ def reject_parked(host: StepHost, row: sqlite3.Row, reason: str) -> ReportTermin
     return parked_report(host.db, row, "rejected", now)
 
 
+def expire_parked(host: StepHost, row: sqlite3.Row) -> ReportTerminal | None:
+    """The deadline of a checkpoint wait a node restart left (its execution ended, so no live
+    run's timer holds it) passed: the run fails as a live one would, and the capacity report
+    that frees its slot is returned (None when it holds none)."""
+    run_id, now = str(row["run_id"]), host.clock()
+    budget_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
+    error = f"Run timed out after {budget_ms} ms."
+    runstore.update_run(host.db, run_id, state="failed", ended_at=now, error=error)
+    host.record_event(run_id, "run.failed", {"error": error})
+    return parked_report(host.db, row, "failed", now)
+
+
 def parked_report(
     db: sqlite3.Connection, row: sqlite3.Row, state: str, now: float
 ) -> ReportTerminal | None:

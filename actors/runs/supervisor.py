@@ -410,7 +410,9 @@ class RunSupervisor(OwnerActor):
                 self._launches.stop_superseded(run_id)
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
-                if live is not None and live.stop_state is None and live.deadline_ms:
+                if live is None:  # a checkpoint wait a node restart left (runs/restart.py)
+                    pauses.expire_parked(self, run_id)
+                elif live.stop_state is None and live.deadline_ms:
                     self.stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")
             case WatchTimeout(key=watch_key, watcher_id=watcher_id):
                 self._watchers.expired(self.db, watch_key, watcher_id)

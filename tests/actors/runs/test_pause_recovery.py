@@ -14,6 +14,7 @@ Real detached node processes (fault injection through SUBAGENTS_TEST_KILL_AT), r
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from functools import partial
@@ -166,6 +167,38 @@ def test_r_run_2_kill_9_while_waiting_at_a_checkpoint_then_a_decision_after_rest
         client.runs.reject(run.run_id, reason="no")
         assert client.runs.show(run.run_id).state == "rejected"
     wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restart", ["stop", "kill"])
+def test_r_run_2_a_checkpoint_wait_still_ends_at_its_deadline_after_a_node_restart(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, restart: str
+) -> None:
+    """While a run waits at a checkpoint its deadline keeps counting. The paused run is not
+    adopted by the next node (it holds no process), and its deadline was not re-armed: it
+    stayed `paused` with its slot for good, and `approve` was refused (deadline expired).
+    `stop` restarts before the deadline (the timer is re-armed), `kill` after it passed while
+    no node ran (it fires at once)."""
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    chain = [step(ctx, "echo", "one"), ChainStep(kind="checkpoint"), step(ctx, "echo", "two")]
+    budget_ms = 3000 if restart == "stop" else 1000
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=budget_ms))
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+    deadline = run.deadline_at
+    assert deadline is not None
+
+    if restart == "stop":
+        first.stop()
+    else:
+        first.kill()
+        wait_until(lambda: time.time() > deadline, what="the deadline to pass")
+    client = start_node(state_dir=state_dir).client()
+
+    ended = client.runs.wait(run.run_id, timeout=20)
+    assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
+    wait_until(lambda: freed(client, ctx), what="release")
 
 
 def _approve_and_reject_at_once(node: NodeProcess, run_id: str) -> dict[str, object]:
