@@ -42,12 +42,14 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
         limit = load_config().settings.max_active_async_runs_per_session
     with obj.client() as client:
         snap = client.capacity.snapshot(session, limit=limit)
-        active = [r for r in client.runs.list(session, active_only=True) if r.background]
+        going = client.runs.list(session, active_only=True)
+        active = [r for r in going if r.background]
         holders = [(r, client.capacity.inspect(r.run_id, session)) for r in active]
-        # R-CAP-22: a workflow that ended while its async children run keeps its slot until
-        # they end. It is no longer active, but its children are: name it as a holder too.
+        # R-CAP-22: a workflow that ended while its children run (async ones, or those its
+        # host left when it died) keeps its slot until they end. It is no longer active, but
+        # its children are: name it as a holder too.
         listed = {r.run_id for r in active}
-        parents = dict.fromkeys(r.parent_run_id for r in active if r.parent_run_id)
+        parents = dict.fromkeys(r.parent_run_id for r in going if r.parent_run_id)
         for parent_id in parents:
             if parent_id in listed:
                 continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -541,21 +542,29 @@ def test_r_cap_22_a_background_workflow_holds_its_slot_until_its_async_children_
     wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
 
 
-def test_r_cap_27_capacity_names_a_finished_workflow_that_holds_its_slot_for_its_async_child(
-    client: Client, agents: Path, work: Path, gate: Gate, state_dir: Path
+@pytest.mark.parametrize("left", ["async", "by_its_killed_host"])
+def test_r_cap_27_capacity_names_a_finished_workflow_that_holds_its_slot_for_its_children(
+    client: Client, agents: Path, work: Path, gate: Gate, state_dir: Path, left: str
 ) -> None:
-    """`capacity` says who holds each slot: it listed the session's active runs only, so a
-    workflow that ended while its async child ran (its slot held, R-CAP-22) was missing from
-    the list while `used` counted it."""
+    """`capacity` says who holds each slot: it listed the session's active background runs
+    only, so a workflow that ended while its child ran (an async child, or the one its host
+    awaited when it died) and so still held its slot (R-CAP-22) was missing from the list,
+    while `used` counted it."""
     script = f"""
     def main(runs):
-        return runs.run("slow", "gate", {str(gate.path)!r}, async_=True).run_id
+        return runs.run("slow", "gate", {str(gate.path)!r}, async_={left == "async"}).run_id
     """
     flow = start_workflow(
         client, agents, work, script, background=True, max_active_async_runs_per_session=2
     )
     [slow] = gate.accept(1)
-    assert flow.wait().state == "complete", flow.run.error
+    if left != "async":
+        host = wait_view(client, flow.run.run_id, lambda v: v.children[0].pid is not None)
+        host_pid = host.children[0].pid
+        assert host_pid is not None
+        os.kill(host_pid, signal.SIGKILL)
+    ended = flow.wait()
+    assert ended.state == ("complete" if left == "async" else "failed"), ended.error
     asked = ("capacity", "--session", flow.session, "--limit", "2")
 
     listed = run_cli(*asked, "--json", state_dir=state_dir)
@@ -566,9 +575,10 @@ def test_r_cap_27_capacity_names_a_finished_workflow_that_holds_its_slot_for_its
     holders = {h["run_id"]: h for h in listing["holders"] if h["owner"] is not None}
     assert listing["used"] == len(holders) == 1
     assert holders[flow.run.run_id]["verdict"]["verdict"] == "retained"
-    assert f"{flow.run.run_id} complete" in text.stdout and "slow is still running" in text.stdout
+    assert f"{flow.run.run_id} {ended.state}" in text.stdout
+    assert "slow is still running" in text.stdout
     slow.release(0)
-    assert client.runs.wait(flow.value(), timeout=WAIT_S).state == "complete"
+    assert client.runs.wait(flow.children()["slow"].run_id, timeout=WAIT_S).state == "complete"
     wait_until(lambda: flow.capacity_used() == 0, what="the workflow's slot to be released")
 
 
