@@ -102,6 +102,10 @@ def run_end(run: RunView) -> str:
     if run.state not in TERMINAL_RUN_STATES:
         return f"run {run.run_id} still {run.state}"
     error = f": {run.error}" if run.error and run.state != "complete" else ""
+    if run.resumed_by and run.state == "stopped" and not error:
+        # A paused run that `resume` (or `approve` after a restart) continued: nobody stopped
+        # it, its work goes on in that run.
+        error = f": continued as run {run.resumed_by}"
     return f"run {run.run_id} {run.state}{error}"
 
 

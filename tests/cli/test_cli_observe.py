@@ -26,7 +26,14 @@ from tests.support.nodes import REPO, NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import EXAMPLE_AGENTS, WAIT_S, Gate, stop_active_runs, write_agent
+from tests.support.runs import (
+    EXAMPLE_AGENTS,
+    WAIT_S,
+    Gate,
+    stop_active_runs,
+    wait_view,
+    write_agent,
+)
 
 Cli = Callable[..., Result]
 _CLI = (sys.executable, "-m", "subagents_node")
@@ -221,6 +228,29 @@ def test_wait_exits_1_when_a_run_was_stopped(cli: Cli, node: NodeProcess, gate: 
     result = cli("wait", run_id)
     assert result.exit_code == 1
     assert result.stdout.startswith(f"run {run_id} stopped")
+
+
+def test_wait_on_a_paused_run_that_went_on_in_another_run_names_that_run(
+    cli: Cli, node: NodeProcess, gate: Gate, client: Client
+) -> None:
+    """A paused run that `resume` (or, after a node restart, `approve`) continued ends
+    `stopped` with nobody having stopped it: `wait` said only `stopped` (exit 1), hiding the
+    run that went on with its work."""
+    run_id = started_async(cli, "gate", str(gate.path))
+    gate.accept(1)
+    assert cli("pause", run_id).exit_code == 0
+    wait_view(client, run_id, lambda v: v.state == "paused")
+    resumed = cli("resume", run_id)
+    assert resumed.exit_code == 0, resumed.output
+    going = resumed.stdout.split()[0]
+    (again,) = gate.accept(1)
+
+    result = cli("wait", run_id, "--timeout", str(WAIT_S))
+
+    assert result.exit_code == 1
+    assert result.stdout.strip() == f"run {run_id} stopped: continued as run {going}"
+    again.release(0)
+    assert cli("wait", going, "--timeout", str(WAIT_S)).exit_code == 0
 
 
 def test_wait_exits_124_on_timeout_and_says_which_run_is_still_running(
