@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,31 @@ from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, 
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.messages.errors import RunNotFound
 from subagents_node.messages.supervisor import RunView
+
+if TYPE_CHECKING:
+    from subagents_node.client.client import Client
+
+#: Runs one page of the active-run listing asks for (the request's own maximum).
+PAGE = 1000
+#: At most this many active runs are listed for `capacity` (a bound, not a session limit).
+MAX_LISTED = 20 * PAGE
+
+
+def active_runs(client: Client, session: str) -> tuple[list[RunView], bool]:
+    """Every active run of `session`, newest first, read page by page with the listing's
+    cursor (one page is at most PAGE runs), and whether MAX_LISTED cut the list short.
+
+    A page can come back short without being the last (a run the owner cannot read is left
+    out of it), so only an empty page ends the listing."""
+    going: list[RunView] = []
+    after: str | None = None
+    while len(going) < MAX_LISTED:
+        page = client.runs.list(session, active_only=True, limit=PAGE, after_run_id=after)
+        if not page:
+            return going, False
+        going += page
+        after = page[-1].run_id
+    return going[:MAX_LISTED], True
 
 
 def _limit_text(limit: int) -> str:
@@ -32,7 +58,10 @@ def _limit_text(limit: int) -> str:
 @click.pass_obj
 @user_errors
 def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) -> None:
-    """Active async capacity of a session: used/limit and who holds each slot."""
+    """Active async capacity of a session: used/limit and who holds each slot.
+
+    Every holder is named: the session's active runs are read page by page (at most 20,000;
+    beyond that the output says it stopped)."""
     import os
 
     from subagents_node.launch.launcher import resolve_session
@@ -42,7 +71,7 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
         limit = load_config().settings.max_active_async_runs_per_session
     with obj.client() as client:
         snap = client.capacity.snapshot(session, limit=limit)
-        going = client.runs.list(session, active_only=True)
+        going, cut = active_runs(client, session)  # all of them, not the first page only
         active = [r for r in going if r.background]
         holders = [(r, client.capacity.inspect(r.run_id, session)) for r in active]
         # R-CAP-22: a workflow that ended while its children run (async ones, or those its
@@ -67,6 +96,7 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
                 "used": snap.used,
                 "limit": snap.limit,
                 "holders": [{"run_id": r.run_id, **i.model_dump(mode="json")} for r, i in holders],
+                **({"holders_cut_at": MAX_LISTED} if cut else {}),
             },
             True,
             "",
@@ -80,6 +110,8 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
             f"  {run.run_id} {run.state:<8} {slot}: {inspection.verdict.verdict} "
             f"— {inspection.verdict.reason}"
         )
+    if cut:
+        lines.append(f"  (only the newest {MAX_LISTED} active runs were listed)")
     click.echo("\n".join(lines))
 
 

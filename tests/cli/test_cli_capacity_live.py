@@ -1,0 +1,82 @@
+"""Capacity views show the whole pool as it is now (R-CAP-26, R-STS-1).
+
+A real detached node runs background runs that hold slots of one session. `capacity` must name
+every holder, however many pages the active-run listing takes (the listing answers at most
+`limit` runs a request; the command follows its cursor). `fleet --once` (text and `--json`),
+`runs --json` and `show --json` must show a session's capacity as the owner counts it now, not
+the figure each run recorded at its admission: once a run ended and its slot was freed, the
+others no longer show it as used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+
+import subagents_node.cli.ledgers as ledgers
+from subagents_node.client.client import Client
+from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.supervisor import RunView, TaskItem
+from tests.support.nodes import NodeProcess
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import detached_run_node as detached_run_node
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import launch_context, stop_active_runs, write_agent
+
+#: More background runs than one page of the active-run listing's default (50).
+HOLDERS = 60
+
+Cli = Callable[..., Result]
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def background(client: Client, ctx: LaunchContext, agent: str, task: str) -> RunView:
+    item = TaskItem(agent=ctx.plan(agent), task=task)
+    return client.runs.launch(ctx.launch("single", True, items=[item]))
+
+
+@pytest.fixture
+def client(node: NodeProcess) -> Iterator[Client]:
+    """The node's client; whatever still runs is stopped (and settled) before the node stops."""
+    connected = node.client()
+    yield connected
+    stop_active_runs(connected)
+
+
+@pytest.fixture
+def cli(invoke: Cli, state_dir: Path) -> Cli:
+    return lambda *args: invoke("--state-dir", str(state_dir), *args)
+
+
+def test_r_cap_26_capacity_names_every_holder_beyond_the_first_page_of_the_run_listing(
+    client: Client, cli: Cli, agents: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_agent(agents, "sleeper", "Sleeps until stopped.", '["sleep", "600"]')
+    ctx = launch_context(agents, max_active_async_runs_per_session=HOLDERS)
+    launched = {background(client, ctx, "sleeper", "zz").run_id for _ in range(HOLDERS)}
+    assert client.capacity.snapshot(ctx.session_id, HOLDERS).used == HOLDERS
+
+    args = ("capacity", "--session", ctx.session_id, "--limit", str(HOLDERS))
+    whole = as_json(cli(*args, "--json"))
+    assert (whole["used"], whole["limit"]) == (HOLDERS, HOLDERS)
+    assert {h["run_id"] for h in whole["holders"]} == launched
+    assert all(h["owner"] is not None for h in whole["holders"])
+    assert "holders_cut_at" not in whole
+    text = cli(*args)
+    assert text.exit_code == 0, text.output
+    assert f"Active async capacity: {HOLDERS}/{HOLDERS} used" in text.stdout
+    assert all(run_id in text.stdout for run_id in launched)
+
+    # Small pages: the cursor walks the listing without skipping or repeating a run.
+    monkeypatch.setattr(ledgers, "PAGE", 7)
+    paged = as_json(cli(*args, "--json"))
+    assert sorted(h["run_id"] for h in paged["holders"]) == sorted(launched)
