@@ -10,6 +10,10 @@ The fan-out gauges are not the figures runs recorded at admission: each frame re
 runs' budgets live from the fan-out owner, in one request (R-FAN-26), so the claims of a fan-out
 storm's nested launches show as they happen. A budget that cannot be read shows its recorded
 figure marked `(recorded)`, with the reason under the table; the view itself goes on.
+The capacity gauges are not the figures runs recorded at admission either: each frame reads the
+pool of each session it shows from the capacity owner, one request per session (a reading
+reconciles the pool, R-CAP-26), so a freed slot shows as free. A pool that cannot be read shows
+its runs' recorded figures, marked the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 import time
 import tty
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from rich.console import Group
 from rich.live import Live
@@ -30,8 +35,9 @@ from rich.text import Text
 
 from subagents_node.cli.common import lineage
 from subagents_node.cli.tables import state_label
+from subagents_node.client.capacity_views import live_capacity_plan
 from subagents_node.client.client import Client, connect
-from subagents_node.client.fanout_views import RECORDED, LiveFanout, live_fanout_plan
+from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.runs import output_tail
@@ -42,6 +48,8 @@ ACTIVE = ("queued", "running", "paused")
 SHOWN = 40
 #: How long a frame waits for the fan-out owner before it shows the recorded figures instead.
 FANOUT_TIMEOUT_S = 2.0
+#: How long a frame waits for each session's pool before it shows the recorded figures instead.
+CAPACITY_TIMEOUT_S = 2.0
 
 
 class FleetState:
@@ -95,16 +103,34 @@ def gauge(used: int | None, limit: int | None, width: int = 10) -> str:
     return f"{'█' * filled}{'░' * (width - filled)} {used}/{limit}"
 
 
-def live_frame(client: Client, runs: list[RunView]) -> LiveFanout:
-    """The runs a frame shows, with their budgets' live figures (one request for them all)."""
-    return client.perform(live_fanout_plan(runs[:SHOWN], FANOUT_TIMEOUT_S))
+class Frame(NamedTuple):
+    """The runs a frame shows, with live ledger figures, and the runs whose figures are their
+    records (run id -> why), per ledger."""
+
+    runs: list[RunView]
+    recorded: dict[str, str]
+    capacity_recorded: dict[str, str]
+
+
+def live_frame(client: Client, runs: list[RunView]) -> Frame:
+    """The runs a frame shows, with their budgets' live figures (one request for them all) and
+    their sessions' live capacity (one request per session)."""
+    fanout = client.perform(live_fanout_plan(runs[:SHOWN], FANOUT_TIMEOUT_S))
+    capacity = client.perform(live_capacity_plan(fanout.runs, CAPACITY_TIMEOUT_S))
+    return Frame(capacity.runs, fanout.recorded, capacity.recorded)
 
 
 def render(
-    runs: list[RunView], now: float, error: str = "", recorded: dict[str, str] | None = None
+    runs: list[RunView],
+    now: float,
+    error: str = "",
+    recorded: dict[str, str] | None = None,
+    capacity_recorded: dict[str, str] | None = None,
 ) -> Group:
-    """One frame; a run in `recorded` (run id -> why) shows the fan-out figure it recorded."""
+    """One frame; a run in `recorded` (run id -> why) shows the fan-out figure it recorded,
+    one in `capacity_recorded` the capacity figure it recorded."""
     recorded = recorded or {}
+    capacity_recorded = capacity_recorded or {}
     table = Table(title="subagents fleet  (q quits)", expand=True)
     hosts = any(run.host for run in runs)  # a home's view of several hosts
     if hosts:
@@ -139,7 +165,8 @@ def render(
             run.label,
             f"{elapsed:.1f}s",
             deadline,
-            gauge(snaps.capacity_used, snaps.capacity_limit),
+            gauge(snaps.capacity_used, snaps.capacity_limit)
+            + (f" ({RECORDED})" if run.run_id in capacity_recorded else ""),
             gauge(snaps.fanout_used, snaps.fanout_limit)
             + (f" ({RECORDED})" if run.run_id in recorded else ""),
             "; ".join(lineage(run)) or "-",
@@ -149,6 +176,10 @@ def render(
     reasons = sorted(set(recorded.values()))
     if reasons:
         text = f"fan-out ({RECORDED}): not read live: {'; '.join(reasons)}"
+        parts.append(Text(text, style="yellow"))
+    reasons = sorted(set(capacity_recorded.values()))
+    if reasons:
+        text = f"capacity ({RECORDED}): not read live: {'; '.join(reasons)}"
         parts.append(Text(text, style="yellow"))
     if error:
         parts.append(Text(f"node: {error}", style="red"))
@@ -213,7 +244,9 @@ def run_fleet(client: Client, once: bool = False) -> None:
         # Piped, rich would assume 80 columns and cut every cell; a file gets whole lines.
         console = Console() if sys.stdout.isatty() else Console(width=240)
         frame = live_frame(client, state.snapshot())
-        console.print(render(frame.runs, time.time(), state.error, frame.recorded))
+        console.print(
+            render(frame.runs, time.time(), state.error, frame.recorded, frame.capacity_recorded)
+        )
         return
     stop = threading.Event()
     for host in hosts:  # one long-poll per host (each node counts its own events)
@@ -224,7 +257,9 @@ def run_fleet(client: Client, once: bool = False) -> None:
             state.changed.clear()
             # Each frame reads the budgets again: nested launches claim without a run event.
             frame = live_frame(client, state.snapshot())
-            shown = render(frame.runs, time.time(), state.error, frame.recorded)
+            shown = render(
+                frame.runs, time.time(), state.error, frame.recorded, frame.capacity_recorded
+            )
             live.update(shown, refresh=True)
             if interactive:
                 ready, _, _ = select.select([sys.stdin], [], [], 1.0)

@@ -256,7 +256,8 @@ def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     """Live view of sessions and runs (state, elapsed, deadline, gauges, last output); q quits.
 
     Run ids are never cut. The fan-out gauge is the run tree's budget read live (used/limit,
-    nested launches included); "(recorded)" marks a figure the run recorded because its budget
+    nested launches included), the capacity gauge the session's pool read live (one reading
+    per session); "(recorded)" marks a figure the run recorded because its budget or its pool
     could not be read. `--once --json` prints the frame's runs for scripts. On a home node:
     the runs of every host that is up, each with its host.
     """
@@ -270,12 +271,14 @@ def fleet(obj: Ctx, once: bool, as_json: bool) -> None:
     with obj.client() as client:
         client.ping()
         if as_json:
+            from subagents_node.client.capacity_views import live_capacity_parts_plan
             from subagents_node.client.fanout_views import live_parts_plan
             from subagents_node.client.hosts import runs_json
 
-            # The budgets' live figures, as the view shows them (R-FAN-26).
+            # The budgets' and the pools' live figures, as the view shows them (R-FAN-26).
             parts, recorded = client.perform(live_parts_plan(client.hosts.runs(limit=100)))
-            emit(runs_json(parts, recorded), True, "")
+            parts, held = client.perform(live_capacity_parts_plan(parts))
+            emit(runs_json(parts, recorded, held), True, "")
             return
         run_fleet(client, once=once)
 

@@ -27,6 +27,7 @@ from subagents_node.cli.common import (
 from subagents_node.cli.following import child_end, launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
+from subagents_node.client.capacity_views import with_capacity
 from subagents_node.client.client import Client
 from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.launch.config import load_config
@@ -168,16 +169,19 @@ def runs_command(
 
     On a home node, every host's runs, each with its HOST (a host that cannot be asked is
     named on stderr). Ids and labels are shortened only on a terminal without --wide; piped
-    output is never cut. --json gives each run's fan-out figures read live from its budget.
+    output is never cut. --json gives each run's fan-out figures read live from its budget,
+    and its capacity figures read live from its session's pool.
     """
     with obj.client() as client:
         parts = client.hosts.runs(session, active, limit)
         if as_json:  # the table shows no fan-out figures; the JSON shows them live (R-FAN-26)
+            from subagents_node.client.capacity_views import live_capacity_parts_plan
             from subagents_node.client.fanout_views import live_parts_plan
             from subagents_node.client.hosts import runs_json
 
             parts, recorded = client.perform(live_parts_plan(parts))
-            emit(runs_json(parts, recorded), True, "")
+            parts, held = client.perform(live_capacity_parts_plan(parts))  # one per session
+            emit(runs_json(parts, recorded, held), True, "")
             return
     found = [run for part in parts for run in part.runs]
     for part in parts:
@@ -209,6 +213,12 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
             ledgers, unknown = None, err.message
         live = client.perform(live_fanout_plan([found]))  # R-FAN-26
     found, recorded = live.runs[0], live.recorded.get(found.run_id, "")
+    held = ""  # why the run's capacity figures are its record (its pool was not read)
+    if found.snapshots.capacity_limit is not None:
+        if ledgers is None:
+            held = unknown
+        else:  # the pool as read for the header, not the figure recorded at admission
+            found = with_capacity(found, ledgers[1])
     lines = [
         f"Status target: run {found.run_id}",  # R-STS-1's header, from live snapshots
         *([f"host: {found.host}"] if found.host else []),
@@ -236,6 +246,7 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         "active_async_capacity": ledgers[1].model_dump(mode="json") if ledgers else None,
         **({"ledgers_unknown": unknown} if unknown else {}),
         **({"fanout_recorded": recorded} if recorded else {}),
+        **({"capacity_recorded": held} if held else {}),
     }
     emit(data, as_json, "\n".join(lines))
 

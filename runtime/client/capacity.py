@@ -135,8 +135,12 @@ def transfer_plan(
     return one(request, AcquireResult)
 
 
-def snapshot_plan(session_id: str, limit: int = 0) -> Plan[CapacitySnapshot]:
-    return one(build(Snapshot, session_id=session_id, limit=limit), CapacitySnapshot)
+def snapshot_plan(
+    session_id: str, limit: int = 0, timeout: float | None = None
+) -> Plan[CapacitySnapshot]:
+    """R-CAP-26 (the owner reconciles the pool first); `timeout` None: the client's."""
+    request = build(Snapshot, session_id=session_id, limit=limit)
+    return one(request, CapacitySnapshot, timeout)
 
 
 def report_terminal_plan(

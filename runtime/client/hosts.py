@@ -48,16 +48,21 @@ class HostRuns:
 
 
 def runs_json(
-    parts: list[HostRuns], recorded: Mapping[str, str] | None = None
+    parts: list[HostRuns],
+    recorded: Mapping[str, str] | None = None,
+    capacity_recorded: Mapping[str, str] | None = None,
 ) -> dict[str, object]:
     """A view's runs over every host as JSON, naming the hosts whose runs are unknown; a run
-    in `recorded` (run id -> why) says its fan-out figures are its record, not a live reading."""
+    in `recorded` (run id -> why) says its fan-out figures are its record, not a live reading,
+    and one in `capacity_recorded` says so of its capacity figures."""
     runs = []
     for part in parts:
         for run in part.runs:
             view = run.model_dump(mode="json")
             if recorded and run.run_id in recorded:
                 view["fanout_recorded"] = recorded[run.run_id]
+            if capacity_recorded and run.run_id in capacity_recorded:
+                view["capacity_recorded"] = capacity_recorded[run.run_id]
             runs.append(view)
     data: dict[str, object] = {"runs": runs}
     missing = {part.host: part.error for part in parts if part.error}

@@ -26,7 +26,7 @@ from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import launch_context, stop_active_runs, write_agent
+from tests.support.runs import Gate, launch_context, stop_active_runs, wait_until, write_agent
 
 #: More background runs than one page of the active-run listing's default (50).
 HOLDERS = 60
@@ -80,3 +80,34 @@ def test_r_cap_26_capacity_names_every_holder_beyond_the_first_page_of_the_run_l
     monkeypatch.setattr(ledgers, "PAGE", 7)
     paged = as_json(cli(*args, "--json"))
     assert sorted(h["run_id"] for h in paged["holders"]) == sorted(launched)
+
+
+def test_r_sts_1_fleet_runs_and_show_read_a_sessions_capacity_live_after_a_slot_is_freed(
+    client: Client, cli: Cli, agents: Path, gate: Gate
+) -> None:
+    ctx = launch_context(agents, max_active_async_runs_per_session=3)
+    first = background(client, ctx, "gate", str(gate.path))
+    second = background(client, ctx, "gate", str(gate.path))
+    ending, staying = gate.accept(2)
+    assert (first.snapshots.capacity_used, second.snapshots.capacity_used) == (1, 2)
+    pids = {client.runs.show(r.run_id).children[0].pid: r for r in (first, second)}
+    ended, going = pids[ending.pid], pids[staying.pid]
+    ending.release(0)
+    assert client.runs.wait(ended.run_id, timeout=30).state == "complete"
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 3).used == 1, what="freed")
+
+    for command in (("fleet", "--once", "--json"), ("runs", "--json")):
+        listed = {r["run_id"]: r for r in as_json(cli(*command))["runs"]}
+        for run in (going, ended):
+            shown = listed[run.run_id]
+            assert shown["snapshots"]["capacity_used"] == 1, (command, shown["snapshots"])
+            assert shown["snapshots"]["capacity_limit"] == 3
+            assert "capacity_recorded" not in shown
+    for run in (going, ended):
+        shown = as_json(cli("show", run.run_id, "--json"))
+        assert shown["snapshots"]["capacity_used"] == 1 == shown["active_async_capacity"]["used"]
+    frame = cli("fleet", "--once")
+    assert frame.exit_code == 0, frame.output
+    for run in (going, ended):
+        [row] = [line for line in frame.stdout.splitlines() if run.run_id in line]
+        assert " 1/3 " in row and "recorded" not in row, row

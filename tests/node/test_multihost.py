@@ -495,6 +495,8 @@ def test_run_on_a_worker_from_the_home_runs_it_there_and_every_view_on_the_home_
     assert listed["host"] == "w2"
     # Its budget is the home's: read live there, for a run on any host (R-FAN-26).
     assert "fanout_recorded" not in listed and listed["snapshots"]["fanout_used"] == 1
+    # So is its session's pool: read live there too (one reading per session).
+    assert "capacity_recorded" not in listed and listed["snapshots"]["capacity_used"] == 1
     code, out, err = crew.cli(crew.home, "status")
     assert code == 0, err
     assert any(line.strip().startswith("host w2: up") for line in out.splitlines()), out
