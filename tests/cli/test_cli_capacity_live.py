@@ -10,17 +10,28 @@ others no longer show it as used.
 
 from __future__ import annotations
 
+import io
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import Result
+from rich.console import Console
 
 import subagents_node.cli.ledgers as ledgers
+from subagents_node.cli.fleet import render
+from subagents_node.client.capacity import snapshot_plan
+from subagents_node.client.capacity_views import live_capacity_plan
 from subagents_node.client.client import Client
+from subagents_node.client.fanout_views import RECORDED
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.base import Ack
+from subagents_node.messages.errors import NodeError
+from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -111,3 +122,48 @@ def test_r_sts_1_fleet_runs_and_show_read_a_sessions_capacity_live_after_a_slot_
     for run in (going, ended):
         [row] = [line for line in frame.stdout.splitlines() if run.run_id in line]
         assert " 1/3 " in row and "recorded" not in row, row
+
+
+def unread(client: Client, session: str) -> bool:
+    """Whether the capacity owner leaves a snapshot of `session` unanswered for 0.2 s."""
+    try:
+        client.perform(snapshot_plan(session, 3, timeout=0.2))
+    except NodeError:
+        return True
+    return False
+
+
+def test_r_sts_1_a_pool_that_cannot_be_read_keeps_the_recorded_figure_marked_and_the_view_goes_on(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    """The capacity owner is kept busy past the frame's wait: each run shows what it recorded,
+    marked, with the reason under the table; the sessions not yet read are not asked."""
+    node = start_node("--faults", state_dir=state_dir)
+    client = node.client()
+    contexts = [launch_context(agents, max_active_async_runs_per_session=3) for _ in range(2)]
+    runs = [background(client, ctx, "gate", str(gate.path)) for ctx in contexts]
+    children = gate.accept(2)
+    busy = threading.Thread(
+        target=lambda: node.client().ask(DebugSleep(ms=3000), Ack, target="capacity")
+    )
+    try:
+        busy.start()
+        wait_until(lambda: unread(client, contexts[0].session_id), what="a busy capacity owner")
+        live = client.perform(live_capacity_plan(runs, timeout=0.5))
+    finally:
+        busy.join()
+        for child in children:
+            child.release(0)
+        for run in runs:
+            client.runs.wait(run.run_id, timeout=30)
+
+    assert [r.snapshots.capacity_used for r in live.runs] == [1, 1]  # as each recorded it
+    assert set(live.recorded) == {r.run_id for r in runs}
+    [why] = set(live.recorded.values())
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(render(live.runs, time.time(), "", {}, live.recorded))
+    frame = console.export_text().splitlines()
+    for run in runs:
+        [row] = [line for line in frame if run.run_id in line]
+        assert f"1/3 ({RECORDED})" in row, row
+    assert f"capacity ({RECORDED}): not read live: {why}" in frame
