@@ -247,14 +247,14 @@ def recover_parked(host: PauseHost, run_id: str) -> None:
         host.report_terminal(report)
 
 
-def checkpoint_deadline(host: PauseHost, run_id: str) -> float | None:
-    """The deadline of the checkpoint `run_id` still waits at with no live execution; None
-    when it has none, or was decided, stopped or continued (or is being continued)."""
+def parked_deadline(host: PauseHost, run_id: str) -> float | None:
+    """The deadline of paused run `run_id` (interrupt-paused, or waiting at a checkpoint with
+    no live execution); None when it has none, or was decided, stopped or continued (or is
+    being continued)."""
     row = runstore.run_row(host.db, run_id)
-    record = checkpoints.pause_record(host.db, run_id)
     if row is None or row["state"] != "paused" or row["started_at"] is None:
         return None
-    if record is None or record.get("kind") != "checkpoint":
+    if checkpoints.pause_record(host.db, run_id) is None:
         return None
     if checkpoints.successor(host.db, run_id) or host.continuing(run_id):
         return None
@@ -262,10 +262,13 @@ def checkpoint_deadline(host: PauseHost, run_id: str) -> float | None:
 
 
 def expire_parked(host: PauseHost, run_id: str) -> None:
-    """R-RUN-2: a checkpoint's deadline keeps counting while the run waits, also across a
-    node restart that ended its execution (runs/restart.py re-arms it): once it passes, the
-    run fails as a live one would and its slot is reported free."""
-    if checkpoint_deadline(host, run_id) is None:  # decided or continued meanwhile
+    """R-RUN-2, R-TMO-7: a paused run's deadline (its absolute `deadline_at`) keeps counting
+    while it holds no process, whether `pause` stopped it or it waits at a checkpoint a node
+    restart left, and across node restarts (runs/restart.py times it again): once it passes,
+    the run can never go on (R-TMO-8), so it fails as a live one would and its slot is
+    reported free (its proof: no process). Nothing happens if it was decided, stopped or
+    continued meanwhile."""
+    if parked_deadline(host, run_id) is None:
         return
     row = _row(host, run_id)
     report = steps.expire_parked(host, row)

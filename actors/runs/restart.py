@@ -5,7 +5,7 @@ recovery settles and the reports it then owes become durable together): the outb
 ahead of new rows; the appends whose record is durable but whose claims were never committed
 owed again (R-APP-4); run and child rows that cannot be read quarantined and never adopted, so
 their slot and claims stay held (DESIGN §2); runs that hold no process left to pauses.py (a
-checkpoint wait's deadline timed again); every other unsettled run adopted from the store (its
+paused run's deadline timed again); every other unsettled run adopted from the store (its
 deadline re-armed: it outlives the node that set it, and its slot's start owed again: the node
 may have died before marking it); the shims' exit records applied; the children of runs
 paused before the crash stopped; superseded runs stopped (R-MISC-2); each adopted run
@@ -108,7 +108,7 @@ class RunRestart:
                 continue
             if checkpoints.parked(db, run_id):
                 pauses.recover_parked(host, run_id)  # it holds no process (R-RUN-2)
-                self._arm_checkpoint_deadline(run_id)
+                self._arm_parked_deadline(run_id)
             else:
                 self._adopt_run(run_id)
         for child_id, reason in child_rows.unreadable(db):
@@ -128,11 +128,12 @@ class RunRestart:
         self._retention.arm(db)
         host.keeper.flush()  # the adopted shims (recovery is not a commit group's message)
 
-    def _arm_checkpoint_deadline(self, run_id: str) -> None:
-        """A run waiting at a checkpoint keeps its deadline counting (R-RUN-2); the node that
-        timed it is gone, so it is timed again from its absolute time (past: at once)."""
+    def _arm_parked_deadline(self, run_id: str) -> None:
+        """A paused run (by `pause` or at a checkpoint) keeps its deadline counting (R-RUN-2);
+        the node that timed it is gone, so it is timed again from its absolute time (past: at
+        once)."""
         host = self._host
-        deadline = pauses.checkpoint_deadline(host, run_id)
+        deadline = pauses.parked_deadline(host, run_id)
         if deadline is not None:
             host.after(max(0.0, deadline - host.clock()), RunDeadline(run_id))
 

@@ -217,6 +217,14 @@ def run_row(db: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
     return row
 
 
+def paused_deadline(db: sqlite3.Connection, run_id: str) -> float | None:
+    """The absolute deadline of run `run_id` if it is `paused` and has one (R-RUN-2)."""
+    row = db.execute(
+        "SELECT deadline_at FROM runs WHERE run_id=? AND state='paused'", (run_id,)
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def view(db: sqlite3.Connection, run_id: str) -> RunView | None:
     """The run's view, None when there is no such run; `RecordQuarantined` when its row or
     one of its children's rows cannot be read."""

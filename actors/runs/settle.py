@@ -2,13 +2,14 @@
 
 Owns the moves of a run's end: its budget read as it ends (R-FAN-26, a call whose answer comes
 back as a `Settle` tick), its final state, output and event, the children that never started
-marked `stopped`, the chains attached to it woken (R-RES-6), its `summary.json`, and what it
-owes the other owners (the capacity report, the session's view); and the settled workflows
-whose background children still lack proof, whose slot is re-reported as each of those
-settles. The reports themselves are runs/settlement.py's; this module only decides when they
-are owed. It never sends them itself (they go through the host's outbox), never kills a
-process, and never settles a run that still has a child running (runs/children.py asks it to
-only once none runs).
+marked `stopped`, the chains attached to it woken (R-RES-6), its `summary.json`, a paused
+run's deadline timed again once it holds no process (R-RUN-2), and what it owes the other
+owners (the capacity report, the session's view); and the settled workflows whose background
+children still lack proof, whose slot is re-reported as each of those settles. The reports
+themselves are runs/settlement.py's; this module only decides when they are owed. It never
+sends them itself (they go through the host's outbox), never kills a process, and never
+settles a run that still has a child running (runs/children.py asks it to only once none
+runs).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol
 
+from subagents_node.actors.context import Cancel
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.runs import attach, management, runstore, settlement, steps
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.retention import RunRetention
-from subagents_node.actors.runs.ticks import Advance, Settle
+from subagents_node.actors.runs.ticks import Advance, RunDeadline, Settle
 from subagents_node.messages.capacity import ReportTerminal
 from subagents_node.messages.fanout import FanoutSnapshot, ReadSnapshot, decode_descriptor
 from subagents_node.messages.supervisor import Snapshots
@@ -34,6 +36,8 @@ class SettleHost(steps.StepHost, Protocol):
     """What settling a run needs from the RunSupervisor, beyond the StepHost's moves."""
 
     def after_commit(self, effect: Callable[[], None]) -> None: ...
+
+    def after(self, delay_s: float, tick: Tick) -> Cancel: ...
 
     def to_self(self, make: Callable[P, Tick]) -> Callable[P, None]:
         """A callback (run on another thread) that delivers the tick `make` builds to us."""
@@ -119,9 +123,18 @@ class RunSettler:
         # Forgotten once the settlement is durable: undone by a full disk, the run stays live
         # and settling, and settles again (RunSupervisor.group_undone).
         host.after_commit(functools.partial(self._forget, live.run_id))
+        deadline = runstore.paused_deadline(db, live.run_id)
+        if deadline is not None:  # timed once forgotten: its tick then finds no live run
+            host.after_commit(functools.partial(self._time_parked, live.run_id, deadline))
 
     def _forget(self, run_id: str) -> None:
         self._live.pop(run_id, None)
+
+    def _time_parked(self, run_id: str, deadline: float) -> None:
+        """R-RUN-2: a paused run's deadline keeps counting while it holds no process. Its live
+        timer was cancelled above, and a deadline that came while it was pausing found it
+        stopping and did nothing: timed again here, due at once if it passed already."""
+        self._host.after(max(0.0, deadline - self._host.clock()), RunDeadline(run_id))
 
     def source_ended(self, run_id: str, state: str, output: str) -> None:
         """Run `run_id` ended (settled here, or a paused run that holds no process): the

@@ -189,9 +189,9 @@ def reject_parked(host: StepHost, row: sqlite3.Row, reason: str) -> ReportTermin
 
 
 def expire_parked(host: StepHost, row: sqlite3.Row) -> ReportTerminal | None:
-    """The deadline of a checkpoint wait a node restart left (its execution ended, so no live
-    run's timer holds it) passed: the run fails as a live one would, and the capacity report
-    that frees its slot is returned (None when it holds none)."""
+    """The deadline of a paused run that holds no process (interrupt-paused, or a checkpoint
+    wait a node restart left: no live run's timer holds it) passed: the run fails as a live
+    one would, and the capacity report that frees its slot is returned (None: it holds none)."""
     run_id, now = str(row["run_id"]), host.clock()
     budget_ms = round((row["deadline_at"] - row["started_at"]) * 1000)
     error = f"Run timed out after {budget_ms} ms."

@@ -410,7 +410,7 @@ class RunSupervisor(OwnerActor):
                 self._launches.stop_superseded(run_id)
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
-                if live is None:  # a checkpoint wait a node restart left (runs/restart.py)
+                if live is None:  # a paused run that holds no process (pauses.expire_parked)
                     pauses.expire_parked(self, run_id)
                 elif live.stop_state is None and live.deadline_ms:
                     self.stop_live(live, "failed", f"Run timed out after {live.deadline_ms} ms.")

@@ -5,8 +5,9 @@ run, its slot and deadline unchanged), `reject` ends it `rejected` (terminal, R-
 is freed). `pause` stops a background run's child tree and the run settles `paused`: it holds
 no process and keeps its slot (the verdict is "run is still paused"), so the `resume` that goes
 on from the interrupted step takes the slot over (R-CAP-18, SPEC §0.4 / A-2 resolved), claims
-nothing (R-FAN-23) and inherits the source's absolute deadline (R-TMO-8): when that deadline
-passed, the resume fails with R-TMO-8's text and changes no ledger.
+nothing (R-FAN-23) and inherits the source's absolute deadline (R-TMO-8). The deadline keeps
+counting while the run is paused: once it passes the run fails timed out and frees its slot,
+and a resume then fails with R-TMO-8's text and changes no ledger.
 
 Embedded node, real children (the gate agent holds a step open until the test releases it).
 """
@@ -14,7 +15,6 @@ Embedded node, real children (the gate agent holds a step open until the test re
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -321,6 +321,29 @@ def test_r_run_2_a_stop_and_a_resume_of_a_paused_run_sent_at_once_never_both_win
             assert not [r for r in client.runs.list() if r.source_run_id == run.run_id]
 
 
+def test_r_run_2_a_paused_run_whose_deadline_passes_fails_timed_out_and_frees_its_slot(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """A pause does not stop the run's deadline (R-TMO-7: its wall-clock limit, absolute for
+    whatever goes on with it, R-TMO-8). Once it passes the run can never go on, so it ends as
+    a checkpoint wait does: `failed`, timed out, and its slot freed (it holds no process).
+    It stayed `paused` with its slot for good, `resume` refused (deadline expired)."""
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "never")]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=3000))
+    [child] = gate.accept(1)
+    client.runs.pause(run.run_id)
+    assert paused(client, run.run_id).paused == "interrupt"
+    child.wait_exit()
+    assert used(client, ctx) == 1
+
+    ended = client.runs.wait(run.run_id, timeout=20)
+
+    assert (ended.state, ended.error) == ("failed", "Run timed out after 3000 ms.")
+    assert ended.deadline_at is not None and (ended.ended_at or 0) >= ended.deadline_at
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+    assert client.capacity.inspect(run.run_id, ctx.session_id).relation == "none"
+
+
 def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_nothing(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
@@ -330,7 +353,10 @@ def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_no
     client.runs.pause(run.run_id)
     source = paused(client, run.run_id)
     assert source.deadline_at is not None
-    wait_until(lambda: time.time() > (source.deadline_at or 0), what="the deadline to pass")
+    # The deadline ends the paused run (R-RUN-2) and frees its slot; its resume then has none
+    # left to inherit.
+    assert client.runs.wait(run.run_id, timeout=20).state == "failed"
+    wait_until(lambda: used(client, ctx) == 0, what="release")
     before = ledgers(client, ctx.session_id, LIMIT, decode_descriptor(run.fanout_descriptor))
 
     with pytest.raises(DeadlineExpired) as caught:
@@ -342,7 +368,7 @@ def test_r_tmo_8_resume_after_the_sources_absolute_deadline_fails_and_changes_no
     assert ledgers(client, ctx.session_id, LIMIT, decode_descriptor(run.fanout_descriptor)) == (
         before
     )
-    assert client.runs.show(run.run_id).state == "paused"
+    assert client.runs.show(run.run_id).state == "failed"
 
 
 def test_r_run_2_a_paused_run_that_is_stopped_frees_its_slot(

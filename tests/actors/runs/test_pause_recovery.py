@@ -5,6 +5,8 @@ No step of the new paths leaves a stuck run or a leaked slot (SPEC §0.4):
   `paused`), a restarted node settles the run `paused`, keeping its slot, and `resume` goes on;
 - killed while a run waits at a checkpoint, the paused run is not adopted (it holds no
   process): `approve` continues it in a new run that takes its slot over, `reject` frees it;
+- a paused run (a checkpoint wait, or `pause`) whose deadline passes across a restart fails
+  timed out and frees its slot, as it would have without the restart;
 - killed while an expansion's claim is out (`expand_claim`, `expand_record`), the run fails
   after the restart (its items never start) and its slot is freed.
 
@@ -199,6 +201,46 @@ def test_r_run_2_a_checkpoint_wait_still_ends_at_its_deadline_after_a_node_resta
     ended = client.runs.wait(run.run_id, timeout=20)
     assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
     wait_until(lambda: freed(client, ctx), what="release")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restart", ["stop", "kill"])
+def test_r_run_2_a_paused_run_still_ends_at_its_deadline_after_a_node_restart(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    restart: str,
+) -> None:
+    """A run `pause` stopped keeps its deadline counting, as a checkpoint wait does. The next
+    node does not adopt it (it holds no process) and timed only checkpoint waits again: it
+    stayed `paused` with its slot for good, and `resume` was refused (deadline expired).
+    `stop` restarts before the deadline (timed again), `kill` after it passed while no node
+    ran (it fires at once)."""
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    chain = [step(ctx, "gate", str(gate.path)), step(ctx, "echo", "never")]
+    budget_ms = 4000 if restart == "stop" else 1500
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=budget_ms))
+    [child] = gate.accept(1)
+    client.runs.pause(run.run_id)
+    wait_view(client, run.run_id, lambda v: v.state == "paused")
+    child.wait_exit()
+    deadline = run.deadline_at
+    assert deadline is not None
+
+    if restart == "stop":
+        first.stop()
+    else:
+        first.kill()
+        wait_until(lambda: time.time() > deadline, what="the deadline to pass")
+    client = start_node(state_dir=state_dir).client()
+
+    ended = client.runs.wait(run.run_id, timeout=20)
+    assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
+    wait_until(lambda: freed(client, ctx), what="release")
+    assert client.capacity.inspect(run.run_id, ctx.session_id).relation == "none"
 
 
 def _approve_and_reject_at_once(node: NodeProcess, run_id: str) -> dict[str, object]:
