@@ -187,6 +187,14 @@ class RunLaunches:
             )
         self._continuing[source_id] = run_id
 
+    def _time_source(self, source_id: str) -> None:
+        """A deadline due while a continuation of paused run `source_id` was admitted did
+        nothing (it might have gone on): one that failed leaves it paused, so its deadline is
+        timed again (due at once if it passed). Harmless otherwise: the tick checks again."""
+        deadline = runstore.paused_deadline(self._host.db, source_id)
+        if deadline is not None:
+            self._host.after(max(0.0, deadline - self._host.clock()), RunDeadline(source_id))
+
     def _supersede_once(self, source_id: str, run_id: str) -> None:
         """A live run is superseded once: refuse a rerun of it while another one is admitted."""
         going = self._superseding.get(source_id)
@@ -205,6 +213,8 @@ class RunLaunches:
         def answer(outcome: Outcome) -> None:
             self._lineage.pop(run_id, None)
             # Admitted (the record names its source now) or refused: the mark has done its job.
+            for source_id in [s for s, going in self._continuing.items() if going == run_id]:
+                self._time_source(source_id)
             for marks in (self._continuing, self._superseding):
                 for source_id in [s for s, going in marks.items() if going == run_id]:
                     del marks[source_id]

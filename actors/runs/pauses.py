@@ -250,7 +250,7 @@ def recover_parked(host: PauseHost, run_id: str) -> None:
 def parked_deadline(host: PauseHost, run_id: str) -> float | None:
     """The deadline of paused run `run_id` (interrupt-paused, or waiting at a checkpoint with
     no live execution); None when it has none, or was decided, stopped or continued (or is
-    being continued)."""
+    being continued: that admission's end times it again, runs/launches.py)."""
     row = runstore.run_row(host.db, run_id)
     if row is None or row["state"] != "paused" or row["started_at"] is None:
         return None

@@ -123,9 +123,20 @@ class RunSettler:
         # Forgotten once the settlement is durable: undone by a full disk, the run stays live
         # and settling, and settles again (RunSupervisor.group_undone).
         host.after_commit(functools.partial(self._forget, live.run_id))
-        deadline = runstore.paused_deadline(db, live.run_id)
-        if deadline is not None:  # timed once forgotten: its tick then finds no live run
-            host.after_commit(functools.partial(self._time_parked, live.run_id, deadline))
+        self._time_paused(live.run_id)
+
+    def _time_paused(self, run_id: str) -> None:
+        """The run settled `paused`: its deadline is timed again. Or it went on with a paused
+        run and failed (a continuation whose start failed): that run is still paused, and a
+        deadline due meanwhile did nothing (it might have gone on), so its deadline is timed
+        again too. Each once the settlement is durable: the tick then finds no live run."""
+        db = self._host.db
+        row = runstore.run_row(db, run_id)
+        for paused_id in (run_id, row["source_run_id"] if row is not None else None):
+            deadline = runstore.paused_deadline(db, paused_id) if paused_id else None
+            if paused_id and deadline is not None:
+                timing = functools.partial(self._time_parked, paused_id, deadline)
+                self._host.after_commit(timing)
 
     def _forget(self, run_id: str) -> None:
         self._live.pop(run_id, None)

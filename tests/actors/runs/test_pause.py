@@ -15,6 +15,7 @@ Embedded node, real children (the gate agent holds a step open until the test re
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages.base import Ack
 from subagents_node.messages.errors import (
     AppendRejected,
     DeadlineExpired,
@@ -30,6 +32,7 @@ from subagents_node.messages.errors import (
     RunNotResumable,
 )
 from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.supervisor import (
     Append,
     AppendResult,
@@ -529,3 +532,43 @@ def test_r_adm_2_a_resume_of_a_paused_run_failing_at_each_admission_step_leaves_
         }
         assert (after.relation, after.verdict) == (held.relation, held.verdict)
         assert client.runs.show(run.run_id).state == "paused"
+
+
+@pytest.mark.parametrize("point", ["resolve_budget", "mark_started"])
+def test_r_run_2_a_checkpoint_deadline_due_while_an_approve_is_admitted_fires_once_it_fails(
+    state_dir: Path, ctx: LaunchContext, point: str
+) -> None:
+    """A deadline that comes while an `approve` of a checkpoint wait is admitted does nothing
+    (the run may go on, with the same absolute deadline). If that admission then fails, the run
+    still waits: its deadline must fire then (at once, it passed). Nothing fired it again: the
+    run stayed `paused` with its slot for good."""
+    budget_ms = 6000
+    chain = [step(ctx, "echo", "one"), ChainStep(kind="checkpoint"), step(ctx, "echo", "two")]
+    with Node.embedded(state_dir=state_dir) as node:  # leaves the checkpoint wait parked
+        client = node.client()
+        run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=budget_ms))
+        paused(client, run.run_id)
+    deadline = run.deadline_at
+    assert deadline is not None
+
+    with embedded(state_dir, faults=True, settings={"fault_points": [point]}) as node:
+        client = node.client(timeout=60)
+        # The capacity owner is busy until past the deadline: the approve's slot transfer (its
+        # admission's first step) waits on it, so the deadline comes while it is admitted.
+        busy_ms = round((deadline - time.time()) * 1000) + 1000
+        assert busy_ms > 1000, "the deadline passed before the approve could be sent"
+        busy = node.client(timeout=60)
+        asleep = threading.Thread(
+            target=lambda: busy.ask(DebugSleep(ms=busy_ms), Ack, target="capacity")
+        )
+        asleep.start()
+        try:
+            with pytest.raises(InjectedFault):
+                client.runs.approve(run.run_id, capacity_limit=LIMIT)
+            assert time.time() > deadline, "the approve was not admitted when its deadline came"
+        finally:
+            asleep.join()
+
+        ended = client.runs.wait(run.run_id, timeout=20)
+        assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
+        wait_until(lambda: used(client, ctx) == 0, what="release")
