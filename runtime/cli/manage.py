@@ -220,8 +220,9 @@ def pause(obj: Ctx, run_id: str, as_json: bool) -> None:
 
     A paused run holds no process and keeps its capacity slot; `resume RUN_ID` goes on from
     the interrupted step in a new run that takes the slot over (R-RUN-2, R-CAP-18) and keeps
-    the source's absolute deadline (R-TMO-8). Prints the run as the pause left it (it may
-    still be `running` while its children stop).
+    the source's absolute deadline (R-TMO-8). That deadline keeps counting while the run is
+    paused: once it passes, the run fails (timed out) and frees its slot. Prints the run as
+    the pause left it (it may still be `running` while its children stop).
     """
     with obj.client() as client:
         run = client.ask(validate_request(Pause, {"run_id": run_id}), RunView)
