@@ -12,10 +12,9 @@ report, the session's view) is owed through the outbox (`run_outbox`, runs/outbo
 with the change that owes it, sent once that has committed, in order, until answered, so a
 ledger owner that is restarting or unreachable when a run ends hears of it when it is back.
 
-The moves are in modules that take this actor as their host, each saying what it owns: the
-way into a run (admission.py, launches.py), its children (children.py), dynamic steps and
-pauses (steps.py, pauses.py), its end (settle.py), chain appends (appends.py), the requests
-that read or stop a run (runrequests.py), run events (eventlog.py) and recovery (restart.py).
+The moves are in modules that take this actor as their host, each saying what it owns:
+admission.py, launches.py (the way in), children.py, steps.py and pauses.py, settle.py (the
+end), appends.py, runrequests.py (reads and stops), eventlog.py and restart.py (recovery).
 This module holds what they share (the live runs, the pipelines, the outbox, the keeper),
 binds each request to its handler and routes each tick; it never takes back a move they own.
 
