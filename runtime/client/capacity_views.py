@@ -14,12 +14,11 @@ do I/O itself.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from subagents_node.client.capacity import snapshot_plan
-from subagents_node.client.hosts import HostRuns
+from subagents_node.client.hosts import HostRuns, regrouped
 from subagents_node.client.plans import Plan
 from subagents_node.messages.capacity import CapacitySnapshot
 from subagents_node.messages.errors import NodeError, OwnerUnavailable, SubagentsError
@@ -88,9 +87,4 @@ def live_capacity_parts_plan(
     """`live_capacity_plan` over a home's view of every host (the pools are all the home's):
     the parts with live figures, and the runs whose figures are their records."""
     live = yield from live_capacity_plan([run for part in parts for run in part.runs], timeout)
-    shown, start = [], 0
-    for part in parts:
-        end = start + len(part.runs)
-        shown.append(dataclasses.replace(part, runs=live.runs[start:end]))
-        start = end
-    return shown, live.recorded
+    return regrouped(parts, live.runs), live.recorded

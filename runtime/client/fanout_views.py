@@ -12,12 +12,11 @@ only: it never fails the whole view. It must never import server code, nor do I/
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from subagents_node.client.fanout import snapshots_plan
-from subagents_node.client.hosts import HostRuns
+from subagents_node.client.hosts import HostRuns, regrouped
 from subagents_node.client.plans import Plan
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import FanoutSnapshot, decode_descriptor
@@ -88,9 +87,4 @@ def live_parts_plan(
     """`live_fanout_plan` over a home's view of every host (the budgets are all the home's):
     the parts with live figures, and the runs whose figures are their records."""
     live = yield from live_fanout_plan([run for part in parts for run in part.runs], timeout)
-    shown, start = [], 0
-    for part in parts:
-        end = start + len(part.runs)
-        shown.append(dataclasses.replace(part, runs=live.runs[start:end]))
-        start = end
-    return shown, live.recorded
+    return regrouped(parts, live.runs), live.recorded

@@ -16,7 +16,8 @@ It never changes anything on any host, and never asks a ledger: the ledgers are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
@@ -45,6 +46,17 @@ class HostRuns:
     state: str  # the home's word for the host: up, unreachable, lost
     runs: list[RunView]
     error: str = ""
+
+
+def regrouped(parts: Sequence[HostRuns], runs: Sequence[RunView]) -> list[HostRuns]:
+    """`parts` with their runs, in order, replaced by `runs`: the same runs read again as one
+    list (a home's ledger owners answer for every host's runs at once)."""
+    shown, start = [], 0
+    for part in parts:
+        end = start + len(part.runs)
+        shown.append(dataclasses.replace(part, runs=list(runs[start:end])))
+        start = end
+    return shown
 
 
 def runs_json(
