@@ -28,7 +28,7 @@ from subagents_node.actors.capacity.rules import NO_SLOT
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import PauseRefused, SubagentsError
-from subagents_node.messages.supervisor import ChainStep, LaunchResult, Resume, TaskItem
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, Resume, RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
@@ -188,19 +188,8 @@ def test_r_run_2_a_checkpoint_wait_still_ends_at_its_deadline_after_a_node_resta
     budget_ms = 3000 if restart == "stop" else 1000
     run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=budget_ms))
     wait_view(client, run.run_id, lambda v: v.state == "paused")
-    deadline = run.deadline_at
-    assert deadline is not None
-
-    if restart == "stop":
-        first.stop()
-    else:
-        first.kill()
-        wait_until(lambda: time.time() > deadline, what="the deadline to pass")
-    client = start_node(state_dir=state_dir).client()
-
-    ended = client.runs.wait(run.run_id, timeout=20)
-    assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
-    wait_until(lambda: freed(client, ctx), what="release")
+    client = _restarted(first, restart, run, start_node, state_dir)
+    _timed_out_and_freed(client, run.run_id, budget_ms, ctx)
 
 
 @pytest.mark.slow
@@ -227,20 +216,34 @@ def test_r_run_2_a_paused_run_still_ends_at_its_deadline_after_a_node_restart(
     client.runs.pause(run.run_id)
     wait_view(client, run.run_id, lambda v: v.state == "paused")
     child.wait_exit()
+    client = _restarted(first, restart, run, start_node, state_dir)
+    _timed_out_and_freed(client, run.run_id, budget_ms, ctx)
+    assert client.capacity.inspect(run.run_id, ctx.session_id).relation == "none"
+
+
+def _restarted(
+    first: NodeProcess,
+    restart: str,
+    run: RunView,
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+) -> Client:
+    """The node stopped (before `run`'s deadline) or killed (and the deadline let pass while
+    no node runs), then the next node started: a client of it."""
     deadline = run.deadline_at
     assert deadline is not None
-
     if restart == "stop":
         first.stop()
     else:
         first.kill()
         wait_until(lambda: time.time() > deadline, what="the deadline to pass")
-    client = start_node(state_dir=state_dir).client()
+    return start_node(state_dir=state_dir).client()
 
-    ended = client.runs.wait(run.run_id, timeout=20)
+
+def _timed_out_and_freed(client: Client, run_id: str, budget_ms: int, ctx: LaunchContext) -> None:
+    ended = client.runs.wait(run_id, timeout=20)
     assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
     wait_until(lambda: freed(client, ctx), what="release")
-    assert client.capacity.inspect(run.run_id, ctx.session_id).relation == "none"
 
 
 def _approve_and_reject_at_once(node: NodeProcess, run_id: str) -> dict[str, object]:
