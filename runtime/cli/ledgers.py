@@ -13,6 +13,7 @@ import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, SESSION
+from subagents_node.client.listing import MAX_LISTED, every_run_plan
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.messages.errors import RunNotFound
 from subagents_node.messages.supervisor import RunView
@@ -20,27 +21,10 @@ from subagents_node.messages.supervisor import RunView
 if TYPE_CHECKING:
     from subagents_node.client.client import Client
 
-#: Runs one page of the active-run listing asks for (the request's own maximum).
-PAGE = 1000
-#: At most this many active runs are listed for `capacity` (a bound, not a session limit).
-MAX_LISTED = 20 * PAGE
-
 
 def active_runs(client: Client, session: str) -> tuple[list[RunView], bool]:
-    """Every active run of `session`, newest first, read page by page with the listing's
-    cursor (one page is at most PAGE runs), and whether MAX_LISTED cut the list short.
-
-    A page can come back short without being the last (a run the owner cannot read is left
-    out of it), so only an empty page ends the listing."""
-    going: list[RunView] = []
-    after: str | None = None
-    while len(going) < MAX_LISTED:
-        page = client.runs.list(session, active_only=True, limit=PAGE, after_run_id=after)
-        if not page:
-            return going, False
-        going += page
-        after = page[-1].run_id
-    return going[:MAX_LISTED], True
+    """Every active run of `session`, newest first, and whether the listing's bound cut it."""
+    return client.perform(every_run_plan(session, active_only=True))
 
 
 def _limit_text(limit: int) -> str:

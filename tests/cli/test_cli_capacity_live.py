@@ -22,7 +22,7 @@ import pytest
 from click.testing import Result
 from rich.console import Console
 
-import subagents_node.cli.ledgers as ledgers
+import subagents_node.client.listing as listing
 from subagents_node.cli.fleet import render
 from subagents_node.client.capacity import snapshot_plan
 from subagents_node.client.capacity_views import live_capacity_plan
@@ -88,7 +88,7 @@ def test_r_cap_26_capacity_names_every_holder_beyond_the_first_page_of_the_run_l
     assert all(run_id in text.stdout for run_id in launched)
 
     # Small pages: the cursor walks the listing without skipping or repeating a run.
-    monkeypatch.setattr(ledgers, "PAGE", 7)
+    monkeypatch.setattr(listing, "PAGE", 7)
     paged = as_json(cli(*args, "--json"))
     assert sorted(h["run_id"] for h in paged["holders"]) == sorted(launched)
 
