@@ -105,9 +105,12 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
 @click.pass_obj
 @user_errors
 def budget(obj: Ctx, root: str, as_json: bool) -> None:
-    """The fan-out budget of the run tree ROOT (its root run id, or any run in the tree)."""
+    """The fan-out budget of the run tree ROOT (its root run id, or any run in the tree).
+
+    Every run of the tree is named: the listing is read page by page (at most 20,000; beyond
+    that the output says it stopped)."""
     with obj.client() as client:
-        tree = client.runs.list(root_run_id=root, limit=1000)
+        tree, cut = client.perform(every_run_plan(root_run_id=root))  # every page, not one
         if not tree:
             try:
                 tree = [client.runs.show(root)]
@@ -118,17 +121,20 @@ def budget(obj: Ctx, root: str, as_json: bool) -> None:
         first: RunView = tree[-1]
         snap = client.fanout.snapshot(first.fanout_descriptor)
         if first.root_run_id != root:
-            tree = client.runs.list(root_run_id=first.root_run_id, limit=1000)
+            tree, cut = client.perform(every_run_plan(root_run_id=first.root_run_id))
     payload = {
         "root_run_id": first.root_run_id,
         **snap.model_dump(mode="json"),
         "runs": [r.run_id for r in tree],
+        **({"runs_cut_at": MAX_LISTED} if cut else {}),
     }
     text = (
         f"Run fan-out: {snap.used}/{snap.limit} used, {snap.remaining} remaining\n"
         f"root {first.root_run_id}, {plural(len(tree), 'run')} in the tree; "
         "claims are never released"
     )
+    if cut:
+        text += f"\n(only the newest {MAX_LISTED} runs of the tree were listed)"
     emit(payload, as_json, text)
 
 

@@ -1,0 +1,118 @@
+"""Listings that must name every run read the run listing page by page.
+
+One `runs.list` request answers at most 1,000 runs. `budget ROOT` names every run of the tree:
+it follows the listing's `after_run_id` cursor (client/listing.py) to the end, not its first
+page. A real detached node serves runs.db rows copied from a real finished run (SQLite, while
+no node runs: launching over a thousand runs would take minutes), one of them unreadable so a
+page comes back short.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+
+import subagents_node.client.listing as listing
+from subagents_node.client.client import Client
+from subagents_node.client.paths import owner_db
+from subagents_node.messages.supervisor import RunView, TaskItem
+from tests.support.nodes import NodeProcess
+from tests.support.run_fixtures import agents as agents
+from tests.support.runs import launch_context
+
+#: More runs than one page of the listing holds (its request's maximum, 1,000).
+RUNS = 1_010
+
+StartNode = Callable[..., NodeProcess]
+
+
+def finished_run(client: Client, agents: Path) -> RunView:
+    ctx = launch_context(agents)
+    item = TaskItem(agent=ctx.plan("echo"), task="seed")
+    run = client.runs.launch(ctx.launch("single", True, items=[item]))
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert done.state == "complete", done.error
+    return done
+
+
+def copy_run(state_dir: Path, source: str, count: int, **columns: Any) -> list[str]:
+    """`count` copies of run `source` (its row and its children's rows) with `columns` set,
+    each created a moment after the last, written while no node runs; their ids, newest last.
+    The copy made halfway is unreadable (a broken snapshots record), so the owner leaves it
+    out of its page and that page comes back short (it is not among the returned ids)."""
+    db = sqlite3.connect(owner_db(state_dir, "supervisor"))
+    try:
+        made: list[str] = []
+        for table in ("runs", "run_children"):
+            names = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            row = db.execute(f"SELECT * FROM {table} WHERE run_id=?", (source,)).fetchall()
+            for n in range(count):
+                run_id = f"{source}-copy{n:05d}"
+                for values in row:
+                    record = dict(zip(names, values, strict=True), run_id=run_id)
+                    if table == "runs":
+                        record.update(columns, created_at=record["created_at"] + (n + 1) * 1e-3)
+                        if n == count // 2:
+                            record["snapshots"] = '{"fanout":'
+                    else:
+                        record["child_id"] = f"{record['child_id']}-copy{n:05d}"
+                    marks = ", ".join("?" * len(record))
+                    db.execute(
+                        f"INSERT INTO {table} ({', '.join(record)}) VALUES ({marks})",
+                        list(record.values()),
+                    )
+                if table == "runs" and n != count // 2:
+                    made.append(run_id)
+        db.commit()
+    finally:
+        db.close()
+    return made
+
+
+def seeded(
+    start_node: StartNode, state_dir: Path, agents: Path, **columns: Any
+) -> tuple[NodeProcess, RunView, list[str]]:
+    """A node serving a finished run and RUNS copies of it with `columns` (the source's run id
+    stands for `{source}` in their values, its tree's root id for `{root}`)."""
+    first = start_node(state_dir=state_dir)
+    source = finished_run(first.client(), agents)
+    first.close_clients()
+    assert first.stop().returncode == 0
+    ids = {"source": source.run_id, "root": source.root_run_id}
+    values = {k: v.format(**ids) for k, v in columns.items()}
+    copies = copy_run(state_dir, source.run_id, RUNS, **values)
+    return start_node(state_dir=state_dir), source, copies
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("page", [listing.PAGE, 7])
+def test_budget_names_every_run_of_a_tree_larger_than_one_listing_page(
+    start_node: StartNode,
+    state_dir: Path,
+    agents: Path,
+    invoke: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+    page: int,
+) -> None:
+    node, root, copies = seeded(
+        start_node, state_dir, agents, root_run_id="{root}", parent_run_id="{source}"
+    )
+    monkeypatch.setattr(listing, "PAGE", page)
+    shown = as_json(invoke("--state-dir", str(state_dir), "budget", root.root_run_id, "--json"))
+    assert shown["root_run_id"] == root.root_run_id
+    assert sorted(shown["runs"]) == sorted([root.run_id, *copies])
+    assert "runs_cut_at" not in shown
+    text = invoke("--state-dir", str(state_dir), "budget", root.run_id)  # any run of the tree
+    assert text.exit_code == 0, text.output
+    assert f"{RUNS} runs in the tree" in text.stdout  # the source, less the unreadable copy
+    node.close_clients()
