@@ -4,7 +4,7 @@ A workflow run resumed with `subagents-node resume RUN` (after its host was kill
 kill -9, a failure) is a new workflow run of the same script under the same fan-out budget; its
 run names its source (`source_run_id`, `source_kind: resume`). Its host asks the node for every
 child of that source and of the source's own sources, newest first and a page at a time (a
-source may have more children than one listing holds), and reads the keys
+source may have more children than one listing holds: client/listing.py), and reads the keys
 each source's host recorded as admitted (its `status.json`): a key the source finished (or
 still runs) is not run again, and a key the source admitted, launched or not, keeps its claim.
 
@@ -14,17 +14,13 @@ Owns that read, nothing else: it changes no state and reads only the hosts' own 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from subagents_node.client.client import Client
+from subagents_node.client.listing import every_run_plan
 from subagents_node.messages.supervisor import RunView
 from subagents_node.workflow.report import STATUS_FILE
-
-#: How many children one page of the read covers (the node's `runs.list` cap); the read goes
-#: on page by page, so only the keyed children found, not the whole tree, are held at once.
-MAX_RUNS = 1000
 
 
 @dataclass(frozen=True)
@@ -55,15 +51,10 @@ def prior_steps(client: Client, source_run_id: str | None) -> Prior:
     return Prior(found, frozenset(claimed | set(found)))
 
 
-def children(client: Client, run_id: str) -> Iterator[RunView]:
-    """Every run `run_id` launched, newest first, read MAX_RUNS at a time."""
-    after: str | None = None
-    while True:
-        page = client.runs.list(parent_run_id=run_id, limit=MAX_RUNS, after_run_id=after)
-        yield from page
-        if len(page) < MAX_RUNS:
-            return
-        after = page[-1].run_id
+def children(client: Client, run_id: str) -> list[RunView]:
+    """Every run `run_id` launched, newest first, read page by page. Unbounded: a child left
+    out would have its finished key run again."""
+    return client.perform(every_run_plan(parent_run_id=run_id, bound=None)).runs
 
 
 def admitted_keys(run_dir: Path) -> set[str]:

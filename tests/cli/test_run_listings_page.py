@@ -1,10 +1,11 @@
 """Listings that must name every run read the run listing page by page.
 
-One `runs.list` request answers at most 1,000 runs. `budget ROOT` names every run of the tree:
-it follows the listing's `after_run_id` cursor (client/listing.py) to the end, not its first
-page. A real detached node serves runs.db rows copied from a real finished run (SQLite, while
-no node runs: launching over a thousand runs would take minutes), one of them unreadable so a
-page comes back short.
+One `runs.list` request answers at most 1,000 runs. `budget ROOT` names every run of the tree
+and a resumed workflow reads every child of the run it resumes (R-WF-5): both follow the
+listing's `after_run_id` cursor (client/listing.py) to the end, not its first page. A real
+detached node serves runs.db rows copied from a real run (SQLite, written where its node does
+not drive them: launching over a thousand runs would take minutes), one of them unreadable so
+a page comes back short.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subagents_node.client.listing as listing
 from subagents_node.client.client import Client
 from subagents_node.client.paths import owner_db
 from subagents_node.messages.supervisor import RunView, TaskItem
+from subagents_node.workflow.resumed import children
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.runs import launch_context
@@ -43,7 +45,8 @@ def finished_run(client: Client, agents: Path) -> RunView:
 
 def copy_run(state_dir: Path, source: str, count: int, **columns: Any) -> list[str]:
     """`count` copies of run `source` (its row and its children's rows) with `columns` set,
-    each created a moment after the last, written while no node runs; their ids, newest last.
+    each created a moment after the last, written behind the node's back (while no node runs,
+    or as rows of runs it does not drive); their ids, newest last.
     The copy made halfway is unreadable (a broken snapshots record), so the owner leaves it
     out of its page and that page comes back short (it is not among the returned ids)."""
     db = sqlite3.connect(owner_db(state_dir, "supervisor"))
@@ -115,4 +118,15 @@ def test_budget_names_every_run_of_a_tree_larger_than_one_listing_page(
     text = invoke("--state-dir", str(state_dir), "budget", root.run_id)  # any run of the tree
     assert text.exit_code == 0, text.output
     assert f"{RUNS} runs in the tree" in text.stdout  # the source, less the unreadable copy
+    node.close_clients()
+
+
+def test_r_wf_5_a_resumed_workflow_reads_every_child_of_its_source_past_a_short_page(
+    start_node: StartNode, state_dir: Path, agents: Path
+) -> None:
+    """A page left short by an unreadable child is not the last: the children older than it
+    are read too (else their finished keys would run again)."""
+    node, source, copies = seeded(start_node, state_dir, agents, parent_run_id="{source}")
+    found = [run.run_id for run in children(node.client(), source.run_id)]
+    assert found == list(reversed(copies))  # newest first, each once
     node.close_clients()

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from subagents_node.actors.runs.admission import FAULT_POINTS
+from subagents_node.client import listing
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import InjectedFault
 from subagents_node.messages.fanout import decode_descriptor, extend
@@ -368,7 +369,7 @@ def test_r_wf_5_a_resume_finds_every_finished_key_of_a_source_with_more_children
     flow, _ = launch_workflow(client, agents, work, script, background=False)
     source = client.runs.wait(flow.run_id, timeout=WAIT_S)
     assert source.state == "complete", source.error
-    monkeypatch.setattr(resumed, "MAX_RUNS", 2)
+    monkeypatch.setattr(listing, "PAGE", 2)
 
     prior = resumed.prior_steps(client, source.run_id)
 
