@@ -27,6 +27,7 @@ from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import PATH_TEXT, SESSION
 from subagents_node.client.client import Client
+from subagents_node.client.listing import every_run_plan
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.supervisor import IntercomMode, RunView
 from subagents_node.node.inprocess import InProcessTransport
@@ -36,9 +37,8 @@ from subagents_node.workflow.launch import RESULT_FILE, workflow_launch, workflo
 def drain_children(client: Client, run_id: str) -> None:
     """An embedded node ends with this command, and its children with it: background children
     the script left running are awaited first (a running node keeps them going instead)."""
-    active = [
-        r for r in client.runs.list(active_only=True, limit=1000) if r.parent_run_id == run_id
-    ]
+    # Every page: a workflow may leave more children running than one listing holds.
+    active = client.perform(every_run_plan(active_only=True, parent_run_id=run_id)).runs
     if active:
         click.echo(
             f"waiting for {len(active)} background child run(s) of workflow {run_id}: this "

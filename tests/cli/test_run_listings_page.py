@@ -1,18 +1,23 @@
 """Listings that must name every run read the run listing page by page.
 
-One `runs.list` request answers at most 1,000 runs. `budget ROOT` names every run of the tree
-and a resumed workflow reads every child of the run it resumes (R-WF-5): both follow the
-listing's `after_run_id` cursor (client/listing.py) to the end, not its first page. A real
-detached node serves runs.db rows copied from a real run (SQLite, written where its node does
-not drive them: launching over a thousand runs would take minutes), one of them unreadable so
-a page comes back short.
+One `runs.list` request answers at most 1,000 runs. `budget ROOT` names every run of the tree,
+a resumed workflow reads every child of the run it resumes (R-WF-5) and the workflow command
+awaits every background child its script left running: each follows the listing's
+`after_run_id` cursor (client/listing.py) to the end, not its first page. A real detached node
+serves runs.db rows copied from a real run (SQLite, written where its node does not drive
+them: launching over a thousand runs would take minutes), one of them unreadable so a page
+comes back short.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
+import sys
+import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +25,15 @@ import pytest
 from click.testing import Result
 
 import subagents_node.client.listing as listing
+from subagents_node.cli.workflow import drain_children
 from subagents_node.client.client import Client
 from subagents_node.client.paths import owner_db
 from subagents_node.messages.supervisor import RunView, TaskItem
 from subagents_node.workflow.resumed import children
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
-from tests.support.runs import launch_context
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import WAIT_S, Gate, launch_context
 
 #: More runs than one page of the listing holds (its request's maximum, 1,000).
 RUNS = 1_010
@@ -130,3 +137,71 @@ def test_r_wf_5_a_resumed_workflow_reads_every_child_of_its_source_past_a_short_
     found = [run.run_id for run in children(node.client(), source.run_id)]
     assert found == list(reversed(copies))  # newest first, each once
     node.close_clients()
+
+
+class Announced(io.StringIO):
+    """stderr that sets `said` once anything is written to it (the drain's announcement)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if "\n" in self.getvalue():  # a whole line, not a first part of one
+            self.said.set()
+        return written
+
+
+def test_a_workflow_command_awaits_its_background_child_behind_a_page_of_other_runs(
+    start_node: StartNode,
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workflow command's embedded node waits for the background children its script left
+    running. They are found among the node's active runs whatever their number: here more
+    than a page of other sessions' runs (rows the node reads, not runs it drives) are newer."""
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+    ctx = launch_context(agents)
+    item = TaskItem(agent=ctx.plan("gate"), task=str(gate.path))
+    child = client.runs.launch(ctx.launch("single", True, items=[item]))
+    [waiting] = gate.accept(1)
+    workflow = "wf-drained"
+    with closing(sqlite3.connect(owner_db(state_dir, "supervisor"), timeout=30)) as db, db:
+        db.execute("UPDATE runs SET parent_run_id=? WHERE run_id=?", (workflow, child.run_id))
+    others = copy_run(state_dir, child.run_id, RUNS, session_id="other", parent_run_id=None)
+    announced = Announced()
+    monkeypatch.setattr(sys, "stderr", announced)
+    seen: dict[str, str] = {}
+
+    def drain() -> None:
+        try:
+            drain_children(client, workflow)
+            seen["state"] = client.runs.show(child.run_id).state
+        except Exception as err:  # shown by the assertions below
+            seen["error"] = repr(err)
+        finally:
+            announced.said.set()  # returned: the main thread waits no longer
+
+    drainer = threading.Thread(target=drain)
+    try:
+        drainer.start()
+        assert announced.said.wait(WAIT_S)
+        assert "error" not in seen, seen["error"]
+        assert "waiting for 1 background child run(s)" in announced.getvalue()
+    finally:
+        waiting.release(0)
+        if drainer.is_alive():
+            drainer.join(WAIT_S)
+        with closing(sqlite3.connect(owner_db(state_dir, "supervisor"), timeout=30)) as db, db:
+            for table in ("run_children", "runs"):
+                db.executemany(
+                    f"DELETE FROM {table} WHERE run_id=?",
+                    [(run_id,) for run_id in [*others, f"{child.run_id}-copy{RUNS // 2:05d}"]],
+                )
+        client.runs.wait(child.run_id, timeout=WAIT_S)
+        node.close_clients()
+    assert seen.get("state") == "complete"  # drained: it returned once the child had ended
