@@ -24,6 +24,7 @@ import click
 
 from subagents_node.cli.common import Ctx
 from subagents_node.client.client import Client
+from subagents_node.client.listing import every_run_plan
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning, SubagentsError
 
@@ -107,7 +108,7 @@ def _still_going(client: Client) -> int:
     (a `run --async`, another foreground run) that found it serving, or one whose stop
     outlasted the wait. A paused run holds no process, so it needs no node to supervise it."""
     try:
-        active = client.runs.list(active_only=True, limit=1000)
+        active = client.perform(every_run_plan(active_only=True)).runs  # all, not a page
         return sum(1 for run in active if run.state != "paused")
     except SubagentsError:
         return 0  # nothing to say which: the next node on the dir adopts them all the same

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from subagents_node.client.client import Client
+from subagents_node.client.listing import every_run_plan
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, SubagentsError
 from subagents_node.node.optioncheck import check_options, check_state_dir
 
@@ -84,7 +85,7 @@ def stop_running(client: Client, wait_s: float = STOP_WAIT_S) -> None:
     """Stop every run still going and wait until each settled (bounded by `wait_s`)."""
     deadline = time.monotonic() + wait_s
     try:
-        going = client.runs.list(active_only=True, limit=1000)
+        going = client.perform(every_run_plan(active_only=True)).runs  # all, not a page
     except SubagentsError as err:
         log.warning("embedded node: cannot list its runs to stop them: %s", err.message)
         return
