@@ -78,8 +78,11 @@ def pause_text(run: RunView) -> str:
             f"paused at checkpoint chain[{run.paused_step}]{note} "
             f"(approve {run.run_id} / reject {run.run_id} --reason TEXT)"
         )
-    if run.state == "paused":
+    if run.state == "paused" and run.mode == "chain":
         return f"paused at chain[{run.paused_step}] (resume {run.run_id} goes on from there)"
+    if run.state == "paused":  # one step: a resume runs it again from its start
+        again = "its tasks" if run.mode == "parallel" else "its task"
+        return f"paused (resume {run.run_id} runs {again} again)"
     if run.resumed_by:
         return f"continued as run {run.resumed_by}"
     return ""

@@ -154,3 +154,23 @@ def test_r_run_2_approve_of_a_run_at_no_checkpoint_is_one_error_line(
 
     assert result.exit_code == 1, result.output
     assert result.stderr == (f"error: Run '{run_id}' is complete, not waiting at a checkpoint.\n")
+
+
+@pytest.mark.parametrize(("mode", "again"), [("single", "its task"), ("parallel", "its tasks")])
+def test_r_run_2_show_names_no_chain_step_for_a_paused_run_of_one_step(
+    cli: Cli, client: Client, gate: Gate, state_dir: Path, mode: str, again: str
+) -> None:
+    """A single or parallel run has no chain: `show` says a resume runs its step again."""
+    tasks = state_dir / "tasks.toml"
+    tasks.write_text(f'[[tasks]]\nagent = "gate"\ntask = "{gate.path}"\n')
+    spec = ("gate", str(gate.path)) if mode == "single" else ("--parallel", str(tasks))
+    run_id = started(cli, *spec)
+    [child] = gate.accept(1)
+
+    assert cli("pause", run_id).exit_code == 0
+    child.wait_exit()
+    wait_view(client, run_id, lambda v: v.state == "paused")
+
+    shown = cli("show", run_id).stdout
+    assert f"paused (resume {run_id} runs {again} again)" in shown
+    assert "chain[" not in shown
