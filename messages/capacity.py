@@ -19,8 +19,9 @@ Hosts (DESIGN §1, multi-host): every slot records the node its run executes on 
 for the home node). A lost worker's slots stay held until its runs are proven ended, or until
 an operator declares the worker lost: `capacity.release_host` frees every slot of that host
 in one transaction and writes one audit row per slot (proof state `operator`), which
-`capacity.releases` lists; `capacity.hosts` counts the slots each host holds. A release is
-an operator's act: the node serves it on its ipc socket only (`local_only`), never to a peer.
+`capacity.releases` lists; `capacity.hosts` counts the slots each host holds (and
+`capacity.holders`, messages/capacity_holders.py, names a session's). A release is an
+operator's act: the node serves it on its ipc socket only (`local_only`), never to a peer.
 """
 
 from collections.abc import Sequence

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from subagents_node.messages import (
     capacity,
+    capacity_holders,
     fanout,
     keys,
     members,
@@ -31,6 +32,7 @@ from subagents_node.messages.errors import UnknownMessageType
 _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     node.REQUESTS,
     capacity.REQUESTS,
+    capacity_holders.REQUESTS,
     fanout.REQUESTS,
     session.REQUESTS,
     supervisor.REQUESTS,

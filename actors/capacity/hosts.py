@@ -1,5 +1,6 @@
 """The hosts' side of the capacity ledger (DESIGN §1-3, issue 13): which host holds which
-slots, an operator's release of a lost host's slots, and the audit of those releases.
+slots (per host, and each slot of a session with its host), an operator's release of a lost
+host's slots, and the audit of those releases.
 
 Every slot names the node its run executes on ("" = the home node). When an operator declares
 a worker lost, `release` frees every slot of that host, reserved or started, and appends one
@@ -22,16 +23,19 @@ import sqlite3
 from collections.abc import Callable
 
 from subagents_node.actors.capacity import releases, slots
+from subagents_node.actors.capacity.rules import verdict_of
 from subagents_node.messages.capacity import (
     MAX_LISTED,
     HostReleased,
     HostSlotCount,
     HostSlots,
+    Inspection,
     ListReleases,
     OperatorReleases,
     ReleaseHost,
     SlotsByHost,
 )
+from subagents_node.messages.capacity_holders import Holders, SessionSlots
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,19 @@ def held(db: sqlite3.Connection, req: HostSlots) -> SlotsByHost:
     if req.host is not None and not listed:
         listed = [HostSlotCount(host=req.host, reserved=0, started=0)]
     return SlotsByHost(hosts=listed[:MAX_LISTED], more=len(listed) > MAX_LISTED)
+
+
+def holders(db: sqlite3.Connection, req: Holders, quarantine: Quarantine) -> SessionSlots:
+    """One page of a session's slots, each as `inspect` shows its owner (its host named); a
+    slot that does not parse is quarantined, counted and left out, never a failure."""
+    records, unreadable, last = slots.of_session(db, req.session_id, req.after_slot, req.limit)
+    for bad in unreadable:
+        quarantine(slots.TABLE, bad.key, bad.reason)
+    return SessionSlots(
+        holders=[Inspection(relation="current", owner=r, verdict=verdict_of(r)) for r in records],
+        next_after=last,
+        unreadable=len(unreadable),
+    )
 
 
 def audit(db: sqlite3.Connection, req: ListReleases, quarantine: Quarantine) -> OperatorReleases:

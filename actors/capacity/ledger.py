@@ -36,10 +36,10 @@ Every other slot and session keeps working.
 
 The tables' SQL lives in `capacity/slots.py` and `capacity/releases.py`, the rules, as pure
 functions, in `capacity/rules.py`, and the hosts' side (an operator's release, the per-host
-counts, the audit) in `capacity/hosts.py`; this module sequences them. It must never block on
-another actor, never call commit/BEGIN itself (the base class owns the transaction), and never
-free a slot for any other reason (R-CAP-25) than a release verdict, a TTL, a rollback or an
-operator's release.
+counts, a session's holders, the audit) in `capacity/hosts.py`; this module sequences them.
+It must never block on another actor, never call commit/BEGIN itself (the base class owns the
+transaction), and never free a slot for any other reason (R-CAP-25) than a release verdict, a
+TTL, a rollback or an operator's release.
 """
 
 from __future__ import annotations
@@ -85,12 +85,12 @@ from subagents_node.messages.capacity import (
     RollbackResult,
     SlotHandle,
     SlotRecord,
-    SlotsByHost,
     Snapshot,
     TerminalFacts,
     Transfer,
     Verdict,
 )
+from subagents_node.messages.capacity_holders import Holders
 from subagents_node.messages.errors import (
     CapacityExhausted,
     CapacityNotTransferable,
@@ -132,7 +132,9 @@ class CapacityLedger(OwnerActor):
             Inspect: self.inspect,
             Snapshot: self.snapshot,
             ReleaseHost: self.release_host,
-            HostSlots: self.host_slots,
+            # The hosts' reads are capacity/hosts.py's, on this owner's connection.
+            HostSlots: lambda req: hosts.held(self.db, req),
+            Holders: lambda req: hosts.holders(self.db, req, self.quarantine),
             ListReleases: self.list_releases,
         }
         return {kind: self._refusing_unreadable(h) for kind, h in handlers.items()}
@@ -360,9 +362,6 @@ class CapacityLedger(OwnerActor):
     def release_host(self, req: ReleaseHost) -> HostReleased:
         """DESIGN §1-2: the operator declared `req.host` lost; free its slots, audited."""
         return hosts.release(self.db, req, self.ctx.clock(), self.quarantine)
-
-    def host_slots(self, req: HostSlots) -> SlotsByHost:
-        return hosts.held(self.db, req)
 
     def list_releases(self, req: ListReleases) -> OperatorReleases:
         return hosts.audit(self.db, req, self.quarantine)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
 from subagents_node.actors.quarantine import reason_of
@@ -174,6 +175,21 @@ def on_host(db: sqlite3.Connection, host: str) -> tuple[list[SlotRecord], list[U
     return _parsed(db.execute(f"{_SELECT} WHERE host = ? ORDER BY session_id, slot", (host,)))
 
 
+def of_session(
+    db: sqlite3.Connection, session_id: str, after: int | None, limit: int
+) -> tuple[list[SlotRecord], list[UnreadableSlot], int | None]:
+    """The session's slots after index `after` (None: from the first), ascending, at most
+    `limit` (served by the primary key): those that parse, the rows that do not, and, when
+    `limit` rows were read, the index of the last (a next page may follow it), else None."""
+    rows = db.execute(
+        f"{_SELECT} WHERE session_id = ? AND slot > ? AND typeof(slot) = 'integer' "
+        "ORDER BY slot LIMIT ?",
+        (session_id, -1 if after is None else after, limit),
+    ).fetchall()
+    records, unreadable = _parsed(rows)
+    return records, unreadable, int(rows[-1]["slot"]) if len(rows) == limit else None
+
+
 def held_per_host(
     db: sqlite3.Connection, host: str | None, limit: int
 ) -> list[tuple[str, int, int]]:
@@ -239,7 +255,7 @@ def _record(row: sqlite3.Row) -> SlotRecord:
         raise UnreadableSlot(data["session_id"], data["slot"], reason_of(exc)) from None
 
 
-def _parsed(rows: sqlite3.Cursor) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
+def _parsed(rows: Iterable[sqlite3.Row]) -> tuple[list[SlotRecord], list[UnreadableSlot]]:
     records: list[SlotRecord] = []
     unreadable: list[UnreadableSlot] = []
     for row in rows:

@@ -176,6 +176,9 @@ class AsyncCapacityAPI:
     async def hosts(self, host: str | None = None) -> SlotsByHost:
         return await self._client.perform(cap.hosts_plan(host))
 
+    async def holders(self, session_id: str, bound: int = cap.MAX_HOLDERS) -> cap.SessionHolders:
+        return await self._client.perform(cap.holders_plan(session_id, bound))
+
     async def releases(self, host: str | None = None, limit: int = 50) -> OperatorReleases:
         return await self._client.perform(cap.releases_plan(host, limit))
 

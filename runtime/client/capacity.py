@@ -14,6 +14,7 @@ arguments as `BadRequest` before anything is sent (the same check the node's gat
     client.capacity.report_terminal("s1", "a", "complete", proof=RunnerProof(...))
     client.capacity.inspect("a")             # Inspection(relation, owner, verdict)
     client.capacity.hosts()                  # SlotsByHost: (reserved, started) per host
+    client.capacity.holders("s1")            # SessionHolders: every slot, with its host
     client.capacity.release_host("w1", reason="disk died", operator="ana")  # HostReleased
     client.capacity.releases(host="w1")      # OperatorReleases: the audit, newest first
 
@@ -23,7 +24,7 @@ It must never decide capacity itself: the node's ledger is the only owner of slo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -54,6 +55,7 @@ from subagents_node.messages.capacity import (
     Transfer,
     Verdict,
 )
+from subagents_node.messages.capacity_holders import Holders, SessionSlots
 from subagents_node.messages.errors import BadRequest, SubagentsError
 
 if TYPE_CHECKING:
@@ -65,6 +67,9 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Message)
 T = TypeVar("T")
+
+#: At most this many holders a view names (a bound on its memory and time, not a limit).
+MAX_HOLDERS = 20_000
 
 
 # -- the requests, one plan each (shared with the asyncio client, subagents_node.client.aio) --
@@ -178,6 +183,32 @@ def release_host_plan(host: str, reason: str, operator: str = "") -> Plan[HostRe
 
 def hosts_plan(host: str | None = None) -> Plan[SlotsByHost]:
     return one(build(HostSlots, host=host), SlotsByHost)
+
+
+class SessionHolders(NamedTuple):
+    """Every slot of a session pool as the ledger names it (each with its host), in slot
+    order; how many could not be read (quarantined, still occupied); whether `bound` cut it."""
+
+    holders: list[Inspection]
+    unreadable: int
+    cut: bool
+
+
+def holders_plan(session_id: str, bound: int = MAX_HOLDERS) -> Plan[SessionHolders]:
+    """Who holds the session's slots, whichever host each run is on, page by page (one
+    request answers at most 1,000 slots), at most `bound`."""
+    found: list[Inspection] = []
+    unreadable = 0
+    after: int | None = None
+    while True:
+        request = build(Holders, session_id=session_id, after_slot=after)
+        page = yield from one(request, SessionSlots)
+        found += page.holders
+        unreadable += page.unreadable
+        if page.next_after is None or len(found) >= bound:
+            cut = len(found) > bound or page.next_after is not None
+            return SessionHolders(found[:bound], unreadable, cut)
+        after = page.next_after
 
 
 def releases_plan(host: str | None = None, limit: int = 50) -> Plan[OperatorReleases]:
@@ -391,6 +422,12 @@ class CapacityAPI:
         """Slots held per host ("" = the home node): reserved and started; only `host`'s
         when one is named."""
         return self.perform(hosts_plan(host))
+
+    def holders(self, session_id: str, bound: int = MAX_HOLDERS) -> SessionHolders:
+        """Every slot of the session's pool, each as `inspect` shows its owner; its record's
+        `host` names the node the run executes on ("" = the home node), so on a home this
+        names its workers' runs too, from the ledger alone."""
+        return self.perform(holders_plan(session_id, bound))
 
     def releases(self, host: str | None = None, limit: int = 50) -> OperatorReleases:
         """The audit rows of operator releases, newest first (at most `limit`, up to 1000)."""
