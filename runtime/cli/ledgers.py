@@ -15,7 +15,9 @@ from subagents_node.cli.common import Ctx, emit, json_option, plural, user_error
 from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, SESSION
 from subagents_node.client.listing import MAX_LISTED, every_run_plan
 from subagents_node.launch.config import current_depth, load_config
+from subagents_node.messages.capacity import Inspection
 from subagents_node.messages.errors import RunNotFound
+from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.supervisor import RunView
 
 if TYPE_CHECKING:
@@ -45,7 +47,8 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
     """Active async capacity of a session: used/limit and who holds each slot.
 
     Every holder is named: the session's active runs are read page by page (at most 20,000;
-    beyond that the output says it stopped)."""
+    beyond that the output says it stopped). On a home node, a run on a worker that holds a
+    slot is named with its host ("on w1"), from the home's capacity ledger."""
     import os
 
     from subagents_node.launch.launcher import resolve_session
@@ -73,14 +76,28 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
             inspection = client.capacity.inspect(parent_id, session)
             if parent.session_id == session and inspection.owner is not None:
                 holders.append((parent, inspection))
+        # The pool's other slots are held by runs this node does not run (on a home, its
+        # workers'): the ledger's records name each with its host, so no worker is asked.
+        pool = client.capacity.holders(session)
+    listed = {r.run_id for r, _ in holders}
+    elsewhere = [(i.owner, i) for i in pool.holders if i.owner and i.owner.run_id not in listed]
     if as_json:
+        named = [(r.run_id, i) for r, i in holders] + [(o.run_id, i) for o, i in elsewhere]
         emit(
             {
                 "session_id": session,
                 "used": snap.used,
                 "limit": snap.limit,
-                "holders": [{"run_id": r.run_id, **i.model_dump(mode="json")} for r, i in holders],
-                **({"holders_cut_at": MAX_LISTED} if cut else {}),
+                "holders": [
+                    {
+                        "run_id": run_id,
+                        "host": i.owner.host if i.owner else "",
+                        **i.model_dump(mode="json"),
+                    }
+                    for run_id, i in named
+                ],
+                **({"holders_cut_at": MAX_LISTED} if cut or pool.cut else {}),
+                **({"holders_unreadable": pool.unreadable} if pool.unreadable else {}),
             },
             True,
             "",
@@ -88,15 +105,23 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
         return
     lines = [f"Active async capacity: {snap.used}/{_limit_text(snap.limit)} used"]
     for run, inspection in holders:
-        owner = inspection.owner
-        slot = f"slot {owner.slot}, generation {owner.generation}" if owner else "no slot"
-        lines.append(
-            f"  {run.run_id} {run.state:<8} {slot}: {inspection.verdict.verdict} "
-            f"— {inspection.verdict.reason}"
-        )
+        lines.append(f"  {run.run_id} {run.state:<8} {_held(inspection)}")
+    for owner, inspection in elsewhere:
+        lines.append(f"  {owner.run_id} on {owner.host or HOME_NAME} {_held(inspection)}")
     if cut:
         lines.append(f"  (only the newest {MAX_LISTED} active runs were listed)")
+    if pool.cut:
+        lines.append(f"  (only the first {MAX_LISTED} slots of the pool were listed)")
+    if pool.unreadable:
+        lines.append(f"  ({plural(pool.unreadable, 'slot')} could not be read: quarantined)")
     click.echo("\n".join(lines))
+
+
+def _held(inspection: Inspection) -> str:
+    """A holder's slot and its release verdict, as one line of `capacity` shows them."""
+    owner = inspection.owner
+    slot = f"slot {owner.slot}, generation {owner.generation}" if owner else "no slot"
+    return f"{slot}: {inspection.verdict.verdict} — {inspection.verdict.reason}"
 
 
 @click.command()
