@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from subagents_node.actors.links import RemoteKeys
 from subagents_node.actors.owner import Outcome
 from subagents_node.client.keys import client_credentials
+from subagents_node.client.listing import Listing, every_run_plan
+from subagents_node.client.plans import Ask, Plan
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.supervisor import ListRuns, RunList
+from subagents_node.messages.supervisor import RunList
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.homeasks import HomeAsks
 from subagents_node.node.homelink import HomeLink
@@ -76,15 +79,36 @@ class HomeJoin:
         self._state = (state, reason)
 
     def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
-        """What this worker runs, for the home: active runs and their running children (asked
-        of the run supervisor; `done` is called with its answer, from its reply's thread)."""
+        """What this worker runs, for the home: every active run and their running children,
+        however many pages of the run supervisor's listing that takes (one page holds at most
+        1,000 runs). `done` is called with the counts once the last page is in, from that
+        reply's thread; a page that fails leaves it uncalled (the last counts stand)."""
+        listing = every_run_plan(active_only=True, bound=None)  # all of them, not a page
+        self._ask_next(listing, next(listing), done)
 
-        def counted(outcome: Outcome) -> None:
-            if isinstance(outcome, RunList):
-                runs = outcome.runs
+    def _ask_next(
+        self, listing: Plan[Listing], ask: Ask[Any], done: Callable[[tuple[int, int]], None]
+    ) -> None:
+        """Send the listing's next page request; its reply sends the one after, from the
+        reply's thread (the dispatcher's routes take requests from any thread), until the
+        listing returns."""
+
+        def paged(outcome: Outcome) -> None:
+            if not isinstance(outcome, RunList):
+                listing.close()  # refused or unanswered: no partial count reaches the home
+                return
+            try:
+                following = listing.send(outcome)
+            except StopIteration as end:
+                runs = end.value.runs
                 done((len(runs), sum(1 for r in runs for c in r.children if c.state == "running")))
+                return
+            try:
+                self._ask_next(listing, following, done)
+            except SubagentsError:  # the node is stopping: the last counts stand
+                listing.close()
 
-        self._dispatcher.dispatch(ListRuns(active_only=True, limit=1000), "", counted)
+        self._dispatcher.dispatch(ask.request, "", paged)
 
     def owner_route(self, target: str) -> str:
         """A worker's route to the home's owner `target`: its own tcp port on the host the

@@ -33,6 +33,7 @@ from subagents_node.workflow.resumed import children
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
+from tests.support.runrows import copy_run
 from tests.support.runs import WAIT_S, Gate, launch_context
 
 #: More runs than one page of the listing holds (its request's maximum, 1,000).
@@ -48,41 +49,6 @@ def finished_run(client: Client, agents: Path) -> RunView:
     done = client.runs.wait(run.run_id, timeout=30)
     assert done.state == "complete", done.error
     return done
-
-
-def copy_run(state_dir: Path, source: str, count: int, **columns: Any) -> list[str]:
-    """`count` copies of run `source` (its row and its children's rows) with `columns` set,
-    each created a moment after the last, written behind the node's back (while no node runs,
-    or as rows of runs it does not drive); their ids, newest last.
-    The copy made halfway is unreadable (a broken snapshots record), so the owner leaves it
-    out of its page and that page comes back short (it is not among the returned ids)."""
-    db = sqlite3.connect(owner_db(state_dir, "supervisor"))
-    try:
-        made: list[str] = []
-        for table in ("runs", "run_children"):
-            names = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-            row = db.execute(f"SELECT * FROM {table} WHERE run_id=?", (source,)).fetchall()
-            for n in range(count):
-                run_id = f"{source}-copy{n:05d}"
-                for values in row:
-                    record = dict(zip(names, values, strict=True), run_id=run_id)
-                    if table == "runs":
-                        record.update(columns, created_at=record["created_at"] + (n + 1) * 1e-3)
-                        if n == count // 2:
-                            record["snapshots"] = '{"fanout":'
-                    else:
-                        record["child_id"] = f"{record['child_id']}-copy{n:05d}"
-                    marks = ", ".join("?" * len(record))
-                    db.execute(
-                        f"INSERT INTO {table} ({', '.join(record)}) VALUES ({marks})",
-                        list(record.values()),
-                    )
-                if table == "runs" and n != count // 2:
-                    made.append(run_id)
-        db.commit()
-    finally:
-        db.close()
-    return made
 
 
 def seeded(

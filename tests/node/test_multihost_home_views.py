@@ -1,11 +1,14 @@
 """A home's views of what its workers run (DESIGN §1 "Multi-host"): the holders of a session's
-capacity slots on every host.
+capacity slots on every host, and every active run a worker reports.
 
 A home and two workers, each a real node with its own state dir, talking tcp + CURVE on
 loopback (a second host changes nothing here: what is probed is what the home knows, not the
 network). `capacity` on the home must name each run holding one of the session's slots,
 wherever it runs, with its host, read from the home's capacity ledger (no worker is asked),
-not only the home's own runs.
+not only the home's own runs. A worker's heartbeat must count every active run it has, not
+the first page (1,000) of its run listing: over a thousand active runs are its runs.db rows,
+copied from a real running run behind the node's back (tests/support/runrows.py), since
+launching that many would take minutes.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ import pytest
 
 from tests.support.fleet import EXAMPLE_AGENTS, Fleet, fleet
 from tests.support.nodes import run_cli
+from tests.support.runrows import copy_run, remove_copies
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.slow
 
 #: The session's capacity limit: one slot for a run on each host.
 LIMIT = 3
+#: More active runs on a worker than one page of its run listing (1,000) holds.
+RUNS = 1_010
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +116,31 @@ def test_r_cap_26_capacity_on_a_home_names_the_runs_holding_slots_on_its_workers
         assert (named, pool.unreadable, pool.cut) == (expected, 0, False)
     finally:
         _stop_on_home(crew, runs, session)
+
+
+def test_a_worker_reports_every_active_run_to_its_home_beyond_the_first_page_of_its_listing(
+    crew: Fleet,
+) -> None:
+    worker = crew.workers["w1"]
+    client = crew.client(worker)
+    run_id = _launched(crew.run_background(worker, _session(), "seconds=300"))
+    try:
+        wait_until(
+            lambda: [c.state for c in client.runs.show(run_id).children] == ["running"],
+            what=f"{run_id}'s child running on w1",
+        )
+        # Rows of runs w1 does not drive, in another session: active (running, each with a
+        # running child) as its listing reads them; one of them unreadable, so left out.
+        copies = copy_run(worker.state_dir, run_id, RUNS, session_id=_session())
+        active = 1 + len(copies)
+        assert active > 1000
+        view = wait_until(
+            lambda: (v := crew.nodes()["w1"]).runs == active and v,
+            timeout=30,
+            what=f"the home counting {active} active runs on w1",
+        )
+        assert view.children == active
+    finally:
+        remove_copies(worker.state_dir, run_id)
+        client.runs.stop(run_id)
+        wait_until(lambda: client.runs.show(run_id).state == "stopped", what=f"{run_id} stopped")
