@@ -45,6 +45,8 @@ ENV_WORKFLOW_TOKEN = "SUBAGENTS_WORKFLOW_TOKEN"
 ENV_TEST_FAULTS = "SUBAGENTS_TEST_FAULTS"
 #: tests only, with faults: comma-separated launch steps at which the node kills itself (-9)
 ENV_TEST_KILL_AT = "SUBAGENTS_TEST_KILL_AT"
+#: tests only, with faults: a home's wait for a worker's answer, in seconds (75 by default)
+ENV_TEST_HOST_CALL_TIMEOUT = "SUBAGENTS_TEST_HOST_CALL_TIMEOUT_S"
 
 #: How long a follower that does not start the state dir's next node itself waits for it once
 #: its node stopped or was killed: a workflow script awaiting a child (a foreground `workflow`

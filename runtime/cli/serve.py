@@ -24,7 +24,7 @@ import click
 
 from subagents_node.cli.common import CliError, Ctx
 from subagents_node.client.paths import check_endpoint
-from subagents_node.messages.constants import ENV_TEST_KILL_AT
+from subagents_node.messages.constants import ENV_TEST_HOST_CALL_TIMEOUT, ENV_TEST_KILL_AT
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.node.descriptors import (
     DESCRIPTOR_FIX,
@@ -41,6 +41,18 @@ def _kill_points(faults: bool) -> dict[str, list[str]]:
     """Tests only: the launch steps at which a node started with faults kills itself."""
     points = os.environ.get(ENV_TEST_KILL_AT, "") if faults else ""
     return {"fault_kill_points": [p for p in points.split(",") if p]} if points else {}
+
+
+def _host_call_timeout(faults: bool) -> dict[str, object]:
+    """Tests only: a home's shorter wait for its workers' answers (a late answer in seconds).
+    A value that is no number is passed on as it is: the settings check refuses it."""
+    value = os.environ.get(ENV_TEST_HOST_CALL_TIMEOUT, "") if faults else ""
+    if not value:
+        return {}
+    try:
+        return {"host_call_timeout_s": float(value)}
+    except ValueError:
+        return {"host_call_timeout_s": value}
 
 
 def fleet_options(
@@ -136,7 +148,7 @@ def serve(
         listen=(*config.settings.listen, *listen),
         mailbox_limit=mailbox_limit,
         faults=faults,
-        settings={**config.actor_settings(), **_kill_points(faults)},
+        settings={**config.actor_settings(), **_kill_points(faults), **_host_call_timeout(faults)},
         containment_probe=probe,
         **fleet,  # type: ignore[arg-type]
     )

@@ -60,6 +60,13 @@ class HomeChecks(Protocol):
         """What its answer changes at the home before it goes on (None: nothing)."""
 
 
+class Reachability(Protocol):
+    """What the home says of a worker before a request goes to it (HomeService)."""
+
+    def unreachable(self, name: str) -> SubagentsError | None:
+        """Why a request cannot be carried to worker `name` now (None: it can)."""
+
+
 class _Call:
     """A request on its way to a worker. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
@@ -102,6 +109,19 @@ class HostCalls:
         #: The calls held for each worker, by id: a heartbeat looks at its worker's only (it
         #: comes every second from each worker; the calls in flight may number thousands).
         self._held: dict[str, set[str]] = {}
+
+    @classmethod
+    def serving(
+        cls, node_id: str, home: Reachability | None, settings: Mapping[str, object]
+    ) -> HostCalls | None:
+        """A home's HostCalls (None on a node that is no home); the test-only setting
+        `host_call_timeout_s` shortens its wait, so a late answer takes seconds in a test."""
+        if home is None:
+            return None
+        timeout_s = settings.get("host_call_timeout_s")
+        if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool):
+            timeout_s = HOST_CALL_TIMEOUT_S
+        return cls(node_id, home.unreachable, timeout_s=float(timeout_s))
 
     def linked(self, name: str, routing_id: bytes) -> list[Outbound]:
         """Worker `name`'s home link answered a heartbeat on this connection: the long polls

@@ -279,7 +279,7 @@ class Node:
             self.options.max_frame,
             curve=self._curve,
             home=self._home,
-            hosts=HostCalls(self.node_id, self._home.unreachable) if self._home else None,
+            hosts=HostCalls.serving(self.node_id, self._home, self.options.settings),
             host_name=HOME_NAME if self.options.home else self.options.name,
             relay=Relay(
                 self._zctx,

@@ -6,8 +6,8 @@ Owns which keys a node's settings may hold and the check of their values:
 - the configuration keys (runtime/launch/config.py `Settings`), each validated by that model's
   own field definition, so a domain is stated once and a program's `Node.embedded(settings=...)`
   gets exactly what `subagents.toml` gets;
-- the node's test-only keys (`TEST_KEYS`: fault injection, and a shorter owner-to-owner call
-  timeout), each with its domain here.
+- the node's test-only keys (`TEST_KEYS`: fault injection, a shorter owner-to-owner call
+  timeout and a home's shorter wait for its workers), each with its domain here.
 
 Any other key is refused with the known names: a typo (`reservaton_ttl_s`) would otherwise be
 ignored silently and the default served. No key the owners read is left out by that rule: the
@@ -40,8 +40,11 @@ from subagents_node.messages.errors import BadRequest
 #: The longest owner-to-owner call timeout (a week, as a client's timeout).
 MAX_CALL_TIMEOUT_S = 7 * 24 * 3600.0
 #: Tests only: the admission steps that fail, the launch steps at which the node kills itself
-#: (both live only with `faults=True`), and a shorter owner-to-owner call timeout.
-TEST_KEYS = ("fault_points", "fault_kill_points", "owner_call_timeout_s")
+#: (both live only with `faults=True`), a shorter owner-to-owner call timeout, and a home's
+#: shorter wait for its workers' answers (runtime/node/hostcalls.py).
+TEST_KEYS = ("fault_points", "fault_kill_points", "owner_call_timeout_s", "host_call_timeout_s")
+#: The test keys that are a number of seconds.
+_TIMEOUT_KEYS = ("owner_call_timeout_s", "host_call_timeout_s")
 #: Composed by the node for its owners (runtime/node/ownerspecs.py), never a program's.
 NODE_KEYS = (
     "runs_dir",
@@ -116,7 +119,7 @@ def _config_problem(key: str, value: object) -> str | None:
 
 
 def _test_problem(key: str, value: object) -> str | None:
-    if key == "owner_call_timeout_s":
+    if key in _TIMEOUT_KEYS:
         if (
             not isinstance(value, int | float)
             or isinstance(value, bool)

@@ -59,6 +59,8 @@ CARELESS: list[tuple[dict[str, Any], str]] = [
     ({"settings": {"grant_authority": "sometimes"}}, "settings.grant_authority"),
     ({"settings": {"owner_call_timeout_s": "x"}}, "settings.owner_call_timeout_s"),
     ({"settings": {"owner_call_timeout_s": float("inf")}}, "settings.owner_call_timeout_s"),
+    ({"settings": {"host_call_timeout_s": "1s"}}, "settings.host_call_timeout_s"),
+    ({"settings": {"host_call_timeout_s": 0}}, "settings.host_call_timeout_s"),
     ({"settings": {"fault_points": "mark_started"}}, "settings.fault_points"),  # not a list
     ({"settings": {"reservaton_ttl_s": 5.0}}, "settings.reservaton_ttl_s"),  # a typo
     ({"settings": {"node_pid": 1}}, "settings.node_pid"),  # the node's: owners exited at start

@@ -170,9 +170,11 @@ def fleet(
     heartbeat: tuple[float, float] = (0.2, 1.5),
     port: int = 0,
     isolation: Isolation | None = None,
+    home_env: dict[str, str] | None = None,
 ) -> Iterator[Fleet]:
     """A home on `home_host` and started workers, torn down (and their dirs removed) after.
-    With `isolation`, each node on its own host of its fabric (network and mount namespace)."""
+    With `isolation`, each node on its own host of its fabric (network and mount namespace).
+    With `home_env`, the home starts with faults and this environment (its test-only knobs)."""
     if isolation is not None:
         place = isolation.place
     home_dir = isolation.state_dir("home") if isolation else new_state_dir()
@@ -190,8 +192,10 @@ def fleet(
             str(beat),
             "--heartbeat-timeout",
             str(timeout),
+            *(("--faults",) if home_env is not None else ()),
         ),
         prefix=place("home"),
+        env=home_env or {},
     )
     key = read_keypair(keys_dir(home_dir) / SERVER_KEY).public
     crew = Fleet(home, endpoint, key, place, heartbeat, isolation=isolation)

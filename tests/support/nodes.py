@@ -159,6 +159,8 @@ class NodeProcess:
     #: `--faults`); only this start sees it, so the node started after it on the same state
     #: dir lives
     kill_at: str = ""
+    #: more environment for this start only (a test-only knob of a node started `--faults`)
+    env: dict[str, str] = field(default_factory=dict)
     pid: int = 0
     address: str = ""
     _proc: psutil.Process | None = None
@@ -172,7 +174,8 @@ class NodeProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self) -> NodeProcess:
-        env = {**os.environ, "SUBAGENTS_TEST_KILL_AT": self.kill_at} if self.kill_at else None
+        more = {**self.env, "SUBAGENTS_TEST_KILL_AT": self.kill_at} if self.kill_at else self.env
+        env = {**os.environ, **more} if more else None
         done = run_cli(
             "start", "--detach", *self.args, state_dir=self.state_dir, prefix=self.prefix, env=env
         )
