@@ -16,25 +16,47 @@ long poll (`runs.watch`), which waits anyway: one for a member that is unreachab
 as long as it asked to wait and sent the moment the worker is linked again (its next
 heartbeat), else answered `host_unreachable`, so a follower rides out a partition without
 asking in a loop.
+
+A request that was sent and timed out may still be applied: a worker stopped (SIGSTOP, a
+swapping host) or cut off finds it in its socket when it resumes. So a request that changes
+something (a launch, a stop) is answered `host_timeout` with `outcome: unknown` (never
+"nothing was applied"), saying how to find what it may have done, and the home remembers it
+(a slim record: its worker, type, session and `Settle`, for `LATE_KEEP_S`, at most `MAX_LATE`):
+the worker's late answer is settled as a timely one would have been (a nested launch's run
+recorded as placed by its worker, so that worker may follow and stop it) and logged, then
+dropped, since nobody waits for it any more.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from subagents_node.messages.base import Request
+from subagents_node.messages.base import Request, resendable
 from subagents_node.messages.codec import encode, encode_answer
-from subagents_node.messages.envelope import Envelope, new_message_id
+from subagents_node.messages.envelope import ERROR, Envelope, new_message_id
 from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
+from subagents_node.messages.protocol import REQUEST_BY_TYPE
+
+log = logging.getLogger(__name__)
 
 #: Longer than the longest long-poll a client may ask for (`WaitS`: 60 s) with margin: the
 #: client's own timeout ends its wait first; this only bounds what the home keeps.
 HOST_CALL_TIMEOUT_S = 75.0
+#: How long a worker waits for its home to answer a request it carries to another worker:
+#: longer than the home waits for that worker, so the home's answer (a `host_timeout` saying
+#: the outcome is unknown) reaches the child, not a bare timeout of its own.
+CARRIED_TIMEOUT_S = HOST_CALL_TIMEOUT_S + 5.0
 #: Requests to workers in flight at once, over all of them (a bound on the home's memory).
 MAX_IN_FLIGHT = 10_000
+#: How long the home keeps a request that changes something after giving up on its answer, so
+#: that a late answer is still settled: a day covers a host resumed or a partition healed.
+LATE_KEEP_S = 24 * 3600.0
+#: Such requests kept at once (slim records, no body; the oldest go first).
+MAX_LATE = 10_000
 #: Why a request for worker `name` is not sent now (None: send it).
 HostCheck = Callable[[str], "SubagentsError | None"]
 #: Long polls: held while their worker is unreachable, for as long as they ask to wait.
@@ -67,6 +89,20 @@ class Reachability(Protocol):
         """Why a request cannot be carried to worker `name` now (None: it can)."""
 
 
+class _Late:
+    """A request given up on that its worker may still apply: what its late answer needs."""
+
+    __slots__ = ("at", "host", "session_id", "settle", "type")
+
+    def __init__(self, call: _Call) -> None:
+        self.host = call.host
+        self.type = call.request.type
+        session = call.request.body.get("session_id")
+        self.session_id = session if isinstance(session, str) else ""
+        self.settle = call.settle
+        self.at = time.monotonic()
+
+
 class _Call:
     """A request on its way to a worker. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
@@ -97,14 +133,18 @@ class HostCalls:
         worker_via: int = 1,
         timeout_s: float = HOST_CALL_TIMEOUT_S,
         limit: int = MAX_IN_FLIGHT,
+        late_limit: int = MAX_LATE,
     ) -> None:
         self._node_id = node_id
         self._check = check
         self._worker_via = worker_via
         self._timeout_s = timeout_s
         self._limit = limit
+        self._late_limit = late_limit
         self._links: dict[str, bytes] = {}
         self._calls: dict[str, _Call] = {}
+        #: Requests given up on that their workers may still apply, oldest first (by id).
+        self._late: dict[str, _Late] = {}
         self._deadlines: list[tuple[float, str]] = []
         #: The calls held for each worker, by id: a heartbeat looks at its worker's only (it
         #: comes every second from each worker; the calls in flight may number thousands).
@@ -190,7 +230,10 @@ class HostCalls:
         """The client's frame for a worker's reply (None: not one we wait for, from this
         worker: a late answer after its deadline, or a peer answering for another)."""
         call = self._calls.get(reply.corr or "")
-        if call is None or call.host != principal or call.held is not None:
+        if call is None:
+            self._answered_late(reply, principal)
+            return None
+        if call.host != principal or call.held is not None:
             return None
         del self._calls[reply.corr or ""]
         refusal = call.settle(reply.type, reply.body) if call.settle is not None else None
@@ -218,16 +261,86 @@ class HostCalls:
             call = self._calls.pop(call_id)
             if call.held is not None:
                 self._held.get(call.host, set()).discard(call_id)
-            err = call.held or OwnerUnavailable(
-                f"worker {call.host!r} did not answer {call.request.type} within "
-                f"{self._timeout_s:g}s",
-                owner=call.request.target,
-                state="unreachable",
-                reason="host_timeout",
-                host=call.host,
-            )
+                err = call.held
+            else:
+                err = self._gave_up(call_id, call)
             out.append((call.via, call.client, encode_answer(call.request, err, self._node_id)))
         return out
+
+    def _gave_up(self, call_id: str, call: _Call) -> OwnerUnavailable:
+        """Why sent call `call_id` is answered without its worker's answer; one that changes
+        something is kept for its late answer (its outcome is unknown, not "nothing done")."""
+        request = call.request
+        said = f"worker {call.host!r} did not answer {request.type} within {self._timeout_s:g}s"
+        details: dict[str, Any] = {
+            "owner": request.target,
+            "state": "unreachable",
+            "reason": "host_timeout",
+            "host": call.host,
+        }
+        kind = REQUEST_BY_TYPE.get(request.type)
+        if kind is None or resendable(kind):
+            return OwnerUnavailable(said, **details)
+        late = self._late[call_id] = _Late(call)
+        self._forget_late(late.at)
+        details["outcome"] = "unknown"
+        if request.type != "runs.launch":
+            return OwnerUnavailable(
+                f"{said}: its outcome is unknown (the worker may still apply it); look before "
+                "sending it again",
+                **details,
+            )
+        session = late.session_id
+        details["session_id"] = session
+        return OwnerUnavailable(
+            f"{said}: its outcome is unknown, the worker may still start the run (its slots "
+            f"are then held in the home's ledgers like any run's); before launching again, "
+            f"look for it on the home: subagents-node runs --session {session} "
+            f"(client.hosts.runs(session={session!r}))",
+            **details,
+        )
+
+    def _forget_late(self, now: float) -> None:
+        """Drop the kept requests past `LATE_KEEP_S`, and the oldest past `late_limit`."""
+        late = self._late
+        while late:
+            call_id, oldest = next(iter(late.items()))
+            if len(late) <= self._late_limit and now - oldest.at < LATE_KEEP_S:
+                return
+            del late[call_id]
+            log.info("host calls: no longer waiting for %s to answer %s", oldest.host, oldest.type)
+
+    def _answered_late(self, reply: Envelope, principal: str) -> None:
+        """A worker answered a request the home gave up on: it is settled as a timely answer
+        would have been (its run recorded as placed), and logged; nobody waits for it."""
+        late = self._late.get(reply.corr or "")
+        if late is None or late.host != principal:
+            return
+        del self._late[reply.corr or ""]
+        refusal = late.settle(reply.type, reply.body) if late.settle is not None else None
+        run = reply.body.get("run")
+        run_id = run.get("run_id") if isinstance(run, Mapping) else None
+        late_s = time.monotonic() - late.at
+        if reply.type == ERROR:
+            log.warning(
+                "worker %s answered %s (session %r) %.1fs after the home gave up on it: %s",
+                late.host,
+                late.type,
+                late.session_id,
+                late_s,
+                reply.body.get("code"),
+            )
+        else:
+            log.warning(
+                "worker %s answered %s (session %r) %.1fs after the home gave up on it: it was "
+                "applied%s%s",
+                late.host,
+                late.type,
+                late.session_id,
+                late_s,
+                f", run {run_id} is on {late.host}" if run_id else "",
+                f" (but: {refusal.message})" if refusal is not None else "",
+            )
 
     def _due(self, deadline: float, call_id: str) -> bool:
         """Whether this heap entry is its call's current deadline."""

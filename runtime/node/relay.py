@@ -23,7 +23,7 @@ import zmq
 from subagents_node.actors.links import OwnerLinks, RawReplyFn, RemoteKeys
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import MembershipRefused, OwnerUnavailable, SubagentsError
-from subagents_node.node.hostcalls import HOST_CALL_TIMEOUT_S
+from subagents_node.node.hostcalls import CARRIED_TIMEOUT_S
 
 #: The home link's state and its reason, as the worker's home link last saw it.
 HomeState = Callable[[], tuple[str, str]]
@@ -92,9 +92,7 @@ class Relay:
         refusal = home_refusal(self._home_state(), request, f"worker {host}")
         if refusal is not None:
             raise refusal
-        self.links.send_raw(
-            request, "", deliver, HOST_CALL_TIMEOUT_S, host=host, endpoint=self.home
-        )
+        self.links.send_raw(request, "", deliver, CARRIED_TIMEOUT_S, host=host, endpoint=self.home)
 
     def close(self) -> None:
         self.links.close()

@@ -1,8 +1,10 @@
 """A home's requests to its workers in flight (runtime/node/hostcalls.py, DESIGN §1
 "Multi-host"): each is carried under a fresh id on the worker's own connection, answered to its
 client under the client's id, answered `unavailable` when its deadline passes, and an answer
-from any other peer, or late, changes nothing. HostCalls is the gateway thread's bookkeeping
-(no socket of its own), so it is driven here directly; the fleet tests carry real requests."""
+from any other peer changes nothing; a late answer to a request that changes something (a
+launch: its outcome was unknown) is settled at the home, never sent on. HostCalls is the
+gateway thread's bookkeeping (no socket of its own), so it is driven here directly; the fleet
+tests carry real requests (test_multihost_late_answer.py: a worker answering late)."""
 
 from __future__ import annotations
 
@@ -159,3 +161,58 @@ def test_only_long_polls_are_held_and_held_ones_count_toward_the_bound() -> None
     calls.send(_watch(), 0, b"b")
     with pytest.raises(Busy):
         calls.send(_watch(), 0, b"c")
+
+
+def _launch(session: str = "s1") -> Envelope:
+    return Envelope(
+        type="runs.launch", body={"session_id": session}, target="supervisor", host="w1"
+    )
+
+
+def test_a_launch_given_up_on_says_its_outcome_is_unknown_and_its_late_answer_is_settled() -> None:
+    settled: list[tuple[str, object]] = []
+    calls = HostCalls("home-node", _up, timeout_s=0.0)
+    calls.linked("w1", b"conn-w1")
+    _, _, frame = calls.send(
+        _launch(), 0, b"client-1", lambda kind, body: settled.append((kind, body))
+    )
+    ((_, _, answer),) = calls.expire()
+    details = decode(answer).body["details"]
+    assert (details["reason"], details["outcome"], details["session_id"]) == (
+        "host_timeout",
+        "unknown",
+        "s1",
+    )
+    assert "runs --session s1" in decode(answer).body["message"]
+    late = Envelope(type=REPLY, body={"run": {"run_id": "r1"}}, corr=decode(frame).id)
+    assert calls.answer(late, "w2") is None and settled == []  # not w2's to answer
+    assert calls.answer(late, "w1") is None  # nobody waits for it: nothing goes out
+    assert settled == [(REPLY, {"run": {"run_id": "r1"}})]  # but the home settled it
+    assert calls.answer(late, "w1") is None and len(settled) == 1  # once
+
+
+def test_a_read_only_request_given_up_on_is_not_kept_and_says_nothing_of_an_outcome() -> None:
+    settled: list[str] = []
+    calls = HostCalls("home-node", _up, timeout_s=0.0)
+    calls.linked("w1", b"conn-w1")
+    _, _, frame = calls.send(_request(), 0, b"c", lambda kind, body: settled.append(kind))
+    ((_, _, answer),) = calls.expire()
+    assert "outcome" not in decode(answer).body["details"]
+    assert calls.answer(Envelope(type=REPLY, body={}, corr=decode(frame).id), "w1") is None
+    assert settled == []
+
+
+def test_launches_kept_for_a_late_answer_are_bounded_oldest_first() -> None:
+    settled: list[str] = []
+    calls = HostCalls("home-node", _up, timeout_s=0.0, late_limit=1)
+    calls.linked("w1", b"conn-w1")
+    ids = []
+    for session in ("old", "new"):
+        _, _, frame = calls.send(
+            _launch(session), 0, b"c", lambda kind, body, s=session: settled.append(s)
+        )
+        ids.append(decode(frame).id)
+        calls.expire()
+    for corr in ids:
+        calls.answer(Envelope(type=REPLY, body={}, corr=corr), "w1")
+    assert settled == ["new"]
