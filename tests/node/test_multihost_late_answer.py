@@ -10,38 +10,39 @@ in; and a nested launch a worker placed is recorded as that worker's when the la
 so the worker may follow and stop the run it placed (before, it was refused
 `not_placed_by_you` for good, and only the home's operator could stop it).
 
-Real nodes on loopback: a home and two workers, each a process with its own state dir, keys
-and sockets; the test process speaks to the home over tcp with a worker's own CURVE key, as
+Real nodes, on loopback and (as root) each on its own host of a network namespace fabric: a
+home and two workers, each a process with its own state dir, keys and sockets; the test
+process speaks to the home over tcp with a worker's own CURVE key, as
 test_multihost_placed.py does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from subagents_node.client.client import Client
-from subagents_node.client.keys import CLIENT_KEY, ClientCredentials, keys_dir, read_keypair
-from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.base import Request
 from subagents_node.messages.constants import ENV_TEST_HOST_CALL_TIMEOUT
-from subagents_node.messages.errors import BadRequest, OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
 from subagents_node.messages.fanout import encode_descriptor
 from subagents_node.messages.supervisor import (
     AgentPlan,
     Launch,
-    LaunchResult,
     RunView,
     Show,
     Stop,
     TaskItem,
 )
-from tests.support.fleet import Fleet, fleet
+from tests.support.fleet import PLACES, Fleet, fleet_on
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,10 +53,11 @@ HOST_WAIT_S = 1.0
 NAP = AgentPlan(name="nap", command=[sys.executable, "-c", "import time; time.sleep(300)"])
 
 
-@pytest.fixture(scope="module")
-def crew() -> Iterator[Fleet]:
+@pytest.fixture(scope="module", params=PLACES)
+def crew(request: pytest.FixtureRequest) -> Iterator[Fleet]:
     # A long heartbeat timeout: the stopped worker stays `up`, so the launch is sent to it.
-    with fleet(
+    with fleet_on(
+        request.param,
         ("w1", "w2"),
         heartbeat=(0.2, 60.0),
         home_env={ENV_TEST_HOST_CALL_TIMEOUT: str(HOST_WAIT_S)},
@@ -98,18 +100,53 @@ def _launch(crew: Fleet, nested: bool) -> Launch:
     )
 
 
-def _as_worker(crew: Fleet, name: str, host: str) -> Client:
-    pair = read_keypair(keys_dir(crew.workers[name].state_dir) / CLIENT_KEY)
-    keys = ClientCredentials(pair, crew.home_key)
-    return Client(ZmqTransport(crew.endpoint, credentials=keys, host=host), timeout=20.0)
+#: One request asked of the home over tcp with a worker's own key, from that worker's host (its
+#: namespaces: the fabric's addresses exist there, not here): its answer, or typed error, as JSON.
+_PROBE = """
+import json, sys
+from pathlib import Path
+from subagents_node.client.client import Client
+from subagents_node.client.keys import CLIENT_KEY, ClientCredentials, keys_dir, read_keypair
+from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.protocol import parse_request
+state_dir, endpoint, home_key, host, type_, body = sys.argv[1:]
+keys = ClientCredentials(read_keypair(keys_dir(Path(state_dir)) / CLIENT_KEY), home_key)
+request = parse_request(type_, json.loads(body))
+with Client(ZmqTransport(endpoint, credentials=keys, host=host), timeout=20.0) as client:
+    try:
+        answer = client.ask(request, request.Result).model_dump(mode="json")
+        print(json.dumps({"reply": answer}))
+    except SubagentsError as err:
+        print(json.dumps({"error": err.code, "message": err.message, "details": err.details}))
+"""
 
 
-def _assert_outcome_unknown(err: OwnerUnavailable, launch: Launch) -> None:
-    assert err.details["reason"] == "host_timeout", err
-    assert err.details["outcome"] == "unknown", err
-    assert err.details["session_id"] == launch.session_id
-    assert "outcome is unknown" in err.message
-    assert f"runs --session {launch.session_id}" in err.message  # where to look
+def _as_worker(crew: Fleet, name: str, host: str, request: Request) -> dict[str, Any]:
+    """What the home answers worker `name`'s key asking `request` for `host`."""
+    worker = crew.workers[name]
+    body = request.model_dump_json()
+    argv = [sys.executable, "-c", _PROBE, str(worker.state_dir), crew.endpoint, crew.home_key]
+    done = subprocess.run(
+        [*worker.prefix, *argv, host, request.type, body],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def _assert_outcome_unknown(
+    code: str, message: str, details: dict[str, Any], launch: Launch
+) -> None:
+    assert (code, details["reason"]) == ("unavailable", "host_timeout"), message
+    assert details["outcome"] == "unknown", message
+    assert details["session_id"] == launch.session_id
+    assert "outcome is unknown" in message
+    assert f"runs --session {launch.session_id}" in message  # where to look
 
 
 def _started_late(crew: Fleet, host: str, session_id: str) -> RunView:
@@ -130,7 +167,8 @@ def test_a_launch_whose_worker_answers_after_the_homes_wait_says_its_outcome_is_
     on_w1 = crew.client(crew.home).hosts.on("w1")
     with _stopped(crew, "w1"), pytest.raises(OwnerUnavailable) as timed_out:
         on_w1.runs.launch(launch)
-    _assert_outcome_unknown(timed_out.value, launch)
+    err = timed_out.value
+    _assert_outcome_unknown(err.code, err.message, err.details, launch)
 
     run = _started_late(crew, "w1", launch.session_id)
     home = crew.client(crew.home)
@@ -148,22 +186,24 @@ def test_a_nested_launch_placed_by_a_worker_and_answered_late_is_recorded_as_tha
     crew: Fleet,
 ) -> None:
     launch = _launch(crew, nested=True)
-    with _as_worker(crew, "w2", "w1") as placer:
-        with _stopped(crew, "w1"), pytest.raises(OwnerUnavailable) as timed_out:
-            placer.ask(launch, LaunchResult)
-        _assert_outcome_unknown(timed_out.value, launch)
-        run_id = _started_late(crew, "w1", launch.session_id).run_id
+    with _stopped(crew, "w1"):
+        placed = _as_worker(crew, "w2", "w1", launch)
+    assert "error" in placed, placed
+    _assert_outcome_unknown(placed["error"], placed["message"], placed["details"], launch)
+    run_id = _started_late(crew, "w1", launch.session_id).run_id
 
-        def followed() -> RunView | None:
-            try:
-                return placer.ask(Show(run_id=run_id), RunView)
-            except BadRequest as refused:  # the late answer is not settled yet
-                assert refused.details["reason"] == "not_placed_by_you", refused
-                return None
+    def followed() -> dict[str, Any] | None:
+        shown = _as_worker(crew, "w2", "w1", Show(run_id=run_id))
+        if "error" in shown:  # the late answer is not settled yet
+            assert shown["details"]["reason"] == "not_placed_by_you", shown
+            return None
+        return shown
 
-        # The worker that placed the run may follow it, and stop it, as if answered in time.
-        assert wait_until(followed, what=f"w2 allowed to follow {run_id}").state == "running"
-        placer.ask(Stop(run_id=run_id), RunView)
+    # The worker that placed the run may follow it, and stop it, as if answered in time.
+    assert (
+        wait_until(followed, what=f"w2 allowed to follow {run_id}")["reply"]["state"] == "running"
+    )
+    assert "reply" in _as_worker(crew, "w2", "w1", Stop(run_id=run_id))
     home = crew.client(crew.home)
     wait_until(
         lambda: home.capacity.snapshot(launch.session_id).used == 0,

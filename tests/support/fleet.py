@@ -213,11 +213,18 @@ PLACES = ("loopback", "netns")
 
 
 @contextlib.contextmanager
-def fleet_on(place: str, workers: Sequence[str], spare: Sequence[str] = ()) -> Iterator[Fleet]:
+def fleet_on(
+    place: str,
+    workers: Sequence[str],
+    spare: Sequence[str] = (),
+    heartbeat: tuple[float, float] = (0.2, 1.5),
+    home_env: dict[str, str] | None = None,
+) -> Iterator[Fleet]:
     """A home and `workers`, on loopback or (`netns`) each on its own host of a fabric that
-    has hosts for the `spare` workers a test adds too; skips, saying why, without namespaces."""
+    has hosts for the `spare` workers a test adds too; skips, saying why, without namespaces.
+    `heartbeat` and `home_env` as `fleet` takes them."""
     if place == "loopback":
-        with fleet(workers) as started:
+        with fleet(workers, heartbeat=heartbeat, home_env=home_env) as started:
             yield started
         return
     skip_unless_netns()
@@ -229,6 +236,8 @@ def fleet_on(place: str, workers: Sequence[str], spare: Sequence[str] = ()) -> I
             place=on_hosts(fabric),
             port=NETNS_PORT,
             isolation=isolated(fabric),
+            heartbeat=heartbeat,
+            home_env=home_env,
         ) as started,
     ):
         started.fabric = fabric
