@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Mapping
-from typing import Any, get_args
+from typing import Any
 
 from subagents_node.actors import quarantine
+from subagents_node.actors import sessionschema as schema
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.constants import MAX_INT32
 from subagents_node.messages.errors import GrantRejected, RecordQuarantined, SpawnBudgetExceeded
-from subagents_node.messages.runs import RunState
 from subagents_node.messages.session import (
-    ACTIVE_RUN_STATES,
     GRANT_HISTORY_MAX,
     TERMINAL_RUN_STATES,
     GrantBasis,
@@ -61,60 +60,10 @@ from subagents_node.messages.session import (
     TrackRunResult,
 )
 
-_SCHEMA_V1 = """
-CREATE TABLE session_budgets (
-    session_id TEXT PRIMARY KEY,
-    configured_limit INTEGER,
-    used INTEGER NOT NULL DEFAULT 0,
-    granted INTEGER NOT NULL DEFAULT 0,
-    opened_at REAL NOT NULL
-);
-CREATE TABLE session_grants (
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    amount INTEGER NOT NULL,
-    granted_at INTEGER NOT NULL,
-    previous_limit INTEGER NOT NULL,
-    new_limit INTEGER NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-CREATE TABLE session_runs (
-    session_id TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    state TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (session_id, run_id)
-)
-"""
-
-BUDGETS, GRANTS, RUNS = "session_budgets", "session_grants", "session_runs"
-_BUDGET_CHECKS = (
-    (
-        "configured_limit IS NOT NULL AND (typeof(configured_limit) != 'integer' "
-        f"OR configured_limit < 1 OR configured_limit > {MAX_INT32})",
-        "configured_limit is neither NULL nor a positive integer",
-    ),
-    quarantine.integer("used", 0, MAX_INT32),
-    quarantine.integer("granted", 0, MAX_INT32),
-)
-_BUDGET_PROBLEM = quarantine.problem(_BUDGET_CHECKS)
-_GRANT_CHECKS = (
-    quarantine.integer("amount", 1, MAX_INT32),
-    quarantine.integer("granted_at", 0),
-    quarantine.integer("previous_limit", 0, MAX_INT32),
-    quarantine.integer("new_limit", 0, MAX_INT32),
-)
-_GRANT_PROBLEM = quarantine.problem(_GRANT_CHECKS)
-#: Every state a tracked run can be stored in (terminal ones are deleted, never stored).
-_STORED_RUN_STATES = frozenset(get_args(RunState)) - TERMINAL_RUN_STATES
-_RUN_CHECKS = (quarantine.one_of("state", _STORED_RUN_STATES), quarantine.number("updated_at"))
-_RUN_PROBLEM = quarantine.problem(_RUN_CHECKS)
-_ACTIVE_SQL = ", ".join(f"'{s}'" for s in sorted(ACTIVE_RUN_STATES))
-
 
 class SessionActor(OwnerActor):
     name = "session"
-    MIGRATIONS = (_SCHEMA_V1,)
+    MIGRATIONS = schema.MIGRATIONS
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
@@ -130,9 +79,9 @@ class SessionActor(OwnerActor):
     def recover(self) -> None:
         """Nothing to rebuild (every request reads the store); report every unreadable row."""
         for table, key, checks in (
-            (BUDGETS, "session_id", _BUDGET_CHECKS),
-            (GRANTS, "session_id || '/' || seq", _GRANT_CHECKS),
-            (RUNS, "session_id || '/' || run_id", _RUN_CHECKS),
+            (schema.BUDGETS, "session_id", schema.BUDGET_CHECKS),
+            (schema.GRANTS, "session_id || '/' || seq", schema.GRANT_CHECKS),
+            (schema.RUNS, "session_id || '/' || run_id", schema.RUN_CHECKS),
         ):
             for name, reason in quarantine.broken_rows(self.db, table, key, checks):
                 self.quarantine(table, name, reason)
@@ -264,13 +213,13 @@ class SessionActor(OwnerActor):
 
     def status(self, req: SessionStatusQuery) -> SessionStatus:
         rows = self.db.execute(
-            f"SELECT run_id, state, updated_at, {_RUN_PROBLEM} AS problem FROM session_runs "
+            f"SELECT run_id, state, updated_at, {schema.RUN_PROBLEM} AS problem FROM session_runs "
             "WHERE session_id = ? ORDER BY updated_at, run_id",
             (req.session_id,),
         ).fetchall()
         for r in rows:
             if r["problem"] is not None:
-                self.quarantine(RUNS, f"{req.session_id}/{r['run_id']}", r["problem"])
+                self.quarantine(schema.RUNS, f"{req.session_id}/{r['run_id']}", r["problem"])
         return SessionStatus(
             snapshot=self._snapshot(req.session_id),
             active=self._active_runs(req.session_id),
@@ -286,33 +235,33 @@ class SessionActor(OwnerActor):
     def _budget(self, session_id: str) -> sqlite3.Row | None:
         """The session's budget row; a row that cannot be read is quarantined and refused."""
         row: sqlite3.Row | None = self.db.execute(
-            f"SELECT configured_limit, used, granted, {_BUDGET_PROBLEM} AS problem "
+            f"SELECT configured_limit, used, granted, {schema.BUDGET_PROBLEM} AS problem "
             "FROM session_budgets WHERE session_id = ?",
             (session_id,),
         ).fetchone()
         if row is not None and row["problem"] is not None:
-            self.quarantine(BUDGETS, session_id, row["problem"])
-            raise RecordQuarantined.of(self.name, BUDGETS, session_id, row["problem"])
+            self.quarantine(schema.BUDGETS, session_id, row["problem"])
+            raise RecordQuarantined.of(self.name, schema.BUDGETS, session_id, row["problem"])
         return row
 
     def _active_runs(self, session_id: str) -> int:
         """Runs that block a grant; a run row that cannot be read counts (fail closed)."""
         row = self.db.execute(
             "SELECT COUNT(*) FROM session_runs WHERE session_id = ? "
-            f"AND (state IN ({_ACTIVE_SQL}) OR {_RUN_PROBLEM} IS NOT NULL)",
+            f"AND (state IN ({schema.ACTIVE_SQL}) OR {schema.RUN_PROBLEM} IS NOT NULL)",
             (session_id,),
         ).fetchone()
         return int(row[0])
 
     def _history(self, session_id: str) -> list[GrantRecord]:
         rows = self.db.execute(
-            f"SELECT seq, amount, granted_at, previous_limit, new_limit, {_GRANT_PROBLEM} "
+            f"SELECT seq, amount, granted_at, previous_limit, new_limit, {schema.GRANT_PROBLEM} "
             "AS problem FROM session_grants WHERE session_id = ? ORDER BY seq",
             (session_id,),
         ).fetchall()
         for r in rows:
             if r["problem"] is not None:
-                self.quarantine(GRANTS, f"{session_id}/{r['seq']}", r["problem"])
+                self.quarantine(schema.GRANTS, f"{session_id}/{r['seq']}", r["problem"])
         return [
             GrantRecord(
                 session_id=session_id,
