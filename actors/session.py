@@ -5,7 +5,11 @@ What it owns (table family "session"):
   open, R-SPN-1), `used` (R-SPN-5's count) and the granted total;
 - `session_grants`: the grant history, trimmed to the last GRANT_HISTORY_MAX entries per session;
 - `session_runs`: the session's runs that are not terminal (queued, running, paused), so grants
-  can be refused while children are queued or running (R-SPN-6). Terminal runs are deleted.
+  can be refused while children are queued or running (R-SPN-6). Terminal runs are deleted;
+- `session_reservations`: each counted reservation made under its caller's id (a workflow
+  child's launch), so the same launch sent again after its node was lost (it had reserved,
+  then died before recording the run) is counted once. Kept, never refunded: at most one row
+  per spawn a capped session counted, so a session's rows are bounded by its own limit.
 
 Everything lives in the store and every request reads it afresh: there is no cache to rebuild
 after a restart, and each request is a handful of primary-key lookups (O(1) in history size).
@@ -38,7 +42,12 @@ from subagents_node.actors import sessionschema as schema
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.constants import MAX_INT32
-from subagents_node.messages.errors import GrantRejected, RecordQuarantined, SpawnBudgetExceeded
+from subagents_node.messages.errors import (
+    BadRequest,
+    GrantRejected,
+    RecordQuarantined,
+    SpawnBudgetExceeded,
+)
 from subagents_node.messages.session import (
     GRANT_HISTORY_MAX,
     TERMINAL_RUN_STATES,
@@ -82,6 +91,7 @@ class SessionActor(OwnerActor):
             (schema.BUDGETS, "session_id", schema.BUDGET_CHECKS),
             (schema.GRANTS, "session_id || '/' || seq", schema.GRANT_CHECKS),
             (schema.RUNS, "session_id || '/' || run_id", schema.RUN_CHECKS),
+            (schema.RESERVATIONS, "reservation_id", schema.RESERVATION_CHECKS),
         ):
             for name, reason in quarantine.broken_rows(self.db, table, key, checks):
                 self.quarantine(table, name, reason)
@@ -126,12 +136,17 @@ class SessionActor(OwnerActor):
 
     def preflight(self, req: SpawnPreflight) -> SpawnSnapshot:
         snapshot = self._snapshot(req.session_id)
-        _check_fits(snapshot, req.requested)
+        if not self._reserved(req.session_id, req.reservation_id, req.requested):
+            _check_fits(snapshot, req.requested)
         return snapshot
 
     def reserve(self, req: SpawnReserve) -> ReserveResult:
-        """R-SPN-5: preflight, then count — only when a cap exists."""
+        """R-SPN-5: preflight, then count — only when a cap exists; a reservation made already
+        under the same id is counted already (its launch sent again), so nothing is counted or
+        refused twice."""
         snapshot = self._snapshot(req.session_id)
+        if self._reserved(req.session_id, req.reservation_id, req.requested):
+            return ReserveResult(counted=0, snapshot=snapshot, repeated=True)
         _check_fits(snapshot, req.requested)
         if snapshot.unlimited or req.requested == 0:
             return ReserveResult(counted=0, snapshot=snapshot)
@@ -139,6 +154,12 @@ class SessionActor(OwnerActor):
             "UPDATE session_budgets SET used = used + ? WHERE session_id = ?",
             (req.requested, req.session_id),
         )
+        if req.reservation_id is not None:  # in the same transaction as the count
+            self.db.execute(
+                "INSERT INTO session_reservations(reservation_id, session_id, requested, "
+                "reserved_at) VALUES (?, ?, ?, ?)",
+                (req.reservation_id, req.session_id, req.requested, self.ctx.clock()),
+            )
         return ReserveResult(counted=req.requested, snapshot=self._snapshot(req.session_id))
 
     def grant(self, req: GrantSpawns) -> GrantResult:
@@ -243,6 +264,33 @@ class SessionActor(OwnerActor):
             self.quarantine(schema.BUDGETS, session_id, row["problem"])
             raise RecordQuarantined.of(self.name, schema.BUDGETS, session_id, row["problem"])
         return row
+
+    def _reserved(self, session_id: str, reservation_id: str | None, requested: int) -> bool:
+        """Whether reservation `reservation_id` counted already. The id with another session
+        or count is refused (a caller reusing one id for two launches), and a row that cannot
+        be read is refused too (fail closed: it might be this launch's)."""
+        if reservation_id is None:
+            return False
+        row = self.db.execute(
+            f"SELECT session_id, requested, {schema.RESERVATION_PROBLEM} AS problem "
+            "FROM session_reservations WHERE reservation_id = ?",
+            (reservation_id,),
+        ).fetchone()
+        if row is None:
+            return False
+        if row["problem"] is not None:
+            self.quarantine(schema.RESERVATIONS, reservation_id, row["problem"])
+            raise RecordQuarantined.of(
+                self.name, schema.RESERVATIONS, reservation_id, row["problem"]
+            )
+        if (row["session_id"], row["requested"]) != (session_id, requested):
+            raise BadRequest(
+                f"reservation id {reservation_id} was used for another reservation; pick a "
+                "new id per launch",
+                reason="reservation_id",
+                field="reservation_id",
+            )
+        return True
 
     def _active_runs(self, session_id: str) -> int:
         """Runs that block a grant; a run row that cannot be read counts (fail closed)."""

@@ -39,7 +39,17 @@ CREATE TABLE session_runs (
     PRIMARY KEY (session_id, run_id)
 )
 """
+SCHEMA_V2 = """
+CREATE TABLE session_reservations (
+    reservation_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    requested INTEGER NOT NULL,
+    reserved_at REAL NOT NULL
+)
+"""
+
 BUDGETS, GRANTS, RUNS = "session_budgets", "session_grants", "session_runs"
+RESERVATIONS = "session_reservations"
 BUDGET_CHECKS = (
     (
         "configured_limit IS NOT NULL AND (typeof(configured_limit) != 'integer' "
@@ -62,5 +72,10 @@ STORED_RUN_STATES = frozenset(get_args(RunState)) - TERMINAL_RUN_STATES
 RUN_CHECKS = (quarantine.one_of("state", STORED_RUN_STATES), quarantine.number("updated_at"))
 RUN_PROBLEM = quarantine.problem(RUN_CHECKS)
 ACTIVE_SQL = ", ".join(f"'{s}'" for s in sorted(ACTIVE_RUN_STATES))
+RESERVATION_CHECKS = (
+    quarantine.integer("requested", 1, MAX_INT32),
+    quarantine.number("reserved_at"),
+)
+RESERVATION_PROBLEM = quarantine.problem(RESERVATION_CHECKS)
 
-MIGRATIONS = (SCHEMA_V1,)
+MIGRATIONS = (SCHEMA_V1, SCHEMA_V2)

@@ -20,7 +20,7 @@ errors itself.
 from typing import ClassVar, Literal
 
 from subagents_node.messages.base import Message, Request, ResultType
-from subagents_node.messages.domains import Count, Depth, SessionId, SignedCount
+from subagents_node.messages.domains import Count, Depth, SessionId, SignedCount, Token
 from subagents_node.messages.domains import RunId as RunId
 from subagents_node.messages.runs import RunState
 
@@ -94,10 +94,12 @@ class OpenSessionResult(Message):
 
 
 class ReserveResult(Message):
-    """`counted` is what was added to `used`: 0 for an unlimited session (R-SPN-5)."""
+    """`counted` is what was added to `used`: 0 for an unlimited session (R-SPN-5), and 0 for a
+    reservation made already under the same `reservation_id` (`repeated`: it counted then)."""
 
     counted: int
     snapshot: SpawnSnapshot
+    repeated: bool = False
 
 
 class GrantBasis(Message):
@@ -185,7 +187,9 @@ class SpawnSnapshotQuery(Request):
 
 
 class SpawnPreflight(Request):
-    """Would `requested` spawns fit (R-SPN-4)? Changes nothing; answers the snapshot."""
+    """Would `requested` spawns fit (R-SPN-4)? Changes nothing; answers the snapshot.
+
+    A reservation made already under `reservation_id` (SpawnReserve) fits: it is counted."""
 
     type: Literal["session.spawn_preflight"] = "session.spawn_preflight"
     read_only: ClassVar[bool] = True
@@ -193,16 +197,23 @@ class SpawnPreflight(Request):
     Result: ClassVar[ResultType] = SpawnSnapshot
     session_id: SessionId
     requested: Count
+    reservation_id: Token | None = None
 
 
 class SpawnReserve(Request):
-    """Preflight, then count the spawns when a cap exists (R-SPN-5)."""
+    """Preflight, then count the spawns when a cap exists (R-SPN-5).
+
+    With `reservation_id` (one per launch, kept when the launch is sent again) the spawns are
+    counted at most once: the same id, session and count again (its first answer was lost with
+    its node) counts nothing more and is not refused, however full the budget is now
+    (`repeated`); the id with another session or count is refused. Nothing is refunded."""
 
     type: Literal["session.spawn_reserve"] = "session.spawn_reserve"
     target: ClassVar[str] = SESSION
     Result: ClassVar[ResultType] = ReserveResult
     session_id: SessionId
     requested: Count
+    reservation_id: Token | None = None
 
 
 class GrantSpawns(Request):

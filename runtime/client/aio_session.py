@@ -43,11 +43,16 @@ class AsyncSessionAPI:
     async def snapshot(self, session_id: str) -> SpawnSnapshot:
         return await self.spawn_snapshot(session_id)
 
-    async def preflight(self, session_id: str, requested: int) -> SpawnSnapshot:
-        return await self._client.perform(ses.preflight_plan(session_id, requested))
+    async def preflight(
+        self, session_id: str, requested: int, reservation_id: str | None = None
+    ) -> SpawnSnapshot:
+        return await self._client.perform(ses.preflight_plan(session_id, requested, reservation_id))
 
-    async def reserve(self, session_id: str, requested: int) -> ReserveResult:
-        return await self._client.perform(ses.reserve_plan(session_id, requested))
+    async def reserve(
+        self, session_id: str, requested: int, reservation_id: str | None = None
+    ) -> ReserveResult:
+        """R-SPN-5, as `SessionAPI.reserve` (`reservation_id`: counted once)."""
+        return await self._client.perform(ses.reserve_plan(session_id, requested, reservation_id))
 
     async def grant(
         self,

@@ -7,6 +7,7 @@ same typed `BadRequest` in-process and over a socket, and never reaches the owne
     s = client.session
     s.open("s1", configured_limit=8)              # OpenSessionResult (idempotent)
     s.reserve("s1", requested=3)                  # ReserveResult, or SpawnBudgetExceeded
+    s.reserve("s1", 1, reservation_id=uuid)       # counted once, however often sent
     s.grant("s1", 4, confirm=ask_the_user)        # GrantResult, or GrantRejected
     s.snapshot("s1").text()                       # "Spawn budget: 3/8 used, 5 remaining (…)"
 """
@@ -55,13 +56,22 @@ def spawn_snapshot_plan(session_id: str) -> Plan[SpawnSnapshot]:
     return one(build(SpawnSnapshotQuery, session_id=session_id), SpawnSnapshot)
 
 
-def preflight_plan(session_id: str, requested: int) -> Plan[SpawnSnapshot]:
-    request = build(SpawnPreflight, session_id=session_id, requested=requested)
+def preflight_plan(
+    session_id: str, requested: int, reservation_id: str | None = None
+) -> Plan[SpawnSnapshot]:
+    request = build(
+        SpawnPreflight, session_id=session_id, requested=requested, reservation_id=reservation_id
+    )
     return one(request, SpawnSnapshot)
 
 
-def reserve_plan(session_id: str, requested: int) -> Plan[ReserveResult]:
-    return one(build(SpawnReserve, session_id=session_id, requested=requested), ReserveResult)
+def reserve_plan(
+    session_id: str, requested: int, reservation_id: str | None = None
+) -> Plan[ReserveResult]:
+    request = build(
+        SpawnReserve, session_id=session_id, requested=requested, reservation_id=reservation_id
+    )
+    return one(request, ReserveResult)
 
 
 def grant_plan(
@@ -124,13 +134,19 @@ class SessionAPI:
         """Alias of `spawn_snapshot`."""
         return self.spawn_snapshot(session_id)
 
-    def preflight(self, session_id: str, requested: int) -> SpawnSnapshot:
-        """R-SPN-4: raise SpawnBudgetExceeded unless `requested` fits; changes nothing."""
-        return self._client.perform(preflight_plan(session_id, requested))
+    def preflight(
+        self, session_id: str, requested: int, reservation_id: str | None = None
+    ) -> SpawnSnapshot:
+        """R-SPN-4: raise SpawnBudgetExceeded unless `requested` fits (a reservation made
+        already under `reservation_id` fits); changes nothing."""
+        return self._client.perform(preflight_plan(session_id, requested, reservation_id))
 
-    def reserve(self, session_id: str, requested: int) -> ReserveResult:
-        """R-SPN-5: preflight, then count `requested` when the session has a cap."""
-        return self._client.perform(reserve_plan(session_id, requested))
+    def reserve(
+        self, session_id: str, requested: int, reservation_id: str | None = None
+    ) -> ReserveResult:
+        """R-SPN-5: preflight, then count `requested` when the session has a cap. With
+        `reservation_id` (one per launch) the same reservation sent again counts nothing more."""
+        return self._client.perform(reserve_plan(session_id, requested, reservation_id))
 
     def grant(
         self,

@@ -176,6 +176,59 @@ def test_r_spn_5_reserve_counts_only_when_a_cap_exists(client: Client, sid: str)
     assert client.session.snapshot(unlimited).used == 0
 
 
+def test_r_spn_5_a_reservation_sent_again_with_its_id_counts_once_even_when_it_filled_up(
+    client: Client, sid: str
+) -> None:
+    """A launch sent again after its node was lost (the owner had counted it) carries the same
+    reservation id: it counted twice, and in a session its first attempt filled it was refused
+    (R-SPN-4). Now it is found: counted once, not refused, nothing refunded."""
+    client.session.open(sid, 3)
+    launch = uuid.uuid4().hex
+    first = client.session.reserve(sid, 3, reservation_id=launch)
+    assert (first.counted, first.repeated, first.snapshot.used) == (3, False, 3)
+    assert client.session.preflight(sid, 3, reservation_id=launch).used == 3
+    again = client.session.reserve(sid, 3, reservation_id=launch)
+    assert (again.counted, again.repeated, again.snapshot.used) == (0, True, 3)
+    with pytest.raises(SpawnBudgetExceeded):
+        client.session.reserve(sid, 1, reservation_id=uuid.uuid4().hex)
+    assert client.session.snapshot(sid).used == 3
+
+
+def test_r_spn_5_a_reservation_id_used_again_for_another_reservation_is_refused_and_changes_nothing(
+    client: Client, sid: str
+) -> None:
+    client.session.open(sid, 10)
+    other = sid + "-b"
+    client.session.open(other, 10)
+    launch = uuid.uuid4().hex
+    client.session.reserve(sid, 2, reservation_id=launch)
+    before = (_state(client, sid), _state(client, other))
+    for session, requested in ((sid, 3), (other, 2)):
+        for call in (client.session.preflight, client.session.reserve):
+            with pytest.raises(BadRequest) as info:
+                call(session, requested, reservation_id=launch)
+            assert info.value.details["reason"] == "reservation_id"
+    assert (_state(client, sid), _state(client, other)) == before
+
+
+def test_r_spn_5_a_refused_or_uncounted_reservation_leaves_its_id_unused(
+    client: Client, sid: str
+) -> None:
+    """Only a counted reservation is kept: one refused (R-SPN-4) or made while the session was
+    unlimited counted nothing, so the id counts when it fits."""
+    client.session.open(sid, 2)
+    launch = uuid.uuid4().hex
+    with pytest.raises(SpawnBudgetExceeded):
+        client.session.reserve(sid, 3, reservation_id=launch)
+    assert client.session.reserve(sid, 2, reservation_id=launch).counted == 2
+    unlimited, free = sid + "-u", uuid.uuid4().hex
+    client.session.open(unlimited, None)
+    assert client.session.reserve(unlimited, 4, reservation_id=free).counted == 0
+    roomy = sid + "-r"
+    client.session.open(roomy, 5)
+    assert client.session.reserve(roomy, 4, reservation_id=free).counted == 4
+
+
 @pytest.mark.parametrize("requested", [-1, 1.5, "2", True, None, 2**31])
 def test_r_spn_4_bad_requested_is_a_schema_error_and_changes_nothing(
     client: Client, sid: str, requested: object

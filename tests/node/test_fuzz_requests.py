@@ -47,6 +47,7 @@ LEDGER_TABLES = (
     "fanout_reservations",
     "session_budgets",
     "session_grants",
+    "session_reservations",  # a refused reserve must leave no reservation behind
 )
 NO_SUCH_AGENT = "/nonexistent/subagents-fuzz-agent"
 

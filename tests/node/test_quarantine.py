@@ -262,6 +262,38 @@ def test_corrupt_session_run_row_is_quarantined_and_counts_as_active(
     assert restarts(state_dir, "session") == 0
 
 
+def test_corrupt_session_reservation_is_quarantined_and_refuses_that_reservation_only(
+    start_node: StartNode, state_dir: Path
+) -> None:
+    """A launch's spawn reservation that cannot be read might be that launch's, counted: the
+    launch sent again is refused (fail closed), never counted a second time."""
+    session, broken, healthy = new_session(), "launch-broken", "launch-healthy"
+    first = start_node(state_dir=state_dir)
+    client = first.client()
+    client.session.open(session, 5)
+    for launch in (broken, healthy):
+        client.session.reserve(session, 1, reservation_id=launch)
+    stop(first)
+    corrupt(
+        state_dir,
+        "session",
+        "UPDATE session_reservations SET requested = 'x' WHERE reservation_id = ?",
+        broken,
+    )
+
+    node = start_node(state_dir=state_dir)
+    client = node.client()
+
+    assert_reported(state_dir, "session", "session_reservations", broken)
+    for call in (client.session.preflight, client.session.reserve):
+        with pytest.raises(RecordQuarantined) as refused:
+            call(session, 1, reservation_id=broken)
+        assert refused.value.details["key"] == broken
+    assert client.session.reserve(session, 1, reservation_id=healthy).repeated
+    assert client.session.reserve(session, 1).snapshot.used == 3
+    assert restarts(state_dir, "session") == 0
+
+
 def test_corrupt_run_record_is_quarantined_and_every_other_run_works(
     start_node: StartNode, state_dir: Path, agents: Path
 ) -> None:
