@@ -211,7 +211,10 @@ def admit(
     run_id: str,
     runner_id: str,
     resume: ResumePlan | None = None,
+    reservation_id: str | None = None,
 ) -> Pipeline:
+    """`reservation_id` names the launch's spawn reservation when the launch may be sent again
+    after its node was lost (a workflow child's, workflowkeys.py): counted once (R-SPN-5)."""
     validate(launch)
     host.check_workflow_child(launch)
     caller_route = _route_only(launch, resume)
@@ -228,7 +231,9 @@ def admit(
     requested = 0 if resume is not None else runplan.requested_spawns(launch)
     if requested:
         yield OpenSession(session_id=launch.session_id, configured_limit=launch.spawns_per_session)
-        yield SpawnPreflight(session_id=launch.session_id, requested=requested)
+        yield SpawnPreflight(
+            session_id=launch.session_id, requested=requested, reservation_id=reservation_id
+        )
 
     handle: SlotHandle | None = None
     capacity = None
@@ -278,7 +283,9 @@ def admit(
 
         _inject(host, "reserve_spawns")
         if requested:
-            yield SpawnReserve(session_id=launch.session_id, requested=requested)
+            yield SpawnReserve(
+                session_id=launch.session_id, requested=requested, reservation_id=reservation_id
+            )
 
         snapshots = Snapshots(
             capacity_used=capacity.used if capacity else None,

@@ -164,7 +164,9 @@ class RunLaunches:
         if keyed is not None:  # popped when the admission is answered (`_admitted_key`)
             keyed.run_id = run_id
             self._keyed[keyed.key] = keyed
-        pipeline = _launch_result(admit(self._host, request, run_id, runner_id, resume), on_started)
+        reservation = keyed.spawn_reservation if keyed is not None else None
+        admission = admit(self._host, request, run_id, runner_id, resume, reservation)
+        pipeline = _launch_result(admission, on_started)
         reply = self._answer_once_started(run_id, self._host.current_reply)
         self._pipelines.start(LaunchKey(run_id), pipeline, reply)
         return DEFERRED  # type: ignore[no-any-return]

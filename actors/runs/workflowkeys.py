@@ -8,7 +8,11 @@ launched as workflow `parent`'s child `key` carries the digest of the request th
 and a different one under the same key is `WorkflowKeyConflict`, as the host itself refuses
 it (R-WF-4). A run of the key recorded with no digest (by a node from before digests) counts
 as the same request: a second run is never launched for a key. A request whose key is still
-being admitted is answered with that admission's outcome (`KeyedLaunch.joined`).
+being admitted is answered with that admission's outcome (`KeyedLaunch.joined`). The key is
+also the id of the child's spawn reservation (`spawn_reservation`): a node lost after the
+session owner counted the spawn and before the run was recorded leaves no run to answer with,
+so the launch sent again is admitted again, and its reservation found counted (R-SPN-5: one
+spawn per child launched).
 
 It only reads the runs table and compares; it never launches, stops or changes a run, and it
 is consulted only for a request that holds the workflow's token (management.py, R-FAN-24).
@@ -50,6 +54,14 @@ class KeyedLaunch:
             return None
         text = request.model_dump_json().encode()  # the same request gives the same bytes
         return cls((request.parent_run_id, request.workflow_key), hashlib.sha256(text).hexdigest())
+
+    @property
+    def spawn_reservation(self) -> str:
+        """The id of the key's session spawn reservation (session.spawn_reserve): one per key,
+        whatever the request (R-WF-4 lets a key launch one run), so a launch sent again, or
+        changed after a first attempt that recorded no run, is counted once."""
+        text = f"workflow-child\0{self.key[0]}\0{self.key[1]}".encode()
+        return hashlib.sha256(text).hexdigest()
 
     def check_same(self, digest: str | None) -> None:
         """R-WF-4: the key again with different parameters is refused; the same, or a run

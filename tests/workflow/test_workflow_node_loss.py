@@ -9,7 +9,10 @@ sent again there; nothing is done twice and nothing is lost:
 - a child launch the node recorded and started but died before answering is answered by the
   next node with that same run (R-WF-4: one key, one launch), not launched a second time;
 - an admission the fan-out owner recorded but never answered is not charged again (its claim
-  id), nor refused because of its own first attempt; nothing is refunded (R-FAN-15).
+  id), nor refused because of its own first attempt; nothing is refunded (R-FAN-15);
+- a child's spawn the session owner reserved for a launch the node never recorded is not
+  reserved again (R-SPN-5: one spawn per child launched), nor refused because of its own first
+  reservation; nothing is refunded (R-SPN-6: usage is never reset).
 
 Each test counts the workflow's children by key (exactly one run each) and its budget (used =
 the number of keys). Real detached nodes (fault injection: SUBAGENTS_TEST_KILL_AT kills the
@@ -36,7 +39,7 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, process_gone, wait_until
+from tests.support.runs import Gate, launch_context, new_session, process_gone, wait_until
 
 WAIT_S = 60.0
 
@@ -129,12 +132,32 @@ def main(runs):
 """
 
 
+#: A child, then (past the gate) another one.
+_TWO_CHILDREN = """\
+import os, socket
+
+
+def main(runs):
+    first = runs.run("a", "echo", "first")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect({gate!r})
+    sock.sendall(f"{{os.getpid()}}\\n".encode())
+    sock.recv(64)
+    return [first.state, runs.run("b", "echo", "second").state]
+"""
+
+
 def launch_workflow(
-    client: Client, agents: Path, work: Path, gate: str = "", script_text: str = ""
+    client: Client,
+    agents: Path,
+    work: Path,
+    gate: str = "",
+    script_text: str = "",
+    session: str | None = None,
 ) -> str:
     script = work / "loop.py"
     script.write_text(script_text or textwrap.dedent(_SCRIPT.format(gate=gate)))
-    ctx = launch_context(agents, cwd=work)
+    ctx = launch_context(agents, cwd=work, session=session)
     launch = workflow_launch(ctx, script, background=True, agents_dirs=(str(agents),))
     return client.runs.launch(launch).run_id
 
@@ -235,6 +258,42 @@ def test_r_wf_5_a_resume_item_the_lost_node_recorded_but_never_answered_is_relau
     children = client.runs.list(parent_run_id=run_id, limit=1000)
     assert Counter(child.workflow_key for child in children) == Counter(["a", "b"])
     assert client.fanout.snapshot(decode_descriptor(run.fanout_descriptor)).used == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [2, 10], ids=["cap-exactly-the-children", "cap-with-room"])
+def test_r_spn_5_a_childs_spawn_reserved_by_a_node_lost_before_it_recorded_the_run_is_counted_once(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    agents: Path,
+    gate: Gate,
+    cap: int,
+) -> None:
+    """A session with a spawn cap (R-CFG-4): the node that gets the host's launch of child
+    `b` reserves its spawn (R-SPN-5) and is killed before it records the run (`record_run`).
+    Sent again to the next node, the launch reserved a second spawn, never refunded (the
+    session lost one for good), and in a session the first reservation filled it was refused
+    (R-SPN-4). Now the same child's reservation is found and counted once."""
+    session = new_session()
+    first = start_node(state_dir=state_dir)
+    client = first.client(timeout=20)
+    assert client.session.open(session, configured_limit=cap).created
+    script = _TWO_CHILDREN.format(gate=str(gate.path))
+    run_id = launch_workflow(client, agents, state_dir, script_text=script, session=session)
+    [held] = gate.accept(1, timeout=WAIT_S)
+    _stop(first)
+    dying = start_node("--faults", state_dir=state_dir, kill_at="record_run")
+    held.release(0)
+    assert dying.wait_exited(WAIT_S), "the node did not die at record_run"
+    client = start_node(state_dir=state_dir).client(timeout=20)
+
+    run = client.runs.wait(run_id, timeout=WAIT_S)
+    assert run.state == "complete", run.error
+    result = workflow_result(run)
+    assert result is not None and result["value"] == ["complete", "complete"], result
+    children = client.runs.list(parent_run_id=run_id, limit=1000)
+    assert Counter(child.workflow_key for child in children) == Counter(["a", "b"])
+    assert client.session.snapshot(session).used == 2
 
 
 def test_r_wf_4_the_same_child_launch_sent_again_is_its_first_run_and_a_changed_one_a_conflict(
