@@ -87,6 +87,27 @@ def peek_id(frame: bytes, key: str = "id") -> str | None:
     return None
 
 
+def in_other_version(
+    frame: bytes, refused: UnsupportedProtocol, answerer: str, reader: str, advice: str
+) -> Reply | None:
+    """A reply frame `decode` refused for its protocol version, as the UnsupportedProtocol its
+    request gets (None: the frame answers no request). Its reader raises it at once, naming
+    both versions, instead of dropping the frame as garbled and waiting out its timeout.
+
+    The wording names who answered (`answerer`), who reads (`reader`) and what to do."""
+    corr = peek_id(frame, "corr")
+    if corr is None:
+        return None
+    got = refused.details.get("got")
+    spoken = f"protocol version {got!r}" if got is not None else "another protocol version"
+    mismatch = UnsupportedProtocol(
+        f"{answerer} answered in {spoken}; {reader} speaks {PROTOCOL_VERSION}: {advice}",
+        got=got,
+        supported=PROTOCOL_VERSION,
+    )
+    return Reply(corr, ERROR, mismatch.to_wire())
+
+
 def encode_answer(request: Envelope, outcome: Any, sender: str) -> bytes:
     """The frame answering `request` with `outcome`: a typed error as `{code, message,
     details}`, else the result model's fields (every owner and the node answer this way).

@@ -33,8 +33,8 @@ import zmq
 from subagents_node.client.curve import HANDSHAKE_REFUSED
 from subagents_node.client.reachability import known_dead
 from subagents_node.messages.base import Message, Request, parse_reply, resendable
-from subagents_node.messages.codec import Reply, decode_reply, peek_id
-from subagents_node.messages.envelope import ERROR, PROTOCOL_VERSION
+from subagents_node.messages.codec import Reply, decode_reply, in_other_version
+from subagents_node.messages.envelope import ERROR
 from subagents_node.messages.errors import (
     NodeNotRunning,
     NodeTimeout,
@@ -140,18 +140,13 @@ def read_reply(frame: bytes) -> Reply | None:
     try:
         return decode_reply(frame, MAX_REPLY)
     except UnsupportedProtocol as exc:
-        corr = peek_id(frame, "corr")
-        if corr is None:
-            return None
-        got = exc.details.get("got")
-        spoken = f"protocol version {got!r}" if got is not None else "another protocol version"
-        mismatch = UnsupportedProtocol(
-            f"the node answered in {spoken}; this client speaks {PROTOCOL_VERSION}: use a "
-            "client of the node's release (`subagents-node doctor` compares them)",
-            got=got,
-            supported=PROTOCOL_VERSION,
+        return in_other_version(
+            frame,
+            exc,
+            "the node",
+            "this client",
+            "use a client of the node's release (`subagents-node doctor` compares them)",
         )
-        return Reply(corr, ERROR, mismatch.to_wire())
     except SubagentsError:
         return None
 
