@@ -13,6 +13,13 @@ dropped in seconds (what was in flight on it is answered `OwnerUnavailable` at i
 Whether to send to a home that is known to be unreachable is the caller's decision (the
 worker's forwarder fails such requests closed before they reach the links).
 
+Replies from the owners of this node are read strictly (one release: an unknown field is a
+bug). Replies for the targets another host answers (`other_host`: a worker's links to its
+home's ledgers, whichever socket carries them) are read as a client reads a node's
+(`parse_reply`): a home one release newer may have added fields, at any depth. A reply in
+another protocol version is its request's UnsupportedProtocol at once, from any peer, never a
+frame dropped as garbled while the request waits out its deadline.
+
 Not thread-safe by design: the thread that owns the links (an owner process's loop, the
 node's forwarder) is the only one that sends, receives and expires. It never decides
 anything about the requests it carries.
@@ -32,10 +39,15 @@ import zmq
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.records import Record, init_fields
-from subagents_node.messages.base import Request, parse_result
-from subagents_node.messages.codec import decode, encode_request
+from subagents_node.messages.base import Request, parse_reply, parse_result
+from subagents_node.messages.codec import decode, encode_request, in_other_version, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
-from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import (
+    Busy,
+    OwnerUnavailable,
+    SubagentsError,
+    UnsupportedProtocol,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +64,8 @@ REMOTE_HEARTBEAT_TIMEOUT_MS = 2000
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 _NOBLOCK = int(zmq.NOBLOCK)
+#: What an UnsupportedProtocol from a peer of another release tells the operator to do.
+_ONE_RELEASE = "run one release on every node of a home (docs/operations.md, upgrades)"
 
 
 class RemoteKeys(Record):
@@ -74,7 +88,7 @@ RawReplyFn = Callable[[Envelope | SubagentsError], None]
 class _Waiting:
     """A request sent and not answered yet. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
-    __slots__ = ("deadline", "raw", "reply", "request", "target", "timeout_s")
+    __slots__ = ("deadline", "raw", "reply", "request", "target", "timeout_s", "tolerant")
 
     def __init__(
         self,
@@ -83,6 +97,7 @@ class _Waiting:
         reply: Callable[[Any], None],
         timeout_s: float,
         raw: bool = False,
+        tolerant: bool = False,
     ) -> None:
         self.request = request
         self.target = target
@@ -91,6 +106,8 @@ class _Waiting:
         self.deadline = time.monotonic() + timeout_s
         #: hand over the reply envelope itself (a relay passes the body on unparsed)
         self.raw = raw
+        #: another host answers it: fields this release does not know are dropped
+        self.tolerant = tolerant
 
 
 class OwnerLinks:
@@ -103,8 +120,11 @@ class OwnerLinks:
         on_socket: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
         remote_keys: RemoteKeys | None = None,
         on_drop: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
+        other_host: frozenset[str] = frozenset(),
     ) -> None:
         self._zctx = zctx
+        #: The targets another host answers (a worker's home's ledgers): read tolerantly.
+        self._other_host = other_host
         self._remote_keys = remote_keys
         self._sender = sender
         self._endpoint_of = endpoint_of
@@ -200,7 +220,9 @@ class OwnerLinks:
             ) from None
         # A long poll is held by its owner for its wait by design: that is no silence.
         budget = (self._timeout_s if timeout_s is None else timeout_s) + request.held_s
-        waiting = self._waiting[env.id] = _Waiting(request, target, reply, budget, raw)
+        # A request carried to another worker (`host`) is answered by that worker.
+        tolerant = bool(host) or target in self._other_host
+        waiting = self._waiting[env.id] = _Waiting(request, target, reply, budget, raw, tolerant)
         heapq.heappush(self._deadlines, (waiting.deadline, env.id))
 
     def receive(self, sock: zmq.Socket[bytes]) -> int:
@@ -215,6 +237,9 @@ class OwnerLinks:
     def _deliver(self, frame: bytes) -> None:
         try:
             env = decode(frame, MAX_REPLY_BYTES)
+        except UnsupportedProtocol as exc:
+            self._in_other_version(frame, exc)
+            return
         except SubagentsError:
             log.warning("links: dropped a garbled reply")
             return
@@ -227,11 +252,27 @@ class OwnerLinks:
         try:
             if env.type == ERROR:
                 outcome: object = SubagentsError.from_wire(env.body)
+            elif waiting.tolerant:
+                outcome = parse_reply(waiting.request, env.body)
             else:
                 outcome = parse_result(waiting.request, env.body)
         except SubagentsError as err:
             outcome = err
         waiting.reply(outcome)
+
+    def _in_other_version(self, frame: bytes, refused: UnsupportedProtocol) -> None:
+        """A reply in another protocol version (a peer of another release): its request is
+        answered UnsupportedProtocol now (raw or not: the error stands for the reply)."""
+        waiting = self._waiting.pop(peek_id(frame, "corr") or "", None)
+        reply = (
+            in_other_version(frame, refused, waiting.target, "this node", _ONE_RELEASE)
+            if waiting is not None
+            else None
+        )
+        if waiting is None or reply is None:
+            log.warning("links: dropped a reply in another protocol version: %s", refused.message)
+            return
+        waiting.reply(SubagentsError.from_wire(reply.body))
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest request expires (None: nothing waits)."""

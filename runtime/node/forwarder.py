@@ -9,7 +9,8 @@ the gateway's thread. Replies go back through each request's reply function.
 On a worker node (DESIGN §1 "Multi-host") the ledger owners are the home's: requests for
 them go over one CURVE link to the home, with their own (shorter) timeout, and while the
 worker's home link says the home is unreachable they fail closed at once with
-`OwnerUnavailable` (reason `home_unreachable`) instead of waiting.
+`OwnerUnavailable` (reason `home_unreachable`) instead of waiting. Their replies are read as a
+client reads a node's (a home one release newer may add fields: actors/links.py `other_host`).
 
 It never decides anything about a request; an owner that does not answer in time is
 answered `OwnerUnavailable` by the links. One request that cannot be sent is answered with
@@ -66,6 +67,7 @@ class Forwarder:
             on_socket=self._watch,
             remote_keys=remote_keys,
             on_drop=self._poller.unregister,
+            other_host=remote,
         )
         self._stopping = False
         #: Guards the wake-up pipe against a `submit` racing `stop`: once closed, its fd

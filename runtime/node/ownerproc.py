@@ -64,6 +64,7 @@ class OwnerSpec(Record):
         "max_frame",
         "owner",
         "peers",
+        "remote",
         "server_secret",
         "settings",
         "state_dir",
@@ -90,6 +91,9 @@ class OwnerSpec(Record):
     server_secret: str
     #: Called in the forked owner: the node's latest `owner.peers` at the fork (None: none).
     initial_peers: Callable[[], OwnerPeers | None] | None
+    #: The owners another host answers (a worker's home's ledgers): their replies are read
+    #: as a client reads a node's, tolerating fields a newer home added (actors/links.py).
+    remote: frozenset[str]
 
     def __init__(
         self,
@@ -106,6 +110,7 @@ class OwnerSpec(Record):
         tcp_endpoint: str = "",
         server_secret: str = "",
         initial_peers: Callable[[], OwnerPeers | None] | None = None,
+        remote: frozenset[str] = frozenset(),
     ) -> None:
         init_fields(
             self,
@@ -122,6 +127,7 @@ class OwnerSpec(Record):
             tcp_endpoint=tcp_endpoint,
             server_secret=server_secret,
             initial_peers=initial_peers,
+            remote=remote,
         )
 
     def __repr__(self) -> str:
@@ -212,7 +218,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     # The node setting `owner_call_timeout_s` (not a user config key: tests shorten it so a
     # request lost with a killed owner is retried in seconds, not after the default 15 s).
     timeout_s = float(settings.get("owner_call_timeout_s") or DEFAULT_TIMEOUT_S)
-    links = OwnerLinks(zctx, spec.name, endpoint_of, timeout_s)
+    links = OwnerLinks(zctx, spec.name, endpoint_of, timeout_s, other_host=spec.remote)
 
     def report_crash(name: str, exc: BaseException) -> None:
         control.say("crash", reason=repr(exc)[:2000])

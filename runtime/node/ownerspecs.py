@@ -87,6 +87,7 @@ def owner_specs(
                 tcp_endpoint=tcp,
                 server_secret=secret if tcp else "",
                 initial_peers=current_peers if tcp else None,
+                remote=frozenset(remote),
             )
         )
     return specs

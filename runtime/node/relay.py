@@ -5,7 +5,8 @@ home's tcp endpoint with CURVE keys) used only from the gateway's I/O thread. A 
 reached one of the node's sockets for an owner (a tcp peer's, or a worker's local client's) is
 sent from that thread and its reply is passed back from that thread, body unparsed: no hand-off
 to another thread and no second validation of the result on the way through (the caller
-validates it, once). The forwarder thread stays for what does not come from a socket (the
+validates it, once; one in another protocol version is passed on as the links' typed error
+standing for it). The forwarder thread stays for what does not come from a socket (the
 embedded node's in-process client, the node's own requests to the capacity owner).
 
 It never decides anything about a request, except the rule both paths share: a worker fails
@@ -58,7 +59,9 @@ class Relay:
         home_state: HomeState = lambda: ("joined", ""),
         home: str = "",
     ) -> None:
-        self.links = OwnerLinks(zctx, sender, endpoint_of, remote_keys=remote_keys)
+        self.links = OwnerLinks(
+            zctx, sender, endpoint_of, remote_keys=remote_keys, other_host=remote
+        )
         #: A worker's home endpoint (its gateway carries a request for another worker there).
         self.home = home
         self._targets = targets | remote
