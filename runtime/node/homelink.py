@@ -14,6 +14,12 @@ When the node stops cleanly while joined, the link tells the home it leaves (bes
 at most `LEAVE_TIMEOUT_S`), so a stop then a start of the worker (an upgrade) joins at once
 instead of being refused as a live member until the heartbeat timeout has passed.
 
+The home's answers (a join's, a heartbeat's, a leave's) are read as a client reads a node's:
+fields a home one release newer added, at any depth, are dropped (`validated_reply`). An answer
+in another protocol version is an UnsupportedProtocol at once (the link is `unreachable`, saying
+so), and a request of the home in another version is answered with one, never dropped unread.
+What the home asks stays strict (runtime/node/homeasks.py).
+
 It never decides admissions itself, never writes a ledger, and never decides whether it serves
 a request of the home (`serve`, the node's, does); it talks to the home's node only.
 """
@@ -36,10 +42,21 @@ from subagents_node.client.channel import DEALER_OPTIONS
 from subagents_node.client.curve import curve_client
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode
+from subagents_node.messages.base import validated_reply
+from subagents_node.messages.codec import (
+    MAX_FRAME_BYTES,
+    decode,
+    encode,
+    in_other_version,
+    peek_id,
+)
 from subagents_node.messages.constants import VERSION
 from subagents_node.messages.envelope import ERROR, REPLY, Envelope
-from subagents_node.messages.errors import MembershipRefused, SubagentsError
+from subagents_node.messages.errors import (
+    MembershipRefused,
+    SubagentsError,
+    UnsupportedProtocol,
+)
 from subagents_node.messages.members import MemberHeartbeat, MemberJoin, MemberLeave, Membership
 from subagents_node.messages.node import ClusterStatus
 
@@ -276,9 +293,27 @@ class HomeLink:
                 break
             try:
                 got.append(decode(frame, MAX_FRAME_BYTES))
+            except UnsupportedProtocol as err:
+                self._in_other_version(frame, err, got)
             except SubagentsError as err:  # the home is trusted, but a bad frame is no crash
                 log.warning("home link: dropped a frame from the home: %s", err.message)
         return got
+
+    def _in_other_version(
+        self, frame: bytes, refused: UnsupportedProtocol, got: list[Envelope]
+    ) -> None:
+        """A frame of a home of another release: an answer is read as the UnsupportedProtocol
+        its request gets (added to `got`); a request of the home is answered with one."""
+        advice = "run one release on the home and its workers (docs/operations.md, upgrades)"
+        answer = in_other_version(frame, refused, f"home {self.home}", "this worker", advice)
+        if answer is not None:
+            got.append(Envelope(type=answer.type, body=answer.body, corr=answer.corr))
+            return
+        asked = peek_id(frame)
+        log.warning("home link: the home asked in another protocol version: %s", refused.message)
+        if asked is not None:
+            refusal = Envelope(type=ERROR, body=refused.to_wire(), corr=asked, sender=self._sender)
+            self._send_later(encode(refusal))
 
     def _answered(self, env: Envelope) -> Membership | None:
         """A heartbeat's answer: the membership it renews, or the refusal it is."""
@@ -290,8 +325,8 @@ class HomeLink:
             else:
                 self._set("unreachable", err.message)
             return None
-        try:
-            renewed = Membership.model_validate(env.body)
+        try:  # a newer home's answer may hold fields this worker does not know
+            renewed = validated_reply(Membership, env.body)
         except ValueError:
             self._set("unreachable", "the home answered a heartbeat with something else")
             return None
