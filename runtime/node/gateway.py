@@ -326,6 +326,12 @@ class Gateway:
                 reply = self._linking(reply, principal, identity)
             self._dispatcher.dispatch(request, env.target, reply, principal or None)
         except SubagentsError as err:
+            hosts = self._hosts if via and env is None else None
+            # A worker's answer in another protocol version: its client hears so at once.
+            mismatch = hosts.in_other_version(frame, err, principal) if hosts else None
+            if mismatch is not None:
+                self._worker_answered(mismatch, principal)
+                return
             corr = env.id if env else peek_id(frame)
             self._refuse(identity, corr, err, env, via, principal)
         except Exception as exc:  # never let one frame take the node down

@@ -4,7 +4,9 @@ Owns, for the home gateway's I/O thread only, the routing id of each worker's ho
 DEALER it joined and heartbeats on; learned from each answered heartbeat, so a worker that
 reconnected is reached on its new connection) and the requests in flight to workers: a local
 client's request whose envelope names a `host` goes out on that connection under a fresh id,
-and the worker's answer goes back to the client under the client's own id, body as it came.
+and the worker's answer goes back to the client under the client's own id, body as it came
+(the client reads it tolerantly; one in another protocol version is an UnsupportedProtocol for
+the client at once: `in_other_version`).
 A worker needs no listener of its own: the home reaches it over the connection the worker
 opened (and authenticated with CURVE) itself.
 
@@ -36,9 +38,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from subagents_node.messages.base import Request, resendable
-from subagents_node.messages.codec import encode, encode_answer
+from subagents_node.messages.codec import encode, encode_answer, in_other_version
 from subagents_node.messages.envelope import ERROR, Envelope, new_message_id
-from subagents_node.messages.errors import Busy, OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import (
+    Busy,
+    OwnerUnavailable,
+    SubagentsError,
+    UnsupportedProtocol,
+)
 from subagents_node.messages.protocol import REQUEST_BY_TYPE
 
 log = logging.getLogger(__name__)
@@ -241,6 +248,21 @@ class HostCalls:
             return (call.via, call.client, encode_answer(call.request, refusal, self._node_id))
         answer = call.request.reply(reply.type, reply.body, self._node_id)
         return (call.via, call.client, encode(answer))
+
+    def in_other_version(
+        self, frame: bytes, refused: SubagentsError, principal: str
+    ) -> Envelope | None:
+        """The answer standing for worker `principal`'s frame that `refused` for its protocol
+        version (a worker of another release): an UnsupportedProtocol for the call it answers,
+        for `answer` to pass on now instead of the call's timeout (None: no answer to a call,
+        or refused for another reason; the gateway refuses the frame as it would any)."""
+        if not isinstance(refused, UnsupportedProtocol):
+            return None
+        advice = "run one release on the home and its workers (docs/operations.md, upgrades)"
+        answer = in_other_version(frame, refused, f"worker {principal!r}", "its home", advice)
+        if answer is None:
+            return None
+        return Envelope(type=answer.type, body=answer.body, corr=answer.corr, sender=principal)
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest call runs out (None: nothing in flight)."""
