@@ -48,6 +48,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
     UnsupportedProtocol,
 )
+from subagents_node.messages.members import ONE_PROTOCOL
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ REMOTE_HEARTBEAT_TIMEOUT_MS = 2000
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 _NOBLOCK = int(zmq.NOBLOCK)
-#: What an UnsupportedProtocol from a peer of another release tells the operator to do.
-_ONE_RELEASE = "run one release on every node of a home (docs/operations.md, upgrades)"
 
 
 class RemoteKeys(Record):
@@ -265,7 +264,7 @@ class OwnerLinks:
         answered UnsupportedProtocol now (raw or not: the error stands for the reply)."""
         waiting = self._waiting.pop(peek_id(frame, "corr") or "", None)
         reply = (
-            in_other_version(frame, refused, waiting.target, "this node", _ONE_RELEASE)
+            in_other_version(frame, refused, waiting.target, "this node", ONE_PROTOCOL)
             if waiting is not None
             else None
         )

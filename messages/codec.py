@@ -98,14 +98,21 @@ def in_other_version(
     corr = peek_id(frame, "corr")
     if corr is None:
         return None
+    return Reply(corr, ERROR, mismatch(refused, answerer, reader, advice).to_wire())
+
+
+def mismatch(
+    refused: UnsupportedProtocol, answerer: str, reader: str, advice: str
+) -> UnsupportedProtocol:
+    """The UnsupportedProtocol a reader raises for an answer in another protocol version,
+    naming both versions (`refused`: the error the frame's check raised)."""
     got = refused.details.get("got")
     spoken = f"protocol version {got!r}" if got is not None else "another protocol version"
-    mismatch = UnsupportedProtocol(
+    return UnsupportedProtocol(
         f"{answerer} answered in {spoken}; {reader} speaks {PROTOCOL_VERSION}: {advice}",
         got=got,
         supported=PROTOCOL_VERSION,
     )
-    return Reply(corr, ERROR, mismatch.to_wire())
 
 
 def encode_answer(request: Envelope, outcome: Any, sender: str) -> bytes:

@@ -21,6 +21,12 @@ from subagents_node.messages.domains import Count, Generation, HostName, Timesta
 NODE = "node"
 #: The name a home node goes by among its members (`nodes`, `run --on home`, Envelope.host).
 HOME_NAME = "home"
+#: What an UnsupportedProtocol between a home and a worker (releases of two protocol
+#: versions) tells the operator to do.
+ONE_PROTOCOL = (
+    "upgrade the home and its workers alike "
+    '(docs/operations.md, "Upgrading a home and its workers")'
+)
 #: Types that name the tcp peer that sent them: refused on ipc.
 PEER_ONLY_TYPES = ("node.members.join", "node.members.heartbeat", "node.members.leave")
 

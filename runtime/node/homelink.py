@@ -48,6 +48,7 @@ from subagents_node.messages.codec import (
     decode,
     encode,
     in_other_version,
+    mismatch,
     peek_id,
 )
 from subagents_node.messages.constants import VERSION
@@ -57,7 +58,13 @@ from subagents_node.messages.errors import (
     SubagentsError,
     UnsupportedProtocol,
 )
-from subagents_node.messages.members import MemberHeartbeat, MemberJoin, MemberLeave, Membership
+from subagents_node.messages.members import (
+    ONE_PROTOCOL,
+    MemberHeartbeat,
+    MemberJoin,
+    MemberLeave,
+    Membership,
+)
 from subagents_node.messages.node import ClusterStatus
 
 log = logging.getLogger(__name__)
@@ -133,6 +140,8 @@ class HomeLink:
         transport = ZmqTransport(self.home, credentials=self._credentials, sender=self._sender)
         try:
             result = transport.call(request, timeout_s)
+        except UnsupportedProtocol as exc:  # worded for a worker, not for a client
+            raise mismatch(exc, f"home {self.home}", "this worker", ONE_PROTOCOL) from None
         finally:
             transport.close()
         assert isinstance(result, Membership)
@@ -304,8 +313,7 @@ class HomeLink:
     ) -> None:
         """A frame of a home of another release: an answer is read as the UnsupportedProtocol
         its request gets (added to `got`); a request of the home is answered with one."""
-        advice = "run one release on the home and its workers (docs/operations.md, upgrades)"
-        answer = in_other_version(frame, refused, f"home {self.home}", "this worker", advice)
+        answer = in_other_version(frame, refused, f"home {self.home}", "this worker", ONE_PROTOCOL)
         if answer is not None:
             got.append(Envelope(type=answer.type, body=answer.body, corr=answer.corr))
             return

@@ -46,6 +46,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
     UnsupportedProtocol,
 )
+from subagents_node.messages.members import ONE_PROTOCOL
 from subagents_node.messages.protocol import REQUEST_BY_TYPE
 
 log = logging.getLogger(__name__)
@@ -258,8 +259,7 @@ class HostCalls:
         or refused for another reason; the gateway refuses the frame as it would any)."""
         if not isinstance(refused, UnsupportedProtocol):
             return None
-        advice = "run one release on the home and its workers (docs/operations.md, upgrades)"
-        answer = in_other_version(frame, refused, f"worker {principal!r}", "its home", advice)
+        answer = in_other_version(frame, refused, f"worker {principal!r}", "its home", ONE_PROTOCOL)
         if answer is None:
             return None
         return Envelope(type=answer.type, body=answer.body, corr=answer.corr, sender=principal)

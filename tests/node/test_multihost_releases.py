@@ -251,3 +251,26 @@ def test_a_worker_asked_in_another_protocol_version_answers_unsupported_protocol
     assert isinstance(raised, UnsupportedProtocol), raised
     assert raised.details["got"] == LATER
     assert took < AT_ONCE_S
+
+
+def test_a_worker_joining_a_home_in_another_protocol_version_does_not_start_and_says_why(
+    pair: Pair,
+) -> None:
+    """Its join goes through the client's transport: UnsupportedProtocol at once (the worker
+    is stopped cleanly first, so the home frees its name; it is started again after)."""
+    code, _, err = pair.crew.cli(pair.worker, "stop")
+    assert code == 0, err
+    pair.peer.to_worker = in_version(LATER, grow)
+    started = time.monotonic()
+    done = run_cli("start", "--detach", *pair.worker.args, state_dir=pair.worker.state_dir)
+    took = time.monotonic() - started
+    assert done.returncode != 0
+    assert f"answered in protocol version {LATER}" in done.stderr, done.stderr
+    assert f"this worker speaks {PROTOCOL_VERSION}" in done.stderr, done.stderr
+    assert "upgrade the home and its workers alike" in done.stderr
+    assert took < AT_ONCE_S + 5  # a start's own cost, plus the answer: no join timeout
+    pair.peer.to_worker = grow
+    # The home took that join (only its answer was rewritten): its name is free again once
+    # the failed start has been silent past the heartbeat timeout.
+    wait_until(lambda: pair.crew.nodes()["w1"].state == "unreachable", what="w1 silent")
+    pair.worker.start()
