@@ -1,7 +1,8 @@
 """Base classes for body models (immutable, no unknown fields, one `type` discriminator), and
 the validations every side runs: a request against its own model, a reply against the result
 model its request declares (strictly between owners of one node; tolerating fields it does not
-know on a client, which a node one release newer may add: `validated_reply`).
+know on a client, and on a node reading another node's reply, which a node one release newer
+may add: `validated_reply`).
 
 It must never import an owner's schema module: a client that validates one request loads only
 that request's module (`protocol.py` builds the union of all of them, for the node)."""
@@ -172,8 +173,9 @@ def parse_result(request: Request, body: dict[str, Any]) -> Message:
 
 
 def parse_reply(request: Request, body: dict[str, Any]) -> Message:
-    """`parse_result` as a client reads a node's reply: fields it does not know, at any level,
-    are dropped (`validated_reply`); any other fault is the same BadRequest."""
+    """`parse_result` as a client reads a node's reply (and a worker its home's): fields it
+    does not know, at any level, are dropped (`validated_reply`); any other fault is the same
+    BadRequest."""
     try:
         return validated_reply(request.Result, body)
     except ValidationError as exc:

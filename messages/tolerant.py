@@ -1,13 +1,15 @@
-"""How a client reads a reply from a node one release newer: the fields its models do not know,
-at any depth, are dropped before the reply is validated (docs/api.md, "Compatibility").
+"""How a client reads a reply from a node one release newer, and a node a reply from another
+node (a worker its home's, a home its worker's): the fields its models do not know, at any
+depth, are dropped before the reply is validated (docs/api.md, "Compatibility").
 
 Owns `known_fields`: a copy of a reply body that keeps only what the model's fields (and the
 fields of the models inside them: lists, tuples, dict values, optionals, unions) name, guided by
 the models' type hints. Values it cannot place stay as they are, for the model to judge.
 
-It must never be used on anything a node receives (requests, owners' and peers' messages stay
-strict: a typo there must be an error) and never decides validity itself: the strict model
-validates what it returns. It imports nothing of ours.
+It must never be used on a request (what a node receives as one stays strict: a typo there
+must be an error), nor on the replies the owners of one node send each other (one release),
+and never decides validity itself: the strict model validates what it returns. It imports
+nothing of ours.
 """
 
 from __future__ import annotations
