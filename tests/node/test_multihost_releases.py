@@ -189,8 +189,9 @@ def test_a_home_ledger_answering_in_another_protocol_version_fails_the_admission
 def test_a_home_one_release_older_reads_its_workers_grown_answers_and_follows_its_run(
     pair: Pair,
 ) -> None:
-    """The home's client reads them tolerantly; the home records the run a placed launch
-    names from the grown answer, so a stop from the home finds it on the worker."""
+    """The home passes them on as they came and its client reads them tolerantly: ping, the
+    worker's run list, a launch placed with `run --on`, and a stop of that run from the home,
+    answered by the worker (its follow-up watch too)."""
     pair.peer.to_worker = as_sent
     with pair.home.on("w1") as w1:
         assert w1.ping().node_id == pair.worker.status().node_id
