@@ -154,7 +154,11 @@ class OwnerLoop:
             self._gate.make_server(sock)
         try:
             sock.bind(endpoint)
-        except zmq.ZMQError:
+            if endpoint.startswith("ipc://"):
+                # DESIGN §3: sockets 0600, as node.sock; the 0700 state dir is not the only guard
+                # (libzmq creates the file under the process umask, 0755 by default).
+                os.chmod(endpoint[len("ipc://") :], 0o600)
+        except (zmq.ZMQError, OSError):
             sock.close(linger=0)
             raise
         return sock

@@ -57,7 +57,9 @@ class Tombstone:
         bound_inbound(sock, MAX_FRAME_BYTES)
         try:
             sock.bind(self._endpoint)
-        except zmq.ZMQError as exc:
+            if self._endpoint.startswith("ipc://"):  # DESIGN §3: sockets 0600, as the owner's
+                os.chmod(self._endpoint[len("ipc://") :], 0o600)
+        except (zmq.ZMQError, OSError) as exc:
             log.error("cannot stand in for failed owner %s: %s", self._owner, exc)
             sock.close()
             return

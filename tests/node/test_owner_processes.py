@@ -97,6 +97,27 @@ def test_each_owner_keeps_its_own_database_and_socket(node: NodeProcess) -> None
         assert (node.state_dir / OWNER_SOCKETS[name]).is_socket()
 
 
+def test_design_3_every_socket_in_the_state_dir_is_0600_a_restarted_owners_too(
+    node: NodeProcess,
+) -> None:
+    """DESIGN §3 (sockets 0600) and docs/operations.md: node.sock and each owner's socket,
+    whatever the umask the node was started under, and again once an owner is restarted."""
+
+    def modes() -> dict[str, int]:
+        return {p.name: p.stat().st_mode & 0o777 for p in node.state_dir.glob("*.sock")}
+
+    assert set(modes()) == {"node.sock", *OWNER_SOCKETS.values()}
+    assert modes() == dict.fromkeys(modes(), 0o600)
+    before = owner_pids(node)["session"]
+    os.kill(before, signal.SIGKILL)
+    wait_until(
+        lambda: owner_pids(node).get("session") not in (None, before),
+        timeout=15,
+        what="session restarted",
+    )
+    assert modes() == dict.fromkeys(modes(), 0o600)
+
+
 def test_the_owners_inherit_no_library_only_the_node_or_other_processes_use() -> None:
     """Each owner is forked after the node's imports and holds every page of them in its own
     resident size, so a library no owner uses (psutil: the node's pid file and `stop`;
