@@ -1,7 +1,8 @@
 """CurveGuard: CURVE for the node's tcp listener and the ZAP handler that admits its peers.
 
-Owns the node's server keypair (created on first use), the allow-list (`<state>/keys/
-allowed.toml`, name -> client public key) while the node runs, and the ZAP socket
+Owns the node's server keypair (created when a tcp listener first needs it; a `keys` listing
+never creates it), the allow-list (`<state>/keys/allowed.toml`, name -> client public key)
+while the node runs, and the ZAP socket
 (`inproc://zeromq.zap.01`, RFC 27: actors/zap.py) of the node's zmq context. Every tcp ROUTER
 the gateway binds is a CURVE server (DESIGN §3, loopback included); libzmq asks this handler
 about each peer's handshake, and the handler admits only a key on the allow-list, answering
@@ -85,6 +86,7 @@ class CurveGuard:
                 self.revoke(request.name)
             elif not isinstance(request, KeysList):
                 return BadRequest(f"not a keys request: {request.type}", reason="wrong_target")
+            server_public = self._server_public()
         except KeyFileInvalid as err:
             return err
         except OSError as exc:
@@ -93,7 +95,16 @@ class CurveGuard:
                 path=str(self._allowed_path),
                 reason="io",
             )
-        return AllowedKeys(server_public=self.server.public, clients=self.allowed)
+        return AllowedKeys(server_public=server_public, clients=self.allowed)
+
+    def _server_public(self) -> str:
+        """The server key's public half, or "" when there is none: answering `keys show`,
+        `allow` or `revoke` never creates it (only `keys generate` and a tcp listener do), so
+        the listing is the same whether a node runs or not."""
+        if self._server is not None:
+            return self._server.public
+        path = keys_dir(self._state_dir) / SERVER_KEY
+        return read_keypair(path).public if path.exists() else ""
 
     @property
     def allowed(self) -> dict[str, str]:

@@ -189,6 +189,20 @@ def test_design_3_ipc_needs_no_keys(node: NodeProcess) -> None:
     assert (node.state_dir / "node.sock").stat().st_mode & 0o777 == 0o600
 
 
+def test_keys_show_allow_and_revoke_on_a_running_node_create_no_server_key(
+    node: NodeProcess,
+) -> None:
+    """docs/operations.md: the server key is written by `keys generate` or the first tcp
+    start; a listing through a running ipc node is the same as without one: no key."""
+    key = Keypair.generate().public
+    for args in (("show",), ("allow", "--name", "ci", "--", key), ("revoke", "ci")):
+        done = run_cli("keys", *args, state_dir=node.state_dir)
+        assert done.returncode == 0, done.stderr
+    shown = run_cli("keys", "show", state_dir=node.state_dir)
+    assert "server key  (none" in shown.stdout, shown.stdout
+    assert not (keys_dir(node.state_dir) / SERVER_KEY).exists()
+
+
 def test_design_3_keys_allow_without_a_node_edits_the_file(state_dir: Path) -> None:
     key = Keypair.generate().public
     # A z85 key may start with '-': after '--', as the command's help says.
