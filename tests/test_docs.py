@@ -392,3 +392,87 @@ def test_harness_pairs_each_block_with_the_text_block_after_it(tmp_path: Path) -
     )
     found = blocks(page)
     assert [(b.lang, b.expected) for b in found] == [("sh", "hi\n"), ("text", None)]
+
+
+# -- what the code defines, the docs name (and with the code's defaults) ----------------------
+
+
+def _table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table whose header row starts with `header`."""
+    lines = text[text.index(header) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def test_every_environment_variable_the_code_defines_is_documented() -> None:
+    """A variable in messages/constants.py (what a node, a launcher, a child or a workflow host
+    reads or sets) or a config key's variable is named on some page: `NAME`, `$NAME`, `NAME=…`."""
+    from subagents_node.launch.config import ENV_NAMES
+    from subagents_node.messages import constants
+
+    names = {v for k, v in vars(constants).items() if k.startswith("ENV_") and isinstance(v, str)}
+    names |= set(ENV_NAMES.values())
+    text = "".join(page.read_text(encoding="utf-8") for page in PAGES)
+    missing = sorted(n for n in names if not re.search(rf"`\$?{n}[`=]", text))
+    assert not missing, f"environment variables no page names: {missing}"
+
+
+def test_configuration_table_states_each_keys_variable_and_the_codes_default() -> None:
+    """docs/configuration.md's key table: one row per key, its variable, and its default as
+    `Settings` has it (the first `code` in the default cell; a cell without one, only for a
+    key whose default is none or empty)."""
+    from subagents_node.launch.config import ENV_NAMES, KEYS, Settings
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    rows = _table_rows(text, "| key | variable | default | meaning |")
+    assert [r[0] for r in rows] == [f"`{k}`" for k in KEYS], "one row per key, in model order"
+    wrong = []
+    for (_, variable, default, _), key in zip(rows, KEYS, strict=True):
+        if not variable.startswith(f"`{ENV_NAMES[key]}`"):
+            wrong.append(f"{key}: variable {variable!r}, code {ENV_NAMES[key]}")
+        value = Settings.model_fields[key].default
+        shown = re.match(r"`([^`]*)`", default)
+        if shown is None:
+            if value not in (None, ()) and key != "state_dir":  # state_dir: paths.py's rule
+                wrong.append(f"{key}: default {default!r}, code {value!r}")
+        elif shown.group(1) != str(value):
+            wrong.append(f"{key}: default {shown.group(1)!r}, code {value!r}")
+    assert not wrong, wrong
+
+
+def test_api_page_states_each_node_option_with_the_codes_default() -> None:
+    """docs/api.md's NodeOptions table names every option, each with the dataclass default
+    (the `code` values in the default cell, in the order the option cell names them)."""
+    import dataclasses
+
+    from subagents_node.node.node import NodeOptions
+
+    internal = {"state_dir", "containment_probe"}  # an argument of its own; set by `start`
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(NodeOptions)
+        if f.name not in internal
+    }
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    rows = _table_rows(text, "| option | default | meaning |")
+    seen, wrong = [], []
+    for option_cell, default_cell, _ in rows:
+        names = re.findall(r"`(\w+)`", option_cell)
+        seen += names
+        shown = re.findall(r"`([^`]*)`", default_cell.split("(")[0])
+        if len(shown) == 1 and len(names) > 1:
+            shown *= len(names)  # `join`, `home_key`, ...: one value for all
+        if not shown:
+            continue  # a prose default (`max_frame`: 1 MiB) is checked below
+        for name, value in zip(names, shown, strict=True):
+            if value != repr(defaults.get(name)).replace("'", '"'):
+                wrong.append(f"{name}: page {value}, code {defaults.get(name)!r}")
+    assert sorted(seen) == sorted(defaults), "the table names exactly NodeOptions' options"
+    assert not wrong, wrong
+    from subagents_node.messages.codec import MAX_FRAME_BYTES
+
+    assert "| `max_frame` | 1 MiB |" in text and MAX_FRAME_BYTES == 1 << 20
