@@ -218,6 +218,29 @@ def test_background_runs_launched_at_once_with_no_node_all_use_the_one_node_that
         run_cli("stop", state_dir=state_dir)
 
 
+def test_a_foreground_runs_embedded_node_serves_the_configured_actor_settings(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """docs/configuration.md: a node a foreground `run` embeds (no node running) gets the
+    actor settings of the configuration the command loaded, as a started node does: here its
+    child log is cut at `SUBAGENTS_CHILD_LOG_MAX_BYTES`, not the built-in 64 MiB."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "loud.md").write_text(
+        "---\nname: loud\ndescription: prints 300 KB\ntask_delivery: stdin\n"
+        'command: ["{python}", "-c", "print((\'x\' * 99 + \'\\\\n\') * 3000)"]\n---\n',
+        encoding="utf-8",
+    )
+    env = {**os.environ, "SUBAGENTS_CHILD_LOG_MAX_BYTES": str(64 << 10)}
+    done = run_cli(
+        "run", "--json", "--agents-dir", str(agents), "loud", "x", state_dir=state_dir, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    log = Path(json.loads(done.stdout)["children"][0]["stdout_path"])
+    assert log.stat().st_size <= 64 << 10
+    assert f"were cut here (child_log_max_bytes = {64 << 10})" in log.read_text(encoding="utf-8")
+
+
 def test_console_script_help_and_version_work_as_a_real_process() -> None:
     helped = run_cli("--help")
     assert helped.returncode == 0
