@@ -197,7 +197,7 @@ class LauncherTools:
                 entry[stream] = text
                 entry[f"{stream}_truncated"] = cut
                 head = f"== child {view.index} {view.label} ({view.agent}) {stream}"
-                head += " (last {max_bytes} bytes)" if cut else ""
+                head += f" (last {max_bytes} bytes)" if cut else ""
                 sections.append(f"{head} ==\n{text.rstrip()}" if text else f"{head} == (empty)")
             data.append(entry)
         header = f"run {run.run_id} {run.state}"

@@ -149,6 +149,20 @@ def test_a_background_run_returns_its_id_and_wait_and_logs_follow_it(node: NodeP
     assert unknown.is_error and "no-such-run" in text_of(unknown)
 
 
+def test_logs_cut_to_max_bytes_says_how_many_bytes_it_shows(node: NodeProcess) -> None:
+    """docs/mcp.md: `logs` gives the last `max_bytes` of each log, and its label says so with
+    the number (it printed the placeholder `{max_bytes}` itself)."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+    (ran,) = call(env, ("run", {"agent": "sleeper", "task": "seconds=0.1"}))
+    assert ran.structured_content is not None, text_of(ran)
+    (logs,) = call(env, ("logs", {"run_id": ran.structured_content["run_id"], "max_bytes": 4}))
+    assert not logs.is_error, text_of(logs)
+    assert "== child 0 single (sleeper) stdout (last 4 bytes) ==" in text_of(logs)
+    assert "{max_bytes}" not in text_of(logs)
+    assert logs.structured_content is not None
+    assert logs.structured_content["children"][0]["stdout_truncated"]
+
+
 def test_r_fan_25_every_run_result_carries_the_budget_after_its_claims_in_text_and_data(
     node: NodeProcess,
 ) -> None:
