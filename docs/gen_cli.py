@@ -59,7 +59,7 @@ def _kind(param: click.Parameter) -> str:
     if isinstance(param, click.Option) and param.is_flag:
         return "flag"
     if isinstance(param.type, click.Choice):
-        return " \\| ".join(f"`{c}`" for c in param.type.choices)
+        return " | ".join(f"`{c}`" for c in param.type.choices)  # `_cell` escapes the pipes
     kind = param.type.name
     return f"{kind}, repeatable" if getattr(param, "multiple", False) else kind
 
@@ -164,7 +164,7 @@ def _exit_codes() -> list[str]:
     for error, code in sorted(EXIT_CODES.items(), key=lambda item: item[0].__name__):
         meanings.setdefault(code, []).append(f"`{error.__name__}`")
     rows = ["| exit code | meaning |", "| --- | --- |"]
-    rows += [f"| {code} | {'; '.join(meanings[code])} |" for code in sorted(meanings)]
+    rows += [f"| {code} | {_cell('; '.join(meanings[code]))} |" for code in sorted(meanings)]
     return [
         "## Exit codes",
         "",

@@ -476,3 +476,41 @@ def test_api_page_states_each_node_option_with_the_codes_default() -> None:
     from subagents_node.messages.codec import MAX_FRAME_BYTES
 
     assert "| `max_frame` | 1 MiB |" in text and MAX_FRAME_BYTES == 1 << 20
+
+
+def _cells(row: str) -> int:
+    """How many cells GitHub's table parser finds in `row`: a backslash escapes the character
+    after it (so `\\|` is a pipe in a cell and `\\\\|` a backslash, then a cell boundary)."""
+    body = row.strip()
+    body = body[1:] if body.startswith("|") else body
+    body = body[:-1] if body.endswith("|") and not body.endswith("\\|") else body
+    return len(re.findall(r"(?:\\.|[^|\\])*(?:\||$)", body)) - (1 if body else 0)
+
+
+def test_every_table_in_the_docs_has_a_header_and_rows_of_its_width() -> None:
+    """A table row cut off by a blank line (it renders as a stray paragraph) or a cell whose
+    pipe is escaped twice (it splits into two cells) is a table GitHub shows broken."""
+    broken = []
+    for page in PAGES:
+        fenced = False
+        block: list[tuple[int, str]] = []
+        lines = [*page.read_text(encoding="utf-8").splitlines(), ""]
+        for number, line in enumerate(lines, 1):
+            if line.startswith("```"):
+                fenced = not fenced
+            if not fenced and line.startswith("|"):
+                block.append((number, line))
+                continue
+            if block:
+                where = f"{page.relative_to(REPO)}:{block[0][0]}"
+                if len(block) < 2 or not re.fullmatch(r"\|( *:?-+:? *\|)+", block[1][1]):
+                    broken.append(f"{where}: a table row with no header above it")
+                else:
+                    width = _cells(block[0][1])
+                    broken += [
+                        f"{page.relative_to(REPO)}:{n}: {_cells(row)} cells, header {width}"
+                        for n, row in block[2:]
+                        if _cells(row) != width
+                    ]
+                block = []
+    assert not broken, broken
