@@ -157,7 +157,13 @@ def run(
 @click.command("runs")
 @click.option("--session", type=SESSION, help="Only this session's runs.")
 @click.option("--active", is_flag=True, help="Only queued, running or paused runs.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=50,
+    show_default=True,
+    help="At most this many runs, the newest (on a home node: from each host).",
+)
 @click.option("--wide", is_flag=True, help="Full ids and labels on a terminal too.")
 @json_option
 @click.pass_obj
