@@ -200,6 +200,7 @@ def test_cli_reference_names_every_command_and_visible_option() -> None:
         for param in ctx.command.get_params(ctx):
             if isinstance(param, click.Option) and not param.hidden:
                 assert f"`{param.opts[0]}`" in text, f"{ctx.command_path} {param.opts[0]}"
+                assert param.help, f"{ctx.command_path} {param.opts[0]} has no --help text"
 
 
 #: each package of the product (as the architecture page's layering table names it) and the
