@@ -185,15 +185,15 @@ class Hosts:
         return answers
 
     def runs(
-        self, session: str | None = None, active_only: bool = False, limit: int = 50
+        self, session_id: str | None = None, active_only: bool = False, limit: int = 50
     ) -> list[HostRuns]:
         """Each host's runs (the home's first, then each worker's by name), newest first
         within each host; one host when the node is no home."""
         listing = self.listing()
         if listing is None:
-            return [HostRuns("", "up", self._client.runs.list(session, active_only, limit))]
+            return [HostRuns("", "up", self._client.runs.list(session_id, active_only, limit))]
         answers = self._ask_each(
-            asked_hosts(listing), lambda client: client.runs.list(session, active_only, limit)
+            asked_hosts(listing), lambda client: client.runs.list(session_id, active_only, limit)
         )
         return runs_parts(listing, answers)
 

@@ -391,3 +391,22 @@ def test_on_from_a_node_that_is_no_home_is_refused_with_bad_request_not_home_as_
     with node.client() as sync, sync.on("w2") as elsewhere, pytest.raises(BadRequest) as refused:
         elsewhere.runs.list(limit=1)
     assert refused.value.details["reason"] == "not_home"
+
+
+def test_hosts_runs_takes_session_id_as_runs_list_and_docs_api_say(node: NodeProcess) -> None:
+    """docs/api.md: `hosts.runs(session_id=None, active_only=False, limit=50)`, the keyword
+    `runs.list` uses too, for the sync and the async client alike."""
+    with node.client() as sync:
+        ctx = LaunchContext.from_environment(agents_dirs=[AGENTS], session_id="hosts-kw")
+        launch = ctx.single("sleeper", "seconds=0", background=False, timeout_ms=None)
+        run = sync.runs.launch(launch)
+        sync.runs.wait(run.run_id, timeout=30)
+        (part,) = sync.hosts.runs(session_id="hosts-kw", limit=5)
+        assert [r.run_id for r in part.runs] == [run.run_id]
+        assert sync.hosts.runs(session_id="no-such-session")[0].runs == []
+
+    async def go() -> list[HostRuns]:
+        async with AsyncClient(node.address) as client:
+            return await client.hosts.runs(session_id="hosts-kw", limit=5)
+
+    assert [r.run_id for r in asyncio.run(go())[0].runs] == [run.run_id]
