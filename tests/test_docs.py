@@ -515,3 +515,87 @@ def test_every_table_in_the_docs_has_a_header_and_rows_of_its_width() -> None:
                     ]
                 block = []
     assert not broken, broken
+
+
+#: api.md's method tables: the section heading and the object whose methods it lists
+API_TABLES = {
+    "## `Client`": "",
+    "## `client.fanout`": "fanout",
+    "## `client.capacity`": "capacity",
+    "## `client.session`": "session",
+    "## `client.runs`": "runs",
+}
+
+
+def test_api_method_tables_match_the_clients_signatures() -> None:
+    """Each `name(args)` row of api.md's client tables names the method's parameters with
+    their defaults, all of them unless the row says `…` (or names types, as `ask` does)."""
+    import inspect
+
+    from subagents_node.client.client import Client
+    from subagents_node.client.transport import ZmqTransport
+
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    client = Client(ZmqTransport("ipc:///nonexistent/docs.sock"))
+    wrong = []
+    for heading, attr in API_TABLES.items():
+        start = text.index(heading)
+        section = text[start : text.index("\n## ", start + len(heading))]
+        rows = re.findall(r"^\| `([a-z_.]+)\(([^`]*)\)`", section, flags=re.MULTILINE)
+        assert rows, f"api.md {heading} lost its table"
+        for name, args in rows:
+            if args[:1].isupper():
+                continue  # `ask(request, ResultModel)`, `launch(Launch)`: types, not names
+            method: object = getattr(client, attr) if attr else client
+            for part in name.split("."):
+                method = getattr(method, part, None)
+            if method is None:
+                wrong.append(f"{attr}.{name}: no such method")
+                continue
+            params = inspect.signature(method).parameters  # type: ignore[arg-type]
+            shown = [a.strip() for a in args.split(",") if a.strip() not in ("", "*", "…")]
+            for arg in shown:
+                key, _, default = (s.strip() for s in arg.partition("="))
+                real = params.get(key)
+                if real is None:
+                    wrong.append(f"{attr}.{name}: no parameter {key!r} ({list(params)})")
+                elif default and default != "…" and ast.literal_eval(default) != real.default:
+                    wrong.append(f"{attr}.{name}: {key}={default}, code {real.default!r}")
+            named = {a.partition("=")[0].strip() for a in shown}
+            if "…" not in args and (left := [p for p in params if p not in named]):
+                wrong.append(f"{attr}.{name}: parameters the row leaves out: {left}")
+    client.close()
+    assert not wrong, wrong
+
+
+def test_async_client_has_the_sync_clients_methods_with_the_same_parameters() -> None:
+    """api.md: AsyncClient has every method of Client and of its owner APIs, with the same
+    arguments, but for those the page names (`runs.settle`, `runs.logs`, `close`)."""
+    import importlib
+    import inspect
+
+    pairs = [("client", "Client", "aio", "AsyncClient")] + [
+        (m, f"{m.capitalize()}API", f"aio_{m}", f"Async{m.capitalize()}API")
+        for m in ("runs", "fanout", "capacity", "session")
+    ]
+    pairs.append(("hosts", "Hosts", "aio_hosts", "AsyncHosts"))
+    exempt = {"AsyncClient.close", "AsyncHosts.close", "AsyncRunsAPI.settle", "AsyncRunsAPI.logs"}
+    exempt |= {"AsyncCapacityAPI.ask", "AsyncCapacityAPI.perform"}  # handles' plumbing
+    wrong = []
+    for sync_mod, sync_name, async_mod, async_name in pairs:
+        sync_cls = getattr(importlib.import_module(f"subagents_node.client.{sync_mod}"), sync_name)
+        async_cls = getattr(
+            importlib.import_module(f"subagents_node.client.{async_mod}"), async_name
+        )
+        for name, method in inspect.getmembers(sync_cls, inspect.isfunction):
+            if name.startswith("_") or f"{async_name}.{name}" in exempt:
+                continue
+            twin = getattr(async_cls, name, None)
+            if twin is None:
+                wrong.append(f"{async_name} has no {name}")
+                continue
+            shape = [(p.name, p.default) for p in inspect.signature(method).parameters.values()]
+            other = [(p.name, p.default) for p in inspect.signature(twin).parameters.values()]
+            if shape != other:
+                wrong.append(f"{async_name}.{name}: {other} != {sync_name}'s {shape}")
+    assert not wrong, wrong

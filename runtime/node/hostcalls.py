@@ -318,7 +318,7 @@ class HostCalls:
             f"{said}: its outcome is unknown, the worker may still start the run (its slots "
             f"are then held in the home's ledgers like any run's); before launching again, "
             f"look for it on the home: subagents-node runs --session {session} "
-            f"(client.hosts.runs(session={session!r}))",
+            f"(client.hosts.runs(session_id={session!r}))",
             **details,
         )
 
