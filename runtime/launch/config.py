@@ -6,7 +6,8 @@ here. It never talks to a node and never writes a file.
 
 Sources, lowest to highest: defaults; the user file `$XDG_CONFIG_HOME/subagents-node/
 subagents.toml`; the project file `./subagents.toml`; `SUBAGENTS_*` environment variables;
-explicit overrides (CLI flags). `Configuration.origins` records, per key, which one won.
+explicit overrides (a program's `LaunchContext.from_environment(overrides=...)`; no CLI flag
+feeds them yet). `Configuration.origins` records, per key, which one won.
 
 Validation (SPEC §0.4, resolving A-16): a value in a file that does not fit its key is a
 `ConfigError` naming the key and the file; so is an unknown key (a typo must not pass silently)
@@ -162,7 +163,8 @@ class Origin:
             return f"{self.kind} config {self.where}"
         if self.kind == "env":
             return f"environment variable {self.where}"
-        return "command line" if self.kind == "override" else "default"
+        # No CLI flag feeds this layer (docs/configuration.md): a program's overrides do.
+        return "explicit override" if self.kind == "override" else "default"
 
 
 @dataclass(frozen=True)

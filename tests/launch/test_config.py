@@ -361,7 +361,7 @@ def test_sources_override_in_order_and_each_value_records_its_origin(
         f"project config {project / 'subagents.toml'}"
     )
     assert origins["timeout_ms"] == "environment variable SUBAGENTS_TIMEOUT_MS"
-    assert origins["max_subagent_depth"] == "command line"
+    assert origins["max_subagent_depth"] == "explicit override"
     assert origins["grant_authority"] == "default"
     assert config.files == (user_dir / "subagents.toml", project / "subagents.toml")
     keys = [row[0] for row in config.rows()]
@@ -531,13 +531,13 @@ def test_r_cfg_4_empty_variables_are_unset(dirs: tuple[Path, Path, dict[str, str
     assert config.warnings == ()
 
 
-def test_an_invalid_override_is_an_error_naming_the_command_line(
+def test_an_invalid_override_is_an_error_naming_the_override_not_a_command_line(
     dirs: tuple[Path, Path, dict[str, str]],
 ) -> None:
     _, project, env = dirs
     with pytest.raises(ConfigError) as info:
         load_config({"timeout_ms": -1}, env=env, cwd=project)
-    assert info.value.key == "timeout_ms" and "command line" in info.value.message
+    assert info.value.key == "timeout_ms" and "in explicit override:" in info.value.message
     with pytest.raises(ConfigError):
         load_config({"no_such_key": 1}, env=env, cwd=project)
 
