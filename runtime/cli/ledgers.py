@@ -219,6 +219,7 @@ def config_show(as_json: bool) -> None:
     width = max(len(key) for key, _, _ in rows)
     for key, value, origin in rows:
         shown = ", ".join(map(str, value)) if isinstance(value, tuple) else value
+        shown = "none" if shown is None else shown  # as docs/configuration.md writes it
         click.echo(f"{key:<{width}}  {shown!s:<24} {origin}")
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)

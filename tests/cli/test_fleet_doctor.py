@@ -255,6 +255,16 @@ def test_doctor_fails_a_state_dir_that_is_a_symlink_to_nothing_as_start_refuses_
     assert not (tmp_path / "missing").exists()
 
 
+def test_config_show_writes_an_unset_value_as_none_not_pythons_none(state_dir: Path) -> None:
+    """docs/configuration.md's table writes `timeout_ms`'s default as none."""
+    env = {k: v for k, v in os.environ.items() if k != "SUBAGENTS_TIMEOUT_MS"}
+    done = run_cli("config", "show", state_dir=state_dir, env=env)
+    assert done.returncode == 0, done.stderr
+    (line,) = [row for row in done.stdout.splitlines() if row.startswith("timeout_ms ")]
+    assert line.split()[1:] == ["none", "default"], line
+    assert "None" not in done.stdout
+
+
 def test_config_show_and_doctor_say_each_unusable_variable_once(state_dir: Path) -> None:
     """`config show` and `doctor` show the configuration's warnings themselves: the loader's
     own log line of the same warning would say it twice."""
