@@ -132,8 +132,8 @@ def _held(inspection: Inspection) -> str:
 def budget(obj: Ctx, root: str, as_json: bool) -> None:
     """The fan-out budget of the run tree ROOT (its root run id, or any run in the tree).
 
-    Every run of the tree is named: the listing is read page by page (at most 20,000; beyond
-    that the output says it stopped)."""
+    Every run of the tree is counted (and named, with --json): the listing is read page by
+    page (at most 20,000; beyond that the output says it stopped)."""
     with obj.client() as client:
         tree, cut = client.perform(every_run_plan(root_run_id=root))  # every page, not one
         if not tree:
