@@ -284,7 +284,12 @@ def discover_agents(
     problems: list[AgentInvalid] = []
     for directory in reversed(directories):  # lowest priority first: later ones override
         if directory.scope == "explicit" and not directory.path.is_dir():
-            raise AgentInvalid.of(directory.path, "agents directory does not exist")
+            reason = "agents directory does not exist"  # not "Invalid agent file": a directory
+            raise AgentInvalid(
+                f"Invalid agents directory {directory.path} (--agents-dir or agent_dirs): {reason}",
+                path=str(directory.path),
+                reason=reason,
+            )
         found: dict[str, Agent] = {}
         for path in _agent_files(directory.path):
             try:

@@ -289,8 +289,14 @@ def test_r_agt_1_an_invalid_file_is_skipped_but_raised_when_asked_for_by_name(
 
 
 def test_an_explicit_agents_dir_that_does_not_exist_is_an_error(dirs: dict[str, Path]) -> None:
-    with pytest.raises(AgentInvalid, match="agents directory does not exist"):
+    with pytest.raises(AgentInvalid) as refused:
         discover_agents(dirs["cwd"], [dirs["cwd"] / "nope"])
+    # It names a directory, not an "agent file" (docs/agents.md: an explicit directory).
+    assert refused.value.message == (
+        f"Invalid agents directory {dirs['cwd'] / 'nope'} (--agents-dir or agent_dirs): "
+        "agents directory does not exist"
+    )
+    assert refused.value.reason == "agents directory does not exist"
 
 
 def test_the_shipped_examples_are_valid_agents() -> None:
