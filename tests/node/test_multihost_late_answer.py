@@ -154,7 +154,7 @@ def _started_late(crew: Fleet, host: str, session_id: str) -> RunView:
     home = crew.client(crew.home)
 
     def found() -> RunView | None:
-        runs = [r for h in home.hosts.runs(session=session_id) if h.host == host for r in h.runs]
+        runs = [r for h in home.hosts.runs(session_id=session_id) if h.host == host for r in h.runs]
         return runs[0] if runs and runs[0].state == "running" else None
 
     return wait_until(found, what=f"the late launch's run on {host}")
