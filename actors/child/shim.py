@@ -17,6 +17,8 @@ so the record is exactly as durable as the row it stands in for). Its life:
     bound at spawn to an embedded node (`ends_with`, actors/runs/binding.py), the death of that
       process (its pidfd readable) ends the tree the same way (`ended_by: node_gone`): nothing
       would adopt it; the exit record is written and the shim exits without waiting for a node
+    a rebind (actors/child/rebind.py: `bind.json`, then SIGWINCH) from a node that adopted it:
+      it watches the process named there instead (the foreground command that took it over)
 
 Reports go to the run supervisor over ZeroMQ (ZMTP 3.0 as a DEALER to the supervisor's ROUTER,
 spoken by actors/child/zmtp.py over one plain socket: no libzmq context, no thread; type
@@ -45,7 +47,7 @@ import signal
 import time
 from typing import Any
 
-from subagents_node.actors.child import procfs
+from subagents_node.actors.child import procfs, rebind
 from subagents_node.actors.child.cgroup import ChildCgroup
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.reports import MAX_REPORTED_PROCESSES, ReportDelivery
@@ -96,6 +98,8 @@ class Shim:
         self.record_owed = False
         #: The embedded node this child ends with died (its pidfd became readable).
         self.node_gone = False
+        #: [pid, start time] of the process this child ends with (None: it outlives its node).
+        self.bound_to: list[float] | None = None
 
     # -- the life of the shim -------------------------------------------------------------------
 
@@ -106,7 +110,8 @@ class Shim:
         for fd in (0, 1, 2):  # the template's pipes are not ours to hold
             os.dup2(devnull, fd)
         os.close(devnull)
-        claim = {**self.facts, "at": time.time()}
+        # The version says which messages this shim takes (a rebind: actors/child/rebind.py).
+        claim = {**self.facts, "at": time.time(), "shim_version": rebind.SHIM_VERSION}
         try:
             # The supervisor made it only for a child with private files (its task file or
             # stdin); otherwise it is made here, in the shim, off the supervisor's loop. One
@@ -127,9 +132,13 @@ class Shim:
             self._report("not_started")
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
-        for signum in (signal.SIGCHLD, signal.SIGTERM):
+        for signum in (signal.SIGCHLD, signal.SIGTERM, rebind.REBIND_SIGNAL):
             signal.signal(signum, lambda *_: None)  # the byte in the wake-up pipe is the event
-        node_fd = self._watch_node()  # before the start: a node gone meanwhile is not missed
+        # Before the start: a node gone meanwhile is not missed. A rebind written before the
+        # handler was set (its signal then ignored) is read here.
+        node_fd = self._watch_node(
+            rebind.read_binding(self.record_dir) or self.order.get("ends_with")
+        )
         if not self.tree_ended:
             base = self.order.get("cgroup_base")
             if base:
@@ -191,25 +200,13 @@ class Shim:
             self.cgroup.remove()
             self.cgroup = None
 
-    def _watch_node(self) -> int:
-        """A pidfd of the embedded node this child ends with (`ends_with`: its pid and start
-        time), readable once that process is gone; -1 when the child outlives its node, or
-        when the node is gone already (`node_gone`: the tree is ended as soon as it starts)."""
-        ends_with = self.order.get("ends_with")
-        if not ends_with:
-            return -1
-        pid, start = int(ends_with[0]), float(ends_with[1])
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self.node_gone = True
-            return -1
-        except OSError:  # no pidfd here (a kernel before 5.3): it outlives its node, as before
-            return -1
-        if procfs.start_time_of(pid) != start:  # a zombie, or its pid taken by another process
-            os.close(fd)
-            self.node_gone = True
-            return -1
+    def _watch_node(self, ends_with: list[float] | None) -> int:
+        """A pidfd of the process this child ends with (`ends_with`: pid, start time; None: it
+        outlives its node), or -1; that process gone already sets `node_gone` (the tree is
+        ended as soon as it starts)."""
+        self.bound_to = ends_with
+        fd, gone = rebind.watch(ends_with)
+        self.node_gone = self.node_gone or gone
         return fd
 
     def _loop(self, link: ReportLink, wake_r: int, node_fd: int = -1) -> None:
@@ -241,6 +238,8 @@ class Shim:
                 signals = os.read(wake_r, 4096)
                 if signal.SIGTERM in signals and not self.tree_ended:
                     self._end_tree("stop")
+                if rebind.REBIND_SIGNAL in signals and self.term_at is None:
+                    node_fd = self._rebind(poller, node_fd)
                 self._reap()
             elif events_fd >= 0 and events_fd in events:
                 self._reap()
@@ -257,6 +256,22 @@ class Shim:
             if sock_fd >= 0 and sock_fd in events:
                 self.reports.receive(link)
             self._on_timers()
+
+    def _rebind(self, poller: select.poll, node_fd: int) -> int:
+        """A node that adopted this shim bound its tree to another process (`bind.json`): watch
+        that one instead; gone already, the tree ends now. The new pidfd, or -1."""
+        target = rebind.read_binding(self.record_dir)
+        if target is None or target == self.bound_to or self.tree_ended:
+            return node_fd
+        if node_fd >= 0:
+            poller.unregister(node_fd)
+            os.close(node_fd)
+        node_fd = self._watch_node(target)
+        if node_fd >= 0:
+            poller.register(node_fd, select.POLLIN)
+        if self.node_gone:
+            self._end_tree("node_gone")
+        return node_fd
 
     def _given_up(self) -> bool:
         if self.record_owed:  # nothing on disk says how the tree ended: only a report can

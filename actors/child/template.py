@@ -25,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from subagents_node.actors.child import procfs
+from subagents_node.actors.child import procfs, rebind
 from subagents_node.actors.child.cgroup import template_directory
 from subagents_node.actors.child.records import SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shim import Shim, _prctl
@@ -88,9 +88,10 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
     try:
         for _ in range(rounds):
             shim = Shim(json.loads(json.dumps(order)))
-            claim = {**shim.facts, "at": time.time()}
+            claim = {**shim.facts, "at": time.time(), "shim_version": rebind.SHIM_VERSION}
             write_atomically(shim._path(SHIM_RECORD), claim, exclusive=True, sync=False)
             os.unlink(shim._path(SHIM_RECORD))
+            rebind.read_binding(record_dir)  # every shim looks for a rebind as it starts
             shim._start()  # spawns `true` and packs the `started` report
             os.waitpid(shim.leader, 0)
             shim.leader_gone = shim.tree_ended = True
