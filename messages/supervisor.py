@@ -241,7 +241,9 @@ class Launch(Request):
     #: The pid of the foreground command that launches this run and follows it. When that
     #: command embeds the node the run is launched on, the run's children (and its nested
     #: runs') end with that process: killed with -9, it can stop nothing, and its shims stop
-    #: their trees themselves (DESIGN §1, embedded mode). Ignored by any other node.
+    #: their trees themselves (DESIGN §1, embedded mode). Every node keeps it with the run (by
+    #: pid and start time), so a node that this command embeds later, to take a lost node's
+    #: place, binds the run to it as it adopts it (actors/runs/rebinding.py).
     foreground_pid: int | None = Field(default=None, ge=1, le=MAX_PID)
 
     @model_validator(mode="after")

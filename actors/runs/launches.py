@@ -298,6 +298,9 @@ class RunLaunches:
             write_recovery(self._host.run_dir(run_id), launch, encode_descriptor(descriptor))
         except OSError as exc:
             raise storage_failed(exc, self._host.run_dir(run_id)) from None
+        parent = self._live.get(launch.parent_run_id) if launch.parent_run_id else None
+        binding = self._host.node_binding
+        foreground = binding.foreground_of(launch, parent)
         live = new_live_run(
             self._host.db,
             launch,
@@ -310,9 +313,9 @@ class RunLaunches:
             run_dir=self._host.run_dir(run_id),
             now=now,
             workflow_token=management.new_token(),
+            foreground=foreground,
         )
-        parent = self._live.get(launch.parent_run_id) if launch.parent_run_id else None
-        live.ends_with = self._host.node_binding.ends_with(launch, parent)
+        live.ends_with = binding.ends_with(foreground)
         deadline_at = runplan.deadline_at(launch, now)
         self._live[run_id] = live
         keyed = self._keyed.get((launch.parent_run_id or "", launch.workflow_key or ""))

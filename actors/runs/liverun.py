@@ -60,9 +60,12 @@ class LiveRun:
     unstarted: set[str] = field(default_factory=set)
     launch_replies: list[ReplyFn] = field(default_factory=list)
     #: The embedded node its children's shims are bound to (actors/runs/binding.py): they stop
-    #: their trees if that process dies; None (and for a run adopted after a restart): they
-    #: outlive the node.
+    #: their trees if that process dies; None: they outlive the node. Decided again for a run
+    #: adopted after a restart (actors/runs/rebinding.py).
     ends_with: ProcessIdentity | None = None
+    #: The foreground command the run belongs to (its own, or its parent run's), kept in its
+    #: row: what decides, on each node that runs it, whether it is bound to that node.
+    foreground: ProcessIdentity | None = None
     #: R-RES-6: the live source run this chain's step 0 is, until it ends; then its output.
     attached: str | None = None
     attached_output: str = ""
@@ -138,6 +141,8 @@ def adopt_from_store(db: sqlite3.Connection, run_id: str) -> tuple[LiveRun, sqli
         parent_run_id=row["parent_run_id"],
         mode=row["mode"],
     )
+    if row["foreground_pid"] is not None and row["foreground_start"] is not None:
+        live.foreground = ProcessIdentity(row["foreground_pid"], row["foreground_start"])
     children = db.execute(
         "SELECT child_id, idx, label, state, output, proof_state, error FROM run_children "
         "WHERE run_id=?",
@@ -182,6 +187,7 @@ def new_live_run(
     run_dir: Path,
     now: float,
     workflow_token: str,
+    foreground: ProcessIdentity | None = None,
 ) -> LiveRun:
     """Write an admitted run and its pending children (one savepoint); its LiveRun."""
     groups = runplan.plan_children(launch)
@@ -212,6 +218,8 @@ def new_live_run(
             "workflow_key": launch.workflow_key,
             "workflow_token": workflow_token if launch.mode == "workflow" else None,
             "intercom": launch.intercom,
+            "foreground_pid": None if foreground is None else foreground.pid,
+            "foreground_start": None if foreground is None else foreground.start_time,
         },
     )
     for child in (c for group in groups for c in group):
@@ -243,4 +251,5 @@ def new_live_run(
         runner_pid=os.getpid(),
         parent_run_id=launch.parent_run_id,
         mode=launch.mode,
+        foreground=foreground,
     )

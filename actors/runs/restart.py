@@ -7,9 +7,10 @@ owed again (R-APP-4); run and child rows that cannot be read quarantined and nev
 their slot and claims stay held (DESIGN §2); runs that hold no process left to pauses.py (a
 paused run's deadline timed again); every other unsettled run adopted from the store (its
 deadline re-armed: it outlives the node that set it, and its slot's start owed again: the node
-may have died before marking it); the shims' exit records applied; the children of runs
-paused before the crash stopped; superseded runs stopped (R-MISC-2); each adopted run
-advanced; retention re-armed.
+may have died before marking it; bound to this node's process when it is its foreground
+command's, runs/rebinding.py); the shims' exit records applied; the live shims of the bound
+runs told so; the children of runs paused before the crash stopped; superseded runs stopped
+(R-MISC-2); each adopted run advanced; retention re-armed.
 Adopting runs happens once per node process: an in-place restart after a crash keeps the live
 runs (their shims report to the actor whatever happens to it) and only sends the outbox again.
 It never kills a process (the keeper tells each shim), never adopts a row it cannot read, and
@@ -34,6 +35,7 @@ from subagents_node.actors.runs import (
     children,
     management,
     pauses,
+    rebinding,
     runrequests,
     runstore,
 )
@@ -49,7 +51,7 @@ from subagents_node.messages.fanout import CommitReservation
 from subagents_node.messages.node import QuarantinedRecord
 
 
-class RestartHost(children.ChildHost, pauses.PauseHost, Protocol):
+class RestartHost(children.ChildHost, pauses.PauseHost, rebinding.BindingHost, Protocol):
     """What recovery needs from the RunSupervisor, beyond the child and pause hosts'."""
 
     def after(self, delay_s: float, tick: Tick) -> Cancel: ...
@@ -115,6 +117,7 @@ class RunRestart:
             host.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
         for event in host.keeper.recover(db, host.clock()):
             children.apply_event(host, event)
+        rebinding.tell_shims(host, list(self._live.values()))  # those whose tree goes on
         for live in list(self._live.values()):
             if live.stop_state == "paused":  # its pause was asked for before the crash
                 for child_id in list(live.running):
@@ -151,6 +154,7 @@ class RunRestart:
             host.quarantine(runstore.RUNS, run_id, reason_of(exc))
             return
         self._live[run_id] = live
+        rebinding.bind(host, live)
         if row["deadline_at"] is not None and row["started_at"] is not None:
             # The run's own deadline outlives the node that set it; it may have passed already.
             live.deadline_ms = round((row["deadline_at"] - row["started_at"]) * 1000)

@@ -133,4 +133,11 @@ MIGRATIONS = (
     CREATE INDEX runs_by_workflow_key ON runs(parent_run_id, workflow_key, created_at)
         WHERE workflow_key IS NOT NULL
     """,
+    # 9: the foreground command a run belongs to (pid and start time), so that a node which
+    # adopts the run after a lost node binds it to that command when it is the node's own
+    # process (actors/runs/binding.py, actors/runs/rebinding.py).
+    """
+    ALTER TABLE runs ADD COLUMN foreground_pid INTEGER;
+    ALTER TABLE runs ADD COLUMN foreground_start REAL
+    """,
 )

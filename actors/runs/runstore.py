@@ -47,6 +47,8 @@ RUN_CHECKS = (
     *(quarantine.number(c, nullable=True) for c in ("started_at", "ended_at", "deadline_at")),
     quarantine.json("snapshots"),
     quarantine.json("capacity", nullable=True),
+    quarantine.integer("foreground_pid", 1, nullable=True),
+    quarantine.number("foreground_start", nullable=True),
 )
 CHILD_CHECKS = (
     quarantine.integer("idx", 0),
@@ -83,7 +85,7 @@ _RUN_COLUMNS = (
     "run_id, session_id, mode, background, state, label, depth, parent_run_id, root_run_id, "
     "run_dir, created_at, started_at, ended_at, deadline_at, error, output, runner_id, fanout, "
     "capacity, snapshots, source_run_id, workflow_key, workflow_token, intercom, source_kind, "
-    "superseded_by"
+    "superseded_by, foreground_pid, foreground_start"
 )
 
 

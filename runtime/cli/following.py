@@ -255,8 +255,9 @@ def launch_and_follow(
                 if signals.pending is None:
                     with signals.holding():
                         if isinstance(launch, Launch):
-                            # This command follows it: on a node it embeds, the run's children
-                            # die with it, should it be killed with -9 (runs/binding.py).
+                            # This command follows it: on a node it embeds (now, or later to
+                            # take a lost node's place), the run's children die with it, should
+                            # it be killed with -9 (runs/binding.py, runs/rebinding.py).
                             own = {"foreground_pid": os.getpid()}
                             started = client.runs.launch(launch.model_copy(update=own))
                         else:

@@ -9,7 +9,8 @@ run on unsupervised. It never touches a state dir the caller named: those runs s
 next node. Should the process die without leaving the block (kill -9), the shims of the runs
 nobody would adopt stop their trees themselves: it binds them to the process at spawn
 (`children_end_with_node`: every run with a temporary dir; with a named one, only a foreground
-command's own run and what that run launched, actors/runs/binding.py).
+command's own run and what that run launched, actors/runs/binding.py; also when the node adopts
+that run after taking a lost node's place, actors/runs/rebinding.py).
 """
 
 from __future__ import annotations

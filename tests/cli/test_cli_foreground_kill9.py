@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,8 +35,9 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.actors.child.process import NODE_GONE
 from subagents_node.node.node import Node
-from tests.support.foreground import cli_command
+from tests.support.foreground import StderrLines, cli_command
 from tests.support.nodes import REPO
 from tests.support.runs import (
     EXAMPLE_AGENTS,
@@ -127,12 +129,12 @@ def _assert_gone(pids: list[int]) -> None:
 
 
 def _foreground_sleeper(
-    state_dir: Path, agent: str = "sleeper", agents: Path = EXAMPLE_AGENTS
+    state_dir: Path, agent: str = "sleeper", agents: Path = EXAMPLE_AGENTS, ready: str = "ready"
 ) -> tuple[subprocess.Popen[str], list[int]]:
     """A foreground `run` of `agent` with the sleeper's task (its node embedded, none serving
     the dir before), and the pids of the sleeper, its grandchild and its setsid() daemon once
-    they all run."""
-    fifo = state_dir.parent / f"{state_dir.name}.ready"
+    they all run. `ready` names the sleeper's FIFO (one per sleeper running at once)."""
+    fifo = state_dir.parent / f"{state_dir.name}.{ready}"
     os.mkfifo(fifo)
     try:
         task = _TASK.format(fifo=fifo)
@@ -250,6 +252,83 @@ def test_another_commands_background_run_on_a_killed_foreground_runs_node_runs_o
             final = client.runs.wait(run_id, timeout=WAIT_S)
         assert final.state == "complete" and "released 0" in final.output, final
     finally:
+        gate.close()
+
+
+def _watched_by(shim: int) -> set[int]:
+    """The processes the shim holds a pidfd of: the one its tree ends with, when bound."""
+    found: set[int] = set()
+    for info in Path(f"/proc/{shim}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+            found.update(
+                int(line.split()[1])
+                for line in info.read_text().splitlines()
+                if line.startswith("Pid:")
+            )
+    return found
+
+
+def test_a_foreground_run_its_command_took_over_after_a_lost_node_ends_with_it_killed_with_9(
+    orphans_dir: Path,
+) -> None:
+    """A foreground run launched on another command's node is not bound (that node is not its
+    command's). Killed with -9, that command takes its own run with it; the follower takes the
+    state dir over with a node of its own, which adopts its run. That node used to adopt it
+    as it was, unbound: a later kill -9 of the follower left the run's tree running until its
+    deadline. It now binds the run to the follower's process (the rebind message), as if the
+    run had been launched there; a `run --async` adopted with it stays unbound and runs on."""
+    gate = Gate(orphans_dir)
+    procs: list[subprocess.Popen[str]] = []
+    pids: list[int] = []
+    try:
+        first, first_pids = _foreground_sleeper(orphans_dir)  # embeds the node
+        procs.append(first)
+        command, pids = _foreground_sleeper(orphans_dir, ready="second")  # on first's node
+        procs.append(command)
+        stderr = StderrLines(command)
+        started = re.search(r"run ([0-9a-f]+) started", stderr.wait_for(r"run \w+ started"))
+        assert started is not None
+        run_id = started.group(1)
+        agents = script_agents(orphans_dir / "agents")
+        background = cli_command(
+            orphans_dir, "run", "--agents-dir", str(agents), "--async", "gate", str(gate.path)
+        )
+        out, err = background.communicate(timeout=WAIT_S)
+        assert background.returncode == 0, err
+        [held] = gate.accept(1)
+        [held_shim] = _shim_pids(orphans_dir, out.strip())
+        [shim] = _shim_pids(orphans_dir, run_id)
+        assert _watched_by(shim) == set()  # not bound: first's node is not its command's
+        first_shims = [pid for pid in _shim_pids(orphans_dir) if pid not in (shim, held_shim)]
+
+        first.kill()
+        first.communicate(timeout=WAIT_S)
+        _assert_gone([*first_pids, *first_shims])
+        stderr.wait_for("the node stopped under")  # it took the state dir over
+        wait_until(lambda: _watched_by(shim) == {command.pid}, what="the shim rebound")
+        assert _watched_by(held_shim) == set()  # adopted in the same pass, left unbound
+
+        command.kill()
+        command.communicate(timeout=WAIT_S)
+        _assert_gone([*pids, shim])
+        assert not process_gone(held.pid) and not process_gone(held_shim)
+
+        with Node.embedded(state_dir=orphans_dir) as node:  # the next node reads what they left
+            client = node.client()
+            final = client.runs.wait(run_id, timeout=WAIT_S)
+            held.release(0)
+            other = client.runs.wait(out.strip(), timeout=WAIT_S)
+        assert (final.state, final.children[0].state) == ("stopped", "stopped"), final
+        assert final.children[0].error == NODE_GONE, final.children[0]
+        assert other.state == "complete" and "released 0" in other.output, other
+    finally:
+        for proc in procs:  # a failed check must not leave a command (and its node) behind
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=WAIT_S)
+        for pid in pids:  # nor sleepers
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         gate.close()
 
 
