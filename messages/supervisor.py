@@ -403,6 +403,9 @@ class Rerun(Request):
     child: Count = 0
     #: The rerunning launcher's environment (never persisted; None: the node's own).
     env: Environment | None = None
+    #: As `Launch.foreground_pid`: the command that follows the rerun, whose kill -9 ends it
+    #: on a node it embeds.
+    foreground_pid: int | None = Field(default=None, ge=1, le=MAX_PID)
 
 
 class AppendResult(Message):

@@ -106,6 +106,7 @@ def rerun_launch(row: sqlite3.Row, request: Rerun) -> Launch:
             "workflow_key": None,
             "fanout_admitted": False,
             "workflow_token": None,
+            "foreground_pid": request.foreground_pid,  # the rerunning command follows it
         }
     )
 

@@ -97,6 +97,9 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     stopped, and `show` links the two (`superseded by rerun` / `rerun of`).
     """
     fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
+    # This command follows the rerun: on a node it embeds (now, or later to take a lost
+    # node's place), the rerun's children die with it, should it be killed with -9.
+    fields["foreground_pid"] = os.getpid()
     request = validate_request(Rerun, fields)
 
     def relaunch(client: Client) -> RunView:

@@ -72,10 +72,16 @@ class AsyncRunsAPI:
         return await self._client.perform(plan)
 
     async def rerun(
-        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+        self,
+        run_id: str,
+        task: str,
+        child: int = 0,
+        env: Mapping[str, str] | None = None,
+        foreground_pid: int | None = None,
     ) -> RunView:
         """As `Client.runs.rerun` (R-MISC-2)."""
-        return await self._client.perform(run_plans.rerun_plan(run_id, task, child, env))
+        plan = run_plans.rerun_plan(run_id, task, child, env, foreground_pid)
+        return await self._client.perform(plan)
 
     async def show(self, run_id: str) -> RunView:
         return await self._client.perform(run_plans.show_plan(run_id))

@@ -219,11 +219,14 @@ def approve_plan(
 
 
 def rerun_plan(
-    run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+    run_id: str,
+    task: str,
+    child: int = 0,
+    env: Mapping[str, str] | None = None,
+    foreground_pid: int | None = None,
 ) -> Plan[RunView]:
-    request = build(
-        Rerun, run_id=run_id, task=task, child=child, env=dict(env) if env is not None else None
-    )
+    fields = {"run_id": run_id, "task": task, "child": child, "foreground_pid": foreground_pid}
+    request = build(Rerun, **fields, env=dict(env) if env is not None else None)
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
 
@@ -358,12 +361,18 @@ class RunsAPI:
         return self._client.perform(plan)
 
     def rerun(
-        self, run_id: str, task: str, child: int = 0, env: Mapping[str, str] | None = None
+        self,
+        run_id: str,
+        task: str,
+        child: int = 0,
+        env: Mapping[str, str] | None = None,
+        foreground_pid: int | None = None,
     ) -> RunView:
         """Run child `child` of run `run_id` again with a new task, in the foreground
         (R-MISC-2). A live foreground run with one child is superseded: stopped and linked
-        (`superseded_by` on it, `source_run_id` on the rerun). Returns once the rerun runs."""
-        return self._client.perform(rerun_plan(run_id, task, child, env))
+        (`superseded_by` on it, `source_run_id` on the rerun). Returns once the rerun runs.
+        `foreground_pid`: the process that follows it (`Launch.foreground_pid`)."""
+        return self._client.perform(rerun_plan(run_id, task, child, env, foreground_pid))
 
     def pause(self, run_id: str) -> RunView:
         """R-RUN-2 interrupt-as-pause: the run's child tree is stopped and the run settles

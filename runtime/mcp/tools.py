@@ -257,7 +257,10 @@ class LauncherTools:
         """R-MISC-2: child `child` of `run_id` again with a new task, in the foreground (a
         live foreground run with one child is superseded); waits for the rerun to end."""
         with anyio.CancelScope(shield=True):  # as for `run`: a started rerun is always known
-            started = await self.client.runs.rerun(run_id, task, child, dict(self.env))
+            # Followed here, as a foreground `run` is: it ends with this server (kill -9).
+            started = await self.client.runs.rerun(
+                run_id, task, child, dict(self.env), foreground_pid=os.getpid()
+            )
         try:
             final = await self.client.runs.wait(started.run_id)
         except anyio.get_cancelled_exc_class():

@@ -7,8 +7,8 @@ with a node of its own, which adopts the run; that node used to adopt it as it w
 a later kill -9 of the command left the run's tree running until its deadline. The adopting
 node now binds the run to the command (actors/runs/rebinding.py: the rebind message to each
 live shim), as if the run had been launched there; every other run it adopts (a `run --async`,
-what a `wait` waits on) stays as it was. Real CLI processes, real nodes, real children; every
-wait is on an event or a condition, with a deadline.
+what a `wait` waits on) stays as it was; a `rerun` follows its run as a `run` does. Real CLI
+processes, real nodes, real children; every wait is on an event or a condition, with a deadline.
 """
 
 from __future__ import annotations
@@ -30,8 +30,22 @@ from subagents_node.messages.supervisor import RunView
 from subagents_node.node.node import Node
 from tests.support.foreground import StderrLines, cli_command
 from tests.support.nodes import NodeProcess
-from tests.support.runs import WAIT_S, Gate, GateChild, process_gone, script_agents, wait_until
-from tests.support.sleepers import assert_gone, foreground_sleeper, shim_pids, watched_by
+from tests.support.runs import (
+    EXAMPLE_AGENTS,
+    WAIT_S,
+    Gate,
+    GateChild,
+    process_gone,
+    script_agents,
+    wait_until,
+)
+from tests.support.sleepers import (
+    assert_gone,
+    foreground_sleeper,
+    shim_pids,
+    sleeping_command,
+    watched_by,
+)
 from tests.support.sleepers import orphans_dir as orphans_dir
 
 pytestmark = pytest.mark.slow
@@ -115,6 +129,48 @@ def test_a_foreground_run_its_command_took_over_after_a_lost_node_ends_with_it_k
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         gate.close()
+
+
+def test_a_rerun_its_command_took_over_after_a_lost_node_ends_with_it_killed_with_9(
+    orphans_dir: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    """`rerun` follows its run in the foreground as `run` does, and takes a lost node's place
+    the same way: its run must be its own too. The rerun request named no command, so no node
+    could ever bind the rerun to it."""
+    node = NodeProcess(orphans_dir).start()
+    pids: list[int] = []
+    try:
+        agents = str(EXAMPLE_AGENTS)
+        source = cli_command(
+            orphans_dir, "run", "--agents-dir", agents, "--async", "sleeper", "seconds=0"
+        )
+        source_id = source.communicate(timeout=WAIT_S)[0].strip()
+        with connect(node.address, timeout=5) as client:
+            assert client.runs.wait(source_id, timeout=WAIT_S).state == "complete"
+        command, pids = sleeping_command(orphans_dir, "rerun", source_id, "--task", ready="re")
+        procs.append(command)
+        stderr = StderrLines(command)
+        started = re.search(r"run (\w+) started", stderr.wait_for(r"run \w+ started"))
+        assert started is not None
+        run_id = started.group(1)
+        [shim] = shim_pids(orphans_dir, run_id)
+        assert watched_by(shim) == set()  # a detached node binds nothing
+
+        node.kill()
+        stderr.wait_for("the node stopped under")  # it took the state dir over
+        wait_until(lambda: watched_by(shim) == {command.pid}, what="the shim rebound")
+
+        command.kill()
+        command.communicate(timeout=WAIT_S)
+        assert_gone([*pids, shim])
+        with Node.embedded(state_dir=orphans_dir) as next_node:
+            final = next_node.client().runs.wait(run_id, timeout=WAIT_S)
+        assert (final.state, final.children[0].error) == ("stopped", NODE_GONE), final
+    finally:
+        node.cleanup()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_wait_that_took_the_state_dir_over_binds_nothing_and_its_kill_9_stops_nothing(
