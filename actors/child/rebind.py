@@ -52,7 +52,7 @@ def _read(path: str) -> dict[str, object] | None:
         return None
     try:
         data = json.loads(os.read(fd, 65536))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a shim must not die of a bad file
         return None
     finally:
         os.close(fd)
@@ -70,7 +70,7 @@ def read_binding(record_dir: str) -> list[float] | None:
     if not isinstance(target, list) or len(target) != 2:
         return None
     pid, start = target
-    if not isinstance(pid, int) or pid < 1 or not isinstance(start, (int, float)):
+    if type(pid) is not int or pid < 1 or type(start) not in (int, float):  # not a bool
         return None
     return [pid, float(start)]
 

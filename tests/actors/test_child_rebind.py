@@ -141,3 +141,14 @@ def test_a_rebind_written_before_the_shim_set_its_handler_is_read_as_it_starts(
     command.kill()
 
     _assert_ended_with_node_gone(spec, started)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"ends_with": [true, 0]}', '{"ends_with": [12, "0"]}', "[" * 100_000, '{"ends_with": 7}'],
+    ids=["bool-pid", "text-start", "deep", "not-a-pair"],
+)
+def test_a_bind_record_that_names_no_process_is_ignored(tmp_path: Path, text: str) -> None:
+    """Read by the shim: one it cannot read keeps the binding it has, and never raises."""
+    (tmp_path / rebind.BIND_RECORD).write_text(text)
+    assert rebind.read_binding(str(tmp_path)) is None
