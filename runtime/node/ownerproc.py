@@ -191,7 +191,8 @@ def _become_owner(spec: OwnerSpec) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the node died before the death signal was armed
         os._exit(1)
-    os.environ["SUBAGENTS_OWNER"] = spec.name
+    # Nothing set in os.environ here: a launch without an environment gives its children the
+    # node's own (Launch.env None), and an owner's internals are no part of it.
 
 
 def _serve(spec: OwnerSpec, control: _Control) -> None:

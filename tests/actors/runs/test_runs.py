@@ -38,6 +38,7 @@ from tests.support.runs import (
     read_fifo,
     wait_until,
     wait_view,
+    write_agent,
 )
 
 
@@ -416,3 +417,19 @@ def test_watch_answers_as_soon_as_a_run_has_new_events(
     done = wait_view(client, started.run_id, lambda v: v.state == "complete")
 
     assert view_states(done) == ["complete"]
+
+
+def test_a_launch_without_an_environment_gives_its_child_the_nodes_without_owner_internals(
+    client: Client, agents: Path
+) -> None:
+    """`Launch.env` None means the node's own environment: the variables the node was started
+    with, not what an owner process of the node sets for itself."""
+    write_agent(agents, "env", "prints its environment", '["/usr/bin/env"]', task_delivery="stdin")
+    launch = launch_context(agents).single("env", "-", False, None).model_copy(update={"env": None})
+
+    done = client.runs.wait(client.runs.launch(launch).run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    names = {line.split("=", 1)[0] for line in done.output.splitlines() if "=" in line}
+    assert "PATH" in names  # the node's own environment
+    assert not {name for name in names if name.startswith("SUBAGENTS_OWNER")}
