@@ -192,16 +192,16 @@ class AsyncZmqTransport:
                     address=self.address,
                 )
             late = peer is not None and remaining > PEER_CHECK_S
-            try:
-                # shield: a slice that runs out must not cancel the reply's future
-                return await asyncio.wait_for(
-                    asyncio.shield(waiter), PEER_CHECK_S if late else remaining
-                )
-            except TimeoutError:
-                if late and peer is not None and peer.current() != sent_to:
-                    return None
-                if late and peer is not None and peer.gone():  # killed -9: the file stays
-                    raise gone_error(request, self.address) from None
+            # asyncio.wait, not wait_for: Python 3.11's wait_for returns a result that arrived
+            # as its task was cancelled and swallows the cancel (a cancelled `runs.wait` would
+            # go on to the run's end); wait never cancels `waiter` when a slice runs out.
+            await asyncio.wait([waiter], timeout=PEER_CHECK_S if late else remaining)
+            if waiter.done():
+                return waiter.result()
+            if late and peer is not None and peer.current() != sent_to:
+                return None
+            if late and peer is not None and peer.gone():  # killed -9: the file stays
+                raise gone_error(request, self.address)
 
     def _fail_waiting(self, why: str) -> None:
         for waiter in self._waiting.values():
