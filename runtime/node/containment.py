@@ -4,7 +4,8 @@ the rule of the `containment` setting that picks what the node's children get.
 
 The probe (actors/child/cgroup.py `probe`) moves the node's process into a cgroup of its own
 and back: the kernel waits for an RCU grace period at each move, ~15 ms in all in which the
-process does nothing. Owns that thread, its result and the setting's rule only. The node takes
+process does nothing. Owns that thread, its result, the setting's rule and the node's mark in
+its cgroup directory (`resolve_containment`). The node takes
 the result before it forks anything (a process forked while the node sits in the probe's
 cgroup would be born there) and sweeps what killed nodes left only once it knows no other node
 serves its state dir (`children_containment`, called by runtime/node/node.py). It imports
@@ -13,10 +14,15 @@ nothing the start command has not loaded already: the probe must not wait for th
 
 from __future__ import annotations
 
+import logging
 import threading
+from pathlib import Path
 
 from subagents_node.actors.child import cgroup
 from subagents_node.messages.errors import ConfigError
+from subagents_node.messages.node import ContainmentStatus
+
+log = logging.getLogger(__name__)
 
 
 class ContainmentProbe:
@@ -65,3 +71,19 @@ def children_containment(
             reason="cgroup",
         )
     return found
+
+
+def resolve_containment(
+    setting: str, state_dir: Path, early: ContainmentProbe | None
+) -> tuple[ContainmentStatus, str]:
+    """The node's children's containment, as the setting asks, and the node's mark in its
+    cgroup directory ("" without one; removed at the node's stop)."""
+    found = children_containment(setting, str(state_dir), early)
+    mark = ""
+    if found.mode == "cgroup":
+        try:  # other nodes' sweeps leave the directory alone while this node serves
+            mark = cgroup.mark_serving(found.path)
+        except OSError as err:  # only the directory's tidiness depends on it
+            log.warning("cannot mark %s as serving: %s", found.path, err)
+    log.info("children's containment: %s", found.mode)
+    return ContainmentStatus(mode=found.mode, path=found.path, why=found.why), mark

@@ -47,7 +47,7 @@ from subagents_node.messages.node import ActorStatus, ContainmentStatus, TcpList
 from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.claim import StateDirClaim
-from subagents_node.node.containment import ContainmentProbe, children_containment
+from subagents_node.node.containment import ContainmentProbe, resolve_containment
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
@@ -165,7 +165,10 @@ class Node:
         except BaseException:
             self._claim.release()
             raise
-        self.containment = self._resolve_containment()
+        setting = str(self.options.settings.get("containment") or "auto")
+        self.containment, self._serving_mark = resolve_containment(
+            setting, self.state_dir, self.options.containment_probe
+        )
         try:
             if self.options.join:
                 opts = self.options
@@ -178,19 +181,6 @@ class Node:
             raise
         log.info("node %s serving %s", self.node_id, ", ".join(self.endpoints))
         return self
-
-    def _resolve_containment(self) -> ContainmentStatus:
-        """The children's containment, as the setting asks (runtime/node/containment.py)."""
-        setting = str(self.options.settings.get("containment") or "auto")
-        early = self.options.containment_probe
-        found = children_containment(setting, str(self.state_dir), early)
-        if found.mode == "cgroup":
-            try:  # other nodes' sweeps leave the directory alone while this node serves
-                self._serving_mark = cgroup.mark_serving(found.path)
-            except OSError as err:  # only the directory's tidiness depends on it
-                log.warning("cannot mark %s as serving: %s", found.path, err)
-        log.info("children's containment: %s", found.mode)
-        return ContainmentStatus(mode=found.mode, path=found.path, why=found.why)
 
     # -- multi-host -----------------------------------------------------------------------------
 
