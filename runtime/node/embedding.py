@@ -10,13 +10,15 @@ next node. Should the process die without leaving the block (kill -9), the shims
 nobody would adopt stop their trees themselves: it binds them to the process at spawn
 (`children_end_with_node`: every run with a temporary dir; with a named one, only a foreground
 command's own run and what that run launched, actors/runs/binding.py; also when the node adopts
-that run after taking a lost node's place, actors/runs/rebinding.py).
+that run after taking a lost node's place, actors/runs/rebinding.py). A child forked inside the
+block that leaves it ends nothing: the node, its runs and its directory are the parent's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -58,28 +60,47 @@ def embedded(
     # adopt die with it: every one in a temporary dir; a foreground command's own run in a
     # named one (actors/runs/binding.py). A program may say otherwise.
     bound = {"children_end_with_node": "all" if state_dir is None else "foreground"}
-    with temporary_state_dir(state_dir) as directory:
+    owner = os.getpid()
+    with temporary_state_dir(state_dir, owner) as directory:
         node = node_class(options_class(state_dir=directory, **{**bound, **options}))
         node.start()
         try:
             yield node
         finally:
-            try:
-                if state_dir is None:  # its shims would outlive the directory they write to
-                    with suppress(NodeNotRunning):  # the block stopped it itself
-                        stop_running(node.client())
-            finally:  # a second Ctrl-C while its runs stop must not leave the node serving
-                node.stop()
+            # A child forked inside the block leaves it too (sys.exit, an exception): the
+            # node, its runs and its directory are the parent's, which goes on serving.
+            if os.getpid() == owner:
+                end(node, stop_runs=state_dir is None)
+
+
+def end(node: Node, stop_runs: bool) -> None:
+    """The end of the block: its runs stopped first when `stop_runs`, then the node."""
+    try:
+        if stop_runs:  # its shims would outlive the temporary directory they write to
+            with suppress(NodeNotRunning):  # the block stopped it itself
+                stop_running(node.client())
+    finally:  # a second Ctrl-C while its runs stop must not leave the node serving
+        node.stop()
 
 
 @contextmanager
-def temporary_state_dir(state_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
-    """`state_dir` as it is, or a fresh temporary directory removed afterwards."""
+def temporary_state_dir(state_dir: str | os.PathLike[str] | None, owner: int) -> Iterator[Path]:
+    """`state_dir` as it is, or a fresh temporary directory removed afterwards by process
+    `owner` only (no finalizer: a forked child's exit must never remove the parent's)."""
     if state_dir is not None:
         yield Path(state_dir)
         return
-    with tempfile.TemporaryDirectory(prefix="subagents-") as tmp:
-        yield Path(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix="subagents-"))
+    try:
+        yield tmp
+    finally:
+        if os.getpid() == owner:
+            try:
+                shutil.rmtree(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError as err:  # never raised over how the block itself ended
+                log.warning("embedded node: cannot remove its state dir %s: %s", tmp, err)
 
 
 def stop_running(client: Client, wait_s: float = STOP_WAIT_S) -> None:

@@ -3,12 +3,18 @@
 It hands request models to the node's Dispatcher (no encoding) and waits for the outcome, so an
 embedded node's client and the fast unit tests exercise the same owners as a socket would. It
 lives on the node side because it needs the Dispatcher; the client side never imports it.
+
+In a forked child the node's threads are not there (nothing would ever answer: every call
+waited out its timeout, and `ping` was answered by the child as if it were the node), so a
+child's calls go over the node's socket instead, through a transport of its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
+from subagents_node.client.transport import Transport, ZmqTransport
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, SubagentsError
 from subagents_node.node.dispatch import Dispatcher
@@ -34,10 +40,17 @@ class InProcessTransport:
         self._dispatcher = dispatcher
         self.address = address
         self._closed = False
+        self._pid = os.getpid()
+        #: In a forked child: the socket transport its calls go through instead.
+        self._forked: Transport | None = None
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
         if self._closed:  # the node stopped (it closes its in-process clients) or the caller did
             raise NodeNotRunning("this client is closed", address=self.address)
+        if os.getpid() != self._pid:
+            if self._forked is None:
+                self._forked = ZmqTransport(self.address)
+            return self._forked.call(request, timeout, target)
         box = _Box()
         self._dispatcher.dispatch(request, target or request.target, box.set)
         if not box.wait(timeout):
@@ -53,3 +66,5 @@ class InProcessTransport:
 
     def close(self) -> None:
         self._closed = True
+        if self._forked is not None and os.getpid() != self._pid:
+            self._forked.close()

@@ -118,6 +118,7 @@ class Node:
         self.failure: str | None = None
         self._stop_requested = threading.Event()
         self._stopped = False
+        self._pid = os.getpid()  # the process that serves; a forked child stops nothing
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._owners: OwnerSupervisor | None = None
         self._forwarder: Forwarder | None = None
@@ -146,6 +147,7 @@ class Node:
                 "a Node starts once; create a new one",
                 state_dir=str(self.state_dir),
             )
+        self._pid = os.getpid()
         ensure_state_dir(self.state_dir)
         self.state_dir = self.state_dir.resolve()
         self._owner_tcp = roles.check_role(self.options)
@@ -330,6 +332,8 @@ class Node:
         self._stop_requested.set()
         for client in self._clients:
             client.close()
+        if os.getpid() != self._pid:  # a forked child: the owners, sockets, pid file and
+            return  # the state dir's claim are the parent's (its flock would go with ours)
         self._join.stop()
         bound: list[str] = []
         if self._gateway is not None:
