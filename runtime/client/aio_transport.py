@@ -7,7 +7,9 @@ a worker's name, every request to the node's socket, which carries it on) and th
 and resolves the future filed under the reply's correlation id; a call removes its entry when
 it ends for any reason (answered, timed out, cancelled), so a reply that arrives after its
 caller gave up finds no entry and is dropped, never handed to a later call. Each request gets a
-fresh message id, so a late reply cannot match a new request either.
+fresh message id, so a late reply cannot match a new request either. The sockets and readers
+belong to one running loop at a time (`_bind_loop`): another running loop is refused, the next
+loop after a closed one starts afresh.
 
 It must never import the node or the actors (child agents import the client), and never block
 the event loop.
@@ -37,7 +39,13 @@ from subagents_node.client.transport import endpoint_for
 from subagents_node.messages.base import Message, Request, resendable
 from subagents_node.messages.codec import Reply, encode_request
 from subagents_node.messages.envelope import Envelope
-from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning, NodeTimeout
+from subagents_node.messages.errors import (
+    BadAddress,
+    BadRequest,
+    KeyFileInvalid,
+    NodeNotRunning,
+    NodeTimeout,
+)
 
 
 class AsyncZmqTransport:
@@ -57,6 +65,8 @@ class AsyncZmqTransport:
         #: ipc only: each socket's peer file as it was when the socket connected
         self._peers: dict[str, PeerFile] = {}
         self._endpoints: dict[str, str] = {}
+        #: The loop the sockets and reader tasks belong to (set by the first call).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def outstanding(self) -> int:
@@ -77,9 +87,41 @@ class AsyncZmqTransport:
         `host` (the node's ipc socket only: a home carries nothing for a tcp peer)."""
         return AsyncZmqTransport(self.address, sender=self._sender, host=host)
 
+    def _bind_loop(self) -> None:
+        """Belong to the running loop. Another loop that is running (on another thread) is
+        refused at once: a socket used from two threads at once corrupts it. A loop that is
+        closed or idle left its reader tasks pending for good, so its connections are
+        dropped and this loop starts afresh."""
+        loop = asyncio.get_running_loop()
+        bound = self._loop
+        if bound is loop:
+            return
+        if bound is not None and bound.is_running():
+            raise BadRequest(
+                "this AsyncClient is in use by another event loop that is running (on "
+                "another thread); create one AsyncClient per event loop",
+                reason="event_loop",
+            )
+        self._drop_connections("its event loop ended")
+        self._loop = loop
+
+    def _drop_connections(self, why: str) -> None:
+        """Close every socket and forget its reader and its waiting calls (all of one loop)."""
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
+                reader.cancel()
+        with contextlib.suppress(RuntimeError):
+            self._fail_waiting(why)
+        self._waiting.clear()
+        socks, self._socks = self._socks, {}
+        for sock in socks.values():
+            sock.close(linger=0)
+
     def _socket(self, target: str) -> zmq.asyncio.Socket:
         if self._closed:
             raise NodeNotRunning("this client is closed", address=self.address)
+        self._bind_loop()
         endpoint = self._endpoint(target)
         sock = self._socks.get(endpoint)
         peer = self._peers.get(endpoint)
@@ -126,6 +168,8 @@ class AsyncZmqTransport:
             try:
                 frame = await sock.recv()
             except zmq.ZMQError as exc:  # the socket is unusable: fail every waiting call now
+                if sock.closed:  # dropped on purpose: the calls waiting now are not its
+                    return
                 self._fail_waiting(f"the connection to {self.address} failed: {exc}")
                 return
             reply = read_reply(frame)
@@ -210,6 +254,7 @@ class AsyncZmqTransport:
         self._waiting.clear()
 
     async def aclose(self) -> None:
+        self._bind_loop()  # from another running loop: refused; after a closed one: dropped
         self._closed = True
         readers, self._readers = self._readers, {}
         for reader in readers.values():

@@ -1,15 +1,23 @@
-"""Cancelling an `AsyncClient` call always cancels it, whenever the cancel lands: even in the
-instant its reply has arrived but its coroutine has not yet resumed. Python 3.11's
-`asyncio.wait_for` returns the finished result there and swallows the cancel, so a
-`runs.wait` cancelled at that moment (by `task.cancel()`, `asyncio.wait_for`, a TaskGroup)
-went on following the run to its end. Real node, real sockets; the cancel is timed
-deterministically by a callback on the call's own reply future (no sleeps)."""
+"""An `AsyncClient` and its event loops.
+
+Cancelling a call always cancels it, whenever the cancel lands: even in the instant its reply
+has arrived but its coroutine has not yet resumed. Python 3.11's `asyncio.wait_for` returns
+the finished result there and swallows the cancel, so a `runs.wait` cancelled at that moment
+(by `task.cancel()`, `asyncio.wait_for`, a TaskGroup) went on following the run to its end.
+The cancel is timed deterministically by a callback on the call's own reply future.
+
+A client belongs to one running loop at a time: another running loop is refused at once; a
+new loop after the first one closed carries on. Real node, real sockets, no sleeps.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 from subagents_node import AsyncClient, LaunchContext
+from subagents_node.messages.errors import BadRequest
 from tests.support.nodes import REPO, NodeProcess
 
 AGENTS = REPO / "examples" / "agents"
@@ -62,3 +70,56 @@ def test_r_run_3_a_run_wait_cancelled_as_a_watch_answers_ends_at_once_not_with_t
             assert (await client.runs.wait(run.run_id, timeout=30)).state == "stopped"
 
     asyncio.run(go())
+
+
+# -- which event loop: one at a time, and the next one once it is closed ----------------------
+
+
+def test_an_async_client_goes_on_in_a_new_loop_once_its_first_was_closed_with_its_reader(
+    node: NodeProcess,
+) -> None:
+    """`loop.run_until_complete(...)` then `loop.close()` leaves the reply reader task pending
+    on the closed loop: the next loop's calls went unanswered until their timeout."""
+    client = AsyncClient(node.address, timeout=5)
+    first = asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(client.ping()).pid == node.pid
+    finally:
+        first.close()  # its reader task stays pending on it, never done
+
+    async def next_loop() -> None:
+        began = time.monotonic()
+        assert (await client.ping()).pid == node.pid
+        assert time.monotonic() - began < 2, "answered only after a wait"
+        await client.aclose()
+
+    asyncio.run(next_loop())
+
+
+def test_an_async_client_used_from_a_second_running_loop_is_refused_at_once(
+    node: NodeProcess,
+) -> None:
+    """Its socket must not be used from two threads at once: a loop on another thread is told
+    so at once (it used to wait out its timeout, its reply read by the first loop's reader)."""
+    outcome: list[BaseException | float] = []
+
+    async def go() -> None:
+        async with AsyncClient(node.address, timeout=5) as client:
+            await client.ping()
+
+            def other_thread() -> None:
+                try:
+                    outcome.append(asyncio.run(client.ping()).uptime_s)
+                except BaseException as err:
+                    outcome.append(err)
+
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            await asyncio.to_thread(thread.join, 30)
+            assert (await client.ping()).pid == node.pid  # the first loop's client goes on
+
+    asyncio.run(go())
+    (refused,) = outcome
+    assert isinstance(refused, BadRequest), refused
+    assert refused.details["reason"] == "event_loop"
+    assert "another event loop" in refused.message
