@@ -24,10 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
+from subagents_node.client.arguments import listed
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.base import Message
 from subagents_node.messages.constants import ENV_FANOUT
-from subagents_node.messages.errors import BadRequest, FanoutError
+from subagents_node.messages.errors import FanoutError
 from subagents_node.messages.fanout import (
     INHERITED_INVALID,
     MAX_READINGS,
@@ -79,14 +80,7 @@ def validate_plan(descriptor: DescriptorLike) -> Plan[FanoutDescriptor]:
 def path_list(paths: Iterable[str]) -> list[str]:
     """The paths to claim as a list; a single string is refused (BadRequest), never read as
     one path per character (`"tasks[0]"` would claim eight units)."""
-    if isinstance(paths, str | bytes):
-        raise BadRequest(
-            f"paths must be a list of paths, not a single {type(paths).__name__}: "
-            f"write [{paths!r}]",
-            reason="argument",
-            field="paths",
-        )
-    return list(paths)
+    return listed(paths, "paths", "paths")
 
 
 def claim_plan(
@@ -124,7 +118,7 @@ def snapshots_plan(
 ) -> Plan[list[BudgetReading]]:
     """One reading per descriptor, in order: one request per `MAX_READINGS` of them (each
     waiting `timeout`, None: the client's)."""
-    wanted = [as_descriptor(d) for d in descriptors]
+    wanted = [as_descriptor(d) for d in listed(descriptors, "descriptors", "descriptors")]
     readings: list[BudgetReading] = []
     for start in range(0, len(wanted), MAX_READINGS):
         batch = build(ReadSnapshots, descriptors=wanted[start : start + MAX_READINGS])

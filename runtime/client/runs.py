@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from subagents_node.client.arguments import listed
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
@@ -185,7 +186,7 @@ def attach_plan(
     request = build(
         Resume,
         run_id=run_id,
-        attach=list(steps),
+        attach=listed(steps, "steps", "ChainStep"),
         capacity_limit=capacity_limit,
         depth=depth,
         env=dict(env) if env is not None else None,
@@ -292,7 +293,7 @@ class RunsAPI:
         if timeout is not None:
             timeout = checked_timeout(timeout, forever=True)
         deadline = None if timeout is None else time.monotonic() + timeout
-        views = [self.show(run_id) for run_id in run_ids]
+        views = [self.show(run_id) for run_id in listed(run_ids, "run_ids", "run ids")]
         for i, view in enumerate(views):
             seq = 0
             while view.state not in TERMINAL_RUN_STATES:

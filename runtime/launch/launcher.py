@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from subagents_node.client.arguments import listed
 from subagents_node.client.files import load_toml
 from subagents_node.launch.agents import Agent, AgentCatalog, discover_agents
 from subagents_node.launch.config import (
@@ -35,7 +36,7 @@ from subagents_node.launch.config import (
 )
 from subagents_node.messages.base import Message, schema_error
 from subagents_node.messages.constants import ENV_FANOUT, ENV_RUN_ID, ENV_SESSION
-from subagents_node.messages.errors import ConfigError, RunFileInvalid
+from subagents_node.messages.errors import BadRequest, ConfigError, RunFileInvalid
 from subagents_node.messages.supervisor import (
     AgentPlan,
     ChainStep,
@@ -73,6 +74,15 @@ def terminal_session_id() -> str:
     except KeyError:
         user = str(os.getuid())
     return f"term-{user}-{sid}-{start}"
+
+
+def _expect(value: object, kinds: type | tuple[type, ...], field: str, what: str) -> None:
+    """None or of `kinds`, else BadRequest naming `field` (not an AttributeError from deep
+    inside)."""
+    if value is not None and not isinstance(value, kinds):
+        raise BadRequest(
+            f"{field} must be {what}, not {type(value).__name__}", reason="argument", field=field
+        )
 
 
 def agent_catalog(
@@ -131,21 +141,28 @@ class LaunchContext:
     @classmethod
     def from_environment(
         cls,
-        cwd: Path | None = None,
+        cwd: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         agents_dirs: Sequence[str | os.PathLike[str]] = (),
         session_id: str | None = None,
         overrides: Mapping[str, Any] | None = None,
     ) -> LaunchContext:
+        """Each argument's type is checked first: a wrong one is BadRequest naming it (a
+        single directory as `agents_dirs` too: write `[path]`)."""
+        dirs = listed(agents_dirs, "agents_dirs", "agent directories")
+        _expect(cwd, (str, os.PathLike), "cwd", "a directory path")
+        _expect(env, Mapping, "env", "a mapping of environment variables")
+        _expect(session_id, str, "session_id", "a string")
+        _expect(overrides, Mapping, "overrides", "a mapping of configuration keys")
         env = dict(os.environ if env is None else env)
-        cwd = (cwd or Path.cwd()).resolve()
-        config = load_config(overrides, env=env, cwd=cwd)
+        where = Path(cwd or Path.cwd()).resolve()
+        config = load_config(overrides, env=env, cwd=where)
         session = resolve_session(session_id, env)
         return cls(
-            cwd=cwd,
+            cwd=where,
             env=env,
             config=config,
-            catalog=agent_catalog(cwd, agents_dirs, env, config),
+            catalog=agent_catalog(where, dirs, env, config),
             session_id=session,
             depth=current_depth(env),
             inherited_fanout=env.get(ENV_FANOUT, "").strip() or None,
@@ -174,8 +191,8 @@ class LaunchContext:
             session_id=self.session_id,
             mode=mode,
             background=background,
-            items=list(items),
-            chain=list(chain),
+            items=listed(items, "items", "TaskItem"),
+            chain=listed(chain, "chain", "ChainStep"),
             concurrency=concurrency,
             cwd=str(self.cwd),
             timeout_ms=timeout_ms,

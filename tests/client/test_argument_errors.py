@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from subagents_node import AsyncClient
+from subagents_node import AsyncClient, ChainStep, LaunchContext, TaskItem
 from subagents_node.client.client import Client, connect
 from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadRequest
-from tests.support.nodes import NodeProcess, running_node
+from subagents_node.messages.fanout import encode_descriptor
+from tests.support.nodes import REPO, NodeProcess, running_node
 
+AGENTS = REPO / "examples" / "agents"
 NAN = float("nan")
 INF = float("inf")
 
@@ -125,3 +128,78 @@ def test_a_frame_with_an_integer_past_64_bits_is_refused_naming_where_it_is() ->
     # What a request that escaped its schema would carry: the seam says where, not msgpack.
     env = Envelope(type="fanout.create", body={"root_run_id": "x", "limit": [1, {"n": 2**70}]})
     _refused(lambda: encode_request(env), "limit.1.n")
+
+
+@pytest.mark.parametrize(
+    "paths", [None, 5, {"tasks[0]": 1}, Path("tasks[0]")], ids=["none", "int", "dict", "path"]
+)
+def test_paths_that_are_no_list_are_refused_naming_them_and_nothing_is_claimed(
+    paths: Any, fanout_node: NodeProcess
+) -> None:
+    client = fanout_node.client()
+    budget = client.fanout.create(root_run_id=f"no-list-{type(paths).__name__}", limit=8)
+    _refused(lambda: client.fanout.claim(budget, paths), "paths")
+    _refused(lambda: client.fanout.reserve(budget, paths, ttl_s=30), "paths")
+    assert client.fanout.snapshot(budget).used == 0
+
+
+def test_one_run_id_descriptor_or_step_where_a_list_is_expected_is_refused_naming_it(
+    fanout_node: NodeProcess,
+) -> None:
+    """`settle(run_id)` waited for one 'run' per character (each a prefix that may match
+    another run), `snapshots(budget)` read the model's fields, `attach(run_id, step)` failed
+    deep in pydantic, and None anywhere was a TypeError."""
+    client = fanout_node.client()
+    budget = client.fanout.create(root_run_id="one-thing", limit=8)
+    message = _refused(lambda: client.runs.settle("abc123", timeout=1), "run_ids").message
+    assert "['abc123']" in message
+    _refused(lambda: client.runs.settle(None, timeout=1), "run_ids")  # type: ignore[arg-type]
+    _refused(lambda: client.fanout.snapshots(budget), "descriptors")  # type: ignore[arg-type]
+    _refused(lambda: client.fanout.snapshots(encode_descriptor(budget)), "descriptors")
+    _refused(lambda: client.fanout.snapshots(None), "descriptors")  # type: ignore[arg-type]
+    step = ChainStep(kind="checkpoint")
+    _refused(lambda: client.runs.attach("abc123", step), "steps")  # type: ignore[arg-type]
+    _refused(lambda: client.runs.attach("abc123", None), "steps")  # type: ignore[arg-type]
+
+    async def from_a_loop() -> None:
+        async with AsyncClient(fanout_node.address) as aclient:
+            with pytest.raises(BadRequest) as info:
+                await aclient.fanout.snapshots(budget)  # type: ignore[arg-type]
+            assert info.value.details["field"] == "descriptors"
+            with pytest.raises(BadRequest) as info:
+                await aclient.runs.attach("abc123", "steps")  # type: ignore[arg-type]
+            assert info.value.details["field"] == "steps"
+
+    asyncio.run(from_a_loop())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"agents_dirs": "examples/agents"}, "agents_dirs"),
+        ({"agents_dirs": Path("examples/agents")}, "agents_dirs"),
+        ({"agents_dirs": None}, "agents_dirs"),
+        ({"cwd": 5}, "cwd"),
+        ({"env": ["A=1"]}, "env"),
+        ({"session_id": 5}, "session_id"),
+        ({"overrides": ["timeout_ms"]}, "overrides"),
+    ],
+    ids=["dirs-str", "dirs-path", "dirs-none", "cwd-int", "env-list", "session-int", "overrides"],
+)
+def test_a_launch_context_argument_of_the_wrong_type_is_refused_naming_it(
+    arguments: dict[str, Any], field: str
+) -> None:
+    """A directory string as `agents_dirs` was read one character at a time ("Invalid agent
+    file s"); the others failed with an AttributeError or ValueError from deep inside."""
+    _refused(lambda: LaunchContext.from_environment(**arguments), field)
+
+
+def test_a_launch_context_takes_its_cwd_as_a_string_and_refuses_items_that_are_no_list() -> None:
+    ctx = LaunchContext.from_environment(cwd=str(REPO), agents_dirs=[AGENTS])  # not Path only
+    assert ctx.cwd == REPO.resolve()
+    item = TaskItem(agent=ctx.plan("sleeper"), task="seconds=0")
+    assert ctx.launch("parallel", background=True, items=[item]).items == [item]
+    _refused(lambda: ctx.launch("parallel", background=True, items=None), "items")  # type: ignore[arg-type]
+    _refused(lambda: ctx.launch("parallel", background=True, items=item), "items")  # type: ignore[arg-type]
+    step = ChainStep(items=[item])
+    _refused(lambda: ctx.launch("chain", background=True, chain=step), "chain")  # type: ignore[arg-type]
