@@ -7,17 +7,22 @@ the finished result there and swallows the cancel, so a `runs.wait` cancelled at
 The cancel is timed deterministically by a callback on the call's own reply future.
 
 A client belongs to one running loop at a time: another running loop is refused at once; a
-new loop after the first one closed carries on. Real node, real sockets, no sleeps.
+new loop after the first one closed carries on. Many clients share the process's zmq threads,
+and a forked child's client opens connections of its own. Real node, real sockets, no sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 from subagents_node import AsyncClient, LaunchContext
 from subagents_node.messages.errors import BadRequest
+from tests.support.descriptors import run_python
 from tests.support.nodes import REPO, NodeProcess
 
 AGENTS = REPO / "examples" / "agents"
@@ -123,3 +128,70 @@ def test_an_async_client_used_from_a_second_running_loop_is_refused_at_once(
     assert isinstance(refused, BadRequest), refused
     assert refused.details["reason"] == "event_loop"
     assert "another event loop" in refused.message
+
+
+# -- many clients, and a forked child ------------------------------------------------------------
+
+
+def _os_threads() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("Threads:")[1].split()[0])
+
+
+def test_a_hundred_async_clients_at_once_share_the_process_zmq_threads(
+    node: NodeProcess,
+) -> None:
+    """Each AsyncClient had a zmq context of its own: two OS threads and five descriptors
+    each, so a program holding 200 ran 400 threads and, at the usual limit of 1024
+    descriptors, failed from about the 140th client on."""
+
+    async def go() -> tuple[int, int]:
+        clients = [AsyncClient(node.address) for _ in range(100)]
+        try:
+            await clients[0].ping()  # the process's context exists from here on
+            before = _os_threads()
+            pongs = await asyncio.gather(*(client.ping() for client in clients))
+            assert {pong.pid for pong in pongs} == {node.pid}
+            return before, _os_threads()
+        finally:
+            await asyncio.gather(*(client.aclose() for client in clients))
+
+    before, during = asyncio.run(go())
+    assert during - before < 5, f"{during - before} more threads for 100 clients"
+
+
+def ping_from_a_forked_child_with_an_async_client(address: str) -> None:
+    """The parent uses an AsyncClient, forks; the child uses it in a loop of its own."""
+    client = AsyncClient(address, timeout=10)
+    parent_pid = asyncio.run(client.ping()).pid
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)  # a hang ends the child, never leaves it behind
+        began = time.monotonic()
+        try:
+            pong = asyncio.run(client.ping())
+            asyncio.run(client.aclose())
+        except BaseException as err:
+            print(f"child: {type(err).__name__}: {err}", flush=True)
+            os._exit(1)
+        os._exit(0 if pong.pid == parent_pid and time.monotonic() - began < 5 else 2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the child ended with {status:#x}"
+    assert asyncio.run(client.ping()).pid == parent_pid  # the parent's client goes on
+    asyncio.run(client.aclose())
+    print("ok")
+
+
+def test_a_forked_child_using_its_parents_async_client_gets_answers_of_its_own(
+    node: NodeProcess,
+) -> None:
+    """Before: the child's calls went on the parent's sockets, whose context has no I/O
+    thread in the child, and waited out their whole timeout."""
+    script = (
+        "from tests.client.test_aio_cancel import ping_from_a_forked_child_with_an_async_client"
+        f" as scenario; scenario({node.address!r})"
+    )
+    done = run_python(script, timeout=90)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
+        f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    )
