@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from subagents_node.client.arguments import listed
+from subagents_node.client.arguments import listed, plain_callback
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
@@ -101,6 +101,8 @@ def wait_plan(
     so the numbers hold on the next node of the same state dir); `on_event` sees the later ones."""
     if timeout is not None:  # a NaN deadline would never pass: the wait would never end
         timeout = checked_timeout(timeout, forever=True)
+    plain_callback(on_event, "on_event")  # an async one's events would be lost
+    plain_callback(on_gap, "on_gap")
     deadline = None if timeout is None else time.monotonic() + timeout
     seq = after_seq
     lost = 0
@@ -292,6 +294,7 @@ class RunsAPI:
         """
         if timeout is not None:
             timeout = checked_timeout(timeout, forever=True)
+        plain_callback(on_end, "on_end")
         deadline = None if timeout is None else time.monotonic() + timeout
         views = [self.show(run_id) for run_id in listed(run_ids, "run_ids", "run ids")]
         for i, view in enumerate(views):

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from subagents_node.client.arguments import decision, plain_callback
 from subagents_node.client.plans import Plan, build, one
+from subagents_node.messages.errors import BadRequest
 from subagents_node.messages.runs import RunState
 from subagents_node.messages.session import (
     GrantAuthority,
@@ -84,7 +86,15 @@ def grant_plan(
     confirm: ConfirmGrant | None = None,
     expected: GrantBasis | None = None,
 ) -> Plan[GrantResult]:
-    """R-SPN-6; see `SessionAPI.grant`."""
+    """R-SPN-6; see `SessionAPI.grant`. A `confirm` that is an async function, or answers
+    anything but True or False, is BadRequest: nothing is applied."""
+    plain_callback(confirm, "confirm")
+    if expected is not None and not isinstance(expected, GrantBasis):
+        raise BadRequest(
+            f"expected must be a preview's basis (GrantBasis), not {type(expected).__name__}",
+            reason="argument",
+            field="expected",
+        )
     fields: dict[str, Any] = {
         "session_id": session_id,
         "additional": additional,
@@ -101,7 +111,7 @@ def grant_plan(
     )
     if confirm is None or preview.outcome != "confirmation_required":
         return preview
-    if not confirm(preview):
+    if not decision(confirm(preview), "confirm"):
         return preview.model_copy(update={"outcome": "cancelled"})
     request = build(GrantSpawns, **fields, confirmed=True, expected=preview.basis.model_dump())
     confirmed: GrantResult = yield from one(request, GrantResult)

@@ -7,6 +7,8 @@ read as one path per character). Sync and asyncio clients alike (they share the 
 from __future__ import annotations
 
 import asyncio
+import functools
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +205,58 @@ def test_a_launch_context_takes_its_cwd_as_a_string_and_refuses_items_that_are_n
     _refused(lambda: ctx.launch("parallel", background=True, items=item), "items")  # type: ignore[arg-type]
     step = ChainStep(items=[item])
     _refused(lambda: ctx.launch("chain", background=True, chain=step), "chain")  # type: ignore[arg-type]
+
+
+async def _declines(preview: object) -> bool:
+    return False
+
+
+class _AsyncCallable:
+    async def __call__(self, preview: object) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    "confirm",
+    [_declines, functools.partial(_declines), _AsyncCallable(), lambda preview: "n"],
+    ids=["async-def", "async-partial", "async-call", "string"],
+)
+def test_r_spn_6_a_confirm_that_is_async_or_answers_no_bool_is_refused_and_grants_nothing(
+    confirm: Any, fanout_node: NodeProcess
+) -> None:
+    """Its coroutine (or a string such as "n" from input()) is true: the grant used to be
+    applied without anyone being asked."""
+    client = fanout_node.client()
+    session = f"s-confirm-{uuid.uuid4().hex[:8]}"
+    client.session.open(session, configured_limit=2)
+    client.session.reserve(session, requested=2)
+    _refused(lambda: client.session.grant(session, 2, confirm=confirm), "confirm")
+
+    async def from_a_loop() -> None:
+        async with AsyncClient(fanout_node.address) as aclient:
+            with pytest.raises(BadRequest) as info:
+                await aclient.session.grant(session, 2, confirm=confirm)
+            assert info.value.details["field"] == "confirm"
+
+    asyncio.run(from_a_loop())
+    assert client.session.snapshot(session).limit == 2  # nothing was granted
+    granted = client.session.grant(session, 2, confirm=lambda preview: True)
+    assert granted.outcome == "granted" and client.session.snapshot(session).limit == 4
+
+
+@pytest.mark.parametrize("callback", [_declines, 5], ids=["async-def", "not-callable"])
+def test_a_wait_callback_that_is_async_or_no_function_is_refused_before_the_wait(
+    callback: Any, client: Client
+) -> None:
+    """An async `on_event` was called and never awaited: every event was lost, silently."""
+    _refused(lambda: client.runs.wait("abc123", on_event=callback), "on_event")
+    _refused(lambda: client.runs.wait("abc123", on_gap=callback), "on_gap")
+    _refused(lambda: client.runs.settle(["abc123"], on_end=callback), "on_end")
+
+    async def from_a_loop() -> None:
+        aclient = AsyncClient(NOWHERE)  # refused before it looks for a node
+        with pytest.raises(BadRequest) as info:
+            await aclient.runs.wait("abc123", on_event=callback)
+        assert info.value.details["field"] == "on_event"
+
+    asyncio.run(from_a_loop())
