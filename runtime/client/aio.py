@@ -17,6 +17,7 @@ It must never import the node or the actors, and never block the event loop.
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,6 +31,8 @@ from subagents_node.client.client import (
     shutdown_plan,
     status_plan,
 )
+from subagents_node.client.keys import ClientCredentials
+from subagents_node.client.paths import resolve_state_dir
 from subagents_node.client.plans import Ask, Plan, perform_async
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.node import NodeStatusResult, Pong
@@ -48,13 +51,26 @@ T = TypeVar("T")
 class AsyncClient:
     """A connection to one node for coroutines of one event loop.
 
-    `address` defaults as for `connect()`: $SUBAGENTS_NODE, else the default state dir's socket.
-    Nothing connects until the first call. Use it as `async with`, or `await client.aclose()`.
+    `address`, `credentials` and `state_dir` mean what they mean for `connect()`: the address
+    defaults to `state_dir`'s node, else $SUBAGENTS_NODE, else the default state dir's; a tcp
+    address offers `credentials`, else `state_dir`'s keys. Nothing connects until the first
+    call. Use it as `async with`, or `await client.aclose()`.
     """
 
-    def __init__(self, address: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        credentials: ClientCredentials | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.timeout = checked_timeout(timeout)
-        self.transport = AsyncZmqTransport(address or default_address())
+        self.transport = AsyncZmqTransport(
+            address or default_address(state_dir),
+            credentials=credentials,
+            state_dir=resolve_state_dir(state_dir) if state_dir else None,
+        )
 
     @cached_property
     def capacity(self) -> AsyncCapacityAPI:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
@@ -35,6 +36,7 @@ from subagents_node.client.channel import (
     read_reply,
 )
 from subagents_node.client.curve import curve_client, default_credentials, no_keys
+from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
 from subagents_node.client.transport import endpoint_for
@@ -53,8 +55,18 @@ from subagents_node.messages.errors import (
 class AsyncZmqTransport:
     """Send requests from coroutines of one event loop; many may be outstanding at once."""
 
-    def __init__(self, address: str, sender: str = "", host: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        sender: str = "",
+        host: str = "",
+        credentials: ClientCredentials | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
         self.address = check_endpoint(address)
+        #: tcp only: explicit keys, else those of `state_dir` (else the default state dir's)
+        self._credentials = credentials
+        self._state_dir = state_dir
         #: Multi-host: the worker the home node at `address` carries every request on to
         #: (`Envelope.host`; sent to the node's own socket, which does the carrying).
         self.host = host
@@ -89,7 +101,13 @@ class AsyncZmqTransport:
     def on_host(self, host: str) -> AsyncZmqTransport:
         """A transport whose requests the home node at this address carries on to its worker
         `host` (the node's ipc socket only: a home carries nothing for a tcp peer)."""
-        return AsyncZmqTransport(self.address, sender=self._sender, host=host)
+        return AsyncZmqTransport(
+            self.address,
+            sender=self._sender,
+            host=host,
+            credentials=self._credentials,
+            state_dir=self._state_dir,
+        )
 
     def _bind_loop(self) -> None:
         """Belong to the running loop. Another loop that is running (on another thread) is
@@ -161,7 +179,8 @@ class AsyncZmqTransport:
                 sock.setsockopt(option, value)
             try:
                 if self.address.startswith("tcp://"):  # DESIGN §3: tcp is always CURVE
-                    curve_client(sock, default_credentials())
+                    keys = self._credentials or default_credentials(self._state_dir)
+                    curve_client(sock, keys)
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)

@@ -186,14 +186,15 @@ def connect(
     credentials: ClientCredentials | None = None,
     state_dir: str | os.PathLike[str] | None = None,
 ) -> Client:
-    """A client for the node at `address` (else $SUBAGENTS_NODE, else the default state dir).
+    """A client for the node at `address` (else `state_dir`'s node, as `--state-dir` means for
+    the CLI; else $SUBAGENTS_NODE, else the default state dir's).
 
     A tcp address is CURVE-authenticated: `credentials`, else the keys of `state_dir` (else
     $SUBAGENTS_CLIENT_KEY / $SUBAGENTS_SERVER_KEY, else the default state dir's key files).
     """
     timeout = checked_timeout(timeout)  # before a context is opened for nothing
     transport = ZmqTransport(
-        address or default_address(),
+        address or default_address(state_dir),
         credentials=credentials,
         state_dir=resolve_state_dir(state_dir) if state_dir else None,
     )

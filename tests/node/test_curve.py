@@ -9,6 +9,7 @@ A node (and a home's ledger owners) listening on IPv6 loopback serves there too.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from subagents_node.client.client import Client
+from subagents_node import AsyncClient
+from subagents_node.client.client import Client, connect
 from subagents_node.client.keys import (
     CLIENT_KEY,
     SERVER_KEY,
@@ -320,3 +322,36 @@ def test_design_1_a_home_on_ipv6_loopback_serves_its_ledger_owners_there(
         assert owners[name].state == "running", owners[name].reason
     reply = _curve_ping(tcp, state_dir)
     assert reply is not None and reply.body["pid"] == home.pid
+
+
+def test_design_3_an_async_client_offers_the_keys_it_is_given_or_its_state_dirs_over_tcp(
+    tcp_node: tuple[NodeProcess, str],
+) -> None:
+    """An AsyncClient took neither `credentials` nor `state_dir`: over tcp it could offer only
+    the default state dir's keys (or the environment's), so it could not reach this node."""
+    node, tcp = tcp_node
+
+    async def go() -> set[int]:
+        given = AsyncClient(tcp, timeout=REFUSAL_S, credentials=_credentials(node.state_dir))
+        from_dir = AsyncClient(tcp, timeout=REFUSAL_S, state_dir=node.state_dir)
+        async with given, from_dir:
+            return {(await given.ping()).pid, (await from_dir.ping()).pid}
+
+    assert asyncio.run(go()) == {node.pid}
+
+
+def test_a_client_given_only_a_state_dir_talks_to_that_state_dirs_node(
+    tcp_node: tuple[NodeProcess, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`connect(state_dir=X)` went to $SUBAGENTS_NODE (or the default state dir's node) and
+    used X only for tcp keys: a program given a state dir talked to another node."""
+    node, _ = tcp_node
+    monkeypatch.setenv("SUBAGENTS_NODE", "ipc:///tmp/no-node-here/node.sock")
+    with connect(state_dir=node.state_dir, timeout=REFUSAL_S) as client:
+        assert client.ping().pid == node.pid
+
+    async def go() -> int:
+        async with AsyncClient(state_dir=node.state_dir, timeout=REFUSAL_S) as client:
+            return (await client.ping()).pid
+
+    assert asyncio.run(go()) == node.pid
