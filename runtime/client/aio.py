@@ -141,6 +141,10 @@ class AsyncClient:
         client.timeout = timeout
         return client
 
+    def __reduce__(self) -> tuple[Any, tuple[AsyncZmqTransport, float]]:
+        """Pickled, its transport's address and keys: unpickled, a client of the same node."""
+        return (AsyncClient._over, (self.transport, self.timeout))
+
     @cached_property
     def hosts(self) -> AsyncHosts:
         from subagents_node.client.aio_hosts import AsyncHosts

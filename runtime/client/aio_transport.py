@@ -84,6 +84,13 @@ class AsyncZmqTransport:
         #: The loop the sockets and reader tasks belong to (set by the first call).
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    def __reduce__(self) -> tuple[type[AsyncZmqTransport], tuple[object, ...]]:
+        """The address, host and keys: another process opens sockets of its own."""
+        return (
+            AsyncZmqTransport,
+            (self.address, "", self.host, self._credentials, self._state_dir),
+        )
+
     @property
     def outstanding(self) -> int:
         """Calls waiting for their reply right now (a cancelled call is not one)."""

@@ -120,6 +120,11 @@ class Client:
             self.hosts.close()
         self.transport.close()
 
+    def __reduce__(self) -> tuple[type[Client], tuple[Transport, float]]:
+        """Pickled (a multiprocessing worker started by spawn or forkserver), a client is its
+        transport's address and keys: unpickled, a new connection to the same node."""
+        return (Client, (self.transport, self.timeout))
+
     def __enter__(self) -> Client:
         return self
 

@@ -112,6 +112,14 @@ class ZmqTransport:
         self._endpoints: dict[str, str] = {}
         self._generation = 0
 
+    def __reduce__(self) -> tuple[type[ZmqTransport], tuple[object, ...]]:
+        """What another process needs to open its own connections to the same node: the
+        address, host and keys (sockets and locks are this process's own)."""
+        return (
+            ZmqTransport,
+            (self.address, None, "", self._credentials, self._state_dir, self.host),
+        )
+
     def reset(self) -> None:
         """Open fresh connections for the next requests (each thread replaces its own idle
         ones). After a peer's restart, a request written to the old connection before its

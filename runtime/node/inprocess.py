@@ -64,6 +64,11 @@ class InProcessTransport:
             raise box.value
         return box.value
 
+    def __reduce__(self) -> tuple[type[ZmqTransport], tuple[str]]:
+        """In another process the node's threads are not there: its calls go over the node's
+        socket, as in a forked child."""
+        return (ZmqTransport, (self.address,))
+
     def close(self) -> None:
         self._closed = True
         if self._forked is not None and os.getpid() != self._pid:
