@@ -10,6 +10,7 @@
     │   ├── RunCwdMissing                cwd_missing                 cwd
     │   ├── PreviousUnavailable          previous_unavailable
     │   ├── RunIdAmbiguous               run_id_ambiguous            run_id, matches
+    │   ├── LaunchIdConflict             launch_id_conflict          launch_id, run_id
     │   ├── WorkflowChildRefused         workflow_child_refused
     │   └── RunFileInvalid               run_file_invalid            file
     ├── UnknownTarget                    unknown_target              target
@@ -741,6 +742,12 @@ class RunNotFound(SubagentsError):
 
 class RunIdAmbiguous(BadRequest):
     code = "run_id_ambiguous"
+
+
+class LaunchIdConflict(BadRequest):
+    """A launch id sent again with another request than the one that launched its run."""
+
+    code = "launch_id_conflict"
 
 
 class RunNotResumable(SubagentsError):

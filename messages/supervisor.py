@@ -44,6 +44,9 @@ SourceKind = Literal["resume", "rerun", "attach"]
 IntercomMode = Literal["on", "off"]
 #: R-WF-4: workflow child keys.
 WORKFLOW_KEY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: A client's id for one launch (a uuid4's hex fits): bounded, and only characters that need no
+#: quoting in a log line or a file name.
+LAUNCH_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: A child the run has not started yet is `pending`; the others are messages.runs.ChildState.
 ChildViewState = Literal["pending", "running", "complete", "failed", "stopped"]
 TaskDelivery = Literal["argv", "stdin", "file", "auto"]
@@ -245,6 +248,10 @@ class Launch(Request):
     #: pid and start time), so a node that this command embeds later, to take a lost node's
     #: place, binds the run to it as it adopts it (actors/runs/rebinding.py).
     foreground_pid: int | None = Field(default=None, ge=1, le=MAX_PID)
+    #: The client's id for this launch (docs/api.md, "Launching again"): the same request sent
+    #: again under it (its answer lost to a timeout or a lost node) is answered with the run it
+    #: launched, never a second one; another request under it is `LaunchIdConflict`.
+    launch_id: str | None = Field(default=None, pattern=LAUNCH_ID)
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> "Launch":
@@ -260,6 +267,9 @@ class Launch(Request):
             raise ValueError("a workflow run has exactly one item (its host) and no chain")
         if self.fanout_admitted and not self.workflow_key:
             raise ValueError("fanout_admitted is set only by a workflow host, with a key")
+        if self.launch_id is not None and self.workflow_key is not None:
+            # A workflow child is launched once per key already (R-WF-4): one id is enough.
+            raise ValueError("a workflow child is sent again under its key, not a launch_id")
         return self
 
 

@@ -13,6 +13,12 @@ slot is held, every failure rolls it back (R-ADM-2), and a handle that is still 
 the pipeline ends, by return or raise, is rolled back (R-ADM-3). Fan-out claims made before a
 later failure stay claimed (R-FAN-15).
 
+A launch sent again under its client's launch id (runs/workflowkeys.py) after a first attempt
+that recorded no run is admitted again, and finds what that attempt charged under ids made of
+the launch id, so nothing is charged twice: its spawn reservation and its fan-out claim are
+counted once, its capacity slot (held under the run's id, the same each attempt) is rolled back
+and taken again, and its run directory is made afresh.
+
 Fault injection (tests only): the host's `fault_points` names steps that fail with a typed
 `InjectedFault` (one per rollback point: FAULT_POINTS); the supervisor hands over a non-empty
 set only on a node started with faults enabled.
@@ -30,11 +36,13 @@ from typing import Any, Protocol
 from subagents_node.actors.outcomes import store_full
 from subagents_node.actors.pipelines import Durable
 from subagents_node.actors.records import Record, init_fields
-from subagents_node.actors.runs import runplan
+from subagents_node.actors.runs import runplan, workflowkeys
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
+    Inspect,
+    Inspection,
     MarkStarted,
     MarkWorkflowStarted,
     Rollback,
@@ -44,6 +52,7 @@ from subagents_node.messages.capacity import (
 from subagents_node.messages.delivery import argv_task_problem, check_command
 from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
+    CapacityRunAlreadyHeld,
     FanoutDescriptorInvalid,
     FanoutNotAuthorized,
     InjectedFault,
@@ -214,7 +223,8 @@ def admit(
     reservation_id: str | None = None,
 ) -> Pipeline:
     """`reservation_id` names the launch's spawn reservation when the launch may be sent again
-    after its node was lost (a workflow child's, workflowkeys.py): counted once (R-SPN-5)."""
+    after its node was lost (a workflow child's, a launch id's: workflowkeys.py): counted once
+    (R-SPN-5)."""
     validate(launch)
     host.check_workflow_child(launch)
     caller_route = _route_only(launch, resume)
@@ -259,7 +269,13 @@ def admit(
                     kind="workflow" if launch.mode == "workflow" else "runner",  # R-TOP-4
                     async_dir=str(host.run_dir(run_id)),
                 )
-            acquired: AcquireResult = _expect((yield take), AcquireResult)
+            try:
+                acquired: AcquireResult = _expect((yield take), AcquireResult)
+            except CapacityRunAlreadyHeld:
+                if launch.launch_id is None:
+                    raise
+                yield from _free_first_attempt(launch.session_id, run_id)
+                acquired = _expect((yield take), AcquireResult)
             handle, capacity = acquired.handle, acquired.snapshot
 
         _inject(host, "resolve_budget")
@@ -270,11 +286,17 @@ def admit(
         _inject(host, "claim_paths")
         paths = [] if resume is not None else runplan.static_paths(launch)
         # An empty batch claims nothing but still validates the descriptor (R-FAN-13).
+        claim_id = None
+        if launch.launch_id is not None and paths:  # found claimed when sent again (R-FAN-15)
+            claim_id = workflowkeys.claim_id(launch.launch_id, descriptor.budget_id)
         fanout: FanoutSnapshot = _expect(
-            (yield ClaimPaths(descriptor=descriptor, paths=paths)), FanoutSnapshot
+            (yield ClaimPaths(descriptor=descriptor, paths=paths, claim_id=claim_id)),
+            FanoutSnapshot,
         )
 
         _inject(host, "create_run_dir")
+        if launch.launch_id is not None:  # its first attempt's, which recorded no run
+            shutil.rmtree(run_dir, ignore_errors=True)
         try:
             run_dir.mkdir(parents=True, mode=0o700)
         except OSError as exc:
@@ -321,6 +343,17 @@ def admit(
                 yield Rollback(handle=handle)  # R-ADM-2 / R-ADM-3
             except SubagentsError as err:
                 log.error("rollback of run %s's capacity slot failed: %s", run_id, err.message)
+
+
+def _free_first_attempt(session_id: str, run_id: str) -> Generator[Request, Message, None]:
+    """The slot a launch id's first attempt took under its run's id, left unstarted when its
+    node was lost before it recorded the run (no run has that id, and this node admits it
+    once: launches.py): rolled back, so the attempt sent again takes one slot, not two. A
+    started slot is some run's: the refusal stands."""
+    found: Inspection = _expect((yield Inspect(run_id=run_id, session_id=session_id)), Inspection)
+    if found.relation != "current" or found.owner is None or found.owner.started:
+        raise CapacityRunAlreadyHeld.of(session_id, run_id, found.owner.slot if found.owner else 0)
+    yield Rollback(handle=found.owner.handle())
 
 
 def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, FanoutDescriptor]:

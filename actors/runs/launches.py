@@ -6,7 +6,8 @@ their pids) or failed to start, the run's record written and its first group sta
 (`record_and_start`, the AdmissionHost's last step), and where the run came from (its lineage:
 a resume, a rerun, an attach; R-MISC-2's link to a live run it supersedes, which is stopped
 once that link has committed). A workflow host's child launch or `resume` item sent again for a
-key that launched already is answered with that key's run (workflowkeys.py, R-WF-4). The rules
+key that launched already is answered with that key's run (workflowkeys.py, R-WF-4), and so is
+a launch sent again under its client's launch id. The rules
 of what may be resumed or rerun are relaunch.py's, rerun.py's and attach.py's. It never
 blocks on another owner (the pipeline's calls come back as `Answer` ticks), and never answers a
 launch before the transaction that started its run commits.
@@ -44,7 +45,7 @@ from subagents_node.actors.runs.binding import NodeBinding
 from subagents_node.actors.runs.liverun import LiveRun, new_live_run
 from subagents_node.actors.runs.recovery import write_recovery
 from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Superseded
-from subagents_node.actors.runs.workflowkeys import ChildKey, KeyedLaunch, launched
+from subagents_node.actors.runs.workflowkeys import ChildKey, KeyedLaunch, key_of, launched
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import BadRequest, RunNotResumable
@@ -100,8 +101,9 @@ class RunLaunches:
         #: (`superseded_by`) is written only with the rerun's record; until then a second rerun
         #: would pass the stored check and supersede the same run again (R-MISC-2).
         self._superseding: dict[str, str] = {}
-        #: Workflow children being admitted, by key: a request for the same key meanwhile
-        #: waits on that admission's answer (R-WF-4); the digest goes on the run's record.
+        #: Launches under a key being admitted (a workflow child's, a launch id's): a request
+        #: for the same key meanwhile waits on that admission's answer (R-WF-4); the digest
+        #: goes on the run's record.
         self._keyed: dict[ChildKey, KeyedLaunch] = {}
 
     def launch_request(self, request: Launch) -> Message:
@@ -118,10 +120,12 @@ class RunLaunches:
         return self.launch(request, keyed=keyed)
 
     def _launched_by_key(self, keyed: KeyedLaunch, token: str | None) -> Message | None:
-        """R-WF-4: the answer to a workflow child's launch whose key launched already (sent
-        again after its node was lost before answering): that run, once it runs, or the outcome
-        of its admission under way. None when the key launched nothing: launch it."""
-        management.check_workflow_host(self._host.db, keyed.key[0], token, keyed.key[1])
+        """R-WF-4: the answer to a launch whose key launched already (sent again after its node
+        was lost, or its client's wait ended, before it was answered): that run, once it runs
+        (whatever its state now), or the outcome of its admission under way. None when the key
+        launched nothing: launch it."""
+        if keyed.launch_id is None:
+            management.check_workflow_host(self._host.db, keyed.key[0], token, keyed.key[1])
         reply = self._host.current_reply
         assert reply is not None
         going = self._keyed.get(keyed.key)
@@ -151,8 +155,9 @@ class RunLaunches:
         keyed: KeyedLaunch | None = None,
     ) -> Message:
         """Admit and start a run; `continues` names the paused run it goes on with, `keyed`
-        the workflow child key it launches (workflowkeys.py)."""
-        run_id = uuid.uuid4().hex[:12]
+        the key it launches under (workflowkeys.py)."""
+        fixed = keyed.fixed_run_id if keyed is not None else None
+        run_id = fixed or uuid.uuid4().hex[:12]
         runner_id = f"{run_id}.{uuid.uuid4().hex[:8]}"
         assert self._host.current_reply is not None
         if continues is not None:
@@ -294,8 +299,10 @@ class RunLaunches:
     ) -> RunView:
         """AdmissionHost: write the run and its pending children, then start the first group."""
         now = self._host.clock()
+        # A resume, rerun or attach built from the file is another launch: not its launch id.
+        kept = launch.model_copy(update={"launch_id": None}) if launch.launch_id else launch
         try:  # R-FAN-6: the recovery descriptor exists before any child starts
-            write_recovery(self._host.run_dir(run_id), launch, encode_descriptor(descriptor))
+            write_recovery(self._host.run_dir(run_id), kept, encode_descriptor(descriptor))
         except OSError as exc:
             raise storage_failed(exc, self._host.run_dir(run_id)) from None
         parent = self._live.get(launch.parent_run_id) if launch.parent_run_id else None
@@ -318,7 +325,8 @@ class RunLaunches:
         live.ends_with = binding.ends_with(foreground)
         deadline_at = runplan.deadline_at(launch, now)
         self._live[run_id] = live
-        keyed = self._keyed.get((launch.parent_run_id or "", launch.workflow_key or ""))
+        key = key_of(launch)
+        keyed = self._keyed.get(key) if key is not None else None
         if keyed is not None and keyed.run_id == run_id:  # in the run's own transaction
             runstore.update_run(self._host.db, run_id, launch_digest=keyed.digest)
         self._host.record_event(

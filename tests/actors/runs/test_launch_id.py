@@ -1,0 +1,209 @@
+"""A launch sent again under its client's launch id is the run it launched: never a second run,
+never a second charge to a ledger (docs/api.md, "Launching again"; R-SPN-5, R-FAN-15, R-CAP-7).
+
+The node is killed at each step of an admission (SUBAGENTS_TEST_KILL_AT on a node started with
+faults: the run supervisor's steps, and the fan-out owner's `claim_recorded`, a claim recorded
+and not yet answered), its client's launch ends with its outcome unknown, and the same request
+is sent to the next node on the state dir. A session capped at one async slot and one spawn
+shows a second charge at once (the launch sent again is refused), and the figures afterwards
+count one of each. Real detached nodes and real children; waits are on events or re-read
+snapshots with a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from subagents_node.client.client import Client
+from subagents_node.messages.errors import BadRequest, LaunchIdConflict, SubagentsError
+from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
+from subagents_node.messages.supervisor import Launch, LaunchResult, RunView
+from tests.support.nodes import NodeProcess
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import client as client
+from tests.support.run_fixtures import detached_run_node as detached_run_node
+from tests.support.run_fixtures import gate as gate
+from tests.support.runs import Gate, launch_context, new_session, wait_until
+
+WAIT_S = 30.0
+#: Every step of a launch's admission the node can be killed at, in order.
+KILL_POINTS = (
+    "resolve_budget",
+    "claim_paths",
+    "claim_recorded",
+    "create_run_dir",
+    "reserve_spawns",
+    "record_run",
+    "mark_started",
+    "answer_launch",
+)
+#: Those of a nested launch that may have charged its caller's fan-out budget.
+NESTED_KILL_POINTS = ("claim_recorded", "create_run_dir", "reserve_spawns", "record_run")
+
+
+def capped_launch(agents: Path, task: str = "hello") -> Launch:
+    """A background run in a new session with room for one active run and one spawn, under a
+    fresh launch id."""
+    ctx = launch_context(
+        agents,
+        session=new_session(),
+        max_active_async_runs_per_session=1,
+        max_subagent_spawns_per_session=1,
+    )
+    launch = ctx.single("echo", task, True, None)
+    return launch.model_copy(update={"launch_id": uuid.uuid4().hex})
+
+
+def nested(launch: Launch, budget: FanoutDescriptor) -> Launch:
+    """`launch` as a run's child launches it: on its caller's budget, with no slot of its own."""
+    return launch.model_copy(update={"depth": 1, "inherited_fanout": encode_descriptor(budget)})
+
+
+def sent_to_a_dying_node(
+    start_node: Callable[..., NodeProcess], state_dir: Path, point: str, launch: Launch
+) -> Client:
+    """`launch` on a node that kills itself at `point`; then the next node's client."""
+    dying = start_node("--faults", state_dir=state_dir, kill_at=point)
+    with pytest.raises(SubagentsError):  # the node went: the outcome is unknown
+        dying.client(timeout=10).ask(launch, LaunchResult)
+    assert dying.wait_exited(WAIT_S), f"the node did not die at {point}"
+    return start_node(state_dir=state_dir).client(timeout=20)
+
+
+def one_run_charged_once(client: Client, launch: Launch, run: RunView) -> None:
+    """The session has exactly `run`, which completes; one spawn counted, and once it ended no
+    async slot held (a first attempt's slot would be held until its TTL)."""
+    assert [r.run_id for r in client.runs.list(session_id=launch.session_id)] == [run.run_id]
+    assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    assert client.session.spawn_snapshot(launch.session_id).used == 1
+    wait_until(
+        lambda: client.capacity.snapshot(launch.session_id, 1).used == 0,
+        timeout=WAIT_S,
+        what="the run's slot to be freed, and no other held",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_r_spn_5_a_launch_sent_again_after_its_node_died_at_any_step_is_one_run_charged_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, point: str
+) -> None:
+    """Sent again to the next node, the launch made a second run (killed after recording it)
+    or was refused by the ledgers its first attempt charged: the spawn (R-SPN-4) and the slot,
+    held until its TTL (CapacityExhausted)."""
+    launch = capped_launch(agents)
+
+    client = sent_to_a_dying_node(start_node, state_dir, point, launch)
+    run = client.runs.launch(launch)
+
+    one_run_charged_once(client, launch, run)
+    assert client.runs.launch(launch).run_id == run.run_id  # and again, once it ended
+    budget = client.fanout.snapshot(decode_descriptor(run.fanout_descriptor))
+    assert budget.used == 1, budget
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", NESTED_KILL_POINTS)
+def test_r_fan_15_a_nested_launch_sent_again_claims_its_callers_budget_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, point: str
+) -> None:
+    """A run's child launch, on its caller's budget: sent again after its node died once its
+    path was claimed, it claimed it a second time (R-FAN-11: paths are labels, not keys)."""
+    first = start_node(state_dir=state_dir)
+    budget = first.client().fanout.create(f"caller-{uuid.uuid4().hex[:8]}", 5)
+    assert first.stop().returncode == 0
+    launch = nested(capped_launch(agents), budget)
+
+    client = sent_to_a_dying_node(start_node, state_dir, point, launch)
+    run = client.runs.launch(launch)
+
+    assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    assert [r.run_id for r in client.runs.list(session_id=launch.session_id)] == [run.run_id]
+    assert client.session.spawn_snapshot(launch.session_id).used == 1
+    assert client.fanout.snapshot(budget).used == 1
+
+
+def test_a_launch_id_sent_with_another_request_is_refused_and_changes_nothing(
+    client: Client, agents: Path
+) -> None:
+    launch = capped_launch(agents)
+    run = client.runs.launch(launch)
+    assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    changed = launch.model_copy(
+        update={"items": [launch.items[0].model_copy(update={"task": "x"})]}
+    )
+
+    with pytest.raises(LaunchIdConflict) as refused:
+        client.runs.launch(changed)
+
+    assert refused.value.message == (
+        f"Launch id '{launch.launch_id}' was already used for another launch (run "
+        f"{run.run_id}); use a new launch id."
+    )
+    assert "\n" not in refused.value.message
+    assert [r.run_id for r in client.runs.list(session_id=launch.session_id)] == [run.run_id]
+    assert client.session.spawn_snapshot(launch.session_id).used == 1
+    assert client.runs.launch(launch).run_id == run.run_id  # the first request still is its run
+
+
+def test_one_launch_id_sent_twice_at_once_is_one_run_and_both_callers_get_it(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """The second send arrives while the first is admitted or its child starting (the gate
+    child holds it running): it waits for that admission's answer instead of launching a
+    second run (refused, here, by the session's one slot and one spawn)."""
+    ctx = launch_context(
+        agents,
+        session=new_session(),
+        max_active_async_runs_per_session=1,
+        max_subagent_spawns_per_session=1,
+    )
+    launch = ctx.single("gate", str(gate.path), True, None)
+    launch = launch.model_copy(update={"launch_id": uuid.uuid4().hex})
+    answers: list[RunView | SubagentsError] = []
+
+    def send() -> None:
+        try:
+            answers.append(client.runs.launch(launch))
+        except SubagentsError as err:
+            answers.append(err)
+
+    senders = [threading.Thread(target=send) for _ in range(2)]
+    for sender in senders:
+        sender.start()
+    [held] = gate.accept(1, timeout=WAIT_S)
+    for sender in senders:
+        sender.join(WAIT_S)
+
+    assert all(isinstance(a, RunView) for a in answers) and len(answers) == 2, answers
+    first, second = (a.run_id for a in answers if isinstance(a, RunView))
+    assert first == second
+    assert [r.run_id for r in client.runs.list(session_id=launch.session_id)] == [first]
+    held.release(0)
+    assert client.runs.wait(first, timeout=WAIT_S).state == "complete"
+    assert client.session.spawn_snapshot(launch.session_id).used == 1
+
+
+@pytest.mark.parametrize("launch_id", ["x" * 65, "-starts-with-a-dash", "a b", ""])
+def test_a_launch_id_out_of_bounds_is_refused_in_one_line_and_launches_nothing(
+    client: Client, agents: Path, launch_id: str
+) -> None:
+    """At most 64 letters, digits, '.', '_' or '-', the first a letter or digit."""
+    launch = capped_launch(agents).model_copy(update={"launch_id": launch_id})  # not validated
+
+    with pytest.raises(BadRequest) as refused:
+        client.ask(launch, LaunchResult)
+
+    assert "launch_id" in refused.value.message and "\n" not in refused.value.message
+    assert client.runs.list(session_id=launch.session_id) == []
+
+
+def test_a_workflow_child_is_sent_again_under_its_key_not_a_launch_id(agents: Path) -> None:
+    launch = capped_launch(agents)
+    with pytest.raises(ValueError, match="not a launch_id"):
+        Launch.model_validate({**launch.model_dump(), "workflow_key": "k", "parent_run_id": "p"})
