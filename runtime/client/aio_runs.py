@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from subagents_node.client import launchagain
 from subagents_node.client import runs as run_plans
 from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
 from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
@@ -27,7 +28,8 @@ class AsyncRunsAPI:
         self._client = client
 
     async def launch(self, launch: Launch) -> RunView:
-        return await self._client.perform(run_plans.launch_plan(launch))
+        """As `RunsAPI.launch`: under a launch id, sent again under it when its answer is lost."""
+        return await launchagain.launch_async(self._client, launch)
 
     async def watch(
         self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S

@@ -246,8 +246,12 @@ class RunsAPI:
         self._client = client
 
     def launch(self, launch: Launch) -> RunView:
-        """Admit and start a run; returns as soon as its first children started."""
-        return self._client.perform(launch_plan(launch))
+        """Admit and start a run; returns as soon as its first children started. Sent under a
+        launch id (a fresh one unless `launch` has one), and sent again under it when its
+        answer is lost (client/launchagain.py): one run, whatever happened to the first send."""
+        from subagents_node.client.launchagain import launch as launch_once
+
+        return launch_once(self._client, launch)
 
     def watch(self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S) -> RunEvents:
         return self._client.perform(watch_plan(run_id, after_seq, wait_s, self._client.timeout))

@@ -12,18 +12,23 @@ snapshots with a deadline.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
+from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import BadRequest, LaunchIdConflict, SubagentsError
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import Launch, LaunchResult, RunView
-from tests.support.nodes import NodeProcess
+from tests.support.nodes import CLI, NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import detached_run_node as detached_run_node
@@ -207,3 +212,67 @@ def test_a_workflow_child_is_sent_again_under_its_key_not_a_launch_id(agents: Pa
     launch = capped_launch(agents)
     with pytest.raises(ValueError, match="not a launch_id"):
         Launch.model_validate({**launch.model_dump(), "workflow_key": "k", "parent_run_id": "p"})
+
+
+# -- the clients send a launch again -------------------------------------------------------------
+
+#: Steps after which a lost node may have charged or recorded the launch (the other steps
+#: charge what these do, at most).
+CLIENT_KILL_POINTS = ("reserve_spawns", "record_run", "answer_launch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", CLIENT_KILL_POINTS)
+def test_r_spn_5_run_async_rides_out_a_node_lost_mid_launch_with_one_run_charged_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, point: str
+) -> None:
+    """`run --async` with a session spawn cap, its node killed mid-launch: it exited 4
+    ("outcome unknown (it may have been applied)"), and running it again charged the session a
+    second spawn (with a cap of one: refused). Now it waits for the next node, sends the
+    launch again under its launch id, and prints the one run."""
+    session = new_session()
+    dying = start_node("--faults", state_dir=state_dir, kill_at=point)
+    env = {
+        **os.environ,
+        "SUBAGENTS_MAX_SPAWNS_PER_SESSION": "1",
+        "SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION": "1",
+    }
+    args = ["--agents-dir", str(agents), "--cwd", str(state_dir), "--session", session]
+    command = [*CLI, "--state-dir", str(state_dir), "run", "--async", *args, "echo", "hi"]
+    with subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True, env=env) as cli:
+        assert dying.wait_exited(WAIT_S), f"the node did not die at {point}"
+        client = start_node(state_dir=state_dir).client(timeout=20)
+        out, err = cli.communicate(timeout=WAIT_S)
+
+    assert cli.returncode == 0, err
+    [run] = client.runs.list(session_id=session)
+    assert out.strip() == run.run_id
+    assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    assert client.session.spawn_snapshot(session).used == 1
+
+
+@pytest.mark.slow
+def test_the_asyncio_client_sends_a_launch_again_on_the_next_node_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path
+) -> None:
+    """`AsyncClient.runs.launch` as the blocking client's: the node killed once the run was
+    recorded (its answer lost), the launch is sent to the next node and answered there with
+    that run."""
+    launch = capped_launch(agents).model_copy(update={"launch_id": None})  # the client's own
+    dying = start_node("--faults", state_dir=state_dir, kill_at="answer_launch")
+    answer: list[RunView] = []
+
+    async def send() -> None:
+        async with AsyncClient(dying.address, timeout=10) as client:
+            answer.append(await client.runs.launch(launch))
+
+    sender = threading.Thread(target=asyncio.run, args=(send(),))
+    sender.start()
+    assert dying.wait_exited(WAIT_S), "the node did not die at answer_launch"
+    client = start_node(state_dir=state_dir).client(timeout=20)
+    sender.join(WAIT_S)
+
+    [run] = client.runs.list(session_id=launch.session_id)
+    assert [view.run_id for view in answer] == [run.run_id]
+    assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    assert client.session.spawn_snapshot(launch.session_id).used == 1

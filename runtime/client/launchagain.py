@@ -1,0 +1,105 @@
+"""A launch under a launch id, sent again when its answer was lost (docs/api.md, "Launching
+again"): `client.runs.launch` of the blocking and the asyncio client.
+
+Owns the client's side of an idempotent `runs.launch`: each launch call gets a fresh launch id
+(a uuid4's hex) unless it carries one, or is a workflow child's (sent again under its key,
+R-WF-4); a launch whose answer did not come (`NodeTimeout`: the node was slow, or went with the
+launch in flight) is sent again under the same id, and the node answers it with the run the
+first send launched, if it launched one, never a second run. When the node went, the launch
+waits for the state dir's next node (at most NODE_BACK_S each time, over ipc: nodewait.py) and
+is sent there. At most LAUNCH_SENDS sends in all; then the first timeout is raised (its outcome
+is unknown). It never sends a launch without a launch id twice, never resends on any other
+error (a refusal is the launch's answer), and never starts a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING
+
+from subagents_node.client.nodewait import node_lost, served_again
+from subagents_node.client.paths import ipc_path
+from subagents_node.client.runs import launch_plan
+from subagents_node.messages.constants import NODE_BACK_S
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
+from subagents_node.messages.supervisor import Launch, RunView
+
+if TYPE_CHECKING:
+    from subagents_node.client.aio import AsyncClient
+    from subagents_node.client.client import Client
+
+#: How many times one launch call sends its launch, the first send included.
+LAUNCH_SENDS = 4
+
+
+def with_launch_id(launch: Launch) -> Launch:
+    """`launch` with a launch id of its own: the caller's, else a fresh one. A workflow
+    child's has none: its key makes it safe to send again."""
+    if launch.launch_id is not None or launch.workflow_key is not None:
+        return launch
+    return launch.model_copy(update={"launch_id": uuid.uuid4().hex})
+
+
+class _Sends:
+    """One launch call's sends: whether the next one goes at once, after the next node, or not
+    at all (the error is raised)."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.launch = with_launch_id(launch)
+        self._first: NodeTimeout | None = None
+        self._sent = 0
+
+    def again_after_node(self, err: NodeNotRunning | NodeTimeout) -> bool:
+        """After `err`: True to wait for the next node first, False to send again at once;
+        raises when the launch is not sent again."""
+        self._sent += 1
+        if self._first is None:
+            # A launch the node never got (no node ran) changed nothing: its error stands.
+            if not isinstance(err, NodeTimeout) or self.launch.launch_id is None:
+                raise err
+            self._first = err
+        if self._sent >= LAUNCH_SENDS:
+            self.give_up()
+        return node_lost(err)
+
+    def give_up(self) -> None:
+        """Raise the first timeout: the launch's outcome is unknown still."""
+        assert self._first is not None
+        raise self._first
+
+
+def launch(client: Client, request: Launch) -> RunView:
+    """`client.runs.launch`: the launch's run, sent again under its launch id as needed."""
+    sends = _Sends(request)
+    while True:
+        try:
+            return client.perform(launch_plan(sends.launch))
+        except (NodeNotRunning, NodeTimeout) as err:
+            if sends.again_after_node(err) and not served_again(client, NODE_BACK_S):
+                sends.give_up()
+
+
+async def launch_async(client: AsyncClient, request: Launch) -> RunView:
+    """`AsyncClient.runs.launch`: as `launch`; the wait for the next node runs in a thread
+    (an inotify wait), so the loop's other coroutines go on meanwhile."""
+    sends = _Sends(request)
+    while True:
+        try:
+            return await client.perform(launch_plan(sends.launch))
+        except (NodeNotRunning, NodeTimeout) as err:
+            if sends.again_after_node(err):
+                back = await asyncio.to_thread(_served_again_at, client.address, client.timeout)
+                if not back:
+                    sends.give_up()
+
+
+def _served_again_at(address: str, timeout: float) -> bool:
+    """`served_again` for an asyncio client: asked with a blocking client of its own (this
+    runs in a worker thread, away from the loop's sockets)."""
+    from subagents_node.client.client import connect
+
+    if ipc_path(address) is None:  # a tcp address may name any host's node: none is waited for
+        return False
+    with connect(address, timeout) as client:
+        return served_again(client, NODE_BACK_S)
