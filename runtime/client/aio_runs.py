@@ -9,12 +9,14 @@ It must never build a request itself, nor import the node or the actors.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from subagents_node.client import launchagain
 from subagents_node.client import runs as run_plans
 from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
 from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
 
 if TYPE_CHECKING:
@@ -28,8 +30,18 @@ class AsyncRunsAPI:
         self._client = client
 
     async def launch(self, launch: Launch) -> RunView:
-        """As `RunsAPI.launch`: under a launch id, sent again under it when its answer is lost."""
-        return await launchagain.launch_async(self._client, launch)
+        """As `RunsAPI.launch`: under a launch id, sent again under it when its answer is lost
+        (client/launchagain.py); the wait for the next node runs in a thread (an inotify
+        wait), so the loop's other coroutines go on meanwhile."""
+        sends = launchagain.Sends(launch)
+        while True:
+            try:
+                return await self._client.perform(run_plans.launch_plan(sends.launch))
+            except (NodeNotRunning, NodeTimeout) as err:
+                if sends.again_after_node(err):
+                    address, timeout = self._client.address, self._client.timeout
+                    if not await asyncio.to_thread(launchagain.served_again_at, address, timeout):
+                        sends.give_up()
 
     async def watch(
         self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S

@@ -1,5 +1,6 @@
 """A launch under a launch id, sent again when its answer was lost (docs/api.md, "Launching
-again"): `client.runs.launch` of the blocking and the asyncio client.
+again"): `client.runs.launch` of the blocking client, and the decisions the asyncio client's
+(aio_runs.py) follows too; no asyncio here, which a blocking client never loads.
 
 Owns the client's side of an idempotent `runs.launch`: each launch call gets a fresh launch id
 (a uuid4's hex) unless it carries one, or is a workflow child's (sent again under its key,
@@ -14,7 +15,6 @@ error (a refusal is the launch's answer), and never starts a node.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,6 @@ from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
 from subagents_node.messages.supervisor import Launch, RunView
 
 if TYPE_CHECKING:
-    from subagents_node.client.aio import AsyncClient
     from subagents_node.client.client import Client
 
 #: How many times one launch call sends its launch, the first send included.
@@ -41,7 +40,7 @@ def with_launch_id(launch: Launch) -> Launch:
     return launch.model_copy(update={"launch_id": uuid.uuid4().hex})
 
 
-class _Sends:
+class Sends:
     """One launch call's sends: whether the next one goes at once, after the next node, or not
     at all (the error is raised)."""
 
@@ -71,7 +70,7 @@ class _Sends:
 
 def launch(client: Client, request: Launch) -> RunView:
     """`client.runs.launch`: the launch's run, sent again under its launch id as needed."""
-    sends = _Sends(request)
+    sends = Sends(request)
     while True:
         try:
             return client.perform(launch_plan(sends.launch))
@@ -80,23 +79,9 @@ def launch(client: Client, request: Launch) -> RunView:
                 sends.give_up()
 
 
-async def launch_async(client: AsyncClient, request: Launch) -> RunView:
-    """`AsyncClient.runs.launch`: as `launch`; the wait for the next node runs in a thread
-    (an inotify wait), so the loop's other coroutines go on meanwhile."""
-    sends = _Sends(request)
-    while True:
-        try:
-            return await client.perform(launch_plan(sends.launch))
-        except (NodeNotRunning, NodeTimeout) as err:
-            if sends.again_after_node(err):
-                back = await asyncio.to_thread(_served_again_at, client.address, client.timeout)
-                if not back:
-                    sends.give_up()
-
-
-def _served_again_at(address: str, timeout: float) -> bool:
-    """`served_again` for an asyncio client: asked with a blocking client of its own (this
-    runs in a worker thread, away from the loop's sockets)."""
+def served_again_at(address: str, timeout: float) -> bool:
+    """`served_again` for an asyncio client (aio_runs.py): asked with a blocking client of its
+    own, in a worker thread, away from the loop's sockets."""
     from subagents_node.client.client import connect
 
     if ipc_path(address) is None:  # a tcp address may name any host's node: none is waited for
