@@ -287,7 +287,9 @@ def admit(
         paths = [] if resume is not None else runplan.static_paths(launch)
         # An empty batch claims nothing but still validates the descriptor (R-FAN-13).
         claim_id = None
-        if launch.launch_id is not None and paths:  # found claimed when sent again (R-FAN-15)
+        if launch.launch_id is not None and paths and _inherits_budget(launch):
+            # Found claimed when sent again (R-FAN-15). A budget this admission made is new
+            # each attempt: nothing else counts on it, so its claim needs no id (and no row).
             claim_id = workflowkeys.claim_id(launch.launch_id, descriptor.budget_id)
         fanout: FanoutSnapshot = _expect(
             (yield ClaimPaths(descriptor=descriptor, paths=paths, claim_id=claim_id)),
@@ -363,14 +365,19 @@ def _resolve_budget(launch: Launch, run_id: str) -> Generator[Request, Message, 
     A workflow uses an inherited budget unchanged (R-FAN-9, A-13), and so does a workflow
     child whose host already extended it by `workflow[key]` and claimed it (R-FAN-20).
     """
-    if launch.inherited_fanout is not None and not launch.attached_run_id:
-        inherited = _decode_inherited(launch.inherited_fanout)
+    if _inherits_budget(launch):
+        inherited = _decode_inherited(launch.inherited_fanout or "")
         if launch.mode == "workflow" or launch.fanout_admitted:
             return inherited
         return extend(inherited, runplan.short_id(run_id))
     created = yield CreateBudget(root_run_id=runplan.short_id(run_id), limit=launch.spawns_per_run)
     descriptor: FanoutDescriptor = _expect(created, FanoutDescriptor)
     return descriptor
+
+
+def _inherits_budget(launch: Launch) -> bool:
+    """Whether the launch runs on its caller's budget (else on one its admission creates)."""
+    return launch.inherited_fanout is not None and not launch.attached_run_id
 
 
 def _route_only(launch: Launch, resume: ResumePlan | None) -> str | None:

@@ -16,9 +16,10 @@ admission's outcome (`KeyedLaunch.joined`).
 What a lost node may have charged before it recorded the run is charged under ids made of the
 key, so the launch sent again, admitted again, finds it charged and charges nothing more: the
 session's spawn reservation (`spawn_reservation`, R-SPN-5: one spawn per launch) and, for a
-launch id, its fan-out claim (`claim_id`, R-FAN-15). A launch id's run has an id made of the
-launch id too (`run_id_of`), so the attempt sent again claims the same paths on an inherited
-route, and its first attempt's capacity slot is found under it (admission.py frees it).
+launch id, its fan-out claim on its caller's budget (`claim_id`, R-FAN-15). A launch id's run
+has an id made of the launch id too (`run_id_of`), so the attempt sent again claims the same
+paths on an inherited route, and its first attempt's capacity slot is found under it
+(admission.py frees it).
 
 It only reads the runs table and compares; it never launches, stops or changes a run. A
 workflow key is consulted only for a request that holds the workflow's token (management.py,
@@ -122,9 +123,9 @@ def run_id_of(launch_id: str) -> str:
 
 
 def claim_id(launch_id: str, budget_id: str) -> str:
-    """The id of a launch id's fan-out claim (fanout.claim `claim_id`) on budget `budget_id`:
-    on an inherited budget the attempt sent again finds its first claim; a top-level launch's
-    budget is new each attempt, and so is its claim (nothing else counts on it)."""
+    """The id of a launch id's fan-out claim (fanout.claim `claim_id`) on the inherited budget
+    `budget_id` (its caller's): the attempt sent again finds its first claim. A top-level
+    launch's budget is new each attempt and its claim takes no id (admission.py)."""
     return _digest("launch-claim", launch_id, budget_id)
 
 

@@ -6,8 +6,10 @@ faults: the run supervisor's steps, and the fan-out owner's `claim_recorded`, a 
 and not yet answered), its client's launch ends with its outcome unknown, and the same request
 is sent to the next node on the state dir. A session capped at one async slot and one spawn
 shows a second charge at once (the launch sent again is refused), and the figures afterwards
-count one of each. Real detached nodes and real children; waits are on events or re-read
-snapshots with a deadline.
+count one of each. The clients do the sending again themselves: `run --async` (a real CLI
+process) and the asyncio client, their node killed mid-launch, wait for the next node and get
+the one run. Real detached nodes and real children; waits are on events or re-read snapshots
+with a deadline.
 """
 
 from __future__ import annotations
@@ -36,18 +38,19 @@ from tests.support.run_fixtures import gate as gate
 from tests.support.runs import Gate, launch_context, new_session, wait_until
 
 WAIT_S = 30.0
-#: Every step of a launch's admission the node can be killed at, in order.
+#: Every step of a top-level launch's admission the node can be killed at, in order (its
+#: budget is its own, made afresh each attempt: its claim takes no id and is no `claim_recorded`).
 KILL_POINTS = (
     "resolve_budget",
     "claim_paths",
-    "claim_recorded",
     "create_run_dir",
     "reserve_spawns",
     "record_run",
     "mark_started",
     "answer_launch",
 )
-#: Those of a nested launch that may have charged its caller's fan-out budget.
+#: Those of a nested launch that may have charged its caller's fan-out budget (its claim
+#: recorded by the fan-out owner, not yet answered, first).
 NESTED_KILL_POINTS = ("claim_recorded", "create_run_dir", "reserve_spawns", "record_run")
 
 
