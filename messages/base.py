@@ -23,14 +23,25 @@ class Message(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
+    #: Optional fields a later release added, left out of the body while they are None (their
+    #: default): a node of the release before them refuses a field it does not know, so a
+    #: request that does not use them reaches it as that release's clients sent it.
+    added_later: ClassVar[tuple[str, ...]] = ()
+
     def to_body(self) -> dict[str, Any]:
         if type(self).__pydantic_complete__:
             # Straight to the built serializer: `model_dump`'s keyword handling costs about a
             # third of dumping a small request, once per request sent.
             # (The type travels in the envelope.)
-            body = self.__pydantic_serializer__.to_python(self, exclude={"type"})
-            return cast(dict[str, Any], body)
-        return self.model_dump(mode="python", exclude={"type"})
+            body = cast(
+                dict[str, Any], self.__pydantic_serializer__.to_python(self, exclude={"type"})
+            )
+        else:
+            body = self.model_dump(mode="python", exclude={"type"})
+        for name in self.added_later:
+            if body.get(name, 0) is None:
+                del body[name]
+        return body
 
 
 M = TypeVar("M", bound=Message)

@@ -244,6 +244,8 @@ class ClaimPaths(Request):
     paths: list[ClaimPath] = Field(max_length=MAX_PATHS)
     claim_id: Token | None = None
 
+    added_later: ClassVar[tuple[str, ...]] = ("claim_id",)
+
 
 class ReservePaths(Request):
     """Hold claims for `ttl_s` (two-phase claim-with-commit, R-FAN-14): they count as used

@@ -251,7 +251,9 @@ class Launch(Request):
     #: The client's id for this launch (docs/api.md, "Launching again"): the same request sent
     #: again under it (its answer lost to a timeout or a lost node) is answered with the run it
     #: launched, never a second one; another request under it is `LaunchIdConflict`.
-    launch_id: str | None = Field(default=None, pattern=LAUNCH_ID)
+    launch_id: str | None = Field(default=None, max_length=64, pattern=LAUNCH_ID)
+
+    added_later: ClassVar[tuple[str, ...]] = ("foreground_pid", "launch_id")
 
     @model_validator(mode="after")
     def _shape_matches_mode(self) -> "Launch":
@@ -416,6 +418,8 @@ class Rerun(Request):
     #: As `Launch.foreground_pid`: the command that follows the rerun, whose kill -9 ends it
     #: on a node it embeds.
     foreground_pid: int | None = Field(default=None, ge=1, le=MAX_PID)
+
+    added_later: ClassVar[tuple[str, ...]] = ("foreground_pid",)
 
 
 class AppendResult(Message):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from subagents_node.client import launchagain
 from subagents_node.client import runs as run_plans
 from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
-from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
+from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ class AsyncRunsAPI:
         while True:
             try:
                 return await self._client.perform(run_plans.launch_plan(sends.launch))
+            except BadRequest as err:
+                sends.older_node(err)
             except (NodeNotRunning, NodeTimeout) as err:
                 if sends.again_after_node(err):
                     address, timeout = self._client.address, self._client.timeout

@@ -10,7 +10,10 @@ first send launched, if it launched one, never a second run. When the node went,
 waits for the state dir's next node (at most NODE_BACK_S each time, over ipc: nodewait.py) and
 is sent there. At most LAUNCH_SENDS sends in all; then the first timeout is raised (its outcome
 is unknown). It never sends a launch without a launch id twice, never resends on any other
-error (a refusal is the launch's answer), and never starts a node.
+error (a refusal is the launch's answer) but one: a node one release older, which knows no
+launch id, refuses the id this client chose (not one its caller set) as an unknown field; that
+launch is sent once more without it, as that release's clients sent it (`older_node`). It
+never starts a node.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
 from subagents_node.client.runs import launch_plan
 from subagents_node.messages.constants import NODE_BACK_S
-from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
+from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.supervisor import Launch, RunView
 
 if TYPE_CHECKING:
@@ -34,8 +37,11 @@ LAUNCH_SENDS = 4
 
 def with_launch_id(launch: Launch) -> Launch:
     """`launch` with a launch id of its own: the caller's, else a fresh one. A workflow
-    child's has none: its key makes it safe to send again."""
-    if launch.launch_id is not None or launch.workflow_key is not None:
+    child's has none: its key makes it safe to send again. Anything but a Launch is passed
+    on as it is, for `launch_plan` to refuse in one line."""
+    if not isinstance(launch, Launch) or launch.launch_id is not None:
+        return launch
+    if launch.workflow_key is not None:
         return launch
     return launch.model_copy(update={"launch_id": uuid.uuid4().hex})
 
@@ -46,8 +52,23 @@ class Sends:
 
     def __init__(self, launch: Launch) -> None:
         self.launch = with_launch_id(launch)
+        #: The id is this client's own choice (the caller's launch carried none).
+        self._ours = self.launch is not launch
         self._first: NodeTimeout | None = None
         self._sent = 0
+
+    def older_node(self, err: BadRequest) -> bool:
+        """Whether `err` is a node of an earlier release refusing the launch id this client
+        chose (a strict node refuses a field it does not know, and changes nothing): then the
+        launch goes once more without it (and is not sent again after that: no id). Raises
+        `err` for any other refusal, and for the caller's own id (it asked for one)."""
+        details = err.details
+        unknown = details.get("reason") == "schema" and details.get("field") == "launch_id"
+        if not (self._ours and unknown and "Extra inputs" in err.message):
+            raise err
+        self.launch = self.launch.model_copy(update={"launch_id": None})
+        self._ours = False
+        return True
 
     def again_after_node(self, err: NodeNotRunning | NodeTimeout) -> bool:
         """After `err`: True to wait for the next node first, False to send again at once;
@@ -74,6 +95,8 @@ def launch(client: Client, request: Launch) -> RunView:
     while True:
         try:
             return client.perform(launch_plan(sends.launch))
+        except BadRequest as err:
+            sends.older_node(err)
         except (NodeNotRunning, NodeTimeout) as err:
             if sends.again_after_node(err) and not served_again(client, NODE_BACK_S):
                 sends.give_up()
