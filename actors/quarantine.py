@@ -77,12 +77,20 @@ def one_of(column: str, values: Iterable[str], nullable: bool = False) -> Check:
 
 
 def broken_rows(
-    db: sqlite3.Connection, table: str, key: str, checks: Sequence[Check]
+    db: sqlite3.Connection,
+    table: str,
+    key: str,
+    checks: Sequence[Check],
+    where: str = "1",
+    args: Sequence[object] = (),
 ) -> list[tuple[str, str]]:
-    """(key, reason) of every row of `table` that breaks a check; `key` is an SQL expression
-    naming the row (e.g. "session_id || '/' || slot")."""
+    """(key, reason) of every row of `table` that breaks a check (only among the rows `where`,
+    an SQL condition with `args`, selects); `key` is an SQL expression naming the row (e.g.
+    "session_id || '/' || slot")."""
     why = problem(checks)
-    rows = db.execute(f"SELECT {key}, {why} FROM {table} WHERE {why} IS NOT NULL").fetchall()
+    rows = db.execute(
+        f"SELECT {key}, {why} FROM {table} WHERE ({where}) AND {why} IS NOT NULL", args
+    ).fetchall()
     return [(str(k), str(reason)) for k, reason in rows]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from subagents_node.actors import quarantine
@@ -101,9 +102,16 @@ def read_checked(db: sqlite3.Connection, child_id: str) -> tuple[sqlite3.Row | N
     return row, str(row["row_problem"])
 
 
-def unreadable(db: sqlite3.Connection) -> list[tuple[str, str]]:
-    """(child id, reason) of every row that breaks its invariants."""
-    return quarantine.broken_rows(db, TABLE, "child_id", CHECKS)
+def unreadable(db: sqlite3.Connection, run_ids: Iterable[str]) -> list[tuple[str, str]]:
+    """(child id, reason) of every row that breaks its invariants among the rows recovery
+    adopts: the running children and every child of the runs `run_ids` (those that may still
+    be going). By index, never a scan of the children of the whole run history."""
+    found = quarantine.broken_rows(db, TABLE, "child_id", CHECKS, "state = 'running'")
+    for run_id in run_ids:
+        found += quarantine.broken_rows(
+            db, TABLE, "child_id", CHECKS, "run_id = ? AND state != 'running'", (run_id,)
+        )
+    return found
 
 
 @dataclass

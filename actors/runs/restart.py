@@ -104,8 +104,11 @@ class RunRestart:
             # through the outbox: a commit lost to a restarting fan-out owner is sent again.
             management.mark_committing(db, run_id, seq)
             self._outbox.put(CommitReservation(reservation_id=reservation), run_id)
+        # Only the runs that may still be going are read: recovery is bounded by them, never
+        # by the history (a finished run's unreadable row is reported when first read).
         unreadable = {host.quarantine_unreadable(err) for err in runstore.unreadable(db)}
-        for run_id in runstore.unsettled_runs(db):
+        unsettled = runstore.unsettled_runs(db)
+        for run_id in unsettled:
             if run_id in unreadable:  # a run that cannot be read is listed, not recovered
                 continue
             if checkpoints.parked(db, run_id):
@@ -113,7 +116,7 @@ class RunRestart:
                 self._arm_parked_deadline(run_id)
             else:
                 self._adopt_run(run_id)
-        for child_id, reason in child_rows.unreadable(db):
+        for child_id, reason in child_rows.unreadable(db, unsettled):
             host.quarantine(child_rows.TABLE, child_id, reason)  # never adopted: fail closed
         for event in host.keeper.recover(db, host.clock()):
             children.apply_event(host, event)

@@ -115,7 +115,9 @@ class RunRetention:
         """(run id, run dir) of the runs to prune, oldest first (at most `limit`); and whether
         more are due."""
         rows = db.execute(
-            f"SELECT run_id, run_dir FROM runs r WHERE state IN ({_IN_TERMINAL}) "
+            # `+state`: walk runs_by_end from the oldest end up to the limit, never the state
+            # index (every finished run) and a sort of them all.
+            f"SELECT run_id, run_dir FROM runs r WHERE +state IN ({_IN_TERMINAL}) "
             "AND ended_at IS NOT NULL AND ended_at < ? AND NOT EXISTS ("
             f"  SELECT 1 FROM runs c WHERE c.parent_run_id = r.run_id "
             f"  AND c.state NOT IN ({_IN_TERMINAL})) "
@@ -278,13 +280,16 @@ class RunRetention:
         """Arm the timer for the oldest finished run's retention (nothing when retention is off)."""
         if self.retention_s <= 0:
             return
-        oldest = db.execute(
-            f"SELECT MIN(ended_at) FROM runs WHERE state IN ({_IN_TERMINAL}) "
-            "AND ended_at IS NOT NULL",
+        # The first finished run on runs_by_end (`+state` keeps SQLite off the state index,
+        # which would read every finished run to find the minimum).
+        row = db.execute(
+            f"SELECT ended_at FROM runs WHERE +state IN ({_IN_TERMINAL}) "
+            "AND ended_at IS NOT NULL ORDER BY ended_at LIMIT 1",
             _TERMINAL,
-        ).fetchone()[0]
-        if oldest is None:
+        ).fetchone()
+        if row is None:
             return
+        oldest = row[0]
         due = max(float(oldest) + self.retention_s, not_before)
         if self._armed_at is not None and self._armed_at <= due:
             return

@@ -140,4 +140,14 @@ MIGRATIONS = (
     ALTER TABLE runs ADD COLUMN foreground_pid INTEGER;
     ALTER TABLE runs ADD COLUMN foreground_start REAL
     """,
+    # 10: what retention and a session's active listing ask, by index, not by a walk over the
+    # finished runs (tens of thousands are kept): the oldest ends first (retention's timer and
+    # each prune pass, actors/runs/retention.py), and a session's runs that may still be going
+    # (`capacity` and `runs --session --active` read them page by page). The partial index is
+    # used by a query whose WHERE has the very same state term.
+    """
+    CREATE INDEX runs_by_end ON runs(ended_at) WHERE ended_at IS NOT NULL;
+    CREATE INDEX runs_active_by_session ON runs(session_id, created_at, run_id)
+        WHERE state IN ('queued', 'running', 'paused')
+    """,
 )

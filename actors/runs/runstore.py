@@ -7,11 +7,13 @@ family).
 Task text is never stored (R-MISC-1): rows hold labels, agent names, states and outputs.
 A run or child row that breaks its invariants (checked in SQL: `RUN_CHECKS`, `CHILD_CHECKS`) or
 does not parse into its view raises `RecordQuarantined` from `view`, never a bare parse error;
-`unreadable` finds every such row for the supervisor's `recover()`.
+`unreadable` finds every such row of the runs that may still be going for the supervisor's
+`recover()` (by index: a finished run's is found when it is first read).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from typing import Any, get_args
 
 from subagents_node.actors import quarantine
 from subagents_node.messages.errors import RecordQuarantined
-from subagents_node.messages.runs import ProofState, RunState
+from subagents_node.messages.runs import TERMINAL_RUN_STATES, ProofState, RunState
 from subagents_node.messages.supervisor import (
     ChildView,
     ChildViewState,
@@ -62,15 +64,36 @@ _RUN_PROBLEM = quarantine.problem(RUN_CHECKS)
 _CHILD_PROBLEM = quarantine.problem(CHILD_CHECKS)
 
 
+def _not_finished(column: str) -> str:
+    """`column` holds no terminal state: the ranges between the terminal states (in SQLite's
+    order, so an unknown state, a number or a blob falls in one), each answered by an index
+    on the column, never by a scan of the finished runs."""
+    ends = sorted(TERMINAL_RUN_STATES)
+    gaps = [f"{column} < '{ends[0]}'", f"{column} > '{ends[-1]}'"]
+    gaps += [f"({column} > '{a}' AND {column} < '{b}')" for a, b in itertools.pairwise(ends)]
+    return " OR ".join(gaps)
+
+
+#: Runs that may still be going: any state but a terminal one (an unreadable one included).
+NOT_FINISHED = _not_finished("state")
+
+
 def unreadable(db: sqlite3.Connection) -> list[RecordQuarantined]:
-    """Every run and child row that breaks its invariants (one scan each, inside SQLite)."""
+    """Every row of a run that may still be going (and of its children) that breaks its
+    invariants. A finished run holds nothing to adopt, so recovery never reads the history:
+    a finished run's broken row is reported when a view or listing first reads it."""
     return [
         RecordQuarantined.of(OWNER, table, key, reason)
-        for table, key_sql, checks in (
-            (RUNS, "run_id", RUN_CHECKS),
-            (CHILDREN, "run_id || '/' || idx", CHILD_CHECKS),
+        for table, key_sql, checks, where in (
+            (RUNS, "run_id", RUN_CHECKS, NOT_FINISHED),
+            (
+                CHILDREN,
+                "run_id || '/' || idx",
+                CHILD_CHECKS,
+                f"run_id IN (SELECT run_id FROM runs WHERE {NOT_FINISHED})",
+            ),
         )
-        for key, reason in quarantine.broken_rows(db, table, key_sql, checks)
+        for key, reason in quarantine.broken_rows(db, table, key_sql, checks, where)
     ]
 
 

@@ -13,21 +13,27 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.actors.child import rows as child_rows
 from subagents_node.actors.runs import checkpoints, runschema, runstore
+from subagents_node.actors.runs.retention import RunRetention
 from subagents_node.node.store import Store
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     store = Store(tmp_path / "runs.db")
-    store.migrate({"supervisor": runschema.MIGRATIONS})
+    store.migrate({"supervisor": runschema.MIGRATIONS, "children": child_rows.MIGRATIONS})
     conn = store.connect()
     yield conn
     conn.close()
 
 
-def _plans(db: sqlite3.Connection, ask: Callable[[sqlite3.Connection], object]) -> list[str]:
-    """The query plan of every SELECT on `runs` that `ask` runs."""
+def _plans(
+    db: sqlite3.Connection,
+    ask: Callable[[sqlite3.Connection], object],
+    tables: tuple[str, ...] = ("runs",),
+) -> list[str]:
+    """The query plan of every SELECT on one of `tables` that `ask` runs."""
     statements: list[str] = []
     db.set_trace_callback(statements.append)
     try:
@@ -37,7 +43,8 @@ def _plans(db: sqlite3.Connection, ask: Callable[[sqlite3.Connection], object]) 
     return [
         " / ".join(str(row[3]) for row in db.execute(f"EXPLAIN QUERY PLAN {sql}"))
         for sql in statements
-        if sql.lstrip().upper().startswith("SELECT") and " FROM runs " in f"{sql} "
+        if sql.lstrip().upper().startswith("SELECT")
+        and any(f" FROM {table} " in f"{sql} " for table in tables)
     ]
 
 
@@ -53,6 +60,7 @@ ASKS: dict[str, Callable[[sqlite3.Connection], object]] = {
         db, None, False, 50, parent_run_id="r1", after_run_id="r9"
     ),
     "the next page of runs": lambda db: runstore.list_runs(db, None, False, 50, after_run_id="r9"),
+    "one session's active runs (capacity)": lambda db: runstore.list_runs(db, "s1", True, 50),
 }
 
 
@@ -88,3 +96,50 @@ def test_paging_a_listing_by_its_last_run_skips_and_repeats_no_run_even_at_one_i
 
     listed = [run_id for page in pages for run_id in page]
     assert listed == ["c5", "c6", "c4", "c3", "c2", "c1", "c0"]
+
+
+def _retention(db: sqlite3.Connection) -> RunRetention:
+    """Retention of one day, its timer never firing (only its queries are looked at)."""
+    return RunRetention(
+        runs_root=lambda: Path("/nonexistent"),
+        retention_s=86_400.0,
+        after=lambda delay, tick: lambda: None,
+        after_commit=lambda then: None,
+        clock=lambda: 1e9,
+        announce=lambda pruned: None,
+    )
+
+
+#: What the supervisor asks at every start and on retention's timer: bounded by the runs that
+#: may still be going, or by the page of runs pruned, never by the history.
+BOUNDED: dict[str, Callable[[sqlite3.Connection], object]] = {
+    "recovery: unreadable runs and their children": runstore.unreadable,
+    "recovery: unreadable child processes": lambda db: child_rows.unreadable(db, ["r1"]),
+    "retention: the oldest end (its timer)": lambda db: _retention(db).arm(db),
+    "retention: the runs past the cutoff": lambda db: _retention(db).prunable(
+        db, 1e9, lambda run_id: False
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(BOUNDED))
+def test_recovery_and_retention_never_read_every_finished_run(
+    db: sqlite3.Connection, what: str
+) -> None:
+    """A node with tens of thousands of finished runs starts, and arms retention, by index:
+    each query searches an index (no scan, no sort of every row)."""
+    plans = _plans(db, BOUNDED[what], ("runs", "run_children", "children"))
+    assert plans, f"{what}: no SELECT was traced"
+    for plan in plans:
+        assert "SCAN" not in plan, f"{what}: {plan}"
+        assert "TEMP B-TREE" not in plan, f"{what}: {plan}"
+        if what.startswith("retention"):  # from the oldest end, up to what it needs
+            assert "runs_by_end" in plan, f"{what}: {plan}"
+
+
+def test_a_sessions_active_runs_are_read_without_its_finished_ones(db: sqlite3.Connection) -> None:
+    """`capacity` and `runs --session --active` walk an index of the session's runs that may
+    still be going, not every run the session ever had (a fleet's session keeps thousands)."""
+    (plan,) = _plans(db, lambda db: runstore.list_runs(db, "s1", True, 50))
+    assert "runs_active_by_session" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
