@@ -222,17 +222,36 @@ def last_event_seq(db: sqlite3.Connection) -> int:
 
 
 def resolve_run_id(db: sqlite3.Connection, run_id_or_prefix: str) -> str | None:
-    """An exact id, else a unique prefix; None when nothing matches. Ambiguity is an error."""
+    """An exact id, else a unique prefix; None when nothing matches. Ambiguity is an error.
+    The node's ids are lowercase: a prefix typed in uppercase that matches nothing is tried
+    in lowercase."""
     row = db.execute("SELECT run_id FROM runs WHERE run_id=?", (run_id_or_prefix,)).fetchone()
     if row:
         return str(row[0])
-    escaped = run_id_or_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    rows = db.execute(
-        "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' LIMIT 2", (escaped + "%",)
-    ).fetchall()
+    rows = _with_prefix(db, run_id_or_prefix)
+    if not rows and run_id_or_prefix.lower() != run_id_or_prefix:
+        rows = _with_prefix(db, run_id_or_prefix.lower())
     if len(rows) > 1:
         raise LookupError(run_id_or_prefix)
-    return str(rows[0][0]) if rows else None
+    return rows[0] if rows else None
+
+
+def _with_prefix(db: sqlite3.Connection, prefix: str) -> list[str]:
+    """At most two run ids that start with `prefix`, by a range of the primary key (ids
+    compare as UTF-8 bytes, in code point order), never by a scan of every run."""
+    last = prefix[-1:]
+    if not last or ord(last) >= 0x10FFFF:  # no string just above it: up to the last id
+        rows = db.execute(
+            "SELECT run_id FROM runs WHERE run_id >= ? ORDER BY run_id LIMIT 2", (prefix,)
+        ).fetchall()
+    else:
+        following = ord(last) + 1
+        above = prefix[:-1] + chr(0xE000 if 0xD800 <= following < 0xE000 else following)
+        rows = db.execute(
+            "SELECT run_id FROM runs WHERE run_id >= ? AND run_id < ? ORDER BY run_id LIMIT 2",
+            (prefix, above),
+        ).fetchall()
+    return [str(r[0]) for r in rows if str(r[0]).startswith(prefix)]
 
 
 def run_row(db: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:

@@ -143,3 +143,35 @@ def test_a_sessions_active_runs_are_read_without_its_finished_ones(db: sqlite3.C
     (plan,) = _plans(db, lambda db: runstore.list_runs(db, "s1", True, 50))
     assert "runs_active_by_session" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+def _run(db: sqlite3.Connection, run_id: str) -> None:
+    db.execute(
+        "INSERT INTO runs (run_id, session_id, mode, background, state, label, depth, "
+        "root_run_id, run_dir, created_at, runner_id, snapshots) "
+        "VALUES (?, 's1', 'single', 0, 'complete', '', 0, ?, '', 1.0, '', '{}')",
+        (run_id, run_id),
+    )
+
+
+def test_a_run_id_prefix_is_resolved_by_a_range_of_the_key_not_a_scan(
+    db: sqlite3.Connection,
+) -> None:
+    """`show`, `logs`, `wait` and `stop` take a prefix of a run id: it is looked up on the
+    primary key, so naming a run by its first characters costs the same with any history."""
+    for run_id in ("0abc12345678", "0abd00000000", "a_b%c\\d0000", "ffff\U0010ffff", "zz\ud7ffx"):
+        _run(db, run_id)
+    plans = _plans(db, lambda db: runstore.resolve_run_id(db, "0abc"))
+    assert len(plans) == 2, plans  # the exact id, then the prefix
+    for plan in plans:
+        assert "SCAN" not in plan, plan
+    assert runstore.resolve_run_id(db, "0abc") == "0abc12345678"
+    assert runstore.resolve_run_id(db, "0ABC") == "0abc12345678"  # the node's ids are lowercase
+    assert runstore.resolve_run_id(db, "a_b%") == "a_b%c\\d0000"  # no wildcards in a prefix
+    assert runstore.resolve_run_id(db, "a%") is None
+    assert runstore.resolve_run_id(db, "ffff\U0010ffff") == "ffff\U0010ffff"
+    assert runstore.resolve_run_id(db, "ffff") == "ffff\U0010ffff"
+    assert runstore.resolve_run_id(db, "zz\ud7ff") == "zz\ud7ffx"  # above it: U+E000
+    with pytest.raises(LookupError):
+        runstore.resolve_run_id(db, "0ab")
+    assert runstore.resolve_run_id(db, "0abe") is None
