@@ -30,7 +30,10 @@ making its directory leaves when its own cleanup fails too (out of descriptors),
 between a prune's commit and its removal. One is removed only when no `runs` row names it, no
 admission of that run id is under way (`admitting`: its row may not be written yet; the
 supervisor is one thread, so that check and the row's write cannot interleave), and it is
-untouched since before the cutoff and `ORPHAN_GRACE_S`.
+untouched since before the cutoff and `ORPHAN_GRACE_S`. A sweep lists every run directory (one
+per run kept: tens of thousands), so the timer's passes sweep at most once per
+`ORPHAN_SWEEP_S` (an orphan is removed only long past its retention anyway); `runs.prune`
+sweeps each time it is asked.
 
 It never removes a path outside the runs root and never follows a symlink out of it.
 """
@@ -66,6 +69,9 @@ REMOVE_ON_STOP_S = 10.0
 #: The least age of a run directory without a record that prune removes: a launch's directory
 #: is recorded within its admission (seconds); this is a margin on top of `admitting`.
 ORPHAN_GRACE_S = 600.0
+#: The least time between two orphan sweeps of the timer's passes: a sweep reads every run
+#: directory, and a busy node's passes come every `RECHECK_S` or sooner.
+ORPHAN_SWEEP_S = 3600.0
 #: A run directory's name: a run id (launches.py, `uuid4().hex[:12]`); nothing else is removed.
 _RUN_ID = re.compile(r"[0-9a-f]{12}")
 _TERMINAL = tuple(sorted(TERMINAL_RUN_STATES))
@@ -97,6 +103,7 @@ class RunRetention:
         self._clock = clock
         self._announce = announce  # a fleet event naming the pruned runs (watch_all sees it)
         self._armed_at: float | None = None
+        self._swept_at: float | None = None  # the timer's last orphan sweep (None: none yet)
         self._cancel: Cancel = lambda: None
         self._remover = DirectoryRemover()
         #: The prune requests of the open group: their reply, its answer once the group has
@@ -305,7 +312,9 @@ class RunRetention:
         self._armed_at = None
         now = self._clock()
         _, more, _ = self.prune(db, now - self.retention_s, is_live, limit=PASS_MAX)
-        self.sweep_orphans(db, now - self.retention_s)
+        if self._swept_at is None or now - self._swept_at >= ORPHAN_SWEEP_S:
+            self._swept_at = now
+            self.sweep_orphans(db, now - self.retention_s)
         self.arm(db, not_before=now if more else now + RECHECK_S)
 
 

@@ -241,3 +241,45 @@ def test_a_directory_of_a_launch_under_admission_is_never_swept(tmp_path: Path) 
     )
     assert keeper.orphans(db, cutoff=time.time()) == [orphan]
     db.close()
+
+
+def test_the_timers_passes_list_the_run_directories_at_most_once_an_hour(tmp_path: Path) -> None:
+    """An orphan sweep lists every run directory (one per run kept: tens of thousands), and a
+    busy node's retention passes come every minute or sooner: each pass swept, holding the
+    supervisor for the whole listing. The timer's passes now sweep once an hour (the first
+    pass after a start sweeps); the orphan still goes, at the next sweep."""
+    hour = 3600.0
+    store = Store(tmp_path / "runs.db")
+    store.migrate({"supervisor": runschema.MIGRATIONS})
+    db = store.connect()
+    root = tmp_path / "runs"
+    root.mkdir()
+    listings: list[float] = []
+    now = [time.time()]
+
+    def runs_root() -> Path:
+        listings.append(now[0])
+        return root
+
+    keeper = retention.RunRetention(
+        runs_root,
+        retention_s=60.0,
+        after=lambda delay, tick: lambda: None,
+        after_commit=lambda effect: effect(),
+        clock=lambda: now[0],
+        announce=lambda ids: None,
+    )
+    keeper.due(db, lambda run_id: False)
+    assert len(listings) == 1  # the first pass sweeps
+    orphan = _aged(root / "0123456789ab", 2 * hour)
+    passes = 0
+    while now[0] + retention.RECHECK_S < listings[0] + hour:
+        now[0] += retention.RECHECK_S
+        keeper.due(db, lambda run_id: False)
+        passes += 1
+    assert passes > 50 and len(listings) == 1 and orphan.is_dir()
+    now[0] = listings[0] + hour
+    keeper.due(db, lambda run_id: False)
+    keeper.close()  # the removals queued so far are done
+    assert sorted(set(listings)) == [listings[0], now[0]] and not orphan.exists()
+    db.close()
