@@ -315,6 +315,10 @@ class Show(Request):
 
 class RunList(Message):
     runs: list[RunView]
+    #: The node's last run event when the listing was read (None from an older node): a view
+    #: that lists the runs and then follows `runs.watch_all` from there never replays the
+    #: event history (the fleet view).
+    last_seq: int | None = None
 
 
 class ListRuns(Request):

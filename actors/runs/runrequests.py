@@ -110,7 +110,8 @@ def list_runs(host: RequestHost, request: ListRuns) -> Message:
         parent_run_id=request.parent_run_id,
         after_run_id=after,
     )
-    return RunList(runs=runstore.readable_views(host.db, ids, host.quarantine_unreadable))
+    views = runstore.readable_views(host.db, ids, host.quarantine_unreadable)
+    return RunList(runs=views, last_seq=runstore.last_event_seq(host.db))
 
 
 #: The event a run records when a stop (a request, a deadline, a failed launch) begins.

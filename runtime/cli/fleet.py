@@ -41,11 +41,13 @@ from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.runs import output_tail
-from subagents_node.messages.supervisor import RunView
+from subagents_node.messages.supervisor import ListRuns, RunList, RunView
 
 ACTIVE = ("queued", "running", "paused")
 #: Runs a frame shows (and whose budgets it reads).
 SHOWN = 40
+#: The runs going and the newest runs the live view lists when it starts (each, one request).
+FOLLOWED = 100
 #: How long a frame waits for the fan-out owner before it shows the recorded figures instead.
 FANOUT_TIMEOUT_S = 2.0
 #: How long a frame waits for each session's pool before it shows the recorded figures instead.
@@ -205,7 +207,16 @@ def poll(address: str, host: str, state: FleetState, stop: threading.Event) -> N
     """
     client = open_client(address, host)
     try:
-        state.apply(client.runs.list(limit=100), 0, host)
+        # The runs going (shown first) and the newest, then their events from the node's last
+        # one then: replaying the event history from 0 read every run kept (tens of thousands
+        # of views, hundreds of requests holding the supervisor) before the view caught up.
+        going = client.ask(ListRuns(active_only=True, limit=FOLLOWED), RunList)
+        newest = client.ask(ListRuns(limit=FOLLOWED), RunList)
+        for listed in (going, newest):
+            state.apply(listed.runs, 0, host)
+        # From the first listing's last event (a run that changed in between is read again);
+        # an older node says none: its whole history, as before.
+        state.apply([], going.last_seq or 0, host)
         while not stop.is_set():
             batch = client.runs.watch_all(state.last_seq.get(host, 0), wait_s=2.0)
             state.apply(batch.runs, batch.last_seq, host)
