@@ -180,17 +180,19 @@ def events_of_kind(
 
 
 def workflows_awaiting_children(db: sqlite3.Connection) -> list[str]:
-    """Settled workflows that hold a capacity slot while a child run of theirs is live."""
-    return [
+    """Settled workflows that hold a capacity slot while a child run of theirs is live: found
+    from the live runs (by the state index), never by a walk over every run kept."""
+    found = dict.fromkeys(  # one per workflow, in SQL's order (several children may be live)
         str(row[0])
         for row in db.execute(
-            "SELECT w.run_id FROM runs w WHERE w.mode = 'workflow' "
+            "SELECT w.run_id FROM runs c CROSS JOIN runs w "
+            "ON w.run_id = c.parent_run_id "
+            "WHERE c.state IN ('queued', 'running', 'paused') AND w.mode = 'workflow' "
             "AND w.state NOT IN ('queued', 'running', 'paused') "
-            "AND w.capacity IS NOT NULL AND w.capacity != '' "
-            "AND EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = w.run_id "
-            "AND c.state IN ('queued', 'running', 'paused'))"
+            "AND w.capacity IS NOT NULL AND w.capacity != ''"
         )
-    ]
+    )
+    return list(found)
 
 
 def child_runs(db: sqlite3.Connection, parent_run_id: str) -> list[sqlite3.Row]:

@@ -115,6 +115,7 @@ def _retention(db: sqlite3.Connection) -> RunRetention:
 BOUNDED: dict[str, Callable[[sqlite3.Connection], object]] = {
     "recovery: unreadable runs and their children": runstore.unreadable,
     "recovery: unreadable child processes": lambda db: child_rows.unreadable(db, ["r1"]),
+    "recovery: settled workflows awaiting a child": runstore.workflows_awaiting_children,
     "retention: the oldest end (its timer)": lambda db: _retention(db).arm(db),
     "retention: the runs past the cutoff": lambda db: _retention(db).prunable(
         db, 1e9, lambda run_id: False
@@ -175,3 +176,30 @@ def test_a_run_id_prefix_is_resolved_by_a_range_of_the_key_not_a_scan(
     with pytest.raises(LookupError):
         runstore.resolve_run_id(db, "0ab")
     assert runstore.resolve_run_id(db, "0abe") is None
+
+
+def test_settled_workflows_awaiting_a_child_are_found_from_the_live_runs(
+    db: sqlite3.Connection,
+) -> None:
+    """R-CAP-22 after a restart: a settled workflow holding a slot while a child of its runs."""
+    rows = [  # run_id, mode, state, capacity, parent
+        ("w1", "workflow", "complete", "slot", None),
+        ("c1", "single", "running", None, "w1"),
+        ("c2", "single", "queued", None, "w1"),
+        ("w2", "workflow", "complete", "slot", None),
+        ("c3", "single", "complete", None, "w2"),
+        ("w3", "workflow", "running", "slot", None),
+        ("c4", "single", "running", None, "w3"),
+        ("w4", "workflow", "failed", "", None),
+        ("c5", "single", "paused", None, "w4"),
+        ("p1", "single", "complete", "slot", None),
+        ("c6", "single", "running", None, "p1"),
+    ]
+    for run_id, mode, state, capacity, parent in rows:
+        db.execute(
+            "INSERT INTO runs (run_id, session_id, mode, background, state, label, depth, "
+            "parent_run_id, root_run_id, run_dir, created_at, runner_id, snapshots, capacity) "
+            "VALUES (?, 's1', ?, 1, ?, '', 0, ?, ?, '', 1.0, '', '{}', ?)",
+            (run_id, mode, state, parent, parent or run_id, capacity),
+        )
+    assert runstore.workflows_awaiting_children(db) == ["w1"]
