@@ -42,6 +42,7 @@ from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import owners
+from subagents_node.node.inherited import close_inherited
 from subagents_node.node.timers import Timers
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,9 @@ def run_owner(spec: OwnerSpec, control_fd: int) -> None:
     control = _Control(control_fd)
     try:
         _become_owner(spec)
+        # Before anything of its own is opened: none of the node's connections, pidfds or
+        # pipes lives on in this process (runtime/node/inherited.py).
+        close_inherited(spec.state_dir, (control_fd,))
         _serve(spec, control)
     except BaseException as exc:
         code = 1

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import zmq
 
 from subagents_node.client.paths import OWNER_SOCKETS, owner_db
 from subagents_node.client.transport import ZmqTransport
@@ -223,3 +224,50 @@ def test_an_owner_whose_start_keeps_failing_is_failed_and_the_node_serves_the_ot
         doctor = run_cli("doctor", state_dir=state)
         assert doctor.returncode == 1
         assert "[FAIL] owner capacity: failed" in doctor.stdout
+
+
+def socket_fds(pid: int) -> int:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    links = []
+    for fd in fd_dir.iterdir():
+        try:
+            links.append(os.readlink(fd))
+        except OSError:
+            continue  # closed while listed
+    return sum(1 for link in links if link.startswith("socket:"))
+
+
+def test_a_restarted_owner_holds_none_of_the_client_connections_the_node_had(
+    node: NodeProcess,
+) -> None:
+    """An owner is forked from the node, so a restart used to copy every descriptor the node
+    held at that moment into the new owner: with 40 clients connected, the new owner held 40
+    client connections for its whole life, long after the clients had gone. It keeps only its
+    own (and the state dir's claim)."""
+    clients = 40
+    victim = "session"
+    before = owner_pids(node)[victim]
+    own = socket_fds(before)
+    zctx = zmq.Context()
+    try:
+        peers = [zctx.socket(zmq.DEALER) for _ in range(clients)]
+        for peer in peers:
+            peer.connect(node.address)
+        wait_until(
+            lambda: socket_fds(node.pid) >= clients,
+            timeout=15,
+            what="the node accepted every client",
+        )
+        os.kill(before, signal.SIGKILL)
+        wait_until(
+            lambda: owner_pids(node).get(victim) not in (None, before),
+            timeout=15,
+            what=f"{victim} restarted",
+        )
+        for peer in peers:
+            peer.close(linger=0)
+    finally:
+        zctx.term()
+    after = owner_pids(node)[victim]
+    assert socket_fds(after) <= own + 4, (socket_fds(after), own)  # its own links at most
+    assert node.client().session.status("restarted-owner").active == 0  # and it serves

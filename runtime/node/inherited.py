@@ -1,0 +1,80 @@
+"""What a forked owner keeps of the descriptors it inherits from the node.
+
+A fork copies every descriptor of the node into the owner: the node's client connections (its
+gateway's zmq sockets), its zmq context's eventfds, the pidfds and control pipes of the other
+owners, and in an embedded node whatever its host process had open. An owner restarted while
+the node served a hundred clients held those hundred connections for its whole life, long
+after the clients had gone (the kernel frees a socket only when its last descriptor closes),
+so every restart carried the node's connections at that moment into the new owner.
+
+Owns the choice of what a forked owner keeps: standard input and output, its control pipe to
+the node, the streams of the logging handlers (`node.log`), and the state dir's claim socket
+(runtime/node/claim.py: the owners hold the claim until they are gone). Everything else is
+closed once, right after the fork, before the owner opens anything of its own. It must never
+close a descriptor the owner opened itself, nor touch a Python object of the node's: those
+objects are never used or finalized in the owner (it leaves with `os._exit`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from collections.abc import Iterable
+from contextlib import suppress
+from pathlib import Path
+
+from subagents_node.node.claim import claim_name
+
+#: Where the kernel lists this process's descriptors.
+FD_DIR = "/proc/self/fd"
+
+
+def close_inherited(state_dir: Path, keep: Iterable[int]) -> int:
+    """Close every descriptor but 0-2, `keep`, the logging streams and the claim socket of
+    `state_dir`. Returns how many were closed (0 where /proc cannot be read)."""
+    kept = {0, 1, 2, *keep, *_logging_fds()}
+    claim = claim_name(state_dir)
+    try:
+        listed = [int(name) for name in os.listdir(FD_DIR)]
+    except OSError:
+        return 0
+    closed = 0
+    for fd in listed:
+        if fd in kept or _is_claim(fd, claim):
+            continue
+        with suppress(OSError):  # the listing's own directory descriptor is already gone
+            os.close(fd)
+            closed += 1
+    return closed
+
+
+def _logging_fds() -> set[int]:
+    fds = set()
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        stream = getattr(handler, "stream", None)
+        with suppress(AttributeError, OSError, ValueError):
+            fds.add(int(stream.fileno()))  # type: ignore[union-attr]
+    return fds
+
+
+def _is_claim(fd: int, claim: bytes) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        copy = os.dup(fd)  # probed through a copy: the socket object closes what it wraps
+    except OSError:
+        return False
+    try:
+        probe = socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        return False
+    with probe:
+        try:
+            name = probe.getsockname()
+        except OSError:
+            return False
+    return isinstance(name, bytes) and name == claim
