@@ -8,7 +8,6 @@ real template, real children; every wait is on a pidfd or a condition, with a de
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from subagents_node.actors.child.shims import signal_shim
 from subagents_node.messages.runs import ChildReport, ChildSpec
 from tests.actors.test_child import Harness, exit_record, wait_gone
 from tests.support.runs import process_gone, wait_until
+from tests.support.sleepers import watched_by
 
 
 @pytest.fixture
@@ -35,19 +35,6 @@ def command() -> Iterator[subprocess.Popen[bytes]]:
 def _identity(proc: subprocess.Popen[bytes]) -> ProcessIdentity:
     found = identity_of(proc.pid)
     assert found is not None
-    return found
-
-
-def _watched_by(shim: int) -> set[int]:
-    """The processes the shim holds a pidfd of: the one its tree ends with, when bound."""
-    found: set[int] = set()
-    for info in Path(f"/proc/{shim}/fdinfo").iterdir():
-        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
-            found.update(
-                int(line.split()[1])
-                for line in info.read_text().splitlines()
-                if line.startswith("Pid:")
-            )
     return found
 
 
@@ -81,10 +68,10 @@ def test_an_unbound_shim_told_to_rebind_ends_its_tree_when_that_process_dies(
         ProcessIdentity(started.shim_pid, started.shim_start),
         rebind.SHIM_VERSION,
     )
-    assert _watched_by(started.shim_pid) == set()  # it outlives its node
+    assert watched_by(started.shim_pid) == set()  # it outlives its node
 
     _tell(spec, started, _identity(command))
-    wait_until(lambda: _watched_by(started.shim_pid) == {command.pid}, what="the rebind")
+    wait_until(lambda: watched_by(started.shim_pid) == {command.pid}, what="the rebind")
     command.kill()
 
     _assert_ended_with_node_gone(spec, started)
@@ -98,13 +85,13 @@ def test_a_bound_shim_rebound_watches_only_the_new_process_and_ignores_a_file_it
     first = subprocess.Popen(["sleep", "600"])
     try:
         spec, started = _start(shim_harness, ends_with=_identity(first))
-        assert _watched_by(started.shim_pid) == {first.pid}
+        assert watched_by(started.shim_pid) == {first.pid}
         (Path(spec.records) / rebind.BIND_RECORD).write_text("{not json")
         shim = ProcessIdentity(started.shim_pid, started.shim_start)
         assert signal_shim(shim, rebind.REBIND_SIGNAL)
 
         _tell(spec, started, _identity(command))
-        wait_until(lambda: _watched_by(started.shim_pid) == {command.pid}, what="the rebind")
+        wait_until(lambda: watched_by(started.shim_pid) == {command.pid}, what="the rebind")
     finally:
         first.kill()
         first.wait()
@@ -137,7 +124,7 @@ def test_a_rebind_written_before_the_shim_set_its_handler_is_read_as_it_starts(
     rebind.write_binding(spec.records, _identity(command))
     shim_harness.start(spec)
     started = shim_harness.until("started")
-    assert _watched_by(started.shim_pid) == {command.pid}
+    assert watched_by(started.shim_pid) == {command.pid}
     command.kill()
 
     _assert_ended_with_node_gone(spec, started)

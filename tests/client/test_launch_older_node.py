@@ -6,25 +6,23 @@ the caller set itself is never dropped.
 
 The older node is a real node behind a ROUTER in this test that refuses, exactly as the older
 release's node would, every `runs.launch` carrying a `launch_id`, and passes everything else
-on. Real ZeroMQ sockets, a real node process, real children.
+on (tests/support/nodeproxy.py). Real ZeroMQ sockets, a real node process, real children.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import msgpack
 import pytest
-import zmq
 
 from subagents_node import AsyncClient
 from subagents_node.client.client import connect
 from subagents_node.messages.envelope import ERROR
 from subagents_node.messages.errors import BadRequest
+from tests.support.nodeproxy import ProxyNode
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.runs import launch_context
@@ -42,60 +40,35 @@ def older_refusal() -> dict[str, object]:
 
 
 class OlderNode:
-    """A ROUTER in front of `node` that refuses each launch with a launch id (counted in
+    """`node` behind a ProxyNode that refuses each launch with a launch id (counted in
     `refused`) and passes every other request on; it records each launch it passed on."""
 
     def __init__(self, node: NodeProcess) -> None:
         self.refused = 0
         self.passed_launches: list[dict[str, object]] = []
-        self._dir = Path(tempfile.mkdtemp(prefix="sa-older-", dir="/tmp"))
-        self.address = f"ipc://{self._dir / 'older.sock'}"
-        self._zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._front = self._zctx.socket(zmq.ROUTER)
-        self._front.setsockopt(zmq.LINGER, 0)
-        self._front.bind(self.address)
-        self._back = self._zctx.socket(zmq.DEALER)
-        self._back.setsockopt(zmq.LINGER, 0)
-        self._back.connect(node.address)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="older-node")
-        self._thread.start()
+        self._proxy = ProxyNode(node, intercept=self._intercept)
+        self.address = self._proxy.address
 
-    def _serve(self) -> None:
-        peers: dict[str, bytes] = {}
-        poller = zmq.Poller()
-        poller.register(self._front, zmq.POLLIN)
-        poller.register(self._back, zmq.POLLIN)
-        while not self._stop.is_set():
-            ready = dict(poller.poll(100))  # the stop flag is looked at between polls
-            if self._front in ready:
-                peer, frame = self._front.recv_multipart()
-                raw = msgpack.unpackb(frame)
-                if raw["type"] == "runs.launch" and "launch_id" in raw["body"]:
-                    self.refused += 1
-                    answer = {"v": raw["v"], "type": ERROR, "body": older_refusal()}
-                    answer |= {"id": f"older-{raw['id']}", "corr": raw["id"], "sender": ""}
-                    answer |= {"target": raw.get("sender", ""), "host": ""}
-                    self._front.send_multipart([peer, msgpack.packb(answer)])
-                    continue
-                if raw["type"] == "runs.launch":
-                    self.passed_launches.append(raw["body"])
-                peers[raw["id"]] = peer
-                self._back.send(frame)
-            if self._back in ready:
-                reply = self._back.recv()
-                corr = msgpack.unpackb(reply)["corr"]
-                self._front.send_multipart([peers.pop(corr), reply])
+    def _intercept(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] != "runs.launch":
+            return None
+        if "launch_id" not in request["body"]:
+            self.passed_launches.append(request["body"])
+            return None
+        self.refused += 1
+        return {
+            "v": request["v"],
+            "type": ERROR,
+            "body": older_refusal(),
+            "id": f"older-{request['id']}",
+            "corr": request["id"],
+            "sender": "",
+            "target": request.get("sender", ""),
+            "host": "",
+        }
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._front.close()
-        self._back.close()
-        self._zctx.term()
-        for leftover in self._dir.iterdir():
-            leftover.unlink()
-        self._dir.rmdir()
+        self._proxy.close()
 
 
 @pytest.fixture

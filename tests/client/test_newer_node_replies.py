@@ -3,23 +3,19 @@ decodes, results and errors alike, tolerates fields it does not know at any nest
 (dropped, never an error), on the sync and the asyncio client, while a node keeps refusing a
 request that carries a field it does not know.
 
-The newer node is a real node behind a ROUTER in this test that passes every request on as it
-is and adds fields to every map of every reply (`grown`): the replies are the current models'
-real replies plus what a later release might add. Real ZeroMQ sockets and node processes.
+The newer node is a real node behind a ROUTER in this test (tests/support/nodeproxy.py) that
+passes every request on as it is and adds fields to every map of every reply (`grown`): the
+replies are the current models' real replies plus what a later release might add. Real ZeroMQ
+sockets and node processes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
-import zmq
 
 from subagents_node import AsyncClient
 from subagents_node.client.client import Client, connect
@@ -32,12 +28,11 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.fanout import FanoutSnapshot
 from subagents_node.messages.node import NodeStatusResult
+from tests.support.nodeproxy import ProxyNode, Rewrite
 from tests.support.nodes import NodeProcess, RawPeer, error_of
 
 #: The field a later release adds to every map of every reply.
 ADDED = "added_in_a_later_release"
-
-Rewrite = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 def grown(value: Any) -> Any:
@@ -55,62 +50,13 @@ def newer(type_: str, body: dict[str, Any]) -> dict[str, Any]:
     return grown_body
 
 
-class NewerNode:
-    """A ROUTER that passes requests on to `node` and answers with its replies, each body
-    rewritten by `rewrite(reply type, body)`. Serves on one thread until `close`."""
-
-    def __init__(self, node: NodeProcess, rewrite: Rewrite = newer, v: int | None = None) -> None:
-        self.rewrite = rewrite
-        self.v = v  # the protocol version its replies carry (None: the node's own)
-        self._dir = Path(tempfile.mkdtemp(prefix="sa-newer-", dir="/tmp"))
-        self.address = f"ipc://{self._dir / 'newer.sock'}"
-        self._zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._front = self._zctx.socket(zmq.ROUTER)
-        self._front.setsockopt(zmq.LINGER, 0)
-        self._front.bind(self.address)
-        self._back = self._zctx.socket(zmq.DEALER)
-        self._back.setsockopt(zmq.LINGER, 0)
-        self._back.connect(node.address)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="newer-node")
-        self._thread.start()
-
-    def _serve(self) -> None:
-        peers: dict[str, bytes] = {}  # request id -> the client's ROUTER identity
-        poller = zmq.Poller()
-        poller.register(self._front, zmq.POLLIN)
-        poller.register(self._back, zmq.POLLIN)
-        while not self._stop.is_set():
-            ready = dict(poller.poll(100))  # the stop flag is looked at between polls
-            if self._front in ready:
-                peer, frame = self._front.recv_multipart()
-                peers[msgpack.unpackb(frame)["id"]] = peer
-                self._back.send(frame)
-            if self._back in ready:
-                raw = msgpack.unpackb(self._back.recv())
-                raw["body"] = self.rewrite(raw["type"], raw["body"])
-                if self.v is not None:
-                    raw["v"] = self.v
-                self._front.send_multipart([peers.pop(raw["corr"]), msgpack.packb(raw)])
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._front.close()
-        self._back.close()
-        self._zctx.term()
-        for leftover in self._dir.iterdir():
-            leftover.unlink()
-        self._dir.rmdir()
-
-
 @pytest.fixture
-def newer_node(node: NodeProcess) -> Iterator[Callable[..., NewerNode]]:
-    """Factory: `newer_node(rewrite=newer, v=None)` -> a NewerNode in front of `node`."""
-    made: list[NewerNode] = []
+def newer_node(node: NodeProcess) -> Iterator[Callable[..., ProxyNode]]:
+    """Factory: `newer_node(rewrite=newer, v=None)` -> the next release's node (a ProxyNode)."""
+    made: list[ProxyNode] = []
 
-    def make(rewrite: Rewrite = newer, v: int | None = None) -> NewerNode:
-        made.append(NewerNode(node, rewrite, v))
+    def make(rewrite: Rewrite = newer, v: int | None = None) -> ProxyNode:
+        made.append(ProxyNode(node, rewrite, v))
         return made[-1]
 
     yield make
@@ -119,7 +65,7 @@ def newer_node(node: NodeProcess) -> Iterator[Callable[..., NewerNode]]:
 
 
 @pytest.fixture
-def older_client(newer_node: Callable[..., NewerNode]) -> Iterator[Client]:
+def older_client(newer_node: Callable[..., ProxyNode]) -> Iterator[Client]:
     """This release's sync client, talking to a node of the next release."""
     with connect(newer_node().address, timeout=10) as client:
         yield client
@@ -177,7 +123,7 @@ def test_a_newer_nodes_error_whose_snapshot_holds_a_field_it_does_not_know_still
 
 
 def test_the_asyncio_client_reads_a_newer_nodes_replies_and_errors_alike(
-    newer_node: Callable[..., NewerNode],
+    newer_node: Callable[..., ProxyNode],
 ) -> None:
     proxy = newer_node()
 
@@ -199,7 +145,7 @@ def test_the_asyncio_client_reads_a_newer_nodes_replies_and_errors_alike(
 
 
 def test_a_node_of_another_protocol_version_is_unsupported_protocol_at_once_not_a_timeout(
-    newer_node: Callable[..., NewerNode],
+    newer_node: Callable[..., ProxyNode],
 ) -> None:
     """A node whose release changed the protocol version answers in it: the sync and the
     asyncio client each raise UnsupportedProtocol for the request it answers, naming both
@@ -230,7 +176,7 @@ def _grown_without_pid(type_: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_newer_reply_that_is_malformed_otherwise_is_the_same_clear_bad_request(
-    newer_node: Callable[..., NewerNode],
+    newer_node: Callable[..., ProxyNode],
 ) -> None:
     """Unknown fields are forgiven, nothing else: a status without its `pid` is today's
     BadRequest naming `pid`, and only `pid` (the fields it does not know are no fault)."""

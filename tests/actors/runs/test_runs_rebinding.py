@@ -12,7 +12,6 @@ processes, real shims and children; every wait is on a condition with a deadline
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -27,21 +26,9 @@ from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
 from tests.support.runs import Gate, launch_context, wait_until
+from tests.support.sleepers import watched_by
 
 pytestmark = pytest.mark.slow
-
-
-def _watched_by(shim: int) -> set[int]:
-    """The processes the shim holds a pidfd of: the one its tree ends with, when bound."""
-    found: set[int] = set()
-    for info in Path(f"/proc/{shim}/fdinfo").iterdir():
-        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
-            found.update(
-                int(line.split()[1])
-                for line in info.read_text().splitlines()
-                if line.startswith("Pid:")
-            )
-    return found
 
 
 @pytest.mark.parametrize("shim_version", [rebind.SHIM_VERSION, None], ids=["current", "older"])
@@ -65,7 +52,7 @@ def test_a_run_adopted_by_a_node_embedded_in_its_foreground_command_is_bound_to_
     claim = json.loads(claim_path.read_text())
     assert claim["shim_version"] == rebind.SHIM_VERSION
     shim = int(claim["shim_pid"])
-    assert _watched_by(shim) == set()  # a detached node binds nothing
+    assert watched_by(shim) == set()  # a detached node binds nothing
     if shim_version is None:
         del claim["shim_version"]
         claim_path.write_text(json.dumps(claim))
@@ -77,10 +64,10 @@ def test_a_run_adopted_by_a_node_embedded_in_its_foreground_command_is_bound_to_
         [bound] = [event.data for event in events if event.kind == BOUND]
         if shim_version is None:
             assert bound == {"pid": os.getpid(), "shims": 0, "older": 1}
-            assert _watched_by(shim) == set()
+            assert watched_by(shim) == set()
         else:
             assert bound == {"pid": os.getpid(), "shims": 1, "older": 0}
-            wait_until(lambda: _watched_by(shim) == {os.getpid()}, what="the shim rebound")
+            wait_until(lambda: watched_by(shim) == {os.getpid()}, what="the shim rebound")
         held.release(0)
         done = client.runs.wait(run.run_id, timeout=20)
     assert done.state == "complete", done
@@ -103,7 +90,7 @@ def test_a_background_run_adopted_by_an_embedded_node_stays_unbound(
         kinds = [event.kind for event in client.runs.watch(run.run_id, 0, 0).events]
         assert "run.recovered" in kinds and BOUND not in kinds
         assert not (Path(run.run_dir) / "child-0" / rebind.BIND_RECORD).exists()
-        assert _watched_by(shim) == set()
+        assert watched_by(shim) == set()
         held.release(0)
         done = client.runs.wait(run.run_id, timeout=20)
     assert done.state == "complete", done
