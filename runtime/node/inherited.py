@@ -23,19 +23,16 @@ import socket
 import stat
 from collections.abc import Iterable
 from contextlib import suppress
-from pathlib import Path
-
-from subagents_node.node.claim import claim_name
 
 #: Where the kernel lists this process's descriptors.
 FD_DIR = "/proc/self/fd"
 
 
-def close_inherited(state_dir: Path, keep: Iterable[int]) -> int:
-    """Close every descriptor but 0-2, `keep`, the logging streams and the claim socket of
-    `state_dir`. Returns how many were closed (0 where /proc cannot be read)."""
+def close_inherited(claim: bytes, keep: Iterable[int]) -> int:
+    """Close every descriptor but 0-2, `keep`, the logging streams and the state dir's claim
+    socket (bound to the abstract name `claim`: runtime/node/claim.py). Returns how many were
+    closed (0 where /proc cannot be read)."""
     kept = {0, 1, 2, *keep, *_logging_fds()}
-    claim = claim_name(state_dir)
     try:
         listed = [int(name) for name in os.listdir(FD_DIR)]
     except OSError:
