@@ -16,6 +16,12 @@ from subagents_node.messages.errors import StoreError, StoreFull
 
 #: Version of the store's own layout (the migration bookkeeping), in PRAGMA user_version.
 LAYOUT_VERSION = 1
+#: What an owner's `-wal` file is cut back to once a checkpoint has let it start over
+#: (`PRAGMA journal_size_limit`): without it SQLite reuses the file at its high-water mark for
+#: good (a burst of churn left 32 MiB beside a 61 KB database). 4 MiB is above what a
+#: WalCheckpointer's every 256 commits leave (~800 pages), so steady traffic does not pay a
+#: truncate and a regrow at each restart; only a burst past it does, once.
+WAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class Store:
@@ -34,6 +40,10 @@ class Store:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("PRAGMA foreign_keys=ON")
+            # Per connection: the writer truncates at its first commit after the WAL restarts
+            # (one fstat, and an ftruncate when a burst took the file past the limit), so
+            # every connection sets it, the owner's above all.
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             if autocheckpoint is not None:
                 conn.execute(f"PRAGMA wal_autocheckpoint={int(autocheckpoint)}")
         except sqlite3.Error as exc:
