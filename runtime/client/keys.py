@@ -58,10 +58,13 @@ class Keypair:
 
 @dataclass(frozen=True, slots=True)
 class ClientCredentials:
-    """What a tcp client needs: its own keypair and the server's public key."""
+    """What a tcp client needs: its own keypair and the server's public key. `process_only`
+    keys (a node's own, runtime/node/curve.py) stay in this process and its forks: a pickled
+    client leaves them behind and needs keys of its own."""
 
     client: Keypair
     server_public: str
+    process_only: bool = False
 
 
 def keys_dir(state_dir: Path) -> Path:

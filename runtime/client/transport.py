@@ -114,11 +114,11 @@ class ZmqTransport:
 
     def __reduce__(self) -> tuple[type[ZmqTransport], tuple[object, ...]]:
         """What another process needs to open its own connections to the same node: the
-        address, host and keys (sockets and locks are this process's own)."""
-        return (
-            ZmqTransport,
-            (self.address, None, "", self._credentials, self._state_dir, self.host),
-        )
+        address, host and keys (sockets and locks are this process's own), unless the keys are
+        this process's only (a node's own: the other process needs its own)."""
+        keys = self._credentials
+        keys = None if keys is not None and keys.process_only else keys
+        return (ZmqTransport, (self.address, None, "", keys, self._state_dir, self.host))
 
     def reset(self) -> None:
         """Open fresh connections for the next requests (each thread replaces its own idle

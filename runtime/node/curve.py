@@ -18,6 +18,13 @@ serves in the gateway thread) and needs no lock and no extra thread; a change ap
 next handshake, with no restart and no file watching. ipc sockets have no security mechanism
 and never reach the handler with CURVE: the state dir's 0700 mode is their guard.
 
+The node's own clients (`Node.client("zmq")`, a forked child's in-process client) offer an
+ephemeral keypair made here for this node's life: admitted in memory only, as `OWN_PRINCIPAL`
+(no key name can be that, so no allow-list entry or worker stands for it), never written to
+`allowed.toml` and never in a `keys show` listing. A tcp-only node (`ipc=False`) has no other
+way in for them, and another process still needs a key of its own on the allow-list. It is made
+before the gateway starts and never changes, so the gateway thread reads it without a lock.
+
 It never logs a secret key, and never admits a peer whose mechanism is not CURVE on the tcp
 domain.
 """
@@ -34,6 +41,7 @@ from subagents_node.actors.owner import Outcome
 from subagents_node.client.keys import (
     ALLOWED,
     SERVER_KEY,
+    ClientCredentials,
     Keypair,
     allowing,
     keys_dir,
@@ -47,6 +55,10 @@ from subagents_node.messages.errors import BadRequest, KeyFileInvalid
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
 
 log = logging.getLogger(__name__)
+
+#: The principal of the node's own clients over tcp: parentheses are outside the key-name
+#: grammar (client/keys.py), so no allowed key or worker can be named so.
+OWN_PRINCIPAL = "(node)"
 
 
 def server_keypair(state_dir: Path) -> Keypair:
@@ -67,6 +79,8 @@ class CurveGuard:
         self._allowed_path = keys_dir(state_dir) / ALLOWED
         self._allowed = read_allowed(self._allowed_path)
         self._sock: zmq.Socket[bytes] | None = None
+        #: The node's own clients' keypair: memory only, gone with this node (see above).
+        self._own = Keypair.generate()
 
     @property
     def server(self) -> Keypair:
@@ -74,6 +88,11 @@ class CurveGuard:
         if self._server is None:
             self._server = server_keypair(self._state_dir)
         return self._server
+
+    def own_credentials(self) -> ClientCredentials:
+        """What the node's own clients offer its tcp listener (called once one serves, so the
+        server key exists: the gateway read it before it said it was ready)."""
+        return ClientCredentials(self._own, self.server.public, process_only=True)
 
     # -- the allow-list (keys allow / revoke) ------------------------------------------------
 
@@ -150,6 +169,8 @@ class CurveGuard:
         zap.answer(self._sock, self._name_of)
 
     def _name_of(self, key: str) -> str | None:
+        if key == self._own.public:
+            return OWN_PRINCIPAL
         return next((n for n, k in self._allowed.items() if k == key), None)
 
     def principal(self, user_id: str) -> str | None:

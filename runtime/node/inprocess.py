@@ -6,7 +6,9 @@ lives on the node side because it needs the Dispatcher; the client side never im
 
 In a forked child the node's threads are not there (nothing would ever answer: every call
 waited out its timeout, and `ping` was answered by the child as if it were the node), so a
-child's calls go over the node's socket instead, through a transport of its own.
+child's calls go over the node's socket instead, through a transport of its own (offering the
+node's own tcp keys, when its socket is tcp: the child has them from the fork). A pickled
+client, in a process that is no fork, gets no such keys: it needs its own, as any other.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 
+from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.transport import Transport, ZmqTransport
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, SubagentsError
@@ -36,9 +39,13 @@ class _Box:
 
 
 class InProcessTransport:
-    def __init__(self, dispatcher: Dispatcher, address: str) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, address: str, credentials: ClientCredentials | None = None
+    ) -> None:
         self._dispatcher = dispatcher
         self.address = address
+        #: The node's own tcp keys (a tcp `address`), for the socket a forked child calls over.
+        self._credentials = credentials
         self._closed = False
         self._pid = os.getpid()
         #: In a forked child: the socket transport its calls go through instead.
@@ -49,7 +56,7 @@ class InProcessTransport:
             raise NodeNotRunning("this client is closed", address=self.address)
         if os.getpid() != self._pid:
             if self._forked is None:
-                self._forked = ZmqTransport(self.address)
+                self._forked = ZmqTransport(self.address, credentials=self._credentials)
             return self._forked.call(request, timeout, target)
         box = _Box()
         self._dispatcher.dispatch(request, target or request.target, box.set)
@@ -66,7 +73,8 @@ class InProcessTransport:
 
     def __reduce__(self) -> tuple[type[ZmqTransport], tuple[str]]:
         """In another process the node's threads are not there: its calls go over the node's
-        socket, as in a forked child."""
+        socket, as in a forked child, but never with the node's own keys (their secret stays
+        in this process and its forks)."""
         return (ZmqTransport, (self.address,))
 
     def close(self) -> None:

@@ -384,13 +384,17 @@ class Node:
         return self.endpoints[0]
 
     def client(self, transport: str = "inproc", timeout: float = 10.0) -> Client:
-        """A connected client: in-process (no encoding) or over the node's first endpoint."""
+        """A connected client: in-process (no encoding) or over the node's first endpoint; when
+        that is tcp (no ipc socket), with the node's own key, which only this process and its
+        forks hold (runtime/node/curve.py)."""
         if self._stopped or not self.started_at:  # its dispatcher would still answer node.*
             raise NodeNotRunning(f"this Node does not serve {self.state_dir}", address="")
+        tcp = self._curve is not None and self.address.startswith("tcp://")
+        own = self._curve.own_credentials() if tcp and self._curve is not None else None
         if check_transport(transport) == "inproc":
-            client = Client(InProcessTransport(self.dispatcher, self.address), timeout)
+            client = Client(InProcessTransport(self.dispatcher, self.address, own), timeout)
         else:
-            client = Client(ZmqTransport(self.address), timeout)
+            client = Client(ZmqTransport(self.address, credentials=own), timeout)
         self._clients.append(client)
         return client
 
