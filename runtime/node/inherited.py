@@ -8,9 +8,11 @@ after the clients had gone (the kernel frees a socket only when its last descrip
 so every restart carried the node's connections at that moment into the new owner.
 
 Owns the choice of what a forked owner keeps: standard input and output, its control pipe to
-the node, the streams of the logging handlers (`node.log`), and the state dir's claim socket
-(runtime/node/claim.py: the owners hold the claim until they are gone). Everything else is
-closed once, right after the fork, before the owner opens anything of its own. It must never
+the node, the state dir's claim socket (runtime/node/claim.py: the owners hold the claim until
+they are gone), and every file, directory or device (a file holds no peer and wakes nothing;
+the logging streams are files, and SQLite's table of open databases, inherited too, names
+some). Every other socket, pipe and anonymous descriptor (eventfd, pidfd, epoll) is closed
+once, right after the fork, before the owner opens anything of its own. It must never
 close a descriptor the owner opened itself, nor touch a Python object of the node's: those
 objects are never used or finalized in the owner (it leaves with `os._exit`).
 """
@@ -39,7 +41,7 @@ def close_inherited(claim: bytes, keep: Iterable[int]) -> int:
         return 0
     closed = 0
     for fd in listed:
-        if fd in kept or _is_claim(fd, claim):
+        if fd in kept or _is_file(fd) or _is_claim(fd, claim):
             continue
         with suppress(OSError):  # the listing's own directory descriptor is already gone
             os.close(fd)
@@ -55,6 +57,19 @@ def _logging_fds() -> set[int]:
         with suppress(AttributeError, OSError, ValueError):
             fds.add(int(stream.fileno()))  # type: ignore[union-attr]
     return fds
+
+
+def _is_file(fd: int) -> bool:
+    """A file, directory or device, not a connection: kept. SQLite keeps a table of the
+    database files its process has open, and a forked owner inherits that table with the fds
+    it names: closing one under it (an embedding program's own connection to an owner's
+    database) fails the owner's opening of that database with 'locking protocol'. What a file
+    descriptor holds (no peer, no wake-up) is not what an owner must let go of."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
 def _is_claim(fd: int, claim: bytes) -> bool:
