@@ -34,8 +34,10 @@ from subagents_node.messages.fanout import (
     ReservePaths,
     encode_descriptor,
 )
-from subagents_node.messages.supervisor import (
+from subagents_node.messages.lineage import (
     AppendResult,
+)
+from subagents_node.messages.supervisor import (
     ChainStep,
     Launch,
     TaskItem,

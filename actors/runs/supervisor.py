@@ -89,18 +89,20 @@ from subagents_node.messages.capacity import (
 )
 from subagents_node.messages.errors import RecordQuarantined, StoreFull, SubagentsError
 from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
+from subagents_node.messages.lineage import (
+    Append,
+    Rerun,
+    Resume,
+)
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.retention import Prune
 from subagents_node.messages.runs import ChildReport
 from subagents_node.messages.session import TrackRun
 from subagents_node.messages.supervisor import (
-    Append,
     ChainStep,
     Intercom,
     Launch,
     ListRuns,
-    Rerun,
-    Resume,
     RunView,
     Show,
     Snapshots,

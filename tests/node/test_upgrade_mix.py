@@ -26,10 +26,12 @@ from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import CapacityExhausted
 from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.lineage import (
+    Resume,
+)
 from subagents_node.messages.supervisor import (
     ChainStep,
     LaunchResult,
-    Resume,
     RunView,
     TaskItem,
 )

@@ -32,13 +32,15 @@ from subagents_node.messages.errors import (
     RunNotResumable,
 )
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.node import DebugSleep
-from subagents_node.messages.supervisor import (
+from subagents_node.messages.lineage import (
     Append,
     AppendResult,
+    Resume,
+)
+from subagents_node.messages.node import DebugSleep
+from subagents_node.messages.supervisor import (
     ChainStep,
     LaunchResult,
-    Resume,
     RunView,
     TaskItem,
 )

@@ -37,12 +37,14 @@ import pytest
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.supervisor import (
+from subagents_node.messages.lineage import (
     Append,
     AppendResult,
+    Resume,
+)
+from subagents_node.messages.supervisor import (
     ChainStep,
     LaunchResult,
-    Resume,
     RunView,
     TaskItem,
 )
