@@ -14,26 +14,14 @@ begins a transaction and never writes a row: a PASSIVE checkpoint copies pages a
 committed and never blocks the owner's writes, so the owner stays the only writer of its
 database (DESIGN §2). SQLite releases the GIL while it checkpoints. It must never be asked
 for anything on the owner's hot path but `committed()`: a counter, and an event now and then.
-
-When its owner has been quiet for `QUIET_S` it tidies: a last PASSIVE checkpoint, then, if a
-burst left the `-wal` file past `WAL_SIZE_LIMIT_BYTES`, a TRUNCATE one that cuts it to zero.
-An owner that keeps writing has its WAL cut by its own connection instead (the store's
-`journal_size_limit`, at the first commit after the WAL restarts); an idle one writes nothing,
-so without this its WAL kept its high-water mark for the node's whole life. TRUNCATE takes
-the write lock: only while the owner is quiet, and after the PASSIVE one left it nothing (or
-next to nothing) to copy, so a request that comes just then waits a moment, once per lull.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from pathlib import Path
-
-from subagents_node.node.store import WAL_SIZE_LIMIT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +33,6 @@ BACKSTOP_PAGES = 8192
 #: its WAL grows further between two, and the backstop bounds it). Every 128 or 512 commits
 #: read the same in the bench.
 EVERY_COMMITS = 256
-#: Seconds without a commit after which the owner counts as quiet and its WAL is tidied.
-QUIET_S = 1.0
 
 
 class WalCheckpointer:
@@ -55,30 +41,17 @@ class WalCheckpointer:
         connect: Callable[[], sqlite3.Connection],
         name: str,
         every_commits: int = EVERY_COMMITS,
-        wal_path: Path | None = None,
-        quiet_s: float = QUIET_S,
     ) -> None:
         if every_commits < 1:
             raise ValueError("every_commits must be at least 1")
         self._connect = connect
         self._name = name
         self._every = every_commits
-        #: The `-wal` file to keep under the limit when quiet (None: never TRUNCATE).
-        self._wal_path = wal_path
-        self._quiet_s = quiet_s
         self._commits = 0  # the owner's thread only
-        #: Commits in all (written by the owner's thread; the thread compares two readings).
-        self._total = 0
-        #: Whether a checkpoint is owed by count (set by the owner, cleared by the thread).
-        self._owed = False
-        #: Nothing committed since the WAL was last tidied: the thread waits with no timer.
-        self._tidy = True
         self._due = threading.Event()
         self._stopping = False
-        #: Checkpoints run so far, every EVERY_COMMITS and when quiet (tests read them;
-        #: written by the thread only).
+        #: Checkpoints run so far (tests and logs read it; written by the thread only).
         self.checkpoints = 0
-        self.tidied = 0
         self._failing: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"{name}-checkpoint", daemon=True)
         self._thread.start()
@@ -86,14 +59,8 @@ class WalCheckpointer:
     def committed(self) -> None:
         """The owner committed a transaction (called on its loop's thread, after the commit)."""
         self._commits += 1
-        self._total += 1
-        wake = self._tidy  # the first commit after a lull: the thread starts its quiet timer
-        self._tidy = False
         if self._commits >= self._every:
             self._commits = 0
-            self._owed = True
-            wake = True
-        if wake:
             self._due.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -104,56 +71,29 @@ class WalCheckpointer:
 
     def _run(self) -> None:
         db: sqlite3.Connection | None = None
-        heard = self._total
         try:
             while True:
-                woke = self._due.wait(None if self._tidy else self._quiet_s)
+                self._due.wait()
                 self._due.clear()
                 if self._stopping:
                     return
-                if woke:
-                    if not self._owed:
-                        continue  # a commit after a lull: the timer above is running again
-                    self._owed = False
-                    modes = ["PASSIVE"]
-                elif self._total != heard:
-                    heard = self._total  # commits within the last QUIET_S: not quiet yet
-                    continue
-                else:
-                    # Set before the checkpoint: a commit from here on wakes the thread again.
-                    self._tidy = True
-                    modes = ["PASSIVE", "TRUNCATE"]
                 try:
                     if db is None:
                         db = self._connect()
-                    for mode in modes:
-                        if mode == "TRUNCATE" and not self._wal_too_big():
-                            break
-                        db.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except (sqlite3.Error, OSError) as exc:
                     self._failed(exc)
                     if db is not None:
                         db.close()
                         db = None
                     continue
-                if "TRUNCATE" in modes:
-                    self.tidied += 1
-                else:
-                    self.checkpoints += 1
+                self.checkpoints += 1
                 if self._failing is not None:
                     log.info("%s: WAL checkpoints work again", self._name)
                     self._failing = None
         finally:
             if db is not None:
                 db.close()
-
-    def _wal_too_big(self) -> bool:
-        if self._wal_path is None:
-            return False
-        try:
-            return os.stat(self._wal_path).st_size > WAL_SIZE_LIMIT_BYTES
-        except FileNotFoundError:
-            return False
 
     def _failed(self, exc: BaseException) -> None:
         # Once per kind of failure, not once per checkpoint: a full disk would otherwise log

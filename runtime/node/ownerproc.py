@@ -238,9 +238,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     def report_quarantine(name: str, records: Sequence[QuarantinedRecord]) -> None:
         control.say("quarantine", records=[r.model_dump(mode="json") for r in records])
 
-    checkpointer = WalCheckpointer(
-        store.connect, spec.name, wal_path=spec.db_path.with_name(spec.db_path.name + "-wal")
-    )
+    checkpointer = WalCheckpointer(store.connect, spec.name)
     ctx = ActorContext(
         open_db=functools.partial(store.connect, autocheckpoint=BACKSTOP_PAGES),
         report_crash=report_crash,
