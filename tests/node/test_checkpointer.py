@@ -75,7 +75,7 @@ def test_the_checkpointer_copies_the_owners_commits_out_of_the_wal_on_its_own_th
     before = _db_pages(store)
     db = store.connect(autocheckpoint=BACKSTOP_PAGES)
     # No quiet tidy within the test: it counts the checkpoints owed by commits alone.
-    checkpointer = WalCheckpointer(store.connect, "test", every_commits=100, quiet_s=3600)
+    checkpointer = WalCheckpointer(store.connect, "test", every_commits=100)
     try:
         _commit_rows(db, 99, after=checkpointer.committed)
         assert checkpointer.checkpoints == 0 and _db_pages(store) == before  # not yet due
@@ -102,7 +102,7 @@ def test_a_failing_checkpoint_is_logged_once_and_the_next_one_goes_ahead(
             raise sqlite3.OperationalError("database or disk is full")
         return store.connect()
 
-    checkpointer = WalCheckpointer(connect, "test", every_commits=1, quiet_s=3600)
+    checkpointer = WalCheckpointer(connect, "test", every_commits=1)
     db = store.connect(autocheckpoint=BACKSTOP_PAGES)
     try:
         with caplog.at_level(logging.INFO, logger="subagents_node.node.checkpointer"):
@@ -155,36 +155,13 @@ def test_an_owner_that_goes_on_writing_cuts_its_wal_back_to_the_limit_after_a_bu
     let the WAL start over cuts the file back, where SQLite would reuse it at its peak."""
     store = _store(tmp_path)
     db = store.connect(autocheckpoint=BACKSTOP_PAGES)
-    # One checkpoint, owed at the burst's last commit; no quiet tidy within the test.
-    checkpointer = WalCheckpointer(store.connect, "test", every_commits=2000, quiet_s=3600)
+    # One checkpoint, owed at the burst's last commit.
+    checkpointer = WalCheckpointer(store.connect, "test", every_commits=2000)
     try:
         _burst_past_the_limit(store, db, checkpointer)
         wait_until(lambda: checkpointer.checkpoints == 1, timeout=20)
         _commit_rows(db, 1)  # the WAL starts over: this commit truncates it
         assert _wal_bytes(store) <= WAL_SIZE_LIMIT_BYTES
-        assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 2001
-    finally:
-        checkpointer.stop()
-        db.close()
-
-
-def test_a_quiet_owners_wal_is_cut_back_to_the_limit_after_a_burst(tmp_path: Path) -> None:
-    """An owner that stops writing after a burst: the checkpointer tidies once it is quiet
-    (PASSIVE, then TRUNCATE as the file is past the limit); every row stays committed."""
-    store = _store(tmp_path)
-    db = store.connect(autocheckpoint=BACKSTOP_PAGES)
-    wal = store.path.with_name(store.path.name + "-wal")
-    checkpointer = WalCheckpointer(store.connect, "test", wal_path=wal)  # production's pace
-    try:
-        _burst_past_the_limit(store, db, checkpointer)
-        wait_until(
-            lambda: _wal_bytes(store) <= WAL_SIZE_LIMIT_BYTES,
-            timeout=20,
-            what="the quiet owner's WAL to be cut back to the limit",
-        )
-        assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 2000
-        assert store.integrity_check() == "ok"
-        _commit_rows(db, 1, after=checkpointer.committed)  # the owner writes on after the cut
         assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 2001
     finally:
         checkpointer.stop()
