@@ -22,12 +22,8 @@ from subagents_node.actors.runs import management, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import Advance, AppendKey, CallKey
 from subagents_node.messages.base import Message
-from subagents_node.messages.lineage import (
-    Append,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-)
+from subagents_node.messages.lineage import Append
+from subagents_node.messages.supervisor import ChainStep
 
 P = ParamSpec("P")
 

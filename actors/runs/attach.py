@@ -26,12 +26,8 @@ from pathlib import Path
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.errors import RunNotResumable
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    Launch,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import Launch
 
 ACTIVE = ("queued", "running", "paused")
 

@@ -50,16 +50,8 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
 from subagents_node.messages.errors import BadRequest, RunNotResumable
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
-from subagents_node.messages.lineage import (
-    Rerun,
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    Launch,
-    LaunchResult,
-    RunView,
-    Snapshots,
-)
+from subagents_node.messages.lineage import Rerun, Resume
+from subagents_node.messages.supervisor import Launch, LaunchResult, RunView, Snapshots
 
 P = ParamSpec("P")
 

@@ -34,14 +34,8 @@ from subagents_node.messages.fanout import (
     ReservePaths,
     encode_descriptor,
 )
-from subagents_node.messages.lineage import (
-    AppendResult,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    Launch,
-    TaskItem,
-)
+from subagents_node.messages.lineage import AppendResult
+from subagents_node.messages.supervisor import ChainStep, Launch, TaskItem
 
 #: How long an append's claims are held while its record becomes durable (R-APP-4).
 APPEND_TTL_S = 300.0

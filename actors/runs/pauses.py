@@ -35,9 +35,7 @@ from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import MarkStarted, ReportTerminal, SlotHandle
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.lineage import (
-    Resume,
-)
+from subagents_node.messages.lineage import Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.supervisor import (
     IntercomMode,

@@ -24,14 +24,9 @@ from subagents_node.messages.fanout import (
     encode_descriptor,
     extend,
 )
-from subagents_node.messages.lineage import (
-    Resume,
-)
+from subagents_node.messages.lineage import Resume
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
-from subagents_node.messages.supervisor import (
-    Launch,
-    TaskItem,
-)
+from subagents_node.messages.supervisor import Launch, TaskItem
 
 
 def _with_message(run_id: str, item: TaskItem, message: str) -> TaskItem:

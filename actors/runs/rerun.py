@@ -23,13 +23,8 @@ from pathlib import Path
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.errors import BadRequest, RunNotResumable
-from subagents_node.messages.lineage import (
-    Rerun,
-)
-from subagents_node.messages.supervisor import (
-    Launch,
-    SourceKind,
-)
+from subagents_node.messages.lineage import Rerun
+from subagents_node.messages.supervisor import Launch, SourceKind
 
 ACTIVE = ("queued", "running", "paused")
 

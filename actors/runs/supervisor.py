@@ -89,11 +89,7 @@ from subagents_node.messages.capacity import (
 )
 from subagents_node.messages.errors import RecordQuarantined, StoreFull, SubagentsError
 from subagents_node.messages.fanout import CommitReservation, FanoutDescriptor, FanoutSnapshot
-from subagents_node.messages.lineage import (
-    Append,
-    Rerun,
-    Resume,
-)
+from subagents_node.messages.lineage import Append, Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.retention import Prune
 from subagents_node.messages.runs import ChildReport

@@ -34,12 +34,8 @@ from dataclasses import dataclass, field
 
 from subagents_node.actors.owner import ReplyFn
 from subagents_node.messages.errors import LaunchIdConflict, WorkflowKeyConflict
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    Launch,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import Launch
 
 #: (parent workflow run id, workflow key): what names one child of a workflow run; a launch
 #: id's is (BY_LAUNCH_ID, launch id) (no run id is empty).

@@ -24,19 +24,9 @@ from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.base import validate_request
 from subagents_node.messages.constants import ENV_CHILD_ID, ENV_FANOUT, ENV_RUN_ID
-from subagents_node.messages.lineage import (
-    Append,
-    AppendResult,
-    Rerun,
-    Resume,
-)
+from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
-from subagents_node.messages.supervisor import (
-    Intercom,
-    IntercomMessage,
-    LaunchResult,
-    RunView,
-)
+from subagents_node.messages.supervisor import Intercom, IntercomMessage, LaunchResult, RunView
 
 
 @click.command()

@@ -20,10 +20,7 @@ from subagents_node.client.arguments import listed, plain_callback
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
-from subagents_node.messages.lineage import (
-    Rerun,
-    Resume,
-)
+from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (

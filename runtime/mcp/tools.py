@@ -30,18 +30,9 @@ from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import BadRequest, NodeTimeout
-from subagents_node.messages.lineage import (
-    Append,
-    AppendResult,
-    Resume,
-)
+from subagents_node.messages.lineage import Append, AppendResult, Resume
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
-from subagents_node.messages.supervisor import (
-    IntercomMode,
-    Launch,
-    LaunchResult,
-    RunView,
-)
+from subagents_node.messages.supervisor import IntercomMode, Launch, LaunchResult, RunView
 
 #: The most log bytes one `logs` call returns per stream (a model's context is not a pager).
 MAX_LOG_BYTES = 64_000

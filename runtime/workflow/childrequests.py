@@ -29,13 +29,8 @@ from subagents_node.messages.constants import (
 from subagents_node.messages.delivery import argv_task_problem, check_command
 from subagents_node.messages.errors import TaskUndeliverable, WorkflowCallInvalid
 from subagents_node.messages.fanout import encode_descriptor, extend
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    Launch,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import Launch, TaskItem
 from subagents_node.workflow.calls import Step, WorkflowEnv
 
 #: The host's own variables: a child gets its own values from the node, or none at all.

@@ -26,13 +26,8 @@ from click.testing import Result
 
 from subagents_node.actors.runs.recovery import RECOVERY
 from subagents_node.client.client import Client
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    LaunchResult,
-    RunView,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import LaunchResult, RunView
 from subagents_node.node.node import Node
 from tests.support.manage import hold_with_unknown_proof, leaky_agent
 from tests.support.nodes import new_state_dir

@@ -26,15 +26,8 @@ from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import CapacityExhausted
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from subagents_node.workflow.launch import workflow_launch
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents

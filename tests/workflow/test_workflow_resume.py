@@ -31,13 +31,8 @@ from subagents_node.client import listing
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import InjectedFault
 from subagents_node.messages.fanout import decode_descriptor, extend
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    LaunchResult,
-    RunView,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import LaunchResult, RunView
 from subagents_node.workflow import resumed
 from subagents_node.workflow.launch import workflow_launch, workflow_result
 from tests.support.manage import embedded

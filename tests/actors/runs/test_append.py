@@ -30,15 +30,8 @@ from subagents_node.messages.errors import (
     TaskUndeliverable,
 )
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
-from subagents_node.messages.lineage import (
-    Append,
-    AppendResult,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Append, AppendResult
+from subagents_node.messages.supervisor import ChainStep, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.manage import store_rows
 from tests.support.nodes import NodeProcess

@@ -23,15 +23,8 @@ from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import BadRequest, InjectedFault, RunNotResumable
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.manage import embedded
 from tests.support.nodes import NodeProcess

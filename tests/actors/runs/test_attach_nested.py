@@ -24,14 +24,8 @@ from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, TaskItem
 from tests.support.manage import NESTED_REFUSAL_IDS, NESTED_REFUSALS, a_route
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client

@@ -24,9 +24,7 @@ from subagents_node.actors.runs.runstore import MAX_VIEW_INTERCOM
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import IntercomOff, RunNotFound, RunNotResumable
-from subagents_node.messages.lineage import (
-    Resume,
-)
+from subagents_node.messages.lineage import Resume
 from subagents_node.messages.supervisor import (
     ChainStep,
     Intercom,

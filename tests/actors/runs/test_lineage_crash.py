@@ -18,15 +18,8 @@ import pytest
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate

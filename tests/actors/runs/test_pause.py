@@ -32,18 +32,9 @@ from subagents_node.messages.errors import (
     RunNotResumable,
 )
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.lineage import (
-    Append,
-    AppendResult,
-    Resume,
-)
+from subagents_node.messages.lineage import Append, AppendResult, Resume
 from subagents_node.messages.node import DebugSleep
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.manage import embedded
 from tests.support.run_fixtures import agents as agents

@@ -36,10 +36,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.fanout import decode_descriptor, encode_descriptor
-from subagents_node.messages.lineage import (
-    Rerun,
-    Resume,
-)
+from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.supervisor import (
     AgentPlan,
     ChainStep,

@@ -33,15 +33,8 @@ from subagents_node.messages.errors import (
     SubagentsError,
 )
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from tests.support.manage import assert_nested_continuation, hold_with_unknown_proof
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents

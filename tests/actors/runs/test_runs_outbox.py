@@ -37,17 +37,8 @@ import pytest
 from subagents_node.client.client import Client
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.lineage import (
-    Append,
-    AppendResult,
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    ChainStep,
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Append, AppendResult, Resume
+from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.fleet import fleet
 from tests.support.manage import embedded, store_rows

@@ -29,14 +29,8 @@ from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.capacity import Inspection
 from subagents_node.messages.errors import CapacityExhausted, RunNotResumable, SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
-from subagents_node.messages.lineage import (
-    Resume,
-)
-from subagents_node.messages.supervisor import (
-    LaunchResult,
-    RunView,
-    TaskItem,
-)
+from subagents_node.messages.lineage import Resume
+from subagents_node.messages.supervisor import LaunchResult, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
 from tests.support.run_fixtures import agents as agents
