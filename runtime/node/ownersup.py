@@ -425,6 +425,10 @@ class OwnerSupervisor:
         with self._lock:
             owner.pid = None
             owner.pidfd = None
+            # Never `running` without a process: a status read between this reap and the
+            # restart's fork showed the owner running with no pid.
+            if owner.state == "running":
+                owner.state = "restarting"
         owner.gone.set()
         return status
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import time
@@ -23,7 +24,7 @@ import zmq
 from subagents_node.client.paths import OWNER_SOCKETS, owner_db
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import OwnerUnavailable
-from subagents_node.node.node import Node
+from subagents_node.node.node import Node, NodeOptions
 from tests.support.manage import store_rows
 from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
 from tests.support.runs import wait_until
@@ -260,7 +261,7 @@ def test_a_restarted_owner_holds_none_of_the_client_connections_the_node_had(
         )
         os.kill(before, signal.SIGKILL)
         wait_until(
-            lambda: owner_pids(node).get(victim) not in (None, before),
+            lambda: owner_pids(node).get(victim) not in (None, 0, before),
             timeout=15,
             what=f"{victim} restarted",
         )
@@ -271,3 +272,35 @@ def test_a_restarted_owner_holds_none_of_the_client_connections_the_node_had(
     after = owner_pids(node)[victim]
     assert socket_fds(after) <= own + 4, (socket_fds(after), own)  # its own links at most
     assert node.client().session.status("restarted-owner").active == 0  # and it serves
+
+
+def test_an_owner_is_never_shown_running_without_a_process() -> None:
+    """Between the reap of a killed owner and the fork of its successor the node's status showed
+    it `running` with no pid: a caller that waited for "running again" (CI did) went on while
+    the owner was still down. Status is read here as fast as the node can answer it, in its own
+    process, through five kill -9s."""
+    state_dir = new_state_dir()
+    node = Node(NodeOptions(state_dir=state_dir, restart_max=100, restart_window_s=60.0))
+    node.start()
+    seen: list[tuple[str, int | None]] = []
+    try:
+        for _ in range(5):
+            before = {a.name: a.pid for a in node.owner_statuses()}["fanout"]
+            assert before is not None
+            os.kill(before, signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                now = {a.name: a for a in node.owner_statuses()}["fanout"]
+                seen.append((now.state, now.pid))
+                if now.state == "running" and now.pid not in (None, before):
+                    break
+            else:
+                pytest.fail("fanout was not restarted")
+        client = node.client()
+        budget = client.fanout.create(root_run_id="after-five-kills", limit=1)
+        assert client.fanout.claim(budget, ["a"]).used == 1  # and it serves
+    finally:
+        node.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+    assert ("running", None) not in seen
+    assert ("restarting", None) in seen  # the window was read: the test can see the fault
