@@ -27,7 +27,8 @@
     │   ├── NodeTimeout                  node_timeout                address, timeout_s
     │   ├── BadAddress                   bad_address                 address
     │   ├── NotAuthenticated             not_authenticated           address, reason
-    │   └── NodeAlreadyRunning           node_already_running        pid, state_dir
+    │   ├── NodeAlreadyRunning           node_already_running        pid, state_dir
+    │   └── OutOfDescriptors             out_of_descriptors          limit
     ├── UnsafeStateDir                   unsafe_state_dir            path, reason, fix
     ├── KeyFileInvalid                   key_file_invalid            path, reason
     ├── AgentError                       agent_error
@@ -822,6 +823,13 @@ class RunFileInvalid(BadRequest):
 
 class NodeAlreadyRunning(NodeError):
     code = "node_already_running"
+
+
+class OutOfDescriptors(NodeError):
+    """This process (or the whole system) has no file descriptor left to reach the node with:
+    nothing was sent. `limit` is the process's own limit on open files (None for the system's)."""
+
+    code = "out_of_descriptors"
 
 
 # -- workflows (SPEC §12), raised in the host process ------------------------------------------

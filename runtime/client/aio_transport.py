@@ -36,6 +36,7 @@ from subagents_node.client.channel import (
     read_reply,
 )
 from subagents_node.client.curve import curve_client, default_credentials, no_keys
+from subagents_node.client.exhaustion import descriptors_needed, exhausted
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
@@ -181,7 +182,8 @@ class AsyncZmqTransport:
             # The process's one asyncio context (a new one in a forked child): a context is
             # two I/O threads and five descriptors, so 200 clients each with their own held
             # 400 threads and ran out of descriptors at 1024 with 140.
-            sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            with descriptors_needed():
+                sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
             for option, value in dealer_options(endpoint):
                 sock.setsockopt(option, value)
             try:
@@ -191,6 +193,8 @@ class AsyncZmqTransport:
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
+                if (typed := exhausted(exc)) is not None:
+                    raise typed from exc
                 raise BadAddress(
                     f"cannot connect to {self.address}: {exc}", address=self.address
                 ) from None

@@ -12,6 +12,7 @@ import os
 import stat
 from pathlib import Path
 
+from subagents_node.client.exhaustion import descriptors_needed
 from subagents_node.messages.constants import ENV_STATE_DIR
 from subagents_node.messages.errors import BadAddress, UnsafeStateDir
 
@@ -247,7 +248,8 @@ def pid_record(state_dir: Path) -> tuple[dict[str, object], bool] | None:
     in a container may never reap) collects it, and that must not block a restart.
     """
     try:
-        record = json.loads((state_dir / PID_NAME).read_text())
+        with descriptors_needed():  # not "no record": that would read as a dead node
+            record = json.loads((state_dir / PID_NAME).read_text())
         pid, created = int(record["pid"]), record["create_time"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -267,10 +269,11 @@ def process_create_time(pid: int) -> float | None:
     every reader compares with it, from /proc directly: psutil would cost every client that
     finds its node through the record 10-15 ms of imports."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat_line = fh.read()
-        with open("/proc/stat", "rb") as fh:
-            btime = next(float(line.split()[1]) for line in fh if line.startswith(b"btime "))
+        with descriptors_needed():  # not "gone": a live node must never be taken for dead
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat_line = fh.read()
+            with open("/proc/stat", "rb") as fh:
+                btime = next(float(line.split()[1]) for line in fh if line.startswith(b"btime "))
     except (OSError, StopIteration, ValueError):
         return None
     fields = stat_line[stat_line.rindex(b")") + 2 :].split()  # the name may hold ") "

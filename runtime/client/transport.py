@@ -46,6 +46,7 @@ from subagents_node.client.curve import (
     default_credentials,
     no_keys,
 )
+from subagents_node.client.exhaustion import descriptors_needed, exhausted
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import OWNER_SOCKETS, SOCKET_NAME, check_endpoint, ipc_path
 from subagents_node.client.reachability import check_reachable, why_silent
@@ -98,7 +99,8 @@ class ZmqTransport:
         self._credentials = credentials
         self._state_dir = state_dir
         self._own_context = zctx is None
-        self._zctx: zmq.Context[zmq.Socket[bytes]] = zctx or zmq.Context()
+        with descriptors_needed():  # a context is an eventfd and an epoll instance
+            self._zctx: zmq.Context[zmq.Socket[bytes]] = zctx or zmq.Context()
         self._sender = sender or f"client-{os.getpid()}"
         self._pid = os.getpid()
         #: Each thread's ThreadAnchor: the thread's channels live as long as the thread.
@@ -197,7 +199,8 @@ class ZmqTransport:
         self._check_reachable(stale=True)
         if endpoint != self.address:
             check_reachable(endpoint, stale=True)
-        sock = self._zctx.socket(zmq.DEALER)
+        with descriptors_needed():
+            sock = self._zctx.socket(zmq.DEALER)
         for option, value in dealer_options(endpoint):
             sock.setsockopt(option, value)
         monitor = None
@@ -211,6 +214,8 @@ class ZmqTransport:
             raise
         except zmq.ZMQError as exc:
             sock.close(linger=0)
+            if (typed := exhausted(exc)) is not None:
+                raise typed from exc
             raise BadAddress(
                 f"cannot connect to {self.address}: {exc}", address=self.address
             ) from None
