@@ -17,11 +17,14 @@ from subagents_node.messages.tolerant import known_fields
 
 class Message(BaseModel):
     """A body model. Frozen, and unknown fields are errors: a typo must not pass silently.
+    Strict: a value of another type is an error, never converted (pydantic's lax mode read
+    `True` as a limit of 1, `"5"` as 5 and `background="no"` as False). An int is still a
+    float; a tuple field takes the list msgpack decodes only with `Field(strict=False)`.
 
     Its validator is built when it is first used, not when the class is defined: a process
     defines every model of the protocols it imports but validates only a few of them."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True, strict=True)
 
     #: Optional fields a later release added, left out of the body while they are None (their
     #: default): a node of the release before them refuses a field it does not know, so a

@@ -130,6 +130,7 @@ class RunnerProof(Message):
         """The run-level proof from its children's: observed only when every child's tree was
         seen to end, not-started when no child process ever existed (R-RUN-5, R-CAP-21).
         Here, not in the supervisor, because `debug-run` shows the same verdict client-side."""
+        state: ProofState
         if proofs and all(p == "not-started" for p in proofs):
             state, reason = "not-started", "no child process started"
         elif all(p in SETTLED_PROOFS for p in proofs):

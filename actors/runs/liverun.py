@@ -19,7 +19,7 @@ from subagents_node.actors.child.procfs import ProcessIdentity
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.owner import ReplyFn
 from subagents_node.actors.runs import runplan, runstore
-from subagents_node.messages.capacity import SlotHandle
+from subagents_node.messages.capacity import ReportedState, SlotHandle
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
 from subagents_node.messages.supervisor import ChainStep, Launch, Snapshots
 
@@ -113,9 +113,13 @@ class LiveRun:
                 return self.outputs[ran[-1]]
         return self.outputs[max(self.outputs)]
 
-    def final_state(self) -> str:
-        if self.stop_state in ("stopped", "paused", "rejected"):
-            return self.stop_state
+    def final_state(self) -> ReportedState:
+        if self.stop_state == "stopped":
+            return "stopped"
+        if self.stop_state == "paused":
+            return "paused"
+        if self.stop_state == "rejected":
+            return "rejected"
         if self.stop_state == "failed" or self.failed:
             return "failed"
         return "complete"

@@ -33,7 +33,7 @@ from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.capacity import MarkStarted, ReportTerminal, SlotHandle
+from subagents_node.messages.capacity import MarkStarted, ReportedState, ReportTerminal, SlotHandle
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.lineage import Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
@@ -208,7 +208,7 @@ def continued(host: PauseHost, source_id: str, run_id: str, moved: bool = True) 
     host.parked_ended(source_id, "stopped", output)
 
 
-def end_parked(host: PauseHost, run_id: str, state: str, reason: str) -> None:
+def end_parked(host: PauseHost, run_id: str, state: ReportedState, reason: str) -> None:
     """A paused run that holds no process ends (stop): its slot is reported free."""
     row = _row(host, run_id)
     if checkpoints.successor(host.db, run_id) is not None:

@@ -14,14 +14,23 @@ from pathlib import Path
 
 from subagents_node.actors.runs import runstore
 from subagents_node.actors.runs.liverun import LiveRun
-from subagents_node.messages.capacity import SETTLED_PROOFS, ReportTerminal, RunnerProof, SlotHandle
+from subagents_node.messages.capacity import (
+    SETTLED_PROOFS,
+    ReportedState,
+    ReportTerminal,
+    RunnerProof,
+    SlotHandle,
+)
 from subagents_node.messages.supervisor import RunView
 
 log = logging.getLogger(__name__)
 
 
 def terminal_report(
-    live: LiveRun, state: str, now: float, children_verdict: tuple[bool, str] = (False, "")
+    live: LiveRun,
+    state: ReportedState,
+    now: float,
+    children_verdict: tuple[bool, str] = (False, ""),
 ) -> ReportTerminal:
     """The report for a run that just settled (children_verdict: workflows only)."""
     assert live.handle is not None

@@ -23,7 +23,7 @@ from subagents_node.actors.runs import checkpoints, expansion, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import CallKey, Expand
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.capacity import ReportTerminal, RunnerProof, SlotHandle
+from subagents_node.messages.capacity import ReportedState, ReportTerminal, RunnerProof, SlotHandle
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import ClaimPaths, FanoutSnapshot
 
@@ -201,7 +201,7 @@ def expire_parked(host: StepHost, row: sqlite3.Row) -> ReportTerminal | None:
 
 
 def parked_report(
-    db: sqlite3.Connection, row: sqlite3.Row, state: str, now: float
+    db: sqlite3.Connection, row: sqlite3.Row, state: ReportedState, now: float
 ) -> ReportTerminal | None:
     """What the capacity owner is told about a run that holds no process (no live runner)."""
     if not row["capacity"]:

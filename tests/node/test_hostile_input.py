@@ -277,3 +277,37 @@ def test_issue12_client_runs_list_limit_0_raises_bad_request_not_validation_erro
     with pytest.raises(BadRequest) as info:
         client.runs.list(limit=0)
     assert info.value.details.get("field") == "limit"
+
+
+ACQUIRE = {"session_id": "lax", "run_id": "r"}
+
+# (case id, request type, body, the field the error must name)
+OTHER_TYPES = [
+    *(
+        (f"acquire-limit-{name}", "capacity.acquire", {**ACQUIRE, "limit": limit}, "limit")
+        for name, limit in (("true", True), ("string", "5"), ("float", 5.0))
+    ),
+    ("list-limit-true", "runs.list", {"limit": True}, "limit"),
+    ("launch-background-no", "runs.launch", {**launch_body(), "background": "no"}, "background"),
+    ("launch-background-1", "runs.launch", {**launch_body(), "background": 1}, "background"),
+]
+
+
+@pytest.mark.parametrize(
+    ("type_", "body", "field"), [c[1:] for c in OTHER_TYPES], ids=[c[0] for c in OTHER_TYPES]
+)
+def test_a_value_of_another_type_is_refused_naming_its_field_never_converted(
+    type_: str,
+    body: dict[str, Any],
+    field: str,
+    served: NodeProcess,
+    raw_dealer: Callable[[str], RawPeer],
+) -> None:
+    """pydantic's lax mode made `True` a limit of 1, "5" a limit of 5 and "no" a foreground
+    launch: a request that meant something else than its sender wrote, accepted."""
+    client = served.client()
+    runs = len(client.runs.list(limit=1000))
+    assert_refused_once(raw_dealer(served.address), type_, body, field)
+    assert client.capacity.snapshot("lax").used == 0
+    assert len(client.runs.list(limit=1000)) == runs  # nothing launched
+    assert_no_restarts(served)
