@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -188,10 +189,6 @@ def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
     """The child's end is stored; then the disk fills before the run's settlement commits.
     The supervisor had forgotten the run in memory before that commit failed: it stayed
     `running` for good with its slot held, until a node restart."""
-    import threading
-
-    from subagents_node.messages.base import Ack
-    from subagents_node.messages.node import DebugSleep
     from tests.support.runs import Gate, launch_context, script_agents, wait_until
 
     agents = script_agents(tmp_path / "agents")
@@ -201,20 +198,24 @@ def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
             client = node.client()
             ctx = launch_context(agents, max_active_async_runs_per_session=2)
             run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+            probe = client.fanout.create(root_run_id="probe", limit=1)
             [child] = gate.accept(1)
-            # The fan-out owner is busy for a while: the settlement waits for its budget read.
-            busy = threading.Thread(
-                target=lambda: node.client().ask(DebugSleep(ms=3000), Ack, target="fanout")
-            )
-            busy.start()
-            child.release(0)
-            child.wait_exit()
-            wait_until(
-                lambda: client.runs.show(run.run_id).children[0].state == "complete",
-                what="the child's end stored",
-            )
-            filler = _fill(tiny_disk)
-            busy.join()
+            # The fan-out owner is stopped until the disk is full: the settlement waits for its
+            # budget read. (A 3 s sleep of the owner instead ran out first on a loaded host.)
+            fanout = next(a.pid for a in node.status().actors if a.name == "fanout")
+            assert fanout is not None
+            os.kill(fanout, signal.SIGSTOP)
+            try:
+                child.release(0)
+                child.wait_exit()
+                wait_until(
+                    lambda: client.runs.show(run.run_id).children[0].state == "complete",
+                    what="the child's end stored",
+                )
+                filler = _fill(tiny_disk)
+            finally:
+                os.kill(fanout, signal.SIGCONT)
+            client.fanout.snapshot(probe)  # the owner has answered the settlement's read
             assert client.runs.show(run.run_id).state == "running"  # its settlement was undone
             filler.unlink()
             done = client.runs.wait(run.run_id, timeout=30)

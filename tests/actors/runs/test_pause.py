@@ -14,6 +14,8 @@ Embedded node, real children (the gate agent holds a step open until the test re
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -23,7 +25,6 @@ import pytest
 from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.base import Ack
 from subagents_node.messages.errors import (
     AppendRejected,
     DeadlineExpired,
@@ -33,7 +34,6 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.lineage import Append, AppendResult, Resume
-from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
 from subagents_node.node.node import Node
 from tests.support.manage import embedded
@@ -535,7 +535,7 @@ def test_r_run_2_a_checkpoint_deadline_due_while_an_approve_is_admitted_fires_on
     (the run may go on, with the same absolute deadline). If that admission then fails, the run
     still waits: its deadline must fire then (at once, it passed). Nothing fired it again: the
     run stayed `paused` with its slot for good."""
-    budget_ms = 6000
+    budget_ms = 8000  # room for two node starts on a loaded host (6 s ran out in CI)
     chain = [step(ctx, "echo", "one"), ChainStep(kind="checkpoint"), step(ctx, "echo", "two")]
     with Node.embedded(state_dir=state_dir) as node:  # leaves the checkpoint wait parked
         client = node.client()
@@ -546,21 +546,25 @@ def test_r_run_2_a_checkpoint_deadline_due_while_an_approve_is_admitted_fires_on
 
     with embedded(state_dir, faults=True, settings={"fault_points": [point]}) as node:
         client = node.client(timeout=60)
-        # The capacity owner is busy until past the deadline: the approve's slot transfer (its
-        # admission's first step) waits on it, so the deadline comes while it is admitted.
-        busy_ms = round((deadline - time.time()) * 1000) + 1000
-        assert busy_ms > 1000, "the deadline passed before the approve could be sent"
-        busy = node.client(timeout=60)
-        asleep = threading.Thread(
-            target=lambda: busy.ask(DebugSleep(ms=busy_ms), Ack, target="capacity")
+        # The capacity owner is stopped until past the deadline: the approve's slot transfer
+        # (its admission's first step) waits on it, so the deadline comes while it is admitted.
+        # (Not a sleep of the owner: one sized before the second node started ran out on a
+        # loaded host, and a sleep is at most 10 s.)
+        capacity = next(a.pid for a in node.owner_statuses() if a.name == "capacity")
+        assert capacity is not None
+        assert time.time() < deadline - 1, "the deadline passed before the approve could be sent"
+        os.kill(capacity, signal.SIGSTOP)
+        waking = threading.Timer(
+            deadline + 1.0 - time.time(), lambda: os.kill(capacity, signal.SIGCONT)
         )
-        asleep.start()
+        waking.start()
         try:
             with pytest.raises(InjectedFault):
                 client.runs.approve(run.run_id, capacity_limit=LIMIT)
             assert time.time() > deadline, "the approve was not admitted when its deadline came"
         finally:
-            asleep.join()
+            waking.cancel()
+            os.kill(capacity, signal.SIGCONT)
 
         ended = client.runs.wait(run.run_id, timeout=20)
         assert (ended.state, ended.error) == ("failed", f"Run timed out after {budget_ms} ms.")
