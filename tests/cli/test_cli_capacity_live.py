@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import json
-import threading
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,9 +30,7 @@ from subagents_node.client.capacity_views import live_capacity_plan
 from subagents_node.client.client import Client
 from subagents_node.client.fanout_views import RECORDED
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.base import Ack
 from subagents_node.messages.errors import NodeError
-from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
@@ -143,15 +142,15 @@ def test_r_sts_1_a_pool_that_cannot_be_read_keeps_the_recorded_figure_marked_and
     contexts = [launch_context(agents, max_active_async_runs_per_session=3) for _ in range(2)]
     runs = [background(client, ctx, "gate", str(gate.path)) for ctx in contexts]
     children = gate.accept(2)
-    busy = threading.Thread(
-        target=lambda: node.client().ask(DebugSleep(ms=3000), Ack, target="capacity")
-    )
+    # Stopped until the frame is read (a 3 s sleep of the owner could end first, loaded).
+    capacity = next(a.pid for a in client.status().actors if a.name == "capacity")
+    assert capacity is not None
+    os.kill(capacity, signal.SIGSTOP)
     try:
-        busy.start()
         wait_until(lambda: unread(client, contexts[0].session_id), what="a busy capacity owner")
         live = client.perform(live_capacity_plan(runs, timeout=0.5))
     finally:
-        busy.join()
+        os.kill(capacity, signal.SIGCONT)
         for child in children:
             child.release(0)
         for run in runs:

@@ -65,7 +65,7 @@ def test_a_read_in_flight_when_its_owner_is_killed_is_resent_and_answered(
     client.fanout.claim(budget, ["a", "b"])
     # The owner is busy with a sleep, so the snapshot queued behind it is in flight when the
     # owner is killed: it never reaches the handler of that process.
-    busy = transport.submit(DebugSleep(ms=3000), "fanout")
+    busy = transport.submit(DebugSleep(ms=10_000), "fanout")  # asleep at the kill, loaded too
     read = transport.submit(ReadSnapshot(descriptor=budget))
     kill_and_wait_back(node, "fanout")
     started = time.monotonic()
@@ -125,7 +125,7 @@ def test_the_async_client_resends_a_read_and_refuses_to_resend_a_write(
 
     async def go() -> tuple[object, BaseException | None, float]:
         async with AsyncClient(node.address, timeout=TIMEOUT_S) as aio:
-            busy = asyncio.ensure_future(aio.ask(DebugSleep(ms=3000), Ack, target="fanout"))
+            busy = asyncio.ensure_future(aio.ask(DebugSleep(ms=10_000), Ack, target="fanout"))
             await asyncio.sleep(0)  # let the sleep go out first
             read = asyncio.ensure_future(aio.fanout.snapshot(budget))
             claim = asyncio.ensure_future(aio.fanout.claim(budget, ["b"]))
