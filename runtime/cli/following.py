@@ -26,7 +26,9 @@ from subagents_node.cli.common import EXIT_INTERRUPTED, emit, plural
 from subagents_node.cli.ending import Ended, EndingSignals, interruption
 from subagents_node.cli.tables import pause_text
 from subagents_node.client.client import Client
-from subagents_node.messages.errors import NodeNotRunning, SubagentsError
+from subagents_node.client.launchagain import with_launch_id
+from subagents_node.client.nodewait import node_lost
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, SubagentsError
 from subagents_node.messages.supervisor import ChildView, Launch, RunEvent, RunView
 
 
@@ -211,8 +213,10 @@ def across_nodes(
     for left in range(MAX_TAKEOVERS, -1, -1):
         try:
             return client, attempt(client)
-        except NodeNotRunning:
-            if reconnect is None or not left:
+        except (NodeNotRunning, NodeTimeout) as err:
+            # A node killed with a request in flight is lost too (`node_gone`): a launch sent
+            # again under its launch id, a follow, each goes on on the next node.
+            if reconnect is None or not left or not node_lost(err):
                 raise
             click.echo(
                 f"the node stopped under {what}; following it on the state dir's next node",
@@ -225,6 +229,18 @@ def across_nodes(
 
 #: Starts a foreground command's run on the node's client: a launch, a rerun.
 Start = Callable[[Client], RunView]
+
+
+def launching(launch: Launch) -> Start:
+    """What starts the run: `launch`, sent under one launch id, so that sent again on the
+    next node (its node killed with it in flight) it is the one run. The state dir's next
+    node is not waited for, as an API call does (launchagain.py): with `reconnect`, this
+    command starts that node itself, at once."""
+    # This command follows it: on a node it embeds (now, or later to take a lost node's
+    # place), the run's children die with it, should it be killed with -9
+    # (runs/binding.py, runs/rebinding.py).
+    sent = with_launch_id(launch.model_copy(update={"foreground_pid": os.getpid()}))
+    return lambda client: client.runs.launch(sent, next_node_s=0.0)
 
 
 def launch_and_follow(
@@ -251,34 +267,31 @@ def launch_and_follow(
     """
     with EndingSignals() as signals:
         try:
-            with clients as client:
+            with clients as client, contextlib.ExitStack() as taken:
                 if signals.pending is None:
                     with signals.holding():
                         if isinstance(launch, Launch):
-                            # This command follows it: on a node it embeds (now, or later to
-                            # take a lost node's place), the run's children die with it, should
-                            # it be killed with -9 (runs/binding.py, runs/rebinding.py).
-                            own = {"foreground_pid": os.getpid()}
-                            started = client.runs.launch(launch.model_copy(update=own))
-                        else:
+                            client, started = across_nodes(
+                                client, launching(launch), "its launch", reconnect, taken
+                            )
+                        else:  # a rerun of a run the node it asked knows: that node or none
                             started = launch(client)
                     shown = Shown()  # a follow taken over goes on from there
 
                     def following(on: Client) -> RunView:
                         return follow(on, started, as_json, signals, shown)
 
-                    with contextlib.ExitStack() as taken:
-                        client, final = across_nodes(
-                            client,
-                            following,
-                            f"run {started.run_id}",
-                            reconnect,
-                            taken,
-                            signals.holding,  # the run goes on: so does the follow
-                        )
-                        if then is not None:
-                            then(client, final)
-                        signals.hold()
+                    client, final = across_nodes(
+                        client,
+                        following,
+                        f"run {started.run_id}",
+                        reconnect,
+                        taken,
+                        signals.holding,  # the run goes on: so does the follow
+                    )
+                    if then is not None:
+                        then(client, final)
+                    signals.hold()
                     return final
         except (KeyboardInterrupt, Ended) as exc:
             signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)

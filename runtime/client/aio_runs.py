@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from subagents_node.client import launchagain
 from subagents_node.client import runs as run_plans
+from subagents_node.client.client import checked_timeout
 from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
+from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
 
@@ -29,10 +31,11 @@ class AsyncRunsAPI:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
-    async def launch(self, launch: Launch) -> RunView:
+    async def launch(self, launch: Launch, next_node_s: float = NODE_BACK_S) -> RunView:
         """As `RunsAPI.launch`: under a launch id, sent again under it when its answer is lost
-        (client/launchagain.py); the wait for the next node runs in a thread (an inotify
-        wait), so the loop's other coroutines go on meanwhile."""
+        (client/launchagain.py); the wait for the next node (up to `next_node_s`) runs in a
+        thread (an inotify wait), so the loop's other coroutines go on meanwhile."""
+        wait_s = checked_timeout(next_node_s, "next_node_s")
         sends = launchagain.Sends(launch)
         while True:
             try:
@@ -42,7 +45,8 @@ class AsyncRunsAPI:
             except (NodeNotRunning, NodeTimeout) as err:
                 if sends.again_after_node(err):
                     address, timeout = self._client.address, self._client.timeout
-                    if not await asyncio.to_thread(launchagain.served_again_at, address, timeout):
+                    back = launchagain.served_again_at
+                    if not await asyncio.to_thread(back, address, timeout, wait_s):
                         sends.give_up()
 
     async def watch(

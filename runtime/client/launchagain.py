@@ -89,8 +89,10 @@ class Sends:
         raise self._first
 
 
-def launch(client: Client, request: Launch) -> RunView:
-    """`client.runs.launch`: the launch's run, sent again under its launch id as needed."""
+def launch(client: Client, request: Launch, next_node_s: float = NODE_BACK_S) -> RunView:
+    """`client.runs.launch`: the launch's run, sent again under its launch id as needed, on
+    the state dir's next node when that serves within `next_node_s` (a foreground command
+    that starts that node itself waits for none: runtime/cli/following.py)."""
     sends = Sends(request)
     while True:
         try:
@@ -98,11 +100,11 @@ def launch(client: Client, request: Launch) -> RunView:
         except BadRequest as err:
             sends.older_node(err)
         except (NodeNotRunning, NodeTimeout) as err:
-            if sends.again_after_node(err) and not served_again(client, NODE_BACK_S):
+            if sends.again_after_node(err) and not served_again(client, next_node_s):
                 sends.give_up()
 
 
-def served_again_at(address: str, timeout: float) -> bool:
+def served_again_at(address: str, timeout: float, wait_s: float = NODE_BACK_S) -> bool:
     """`served_again` for an asyncio client (aio_runs.py): asked with a blocking client of its
     own, in a worker thread, away from the loop's sockets."""
     from subagents_node.client.client import connect
@@ -110,4 +112,4 @@ def served_again_at(address: str, timeout: float) -> bool:
     if ipc_path(address) is None:  # a tcp address may name any host's node: none is waited for
         return False
     with connect(address, timeout) as client:
-        return served_again(client, NODE_BACK_S)
+        return served_again(client, wait_s)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from subagents_node.client.arguments import listed, plain_callback
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
+from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
 from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
@@ -244,13 +245,16 @@ class RunsAPI:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def launch(self, launch: Launch) -> RunView:
+    def launch(self, launch: Launch, next_node_s: float = NODE_BACK_S) -> RunView:
         """Admit and start a run; returns as soon as its first children started. Sent under a
         launch id (a fresh one unless `launch` has one), and sent again under it when its
-        answer is lost (client/launchagain.py): one run, whatever happened to the first send."""
+        answer is lost (client/launchagain.py): one run, whatever happened to the first send.
+        A node lost with it in flight is waited for up to `next_node_s` seconds (the state
+        dir's next node; 0: not at all, for a caller that starts that node itself)."""
         from subagents_node.client.launchagain import launch as launch_once
 
-        return launch_once(self._client, launch)
+        wait_s = checked_timeout(next_node_s, "next_node_s")
+        return launch_once(self._client, launch, wait_s)
 
     def watch(self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S) -> RunEvents:
         return self._client.perform(watch_plan(run_id, after_seq, wait_s, self._client.timeout))

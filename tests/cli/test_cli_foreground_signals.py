@@ -46,8 +46,8 @@ def interrupt():
 if step == "launch":
     real_launch = RunsAPI.launch
 
-    def launch(self, request):
-        view = real_launch(self, request)
+    def launch(self, request, **options):
+        view = real_launch(self, request, **options)
         with open(os.environ["READY_FIFO"]) as fifo:
             pids = fifo.read()
         with open(os.environ["PIDS_FILE"], "w") as out:

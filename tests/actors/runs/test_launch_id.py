@@ -18,6 +18,7 @@ import asyncio
 import os
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import Client
+from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, LaunchIdConflict, SubagentsError
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import Launch, LaunchResult, RunView
@@ -251,6 +253,33 @@ def test_r_spn_5_run_async_rides_out_a_node_lost_mid_launch_with_one_run_charged
     [run] = client.runs.list(session_id=session)
     assert out.strip() == run.run_id
     assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    assert client.session.spawn_snapshot(session).used == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["reserve_spawns", "answer_launch"])
+def test_r_spn_5_a_foreground_run_whose_node_dies_mid_launch_starts_a_node_and_is_one_run(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, point: str
+) -> None:
+    """A foreground `run` whose (detached) node was killed mid-launch waited NODE_BACK_S for
+    another node, then exited 4 ("outcome unknown"); run again, it charged a second spawn.
+    It starts a node of its own at once now (as it does when none runs), sends the launch
+    again there under its launch id, and follows the one run to its end."""
+    session = new_session()
+    dying = start_node("--faults", state_dir=state_dir, kill_at=point)
+    env = {**os.environ, "SUBAGENTS_MAX_SPAWNS_PER_SESSION": "1"}
+    args = ["--agents-dir", str(agents), "--cwd", str(state_dir), "--session", session]
+    command = [*CLI, "--state-dir", str(state_dir), "run", *args, "echo", "hi"]
+    began = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WAIT_S * 3)
+    took = time.monotonic() - began
+
+    assert done.returncode == 0, done.stderr
+    assert dying.wait_exited(WAIT_S), f"the node did not die at {point}"
+    assert took < NODE_BACK_S, f"{took:.1f} s: it waited for another node to start"
+    client = start_node(state_dir=state_dir).client(timeout=20)
+    [run] = client.runs.list(session_id=session)
+    assert (run.state, run.background) == ("complete", False)
     assert client.session.spawn_snapshot(session).used == 1
 
 
