@@ -1,10 +1,10 @@
 """A process out of file descriptors, told as one typed error instead of whatever failed.
 
 Owns the translation of EMFILE and ENFILE (from the OS or from libzmq, which reports them with
-the same numbers) into `OutOfDescriptors`, for every place a client opens something: a socket,
-the node's pid record, /proc, a module it imports on first use. Before, such a client said the
-node's socket was stale (an unreadable pid record read as a dead node) or raised libzmq's own
-error.
+the same numbers) into `OutOfDescriptors`, where a client opens something to reach its node: a
+zmq context or socket, the node's pid record, /proc. Before, such a client said the node's
+socket was stale (an unreadable pid record read as a dead node) or raised libzmq's own error.
+(A module the client imports on an API's first use still fails with Python's own OSError.)
 
 It must never open anything itself (it runs when nothing more can be opened) and never imports
 the node's code.
@@ -35,9 +35,10 @@ def exhausted(exc: BaseException) -> OutOfDescriptors | None:
         )
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     limit = None if soft == resource.RLIM_INFINITY else soft
+    cap = f"its limit is {limit} open files" if limit is not None else "the kernel's own cap"
     return OutOfDescriptors(
-        f"this process is out of file descriptors (its limit is {limit} open files): nothing "
-        "was sent to the node; close some, or raise the limit (`ulimit -n`)",
+        f"this process is out of file descriptors ({cap}): nothing was sent to the node; "
+        "close some, or raise the limit (`ulimit -n`)",
         limit=limit,
     )
 
