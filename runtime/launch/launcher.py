@@ -334,14 +334,21 @@ class LaunchContext:
         extra = set(entry) - {"agent", "task", "cwd", "output"}
         if extra:
             raise _bad(path, f"unknown keys {sorted(extra)}")
+        for key in ("cwd", "output"):  # in the file's words, not the wire model's
+            value = entry.get(key)
+            if value is not None and not isinstance(value, str):
+                raise _bad(path, f"a task's {key!r} is a string, not {value!r}")
         found = self.catalog.get(agent)
-        return _build(
-            TaskItem,
-            agent=agent_plan(found),
-            task=task,
-            cwd=entry.get("cwd") or found.cwd,
-            output=entry.get("output"),
-        )
+        try:
+            return _build(
+                TaskItem,
+                agent=agent_plan(found),
+                task=task,
+                cwd=entry.get("cwd") or found.cwd,
+                output=entry.get("output"),
+            )
+        except BadRequest as err:  # a value out of its domain (a cwd past PATH_MAX, ...)
+            raise _bad(path, f"a task's {err.message.partition(': ')[2]}") from None
 
 
 def _build(model: type[M], /, **fields: Any) -> M:

@@ -39,6 +39,13 @@ SLEEP = {"agent": "sleeper", "task": "seconds=0"}
             {"steps": [SLEEP, {**SLEEP, "expand": True, "max_items": 2.0}]},
             "'max_items' is a positive integer",
         ),
+        ("parallel", {"tasks": [{**SLEEP, "cwd": 5}]}, "a task's 'cwd' is a string, not 5"),
+        ("chain", {"steps": [{**SLEEP, "output": True}]}, "a task's 'output' is a string"),
+        (
+            "parallel",
+            {"tasks": [{**SLEEP, "cwd": "/tmp/" + "a" * 256}]},
+            "a task's cwd: ",
+        ),
     ],
     ids=[
         "typo at the top",
@@ -48,6 +55,9 @@ SLEEP = {"agent": "sleeper", "task": "seconds=0"}
         "unknown key beside parallel",
         "max_items true",
         "max_items float",
+        "cwd a number",
+        "output a bool",
+        "cwd past NAME_MAX",
     ],
 )
 def test_a_key_a_run_file_would_drop_is_refused_naming_it(
