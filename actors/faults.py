@@ -31,11 +31,14 @@ class FaultInjection:
         self._node_pid = int(settings.get("node_pid", 0) or 0)
 
     def crash(self, point: str) -> None:
-        """Die here with SIGKILL when `point` is one of the kill points."""
-        if point not in self._kill_points:
+        """Die here with SIGKILL when `point` is one of the kill points: the node with this
+        process, or this owner process alone when the point is given as `owner:POINT` (the
+        node restarts it, as after an OOM kill of that process only)."""
+        alone = f"owner:{point}" in self._kill_points
+        if point not in self._kill_points and not alone:
             return
-        log.warning("fault injection: killing the node at %s", point)
-        if self._node_pid and self._node_pid != os.getpid():
+        log.warning("fault injection: killing the %s at %s", "owner" if alone else "node", point)
+        if not alone and self._node_pid and self._node_pid != os.getpid():
             # The node first (its owners die with it, PDEATHSIG), then this process.
             with suppress(ProcessLookupError):
                 os.kill(self._node_pid, signal.SIGKILL)

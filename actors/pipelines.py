@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.errors import Internal, SubagentsError
+from subagents_node.messages.errors import Internal, OwnerUnavailable, SubagentsError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,17 @@ Pipeline = Generator[Any, Message, Message]
 #: The owner's key type: a frozen record (actors/records.py), or a union of them, naming one
 #: call's answer.
 K = TypeVar("K", bound=Hashable)
+
+
+#: How many times one request of a pipeline is sent again after it went unanswered.
+MAX_RESENDS = 2
+
+
+def _lost(outcome: Outcome) -> bool:
+    """Whether `outcome` says the request went unanswered (OwnerLinks: its deadline passed,
+    the owner killed or restarting with it in flight), not that its owner refused it or is
+    `failed`."""
+    return isinstance(outcome, OwnerUnavailable) and outcome.details.get("reason") == "timeout"
 
 
 class Durable:
@@ -65,6 +76,8 @@ class Pipelines(Generic[K]):
         self._running: dict[K, tuple[Pipeline, ReplyFn]] = {}
         #: Pipelines whose next request waits for the owner's commit (Durable).
         self._after_commit_keys: set[K] = set()
+        #: Each running pipeline's request in flight, and how often it was sent again.
+        self._in_flight: dict[K, tuple[Request, int]] = {}
 
     def start(self, key: K, pipeline: Pipeline, reply: ReplyFn) -> None:
         self._running[key] = (pipeline, reply)
@@ -75,9 +88,22 @@ class Pipelines(Generic[K]):
         return key in self._running
 
     def resume(self, key: K, outcome: Outcome) -> bool:
-        """Feed an answer to its pipeline; False when the key names none (bookkeeping)."""
+        """Feed an answer to its pipeline; False when the key names none (bookkeeping).
+
+        A request that went unanswered (its owner killed with it in flight, or restarting) is
+        sent again, at most MAX_RESENDS times, when it is safe to send twice
+        (`resendable_as_sent`: a read, or a write under an id that makes it count once); the
+        pipeline never sees the lost send. Before, a session owner killed after counting a
+        launch's spawns failed that launch, and the spawns stayed counted."""
         if key not in self._running:
+            self._in_flight.pop(key, None)
             return False
+        sent, resends = self._in_flight.pop(key, (None, 0))
+        again = sent is not None and resends < MAX_RESENDS and sent.resendable_as_sent()
+        if again and sent is not None and _lost(outcome):
+            log.warning("%s to %s went unanswered; sending it again", sent.type, sent.target)
+            self._send(key, sent, resends + 1)
+            return True
         if isinstance(outcome, SubagentsError):
             self._step(key, None, outcome)
         else:
@@ -96,11 +122,17 @@ class Pipelines(Generic[K]):
 
             self._after_commit(send)
             return
+        self._send(key, request, 0)
+
+    def _send(self, key: K, request: Request, resends: int) -> None:
         assert self._ctx.dispatch is not None, "the node injects dispatch"
         deliver = self._deliver
+        if key in self._running:
+            self._in_flight[key] = (request, resends)
         try:
             self._ctx.dispatch(request, request.target, lambda o: deliver(key, o))
         except SubagentsError as err:  # Busy, or the target is gone: nothing was queued
+            self._in_flight.pop(key, None)
             if key in self._running:
                 self._step(key, None, err)
             else:
@@ -120,6 +152,7 @@ class Pipelines(Generic[K]):
                 self._step(key, None, error)
 
     def _step(self, key: K, value: Message | None, error: SubagentsError | None) -> None:
+        self._in_flight.pop(key, None)
         pipeline, reply = self._running[key]
         try:
             # A first send(None) primes the generator.

@@ -39,6 +39,8 @@ from typing import Any
 
 from subagents_node.actors import quarantine
 from subagents_node.actors import sessionschema as schema
+from subagents_node.actors.context import ActorContext
+from subagents_node.actors.faults import FaultInjection
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.constants import MAX_INT32
@@ -73,6 +75,10 @@ from subagents_node.messages.session import (
 class SessionActor(OwnerActor):
     name = "session"
     MIGRATIONS = schema.MIGRATIONS
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self._faults = FaultInjection(ctx)  # tests only: inert without faults
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         return {
@@ -160,6 +166,8 @@ class SessionActor(OwnerActor):
                 "reserved_at) VALUES (?, ?, ?, ?)",
                 (req.reservation_id, req.session_id, req.requested, self.ctx.clock()),
             )
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("spawn_reserved"))  # counted, not yet answered
         return ReserveResult(counted=req.requested, snapshot=self._snapshot(req.session_id))
 
     def grant(self, req: GrantSpawns) -> GrantResult:

@@ -117,6 +117,12 @@ class Request(Message):
         super().__pydantic_init_subclass__(**kwargs)
         cls.wire_type = str(cls.model_fields["type"].default)
 
+    def resendable_as_sent(self) -> bool:
+        """Whether this very request may be sent again after it was lost with its owner: its
+        type is `resendable`, or (a few writes) the id it carries makes a second send count
+        nothing more."""
+        return resendable(self)
+
     @property
     def held_s(self) -> float:
         """How long its owner may hold it before answering, by design (a long poll's wait):

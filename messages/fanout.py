@@ -246,6 +246,9 @@ class ClaimPaths(Request):
 
     added_later: ClassVar[tuple[str, ...]] = ("claim_id",)
 
+    def resendable_as_sent(self) -> bool:
+        return self.claim_id is not None
+
 
 class ReservePaths(Request):
     """Hold claims for `ttl_s` (two-phase claim-with-commit, R-FAN-14): they count as used

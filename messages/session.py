@@ -215,6 +215,9 @@ class SpawnReserve(Request):
     requested: Count
     reservation_id: Token | None = None
 
+    def resendable_as_sent(self) -> bool:
+        return self.reservation_id is not None
+
 
 class GrantSpawns(Request):
     """Raise the session's limit by `additional` (R-SPN-6).

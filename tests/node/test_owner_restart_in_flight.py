@@ -24,8 +24,14 @@ from subagents_node.client.channel import PEER_CHECK_S
 from subagents_node.messages.base import Ack, resendable
 from subagents_node.messages.capacity import MarkStarted, Snapshot
 from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
-from subagents_node.messages.fanout import ClaimPaths, ReadSnapshot, ValidateDescriptor
+from subagents_node.messages.fanout import (
+    ClaimPaths,
+    FanoutDescriptor,
+    ReadSnapshot,
+    ValidateDescriptor,
+)
 from subagents_node.messages.node import DebugSleep, NodeStatus, Ping
+from subagents_node.messages.session import SpawnReserve
 from subagents_node.messages.supervisor import Launch, WatchAll
 from tests.support.nodes import NodeProcess
 from tests.support.runs import wait_until
@@ -54,6 +60,17 @@ def test_only_read_only_or_idempotent_requests_are_resendable() -> None:
     assert all(resendable(r) for r in (Ping, NodeStatus, Snapshot, ReadSnapshot))
     assert resendable(ValidateDescriptor) and resendable(MarkStarted)
     assert not any(resendable(r) for r in (ClaimPaths, Launch, DebugSleep))
+
+
+def test_a_write_under_an_id_that_counts_it_once_may_be_sent_again_between_owners() -> None:
+    """What a pipeline sends again after its owner went with it in flight (actors/pipelines.py):
+    the writes whose id makes a second send count nothing more, and no other."""
+    budget = FanoutDescriptor(budget_id="b", limit=4, root_run_id="r")
+    assert ClaimPaths(descriptor=budget, paths=["a"], claim_id="c1").resendable_as_sent()
+    assert not ClaimPaths(descriptor=budget, paths=["a"]).resendable_as_sent()
+    assert SpawnReserve(session_id="s", requested=1, reservation_id="r1").resendable_as_sent()
+    assert not SpawnReserve(session_id="s", requested=1).resendable_as_sent()
+    assert Ping().resendable_as_sent() and not DebugSleep(ms=1).resendable_as_sent()
 
 
 def test_a_read_in_flight_when_its_owner_is_killed_is_resent_and_answered(

@@ -32,6 +32,7 @@ from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, LaunchIdConflict, SubagentsError
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import Launch, LaunchResult, RunView
+from tests.support.manage import embedded
 from tests.support.nodes import CLI, NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -254,6 +255,24 @@ def test_r_spn_5_run_async_rides_out_a_node_lost_mid_launch_with_one_run_charged
     assert out.strip() == run.run_id
     assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
     assert client.session.spawn_snapshot(session).used == 1
+
+
+def test_r_spn_5_a_session_owner_killed_after_counting_a_launch_is_asked_again_and_counts_once(
+    state_dir: Path, agents: Path
+) -> None:
+    """The session owner alone is killed (and restarted by the node) after it committed a
+    launch's spawn count and before it answered. The run supervisor's request waited out its
+    deadline and the launch failed (`OwnerUnavailable`), its spawn counted for good: with a cap
+    of one, the session could launch nothing more. It sends the request again under the
+    launch's reservation id now, which counts nothing more, and the launch goes on."""
+    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:spawn_reserved"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        launch = capped_launch(agents)
+        run = client.runs.launch(launch)
+        [session] = [a for a in node.owner_statuses() if a.name == "session"]
+        assert session.restarts == 1, "the session owner was not killed"
+        one_run_charged_once(client, launch, run)
 
 
 @pytest.mark.slow
