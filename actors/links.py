@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import heapq
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,7 +88,16 @@ RawReplyFn = Callable[[Envelope | SubagentsError], None]
 class _Waiting:
     """A request sent and not answered yet. (Slotted, not a dataclass: ~1 ms of every start.)"""
 
-    __slots__ = ("deadline", "raw", "reply", "request", "target", "timeout_s", "tolerant")
+    __slots__ = (
+        "deadline",
+        "endpoint",
+        "raw",
+        "reply",
+        "request",
+        "target",
+        "timeout_s",
+        "tolerant",
+    )
 
     def __init__(
         self,
@@ -97,9 +107,11 @@ class _Waiting:
         timeout_s: float,
         raw: bool = False,
         tolerant: bool = False,
+        endpoint: str = "",
     ) -> None:
         self.request = request
         self.target = target
+        self.endpoint = endpoint
         self.reply = reply
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
@@ -120,7 +132,11 @@ class OwnerLinks:
         remote_keys: RemoteKeys | None = None,
         on_drop: Callable[[zmq.Socket[bytes]], None] = lambda sock: None,
         other_host: frozenset[str] = frozenset(),
+        peer_check_s: float | None = None,
     ) -> None:
+        """`peer_check_s`: while requests wait, look that often whether the ipc socket file of
+        their peer was replaced (its owner restarted: they are lost) instead of waiting out
+        their deadline (None: never; an owner process's links look every second)."""
         self._zctx = zctx
         #: The targets another host answers (a worker's home's ledgers): read tolerantly.
         self._other_host = other_host
@@ -133,6 +149,10 @@ class OwnerLinks:
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._deadlines: list[tuple[float, str]] = []
+        self._peer_check_s = peer_check_s
+        #: Each ipc link's socket file as it was when the link opened (`_socket_file`).
+        self._peers: dict[str, tuple[int, int, int] | None] = {}
+        self._next_peer_check = 0.0
 
     def watch_with(
         self,
@@ -221,7 +241,9 @@ class OwnerLinks:
         budget = (self._timeout_s if timeout_s is None else timeout_s) + request.held_s
         # A request carried to another worker (`host`) is answered by that worker.
         tolerant = bool(host) or target in self._other_host
-        waiting = self._waiting[env.id] = _Waiting(request, target, reply, budget, raw, tolerant)
+        waiting = self._waiting[env.id] = _Waiting(
+            request, target, reply, budget, raw, tolerant, endpoint
+        )
         heapq.heappush(self._deadlines, (waiting.deadline, env.id))
 
     def receive(self, sock: zmq.Socket[bytes]) -> int:
@@ -274,16 +296,24 @@ class OwnerLinks:
         waiting.reply(SubagentsError.from_wire(reply.body))
 
     def next_deadline(self) -> float | None:
-        """Seconds until the earliest request expires (None: nothing waits)."""
+        """Seconds until the earliest request expires, or its peer is looked at (None:
+        nothing waits)."""
         while self._deadlines and self._deadlines[0][1] not in self._waiting:
             heapq.heappop(self._deadlines)
         if not self._deadlines:
             return None
-        return max(0.0, self._deadlines[0][0] - time.monotonic())
+        due = self._deadlines[0][0]
+        if self._peer_check_s is not None:
+            due = min(due, self._next_peer_check)
+        return max(0.0, due - time.monotonic())
 
     def expire(self) -> None:
-        """Answer every request past its deadline with OwnerUnavailable."""
+        """Answer every request past its deadline with OwnerUnavailable, and every request
+        whose peer's socket file was replaced (its owner restarted with it in flight)."""
         now = time.monotonic()
+        if self._peer_check_s is not None and self._waiting and now >= self._next_peer_check:
+            self._next_peer_check = now + self._peer_check_s
+            self._lost_with_their_peer()
         while self._deadlines and self._deadlines[0][0] <= now:
             _, corr = heapq.heappop(self._deadlines)
             waiting = self._waiting.pop(corr, None)
@@ -298,6 +328,34 @@ class OwnerLinks:
                     reason="timeout",
                 )
             )
+
+    def _lost_with_their_peer(self) -> None:
+        """Answer the requests whose peer's socket file is not the one their link opened on:
+        its owner was restarted (a new process binds a new file) and what it had not answered
+        died with it. A fresh link carries the next request, to the new owner."""
+        replaced = set()
+        for endpoint, opened in self._peers.items():
+            now = _socket_file(endpoint)
+            if opened is None:  # opened before its owner bound: the file it binds is its own
+                self._peers[endpoint] = now
+            elif now != opened:
+                replaced.add(endpoint)
+        if not replaced:
+            return
+        for corr, waiting in list(self._waiting.items()):
+            if waiting.endpoint not in replaced:
+                continue
+            del self._waiting[corr]
+            waiting.reply(
+                OwnerUnavailable(
+                    f"{waiting.target} restarted with {waiting.request.type} in flight",
+                    owner=waiting.target,
+                    state="unknown",
+                    reason="timeout",
+                )
+            )
+        for endpoint in replaced:
+            self._renew(endpoint)
 
     def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._sockets.get(endpoint)
@@ -323,11 +381,13 @@ class OwnerLinks:
                 self._secure(sock, endpoint)
             sock.connect(endpoint)
             self._sockets[endpoint] = sock
+            self._peers[endpoint] = _socket_file(endpoint)
             self._on_socket(sock)
         return sock
 
     def _renew(self, endpoint: str) -> None:
         """Close the link to `endpoint` (what waits on it runs out at its deadline)."""
+        self._peers.pop(endpoint, None)
         sock = self._sockets.pop(endpoint, None)
         if sock is not None:
             self._on_drop(sock)
@@ -363,3 +423,15 @@ class OwnerLinks:
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()
+
+
+def _socket_file(endpoint: str) -> tuple[int, int, int] | None:
+    """The ipc socket file behind `endpoint` (device, inode, ctime: a file system may give the
+    new file the inode number the old one just freed); None for tcp or no file."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    try:
+        found = os.stat(endpoint[len("ipc://") :])
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_ctime_ns

@@ -230,7 +230,9 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     # The node setting `owner_call_timeout_s` (not a user config key: tests shorten it so a
     # request lost with a killed owner is retried in seconds, not after the default 15 s).
     timeout_s = float(settings.get("owner_call_timeout_s") or DEFAULT_TIMEOUT_S)
-    links = OwnerLinks(zctx, spec.name, endpoint_of, timeout_s, other_host=spec.remote)
+    links = OwnerLinks(
+        zctx, spec.name, endpoint_of, timeout_s, other_host=spec.remote, peer_check_s=1.0
+    )
 
     def report_crash(name: str, exc: BaseException) -> None:
         control.say("crash", reason=repr(exc)[:2000])

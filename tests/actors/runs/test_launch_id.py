@@ -275,6 +275,23 @@ def test_r_spn_5_a_session_owner_killed_after_counting_a_launch_is_asked_again_a
         one_run_charged_once(client, launch, run)
 
 
+def test_a_ledger_owner_restarted_mid_admission_is_noticed_in_a_second_not_at_the_deadline(
+    state_dir: Path, agents: Path
+) -> None:
+    """The same kill, with a call deadline longer than the client's own timeout: the run
+    supervisor sees the session owner's socket file replaced (its successor bound a new one)
+    within a second, sends its request again, and the launch is answered in time. Before, it
+    waited out the deadline (15 s by default) whatever had happened to the owner."""
+    settings = {"owner_call_timeout_s": 60.0, "fault_kill_points": ["owner:spawn_reserved"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=20)
+        launch = capped_launch(agents)
+        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
+        [session] = [a for a in node.owner_statuses() if a.name == "session"]
+        assert session.restarts == 1, "the session owner was not killed"
+        one_run_charged_once(client, launch, run)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["reserve_spawns", "answer_launch"])
 def test_r_spn_5_a_foreground_run_whose_node_dies_mid_launch_starts_a_node_and_is_one_run(
