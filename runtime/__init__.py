@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from subagents_node.client.client import Client, connect
     from subagents_node.launch.launcher import LaunchContext
     from subagents_node.messages.supervisor import ChainStep, Launch, RunView, TaskItem
-    from subagents_node.node.node import Node, NodeOptions
+    from subagents_node.node.node import Node
+    from subagents_node.node.options import NodeOptions
     from subagents_node.workflow.launch import workflow_launch, workflow_result
 
 __all__ = [
@@ -56,7 +57,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "Launch": ("subagents_node.messages.supervisor", "Launch"),
     "LaunchContext": ("subagents_node.launch.launcher", "LaunchContext"),
     "Node": ("subagents_node.node.node", "Node"),
-    "NodeOptions": ("subagents_node.node.node", "NodeOptions"),
+    "NodeOptions": ("subagents_node.node.options", "NodeOptions"),
     "RunView": ("subagents_node.messages.supervisor", "RunView"),
     "TaskItem": ("subagents_node.messages.supervisor", "TaskItem"),
     "connect": ("subagents_node.client.client", "connect"),

@@ -450,7 +450,7 @@ def test_api_page_states_each_node_option_with_the_codes_default() -> None:
     (the `code` values in the default cell, in the order the option cell names them)."""
     import dataclasses
 
-    from subagents_node.node.node import NodeOptions
+    from subagents_node.node.options import NodeOptions
 
     internal = {"state_dir", "containment_probe"}  # an argument of its own; set by `start`
     defaults = {

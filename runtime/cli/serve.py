@@ -131,7 +131,8 @@ def serve(
     # Started before the node's code loads: the probe waits in the kernel meanwhile.
     probe = ContainmentProbe(config.settings.containment, str(obj.state_dir.resolve()))
     from subagents_node.node import daemon
-    from subagents_node.node.node import Node, NodeOptions
+    from subagents_node.node.node import Node
+    from subagents_node.node.options import NodeOptions
 
     level = logging.DEBUG if verbose else logging.INFO
     if log_to_file:  # a detached node (start --detach): node.log, rotated by size

@@ -27,9 +27,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from contextlib import AbstractContextManager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -40,14 +38,13 @@ from subagents_node.client.client import Client
 from subagents_node.client.paths import ensure_state_dir, ipc_path, resolve_state_dir
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import Request
-from subagents_node.messages.codec import MAX_FRAME_BYTES
 from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning, NodeNotRunning
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus, TcpListenerStatus
 from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.claim import StateDirClaim
-from subagents_node.node.containment import ContainmentProbe, resolve_containment
+from subagents_node.node.containment import resolve_containment
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.forwarder import Forwarder
@@ -58,45 +55,13 @@ from subagents_node.node.homelink import HomeLink
 from subagents_node.node.hostcalls import HostCalls
 from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.optioncheck import check_options, check_transport
+from subagents_node.node.options import NodeOptions
 from subagents_node.node.ownerpeers import OwnerPeerTable
 from subagents_node.node.ownerproc import OwnerSpec, retire_v1_state
 from subagents_node.node.ownersup import OwnerSupervisor
 from subagents_node.node.relay import Relay
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class NodeOptions:
-    state_dir: Path | None = None
-    #: Extra endpoints besides the state dir's ipc socket (tcp://127.0.0.1:PORT, always CURVE).
-    listen: Sequence[str] = ()
-    ipc: bool = True
-    mailbox_limit: int = 1024
-    max_frame: int = MAX_FRAME_BYTES
-    synchronous: str = "NORMAL"
-    faults: bool = False
-    restart_max: int = 3
-    restart_window_s: float = 5.0
-    settings: dict[str, object] = field(default_factory=dict)
-    #: Multi-host: serve worker nodes (needs a tcp `listen`, which may then be any address).
-    home: bool = False
-    #: Multi-host: be a worker of the home at this tcp endpoint, as `name`, trusting `home_key`
-    #: (the home's server public key), offering `client_key` (a key file; the state dir's
-    #: by default), which the home must allow under `name`.
-    join: str = ""
-    home_key: str = ""
-    name: str = ""
-    client_key: str = ""
-    #: A home's heartbeat interval and the silence after which a worker is `unreachable`.
-    heartbeat_s: float = 1.0
-    heartbeat_timeout_s: float = 5.0
-    #: How long a worker waits for the home to answer a forwarded request.
-    remote_timeout_s: float = 5.0
-    #: The containment probe, started early by whoever knows the state dir and setting first
-    #: (`start`: as this module loads); `start()` probes itself without one, or another's.
-    containment_probe: ContainmentProbe | None = None
-    children_end_with_node: str = "never"  # Node.embedded() sets it: actors/runs/binding.py
 
 
 class Node:

@@ -22,7 +22,7 @@ from subagents_node.messages.errors import BadRequest
 from subagents_node.node.settingscheck import check_settings
 
 if TYPE_CHECKING:
-    from subagents_node.node.node import NodeOptions
+    from subagents_node.node.options import NodeOptions
 
 #: The largest mailbox bound (as `start --mailbox-limit`): a bound, not a preallocation.
 MAX_MAILBOX_LIMIT = 1_000_000

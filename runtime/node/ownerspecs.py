@@ -24,7 +24,7 @@ from subagents_node.node.ownerproc import OwnerSpec
 from subagents_node.node.settingscheck import usable_settings
 
 if TYPE_CHECKING:
-    from subagents_node.node.node import NodeOptions
+    from subagents_node.node.options import NodeOptions
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from subagents_node.messages.errors import BadAddress, ConfigError
 from subagents_node.messages.members import HOME_NAME
 
 if TYPE_CHECKING:
-    from subagents_node.node.node import NodeOptions
+    from subagents_node.node.options import NodeOptions
 
 #: The owners whose state lives on the home node only (DESIGN §1): a worker forwards to them.
 REMOTE_OWNERS = frozenset({"capacity", "fanout", "session"})

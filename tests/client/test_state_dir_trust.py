@@ -19,7 +19,8 @@ import pytest
 
 from subagents_node.client.paths import ensure_state_dir
 from subagents_node.messages.errors import UnsafeStateDir
-from subagents_node.node.node import Node, NodeOptions
+from subagents_node.node.node import Node
+from subagents_node.node.options import NodeOptions
 from tests.support.nodes import run_cli
 
 

@@ -33,7 +33,8 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.messages.node import DebugRaise, DebugSleep, NodeStatus, Ping, Pong
 from subagents_node.node.containment import ContainmentProbe
-from subagents_node.node.node import Node, NodeOptions
+from subagents_node.node.node import Node
+from subagents_node.node.options import NodeOptions
 from subagents_node.node.owners import owner_classes
 from subagents_node.node.store import Store
 from subagents_node.node.supervision import RestartIntensity

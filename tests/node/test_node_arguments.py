@@ -22,7 +22,8 @@ import pytest
 
 from subagents_node.launch.config import load_config
 from subagents_node.messages.errors import BadRequest, NodeAlreadyRunning, NodeNotRunning
-from subagents_node.node.node import Node, NodeOptions
+from subagents_node.node.node import Node
+from subagents_node.node.options import NodeOptions
 from tests.support.nodes import new_state_dir
 from tests.support.runs import wait_until
 

@@ -24,7 +24,8 @@ import zmq
 from subagents_node.client.paths import OWNER_SOCKETS, owner_db
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import OwnerUnavailable
-from subagents_node.node.node import Node, NodeOptions
+from subagents_node.node.node import Node
+from subagents_node.node.options import NodeOptions
 from tests.support.manage import store_rows
 from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
 from tests.support.runs import wait_until
