@@ -20,13 +20,20 @@ home's ledgers, whichever socket carries them) are read as a client reads a node
 another protocol version is its request's UnsupportedProtocol at once, from any peer, never a
 frame dropped as garbled while the request waits out its deadline.
 
+A request in flight to an owner process that ended is lost with it: it is answered
+`OwnerUnavailable` as soon as the links learn it, not at its deadline. An owner process's links
+learn it by looking, while requests wait, whether the peer's ipc socket file was replaced (its
+successor binds a new one); the node's links are told by the node, which reaps its owners
+(`peer_ended`). Either way the next request goes over a fresh link, to the successor.
+
 Not thread-safe by design: the thread that owns the links (an owner process's loop, the
-node's forwarder) is the only one that sends, receives and expires. It never decides
-anything about the requests it carries.
+node's forwarder, its gateway) is the only one that sends, receives and expires; `peer_ended`
+alone may be called from any thread. It never decides anything about the requests it carries.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import heapq
 import logging
@@ -153,6 +160,9 @@ class OwnerLinks:
         #: Each ipc link's socket file as it was when the link opened (`_socket_file`).
         self._peers: dict[str, tuple[int, int, int] | None] = {}
         self._next_peer_check = 0.0
+        #: Endpoints whose owner process ended, told by another thread (`peer_ended`); a
+        #: deque's append and popleft need no lock.
+        self._ended: collections.deque[str] = collections.deque()
 
     def watch_with(
         self,
@@ -212,6 +222,9 @@ class OwnerLinks:
         target = target or request.target
         endpoint = endpoint or self._endpoint_of(target)
         sock = self._socket(endpoint)
+        if self._peer_check_s is not None and self._peers.get(endpoint, 0) is None:
+            # Opened before its owner bound: the file bound since is the one this link reaches.
+            self._peers[endpoint] = _socket_file(endpoint)
         env = Envelope(
             type=request.type,
             body=request.to_body() if body is None else body,
@@ -295,6 +308,21 @@ class OwnerLinks:
             return
         waiting.reply(SubagentsError.from_wire(reply.body))
 
+    def peer_ended(self, endpoint: str) -> None:
+        """Any thread: the owner process behind `endpoint` ended (the node reaped it). What
+        waits on it is answered at the links' own thread's next `take_ended` or `expire` (the
+        caller wakes that thread)."""
+        self._ended.append(endpoint)
+
+    def take_ended(self) -> None:
+        """Answer what waits on each peer told ended, and drop its link: call it before sending
+        (a request sent on the old link after its owner died would be lost as well)."""
+        ended = set()
+        while self._ended:
+            ended.add(self._ended.popleft())
+        if ended:
+            self._lost(ended, "ended")
+
     def next_deadline(self) -> float | None:
         """Seconds until the earliest request expires, or its peer is looked at (None:
         nothing waits)."""
@@ -310,6 +338,7 @@ class OwnerLinks:
     def expire(self) -> None:
         """Answer every request past its deadline with OwnerUnavailable, and every request
         whose peer's socket file was replaced (its owner restarted with it in flight)."""
+        self.take_ended()
         now = time.monotonic()
         if self._peer_check_s is not None and self._waiting and now >= self._next_peer_check:
             self._next_peer_check = now + self._peer_check_s
@@ -332,29 +361,31 @@ class OwnerLinks:
     def _lost_with_their_peer(self) -> None:
         """Answer the requests whose peer's socket file is not the one their link opened on:
         its owner was restarted (a new process binds a new file) and what it had not answered
-        died with it. A fresh link carries the next request, to the new owner."""
+        died with it. Only the peers something waits on are looked at."""
         replaced = set()
-        for endpoint, opened in self._peers.items():
-            now = _socket_file(endpoint)
-            if opened is None:  # opened before its owner bound: the file it binds is its own
-                self._peers[endpoint] = now
-            elif now != opened:
+        for endpoint in {waiting.endpoint for waiting in self._waiting.values()}:
+            opened = self._peers.get(endpoint)  # None: tcp, or no file bound when last sent
+            if opened is not None and _socket_file(endpoint) != opened:
                 replaced.add(endpoint)
-        if not replaced:
-            return
+        if replaced:
+            self._lost(replaced, "restarted")
+
+    def _lost(self, endpoints: set[str], how: str) -> None:
+        """Answer every request waiting on `endpoints` (their owner `how`: it will never
+        answer them) and drop those links: a fresh one carries the next request."""
         for corr, waiting in list(self._waiting.items()):
-            if waiting.endpoint not in replaced:
+            if waiting.endpoint not in endpoints:
                 continue
             del self._waiting[corr]
             waiting.reply(
                 OwnerUnavailable(
-                    f"{waiting.target} restarted with {waiting.request.type} in flight",
+                    f"{waiting.target} {how} with {waiting.request.type} in flight",
                     owner=waiting.target,
                     state="unknown",
                     reason="timeout",
                 )
             )
-        for endpoint in replaced:
+        for endpoint in endpoints:
             self._renew(endpoint)
 
     def _socket(self, endpoint: str) -> zmq.Socket[bytes]:

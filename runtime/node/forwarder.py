@@ -12,8 +12,9 @@ worker's home link says the home is unreachable they fail closed at once with
 `OwnerUnavailable` (reason `home_unreachable`) instead of waiting. Their replies are read as a
 client reads a node's (a home one release newer may add fields: actors/links.py `other_host`).
 
-It never decides anything about a request; an owner that does not answer in time is
-answered `OwnerUnavailable` by the links. One request that cannot be sent is answered with
+It never decides anything about a request; an owner that does not answer in time, or whose
+process the node reaped with the request in flight (`owner_ended`), is answered
+`OwnerUnavailable` by the links. One request that cannot be sent is answered with
 its error and never ends the thread; a request handed over once it has stopped is answered
 `NodeNotRunning`.
 """
@@ -86,6 +87,15 @@ class Forwarder:
                 return
         reply(NodeNotRunning(f"the node stopped; {request.type} was not sent"))
 
+    def owner_ended(self, endpoint: str) -> None:
+        """Any thread (the node's, when it reaps an owner): what this forwarder has in flight
+        to `endpoint` is answered now, not at its deadline."""
+        self._links.peer_ended(endpoint)
+        with self._lock:
+            if not self._stopping:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\x01")
+
     def stop(self) -> None:
         with self._lock:
             self._stopping = True
@@ -117,6 +127,7 @@ class Forwarder:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self._wake_r, 4096):
                             pass
+                links.take_ended()  # before sending: not on a link to a process that is gone
                 while self._queue:
                     request, target, reply = self._queue.popleft()
                     try:

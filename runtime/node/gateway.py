@@ -136,6 +136,12 @@ class Gateway:
 
         return reply
 
+    def owner_ended(self, endpoint: str) -> None:
+        """What the relay has in flight to the reaped owner at `endpoint` is answered now."""
+        if self._relay is not None and not self._stopping:
+            self._relay.links.peer_ended(endpoint)
+            self._wake()
+
     def _wake(self) -> None:
         # A full pipe means a wake-up is already pending.
         with contextlib.suppress(BlockingIOError):
@@ -215,6 +221,8 @@ class Gateway:
                 events = dict(poller.poll(None if wait is None else int(wait * 1000) + 1))
                 if self._wake_r in events:
                     self._drain_wake()
+                if links is not None:
+                    links.take_ended()  # before relaying: not to an owner process that is gone
                 if zap is not None and events.get(zap) and self.curve is not None:
                     self.curve.handle()
                 if budget is not None:
@@ -247,11 +255,9 @@ class Gateway:
         # Empty the pipe first, then clear the flag: the other order loses a wake-up when a
         # reply thread sets the flag and writes between the two steps (the byte is drained, the
         # flag stays set, and later replies wait for an unrelated inbound frame).
-        try:
+        with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 4096):
                 pass
-        except BlockingIOError:
-            pass
         self._wake_pending = False
 
     def _receive(self, socks: list[zmq.Socket[bytes]], via: int) -> None:

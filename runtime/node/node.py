@@ -209,6 +209,7 @@ class Node:
             self.options.restart_max,
             self.options.restart_window_s,
             on_change=self._owners_changed,
+            on_exit=self._owner_ended,
         )
         # The run supervisor first: it recovers its runs before it is ready, the ledgers have
         # less to do.
@@ -268,6 +269,12 @@ class Node:
     def _submit(self, request: Request, target: str, reply: ReplyFn) -> None:
         assert self._forwarder is not None, "the home serves nothing before its forwarder runs"
         self._forwarder.submit(request, target, reply)
+
+    def _owner_ended(self, endpoint: str) -> None:
+        """An owner process was reaped: what the node's links had in flight to it is lost."""
+        for links in (self._forwarder, self._gateway):
+            if links is not None and not self._stopped:
+                links.owner_ended(endpoint)
 
     def _owners_changed(self) -> None:
         """An owner started, restarted or failed: rewrite the address book; when no owner at

@@ -104,7 +104,11 @@ class OwnerSupervisor:
         restart_max: int,
         restart_window_s: float,
         on_change: Callable[[], None] = lambda: None,
+        on_exit: Callable[[str], None] = lambda endpoint: None,
     ) -> None:
+        """`on_change`: an owner started, restarted or failed. `on_exit(endpoint)`: the process
+        of the owner at `endpoint` was reaped (not while stopping), before its successor is
+        forked: whatever was in flight to it will never be answered."""
         self._owners: dict[str, _Owner] = {}
         for spec in specs:
             owner = _Owner(spec, RestartIntensity(lambda r: None, restart_max, restart_window_s))
@@ -113,6 +117,7 @@ class OwnerSupervisor:
             )
             self._owners[spec.name] = owner
         self._on_change = on_change
+        self._on_exit = on_exit
         self._lock = threading.Lock()  # guards the owners' fields read by status()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -369,6 +374,7 @@ class OwnerSupervisor:
         status = self._reap(owner)
         if self._stopping:
             return
+        self._on_exit(owner.spec.endpoint)
         how = _how(status)
         cause = abort_cause(status)
         owner.out_of_descriptors = bool(cause)

@@ -16,6 +16,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from subagents_node import AsyncClient
 from subagents_node.client.channel import PEER_CHECK_S
 from subagents_node.messages.base import Ack, resendable
 from subagents_node.messages.capacity import MarkStarted, Snapshot
-from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
+from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, OwnerUnavailable
 from subagents_node.messages.fanout import (
     ClaimPaths,
     FanoutDescriptor,
@@ -33,7 +34,8 @@ from subagents_node.messages.fanout import (
 from subagents_node.messages.node import DebugSleep, NodeStatus, Ping
 from subagents_node.messages.session import SpawnReserve
 from subagents_node.messages.supervisor import Launch, WatchAll
-from tests.support.nodes import NodeProcess
+from subagents_node.node.node import Node
+from tests.support.nodes import NodeProcess, free_tcp_port
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.processes
@@ -205,3 +207,39 @@ def test_the_async_client_tells_a_read_in_flight_when_its_node_is_killed_no_node
     lost, waited = asyncio.run(go())
     assert isinstance(lost, NodeNotRunning), lost
     assert waited < NOTICED_S, f"waited {waited:.1f} s for a reply that cannot come"
+
+
+#: The node's own links wait this long for an owner (actors/links.py DEFAULT_TIMEOUT_S, 15 s):
+#: a client that gives up sooner saw its request wait out that deadline.
+FORWARDED_TIMEOUT_S = 5.0
+
+
+def fanout_restarts(node: Node) -> int:
+    return next(a.restarts for a in node.owner_statuses() if a.name == "fanout")
+
+
+@pytest.mark.parametrize("via", ["inproc", "tcp"])
+def test_a_request_the_node_carries_to_an_owner_killed_with_it_is_answered_at_once(
+    tmp_path: Path, via: str
+) -> None:
+    """What reaches the node's own sockets for an owner (an embedded node's in-process client,
+    through its forwarder; a tcp peer, through its gateway's relay) is lost when that owner's
+    process dies with it in flight. The node reaps the process and tells those links at once:
+    the caller is answered `unavailable` (the claim's outcome is unknown: it may have been
+    recorded), not after the links' 15 s deadline. The fan-out owner dies here right after
+    it recorded the claim, before its answer."""
+    settings = {"fault_kill_points": ["owner:claim_recorded"]}
+    tcp = {"ipc": False, "listen": [f"tcp://127.0.0.1:{free_tcp_port()}"]}
+    with Node.embedded(
+        tmp_path, faults=True, settings=settings, **(tcp if via == "tcp" else {})
+    ) as node:
+        client = node.client("zmq" if via == "tcp" else "inproc", timeout=FORWARDED_TIMEOUT_S)
+        with client:
+            budget = client.fanout.create(root_run_id="r", limit=4)
+            with pytest.raises(
+                OwnerUnavailable, match=r"fanout ended with fanout\.claim in flight"
+            ):
+                client.fanout.claim(budget, ["tasks[0]"], claim_id="c1")
+            assert fanout_restarts(node) == 1
+            # The next request goes over a fresh link, to the restarted owner.
+            assert client.fanout.snapshot(budget).used == 1
