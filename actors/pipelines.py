@@ -99,8 +99,13 @@ class Pipelines(Generic[K]):
             self._in_flight.pop(key, None)
             return False
         sent, resends = self._in_flight.pop(key, (None, 0))
-        again = sent is not None and resends < MAX_RESENDS and sent.resendable_as_sent()
-        if again and sent is not None and _lost(outcome):
+        # Lost first: a request's own check runs only for one that went unanswered.
+        if (
+            _lost(outcome)
+            and sent is not None
+            and resends < MAX_RESENDS
+            and sent.resendable_as_sent()
+        ):
             log.warning("%s to %s went unanswered; sending it again", sent.type, sent.target)
             self._send(key, sent, resends + 1)
             return True

@@ -41,7 +41,13 @@ def close_inherited(claim: bytes, keep: Iterable[int]) -> int:
         return 0
     closed = 0
     for fd in listed:
-        if fd in kept or _is_file(fd) or _is_claim(fd, claim):
+        if fd in kept:
+            continue
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            mode = 0  # closed already (the listing's own directory descriptor): closed below
+        if _is_file(mode) or (stat.S_ISSOCK(mode) and _is_claim(fd, claim)):
             continue
         with suppress(OSError):  # the listing's own directory descriptor is already gone
             os.close(fd)
@@ -59,23 +65,18 @@ def _logging_fds() -> set[int]:
     return fds
 
 
-def _is_file(fd: int) -> bool:
+def _is_file(mode: int) -> bool:
     """A file, directory or device, not a connection: kept. SQLite keeps a table of the
     database files its process has open, and a forked owner inherits that table with the fds
     it names: closing one under it (an embedding program's own connection to an owner's
     database) fails the owner's opening of that database with 'locking protocol'. What a file
     descriptor holds (no peer, no wake-up) is not what an owner must let go of."""
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
     return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
 def _is_claim(fd: int, claim: bytes) -> bool:
+    """Whether socket `fd` is bound to the abstract name `claim`."""
     try:
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            return False
         copy = os.dup(fd)  # probed through a copy: the socket object closes what it wraps
     except OSError:
         return False
