@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,7 +34,14 @@ from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, stop_active_runs, wait_until, write_agent
+from tests.support.runs import (
+    Gate,
+    launch_context,
+    stop_active_runs,
+    stopped,
+    wait_until,
+    write_agent,
+)
 
 #: More background runs than one page of the active-run listing's default (50).
 HOLDERS = 60
@@ -145,12 +150,11 @@ def test_r_sts_1_a_pool_that_cannot_be_read_keeps_the_recorded_figure_marked_and
     # Stopped until the frame is read (a 3 s sleep of the owner could end first, loaded).
     capacity = next(a.pid for a in client.status().actors if a.name == "capacity")
     assert capacity is not None
-    os.kill(capacity, signal.SIGSTOP)
     try:
-        wait_until(lambda: unread(client, contexts[0].session_id), what="a busy capacity owner")
-        live = client.perform(live_capacity_plan(runs, timeout=0.5))
+        with stopped(capacity):
+            wait_until(lambda: unread(client, contexts[0].session_id), what="a busy capacity owner")
+            live = client.perform(live_capacity_plan(runs, timeout=0.5))
     finally:
-        os.kill(capacity, signal.SIGCONT)
         for child in children:
             child.release(0)
         for run in runs:

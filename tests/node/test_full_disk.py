@@ -15,7 +15,6 @@ import contextlib
 import errno
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,7 +30,7 @@ from subagents_node.messages.constants import MAX_INT32
 from subagents_node.messages.errors import StoreFull
 from subagents_node.messages.fanout import FanoutDescriptor
 from tests.support.nodes import NodeProcess, run_cli, running_node
-from tests.support.runs import Gate, launch_context
+from tests.support.runs import Gate, launch_context, stopped
 
 pytestmark = [
     pytest.mark.processes,
@@ -204,8 +203,7 @@ def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
             # budget read. (A 3 s sleep of the owner instead ran out first on a loaded host.)
             fanout = next(a.pid for a in node.status().actors if a.name == "fanout")
             assert fanout is not None
-            os.kill(fanout, signal.SIGSTOP)
-            try:
+            with stopped(fanout):
                 child.release(0)
                 child.wait_exit()
                 wait_until(
@@ -213,8 +211,6 @@ def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
                     what="the child's end stored",
                 )
                 filler = _fill(tiny_disk)
-            finally:
-                os.kill(fanout, signal.SIGCONT)
             client.fanout.snapshot(probe)  # the owner has answered the settlement's read
             assert client.runs.show(run.run_id).state == "running"  # its settlement was undone
             filler.unlink()

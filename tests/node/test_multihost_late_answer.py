@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -43,7 +41,7 @@ from subagents_node.messages.supervisor import (
     TaskItem,
 )
 from tests.support.fleet import PLACES, Fleet, fleet_on
-from tests.support.runs import wait_until
+from tests.support.runs import stopped, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +74,8 @@ def crew(request: pytest.FixtureRequest) -> Iterator[Fleet]:
 def _stopped(crew: Fleet, name: str) -> Iterator[None]:
     """Worker `name`'s node process stopped (SIGSTOP) for the block: it answers nothing until
     it is continued (SIGCONT), then answers what it was sent meanwhile."""
-    pid = crew.workers[name].pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with stopped(crew.workers[name].pid):
         yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def _launch(crew: Fleet, nested: bool) -> Launch:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -257,6 +259,20 @@ def peak_overlap(run: RunView) -> int:
         alive += step
         peak = max(peak, alive)
     return peak
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """SIGSTOP `pid` for the block: it keeps its sockets but answers nothing until SIGCONT
+    after the block (even when the block killed it: a signal to a gone process is ignored).
+    What a test holds an owner busy with until its event came, where a timed sleep of the
+    owner could end first on a loaded host."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def process_gone(pid: int) -> bool:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,7 @@ from tests.support.manage import embedded, store_rows
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, GateChild, launch_context, wait_until
+from tests.support.runs import Gate, GateChild, launch_context, stopped, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -68,18 +67,6 @@ def pid_of(client: Client, owner: str) -> int:
 
 def slot_held(client: Client, run: RunView) -> bool:
     return client.capacity.inspect(run.run_id, run.session_id).relation == "current"
-
-
-@contextmanager
-def stopped(pid: int) -> Iterator[None]:
-    """SIGSTOP `pid` for the block: it keeps its sockets but answers nothing. SIGCONT after,
-    even when the block killed it (a signal to a gone process is ignored)."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
 
 
 def kill_stopped(client: Client, pid: int, owner: str) -> None:
