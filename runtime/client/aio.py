@@ -31,6 +31,7 @@ from subagents_node.client.client import (
     shutdown_plan,
     status_plan,
 )
+from subagents_node.client.exhaustion import descriptors_needed
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import resolve_state_dir
 from subagents_node.client.plans import Ask, Plan, perform_async
@@ -74,25 +75,29 @@ class AsyncClient:
 
     @cached_property
     def capacity(self) -> AsyncCapacityAPI:
-        from subagents_node.client.aio_capacity import AsyncCapacityAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.aio_capacity import AsyncCapacityAPI
 
         return AsyncCapacityAPI(self)
 
     @cached_property
     def fanout(self) -> AsyncFanoutAPI:
-        from subagents_node.client.aio_fanout import AsyncFanoutAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.aio_fanout import AsyncFanoutAPI
 
         return AsyncFanoutAPI(self)
 
     @cached_property
     def session(self) -> AsyncSessionAPI:
-        from subagents_node.client.aio_session import AsyncSessionAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.aio_session import AsyncSessionAPI
 
         return AsyncSessionAPI(self)
 
     @cached_property
     def runs(self) -> AsyncRunsAPI:
-        from subagents_node.client.aio_runs import AsyncRunsAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.aio_runs import AsyncRunsAPI
 
         return AsyncRunsAPI(self)
 
@@ -147,7 +152,8 @@ class AsyncClient:
 
     @cached_property
     def hosts(self) -> AsyncHosts:
-        from subagents_node.client.aio_hosts import AsyncHosts
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.aio_hosts import AsyncHosts
 
         return AsyncHosts(self)
 

@@ -12,6 +12,7 @@ import os
 from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
+from subagents_node.client.exhaustion import descriptors_needed
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import ipc_endpoint, resolve_state_dir
 from subagents_node.client.plans import Plan, one, perform
@@ -47,25 +48,29 @@ class Client:
 
     @cached_property
     def capacity(self) -> CapacityAPI:
-        from subagents_node.client.capacity import CapacityAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.capacity import CapacityAPI
 
         return CapacityAPI(self)
 
     @cached_property
     def fanout(self) -> FanoutAPI:
-        from subagents_node.client.fanout import FanoutAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.fanout import FanoutAPI
 
         return FanoutAPI(self)
 
     @cached_property
     def session(self) -> SessionAPI:
-        from subagents_node.client.session import SessionAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.session import SessionAPI
 
         return SessionAPI(self)
 
     @cached_property
     def runs(self) -> RunsAPI:
-        from subagents_node.client.runs import RunsAPI
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.runs import RunsAPI
 
         return RunsAPI(self)
 
@@ -111,7 +116,8 @@ class Client:
 
     @cached_property
     def hosts(self) -> Hosts:
-        from subagents_node.client.hosts import Hosts
+        with descriptors_needed():  # a first use opens its module's file
+            from subagents_node.client.hosts import Hosts
 
         return Hosts(self)
 

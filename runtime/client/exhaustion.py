@@ -2,9 +2,9 @@
 
 Owns the translation of EMFILE and ENFILE (from the OS or from libzmq, which reports them with
 the same numbers) into `OutOfDescriptors`, where a client opens something to reach its node: a
-zmq context or socket, the node's pid record, /proc. Before, such a client said the node's
-socket was stale (an unreadable pid record read as a dead node) or raised libzmq's own error.
-(A module the client imports on an API's first use still fails with Python's own OSError.)
+zmq context or socket, the node's pid record, /proc, and the module a ledger API imports on its
+first use (`client.capacity`, ...). Before, such a client said the node's socket was stale (an
+unreadable pid record read as a dead node) or raised libzmq's or Python's own error.
 
 It must never open anything itself (it runs when nothing more can be opened) and never imports
 the node's code.

@@ -49,6 +49,26 @@ if case == "connected":
     for fd in held[:16]:
         os.close(fd)
     outcome(lambda: client.capacity.snapshot("s").used)
+elif case == "first_use":
+    # The ledger API's module is imported on its first use: a file to open.
+    client = connect(address)
+    client.ping()
+    held = exhaust()
+    outcome(lambda: client.capacity.snapshot("s").used)
+    for fd in held[:16]:
+        os.close(fd)
+    outcome(lambda: client.capacity.snapshot("s").used)
+elif case == "async_first_use":
+    async def snapshot():
+        async with AsyncClient(address) as client:
+            await client.ping()
+            held = exhaust()
+            try:
+                return (await client.session.spawn_snapshot("s")).used
+            finally:
+                for fd in held:
+                    os.close(fd)
+    outcome(lambda: asyncio.run(snapshot()))
 elif case == "new":
     held = exhaust()
     outcome(lambda: connect(address).ping().pid)
@@ -112,4 +132,22 @@ def test_a_new_client_out_of_descriptors_gets_the_typed_error_and_works_once_som
 
 def test_an_async_client_out_of_descriptors_gets_the_same_typed_error(node: NodeProcess) -> None:
     (first,) = probe(node, "async")
+    assert_out_of_descriptors(first)
+
+
+def test_a_client_out_of_descriptors_at_an_apis_first_use_gets_the_typed_error(
+    node: NodeProcess,
+) -> None:
+    """`client.capacity` imports its module on first use, which opens a file: out of
+    descriptors, that was Python's own OSError ("Too many open files: .../capacity.py"), from
+    outside the error tree, and no word that nothing was sent."""
+    first, after = probe(node, "first_use")
+    assert_out_of_descriptors(first)
+    assert after == ["ok", "0"]
+
+
+def test_an_async_client_out_of_descriptors_at_an_apis_first_use_gets_the_typed_error(
+    node: NodeProcess,
+) -> None:
+    (first,) = probe(node, "async_first_use")
     assert_out_of_descriptors(first)
