@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.nodes import REPO, NodeProcess
 
 PROBE = r"""
@@ -38,21 +40,14 @@ def exhaust():
     except OSError:
         return held
 
-if case == "connected":
-    # A client already talking to the node opens a channel to an owner it has not used yet.
+if case in ("connected", "first_use"):
     client = connect(address)
     client.ping()
-    import subagents_node.client.capacity, subagents_node.messages.capacity
-    client.capacity
-    held = exhaust()
-    outcome(lambda: client.capacity.snapshot("s").used)
-    for fd in held[:16]:
-        os.close(fd)
-    outcome(lambda: client.capacity.snapshot("s").used)
-elif case == "first_use":
-    # The ledger API's module is imported on its first use: a file to open.
-    client = connect(address)
-    client.ping()
+    if case == "connected":
+        # Talking to the node already, it opens a channel to an owner it has not used yet.
+        import subagents_node.client.capacity, subagents_node.messages.capacity
+        client.capacity
+    # (first_use: the ledger API's module is imported on its first use: a file to open.)
     held = exhaust()
     outcome(lambda: client.capacity.snapshot("s").used)
     for fd in held[:16]:
@@ -111,12 +106,16 @@ def assert_out_of_descriptors(said: list[object]) -> None:
     assert "ulimit -n" in str(message) and "\n" not in str(message)
 
 
+@pytest.mark.parametrize("case", ["connected", "first_use"])
 def test_a_connected_client_out_of_descriptors_is_never_told_its_node_is_gone(
-    node: NodeProcess,
+    node: NodeProcess, case: str
 ) -> None:
-    """Its channel to a new owner read the node's pid record, could not open it, and said "the
-    node that served it is gone (stale socket)" of a node that was running."""
-    first, after = probe(node, "connected")
+    """`connected`: its channel to a new owner read the node's pid record, could not open it,
+    and said "the node that served it is gone (stale socket)" of a node that was running.
+    `first_use`: `client.capacity` imports its module on first use, which opens a file; that
+    was Python's own OSError ("Too many open files: .../capacity.py"), from outside the error
+    tree, with no word that nothing was sent. Both work again once some are closed."""
+    first, after = probe(node, case)
     assert_out_of_descriptors(first)
     assert after == ["ok", "0"]
 
@@ -133,17 +132,6 @@ def test_a_new_client_out_of_descriptors_gets_the_typed_error_and_works_once_som
 def test_an_async_client_out_of_descriptors_gets_the_same_typed_error(node: NodeProcess) -> None:
     (first,) = probe(node, "async")
     assert_out_of_descriptors(first)
-
-
-def test_a_client_out_of_descriptors_at_an_apis_first_use_gets_the_typed_error(
-    node: NodeProcess,
-) -> None:
-    """`client.capacity` imports its module on first use, which opens a file: out of
-    descriptors, that was Python's own OSError ("Too many open files: .../capacity.py"), from
-    outside the error tree, and no word that nothing was sent."""
-    first, after = probe(node, "first_use")
-    assert_out_of_descriptors(first)
-    assert after == ["ok", "0"]
 
 
 def test_an_async_client_out_of_descriptors_at_an_apis_first_use_gets_the_typed_error(
