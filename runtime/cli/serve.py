@@ -164,7 +164,9 @@ def serve(
         daemon.signal_failed(ready_fd, err)
         raise
     gc.enable()  # off since `start` began (cli/main.py, see there)
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    # A closed terminal (SIGHUP) stops it as SIGTERM does: left to its default, the hangup
+    # killed the node at once, its pid file and sockets left behind for the next start.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: node.request_stop())
     daemon.signal_ready(ready_fd, "ready")
     click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)

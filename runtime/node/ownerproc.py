@@ -193,7 +193,12 @@ def run_owner(spec: OwnerSpec, control_fd: int) -> None:
 
 
 def _become_owner(spec: OwnerSpec) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the node's to handle
+    # Ctrl-C, and the hangup of the terminal the node was started in (the shell sends it to
+    # the whole job), are the node's to handle: it stops its owners in order. An owner killed
+    # by the hangup was restarted by the node stopping meanwhile. (The shim template, started
+    # by the run supervisor, inherits both as ignored.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # Die with the node (SIGKILL: every acknowledged write is already committed).

@@ -8,10 +8,14 @@ both ways (real subprocess and click's CliRunner) against real nodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -92,6 +96,57 @@ def test_start_detach_ping_status_stop_as_real_processes(state_dir: Path) -> Non
     assert after.returncode == 3
     assert after.stderr.startswith("error: no node is running at ")
     assert run_cli("stop", state_dir=state_dir).returncode == 3
+
+
+def _read_until(master: int, marker: bytes) -> bytes:
+    """What the node wrote to its terminal, up to `marker` (or its end: EOF, or EIO once it
+    exited)."""
+    said = b""
+    while marker not in said:
+        ready, _, _ = select.select([master], [], [], 20.0)
+        assert ready, f"the node said nothing more in 20 s: {said!r}"
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's other side is closed
+            break
+        if not chunk:
+            break
+        said += chunk
+    return said
+
+
+@pytest.mark.parametrize("hangup", ["terminal closed", "job hung up"])
+def test_a_foreground_node_whose_terminal_hangs_up_stops_as_stop_does(
+    state_dir: Path, hangup: str
+) -> None:
+    """`start` in a terminal that is then closed: the hangup killed the node at once (SIGHUP's
+    default), its pid file and sockets left behind and its owners killed with it; and when
+    the shell passed the hangup on to the whole job, each owner died of it too. Now the node
+    stops as `stop` (or SIGTERM) does: its owners stopped in order, none restarted, nothing
+    left in the state dir, exit 0."""
+    pid, master = pty.fork()
+    if pid == 0:  # the node, in a terminal of its own (a pty) that it leads
+        os.execv(sys.executable, [*CLI, "--state-dir", str(state_dir), "start"])
+    try:
+        _read_until(master, b"serving")
+        node = psutil.Process(pid)
+        owners = node.children()
+        assert len(owners) == 4
+        if hangup == "terminal closed":
+            os.close(master)
+        else:  # what a shell does with its jobs when its own terminal hangs up
+            os.killpg(pid, signal.SIGHUP)
+            said = _read_until(master, b"\0").decode(errors="replace")
+            assert "restarting" not in said, said
+        assert node.wait(timeout=20) == 0
+        assert not psutil.wait_procs(owners, timeout=5)[1], "an owner outlived the node"
+        assert sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock")) == []
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(master)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def test_stop_with_an_address_stops_that_node_and_never_the_state_dirs(
