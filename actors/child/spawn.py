@@ -63,8 +63,12 @@ def executable_of(argv0: str, env: dict[str, str]) -> str:
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
 
 
-#: Reset in the child: what Python ignores (SIGPIPE, SIGXFSZ), as `subprocess` restores them.
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+#: Every signal is at its default in the child, as in one a bare `subprocess.Popen` starts: what
+#: Python ignores (SIGPIPE, SIGXFSZ), and what the node's owners ignore because the node handles
+#: it for them (SIGINT, SIGHUP: runtime/node/ownerproc.py), which the shim template inherited
+#: and every child with it (an ignored signal stays ignored across exec): Ctrl-C in an agent's
+#: own terminal UI, or a hangup sent to its job, did nothing to it or to what it started.
+_DEFAULT_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 
 
 def spawn_agent(order: dict[str, Any]) -> int:

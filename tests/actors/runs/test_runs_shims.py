@@ -27,7 +27,7 @@ from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, read_fifo, wait_until
+from tests.support.runs import Gate, launch_context, read_fifo, wait_until, write_agent
 
 CHILDREN = 30
 T = TypeVar("T")
@@ -110,6 +110,24 @@ def test_r_run_5_a_node_restart_keeps_every_childs_exit_status_and_frees_the_slo
 
     assert_every_exit_status_kept(done, expected)
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+def test_a_child_starts_with_every_signal_at_its_default_as_under_a_bare_popen(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path
+) -> None:
+    """The owners ignore SIGINT and SIGHUP (the node handles them for its owners), and the shim
+    template inherited that, and through its shims every child: each agent started with both
+    ignored (and so did what it started), which no bare Popen does. Every signal is at its
+    default in a child now. (Signals 32 and 33 are glibc's own and left to it.)"""
+    command = '["/bin/sh", "-c", "grep SigIgn /proc/self/status"]'
+    write_agent(agents, "dispositions", "Prints the signals it ignores.", command)
+    client = start_node(state_dir=state_dir).client()
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("dispositions", "x", False, None))
+    [child] = client.runs.wait(run.run_id, timeout=30).children
+    ignored = int(Path(child.stdout_path).read_text().split()[-1], 16)
+    names = [signal.Signals(n).name for n in range(1, 32) if ignored >> (n - 1) & 1]
+    assert names == []
 
 
 def test_r_cap_21_a_setsid_grandchild_holds_the_slot_until_it_ends_and_stop_kills_it(
