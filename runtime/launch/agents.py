@@ -18,6 +18,7 @@ name, when its AgentInvalid is raised. It never reads task text and never starts
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shlex
@@ -152,7 +153,7 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "front matter"
-        reason = f"{where}: {first['msg']}"
+        reason = f"{where}: {first['msg']}{_unquoted(first['type'], first['input'])}"
         raise AgentInvalid(
             f"Invalid agent file {path}: {reason}", path=str(path), reason=reason
         ) from None
@@ -207,6 +208,18 @@ def _split_front_matter(text: str) -> tuple[str, str]:
         if lines[i].strip() in ("---", "..."):
             return "".join(lines[1:i]), "".join(lines[i + 1 :])
     raise ValueError("the front matter is not closed by a '---' line")
+
+
+def _unquoted(error: str, value: object) -> str:
+    """Why a text field got something else, when YAML read an unquoted value as another
+    type (`name: yes` is a boolean, `name: 2024` a number, `name: 2024-06-01` a date)."""
+    if error != "string_type":
+        return ""
+    kinds = ((bool, "a boolean"), ((int, float), "a number"), (datetime.date, "a date"))
+    for types, kind in kinds:
+        if isinstance(value, types):
+            return f" (YAML reads this unquoted value as {kind}: put it in quotes)"
+    return ""
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -138,6 +138,18 @@ def test_r_agt_2_unknown_keys_are_kept_as_extras_with_a_warning(
         (simple("a") + "max_subagent_depth: -1", "max_subagent_depth"),
         (simple("a") + "env: {PORT: 8080}", "env"),
         (simple("a") + "output: true", "output"),
+        # YAML's unquoted booleans, numbers and dates, where a text is expected: said so.
+        (
+            "name: yes\ndescription: d\ncommand: [x]",
+            "name: Input should be a valid string "
+            "(YAML reads this unquoted value as a boolean: put it in quotes)",
+        ),
+        ("name: a\ndescription: 2024\ncommand: [x]", "as a number: put it in quotes"),
+        ("name: a\ndescription: 2024-06-01\ncommand: [x]", "as a date: put it in quotes"),
+        (
+            "name: a\ndescription: d\ncommand: [echo, 3]",
+            "command.1: Input should be a valid string (YAML reads this unquoted value as a number",
+        ),
         (simple("a") + "task_delivery: carrier-pigeon", "task_delivery"),
         (simple("a", command='["tool"]') + "task_delivery: argv", "needs a {task}"),
         (simple("a") + "task_delivery: stdin", "cannot use a {task}"),
