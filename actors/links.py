@@ -23,8 +23,9 @@ frame dropped as garbled while the request waits out its deadline.
 A request in flight to an owner process that ended is lost with it: it is answered
 `OwnerUnavailable` as soon as the links learn it, not at its deadline. An owner process's links
 learn it by looking, while requests wait, whether the peer's ipc socket file was replaced (its
-successor binds a new one); the node's links are told by the node, which reaps its owners
-(`peer_ended`). Either way the next request goes over a fresh link, to the successor.
+successor binds a new one: actors/peerfiles.py); the node's links are told by the node, which
+reaps its owners (`peer_ended`). Either way the next request goes over a fresh link, to the
+successor.
 
 Not thread-safe by design: the thread that owns the links (an owner process's loop, the
 node's forwarder, its gateway) is the only one that sends, receives and expires; `peer_ended`
@@ -37,7 +38,6 @@ import collections
 import errno
 import heapq
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +46,7 @@ import zmq
 
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.outcomes import ReplyFn
+from subagents_node.actors.peerfiles import PeerFiles
 from subagents_node.actors.records import Record, init_fields
 from subagents_node.messages.base import Request, parse_reply, parse_result
 from subagents_node.messages.codec import decode, encode_request, in_other_version, peek_id
@@ -157,11 +158,9 @@ class OwnerLinks:
         self._waiting: dict[str, _Waiting] = {}
         self._deadlines: list[tuple[float, str]] = []
         self._peer_check_s = peer_check_s
-        #: Each ipc link's socket file as it was when the link opened (`_socket_file`).
-        self._peers: dict[str, tuple[int, int, int] | None] = {}
+        self._peers = PeerFiles()
         self._next_peer_check = 0.0
-        #: Endpoints whose owner process ended, told by another thread (`peer_ended`); a
-        #: deque's append and popleft need no lock.
+        #: Peers whose process ended, told by another thread (`peer_ended`): no lock needed.
         self._ended: collections.deque[str] = collections.deque()
 
     def watch_with(
@@ -222,9 +221,8 @@ class OwnerLinks:
         target = target or request.target
         endpoint = endpoint or self._endpoint_of(target)
         sock = self._socket(endpoint)
-        if self._peer_check_s is not None and self._peers.get(endpoint, 0) is None:
-            # Opened before its owner bound: the file bound since is the one this link reaches.
-            self._peers[endpoint] = _socket_file(endpoint)
+        if self._peer_check_s is not None:
+            self._peers.sending(endpoint)
         env = Envelope(
             type=request.type,
             body=request.to_body() if body is None else body,
@@ -362,11 +360,7 @@ class OwnerLinks:
         """Answer the requests whose peer's socket file is not the one their link opened on:
         its owner was restarted (a new process binds a new file) and what it had not answered
         died with it. Only the peers something waits on are looked at."""
-        replaced = set()
-        for endpoint in {waiting.endpoint for waiting in self._waiting.values()}:
-            opened = self._peers.get(endpoint)  # None: tcp, or no file bound when last sent
-            if opened is not None and _socket_file(endpoint) != opened:
-                replaced.add(endpoint)
+        replaced = self._peers.replaced({waiting.endpoint for waiting in self._waiting.values()})
         if replaced:
             self._lost(replaced, "restarted")
 
@@ -412,13 +406,13 @@ class OwnerLinks:
                 self._secure(sock, endpoint)
             sock.connect(endpoint)
             self._sockets[endpoint] = sock
-            self._peers[endpoint] = _socket_file(endpoint)
+            self._peers.opened(endpoint)
             self._on_socket(sock)
         return sock
 
     def _renew(self, endpoint: str) -> None:
         """Close the link to `endpoint` (what waits on it runs out at its deadline)."""
-        self._peers.pop(endpoint, None)
+        self._peers.forget(endpoint)
         sock = self._sockets.pop(endpoint, None)
         if sock is not None:
             self._on_drop(sock)
@@ -454,15 +448,3 @@ class OwnerLinks:
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()
-
-
-def _socket_file(endpoint: str) -> tuple[int, int, int] | None:
-    """The ipc socket file behind `endpoint` (device, inode, ctime: a file system may give the
-    new file the inode number the old one just freed); None for tcp or no file."""
-    if not endpoint.startswith("ipc://"):
-        return None
-    try:
-        found = os.stat(endpoint[len("ipc://") :])
-    except OSError:
-        return None
-    return found.st_dev, found.st_ino, found.st_ctime_ns
