@@ -315,11 +315,10 @@ class OwnerLinks:
     def take_ended(self) -> None:
         """Answer what waits on each peer told ended, and drop its link: call it before sending
         (a request sent on the old link after its owner died would be lost as well)."""
-        ended = set()
-        while self._ended:
-            ended.add(self._ended.popleft())
-        if ended:
-            self._lost(ended, "ended")
+        if not self._ended:  # the common case, on every turn of the loop
+            return
+        # As many as are there now: another thread may append meanwhile (the next turn's).
+        self._lost({self._ended.popleft() for _ in range(len(self._ended))}, "ended")
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest request expires, or its peer is looked at (None:
