@@ -374,7 +374,6 @@ class OwnerSupervisor:
         status = self._reap(owner)
         if self._stopping:
             return
-        self._on_exit(owner.spec.endpoint)
         how = _how(status)
         cause = abort_cause(status)
         owner.out_of_descriptors = bool(cause)
@@ -382,6 +381,8 @@ class OwnerSupervisor:
         log.error("owner %s (pid %d) %s; restarting it", owner.spec.name, pid, how)
         owner.restarts += 1
         owner.intensity.report(owner.spec.name, RuntimeError(owner.reason))
+        # Told once the death is counted: a caller answered at once sees it in `status`.
+        self._on_exit(owner.spec.endpoint)
         if owner.exceeded:
             self._give_up(owner)
             return
