@@ -87,14 +87,16 @@ class ChildKeeper:
         cap_log: LogCap | None = None,
         cap_flush: Callable[[], None] | None = None,
         cgroup_base: str = "",
+        open_files: int | None = None,
     ) -> None:
         """`cap_log(path)` keeps a log file under the node's cap (actors/child/logcap.py) and
         returns the call that stops watching it: a running child's two logs are watched;
         `cap_flush()` hands the cap's thread what changed (called by `flush`).
-        `cgroup_base`: where shims make each child's cgroup ('' for none)."""
+        `cgroup_base`: where shims make each child's cgroup ('' for none); `open_files`: the
+        soft limit on open files children start with (None: this process's)."""
         self._address = node_address
         self._cgroup_base = cgroup_base
-        self._template = ShimTemplate()
+        self._template = ShimTemplate(open_files)
         self._watch = ShimWatch(on_shim_gone)
         self._cap_log = cap_log
         self._cap_flush = cap_flush

@@ -66,8 +66,13 @@ class ShimTemplate:
     """The pre-imported process shims are forked from; started on first use, restarted when it
     is found gone (a write to a closed pipe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, open_files: int | None = None) -> None:
+        """`open_files`: the soft limit on open files the template, its shims and so every
+        child start with (None: this process's)."""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._argv = [sys.executable, "-m", TEMPLATE_MODULE]
+        if open_files is not None:
+            self._argv.append(str(open_files))
 
     @property
     def pid(self) -> int | None:
@@ -102,7 +107,7 @@ class ShimTemplate:
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", TEMPLATE_MODULE],
+                self._argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=None,

@@ -8,7 +8,9 @@ reported to the supervisor as the child's `not_started`, as its shim would have,
 is answered and the slot rolled back; the template lives on for the next order.
 
 Standard library, msgpack and the shim's modules only (what it imports, every shim holds); it
-never logs an order (it may hold the task, R-MISC-1) and never decides a run's outcome.
+never logs an order (it may hold the task, R-MISC-1) and never decides a run's outcome. Its
+soft limit on open files is the one the node lifted its own from, when it did (its argument):
+every shim, and so every child, starts with that, as under a `Popen` from the node's shell.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import gc
 import json
 import math
 import os
+import resource
 import select
 import signal
+import sys
 import time
 from typing import Any
 
@@ -38,6 +42,8 @@ WARM_UP_ROUNDS = 12
 #: could not fork (a node that is up answers at once; one that is not will find the child
 #: unstarted at recovery).
 NOT_FORKED_REPORT_S = 10.0
+#: The fewest open files a shim is left (its report link, wake-up pipe, /proc reads, records).
+MIN_SHIM_OPEN_FILES = 64
 
 
 def _not_forked(order: dict[str, Any], err: OSError) -> None:
@@ -110,9 +116,12 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
         os.rmdir(record_dir)
 
 
-def serve_template() -> None:
+def serve_template(open_files: int | None = None) -> None:
     """The template: read one spawn order (a JSON line) at a time on stdin and fork a shim for
-    each. Exits at EOF: the supervisor that started it is gone (the shims stay)."""
+    each. Exits at EOF: the supervisor that started it is gone (the shims stay). `open_files`:
+    the soft limit on open files its shims, and so their children, start with."""
+    if open_files is not None:
+        _limit_open_files(open_files)
     _warm_up()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
     # Everything imported so far is shared with every shim: keep the collector off those
@@ -144,5 +153,17 @@ def serve_template() -> None:
                     os._exit(code)
 
 
+def _limit_open_files(wanted: int) -> None:
+    """Set the soft RLIMIT_NOFILE to `wanted` (the one the node lifted its own from: what the
+    shell that started the node gives a process), within the hard limit, and never under
+    MIN_SHIM_OPEN_FILES, which a shim itself needs."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = max(wanted, MIN_SHIM_OPEN_FILES)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 if __name__ == "__main__":
-    serve_template()
+    serve_template(int(sys.argv[1]) if len(sys.argv) > 1 else None)

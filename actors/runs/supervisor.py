@@ -160,6 +160,7 @@ class RunSupervisor(OwnerActor):
         self._launches = RunLaunches(self, self._live, self._pipelines)
         self.continuing = self._launches.continuing  # RequestHost: a continuation admitted now
         self._restart = RunRestart(self, self._live, self._outbox, self._launches, self._retention)
+        open_files = ctx.settings.get("child_open_files")  # what the node lifted its own from
         self.keeper = ChildKeeper(
             # Shims report to this owner's own socket (its process's ROUTER), not the node's.
             str(ctx.settings.get("runs_address") or ctx.settings.get("node_address", "")),
@@ -168,6 +169,7 @@ class RunSupervisor(OwnerActor):
             ctx.cap_flush,
             # The node's containment: where each child's cgroup goes ('' = subreaper only).
             str(ctx.settings.get("cgroup_base") or ""),
+            open_files if isinstance(open_files, int) else None,
         )
 
     def on_stop(self) -> None:

@@ -144,6 +144,8 @@ def serve(
         configure_node_log(log_path, settings.node_log_max_bytes, settings.node_log_backups, level)
     else:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Lifted for the node's sockets; its children start with the limit it lifted.
+    child_open_files = raise_descriptor_limit()
     options = NodeOptions(
         state_dir=obj.state_dir,
         listen=(*config.settings.listen, *listen),
@@ -151,9 +153,9 @@ def serve(
         faults=faults,
         settings={**config.actor_settings(), **_kill_points(faults), **_host_call_timeout(faults)},
         containment_probe=probe,
+        child_open_files=child_open_files,
         **fleet,  # type: ignore[arg-type]
     )
-    raise_descriptor_limit()
     hard = low_hard_limit()
     if hard is not None:  # where the node's log says it, beside the crashes it explains
         logging.getLogger(__name__).warning("%s; %s", low_limit_warning(hard), DESCRIPTOR_FIX)

@@ -8,7 +8,9 @@ assertion nothing can catch): the owner restarts, and is marked failed after rep
 Only the hard limit, which an unprivileged process cannot raise, makes that likely; an owner
 killed by SIGABRT under a low limit has that named as the likely cause in its status reason.
 
-It never lowers a limit and never raises the hard one.
+It never lowers a limit and never raises the hard one. The limit it lifted is the one the
+node's children start with (actors/child/template.py): a child runs with what the shell that
+started the node would have given it, not with the node's own.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ DESCRIPTOR_FIX = (
 )
 
 
-def raise_descriptor_limit() -> None:
+def raise_descriptor_limit() -> int | None:
     """Lift the soft RLIMIT_NOFILE toward NODE_DESCRIPTOR_LIMIT, as far as the hard limit lets
-    (what a daemon manager would set); never lowers it."""
+    (what a daemon manager would set); never lowers it. Returns the soft limit it lifted (what
+    the node's children start with: NodeOptions.child_open_files), None when it lifted none."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     ceiling = NODE_DESCRIPTOR_LIMIT if hard == resource.RLIM_INFINITY else hard
     wanted = min(NODE_DESCRIPTOR_LIMIT, ceiling)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return int(soft)
+    return None
 
 
 def low_hard_limit() -> int | None:

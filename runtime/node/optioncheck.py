@@ -79,6 +79,8 @@ def check_options(opts: NodeOptions) -> None:
     _int(opts, "mailbox_limit", 1, MAX_MAILBOX_LIMIT)
     _int(opts, "max_frame", MIN_FRAME, MAX_FRAME)
     _int(opts, "restart_max", 0, 1_000_000)
+    if opts.child_open_files is not None:  # the kernel's own ceiling (fs.nr_open) is under 2**30
+        _int(opts, "child_open_files", 1, 2**30)
     if opts.synchronous not in SYNCHRONOUS:
         raise _refuse("synchronous", "'NORMAL' or 'FULL'", opts.synchronous)
     if opts.children_end_with_node not in CHILDREN_END_WITH_NODE:

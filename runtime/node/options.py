@@ -49,4 +49,8 @@ class NodeOptions:
     #: The containment probe, started early by whoever knows the state dir and setting first
     #: (`start`: as this module loads); `start()` probes itself without one, or another's.
     containment_probe: ContainmentProbe | None = None
+    #: The soft limit on open files the node's children start with (None: the node's own). A
+    #: node started by `start` lifts its own soft limit for its sockets and sets this to the one
+    #: it lifted: a child gets what a `Popen` from the shell that started the node would give.
+    child_open_files: int | None = None
     children_end_with_node: str = "never"  # Node.embedded() sets it: actors/runs/binding.py

@@ -64,6 +64,7 @@ def owner_specs(
         "node_pid": os.getpid(),
         "cgroup_base": cgroup_base,
         "children_end_with_node": options.children_end_with_node,
+        "child_open_files": options.child_open_files,
     }
     specs = []
     secret = server_keypair(state_dir).secret if owner_tcp else ""

@@ -54,6 +54,7 @@ NODE_KEYS = (
     "cgroup_base",
     "caps_child_logs",
     "children_end_with_node",
+    "child_open_files",
 )
 CONFIG_KEYS = tuple(Settings.model_fields)
 KNOWN_KEYS = CONFIG_KEYS + TEST_KEYS

@@ -40,6 +40,8 @@ CARELESS: list[tuple[dict[str, Any], str]] = [
     ({"restart_window_s": float("nan")}, "restart_window_s"),
     ({"heartbeat_s": 0}, "heartbeat_s"),
     ({"remote_timeout_s": float("inf")}, "remote_timeout_s"),
+    ({"child_open_files": 0}, "child_open_files"),
+    ({"child_open_files": "1024"}, "child_open_files"),
     ({"settings": None}, "settings"),
     ({"listen": "tcp://127.0.0.1:7700"}, "listen"),
     ({"ipc": "yes"}, "ipc"),
@@ -65,6 +67,7 @@ CARELESS: list[tuple[dict[str, Any], str]] = [
     ({"settings": {"fault_points": "mark_started"}}, "settings.fault_points"),  # not a list
     ({"settings": {"reservaton_ttl_s": 5.0}}, "settings.reservaton_ttl_s"),  # a typo
     ({"settings": {"node_pid": 1}}, "settings.node_pid"),  # the node's: owners exited at start
+    ({"settings": {"child_open_files": 8}}, "settings.child_open_files"),  # the node's too
 ]
 
 

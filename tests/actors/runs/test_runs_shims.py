@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import threading
@@ -128,6 +129,30 @@ def test_a_child_starts_with_every_signal_at_its_default_as_under_a_bare_popen(
     ignored = int(Path(child.stdout_path).read_text().split()[-1], 16)
     names = [signal.Signals(n).name for n in range(1, 32) if ignored >> (n - 1) & 1]
     assert names == []
+
+
+def test_a_child_starts_with_the_open_files_limit_of_the_shell_that_started_the_node(
+    state_dir: Path, agents: Path
+) -> None:
+    """`start` lifts its own soft limit on open files for its sockets, and every child used to
+    inherit the lifted one (65,536, or the hard limit) where a `Popen` from the shell that
+    started the node gives that shell's (1,024, commonly: a program that select()s, or closes
+    every descriptor up to its limit, behaves otherwise under the other)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"a hard limit of {hard} leaves nothing to lift above 1024")
+    command = '["/bin/sh", "-c", "ulimit -S -n"]'
+    write_agent(agents, "limits", "Prints its soft limit on open files.", command)
+    shell = ("sh", "-c", 'ulimit -S -n 1024 && exec "$0" "$@"')
+    node = NodeProcess(state_dir, prefix=shell).start()
+    try:
+        assert psutil.Process(node.pid).rlimit(psutil.RLIMIT_NOFILE)[0] > 1024  # lifted
+        client = node.client()
+        run = client.runs.launch(launch_context(agents).single("limits", "x", False, None))
+        [child] = client.runs.wait(run.run_id, timeout=30).children
+        assert Path(child.stdout_path).read_text().strip() == "1024"
+    finally:
+        node.cleanup()
 
 
 def test_r_cap_21_a_setsid_grandchild_holds_the_slot_until_it_ends_and_stop_kills_it(
