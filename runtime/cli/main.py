@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from subagents_node.cli.common import (
     EXIT_INTERRUPTED,
@@ -105,6 +106,11 @@ class LazyGroup(click.Group):
         as_json = "--json" in argv
         try:
             outcome = super().main(argv, prog_name, complete_var, False, **extra)
+        except NoArgsIsHelpError as err:
+            # `subagents-node`, or a family such as `config`, alone: its help, as click shows
+            # it (on stderr, exit 2), not that help squeezed into one error line.
+            err.show()
+            _exit(err.exit_code)
         except click.UsageError as err:
             where = err.ctx.command_path if err.ctx else (prog_name or "subagents-node")
             message = f"{err.format_message()} (see '{where} --help')"

@@ -452,6 +452,22 @@ def test_help_works_for_every_command(command: str | None, invoke: Callable[...,
     assert result.stdout.startswith(usage)
 
 
+@pytest.mark.parametrize("family", [None, "config", "keys", "intercom"])
+def test_the_command_or_a_family_given_nothing_shows_its_help_laid_out(
+    family: str | None, invoke: Callable[..., Result]
+) -> None:
+    """`subagents-node` alone (the first thing a new user types), or a family such as `config`
+    alone, printed its whole help squeezed into one line: `error: Usage: subagents-node
+    [OPTIONS] COMMAND [ARGS]... Launch and ... Options: --state-dir ...`. It shows the help as
+    `--help` lays it out; on stderr, exit 2, since a command is missing."""
+    result = invoke(*([] if family is None else [family]))
+    assert result.exit_code == 2
+    usage = "Usage: subagents-node" + ("" if family is None else f" {family}")
+    assert result.stderr.startswith(usage) and "\nOptions:\n" in result.stderr
+    assert "\nCommands:\n" in result.stderr and "error" not in result.stderr.lower()
+    assert result.stdout == ""
+
+
 def test_every_command_family_is_named_in_the_lazy_table_and_nothing_else_is() -> None:
     """`subagents-node CMD` imports only CMD's family: the lazy table must name each command
     of each family's COMMANDS exactly once, with the attribute that holds it."""
