@@ -283,8 +283,10 @@ def _apply(
         errors = exc.errors(include_url=False, include_context=False)
         first = errors[0]
         key = str(first["loc"][0]) if first["loc"] else ""
+        # A TOML user writes an array, never a "tuple": say it in the file's words.
+        said = "it should be a list: [...]" if first["type"] == "tuple_type" else first["msg"]
         raise ConfigError(
-            f"invalid value for {key!r} in {origin}: {first['msg']} (got {layer.get(key)!r})",
+            f"invalid value for {key!r} in {origin}: {said} (got {layer.get(key)!r})",
             key=key,
             source=str(origin),
             reason="invalid_value",

@@ -400,6 +400,19 @@ def test_a_16_an_invalid_file_value_is_an_error_naming_the_key_and_the_file(
     err = info.value
     assert err.key == key and err.file == str(path)
     assert repr(key) in err.message and str(path) in err.message
+    assert "tuple" not in err.message  # a TOML array, in the file's words
+
+
+def test_a_list_key_given_one_string_says_a_list_in_the_files_words(
+    dirs: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """`listen = "tcp://..."` said "Input should be a valid tuple": a word no TOML file uses."""
+    _, project, env = dirs
+    (project / "subagents.toml").write_text('listen = "tcp://127.0.0.1:7700"\n')
+    with pytest.raises(
+        ConfigError, match=r"'listen' in .*: it should be a list: \[\.\.\.\] \(got 'tcp"
+    ):
+        load_config(env=env, cwd=project)
 
 
 def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
