@@ -47,7 +47,8 @@ class NodeOptions:
     #: How long a worker waits for the home to answer a forwarded request.
     remote_timeout_s: float = 5.0
     #: The containment probe, started early by whoever knows the state dir and setting first
-    #: (`start`: as this module loads); `start()` probes itself without one, or another's.
+    #: (`start`: before the node's code loads); `start()` probes itself without one, or
+    #: another's.
     containment_probe: ContainmentProbe | None = None
     #: The soft limit on open files the node's children start with (None: the node's own). A
     #: node started by `start` lifts its own soft limit for its sockets and sets this to the one
