@@ -27,6 +27,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Callable
 
 import zmq
@@ -97,6 +98,8 @@ class OwnerLoop:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        #: The signal number Python's wakeup fd writes into the pipe that stops the loop.
+        self._stop_bytes = b""
         self._stopping = False
         self._poller = zmq.Poller()
         self._router: zmq.Socket[bytes] | None = None
@@ -118,6 +121,17 @@ class OwnerLoop:
         """Finish the pass under way, commit, and leave `run` (safe from a signal handler)."""
         self._stopping = True
         self._wake()
+
+    def stop_on_signal(self, signum: int) -> None:
+        """Leave `run` on `signum`, told by the kernel itself: its handler (set here) and
+        Python's wakeup fd, which is the loop's wake-up pipe. Python runs a handler only between
+        two bytecodes of the main thread: a TERM that came while the loop was busy in libzmq's
+        calls ran no handler before the loop slept in its poll again, and the owner slept
+        through its stop until a second signal (the node waited, the node's caller killed it).
+        The signal's number in the pipe stops the loop whether or not the handler has run."""
+        signal.signal(signum, lambda *_: self.request_stop())
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self._stop_bytes = bytes([signum])
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):  # full: a wake-up is pending
@@ -192,6 +206,8 @@ class OwnerLoop:
                 self._tcp.close(linger=500)
             if self._gate is not None:
                 self._gate.close()
+            if self._stop_bytes:  # before the pipe closes: no signal may write to its number
+                signal.set_wakeup_fd(-1)
             os.close(self._wake_r)
             os.close(self._wake_w)
 
@@ -203,8 +219,9 @@ class OwnerLoop:
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r in events:
             with contextlib.suppress(BlockingIOError):
-                while os.read(self._wake_r, 4096):
-                    pass
+                while woken := os.read(self._wake_r, 4096):
+                    if self._stop_bytes and self._stop_bytes in woken:
+                        self._stopping = True
         if events.get(self._router):
             self._read(self._router)
         if self._tcp is not None:

@@ -283,7 +283,7 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         ),
     )
     loop.bind()
-    signal.signal(signal.SIGTERM, lambda signum, frame: loop.request_stop())
+    loop.stop_on_signal(signal.SIGTERM)
     try:
         loop.run(on_ready=lambda: control.say("ready", pid=os.getpid()))
     finally:
