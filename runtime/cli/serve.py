@@ -160,16 +160,18 @@ def serve(
     if hard is not None:  # where the node's log says it, beside the crashes it explains
         logging.getLogger(__name__).warning("%s; %s", low_limit_warning(hard), DESCRIPTOR_FIX)
     node = Node(options)
+    # A closed terminal (SIGHUP) stops it as SIGTERM does: left to its default, the hangup
+    # killed the node at once, its pid file and sockets left behind for the next start. Set
+    # before `start`, which logs "serving" as it ends: a signal sent on reading it must find
+    # them. One that lands during `start` only asks for the stop, done once `start` returns.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: node.request_stop())
     try:
         node.start()
     except SubagentsError as err:
         daemon.signal_failed(ready_fd, err)
         raise
     gc.enable()  # off since `start` began (cli/main.py, see there)
-    # A closed terminal (SIGHUP) stops it as SIGTERM does: left to its default, the hangup
-    # killed the node at once, its pid file and sockets left behind for the next start.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: node.request_stop())
     daemon.signal_ready(ready_fd, "ready")
     click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
     try:

@@ -401,10 +401,7 @@ class OwnerSupervisor:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        with self._lock:
-            owner.state = "failed"
-            owner.reason = f"{owner.exceeded}; last: {owner.reason}"
-        owner.ready.set()
+        reason = f"{owner.exceeded}; last: {owner.reason}"
         if self._zctx is not None and owner.tombstone is None:
             if pid is not None:
                 self._reap(owner)
@@ -414,9 +411,15 @@ class OwnerSupervisor:
                 log.critical("no stand-in for %s: it ran out of open files", owner.spec.name)
             else:
                 owner.tombstone = Tombstone(
-                    self._zctx, owner.spec.endpoint, owner.spec.name, owner.reason
+                    self._zctx, owner.spec.endpoint, owner.spec.name, reason
                 )
-                owner.tombstone.start()
+                owner.tombstone.start()  # returns once bound
+        # `failed` only now: a caller who reads it and calls finds the stand-in's answer
+        # (OwnerUnavailable), never a moment with no socket at the owner's endpoint.
+        with self._lock:
+            owner.state = "failed"
+            owner.reason = reason
+        owner.ready.set()
         self._on_change()
 
     def _reap(self, owner: _Owner) -> int:

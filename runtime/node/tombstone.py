@@ -39,9 +39,17 @@ class Tombstone:
         # stop() writes here: the loop waits on its socket and this pipe, with no timer.
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"failed-{owner}", daemon=True)
+        # Set once the socket is bound (or could not be): the owner is shown `failed` only
+        # after, so a caller who saw `failed` finds the stand-in, never a missing socket.
+        self._settled = threading.Event()
+        self._bound = False
 
-    def start(self) -> None:
+    def start(self, timeout: float = 5.0) -> bool:
+        """Start serving; return once the endpoint is bound (True), or binding failed (False,
+        logged), or after `timeout`."""
         self._thread.start()
+        self._settled.wait(timeout)
+        return self._bound
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -62,7 +70,10 @@ class Tombstone:
         except (zmq.ZMQError, OSError) as exc:
             log.error("cannot stand in for failed owner %s: %s", self._owner, exc)
             sock.close()
+            self._settled.set()
             return
+        self._bound = True
+        self._settled.set()
         error = OwnerUnavailable(
             f"{self._owner} is not serving: it failed ({self._reason}); the other owners "
             "keep serving; see `subagents-node status` and `doctor`",

@@ -149,6 +149,33 @@ def test_a_foreground_node_whose_terminal_hangs_up_stops_as_stop_does(
             os.waitpid(pid, 0)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
+def test_a_node_signalled_while_it_starts_stops_as_stop_does(
+    state_dir: Path, signum: signal.Signals
+) -> None:
+    """A hangup, TERM or Ctrl-C that lands while `start` is still starting (here: once it has
+    said which containment its children get, before any owner is forked): the handlers were
+    set only after `start` returned, so the signal's default killed the node half started, its
+    owners and sockets left behind. Now it asks for the stop, which comes once `start` is done."""
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [*CLI, "--state-dir", str(state_dir), "start"])
+    try:
+        _read_until(master, b"containment")
+        os.kill(pid, signum)
+        said = _read_until(master, b"\0").decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, said
+        assert "restarting" not in said, said
+        assert sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock")) == []
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(master)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 def test_stop_with_an_address_stops_that_node_and_never_the_state_dirs(
     start_node: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
