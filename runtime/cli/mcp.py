@@ -32,12 +32,22 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
     budget, depth and session), else the state dir's node, else an embedded node that lives
     as long as the server. See docs/mcp.md.
     """
+    from subagents_node.mcp.endsignals import EndSignals
     from subagents_node.mcp.server import node_address, serve
     from subagents_node.mcp.stdio import check_stdio
 
     check_stdio()  # before a node is embedded: nothing starts for a server that cannot talk
-    with node_address(obj.address, obj.state_dir, obj.timeout) as address:
-        serve(address, obj.timeout, dict(os.environ), agents_dirs, session)
+    # Held from before its node is embedded until after it is stopped: a signal in between
+    # only ends the server (at once once it serves), never cuts either short.
+    with (
+        EndSignals() as signals,
+        node_address(obj.address, obj.state_dir, obj.timeout) as address,
+    ):
+        signum = serve(address, obj.timeout, dict(os.environ), signals, agents_dirs, session)
+    if signum is not None:
+        # Ended by TERM, HUP or INT after its calls were cancelled (a foreground run stopped):
+        # 128 + the signal, as a foreground `subagents-node run` ends.
+        raise SystemExit(128 + signum)
 
 
 COMMANDS = (mcp_command,)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import connect, default_address
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.mcp.endsignals import EndSignals
 from subagents_node.mcp.stdio import serve_stdio
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
@@ -382,11 +383,12 @@ def serve(
     address: str,
     timeout: float,
     env: Mapping[str, str],
+    signals: EndSignals,
     agents_dirs: tuple[str, ...] = (),
     session_id: str | None = None,
-) -> None:
-    """Serve MCP over stdin/stdout until the client closes the stream, or a signal ends it
-    (SystemExit 128 + the signal, once the calls it cut short were cancelled)."""
+) -> int | None:
+    """Serve MCP over stdin/stdout until the client closes the stream (None), or one of
+    `signals` ends it (its number, once the calls it cut short were cancelled)."""
     # The session is resolved once, as the CLI would: every launch of this server's client
     # (one agent CLI session) counts against the same session's ledgers.
     ctx = LaunchContext.from_environment(env=env, agents_dirs=agents_dirs, session_id=session_id)
@@ -394,10 +396,6 @@ def serve(
     async def main() -> int | None:
         async with AsyncClient(address, timeout=timeout) as client:
             tools = LauncherTools(client, ctx.session_id, env, agents_dirs, ctx.cwd)
-            return await serve_stdio(build_server(tools))
+            return await serve_stdio(build_server(tools), signals)
 
-    signum = anyio.run(main)
-    if signum is not None:
-        # Ended by TERM, HUP or INT after its calls were cancelled (a foreground run stopped):
-        # 128 + the signal, as a foreground `subagents-node run` ends.
-        raise SystemExit(128 + signum)
+    return anyio.run(main)

@@ -23,7 +23,6 @@ never interleave) nor decide anything about the tools.
 from __future__ import annotations
 
 import math
-import signal
 import sys
 from collections.abc import Callable
 from types import TracebackType
@@ -44,6 +43,7 @@ from mcp.types import (
     RequestId,
 )
 
+from subagents_node.mcp.endsignals import EndSignals
 from subagents_node.mcp.frames import FdLines, unreadable_answer
 from subagents_node.messages.errors import BadRequest
 
@@ -52,9 +52,6 @@ if TYPE_CHECKING:
     # for the type checker only, so an SDK release that moves them breaks no import.
     from mcp.shared._stream_protocols import ReadStream, WriteStream
 
-#: What ends the server besides the end of its input: an agent CLI that exits sends TERM (or
-#: its terminal closes: HUP); Ctrl-C in a terminal reaches every process of its group.
-END_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 #: How long the server goes on after its input ends while requests read before the end are
 #: still unanswered. A client that closes stdin to end the server (the MCP stdio shutdown)
 #: sends SIGTERM after a few seconds of its own (the Python SDK: 2), so the grace serves
@@ -216,9 +213,9 @@ def check_stdio() -> None:
             )
 
 
-async def serve_stdio(server: MCPServer[Any]) -> int | None:
+async def serve_stdio(server: MCPServer[Any], signals: EndSignals) -> int | None:
     """Serve `server` on stdin/stdout until the input ends and every request read before its
-    end is answered (or EOF_GRACE_S passed: None), or until a signal in END_SIGNALS arrives
+    end is answered (or EOF_GRACE_S passed: None), or until `signals` has one of END_SIGNALS
     (its number, once every call was cancelled: a foreground run's call stops it)."""
     ended: list[int] = []
     lowlevel = server._lowlevel_server  # the SDK's run_stdio_async, with our reader and filter
@@ -231,7 +228,7 @@ async def serve_stdio(server: MCPServer[Any]) -> int | None:
             async with anyio.create_task_group() as tg:
                 sink, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
                 tg.start_soon(forward_requests, read, sink, write, answers)
-                tg.start_soon(_watch_signals, tg.cancel_scope, ended, answers.ending)
+                tg.start_soon(_watch_signals, signals, tg.cancel_scope, ended, answers.ending)
                 options = lowlevel.create_initialization_options()
                 await lowlevel.run(checked, answers, options)
                 tg.cancel_scope.cancel()
@@ -252,11 +249,8 @@ def _on_fd(stream: Any, fd: int) -> bool:
 
 
 async def _watch_signals(
-    scope: anyio.CancelScope, ended: list[int], ending: Callable[[], None]
+    signals: EndSignals, scope: anyio.CancelScope, ended: list[int], ending: Callable[[], None]
 ) -> None:
-    with anyio.open_signal_receiver(*END_SIGNALS) as signals:
-        async for signum in signals:
-            ended.append(signum)
-            ending()
-            scope.cancel()
-            return
+    ended.append(await signals.first())
+    ending()
+    scope.cancel()

@@ -24,11 +24,12 @@ from typing import IO, Any
 
 import pytest
 
+from subagents_node.client.client import Client, connect
 from subagents_node.mcp.frames import MAX_ID_SHOWN, MAX_LINE_BYTES
 from subagents_node.mcp.stdio import EOF_GRACE_S
 from subagents_node.messages.supervisor import RunView
 from tests.support.nodes import REPO, NodeProcess
-from tests.support.runs import wait_view
+from tests.support.runs import wait_until, wait_view
 
 AGENTS = REPO / "examples" / "agents"
 #: Longest the server may take to answer one frame in these tests.
@@ -80,15 +81,22 @@ class RawServer:
 
 
 @contextmanager
-def raw_server(node: NodeProcess) -> Iterator[RawServer]:
+def raw_server(node: NodeProcess | Path) -> Iterator[RawServer]:
     with server_process(node, subprocess.PIPE) as proc:
         yield RawServer(proc)
 
 
 @contextmanager
-def server_process(node: NodeProcess, stdin: int | IO[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m subagents_node mcp` on `node`, reading `stdin`, its stdout a pipe."""
-    env = {**os.environ, "SUBAGENTS_NODE": node.address}
+def server_process(
+    node: NodeProcess | Path, stdin: int | IO[bytes]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m subagents_node mcp` on `node` (a state dir: its node, else one embedded in
+    the server), reading `stdin`, its stdout a pipe."""
+    if isinstance(node, Path):
+        env = {**os.environ, "SUBAGENTS_STATE_DIR": str(node)}
+        env.pop("SUBAGENTS_NODE", None)
+    else:
+        env = {**os.environ, "SUBAGENTS_NODE": node.address}
     args = [sys.executable, "-m", "subagents_node", "mcp", "--agents-dir", str(AGENTS)]
     with open(os.devnull, "w") as quiet:
         proc = subprocess.Popen(
@@ -261,9 +269,9 @@ def test_an_over_long_line_is_answered_dropped_without_being_held_and_the_server
         assert server.answer() == {"jsonrpc": "2.0", "id": 9, "result": {}}
 
 
-def first_run(node: NodeProcess) -> str:
+def first_run(node: NodeProcess | Client) -> str:
     """The id of the first run the node starts (followed through the node's events)."""
-    client = node.client()
+    client = node if isinstance(node, Client) else node.client()
     deadline = time.monotonic() + ANSWER_S
     seq = 0
     while time.monotonic() < deadline:
@@ -274,10 +282,10 @@ def first_run(node: NodeProcess) -> str:
     raise AssertionError("no run started")
 
 
-def first_running_run(node: NodeProcess) -> RunView:
+def first_running_run(node: NodeProcess | Client) -> RunView:
     """The first run the node starts, once its child runs."""
-    run_id = first_run(node)
-    return wait_view(node.client(), run_id, lambda v: bool(v.children and v.children[0].pid))
+    client = node if isinstance(node, Client) else node.client()
+    return wait_view(client, first_run(client), lambda v: bool(v.children and v.children[0].pid))
 
 
 @pytest.mark.parametrize(
@@ -297,6 +305,41 @@ def test_a_signal_that_ends_the_server_stops_its_foreground_run_first(
         assert server.proc.wait(timeout=ANSWER_S) == 128 + signum
     final = node.client().runs.wait(run.run_id, timeout=ANSWER_S)
     assert final.state == "stopped"
+
+
+def test_a_second_signal_while_the_server_ends_never_leaves_its_embedded_node_behind(
+    state_dir: Path,
+) -> None:
+    """TERM, as an agent CLI that exits sends, then TERM again once the server answered the
+    call it cut short: the second came while the server stopped its embedded node, where the
+    signal was back at its default (anyio's receiver, once left, puts it there), and killed
+    the server with the node's socket and pid file left behind. Until it has ended, every
+    signal now only counts."""
+    with raw_server(state_dir) as server:
+        server.initialize()  # answered once the embedded node serves
+        long = {"name": "run", "arguments": {"agent": "sleeper", "task": "seconds=60"}}
+        server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": long})
+        with connect(state_dir=state_dir, timeout=ANSWER_S) as client:
+            first_running_run(client)
+        server.proc.send_signal(signal.SIGTERM)
+        cut_short = server.answer()
+        assert cut_short["id"] == 1 and "error" in cut_short, cut_short
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=ANSWER_S) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock")) == []
+
+
+def test_a_signal_while_the_server_embeds_its_node_ends_it_once_the_node_serves(
+    state_dir: Path,
+) -> None:
+    """TERM as soon as the embedded node's socket is there, before the server serves: it was
+    at its default, and killed the server half started (the node's socket and pid file left
+    behind). Now the server starts, finds the signal written down, ends and stops its node."""
+    with raw_server(state_dir) as server:
+        wait_until(lambda: (state_dir / "node.sock").exists(), ANSWER_S, "the embedded node")
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=ANSWER_S) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock")) == []
 
 
 def test_a_foreground_run_cancelled_while_its_launch_is_on_its_way_is_stopped(
