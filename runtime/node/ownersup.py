@@ -152,8 +152,9 @@ class OwnerSupervisor:
             owner.ready.wait(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
-        """TERM every owner (the supervisor last: it may still be reporting to the ledgers),
-        wait for each to commit and exit, KILL what does not."""
+        """TERM every owner in the reverse of the start order (owners.NAMES), the run
+        supervisor first: what it still reports to the ledgers as it stops finds them
+        serving. Wait for each to commit and exit, KILL what does not."""
         self._stopping = True
         for owner in reversed(list(self._owners.values())):
             pid = owner.pid
