@@ -95,6 +95,7 @@ def spawn_agent(order: dict[str, Any]) -> int:
                 file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(stdio)],
                 setpgroup=0,
                 setsigdef=_DEFAULT_SIGNALS,
+                setsigmask=(),  # and none blocked, whatever the thread that started the shim had
             )
         except OSError as err:
             err.filename = argv[0]

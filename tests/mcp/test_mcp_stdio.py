@@ -28,7 +28,7 @@ from subagents_node.client.client import Client, connect
 from subagents_node.mcp.frames import MAX_ID_SHOWN, MAX_LINE_BYTES
 from subagents_node.mcp.stdio import EOF_GRACE_S
 from subagents_node.messages.supervisor import RunView
-from tests.support.nodes import REPO, NodeProcess
+from tests.support.nodes import REPO, NodeProcess, node_files_left
 from tests.support.runs import wait_until, wait_view
 
 AGENTS = REPO / "examples" / "agents"
@@ -326,7 +326,7 @@ def test_a_second_signal_while_the_server_ends_never_leaves_its_embedded_node_be
         assert cut_short["id"] == 1 and "error" in cut_short, cut_short
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=ANSWER_S) == 128 + signal.SIGTERM
-    assert sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock")) == []
+    assert node_files_left(state_dir) == []
 
 
 def test_a_signal_while_the_server_embeds_its_node_ends_it_once_the_node_serves(
@@ -339,7 +339,7 @@ def test_a_signal_while_the_server_embeds_its_node_ends_it_once_the_node_serves(
         wait_until(lambda: (state_dir / "node.sock").exists(), ANSWER_S, "the embedded node")
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=ANSWER_S) == 128 + signal.SIGTERM
-    assert sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock")) == []
+    assert node_files_left(state_dir) == []
 
 
 def test_a_foreground_run_cancelled_while_its_launch_is_on_its_way_is_stopped(

@@ -73,6 +73,11 @@ START_TIMEOUT_S = 30.0
 CLI = (sys.executable, "-m", "subagents_node")
 
 
+def node_files_left(state_dir: Path) -> list[str]:
+    """The pid files and sockets a node left in `state_dir` (none once it stopped cleanly)."""
+    return sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock"))
+
+
 def new_state_dir() -> Path:
     """A short, fresh directory: ipc socket paths must be < 107 bytes (pytest's tmp_path is not)."""
     return Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
