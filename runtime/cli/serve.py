@@ -36,10 +36,6 @@ from subagents_node.node.descriptors import (
 
 if TYPE_CHECKING:
     from subagents_node.launch.config import Configuration
-    from subagents_node.node.node import Node
-
-#: What stops a node that `start` runs: `stop` (TERM), Ctrl-C, and a closed terminal (HUP).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _kill_points(faults: bool) -> dict[str, list[str]]:
@@ -131,48 +127,6 @@ def serve(
 ) -> None:
     """Run a node in this process until it is stopped (`start` in the foreground, or the
     detached node): ready (or the error) on `ready_fd` once it serves."""
-    from subagents_node.node import daemon
-
-    # Blocked while the node starts, so every thread it starts (and the containment probe's)
-    # has them blocked for good, and the kernel hands each to the main thread, whose wait it
-    # interrupts. One another thread took ran its handler only once the main thread ran
-    # Python again: never, while it waited (a hangup of its terminal was lost so, 1 in ~8).
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        node = _started(
-            obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, log_to_file
-        )
-    finally:
-        # One that came while it started is taken now: it asks for the stop (its handler is
-        # set by then, unless the start failed before it was).
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    gc.enable()  # off since `start` began (cli/main.py, see there)
-    try:
-        daemon.signal_ready(ready_fd, "ready")
-        # Its terminal may be gone already (closed as the node started: the hangup stops it);
-        # the write that fails there must not end the process before its node is stopped.
-        with contextlib.suppress(OSError):
-            click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
-        node.wait()
-    finally:
-        node.stop()
-    if node.failure:
-        raise click.ClickException(node.failure)
-
-
-def _started(
-    obj: Ctx,
-    config: Configuration,
-    listen: tuple[str, ...],
-    mailbox_limit: int,
-    faults: bool,
-    verbose: bool,
-    fleet: dict[str, object],
-    ready_fd: int | None,
-    log_to_file: bool,
-) -> Node:
-    """The node, started, with the handlers of STOP_SIGNALS set (or the error, also told on
-    `ready_fd`)."""
     from subagents_node.node.containment import ContainmentProbe
 
     # Started before the node's code loads: the probe waits in the kernel meanwhile.
@@ -211,11 +165,22 @@ def _started(
     # killed the node at once, its pid file and sockets left behind for the next start. Set
     # before `start`, which logs "serving" as it ends: a signal sent on reading it must find
     # them. One that lands during `start` only asks for the stop, done once `start` returns.
-    for signum in STOP_SIGNALS:
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: node.request_stop())
     try:
         node.start()
     except SubagentsError as err:
         daemon.signal_failed(ready_fd, err)
         raise
-    return node
+    gc.enable()  # off since `start` began (cli/main.py, see there)
+    try:
+        daemon.signal_ready(ready_fd, "ready")
+        # Its terminal may be gone already (closed as the node started: the hangup stops it);
+        # the write that fails there must not end the process before its node is stopped.
+        with contextlib.suppress(OSError):
+            click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
+        node.wait()  # its threads leave TERM, INT and HUP to this one (node/signalmask.py)
+    finally:
+        node.stop()
+    if node.failure:
+        raise click.ClickException(node.failure)

@@ -60,6 +60,7 @@ from subagents_node.node.ownerpeers import OwnerPeerTable
 from subagents_node.node.ownerproc import OwnerSpec, retire_v1_state
 from subagents_node.node.ownersup import OwnerSupervisor
 from subagents_node.node.relay import Relay
+from subagents_node.node.signalmask import threads_started_here_block_signals
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,9 @@ class Node:
             if self.options.join:
                 opts = self.options
                 self._join.join(self.state_dir, opts.home_key, opts.name, opts.client_key)
-            self._start_serving(self._owner_specs(endpoints[0]), endpoints)
+            # Its threads leave the process's signals to the caller's (signalmask.py).
+            with threads_started_here_block_signals():
+                self._start_serving(self._owner_specs(endpoints[0]), endpoints)
         except BaseException:
             # Whatever failed (a bind, a full disk under the pid file), nothing may keep
             # running: a half-started node would hold the state dir and hang `start`.

@@ -201,9 +201,9 @@ def _become_owner(spec: OwnerSpec) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # Forked from a node thread, which has the node's stop signals blocked so that only its
-    # main thread takes them (runtime/cli/serve.py): an owner, its threads and every process
-    # it starts begin with nothing blocked.
+    # Forked from a node thread, which blocks the process's signals (runtime/node/
+    # signalmask.py): an owner, its threads and every process it starts begin with nothing
+    # blocked.
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     # Die with the node (SIGKILL: every acknowledged write is already committed).
     parent = int(spec.settings.get("node_pid", 0) or os.getppid())

@@ -10,6 +10,7 @@ import select
 import shutil
 import signal
 from contextlib import suppress
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,40 @@ def test_a_second_interrupt_while_a_temporary_node_stops_its_runs_still_stops_th
         node.client()
     for pid in owners:
         assert _gone_within(pid, 10.0), f"owner {pid} outlived its node"
+
+
+def _blocked_by(native_id: int) -> set[int] | None:
+    """The signals thread `native_id` of this process blocks (SigBlk); None once it ended."""
+    try:
+        status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    except FileNotFoundError:
+        return None
+    mask = int(
+        next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16
+    )
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def test_a_program_embedding_a_node_keeps_its_signals_for_its_own_threads() -> None:
+    """A signal the kernel gave to one of the node's threads ran the program's handler only
+    once its main thread ran Python again (never, while it waited in C). The node's threads
+    block every asynchronous signal now, as libzmq's do, and the caller's mask is as before."""
+    import threading
+
+    before_threads = {t.native_id for t in threading.enumerate()}
+    main_before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    with Node.embedded() as node:
+        node.client().ping()
+        started = [
+            t for t in threading.enumerate() if t.native_id not in before_threads and t.is_alive()
+        ]
+        assert started, "an embedded node runs threads of its own"
+        for thread in started:
+            assert thread.native_id is not None
+            blocked = _blocked_by(thread.native_id)
+            if blocked is None:  # ended meanwhile
+                continue
+            assert {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1} <= blocked, (
+                thread.name
+            )
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == main_before
