@@ -12,10 +12,13 @@ principal. On a home, the node tells its ledger owners the same allow-list (`own
 each owner's own tcp socket has its own handler (actors/peergate.py).
 
 Why our own ZAP socket and not pyzmq's ThreadAuthenticator: the socket is polled by the
-gateway's I/O thread beside its ROUTERs, so the allow-list has exactly one reader and one
-writer (that thread: `keys allow|revoke` arrive as `node.keys.*` requests, which the node
-serves in the gateway thread) and needs no lock and no extra thread; a change applies to the
-next handshake, with no restart and no file watching. ipc sockets have no security mechanism
+gateway's I/O thread beside its ROUTERs, so it needs no extra thread, and a change applies to
+the next handshake, with no restart and no file watching. That thread reads the allow-list
+without a lock (each change swaps in a whole new mapping); the changes (`keys allow|revoke`,
+`node.keys.*` requests) are served in the gateway thread for a socket's clients, but in the
+caller's own thread for a program's in-process client, so they are made one at a time under
+`_changing`: several at once each read the list, wrote the file and swapped theirs in, and
+all but the last were lost. ipc sockets have no security mechanism
 and never reach the handler with CURVE: the state dir's 0700 mode is their guard.
 
 The node's own clients (`Node.client("zmq")`, a forked child's in-process client) offer an
@@ -32,6 +35,7 @@ domain.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import zmq
@@ -71,13 +75,16 @@ def server_keypair(state_dir: Path) -> Keypair:
 
 
 class CurveGuard:
-    """The allow-list and the ZAP handler; used only from the gateway's I/O thread."""
+    """The allow-list and the ZAP handler: the handler runs in the gateway's I/O thread, a
+    change in whichever thread serves its request, one at a time."""
 
     def __init__(self, state_dir: Path) -> None:
         self._state_dir = state_dir
         self._server: Keypair | None = None
         self._allowed_path = keys_dir(state_dir) / ALLOWED
         self._allowed = read_allowed(self._allowed_path)
+        #: Held while the allow-list is read, written and swapped in (allow, revoke).
+        self._changing = threading.Lock()
         self._sock: zmq.Socket[bytes] | None = None
         #: The node's own clients' keypair: memory only, gone with this node (see above).
         self._own = Keypair.generate()
@@ -130,21 +137,23 @@ class CurveGuard:
         return dict(self._allowed)
 
     def allow(self, name: str, public_key: str) -> None:
-        updated = allowing(self._allowed, name, public_key)
-        write_allowed(self._allowed_path, updated)  # durable before it takes effect
-        self._allowed = updated
+        with self._changing:
+            updated = allowing(self._allowed, name, public_key)
+            write_allowed(self._allowed_path, updated)  # durable before it takes effect
+            self._allowed = updated
         log.info("tcp key allowed: %s (%s)", name, updated[name])
 
     def revoke(self, name_or_key: str) -> list[str]:
         """Remove the entries named `name_or_key` (a name or a public key); their names."""
-        gone = [n for n, k in self._allowed.items() if name_or_key in (n, k)]
-        if not gone:
-            raise KeyFileInvalid(
-                f"no allowed key is named {name_or_key[:80]!r}", path="", reason="unknown_key"
-            )
-        updated = {n: k for n, k in self._allowed.items() if n not in gone}
-        write_allowed(self._allowed_path, updated)
-        self._allowed = updated
+        with self._changing:
+            gone = [n for n, k in self._allowed.items() if name_or_key in (n, k)]
+            if not gone:
+                raise KeyFileInvalid(
+                    f"no allowed key is named {name_or_key[:80]!r}", path="", reason="unknown_key"
+                )
+            updated = {n: k for n, k in self._allowed.items() if n not in gone}
+            write_allowed(self._allowed_path, updated)
+            self._allowed = updated
         log.info("tcp key revoked: %s", ", ".join(gone))
         return gone
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadRequest, NodeTimeout, NotAuthenticated
 from subagents_node.messages.keys import AllowedKeys, KeysAllow
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
+from subagents_node.node.node import Node
 from tests.support.nodes import NodeProcess, RawPeer, free_tcp_port, run_cli
 
 #: A refused peer hears nothing; this is how long a test listens for that nothing.
@@ -355,3 +357,30 @@ def test_a_client_given_only_a_state_dir_talks_to_that_state_dirs_node(
             return (await client.ping()).pid
 
     assert asyncio.run(go()) == node.pid
+
+
+def test_keys_allowed_at_once_from_a_programs_threads_are_all_kept() -> None:
+    """A program's in-process client asks its embedded node in the program's own thread, not
+    the gateway's: allows sent at once from several threads each read the allow-list, wrote
+    the file and swapped it in, and one overwrote another's (an allowed key lost for good)."""
+    names = [f"t{t}-k{k}" for t in range(6) for k in range(8)]
+    keys = {name: Keypair.generate().public for name in names}
+    with Node.embedded() as node:
+        client = node.client()
+        start = threading.Barrier(6)
+
+        def allow(thread: int) -> None:
+            start.wait()
+            for name in names[thread * 8 : (thread + 1) * 8]:
+                client.transport.call(KeysAllow(name=name, public_key=keys[name]), timeout=30)
+
+        threads = [threading.Thread(target=allow, args=(t,)) for t in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        listed = client.transport.call(
+            KeysAllow(name="last", public_key=Keypair.generate().public), timeout=30
+        )
+        assert isinstance(listed, AllowedKeys)
+        assert set(names) <= set(listed.clients), sorted(set(names) - set(listed.clients))
