@@ -34,7 +34,7 @@ from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import BadRequest, NodeTimeout, NotAuthenticated
-from subagents_node.messages.keys import AllowedKeys, KeysAllow
+from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 from subagents_node.node.node import Node
 from tests.support.nodes import NodeProcess, RawPeer, free_tcp_port, run_cli
@@ -379,8 +379,6 @@ def test_keys_allowed_at_once_from_a_programs_threads_are_all_kept() -> None:
             thread.start()
         for thread in threads:
             thread.join(timeout=60)
-        listed = client.transport.call(
-            KeysAllow(name="last", public_key=Keypair.generate().public), timeout=30
-        )
+        listed = client.transport.call(KeysList(), timeout=30)
         assert isinstance(listed, AllowedKeys)
         assert set(names) <= set(listed.clients), sorted(set(names) - set(listed.clients))

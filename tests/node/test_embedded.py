@@ -9,6 +9,7 @@ import os
 import select
 import shutil
 import signal
+import threading
 from contextlib import suppress
 from pathlib import Path
 
@@ -133,8 +134,6 @@ def test_a_program_embedding_a_node_keeps_its_signals_for_its_own_threads() -> N
     """A signal the kernel gave to one of the node's threads ran the program's handler only
     once its main thread ran Python again (never, while it waited in C). The node's threads
     block every asynchronous signal now, as libzmq's do, and the caller's mask is as before."""
-    import threading
-
     before_threads = {t.native_id for t in threading.enumerate()}
     main_before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     with Node.embedded() as node:
