@@ -3,8 +3,8 @@
 Owns how a user error looks (one line on stderr, a stable exit code: 1 refused by a ledger or
 invalid, 2 bad usage or address, 3 node not running, 4 node timeout, 124 `wait` timed out,
 130 interrupted by Ctrl-C, 141 the reader of stdout went away) and how results print (text,
-or `--json`). With `--json` an error is `{"error": {"code", "message", "details"}}` on stderr,
-so a script reads one shape.
+with text from outside made inert by cli/terminal.py, or `--json`). With `--json` an error is
+`{"error": {"code", "message", "details"}}` on stderr, so a script reads one shape.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
+from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.paths import resolve_state_dir
 from subagents_node.messages.errors import BadAddress, NodeNotRunning, NodeTimeout, SubagentsError
 
@@ -44,7 +45,7 @@ def error_line(code: str, message: str, details: dict[str, Any], as_json: bool) 
     if as_json:
         payload = {"error": {"code": code, "message": message, "details": details}}
         return json.dumps(payload, sort_keys=True, default=str)
-    return f"error: {' '.join(message.split())}"
+    return f"error: {one_line(' '.join(message.split()))}"
 
 
 class CliError(click.ClickException):
@@ -118,7 +119,7 @@ def emit(data: Message | dict[str, Any], as_json: bool, text: str) -> None:
         payload = data if isinstance(data, dict) else data.model_dump(mode="json")
         click.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        click.echo(text)
+        say(text)
 
 
 _SOURCE_TEXT = {

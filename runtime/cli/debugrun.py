@@ -16,6 +16,7 @@ from typing import Any
 
 from subagents_node.cli.common import lineage
 from subagents_node.cli.tables import pause_text
+from subagents_node.cli.terminal import one_line
 from subagents_node.client.client import Client
 from subagents_node.messages.capacity import CapacitySnapshot, Inspection, RunnerProof
 from subagents_node.messages.session import SpawnSnapshot
@@ -87,7 +88,7 @@ def render(
         f"started: {_when(run.started_at)} · ended: {_when(run.ended_at)}",
     ]
     if run.error:
-        lines.append(f"error: {_own_error(run.error)}")
+        lines.append(f"error: {one_line(_own_error(run.error))}")
     verdict = inspection.verdict
     lines.append(f"Active capacity: {verdict.verdict} — {verdict.reason}")
     owner = inspection.owner

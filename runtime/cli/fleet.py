@@ -35,6 +35,7 @@ from rich.text import Text
 
 from subagents_node.cli.common import lineage
 from subagents_node.cli.tables import state_label
+from subagents_node.cli.terminal import cell, one_line
 from subagents_node.client.capacity_views import live_capacity_plan
 from subagents_node.client.client import Client, connect
 from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
@@ -159,32 +160,38 @@ def render(
         snaps = run.snapshots
         running = [c for c in run.children if c.state == "running"]
         output = last_line(running[-1].stdout_path) if running else ""
+        # Every cell is Text, never markup: a label from an agent or chain file, a child's
+        # last line (`[/x]` in it raised rich's MarkupError and ended the view), an error.
         table.add_row(
-            *((run.host,) if hosts else ()),
-            run.session_id,
-            run.run_id,
-            state_label(run),
-            run.label,
+            *((cell(run.host),) if hosts else ()),
+            cell(run.session_id),
+            cell(run.run_id),
+            cell(state_label(run)),
+            cell(run.label),
             f"{elapsed:.1f}s",
             deadline,
-            gauge(snaps.capacity_used, snaps.capacity_limit)
-            + (f" ({RECORDED})" if run.run_id in capacity_recorded else ""),
-            gauge(snaps.fanout_used, snaps.fanout_limit)
-            + (f" ({RECORDED})" if run.run_id in recorded else ""),
-            "; ".join(lineage(run)) or "-",
-            output,
+            cell(
+                gauge(snaps.capacity_used, snaps.capacity_limit)
+                + (f" ({RECORDED})" if run.run_id in capacity_recorded else "")
+            ),
+            cell(
+                gauge(snaps.fanout_used, snaps.fanout_limit)
+                + (f" ({RECORDED})" if run.run_id in recorded else "")
+            ),
+            cell("; ".join(lineage(run)) or "-"),
+            cell(output),
         )
     parts: list[Table | Text] = [table]
     reasons = sorted(set(recorded.values()))
     if reasons:
         text = f"fan-out ({RECORDED}): not read live: {'; '.join(reasons)}"
-        parts.append(Text(text, style="yellow"))
+        parts.append(Text(one_line(text), style="yellow"))
     reasons = sorted(set(capacity_recorded.values()))
     if reasons:
         text = f"capacity ({RECORDED}): not read live: {'; '.join(reasons)}"
-        parts.append(Text(text, style="yellow"))
+        parts.append(Text(one_line(text), style="yellow"))
     if error:
-        parts.append(Text(f"node: {error}", style="red"))
+        parts.append(Text(one_line(f"node: {error}"), style="red"))
     return Group(*parts)
 
 

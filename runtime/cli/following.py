@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import click
 from rich.table import Table
 
 from subagents_node.cli.common import EXIT_INTERRUPTED, emit, plural
 from subagents_node.cli.ending import Ended, EndingSignals, interruption
 from subagents_node.cli.tables import pause_text
+from subagents_node.cli.terminal import cell, one_line, say
 from subagents_node.client.client import Client
 from subagents_node.client.launchagain import with_launch_id
 from subagents_node.client.nodewait import node_lost
@@ -78,7 +78,7 @@ class Progress:
             return
         line = describe(event, run)
         if line:
-            click.echo(line, err=True)
+            say(line, err=True)
 
     def close(self) -> None:
         if self._live is not None:
@@ -86,7 +86,8 @@ class Progress:
 
 
 def run_table(run: RunView) -> Table:
-    table = Table(title=f"run {run.run_id} · {run.label} · {run.state}", expand=False)
+    # Labels and agent names come from agent and chain files: cells, never markup.
+    table = Table(title=cell(f"run {run.run_id} · {run.label} · {run.state}"), expand=False)
     for column in ("child", "agent", "state", "pid", "elapsed"):
         table.add_column(column)
     now = time.time()
@@ -94,7 +95,9 @@ def run_table(run: RunView) -> Table:
         elapsed = ""
         if child.started_at:
             elapsed = f"{(child.ended_at or now) - child.started_at:.1f}s"
-        table.add_row(child.label, child.agent, child.state, str(child.pid or ""), elapsed)
+        table.add_row(
+            cell(child.label), cell(child.agent), child.state, str(child.pid or ""), elapsed
+        )
     return table
 
 
@@ -136,7 +139,7 @@ def _follow(
         shown.seq = event.seq
 
     def gap(err: SubagentsError) -> None:  # the run goes on on its worker: so does the wait
-        click.echo(f"{err.message}; still following run {run.run_id}", err=True)
+        say(f"{err.message}; still following run {run.run_id}", err=True)
 
     try:
         with signals.raising():
@@ -144,7 +147,7 @@ def _follow(
     except (KeyboardInterrupt, Ended) as exc:
         progress.close()
         code = exit_code(exc)
-        click.echo(f"stopping run {run.run_id}…", err=True)
+        say(f"stopping run {run.run_id}…", err=True)
         try:
             with signals.holding():  # once sent, the shims end the children whatever follows
                 client.runs.stop(run.run_id)
@@ -153,7 +156,7 @@ def _follow(
             final = client.runs.wait(run.run_id, timeout=30)
         except (KeyboardInterrupt, Ended):
             signals.hold()
-            click.echo(f"interrupted again: run {run.run_id} stops without waiting", err=True)
+            say(f"interrupted again: run {run.run_id} stops without waiting", err=True)
             raise SystemExit(code) from None
         signals.hold()
         emit(final, as_json, summary(final))
@@ -180,7 +183,7 @@ def summary(run: RunView, capacity: bool = True, fanout_note: str = "") -> str:
         limit = snaps.capacity_limit or "unlimited"
         lines.append(f"Active async capacity: {snaps.capacity_used}/{limit} used")
     if run.error:
-        lines.append(f"error: {run.error}")
+        lines.append(f"error: {one_line(run.error)}")
     if run.output:
         lines.append(run.output.rstrip())
     return "\n".join(lines)
@@ -218,7 +221,7 @@ def across_nodes(
             # again under its launch id, a follow, each goes on on the next node.
             if reconnect is None or not left or not node_lost(err):
                 raise
-            click.echo(
+            say(
                 f"the node stopped under {what}; following it on the state dir's next node",
                 err=True,
             )
@@ -296,5 +299,5 @@ def launch_and_follow(
         except (KeyboardInterrupt, Ended) as exc:
             signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)
         assert signals.pending is not None
-        click.echo("interrupted: no run was launched", err=True)
+        say("interrupted: no run was launched", err=True)
         raise SystemExit(128 + signals.pending)

@@ -27,6 +27,7 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.terminal import say
 from subagents_node.client.keys import (
     ALLOWED,
     CLIENT_KEY,
@@ -91,10 +92,10 @@ def generate(obj: Ctx, force: bool) -> None:
     else:
         request = KeysAllow(name=LOCAL_NAME, public_key=client.public)
         server = _change(state_dir, request).server_public
-    click.echo(f"server key  {server}")
-    click.echo(f"client key  {client.public}  (allowed as {LOCAL_NAME!r})")
+    say(f"server key  {server}")
+    say(f"client key  {client.public}  (allowed as {LOCAL_NAME!r})")
     if replaced:
-        click.echo(
+        say(
             f"warning: replaced {' and '.join(replaced)}: the node serves the new server key "
             "from its next start; give its workers the new --home-key and its tcp clients the "
             "new key, and if it is a worker, have its home allow the new client key",
@@ -130,7 +131,7 @@ def allow(obj: Ctx, public_key: str, name: str) -> None:
     """
     request = KeysAllow(name=check_name(name), public_key=check_public_key(public_key))
     _change(ensure_state_dir(obj.state_dir), request)
-    click.echo(f"allowed {name}")
+    say(f"allowed {name}")
 
 
 @keys_group.command()
@@ -141,7 +142,7 @@ def revoke(obj: Ctx, name_or_key: str) -> None:
     """Stop admitting the key named NAME_OR_KEY (or with that public key); applies at once."""
     request = validate_request(KeysRevoke, {"name": name_or_key.strip()})  # '' is a BadRequest
     _change(ensure_state_dir(obj.state_dir), request)
-    click.echo(f"revoked {name_or_key}")
+    say(f"revoked {name_or_key}")
 
 
 def _allowed(state_dir: Path) -> dict[str, str]:

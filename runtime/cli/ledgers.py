@@ -13,6 +13,7 @@ import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, SESSION
+from subagents_node.cli.terminal import say
 from subagents_node.client.listing import MAX_LISTED, every_run_plan
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.messages.capacity import Inspection
@@ -114,7 +115,7 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
         lines.append(f"  (only the first {MAX_LISTED} slots of the pool were listed)")
     if pool.unreadable:
         lines.append(f"  ({plural(pool.unreadable, 'slot')} could not be read: quarantined)")
-    click.echo("\n".join(lines))
+    say("\n".join(lines))
 
 
 def _held(inspection: Inspection) -> str:
@@ -175,7 +176,7 @@ def grant(obj: Ctx, session: str, additional: int, yes: bool, as_json: bool) -> 
     authority = load_config().settings.grant_authority
 
     def confirm(preview: object) -> bool:
-        click.echo(getattr(preview, "text", lambda: "")(), err=True)
+        say(getattr(preview, "text", lambda: "")(), err=True)
         return click.confirm("Apply this grant?", err=True)
 
     with obj.client() as client:
@@ -220,9 +221,9 @@ def config_show(as_json: bool) -> None:
     for key, value, origin in rows:
         shown = ", ".join(map(str, value)) if isinstance(value, tuple) else value
         shown = "none" if shown is None else shown  # as docs/configuration.md writes it
-        click.echo(f"{key:<{width}}  {shown!s:<24} {origin}")
+        say(f"{key:<{width}}  {shown!s:<24} {origin}")
     for warning in config.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        say(f"warning: {warning}", err=True)
 
 
 @click.command("debug-run")

@@ -34,6 +34,7 @@ from subagents_node.cli.common import (
     user_errors,
 )
 from subagents_node.cli.params import RUN_ID, SECONDS, given_or_default
+from subagents_node.cli.terminal import say
 from subagents_node.client.paths import check_endpoint, ipc_endpoint
 from subagents_node.messages.constants import (
     ENV_NODE,
@@ -114,19 +115,19 @@ class LazyGroup(click.Group):
         except click.UsageError as err:
             where = err.ctx.command_path if err.ctx else (prog_name or "subagents-node")
             message = f"{err.format_message()} (see '{where} --help')"
-            click.echo(error_line("usage", message, {}, as_json), err=True)
+            say(error_line("usage", message, {}, as_json), err=True)
             _exit(err.exit_code)
         except click.ClickException as err:
             err.show()
             _exit(err.exit_code)
         except click.Abort as err:
             if isinstance(err.__cause__, KeyboardInterrupt):
-                click.echo(error_line("interrupted", "interrupted", {}, as_json), err=True)
+                say(error_line("interrupted", "interrupted", {}, as_json), err=True)
                 _exit(EXIT_INTERRUPTED)
-            click.echo(error_line("aborted", "aborted", {}, as_json), err=True)
+            say(error_line("aborted", "aborted", {}, as_json), err=True)
             _exit(1)
         except KeyboardInterrupt:
-            click.echo(error_line("interrupted", "interrupted", {}, as_json), err=True)
+            say(error_line("interrupted", "interrupted", {}, as_json), err=True)
             _exit(EXIT_INTERRUPTED)
         _exit(outcome if isinstance(outcome, int) else 0)
 
@@ -271,7 +272,7 @@ def start(
                 serve_detached, obj, config, listen, mailbox_limit, faults, verbose, fleet
             )
             record = daemon.fork_detached(obj.state_dir, detached)
-            click.echo(f"node started (pid {record['pid']}) at {record['address']}")
+            say(f"node started (pid {record['pid']}) at {record['address']}")
             return
         serve(obj, config, listen, mailbox_limit, faults, verbose, fleet, ready_fd, log_to_file)
     finally:
@@ -298,7 +299,7 @@ def stop(obj: Ctx, run_id: str | None, as_json: bool) -> None:
             pid = daemon.stop_node_at(client)
     else:
         pid = daemon.stop_node(obj.state_dir)
-    click.echo(f"node stopped (pid {pid})")
+    say(f"node stopped (pid {pid})")
 
 
 @cli.command()

@@ -20,9 +20,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import click
-
 from subagents_node.cli.common import Ctx
+from subagents_node.cli.terminal import say
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
 from subagents_node.launch.launcher import LaunchContext
@@ -50,7 +49,7 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
             if client is None:
                 raise
         else:
-            click.echo(
+            say(
                 f"started a node (pid {record['pid']}) for background runs; "
                 "stop it with `subagents-node stop`",
                 err=True,
@@ -125,9 +124,9 @@ def _hand_over(obj: Ctx, count: int) -> None:
     except NodeAlreadyRunning:
         return  # another command's node took the state dir over: it adopts them
     except SubagentsError as err:
-        click.echo(f"warning: {runs} left without a node: {err.message}", err=True)
+        say(f"warning: {runs} left without a node: {err.message}", err=True)
         return
-    click.echo(
+    say(
         f"{runs} still going: started a node (pid {record['pid']}) to supervise them; "
         "stop it with `subagents-node stop`",
         err=True,

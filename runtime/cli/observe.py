@@ -24,6 +24,7 @@ from subagents_node.cli.common import EXIT_TIMEOUT, Ctx, emit, json_option, user
 from subagents_node.cli.following import across_nodes
 from subagents_node.cli.nodestart import next_node, node_client
 from subagents_node.cli.params import RUN_ID, SECONDS
+from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import NODE_BACK_S
@@ -71,7 +72,8 @@ def logs(
         if as_json:  # one object per line, so a script can read them as they come
             record = {"child": line.child, "stream": line.stream, "text": line.text}
             click.echo(json.dumps(record))
-        else:
+        else:  # the children's output as they wrote it, as `cat` would (cli/terminal.py;
+            # click drops CSI colour codes when stdout is no terminal)
             click.echo(f"{line.child} {line.stream} | {line.text}")
 
     if not follow:
@@ -101,7 +103,7 @@ def logs(
 def run_end(run: RunView) -> str:
     if run.state not in TERMINAL_RUN_STATES:
         return f"run {run.run_id} still {run.state}"
-    error = f": {run.error}" if run.error and run.state != "complete" else ""
+    error = f": {one_line(run.error)}" if run.error and run.state != "complete" else ""
     if run.resumed_by and run.state == "stopped" and not error:
         # A paused run that `resume` (or `approve` after a restart) continued: nobody stopped
         # it, its work goes on in that run.
@@ -128,7 +130,7 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
     def ended(run: RunView) -> None:
         settled.append(run)
         if not as_json:
-            click.echo(run_end(run))
+            say(run_end(run))
 
     def waiting(client: Client) -> list[RunView]:
         # Taken over on the next node: the runs not yet ended, with what is left of the timeout.
@@ -149,7 +151,7 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
         emit({"runs": [v.model_dump(mode="json") for v in views]}, True, "")
     else:
         for view in pending:
-            click.echo(run_end(view))
+            say(run_end(view))
     if pending:
         raise SystemExit(EXIT_TIMEOUT)
     if any(v.state != "complete" for v in views):

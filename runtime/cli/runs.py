@@ -27,6 +27,7 @@ from subagents_node.cli.common import (
 from subagents_node.cli.following import child_end, launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION
+from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.capacity_views import with_capacity
 from subagents_node.client.client import Client
 from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
@@ -144,7 +145,7 @@ def run(
             started = client.runs.launch(launch)
         emit(started, as_json, f"{started.run_id}")
         if not as_json:
-            click.echo(f"session {started.session_id}", err=True)
+            say(f"session {started.session_id}", err=True)
         return
     local = not (on_host or obj.address)  # a named node is never replaced by one started here
     reconnect = (lambda: node_client(obj, ctx, False)) if local else None
@@ -192,13 +193,13 @@ def runs_command(
     found = [run for part in parts for run in part.runs]
     for part in parts:
         if part.error:
-            click.echo(f"host {part.host}: runs not listed ({part.error})", err=True)
+            say(f"host {part.host}: runs not listed ({part.error})", err=True)
     if not found:
-        click.echo("no runs")
+        say("no runs")
         return
     from subagents_node.cli.tables import runs_table
 
-    click.echo(runs_table(found, time.time(), short=sys.stdout.isatty() and not wide))
+    say(runs_table(found, time.time(), short=sys.stdout.isatty() and not wide))
 
 
 @click.command()
@@ -306,11 +307,12 @@ def agents(agents_dirs: tuple[str, ...], as_json: bool) -> None:
     for name in catalog.names():
         agent = catalog.agents[name]
         fan = " [fanout]" if agent.fanout else ""
-        click.echo(f"{name:<20} {agent.scope:<8} {agent.description}{fan}")
+        # One line per agent, whatever its file's name and description hold.
+        say(f"{one_line(name):<20} {agent.scope:<8} {one_line(agent.description)}{fan}")
     for problem in catalog.problems:
-        click.echo(f"warning: {problem.message}", err=True)
+        say(f"warning: {one_line(problem.message)}", err=True)
     if not catalog.agents:
-        click.echo(
+        say(
             "no agents found (looked in: "
             + ", ".join(str(d.path) for d in catalog.directories)
             + ")"

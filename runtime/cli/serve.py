@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import click
 
 from subagents_node.cli.common import CliError, Ctx
+from subagents_node.cli.terminal import say
 from subagents_node.client.paths import check_endpoint
 from subagents_node.messages.constants import ENV_TEST_HOST_CALL_TIMEOUT, ENV_TEST_KILL_AT
 from subagents_node.messages.errors import SubagentsError
@@ -178,7 +179,7 @@ def serve(
         # Its terminal may be gone already (closed as the node started: the hangup stops it);
         # the write that fails there must not end the process before its node is stopped.
         with contextlib.suppress(OSError):
-            click.echo(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
+            say(f"node {node.node_id} serving {', '.join(node.endpoints)}", err=True)
         node.wait()  # its threads leave TERM, INT and HUP to this one (node/signalmask.py)
     finally:
         node.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from subagents_node.cli.common import plural
+from subagents_node.cli.terminal import one_line
 from subagents_node.messages.supervisor import RunView
 
 #: On a terminal without --wide: ids keep their first 12 characters, labels 30.
@@ -27,6 +28,7 @@ def span(seconds: float) -> str:
 
 
 def _cut(text: str, width: int, short: bool) -> str:
+    text = one_line(text)  # a label from a chain file: one row, whatever it holds
     return text if not short or len(text) <= width else text[: width - 1] + "…"
 
 

@@ -26,6 +26,7 @@ from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import PATH_TEXT, SESSION
+from subagents_node.cli.terminal import say
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
 from subagents_node.launch.launcher import LaunchContext
@@ -40,7 +41,7 @@ def drain_children(client: Client, run_id: str) -> None:
     # Every page: a workflow may leave more children running than one listing holds.
     active = client.perform(every_run_plan(active_only=True, parent_run_id=run_id)).runs
     if active:
-        click.echo(
+        say(
             f"waiting for {len(active)} background child run(s) of workflow {run_id}: this "
             "command's embedded node stops when it returns (start a node to leave them running)",
             err=True,

@@ -577,6 +577,7 @@ def test_version_and_help_of_one_command_load_no_other_command_family() -> None:
         "subagents_node.cli.common",
         "subagents_node.cli.main",
         "subagents_node.cli.params",  # the value types of the group's own options
+        "subagents_node.cli.terminal",  # how every line of human output is printed
     ]
 
 
