@@ -145,7 +145,9 @@ def serve(
         log_path = obj.state_dir / LOG_NAME
         configure_node_log(log_path, settings.node_log_max_bytes, settings.node_log_backups, level)
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from subagents_node.node.nodelog import configure_stderr_log
+
+        configure_stderr_log(level)
     # Lifted for the node's sockets; its children start with the limit it lifted.
     child_open_files = raise_descriptor_limit()
     options = NodeOptions(

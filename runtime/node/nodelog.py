@@ -8,6 +8,11 @@ so tracebacks and stray prints follow the rotation instead of growing a renamed 
 Size is checked on every record, against the file's real end (every writer appends). A
 foreground node logs to its stderr and leaves rotation to whoever reads it.
 
+Every record is one line, with text from outside inert (`InertFormatter`, messages/inert.py):
+a field name a client made up, echoed by a refusal, once wrote its own "ERROR" line into
+node.log and sent its escape sequences to whoever tailed it. A traceback keeps its lines.
+`configure_stderr_log` gives a foreground node (and a command's embedded one) the same.
+
 It never writes anything but log records and never deletes anything but rotated backups.
 """
 
@@ -16,10 +21,21 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from subagents_node.messages.inert import one_line
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class InertFormatter(logging.Formatter):
+    """A record on one line, its controls shown as escapes; the traceback after it as it is
+    (`format` appends that after `formatMessage`)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
 
 
 class NodeLogHandler(RotatingFileHandler):
@@ -43,7 +59,16 @@ class NodeLogHandler(RotatingFileHandler):
 
 def configure_node_log(path: Path, max_bytes: int, backups: int, level: int) -> None:
     handler = NodeLogHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(InertFormatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def configure_stderr_log(level: int, fmt: str = LOG_FORMAT) -> None:
+    """Records to stderr, one inert line each: a foreground node's log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(InertFormatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagents_node.cli.common import error_line
-from subagents_node.cli.terminal import one_line, printable
+from subagents_node.messages.inert import one_line, printable
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.runs import Gate, script_agents
 

@@ -236,3 +236,28 @@ def test_a_request_under_the_cap_is_judged_the_same_through_the_gateway_as_at_it
         assert reply is not None and reply.corr == FRAME_ID
         codes.append(error_of(reply).code)
     assert codes[0] == codes[1] == "RUN_FANOUT_LIMIT", codes
+
+
+#: A field name a client made up: OSC 52 (set the clipboard of whoever tails the log), then a
+#: newline and a line of its own dressed as one of the node's records.
+FORGED_FIELD = "\x1b]52;c;cHduZWQ=\x07\n2026-12-06 20:40:00,000 ERROR subagents_node: FORGED"
+
+
+def test_a_refused_field_name_stays_inert_on_its_one_line_of_node_log(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    """The refusal names the unknown field, as it should; the log shows it escaped, on the
+    refusal's own line, at the gateway and at an owner alike (both write node.log)."""
+    for address in (served.address, f"ipc://{served.state_dir / 'capacity.sock'}"):
+        peer = raw_dealer(address)
+        peer.send_frames(raw_map(body={FORGED_FIELD: 1}))
+        reply = peer.recv_env(timeout=10)
+        assert reply is not None
+        assert error_of(reply).details.get("field") == FORGED_FIELD  # the data, as sent
+
+    log = served.log()
+    refusals = [line for line in log.splitlines() if r"\x1b]52;c;cHduZWQ=\x07\n2026" in line]
+    assert len(refusals) == 2, log[-2000:]
+    assert all("refused a frame: bad_request" in line for line in refusals)
+    assert not any(line.startswith("2026-12-06 20:40:00,000") for line in log.splitlines())
+    assert "\x1b" not in log and "\x07" not in log
