@@ -13,7 +13,7 @@ import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.cli.params import COUNT, PATH_TEXT, POSITIVE_COUNT, RUN_ID, SESSION
-from subagents_node.cli.terminal import say
+from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.listing import MAX_LISTED, every_run_plan
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.messages.capacity import Inspection
@@ -221,9 +221,10 @@ def config_show(as_json: bool) -> None:
     for key, value, origin in rows:
         shown = ", ".join(map(str, value)) if isinstance(value, tuple) else value
         shown = "none" if shown is None else shown  # as docs/configuration.md writes it
-        say(f"{key:<{width}}  {shown!s:<24} {origin}")
+        # One row per setting, whatever a (cloned repository's) subagents.toml holds.
+        say(f"{key:<{width}}  {one_line(str(shown)):<24} {one_line(str(origin))}")
     for warning in config.warnings:
-        say(f"warning: {warning}", err=True)
+        say(f"warning: {one_line(warning)}", err=True)
 
 
 @click.command("debug-run")

@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from click.testing import Result
 from hypothesis import given
 from hypothesis import strategies as st
@@ -114,6 +115,25 @@ def test_agents_lists_a_hostile_description_on_one_line_with_its_controls_shown(
     # (An agent's description is one line of words when it is read: the newline and the
     # carriage return are spaces by then.)
     assert line.endswith(r"Nice agent\x1b]52;c;cHduZWQ=\x07\x1b[2J forged line \x9b31m")
+
+
+def test_config_show_keeps_a_cloned_projects_hostile_value_on_its_own_row(
+    invoke: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A project's subagents.toml whose value would print a row of its own and clear the screen.
+    (tmp_path / "subagents.toml").write_text(
+        'agent_dirs = ["a\\nmax_active_async_runs_per_session  1000  default\\u001b[2J"]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+
+    result = invoke("config", "show")
+
+    assert result.exit_code == 0, result.output
+    assert not _controls_in(result.stdout), repr(result.stdout)
+    rows = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+    assert rows.count("max_active_async_runs_per_session") == 1
+    (agent_dirs,) = [line for line in result.stdout.splitlines() if line.startswith("agent_dirs")]
+    assert r"a\nmax_active_async_runs_per_session  1000  default\x1b[2J" in agent_dirs
 
 
 def test_fleet_shows_a_running_childs_markup_and_controls_as_text(
