@@ -45,7 +45,7 @@ def describe(event: RunEvent, run: RunView) -> str | None:
         how = child_end(child, code if isinstance(code, int) else None)
         return f"{stamp} {child.label} ({child.agent}) {data['state']} ({how})"
     if event.kind.startswith("run."):
-        extra = f": {data['error']}" if data.get("error") else ""
+        extra = f": {one_line(str(data['error']))}" if data.get("error") else ""
         return f"{stamp} run {run.run_id} {event.kind[4:]}{extra}"
     return None
 

@@ -71,7 +71,8 @@ def test_an_error_line_keeps_to_one_line_with_its_controls_shown() -> None:
 
 def _hostile_agents(directory: Path) -> Path:
     """`gate` and friends, plus `hostile`: prints LINE, then waits at the gate; `loud`:
-    prints HOSTILE and exits 0; `broken`: writes HOSTILE to stderr and exits 3."""
+    prints HOSTILE and exits 0; `broken`: writes HOSTILE and a second line to stderr and
+    exits 3."""
     script_agents(directory)
     (directory / "hostile.py").write_text(
         textwrap.dedent(
@@ -84,7 +85,7 @@ def _hostile_agents(directory: Path) -> Path:
     )
     for name, code in (
         ("loud", f"print({HOSTILE!r})"),
-        ("broken", f"import sys; sys.stderr.write({HOSTILE!r}); sys.exit(3)"),
+        ("broken", f"import sys; sys.stderr.write({HOSTILE + chr(10) + 'second'!r}); sys.exit(3)"),
     ):
         (directory / f"{name}.py").write_text(code + "\n")
     for name in ("hostile", "loud", "broken"):
@@ -178,7 +179,11 @@ def test_a_runs_summary_shows_its_outputs_and_errors_controls_while_logs_and_jso
     assert broken.returncode == 1, broken.stderr
     assert not _controls_in(broken.stdout) and not _controls_in(broken.stderr)
     (error,) = [line for line in broken.stdout.splitlines() if line.startswith("error: ")]
-    assert SHOWN in error
+    assert SHOWN + r"\nsecond" in error
+    # The progress line that says how the run ended holds the error on its own line too.
+    (ended,) = [line for line in broken.stderr.splitlines() if " failed: " in line]
+    assert ended.endswith(SHOWN + r"\nsecond")
+    assert not any(line.startswith("second") for line in broken.stderr.splitlines())
     # The data itself is kept: `logs` prints the child's output as it wrote it, as `cat`
     # would (click drops CSI colour codes when stdout is no terminal: the OSC stays), and
     # JSON escapes it its own way.
