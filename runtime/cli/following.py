@@ -139,7 +139,7 @@ def _follow(
         shown.seq = event.seq
 
     def gap(err: SubagentsError) -> None:  # the run goes on on its worker: so does the wait
-        say(f"{err.message}; still following run {run.run_id}", err=True)
+        say(f"{one_line(err.message)}; still following run {run.run_id}", err=True)
 
     try:
         with signals.raising():

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from subagents_node.cli.common import Ctx
-from subagents_node.cli.terminal import say
+from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
 from subagents_node.launch.launcher import LaunchContext
@@ -131,7 +131,7 @@ def _hand_over(obj: Ctx, count: int) -> None:
     except NodeAlreadyRunning:
         return  # another command's node took the state dir over: it adopts them
     except SubagentsError as err:
-        say(f"warning: {runs} left without a node: {err.message}", err=True)
+        say(f"warning: {runs} left without a node: {one_line(err.message)}", err=True)
         return
     say(
         f"{runs} still going: started a node (pid {record['pid']}) to supervise them; "

@@ -193,7 +193,7 @@ def runs_command(
     found = [run for part in parts for run in part.runs]
     for part in parts:
         if part.error:
-            say(f"host {part.host}: runs not listed ({part.error})", err=True)
+            say(f"host {part.host}: runs not listed ({one_line(part.error)})", err=True)
     if not found:
         say("no runs")
         return
