@@ -61,10 +61,9 @@ def node_client(obj: Ctx, ctx: LaunchContext, background: bool) -> Iterator[Clie
         from subagents_node.node.node import Node
         from subagents_node.node.nodelog import configure_stderr_log
 
-        if not logging.getLogger().handlers:
-            # What Python's last resort would print (warnings, their text alone), made inert:
-            # a refusal may echo a field name any local client made up.
-            configure_stderr_log(logging.WARNING, "%(message)s")
+        # What Python's last resort would print (warnings, their text alone), made inert: a
+        # refusal may echo a field name any local client made up.
+        configure_stderr_log(logging.WARNING, "%(message)s")
         settings = ctx.config.actor_settings()
         left = -1  # runs still going on this command's node when it stops (-1: none embedded)
         with contextlib.ExitStack() as stack:

@@ -66,9 +66,12 @@ def configure_node_log(path: Path, max_bytes: int, backups: int, level: int) -> 
 
 
 def configure_stderr_log(level: int, fmt: str = LOG_FORMAT) -> None:
-    """Records to stderr, one inert line each: a foreground node's log."""
+    """Records to stderr, one inert line each: a foreground node's log. Like
+    `logging.basicConfig`, it leaves a process whose logging is set up already as it is."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(InertFormatter(fmt))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.addHandler(handler)
     root.setLevel(level)

@@ -20,7 +20,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from subagents_node.messages.codec import MAX_FRAME_BYTES, encode
 from subagents_node.messages.envelope import PROTOCOL_VERSION, REPLY, Envelope
-from tests.support.nodes import NodeProcess, RawPeer, error_of, running_node
+from tests.support.nodes import ForegroundNode, NodeProcess, RawPeer, error_of, running_node
 
 FRAME_ID = "bad-frame-1"
 
@@ -243,19 +243,37 @@ def test_a_request_under_the_cap_is_judged_the_same_through_the_gateway_as_at_it
 FORGED_FIELD = "\x1b]52;c;cHduZWQ=\x07\n2026-12-06 20:40:00,000 ERROR subagents_node: FORGED"
 
 
-def test_a_refused_field_name_stays_inert_on_its_one_line_of_node_log(
-    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+def _refused_twice(
+    node: NodeProcess | ForegroundNode, raw_dealer: Callable[[str], RawPeer]
 ) -> None:
-    """The refusal names the unknown field, as it should; the log shows it escaped, on the
-    refusal's own line, at the gateway and at an owner alike (both write node.log)."""
-    for address in (served.address, f"ipc://{served.state_dir / 'capacity.sock'}"):
+    """FORGED_FIELD sent to the gateway and to an owner; each refusal names it, as sent."""
+    for address in (node.address, f"ipc://{node.state_dir / 'capacity.sock'}"):
         peer = raw_dealer(address)
         peer.send_frames(raw_map(body={FORGED_FIELD: 1}))
         reply = peer.recv_env(timeout=10)
         assert reply is not None
         assert error_of(reply).details.get("field") == FORGED_FIELD  # the data, as sent
 
-    log = served.log()
+
+def test_a_refused_field_name_stays_inert_on_its_one_line_of_node_log(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    """The refusal names the unknown field, as it should; the log shows it escaped, on the
+    refusal's own line, at the gateway and at an owner alike (both write node.log)."""
+    _refused_twice(served, raw_dealer)
+    _assert_inert(served.log())
+
+
+def test_a_foreground_nodes_stderr_log_keeps_a_refused_field_name_inert_too(
+    foreground_node: Callable[..., ForegroundNode], raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    node = foreground_node()
+    _refused_twice(node, raw_dealer)
+    node.cleanup()  # its log is complete once it has stopped
+    _assert_inert(node.log())
+
+
+def _assert_inert(log: str) -> None:
     refusals = [line for line in log.splitlines() if r"\x1b]52;c;cHduZWQ=\x07\n2026" in line]
     assert len(refusals) == 2, log[-2000:]
     assert all("refused a frame: bad_request" in line for line in refusals)
