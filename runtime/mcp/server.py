@@ -3,7 +3,9 @@ are the launcher's operations.
 
 Owns the tool surface (names, input schemas with descriptions, annotations), the translation
 of a `SubagentsError` into a tool error (isError) whose text is the error's own message (the
-ledger's refusal, word for word), and the node the server talks to: the one the environment
+ledger's refusal, word for word), each tool's text with any terminal control from a child or an
+agent file shown as an escape (messages/inert.py; the structured content keeps the data as it
+is), and the node the server talks to: the one the environment
 names (`$SUBAGENTS_NODE`, set for every agent child, so the child's launches count against its
 run tree), else the state dir's, else an embedded node it owns and stops on exit.
 
@@ -34,6 +36,7 @@ from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import VERSION
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, SubagentsError
+from subagents_node.messages.inert import printable
 
 P = ParamSpec("P")
 
@@ -130,12 +133,15 @@ def tool_result(
                 raise schema_error(answer.__name__, exc) from None
         except SubagentsError as err:
             return CallToolResult(
-                content=[TextContent(type="text", text=err.message)],
+                content=[TextContent(type="text", text=printable(err.message))],
                 structured_content={"error": err.to_wire()},
                 is_error=True,
             )
+        # The text is what a host shows (often on a terminal) and a model reads: a child's
+        # escape sequences in it are shown as escapes. The structured content is the data.
         return CallToolResult(
-            content=[TextContent(type="text", text=done.text)], structured_content=done.data
+            content=[TextContent(type="text", text=printable(done.text))],
+            structured_content=done.data,
         )
 
     return call
@@ -347,7 +353,7 @@ def refuse_unknown_arguments(takes: Mapping[str, frozenset[str]]) -> ServerMiddl
                     field=stray[0][:64],
                 )
                 return CallToolResult(
-                    content=[TextContent(type="text", text=err.message)],
+                    content=[TextContent(type="text", text=printable(err.message))],
                     structured_content={"error": err.to_wire()},
                     is_error=True,
                 )

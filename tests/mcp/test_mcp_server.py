@@ -119,6 +119,34 @@ def test_a_foreground_run_of_the_sleeper_returns_its_output_on_an_embedded_node(
     assert not (state_dir / "node.sock").exists(), "the embedded node must stop with the server"
 
 
+def test_a_tools_text_shows_a_childs_terminal_controls_as_escapes_and_its_data_keeps_them(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """A host shows a tool's text to a person (often on a terminal): a child's OSC 52 (set the
+    clipboard) and screen clear are shown as escapes there; `structured_content` is the data."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    hostile = "out \x1b]52;c;cHduZWQ=\x07\x1b[2J end"
+    (agents / "loud.py").write_text(f"print({hostile!r})\n")
+    (agents / "loud.md").write_text(
+        "---\nname: loud\ndescription: prints escapes\n"
+        'command: ["{python}", "{agent_dir}/loud.py", "{task}"]\n---\nBody.\n'
+    )
+    env = server_env(SUBAGENTS_STATE_DIR=str(state_dir))
+
+    async def go() -> CallToolResult:
+        async with mcp_session(env, "--agents-dir", str(agents)) as session:
+            return await session.call_tool("run", {"agent": "loud", "task": "x"})
+
+    ran = asyncio.run(go())
+
+    assert not ran.is_error, text_of(ran)
+    assert r"out \x1b]52;c;cHduZWQ=\x07\x1b[2J end" in text_of(ran)
+    assert "\x1b" not in text_of(ran) and "\x07" not in text_of(ran)
+    assert ran.structured_content is not None
+    assert ran.structured_content["output"].rstrip("\n") == hostile
+
+
 def test_a_background_run_returns_its_id_and_wait_and_logs_follow_it(node: NodeProcess) -> None:
     env = server_env(SUBAGENTS_NODE=node.address)
 
