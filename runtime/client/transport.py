@@ -19,7 +19,10 @@ Thread-safe, `close()` included: it may be called while other threads are inside
 then raise NodeNotRunning("this client is closed"), as does every call after it; it never
 closes a socket its thread is using (client/thread_channels.py says how). A thread's channels
 are released when the thread ends. A forked child that goes on using its parent's transport
-gets a fresh zmq context and fresh channels of its own (the parent's are never touched).
+gets a fresh zmq context and fresh channels of its own (the parent's are never touched). A
+transport dropped without `close()` releases its sockets and context when it is collected
+(`_released`), a reference cycle included: left to pyzmq, the cyclic collector finalized the
+context before its sockets and the context's `term()` waited for them for good.
 
 Here: which endpoint a request goes to, and opening and renewing each thread's channels.
 Beside it: `client/thread_channels.py` (one thread's channels, and when they may be closed),
@@ -32,8 +35,10 @@ It must never import the node or the actors: every child agent imports this modu
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Protocol
 
@@ -113,6 +118,19 @@ class ZmqTransport:
         self._closed = False
         self._endpoints: dict[str, str] = {}
         self._generation = 0
+        self._collected = self._on_collection()
+
+    def _on_collection(self) -> weakref.finalize[..., ZmqTransport]:
+        """What releases this process's sockets and context once the transport is collected
+        without `close()`. The finalizer holds them, so they are never part of the transport's
+        garbage: a collection clears the weak set a zmq context knows its sockets by, and its
+        own finalizer then waited in `term()` for sockets it could no longer close. Not at
+        exit: a daemon thread may still be inside a call then, and `term()` would wait on it."""
+        collected = weakref.finalize(
+            self, _released, os.getpid(), self._zctx, self._threads, self._own_context
+        )
+        collected.atexit = False
+        return collected
 
     def __reduce__(self) -> tuple[type[ZmqTransport], tuple[object, ...]]:
         """What another process needs to open its own connections to the same node: the
@@ -138,14 +156,13 @@ class ZmqTransport:
         with self._lock:
             if self._closed:
                 raise NodeNotRunning("this client is closed", address=self.address)
-            channels = ThreadChannels(self.address, self._forget)
+            # Neither callback holds the transport: its channels (kept by `_released` too)
+            # must not keep it from being collected.
+            forget = functools.partial(_forget, self._threads, self._lock)
+            channels = ThreadChannels(self.address, forget)
             self._threads.add(channels)
         self._local.anchor = channels.anchor()
         return channels
-
-    def _forget(self, channels: ThreadChannels) -> None:
-        with self._lock:
-            self._threads.discard(channels)
 
     def _after_fork(self) -> None:
         """In a forked child: a context and channels of its own. The parent's context has no
@@ -162,6 +179,7 @@ class ZmqTransport:
         self._local = threading.local()
         self._zctx = zmq.Context()
         self._own_context = True
+        self._collected = self._on_collection()  # the inherited one does nothing here
 
     def endpoint_for(self, target: str) -> str:
         # Computed once per target: path parsing on every request shows in a claim's CPU.
@@ -224,13 +242,11 @@ class ZmqTransport:
             raise no_keys(self.address, err) from None
         path = ipc_path(endpoint)
         peer = None if path is None else PeerFile(str(path))
-        channel = Channel(sock, threads, self.address, self._why_silent, monitor, endpoint, peer)
+        silent = functools.partial(why_silent, self.address)
+        channel = Channel(sock, threads, self.address, silent, monitor, endpoint, peer)
         channel.generation = self._generation
         threads.add(channel)
         return channel
-
-    def _why_silent(self) -> str:
-        return why_silent(self.address)
 
     def _check_reachable(self, stale: bool = False) -> None:
         check_reachable(self.address, stale)
@@ -282,7 +298,28 @@ class ZmqTransport:
                 return
             self._closed = True
             threads = list(self._threads)
+        self._collected.detach()
         for channels in threads:
             channels.close()
         if self._own_context:
             self._zctx.term()  # returns once each thread inside a call closed its sockets
+
+
+def _forget(threads: set[ThreadChannels], lock: threading.Lock, channels: ThreadChannels) -> None:
+    """A thread's channels, released as the thread ended: no longer the transport's to close."""
+    with lock:
+        threads.discard(channels)
+
+
+def _released(
+    pid: int, zctx: zmq.Context[zmq.Socket[bytes]], threads: set[ThreadChannels], own: bool
+) -> None:
+    """A collected transport's sockets closed and its own context ended. Nothing can be inside
+    a call on them (a call holds its transport), so nothing waits; `destroy` closes with no
+    linger any socket no thread registered. A forked child never touches its parent's."""
+    if os.getpid() != pid:
+        return
+    for channels in list(threads):
+        channels.close()
+    if own:
+        zctx.destroy(linger=0)

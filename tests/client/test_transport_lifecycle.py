@@ -8,6 +8,8 @@ of its own: a failure is then an exit code, not the test runner gone. Real node,
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import signal
 import socket
@@ -22,7 +24,7 @@ from subagents_node.client.client import Client, connect
 from subagents_node.client.keys import ClientCredentials, Keypair
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.codec import decode, encode_answer
-from subagents_node.messages.errors import NodeNotRunning
+from subagents_node.messages.errors import NodeNotRunning, SubagentsError
 from subagents_node.messages.node import DebugSleep, Pong
 from tests.support.descriptors import run_python
 from tests.support.nodes import NodeProcess, running_node
@@ -129,10 +131,44 @@ def ping_from_a_forked_child(address: str) -> None:
     print("ok")
 
 
-def _scenario(name: str, address: str) -> None:
+def collect_clients_dropped_in_reference_cycles(address: str) -> None:
+    """Clients dropped without close(), each in a reference cycle (a refusal's traceback holds
+    the frame that holds the client; a client that refers to itself), then collected by the
+    cyclic collector: the collection must neither hang nor leave their sockets open."""
+    with connect(address, timeout=5) as warm:  # what a first client loads for good
+        warm.ping()
+        with contextlib.suppress(SubagentsError):
+            warm.fanout.create("r", 0)
+    gc.collect()
+    gc.disable()  # the collection below is the one that would have hung
+    before = len(os.listdir("/proc/self/fd"))
+
+    def refused() -> BaseException:
+        client = connect(address, timeout=5)
+        try:
+            client.fanout.create("r", 0)
+        except SubagentsError as err:
+            return err  # its traceback holds this frame, and the frame the client
+        raise AssertionError("a limit of 0 was accepted")
+
+    kept = [refused() for _ in range(3)]
+    for _ in range(3):
+        looped = connect(address, timeout=5)
+        looped.ping()
+        looped.loop = looped  # type: ignore[attr-defined]
+    del kept, looped
+    gc.collect()
+    gc.enable()
+    assert len(os.listdir("/proc/self/fd")) <= before, "the dropped clients kept descriptors"
+    with connect(address, timeout=5) as client:
+        client.ping()
+    print("ok")
+
+
+def _scenario(name: str, address: str, timeout: float = 90) -> None:
     done = run_python(
         f"from tests.client.test_transport_lifecycle import {name}; {name}({address!r})",
-        timeout=90,
+        timeout=timeout,
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
         f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
@@ -159,6 +195,15 @@ def test_a_forked_child_using_its_parents_client_gets_answers_of_its_own(
     faulty_node: NodeProcess,
 ) -> None:
     _scenario("ping_from_a_forked_child", faulty_node.address)
+
+
+def test_a_client_dropped_in_a_reference_cycle_is_collected_without_hanging(
+    faulty_node: NodeProcess,
+) -> None:
+    """Found by hand: the collector finalized the client's zmq context before its sockets (a
+    collection clears the weak set the context knows its sockets by), and the context's
+    `term()` waited for them for good, in whichever thread happened to collect."""
+    _scenario("collect_clients_dropped_in_reference_cycles", faulty_node.address, timeout=30)
 
 
 def test_a_threads_socket_is_released_when_the_thread_ends(faulty_node: NodeProcess) -> None:
