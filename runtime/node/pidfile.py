@@ -59,6 +59,29 @@ def refuse_if_serving(state_dir: Path, ours_too: bool = False) -> None:
         )
 
 
+def refuse_if_ours_serves(state_dir: Path) -> None:
+    """Raise `NodeAlreadyRunning` at once when the record is this process's and its node's
+    socket takes connections: a live node of this process serves `state_dir`, and its owners,
+    which hold the state dir's claim, will not exit for a start to wait on (a node of this
+    process that failed to stop has closed its socket: a start passes it over and waits)."""
+    other = read_pid_file(state_dir)
+    if other is None or other.get("pid") != os.getpid():
+        return
+    path = ipc_path(str(other.get("address", ""))) if other.get("address") else None
+    if path is None or not _listening(path):
+        return
+    refuse_if_serving(state_dir, ours_too=True)
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False  # refused (nobody listens any more), or no such file
+    return True
+
+
 def recorded_pids(state_dir: Path) -> list[int]:
     """The node and owner pids the record names, live or not (what a start may wait for)."""
     try:
@@ -88,13 +111,8 @@ def refuse_served_sockets(endpoints: list[str]) -> None:
     that binding replaces."""
     for endpoint in endpoints:
         path = ipc_path(endpoint)
-        if path is None or not path.is_socket():
-            continue
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(path))
-            except OSError:
-                continue  # refused: nobody listens there any more
+        if path is None or not path.is_socket() or not _listening(path):
+            continue  # a leftover nobody listens on any more
         raise BadAddress(
             f"refusing to listen on {endpoint}: another process serves that socket",
             address=endpoint,

@@ -10,6 +10,7 @@ import select
 import shutil
 import signal
 import threading
+import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 from subagents_node.node import embedding
+from subagents_node.node.claim import PREVIOUS_OWNERS_EXIT_S
 from subagents_node.node.node import Node
 from tests.support.nodes import new_state_dir
 
@@ -80,12 +82,16 @@ def test_an_embedded_node_on_a_named_state_dir_leaves_its_runs_to_the_next_node(
 
 
 def test_a_second_embedded_node_on_a_served_dir_is_told_a_node_of_this_process_serves_it() -> None:
-    """It used to be told that another node was starting or stopping, and to retry."""
+    """It used to be told that another node was starting or stopping, and to retry; then it
+    was told the right thing only after waiting out the claim's wait for a dead node's owners
+    (5 s) on the live node's own owners, which would never exit."""
     state_dir = new_state_dir()
     try:
         with Node.embedded(state_dir=state_dir) as node:
+            began = time.monotonic()
             with pytest.raises(NodeAlreadyRunning) as refused, Node.embedded(state_dir=state_dir):
                 pass
+            assert time.monotonic() - began < PREVIOUS_OWNERS_EXIT_S / 2, "it waited on them"
             assert "a node of this process" in refused.value.message
             assert node.client().capacity.snapshot("s", 1).used == 0  # the first serves on
     finally:
