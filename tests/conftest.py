@@ -13,7 +13,10 @@ netns_hosts         factory: netns_hosts(["home", "worker"]) -> Fabric, one netw
                     per host; torn down after the test; skips (saying why) without root or ip
 """
 
+import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 
@@ -21,6 +24,7 @@ import pytest
 
 from tests.support.netns import Fabric, hosts, skip_unless_netns
 from tests.support.nodes import (
+    SESSION_TMP_ENV,
     embedded_node,
     foreground_node,
     invoke,
@@ -31,6 +35,9 @@ from tests.support.nodes import (
     state_dir,
 )
 
+#: The session directory this session made (tests/support/nodes.py `short_dir`), to remove.
+_SESSION_TMP = pytest.StashKey[str]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """A suite started under `nohup` (or as a background job of a script) ignores SIGHUP (or
@@ -38,11 +45,24 @@ def pytest_configure(config: pytest.Config) -> None:
     would ignore it too (as it should: the CLI keeps what `nohup` asked for), and the tests that
     close a command's terminal or press Ctrl-C on it would wait for an end that never comes.
     A handler that does nothing keeps this process deaf to them as asked, while a caught signal
-    is reset to its default on exec, so the commands under test get the default."""
-    del config
+    is reset to its default on exec, so the commands under test get the default.
+
+    It also makes the session's short directory (`short_dir`), removed by pytest_unconfigure."""
     for signum in (signal.SIGHUP, signal.SIGINT):
         if signal.getsignal(signum) is signal.SIG_IGN:
             signal.signal(signum, lambda *_: None)
+    # Every short directory the tests make goes in one of the session's own (short_dir), removed
+    # at its end: a test that leaves its state dir behind no longer leaves it in /tmp.
+    if SESSION_TMP_ENV not in os.environ:  # (a session inside a test's process uses its own)
+        made = tempfile.mkdtemp(prefix="sa-tests-", dir="/tmp")
+        os.environ[SESSION_TMP_ENV] = config.stash[_SESSION_TMP] = made
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_SESSION_TMP, "")
+    if made:
+        os.environ.pop(SESSION_TMP_ENV, None)
+        shutil.rmtree(made, ignore_errors=True)
 
 
 __all__ = [

@@ -171,8 +171,10 @@ def test_the_installed_wheel_runs_the_cli_the_readme_example_and_the_demo(
         assert line in ran.stdout.splitlines(), (line, ran.stdout)
 
     summary = tmp_path / "summary.json"
+    out = str(tmp_path / "demo-out")
     demo = subprocess.run(
-        [str(python), "-m", "subagents_node.demo", "--summary-json", str(summary)],
+        # --out: in tmp_path, not a directory of its own in /tmp that the demo keeps for people
+        [str(python), "-m", "subagents_node.demo", "--summary-json", str(summary), "--out", out],
         cwd=work,
         env=env,
         capture_output=True,

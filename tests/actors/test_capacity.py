@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 import uuid
@@ -50,12 +49,13 @@ from subagents_node.messages.errors import (
 )
 from subagents_node.node.store import Store
 from subagents_node.node.timers import Timers
+from tests.support.nodes import short_dir
 
 # -- fixtures -------------------------------------------------------------------------------
 
 
 def _state_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    return short_dir()
 
 
 @pytest.fixture(scope="module")

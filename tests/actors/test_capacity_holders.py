@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, SubagentsError
 from subagents_node.node.store import Store
+from tests.support.nodes import short_dir
 from tests.support.owners import LoopHost
 
 HOSTS = ("", "w1", "w2")
@@ -35,7 +35,7 @@ HOSTS = ("", "w1", "w2")
 
 @pytest.fixture
 def ledger() -> Iterator[LoopHost]:
-    directory = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    directory = short_dir()
     store = Store(directory / "capacity.db")
     store.migrate({CapacityLedger.name: CapacityLedger.MIGRATIONS})
     host = LoopHost(CapacityLedger, ActorContext(open_db=store.connect), directory).start()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 import uuid
@@ -33,13 +32,14 @@ from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, CapacityOwnershipChanged, Internal
 from subagents_node.node.store import Store
+from tests.support.nodes import short_dir
 from tests.support.owners import LoopHost
 
 # -- fixtures -------------------------------------------------------------------------------
 
 
 def _new_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    return short_dir()
 
 
 @pytest.fixture(scope="module")

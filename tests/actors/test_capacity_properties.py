@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import shutil
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,6 +39,7 @@ from subagents_node.messages.errors import (
     CapacityRunAlreadyHeld,
 )
 from subagents_node.node.store import Store
+from tests.support.nodes import short_dir
 from tests.support.owners import LoopHost
 
 # -- a ledger on a manual clock -------------------------------------------------------------
@@ -113,7 +113,7 @@ class Harness:
 
 @pytest.fixture
 def harness() -> Iterator[Harness]:
-    directory = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    directory = short_dir()
     running = Harness(directory)
     try:
         yield running

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
 from subagents_node.messages.protocol import parse_request
 from subagents_node.messages.runs import ChildReport, ChildSpec
+from tests.support.nodes import short_dir
 from tests.support.runs import wait_until
 
 SLEEPER = Path(__file__).resolve().parents[2] / "examples" / "agents" / "sleeper.py"
@@ -43,7 +43,7 @@ class Harness:
     """A shim template, and a ROUTER where the supervisor would be."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+        self.dir = short_dir()
         self.address = f"ipc://{self.dir}/runs.sock"
         self.zctx = zmq.Context()
         self.router: zmq.Socket[bytes] | None = None

@@ -16,7 +16,6 @@ import select
 import shutil
 import signal
 import sqlite3
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
 from subagents_node.messages.protocol import parse_request
 from subagents_node.messages.runs import ChildEvent, ChildExited, ChildReport, ChildSpec
+from tests.support.nodes import short_dir
 from tests.support.runs import wait_until
 
 WAIT_S = 30.0
@@ -126,7 +126,7 @@ def wait_gone(pid: int) -> None:
 
 @pytest.fixture
 def seat() -> Iterator[Seat]:
-    directory = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    directory = short_dir()
     s = Seat(directory)
     yield s
     s.close()

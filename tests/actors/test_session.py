@@ -7,7 +7,6 @@ node process over its ipc socket (typed errors across the wire, durability acros
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ import pytest
 from subagents_node import Client, Node, connect
 from subagents_node.messages.errors import BadRequest, GrantRejected, SpawnBudgetExceeded
 from subagents_node.messages.session import GRANT_HISTORY_MAX, GrantResult
+from tests.support.nodes import short_dir
 
 if TYPE_CHECKING:
     from tests.support.nodes import NodeProcess
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="module")
 def session_node() -> Iterator[Node]:
-    state = tempfile.mkdtemp(prefix="sa-", dir="/tmp")
+    state = str(short_dir())
     try:
         with Node.embedded(state_dir=state) as node:
             yield node
@@ -493,7 +493,7 @@ def test_r_spn_6_yes_applies_a_grant_under_confirm_authority(client: Client, sid
 
 
 def test_r_spn_6_a_node_configured_to_forbid_grants_refuses_every_grant(sid: str) -> None:
-    state = tempfile.mkdtemp(prefix="sa-", dir="/tmp")
+    state = str(short_dir())
     try:
         with Node.embedded(state_dir=state, settings={"grant_authority": "forbid"}) as node:
             own = node.client()

@@ -9,7 +9,6 @@ holds at most 20 entries.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -27,6 +26,7 @@ from hypothesis.stateful import (
 from subagents_node import Client, Node
 from subagents_node.messages.errors import GrantRejected, SpawnBudgetExceeded
 from subagents_node.messages.session import GRANT_HISTORY_MAX, RunState
+from tests.support.nodes import short_dir
 
 RUNS = ("r0", "r1", "r2")
 STATES: tuple[RunState, ...] = (
@@ -177,7 +177,7 @@ class SessionBudgetMachine(RuleBasedStateMachine):
 
 @pytest.fixture(scope="module")
 def property_client() -> Iterator[Client]:
-    state = tempfile.mkdtemp(prefix="sa-", dir="/tmp")
+    state = str(short_dir())
     try:
         with Node.embedded(state_dir=state) as node:
             yield node.client()

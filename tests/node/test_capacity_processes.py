@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ from subagents_node import Client, connect
 from subagents_node.client.paths import read_pid_file
 from subagents_node.messages.capacity import RunnerProof
 from tests.support.manage import store_rows
-from tests.support.nodes import running_node
+from tests.support.nodes import running_node, short_dir
 from tests.support.runs import wait_until
 from tests.support.storms import Storm
 
@@ -149,7 +148,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 
 @pytest.fixture
 def detached() -> Iterator[DetachedNode]:
-    state_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    state_dir = short_dir()
     node = DetachedNode(state_dir)
     try:
         yield node.start()

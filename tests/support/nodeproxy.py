@@ -8,16 +8,14 @@ Real ZeroMQ sockets on one thread, until `close`; used by the client compatibili
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
 
-from tests.support.nodes import NodeProcess
+from tests.support.nodes import NodeProcess, short_dir
 
 #: (reply type, body) -> the body the client gets.
 Rewrite = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -51,7 +49,7 @@ class ProxyNode:
         self.rewrite = rewrite
         self.v = v
         self.intercept = intercept
-        self._dir = Path(tempfile.mkdtemp(prefix="sa-proxy-", dir="/tmp"))
+        self._dir = short_dir("sa-proxy-")
         self.address = f"ipc://{self._dir / 'proxy.sock'}"
         self._zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._front = self._zctx.socket(zmq.ROUTER)

@@ -78,9 +78,20 @@ def node_files_left(state_dir: Path) -> list[str]:
     return sorted(p.name for p in state_dir.iterdir() if p.suffix in (".pid", ".sock"))
 
 
+#: The test session's own short directory (tests/conftest.py makes it and removes it at the
+#: end), inherited by every process a test starts; /tmp outside a session.
+SESSION_TMP_ENV = "SA_TESTS_TMP"
+
+
+def short_dir(prefix: str = "sa-") -> Path:
+    """A short, fresh directory in the session's: ipc socket paths must be < 107 bytes (pytest's
+    tmp_path is not), and whatever a test leaves there goes with the session."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get(SESSION_TMP_ENV, "/tmp")))
+
+
 def new_state_dir() -> Path:
-    """A short, fresh directory: ipc socket paths must be < 107 bytes (pytest's tmp_path is not)."""
-    return Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    """A short, fresh directory for a node's state (`short_dir`)."""
+    return short_dir()
 
 
 def free_tcp_port() -> int:
