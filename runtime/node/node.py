@@ -119,7 +119,6 @@ class Node:
         self._owner_tcp = roles.check_role(self.options)
         endpoints = roles.listen_endpoints(self.options, self.state_dir)
         pidfile.refuse_if_serving(self.state_dir)  # at once, before waiting on any claim
-        pidfile.refuse_if_ours_serves(self.state_dir)  # so is a live node of this process
         # One node per state dir, decided by the kernel before anything is bound or forked.
         self._claim = StateDirClaim(self.state_dir)
         try:

@@ -39,9 +39,10 @@ def pid_file_of(state_dir: Path) -> Path:
 
 def refuse_if_serving(state_dir: Path, ours_too: bool = False) -> None:
     """Raise `NodeAlreadyRunning` when another live process's record says it serves
-    `state_dir`; with `ours_too`, also when it is a node of this very process (an embedded
-    one), which a start otherwise passes over: a record of this pid may be left by a node of
-    this process that failed to stop."""
+    `state_dir`, or a live node of this very process does (an embedded one: its socket takes
+    connections, and its owners, which hold the state dir's claim, will not exit for a start to
+    wait on). A record of this pid whose socket is closed may be left by a node of this process
+    that failed to stop: a start passes it over (and waits for its owners), unless `ours_too`."""
     other = read_pid_file(state_dir)
     if other is None:
         return
@@ -51,26 +52,14 @@ def refuse_if_serving(state_dir: Path, ours_too: bool = False) -> None:
             "stop it with `subagents-node stop` or use another --state-dir",
             address=str(other.get("address", "")),
         )
-    if ours_too:
+    address = str(other.get("address", ""))
+    path = ipc_path(address) if address else None
+    if ours_too or (path is not None and _listening(path)):
         raise NodeAlreadyRunning(
             f"a node of this process (pid {other['pid']}) already serves {state_dir}; stop it "
             "(Node.stop(), or leave its `with Node.embedded()` block) before starting another",
-            address=str(other.get("address", "")),
+            address=address,
         )
-
-
-def refuse_if_ours_serves(state_dir: Path) -> None:
-    """Raise `NodeAlreadyRunning` at once when the record is this process's and its node's
-    socket takes connections: a live node of this process serves `state_dir`, and its owners,
-    which hold the state dir's claim, will not exit for a start to wait on (a node of this
-    process that failed to stop has closed its socket: a start passes it over and waits)."""
-    other = read_pid_file(state_dir)
-    if other is None or other.get("pid") != os.getpid():
-        return
-    path = ipc_path(str(other.get("address", ""))) if other.get("address") else None
-    if path is None or not _listening(path):
-        return
-    refuse_if_serving(state_dir, ours_too=True)
 
 
 def _listening(path: Path) -> bool:
