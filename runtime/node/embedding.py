@@ -22,13 +22,19 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
-from subagents_node.messages.errors import BadRequest, NodeNotRunning, SubagentsError
+from subagents_node.messages.errors import (
+    BadRequest,
+    NodeAlreadyRunning,
+    NodeNotRunning,
+    SubagentsError,
+)
 from subagents_node.node.optioncheck import check_options, check_state_dir
 
 if TYPE_CHECKING:
@@ -41,6 +47,42 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 30.0
 
 
+class Embedding(AbstractContextManager["Node"]):
+    """What `Node.embedded(...)` returns: a block entered once. Entered again (a second `with`
+    on the same object, nested or after the first ended), it raises `NodeAlreadyRunning` at
+    once, as a `Node` started twice does; a generator's context manager said only
+    `AttributeError: args`."""
+
+    def __init__(
+        self,
+        node_class: type[Node],
+        options_class: Callable[..., Any],
+        state_dir: str | os.PathLike[str] | None,
+        options: Mapping[str, object],
+    ) -> None:
+        self._block: AbstractContextManager[Node] | None = None
+        self._entered = False
+        self._args = (node_class, options_class, state_dir, options)
+
+    def __enter__(self) -> Node:
+        if self._entered:
+            raise NodeAlreadyRunning(
+                "this Node.embedded(...) block was entered already; call Node.embedded() again"
+            )
+        self._entered = True
+        self._block = embedded(*self._args)
+        return self._block.__enter__()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        block, self._block = self._block, None
+        return None if block is None else block.__exit__(kind, exc, tb)
+
+
 @contextmanager
 def embedded(
     node_class: type[Node],
@@ -48,9 +90,9 @@ def embedded(
     state_dir: str | os.PathLike[str] | None,
     options: Mapping[str, object],
 ) -> Iterator[Node]:
-    """`Node.embedded(state_dir, **options)`: every argument is checked before the temporary
-    directory is made; the node is stopped however the block ends (its runs first, when the
-    directory is temporary)."""
+    """The block of `Embedding`: every argument is checked before the temporary directory is
+    made; the node is stopped however the block ends (its runs first, when the directory is
+    temporary)."""
     check_state_dir(state_dir)
     try:
         check_options(options_class(state_dir=None, **options))

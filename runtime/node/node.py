@@ -382,7 +382,7 @@ class Node:
         Without `state_dir`, state lives in a fresh temporary directory removed afterwards,
         once every run still going in it was stopped (runtime/node/embedding.py).
         """
-        return embedding.embedded(cls, NodeOptions, state_dir, options)
+        return embedding.Embedding(cls, NodeOptions, state_dir, options)
 
     # -- the node's own protocol (runtime/node/noderequests.py) --------------------------------
 

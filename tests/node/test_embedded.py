@@ -98,6 +98,19 @@ def test_a_second_embedded_node_on_a_served_dir_is_told_a_node_of_this_process_s
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+def test_one_embedded_block_entered_twice_is_told_so_and_its_node_serves_on() -> None:
+    """A `with` on the same `Node.embedded()` object, nested or after the first ended, raised
+    contextlib's `AttributeError: args` (a generator's context manager runs once)."""
+    block = Node.embedded()
+    with block as node:
+        with pytest.raises(NodeAlreadyRunning, match="entered already"), block:
+            pass
+        assert node.client().ping().pid == os.getpid()  # the first block's node serves on
+    assert not node.state_dir.exists()  # and its end still removed the directory
+    with pytest.raises(NodeAlreadyRunning, match="entered already"), block:
+        pass
+
+
 def test_a_temporary_embedded_node_stopped_inside_its_block_ends_the_block_quietly() -> None:
     with Node.embedded() as node:
         directory = node.state_dir
