@@ -39,7 +39,12 @@ from subagents_node.messages.constants import (
     ENV_TASK_FILE,
 )
 from subagents_node.messages.domains import MAX_ARG_BYTES
-from subagents_node.messages.errors import AgentCommandNotFound, AgentInvalid, BadRequest
+from subagents_node.messages.errors import (
+    AgentCommandNotFound,
+    AgentInvalid,
+    BadRequest,
+    RunCwdMissing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +195,23 @@ def _is_dir(path: Path) -> bool:
         return path.is_dir()
     except OSError:
         return False
+
+
+def check_working_directory(path: Path) -> None:
+    """RunCwdMissing unless `path` is a directory (checked before admission: a launch's, an
+    item's, a workflow member's; nothing is charged for a child that could not start)."""
+    try:
+        found = path.is_dir()
+    except OSError as exc:  # ENAMETOOLONG, EACCES, ...: the caller's path, not our bug
+        raise RunCwdMissing(
+            f"working directory is not usable: {exc.strerror}", cwd=str(path)[:512]
+        ) from None
+    except ValueError:  # an embedded NUL: no path the kernel takes
+        raise RunCwdMissing(
+            "working directory is not usable: it holds a NUL byte", cwd=str(path)[:512]
+        ) from None
+    if not found:
+        raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
 
 
 def check_command(agent: AgentLike, environ: Mapping[str, str] | None = None) -> str:

@@ -49,7 +49,11 @@ from subagents_node.messages.capacity import (
     SlotHandle,
     Transfer,
 )
-from subagents_node.messages.delivery import argv_task_problem, check_command
+from subagents_node.messages.delivery import (
+    argv_task_problem,
+    check_command,
+    check_working_directory,
+)
 from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
     CapacityRunAlreadyHeld,
@@ -57,7 +61,6 @@ from subagents_node.messages.errors import (
     FanoutNotAuthorized,
     InjectedFault,
     NestedCallBlocked,
-    RunCwdMissing,
     RunStorageFailed,
     SubagentsError,
     TaskUndeliverable,
@@ -147,15 +150,7 @@ def check_items(launch: Launch, labelled: list[tuple[str, TaskItem]]) -> None:
     their template's directory and agent, so each distinct one is checked once."""
     items = [item for _, item in labelled]
     for cwd in dict.fromkeys([launch.cwd, *(i.cwd for i in items if i.cwd)]):
-        path = Path(launch.cwd, cwd) if cwd else Path(launch.cwd)
-        try:
-            found = path.is_dir()
-        except OSError as exc:  # ENAMETOOLONG, EACCES, ...: the caller's path, not our bug
-            raise RunCwdMissing(
-                f"working directory is not usable: {exc.strerror}", cwd=str(path)[:512]
-            ) from None
-        if not found:
-            raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
+        check_working_directory(Path(launch.cwd, cwd) if cwd else Path(launch.cwd))
     for agent in {id(item.agent): item.agent for item in items}.values():
         check_command(agent, launch.env)  # AgentCommandNotFound before any charge
     for label, item in labelled:

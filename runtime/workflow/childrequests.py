@@ -8,11 +8,13 @@ variables: a child gets its own values from the node, or none at all.
 
 It only builds requests: it never talks to a node, never claims and never admits. api.py
 builds every member's launch *before* it claims the group, so that a member the node would
-refuse (a task over the size cap, a NUL byte in an argv task, a command that is not there)
-refuses the whole group with its typed error and nothing is claimed (R-WF-5).
+refuse (a task over the size cap, a NUL byte in an argv task, a command or a working directory
+that is not there) refuses the whole group with its typed error and nothing is claimed (R-WF-5).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -26,8 +28,12 @@ from subagents_node.messages.constants import (
     ENV_TASK_FILE,
     ENV_WORKFLOW_TOKEN,
 )
-from subagents_node.messages.delivery import argv_task_problem, check_command
-from subagents_node.messages.errors import TaskUndeliverable, WorkflowCallInvalid
+from subagents_node.messages.delivery import (
+    argv_task_problem,
+    check_command,
+    check_working_directory,
+)
+from subagents_node.messages.errors import RunCwdMissing, TaskUndeliverable, WorkflowCallInvalid
 from subagents_node.messages.fanout import encode_descriptor, extend
 from subagents_node.messages.lineage import Resume
 from subagents_node.messages.supervisor import Launch, TaskItem
@@ -67,6 +73,10 @@ def member_launch(
             f"runs.run('{step.key}'): invalid {where}: {first['msg']}", key=step.key, field=where
         ) from None
     base = launcher.launch("single", call.async_, items=[item], timeout_ms=call.timeout_ms)
+    try:  # the node refuses it after the claim, which is never refunded
+        check_working_directory(Path(base.cwd, item.cwd) if item.cwd else Path(base.cwd))
+    except RunCwdMissing as err:
+        raise RunCwdMissing(f"workflow key '{step.key}': {err.message}", **err.details) from None
     check_command(plan, base.env)  # AgentCommandNotFound
     problem = argv_task_problem(plan, call.task, base.env)
     if problem is not None:

@@ -61,6 +61,7 @@ from subagents_node.workflow.report import (
     Outcome,
     display_text,
     result_document,
+    scalar_text,
     status_document,
     summary_line,
     write_aggregate,
@@ -244,10 +245,10 @@ class Host:
         except OSError as exc:
             print(f"cannot write {env.run_dir / RESULT_FILE}: {exc}", file=err)
         self.write_status()
-        print(text, file=out, flush=True)
+        print(scalar_text(text), file=out, flush=True)
         if outcome.state == "complete":
             return 0
-        print(outcome.error or "Workflow failed.", file=err, flush=True)
+        print(scalar_text(outcome.error or "Workflow failed."), file=err, flush=True)
         return 143 if outcome.state == "stopped" else 1
 
 

@@ -3,14 +3,17 @@
 Owns the shapes of the workflow host's files in the workflow's run dir (SPEC R-RUN-4 status,
 R-RUN-7 result with per-child entries, R-WF-11 steps) and of its text (R-WF-9: the one-line
 summary of a background workflow, the full display text of a foreground one). Every file is
-written atomically (a temp file, then rename). It never decides an outcome and never talks to
-a node; it formats what the host hands it.
+written atomically (a temp file, then rename), as UTF-8: a lone surrogate, which a script's
+str may hold (`"\\ud83d"`, half of an emoji) and UTF-8 cannot, is written as U+FFFD, as a
+decoder shows bytes that are not UTF-8 (`scalar_text`). It never decides an outcome and never
+talks to a node; it formats what the host hands it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,15 @@ from subagents_node.workflow.api import Step, WorkflowRuns, to_jsonable
 
 PREVIEW_CHARS = 1000
 STATUS_FILE = "status.json"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scalar_text(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD: what UTF-8 can hold. A lone surrogate in the
+    script's value, an emit, a console line or an error used to end the host with a
+    UnicodeEncodeError as it wrote result.json: the run failed with the host's traceback, and
+    no result.json, a status.json left `running`."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 @dataclass
@@ -189,8 +201,10 @@ def result_document(
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Atomic replace-write (R-RUN-4); raises OSError for the caller to report."""
     tmp = path.with_name(f".{path.name}.tmp")
+    encoder = json.JSONEncoder(indent=2, ensure_ascii=False)
     with tmp.open("w", encoding="utf-8") as fh:  # streamed: no whole-document string in memory
-        json.dump(data, fh, indent=2, ensure_ascii=False)
+        for chunk in encoder.iterencode(data):
+            fh.write(scalar_text(chunk))
         fh.write("\n")
     tmp.replace(path)
 
@@ -200,7 +214,7 @@ def write_aggregate(path: Path, text: str) -> str | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+        tmp.write_text(scalar_text(text.rstrip("\n")) + "\n", encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
         return f"Output file error: {path}\n{exc.strerror or exc}"

@@ -283,6 +283,38 @@ def test_r_wf_5_a_member_the_node_would_refuse_refuses_its_group_before_any_clai
     assert flow.result()["steps"] == []
 
 
+def test_r_wf_5_a_member_whose_working_directory_is_not_there_refuses_its_group_unclaimed(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """The host built such a member and claimed its key; the node then refused the launch
+    (`cwd_missing`), so the child never ran and its claim, never refunded, was spent."""
+    script = """
+    from subagents_node.errors import RunCwdMissing
+
+    def main(runs):
+        messages = []
+        for call in (lambda: runs.run("alone", "echo", "1", cwd="/nonexistent/dir"),
+                     lambda: runs.all([{"key": "fits", "agent": "echo", "task": "1"},
+                                       {"key": "bad", "agent": "echo", "task": "1",
+                                        "cwd": "/etc/hostname/x"}])):
+            try:
+                call()
+            except RunCwdMissing as err:
+                messages.append(err.message)
+        return {"messages": messages, "used": runs.budget().used}
+    """
+    flow = start_workflow(client, agents, work, script)
+
+    assert flow.wait().state == "complete", flow.run.error
+    value = flow.value()
+    assert value["messages"] == [
+        "workflow key 'alone': working directory does not exist: /nonexistent/dir",
+        "workflow key 'bad': working directory does not exist: /etc/hostname/x",
+    ]
+    assert value["used"] == 0
+    assert not flow.children()
+
+
 def test_r_wf_4_same_key_same_parameters_reuses_and_different_parameters_are_refused(
     client: Client, agents: Path, work: Path
 ) -> None:

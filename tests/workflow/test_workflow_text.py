@@ -1,0 +1,71 @@
+"""What a workflow's text may hold: a script's str is any sequence of code points, and UTF-8
+(result.json, status.json, the aggregate, the host's output) holds no lone surrogate (`"\\ud83d"`,
+half of an emoji, as a JS-built string or a cut one carries). The host writes each as U+FFFD,
+as a decoder shows bytes that are not UTF-8 (runtime/workflow/report.py `scalar_text`).
+
+Before, a lone surrogate in the value, an emit, a console line or an exception's message ended
+the host with a UnicodeEncodeError while it wrote result.json: the run failed with the host's
+own traceback as its error, no result.json, and a status.json that still said `running`.
+
+Real host processes under an embedded node; every wait is on the run's end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from subagents_node.client.client import Client
+from subagents_node.workflow.report import STATUS_FILE
+from tests.support.run_fixtures import agents as agents
+from tests.support.run_fixtures import client as client
+from tests.support.run_fixtures import embedded_run_node as embedded_run_node
+from tests.workflow.test_workflow_limits import result_of, run_workflow
+from tests.workflow.test_workflow_limits import work as work
+
+_HALVES = """
+def main(runs):
+    print("console \\ud800 line")
+    emit("emit \\udc80")
+    runs.run("one", "echo", "hi")
+    return {"key \\ud83d": ["half \\ud83d", "whole \\U0001f600"]}
+"""
+
+_RAISES = """
+def main(runs):
+    raise ValueError("bad \\ud800 value")
+"""
+
+
+def _utf8_json(path: Path) -> dict[str, object]:
+    loaded = json.loads(path.read_bytes().decode("utf-8"))  # strict: what any reader takes
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_lone_surrogates_in_a_scripts_value_emits_and_console_are_written_as_u_fffd(
+    client: Client, agents: Path, work: Path
+) -> None:
+    run = run_workflow(client, agents, work, _HALVES)
+
+    assert run.state == "complete", run.error
+    result = result_of(run)
+    assert result["value"] == {"key \ufffd": ["half \ufffd", "whole \U0001f600"]}
+    assert result["emits"] == ["emit \ufffd"]
+    assert "console \ufffd line" in result["console"]
+    assert [step["workflowKey"] for step in result["steps"]] == ["one"]  # the child is kept
+    assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "complete"
+    assert "half \ufffd" in run.output  # the host's own text, as the run's output
+
+
+def test_a_lone_surrogate_in_a_scripts_exception_fails_it_with_one_line_and_its_files(
+    client: Client, agents: Path, work: Path
+) -> None:
+    run = run_workflow(client, agents, work, _RAISES)
+
+    assert run.state == "failed"
+    assert run.error == "ValueError: bad \ufffd value", run.error
+    result = result_of(run)
+    assert result["error"] == "ValueError: bad \ufffd value"
+    assert "Traceback" in str(result["traceback"])
+    assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "failed"
