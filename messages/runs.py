@@ -14,6 +14,7 @@ Times are wall-clock seconds since the epoch; durations are seconds unless named
 import json
 import os
 import re
+import stat
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -267,8 +268,16 @@ class LogCut(Message):
         docs/api.md "Compatibility") instead of reading the log as never cut; the node reads
         its own announcement strictly."""
         try:
-            with open(log_path + LOG_CUT_SUFFIX, "rb") as fh:
-                raw = fh.read(4096)
+            # Neither a FIFO (its open would block the owner that caps the log, or the
+            # reader, for good) nor a symlink out: the node writes a regular file here.
+            fd = os.open(
+                log_path + LOG_CUT_SUFFIX,
+                os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+            )
+            try:
+                raw = os.read(fd, 4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            finally:
+                os.close(fd)
             if not tolerant:
                 return cls.model_validate_json(raw)
             return validated_reply(cls, json.loads(raw))

@@ -17,8 +17,10 @@ never imports the node.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -94,11 +96,12 @@ class _LogFile:
                 lines += self._across_cut(before)
             self.gen = before.gen
         try:
-            with open(self.path, "rb") as log:
-                size = os.fstat(log.fileno()).st_size
-                data = (
-                    os.pread(log.fileno(), READ_CHUNK, self.offset) if size > self.offset else b""
-                )
+            fd = _open_log(self.path)
+            try:
+                size = os.fstat(fd).st_size
+                data = os.pread(fd, READ_CHUNK, self.offset) if size > self.offset else b""
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return lines, False
         except OSError as exc:
@@ -134,8 +137,11 @@ class _LogFile:
         # The line this reader was in the middle of lost its end: it is not printed.
         self.offset, self.partial = tail, b""
         try:  # the node's own cut line, between its newlines
-            with open(self.path, "rb") as log:
-                line = os.pread(log.fileno(), max(0, cut.line - 1), cut.at + 1).rstrip(b"\n ")
+            fd = _open_log(self.path)
+            try:
+                line = os.pread(fd, max(0, cut.line - 1), cut.at + 1).rstrip(b"\n ")
+            finally:
+                os.close(fd)
         except OSError:
             line = b""
         if not LOG_CUT_PATTERN.fullmatch(line):
@@ -153,6 +159,17 @@ class LogsRead:
     is lost."""
 
     files: dict[str, _LogFile] = field(default_factory=dict)
+
+
+def _open_log(path: str) -> int:
+    """A descriptor of the child log at `path`, a regular file: opening a FIFO put in its
+    place waited for a writer, so `logs` hung for good (O_NONBLOCK: it opens at once, and is
+    refused as what it is)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
 
 
 def _stale(log_path: str) -> bool:

@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from subagents_node.client.exhaustion import descriptors_needed
+from subagents_node.client.files import read_small_file
 from subagents_node.messages.constants import ENV_STATE_DIR
 from subagents_node.messages.errors import BadAddress, UnsafeStateDir
 
@@ -37,6 +38,8 @@ ADDRESS_BOOK_NAME = "addressbook.json"
 PID_NAME = "node.pid"
 DB_NAME = "state.db"
 LOG_NAME = "node.log"
+#: Far above the node's own pid record (its pid, start time, address and owners' pids).
+_PID_RECORD_MAX_BYTES = 64 << 10
 #: sun_path is 108 bytes on Linux, including the terminating NUL.
 _IPC_PATH_MAX = 107
 
@@ -249,11 +252,18 @@ def pid_record(state_dir: Path) -> tuple[dict[str, object], bool] | None:
     """
     try:
         with descriptors_needed():  # not "no record": that would read as a dead node
-            record = json.loads((state_dir / PID_NAME).read_text())
-        pid, created = int(record["pid"]), record["create_time"]
-    except (OSError, ValueError, KeyError, TypeError):
+            # A regular file only: a FIFO put there would block every reader for good.
+            record = json.loads(read_small_file(state_dir / PID_NAME, _PID_RECORD_MAX_BYTES))
+    except (OSError, ValueError):
         return None
-    return dict(record), pid > 0 and created == process_create_time(pid)
+    # As the node writes it, or no record: `1e400` is no pid, and a record with no address
+    # would send `stop` looking for a node it cannot ask.
+    if not isinstance(record, dict) or not isinstance(record.get("address"), str):
+        return None
+    pid, created = record.get("pid"), record.get("create_time")
+    if type(pid) is not int or not isinstance(created, (int, float)) or isinstance(created, bool):
+        return None
+    return record, pid > 0 and created == process_create_time(pid)
 
 
 def read_pid_file(state_dir: Path) -> dict[str, object] | None:

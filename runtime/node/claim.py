@@ -9,7 +9,8 @@ from it (which hold the state dir's databases and sockets until they are gone to
 written to disk, so nothing is left behind by a `kill -9` and nothing needs cleaning.
 
 It never reads or writes the pid file (runtime/node/pidfile.py) and never signals a process; it
-may wait, bounded, for the processes a dead node's record names to finish exiting.
+may wait, bounded, for the processes a dead node's record names to finish exiting, and says
+whether a process holds the claim (`holds_claim`: what `stop` asks before it signals one).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import select
 import socket
 import time
 from collections.abc import Iterable
+from contextlib import suppress
 from pathlib import Path
 
 from subagents_node.messages.errors import NodeAlreadyRunning
@@ -70,6 +72,30 @@ class StateDirClaim:
             raise
         self._sock = sock
         return True
+
+
+def holds_claim(pid: int, state_dir: Path) -> bool:
+    """Whether process `pid` holds `state_dir`'s claim: it is that state dir's node (or one of
+    its owners), whatever its pid record says. From /proc: the claim's socket inodes in the
+    process's own network namespace's table, against the sockets among its descriptors. False
+    when that cannot be seen (another user's process: not ours to signal either)."""
+    name = "@" + claim_name(state_dir)[1:].decode()
+    try:
+        with open(f"/proc/{pid}/net/unix", encoding="utf-8", errors="replace") as table:
+            inodes = {
+                f"socket:[{fields[6]}]"
+                for line in table
+                if len(fields := line.split()) >= 8 and fields[7] == name
+            }
+        if not inodes:
+            return False
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with suppress(OSError):  # closed meanwhile
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def _wait_exited(pids: Iterable[int], timeout_s: float) -> None:

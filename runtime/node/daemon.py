@@ -31,6 +31,7 @@ from subagents_node.messages.errors import (
     StoreError,
     SubagentsError,
 )
+from subagents_node.node.claim import holds_claim
 
 if TYPE_CHECKING:  # psutil and subprocess load where they are used: a node forked from the
     # start command, and its owners forked from it, never need them
@@ -259,7 +260,15 @@ def stop_node(state_dir: Path, timeout_s: float = 15.0) -> int:
     try:
         client.shutdown()
     except NodeError:
-        pass  # fall back to a signal below
+        # No answer: a wedged node is ended by a signal below, but only a process that holds
+        # the state dir's claim is this node. A record naming another live process (copied,
+        # forged) must not have `stop` kill it.
+        if not holds_claim(pid, state_dir) and read_pid_file(state_dir) is not None:
+            raise NodeNotRunning(
+                f"no node answers for {state_dir}, and the process its node.pid names "
+                f"(pid {pid}) does not serve it: nothing was signalled",
+                address=str(record["address"]),
+            ) from None
     finally:
         client.close()
     _wait_stopped(pid, str(record["address"]), timeout_s)

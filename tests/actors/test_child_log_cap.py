@@ -11,8 +11,9 @@ import itertools
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,47 @@ def test_a_cut_left_half_done_by_a_dead_owner_does_not_stop_a_follower_for_good(
     os.utime(announcement, (old, old))
     lines, _ = reader.new_lines(final=False)
     assert [line.text for line in lines] == ["one", "two"]
+
+
+def _at_once(call: Callable[[], object], fifo: Path) -> object:
+    """`call`'s result (or the exception it raised), given 5 s: a call that waits on the FIFO
+    is released (a writer opens it) and fails the test."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # the caller looks at what was raised
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(5.0)
+    if worker.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5.0)
+        pytest.fail(f"{call} waited on the FIFO {fifo}")
+    return outcome[0]
+
+
+def test_a_fifo_in_place_of_a_child_log_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    """`logs RUN` opened each log as a file: a FIFO put in a log's place (by the child, which
+    knows its run dir) made the open wait for a writer, and the command hung for good."""
+    from subagents_node.client import logs
+    from subagents_node.messages.errors import BadRequest
+
+    path = tmp_path / "child.log"
+    os.mkfifo(path)
+    reader = logs._LogFile("single", "stdout", str(path))
+    refused = _at_once(lambda: reader.new_lines(final=True), path)
+    assert isinstance(refused, BadRequest), refused
+    assert refused.message == f"cannot read {path}: not a regular file"
+
+
+def test_a_fifo_in_place_of_a_cut_announcement_reads_as_none_at_once(tmp_path: Path) -> None:
+    """The run supervisor caps the logs and reads each announcement (`<log>.cut`): a FIFO
+    there would have held the owner in open() for good; the reader too."""
+    path = tmp_path / "child.log"
+    os.mkfifo(f"{path}.cut")
+    assert _at_once(lambda: LogCut.of(str(path)), Path(f"{path}.cut")) is None
+    assert _at_once(lambda: LogCut.of(str(path), tolerant=True), Path(f"{path}.cut")) is None

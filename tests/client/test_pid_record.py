@@ -3,8 +3,10 @@ it costs a client two small reads of /proc, not psutil (runtime/client/paths.py)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from subagents_node.client.paths import PID_NAME, read_pid_file
-from tests.support.nodes import REPO, NodeProcess
+from subagents_node.client.paths import PID_NAME, process_create_time, read_pid_file
+from tests.support.nodes import REPO, NodeProcess, new_state_dir, run_cli
 
 
 def _write(state_dir: Path, record: object) -> None:
@@ -63,6 +65,77 @@ def test_a_pid_record_names_a_live_node_only_while_that_very_process_runs(tmp_pa
 def test_a_pid_record_that_does_not_parse_names_no_node(tmp_path: Path, record: object) -> None:
     _write(tmp_path, record)
     assert read_pid_file(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"pid": 1e400, "create_time": 1.0, "address": "ipc:///x/node.sock"}',
+        '{"pid": Infinity, "create_time": 1.0, "address": "ipc:///x/node.sock"}',
+        '{"pid": NaN, "create_time": 1.0, "address": "ipc:///x/node.sock"}',
+        '{"pid": 1.0, "create_time": 1.0, "address": "ipc:///x/node.sock"}',
+        '{"pid": true, "create_time": 1.0, "address": "ipc:///x/node.sock"}',
+    ],
+)
+def test_a_pid_that_is_no_integer_names_no_node_and_stop_says_so_in_one_line(
+    tmp_path: Path, text: str
+) -> None:
+    """`1e400` and `Infinity` parse as floats that `int()` cannot take: `stop` and a foreground
+    `run` ended with an OverflowError traceback."""
+    (tmp_path / PID_NAME).write_text(text)
+    assert read_pid_file(tmp_path) is None
+    done = run_cli("stop", state_dir=tmp_path, timeout=30)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == f"error: no node is running for {tmp_path}\n"
+
+
+def test_a_record_of_a_live_process_with_no_address_names_no_node(tmp_path: Path) -> None:
+    """`stop` read the pid and the start time, then failed on `record["address"]` with a
+    KeyError traceback."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        _write(tmp_path, {"pid": proc.pid, "create_time": process_create_time(proc.pid)})
+        assert read_pid_file(tmp_path) is None
+        done = run_cli("stop", state_dir=tmp_path, timeout=30)
+        assert (done.returncode, done.stderr) == (3, f"error: no node is running for {tmp_path}\n")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_fifo_in_place_of_the_pid_record_names_no_node_at_once() -> None:
+    """Its open waited for a writer: `stop` hung for good, and a starting node with it."""
+    state_dir = new_state_dir()
+    fifo = state_dir / PID_NAME
+    os.mkfifo(fifo)
+    try:
+        done = run_cli("stop", state_dir=state_dir, timeout=30)
+        assert (done.returncode, done.stderr) == (3, f"error: no node is running for {state_dir}\n")
+    finally:
+        with contextlib.suppress(OSError):  # let a reader that did block go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_stop_never_signals_a_live_process_a_copied_record_names_that_serves_no_node(
+    tmp_path: Path,
+) -> None:
+    """A record that names another live process, with its true start time (copied from a
+    node's, or forged), had `stop` wait 15 s, SIGTERM that process and print `node stopped`."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        created = process_create_time(proc.pid)
+        address = f"ipc://{tmp_path}/node.sock"
+        _write(tmp_path, {"pid": proc.pid, "create_time": created, "address": address})
+        done = run_cli("stop", state_dir=tmp_path, timeout=60)
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.startswith(f"error: no node answers for {tmp_path}, and the process")
+        assert done.stderr.endswith("does not serve it: nothing was signalled\n")
+        assert proc.poll() is None, "stop signalled a process that serves no node"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_client_that_finds_its_node_through_the_pid_record_loads_no_psutil(
