@@ -1,8 +1,9 @@
 """`doctor`: checks a person can act on, each with ok / warn / fail and a fix.
 
-Owns the list of checks and nothing else: the state dir (exists, 0700, writable), the hard
-limit on open files (node/descriptors.py), the store (every table family at the version this
-installation knows, SQLite's integrity check), what the run supervisor still owes the ledgers
+Owns the list of checks and nothing else: the state dir (exists, trusted as `start` trusts it,
+0700, writable, not full), the hard limit on open files (node/descriptors.py), the store (every
+table family at the version this installation knows, SQLite's integrity check), what the run
+supervisor still owes the ledgers
 (a warning once it is old), the node (reachable, same version, how it contains children, no
 stored record quarantined by its owner, no tcp listener that shed a flood in the last hour:
 runtime/cli/tcpsheds.py), the configuration (valid; where each value came from) and every
@@ -25,7 +26,13 @@ from typing import Literal
 
 from subagents_node.cli.tcpsheds import shed_checks
 from subagents_node.client.client import Client
-from subagents_node.client.paths import DB_NAME, OWNER_SOCKETS, ipc_endpoint, owner_db
+from subagents_node.client.paths import (
+    DB_NAME,
+    OWNER_SOCKETS,
+    ipc_endpoint,
+    owner_db,
+    untrusted_state_dir,
+)
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
@@ -35,6 +42,9 @@ from subagents_node.node import owners
 from subagents_node.node.descriptors import descriptor_warnings
 
 Level = Literal["ok", "warn", "fail"]
+#: Less room than this on the state dir's file system is a full disk: a commit of the node's
+#: needs a few pages, a checkpoint more.
+FULL_BELOW_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,9 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
             "remove it or choose another --state-dir",
         )
         return
+    untrusted = untrusted_state_dir(state_dir)
+    if untrusted is not None and untrusted.details.get("reason") != "writable":  # mode: below
+        yield Check("state dir trust", "fail", untrusted.message, str(untrusted.details["fix"]))
     mode = stat.S_IMODE(state_dir.stat().st_mode)
     if mode != 0o700:
         yield Check(
@@ -105,6 +118,27 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
             f"{state_dir} is not writable",
             f"fix its ownership: chown $USER {state_dir}",
         )
+    free = _free_bytes(state_dir)
+    if free is not None and free < FULL_BELOW_BYTES:
+        yield Check(
+            "state dir space",
+            "fail",
+            f"the file system holding {state_dir} is full ({free:,} bytes free): the node's "
+            "writes are refused (store_full) until space returns",
+            "free space on that file system (`subagents-node prune` removes finished runs' "
+            "directories); nothing else is needed, the node recovers by itself",
+        )
+    elif free is not None:
+        yield Check("state dir space", "ok", f"{free / (1 << 20):,.0f} MiB free")
+
+
+def _free_bytes(directory: Path) -> int | None:
+    """The bytes this user may still write on `directory`'s file system, or None."""
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
 
 
 def _read_only(directory: Path) -> bool:
@@ -138,26 +172,43 @@ def check_store(state_dir: Path) -> Iterator[Check]:
             )
 
 
+def _reading(path: Path) -> sqlite3.Connection:
+    """A read-only connection to an owner's database that creates no file.
+
+    A WAL database is opened read-only (`mode=ro`) only with its -wal and -shm, which SQLite
+    makes when they are not there: on a read-only file system it cannot, on a full one it fails
+    ("disk I/O error", read as a broken ledger), and anywhere else doctor, which changes
+    nothing, left both behind. With no -wal (no node has it open: a clean stop folds it in) the
+    file is all there is, so it is read as immutable; one with a -wal is read with the -shm its
+    node made."""
+    immutable = _read_only(path.parent) or not Path(f"{path}-wal").exists()
+    mode = "immutable=1" if immutable else "mode=ro"
+    return sqlite3.connect(f"file:{path}?{mode}", uri=True, timeout=5)
+
+
 def _check_db(check: str, path: Path, families: Mapping[str, Sequence[str]]) -> Iterator[Check]:
     expected = {name: len(scripts) for name, scripts in families.items()}
-    # On a read-only file system SQLite cannot open a WAL database read-only (it needs its
-    # -shm): nobody can write it there, so it is read as immutable.
     read_only = _read_only(path.parent)
     try:
-        mode = "immutable=1" if read_only else "mode=ro"
-        conn = sqlite3.connect(f"file:{path}?{mode}", uri=True, timeout=5)
+        conn = _reading(path)
         try:
             integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
             rows = conn.execute("SELECT family, version FROM schema_migrations").fetchall()
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        fix = (  # never "move it aside" for what a remount fixes: that would empty a ledger
-            "remount its file system read-write, then run doctor again"
-            if read_only
-            else f"move it aside (mv {path} {path}.broken) and restart the node; its ledger "
-            "starts empty"
-        )
+        free = _free_bytes(path.parent)
+        # Never "move it aside" for what a remount or free space fixes: that empties a ledger
+        # (fan-out claims are never refunded), for a file that is fine.
+        if read_only:
+            fix = "remount its file system read-write, then run doctor again"
+        elif free is not None and free < FULL_BELOW_BYTES:
+            fix = "free space on its file system (it is full), then run doctor again"
+        else:
+            fix = (
+                f"move it aside (mv {path} {path}.broken) and restart the node; its ledger "
+                "starts empty"
+            )
         yield Check(check, "fail", f"{path} cannot be read: {exc}", fix)
         return
     if integrity != "ok":
@@ -209,7 +260,7 @@ def check_outbox(state_dir: Path, now: float) -> Iterator[Check]:
     if not path.exists():
         return
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        conn = _reading(path)
         try:
             owed = conn.execute(
                 f"SELECT target, COUNT(*), MIN(created_at), (SELECT last_error FROM {OUTBOX} o "

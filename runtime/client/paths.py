@@ -100,6 +100,21 @@ def ensure_state_dir(path: Path) -> Path:
     return path.resolve()
 
 
+def untrusted_state_dir(path: Path) -> UnsafeStateDir | None:
+    """Why `ensure_state_dir` would refuse the existing state dir `path` (its owner, a parent
+    others could replace it through, its mode), or None; without creating or changing anything
+    (what `doctor` reports)."""
+    path = path.expanduser().absolute()
+    try:
+        for parent in path.parents:
+            if parent.exists():
+                _check_trusted_parent(parent, path)
+        _check_own_dir(path, path)
+    except UnsafeStateDir as err:
+        return err
+    return None
+
+
 def _check_own_dir(directory: Path, state_dir: Path) -> None:
     """The state dir itself, and every dir we created for it: ours, and writable only by us."""
     info = directory.stat()

@@ -154,6 +154,33 @@ def test_doctor_fails_on_a_state_dir_others_can_read_and_says_how_to_fix_it(
     assert f"fix: chmod 700 {node.state_dir}" in result.stdout
 
 
+def test_doctor_fails_a_state_dir_start_refuses_for_its_parent_or_its_owner(
+    node: NodeProcess,
+) -> None:
+    """doctor passed (exit 0, "start one") a state dir that `start` refuses: under a parent
+    others may write to, or owned by another user."""
+    parent = node.state_dir.parent
+    mode = parent.stat().st_mode
+    parent.chmod(0o777)
+    try:
+        result = doctor(node.state_dir)
+    finally:
+        parent.chmod(mode)
+    assert result.returncode == 1, result.stdout
+    assert f"[FAIL] state dir trust: refusing state dir {node.state_dir}: its parent" in (
+        result.stdout
+    )
+    assert f"fix: chmod go-w {parent}" in result.stdout
+    if os.geteuid() == 0:  # only root can give a dir away
+        os.chown(node.state_dir, 65534, -1)
+        try:
+            result = doctor(node.state_dir)
+        finally:
+            os.chown(node.state_dir, 0, -1)
+        assert result.returncode == 1, result.stdout
+        assert "[FAIL] state dir trust" in result.stdout and "owned by uid 65534" in result.stdout
+
+
 def test_doctor_fails_on_a_state_dir_that_cannot_be_created(tmp_path: Path) -> None:
     """Under a file, `start` fails: doctor must not say start will create it."""
     (tmp_path / "file").write_text("x")

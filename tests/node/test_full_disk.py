@@ -169,6 +169,28 @@ def test_issue12_start_on_a_full_disk_fails_fast_with_one_line_and_leaves_nothin
     assert not (tiny_disk / "node.sock").exists()
 
 
+def test_doctor_on_a_full_disk_says_it_is_full_and_never_advises_moving_a_ledger_aside(
+    tiny_disk: Path,
+) -> None:
+    """Every intact database was a FAIL, "cannot be read: disk I/O error", with the advice to
+    move it aside (its ledger then starts empty: fan-out claims are never refunded): doctor
+    opened each read-only, which makes its -wal and -shm, and a full disk refused them. And
+    doctor, which changes nothing, left those files behind wherever it could make them."""
+    with running_node(state_dir=tiny_disk) as node:
+        client = node.client()
+        client.fanout.claim(client.fanout.create("full-disk", 64), ["a"])
+        assert node.stop().returncode == 0
+    fill_the_rest(tiny_disk)
+    before = sorted(p.name for p in tiny_disk.iterdir())
+
+    done = run_cli("doctor", state_dir=tiny_disk, timeout=60)
+    assert "move it aside" not in done.stdout, done.stdout
+    assert "[FAIL] state dir space: the file system holding" in done.stdout, done.stdout
+    for stem in ("capacity", "fanout", "session", "runs"):
+        assert f"[ok  ] store {stem} integrity: PRAGMA integrity_check: ok" in done.stdout
+    assert sorted(p.name for p in tiny_disk.iterdir()) == before  # no -wal, no -shm made
+
+
 def _fill(directory: Path) -> Path:
     """Write one file until the disk under `directory` is full; the file."""
     filler = directory / "filler"
