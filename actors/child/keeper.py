@@ -262,6 +262,11 @@ class ChildKeeper:
         unverified: bool = False,
         reason: str = REASON_EXITED,
     ) -> ChildExited:
+        # Its logs' last check first: the output and error below are their tails, and a cut
+        # of the child's last burst (the log cap's thread, on its own inotify event) running
+        # while they were read left the read past the shrunk file's end: the output was empty.
+        # Once it is done, nothing cuts them again (the tree ended: nobody writes).
+        self._uncap(record.child_id)
         end_reason, end_message = row["end_reason"], row["end_message"]
         if end_reason is None:  # its shim ended it by itself (deadline, SIGTERM, node's death)
             end_reason, end_message = cp.shim_end(report.ended_by, record.timeout_s)
