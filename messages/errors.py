@@ -703,7 +703,8 @@ class FanoutNotAuthorized(BadRequest):
 
 
 class RunCwdMissing(BadRequest):
-    """The launch's working directory (or a task's) does not exist; nothing started."""
+    """The launch's working directory (or a task's) does not exist or cannot be used (a NUL
+    byte, a name the system refuses); nothing started."""
 
     code = "cwd_missing"
 

@@ -296,15 +296,20 @@ def discover_agents(
     agents: dict[str, Agent] = {}
     problems: list[AgentInvalid] = []
     for directory in reversed(directories):  # lowest priority first: later ones override
-        if directory.scope == "explicit" and not directory.path.is_dir():
-            reason = "agents directory does not exist"  # not "Invalid agent file": a directory
-            raise AgentInvalid(
-                f"Invalid agents directory {directory.path} (--agents-dir or agent_dirs): {reason}",
-                path=str(directory.path),
-                reason=reason,
-            )
+        try:
+            files = _agent_files(directory.path)
+        except OSError as exc:  # a name the system refuses: too long, not searchable
+            reason = f"agents directory is not usable: {exc.strerror or exc}"
+            if directory.scope != "explicit":  # the project's or the user's: not asked for
+                log.warning(
+                    "skipping %s agents directory %s: %s", directory.scope, directory.path, reason
+                )
+                continue
+            raise _bad_directory(directory.path, reason) from None
+        if directory.scope == "explicit" and files is None:
+            raise _bad_directory(directory.path, "agents directory does not exist")
         found: dict[str, Agent] = {}
-        for path in _agent_files(directory.path):
+        for path in files or ():
             try:
                 agent = load_agent_file(path, directory.scope)
             except AgentInvalid as problem:
@@ -333,11 +338,24 @@ def find_agent(
     return discover_agents(cwd, agents_dirs, environ).get(name)
 
 
-def _agent_files(directory: Path) -> list[Path]:
+def _agent_files(directory: Path) -> list[Path] | None:
+    """The agent files under `directory`; None when it is no directory. An OSError when the
+    system refuses to look (pathlib's is_dir() is False for a missing one, raises the rest)."""
     if not directory.is_dir():
-        return []
+        return None
     return sorted(
         p for p in directory.rglob("*.md") if p.is_file() and not p.name.endswith(".chain.md")
+    )
+
+
+def _bad_directory(path: Path, reason: str) -> AgentInvalid:
+    """An explicit agents directory that cannot be searched (not "Invalid agent file": a
+    directory); its path shown at most 160 characters long."""
+    shown = str(path) if len(str(path)) <= 160 else str(path)[:159] + "…"
+    return AgentInvalid(
+        f"Invalid agents directory {shown} (--agents-dir or agent_dirs): {reason}",
+        path=shown,
+        reason=reason,
     )
 
 

@@ -218,6 +218,23 @@ def read_config_file(path: Path) -> dict[str, Any]:
         ) from None
 
 
+def _is_file(path: Path) -> bool:
+    """Whether a configuration file is there; ConfigError (as for a file it cannot read) when
+    the system refuses to look (a name too long, a directory it may not search): pathlib's
+    is_file() is False for a missing one (or a symlink loop), and raises the rest."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        shown = str(path) if len(str(path)) <= 160 else str(path)[:159] + "…"
+        raise ConfigError(
+            f"cannot read {shown}: {exc.strerror or exc}",
+            key="",
+            source=shown,
+            reason="io",
+            file=shown,
+        ) from None
+
+
 def load_config(
     overrides: Mapping[str, Any] | None = None,
     *,
@@ -244,7 +261,7 @@ def load_config(
         ("project", project_file or project_config_path(cwd)),
     )
     for kind, path in layers:
-        if not path.is_file():
+        if not _is_file(path):
             continue
         raw = read_config_file(path)
         files.append(path)

@@ -36,7 +36,7 @@ from subagents_node.launch.config import (
 )
 from subagents_node.messages.base import Message, schema_error
 from subagents_node.messages.constants import ENV_FANOUT, ENV_RUN_ID, ENV_SESSION
-from subagents_node.messages.errors import BadRequest, ConfigError, RunFileInvalid
+from subagents_node.messages.errors import BadRequest, ConfigError, RunCwdMissing, RunFileInvalid
 from subagents_node.messages.supervisor import (
     AgentPlan,
     ChainStep,
@@ -98,6 +98,37 @@ def agent_catalog(
     return discover_agents(cwd, [*agents_dirs, *config.settings.agent_dirs], env)
 
 
+def _working_directory(cwd: str | os.PathLike[str] | None) -> Path:
+    """`cwd` (else the process's own) made absolute; RunCwdMissing, naming it, when no directory
+    can have that name: a NUL byte, or a name the system refuses (a component over 255 bytes,
+    a path over 4096, one it may not search). That it exists is checked where a run is
+    launched (a launch names its cwd; the node refuses a missing one before any claim)."""
+    given = cwd or Path.cwd()
+    shown = _shown_path(given)
+    try:
+        where = Path(given).resolve()
+    except (ValueError, RuntimeError) as exc:  # an embedded NUL; pathlib's symlink loop
+        why = "it holds a NUL byte" if isinstance(exc, ValueError) else "a symbolic link loop"
+        raise RunCwdMissing(
+            f"working directory is not usable: {why}: {shown}", cwd=shown, field="cwd"
+        ) from None
+    try:
+        os.stat(where)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # no such directory (yet): the launch's own check says so
+    except OSError as exc:  # ENAMETOOLONG, EACCES, ELOOP: every later look at it would fail
+        raise RunCwdMissing(
+            f"working directory is not usable: {exc.strerror}: {shown}", cwd=shown, field="cwd"
+        ) from None
+    return where
+
+
+def _shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as an error shows it: at most 160 characters (a bad one may be kilobytes)."""
+    text = os.fspath(path)
+    return text if len(text) <= 160 else text[:159] + "…"
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -155,7 +186,7 @@ class LaunchContext:
         _expect(session_id, str, "session_id", "a string")
         _expect(overrides, Mapping, "overrides", "a mapping of configuration keys")
         env = dict(os.environ if env is None else env)
-        where = Path(cwd or Path.cwd()).resolve()
+        where = _working_directory(cwd)
         config = load_config(overrides, env=env, cwd=where)
         session = resolve_session(session_id, env)
         return cls(

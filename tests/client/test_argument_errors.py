@@ -17,9 +17,10 @@ import pytest
 
 from subagents_node import AsyncClient, ChainStep, LaunchContext, TaskItem
 from subagents_node.client.client import Client, connect
+from subagents_node.launch.agents import discover_agents
 from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
-from subagents_node.messages.errors import BadRequest
+from subagents_node.messages.errors import AgentInvalid, BadRequest, ConfigError, RunCwdMissing
 from subagents_node.messages.fanout import encode_descriptor
 from tests.support.nodes import REPO, NodeProcess, running_node
 
@@ -260,3 +261,53 @@ def test_a_wait_callback_that_is_async_or_no_function_is_refused_before_the_wait
         assert info.value.details["field"] == "on_event"
 
     asyncio.run(from_a_loop())
+
+
+@pytest.mark.parametrize(
+    ("cwd", "why"),
+    [
+        ("/tmp/\0", "it holds a NUL byte"),
+        ("/tmp/" + "a" * 300, "File name too long"),
+        ("/tmp/" + "a/" * 2100, "File name too long"),
+    ],
+    ids=["nul", "long-component", "long-path"],
+)
+def test_a_launch_context_cwd_no_directory_can_have_is_refused_naming_it(
+    cwd: str, why: str
+) -> None:
+    """`Path(cwd).resolve()` raised ValueError (embedded null byte) and the look for the
+    project's subagents.toml OSError (ENAMETOOLONG): a traceback, from the CLI, the MCP
+    server's `run` tool and the Python API alike."""
+    refused = _refused(lambda: LaunchContext.from_environment(cwd=cwd), "cwd")
+    assert isinstance(refused, RunCwdMissing)
+    assert refused.message.startswith(f"working directory is not usable: {why}: /tmp/")
+    assert len(refused.message) < 240, "the path is shown shortened"
+
+
+def test_a_launch_context_cwd_in_a_symlink_loop_is_refused_naming_it(tmp_path: Path) -> None:
+    """pathlib's resolve() raised RuntimeError ("Symlink loop from ...")."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    refused = _refused(lambda: LaunchContext.from_environment(cwd=tmp_path / "a"), "cwd")
+    assert "a symbolic link loop" in refused.message
+
+
+def test_an_agents_dir_or_config_home_the_system_refuses_is_a_typed_error_not_an_oserror(
+    tmp_path: Path,
+) -> None:
+    """`is_dir()` / `is_file()` raise every OSError but a missing file's: an over-long
+    --agents-dir or $XDG_CONFIG_HOME was an OSError (ENAMETOOLONG) from deep inside."""
+    long_name = str(tmp_path / ("c" * 300))
+    with pytest.raises(AgentInvalid) as bad_dir:
+        LaunchContext.from_environment(cwd=tmp_path, agents_dirs=[long_name])
+    assert bad_dir.value.message.startswith(f"Invalid agents directory {long_name[:100]}")
+    assert bad_dir.value.message.endswith(
+        "(--agents-dir or agent_dirs): agents directory is not usable: File name too long"
+    )
+    with pytest.raises(ConfigError) as bad_home:
+        LaunchContext.from_environment(cwd=tmp_path, env={"XDG_CONFIG_HOME": long_name})
+    assert bad_home.value.message.startswith(f"cannot read {long_name[:100]}")
+    assert bad_home.value.message.endswith(": File name too long")
+    # Only the configuration refuses it: the user's agents dir under it is skipped, not fatal.
+    catalog = discover_agents(tmp_path, [AGENTS], {"XDG_CONFIG_HOME": long_name})
+    assert "sleeper" in catalog.names()

@@ -23,6 +23,7 @@ from mcp.types import CallToolResult, TextContent
 from subagents_node import AsyncClient
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import FanoutLimitExceeded
+from subagents_node.messages.inert import printable
 from tests.support.nodes import REPO, NodeProcess
 from tests.support.runs import wait_view
 
@@ -318,6 +319,41 @@ def test_an_unknown_argument_or_true_for_a_number_is_a_tool_error_and_launches_n
     for refused in (deadline, wide, waited):
         assert refused.is_error and "not true or false" in text_of(refused)
     assert status.is_error and "status takes no argument 'verbose'" in text_of(status)
+    assert node.client().runs.list() == []
+
+
+def test_a_cwd_or_agents_dir_no_directory_can_have_is_a_one_line_tool_error_naming_it(
+    node: NodeProcess,
+) -> None:
+    """A NUL byte or a name over 255 bytes in `cwd` or `agents_dirs` was answered with the
+    SDK's bare "Error executing tool run" (no reason, no structured error), and a traceback
+    (ValueError: embedded null byte; OSError: File name too long) on the server's stderr."""
+    env = server_env(SUBAGENTS_NODE=node.address)
+    sleeper = {"agent": "sleeper", "task": "seconds=0"}
+    long_dir = "/tmp/" + "c" * 300
+    nul, long_cwd, long_agents, listed = call(
+        env,
+        ("run", {**sleeper, "cwd": "/tmp/\0"}),
+        ("run", {**sleeper, "cwd": "/tmp/" + "a" * 300}),
+        ("run", {**sleeper, "agents_dirs": [long_dir]}),
+        ("agents", {"agents_dirs": [long_dir]}),
+    )
+    for refused in (nul, long_cwd, long_agents, listed):
+        assert refused.is_error and "\n" not in text_of(refused), text_of(refused)
+        assert refused.structured_content is not None
+        # The text shows a control as an escape; the structured error keeps it as it is.
+        assert printable(refused.structured_content["error"]["message"]) == text_of(refused)
+    assert text_of(nul) == "working directory is not usable: it holds a NUL byte: /tmp/\\x00"
+    assert text_of(long_cwd).startswith("working directory is not usable: File name too long: ")
+    for refused in (nul, long_cwd):
+        assert refused.structured_content is not None
+        error = refused.structured_content["error"]
+        assert error["code"] == "cwd_missing" and error["details"]["field"] == "cwd"
+    for refused in (long_agents, listed):
+        assert text_of(refused).startswith(f"Invalid agents directory {long_dir[:100]}")
+        assert text_of(refused).endswith("agents directory is not usable: File name too long")
+        assert refused.structured_content is not None
+        assert refused.structured_content["error"]["code"] == "agent_invalid"
     assert node.client().runs.list() == []
 
 
