@@ -23,13 +23,13 @@ from typing import Annotated, Any, Literal, ParamSpec
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
-from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import connect, default_address
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.mcp.arguments import ToolServer, refusal
 from subagents_node.mcp.endsignals import EndSignals
 from subagents_node.mcp.stdio import serve_stdio
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
@@ -132,11 +132,7 @@ def tool_result(
             except ValidationError as exc:  # a request model refused what the tool built
                 raise schema_error(answer.__name__, exc) from None
         except SubagentsError as err:
-            return CallToolResult(
-                content=[TextContent(type="text", text=printable(err.message))],
-                structured_content={"error": err.to_wire()},
-                is_error=True,
-            )
+            return refusal(err)
         # The text is what a host shows (often on a terminal) and a model reads: a child's
         # escape sequences in it are shown as escapes. The structured content is the data.
         return CallToolResult(
@@ -147,9 +143,9 @@ def tool_result(
     return call
 
 
-def build_server(tools: LauncherTools) -> MCPServer[Any]:
+def build_server(tools: LauncherTools) -> ToolServer:
     """The MCP server with one tool per launcher operation, bound to `tools`."""
-    server: MCPServer[Any] = MCPServer(
+    server = ToolServer(
         name="subagents-node",
         version=VERSION,
         instructions=INSTRUCTIONS,
@@ -244,7 +240,12 @@ def build_server(tools: LauncherTools) -> MCPServer[Any]:
         run_id: RunId,
         timeout_s: Annotated[
             float,
-            Field(gt=0, le=86_400, description="Give up after this many seconds."),
+            Field(
+                gt=0,
+                le=86_400,
+                allow_inf_nan=False,  # NaN is no time (and would fail `le`, misleadingly)
+                description="Give up after this many seconds.",
+            ),
             NOT_BOOL,
         ] = WAIT_DEFAULT_S,
     ) -> ToolAnswer:
@@ -352,11 +353,7 @@ def refuse_unknown_arguments(takes: Mapping[str, frozenset[str]]) -> ServerMiddl
                     f"{name} takes no argument {shown} (its arguments: {accepted})",
                     field=stray[0][:64],
                 )
-                return CallToolResult(
-                    content=[TextContent(type="text", text=printable(err.message))],
-                    structured_content={"error": err.to_wire()},
-                    is_error=True,
-                )
+                return refusal(err)
         return await call_next(ctx)
 
     return refuse

@@ -9,6 +9,7 @@ does, and exits 128 + the signal."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
@@ -166,6 +167,66 @@ def test_a_request_whose_id_is_no_string_or_integer_is_answered_as_invalid_with_
         assert server.answer()["error"]["message"].endswith(f" not {shown}")
         server.send({"jsonrpc": "2.0", "id": "ok", "method": "ping"})
         assert server.answer() == {"jsonrpc": "2.0", "id": "ok", "result": {}}
+
+
+SLEEPER = {"agent": "sleeper", "task": "seconds=0"}
+
+#: Arguments the tools' input schemas refuse, and the one line each is answered with.
+SCHEMA_REFUSALS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "run",
+        {**SLEEPER, "timeout_ms": True},
+        "invalid run argument timeout_ms: expected a number, not true or false",
+    ),
+    ("run", {"agent": 5, "task": "x"}, "invalid run argument agent: should be a valid string"),
+    (
+        "run",
+        {**SLEEPER, "timeout_ms": 1e308},
+        "invalid run argument timeout_ms: should be an integer, and this one is too large",
+    ),
+    (
+        "run",
+        {**SLEEPER, "concurrency": 0},
+        "invalid run argument concurrency: should be greater than or equal to 1",
+    ),
+    (
+        "run",
+        {"tasks": [{**SLEEPER, "session": "other"}]},
+        "invalid run argument tasks[0]: takes no key 'session'",
+    ),
+    (
+        "run",
+        {"tasks": [1, 2]},
+        "invalid run argument tasks[0]: should be an object (and 1 more)",
+    ),
+    (
+        "wait",
+        {"run_id": "x", "timeout_s": math.nan},  # was "should be less than or equal to 86400"
+        "invalid wait argument timeout_s: should be a finite number",
+    ),
+    ("append", {"run_id": "x"}, "invalid append argument steps: required, and not given"),
+]
+
+
+def test_an_argument_the_schema_refuses_is_one_line_naming_it_with_the_typed_error(
+    node: NodeProcess,
+) -> None:
+    """The SDK validates arguments before the tool runs: its refusal was a four-line pydantic
+    dump ("1 validation error for runArguments ... For further information visit https://...")
+    with no structured error, unlike every other refusal of bad input."""
+    with raw_server(node) as server:
+        server.initialize()
+        for rid, (name, arguments, text) in enumerate(SCHEMA_REFUSALS, start=1):
+            server.send(call_frame(rid, name, **arguments))
+            answer = server.answer()
+            assert answer["id"] == rid
+            result = answer["result"]
+            assert result["isError"] is True
+            assert result["content"] == [{"type": "text", "text": text}]
+            error = result["structuredContent"]["error"]
+            assert error["code"] == "bad_request" and error["message"] == text
+            assert error["details"]["reason"] == "schema" and error["details"]["errors"]
+    assert node.client().runs.list() == [], "nothing was launched"
 
 
 @contextmanager
