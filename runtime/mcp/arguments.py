@@ -4,9 +4,11 @@ whose text is one line naming the argument and whose structured content is the t
 
 Owns the MCPServer the tools are served by (`ToolServer`) and its one change to the SDK's: its
 `call_tool`, which the SDK calls for every `tools/call` once its initialize gate let the call
-through, turns the SDK's refusal of an argument its input schema refuses (`timeout_ms: true`,
-`agent: 5`, a stray key inside `tasks[0]`) into one line naming the argument, with every
-field error listed (bounded) in the details.
+through (so a call before `initialize` is refused as every other one is), refuses an argument
+the tool does not take (the SDK would drop it: `backgrund: true` or `timeout: 60` would quietly
+run in the foreground or without a deadline), and turns the SDK's refusal of an argument its
+input schema refuses (`timeout_ms: true`, `agent: 5`, a stray key inside `tasks[0]`) into one
+line naming the argument, with every field error listed (bounded) in the details.
 
 It must never run a tool itself nor judge a call the schema takes: the SDK validates the
 arguments and calls the tool, the tool answers.
@@ -14,7 +16,7 @@ arguments and calls the tool, the tool answers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -27,7 +29,7 @@ from subagents_node.messages.base import schema_error
 from subagents_node.messages.errors import BadRequest, SubagentsError
 from subagents_node.messages.inert import printable
 
-#: Longest key name a refusal repeats (a stray key may be any length).
+#: Longest argument or key name a refusal repeats (a stray one may be any length).
 MAX_NAME_SHOWN = 64
 
 
@@ -38,6 +40,22 @@ def refusal(err: SubagentsError) -> CallToolResult:
         content=[TextContent(type="text", text=printable(err.message))],
         structured_content={"error": err.to_wire()},
         is_error=True,
+    )
+
+
+def stray_arguments(
+    tool: str, given: Mapping[str, Any], takes: frozenset[str]
+) -> BadRequest | None:
+    """BadRequest naming the arguments in `given` that `tool` does not take (None when it takes
+    them all); the arguments it does take are named too, for the caller to correct itself."""
+    stray = sorted(set(given) - takes)
+    if not stray:
+        return None
+    shown = ", ".join(repr(k[:MAX_NAME_SHOWN]) for k in stray[:5])
+    accepted = ", ".join(sorted(takes)) or "none"
+    return BadRequest(
+        f"{tool} takes no argument {shown} (its arguments: {accepted})",
+        field=stray[0][:MAX_NAME_SHOWN],
     )
 
 
@@ -92,11 +110,19 @@ def _reason(kind: str, msg: str) -> str:
 
 class ToolServer(MCPServer[Any]):
     """The SDK's MCPServer, whose tool calls refuse bad arguments as the project refuses bad
-    input (see the module docstring)."""
+    input (see the module docstring). `takes` maps each tool to the arguments it takes."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.takes: dict[str, frozenset[str]] = {}
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        takes = self.takes.get(name)
+        stray = stray_arguments(name, arguments, takes) if takes is not None else None
+        if stray is not None:
+            return refusal(stray)
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError:
@@ -109,4 +135,4 @@ class ToolServer(MCPServer[Any]):
             raise
 
 
-__all__ = ["ToolServer", "argument_error", "refusal"]
+__all__ = ["ToolServer", "argument_error", "refusal", "stray_arguments"]

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec
 
 import anyio
-from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -35,7 +34,7 @@ from subagents_node.mcp.stdio import serve_stdio
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import VERSION
-from subagents_node.messages.errors import BadRequest, NodeNotRunning, SubagentsError
+from subagents_node.messages.errors import NodeNotRunning, SubagentsError
 from subagents_node.messages.inert import printable
 
 P = ParamSpec("P")
@@ -330,33 +329,11 @@ def build_server(tools: LauncherTools) -> ToolServer:
         return await tools.append(run_id, [s.as_step() for s in steps], agents_dirs)
 
     tools_ = (agents, run, status, logs, wait, stop, resume, pause, approve, reject, rerun, attach)
-    takes = {fn.__name__: frozenset(inspect.signature(fn).parameters) for fn in (*tools_, append)}
-    server.middleware.append(refuse_unknown_arguments(takes))
+    # A tool call naming an argument its tool does not take is refused (arguments.py).
+    server.takes.update(
+        {fn.__name__: frozenset(inspect.signature(fn).parameters) for fn in (*tools_, append)}
+    )
     return server
-
-
-def refuse_unknown_arguments(takes: Mapping[str, frozenset[str]]) -> ServerMiddleware[Any]:
-    """A tool call naming an argument its tool does not take is a tool error that launches
-    nothing: the SDK would drop it, and `backgrund: true` or `timeout: 60` would quietly run
-    in the foreground or without a deadline (the run file refuses a stray key as well)."""
-
-    async def refuse(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        params = ctx.params if ctx.method == "tools/call" else None
-        if isinstance(params, dict) and isinstance(params.get("arguments"), dict):
-            name = params.get("name")
-            known = takes.get(name) if isinstance(name, str) else None
-            stray = sorted(set(params["arguments"]) - known) if known is not None else []
-            if stray:
-                shown = ", ".join(repr(k[:64]) for k in stray[:5])
-                accepted = ", ".join(sorted(known or ())) or "none"
-                err = BadRequest(
-                    f"{name} takes no argument {shown} (its arguments: {accepted})",
-                    field=stray[0][:64],
-                )
-                return refusal(err)
-        return await call_next(ctx)
-
-    return refuse
 
 
 @contextlib.contextmanager

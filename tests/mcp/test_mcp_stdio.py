@@ -229,6 +229,29 @@ def test_an_argument_the_schema_refuses_is_one_line_naming_it_with_the_typed_err
     assert node.client().runs.list() == [], "nothing was launched"
 
 
+def test_before_initialize_a_call_with_a_stray_argument_is_refused_as_every_call_is(
+    node: NodeProcess,
+) -> None:
+    """The check for an argument the tool does not take ran before the SDK's initialize gate:
+    `run` with `x: 1` was answered (a tool error naming `x`) while every other call was
+    refused as not initialized."""
+    with raw_server(node) as server:
+        server.send(call_frame(1, "run", **SLEEPER, timeout_ms=True))
+        server.send(call_frame(2, "run", x=1))
+        server.send(call_frame(3, "status", verbose=1))
+        server.send(call_frame(4, "status"))
+        answers = [server.answer() for _ in range(4)]
+        assert [a["id"] for a in answers] == [1, 2, 3, 4]
+        assert all(a.get("error") == answers[0].get("error") for a in answers), answers
+        assert answers[0]["error"]["code"] == -32602
+        server.initialize()
+        server.send(call_frame(5, "run", x=1))  # once initialized, the stray argument is named
+        assert server.answer()["result"]["content"][0]["text"].startswith(
+            "run takes no argument 'x'"
+        )
+    assert node.client().runs.list() == [], "nothing was launched"
+
+
 @contextmanager
 def served_from_file(
     node: NodeProcess, path: Path, frames: list[dict[str, Any]]
