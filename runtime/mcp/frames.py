@@ -6,8 +6,12 @@ the SDK takes, which the SDK itself drops without a word: a parse error (-32700,
 line that is not JSON; an invalid request (-32600) for a JSON value that is not a message (with
 the request's id when it has a valid one), for an over-long line (id null, naming its size and
 the limit) and for a request whose id is no string or integer (id null, naming the id: the
-SDK's models would read it as a notification). The last two reach the SDK as marker lines no
-client can forge, which it fails to read like any bad frame.
+SDK's models would read it as a notification). JSON the SDK's reader refuses although RFC 8259
+takes it is still read: a lone surrogate escape ("\\ud83d", as JSON.stringify writes half of
+a cut emoji) becomes U+FFFD, as bytes that are not UTF-8 do; a request nested deeper than the
+SDK reads (MAX_DEPTH) is an invalid request answered with its own id, read without reading the
+rest. Those answered here reach the SDK as marker lines no client can forge, which it fails to
+read like any bad frame.
 
 It must never write anything itself nor forward a frame anywhere: stdio.py does both.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,13 +47,29 @@ _TOO_LONG = "\ud800subagents-node: over-long line of "
 #: by the id as JSON, at most MAX_ID_SHOWN characters of it; unforgeable as _TOO_LONG is.
 _BAD_ID = "\ud800subagents-node: request id "
 MAX_ID_SHOWN = 64
+#: What FdLines hands the SDK in place of a request nested deeper than MAX_DEPTH, followed by
+#: `[its id, its depth]` as JSON; unforgeable as _TOO_LONG is.
+_TOO_DEEP = "\ud800subagents-node: nested too deep: "
+#: The deepest JSON the SDK's reader (pydantic's) takes, in levels of arrays and objects.
+MAX_DEPTH = 200
+
+#: In JSON text: an escaped backslash (kept; matched, it keeps the escapes after it aligned), a
+#: surrogate pair's two escapes (kept), or a lone surrogate's escape (written as U+FFFD's).
+_SURROGATE_ESCAPES = re.compile(
+    r"(\\\\)|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    r"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})"
+)
+#: The characters where a JSON value's depth changes, or a string starts.
+_STRUCTURE = re.compile(r'["{}\[\]]')
+_COLON = re.compile(r"\s*:\s*")
 
 
 class FdLines:
     """Newline-delimited frames from a file descriptor, read without a thread: waiting for input
     is a plain await, so cancelling the server never waits for a blocked read. Lines that hold
     only whitespace are not frames and are skipped (as the JSON-RPC framing has nothing there to
-    answer); bytes that are not UTF-8 become U+FFFD (the SDK's own choice)."""
+    answer); bytes that are not UTF-8 become U+FFFD (the SDK's own choice), and so does a lone
+    surrogate escape (checked_frame)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -93,7 +114,7 @@ class FdLines:
             if end >= 0:
                 frame = self._take(end + 1)
                 if frame.strip():
-                    return checked_id(frame.decode("utf-8", "replace"))
+                    return checked_frame(frame.decode("utf-8", "replace"))
                 continue
             await self._fill()
 
@@ -134,25 +155,102 @@ class _Envelope(BaseModel):
     method: Any = None
 
 
-def checked_id(frame: str) -> str:
-    """`frame`, or the _BAD_ID marker when it is a request (it has a `method`) whose `id` is no
-    string or integer (JSON-RPC 2.0 answers it as an invalid request, id null). A message with
-    an id and no method is a response: the SDK's to read. A frame that is no JSON object is
-    also left to the SDK, which answers it."""
+def checked_frame(frame: str) -> str:
+    """`frame` as the SDK is to read it: as it came; with each lone surrogate escape as U+FFFD
+    (`\\ufffd`); or a marker when it is a request the SDK would not answer with its id: one
+    whose `id` is no string or integer (_BAD_ID: JSON-RPC 2.0 answers it as an invalid request,
+    id null), or one nested deeper than MAX_DEPTH (_TOO_DEEP). A message with an id and no
+    method is a response: the SDK's to read. A frame that is no JSON object is also left to the
+    SDK, which answers it."""
     try:
         envelope = _Envelope.model_validate_json(frame)
-    except ValidationError:
-        return frame
-    given = envelope.model_fields_set
-    rid = envelope.id
-    if "method" not in given or "id" not in given:
-        return frame
-    if isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool)):
+    except ValidationError as exc:
+        if not any(e["type"] == "json_invalid" for e in exc.errors()):
+            return frame
+        return _unread_json(frame)
+    return _checked_id(envelope.model_fields_set, envelope.id, frame)
+
+
+def _checked_id(given: set[str], rid: Any, frame: str) -> str:
+    """`frame`, or the _BAD_ID marker when it is a request whose `id` is no valid one."""
+    if "method" not in given or "id" not in given or _valid_id(rid):
         return frame
     shown = json.dumps(rid)
     if len(shown) > MAX_ID_SHOWN:
         shown = shown[: MAX_ID_SHOWN - 3] + "..."
     return f"{_BAD_ID}{shown}"
+
+
+def _unread_json(frame: str) -> str:
+    """A frame the SDK's reader refused as JSON, checked by Python's, which takes what RFC 8259
+    allows and pydantic does not: a lone surrogate escape, and deeper nesting (to its own
+    recursion limit). The frame with such escapes as U+FFFD when the SDK can read that; else,
+    for a request too deep for it, the _TOO_DEEP marker (its id read from the top level only);
+    else the frame, for the SDK to answer (a parse error, id null)."""
+    repaired = _SURROGATE_ESCAPES.sub(_replace_lone, frame)
+    if repaired != frame:
+        try:
+            envelope = _Envelope.model_validate_json(repaired)
+        except ValidationError:
+            pass  # still unread: too deep as well, or no JSON
+        else:
+            return _checked_id(envelope.model_fields_set, envelope.id, repaired)
+    try:
+        json.loads(repaired)
+    except RecursionError:
+        pass  # too deep for Python's reader too; the top level is read below
+    except ValueError:
+        return frame  # no JSON text
+    top = _outline(repaired)  # (an id is answered as the SDK would read it: no lone surrogate)
+    if top is None or top[2] <= MAX_DEPTH:
+        return frame
+    given, rid, depth = top
+    if "method" in given and "id" in given and _valid_id(rid):
+        return f"{_TOO_DEEP}{json.dumps([rid, depth])}"
+    return _checked_id(given, rid, frame)  # no request (the SDK answers), or a bad id
+
+
+def _valid_id(rid: Any) -> bool:
+    return isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool))
+
+
+def _replace_lone(match: re.Match[str]) -> str:
+    return "\\ufffd" if match.group(2) else match.group(0)
+
+
+def _outline(frame: str) -> tuple[set[str], Any, int] | None:
+    """Which of `id` and `method` a JSON object's top level holds, its `id`, and how deep the
+    object goes, read in one pass without building any nested value (each string is read by
+    json's own scanner, every other character skipped but brackets); None when the frame is no
+    object, or its top level cannot be read so."""
+    decoder = json.JSONDecoder()
+    given: set[str] = set()
+    rid: Any = None
+    depth = deepest = 0
+    start = len(frame) - len(frame.lstrip())
+    if not frame.startswith("{", start):
+        return None
+    pos = start
+    try:
+        while (found := _STRUCTURE.search(frame, pos)) is not None:
+            char, pos = found.group(), found.end()
+            if char == '"':
+                text, pos = json.decoder.scanstring(frame, pos)  # type: ignore[attr-defined]
+                colon = _COLON.match(frame, pos) if depth == 1 else None
+                if colon is not None and text in ("id", "method"):
+                    given.add(text)
+                if colon is not None and text == "id":  # the one value read: where it ends
+                    rid, pos = decoder.raw_decode(frame, colon.end())
+            elif char in "{[":
+                depth += 1
+                deepest = max(deepest, depth)
+            else:
+                depth -= 1
+                if depth == 0:
+                    break
+    except (ValueError, RecursionError):  # no string there, or an id nested too deep itself
+        return None
+    return given, rid, deepest
 
 
 def unreadable_answer(exc: Exception) -> JSONRPCError:
@@ -176,6 +274,15 @@ def unreadable_answer(exc: Exception) -> JSONRPCError:
         message = f"Invalid Request: id must be a string or an integer, not {line[len(_BAD_ID) :]}"
         return JSONRPCError(
             jsonrpc="2.0", id=None, error=ErrorData(code=INVALID_REQUEST, message=message)
+        )
+    if isinstance(line, str) and line.startswith(_TOO_DEEP):
+        rid, depth = json.loads(line[len(_TOO_DEEP) :])
+        message = (
+            f"Invalid Request: nested {depth:,} levels deep; the server reads JSON at most "
+            f"{MAX_DEPTH} levels deep"
+        )
+        return JSONRPCError(
+            jsonrpc="2.0", id=rid, error=ErrorData(code=INVALID_REQUEST, message=message)
         )
     if any(e["type"] == "json_invalid" for e in errors):
         why = next(e["msg"] for e in errors if e["type"] == "json_invalid")

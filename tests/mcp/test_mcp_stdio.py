@@ -26,7 +26,7 @@ from typing import IO, Any
 import pytest
 
 from subagents_node.client.client import Client, connect
-from subagents_node.mcp.frames import MAX_ID_SHOWN, MAX_LINE_BYTES
+from subagents_node.mcp.frames import MAX_DEPTH, MAX_ID_SHOWN, MAX_LINE_BYTES
 from subagents_node.mcp.stdio import EOF_GRACE_S
 from subagents_node.messages.supervisor import RunView
 from tests.support.nodes import REPO, NodeProcess, node_files_left
@@ -123,8 +123,8 @@ def test_a_frame_that_is_no_json_rpc_message_is_answered_and_the_server_goes_on(
         parse = server.answer()
         assert parse["id"] is None and parse["error"]["code"] == -32700
         assert parse["error"]["message"].startswith("Parse error")
-        server.send(b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"\\ud800"}}')
-        assert server.answer()["error"]["code"] == -32700  # a lone surrogate is no JSON text
+        server.send(b'{"jsonrpc":"2.0","id":3,"method":"ping","params":{"a":"x}}')
+        assert server.answer()["error"]["code"] == -32700  # an unterminated string
         server.send([{"jsonrpc": "2.0", "id": 4, "method": "ping"}])
         batch = server.answer()
         assert batch["id"] is None and batch["error"]["code"] == -32600
@@ -142,6 +142,58 @@ def test_a_frame_that_is_no_json_rpc_message_is_answered_and_the_server_goes_on(
         server.send(b"   ")  # whitespace is no frame: nothing to answer
         server.send({"jsonrpc": "2.0", "id": 7, "method": "ping"})
         assert server.answer() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    assert node.client().runs.list() == [], "nothing was launched"
+
+
+def test_a_lone_surrogate_escape_is_read_as_u_fffd_and_a_request_too_deep_is_answered_its_id(
+    node: NodeProcess,
+) -> None:
+    """Both are JSON (RFC 8259 takes them), but the SDK's reader refuses them: a request with
+    "\\ud83d" (JSON.stringify's half of a cut emoji) or nested 5,000 deep was answered with a
+    parse error and id null, so its caller's id was never answered."""
+    with raw_server(node) as server:
+        server.initialize()
+        for rid, escape in [(1, b"\\ud83d"), (2, b"\\ude00"), (3, b"\\ud83d\\ud83d")]:
+            arguments = b'{"agent":"sleeper' + escape + b'","task":"seconds=0"}'
+            server.send(
+                b'{"jsonrpc":"2.0","id":%d,"method":"tools/call",' % rid
+                + b'"params":{"name":"run","arguments":'
+                + arguments
+                + b"}}"
+            )
+            answer = server.answer()
+            assert answer["id"] == rid, answer
+            replaced = "sleeper" + "\ufffd" * escape.count(b"\\u")  # as bad UTF-8 would be
+            assert answer["result"]["content"][0]["text"].startswith(f"Unknown agent '{replaced}'")
+        # A pair is one character, as ever: nothing to replace.
+        server.send(call_frame(4, "run", agent="sleeper\U0001f600", task="seconds=0"))
+        assert "sleeper\U0001f600" in server.answer()["result"]["content"][0]["text"]
+        deep = b'{"a":' * 5000 + b"1" + b"}" * 5000
+        server.send(
+            b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"run",'
+            + b'"arguments":{"agent":"sleeper","task":"seconds=0","cwd":'
+            + deep
+            + b"}}}"
+        )
+        assert server.answer() == {
+            "jsonrpc": "2.0",
+            "id": 5,
+            "error": {
+                "code": -32600,
+                "message": "Invalid Request: nested 5,003 levels deep; the server reads JSON "
+                f"at most {MAX_DEPTH} levels deep",
+            },
+        }
+        for rid, levels in [("at", MAX_DEPTH), ("over", MAX_DEPTH + 1)]:
+            nested = "[" * (levels - 2) + "1" + "]" * (levels - 2)  # the request, params: 2 more
+            server.send(
+                f'{{"jsonrpc":"2.0","id":"{rid}","method":"ping","params":{{"x":{nested}}}}}'.encode()
+            )
+            answer = server.answer()
+            assert answer["id"] == rid
+            assert ("error" in answer) == (rid == "over"), answer
+        server.send({"jsonrpc": "2.0", "id": 6, "method": "ping"})
+        assert server.answer() == {"jsonrpc": "2.0", "id": 6, "result": {}}
     assert node.client().runs.list() == [], "nothing was launched"
 
 
