@@ -257,8 +257,13 @@ def agent_directories(
     agents_dirs: Sequence[str | os.PathLike[str]] = (),
     environ: Mapping[str, str] | None = None,
 ) -> list[AgentDirectory]:
-    """The directories searched, highest priority first: explicit > project > user."""
-    dirs = [AgentDirectory(Path(d).expanduser(), "explicit") for d in agents_dirs]
+    """The directories searched, highest priority first: explicit > project > user. An explicit
+    one given relative is this process's, as any path on a command line is: made absolute here,
+    since `{agent_dir}` (its agents' own directory) is substituted into commands run elsewhere
+    (`--cwd`); relative, a command `{agent_dir}/tool.sh` was looked for at `agents/agents/`."""
+    dirs = [
+        AgentDirectory(Path(os.path.abspath(Path(d).expanduser())), "explicit") for d in agents_dirs
+    ]
     dirs.append(AgentDirectory((cwd or Path.cwd()) / PROJECT_AGENTS_DIR, "project"))
     dirs.append(AgentDirectory(user_agents_dir(environ), "user"))
     return dirs

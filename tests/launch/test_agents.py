@@ -353,6 +353,30 @@ def test_the_python_placeholder_is_this_interpreter_and_agent_dir_the_file_dir(
     assert inv.argv == (sys.executable, "/x/x.py", "t")
 
 
+def test_a_relative_agents_dir_gives_its_agents_an_absolute_agent_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--agents-dir agents` kept `{agent_dir}` relative: a command `{agent_dir}/tool.sh` was
+    looked for at `agents/agents/tool.sh`, and an argument `{agent_dir}/x.py` resolved against
+    the child's `--cwd` (the README's own `--agents-dir examples/agents` under `--cwd`)."""
+    directory = tmp_path / "agents"
+    agent_file(directory, "tool", simple("tool", command='["{agent_dir}/tool.sh", "{task}"]'))
+    agent_file(directory, "py", simple("py", command='["{python}", "{agent_dir}/x.py"]'))
+    tool = directory / "tool.sh"
+    tool.write_text('#!/bin/sh\necho "$1"\n')
+    tool.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+
+    catalog = discover_agents(elsewhere, ["agents"])
+    assert catalog.get("tool").agent_dir == str(directory)
+    inv = invocation(catalog.get("tool"), "t", tmp_path / "run", cwd=elsewhere)
+    assert inv.argv == (str(tool), "t")
+    inv = invocation(catalog.get("py"), "t", tmp_path / "run2", cwd=elsewhere)
+    assert inv.argv == (sys.executable, str(directory / "x.py"))
+
+
 def test_a_cwd_that_does_not_exist_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     agent = parse(simple("a"))
     with pytest.raises(BadRequest, match="does not exist"):
