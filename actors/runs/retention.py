@@ -46,6 +46,7 @@ import queue
 import re
 import shutil
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -342,4 +343,27 @@ class DirectoryRemover:
     def _run(self) -> None:
         while (directories := self._queue.get()) is not None:
             for directory in directories:
-                shutil.rmtree(directory, ignore_errors=True)
+                failed = _remove_tree(directory)
+                if failed:  # its record is gone: the orphan sweep tries again, once it is old
+                    log.warning(
+                        "cannot remove run directory %s (%d failure(s), first %s); a later "
+                        "prune removes it once it can",
+                        directory,
+                        len(failed),
+                        failed[0],
+                    )
+
+
+def _remove_tree(directory: Path) -> list[str]:
+    """Remove `directory` as far as it can be; what could not be removed, and why."""
+    failed: list[str] = []
+
+    def note(_function: object, path: str, error: object) -> None:
+        exc = error[1] if isinstance(error, tuple) else error  # 3.11's exc_info, 3.12's exception
+        failed.append(f"{path}: {exc}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(directory, onexc=note)
+    else:
+        shutil.rmtree(directory, onerror=note)
+    return failed

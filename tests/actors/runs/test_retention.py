@@ -283,3 +283,32 @@ def test_the_timers_passes_list_the_run_directories_at_most_once_an_hour(tmp_pat
     keeper.close()  # the removals queued so far are done
     assert sorted(set(listings)) == [listings[0], now[0]] and not orphan.exists()
     db.close()
+
+
+def test_a_run_directory_that_cannot_be_removed_is_logged_not_dropped_in_silence(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`prune` answers once the records are gone and removes the directories on its own
+    thread; one it could not remove (an immutable file, a busy mount) stayed, and nothing said
+    so anywhere (`rmtree(..., ignore_errors=True)`)."""
+    import subprocess
+    import threading
+
+    run_dir = tmp_path / "0123456789ab"
+    (run_dir / "keep").mkdir(parents=True)
+    (run_dir / "keep" / "file").write_text("x")
+    locked = subprocess.run(["chattr", "+i", str(run_dir / "keep")], capture_output=True)
+    if locked.returncode != 0:
+        pytest.skip(f"cannot make a directory immutable here: {locked.stderr.strip()!r}")
+    remover = retention.DirectoryRemover()
+    try:
+        with caplog.at_level("WARNING", logger=retention.__name__):
+            remover.remove([run_dir])
+            remover.close(10.0)
+            assert not any(t.name == "run-dir-remover" for t in threading.enumerate())
+    finally:
+        subprocess.run(["chattr", "-i", str(run_dir / "keep")], check=True)
+    assert run_dir.exists()
+    [record] = [r for r in caplog.records if r.name == retention.__name__]
+    assert record.getMessage().startswith(f"cannot remove run directory {run_dir} (")
+    assert "a later prune removes it once it can" in record.getMessage()
