@@ -14,11 +14,11 @@ Times are wall-clock seconds since the epoch; durations are seconds unless named
 import json
 import os
 import re
-import stat
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from subagents_node.messages import statefiles
 from subagents_node.messages.base import Ack, Message, Request, ResultType, validated_reply
 from subagents_node.messages.domains import Timestamp
 
@@ -241,12 +241,18 @@ def output_tail(path: str, limit: int = OUTPUT_TAIL_BYTES) -> str:
     A child's output is this tail of its stdout; the node and the fleet view read it the same
     way, so it lives with the wire models both sides import."""
     try:
-        with open(path, "rb") as log:
-            size = log.seek(0, os.SEEK_END)
-            log.seek(max(0, size - limit))
-            data = log.read(limit)
+        # A regular file only, never through a symlink (statefiles.py): the child can replace
+        # its log, and the supervisor reads it on its loop, where a FIFO's open() wedged it.
+        fd = statefiles.open_file(path)
     except OSError:
         return ""
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, limit, max(0, size - limit))
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return data.decode("utf-8", "replace").strip()
 
 
@@ -268,16 +274,9 @@ class LogCut(Message):
         docs/api.md "Compatibility") instead of reading the log as never cut; the node reads
         its own announcement strictly."""
         try:
-            # Neither a FIFO (its open would block the owner that caps the log, or the
-            # reader, for good) nor a symlink out: the node writes a regular file here.
-            fd = os.open(
-                log_path + LOG_CUT_SUFFIX,
-                os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-            )
-            try:
-                raw = os.read(fd, 4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-            finally:
-                os.close(fd)
+            # statefiles: a FIFO there must not wedge the log cap (or a reader), nor a link
+            # lead it elsewhere.
+            raw = statefiles.read_file(log_path + LOG_CUT_SUFFIX, 4096)
             if not tolerant:
                 return cls.model_validate_json(raw)
             return validated_reply(cls, json.loads(raw))

@@ -33,6 +33,7 @@ from subagents_node.actors.child import rows
 from subagents_node.actors.child.procfs import ProcessIdentity, identity_of, is_alive
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
+from subagents_node.messages import statefiles
 from subagents_node.messages.runs import (
     REASON_EXITED,
     ChildEvent,
@@ -56,10 +57,14 @@ Connection = Any  # sqlite3.Connection (kept loose: rows.py owns the SQL)
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
+    """The record at `path`; None when missing or not parsing, as a FIFO or a link a child put
+    there is (statefiles.py): a blocking open() here wedged the supervisor for good."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = json.loads(statefiles.read_file(path, 1 << 20))  # records are < 64 KiB
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        log.warning("child record %s is unreadable, taken as none: %s", path, exc)
         return None
     return data if isinstance(data, dict) else None
 

@@ -31,7 +31,9 @@ is done, with where the tail now starts and how much was cut. A reader that foll
 is read again, and a reader past the head goes on where the child's output went on.
 
 Without inotify (not Linux) logs are not capped and a warning says so. It never follows a
-symlink, never touches a file it was not asked to watch, and never raises into the run supervisor.
+symlink, never opens anything but a regular file (a FIFO a child put there would block its
+thread: messages/statefiles.py), never touches a file it was not asked to watch, and never
+raises into the run supervisor.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import threading
 from collections.abc import Callable
 
 from subagents_node.actors.child.records import write_atomically
+from subagents_node.messages import statefiles
 from subagents_node.messages.runs import LOG_CUT_LINE, LOG_CUT_SUFFIX, LogCut
 
 log = logging.getLogger(__name__)
@@ -281,7 +284,7 @@ class ChildLogCap:
         padding = b" " * (gone_from - head - 1 - len(line))
         if gone_to == tail_at:  # the tail's newline before it goes: the padding ends the line
             padding = padding[:-1] + b"\n"
-        plain = os.open(watched.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        plain = statefiles.open_file(watched.path, os.O_WRONLY)  # a FIFO put there: refused
         try:  # not O_APPEND: pwrite would append, not write where it is told
             os.pwrite(plain, b"\n" + line + padding, head)
             if tail_at - 1 > gone_to:  # the tail's first piece of a line joins the cut line
@@ -299,8 +302,7 @@ class ChildLogCap:
         return True
 
     def _cut(self, watched: _Watched) -> None:
-        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(watched.path, flags)
+        fd = statefiles.open_file(watched.path, os.O_RDWR | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
             if size <= self.max_bytes:

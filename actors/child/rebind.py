@@ -33,6 +33,7 @@ import signal
 from subagents_node.actors.child import procfs
 from subagents_node.actors.child.procfs import ProcessIdentity
 from subagents_node.actors.child.records import SHIM_RECORD, write_atomically
+from subagents_node.messages import statefiles
 
 #: What a shim forked from this code takes: 1 = its stop (SIGTERM) only; 2 = also a rebind.
 SHIM_VERSION = 2
@@ -45,17 +46,13 @@ REBIND_SIGNAL = signal.SIGWINCH
 
 
 def _read(path: str) -> dict[str, object] | None:
-    # os.open/os.read, as procfs does: the io module's objects would copy template pages.
+    # os.open/os.read (statefiles), as procfs does: the io module's objects would copy
+    # template pages. A FIFO or a symlink there is a file that does not parse: the supervisor
+    # reads the claim on its loop, where a blocking open() wedged it.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = json.loads(os.read(fd, 65536))
+        data = json.loads(statefiles.read_file(path, 65536))
     except (OSError, ValueError, RecursionError):  # a shim must not die of a bad file
         return None
-    finally:
-        os.close(fd)
     return data if isinstance(data, dict) else None
 
 

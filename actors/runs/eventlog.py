@@ -11,13 +11,21 @@ the file fail anything: `events.jsonl` is for people, the store has every event 
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from subagents_node.actors.runs import runstore
+from subagents_node.messages import statefiles
+
+log = logging.getLogger(__name__)
+
+EVENTS = "events.jsonl"
 
 
 class RunEventLog:
@@ -36,6 +44,8 @@ class RunEventLog:
         self._touched = touched
         #: Each run's events of this commit group, as `events.jsonl` lines (write_lines).
         self._lines: dict[str, list[str]] = {}
+        #: Runs whose `events.jsonl` could not be written (a FIFO, a symlink there): said once.
+        self._unwritable: set[str] = set()
 
     def record(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         now = self._clock()
@@ -56,8 +66,16 @@ class RunEventLog:
         """Append each run's events of this group to its `events.jsonl`."""
         lines, self._lines = self._lines, {}
         for run_id, texts in lines.items():
+            path = self._run_dir(run_id) / EVENTS
             try:
-                with open(self._run_dir(run_id) / "events.jsonl", "a", encoding="utf-8") as fh:
+                # Never through a symlink, never blocking on a FIFO (messages/statefiles.py):
+                # a child can replace its run's file, and an open() that waited for a reader
+                # wedged the supervisor for good.
+                fd = statefiles.open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                with open(fd, "a", encoding="utf-8") as fh:
                     fh.write("\n".join(texts) + "\n")
-            except OSError:
-                pass  # the events log is for people; the store has the events
+            except OSError as exc:
+                # The events log is for people; the store has the events. Said once per run.
+                if run_id not in self._unwritable and exc.errno != errno.ENOENT:
+                    self._unwritable.add(run_id)
+                    log.warning("run %s: %s not written: %s", run_id, path, exc.strerror)

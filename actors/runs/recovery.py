@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from subagents_node.messages import statefiles
 from subagents_node.messages.errors import FanoutDescriptorInvalid, RunNotResumable
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
 from subagents_node.messages.supervisor import Launch
@@ -57,7 +58,8 @@ def _reason(exc: Exception) -> str:
 def read_recovery(run_dir: Path, run_id: str) -> tuple[Launch, FanoutDescriptor]:
     path = run_dir / RECOVERY
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # A regular file only, never through a symlink: a FIFO there wedged the supervisor.
+        data = json.loads(statefiles.read_file(path).decode("utf-8"))
     except FileNotFoundError:
         raise RunNotResumable(
             f"Async child '{run_id}' is missing its required run fan-out recovery identity. "
@@ -65,9 +67,10 @@ def read_recovery(run_dir: Path, run_id: str) -> tuple[Launch, FanoutDescriptor]
             run_id=run_id,
             reason="no_recovery",
         ) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise RunNotResumable(
-            f"Invalid persisted run fan-out budget '{path}': {exc}",
+            f"Invalid persisted run fan-out budget '{path}': {why}",
             run_id=run_id,
             reason="invalid_recovery",
         ) from None

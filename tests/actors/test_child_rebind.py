@@ -8,7 +8,9 @@ real template, real children; every wait is on a pidfd or a condition, with a de
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from subagents_node.actors.child import rebind, shims
 from subagents_node.actors.child.procfs import ProcessIdentity, identity_of
+from subagents_node.actors.child.records import SHIM_RECORD
 from subagents_node.actors.child.shims import signal_shim
 from subagents_node.messages.runs import ChildReport, ChildSpec
 from tests.actors.test_child import Harness, exit_record, wait_gone
@@ -139,3 +142,16 @@ def test_a_bind_record_that_names_no_process_is_ignored(tmp_path: Path, text: st
     """Read by the shim: one it cannot read keeps the binding it has, and never raises."""
     (tmp_path / rebind.BIND_RECORD).write_text(text)
     assert rebind.read_binding(str(tmp_path)) is None
+
+
+def test_a_fifo_in_place_of_a_shims_claim_reads_as_no_claim_at_once(tmp_path: Path) -> None:
+    """The supervisor reads the claim on its loop (which shims to rebind): a blocking open()
+    of a FIFO a child put there used to wedge it for good."""
+    os.mkfifo(tmp_path / SHIM_RECORD)
+    found: list[object] = []
+    reader = threading.Thread(target=lambda: found.append(rebind.shim_of(str(tmp_path))))
+    reader.daemon = True
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "reading the claim blocked on the FIFO"
+    assert found == [None]
