@@ -11,7 +11,6 @@ budget (R-RES-4). It is never logged and never shown by `debug-run`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -35,11 +34,9 @@ def write_recovery(run_dir: Path, launch: Launch, descriptor: str) -> None:
         f'{{"version": 1, "launch": {launch.model_dump_json()}, '
         f'"fanout": {json.dumps(descriptor)}}}'
     )
-    tmp = run_dir / f".{RECOVERY}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    tmp.replace(run_dir / RECOVERY)
+    # A fresh temp file (messages/statefiles.py), never a fixed name a child could have made
+    # a symlink (the task text written through it) or a FIFO (the supervisor wedged).
+    statefiles.replace_file(run_dir / RECOVERY, text.encode(), sync=False)
 
 
 def _reason(exc: Exception) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from subagents_node.actors.runs import runstore
 from subagents_node.actors.runs.liverun import LiveRun
+from subagents_node.messages import statefiles
 from subagents_node.messages.capacity import (
     SETTLED_PROOFS,
     ReportedState,
@@ -76,10 +77,10 @@ def workflow_rereport(
 def write_summary(view: RunView) -> None:
     """`runs/<id>/summary.json`, for people and post-mortems (the store stays the truth)."""
     try:
+        # A fresh temp file (messages/statefiles.py): a fixed `summary.tmp` that a child made
+        # a symlink had the summary written through it, and the link renamed into place.
         path = Path(view.run_dir) / "summary.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(view.model_dump_json(indent=2))
-        tmp.replace(path)
+        statefiles.replace_file(path, view.model_dump_json(indent=2).encode(), sync=False)
     except OSError as exc:
         log.warning("could not write the summary of run %s: %s", view.run_id, exc)
 

@@ -432,6 +432,22 @@ def test_write_atomically_that_cannot_rename_raises_and_leaves_no_temp_file(
     assert os.listdir(tmp_path) == ["r.json"]
 
 
+def test_write_atomically_never_writes_through_a_symlink_planted_under_its_old_temp_name(
+    tmp_path: Path,
+) -> None:
+    """A shim's records used to go through `<record>.<pid>.tmp`: a child knows its shim's pid
+    (its parent's), so it could plant that link and have its exit record written over any file
+    it named, then the link renamed into place."""
+    target = tmp_path / "outside"
+    target.write_bytes(b"precious\n")
+    path = tmp_path / records.EXIT_RECORD
+    Path(f"{path}.{os.getpid()}.tmp").symlink_to(target)
+    assert records.write_atomically(str(path), {"exit_code": 0}, sync=False)
+    assert json.loads(path.read_text()) == {"exit_code": 0}
+    assert not path.is_symlink()
+    assert target.read_bytes() == b"precious\n"
+
+
 def test_signal_shim_never_signals_a_pid_whose_start_time_differs() -> None:
     identity = ProcessIdentity(os.getpid(), 1.0)  # our pid, another start time
     assert not signal_shim(identity, signal.SIGTERM)  # (had it sent it, pytest would be dead)

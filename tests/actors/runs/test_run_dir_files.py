@@ -94,6 +94,21 @@ def test_a_fifo_or_symlink_as_events_jsonl_never_wedges_the_supervisor_nor_is_wr
     assert stat.S_ISFIFO(left) if kind == "fifo" else stat.S_ISLNK(left)
 
 
+def test_a_symlink_planted_as_summary_tmp_is_never_written_through(
+    client: Client, agents: Path, gate: Gate, victim: Path
+) -> None:
+    run, child = gated_run(client, agents, gate)
+    plant(Path(run.run_dir) / "summary.tmp", "symlink", victim)
+
+    child.release(0)
+
+    assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
+    assert victim.read_bytes() == PRECIOUS
+    summary = Path(run.run_dir) / "summary.json"
+    assert stat.S_ISREG(os.lstat(summary).st_mode)
+    assert run.run_id in summary.read_text()
+
+
 #: A child that puts a FIFO in place of its own stdout log (the file its fd 1 is), then exits.
 FIFO_STDOUT = (
     '["{python}", "-c", "import os; p = os.readlink(\'/proc/self/fd/1\'); '
