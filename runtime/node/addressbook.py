@@ -4,9 +4,10 @@ Owns the node's routes (target -> endpoint: an owner's socket in the state dir, 
 route to its home's owner, else the node's own address), each built once and kept, since the
 forwarder's and the relay's links ask once per request; and the address book file
 (`addressbook.json` beside `node.pid`: the node's and each owner's endpoint, pid and state,
-and on a home what its workers need), rewritten whole through a temporary file so a reader
-never sees half of it. It never starts, watches or tells an owner (runtime/node/ownersup.py
-and the node do) and never decides when the book changes: the node says so.
+and on a home what its workers need), rewritten whole through a fresh temporary file so a
+reader never sees half of it (and never through a symlink planted in the state dir). It never
+starts, watches or tells an owner (runtime/node/ownersup.py and the node do) and never decides
+when the book changes: the node says so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from subagents_node.client.paths import ADDRESS_BOOK_NAME, OWNER_SOCKETS
+from subagents_node.messages import statefiles
 from subagents_node.node import ownerspecs
 
 
@@ -66,7 +68,8 @@ class AddressBook:
         book: dict[str, object] = {"node": node, "owners": owners}
         if home is not None:
             book["home"] = home
-        tmp = self._state_dir / (ADDRESS_BOOK_NAME + ".tmp")
+        # A fresh temp file (messages/statefiles.py): a fixed `addressbook.json.tmp` that
+        # someone made a symlink had the book written through it, over a file elsewhere.
         with suppress(OSError):
-            tmp.write_text(json.dumps(book, indent=1))
-            tmp.replace(self._state_dir / ADDRESS_BOOK_NAME)
+            data = json.dumps(book, indent=1).encode()
+            statefiles.replace_file(self._state_dir / ADDRESS_BOOK_NAME, data, sync=False)

@@ -66,7 +66,15 @@ def start_detached(
         "--log-file",
         *extra_args,
     ]
-    with open(log_path, "ab") as log_file:
+    from subagents_node.node.nodelog import open_log  # here: `stop` never needs logging's
+
+    try:
+        log_fd = open_log(log_path)
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise StoreError(f"cannot open {log_path}: {exc.strerror}", path=str(log_path)) from None
+    with open(log_fd, "ab") as log_file:
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -131,8 +139,11 @@ def _become_detached(log_path: Path, keep: int) -> None:
     os.setsid()
     os.closerange(3, keep)
     os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    from subagents_node.node.nodelog import open_log  # here: `stop` never needs logging's
+
     null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    # Never through a symlink, never blocking on a FIFO (a refusal is the starter's one line).
+    log = open_log(log_path)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -25,6 +25,7 @@ import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from subagents_node.messages import statefiles
 from subagents_node.messages.inert import one_line
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -42,9 +43,13 @@ class NodeLogHandler(RotatingFileHandler):
     """A size-rotated log file that also owns the process's stdout and stderr."""
 
     def _open(self) -> io.TextIOWrapper:
-        stream = super()._open()
-        # The file is private like everything in the state dir (0700 dir, 0600 file).
-        os.chmod(self.baseFilename, 0o600)
+        # Never through a symlink, never blocking on a FIFO (messages/statefiles.py): a link
+        # planted as node.log had the log appended to a file elsewhere and that file chmod'ed.
+        # The file is private like everything in the state dir (0700 dir, 0600 file): fchmod,
+        # on the file opened, never a chmod by name.
+        log = open_log(self.baseFilename)
+        # The handler keeps it open (and closes it at rotation or shutdown): no `with`.
+        stream = open(log, "a", encoding=self.encoding, errors=self.errors)  # noqa: SIM115
         for fd in (1, 2):
             os.dup2(stream.fileno(), fd)
         return stream
@@ -55,6 +60,18 @@ class NodeLogHandler(RotatingFileHandler):
         if stream is None:
             stream = self.stream = self._open()
         return int(os.fstat(stream.fileno()).st_size >= self.maxBytes > 0)
+
+
+def open_log(path: str | os.PathLike[str]) -> int:
+    """`node.log` opened for appending (made 0600 if new, made 0600 if not): OSError when it is
+    a symlink or not a regular file (messages/statefiles.py)."""
+    fd = statefiles.open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def configure_node_log(path: Path, max_bytes: int, backups: int, level: int) -> None:

@@ -25,6 +25,7 @@ from subagents_node.client.paths import (
     process_create_time,
     read_pid_file,
 )
+from subagents_node.messages import statefiles
 from subagents_node.messages.errors import (
     BadAddress,
     NodeAlreadyRunning,
@@ -129,13 +130,11 @@ def write_pid_file(
         "owners": owner_pids,
     }
     pid_file = pid_file_of(state_dir)
-    tmp = pid_file.with_suffix(".tmp")
     try:
-        tmp.write_text(json.dumps(record))
-        tmp.replace(pid_file)
+        # A fresh temp file (messages/statefiles.py): a fixed `node.tmp` that someone made a
+        # symlink had the record written through it, over a file outside the state dir.
+        statefiles.replace_file(pid_file, json.dumps(record).encode(), sync=False)
     except OSError as exc:
-        with suppress(OSError):
-            tmp.unlink()
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StoreFull(
                 f"the disk under {state_dir} is full: cannot write {PID_NAME}; "
