@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from subagents_node.cli.common import CliError, Ctx
+from subagents_node.cli.common import CliError, Ctx, file_error
 from subagents_node.cli.terminal import say
 from subagents_node.client.paths import check_endpoint
 from subagents_node.messages.constants import ENV_TEST_HOST_CALL_TIMEOUT, ENV_TEST_KILL_AT
@@ -174,6 +174,9 @@ def serve(
         node.start()
     except SubagentsError as err:
         daemon.signal_failed(ready_fd, err)
+        raise
+    except OSError as exc:  # a path in the state dir the system refused: the starter's one
+        daemon.signal_failed(ready_fd, file_error(exc))  # line too, not "exited"
         raise
     gc.enable()  # off since `start` began (cli/main.py, see there)
     try:

@@ -91,8 +91,16 @@ def refuse_if_running(state_dir: Path, ipc: bool) -> None:
         # A socket left by a node that was killed: nobody owns it, so it is safe to replace.
         sock = ipc_path(ipc_endpoint(state_dir))
         if sock is not None:
-            with suppress(FileNotFoundError):
+            try:
                 sock.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # a directory there (or a file we may not remove)
+                raise StoreError(
+                    f"cannot replace {sock}: {exc.strerror}; move it aside "
+                    f"(mv {sock} {sock}.old) and start again",
+                    path=str(sock),
+                ) from None
 
 
 def refuse_served_sockets(endpoints: list[str]) -> None:

@@ -4,8 +4,9 @@ the state dir, and a start it cannot make says why in one line.
 
 It used to append `node.log` through a symlink and chmod the file it named to 0600, write its
 pid record through a planted `node.tmp` (and the address book through `addressbook.json.tmp`)
-over the file the link named before renaming the link into place, and wait 20 s on a FIFO as
-`node.log`. Real detached nodes.
+over the file the link named before renaming the link into place, wait 20 s on a FIFO as
+`node.log`, and, with a directory in place of `node.sock`, fail a detached start with only
+"failed to start: exited" (the cause was a traceback in node.log). Real detached nodes.
 """
 
 from __future__ import annotations
@@ -102,3 +103,16 @@ def test_a_symlink_planted_under_a_temp_files_name_is_never_written_through(
             assert stat.S_ISREG(os.lstat(state_dir / written).st_mode), written
     finally:
         node.cleanup()
+
+
+def test_a_directory_in_place_of_node_sock_fails_a_detached_start_in_one_line_naming_it(
+    state_dir: Path,
+) -> None:
+    sock = state_dir / "node.sock"
+    sock.mkdir()
+
+    line = one_line_refusal(state_dir)
+
+    assert f"cannot replace {sock}: Is a directory" in line, line
+    assert "exited" not in line
+    assert sock.is_dir()
