@@ -17,10 +17,8 @@ never imports the node.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from subagents_node.client.inotify import DirectoryWatch
+from subagents_node.messages import statefiles
 from subagents_node.messages.errors import BadRequest, SubagentsError
 from subagents_node.messages.runs import (
     LOG_CUT_LINE,
@@ -162,14 +161,10 @@ class LogsRead:
 
 
 def _open_log(path: str) -> int:
-    """A descriptor of the child log at `path`, a regular file: opening a FIFO put in its
-    place waited for a writer, so `logs` hung for good (O_NONBLOCK: it opens at once, and is
-    refused as what it is)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
+    """A descriptor of the child log at `path`: a regular file, never through a symlink
+    (messages/statefiles.py). Opening a FIFO put in its place waited for a writer, so `logs`
+    hung for good; a link led it to print a file from elsewhere."""
+    return statefiles.open_file(path)
 
 
 def _stale(log_path: str) -> bool:

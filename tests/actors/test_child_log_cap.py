@@ -352,7 +352,7 @@ def test_a_fifo_in_place_of_a_child_log_is_refused_at_once_not_waited_on(tmp_pat
     reader = logs._LogFile("single", "stdout", str(path))
     refused = _at_once(lambda: reader.new_lines(final=True), path)
     assert isinstance(refused, BadRequest), refused
-    assert refused.message == f"cannot read {path}: not a regular file"
+    assert refused.message == f"cannot read {path}: a FIFO, not a regular file"
 
 
 def test_a_fifo_in_place_of_a_cut_announcement_reads_as_none_at_once(tmp_path: Path) -> None:
