@@ -1,8 +1,9 @@
 """Starting the agent command of one child: its stdio files, its process group, its cwd.
 
 Owns the spawn itself and the one-line error that names what could not be used (the cwd, a
-file, the command), never argv (it may hold the task, R-MISC-1). Standard library only (the
-shim template imports it). It never waits for or signals the child: the shim does.
+file, the command), never argv (it may hold the task, R-MISC-1). Standard library only, and
+messages/statefiles.py (the shim template imports it). It never waits for or signals the
+child: the shim does.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
+
+from subagents_node.messages import statefiles
 
 
 def spawn_error(order: dict[str, Any], err: OSError) -> str:
@@ -24,18 +28,21 @@ def spawn_error(order: dict[str, Any], err: OSError) -> str:
 
 
 def _open_stdio(order: dict[str, Any]) -> list[int]:
-    """The child's stdin, stdout and stderr, opened here (an error names the file)."""
-    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-    wanted = (
-        (order.get("stdin_path") or os.devnull, os.O_RDONLY | os.O_CLOEXEC),
-        (order["stdout_path"], append),
-        (order["stderr_path"], append),
+    """The child's stdin, stdout and stderr, opened here (an error names the file). The logs
+    by statefiles' rules: a link planted under a log's name (by a sibling child, which knows
+    the run's directory) would have this child's output appended to the file it names, and
+    a FIFO would hold the shim, so the child never started."""
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    opens: tuple[tuple[str, Callable[[str], int]], ...] = (
+        (order.get("stdin_path") or os.devnull, lambda p: os.open(p, os.O_RDONLY | os.O_CLOEXEC)),
+        (order["stdout_path"], lambda p: statefiles.open_file(p, append)),
+        (order["stderr_path"], lambda p: statefiles.open_file(p, append)),
     )
     fds: list[int] = []
     try:
-        for path, mode in wanted:
+        for path, opened in opens:
             try:
-                fds.append(os.open(path, mode, 0o600))
+                fds.append(opened(path))
             except OSError as err:
                 err.filename = path
                 raise

@@ -83,8 +83,10 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
         "argv": ["true"],
         "cwd": "/",
         "env": {"PATH": os.defpath},
-        "stdout_path": os.devnull,
-        "stderr_path": os.devnull,
+        # Files, as every child's logs are (a log must be a regular file: spawn.py), in the
+        # warm-up's own directory, which goes with it.
+        "stdout_path": os.path.join(record_dir, "warm-up.stdout.log"),
+        "stderr_path": os.path.join(record_dir, "warm-up.stderr.log"),
         "record_dir": record_dir,
         "node_address": "ipc:///nonexistent/warm-up.sock",
         "sync": False,

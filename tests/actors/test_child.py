@@ -277,6 +277,28 @@ def test_r_run_5_spawn_failure_is_reported_not_started_with_one_line_naming_the_
     assert report.error is not None and words in report.error and "\n" not in report.error
 
 
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+def test_a_link_or_fifo_planted_as_a_childs_log_starts_nothing_and_says_so(
+    shim_harness: Harness, planted: str
+) -> None:
+    """The shim opened a child's logs as named: a link planted under a log's name (a sibling
+    child knows the run's directory) had this child's output appended to the file it named;
+    a FIFO held the shim in open(), so the child never started and nothing said why."""
+    outside = shim_harness.dir / "outside"
+    outside.write_text("precious\n")
+    spec = shim_harness.spec("c1", [PY, "-c", "print('secret output')"])
+    if planted == "symlink":
+        Path(spec.stdout_path).symlink_to(outside)
+    else:
+        os.mkfifo(spec.stdout_path)
+    shim_harness.start(spec)
+    report = shim_harness.report()
+    assert report.kind == "not_started" and report.pid is None
+    kind = "a symbolic link" if planted == "symlink" else "a FIFO"
+    assert report.error == f"cannot start the child: {spec.stdout_path}: {kind}, not a regular file"
+    assert outside.read_text() == "precious\n"
+
+
 # -- ending the tree -------------------------------------------------------------------------
 
 
