@@ -2,13 +2,16 @@
 job's timeout) and SIGHUP (a closed terminal).
 
 Owns the handlers of those three signals for the length of such a command (on the main thread
-only), and their removal afterwards. While the command starts its node and launches, a signal
-is held, not acted on: a launch cut short there would leave a run going that nobody follows
-(and, with an embedded node, children no node supervises), so the command first learns its
-run, then stops it. While the run is followed a signal raises at once, and so does a second
-one at any time (the user insists: the stop already sent goes on in the children's shims).
-It never stops a run itself: the follower catches `Ended` (or KeyboardInterrupt), stops its
-run and exits 128 + the signal.
+only), and their removal afterwards. While the command starts its node a first signal is held,
+not acted on; from the launch on, a signal is acted on only where the command follows its run
+(`raising`): a launch cut short would leave a run going that nobody follows (and, with an
+embedded node, children no node supervises), so the command first learns its run, then stops
+it. The signal acted on raises once, and from that moment every later one is held again until
+the follower asks for them: its stop request goes out first, whatever comes while the
+exception unwinds or a terminal write blocks (a full pipe, a paused terminal); only then may a
+second signal end the command without waiting (the stop already sent goes on in the children's
+shims). It never stops a run itself: the follower catches `Ended` (or
+KeyboardInterrupt), stops its run and exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import NoReturn
 
 #: What ends a foreground command besides Ctrl-C.
 END_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -41,7 +45,9 @@ class EndingSignals:
 
     Use it as a context manager around the whole command, node start and stop included. A
     signal whose handler is SIG_IGN when it begins (`nohup`, a background job of a
-    non-interactive shell) stays ignored.
+    non-interactive shell) stays ignored. Until `hold()` a first signal is only noted and a
+    second one raises (it cuts a node's start short); after it, a signal raises only inside
+    `raising()`. Whichever raises, every signal after it is held until the next `raising()`.
     """
 
     def __init__(self) -> None:
@@ -71,32 +77,47 @@ class EndingSignals:
         first = self.pending is None
         self.pending = self.pending or signum
         if not self._holding and (self._raising or not first):
-            raise interruption(signum)
+            self._act_on(signum)
+
+    def _act_on(self, signum: int) -> NoReturn:
+        # Held from here, in this same step: a second signal that came while the exception
+        # unwound used to raise again before the follower had sent its stop, and escaped it
+        # (the run went on; the command said no run was launched).
+        self._holding = True
+        self._raising = False
+        raise interruption(signum)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
         """While the block runs every signal is only counted, a second one too: for one
         request whose loss would leave a run unfollowed (its launch, its stop), bounded by
-        the client's timeout."""
+        the client's timeout. Afterwards signals are handled as before the block."""
+        before = self._holding
         self._holding = True
         try:
             yield
         finally:
-            self._holding = False
+            self._holding = before
 
     def hold(self) -> None:
-        """From now on every signal is only counted: the command is ending (its embedded
-        node stops next, which a signal must not cut short)."""
+        """From now on a signal is only counted, but inside `raising()`: the command has its
+        run to follow (or is ending: its embedded node stops next, which a signal must not
+        cut short)."""
         self._holding = True
         self._raising = False
 
     @contextlib.contextmanager
-    def raising(self) -> Iterator[None]:
-        """While the block runs a signal raises at once; one held before raises on entry."""
-        if self.pending is not None:
-            raise interruption(self.pending)
-        self._raising = True
+    def raising(self, acted_on: int = 0) -> Iterator[None]:
+        """While the block runs a signal raises at once; one held before raises on entry, but
+        for the first `acted_on` signals (those the command acts on already). A signal that
+        raised leaves every later one held; a block that ends otherwise leaves them as they
+        were before it."""
+        if self.count > acted_on:
+            self._act_on(self.pending or signal.SIGINT)
+        before = self._holding
+        self._holding, self._raising = False, True
         try:
             yield
         finally:
-            self._raising = False
+            if self._raising:  # no signal raised in the block
+                self._holding, self._raising = before, False

@@ -3,9 +3,9 @@ otherwise), its end, and the signals and lost nodes on the way (`run`, `workflow
 
 Owns the follow: the events shown as they come, the summary printed at the end, what Ctrl-C,
 SIGTERM and SIGHUP do at each step (runtime/cli/ending.py holds them while the node starts and
-the launch is in flight, then stops the run), and the takeover of the state dir when the node
-followed stops under its run. It never chooses the node (runtime/cli/nodestart.py does) and
-never builds a launch.
+the launch is in flight; the follow then sends the stop before it writes anything), and the
+takeover of the state dir when the node followed stops under its run. It never chooses the
+node (runtime/cli/nodestart.py does) and never builds a launch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TypeVar
 from rich.table import Table
 
 from subagents_node.cli.common import EXIT_INTERRUPTED, emit, plural
-from subagents_node.cli.ending import Ended, EndingSignals, interruption
+from subagents_node.cli.ending import Ended, EndingSignals
 from subagents_node.cli.tables import pause_text
 from subagents_node.cli.terminal import cell, one_line, say
 from subagents_node.client.client import Client
@@ -145,15 +145,18 @@ def _follow(
         with signals.raising():
             return client.runs.wait(run.run_id, on_event=show, on_gap=gap, after_seq=shown.seq)
     except (KeyboardInterrupt, Ended) as exc:
-        progress.close()
+        # Every later signal is held (ending.py) until the stop is sent: it goes first, before
+        # anything is written to a terminal, where a write may block (a full pipe, a paused
+        # terminal) or fail (a closed one). Once sent, the shims end the children whatever
+        # follows.
         code = exit_code(exc)
-        say(f"stopping run {run.run_id}…", err=True)
+        with signals.holding():
+            client.runs.stop(run.run_id)
         try:
-            with signals.holding():  # once sent, the shims end the children whatever follows
-                client.runs.stop(run.run_id)
-            if signals.count > 1:
-                raise interruption(signals.pending or signal.SIGINT)
-            final = client.runs.wait(run.run_id, timeout=30)
+            with signals.raising(acted_on=1):  # from here a second signal ends the command
+                progress.close()
+                say(f"stopping run {run.run_id}…", err=True)
+                final = client.runs.wait(run.run_id, timeout=30)
         except (KeyboardInterrupt, Ended):
             signals.hold()
             say(f"interrupted again: run {run.run_id} stops without waiting", err=True)
@@ -260,8 +263,10 @@ def launch_and_follow(
 
     Ctrl-C, SIGTERM and SIGHUP are held from the start (runtime/cli/ending.py): one that comes
     while the node starts ends the command before anything is launched, one that comes while
-    the launch is in flight stops the run as soon as its id is known. Only a second signal
-    before the launch cuts the node's start short (it is stopped all the same). `then` runs
+    the launch is in flight stops the run as soon as its id is known. From the launch on, a
+    signal is acted on only by the follow, which sends the stop before it writes anything, and
+    every signal before that stop waits for it. Only a second signal before the launch cuts the
+    node's start short (it is stopped all the same). `then` runs
     with the client once the run ended, before an embedded node stops. `reconnect` gives a
     client of the state dir's node, starting one if none serves: when the node followed stops
     under the run (another foreground command's embedded node, ending with its command, or a
@@ -272,13 +277,16 @@ def launch_and_follow(
         try:
             with clients as client, contextlib.ExitStack() as taken:
                 if signals.pending is None:
-                    with signals.holding():
-                        if isinstance(launch, Launch):
-                            client, started = across_nodes(
-                                client, launching(launch), "its launch", reconnect, taken
-                            )
-                        else:  # a rerun of a run the node it asked knows: that node or none
-                            started = launch(client)
+                    # From the launch on a signal is acted on only where the run is followed:
+                    # there it meets the follower, which stops the run (a second one that came
+                    # between two steps used to end the command with the run going on).
+                    signals.hold()
+                    if isinstance(launch, Launch):
+                        client, started = across_nodes(
+                            client, launching(launch), "its launch", reconnect, taken
+                        )
+                    else:  # a rerun of a run the node it asked knows: that node or none
+                        started = launch(client)
                     shown = Shown()  # a follow taken over goes on from there
 
                     def following(on: Client) -> RunView:
@@ -296,7 +304,7 @@ def launch_and_follow(
                         then(client, final)
                     signals.hold()
                     return final
-        except (KeyboardInterrupt, Ended) as exc:
+        except (KeyboardInterrupt, Ended) as exc:  # only before the launch (see above)
             signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)
         assert signals.pending is not None
         say("interrupted: no run was launched", err=True)
