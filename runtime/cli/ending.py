@@ -10,21 +10,28 @@ it. The signal acted on raises once, and from that moment every later one is hel
 the follower asks for them: its stop request goes out first, whatever comes while the
 exception unwinds or a terminal write blocks (a full pipe, a paused terminal); only then may a
 second signal end the command without waiting (the stop already sent goes on in the children's
-shims). It never stops a run itself: the follower catches `Ended` (or
+shims). Also owns how the command writes to a terminal that may be gone once it is ending
+(`best_effort`). It never stops a run itself: the follower catches `Ended` (or
 KeyboardInterrupt), stops its run and exits 128 + the signal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import NoReturn
 
 #: What ends a foreground command besides Ctrl-C.
 END_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+#: What a write to a terminal that is gone fails with: EIO once it hung up (closed), EPIPE
+#: once the reader of the pipe in its place went away.
+GONE = (errno.EIO, errno.EPIPE)
 
 
 class Ended(Exception):
@@ -121,3 +128,27 @@ class EndingSignals:
         finally:
             if self._raising:  # no signal raised in the block
                 self._holding, self._raising = before, False
+
+
+def best_effort(write: Callable[[], object], err: bool, gone: tuple[int, ...] = GONE) -> None:
+    """`write` to the command's stdout (or stderr, with `err`) as a command that is ending does:
+    its terminal may be closed (EIO, the hangup that ends it) or its reader gone (EPIPE), and
+    that must not keep it from stopping its run or exiting 128 + the signal. Such a failure is
+    dropped, and that descriptor points at /dev/null from then on, so no later write fails
+    there, the interpreter's last flush of what the failed write left buffered included (it
+    would make the exit status 120). `gone`: the errors dropped."""
+    try:
+        write()
+    except OSError as exc:
+        if exc.errno not in gone:
+            raise
+        silence(err)
+
+
+def silence(err: bool) -> None:
+    """Point the command's stdout (or stderr, with `err`) at /dev/null: its terminal is gone."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2 if err else 1)
+    finally:
+        os.close(devnull)

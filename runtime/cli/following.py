@@ -3,14 +3,16 @@ otherwise), its end, and the signals and lost nodes on the way (`run`, `workflow
 
 Owns the follow: the events shown as they come, the summary printed at the end, what Ctrl-C,
 SIGTERM and SIGHUP do at each step (runtime/cli/ending.py holds them while the node starts and
-the launch is in flight; the follow then sends the stop before it writes anything), and the
-takeover of the state dir when the node followed stops under its run. It never chooses the
-node (runtime/cli/nodestart.py does) and never builds a launch.
+the launch is in flight; the follow then sends the stop before it writes anything, and drops a
+write that fails on a terminal that is gone), and the takeover of the state dir when the node
+followed stops under its run. It never chooses the node (runtime/cli/nodestart.py does) and
+never builds a launch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -22,7 +24,7 @@ from typing import TypeVar
 from rich.table import Table
 
 from subagents_node.cli.common import EXIT_INTERRUPTED, emit, plural
-from subagents_node.cli.ending import Ended, EndingSignals
+from subagents_node.cli.ending import Ended, EndingSignals, best_effort
 from subagents_node.cli.tables import pause_text
 from subagents_node.cli.terminal import cell, one_line, say
 from subagents_node.client.client import Client
@@ -70,7 +72,8 @@ class Progress:
             from rich.live import Live
 
             self._live = Live(refresh_per_second=8, transient=True)
-            self._live.start()
+            # Its terminal may be closing as the follow begins (EIO before the hangup).
+            best_effort(self._live.start, err=False, gone=(errno.EIO,))
 
     def update(self, event: RunEvent, run: RunView) -> None:
         if self._live is not None:
@@ -78,11 +81,15 @@ class Progress:
             return
         line = describe(event, run)
         if line:
-            say(line, err=True)
+            # A closed terminal fails the write (EIO) before its hangup reaches this process:
+            # the hangup stops the run; the write must not end the follow before it.
+            best_effort(lambda: say(line, err=True), err=True, gone=(errno.EIO,))
 
     def close(self) -> None:
+        """Take the live table down (once): its last redraw is dropped on a terminal that is
+        gone (ending.py `best_effort`)."""
         if self._live is not None:
-            self._live.stop()
+            best_effort(self._live.stop, err=False)  # rich's console: stdout
 
 
 def run_table(run: RunView) -> Table:
@@ -155,14 +162,15 @@ def _follow(
         try:
             with signals.raising(acted_on=1):  # from here a second signal ends the command
                 progress.close()
-                say(f"stopping run {run.run_id}…", err=True)
+                best_effort(lambda: say(f"stopping run {run.run_id}…", err=True), err=True)
                 final = client.runs.wait(run.run_id, timeout=30)
         except (KeyboardInterrupt, Ended):
             signals.hold()
-            say(f"interrupted again: run {run.run_id} stops without waiting", err=True)
+            said = f"interrupted again: run {run.run_id} stops without waiting"
+            best_effort(lambda: say(said, err=True), err=True)
             raise SystemExit(code) from None
         signals.hold()
-        emit(final, as_json, summary(final))
+        best_effort(lambda: emit(final, as_json, summary(final)), err=False)
         raise SystemExit(code) from None
     finally:
         progress.close()
@@ -307,5 +315,5 @@ def launch_and_follow(
         except (KeyboardInterrupt, Ended) as exc:  # only before the launch (see above)
             signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)
         assert signals.pending is not None
-        say("interrupted: no run was launched", err=True)
+        best_effort(lambda: say("interrupted: no run was launched", err=True), err=True)
         raise SystemExit(128 + signals.pending)

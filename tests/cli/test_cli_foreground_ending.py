@@ -1,24 +1,33 @@
-"""A foreground `run` ended while it follows its run: two Ctrl-C's at once (runs.md fault 1).
+"""A foreground `run` ended while it follows its run: two Ctrl-C's at once, a terminal that is
+closed (runs.md faults 1 and 2).
 
-However many signals come and however slow its terminal is, the command sends the stop for the
-run it launched before it writes anything, and exits 128 + the first signal. Real processes and
-pipes; every wait is on output or a reply, with a deadline.
+Whatever the signals and whatever the terminal does, the command sends the stop for the run it
+launched before it writes anything, and exits 128 + the first signal: 130 or 129. The
+terminal's writes that block (a full pipe) or fail (EIO once it hung up) come after the stop.
+Real processes, pipes and pseudo-terminals; every wait is on output, a pidfd or a reply, with a
+deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from subagents_node.cli.ending import Ended, EndingSignals
 from tests.support.foreground import StderrLines
-from tests.support.nodes import CLI, REPO, NodeProcess
-from tests.support.runs import EXAMPLE_AGENTS, WAIT_S
+from tests.support.nodes import CLI, REPO, NodeProcess, node_files_left
+from tests.support.runs import EXAMPLE_AGENTS, WAIT_S, wait_gone
 
 RUN_STARTED = r"run ([0-9a-f]{12}) started"
 
@@ -109,3 +118,95 @@ def test_two_ctrl_cs_while_the_terminal_write_blocks_still_stop_the_run(
             client.runs.stop(run_id)  # a failed check must not leave the sleeper behind
     assert "no run was launched" not in said, said
     assert f"run {run_id}" in said, said
+
+
+def _pty_command(argv: list[str]) -> tuple[int, int]:
+    """`argv` on a pseudo-terminal of its own, which it leads (a terminal's shell's command):
+    (its pid, the terminal's master)."""
+    pid, master = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.execve(argv[0], argv, {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color"})
+    return pid, master
+
+
+def _read_until(master: int, pattern: str) -> str:
+    """What the command wrote on its terminal, up to the first match of `pattern`."""
+    said = b""
+    deadline = time.monotonic() + WAIT_S
+    while not re.search(pattern, said.decode(errors="replace")):
+        ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"nothing matching {pattern!r} in {WAIT_S:g}s: {said[-2000:]!r}"
+        try:
+            said += os.read(master, 65536)
+        except OSError as err:  # EIO: the command closed its side
+            assert err.errno == errno.EIO
+            break
+    return said.decode(errors="replace")
+
+
+def _pids_from(fifo: Path) -> list[int]:
+    """The pids the sleeper wrote into `fifo` once it ran (its own, its grandchild's)."""
+    ready = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: select waits for one
+    said = b""
+    try:
+        while not said.endswith(b"\n"):
+            assert select.select([ready], [], [], WAIT_S)[0], "the sleeper never started"
+            chunk = os.read(ready, 4096)
+            assert chunk, f"the sleeper closed its FIFO after {said!r}"
+            said += chunk
+    finally:
+        os.close(ready)
+    return [int(p) for p in said.split()]
+
+
+def _exit_code(pid: int) -> int:
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], WAIT_S)
+    finally:
+        os.close(fd)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert ready, f"the command still ran {WAIT_S:g}s after its terminal closed"
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.parametrize("where", ["detached node", "embedded node"])
+def test_closing_the_terminal_stops_the_run_and_exits_129(
+    start_node: Callable[..., NodeProcess], state_dir: Path, where: str
+) -> None:
+    """runs.md fault 2: the hangup ended the follow, whose handler first took the live table
+    down, a redraw on the closed terminal: EIO, before the stop was sent. The command exited 1
+    with a traceback (its error line failed on the terminal too) and, on a detached node, the
+    run went on. Now the stop goes first, a write that fails on the closed terminal is
+    dropped, and the command exits 129 as documented."""
+    fifo = state_dir.parent / f"{state_dir.name}.ready"
+    os.mkfifo(fifo)
+    node = start_node(state_dir=state_dir) if where == "detached node" else None
+    pid, master = _pty_command(_run_argv(state_dir, f"seconds=60 grandchild=1 ready={fifo}"))
+    pids: list[int] = []
+    try:
+        pids = _pids_from(fifo)
+        shown = _read_until(master, r"run [0-9a-f]{12} · sleeper · running")
+        run_id = re.findall(r"run ([0-9a-f]{12}) · sleeper", shown)[-1]
+        os.close(master)  # the terminal closes: SIGHUP, and EIO on every write to it
+        master = -1
+        assert _exit_code(pid) == 129
+        for child in pids:
+            wait_gone(child)
+        if node is not None:
+            final = node.client().runs.wait(run_id, timeout=WAIT_S)
+            assert final.state == "stopped"
+        else:
+            assert node_files_left(state_dir) == []
+    finally:
+        if master >= 0:
+            os.close(master)
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for child in pids:  # a failed check must not leave sleepers behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        fifo.unlink()
