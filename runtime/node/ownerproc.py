@@ -1,7 +1,8 @@
 """One owner process: what runs in the child after the node forks it (DESIGN §1).
 
-Owns the process's side of an owner: its signals (TERM stops it cleanly, INT is the node's to
-handle, the node's death kills it), its own database file (migrated here, imported once from a
+Owns the process's side of an owner: its process group (its own: a signal sent to its node's
+group is not its) and its signals (TERM stops it cleanly, INT and HUP are the node's to handle,
+the node's death kills it), its own database file (migrated here, imported once from a
 version-1 `state.db`, set aside once every owner runs), its timers, its links to the other
 owners, its log cap (the run supervisor's children's logs) and the control pipe on which it
 tells the node `ready`, a crash it restarted from in place, the records it quarantined, or why
@@ -193,26 +194,50 @@ def run_owner(spec: OwnerSpec, control_fd: int) -> None:
 
 
 def _become_owner(spec: OwnerSpec) -> None:
-    # Ctrl-C, and the hangup of the terminal the node was started in (the shell sends it to
-    # the whole job), are the node's to handle: it stops its owners in order. An owner killed
-    # by the hangup was restarted by the node stopping meanwhile. (The shim template, started
-    # by the run supervisor, inherits both as ignored.)
+    # A process group of its own: what is sent to the node's group is the node's command's to
+    # handle, never its owners'. Ctrl-C and the hangup of a terminal go to its foreground group,
+    # and `timeout N subagents-node run …` (a CI job's timeout) or a shell's `kill -TERM -PGID`
+    # sends SIGTERM to the command's whole group: the owners of the node that command embeds
+    # (or of a `start` in a terminal) were in it and ended at once, the foreground run's stop
+    # then found no run supervisor ("supervisor ended with runs.stop in flight"), exit 1 not
+    # 143. The node stops its owners itself, in order (TERM to each pid, ownersup.py), and an
+    # owner dies with its node (the death signal below). Still blocked here: every signal
+    # (forked from a node thread, runtime/node/signalmask.py), so one sent to the old group
+    # before this call is pending, not taken.
+    os.setpgid(0, 0)
+    # INT and HUP: a shell passes a hangup on to every job it had, this group too. (The shim
+    # template, started by the run supervisor, inherits these as ignored; a child starts with
+    # every signal at its default.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Out of the terminal's foreground group, a write to it (a log line on the stderr of a
+    # node embedded in a foreground command) would stop the owner under `stty tostop`.
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    signal.signal(signal.SIGTTIN, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # Forked from a node thread, which blocks the process's signals (runtime/node/
-    # signalmask.py): an owner, its threads and every process it starts begin with nothing
-    # blocked.
+    parent = int(spec.settings.get("node_pid", 0) or os.getppid())
+    _drop_a_term_for_the_group(parent)
+    # An owner, its threads and every process it starts begin with nothing blocked.
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     # Die with the node (SIGKILL: every acknowledged write is already committed).
-    parent = int(spec.settings.get("node_pid", 0) or os.getppid())
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the node died before the death signal was armed
         os._exit(1)
     # Nothing set in os.environ here: a launch without an environment gives its children the
     # node's own (Launch.env None), and an owner's internals are no part of it.
+
+
+def _drop_a_term_for_the_group(node_pid: int) -> None:
+    """A SIGTERM pending here (still blocked) came between the fork and `setpgid`: sent to the
+    node's group, not to this owner, unless the node itself sent it (its stop began meanwhile).
+    The node's stops the owner now, before it serves; any other is dropped."""
+    if signal.SIGTERM not in signal.sigpending():
+        return
+    info = signal.sigtimedwait((signal.SIGTERM,), 0)
+    if info is not None and info.si_pid == node_pid:
+        os._exit(0)
 
 
 def _serve(spec: OwnerSpec, control: _Control) -> None:

@@ -1,10 +1,11 @@
 """A foreground `run` ended while it follows its run: two Ctrl-C's at once, a terminal that is
-closed (runs.md faults 1 and 2).
+closed, a CI job's `timeout` that signals the whole process group (runs.md faults 1-3).
 
 Whatever the signals and whatever the terminal does, the command sends the stop for the run it
-launched before it writes anything, and exits 128 + the first signal: 130 or 129. The
-terminal's writes that block (a full pipe) or fail (EIO once it hung up) come after the stop.
-Real processes, pipes and pseudo-terminals; every wait is on output, a pidfd or a reply, with a
+launched before it writes anything, and exits 128 + the first signal: 130, 129 or 143. The
+terminal's writes that block (a full pipe) or fail (EIO once it hung up) come after the stop;
+a signal meant for the command's process group is not its embedded node's owners'. Real
+processes, pipes and pseudo-terminals; every wait is on output, a pidfd or a reply, with a
 deadline.
 """
 
@@ -210,3 +211,36 @@ def test_closing_the_terminal_stops_the_run_and_exits_129(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
         fifo.unlink()
+
+
+def test_a_sigterm_to_the_commands_process_group_stops_its_run_on_the_embedded_node(
+    state_dir: Path,
+) -> None:
+    """runs.md fault 3: `timeout N subagents-node run …` (a CI job's timeout) signals the
+    command's whole process group, and the owners of the node the command embeds were in it:
+    they ended on the SIGTERM at once, the command's stop found no run supervisor (`owner …
+    exited; restarting it`, `error: supervisor ended with runs.stop in flight`) and it exited 1,
+    not 143. The owners now have a process group of their own; the node stops them itself."""
+    proc = subprocess.Popen(
+        _run_argv(state_dir, "seconds=60 grandchild=1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,  # a group of its own, as `timeout` gives it
+    )
+    try:
+        lines = StderrLines(proc)
+        lines.wait_for(r"started .* \(sleeper\) pid \d+")
+        os.killpg(proc.pid, signal.SIGTERM)
+        said = lines.to_end()
+        out, _ = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 143, (out, said)
+    assert re.search(r"run [0-9a-f]{12} stopped", out), out
+    assert not [line for line in said if "owner" in line or "error" in line], said
+    assert node_files_left(state_dir) == []
