@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
@@ -68,9 +69,8 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
     request = validate_request(Resume, fields)
-    with obj.client() as client:
-        run = client.ask(request, LaunchResult).run
-    emit(run, as_json, run.run_id)
+    with obj.client() as client:  # a signal while it is in flight: runtime/cli/background.py
+        launch_in_background(lambda: client.ask(request, LaunchResult).run, as_json, session=False)
 
 
 @click.command()
@@ -156,9 +156,8 @@ def attach(
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
     request = validate_request(Resume, fields)
-    with obj.client() as client:
-        run = client.ask(request, LaunchResult).run
-    emit(run, as_json, run.run_id)
+    with obj.client() as client:  # a signal while it is in flight: runtime/cli/background.py
+        launch_in_background(lambda: client.ask(request, LaunchResult).run, as_json, session=False)
 
 
 @steps_file_command

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import (
     Ctx,
     emit,
@@ -142,10 +143,9 @@ def run(
     clients = hosted_client(obj, on_host) if on_host else node_client(obj, ctx, launch.background)
     if launch.background:
         with clients as client:
-            started = client.runs.launch(launch)
-        emit(started, as_json, f"{started.run_id}")
-        if not as_json:
-            say(f"session {started.session_id}", err=True)
+            # Once sent, the launch is seen through: a signal meanwhile is acted on once the
+            # run id is printed (runtime/cli/background.py).
+            launch_in_background(lambda: client.runs.launch(launch), as_json, session=True)
         return
     local = not (on_host or obj.address)  # a named node is never replaced by one started here
     reconnect = (lambda: node_client(obj, ctx, False)) if local else None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
@@ -111,9 +112,8 @@ def workflow(
         intercom=intercom,
     )
     if background:
-        with node_client(obj, ctx, background) as client:
-            started = client.runs.launch(launch)
-        emit(started, as_json, started.run_id)
+        with node_client(obj, ctx, background) as client:  # a signal: runtime/cli/background.py
+            launch_in_background(lambda: client.runs.launch(launch), as_json, session=False)
         return
 
     def drained(client: Client, final: RunView) -> None:
