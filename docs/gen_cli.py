@@ -150,15 +150,19 @@ def _exit_codes() -> list[str]:
         1: ["refused by a ledger, invalid input, or a run that did not complete"],
         2: ["bad usage or an out-of-range value (click)"],
         EXIT_TIMEOUT: ["`wait --timeout` came before every run ended"],
-        EXIT_INTERRUPTED: ["interrupted by Ctrl-C (a foreground run is stopped first)"],
+        EXIT_INTERRUPTED: [
+            "interrupted by Ctrl-C (a foreground run is stopped first; a background launch "
+            "already sent prints its run id first, and the run goes on)"
+        ],
         128 + 1: [
             "a foreground run's command (or `mcp`) got SIGHUP (its terminal closed): "
-            "run stopped first"
+            "run stopped first (a background launch: as for 130)"
         ],
         EXIT_READER_GONE: ["the reader of stdout went away (`| head`): nothing more is printed"],
         128 + 15: [
             "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "
-            "(e.g. a CI timeout): run stopped first"
+            "(e.g. a CI timeout, sent to its whole process group): run stopped first "
+            "(a background launch: as for 130)"
         ],
     }
     for error, code in sorted(EXIT_CODES.items(), key=lambda item: item[0].__name__):
