@@ -158,7 +158,10 @@ def _exit_codes() -> list[str]:
             "a foreground run's command (or `mcp`) got SIGHUP (its terminal closed): "
             "run stopped first (a background launch: as for 130)"
         ],
-        EXIT_READER_GONE: ["the reader of stdout went away (`| head`): nothing more is printed"],
+        EXIT_READER_GONE: [
+            "the reader of its output went away (`| head`): nothing more is printed (a "
+            "foreground run's is stopped first)"
+        ],
         128 + 15: [
             "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "
             "(e.g. a CI timeout, sent to its whole process group): run stopped first "

@@ -24,7 +24,7 @@ from typing import TypeVar
 from rich.table import Table
 
 from subagents_node.cli.common import EXIT_INTERRUPTED, emit, plural
-from subagents_node.cli.ending import Ended, EndingSignals, best_effort
+from subagents_node.cli.ending import Ended, EndingSignals, best_effort, silence
 from subagents_node.cli.tables import pause_text
 from subagents_node.cli.terminal import cell, one_line, say
 from subagents_node.client.client import Client
@@ -83,7 +83,14 @@ class Progress:
         if line:
             # A closed terminal fails the write (EIO) before its hangup reaches this process:
             # the hangup stops the run; the write must not end the follow before it.
-            best_effort(lambda: say(line, err=True), err=True, gone=(errno.EIO,))
+            try:
+                best_effort(lambda: say(line, err=True), err=True, gone=(errno.EIO,))
+            except BrokenPipeError:
+                # The reader went away (`run … 2>&1 | head -1`): the command ends as SIGPIPE
+                # ends a Unix tool, 141, and its run with it, as a hangup's does. It used to
+                # exit 141 and leave the run going on, unfollowed, on a node it did not embed.
+                silence(err=True)
+                raise Ended(signal.SIGPIPE) from None
 
     def close(self) -> None:
         """Take the live table down (once): its last redraw is dropped on a terminal that is

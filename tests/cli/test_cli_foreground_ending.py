@@ -244,3 +244,48 @@ def test_a_sigterm_to_the_commands_process_group_stops_its_run_on_the_embedded_n
     assert re.search(r"run [0-9a-f]{12} stopped", out), out
     assert not [line for line in said if "owner" in line or "error" in line], said
     assert node_files_left(state_dir) == []
+
+
+def test_a_foreground_run_whose_reader_goes_away_stops_its_run_and_exits_141(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """`run … 2>&1 | head -1`: the next progress line failed with EPIPE and the command exited
+    141 at once, leaving its foreground run going on, unfollowed, on the detached node (a
+    script's next step then started before it ended). Now the reader's going ends the command
+    as a hangup does: its run is stopped, then exit 141 (128 + SIGPIPE)."""
+    tasks = tmp_path / "tasks.toml"
+    tasks.write_text(
+        '[[tasks]]\nagent = "sleeper"\ntask = "seconds=60"\n'
+        '[[tasks]]\nagent = "sleeper"\ntask = "seconds=0.5"\n'
+    )
+    argv = [
+        *CLI,
+        *("--state-dir", str(node.state_dir), "run", "--agents-dir", str(EXAMPLE_AGENTS)),
+        *("--parallel", str(tasks)),
+    ]
+    client = node.client()
+    run_id = ""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        lines = StderrLines(proc, stdout=True)
+        started = lines.wait_for(RUN_STARTED)
+        run_id = re.search(RUN_STARTED, started).group(1)  # type: ignore[union-attr]
+        assert proc.stdout is not None
+        # `head -1` has its line and goes; the short child's end is the next line written.
+        proc.stdout.close()
+        final = client.runs.wait(run_id, timeout=WAIT_S)
+        assert final.state == "stopped", final
+        assert proc.wait(timeout=WAIT_S) == 141
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=WAIT_S)
+        if run_id:
+            client.runs.stop(run_id)  # a failed check must not leave the sleeper behind
