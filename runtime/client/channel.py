@@ -46,6 +46,7 @@ from subagents_node.messages.errors import (
 #: Replies may be larger than requests (status listings); the node caps what it sends.
 MAX_REPLY = 64 << 20
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: pyzmq's enum costs a Python call per use
+_ETERM = int(zmq.ETERM)
 
 #: Every client DEALER's options: no linger on close, deep queues, quick reconnects.
 DEALER_OPTIONS: tuple[tuple[int, int], ...] = (
@@ -155,11 +156,12 @@ class SocketGuard(Protocol):
     """Whether the channel's thread may touch its socket now (thread_channels.ThreadChannels):
     `enter` raises NodeNotRunning once the client is closed; `leave` closes the thread's
     sockets and raises it when the client was closed during the call (or, `terminated`, the
-    call was cut short by the context's termination)."""
+    call was cut short by the context's termination), unless the call ends with an exception
+    of its own (`passing`), which goes on."""
 
     def enter(self) -> None: ...
 
-    def leave(self, terminated: bool = False) -> None: ...
+    def leave(self, terminated: bool = False, passing: bool = False) -> None: ...
 
 
 class ChannelSender(Protocol):
@@ -254,6 +256,13 @@ class Channel:
         self.sock.send(frame)
         self.waiting.add(msg_id)
 
+    def cut_short(self) -> None:
+        """Make the receive this thread was interrupted in (by a signal handler that closed
+        the client) return at once when it resumes: a receive timeout of nothing. Only from
+        the channel's own thread, which is not inside any zmq call while its handler runs."""
+        self.sock.setsockopt(_RCVTIMEO, 0)
+        self._rcvtimeo = 0
+
     def wait(self, corr: str, deadline: float, request: Request) -> Reply:
         arrived = self.arrived
         try:
@@ -270,17 +279,22 @@ class Channel:
                 # One blocking receive with a timeout: fewer calls (and system calls) per
                 # reply than poll-then-receive, which matters at tens of µs per call on VMs.
                 # A late reply (past PEER_CHECK_S) looks whether the owner restarted. Written
-                # out here rather than in helpers: this loop runs once per request.
-                late = self.peer is not None and remaining > PEER_CHECK_S
+                # out here rather than in helpers: this loop runs once per request. A tcp
+                # channel waits in the same slices: its poll is not cut short by a close from
+                # a signal handler on this thread, the next `leave` sees it.
+                late = remaining > PEER_CHECK_S and (
+                    self.peer is not None or self.monitor is not None
+                )
                 self.guard.enter()
-                terminated = False
                 try:
                     frame = self._receive(PEER_CHECK_S if late else remaining)
-                except zmq.ContextTerminated:  # the client closed under this call (ctx.term())
-                    terminated = True
-                    frame = None
-                finally:
-                    self.guard.leave(terminated)  # NodeNotRunning once the client closed
+                except zmq.ZMQError as exc:  # ETERM: the client closed under this call
+                    self.guard.leave(terminated=exc.errno == _ETERM)  # NodeNotRunning once closed
+                    raise
+                except BaseException:  # its own (a signal handler's exit, a refused handshake)
+                    self.guard.leave(passing=True)
+                    raise
+                self.guard.leave()  # NodeNotRunning once the client closed
                 if frame is not None:
                     reply = read_reply(frame)
                     if reply is None:  # garbled: it cannot be matched to anything

@@ -10,6 +10,16 @@ Closing (the transport's `close()`, from any thread) therefore never races the t
   next call raises NodeNotRunning("this client is closed");
 - a thread inside a call is only marked: `ctx.term()` makes its blocked call return (ETERM),
   and it closes its own sockets in `leave` before raising the same NodeNotRunning.
+- a close from the thread that is inside a call (a signal handler, which runs on the main
+  thread between two steps of its call; a finalizer) can neither close those sockets (the
+  interrupted call goes on using them once the handler returns) nor wait in `ctx.term()` for
+  them (they close only after it returned): `close()` says so (False), and the transport hands
+  the context's end to `leave` (`then`). The sockets' receive timeout is cut to nothing, so the
+  interrupted call returns at once when the handler did, closes them and ends the context.
+
+Both locks here and the transport's are reentrant for the same reason: a handler may run
+while its thread holds one, and its `close()` takes it again (a plain lock waited forever). Each
+step under them leaves the state consistent at every point a handler could see it.
 
 Its channels are also released when the thread ends: the thread-local `ThreadAnchor` is the
 only strong reference to the thread's slot, and its weak reference's callback closes the
@@ -23,10 +33,13 @@ socket whose thread is inside a call on it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
 from collections.abc import Callable
+
+import zmq
 
 from subagents_node.client.channel import Channel
 from subagents_node.messages.errors import NodeNotRunning
@@ -50,10 +63,14 @@ class ThreadChannels:
         #: The channel each endpoint's next request goes on (this thread only).
         self.current: dict[str, Channel] = {}
         self._open: list[Channel] = []  # current and retired ones still awaited
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a signal handler's close() (docstring)
         self._in_call = False
         self._closing = False
         self._pid = os.getpid()
+        self._thread_id = threading.get_ident()  # made on its own thread (the transport's)
+        #: What runs once a call's `leave` closed these sockets: the context's end, when the
+        #: close came from this very thread inside that call (`close`, `then`).
+        self._then: Callable[[], None] | None = None
         self._on_released = on_released
         self._anchor_ref: weakref.ref[ThreadAnchor] | None = None
 
@@ -64,23 +81,31 @@ class ThreadChannels:
         return anchor
 
     def enter(self) -> None:
-        """Before any call on a socket of this thread (opening one included)."""
+        """Before any call on a socket of this thread (opening one included). In the call from
+        its first step: a close that lands after it leaves the sockets be."""
         with self._lock:
-            if self._closing:
-                raise self.closed_error()
             self._in_call = True
+            if not self._closing:
+                return
+        self.leave()  # closed: release what a close landing inside `enter` left, and raise
 
-    def leave(self, terminated: bool = False) -> None:
+    def leave(self, terminated: bool = False, passing: bool = False) -> None:
         """After the call. If the client closed meanwhile (or the context was terminated
-        under it: `terminated`), close this thread's sockets and raise NodeNotRunning."""
+        under it: `terminated`), close this thread's sockets and raise NodeNotRunning; not
+        when the call ends with an exception of its own (`passing`: a signal handler's
+        `sys.exit()`, say), which goes on."""
         with self._lock:
             self._in_call = False
             self._closing = self._closing or terminated
             if not self._closing:
                 return
             self._close_sockets()
+            then, self._then = self._then, None
         self._on_released(self)
-        raise self.closed_error()
+        if then is not None:
+            then()
+        if not passing:
+            raise self.closed_error()
 
     def add(self, channel: Channel) -> None:
         """A channel just opened (between `enter` and `leave`) to its endpoint."""
@@ -94,15 +119,27 @@ class ThreadChannels:
                 self._open.remove(channel)
                 close_channel(channel)
 
-    def close(self) -> None:
-        """From any thread: close the sockets now, or mark them for their thread to close
-        when its call returns."""
+    def close(self, then: Callable[[], None] | None = None) -> bool:
+        """From any thread: close the sockets now (True), or mark them for their thread to
+        close when its call returns (False). Called from that very thread inside its call (a
+        signal handler), it also cuts the call's wait short, and `then` runs once the call
+        closed them (the transport's `term()` could not wait for them here)."""
         with self._lock:
             self._closing = True
             if self._in_call:
-                return
+                if threading.get_ident() == self._thread_id:
+                    self._then = then
+                    for channel in self._open:
+                        with contextlib.suppress(zmq.ZMQError):
+                            channel.cut_short()
+                return False
             self._close_sockets()
         self._on_released(self)
+        return True
+
+    @property
+    def thread_id(self) -> int:
+        return self._thread_id
 
     def closed_error(self) -> NodeNotRunning:
         return NodeNotRunning("this client is closed", address=self.address)

@@ -17,7 +17,10 @@
 
 Thread-safe, `close()` included: it may be called while other threads are inside calls, which
 then raise NodeNotRunning("this client is closed"), as does every call after it; it never
-closes a socket its thread is using (client/thread_channels.py says how). A thread's channels
+closes a socket its thread is using (client/thread_channels.py says how). It may be called from
+a signal handler too, whose thread is inside a call: that call ends the context when it returns,
+at once (`close` would otherwise wait in `term()` for the very call it interrupted). A
+thread's channels
 are released when the thread ends. A forked child that goes on using its parent's transport
 gets a fresh zmq context and fresh channels of its own (the parent's are never touched). A
 transport dropped without `close()` releases its sockets and context when it is collected
@@ -114,7 +117,9 @@ class ZmqTransport:
         self._threads: set[ThreadChannels] = set()
         #: In a forked child: what the parent left in this object (`_after_fork`).
         self._parents: tuple[object, ...] = ()
-        self._lock = threading.Lock()  # guards _threads and _closed
+        #: Guards _threads and _closed; reentrant: a signal handler's close() may run while
+        #: its thread holds it (client/thread_channels.py).
+        self._lock = threading.RLock()
         self._closed = False
         self._endpoints: dict[str, str] = {}
         self._generation = 0
@@ -154,13 +159,16 @@ class ZmqTransport:
         if anchor is not None:
             return anchor.channels
         with self._lock:
-            if self._closed:
-                raise NodeNotRunning("this client is closed", address=self.address)
             # Neither callback holds the transport: its channels (kept by `_released` too)
             # must not keep it from being collected.
             forget = functools.partial(_forget, self._threads, self._lock)
             channels = ThreadChannels(self.address, forget)
             self._threads.add(channels)
+            # After the add: a close from a signal handler landing before it saw no channels
+            # of this thread (and ended the context), one landing after it closes them.
+            if self._closed:
+                self._threads.discard(channels)
+                raise NodeNotRunning("this client is closed", address=self.address)
         self._local.anchor = channels.anchor()
         return channels
 
@@ -174,7 +182,7 @@ class ZmqTransport:
         if self._sender == f"client-{self._pid}":
             self._sender = f"client-{os.getpid()}"
         self._pid = os.getpid()
-        self._lock = threading.Lock()  # the parent's may have been held by another thread
+        self._lock = threading.RLock()  # the parent's may have been held by another thread
         self._threads = set()
         self._local = threading.local()
         self._zctx = zmq.Context()
@@ -269,7 +277,6 @@ class ZmqTransport:
         target = target or request.target
         endpoint = self.endpoint_for(target)
         threads.enter()  # NodeNotRunning once closed; from here on close() leaves these be
-        terminated = False
         try:
             channel = self._open_channel(threads, endpoint)
             msg_id = new_message_id()
@@ -277,11 +284,13 @@ class ZmqTransport:
             # FrameTooLarge, BadRequest before anything is sent
             frame = request_frame(request.type, body, msg_id, self._sender, target, self.host)
             channel.write(frame, msg_id)
-        except zmq.ContextTerminated:  # closed from another thread during this call
-            terminated = True
+        except zmq.ZMQError as exc:  # ETERM: closed from another thread during this call
+            threads.leave(terminated=exc.errno == zmq.ETERM)  # NodeNotRunning once closed
             raise
-        finally:
-            threads.leave(terminated)  # NodeNotRunning if the client closed meanwhile
+        except BaseException:  # the call's own error (or a signal handler's): it goes on
+            threads.leave(passing=True)
+            raise
+        threads.leave()  # NodeNotRunning if the client closed meanwhile
         return channel, msg_id
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
@@ -290,7 +299,9 @@ class ZmqTransport:
     def close(self) -> None:
         """Close every thread's channels. Safe while other threads are inside calls: theirs
         are closed by those threads as their calls return, at once (`term()` cuts a blocked
-        call short), and those calls raise NodeNotRunning("this client is closed")."""
+        call short), and those calls raise NodeNotRunning("this client is closed"). Safe from
+        a signal handler whose thread is inside a call: the context is ended by that call as
+        it returns, at once, instead of here (`term()` would wait for it for good)."""
         if os.getpid() != self._pid:
             self._after_fork()  # a forked child closes what is its own, never the parent's
         with self._lock:
@@ -299,13 +310,17 @@ class ZmqTransport:
             self._closed = True
             threads = list(self._threads)
         self._collected.detach()
+        end = self._zctx.term if self._own_context else None
+        here = threading.get_ident()
+        interrupted = False  # this thread is inside a call of ours: a handler called close()
         for channels in threads:
-            channels.close()
-        if self._own_context:
-            self._zctx.term()  # returns once each thread inside a call closed its sockets
+            if not channels.close(then=end) and channels.thread_id == here:
+                interrupted = True
+        if end is not None and not interrupted:
+            end()  # returns once each thread inside a call closed its sockets
 
 
-def _forget(threads: set[ThreadChannels], lock: threading.Lock, channels: ThreadChannels) -> None:
+def _forget(threads: set[ThreadChannels], lock: threading.RLock, channels: ThreadChannels) -> None:
     """A thread's channels, released as the thread ended: no longer the transport's to close."""
     with lock:
         threads.discard(channels)

@@ -1,5 +1,6 @@
-"""The sync transport's life: closed under callers, shared by many threads, used after close,
-used in a forked child, and dialled over IPv6 (client/transport.py, client/thread_channels.py).
+"""The sync transport's life: closed under callers (from other threads, and from a signal
+handler on the calling thread itself), shared by many threads, used after close, used in a
+forked child, and dialled over IPv6 (client/transport.py, client/thread_channels.py).
 
 A zmq socket used or closed by a thread other than its own aborts the whole process (libzmq
 asserts), so each scenario that closed a socket under a caller before the fix runs in a process
@@ -9,8 +10,10 @@ of its own: a failure is then an exit code, not the test runner gone. Real node,
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import os
+import random
 import signal
 import socket
 import threading
@@ -23,6 +26,7 @@ import zmq
 from subagents_node.client.client import Client, connect
 from subagents_node.client.keys import ClientCredentials, Keypair
 from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.base import Ack
 from subagents_node.messages.codec import decode, encode_answer
 from subagents_node.messages.errors import NodeNotRunning, SubagentsError
 from subagents_node.messages.node import DebugSleep, Pong
@@ -109,6 +113,81 @@ def close_under_a_blocked_call(address: str) -> None:
     print("ok")
 
 
+def close_from_a_signal_handler_inside_a_call(address: str) -> None:
+    """SIGALRM's handler closes the client while this (the main) thread waits 3 s for a reply:
+    close() returns at once, the call it interrupted raises NodeNotRunning as soon as the
+    handler returned, and every descriptor the client had is released."""
+    faulthandler.dump_traceback_later(20, exit=True)  # a hang says where, then ends
+    before = _open_descriptors()
+    client = connect(address, timeout=8)
+    client.ping()
+    closing: list[float] = []
+
+    def close(*_: object) -> None:
+        began = time.monotonic()
+        client.close()
+        closing.append(time.monotonic() - began)
+
+    signal.signal(signal.SIGALRM, close)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)  # well inside the 3 s the call waits
+    began = time.monotonic()
+    try:
+        client.ask(DebugSleep(ms=3000), Ack, target="capacity")
+    except NodeNotRunning as err:
+        assert str(err) == CLOSED, err
+    else:
+        raise AssertionError("the call was answered after close()")
+    took = time.monotonic() - began
+    assert closing and closing[0] < 0.5, f"close() took {closing}"
+    assert took < 1.5, f"the interrupted call ended {took:.2f} s after it began"
+    assert _open_descriptors() <= before, "the closed client kept descriptors"
+    print("ok")
+
+
+def close_from_signal_handlers_landing_anywhere(address: str, rounds: int = 150) -> None:
+    """`rounds` clients, each pinged in a loop until a timer's handler closes it: the signal
+    lands anywhere in a call (opening a channel, sending, waiting, between them, in a lock).
+    Each loop ends with NodeNotRunning, nothing hangs, and no descriptor is left behind."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    before = _open_descriptors()
+    for _ in range(rounds):
+        client = connect(address, timeout=5)
+        signal.signal(signal.SIGALRM, lambda *_: client.close())  # noqa: B023 (this round's)
+        signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.004))
+        try:
+            while True:
+                client.ping()
+        except NodeNotRunning as err:
+            assert str(err) == CLOSED, err
+    # Closed sockets may wait a moment for libzmq's reaper; a context's term() waits for it.
+    assert _open_descriptors() <= before, "closed clients kept descriptors"
+    print("ok")
+
+
+def close_and_exit_from_a_signal_handler_inside_a_call(address: str) -> None:
+    """A SIGTERM handler that closes the client and exits (`sys.exit`): the exit goes on from
+    the call it interrupted; it is not turned into the call's NodeNotRunning."""
+    faulthandler.dump_traceback_later(20, exit=True)
+    client = connect(address, timeout=8)
+    client.ping()
+
+    def close_and_exit(*_: object) -> None:
+        client.close()
+        raise SystemExit(7)
+
+    signal.signal(signal.SIGALRM, close_and_exit)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        client.ask(DebugSleep(ms=3000), Ack, target="capacity")
+    except SystemExit as exit:
+        assert exit.code == 7
+        print("ok")
+        return
+    except BaseException as err:
+        raise AssertionError(f"the handler's exit became {type(err).__name__}: {err}") from err
+    raise AssertionError("the call was answered after close()")
+
+
 def ping_from_a_forked_child(address: str) -> None:
     """The parent pings, forks; the child pings with the parent's client, then the parent."""
     client = connect(address, timeout=3)
@@ -189,6 +268,28 @@ def test_close_ends_a_call_blocked_on_its_reply_at_once_with_client_closed(
 ) -> None:
     # A node of its own: its capacity owner stays asleep for the 3 s the call asked for.
     _scenario("close_under_a_blocked_call", node.address)
+
+
+def test_close_from_a_signal_handler_during_a_call_of_its_own_thread_returns_and_ends_the_call(
+    node: NodeProcess,
+) -> None:
+    """`signal.signal(SIGTERM, lambda *_: client.close())` with the main thread inside a call:
+    close() left the call's socket for its thread to close, then waited in the context's
+    `term()` for it, on that very thread: the process hung for good. Now the call's thread
+    ends the context once its call returned, which is at once, with NodeNotRunning."""
+    _scenario("close_from_a_signal_handler_inside_a_call", node.address, timeout=40)
+
+
+def test_a_close_from_a_signal_handler_landing_anywhere_in_calls_never_hangs_nor_leaks(
+    faulty_node: NodeProcess,
+) -> None:
+    _scenario("close_from_signal_handlers_landing_anywhere", faulty_node.address)
+
+
+def test_a_signal_handler_that_closes_the_client_and_exits_exits_from_the_call(
+    node: NodeProcess,
+) -> None:
+    _scenario("close_and_exit_from_a_signal_handler_inside_a_call", node.address, timeout=40)
 
 
 def test_a_forked_child_using_its_parents_client_gets_answers_of_its_own(
