@@ -30,6 +30,7 @@ import zmq.asyncio
 from subagents_node.client.channel import (
     PEER_CHECK_S,
     PeerFile,
+    closed_error,
     dealer_options,
     gone_error,
     outcome_of,
@@ -134,7 +135,7 @@ class AsyncZmqTransport:
                 "another thread); create one AsyncClient per event loop",
                 reason="event_loop",
             )
-        self._drop_connections("its event loop ended")
+        self._drop_connections(NodeNotRunning("its event loop ended", address=self.address))
         self._loop = loop
 
     def _after_fork(self) -> None:
@@ -148,14 +149,15 @@ class AsyncZmqTransport:
             self._sender = f"client-{os.getpid()}"
         self._pid = os.getpid()
 
-    def _drop_connections(self, why: str) -> None:
-        """Close every socket and forget its reader and its waiting calls (all of one loop)."""
+    def _drop_connections(self, error: NodeNotRunning) -> None:
+        """Close every socket and forget its reader and its waiting calls, failed with `error`
+        (all of one loop)."""
         readers, self._readers = self._readers, {}
         for reader in readers.values():
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
                 reader.cancel()
         with contextlib.suppress(RuntimeError):
-            self._fail_waiting(why)
+            self._fail_waiting(error)
         self._waiting.clear()
         socks, self._socks = self._socks, {}
         for sock in socks.values():
@@ -163,7 +165,7 @@ class AsyncZmqTransport:
 
     def _socket(self, target: str) -> zmq.asyncio.Socket:
         if self._closed:
-            raise NodeNotRunning("this client is closed", address=self.address)
+            raise closed_error(self.address)
         self._bind_loop()
         endpoint = self._endpoint(target)
         sock = self._socks.get(endpoint)
@@ -218,7 +220,8 @@ class AsyncZmqTransport:
             except zmq.ZMQError as exc:  # the socket is unusable: fail every waiting call now
                 if sock.closed:  # dropped on purpose: the calls waiting now are not its
                     return
-                self._fail_waiting(f"the connection to {self.address} failed: {exc}")
+                why = f"the connection to {self.address} failed: {exc}"
+                self._fail_waiting(NodeNotRunning(why, address=self.address))
                 return
             reply = read_reply(frame)
             if reply is None or reply.corr is None:
@@ -295,10 +298,12 @@ class AsyncZmqTransport:
             if late and peer is not None and peer.gone():  # killed -9: the file stays
                 raise gone_error(request, self.address)
 
-    def _fail_waiting(self, why: str) -> None:
+    def _fail_waiting(self, error: NodeNotRunning) -> None:
+        """Every waiting call raises `error`, each an instance of its own (one exception
+        raised in many tasks would gather all their tracebacks)."""
         for waiter in self._waiting.values():
             if not waiter.done():
-                waiter.set_exception(NodeNotRunning(why, address=self.address))
+                waiter.set_exception(NodeNotRunning(error.message, **error.details))
         self._waiting.clear()
 
     async def aclose(self) -> None:
@@ -309,7 +314,7 @@ class AsyncZmqTransport:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-        self._fail_waiting("this client is closed")
+        self._fail_waiting(closed_error(self.address))
         socks, self._socks = self._socks, {}
         for sock in socks.values():
             sock.close(linger=0)

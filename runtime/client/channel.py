@@ -124,6 +124,22 @@ def gone_error(request: Request, address: str) -> SubagentsError:
     )
 
 
+#: `details["reason"]` of the NodeNotRunning every call of a closed client raises: this client
+#: was closed (by its caller, or an embedded node's stop), not a node that went. Nothing more is
+#: sent through it, so a caller waiting for the next node (client/nodewait.py) stops at once.
+CLIENT_CLOSED = "client_closed"
+
+
+def closed_error(address: str) -> NodeNotRunning:
+    """What a call of a closed client raises (and a call in flight as it was closed)."""
+    return NodeNotRunning("this client is closed", address=address, reason=CLIENT_CLOSED)
+
+
+def is_closed_error(err: SubagentsError) -> bool:
+    """Whether `err` says the client that raised it was closed (`closed_error`)."""
+    return isinstance(err, NodeNotRunning) and err.details.get("reason") == CLIENT_CLOSED
+
+
 def outcome_of(request: Request, reply: Reply) -> Message:
     """The typed result a reply carries, or its typed error raised. Fields this client does
     not know (its node is a release newer) are dropped, at any level (`parse_reply`)."""

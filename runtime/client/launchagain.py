@@ -13,7 +13,8 @@ is unknown). It never sends a launch without a launch id twice, never resends on
 error (a refusal is the launch's answer) but one: a node one release older, which knows no
 launch id, refuses the id this client chose (not one its caller set) as an unknown field; that
 launch is sent once more without it, as that release's clients sent it (`older_node`). It
-never starts a node.
+never starts a node, and never sends again through a client that was closed meanwhile (its
+NodeNotRunning "this client is closed" is raised at once: it is no node that went).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from subagents_node.client.channel import is_closed_error
 from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
 from subagents_node.client.runs import launch_plan
@@ -73,6 +75,8 @@ class Sends:
     def again_after_node(self, err: NodeNotRunning | NodeTimeout) -> bool:
         """After `err`: True to wait for the next node first, False to send again at once;
         raises when the launch is not sent again."""
+        if is_closed_error(err):  # closed by its caller: nothing more is sent through it
+            raise err
         self._sent += 1
         if self._first is None:
             # A launch the node never got (no node ran) changed nothing: its error stands.

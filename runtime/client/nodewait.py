@@ -5,7 +5,9 @@ there (`across_lost_nodes`).
 Owns the wait: it asks at once, then sleeps until the state dir's pid file is written (a node
 writes it once it serves: a temp file renamed in, seen with inotify, an event and not a poll)
 and asks again, until the deadline. It never starts a node and never reads the pid file, and it
-makes a call again only for a caller that says the call is safe to make twice.
+makes a call again only for a caller that says the call is safe to make twice. A client that
+was closed (`is_closed_error`) is no lost node: nothing more goes through it, so nothing is
+waited for and its NodeNotRunning is raised at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from subagents_node.client.channel import is_closed_error
 from subagents_node.client.client import Client
 from subagents_node.client.inotify import DirectoryWatch
 from subagents_node.client.paths import PID_NAME, ipc_path
@@ -53,7 +56,9 @@ def served_again(client: Client, wait_s: float) -> bool:
     def answering() -> bool | None:
         try:
             client.ping(timeout=2.0)
-        except NodeNotRunning:
+        except NodeNotRunning as err:
+            if is_closed_error(err):  # closed meanwhile: no ping will ever go through it
+                raise
             return None
         return True
 
@@ -68,8 +73,10 @@ _LOST_IN_FLIGHT = ("node_gone", "owner_restarted")
 
 def node_lost(err: NodeNotRunning | NodeTimeout) -> bool:
     """Whether `err` says the node went (none runs, or it went with the request in flight),
-    not that a node which is there was slow to answer."""
-    return isinstance(err, NodeNotRunning) or err.details.get("reason") in _LOST_IN_FLIGHT
+    not that a node which is there was slow to answer, nor that the client was closed."""
+    if isinstance(err, NodeNotRunning):
+        return not is_closed_error(err)
+    return err.details.get("reason") in _LOST_IN_FLIGHT
 
 
 def across_lost_nodes(client: Client, call: Callable[[], T], wait_s: float, losses: int) -> T:

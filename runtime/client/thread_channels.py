@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import zmq
 
-from subagents_node.client.channel import Channel
+from subagents_node.client.channel import Channel, closed_error
 from subagents_node.messages.errors import NodeNotRunning
 
 
@@ -142,7 +142,7 @@ class ThreadChannels:
         return self._thread_id
 
     def closed_error(self) -> NodeNotRunning:
-        return NodeNotRunning("this client is closed", address=self.address)
+        return closed_error(self.address)
 
     def _close_sockets(self) -> None:
         channels, self._open = self._open, []

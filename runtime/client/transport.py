@@ -47,7 +47,13 @@ from typing import Protocol
 
 import zmq
 
-from subagents_node.client.channel import Channel, PeerFile, PendingReply, dealer_options
+from subagents_node.client.channel import (
+    Channel,
+    PeerFile,
+    PendingReply,
+    closed_error,
+    dealer_options,
+)
 from subagents_node.client.curve import (
     HANDSHAKE_REFUSED,
     curve_client,
@@ -62,7 +68,7 @@ from subagents_node.client.thread_channels import ThreadAnchor, ThreadChannels
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.codec import request_frame
 from subagents_node.messages.envelope import new_message_id
-from subagents_node.messages.errors import BadAddress, KeyFileInvalid, NodeNotRunning
+from subagents_node.messages.errors import BadAddress, KeyFileInvalid
 
 
 def endpoint_for(address: str, target: str) -> str:
@@ -168,7 +174,7 @@ class ZmqTransport:
             # of this thread (and ended the context), one landing after it closes them.
             if self._closed:
                 self._threads.discard(channels)
-                raise NodeNotRunning("this client is closed", address=self.address)
+                raise closed_error(self.address)
         self._local.anchor = channels.anchor()
         return channels
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import threading
 
+from subagents_node.client.channel import closed_error
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.transport import Transport, ZmqTransport
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, SubagentsError
+from subagents_node.messages.errors import NodeTimeout, SubagentsError
 from subagents_node.node.dispatch import Dispatcher
 
 
@@ -53,7 +54,7 @@ class InProcessTransport:
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
         if self._closed:  # the node stopped (it closes its in-process clients) or the caller did
-            raise NodeNotRunning("this client is closed", address=self.address)
+            raise closed_error(self.address)
         if os.getpid() != self._pid:
             if self._forked is None:
                 self._forked = ZmqTransport(self.address, credentials=self._credentials)

@@ -9,7 +9,8 @@ shows a second charge at once (the launch sent again is refused), and the figure
 count one of each. The clients do the sending again themselves: `run --async` (a real CLI
 process) and the asyncio client, their node killed mid-launch, wait for the next node and get
 the one run. Real detached nodes and real children; waits are on events or re-read snapshots
-with a deadline.
+with a deadline. A client closed by its caller while its launch is sent again is no node that
+went: the launch ends at once with the client's own NodeNotRunning.
 """
 
 from __future__ import annotations
@@ -23,13 +24,21 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import PIPE
+from typing import TypeVar
 
 import pytest
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.client import Client
+from subagents_node.client.plans import Plan
+from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.constants import NODE_BACK_S
-from subagents_node.messages.errors import BadRequest, LaunchIdConflict, SubagentsError
+from subagents_node.messages.errors import (
+    BadRequest,
+    LaunchIdConflict,
+    NodeNotRunning,
+    SubagentsError,
+)
 from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import Launch, LaunchResult, RunView
 from tests.support.manage import embedded
@@ -344,3 +353,70 @@ def test_the_asyncio_client_sends_a_launch_again_on_the_next_node_once(
     assert [view.run_id for view in answer] == [run.run_id]
     assert client.runs.wait(run.run_id, timeout=WAIT_S).state == "complete"
     assert client.session.spawn_snapshot(launch.session_id).used == 1
+
+
+T = TypeVar("T")
+CLOSED = "this client is closed"
+
+
+class _ClosedAsItSendsAgain(Client):
+    """A client whose first send times out at once (timeout 0: the node got the launch, its
+    answer is not waited for) and whose caller closes it as `runs.launch` sends it again."""
+
+    sends = 0
+
+    def perform(self, plan: Plan[T]) -> T:
+        self.sends += 1
+        if self.sends == 2:
+            self.close()
+        return super().perform(plan)
+
+
+def test_a_launch_whose_client_is_closed_as_it_is_sent_again_says_so_at_once(
+    state_dir: Path, agents: Path
+) -> None:
+    """The closed client's NodeNotRunning was read as a node that went: the launch waited 30 s
+    (NODE_BACK_S) for the next node, pinging through the closed client, which could never
+    answer, then raised its first NodeTimeout."""
+    with embedded(state_dir) as node:
+        client = _ClosedAsItSendsAgain(ZmqTransport(node.address), timeout=0)
+        began = time.monotonic()
+        with pytest.raises(NodeNotRunning, match=CLOSED):
+            client.runs.launch(capped_launch(agents))
+        assert time.monotonic() - began < 5, "it waited for another node"
+        assert client.sends == 2
+
+
+class _AsyncClosedWhileItSendsAgain(AsyncClient):
+    """The asyncio twin: its second send is on the wire (with a timeout of 10 s) when its
+    caller closes it."""
+
+    sends = 0
+
+    async def perform(self, plan: Plan[T]) -> T:
+        self.sends += 1
+        if self.sends == 2:
+            self.timeout = 10.0
+            asyncio.get_running_loop().create_task(self._close_once_sent())
+        return await super().perform(plan)
+
+    async def _close_once_sent(self) -> None:
+        while self.transport.outstanding == 0:
+            await asyncio.sleep(0)
+        await self.aclose()
+
+
+def test_an_async_launch_whose_client_is_closed_as_it_is_sent_again_says_so_at_once(
+    state_dir: Path, agents: Path
+) -> None:
+    """It sent the launch again through the closed client until its sends were spent, then
+    raised its first NodeTimeout: an unknown outcome, for a client its own caller closed."""
+
+    async def go(address: str) -> None:
+        client = _AsyncClosedWhileItSendsAgain(address, timeout=0)
+        with pytest.raises(NodeNotRunning, match=CLOSED):
+            await client.runs.launch(capped_launch(agents))
+        assert client.sends == 2
+
+    with embedded(state_dir) as node:
+        asyncio.run(go(node.address))
