@@ -11,7 +11,9 @@ fresh message id, so a late reply cannot match a new request either. The sockets
 belong to one running loop at a time (`_bind_loop`): another running loop is refused, the next
 loop after a closed one starts afresh. Every AsyncClient of a process opens its sockets on the
 process's one zmq.asyncio context (never terminated here); a forked child gets its own, and
-fresh sockets, leaving the parent's untouched.
+fresh sockets, leaving the parent's untouched. A call's deadline bounds its send too: a send
+queue kept full by an owner that stopped reading is a NodeTimeout with nothing sent
+(`unsent_error`), never a send that waits until the owner reads again.
 
 It must never import the node or the actors (child agents import the client), and never block
 the event loop.
@@ -35,6 +37,7 @@ from subagents_node.client.channel import (
     gone_error,
     outcome_of,
     read_reply,
+    unsent_error,
 )
 from subagents_node.client.curve import curve_client, default_credentials, no_keys
 from subagents_node.client.exhaustion import descriptors_needed, exhausted
@@ -252,7 +255,8 @@ class AsyncZmqTransport:
             waiter: asyncio.Future[Reply] = loop.create_future()
             self._waiting[env.id] = waiter
             try:
-                await sock.send(frame)
+                if not await self._send(sock, frame, request, deadline, endpoint):
+                    continue  # its socket was replaced before it went out: on the fresh one
                 reply = await self._reply(waiter, request, deadline, peer, sent_to)
             finally:
                 # Answered, timed out or cancelled: nobody waits for this id any more.
@@ -266,6 +270,39 @@ class AsyncZmqTransport:
                     address=self.address,
                     reason="owner_restarted",
                 )
+
+    async def _send(
+        self,
+        sock: zmq.asyncio.Socket,
+        frame: bytes,
+        request: Request,
+        deadline: float,
+        endpoint: str,
+    ) -> bool:
+        """Put `frame` on `sock` by `deadline`: True once sent. A full send queue (an owner
+        that stopped reading) is waited on until then, and the send is dropped unsent
+        (`unsent_error`); so is a send whose caller is cancelled. False when the socket was
+        closed under the waiting send (replaced after its owner restarted): nothing went out.
+        Raises `closed_error` when that close was this client's."""
+        # A future (zmq.asyncio; ensure_future only types it so), done at once unless the
+        # queue is full.
+        sending = asyncio.ensure_future(sock.send(frame))
+        if not sending.done():
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.wait([sending], timeout=max(0.0, deadline - loop.time()))
+            finally:
+                we_dropped = not sending.done()
+                if we_dropped:  # out of time, or the caller was cancelled: never sent later
+                    sending.cancel()
+            if we_dropped:
+                raise unsent_error(request, self.address, endpoint)
+            if sending.cancelled():  # zmq.asyncio cancels a closed socket's pending sends
+                if self._closed:
+                    raise closed_error(self.address)
+                return False
+        sending.result()  # a zmq error of the send, raised
+        return True
 
     async def _reply(
         self,

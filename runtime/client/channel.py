@@ -10,7 +10,9 @@ that its node was killed (`gone_error`: a resendable request is told at once tha
 runs, so a follower takes the state dir over, and any other is an unknown outcome at once),
 and, over tcp, a refused CURVE handshake reported as NotAuthenticated instead of a silent
 timeout. `PendingReply` is a request on the wire, resolved on the thread that sent it. Also
-what both transports open every socket with: the DEALER options (IPv6 for a bracketed host).
+what both transports open every socket with: the DEALER options (IPv6 for a bracketed host),
+and the error a request gets when its connection's queue stays full until its deadline
+(`unsent_error`: an owner that stopped reading; nothing was sent).
 
 It must never choose where a request goes or open a socket (the transport does both, and
 hands a channel its socket), never share a channel between threads (sockets are not
@@ -46,7 +48,9 @@ from subagents_node.messages.errors import (
 #: Replies may be larger than requests (status listings); the node caps what it sends.
 MAX_REPLY = 64 << 20
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: pyzmq's enum costs a Python call per use
+_NOBLOCK = int(zmq.NOBLOCK)
 _ETERM = int(zmq.ETERM)
+_POLLOUT = int(zmq.POLLOUT)
 
 #: Every client DEALER's options: no linger on close, deep queues, quick reconnects.
 DEALER_OPTIONS: tuple[tuple[int, int], ...] = (
@@ -140,6 +144,19 @@ def is_closed_error(err: SubagentsError) -> bool:
     return isinstance(err, NodeNotRunning) and err.details.get("reason") == CLIENT_CLOSED
 
 
+def unsent_error(request: Request, address: str, endpoint: str) -> NodeTimeout:
+    """What a request gets when its connection's send queue (SNDHWM requests) stayed full until
+    its deadline: the owner at `endpoint` is not reading (stopped, swapped out, stuck). The
+    request was never sent, so nothing was applied: a timeout all the same, as a request the
+    owner never answered, bounded by the caller's timeout like any other."""
+    return NodeTimeout(
+        f"the node at {address} did not take {request.type} in time: the queue of requests to "
+        f"its owner at {endpoint} is full (the owner is not reading them); nothing was sent",
+        address=address,
+        reason="not_sent",
+    )
+
+
 def outcome_of(request: Request, reply: Reply) -> Message:
     """The typed result a reply carries, or its typed error raised. Fields this client does
     not know (its node is a release newer) are dropped, at any level (`parse_reply`)."""
@@ -173,11 +190,16 @@ class SocketGuard(Protocol):
     `enter` raises NodeNotRunning once the client is closed; `leave` closes the thread's
     sockets and raises it when the client was closed during the call (or, `terminated`, the
     call was cut short by the context's termination), unless the call ends with an exception
-    of its own (`passing`), which goes on."""
+    of its own (`passing`), which goes on; `closing` says the client closed meanwhile."""
+
+    @property
+    def closing(self) -> bool: ...
 
     def enter(self) -> None: ...
 
     def leave(self, terminated: bool = False, passing: bool = False) -> None: ...
+
+    def closed_error(self) -> NodeNotRunning: ...
 
 
 class ChannelSender(Protocol):
@@ -185,7 +207,9 @@ class ChannelSender(Protocol):
 
     A protocol, not the transport itself, so this module never imports the transport."""
 
-    def send(self, request: Request, target: str = "") -> tuple[Channel, str]: ...
+    def send(
+        self, request: Request, target: str = "", deadline: float | None = None
+    ) -> tuple[Channel, str]: ...
 
 
 class PendingReply:
@@ -223,7 +247,8 @@ class PendingReply:
                         address=self._channel.address,
                         reason="owner_restarted",
                     ) from None
-                self._channel, self.id = self._transport.send(self.request, self.target)
+                sender = self._transport
+                self._channel, self.id = sender.send(self.request, self.target, deadline)
                 self.resent += 1
                 continue
             except _PeerGone:
@@ -265,12 +290,39 @@ class Channel:
         else:
             close(self)
 
-    def write(self, frame: bytes, msg_id: str) -> None:
+    def write(
+        self, frame: bytes, msg_id: str, request: Request, deadline: float | None = None
+    ) -> None:
         """Put a request's frame on the socket and wait for replies to `msg_id`. The caller is
         inside the guard's `enter` ... `leave` (the transport opens or renews the channel and
-        writes under one `enter`), and catches zmq.ContextTerminated there."""
-        self.sock.send(frame)
+        writes under one `enter`), and catches zmq.ContextTerminated there.
+
+        A full send queue (SNDHWM frames the owner has not read: it stopped reading) is waited
+        on until `deadline` at most (None: for as long as it takes), then `unsent_error`:
+        a blocking send waited for the owner whatever the call's timeout, even 0."""
+        while True:
+            try:
+                self.sock.send(frame, _NOBLOCK)
+                break
+            except zmq.Again:
+                self._wait_for_room(request, deadline)
         self.waiting.add(msg_id)
+
+    def _wait_for_room(self, request: Request, deadline: float | None) -> None:
+        """Until the socket takes a frame again; `unsent_error` at `deadline`. In slices of
+        PEER_CHECK_S, so a close from a signal handler on this thread (which cannot cut a
+        poll short) ends the wait within one."""
+        while True:
+            if self.guard.closing:
+                raise self.guard.closed_error()
+            slice_s = PEER_CHECK_S
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise unsent_error(request, self.address, self.endpoint)
+                slice_s = min(slice_s, remaining)
+            if self.sock.poll(max(1, int(slice_s * 1000)), _POLLOUT):
+                return
 
     def cut_short(self) -> None:
         """Make the receive this thread was interrupted in (by a signal handler that closed

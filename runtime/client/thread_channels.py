@@ -80,6 +80,11 @@ class ThreadChannels:
         self._anchor_ref = weakref.ref(anchor, self._thread_ended)
         return anchor
 
+    @property
+    def closing(self) -> bool:
+        """The client closed: a call of this thread that waits in slices stops waiting."""
+        return self._closing
+
     def enter(self) -> None:
         """Before any call on a socket of this thread (opening one included). In the call from
         its first step: a close that lands after it leaves the sockets be."""

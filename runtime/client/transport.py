@@ -19,8 +19,10 @@ Thread-safe, `close()` included: it may be called while other threads are inside
 then raise NodeNotRunning("this client is closed"), as does every call after it; it never
 closes a socket its thread is using (client/thread_channels.py says how). It may be called from
 a signal handler too, whose thread is inside a call: that call ends the context when it returns,
-at once (`close` would otherwise wait in `term()` for the very call it interrupted). A
-thread's channels
+at once (`close` would otherwise wait in `term()` for the very call it interrupted). Every call
+is bounded by its deadline, its send included: a full send queue (an owner that stopped
+reading) is a NodeTimeout with nothing sent (`Channel.write`), not a send blocked until the
+owner reads again. A thread's channels
 are released when the thread ends. A forked child that goes on using its parent's transport
 gets a fresh zmq context and fresh channels of its own (the parent's are never touched). A
 transport dropped without `close()` releases its sockets and context when it is collected
@@ -41,6 +43,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Protocol
@@ -265,13 +268,20 @@ class ZmqTransport:
     def _check_reachable(self, stale: bool = False) -> None:
         check_reachable(self.address, stale)
 
-    def submit(self, request: Request, target: str = "") -> PendingReply:
-        """Put `request` on the wire now; resolve the returned PendingReply later, same thread."""
-        channel, msg_id = self.send(request, target)
+    def submit(
+        self, request: Request, target: str = "", deadline: float | None = None
+    ) -> PendingReply:
+        """Put `request` on the wire now; resolve the returned PendingReply later, same thread.
+        A full send queue is waited on until `deadline` (time.monotonic(); None: as long as
+        it takes), then NodeTimeout with nothing sent."""
+        channel, msg_id = self.send(request, target, deadline)
         return PendingReply(self, channel, request, msg_id, target or request.target)
 
-    def send(self, request: Request, target: str = "") -> tuple[Channel, str]:
-        """Put `request` on this thread's channel to its owner (opened or renewed here).
+    def send(
+        self, request: Request, target: str = "", deadline: float | None = None
+    ) -> tuple[Channel, str]:
+        """Put `request` on this thread's channel to its owner (opened or renewed here), by
+        `deadline` at the latest (`submit`).
 
         The one stat per request is the channel's check of its socket file: a file gone or
         replaced opens a fresh channel, which checks the node is there (NodeNotRunning). It
@@ -289,7 +299,7 @@ class ZmqTransport:
             body = request.to_body()
             # FrameTooLarge, BadRequest before anything is sent
             frame = request_frame(request.type, body, msg_id, self._sender, target, self.host)
-            channel.write(frame, msg_id)
+            channel.write(frame, msg_id, request, deadline)
         except zmq.ZMQError as exc:  # ETERM: closed from another thread during this call
             threads.leave(terminated=exc.errno == zmq.ETERM)  # NodeNotRunning once closed
             raise
@@ -300,7 +310,9 @@ class ZmqTransport:
         return channel, msg_id
 
     def call(self, request: Request, timeout: float, target: str = "") -> Message:
-        return self.submit(request, target).result(timeout)
+        deadline = time.monotonic() + timeout  # the send's too: a full queue waits no longer
+        pending = self.submit(request, target, deadline)
+        return pending.result(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Close every thread's channels. Safe while other threads are inside calls: theirs
