@@ -17,11 +17,12 @@ It must never import the node or the actors, and never block the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from subagents_node.client.aio_transport import AsyncZmqTransport
+from subagents_node.client.aio_transport import AsyncZmqTransport, readers_ended
 from subagents_node.client.client import (
     DEFAULT_TIMEOUT_S,
     checked,
@@ -157,10 +158,18 @@ class AsyncClient:
 
         return AsyncHosts(self)
 
-    async def aclose(self) -> None:
+    def shut(self) -> list[asyncio.Task[None]]:
+        """Close this client and the workers' clients of its `hosts` now, with nothing awaited
+        (no cancel can leave one open); their reader tasks, whose end `aclose` awaits."""
+        readers = self.transport.shut()
         if "hosts" in self.__dict__:
-            await self.hosts.aclose()
-        await self.transport.aclose()
+            readers += self.hosts.shut()
+        return readers
+
+    async def aclose(self) -> None:
+        """Close the client. Cancelled while it waits for its reader tasks to end, everything
+        is closed all the same and the cancel is raised: a cancel always cancels."""
+        await readers_ended(self.shut())
 
     async def __aenter__(self) -> AsyncClient:
         return self

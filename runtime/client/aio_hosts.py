@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from subagents_node.client.aio_transport import readers_ended
 from subagents_node.client.hosts import (
     HOST_TIMEOUT_S,
     Answer,
@@ -101,7 +102,11 @@ class AsyncHosts:
         run = found_run(run_id, listing, answers)
         return self.on(run.host), run
 
-    async def aclose(self) -> None:
+    def shut(self) -> list[asyncio.Task[None]]:
+        """Close every worker's client now, nothing awaited (`AsyncClient.shut`); their reader
+        tasks, whose end the caller awaits."""
         clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.aclose()
+        return [reader for client in clients.values() for reader in client.shut()]
+
+    async def aclose(self) -> None:
+        await readers_ended(self.shut())

@@ -13,7 +13,9 @@ loop after a closed one starts afresh. Every AsyncClient of a process opens its 
 process's one zmq.asyncio context (never terminated here); a forked child gets its own, and
 fresh sockets, leaving the parent's untouched. A call's deadline bounds its send too: a send
 queue kept full by an owner that stopped reading is a NodeTimeout with nothing sent
-(`unsent_error`), never a send that waits until the owner reads again.
+(`unsent_error`), never a send that waits until the owner reads again. Closing (`shut`) is done
+at once, with no await a cancel could cut short; `aclose` then waits for the reader tasks to
+end, and a cancel of the task running it is that task's own, raised (never swallowed).
 
 It must never import the node or the actors (child agents import the client), and never block
 the event loop.
@@ -152,9 +154,9 @@ class AsyncZmqTransport:
             self._sender = f"client-{os.getpid()}"
         self._pid = os.getpid()
 
-    def _drop_connections(self, error: NodeNotRunning) -> None:
-        """Close every socket and forget its reader and its waiting calls, failed with `error`
-        (all of one loop)."""
+    def _drop_connections(self, error: NodeNotRunning) -> list[asyncio.Task[None]]:
+        """Close every socket, cancel its reader and fail its waiting calls with `error` (all
+        of one loop); the reader tasks, whose end may be awaited (on their loop)."""
         readers, self._readers = self._readers, {}
         for reader in readers.values():
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
@@ -165,6 +167,7 @@ class AsyncZmqTransport:
         socks, self._socks = self._socks, {}
         for sock in socks.values():
             sock.close(linger=0)
+        return list(readers.values())
 
     def _socket(self, target: str) -> zmq.asyncio.Socket:
         if self._closed:
@@ -343,15 +346,21 @@ class AsyncZmqTransport:
                 waiter.set_exception(NodeNotRunning(error.message, **error.details))
         self._waiting.clear()
 
-    async def aclose(self) -> None:
+    def shut(self) -> list[asyncio.Task[None]]:
+        """Close now, with nothing awaited (so no cancel can leave it half done): every later
+        call and every call waiting now raise `closed_error`, the sockets are closed and their
+        reader tasks cancelled. Returns those tasks, whose end the caller awaits."""
         self._bind_loop()  # from another running loop: refused; after a closed one: dropped
         self._closed = True
-        readers, self._readers = self._readers, {}
-        for reader in readers.values():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-        self._fail_waiting(closed_error(self.address))
-        socks, self._socks = self._socks, {}
-        for sock in socks.values():
-            sock.close(linger=0)
+        return self._drop_connections(closed_error(self.address))
+
+    async def aclose(self) -> None:
+        await readers_ended(self.shut())
+
+
+async def readers_ended(readers: list[asyncio.Task[None]]) -> None:
+    """Until the cancelled reader tasks have ended. `asyncio.wait`, not `await reader` under
+    `suppress(CancelledError)`: that swallowed a cancel of the task closing the client too (the
+    same exception), and a task cancelled during its `async with` exit went on running."""
+    if readers:
+        await asyncio.wait(readers)

@@ -4,7 +4,8 @@ Cancelling a call always cancels it, whenever the cancel lands: even in the inst
 has arrived but its coroutine has not yet resumed. Python 3.11's `asyncio.wait_for` returns
 the finished result there and swallows the cancel, so a `runs.wait` cancelled at that moment
 (by `task.cancel()`, `asyncio.wait_for`, a TaskGroup) went on following the run to its end.
-The cancel is timed deterministically by a callback on the call's own reply future.
+The cancel is timed deterministically by a callback on the call's own reply future. So does a
+cancel that lands while the client closes (`aclose`, an `async with` exit).
 
 A client belongs to one running loop at a time: another running loop is refused at once; a
 new loop after the first one closed carries on. Many clients share the process's zmq threads,
@@ -20,8 +21,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from subagents_node import AsyncClient, LaunchContext
-from subagents_node.messages.errors import BadRequest
+from subagents_node.messages.errors import BadRequest, NodeNotRunning
 from tests.support.descriptors import run_python
 from tests.support.nodes import REPO, NodeProcess
 
@@ -73,6 +76,52 @@ def test_r_run_3_a_run_wait_cancelled_as_a_watch_answers_ends_at_once_not_with_t
             finally:
                 await client.runs.stop(run.run_id)
             assert (await client.runs.wait(run.run_id, timeout=30)).state == "stopped"
+
+    asyncio.run(go())
+
+
+def test_a_task_cancelled_while_its_async_client_closes_is_cancelled_and_the_client_closed(
+    node: NodeProcess,
+) -> None:
+    """`aclose()` awaited its reader tasks under `suppress(CancelledError)`, which swallowed a
+    cancel of the task closing the client as well (the same exception): a task cancelled in
+    its `async with` exit (by `asyncio.wait_for`, a TaskGroup) went on running after the block,
+    and a `wait_for` around it never returned."""
+
+    async def go() -> None:
+        client = AsyncClient(node.address, timeout=5)
+        went_on: list[bool] = []
+
+        async def worker() -> None:
+            async with client:
+                await client.ping()  # a socket and its reader task, for `aclose` to end
+            went_on.append(True)
+
+        task = asyncio.ensure_future(worker())
+        while not client.transport._closed:  # in its `async with` exit, awaiting its readers
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert task in done and task.cancelled(), "the cancel was swallowed"
+        assert went_on == [], "the task went on after its `async with` block"
+        assert client.transport._socks == {} and client.transport.outstanding == 0
+        with pytest.raises(NodeNotRunning, match="this client is closed"):
+            await client.ping()
+
+    asyncio.run(go())
+
+
+def test_an_aclose_that_is_not_cancelled_waits_for_its_readers_and_returns(
+    node: NodeProcess,
+) -> None:
+    async def go() -> None:
+        client = AsyncClient(node.address, timeout=5)
+        await client.ping()
+        await client.capacity.snapshot("s")  # a second socket, a second reader
+        readers = list(client.transport._readers.values())
+        await client.aclose()
+        assert readers and all(reader.done() for reader in readers)
+        await client.aclose()  # twice: harmless
 
     asyncio.run(go())
 
