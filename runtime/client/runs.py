@@ -20,6 +20,7 @@ from subagents_node.client.arguments import listed, plain_callback
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.constants import NODE_BACK_S
+from subagents_node.messages.domains import MAX_DURATION_S
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
 from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
@@ -75,14 +76,23 @@ def watch_plan(run_id: str, after_seq: int, wait_s: float, reply_timeout: float)
     """A long poll: the node answers as soon as the run has events after `after_seq`; the reply
     may take `wait_s` plus the client's own timeout."""
     request = build(Watch, run_id=run_id, after_seq=after_seq, wait_s=wait_s)
-    return one(request, RunEvents, timeout=wait_s + reply_timeout)
+    return one(request, RunEvents, timeout=long_poll_timeout(wait_s, reply_timeout))
 
 
 def watch_all_plan(
     after_seq: int, wait_s: float, limit: int, reply_timeout: float
 ) -> Plan[FleetEvents]:
     request = build(WatchAll, after_seq=after_seq, wait_s=wait_s, limit=limit)
-    return one(request, FleetEvents, timeout=wait_s + reply_timeout)
+    return one(request, FleetEvents, timeout=long_poll_timeout(wait_s, reply_timeout))
+
+
+def long_poll_timeout(wait_s: float, reply_timeout: float) -> float:
+    """How long a long poll's reply may take: its wait at the node plus the client's timeout,
+    at most MAX_DURATION_S. Both were checked already (the request's model, the client's
+    constructor); the sum is no argument of the caller's: a client made with the largest
+    timeout it accepts was refused every watch, wait and follow for a `timeout` it never
+    passed."""
+    return min(wait_s + reply_timeout, MAX_DURATION_S)
 
 
 def wait_plan(

@@ -311,3 +311,30 @@ def test_an_agents_dir_or_config_home_the_system_refuses_is_a_typed_error_not_an
     # Only the configuration refuses it: the user's agents dir under it is skipped, not fatal.
     catalog = discover_agents(tmp_path, [AGENTS], {"XDG_CONFIG_HOME": long_name})
     assert "sleeper" in catalog.names()
+
+
+def test_a_client_made_with_the_largest_timeout_it_accepts_follows_runs(
+    fanout_node: NodeProcess,
+) -> None:
+    """A week (MAX_DURATION_S) is accepted as a client's timeout, but each long poll added its
+    wait at the node to it and checked the sum again: watch, wait, settle and a followed log
+    were refused with a BadRequest about a `timeout` of 604810 that the caller never passed."""
+    week = 7 * 24 * 3600
+    ctx = LaunchContext.from_environment(cwd=REPO, agents_dirs=[AGENTS], session_id="s-week")
+    client = connect(fanout_node.address, timeout=week)
+    try:
+        run = client.runs.launch(ctx.single("sleeper", "seconds=0.2", True, None))
+        assert client.runs.watch(run.run_id).run.run_id == run.run_id
+        assert client.runs.wait(run.run_id, timeout=30).state == "complete"
+        assert [view.state for view in client.runs.settle([run.run_id], timeout=30)] == ["complete"]
+        list(client.runs.logs(run.run_id, follow=True))  # it ended: the follow ends too
+        client.runs.watch_all(wait_s=0)
+    finally:
+        client.close()
+
+    async def from_a_loop() -> None:
+        async with AsyncClient(fanout_node.address, timeout=week) as aclient:
+            assert (await aclient.runs.wait(run.run_id, timeout=30)).state == "complete"
+            assert (await aclient.runs.watch(run.run_id)).run.state == "complete"
+
+    asyncio.run(from_a_loop())
