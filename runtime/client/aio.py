@@ -23,6 +23,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from subagents_node.client.aio_transport import AsyncZmqTransport, readers_ended
+from subagents_node.client.arguments import (
+    credentials_argument,
+    request_argument,
+    state_dir_argument,
+)
 from subagents_node.client.client import (
     DEFAULT_TIMEOUT_S,
     checked,
@@ -68,6 +73,8 @@ class AsyncClient:
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.timeout = checked_timeout(timeout)
+        state_dir = state_dir_argument(state_dir)
+        credentials = credentials_argument(credentials)
         self.transport = AsyncZmqTransport(
             address or default_address(state_dir),
             credentials=credentials,
@@ -114,6 +121,7 @@ class AsyncClient:
         target: str = "",
     ) -> R:
         """Send one request and return its typed result, or raise its typed error."""
+        request_argument(request, result)
         wait = self.timeout if timeout is None else checked_timeout(timeout)
         return checked(request, await self.transport.call(request, wait, target), result)
 

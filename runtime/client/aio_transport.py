@@ -209,6 +209,9 @@ class AsyncZmqTransport:
             except KeyFileInvalid as err:
                 sock.close(linger=0)
                 raise no_keys(self.address, err) from None
+            except BaseException:  # anything else: the socket is not left to the collector
+                sock.close(linger=0)
+                raise
             self._socks[endpoint] = sock
             path = ipc_path(endpoint)
             if path is not None:

@@ -1,5 +1,6 @@
 """The shape of client arguments that Python would take for something else: a list that is one
-thing, and a callback that is a coroutine function.
+thing, a callback that is a coroutine function, and a value of another type where the client
+needs a path, keys or a request.
 
 Python iterates a string character by character, a pydantic model field by field and a dict
 key by key, so `claim(budget, "tasks[0]")` used to claim eight paths, `settle(run_id)` to wait
@@ -14,7 +15,13 @@ so a wait's events were lost, and a grant's `confirm` answered with a coroutine,
 the grant was applied without asking anyone (R-SPN-6). `plain_callback` refuses one up front,
 `decision` refuses any answer of a `confirm` but True or False.
 
-It owns that check only; it must never do I/O nor import the node or the actors.
+`state_dir`, `credentials` (of `connect` and `AsyncClient`) and the `request` and `result` of
+`ask` were used as they came: `connect(state_dir=5)` was a TypeError from pathlib, credentials
+given as a string an AttributeError at the first call, `ask("node.ping", Pong)` an
+AttributeError from the transport. `state_dir_argument`, `credentials_argument` and
+`request_argument` refuse them in one line, before a socket or a context is made.
+
+It owns those checks only; it must never do I/O nor import the node or the actors.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from subagents_node.client.keys import ClientCredentials
+from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import BadRequest
 
 T = TypeVar("T")
@@ -81,3 +90,48 @@ def decision(answer: object, field: str) -> bool:
         reason="argument",
         field=field,
     )
+
+
+def state_dir_argument(value: object) -> str | os.PathLike[str] | None:
+    """A state dir as the caller gave it: None, a str or an os.PathLike of one; else
+    BadRequest naming `state_dir`."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+        return value
+    raise BadRequest(
+        f"state_dir must be a path (a str or a pathlib.Path), not {type(value).__name__}",
+        reason="argument",
+        field="state_dir",
+    )
+
+
+def credentials_argument(value: object) -> ClientCredentials | None:
+    """None or a ClientCredentials, else BadRequest naming `credentials`."""
+    if value is None or isinstance(value, ClientCredentials):
+        return value
+    raise BadRequest(
+        "credentials must be a subagents_node.client.keys.ClientCredentials, not "
+        f"{type(value).__name__}",
+        reason="argument",
+        field="credentials",
+    )
+
+
+def request_argument(request: object, result: object) -> None:
+    """What `ask` sends and what it expects back: a request model (e.g. `Ping()`) and a
+    message class (e.g. `Pong`); else BadRequest naming `request` or `result`."""
+    if not isinstance(request, Request):
+        raise BadRequest(
+            f"ask takes a request model (e.g. subagents_node.messages.node.Ping()), not "
+            f"{type(request).__name__}",
+            reason="argument",
+            field="request",
+        )
+    if not (isinstance(result, type) and issubclass(result, Message)):
+        shown = result.__name__ if isinstance(result, type) else type(result).__name__
+        raise BadRequest(
+            f"ask takes the result's message class (e.g. Pong), not {shown}",
+            reason="argument",
+            field="result",
+        )

@@ -12,6 +12,11 @@ import os
 from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
+from subagents_node.client.arguments import (
+    credentials_argument,
+    request_argument,
+    state_dir_argument,
+)
 from subagents_node.client.exhaustion import descriptors_needed
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import ipc_endpoint, resolve_state_dir
@@ -89,6 +94,7 @@ class Client:
 
         `target` is needed only by requests that leave their owner open (`debug.*`).
         """
+        request_argument(request, result)
         wait = self.timeout if timeout is None else checked_timeout(timeout)
         outcome = self.transport.call(request, wait, target)
         return checked(request, outcome, result)
@@ -204,6 +210,8 @@ def connect(
     $SUBAGENTS_CLIENT_KEY / $SUBAGENTS_SERVER_KEY, else the default state dir's key files).
     """
     timeout = checked_timeout(timeout)  # before a context is opened for nothing
+    state_dir = state_dir_argument(state_dir)
+    credentials = credentials_argument(credentials)
     transport = ZmqTransport(
         address or default_address(state_dir),
         credentials=credentials,

@@ -257,6 +257,9 @@ class ZmqTransport:
         except KeyFileInvalid as err:
             sock.close(linger=0)
             raise no_keys(self.address, err) from None
+        except BaseException:  # anything else: the socket is not left to the collector
+            sock.close(linger=0)
+            raise
         path = ipc_path(endpoint)
         peer = None if path is None else PeerFile(str(path))
         silent = functools.partial(why_silent, self.address)

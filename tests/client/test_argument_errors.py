@@ -22,6 +22,7 @@ from subagents_node.messages.codec import encode_request
 from subagents_node.messages.envelope import Envelope
 from subagents_node.messages.errors import AgentInvalid, BadRequest, ConfigError, RunCwdMissing
 from subagents_node.messages.fanout import encode_descriptor
+from subagents_node.messages.node import Ping, Pong
 from tests.support.nodes import REPO, NodeProcess, running_node
 
 AGENTS = REPO / "examples" / "agents"
@@ -336,5 +337,42 @@ def test_a_client_made_with_the_largest_timeout_it_accepts_follows_runs(
         async with AsyncClient(fanout_node.address, timeout=week) as aclient:
             assert (await aclient.runs.wait(run.run_id, timeout=30)).state == "complete"
             assert (await aclient.runs.watch(run.run_id)).run.state == "complete"
+
+    asyncio.run(from_a_loop())
+
+
+def test_a_state_dir_that_is_no_path_is_refused_naming_it() -> None:
+    """`Path(5)` failed inside with a TypeError ("expected str, bytes or os.PathLike")."""
+    _refused(lambda: connect(state_dir=5), "state_dir")  # type: ignore[arg-type]
+    _refused(lambda: AsyncClient(state_dir=5), "state_dir")  # type: ignore[arg-type]
+    _refused(lambda: connect(state_dir=b"/tmp/x"), "state_dir")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("credentials", ["x", {"client": "k"}], ids=["str", "dict"])
+def test_credentials_that_are_no_client_credentials_are_refused_naming_them(
+    credentials: Any,
+) -> None:
+    """They failed at the first call with an AttributeError (`'str' object has no attribute
+    'client'`), the new socket left to the collector."""
+    tcp = "tcp://127.0.0.1:1"
+    _refused(lambda: connect(tcp, timeout=1, credentials=credentials), "credentials")
+    _refused(lambda: AsyncClient(tcp, timeout=1, credentials=credentials), "credentials")
+
+
+@pytest.mark.parametrize("request_", [None, "node.ping", {"type": "node.ping"}])
+def test_ask_with_anything_but_a_request_is_refused_naming_it(
+    request_: Any, client: Client
+) -> None:
+    """`client.ask(None, Pong)` failed with an AttributeError ('NoneType' object has no
+    attribute 'target'), in both clients."""
+    _refused(lambda: client.ask(request_, Pong), "request")
+    _refused(lambda: client.ask(Ping(), None), "result")  # type: ignore[arg-type]
+
+    async def from_a_loop() -> None:
+        aclient = AsyncClient(NOWHERE)  # refused before it looks for a node
+        for bad, field in ((request_, "request"), (Ping(), "result")):
+            with pytest.raises(BadRequest) as info:
+                await aclient.ask(bad, Pong if field == "request" else None)  # type: ignore[arg-type]
+            assert info.value.details["field"] == field
 
     asyncio.run(from_a_loop())
