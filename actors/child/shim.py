@@ -127,9 +127,7 @@ class Shim:
             if not write_atomically(self._path(SHIM_RECORD), claim, exclusive=True, sync=False):
                 return 0  # a recovering node gave this child up as never started: keep it so
         except OSError as err:  # a full or read-only disk: no claim, so no child; say why
-            self.facts["error"] = f"cannot write the child's records: {err}"[:4000]
-            self.leader_gone = self.tree_ended = True
-            self._report("not_started")
+            self._not_started(f"cannot write the child's records: {err}", record=False)
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         for signum in (signal.SIGCHLD, signal.SIGTERM, rebind.REBIND_SIGNAL):
@@ -156,17 +154,11 @@ class Shim:
             pid = self._spawn()
         except OSError as err:
             self._drop_cgroup()
-            self.facts["error"] = spawn_error(self.order, err)[:4000]
-            self.leader_gone = self.tree_ended = True
-            self._record_exit()
-            self._report("not_started")
+            self._not_started(spawn_error(self.order, err))
             return
         except (ValueError, TypeError) as exc:  # an argv or env the OS cannot take
             self._drop_cgroup()
-            self.facts["error"] = f"cannot start {self.order['argv'][0]}: {exc}"[:4000]
-            self.leader_gone = self.tree_ended = True
-            self._record_exit()
-            self._report("not_started")
+            self._not_started(f"cannot start {self.order['argv'][0]}: {exc}")
             return
         self.leader = pid
         if self.cgroup is not None:
@@ -174,6 +166,18 @@ class Shim:
         start = procfs.start_time_of(pid, zombies=True) or 0.0
         self.facts.update(pid=pid, identity_start=start, start_time=procfs.wall_clock(start))
         self._report("started")
+
+    def _not_started(self, error: str, record: bool = True) -> None:
+        """No child, and why: its "tree" ended before it began. The moment is its end's, so a
+        shim no node acknowledges gives up as one whose tree ended does (GIVE_UP_AFTER_TREE_
+        END_S; a node that comes back finds the child unstarted); without it, it retried for
+        good, an idle process per failed spawn once its node was gone."""
+        self.facts["error"] = error[:4000]
+        self.facts["tree_ended_at"] = time.time()
+        self.leader_gone = self.tree_ended = True
+        if record:
+            self._record_exit()
+        self._report("not_started")
 
     def _spawn(self) -> int:
         """The agent, born in the child's cgroup when there is one (the shim enters it for

@@ -50,9 +50,7 @@ def _not_forked(order: dict[str, Any], err: OSError) -> None:
     """No shim for `order`: report its child `not_started`, from the template, and wait
     (bounded) for the supervisor to take it; otherwise the launch waited for it for good."""
     shim = Shim(order)
-    shim.facts["error"] = f"cannot fork the child's shim: {err.strerror or err}"[:4000]
-    shim.leader_gone = shim.tree_ended = True
-    shim._report("not_started")
+    shim._not_started(f"cannot fork the child's shim: {err.strerror or err}", record=False)
     link = ReportLink(str(order["node_address"]))
     deadline = time.monotonic() + NOT_FORKED_REPORT_S
     try:

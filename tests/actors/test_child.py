@@ -423,6 +423,22 @@ def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_rec
     assert (record["exit_code"], record["tree_ended"]) == (6, True)
 
 
+def test_a_shim_whose_child_never_started_stops_retrying_after_the_same_bound(
+    shim_harness: Harness,
+) -> None:
+    """A spawn that failed set no moment for its tree's end, and the bound on retries counts
+    from it: with its node gone for good, such a shim retried its `not_started` forever, an
+    idle process per failed spawn."""
+    spec = shim_harness.spec("c1", ["/nonexistent/agent-cli"])
+    order = {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.5}
+    Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
+    shim_harness.template.order_raw(order)
+    first = shim_harness.report(ack=False)
+    assert first.kind == "not_started"
+    shim_harness.unbind()  # the node is gone for good
+    wait_gone(first.shim_pid)
+
+
 def test_a_child_given_up_by_a_recovering_node_is_never_started_by_a_late_shim(
     shim_harness: Harness,
 ) -> None:
