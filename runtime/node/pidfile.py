@@ -22,6 +22,7 @@ from subagents_node.client.paths import (
     PID_NAME,
     ipc_endpoint,
     ipc_path,
+    pid_record,
     process_create_time,
     read_pid_file,
 )
@@ -74,10 +75,15 @@ def _listening(path: Path) -> bool:
 
 def recorded_pids(state_dir: Path) -> list[int]:
     """The node and owner pids the record names, live or not (what a start may wait for)."""
+    # A regular file as the node writes it, or none: a FIFO there held a starting node in
+    # open() for good.
+    found = pid_record(state_dir)
+    if found is None:
+        return []
     try:
-        record = json.loads(pid_file_of(state_dir).read_text())
-        pids = [int(record["pid"]), *(int(p) for p in dict(record.get("owners") or {}).values())]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        owners = dict(found[0].get("owners") or {}).values()  # type: ignore[call-overload]
+        pids = [int(str(found[0]["pid"])), *(int(str(p)) for p in owners)]
+    except (ValueError, TypeError):
         return []
     return [pid for pid in pids if pid > 0 and pid != os.getpid()]
 

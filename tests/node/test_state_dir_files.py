@@ -116,3 +116,15 @@ def test_a_directory_in_place_of_node_sock_fails_a_detached_start_in_one_line_na
     assert f"cannot replace {sock}: Is a directory" in line, line
     assert "exited" not in line
     assert sock.is_dir()
+
+
+def test_a_fifo_in_place_of_node_pid_is_replaced_by_the_next_start(state_dir: Path) -> None:
+    """A start read `node.pid` for the pids a dead node may have left (to wait for them) with
+    a blocking open(): a FIFO there held the detached node for good, and `start --detach` gave
+    up after its 20 s handshake, leaving that node behind. It is no record: the start serves
+    and writes its own."""
+    os.mkfifo(state_dir / PID_NAME)
+    done = run_cli("start", "--detach", state_dir=state_dir, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_ISREG((state_dir / PID_NAME).lstat().st_mode)
+    assert read_pid_file(state_dir) is not None
