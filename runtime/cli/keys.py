@@ -76,6 +76,16 @@ def generate(obj: Ctx, force: bool) -> None:
             "(`subagents-node stop`), run `keys generate --force` again, then start it",
             address=str(running.get("address", "")),
         )
+    if running is not None and not (directory / SERVER_KEY).exists():
+        # The node serves the key it read at its start: a new file would not be its key, and
+        # the command printed the node's while the file held another (every tcp client of
+        # the state dir was then refused from the node's next start, or by a fresh client).
+        raise NodeAlreadyRunning(
+            f"{directory / SERVER_KEY} is missing while a node (pid {running['pid']}) serves "
+            f"{state_dir} with the key it read at its start; stop it (`subagents-node stop`), "
+            "run `keys generate` again, then start it",
+            address=str(running.get("address", "")),
+        )
     roles = {SERVER_KEY: "server", CLIENT_KEY: "client"}
     fresh = {n: Keypair.generate() for n in roles if force or not (directory / n).exists()}
     client = fresh.get(CLIENT_KEY) or read_keypair(directory / CLIENT_KEY)

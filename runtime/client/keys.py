@@ -115,6 +115,15 @@ def read_keypair(path: Path) -> Keypair:
                 path=str(path),
                 reason="format",
             )
+    # Halves of two keypairs (a hand edit, a copy-paste) passed: a node served the secret and
+    # published the other public key, and every client was refused as if not allowed.
+    if zmq.curve_public(secret.encode()).decode() != public:
+        raise KeyFileInvalid(
+            f"{path}: its public key is not the public half of its secret key (two keypairs "
+            "mixed?); make a new one with `subagents-node keys generate --force`",
+            path=str(path),
+            reason="mismatch",
+        )
     return Keypair(public, secret)
 
 

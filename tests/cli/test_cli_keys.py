@@ -75,6 +75,31 @@ def test_keys_generate_force_is_refused_while_a_node_serves_and_changes_nothing(
     assert node.client(address=tcp).ping().pid == node.pid  # the old keys still work
 
 
+def test_keys_generate_with_the_server_key_gone_is_refused_while_a_node_serves(
+    state_dir: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    """With `server.key` removed (a careless `rm`, a partial restore) under a tcp node, plain
+    `keys generate` wrote a new server key the node did not serve and printed the node's old
+    one: the file and the printed key differed, and tcp clients of the state dir were refused."""
+    assert _generate(state_dir)[0] == 0
+    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
+    node = start_node("--listen", tcp, state_dir=state_dir)
+    server_key = keys_dir(state_dir) / SERVER_KEY
+    kept = server_key.read_bytes()
+    server_key.unlink()
+    before = _files(state_dir)
+
+    code, _, err = _generate(state_dir)
+
+    assert code == 1
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "server.key is missing while a node" in err and "subagents-node stop" in err
+    assert _files(state_dir) == before
+    server_key.write_bytes(kept)  # put back: the key the node serves still admits clients
+    server_key.chmod(0o600)
+    assert node.client(address=tcp).ping().pid == node.pid
+
+
 def test_keys_generate_that_cannot_allow_its_new_client_key_writes_no_file(
     state_dir: Path,
 ) -> None:

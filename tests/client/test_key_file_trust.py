@@ -169,3 +169,29 @@ def test_design_3_keys_generate_writes_private_files_whatever_the_umask(state_di
     assert directory.stat().st_mode & 0o777 == 0o700
     for name in (SERVER_KEY, CLIENT_KEY, "allowed.toml"):
         assert (directory / name).stat().st_mode & 0o777 == 0o600, name
+
+
+def test_a_key_file_mixing_two_keypairs_is_refused_and_no_node_listens_with_it(
+    keyed_dir: Path,
+) -> None:
+    """A public key and a secret key of two keypairs (a hand edit, a copy-paste) passed every
+    check: the node served the secret, `keys show` published the other public key, and every
+    tcp client was refused as if it were not on the allow-list."""
+    import zmq
+
+    server_key = keys_dir(keyed_dir) / SERVER_KEY
+    public, _ = zmq.curve_keypair()
+    _, secret = zmq.curve_keypair()
+    server_key.write_text(f'public = "{public.decode()}"\nsecret = "{secret.decode()}"\n')
+    with pytest.raises(KeyFileInvalid, match="not the public half of its secret key"):
+        read_keypair(server_key)
+    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
+    done = run_cli("start", "--detach", "--listen", tcp, state_dir=keyed_dir)
+    try:
+        assert done.returncode != 0, done.stdout
+        assert "Traceback" not in done.stderr
+        assert "is not the public half of its secret key" in done.stderr
+        assert read_pid_file(keyed_dir) is None
+    finally:
+        if read_pid_file(keyed_dir) is not None:
+            stop_node(keyed_dir, timeout_s=15.0)
