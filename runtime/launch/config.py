@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,20 +220,29 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def _is_file(path: Path) -> bool:
-    """Whether a configuration file is there; ConfigError (as for a file it cannot read) when
-    the system refuses to look (a name too long, a directory it may not search): pathlib's
-    is_file() is False for a missing one (or a symlink loop), and raises the rest."""
+    """Whether a configuration file is there: False only when nothing is (no such name).
+    Anything else in its place that is no regular file (a FIFO, a directory, a device, a
+    dangling symlink or a loop) is a ConfigError, as a file it cannot read is: taken for "no
+    file", the project's limits quietly fell away (so did a name the system refuses to look up:
+    too long, a directory it may not search)."""
+    shown = str(path) if len(str(path)) <= 160 else str(path)[:159] + "…"
+
+    def refused(why: str) -> ConfigError:
+        return ConfigError(
+            f"cannot read {shown}: {why}", key="", source=shown, reason="io", file=shown
+        )
+
     try:
-        return path.is_file()
-    except OSError as exc:
-        shown = str(path) if len(str(path)) <= 160 else str(path)[:159] + "…"
-        raise ConfigError(
-            f"cannot read {shown}: {exc.strerror or exc}",
-            key="",
-            source=shown,
-            reason="io",
-            file=shown,
-        ) from None
+        info = path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise refused("a symbolic link to nothing") from None
+        return False
+    except OSError as exc:  # ENAMETOOLONG, EACCES, ELOOP
+        raise refused(str(exc.strerror or exc)) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise refused("not a regular file")
+    return True
 
 
 def load_config(

@@ -5,6 +5,7 @@ whose invalid values are errors naming the key and the file (SPEC §0.4, A-16)."
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -413,6 +414,33 @@ def test_a_list_key_given_one_string_says_a_list_in_the_files_words(
         ConfigError, match=r"'listen' in .*: it should be a list: \[\.\.\.\] \(got 'tcp"
     ):
         load_config(env=env, cwd=project)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dangling symlink", "symlink loop"])
+def test_something_no_file_in_place_of_the_projects_config_is_an_error_not_no_config(
+    dirs: tuple[Path, Path, dict[str, str]], kind: str
+) -> None:
+    """A FIFO, a directory, a dangling link or a link loop named `subagents.toml` read as "no
+    project file": the project's limits quietly fell away."""
+    _, project, env = dirs
+    path = project / "subagents.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dangling symlink":
+        path.symlink_to(project / "nowhere.toml")
+    else:
+        path.symlink_to(path)
+    why = {
+        "fifo": "not a regular file",
+        "directory": "not a regular file",
+        "dangling symlink": "a symbolic link to nothing",
+        "symlink loop": "Too many levels of symbolic links",
+    }[kind]
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env, cwd=project)
+    assert info.value.message == f"cannot read {path}: {why}"
 
 
 def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
