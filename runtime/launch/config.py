@@ -289,6 +289,20 @@ def load_config(
     )
 
 
+#: Most characters of a value (or a key) an error or a warning repeats: a 1 MB value made a
+#: 1 MB "one-line" error.
+_SHOWN_CHARS = 100
+
+
+def _shown(value: object) -> str:
+    """`value` as an error shows it: its repr, cut past _SHOWN_CHARS with its length said."""
+    text = repr(value)
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return f"{text[: _SHOWN_CHARS - 1]}…{size}"
+
+
 def _apply(
     values: dict[str, Any], origins: dict[str, Origin], layer: Mapping[str, Any], origin: Origin
 ) -> None:
@@ -298,8 +312,8 @@ def _apply(
             close = difflib.get_close_matches(key, KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
-                f"unknown key {key!r} in {origin} ({hint}known keys: {', '.join(KEYS)})",
-                key=key,
+                f"unknown key {_shown(key)} in {origin} ({hint}known keys: {', '.join(KEYS)})",
+                key=key[:_SHOWN_CHARS],
                 source=str(origin),
                 reason="unknown_key",
                 file=origin.where if origin.kind in ("user", "project") else "",
@@ -313,11 +327,11 @@ def _apply(
         # A TOML user writes an array, never a "tuple": say it in the file's words.
         said = "it should be a list: [...]" if first["type"] == "tuple_type" else first["msg"]
         raise ConfigError(
-            f"invalid value for {key!r} in {origin}: {said} (got {layer.get(key)!r})",
+            f"invalid value for {key!r} in {origin}: {said} (got {_shown(layer.get(key))})",
             key=key,
             source=str(origin),
             reason="invalid_value",
-            value=repr(layer.get(key)),
+            value=_shown(layer.get(key)),
             file=origin.where if origin.kind in ("user", "project") else "",
         ) from None
     values.update(layer)
@@ -347,7 +361,7 @@ def _apply_env(
             kind = "positive" if floor else "non-negative"
             bound = f" up to {MAX_COUNT}" if number is not None and number > MAX_COUNT else ""
             warnings.append(
-                f"{var}={raw!r} is not a {kind} integer{bound}; "
+                f"{var}={_shown(raw)} is not a {kind} integer{bound}; "
                 f"ignored, {key} comes from {origins[key]}"
             )
             continue

@@ -443,6 +443,25 @@ def test_something_no_file_in_place_of_the_projects_config_is_an_error_not_no_co
     assert info.value.message == f"cannot read {path}: {why}"
 
 
+def test_an_error_or_a_warning_repeats_at_most_a_short_piece_of_a_huge_value(
+    dirs: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """A 1 MB value in subagents.toml (or an unknown key as long) made a 1 MB "one-line" error,
+    and a 100,000-digit variable a warning as long."""
+    _, project, env = dirs
+    path = project / "subagents.toml"
+    for text in (f'grant_authority = "{"x" * 1_000_000}"\n', f"{'k' * 100_000} = 1\n"):
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            load_config(env=env, cwd=project)
+        assert len(info.value.message) < 1000, len(info.value.message)
+        assert "characters)" in info.value.message
+    path.unlink()
+    config = load_config(env={**env, "SUBAGENTS_MAX_SPAWNS_PER_RUN": "9" * 100_000}, cwd=project)
+    [warning] = config.warnings
+    assert len(warning) < 300 and "(100,000 characters)" in warning
+
+
 def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
     dirs: tuple[Path, Path, dict[str, str]],
 ) -> None:
