@@ -143,7 +143,8 @@ def parse_agent(text: str, path: Path, scope: Scope = "explicit") -> Agent:
     try:
         data = yaml.safe_load(header)
     except yaml.YAMLError as exc:
-        raise AgentInvalid.of(path, f"bad YAML front matter: {_yaml_problem(exc)}") from None
+        problem = _yaml_problem(exc, header)
+        raise AgentInvalid.of(path, f"bad YAML front matter: {problem}") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise AgentInvalid.of(path, "bad YAML front matter: nested too deeply") from None
     if not isinstance(data, dict):
@@ -222,11 +223,16 @@ def _unquoted(error: str, value: object) -> str:
     return ""
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def _yaml_problem(exc: yaml.YAMLError, header: str) -> str:
+    """What is wrong, on one line, with the file's line number (+2: YAML counts from 0, and the
+    file's first line is the opening '---')."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
-        # +2: marks count from 0 and the file's first line is the opening '---'.
         return f"{exc.problem} (line {exc.problem_mark.line + 2})"
-    return str(exc)
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses: str() is 2 lines
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        line = header[: exc.position].count("\n") + 2
+        return f"character #x{code:04x} is not allowed (line {line})"
+    return " ".join(str(exc).split())
 
 
 def _check_delivery(front: _FrontMatter, path: Path) -> None:
@@ -318,7 +324,9 @@ def discover_agents(
             try:
                 agent = load_agent_file(path, directory.scope)
             except AgentInvalid as problem:
-                log.warning("skipping agent file: %s", problem.message)
+                # The catalog's `problems` carry it to whoever shows them (`agents`, `doctor`,
+                # the MCP `agents` tool): a warning here printed it twice on a CLI's stderr.
+                log.info("skipping agent file: %s", problem.message)
                 problems.append(problem)
                 continue
             if agent.name in found:

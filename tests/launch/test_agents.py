@@ -223,6 +223,35 @@ def test_bad_yaml_names_the_line_of_the_file() -> None:
     assert "(line 5)" in caught.value.reason
 
 
+def test_a_character_yaml_refuses_is_one_line_naming_the_line_and_said_once(
+    tmp_path: Path,
+) -> None:
+    """An escape in the front matter gave PyYAML's two-line text (`in "<unicode string>",
+    position 6`), and `agents` printed it twice: a log record, then its own warning."""
+    with pytest.raises(AgentInvalid) as caught:
+        parse_agent("---\nname: a\ndescription: \x1b[31mred\n---\n", Path("/a.md"))
+    assert caught.value.reason == "bad YAML front matter: character #x001b is not allowed (line 3)"
+    agent_file(tmp_path / "agents", "red", "name: red\ndescription: \x1b[31mred")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "subagents_node",
+            "--state-dir",
+            str(tmp_path / "s"),
+            "agents",
+            "--agents-dir",
+            str(tmp_path / "agents"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr.count("not allowed (line 3)") == 1, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_agent_errors_cross_the_wire_as_their_own_type() -> None:
     err = AgentNotFound.of("ghost", ["b", "a"])
     again = SubagentsError.from_wire(err.to_wire())
