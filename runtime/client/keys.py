@@ -218,6 +218,8 @@ def _check_private(path: Path) -> None:
         info = path.stat()
     except OSError:
         return  # reading it says why (missing, unreadable) in the caller's words
+    if not stat.S_ISREG(info.st_mode):
+        return  # no file (a FIFO, a directory): reading it says so; no chmod would help
     if info.st_uid != os.geteuid():
         raise KeyFileInvalid(
             f"refusing key file {path}: it is owned by uid {info.st_uid}, not by you "

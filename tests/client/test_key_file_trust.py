@@ -195,3 +195,16 @@ def test_a_key_file_mixing_two_keypairs_is_refused_and_no_node_listens_with_it(
     finally:
         if read_pid_file(keyed_dir) is not None:
             stop_node(keyed_dir, timeout_s=15.0)
+
+
+def test_a_fifo_given_as_a_key_file_is_refused_as_no_file_not_for_its_mode(
+    tmp_path: Path,
+) -> None:
+    """The mode was checked before the type: a FIFO (0644) was refused with `chmod 600`
+    advice that could not help, and, chmod'ed, as "not a regular file"."""
+    fifo = tmp_path / "client.key"
+    os.mkfifo(fifo, 0o644)
+    with pytest.raises(KeyFileInvalid) as refused:
+        read_keypair(fifo)
+    assert "not a regular file" in refused.value.message, refused.value.message
+    assert "chmod" not in refused.value.message
