@@ -43,8 +43,8 @@ def split_items(text: str) -> list[str]:
     if stripped.startswith("["):
         try:
             parsed = json.loads(stripped)
-        except ValueError:
-            parsed = None
+        except (ValueError, RecursionError):  # a child's `[[[[…` is no list: its lines are
+            parsed = None  # (the RecursionError crashed the run supervisor, and failed it)
         if isinstance(parsed, list):
             return [e if isinstance(e, str) else json.dumps(e) for e in parsed]
     return [line.strip() for line in stripped.splitlines() if line.strip()]

@@ -132,6 +132,22 @@ def test_r_fan_21_a_json_list_gives_one_item_per_element(client: Client, agents:
     assert [c.output for c in done.children[1:]] == ["got alpha", 'got {"n": 2}', "got gamma"]
 
 
+def test_r_fan_21_output_nested_past_what_json_can_read_is_lines_and_no_owner_crashes(
+    client: Client, agents: Path
+) -> None:
+    """A previous step printing 2,000 `[` made json.loads raise RecursionError, which the
+    split did not catch: the run supervisor crashed on every restart until the node marked it
+    failed, and every user of the node lost runs, stop and capacity."""
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.launch("chain", True, chain=expanding_chain(ctx, "[" * 2000)))
+
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    assert [c.output for c in done.children[1:]] == ["got " + "[" * 2000]
+    assert {a.name: a.restarts for a in client.status().actors}["supervisor"] == 0
+
+
 def test_r_fan_21_more_items_than_max_items_fails_the_step_before_any_claim(
     client: Client, agents: Path, state_dir: Path
 ) -> None:
