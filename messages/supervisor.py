@@ -285,9 +285,15 @@ class RunEvent(Message):
 
 
 class RunEvents(Message):
+    """A run's view and its events after the watch's `after_seq`, at most a page of them
+    (MAX_WATCH_EVENTS): `more` says later ones wait for the next watch, from `last_seq`. A run
+    with more events than a frame may list (a flood of intercom, thousands of children) made
+    the whole list one reply that no decoder took, and every wait on it timed out."""
+
     run: RunView
     events: list[RunEvent]
     last_seq: int
+    more: bool = False
 
 
 class Watch(Request):
@@ -343,6 +349,10 @@ class Stop(Request):
     target: ClassVar[str] = SUPERVISOR
     Result: ClassVar[ResultType] = RunView
     run_id: RunId
+
+
+#: The most events one `runs.watch` answer carries (RunEvents.more: the rest follow).
+MAX_WATCH_EVENTS = 1000
 
 
 class FleetEvents(Message):

@@ -76,6 +76,9 @@ class LiveRun:
     expanding: bool = False
     expansion: list[runplan.ChildPlan] = field(default_factory=list)
     checkpoint: int | None = None
+    #: Intercom messages this run holds (runrequests.intercom), counted once from the store
+    #: on the first one this process takes, then kept here.
+    intercom_sent: int | None = None
 
     @property
     def waiting(self) -> bool:

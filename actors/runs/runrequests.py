@@ -31,6 +31,7 @@ from subagents_node.messages.errors import (
     RunIdAmbiguous,
     RunNotFound,
 )
+from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
     Intercom,
     IntercomMessage,
@@ -194,13 +195,45 @@ class UnrecordedStops:
             live.queue.extend(queue)
 
 
+#: The most intercom messages one run keeps (each at most 4,000 characters): a flood of them
+#: (any local client can name any run) grew its events and the store without bound.
+MAX_INTERCOM_PER_RUN = 10_000
+
+
 def intercom(host: RequestHost, request: Intercom) -> Message:
-    """R-ICB: a child's message to its run; refused when the run has intercom off."""
+    """R-ICB: a child's message to its run; refused when the run has intercom off, has ended
+    (no child is left to send one: a message then was kept for good, unread), or holds
+    MAX_INTERCOM_PER_RUN already."""
     run_id = host.resolve(request.run_id)
     row = runstore.run_row(host.db, run_id)
     assert row is not None
     if row["intercom"] == "off":
         raise IntercomOff(f"Intercom is off for run {run_id}.", run_id=run_id)
+    if row["state"] in TERMINAL_RUN_STATES:
+        raise IntercomOff(
+            f"Run {run_id} has ended ({row['state']}): intercom reaches a run only while it "
+            "goes on.",
+            run_id=run_id,
+            reason="run_ended",
+        )
+    live = host.live_run(run_id)
+    sent = live.intercom_sent if live is not None else None
+    if sent is None:  # counted once per run (a paused run, which is not live: each time)
+        sent = int(
+            host.db.execute(
+                "SELECT COUNT(*) FROM run_events WHERE run_id = ? AND kind = 'intercom'",
+                (run_id,),
+            ).fetchone()[0]
+        )
+    if sent >= MAX_INTERCOM_PER_RUN:
+        raise IntercomOff(
+            f"Run {run_id} holds {MAX_INTERCOM_PER_RUN:,} intercom messages, the most a run "
+            "keeps; this one was not kept.",
+            run_id=run_id,
+            reason="intercom_full",
+        )
+    if live is not None:
+        live.intercom_sent = sent + 1
     now = host.clock()
     host.record_event(run_id, "intercom", {"child": request.child_id or None, "text": request.text})
     return IntercomMessage(run_id=run_id, child_id=request.child_id, text=request.text, ts=now)

@@ -159,10 +159,13 @@ def append_event(
     return RunEvent(seq=int(cur.lastrowid or 0), ts=ts, kind=kind, data=data)
 
 
-def events_after(db: sqlite3.Connection, run_id: str, after_seq: int) -> list[RunEvent]:
+def events_after(
+    db: sqlite3.Connection, run_id: str, after_seq: int, limit: int = -1
+) -> list[RunEvent]:
+    """The run's events after `after_seq`, in order, at most `limit` (-1: all)."""
     rows = db.execute(
-        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND seq>? ORDER BY seq",
-        (run_id, after_seq),
+        "SELECT seq, ts, kind, data FROM run_events WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?",
+        (run_id, after_seq, limit),
     ).fetchall()
     return [RunEvent(seq=r[0], ts=r[1], kind=r[2], data=json.loads(r[3])) for r in rows]
 

@@ -23,7 +23,15 @@ from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.records import init_fields
 from subagents_node.actors.runs import runstore
 from subagents_node.messages.errors import Busy, RecordQuarantined, RunNotFound
-from subagents_node.messages.supervisor import FleetEvents, RunEvents, Watch, WatchAll
+from subagents_node.messages.supervisor import (
+    MAX_WATCH_EVENTS,
+    FleetEvents,
+    RunEvent,
+    RunEvents,
+    RunView,
+    Watch,
+    WatchAll,
+)
 
 #: The key of node-wide (fleet) watchers.
 FLEET = "*"
@@ -70,12 +78,11 @@ class RunWatchers:
         self, db: sqlite3.Connection, run_id: str, request: Watch, reply: ReplyFn
     ) -> RunEvents | None:
         """The answer now, or None when the reply waits for the run's next event."""
-        events = runstore.events_after(db, run_id, request.after_seq)
+        events = runstore.events_after(db, run_id, request.after_seq, MAX_WATCH_EVENTS + 1)
         view = runstore.view(db, run_id)
         assert view is not None
         if events or request.wait_s == 0 or view.state not in ACTIVE:
-            last = events[-1].seq if events else request.after_seq
-            return RunEvents(run=view, events=events, last_seq=last)
+            return _page(view, events, request.after_seq)
         self._wait(run_id, Watcher(reply, request.after_seq, lambda: None), request.wait_s)
         return None
 
@@ -143,6 +150,14 @@ class RunWatchers:
         if view is None:
             self._reply_later(watcher.reply, RunNotFound(f"Run not found: {key}", run_id=key))
             return
-        events = runstore.events_after(db, key, watcher.after_seq)
-        last = events[-1].seq if events else watcher.after_seq
-        self._reply_later(watcher.reply, RunEvents(run=view, events=events, last_seq=last))
+        events = runstore.events_after(db, key, watcher.after_seq, MAX_WATCH_EVENTS + 1)
+        self._reply_later(watcher.reply, _page(view, events, watcher.after_seq))
+
+
+def _page(view: RunView, events: list[RunEvent], after_seq: int) -> RunEvents:
+    """A watch's answer: at most MAX_WATCH_EVENTS of `events` (read one past it, to know
+    whether more wait), with `more` set when some do."""
+    more = len(events) > MAX_WATCH_EVENTS
+    events = events[:MAX_WATCH_EVENTS]
+    last = events[-1].seq if events else after_seq
+    return RunEvents(run=view, events=events, last_seq=last, more=more)

@@ -135,6 +135,8 @@ def wait_plan(
             if on_event is not None:
                 on_event(event, batch.run)
         seq = batch.last_seq
+        if batch.more:  # a page of a long history: the rest at once, before the end is told
+            continue
         if batch.run.state in TERMINAL_RUN_STATES:
             return batch.run
         if deadline is not None and time.monotonic() >= deadline:

@@ -154,9 +154,13 @@ def _stop_reason(client: Client, run_id: str) -> tuple[str, str]:
     """A stop request shows as `run.stopping` in the run's events; without one, the SIGTERM
     came from the script's own deadline (R-TMO-7): failed, not stopped (R-WF-10)."""
     with contextlib.suppress(SubagentsError):
-        for event in client.runs.watch(run_id, 0, wait_s=0).events:
-            if event.kind == _STOP_EVENT:
-                return "stopped", str(event.data.get("reason") or "Stopped by request.")
+        seq, more = 0, True
+        while more:  # every page of the run's events (runs.watch answers at most a page)
+            batch = client.runs.watch(run_id, seq, wait_s=0)
+            for event in batch.events:
+                if event.kind == _STOP_EVENT:
+                    return "stopped", str(event.data.get("reason") or "Stopped by request.")
+            seq, more = batch.last_seq, batch.more
     return "failed", "The workflow script was ended before it finished (its timeout passed)."
 
 

@@ -127,20 +127,90 @@ def test_r_icb_a_message_to_an_unknown_run_is_refused(client: Client) -> None:
 
 
 def test_a_runs_view_carries_its_latest_intercom_messages_only(
-    client: Client, agents: Path
+    client: Client, agents: Path, gate: Gate
 ) -> None:
     """A child may send any number of messages; every view, watch and listing that includes
     the run carried them all (20 MB per view after 5,000 of 4,000 characters). A view
     carries the latest MAX_VIEW_INTERCOM, in order; the event log keeps every one."""
     ctx = launch_context(agents)
-    run = client.runs.launch(ctx.single("echo", "hi", True, None))
-    client.runs.wait(run.run_id, timeout=30)
+    run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [child] = gate.accept(1)
     sent = MAX_VIEW_INTERCOM + 5
     for n in range(sent):
         client.ask(Intercom(run_id=run.run_id, text=f"m{n}"), IntercomMessage)
+    child.release(0)
+    client.runs.wait(run.run_id, timeout=30)
     view = client.runs.show(run.run_id)
     assert [m.text for m in view.intercom] == [f"m{n}" for n in range(5, sent)]
     assert len([e for e in events_of(client, run.run_id) if e.kind == "intercom"]) == sent
+
+
+def test_r_icb_a_message_to_a_run_that_ended_is_refused_and_kept_nowhere(
+    client: Client, agents: Path
+) -> None:
+    """Any local client could send any number of messages to a run that had ended (no child
+    is left to send one): 5,000 grew its events.jsonl and the store by 20 MB each, unread."""
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("echo", "hi", True, None))
+    done = client.runs.wait(run.run_id, timeout=30)
+    before = (Path(done.run_dir) / "events.jsonl").read_bytes()
+
+    with pytest.raises(IntercomOff) as refused:
+        client.ask(Intercom(run_id=run.run_id, text="after the end"), IntercomMessage)
+
+    assert refused.value.details == {"run_id": run.run_id, "reason": "run_ended"}
+    assert refused.value.message == (
+        f"Run {run.run_id} has ended (complete): intercom reaches a run only while it goes on."
+    )
+    assert (Path(done.run_dir) / "events.jsonl").read_bytes() == before
+    assert client.runs.show(run.run_id) == done
+
+
+def test_r_icb_a_run_keeps_at_most_its_bound_of_intercom_messages(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """No bound either while it goes on: a flood grew its events and the store for good."""
+    from subagents_node.actors.runs.runrequests import MAX_INTERCOM_PER_RUN
+
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [child] = gate.accept(1)
+    try:
+        for n in range(MAX_INTERCOM_PER_RUN):
+            client.ask(Intercom(run_id=run.run_id, text=f"m{n}"), IntercomMessage)
+        with pytest.raises(IntercomOff) as refused:
+            client.ask(Intercom(run_id=run.run_id, text="one too many"), IntercomMessage)
+    finally:
+        child.release(0)
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert refused.value.details["reason"] == "intercom_full"
+    assert done.intercom[-1].text == f"m{MAX_INTERCOM_PER_RUN - 1}"
+
+
+def test_a_run_with_more_events_than_a_frame_lists_is_watched_in_pages_and_waited_to_its_end(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """A watch answered every event after its `after_seq` in one reply: past 10,000 (a frame's
+    longest list) no decoder took it, the reply was dropped as garbled, and every `wait` on
+    the run timed out. A watch answers a page (`more` says the rest follow); a wait sees every
+    event, in order, before it tells the end."""
+    from subagents_node.messages.supervisor import MAX_WATCH_EVENTS
+
+    ctx = launch_context(agents)
+    run = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [child] = gate.accept(1)
+    sent = 2 * MAX_WATCH_EVENTS + 500
+    try:
+        for n in range(sent):
+            client.ask(Intercom(run_id=run.run_id, text=f"m{n}"), IntercomMessage)
+        first = client.runs.watch(run.run_id, 0, wait_s=0)
+    finally:
+        child.release(0)
+    assert len(first.events) == MAX_WATCH_EVENTS and first.more
+    seen: list[int] = []
+    done = client.runs.wait(run.run_id, timeout=60, on_event=lambda e, _: seen.append(e.seq))
+    assert done.state == "complete"
+    assert seen == sorted(set(seen)) and len(seen) >= sent + 3  # started, exited, complete
 
 
 # -- resume (R-RES-7) -------------------------------------------------------------------------
