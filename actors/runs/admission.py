@@ -177,9 +177,8 @@ def _labelled_items(launch: Launch) -> list[tuple[str, TaskItem]]:
     labelled = [
         (child.label, child.item) for group in runplan.plan_children(launch) for child in group
     ]
-    offset = 1 if launch.attached_run_id else 0
-    for i, step in runplan.dynamic_steps(launch).items():
-        labelled += [(f"chain[{launch.chain_offset + offset + i}]", item) for item in step.items]
+    for i, step in runplan.dynamic_steps(launch).items():  # i is the group: offset included
+        labelled += [(f"chain[{launch.chain_offset + i}]", item) for item in step.items]
     return labelled
 
 

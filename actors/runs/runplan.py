@@ -66,8 +66,11 @@ def step_label(absolute: int, step: ChainStep, j: int) -> str:
 
 
 def dynamic_steps(launch: Launch) -> dict[int, ChainStep]:
-    """The expand and checkpoint steps of a chain, by group index (R-FAN-19: no static path)."""
-    return {i: step for i, step in enumerate(launch.chain) if step.kind != "run"}
+    """The expand and checkpoint steps of a chain, by group index (R-FAN-19: no static path).
+    Group indices are `plan_children`'s: an attached chain's steps start at group 1 (R-RES-6),
+    so its checkpoints and expands open where the file puts them, not one step early."""
+    offset = 1 if launch.attached_run_id else 0
+    return {i: step for i, step in enumerate(launch.chain, start=offset) if step.kind != "run"}
 
 
 def static_paths(launch: Launch) -> list[str]:

@@ -21,10 +21,21 @@ import pytest
 from subagents_node.actors.runs.admission import FAULT_POINTS
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
-from subagents_node.messages.errors import BadRequest, InjectedFault, RunNotResumable
+from subagents_node.messages.errors import (
+    BadRequest,
+    InjectedFault,
+    RunNotResumable,
+    TaskUndeliverable,
+)
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.lineage import Resume
-from subagents_node.messages.supervisor import ChainStep, LaunchResult, RunView, TaskItem
+from subagents_node.messages.supervisor import (
+    AgentPlan,
+    ChainStep,
+    LaunchResult,
+    RunView,
+    TaskItem,
+)
 from subagents_node.node.node import Node
 from tests.support.manage import embedded
 from tests.support.nodes import NodeProcess
@@ -32,7 +43,7 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, ledgers, wait_until
+from tests.support.runs import Gate, events_of, launch_context, ledgers, wait_until, wait_view
 
 LIMIT = 3
 
@@ -46,9 +57,30 @@ def steps(ctx: LaunchContext) -> list[ChainStep]:
     return [ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task="after {previous}")])]
 
 
-def attach(client: Client, run_id: str, ctx: LaunchContext) -> RunView:
-    request = Resume(run_id=run_id, capacity_limit=LIMIT, attach=steps(ctx))
+def attach(
+    client: Client, run_id: str, ctx: LaunchContext, chain: list[ChainStep] | None = None
+) -> RunView:
+    request = Resume(run_id=run_id, capacity_limit=LIMIT, attach=chain or steps(ctx))
     return client.ask(request, LaunchResult).run
+
+
+def echo(ctx: LaunchContext, task: str) -> ChainStep:
+    return ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task=task)])
+
+
+def trace(client: Client, run: RunView) -> list[str]:
+    """The run's steps as they happened: each child started (by label), each expansion and
+    each checkpoint pause (by chain index)."""
+    labels = {c.index: c.label for c in client.runs.show(run.run_id).children}
+    out = []
+    for event in events_of(client, run.run_id):
+        if event.kind == "child.started":
+            out.append(f"started {labels[int(str(event.data['child']))]}")
+        elif event.kind == "step.expanded":
+            out.append(f"expanded chain[{event.data['step']}]")
+        elif event.kind == "run.paused":
+            out.append(f"paused chain[{event.data['step']}]")
+    return out
 
 
 def test_r_res_6_attach_as_root_charges_exactly_one_new_slot(
@@ -188,3 +220,88 @@ def test_r_res_6_a_node_kill_9_while_the_chain_waits_leaves_no_stuck_run_and_no_
     assert client.runs.wait(source.run_id, timeout=20).state == "complete"
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, LIMIT).used == 0, what="release")
     assert client.runs.list(active_only=True) == []
+
+
+def test_r_res_6_an_attached_chains_checkpoint_pauses_after_the_step_before_it(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The chain's steps are chain[1], chain[2], ...: a checkpoint written between `one` and
+    `two` pauses once `one` ran. It used to be keyed one group early: the run paused at
+    chain[1] before `one` started, and approving ran `one` and `two` with no pause between."""
+    source = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [held] = gate.accept(1)
+    chain = [
+        echo(ctx, "one {previous}"),
+        ChainStep(kind="checkpoint", note="mid"),
+        echo(ctx, "two {previous}"),
+    ]
+    run = attach(client, source.run_id, ctx, chain)
+    held.release(0)
+
+    waiting = wait_view(client, run.run_id, lambda v: v.paused == "checkpoint")
+
+    assert (waiting.paused_step, waiting.checkpoint_note) == (2, "mid")
+    assert [(c.label, c.state) for c in waiting.children] == [
+        ("chain[1]", "complete"),
+        ("chain[3]", "pending"),
+    ]
+    assert trace(client, run) == ["started chain[1]", "paused chain[2]"]
+
+    client.runs.approve(run.run_id)
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    assert done.output.strip() == "two one released 0"
+    assert trace(client, run) == ["started chain[1]", "paused chain[2]", "started chain[3]"]
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, LIMIT).used == 0, what="release")
+
+
+def test_r_fan_21_an_attached_chains_expand_step_splits_the_step_before_it(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The expand step at chain[2] splits chain[1]'s output. It used to take chain[1]'s
+    place: chain[1] never ran, the step split the attached run's output, and the run still
+    ended `complete`."""
+    source = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [held] = gate.accept(1)
+    template = TaskItem(agent=ctx.plan("echo"), task="got {item}")
+    chain = [echo(ctx, "a\nb\nc"), ChainStep(kind="expand", items=[template])]
+    run = attach(client, source.run_id, ctx, chain)
+    held.release(0)
+
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    paths = [f"chain[2].expand[{j}]" for j in range(3)]
+    assert [(c.label, c.state) for c in done.children] == [
+        ("chain[1]", "complete"),
+        *[(p, "complete") for p in paths],
+    ]
+    assert [c.output.strip() for c in done.children[1:]] == ["got a", "got b", "got c"]
+    items = trace(client, run)[2:]
+    assert trace(client, run)[:2] == ["started chain[1]", "expanded chain[2]"]
+    assert sorted(items) == [f"started {p}" for p in paths]  # the items start together
+    budget = decode_descriptor(done.fanout_descriptor)
+    assert client.fanout.snapshot(budget).used == 4
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, LIMIT).used == 0, what="release")
+
+
+def test_r_fan_12_an_attached_chains_refused_expand_template_is_named_by_its_own_path(
+    client: Client, ctx: LaunchContext, gate: Gate
+) -> None:
+    """Admission checks an expand step's template under the step's path: chain[2] here (the
+    source is chain[0]), not one further, and the refusal changes no ledger."""
+    source = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [held] = gate.accept(1)
+    argv = AgentPlan(name="argv", command=["/bin/echo", "--prompt={task}"], task_delivery="argv")
+    template = TaskItem(agent=argv, task="got {item}\x00")
+    chain = [echo(ctx, "a"), ChainStep(kind="expand", items=[template])]
+    before = ledgers(client, ctx.session_id, LIMIT)
+
+    with pytest.raises(TaskUndeliverable) as refused:
+        attach(client, source.run_id, ctx, chain)
+
+    assert refused.value.message.startswith("Task chain[2] cannot be passed to agent 'argv'")
+    assert ledgers(client, ctx.session_id, LIMIT) == before
+    held.release(0)
+    assert client.runs.wait(source.run_id, timeout=20).state == "complete"

@@ -89,6 +89,28 @@ def test_parallel_children_form_one_group_and_chain_steps_one_group_each_in_star
     assert [{c.step for c in g} for g in groups] == [{0}, {1}, {2}]
 
 
+@pytest.mark.parametrize("attached", [None, "src"])
+def test_r_res_6_dynamic_steps_are_keyed_by_the_group_they_open_in(attached: str | None) -> None:
+    """An attached chain's steps start at group 1 (group 0 is its live source): its expand
+    and checkpoint steps are keyed the same way. They used to be keyed from 0, so each opened
+    one group early and took the place of the step before it."""
+    chain = [
+        ChainStep(items=[task("one")]),
+        ChainStep(kind="checkpoint"),
+        ChainStep(items=[task("two")]),
+        ChainStep(kind="expand", items=[task("got {item}")]),
+    ]
+    planned = launch("chain", background=True, chain=chain, attached_run_id=attached)
+    groups = runplan.plan_children(planned)
+    dynamic = runplan.dynamic_steps(planned)
+
+    offset = 1 if attached else 0
+    assert sorted(dynamic) == [offset + 1, offset + 3]
+    assert [dynamic[offset + 1].kind, dynamic[offset + 3].kind] == ["checkpoint", "expand"]
+    assert all(groups[g] == [] for g in dynamic)  # they hold no static child of their own
+    assert [g for g, group in enumerate(groups) if group] == [offset, offset + 2]
+
+
 def test_r_spn_3_requested_spawns_count_singles_tasks_and_every_chain_item() -> None:
     assert runplan.requested_spawns(launch("single")) == 1
     assert runplan.requested_spawns(launch("parallel", items=[task()] * 4)) == 4
