@@ -322,3 +322,29 @@ def test_r_app_2_append_to_a_chain_adopted_after_a_node_kill_9_is_refused_and_cl
     assert appends_of(state_dir, run.run_id) == [] and reservations(state_dir, budget_of(run)) == {}
     gate.children[0].release(0)
     assert client.runs.wait(run.run_id, timeout=20).state == "failed"  # its later step never ran
+
+
+def test_r_spn_3_a_11_appended_steps_and_unbounded_expand_items_are_not_counted_as_spawns(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """The documented rule, pinned (a tester read it as a bypass of the session cap): the
+    session spawn budget counts what a launch declares, so a chain append (A-11) and the
+    items of an expand step without `max_items` (R-SPN-3: it declares 0) are not counted.
+    The cap of 2 still lets this chain start five children and reads 1/2 used."""
+    ctx = launch_context(agents, max_subagent_spawns_per_session=2)
+    first = ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))])
+    run = client.runs.launch(ctx.launch("chain", True, chain=[first]))
+    [held] = gate.accept(1)
+    assert client.session.snapshot(ctx.session_id).used == 1
+
+    template = TaskItem(agent=ctx.plan("echo"), task="got {item}")
+    append(client, run.run_id, echo(ctx, "a\nb\nc"))
+    append(client, run.run_id, ChainStep(kind="expand", items=[template]))
+    held.release(0)
+    done = client.runs.wait(run.run_id, timeout=20)
+
+    assert done.state == "complete", done.error
+    assert [c.output.strip() for c in done.children[2:]] == ["got a", "got b", "got c"]
+    assert len(done.children) == 5
+    spawns = client.session.snapshot(ctx.session_id)
+    assert (spawns.used, spawns.limit) == (1, 2)
