@@ -76,10 +76,12 @@ def generate(obj: Ctx, force: bool) -> None:
             "(`subagents-node stop`), run `keys generate --force` again, then start it",
             address=str(running.get("address", "")),
         )
-    if running is not None and not (directory / SERVER_KEY).exists():
-        # The node serves the key it read at its start: a new file would not be its key, and
-        # the command printed the node's while the file held another (every tcp client of
-        # the state dir was then refused from the node's next start, or by a fresh client).
+    endpoints = running.get("endpoints") if running is not None else None
+    serves_tcp = isinstance(endpoints, list) and any(str(e).startswith("tcp://") for e in endpoints)
+    if running is not None and serves_tcp and not (directory / SERVER_KEY).exists():
+        # A tcp node serves the key it read at its start: a new file would not be its key,
+        # and the command printed the node's while the file held another (every tcp client
+        # of the state dir was then refused). A node on ipc alone serves no key.
         raise NodeAlreadyRunning(
             f"{directory / SERVER_KEY} is missing while a node (pid {running['pid']}) serves "
             f"{state_dir} with the key it read at its start; stop it (`subagents-node stop`), "

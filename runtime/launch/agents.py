@@ -324,9 +324,7 @@ def discover_agents(
             try:
                 agent = load_agent_file(path, directory.scope)
             except AgentInvalid as problem:
-                # The catalog's `problems` carry it to whoever shows them (`agents`, `doctor`,
-                # the MCP `agents` tool): a warning here printed it twice on a CLI's stderr.
-                log.info("skipping agent file: %s", problem.message)
+                log.warning("skipping agent file: %s", problem.message)
                 problems.append(problem)
                 continue
             if agent.name in found:
