@@ -22,11 +22,11 @@ import pytest
 from subagents_node.client.paths import ADDRESS_BOOK_NAME, LOG_NAME, PID_NAME, read_pid_file
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.node.daemon import stop_node
-from tests.support.nodes import NodeProcess, new_state_dir, run_cli, short_dir
+from tests.support.nodes import NodeProcess, new_state_dir, run_cli
+from tests.support.victims import PRECIOUS
+from tests.support.victims import victim as victim
 
 pytestmark = pytest.mark.processes
-
-PRECIOUS = b"precious data, not the node's\n"
 
 
 @pytest.fixture
@@ -46,18 +46,6 @@ def state_dir() -> Iterator[Path]:
         else:
             entry.unlink()
     path.rmdir()
-
-
-@pytest.fixture
-def victim() -> Iterator[Path]:
-    """A file outside the state dir that a planted symlink names (mode 0644)."""
-    directory = short_dir("sa-victim-")
-    path = directory / "victim"
-    path.write_bytes(PRECIOUS)
-    path.chmod(0o644)
-    yield path
-    path.unlink(missing_ok=True)
-    directory.rmdir()
 
 
 def one_line_refusal(state_dir: Path) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,34 +24,23 @@ from subagents_node.client.client import Client
 from subagents_node.messages.errors import RunNotResumable
 from subagents_node.messages.lineage import Resume
 from subagents_node.messages.supervisor import LaunchResult, RunView
-from tests.support.nodes import NodeProcess, short_dir
+from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import detached_run_node as detached_run_node
 from tests.support.run_fixtures import gate as gate
 from tests.support.runs import WAIT_S, Gate, GateChild, launch_context, write_agent
+from tests.support.victims import PRECIOUS
+from tests.support.victims import victim as victim
 
 pytestmark = pytest.mark.processes
 
 #: Far above any answer of a supervisor that serves; what a wedged one fails the test after.
 CLIENT_TIMEOUT_S = 5.0
-PRECIOUS = b"precious data, not the node's\n"
 
 
 @pytest.fixture
 def client(node: NodeProcess) -> Client:
     return node.client(timeout=CLIENT_TIMEOUT_S)
-
-
-@pytest.fixture
-def victim() -> Iterator[Path]:
-    """A file outside the state dir that a planted symlink names."""
-    directory = short_dir("sa-victim-")
-    path = directory / "victim"
-    path.write_bytes(PRECIOUS)
-    path.chmod(0o644)
-    yield path
-    path.unlink(missing_ok=True)
-    directory.rmdir()
 
 
 def plant(path: Path, kind: str, victim: Path) -> None:
