@@ -1,29 +1,33 @@
 """`doctor`: checks a person can act on, each with ok / warn / fail and a fix.
 
 Owns the list of checks and nothing else: the state dir (exists, trusted as `start` trusts it,
-0700, writable, not full), the hard limit on open files (node/descriptors.py), the store (every
-table family at the version this installation knows, SQLite's integrity check), what the run
-supervisor still owes the ledgers
-(a warning once it is old), the node (reachable, same version, how it contains children, no
-stored record quarantined by its owner, no tcp listener that shed a flood in the last hour:
-runtime/cli/tcpsheds.py), the configuration (valid; where each value came from) and every
-agent file (parses; its command resolves).
-It also states how the ledgers count (R-STS-2). It never changes anything.
+0700, writable, not full), the hard limit on open files (node/descriptors.py), the store and
+what the run supervisor still owes the ledgers (runtime/cli/doctorstore.py), the node
+(reachable, same version, how it contains children, no stored record quarantined by its owner,
+no tcp listener that shed a flood in the last hour: runtime/cli/tcpsheds.py), the
+configuration (valid; where each value came from) and every agent file (parses; its command
+resolves). It also states how the ledgers count (R-STS-2). It never changes anything.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
+from subagents_node.cli.doctorstore import (
+    FULL_BELOW_BYTES,
+    Check,
+    Level,
+    check_outbox,
+    check_store,
+    free_bytes,
+    read_only,
+)
 from subagents_node.cli.tcpsheds import shed_checks
 from subagents_node.client.client import Client
 from subagents_node.client.paths import (
@@ -38,21 +42,7 @@ from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.node import ClusterStatus, ContainmentStatus, QuarantinedRecord
-from subagents_node.node import owners
 from subagents_node.node.descriptors import descriptor_warnings
-
-Level = Literal["ok", "warn", "fail"]
-#: Less room than this on the state dir's file system is a full disk: a commit of the node's
-#: needs a few pages, a checkpoint more.
-FULL_BELOW_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    level: Level
-    detail: str
-    fix: str = ""
 
 
 def check_state_dir(state_dir: Path) -> Iterator[Check]:
@@ -102,7 +92,7 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
         )
     else:
         yield Check("state dir mode", "ok", f"{state_dir} is 0700")
-    if _read_only(state_dir):
+    if read_only(state_dir):
         yield Check(
             "state dir writable",
             "fail",
@@ -118,7 +108,7 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
             f"{state_dir} is not writable",
             f"fix its ownership: chown $USER {state_dir}",
         )
-    free = _free_bytes(state_dir)
+    free = free_bytes(state_dir)
     if free is not None and free < FULL_BELOW_BYTES:
         yield Check(
             "state dir space",
@@ -130,162 +120,6 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
         )
     elif free is not None:
         yield Check("state dir space", "ok", f"{free / (1 << 20):,.0f} MiB free")
-
-
-def _free_bytes(directory: Path) -> int | None:
-    """The bytes this user may still write on `directory`'s file system, or None."""
-    try:
-        info = os.statvfs(directory)
-    except OSError:
-        return None
-    return info.f_bavail * info.f_frsize
-
-
-def _read_only(directory: Path) -> bool:
-    """Whether `directory` is on a file system mounted read-only (EROFS for every write)."""
-    try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def check_store(state_dir: Path) -> Iterator[Check]:
-    """Each owner process's database (`capacity.db`, ..., `runs.db`); a version-1 `state.db`
-    that no owner has imported yet is checked as it stands."""
-    files = {name: owner_db(state_dir, name) for name in owners.NAMES}
-    present = {name: path for name, path in files.items() if path.exists()}
-    v1 = state_dir / DB_NAME
-    if not present and not v1.exists():
-        yield Check(
-            "store", "warn", "no owner database exists yet", "they are created on first start"
-        )
-        return
-    if not present:
-        yield from _check_db("store", v1, owners.all_families())
-        return
-    for name, path in present.items():
-        yield from _check_db(f"store {path.stem}", path, owners.families_of(name))
-    for name, path in files.items():
-        if name not in present:
-            yield Check(
-                f"store {path.stem}", "warn", f"{path} does not exist yet", "start the node once"
-            )
-
-
-def _reading(path: Path) -> sqlite3.Connection:
-    """A read-only connection to an owner's database that creates no file.
-
-    A WAL database is opened read-only (`mode=ro`) only with its -wal and -shm, which SQLite
-    makes when they are not there: on a read-only file system it cannot, on a full one it fails
-    ("disk I/O error", read as a broken ledger), and anywhere else doctor, which changes
-    nothing, left both behind. With no -wal (no node has it open: a clean stop folds it in) the
-    file is all there is, so it is read as immutable; one with a -wal is read with the -shm its
-    node made."""
-    immutable = _read_only(path.parent) or not Path(f"{path}-wal").exists()
-    mode = "immutable=1" if immutable else "mode=ro"
-    return sqlite3.connect(f"file:{path}?{mode}", uri=True, timeout=5)
-
-
-def _check_db(check: str, path: Path, families: Mapping[str, Sequence[str]]) -> Iterator[Check]:
-    expected = {name: len(scripts) for name, scripts in families.items()}
-    read_only = _read_only(path.parent)
-    try:
-        conn = _reading(path)
-        try:
-            integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-            rows = conn.execute("SELECT family, version FROM schema_migrations").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        free = _free_bytes(path.parent)
-        # Never "move it aside" for what a remount or free space fixes: that empties a ledger
-        # (fan-out claims are never refunded), for a file that is fine.
-        if read_only:
-            fix = "remount its file system read-write, then run doctor again"
-        elif free is not None and free < FULL_BELOW_BYTES:
-            fix = "free space on its file system (it is full), then run doctor again"
-        else:
-            fix = (
-                f"move it aside (mv {path} {path}.broken) and restart the node; its ledger "
-                "starts empty"
-            )
-        yield Check(check, "fail", f"{path} cannot be read: {exc}", fix)
-        return
-    if integrity != "ok":
-        yield Check(
-            f"{check} integrity",
-            "fail",
-            f"integrity check: {integrity[:200]}",
-            f"stop the node, copy {path} for a post-mortem, then move it aside",
-        )
-    else:
-        yield Check(f"{check} integrity", "ok", "PRAGMA integrity_check: ok")
-    found = {str(r[0]): int(r[1]) for r in rows}
-    for family, version in sorted(expected.items()):
-        have = found.get(family)
-        if have is None:
-            yield Check(
-                f"schema {family}", "warn", "not created yet", "start the node once to migrate"
-            )
-        elif have > version:
-            yield Check(
-                f"schema {family}",
-                "fail",
-                f"version {have} is newer than this installation ({version})",
-                "upgrade subagents-node",
-            )
-        elif have < version:
-            yield Check(
-                f"schema {family}",
-                "warn",
-                f"version {have}, will migrate to {version}",
-                "restart the node to migrate",
-            )
-        else:
-            yield Check(f"schema {family}", "ok", f"version {have}")
-
-
-#: An outbox row older than this is worth a warning: an owner that serves answers in
-#: milliseconds, so this one has been away (restarting, failed, unreachable) for that long.
-OUTBOX_STALE_S = 60.0
-#: The run supervisor's outbox table (actors/runs/outbox.py; the CLI does not import actors).
-OUTBOX = "run_outbox"
-
-
-def check_outbox(state_dir: Path, now: float) -> Iterator[Check]:
-    """What the run supervisor still owes the ledgers (`run_outbox`, actors/runs/outbox.py):
-    run ends whose capacity report or session update their owner has not answered yet. They
-    are resent until it does; until then the slots they free stay held."""
-    path = owner_db(state_dir, owners.RUNS)
-    if not path.exists():
-        return
-    try:
-        conn = _reading(path)
-        try:
-            owed = conn.execute(
-                f"SELECT target, COUNT(*), MIN(created_at), (SELECT last_error FROM {OUTBOX} o "
-                f"WHERE o.target = r.target ORDER BY seq LIMIT 1) FROM {OUTBOX} r "
-                "GROUP BY target ORDER BY target"
-            ).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return  # not migrated yet (no table), or unreadable: check_store says so
-    if not owed:
-        yield Check("outbox", "ok", "nothing owed to the ledgers")
-    for target, count, oldest, error in owed:
-        age = max(0.0, now - float(oldest))
-        if age < OUTBOX_STALE_S:
-            yield Check(f"outbox {target}", "ok", f"{count} request(s) being delivered")
-            continue
-        yield Check(
-            f"outbox {target}",
-            "warn",
-            f"{count} request(s) owed to {target} for {age:.0f}s, resent until it answers "
-            f"(last error: {error or 'none'}); the slots and counts they free stay held",
-            f"check that owner {target} is running (`subagents-node status`, this doctor's "
-            "owner lines); nothing else is needed: they go out as soon as it answers",
-        )
 
 
 def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[Check]:
