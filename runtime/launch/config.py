@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from subagents_node.client.paths import check_endpoint
 from subagents_node.launch.limits import (
+    DECIMAL,
     DEFAULT_MAX_DEPTH,
     DEFAULT_SPAWNS_PER_RUN,
     DEFAULT_TIMEOUT_MS,
@@ -370,6 +371,21 @@ def _apply_env(
         _apply(values, origins, {key: value}, Origin("env", ENV_NAMES[key]))
 
 
+#: The number variables `_parse_env` converts (each spelled as limits.DECIMAL allows).
+_NUMBER_KEYS = frozenset(
+    {
+        "reservation_ttl_s",
+        "run_retention_days",
+        "timeout_ms",
+        "max_active_async_runs_per_session",
+        "max_watchers",
+        "child_log_max_bytes",
+        "node_log_max_bytes",
+        "node_log_backups",
+    }
+)
+
+
 def _parse_env(key: str, raw: str, cwd: Path) -> Any:
     """Turn a variable's text into the key's type; what cannot be converted stays text so
     validation reports it with the variable's name."""
@@ -380,6 +396,10 @@ def _parse_env(key: str, raw: str, cwd: Path) -> Any:
         return tuple(part for part in text.replace(",", " ").split() if part)
     if key == "state_dir":
         return str(cwd / Path(text).expanduser())
+    # Plain ASCII decimal only, as for every other number variable (limits.py): int() and
+    # float() also take "1_000" and other scripts' digits ("١٢٣" was 123).
+    if key in _NUMBER_KEYS and not DECIMAL.fullmatch(text):
+        return text  # validation names the variable and says what it should be
     if key in ("reservation_ttl_s", "run_retention_days"):
         try:
             return float(text)

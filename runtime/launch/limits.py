@@ -32,7 +32,9 @@ def as_integer(value: object) -> int | None:
     return None
 
 
-_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+#: A number as an environment variable may spell it: ASCII decimal (int() and float() would
+#: also take "1_000" and other scripts' digits).
+DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 
 def parse_env_int(raw: str | None) -> int | None:
@@ -45,7 +47,7 @@ def parse_env_int(raw: str | None) -> int | None:
         return None
     text = raw.strip()
     # Plain ASCII decimal only: int() would also take "1_000" and full-width digits.
-    if not _DECIMAL.fullmatch(text):
+    if not DECIMAL.fullmatch(text):
         return None
     try:
         return int(text)

@@ -462,6 +462,25 @@ def test_an_error_or_a_warning_repeats_at_most_a_short_piece_of_a_huge_value(
     assert len(warning) < 300 and "(100,000 characters)" in warning
 
 
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("SUBAGENTS_TIMEOUT_MS", "1_000"),
+        ("SUBAGENTS_TIMEOUT_MS", "\u0661\u0662\u0663"),  # Arabic-Indic 123
+        ("SUBAGENTS_RESERVATION_TTL_S", "1_0"),
+    ],
+)
+def test_a_number_variable_is_ascii_decimal_as_every_other_one(
+    dirs: tuple[Path, Path, dict[str, str]], var: str, raw: str
+) -> None:
+    """int() and float() took `1_000` and other scripts' digits for these variables, while
+    the others (SUBAGENTS_MAX_SPAWNS_PER_RUN, ...) refuse them: one text, two readings."""
+    _, project, env = dirs
+    with pytest.raises(ConfigError) as info:
+        load_config(env={**env, var: raw}, cwd=project)
+    assert var in info.value.message and repr(raw) in info.value.message
+
+
 def test_an_unknown_key_is_an_error_naming_the_key_and_the_file(
     dirs: tuple[Path, Path, dict[str, str]],
 ) -> None:
