@@ -2,11 +2,12 @@
 
 Owns the list of checks and nothing else: the state dir (exists, trusted as `start` trusts it,
 0700, writable, not full), the hard limit on open files (node/descriptors.py), the store and
-what the run supervisor still owes the ledgers (runtime/cli/doctorstore.py), the node
-(reachable, same version, how it contains children, no stored record quarantined by its owner,
-no tcp listener that shed a flood in the last hour: runtime/cli/tcpsheds.py), the
-configuration (valid; where each value came from) and every agent file (parses; its command
-resolves). It also states how the ledgers count (R-STS-2). It never changes anything.
+what the run supervisor still owes the ledgers (runtime/cli/doctorstore.py), the keys dir
+(each keypair file and the allow-list), the node (reachable, same version, how it contains
+children, no stored record quarantined by its owner, no tcp listener that shed a flood in the
+last hour: runtime/cli/tcpsheds.py), the configuration (valid; where each value came from)
+and every agent file (parses; its command resolves). It also states how the ledgers count
+(R-STS-2). It never changes anything.
 """
 
 from __future__ import annotations
@@ -304,12 +305,54 @@ def check_agents(cwd: Path, agents_dirs: tuple[str, ...]) -> Iterator[Check]:
         )
 
 
+def check_keys(state_dir: Path) -> Iterator[Check]:
+    """The keys dir, when there is one: each keypair file and the allow-list, read as a node
+    (or a tcp client) reads them. A broken allow-list stops every start, ipc alone included,
+    and a broken key file every tcp listener, while doctor said nothing of either."""
+    from subagents_node.client.keys import (
+        ALLOWED,
+        CLIENT_KEY,
+        SERVER_KEY,
+        keys_dir,
+        read_allowed,
+        read_keypair,
+    )
+
+    directory = keys_dir(state_dir)
+    if not directory.is_dir():
+        return
+    for name in (SERVER_KEY, CLIENT_KEY):
+        if (directory / name).exists():
+            try:
+                read_keypair(directory / name)
+            except SubagentsError as err:
+                fix = str(err.details.get("fix") or "")
+                yield Check(f"keys {name}", "fail", err.message, fix or _NEW_KEYS)
+    try:
+        allowed = read_allowed(directory / ALLOWED)
+    except SubagentsError as err:
+        yield Check(
+            f"keys {ALLOWED}",
+            "fail",
+            err.message,
+            f"mend or move aside {directory / ALLOWED} (with no node running), then allow the "
+            "keys again with `subagents-node keys allow`",
+        )
+    else:
+        yield Check("keys", "ok", f"{len(allowed)} client key(s) allowed")
+
+
+#: The fix for a key file that cannot be used: new keys, which tcp clients must then be given.
+_NEW_KEYS = "stop the node, make new keys with `subagents-node keys generate --force`"
+
+
 def run_checks(
     state_dir: Path, address: str | None, cwd: Path, agents_dirs: tuple[str, ...], version: str
 ) -> list[Check]:
     checks = [*check_state_dir(state_dir), *check_store(state_dir)]
     checks += [Check("open files", "warn", *warning) for warning in descriptor_warnings()]
     checks += check_outbox(state_dir, time.time())
+    checks += check_keys(state_dir)
     checks += check_node(state_dir, address, version)
     try:
         config = load_config(cwd=cwd, log_warnings=False)

@@ -181,6 +181,27 @@ def test_doctor_fails_a_state_dir_start_refuses_for_its_parent_or_its_owner(
         assert "[FAIL] state dir trust" in result.stdout and "owned by uid 65534" in result.stdout
 
 
+def test_doctor_fails_a_broken_allow_list_or_key_file_naming_it(state_dir: Path) -> None:
+    """A garbage allowed.toml stops every start (ipc alone too) and a key file mixing two
+    keypairs every tcp listener, and doctor said nothing of either (exit 0, "start one")."""
+    import zmq
+
+    assert run_cli("keys", "generate", state_dir=state_dir).returncode == 0
+    assert "[ok  ] keys: 1 client key(s) allowed" in doctor(state_dir).stdout
+    keys = state_dir / "keys"
+    (keys / "allowed.toml").write_text("garbage [[\n")
+    public, _ = zmq.curve_keypair()
+    _, secret = zmq.curve_keypair()
+    (keys / "server.key").write_text(
+        f'public = "{public.decode()}"\nsecret = "{secret.decode()}"\n'
+    )
+    result = doctor(state_dir)
+    assert result.returncode == 1, result.stdout
+    assert "[FAIL] keys allowed.toml: cannot read" in result.stdout
+    assert "[FAIL] keys server.key:" in result.stdout
+    assert "not the public half of its secret key" in result.stdout
+
+
 def test_doctor_fails_on_a_state_dir_that_cannot_be_created(tmp_path: Path) -> None:
     """Under a file, `start` fails: doctor must not say start will create it."""
     (tmp_path / "file").write_text("x")
