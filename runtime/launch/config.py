@@ -371,11 +371,10 @@ def _apply_env(
         _apply(values, origins, {key: value}, Origin("env", ENV_NAMES[key]))
 
 
-#: The number variables `_parse_env` converts (each spelled as limits.DECIMAL allows).
-_NUMBER_KEYS = frozenset(
+#: The number variables `_parse_env` converts, by type (each spelled as limits.DECIMAL allows).
+_FLOAT_KEYS = frozenset({"reservation_ttl_s", "run_retention_days"})
+_INT_KEYS = frozenset(
     {
-        "reservation_ttl_s",
-        "run_retention_days",
         "timeout_ms",
         "max_active_async_runs_per_session",
         "max_watchers",
@@ -396,25 +395,13 @@ def _parse_env(key: str, raw: str, cwd: Path) -> Any:
         return tuple(part for part in text.replace(",", " ").split() if part)
     if key == "state_dir":
         return str(cwd / Path(text).expanduser())
+    convert = float if key in _FLOAT_KEYS else int if key in _INT_KEYS else None
     # Plain ASCII decimal only, as for every other number variable (limits.py): int() and
-    # float() also take "1_000" and other scripts' digits ("١٢٣" was 123).
-    if key in _NUMBER_KEYS and not DECIMAL.fullmatch(text):
-        return text  # validation names the variable and says what it should be
-    if key in ("reservation_ttl_s", "run_retention_days"):
+    # float() also take "1_000" and other scripts' digits ("١٢٣" was 123). What does not
+    # convert stays text: validation names the variable and says what it should be.
+    if convert is not None and DECIMAL.fullmatch(text):
         try:
-            return float(text)
-        except ValueError:
-            return text
-    if key in (
-        "timeout_ms",
-        "max_active_async_runs_per_session",
-        "max_watchers",
-        "child_log_max_bytes",
-        "node_log_max_bytes",
-        "node_log_backups",
-    ):
-        try:
-            return int(text)
+            return convert(text)
         except ValueError:
             return text
     return text
