@@ -2,7 +2,8 @@
 
 Owns the rules every such read follows: a regular file only (a FIFO would block forever,
 `/dev/zero` would never end, a directory is no file), at most `MAX_INPUT_FILE_BYTES`, and a
-TOML file that is UTF-8 text, valid and not nested past what the parser can recurse through.
+TOML file that is UTF-8 text, valid and not nested past what the parser can recurse through;
+and how an error shows the path it names (`shown_path`, at most 160 characters).
 Failures are `OSError` (cannot read: its strerror says why) or `ValueError` (read, but not
 valid: a one-line reason); each caller turns them into its own typed error. It never writes,
 and never reads more than one byte past the limit.
@@ -18,6 +19,16 @@ from typing import Any
 
 #: Far above any run file, config or agent a person writes; far below what hurts a machine.
 MAX_INPUT_FILE_BYTES = 16 << 20
+
+
+#: Most characters of a path an error repeats (a bad one may be kilobytes long).
+SHOWN_PATH_CHARS = 160
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as an error about it shows it: at most SHOWN_PATH_CHARS characters."""
+    text = os.fspath(path)
+    return text if len(text) <= SHOWN_PATH_CHARS else text[: SHOWN_PATH_CHARS - 1] + "…"
 
 
 def read_small_file(path: Path, limit: int = MAX_INPUT_FILE_BYTES) -> bytes:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from subagents_node.client.files import read_small_file
+from subagents_node.client.files import read_small_file, shown_path
 from subagents_node.messages.constants import ENV_TASK_DELIVERY, MAX_TIMEOUT_MS
 from subagents_node.messages.delivery import (
     AUTO_FILE_THRESHOLD,
@@ -362,7 +362,7 @@ def _agent_files(directory: Path) -> list[Path] | None:
 def _bad_directory(path: Path, reason: str) -> AgentInvalid:
     """An explicit agents directory that cannot be searched (not "Invalid agent file": a
     directory); its path shown at most 160 characters long."""
-    shown = str(path) if len(str(path)) <= 160 else str(path)[:159] + "…"
+    shown = shown_path(path)
     return AgentInvalid(
         f"Invalid agents directory {shown} (--agents-dir or agent_dirs): {reason}",
         path=shown,

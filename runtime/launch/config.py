@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from subagents_node.client.files import shown_path
 from subagents_node.client.paths import check_endpoint
 from subagents_node.launch.limits import (
     DECIMAL,
@@ -226,7 +227,7 @@ def _is_file(path: Path) -> bool:
     dangling symlink or a loop) is a ConfigError, as a file it cannot read is: taken for "no
     file", the project's limits quietly fell away (so did a name the system refuses to look up:
     too long, a directory it may not search)."""
-    shown = str(path) if len(str(path)) <= 160 else str(path)[:159] + "…"
+    shown = shown_path(path)
 
     def refused(why: str) -> ConfigError:
         return ConfigError(

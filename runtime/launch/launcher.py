@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from subagents_node.client.arguments import listed
-from subagents_node.client.files import load_toml
+from subagents_node.client.files import load_toml, shown_path
 from subagents_node.launch.agents import Agent, AgentCatalog, discover_agents
 from subagents_node.launch.config import (
     Configuration,
@@ -104,7 +104,7 @@ def _working_directory(cwd: str | os.PathLike[str] | None) -> Path:
     a path over 4096, one it may not search). That it exists is checked where a run is
     launched (a launch names its cwd; the node refuses a missing one before any claim)."""
     given = cwd or Path.cwd()
-    shown = _shown_path(given)
+    shown = shown_path(given)
     try:
         where = Path(given).resolve()
     except (ValueError, RuntimeError) as exc:  # an embedded NUL; pathlib's symlink loop
@@ -121,12 +121,6 @@ def _working_directory(cwd: str | os.PathLike[str] | None) -> Path:
             f"working directory is not usable: {exc.strerror}: {shown}", cwd=shown, field="cwd"
         ) from None
     return where
-
-
-def _shown_path(path: str | os.PathLike[str]) -> str:
-    """A path as an error shows it: at most 160 characters (a bad one may be kilobytes)."""
-    text = os.fspath(path)
-    return text if len(text) <= 160 else text[:159] + "…"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
