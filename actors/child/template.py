@@ -73,8 +73,7 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
     made here and shared, and so that CPython has specialised their bytecode here (3.11 writes
     its counters and caches into the code objects until it has): a shim that runs warm code
     copies fewer of the template's pages."""
-    record_dir = os.path.join("/tmp", f"subagents-shim-warm-up.{os.getpid()}")
-    os.makedirs(record_dir, mode=0o700, exist_ok=True)
+    record_dir = _warm_up_dir()
     order: dict[str, Any] = {
         "child_id": "warm-up",
         "run_id": "warm-up",
@@ -111,9 +110,34 @@ def _warm_up(rounds: int = WARM_UP_ROUNDS) -> None:
             procfs.start_time_of(os.getpid())
             procfs.wall_clock(0.0)
     finally:
-        for name in os.listdir(record_dir):
-            os.unlink(os.path.join(record_dir, name))
-        os.rmdir(record_dir)
+        _remove_warm_up_dir(record_dir)
+
+
+def _warm_up_dir() -> str:
+    """A new directory, the warm-up's own, under $TMPDIR or /tmp: a name nobody can foresee,
+    made by this call. (It was `subagents-shim-warm-up.<pid>`, taken as found: a local user who
+    planted that name as a link to a directory of their choosing had the template write its
+    files there, then unlink every file in it, as the node's user: root's /etc, say.)"""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    while True:
+        path = os.path.join(base, f"subagents-shim-warm-up.{os.urandom(8).hex()}")
+        try:
+            os.mkdir(path, 0o700)  # fails on whatever is there, a link included
+        except FileExistsError:
+            continue  # one chance in 2**64 a round
+        return path
+
+
+def _remove_warm_up_dir(path: str) -> None:
+    # Through a descriptor of the directory itself, never its name again: what is unlinked is
+    # what is in the directory this template made, even were the name since moved elsewhere.
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name in os.listdir(fd):
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)
 
 
 def serve_template(open_files: int | None = None) -> None:
@@ -122,7 +146,12 @@ def serve_template(open_files: int | None = None) -> None:
     the soft limit on open files its shims, and so their children, start with."""
     if open_files is not None:
         _limit_open_files(open_files)
-    _warm_up()
+    try:
+        _warm_up()
+    except OSError as err:
+        # Warm code only saves each shim some copied pages: a template with no temporary
+        # directory to warm up in (none, full, read-only) serves cold rather than not at all.
+        print(f"shim template: no warm-up ({err}); shims start cold", file=sys.stderr, flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
     # Everything imported so far is shared with every shim: keep the collector off those
     # pages (a collection would touch, and so copy, each of them in every shim).
