@@ -44,6 +44,7 @@ from subagents_node.messages.node import QuarantinedRecord
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.node import owners
 from subagents_node.node.claim import claim_name
+from subagents_node.node.heap import release_free_pages
 from subagents_node.node.inherited import close_inherited
 from subagents_node.node.timers import Timers
 
@@ -314,13 +315,20 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
     loop.bind()
     loop.stop_on_signal(signal.SIGTERM)
     try:
-        loop.run(on_ready=lambda: control.say("ready", pid=os.getpid()))
+        loop.run(on_ready=functools.partial(_ready, control))
     finally:
         timers.stop()
         checkpointer.stop()
         if log_cap is not None:
             log_cap.stop()
         zctx.term()
+
+
+def _ready(control: _Control) -> None:
+    # The start-up's garbage (imports, recovery's reads, migrations) is freed, its pages still
+    # resident: returned before the owner idles (heap.py), then the node is told.
+    release_free_pages()
+    control.say("ready", pid=os.getpid())
 
 
 def import_v1_state(spec: OwnerSpec, families: Mapping[str, Sequence[str]], store: Any) -> bool:

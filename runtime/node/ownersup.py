@@ -36,6 +36,7 @@ from subagents_node.messages.node import (
     TcpListenerStatus,
 )
 from subagents_node.node.descriptors import abort_cause
+from subagents_node.node.heap import release_free_pages
 from subagents_node.node.ownerproc import OwnerSpec, run_owner
 from subagents_node.node.supervision import RestartIntensity
 from subagents_node.node.tombstone import Tombstone
@@ -274,6 +275,9 @@ class OwnerSupervisor:
         if self._stopping or owner.state == "failed":
             return
         control_r, control_w = os.pipe()
+        # What the node freed stays resident in its heap until returned, and the owner would
+        # inherit it as its own RSS: returned first (heap.py).
+        release_free_pages()
         # Every object alive now is the owner's inheritance: frozen, the child's collector never
         # walks it, so it never writes to (copies) the pages it shares with the node. The node
         # itself unfreezes at once and collects as before.
