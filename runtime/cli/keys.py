@@ -39,12 +39,13 @@ from subagents_node.client.keys import (
     keys_dir,
     read_allowed,
     read_keypair,
+    revoking,
     write_allowed,
     write_keypair,
 )
 from subagents_node.client.paths import ensure_state_dir, ipc_endpoint, read_pid_file
 from subagents_node.messages.base import validate_request
-from subagents_node.messages.errors import KeyFileInvalid, NodeAlreadyRunning
+from subagents_node.messages.errors import NodeAlreadyRunning
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
 
 #: the name `keys generate` gives this state dir's own client key on the allow-list
@@ -175,13 +176,8 @@ def _change(state_dir: Path, request: KeysAllow | KeysRevoke | KeysList) -> Allo
         allowed = allowing(allowed, request.name, request.public_key)
         write_allowed(directory / ALLOWED, allowed)
     elif isinstance(request, KeysRevoke):
-        gone = [n for n, k in allowed.items() if request.name in (n, k)]
-        if not gone:
-            raise KeyFileInvalid(
-                f"no allowed key is named {request.name!r}", path="", reason="unknown_key"
-            )
-        write_allowed(directory / ALLOWED, {n: k for n, k in allowed.items() if n not in gone})
-        allowed = read_allowed(directory / ALLOWED)
+        allowed, _ = revoking(allowed, request.name)
+        write_allowed(directory / ALLOWED, allowed)
     server_path = directory / SERVER_KEY
     server = read_keypair(server_path).public if server_path.exists() else ""
     return AllowedKeys(server_public=server, clients=allowed)

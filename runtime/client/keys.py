@@ -34,6 +34,7 @@ from pathlib import Path
 import zmq
 
 from subagents_node.messages.errors import KeyFileInvalid
+from subagents_node.messages.statefiles import replace_file
 
 KEYS_DIR = "keys"
 SERVER_KEY = "server.key"
@@ -175,6 +176,20 @@ def allowing(
     return updated
 
 
+def revoking(allowed: Mapping[str, str], name_or_key: str) -> tuple[dict[str, str], list[str]]:
+    """The allow-list without the keys that `name_or_key` names (a name, or the key itself),
+    under whatever name each is listed (a file edited by hand may list one key twice: revoking
+    one name left the key admitted under the other); and the names that went."""
+    keys = {k for n, k in allowed.items() if name_or_key in (n, k)}
+    if not keys:
+        raise KeyFileInvalid(
+            f"no allowed key is named {name_or_key[:80]!r}", path="", reason="unknown_key"
+        )
+    return {n: k for n, k in allowed.items() if k not in keys}, [
+        n for n, k in allowed.items() if k in keys
+    ]
+
+
 def write_allowed(path: Path, allowed: Mapping[str, str]) -> None:
     lines = ["# subagents-node: client public keys admitted over tcp (name = key)", "[clients]"]
     lines += [f'"{name}" = "{key}"' for name, key in sorted(allowed.items())]
@@ -182,16 +197,11 @@ def write_allowed(path: Path, allowed: Mapping[str, str]) -> None:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write `text` atomically with mode 0600 (the temp file is 0600 from its creation)."""
+    """Write `text` atomically with mode 0600 (the temp file is 0600 from its creation, of a
+    name nobody can foresee: `.<name>.<pid>.tmp` was opened as found, and a FIFO planted
+    under the node's pid held `keys allow` in open() for good)."""
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    replace_file(path, text.encode(), mode=0o600)
 
 
 def client_credentials(

@@ -1,8 +1,8 @@
 """CurveGuard: CURVE for the node's tcp listener and the ZAP handler that admits its peers.
 
 Owns the node's server keypair (created when a tcp listener first needs it; a `keys` listing
-never creates it), the allow-list (`<state>/keys/allowed.toml`, name -> client public key)
-while the node runs, and the ZAP socket
+never creates it), its reading of the allow-list (the file `<state>/keys/allowed.toml`, name ->
+client public key, is the list: see "the file" below), and the ZAP socket
 (`inproc://zeromq.zap.01`, RFC 27: actors/zap.py) of the node's zmq context. Every tcp ROUTER
 the gateway binds is a CURVE server (DESIGN §3, loopback included); libzmq asks this handler
 about each peer's handshake, and the handler admits only a key on the allow-list, answering
@@ -13,12 +13,13 @@ each owner's own tcp socket has its own handler (actors/peergate.py).
 
 Why our own ZAP socket and not pyzmq's ThreadAuthenticator: the socket is polled by the
 gateway's I/O thread beside its ROUTERs, so it needs no extra thread, and a change applies to
-the next handshake, with no restart and no file watching. That thread reads the allow-list
-without a lock (each change swaps in a whole new mapping); the changes (`keys allow|revoke`,
-`node.keys.*` requests) are served in the gateway thread for a socket's clients, but in the
-caller's own thread for a program's in-process client, so they are made one at a time under
-`_changing`: several at once each read the list, wrote the file and swapped theirs in, and
-all but the last were lost. ipc sockets have no security mechanism
+the next handshake, with no restart and no file watching (a `stat` of the file before each
+batch of handshakes). The gateway maps each frame's key to its name without a lock (each change
+swaps in a whole new mapping); the changes (`keys allow|revoke`, `node.keys.*` requests) are
+served in the gateway thread for a socket's clients, but in the caller's own thread for a
+program's in-process client, so they, and a reading of the file, are made one at a time under
+`_changing`: several at once each read the list, wrote the file and swapped theirs in, and all
+but the last were lost. ipc sockets have no security mechanism
 and never reach the handler with CURVE: the state dir's 0700 mode is their guard.
 
 The node's own clients (`Node.client("zmq")`, a forked child's in-process client) offer an
@@ -35,7 +36,9 @@ domain.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -51,6 +54,7 @@ from subagents_node.client.keys import (
     keys_dir,
     read_allowed,
     read_keypair,
+    revoking,
     write_allowed,
     write_keypair,
 )
@@ -78,13 +82,34 @@ class CurveGuard:
     """The allow-list and the ZAP handler: the handler runs in the gateway's I/O thread, a
     change in whichever thread serves its request, one at a time."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        listens_on_tcp: bool = True,
+        on_reread: Callable[[], None] = lambda: None,
+    ) -> None:
         self._state_dir = state_dir
+        #: Called when a reading of the file changed the list (`refresh`, in the gateway
+        #: thread): a home tells its ledger owners, whose own tcp sockets admit the same keys.
+        self._on_reread = on_reread
         self._server: Keypair | None = None
         self._allowed_path = keys_dir(state_dir) / ALLOWED
-        self._allowed = read_allowed(self._allowed_path)
-        #: Held while the allow-list is read, written and swapped in (allow, revoke).
+        #: Held while the allow-list is read, written and swapped in (allow, revoke, a reload).
         self._changing = threading.Lock()
+        #: The file as last read (`_signature`), and the last one found unreadable, which is
+        #: logged once, not at each handshake.
+        self._read_as: tuple[int, ...] | None = None
+        self._unreadable: tuple[int, ...] | None = None
+        try:
+            self._allowed = self._read_file()
+        except KeyFileInvalid as err:
+            # An allow-list it cannot read leaves a tcp listener nobody to admit, or whoever a
+            # stale reading named: such a node does not start. One that listens on ipc only
+            # has no use for it until it does (and its `keys allow|revoke` refuse till then).
+            if listens_on_tcp:
+                raise
+            log.warning("%s (this node listens on no tcp endpoint: it serves)", err.message)
+            self._allowed = {}
         self._sock: zmq.Socket[bytes] | None = None
         #: The node's own clients' keypair: memory only, gone with this node (see above).
         self._own = Keypair.generate()
@@ -138,24 +163,67 @@ class CurveGuard:
 
     def allow(self, name: str, public_key: str) -> None:
         with self._changing:
-            updated = allowing(self._allowed, name, public_key)
-            write_allowed(self._allowed_path, updated)  # durable before it takes effect
+            # From the file as it is now: an entry added to it by hand since is kept, never
+            # overwritten by the node's older copy.
+            updated = allowing(self._read_file(), name, public_key)
+            self._write_file(updated)  # durable before it takes effect
             self._allowed = updated
         log.info("tcp key allowed: %s (%s)", name, updated[name])
 
     def revoke(self, name_or_key: str) -> list[str]:
-        """Remove the entries named `name_or_key` (a name or a public key); their names."""
+        """Remove the keys `name_or_key` names, under every name (`revoking`); their names."""
         with self._changing:
-            gone = [n for n, k in self._allowed.items() if name_or_key in (n, k)]
-            if not gone:
-                raise KeyFileInvalid(
-                    f"no allowed key is named {name_or_key[:80]!r}", path="", reason="unknown_key"
-                )
-            updated = {n: k for n, k in self._allowed.items() if n not in gone}
-            write_allowed(self._allowed_path, updated)
+            updated, gone = revoking(self._read_file(), name_or_key)
+            self._write_file(updated)
             self._allowed = updated
         log.info("tcp key revoked: %s", ", ".join(gone))
         return gone
+
+    # -- the file ------------------------------------------------------------------------------
+    # The file is the allow-list; the node's copy is what it last read or wrote. A change
+    # starts from the file as it is (a hand edit made while the node runs is kept), and each
+    # tcp handshake takes in a file changed since (`refresh`): a key removed by hand is refused
+    # from the next handshake of any peer on (and then frame by frame, as after `revoke`).
+
+    def _signature(self) -> tuple[int, ...] | None:
+        try:
+            st = os.stat(self._allowed_path)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return (-1,)  # unreadable: read_allowed says why
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _read_file(self) -> dict[str, str]:
+        signature = self._signature()
+        allowed = read_allowed(self._allowed_path)
+        self._read_as = signature
+        return allowed
+
+    def _write_file(self, allowed: dict[str, str]) -> None:
+        write_allowed(self._allowed_path, allowed)
+        self._read_as = self._signature()
+
+    def refresh(self) -> None:
+        """Take in the file if it changed since it was last read or written. One it cannot
+        read leaves the last good list in force, logged once (a half-saved edit must neither
+        lock every peer out nor let a removed one in: `keys allow|revoke` say what is wrong)."""
+        with self._changing:
+            signature = self._signature()
+            if signature == self._read_as or signature == self._unreadable:
+                return
+            try:
+                updated = read_allowed(self._allowed_path)
+            except KeyFileInvalid as err:
+                self._unreadable = signature
+                log.error("%s; the allow-list read before stays in force", err.message)
+                return
+            self._read_as, self._unreadable = signature, None
+            if updated == self._allowed:
+                return
+            log.info("tcp allow-list read again from %s (edited)", self._allowed_path)
+            self._allowed = updated
+        self._on_reread()
 
     # -- sockets -----------------------------------------------------------------------------
 
@@ -175,6 +243,7 @@ class CurveGuard:
     def handle(self) -> None:
         """Answer every waiting ZAP request (RFC 27: 200 admits, 400 refuses)."""
         assert self._sock is not None
+        self.refresh()
         zap.answer(self._sock, self._name_of)
 
     def _name_of(self, key: str) -> str | None:

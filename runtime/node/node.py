@@ -188,9 +188,10 @@ class Node:
                 with suppress(FileNotFoundError):
                     path.unlink()
         endpoints = endpoints[:1] + proxies + endpoints[1:]
-        # The allow-list is the node's own while it runs (keys allow|revoke ask it); a tcp
-        # listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
-        self._curve = CurveGuard(self.state_dir)
+        # The node makes the allow-list's changes while it runs (keys allow|revoke ask it); a
+        # tcp listener is a CURVE server whatever its address (DESIGN §3, runtime/node/curve.py).
+        tcp = bool(self._owner_tcp) or any(e.startswith("tcp://") for e in endpoints)
+        self._curve = CurveGuard(self.state_dir, listens_on_tcp=tcp, on_reread=self._reread_keys)
         if self.options.home:
             self._home = HomeService(
                 self.state_dir,
@@ -268,6 +269,11 @@ class Node:
         self._write_pid_file()
         self._owners_changed()
         self._join.start(self._zctx)
+
+    def _reread_keys(self) -> None:
+        """The allow-list file was edited by hand: a home's ledger owners take it too."""
+        if self._home is not None:
+            self._home.tell_owners()
 
     def _submit(self, request: Request, target: str, reply: ReplyFn) -> None:
         assert self._forwarder is not None, "the home serves nothing before its forwarder runs"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,7 @@ from subagents_node.client.keys import (
     ClientCredentials,
     Keypair,
     keys_dir,
+    read_allowed,
     read_keypair,
 )
 from subagents_node.client.paths import ADDRESS_BOOK_NAME
@@ -254,6 +256,35 @@ def test_a_key_revoked_while_connected_to_a_ledger_owner_is_refused_from_its_nex
         assert revoked.returncode == 0, revoked.stderr
         with pytest.raises(NodeTimeout):  # dropped unanswered, on the same connection
             client.fanout.snapshot(descriptor)
+
+
+def test_a_key_allowed_by_hand_on_the_home_reaches_its_ledger_owners_own_sockets(
+    local_crew: Fleet,
+) -> None:
+    """The home takes in an edited allow-list at its next handshake (runtime/node/curve.py)
+    and tells its ledger owners, whose own tcp sockets admit the same keys: before, the
+    owners knew only what `keys allow|revoke` had told them."""
+    crew = local_crew
+    pair = Keypair.generate()
+    path = keys_dir(crew.home.state_dir) / "allowed.toml"
+    entries = {**read_allowed(path), "by-hand": pair.public}
+    edited = path.with_name("edited~")
+    edited.write_text("[clients]\n" + "".join(f'"{n}" = "{k}"\n' for n, k in entries.items()))
+    edited.chmod(0o600)
+    edited.replace(path)
+    keys = ClientCredentials(pair, crew.home_key)
+    with Client(ZmqTransport(crew.endpoint, credentials=keys), timeout=5.0) as client:
+        assert client.ask(Ping(), Pong).pid == crew.home.pid  # the home's gateway admits it
+    fanout = _owner_endpoint(crew, "fanout")
+    deadline = time.monotonic() + 10.0
+    while True:  # the owners are told by a message: admitted once it has arrived
+        try:
+            with Client(ZmqTransport(fanout, credentials=keys), timeout=1.0) as client:
+                assert client.fanout.snapshot(client.fanout.create("root-hand", 2)).limit == 2
+            break
+        except (NotAuthenticated, NodeTimeout):
+            if time.monotonic() > deadline:
+                raise
 
 
 def test_a_home_needs_a_fixed_port_because_its_ledger_owners_listen_on_the_next_three() -> None:
