@@ -46,6 +46,7 @@ from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, Busy, MalformedFrame, SubagentsError
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.protocol import parse_request
+from subagents_node.messages.statefiles import restrict_socket
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class OwnerLoop:
             if endpoint.startswith("ipc://"):
                 # DESIGN §3: sockets 0600, as node.sock; the 0700 state dir is not the only guard
                 # (libzmq creates the file under the process umask, 0755 by default).
-                os.chmod(endpoint[len("ipc://") :], 0o600)
+                restrict_socket(endpoint[len("ipc://") :])
         except (zmq.ZMQError, OSError):
             sock.close(linger=0)
             raise

@@ -140,3 +140,21 @@ def replace_file(
         finally:
             os.close(dfd)
     return True
+
+
+def restrict_socket(path: str | os.PathLike[str], mode: int = 0o600) -> None:
+    """Set the mode of the unix socket just bound at `path` (libzmq makes it under the process
+    umask). On that very file: never through a symlink planted in its place since the bind, and
+    only a socket (OSError otherwise, and nothing changed). Its `chmod` by name followed a link
+    to whatever file it named."""
+    name = os.fspath(path)
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)  # the link itself, if one
+    try:
+        found = os.fstat(fd).st_mode
+        if not stat.S_ISSOCK(found):
+            kind = next((k for test, k in _KINDS if test(found)), "a regular file")
+            raise OSError(errno.EINVAL, f"{kind}, not the socket bound there", name)
+        # An O_PATH descriptor takes no fchmod; its /proc link names the same inode.
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)

@@ -41,6 +41,7 @@ from subagents_node.messages.base import Request
 from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning, NodeNotRunning
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus, TcpListenerStatus
+from subagents_node.messages.statefiles import restrict_socket
 from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.claim import StateDirClaim
@@ -265,7 +266,7 @@ class Node:
         for endpoint in self.endpoints:
             path = ipc_path(endpoint)
             if path is not None:
-                path.chmod(0o600)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
+                restrict_socket(path)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
         self._owners_changed()
         self._join.start(self._zctx)

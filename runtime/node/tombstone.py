@@ -21,6 +21,7 @@ from subagents_node.actors.inbound import bound_inbound
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, peek_id
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import OwnerUnavailable
+from subagents_node.messages.statefiles import restrict_socket
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Tombstone:
         try:
             sock.bind(self._endpoint)
             if self._endpoint.startswith("ipc://"):  # DESIGN §3: sockets 0600, as the owner's
-                os.chmod(self._endpoint[len("ipc://") :], 0o600)
+                restrict_socket(self._endpoint[len("ipc://") :])
         except (zmq.ZMQError, OSError) as exc:
             log.error("cannot stand in for failed owner %s: %s", self._owner, exc)
             sock.close()

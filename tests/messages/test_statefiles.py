@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -101,3 +103,34 @@ def test_replace_file_replaces_a_symlink_at_its_path_and_never_writes_through_it
     assert not path.is_symlink() and path.read_bytes() == b"{}"
     assert target.read_bytes() == PRECIOUS
     assert sorted(os.listdir(tmp_path)) == ["outside", "summary.json"]  # no temp file left
+
+
+def test_restrict_socket_sets_the_mode_of_the_socket_bound_there(tmp_path: Path) -> None:
+    path = tmp_path / "owner.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        path.chmod(0o755)
+        statefiles.restrict_socket(path)
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+
+
+def test_restrict_socket_never_changes_the_file_a_link_planted_in_its_place_names(
+    tmp_path: Path,
+) -> None:
+    """DESIGN §3: its `chmod` by name, just after the bind, followed a link that replaced the
+    socket to whatever file it named (a same-user process that knows the state dir)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("x")
+    victim.chmod(0o644)
+    path = tmp_path / "owner.sock"
+    path.symlink_to(victim)
+    with pytest.raises(OSError):
+        statefiles.restrict_socket(path)
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+    victim.unlink()
+    path.unlink()
+    path.write_text("")  # a regular file where the socket was: refused, left as it was
+    path.chmod(0o644)
+    with pytest.raises(OSError, match="not the socket bound there"):
+        statefiles.restrict_socket(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
