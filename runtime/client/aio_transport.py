@@ -45,7 +45,7 @@ from subagents_node.client.curve import curve_client, default_credentials, no_ke
 from subagents_node.client.exhaustion import descriptors_needed, exhausted
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import check_endpoint, ipc_path
-from subagents_node.client.reachability import check_reachable, why_silent
+from subagents_node.client.reachability import check_reachable, timed_out
 from subagents_node.client.transport import endpoint_for
 from subagents_node.messages.base import Message, Request, resendable
 from subagents_node.messages.codec import Reply, encode_request
@@ -324,11 +324,7 @@ class AsyncZmqTransport:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise NodeTimeout(
-                    f"the node at {self.address} did not answer {request.type} in time "
-                    f"({why_silent(self.address)})",
-                    address=self.address,
-                )
+                raise NodeTimeout(timed_out(self.address, request), address=self.address)
             late = peer is not None and remaining > PEER_CHECK_S
             # asyncio.wait, not wait_for: Python 3.11's wait_for returns a result that arrived
             # as its task was cancelled and swallows the cancel (a cancelled `runs.wait` would

@@ -264,7 +264,7 @@ class Channel:
         sock: zmq.Socket[bytes],
         guard: SocketGuard,
         address: str,
-        diagnose: Callable[[], str],
+        diagnose: Callable[[Request], str],
         monitor: zmq.Socket[bytes] | None = None,
         endpoint: str = "",
         peer: PeerFile | None = None,
@@ -275,7 +275,7 @@ class Channel:
         self.address = address
         self.endpoint = endpoint or address
         self.peer = peer  # ipc only: the socket file as it was when this channel connected
-        self.diagnose = diagnose  # why a request timed out, when that can be told
+        self.diagnose = diagnose  # a timeout's message, saying why when that can be told
         self.thread_id = threading.get_ident()
         self.generation = 0  # the transport's `reset` count when this channel was opened
         self.waiting: set[str] = set()
@@ -339,11 +339,7 @@ class Channel:
                 if remaining <= 0:
                     # The outcome is unknown (the request may have been applied), so this
                     # stays a timeout even when the node is known to be gone.
-                    raise NodeTimeout(
-                        f"the node at {self.address} did not answer {request.type} in time "
-                        f"({self.diagnose()})",
-                        address=self.address,
-                    )
+                    raise NodeTimeout(self.diagnose(request), address=self.address)
                 # One blocking receive with a timeout: fewer calls (and system calls) per
                 # reply than poll-then-receive, which matters at tens of µs per call on VMs.
                 # A late reply (past PEER_CHECK_S) looks whether the owner restarted. Written

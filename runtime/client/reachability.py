@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from subagents_node.client.paths import PID_NAME, ipc_path, pid_record, read_pid_file
+from subagents_node.messages.base import Request
 from subagents_node.messages.errors import NodeNotRunning
 
 
@@ -35,9 +36,26 @@ def known_dead(path: Path) -> bool:
 def why_silent(address: str) -> str:
     """Why a node did not answer, when that can be told (for a timeout's message)."""
     path = ipc_path(address)
-    if path is not None and (not path.exists() or _stale(path)):
+    if path is None:
+        return "is it running?"
+    if not path.exists() or _stale(path):
         return "its node is not running any more"
+    found = pid_record(path.parent)
+    if found is not None and found[1]:
+        # Running, but busy or stuck: "is it running?" sent users looking in the wrong place.
+        return f"its node, pid {found[0]['pid']}, is running but did not answer"
     return "is it running?"
+
+
+def timed_out(address: str, request: Request) -> str:
+    """A timeout's message: what did not answer, why when that can be told, and, for any
+    request that is not read-only, that it may have taken effect all the same (a launch, say,
+    whose run may exist and hold a slot)."""
+    applied = "" if request.read_only else "; it may have been applied all the same"
+    return (
+        f"the node at {address} did not answer {request.type} in time "
+        f"({why_silent(address)}{applied})"
+    )
 
 
 def check_reachable(address: str, stale: bool = False) -> None:

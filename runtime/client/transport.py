@@ -66,7 +66,7 @@ from subagents_node.client.curve import (
 from subagents_node.client.exhaustion import descriptors_needed, exhausted
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import OWNER_SOCKETS, SOCKET_NAME, check_endpoint, ipc_path
-from subagents_node.client.reachability import check_reachable, why_silent
+from subagents_node.client.reachability import check_reachable, timed_out
 from subagents_node.client.thread_channels import ThreadAnchor, ThreadChannels
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.codec import request_frame
@@ -262,7 +262,7 @@ class ZmqTransport:
             raise
         path = ipc_path(endpoint)
         peer = None if path is None else PeerFile(str(path))
-        silent = functools.partial(why_silent, self.address)
+        silent = functools.partial(timed_out, self.address)
         channel = Channel(sock, threads, self.address, silent, monitor, endpoint, peer)
         channel.generation = self._generation
         threads.add(channel)
