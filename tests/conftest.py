@@ -4,6 +4,7 @@ netns_hosts (tests/support/netns.py has no pytest import, so bench/ can use it t
 isolated_env        (autouse) no test talks to a developer's real node or state
 state_dir           a fresh short directory under /tmp (ipc paths must stay < 107 bytes)
 node                a detached node started with --faults (NodeProcess)
+tcp_node            a detached node on loopback tcp too, keys generated: (NodeProcess, endpoint)
 start_node          factory: start_node("--mailbox-limit", "4", ...) -> NodeProcess
 foreground_node     factory: a node run in the foreground as our child (exit code, log)
 embedded_node       subagents_node.Node.embedded(...) with faults on, in this process
@@ -33,6 +34,7 @@ from tests.support.nodes import (
     raw_dealer,
     start_node,
     state_dir,
+    tcp_node,
 )
 
 #: The session directory this session made (tests/support/nodes.py `short_dir`), to remove.
@@ -75,6 +77,7 @@ __all__ = [
     "raw_dealer",
     "start_node",
     "state_dir",
+    "tcp_node",
 ]
 
 

@@ -29,7 +29,7 @@ from subagents_node.client.keys import (
 )
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import NotAuthenticated
-from tests.support.nodes import NodeProcess, free_tcp_port, run_cli
+from tests.support.nodes import NodeProcess, run_cli
 
 #: How long a refused handshake may take to be reported.
 REFUSAL_S = 5.0
@@ -47,14 +47,6 @@ def _write_by_hand(state_dir: Path, entries: list[tuple[str, str]]) -> None:
     tmp.write_text("\n".join(lines) + "\n")
     tmp.chmod(0o600)
     tmp.replace(_allowed_path(state_dir))
-
-
-@pytest.fixture
-def tcp_node(start_node: Callable[..., NodeProcess], state_dir: Path) -> tuple[NodeProcess, str]:
-    done = run_cli("keys", "generate", state_dir=state_dir)
-    assert done.returncode == 0, done.stderr
-    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
-    return start_node("--listen", tcp, state_dir=state_dir), tcp
 
 
 def _client_with(node: NodeProcess, tcp: str, keys: Keypair) -> Client:

@@ -9,9 +9,6 @@ typed `local_only` error that changes nothing; the same release on ipc is served
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
 
 from subagents_node.client.client import Client
@@ -25,17 +22,9 @@ from subagents_node.client.keys import (
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.capacity import HostSlotCount
 from subagents_node.messages.errors import BadRequest
-from tests.support.nodes import NodeProcess, free_tcp_port, run_cli
+from tests.support.nodes import NodeProcess
 
 pytestmark = pytest.mark.processes
-
-
-@pytest.fixture
-def tcp_node(start_node: Callable[..., NodeProcess], state_dir: Path) -> tuple[NodeProcess, str]:
-    done = run_cli("keys", "generate", state_dir=state_dir)
-    assert done.returncode == 0, done.stderr
-    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
-    return start_node("--listen", tcp, state_dir=state_dir), tcp
 
 
 def _tcp_client(node: NodeProcess, address: str) -> Client:

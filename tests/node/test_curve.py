@@ -37,21 +37,12 @@ from subagents_node.messages.errors import BadRequest, NodeTimeout, NotAuthentic
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 from subagents_node.node.node import Node
-from tests.support.nodes import NodeProcess, RawPeer, free_tcp_port, run_cli
+from tests.support.nodes import NodeProcess, RawPeer, run_cli
 
 #: A refused peer hears nothing; this is how long a test listens for that nothing.
 SILENCE_S = 1.5
 #: Our transport must report a refused handshake well within this.
 REFUSAL_S = 5.0
-
-
-@pytest.fixture
-def tcp_node(start_node: Callable[..., NodeProcess], state_dir: Path) -> tuple[NodeProcess, str]:
-    """A node listening on loopback tcp, with the state dir's keys generated (local allowed)."""
-    done = run_cli("keys", "generate", state_dir=state_dir)
-    assert done.returncode == 0, done.stderr
-    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
-    return start_node("--listen", tcp, state_dir=state_dir), tcp
 
 
 def _credentials(state_dir: Path, client: Keypair | None = None) -> ClientCredentials:

@@ -439,6 +439,16 @@ def node(start_node: Callable[..., NodeProcess]) -> NodeProcess:
 
 
 @pytest.fixture
+def tcp_node(start_node: Callable[..., NodeProcess], state_dir: Path) -> tuple[NodeProcess, str]:
+    """A detached node listening on loopback tcp too, with the state dir's keys generated (its
+    own `local` client key allowed); and that tcp endpoint."""
+    done = run_cli("keys", "generate", state_dir=state_dir)
+    assert done.returncode == 0, done.stderr
+    tcp = f"tcp://127.0.0.1:{free_tcp_port()}"
+    return start_node("--listen", tcp, state_dir=state_dir), tcp
+
+
+@pytest.fixture
 def foreground_node() -> Iterator[Callable[..., ForegroundNode]]:
     """Factory: `foreground_node(*start_args)` -> a node that is our child process."""
     started: list[tuple[ForegroundNode, Path]] = []
