@@ -10,12 +10,15 @@ key that launched already is answered with that key's run (workflowkeys.py, R-WF
 a launch sent again under its client's launch id. The rules
 of what may be resumed or rerun are relaunch.py's, rerun.py's and attach.py's. It never
 blocks on another owner (the pipeline's calls come back as `Answer` ticks), and never answers a
-launch before the transaction that started its run commits.
+launch before the transaction that started its run commits. Once that commit is made, a full
+disk that fails a later group never turns the launch's answer into `store_full` ("changed
+nothing"): the run is real, and its caller gets it (`_recorded`).
 """
 
 from __future__ import annotations
 
 import functools
+import sqlite3
 import uuid
 from collections.abc import Callable, Generator
 from typing import ParamSpec, Protocol
@@ -48,7 +51,7 @@ from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Su
 from subagents_node.actors.runs.workflowkeys import ChildKey, KeyedLaunch, key_of, launched
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
-from subagents_node.messages.errors import BadRequest, RunNotResumable
+from subagents_node.messages.errors import BadRequest, RunNotResumable, StoreFull
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
 from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.supervisor import Launch, LaunchResult, RunView, Snapshots
@@ -221,6 +224,9 @@ class RunLaunches:
                     del marks[source_id]
             joined = self._admitted_key(run_id)
             live = self._live.get(run_id)
+            if isinstance(outcome, StoreFull) and (live is None or live.stop_state is None):
+                # Not a launch its admission failed after recording it (R-ADM-5: stopped).
+                outcome = self._recorded(run_id, outcome)
             if isinstance(outcome, LaunchResult) and live is not None and live.unstarted:
                 live.launch_replies += [reply, *joined]
                 return
@@ -244,7 +250,33 @@ class RunLaunches:
         self._host.crash_point("answer_launch")
         for reply in replies:
             if view is not None:
-                self._host.reply_later(reply, LaunchResult(run=view))
+                self._host.reply_later(self._kept(live.run_id, reply), LaunchResult(run=view))
+
+    def _kept(self, run_id: str, reply: ReplyFn) -> ReplyFn:
+        """`reply` for an answer given once run `run_id`'s admission has ended, its record
+        committed: the group it is delivered with may still fail (`store_full`)."""
+
+        def answer(outcome: Outcome) -> None:
+            reply(self._recorded(run_id, outcome) if isinstance(outcome, StoreFull) else outcome)
+
+        return answer
+
+    def _recorded(self, run_id: str, full: StoreFull) -> Outcome:
+        """The launch's answer when the group it was delivered with failed on a full disk:
+        that group only, which undid nothing the run's record stands on when an earlier group
+        committed it (its children were forked after that commit, or its slot marked started).
+        Such a run is real and goes on: its caller is answered with it. `store_full` says
+        "changed nothing", and a caller that retries on it (as the docs advise) launched the
+        same work twice. Read from the store as it stands once the failed group was rolled
+        back: a run whose record the failed group held is not there, and stays `store_full`."""
+        db = self._host.db
+        if db.in_transaction:  # the failed group could not be rolled back: nothing to trust
+            return full
+        try:
+            view = runstore.view(db, run_id)
+        except sqlite3.Error:
+            return full
+        return full if view is None else LaunchResult(run=view)
 
     def resume(self, request: Resume) -> Message:
         row = runstore.run_row(self._host.db, self._host.resolve(request.run_id))
