@@ -193,13 +193,32 @@ class OwnerLoop:
             while not self._stopping:
                 self._pass()
         finally:
-            self._drain()
-            with contextlib.suppress(Exception):
-                self.actor.on_stop()
-            self._send()
-            self.links.close()
-            self._drain()
-            self._send()
+            try:
+                self._finish()
+            finally:
+                self._close()
+
+    def _finish(self) -> None:
+        """Before the sockets close: the mailbox handled, the owner stopped, the last replies
+        sent. Each step on its own: one that raises (an owner whose loop ended on an error
+        raises again on the next message it handles) is logged and the next still runs. The
+        closes after it once did not, and the process's `zctx.term()` then waited for good
+        for the sockets left open: the owner lived on, `running` to the node and never
+        restarted, answering nothing."""
+        steps = (self._drain, self._stop_actor, self._send, self.links.close, self._drain)
+        for step in (*steps, self._send):
+            try:
+                step()
+            except Exception:
+                log.exception("%s: stopping: %s failed", self.actor.name, step.__name__)
+
+    def _stop_actor(self) -> None:
+        with contextlib.suppress(Exception):
+            self.actor.on_stop()
+
+    def _close(self) -> None:
+        assert self._router is not None
+        try:
             self._router.close(linger=500)
             if self.budget is not None:
                 self.budget.close()
@@ -209,6 +228,7 @@ class OwnerLoop:
                 self._gate.close()
             if self._stop_bytes:  # before the pipe closes: no signal may write to its number
                 signal.set_wakeup_fd(-1)
+        finally:
             os.close(self._wake_r)
             os.close(self._wake_w)
 

@@ -406,11 +406,18 @@ class OwnerActor(pykka.ThreadingActor):
                 log.exception("%s: delivering a reply failed", self.name)
 
     def _reopen(self) -> None:
-        """A fresh connection and in-memory state rebuilt from what the store committed."""
+        """A fresh connection and in-memory state rebuilt from what the store committed.
+
+        The fresh connection is opened before the old one closes. Closing the last connection
+        to a WAL database removes its `-wal` and `-shm` files, whose space then goes to
+        whoever writes next: on a full disk the open that followed could not make them again
+        (`disk I/O error`), and the owner was left holding a closed connection. An open that
+        fails leaves the old connection (rolled back, still usable) in place."""
+        fresh = self.ctx.open_db()
         if self._db is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
-        self._db = self.ctx.open_db()
+        self._db = fresh
         self.recover()
 
     def _crashed(self, exc: BaseException) -> None:

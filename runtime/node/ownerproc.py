@@ -321,7 +321,9 @@ def _serve(spec: OwnerSpec, control: _Control) -> None:
         checkpointer.stop()
         if log_cap is not None:
             log_cap.stop()
-        zctx.term()
+        # Not `term()`: it waits for good for a socket left open (the loop closes its own,
+        # but an owner that must end should end), and the node restarts an owner that ended.
+        zctx.destroy(linger=0)
 
 
 def _ready(control: _Control) -> None:
