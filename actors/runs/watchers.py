@@ -13,6 +13,7 @@ answered at once is always answered); nothing waits outside the bound.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,13 @@ from subagents_node.actors.inbox import Tick
 from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.records import init_fields
 from subagents_node.actors.runs import runstore
-from subagents_node.messages.errors import Busy, RecordQuarantined, RunNotFound
+from subagents_node.messages.errors import (
+    Busy,
+    RecordQuarantined,
+    RunNotFound,
+    StoreFull,
+    SubagentsError,
+)
 from subagents_node.messages.supervisor import (
     MAX_WATCH_EVENTS,
     FleetEvents,
@@ -135,23 +142,44 @@ class RunWatchers:
         self._count += 1
 
     def _answer(self, db: sqlite3.Connection, key: str, watcher: Watcher) -> None:
-        if key == FLEET:
-            events = runstore.all_events_after(db, watcher.after_seq, watcher.limit)
-            last = events[-1].seq if events else watcher.after_seq
-            touched = dict.fromkeys(e.run_id for e in events)
-            runs = runstore.readable_views(db, list(touched))
-            self._reply_later(watcher.reply, FleetEvents(events=events, runs=runs, last_seq=last))
-            return
-        try:
-            view = runstore.view(db, key)
-        except RecordQuarantined as err:
-            self._reply_later(watcher.reply, err)
-            return
-        if view is None:
-            self._reply_later(watcher.reply, RunNotFound(f"Run not found: {key}", run_id=key))
-            return
-        events = runstore.events_after(db, key, watcher.after_seq, MAX_WATCH_EVENTS + 1)
-        self._reply_later(watcher.reply, _page(view, events, watcher.after_seq))
+        self._reply_later(self._kept(db, key, watcher), _outcome(db, key, watcher))
+
+    def _kept(self, db: sqlite3.Connection, key: str, watcher: Watcher) -> ReplyFn:
+        """The watcher's reply, for an answer delivered with the group that computed it. A
+        full disk that fails that group undoes the events the answer reports, and turned the
+        answer into `store_full` ("refused this write and changed nothing"): a watch is a
+        read, and `run` and `wait`, which follow a run by watching it, gave up on a run that
+        went on. The watcher is answered with what the store holds once the group is rolled
+        back instead (no new event, at worst: its caller watches again)."""
+
+        def answer(outcome: Outcome) -> None:
+            if isinstance(outcome, StoreFull):
+                # A store that cannot be read (or a group not rolled back): it stands.
+                with contextlib.suppress(sqlite3.Error, SubagentsError):
+                    if not db.in_transaction:
+                        outcome = _outcome(db, key, watcher)
+            watcher.reply(outcome)
+
+        return answer
+
+
+def _outcome(db: sqlite3.Connection, key: str, watcher: Watcher) -> Outcome:
+    """A watcher's answer, from the store as `db` reads it: its run's (or the fleet's) events
+    after its `after_seq`."""
+    if key == FLEET:
+        events = runstore.all_events_after(db, watcher.after_seq, watcher.limit)
+        last = events[-1].seq if events else watcher.after_seq
+        touched = dict.fromkeys(e.run_id for e in events)
+        runs = runstore.readable_views(db, list(touched))
+        return FleetEvents(events=events, runs=runs, last_seq=last)
+    try:
+        view = runstore.view(db, key)
+    except RecordQuarantined as err:
+        return err
+    if view is None:
+        return RunNotFound(f"Run not found: {key}", run_id=key)
+    events = runstore.events_after(db, key, watcher.after_seq, MAX_WATCH_EVENTS + 1)
+    return _page(view, events, watcher.after_seq)
 
 
 def _page(view: RunView, events: list[RunEvent], after_seq: int) -> RunEvents:

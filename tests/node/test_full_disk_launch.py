@@ -1,8 +1,8 @@
-"""A launch on a full disk is answered with what happened (issue 12: "A full disk is a typed
-StoreFull for writes ... changed nothing"; DESIGN §5). The state dir is a tmpfs the test mounts
-(root only; skipped otherwise, as in test_full_disk.py), with `runs/` on a tmpfs of its own
-(test_full_disk_stop_prune.py's fixture), so the child's shim can write its records while the
-store's disk is full.
+"""A launch, and a watch, on a full disk are answered with what happened (issue 12: "A full
+disk is a typed StoreFull for writes ... changed nothing"; DESIGN §5). The state dir is a tmpfs
+the test mounts (root only; skipped otherwise, as in test_full_disk.py); for the launch,
+`runs/` is on a tmpfs of its own (test_full_disk_stop_prune.py's fixture), so the child's shim
+can write its records while the store's disk is full.
 
 A launch is answered once its first children run; their shims are forked only after the group
 holding the run's record has committed. When the disk filled after that commit, the group that
@@ -10,6 +10,10 @@ took the shim's report failed, and every answer delivered with it, the launch's 
 turned into `store_full` ("refused this write and changed nothing"): the run was recorded, its
 child ran to its end, and a caller that retried on `store_full`, as the docs advise, launched
 the same work twice (about one launch in ten on a nearly full disk did so).
+
+A watcher (`runs.watch`, what `run` and `wait` follow a run with) answered in a group the full
+disk undid got the same `store_full`: `run` exited 1 saying nothing changed while its run went
+on, unfollowed.
 """
 
 from __future__ import annotations
@@ -22,8 +26,15 @@ import psutil
 import pytest
 
 from subagents_node.messages.errors import StoreFull
-from subagents_node.messages.supervisor import RunView
-from tests.node.test_full_disk import _fill, _quiet_agents, assert_no_restarts, tiny_disk
+from subagents_node.messages.supervisor import ListRuns, RunEvents, RunView, Watch
+from tests.node.test_full_disk import (
+    _fill,
+    _quiet_agents,
+    _release_on_a_full_disk,
+    assert_no_restarts,
+    gated_node,
+    tiny_disk,
+)
 from tests.node.test_full_disk_stop_prune import runs_on_their_own_disk
 from tests.support.nodes import running_node
 from tests.support.runs import Gate, launch_context, stopped, wait_until
@@ -97,3 +108,22 @@ def test_a_launch_recorded_before_the_disk_filled_is_answered_with_its_run_not_s
             assert_no_restarts(node)
     finally:
         gate.close()
+
+
+def test_a_watcher_answered_in_a_group_the_full_disk_undid_is_answered_from_the_store(
+    tiny_disk: Path, tmp_path: Path
+) -> None:
+    with gated_node(tiny_disk, tmp_path, _quiet_agents(tmp_path)) as (node, client, ctx, gate):
+        run = client.runs.launch(ctx.single("quiet", str(gate.path), True, None))
+        [child] = gate.accept(1)
+        seen = client.runs.watch(run.run_id, 0, wait_s=0)
+        transport = node.transport()
+        watching = transport.submit(Watch(run_id=run.run_id, after_seq=seen.last_seq, wait_s=30))
+        # On the same connection, after the watch: once answered, the watcher waits.
+        transport.call(ListRuns(), timeout=WAIT_S)
+        _release_on_a_full_disk(node, tiny_disk, lambda: child.release(0))
+        answer = watching.result(WAIT_S)
+        assert isinstance(answer, RunEvents), f"a watch answered {answer!r}"
+        done = client.runs.wait(run.run_id, timeout=WAIT_S)  # and following it goes on
+        assert done.state == "complete", done.error
+        assert_no_restarts(node)
