@@ -26,6 +26,8 @@ set only on a node started with faults enabled.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -56,6 +58,7 @@ from subagents_node.messages.delivery import (
 )
 from subagents_node.messages.domains import MAX_TASK_CHARS
 from subagents_node.messages.errors import (
+    Busy,
     CapacityRunAlreadyHeld,
     FanoutDescriptorInvalid,
     FanoutNotAuthorized,
@@ -202,10 +205,28 @@ class ResumePlan(Record):
 
 def storage_failed(exc: OSError, run_dir: Path) -> SubagentsError:
     """R-ADM-2: why a run's directory or files could not be made. A full disk (or quota) is
-    the StoreFull every store answers, so a client that retries on `store_full` retries this."""
+    the StoreFull every store answers, so a client that retries on `store_full` retries this;
+    no descriptor left (the supervisor holds one per live child's shim) is load, `busy` as
+    everywhere else (docs/operations.md), not a storage failure to give up on."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return Busy(
+            "cannot make the run's files: the run supervisor has no file descriptor left "
+            "(too many open files); retry later, or raise the node's limit (ulimit -Hn)",
+            target="supervisor",
+            run_dir=str(run_dir),
+        )
     return store_full(exc, "supervisor") or RunStorageFailed(
         f"Failed to create run storage: {exc}", run_dir=str(run_dir)
     )
+
+
+def remove_run_dir(run_dir: Path) -> None:
+    """Remove a refused launch's directory. `rmtree` opens it to walk it and, out of
+    descriptors, left it behind (an orphan for `prune` to find 10 minutes later); an empty one
+    needs no descriptor to remove."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()
 
 
 def admit(
@@ -333,7 +354,7 @@ def admit(
         return view
     finally:
         if made_dir and not recorded:  # refused before any record names it: nothing to keep
-            shutil.rmtree(run_dir, ignore_errors=True)
+            remove_run_dir(run_dir)
         if handle is not None and not started:
             try:
                 yield Rollback(handle=handle)  # R-ADM-2 / R-ADM-3
