@@ -51,7 +51,12 @@ from subagents_node.actors.runs.ticks import CallKey, LaunchKey, RunDeadline, Su
 from subagents_node.actors.runs.workflowkeys import ChildKey, KeyedLaunch, key_of, launched
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import SlotHandle
-from subagents_node.messages.errors import BadRequest, RunNotResumable, StoreFull
+from subagents_node.messages.errors import (
+    BadRequest,
+    RunNotResumable,
+    StoreFull,
+    SubagentsError,
+)
 from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
 from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.supervisor import Launch, LaunchResult, RunView, Snapshots
@@ -270,11 +275,11 @@ class RunLaunches:
         same work twice. Read from the store as it stands once the failed group was rolled
         back: a run whose record the failed group held is not there, and stays `store_full`."""
         db = self._host.db
-        if db.in_transaction:  # the failed group could not be rolled back: nothing to trust
-            return full
         try:
+            if db.in_transaction:  # the failed group could not be rolled back: nothing to trust
+                return full
             view = runstore.view(db, run_id)
-        except sqlite3.Error:
+        except (sqlite3.Error, SubagentsError):  # a store that cannot be read: it stands
             return full
         return full if view is None else LaunchResult(run=view)
 
