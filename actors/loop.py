@@ -36,6 +36,7 @@ from subagents_node.actors.inbound import bound_inbound
 from subagents_node.actors.inbox import Job, Tick
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.links import OwnerLinks
+from subagents_node.actors.loglimit import RepeatedWarnings
 from subagents_node.actors.outcomes import Outcome, ReplyFn, answer_once
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.actors.peergate import PeerGate
@@ -105,6 +106,8 @@ class OwnerLoop:
         self._poller = zmq.Poller()
         self._router: zmq.Socket[bytes] | None = None
         self.dropped = 0
+        #: What a peer makes it warn about at will, at most once a second per kind.
+        self._warnings = RepeatedWarnings(log)
         links.watch_with(self.watch)
 
     # -- the Mailbox protocol (any thread) ----------------------------------------------------
@@ -235,9 +238,14 @@ class OwnerLoop:
     def _pass(self) -> None:
         assert self._router is not None
         budget = self.budget
-        wait = earliest(self.links.next_deadline(), budget.next_deadline() if budget else None)
+        wait = earliest(
+            self.links.next_deadline(),
+            budget.next_deadline() if budget else None,
+            self._warnings.next_deadline(),
+        )
         timeout_ms = None if wait is None else max(1, int(wait * 1000) + 1)
         events = dict(self._poller.poll(timeout_ms))
+        self._warnings.flush_due()
         if self._wake_r in events:
             with contextlib.suppress(BlockingIOError):
                 while woken := os.read(self._wake_r, 4096):
@@ -295,7 +303,11 @@ class OwnerLoop:
             user_id = frames[-1].get("User-Id") if frames else ""
             principal = gate.principal(str(user_id))
             if principal is None:
-                log.warning("%s: dropped a tcp frame from a key no longer allowed", self.actor.name)
+                self._warnings.warn(
+                    "frames from revoked keys",
+                    frames[0].bytes if frames else b"",
+                    f"{self.actor.name}: dropped a tcp frame from a key no longer allowed",
+                )
                 continue
             self._frame([f.bytes for f in frames], sock, principal)
 
@@ -378,7 +390,11 @@ class OwnerLoop:
         env: Envelope | None = None,
         via: zmq.Socket[bytes] | None = None,
     ) -> None:
-        log.warning("%s: refused a frame: %s: %s", self.actor.name, err.code, err.message[:200])
+        self._warnings.warn(
+            "refused frames",
+            identity,
+            f"{self.actor.name}: refused a frame: {err.code}: {err.message[:200]}",
+        )
         answer = Envelope(
             type=ERROR,
             body=err.to_wire(),

@@ -41,6 +41,7 @@ import zmq
 from subagents_node.actors.inbound import bound_inbound
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.actors.links import RawReplyFn
+from subagents_node.actors.loglimit import RepeatedWarnings
 from subagents_node.actors.owner import Outcome, ReplyFn
 from subagents_node.actors.tcpbudget import TcpBudget, earliest, tcp_listener
 from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
@@ -110,6 +111,9 @@ class Gateway:
         #: Its tcp listener's budget, once it listens on tcp (read by `status`, any thread).
         self.budget: TcpBudget | None = None
         self.dropped = 0
+        #: What a peer makes it warn about at will (refused frames, replies it never reads),
+        #: logged at most once a second per kind; used in the gateway thread only.
+        self._warnings = RepeatedWarnings(log)
         self._thread = threading.Thread(target=self._run, name="subagents-gateway", daemon=True)
 
     def start(self) -> None:
@@ -217,8 +221,10 @@ class Gateway:
                     links.next_deadline() if links is not None else None,
                     self._hosts.next_deadline() if self._hosts is not None else None,
                     budget.next_deadline() if budget is not None else None,
+                    self._warnings.next_deadline(),
                 )
                 events = dict(poller.poll(None if wait is None else int(wait * 1000) + 1))
+                self._warnings.flush_due()
                 if self._wake_r in events:
                     self._drain_wake()
                 if links is not None:
@@ -278,7 +284,11 @@ class Gateway:
         user_id = frames[-1].get("User-Id") if frames else ""
         principal = self.curve.principal(str(user_id)) if self.curve is not None else None
         if principal is None:
-            log.warning("gateway: dropped a tcp frame from a key no longer allowed: %s", user_id)
+            self._warnings.warn(
+                "frames from revoked keys",
+                frames[0].bytes if frames else b"",
+                f"gateway: dropped a tcp frame from a key no longer allowed: {user_id}",
+            )
             return
         self._handle([f.bytes for f in frames], via=1, principal=principal)
 
@@ -421,11 +431,11 @@ class Gateway:
         via: int = 0,
         principal: str = "",
     ) -> None:
-        log.warning(
-            "gateway: refused a frame: %s: %s (principal %s)",
-            err.code,
-            err.message[:200],
-            principal or "local",
+        self._warnings.warn(
+            "refused frames",
+            identity,
+            f"gateway: refused a frame: {err.code}: {err.message[:200]} "
+            f"(principal {principal or 'local'})",
         )
         reply = Envelope(
             type=ERROR,
@@ -447,4 +457,4 @@ class Gateway:
                 # EHOSTUNREACH: the peer is gone; EAGAIN: its queue is full. Either way the
                 # reply cannot be delivered now; the caller's timeout reports it.
                 self.dropped += 1
-                log.warning("gateway: dropped a reply: %s", exc)
+                self._warnings.warn("dropped replies", identity, f"gateway: dropped a reply: {exc}")

@@ -21,6 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 from subagents_node.messages.codec import MAX_FRAME_BYTES, encode
 from subagents_node.messages.envelope import PROTOCOL_VERSION, REPLY, Envelope
 from tests.support.nodes import ForegroundNode, NodeProcess, RawPeer, error_of, running_node
+from tests.support.runs import wait_until
 
 FRAME_ID = "bad-frame-1"
 
@@ -279,3 +280,24 @@ def _assert_inert(log: str) -> None:
     assert all("refused a frame: bad_request" in line for line in refusals)
     assert not any(line.startswith("2026-12-06 20:40:00,000") for line in log.splitlines())
     assert "\x1b" not in log and "\x07" not in log
+
+
+def test_a_flood_of_bad_frames_from_one_peer_is_one_line_and_a_count_in_node_log(
+    served: NodeProcess, raw_dealer: Callable[[str], RawPeer]
+) -> None:
+    """One WARNING per refused frame (or per reply a peer never read) let one local client
+    rotate every useful line out of node.log and its backups (actors/loglimit.py). Each
+    frame is still answered."""
+    peer = raw_dealer(served.address)
+    for n in range(300):
+        peer.send_frames(raw_map(type=f"no.such.type.{n}"))
+    for _ in range(300):
+        assert peer.recv_env(timeout=10) is not None
+    mark = "refused a frame: unknown_type"
+    # The count is logged once its second has passed (node.log announces nothing: re-read).
+    count = "299 more like it (refused frames, from the same peer)"
+    wait_until(lambda: count in served.log(), 10.0, "the count in node.log")
+    flood = [line for line in served.log().splitlines() if "no.such.type." in line]
+    assert len(flood) <= 3, flood[:5]
+    assert any(mark in line for line in flood)
+    assert any(count in line and "no.such.type.299" in line for line in flood)
