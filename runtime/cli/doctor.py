@@ -84,12 +84,14 @@ def check_state_dir(state_dir: Path) -> Iterator[Check]:
     if untrusted is not None and untrusted.details.get("reason") != "writable":  # mode: below
         yield Check("state dir trust", "fail", untrusted.message, str(untrusted.details["fix"]))
     mode = stat.S_IMODE(state_dir.stat().st_mode)
+    foreign = untrusted is not None and untrusted.details.get("reason") == "foreign"
     if mode != 0o700:
         yield Check(
             "state dir mode",
             "fail",
             f"{state_dir} has mode {mode:o}, not 700",
-            f"chmod 700 {state_dir}",
+            # chmod 700 on a dir in use for other things (`/`, a home) locks others out of it
+            "choose a new or empty directory" if foreign else f"chmod 700 {state_dir}",
         )
     else:
         yield Check("state dir mode", "ok", f"{state_dir} is 0700")

@@ -64,7 +64,8 @@ def ensure_state_dir(path: Path) -> Path:
     group or others, is refused with `UnsafeStateDir`, never silently repaired: its contents
     may already have been tampered with. Parents that already existed are checked the way ssh's
     StrictModes checks a home: owned by us or root, and writable by others only when sticky
-    (`/tmp`). An existing dir of ours that is merely readable by others is tightened to 0700.
+    (`/tmp`). An existing dir of ours that is merely readable by others is tightened to 0700
+    when it is empty or already a node's; one in use for other things is refused, unchanged.
     """
     path = path.expanduser().absolute()
     if path.is_symlink() and not path.exists():
@@ -96,6 +97,7 @@ def ensure_state_dir(path: Path) -> Path:
     _check_own_dir(path, path)
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode != 0o700:
+        _check_not_foreign(path, mode)
         path.chmod(0o700)
     return path.resolve()
 
@@ -110,9 +112,51 @@ def untrusted_state_dir(path: Path) -> UnsafeStateDir | None:
             if parent.exists():
                 _check_trusted_parent(parent, path)
         _check_own_dir(path, path)
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode != 0o700:
+            _check_not_foreign(path, mode)
     except UnsafeStateDir as err:
         return err
     return None
+
+
+#: Files only a node puts in its state dir: an existing dir holding one of them is a state dir.
+_NODE_MARKERS = (
+    "node.pid",
+    "node.sock",
+    "node.log",
+    "addressbook.json",
+    "state.db",
+    *(name.removesuffix(".sock") + ".db" for name in OWNER_SOCKETS.values()),
+)
+
+
+def _check_not_foreign(directory: Path, mode: int) -> None:
+    """Refuse to tighten a directory that is in use for something else.
+
+    A state dir is made 0700. `--state-dir /`, `~` or a project's own directory (a slip, or
+    a variable that names the wrong thing) used to be chmod'ed 0700 like an empty dir,
+    locking every other user out of `/` (as root) or out of a shared tree, and the node's
+    files were then scattered among its contents. Only an empty dir, or one that already
+    holds a node's files, is a state dir to tighten; anything else is refused, unchanged.
+    """
+    try:
+        with os.scandir(directory) as entries:
+            first = next(entries, None)
+    except OSError:
+        return  # unreadable to us, its owner: chmod 700 is what makes it usable
+    if first is None or any(os.path.lexists(directory / m) for m in _NODE_MARKERS):
+        return
+    example = repr(first.name)
+    example = example if len(example) <= 60 else example[:60] + "..."
+    raise UnsafeStateDir(
+        f"refusing state dir {directory}: it is open to others (mode {mode:04o}) and holds "
+        f"files that are not a node's (such as {example}); a state dir is made private (0700), "
+        "which would lock others out of it: choose a new or empty directory",
+        path=str(directory),
+        reason="foreign",
+        fix="choose a new or empty directory as --state-dir",
+    )
 
 
 def _check_own_dir(directory: Path, state_dir: Path) -> None:

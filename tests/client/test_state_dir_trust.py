@@ -117,3 +117,45 @@ def test_a_state_dir_that_is_a_symlink_to_nothing_is_refused_naming_both(tmp_pat
         "create that directory or choose another --state-dir"
     )
     assert not (tmp_path / "missing").exists()
+
+
+def test_design_3_a_dir_in_use_for_other_files_is_refused_never_chmodded(tmp_path: Path) -> None:
+    """`--state-dir /` (as root), `~` or a project's own dir was chmod'ed 0700 like an empty
+    dir: `start --detach --state-dir /` made `/` 0700, locking every other user out of the
+    whole file system, and scattered the node's databases, log and runs/ among its files."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "README").write_text("mine\n")
+    project.chmod(0o755)
+    before = sorted(p.name for p in project.iterdir())
+    with pytest.raises(UnsafeStateDir) as refused:
+        ensure_state_dir(project)
+    assert refused.value.details["reason"] == "foreign"
+    assert "choose a new or empty directory" in refused.value.message
+    try:
+        for command in (("start", "--detach"), ("keys", "generate")):
+            done = run_cli(*command, state_dir=project)
+            assert done.returncode == 1, done
+            assert done.stderr.startswith(f"error: refusing state dir {project}: it is open to")
+            assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    finally:
+        if (project / "node.sock").exists():  # the fault: a node started there; stop it
+            run_cli("stop", state_dir=project)
+    assert project.stat().st_mode & 0o777 == 0o755  # unchanged
+    assert sorted(p.name for p in project.iterdir()) == before  # nothing written in it
+    doctor = run_cli("doctor", state_dir=project)
+    assert doctor.returncode == 1
+    assert "fix: chmod 700" not in doctor.stdout  # the advice would lock others out as well
+    assert "[FAIL] state dir trust: refusing state dir" in doctor.stdout
+
+
+def test_design_3_a_readable_dir_that_holds_a_nodes_files_is_still_tightened(
+    tmp_path: Path,
+) -> None:
+    old = tmp_path / "state"
+    old.mkdir()
+    (old / "node.log").write_text("")
+    (old / "runs").mkdir()
+    old.chmod(0o755)
+    ensure_state_dir(old)
+    assert old.stat().st_mode & 0o777 == 0o700
