@@ -22,6 +22,7 @@ from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
 from subagents_node.client.client import Client
 from subagents_node.launch.config import current_depth, load_config
+from subagents_node.launch.environ import carried_environment
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.base import validate_request
 from subagents_node.messages.constants import ENV_CHILD_ID, ENV_FANOUT, ENV_RUN_ID
@@ -63,7 +64,7 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
         "message": message,
         "depth": current_depth(),
         "capacity_limit": limit,
-        "env": dict(os.environ),
+        "env": carried_environment(os.environ),
         "intercom": intercom,  # R-RES-7: None keeps the source's
         # Inside a run: a nested resume (R-TOP-1), allowed to a `fanout: true` agent (R-FAN-4).
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
@@ -88,7 +89,12 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     A finished run is left as it is. A live foreground run with one child is superseded: it is
     stopped, and `show` links the two (`superseded by rerun` / `rerun of`).
     """
-    fields = {"run_id": run_id, "task": task, "child": child, "env": dict(os.environ)}
+    fields = {
+        "run_id": run_id,
+        "task": task,
+        "child": child,
+        "env": carried_environment(os.environ),
+    }
     # This command follows the rerun: on a node it embeds (now, or later to take a lost
     # node's place), the rerun's children die with it, should it be killed with -9.
     fields["foreground_pid"] = os.getpid()
@@ -151,7 +157,7 @@ def attach(
         "attach": chain,
         "depth": current_depth(),
         "capacity_limit": ctx.config.settings.max_active_async_runs_per_session,
-        "env": dict(os.environ),
+        "env": carried_environment(os.environ),
         # Inside a run: a nested attach (R-TOP-1), allowed to a `fanout: true` agent (R-FAN-4).
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
@@ -240,7 +246,7 @@ def approve(obj: Ctx, run_id: str, as_json: bool) -> None:
         "run_id": run_id,
         "depth": current_depth(),
         "capacity_limit": load_config().settings.max_active_async_runs_per_session,
-        "env": dict(os.environ),
+        "env": carried_environment(os.environ),
         # A relaunch inside a run is a nested resume (R-TOP-1), allowed to `fanout: true` agents.
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }

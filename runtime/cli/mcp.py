@@ -32,6 +32,7 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
     budget, depth and session), else the state dir's node, else an embedded node that lives
     as long as the server. See docs/mcp.md.
     """
+    from subagents_node.launch.environ import carried_environment
     from subagents_node.mcp.endsignals import EndSignals
     from subagents_node.mcp.server import node_address, serve
     from subagents_node.mcp.stdio import check_stdio
@@ -43,7 +44,9 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
         EndSignals() as signals,
         node_address(obj.address, obj.state_dir, obj.timeout) as address,
     ):
-        signum = serve(address, obj.timeout, dict(os.environ), signals, agents_dirs, session)
+        signum = serve(
+            address, obj.timeout, carried_environment(os.environ), signals, agents_dirs, session
+        )
     if signum is not None:
         # Ended by TERM, HUP or INT after its calls were cancelled (a foreground run stopped):
         # 128 + the signal, as a foreground `subagents-node run` ends.

@@ -34,6 +34,7 @@ from subagents_node.launch.config import (
     load_config,
     validate_call_timeout,
 )
+from subagents_node.launch.environ import carried_environment, is_text
 from subagents_node.messages.base import Message, schema_error
 from subagents_node.messages.constants import ENV_FANOUT, ENV_RUN_ID, ENV_SESSION
 from subagents_node.messages.errors import BadRequest, ConfigError, RunCwdMissing, RunFileInvalid
@@ -112,6 +113,12 @@ def _working_directory(cwd: str | os.PathLike[str] | None) -> Path:
         raise RunCwdMissing(
             f"working directory is not usable: {why}: {shown}", cwd=shown, field="cwd"
         ) from None
+    if not is_text(str(where)):  # a request carries it as text: say so, not "invalid Launch"
+        raise RunCwdMissing(
+            f"working directory is not usable: its name is not UTF-8 text: {shown!a}",
+            cwd=ascii(shown),
+            field="cwd",
+        )
     try:
         os.stat(where)
     except (FileNotFoundError, NotADirectoryError):
@@ -133,10 +140,10 @@ def resolve_session(session_id: str | None, env: Mapping[str, str]) -> str:
     if given:
         return given
     inherited = env.get(ENV_SESSION, "").strip()
-    if inherited and (len(inherited) > 256 or _CONTROL.search(inherited)):
+    if inherited and (len(inherited) > 256 or _CONTROL.search(inherited) or not is_text(inherited)):
         raise ConfigError(
             f"${ENV_SESSION} is not a session id (1-256 characters, no control characters): "
-            f"{inherited[:80]!r}",
+            f"{inherited[:80]!a}",
             key="session",
             source=ENV_SESSION,
             reason="value",
@@ -185,7 +192,7 @@ class LaunchContext:
         session = resolve_session(session_id, env)
         return cls(
             cwd=where,
-            env=env,
+            env=carried_environment(env),
             config=config,
             catalog=agent_catalog(where, dirs, env, config),
             session_id=session,
