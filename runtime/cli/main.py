@@ -299,7 +299,7 @@ def stop(obj: Ctx, run_id: str | None, as_json: bool) -> None:
             pid = daemon.stop_node_at(client)
     else:
         pid = daemon.stop_node(obj.state_dir)
-    say(f"node stopped (pid {pid})")
+    emit({"state": "stopped", "pid": pid}, as_json, f"node stopped (pid {pid})")
 
 
 @cli.command()

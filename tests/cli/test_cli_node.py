@@ -451,6 +451,17 @@ def test_node_not_running_exits_3_with_one_line(
     assert_one_line_error(result, 3, str(state_dir))
 
 
+def test_stopping_the_node_with_json_prints_json(node: NodeProcess) -> None:
+    """`stop --json` (the node) printed the text line "node stopped (pid N)": `--help` says
+    --json prints machine-readable JSON, and a script parsing it failed on a stop that worked."""
+    pid = read_pid_file(node.state_dir)
+    assert pid is not None
+    stopped = run_cli("stop", "--json", state_dir=node.state_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout) == {"state": "stopped", "pid": pid["pid"]}
+    assert read_pid_file(node.state_dir) is None
+
+
 @pytest.mark.parametrize(
     "address", ["localhost:7700", "tcp://no-port", "tcp://:7700", "ipc://", "http://x:1"]
 )
