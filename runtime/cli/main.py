@@ -163,8 +163,8 @@ class LazyGroup(click.Group):
     "--address",
     envvar=ENV_NODE,
     callback=given_or_default,
-    help="Node address, ipc://PATH or tcp://HOST:PORT (default: $SUBAGENTS_NODE, "
-    "else the state dir's socket).",
+    help="Node address, ipc://PATH or tcp://HOST:PORT (default: the socket of a --state-dir "
+    "given here, else $SUBAGENTS_NODE, else the state dir's socket).",
 )
 @click.option(
     "--timeout", type=SECONDS, default=10.0, show_default=True, help="Seconds to wait for a reply."
@@ -173,6 +173,15 @@ class LazyGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout: float) -> None:
     """Launch and supervise agent child processes under hard, single-owner ledgers."""
+    sources = click.core.ParameterSource
+    if (
+        ctx.get_parameter_source("state_dir") is sources.COMMANDLINE
+        and ctx.get_parameter_source("address") is sources.ENVIRONMENT
+    ):
+        # A --state-dir typed on the command line names the node; $SUBAGENTS_NODE (set for
+        # every agent child) is only the default. It used to win: in a child, `--state-dir X
+        # stop` stopped the parent's node and left X's running (docs/api.md: state_dir first).
+        address = None
     ctx.obj = Ctx(state_dir, address, timeout)
 
 

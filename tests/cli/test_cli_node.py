@@ -451,6 +451,22 @@ def test_node_not_running_exits_3_with_one_line(
     assert_one_line_error(result, 3, str(state_dir))
 
 
+def test_a_state_dir_given_on_the_command_line_beats_subagents_node(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """$SUBAGENTS_NODE (set for every agent child) won over an explicit --state-dir: in a
+    child, `subagents-node --state-dir X stop` stopped the parent's node and left X's running
+    (docs/api.md: a state dir given as --state-dir comes before $SUBAGENTS_NODE)."""
+    inherited, named = start_node(), start_node()
+    env = {**os.environ, "SUBAGENTS_NODE": inherited.address}
+    ping = run_cli("ping", state_dir=named.state_dir, env=env)
+    assert ping.returncode == 0 and f"(pid {named.pid}," in ping.stdout, ping.stdout
+    stopped = run_cli("stop", state_dir=named.state_dir, env=env)
+    assert stopped.stdout == f"node stopped (pid {named.pid})\n", stopped.stdout
+    assert run_cli("ping", env=env).returncode == 0  # the inherited node still serves
+    assert read_pid_file(named.state_dir) is None
+
+
 def test_stopping_the_node_with_json_prints_json(node: NodeProcess) -> None:
     """`stop --json` (the node) printed the text line "node stopped (pid N)": `--help` says
     --json prints machine-readable JSON, and a script parsing it failed on a stop that worked."""
