@@ -11,11 +11,13 @@ import os
 import click
 
 from subagents_node.cli.common import Ctx, user_errors
-from subagents_node.cli.params import SESSION
+from subagents_node.cli.params import PATH_TEXT, SESSION
 
 
 @click.command("mcp")
-@click.option("--agents-dir", "agents_dirs", multiple=True, help="Extra agents directory.")
+@click.option(
+    "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
+)
 @click.option(
     "--session",
     type=SESSION,

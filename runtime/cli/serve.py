@@ -73,7 +73,7 @@ def fleet_options(
     worker_flags = {"--home-key": home_key, "--name": name, "--client-key": client_key}
     if not join and any(worker_flags.values()):
         used = ", ".join(flag for flag, value in worker_flags.items() if value)
-        raise click.UsageError(f"{used} only go with --join")
+        raise click.UsageError(f"{used}: only with --join (a worker's flags)")
     if join and not (home_key and name):
         raise click.UsageError("--join needs --home-key KEY and --name NAME")
     if heartbeat_timeout_s <= heartbeat_s:

@@ -318,7 +318,8 @@ def discover_agents(
                 continue
             raise _bad_directory(directory.path, reason) from None
         if directory.scope == "explicit" and files is None:
-            raise _bad_directory(directory.path, "agents directory does not exist")
+            missing = "is not a directory" if directory.path.exists() else "does not exist"
+            raise _bad_directory(directory.path, f"agents directory {missing}")
         found: dict[str, Agent] = {}
         for path in files or ():
             try:

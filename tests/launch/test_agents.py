@@ -341,6 +341,19 @@ def test_an_explicit_agents_dir_that_does_not_exist_is_an_error(dirs: dict[str, 
     assert refused.value.reason == "agents directory does not exist"
 
 
+def test_an_explicit_agents_dir_that_is_a_file_is_named_as_not_a_directory(
+    dirs: dict[str, Path],
+) -> None:
+    """A file given as --agents-dir was refused as "agents directory does not exist" although
+    it was right there: the user went looking for a missing path."""
+    plain = dirs["cwd"] / "notes.md"
+    plain.parent.mkdir(parents=True, exist_ok=True)
+    plain.write_text("not a directory\n")
+    with pytest.raises(AgentInvalid) as refused:
+        discover_agents(dirs["cwd"], [plain])
+    assert refused.value.reason == "agents directory is not a directory"
+
+
 def test_the_shipped_examples_are_valid_agents() -> None:
     catalog = discover_agents(EXAMPLES, [EXAMPLES])
     assert catalog.problems == ()

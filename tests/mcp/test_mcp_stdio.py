@@ -515,3 +515,30 @@ def test_a_server_started_with_stdin_or_stdout_closed_refuses_in_one_line(
     (line,) = done.stderr.strip().splitlines()
     stream = "stdin" if closed == "<&-" else "stdout"
     assert line == f"error: {stream} is closed: the MCP server talks over stdin and stdout"
+
+
+def test_an_empty_agents_dir_is_a_usage_error_as_for_every_other_command(state_dir: Path) -> None:
+    """`mcp --agents-dir ''` was taken as the working directory (every .md under it, the state
+    dir's task files included, read as agent files) where `run --agents-dir ''` says it is no
+    usable path (exit 2)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "subagents_node",
+            "--state-dir",
+            str(state_dir),
+            "mcp",
+            "--agents-dir",
+            "",
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=ANSWER_S,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: Invalid value for '--agents-dir': '' is not a usable")
+    assert list(state_dir.iterdir()) == []  # no node embedded, nothing written
