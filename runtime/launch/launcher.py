@@ -190,15 +190,20 @@ class LaunchContext:
         where = _working_directory(cwd)
         config = load_config(overrides, env=env, cwd=where)
         session = resolve_session(session_id, env)
+        depth = current_depth(env)
         return cls(
             cwd=where,
             env=carried_environment(env),
             config=config,
             catalog=agent_catalog(where, dirs, env, config),
             session_id=session,
-            depth=current_depth(env),
+            depth=depth,
             inherited_fanout=env.get(ENV_FANOUT, "").strip() or None,
-            parent_run_id=env.get(ENV_RUN_ID, "").strip() or None,
+            # Every run's child has depth >= 1; at depth 0 a $SUBAGENTS_RUN_ID is a leftover
+            # (exported for `intercom send`, copied from a child's environment). Sent as the
+            # parent, it made a background run skip its capacity slot (R-TOP-1), and made every
+            # run stop at once when that run had been stopped.
+            parent_run_id=(env.get(ENV_RUN_ID, "").strip() or None) if depth > 0 else None,
         )
 
     def plan(self, name: str) -> AgentPlan:

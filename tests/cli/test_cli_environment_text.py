@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 from tests.support.nodes import NodeProcess, run_cli
 from tests.support.run_fixtures import agents as agents
+from tests.support.runs import EXAMPLE_AGENTS
 
 #: What `cd` into a Latin-1 directory leaves in OLDPWD: bytes that are not UTF-8.
 LATIN1_DIR = "caf\udce9"
@@ -75,3 +77,39 @@ def test_a_session_variable_that_is_not_utf8_is_refused_naming_the_variable(
     assert ran.returncode == 1
     assert ran.stderr.startswith("error: $SUBAGENTS_SESSION is not a session id"), ran.stderr
     assert ran.stderr.count("\n") == 1
+
+
+def test_a_leftover_run_id_variable_at_depth_0_is_no_parent_for_capacity_or_stop(
+    node: NodeProcess, agents: Path
+) -> None:
+    """R-TOP-1: with $SUBAGENTS_RUN_ID set in a top-level shell (exported for `intercom
+    send`, copied from a child's environment) every launch was sent as that run's nested
+    launch: a background run took no capacity slot, so the session's limit let any number in,
+    and when that run had been stopped every new run was stopped at once."""
+    dirs = ["--agents-dir", str(agents), "--agents-dir", str(EXAMPLE_AGENTS)]
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return run_cli("run", *dirs, *args, state_dir=node.state_dir, env=env)
+
+    stopped = run("--async", "sleeper", "seconds=60")
+    assert stopped.returncode == 0, stopped.stderr
+    old = stopped.stdout.strip()
+    assert run_cli("stop", old, state_dir=node.state_dir).returncode == 0
+    env = _env(
+        SUBAGENTS_RUN_ID=old,
+        SUBAGENTS_SESSION="leftover-run-id",
+        SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION="1",
+    )
+    env.pop("SUBAGENTS_DEPTH", None)
+    ran = run("echo", "hello", env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.rstrip().endswith("hello")
+    launched = [run("--async", "sleeper", "seconds=60", env=env) for _ in range(2)]
+    try:
+        assert launched[0].returncode == 0, launched[0].stderr
+        assert launched[1].returncode == 1, launched[1].stdout
+        assert "capacity exhausted: 1/1 used" in launched[1].stderr
+    finally:
+        for done in launched:
+            if done.returncode == 0:
+                run_cli("stop", done.stdout.strip(), state_dir=node.state_dir)
