@@ -134,7 +134,7 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
             "node",
             "fail",
             err.message,
-            "choose a --state-dir whose socket path is short (under 107 bytes) and printable",
+            "choose a --state-dir that is short (at most 93 bytes) and printable",
         )
         return
     try:

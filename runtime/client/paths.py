@@ -222,9 +222,13 @@ def ipc_endpoint(state_dir: Path) -> str:
             f"(--state-dir or ${ENV_STATE_DIR})",
             address=f"ipc://{sock}"[:1000],
         )
-    if len(str(sock)) > _IPC_PATH_MAX:
+    # Every socket of the state dir must fit, the longest name too (`capacity.sock`), in bytes:
+    # a node.sock of 104-107 bytes passed, `start` said "node started", and the capacity,
+    # fanout and session owners crash-looped on their own sockets' paths and stayed failed.
+    longest = state_dir / max((SOCKET_NAME, *OWNER_SOCKETS.values()), key=len)
+    if len(os.fsencode(longest)) > _IPC_PATH_MAX:
         raise BadAddress(
-            f"socket path {sock} is longer than {_IPC_PATH_MAX} bytes; "
+            f"socket path {longest} is longer than {_IPC_PATH_MAX} bytes; "
             f"choose a shorter state dir (--state-dir or ${ENV_STATE_DIR})",
             address=f"ipc://{sock}",
         )
@@ -248,9 +252,14 @@ def check_endpoint(endpoint: str) -> str:
     text = endpoint if isinstance(endpoint, str) else ""
     if text.startswith("ipc://"):
         path = text[len("ipc://") :]
-        if path and path.isprintable() and ";" not in path:
-            return text
-        raise _bad_address(endpoint, "an ipc address is ipc://PATH (printable, no ';')")
+        if not (path and path.isprintable() and ";" not in path):
+            raise _bad_address(endpoint, "an ipc address is ipc://PATH (printable, no ';')")
+        size = len(os.fsencode(path))
+        if size > _IPC_PATH_MAX:  # no socket can have it: said here, not ENAMETOOLONG or ENOENT
+            raise _bad_address(
+                endpoint, f"an ipc socket path is at most {_IPC_PATH_MAX} bytes, not {size}"
+            )
+        return text
     if not text.startswith("tcp://"):
         raise _bad_address(endpoint, "expected ipc://PATH or tcp://HOST:PORT")
     host, sep, port = text[len("tcp://") :].rpartition(":")

@@ -497,10 +497,58 @@ def test_a_huge_bad_value_is_shown_cut_short_in_its_one_line_error(
     assert len(result.stderr) < 1000, "the error names the value, it does not repeat it"
 
 
+@pytest.mark.parametrize("path", ["/tmp/" + "x" * 150, "/tmp/" + "x" * 100_000])
+def test_an_ipc_address_too_long_for_any_socket_is_a_bad_address(
+    path: str, invoke: Callable[..., Result]
+) -> None:
+    """It was "no node is running ... (socket does not exist)" (exit 3) or, past 255 bytes,
+    "File name too long" (exit 1): no socket can have such a path, a usage error (exit 2)."""
+    result = invoke("--address", f"ipc://{path}", "ping")
+    assert_one_line_error(result, 2, "bad node address", "an ipc socket path is at most 107")
+
+
 def test_state_dir_too_long_for_an_ipc_socket_exits_2(invoke: Callable[..., Result]) -> None:
     too_long = "/tmp/" + "d" * 120
     result = invoke("--state-dir", too_long, "status")
     assert_one_line_error(result, 2, "longer than 107 bytes")
+
+
+@pytest.mark.parametrize("size", [94, 96, 97])
+def test_a_state_dir_whose_owner_sockets_do_not_fit_is_refused_before_any_start(
+    size: int, tmp_path: Path
+) -> None:
+    """node.sock fitted in 107 bytes but capacity.sock (4 bytes longer), fanout.sock and
+    session.sock did not: `start --detach` said "node started" and those owners crash-looped
+    ("ipc path ... is longer than 107 characters") and stayed failed; every launch failed."""
+    state_dir = Path("/tmp") / ("d" * (size - len("/tmp/")))
+    assert len(str(state_dir / "node.sock")) <= 107 < len(str(state_dir / "capacity.sock"))
+    try:
+        started = run_cli("start", "--detach", state_dir=state_dir)
+        assert started.returncode == 2, started.stdout
+        assert started.stderr == (
+            f"error: socket path {state_dir}/capacity.sock is longer than 107 bytes; "
+            "choose a shorter state dir (--state-dir or $SUBAGENTS_STATE_DIR)\n"
+        )
+        assert not state_dir.exists()
+    finally:
+        if (state_dir / "node.pid").exists():  # the fault: a node started; stop it
+            run_cli("stop", state_dir=state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_the_longest_state_dir_that_fits_serves_with_every_owner(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    state_dir = Path("/tmp") / ("e" * (93 - len("/tmp/")))  # capacity.sock: 107 bytes
+    shutil.rmtree(state_dir, ignore_errors=True)
+    node = start_node(state_dir=state_dir)
+    try:
+        status = json.loads(run_cli("status", "--json", state_dir=node.state_dir).stdout)
+        assert {a["name"]: a["state"] for a in status["actors"]}.keys() >= {"capacity", "session"}
+        assert all(a["state"] == "running" for a in status["actors"])
+    finally:
+        run_cli("stop", state_dir=state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", ["new\nline", "semi;colon"], ids=["newline", "semicolon"])
