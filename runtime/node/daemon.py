@@ -240,9 +240,12 @@ def _await_ready(
     code, _, message = line.removeprefix("error ").partition(": ")
     if code == NodeAlreadyRunning.code:  # another node claimed the state dir first
         raise NodeAlreadyRunning(message, address=str(state_dir))
+    try:  # a node that could not open its log (a read-only or full disk) wrote nothing there
+        see = f"; see {log_path}" if log_path.is_file() else ""
+    except OSError:
+        see = ""
     raise NodeError(
-        f"the detached node failed to start: {'error: ' + message if message else 'exited'}; "
-        f"see {log_path}",
+        f"the detached node failed to start: {'error: ' + message if message else 'exited'}{see}",
         address=str(state_dir),
     )
 

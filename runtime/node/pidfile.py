@@ -102,6 +102,13 @@ def refuse_if_running(state_dir: Path, ipc: bool) -> None:
             except FileNotFoundError:
                 pass
             except OSError as exc:  # a directory there (or a file we may not remove)
+                if exc.errno == errno.EROFS:  # unlink says so even when there is no socket
+                    raise StoreError(
+                        f"state dir {state_dir} is on a read-only file system; remount it "
+                        "read-write (mount -o remount,rw MOUNTPOINT) or choose another "
+                        "--state-dir",
+                        path=str(state_dir),
+                    ) from None
                 raise StoreError(
                     f"cannot replace {sock}: {exc.strerror}; move it aside "
                     f"(mv {sock} {sock}.old) and start again",

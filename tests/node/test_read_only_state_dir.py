@@ -73,3 +73,44 @@ def test_doctor_on_a_read_only_state_dir_names_it_and_never_advises_moving_a_led
     assert "read-only file system" in done.stdout, done.stdout
     assert "move it aside" not in done.stdout, done.stdout
     assert "store capacity integrity: PRAGMA integrity_check: ok" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def fresh_read_only_state_dir() -> Iterator[Path]:
+    """An empty state dir (no node ever served it) on a file system mounted read-only."""
+    directory = Path(tempfile.mkdtemp(prefix="sa-ro-", dir="/tmp"))
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700,ro", "tmpfs", str(directory)],
+            check=True,
+            capture_output=True,
+        )
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        directory.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    try:
+        yield directory
+    finally:
+        if subprocess.run(["umount", str(directory)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_fresh_read_only_state_dir_is_named_read_only_with_no_advice_that_cannot_work(
+    fresh_read_only_state_dir: Path,
+) -> None:
+    """A foreground `run` (or `start`) said "cannot replace .../node.sock: Read-only file
+    system; move it aside (mv ...)" for a socket that did not exist (unlink says EROFS first),
+    and `start --detach` sent the user to a node.log it could not create."""
+    where = fresh_read_only_state_dir
+    for command in (("start",), ("run", "--agents-dir", "examples/agents", "sleeper", "x")):
+        done = run_cli(*command, state_dir=where, timeout=20)
+        assert done.returncode == 1, done.stdout
+        assert done.stderr == (
+            f"error: state dir {where} is on a read-only file system; remount it read-write "
+            "(mount -o remount,rw MOUNTPOINT) or choose another --state-dir\n"
+        )
+    detached = run_cli("start", "--detach", state_dir=where, timeout=20)
+    assert detached.returncode == 1
+    assert detached.stderr.strip().endswith("Read-only file system"), detached.stderr
+    assert "see " not in detached.stderr
