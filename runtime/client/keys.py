@@ -201,7 +201,11 @@ def write_private(path: Path, text: str) -> None:
     name nobody can foresee: `.<name>.<pid>.tmp` was opened as found, and a FIFO planted
     under the node's pid held `keys allow` in open() for good)."""
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    replace_file(path, text.encode(), mode=0o600)
+    try:
+        replace_file(path, text.encode(), mode=0o600)  # its temp file goes if the write fails
+    except OSError as exc:
+        # A full disk's error named no file: "No space left on device".
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def client_credentials(

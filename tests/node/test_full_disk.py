@@ -350,3 +350,17 @@ def test_a_chain_whose_next_step_start_the_full_disk_undid_starts_it_once_space_
         assert [c.state for c in done.children] == ["complete", "complete"]
         assert client.capacity.snapshot(ctx.session_id, 2).used == 0
         assert_no_restarts(node)
+
+
+def test_keys_generate_on_a_full_disk_names_the_file_and_leaves_no_temp_file(
+    tiny_disk: Path,
+) -> None:
+    """It said "error: No space left on device" (no file named) and left
+    `keys/.server.key.PID.tmp`, the start of a secret key, behind."""
+    state_dir = tiny_disk / "s"
+    state_dir.mkdir(mode=0o700)
+    fill_the_rest(tiny_disk)
+    done = run_cli("keys", "generate", state_dir=state_dir)
+    assert done.returncode == 1
+    assert done.stderr == f"error: No space left on device: {state_dir}/keys/server.key\n"
+    assert [p.name for p in (state_dir / "keys").iterdir()] == []
