@@ -197,11 +197,13 @@ class PathTextType(click.ParamType[str]):
 def given_or_default(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """An option's value, where an empty one typed on the command line is refused (a
     `--state-dir "$DIR"` whose DIR is unset would otherwise quietly mean the default one, and
-    `stop` would stop another node), and an empty variable counts as unset."""
-    if value != "":
+    `stop` would stop another node), and an empty variable counts as unset. Blank (spaces
+    only) is empty: `--state-dir " "` was a directory named " " under the working directory,
+    while the same $SUBAGENTS_STATE_DIR meant the default one."""
+    if not isinstance(value, str) or value.strip():
         return value
     if ctx.get_parameter_source(str(param.name)) is click.core.ParameterSource.COMMANDLINE:
-        raise click.BadParameter("is empty; leave the option out to mean the default")
+        raise click.BadParameter("is empty or blank; leave the option out to mean the default")
     return None
 
 

@@ -679,17 +679,22 @@ def test_an_empty_state_dir_or_address_on_the_command_line_is_refused_not_taken_
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
     env.pop("SUBAGENTS_STATE_DIR", None)
     env.pop("SUBAGENTS_NODE", None)
+    # Blank counts as empty: `--state-dir " "` was a directory named " " (status: "no node is
+    # running at ipc:// /node.sock"), while SUBAGENTS_STATE_DIR=" " meant the default.
     for option in ("--state-dir", "--address"):
-        done = subprocess.run(
-            [*CLI, option, "", "stop"], capture_output=True, text=True, timeout=60, env=env
-        )
-        assert done.returncode == 2, done.stderr
-        assert f"'{option}': is empty" in done.stderr and len(done.stderr.splitlines()) == 1
-    done = subprocess.run(
-        [*CLI, "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**env, "SUBAGENTS_STATE_DIR": ""},
-    )
-    assert str(tmp_path / "xdg") in done.stderr  # the default state dir, asked
+        for value in ("", "  "):
+            done = subprocess.run(
+                [*CLI, option, value, "stop"], capture_output=True, text=True, timeout=60, env=env
+            )
+            assert done.returncode == 2, done.stderr
+            assert f"'{option}': is empty" in done.stderr and len(done.stderr.splitlines()) == 1
+    for variable in ("SUBAGENTS_STATE_DIR", "SUBAGENTS_NODE"):
+        for value in ("", " "):
+            done = subprocess.run(
+                [*CLI, "status"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**env, variable: value},
+            )
+            assert str(tmp_path / "xdg") in done.stderr  # the default state dir, asked
