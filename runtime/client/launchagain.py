@@ -88,9 +88,16 @@ class Sends:
         return node_lost(err)
 
     def give_up(self) -> None:
-        """Raise the first timeout: the launch's outcome is unknown still."""
+        """Raise the first timeout, saying that the launch's outcome is unknown still: its own
+        "(is it running?)" sent a CLI user to launch it again while the first run, admitted
+        all the same, went on (a foreground one followed by nobody), its id never printed."""
         assert self._first is not None
-        raise self._first
+        first = self._first
+        raise NodeTimeout(
+            f"{first.message}; the launch may have been admitted all the same: look for it "
+            "with `subagents-node runs --active` before launching it again",
+            **first.details,
+        ) from None
 
 
 def launch(client: Client, request: Launch, next_node_s: float = NODE_BACK_S) -> RunView:

@@ -467,6 +467,28 @@ def test_a_state_dir_given_on_the_command_line_beats_subagents_node(
     assert read_pid_file(named.state_dir) is None
 
 
+def test_a_launch_never_answered_says_it_may_have_been_admitted(node: NodeProcess) -> None:
+    """A launch whose answer did not come in --timeout (sent again under its launch id, and
+    again unanswered) ended with "did not answer runs.launch in time (is it running?)": the
+    user launched it again, while the first run, admitted all the same, went on unseen."""
+    agents = str(REPO / "examples" / "agents")
+    try:
+        for mode in ("--async", "--foreground"):
+            done = run_cli(
+                "--timeout", "0.0001", "run", mode, "--agents-dir", agents, "sleeper", "seconds=60",
+                state_dir=node.state_dir,
+            )  # fmt: skip
+            assert done.returncode == 4, done.stdout
+            assert done.stderr.startswith("error: the node at "), done.stderr
+            assert done.stderr.endswith(
+                "; the launch may have been admitted all the same: look for it with "
+                "`subagents-node runs --active` before launching it again\n"
+            ), done.stderr
+    finally:
+        for run in node.client().runs.list(active_only=True):
+            run_cli("stop", run.run_id, state_dir=node.state_dir)
+
+
 def test_stopping_the_node_with_json_prints_json(node: NodeProcess) -> None:
     """`stop --json` (the node) printed the text line "node stopped (pid N)": `--help` says
     --json prints machine-readable JSON, and a script parsing it failed on a stop that worked."""
