@@ -88,14 +88,14 @@ class Sends:
         return node_lost(err)
 
     def give_up(self) -> None:
-        """Raise the first timeout, saying that the launch's outcome is unknown still: its own
-        "(is it running?)" sent a CLI user to launch it again while the first run, admitted
-        all the same, went on (a foreground one followed by nobody), its id never printed."""
+        """Raise the first timeout (which says the launch may have been applied all the same),
+        with where to look: its "(is it running?)" alone sent a CLI user to launch it again
+        while the first run went on (a foreground one followed by nobody), its id unprinted."""
         assert self._first is not None
         first = self._first
         raise NodeTimeout(
-            f"{first.message}; the launch may have been admitted all the same: look for it "
-            "with `subagents-node runs --active` before launching it again",
+            f"{first.message}: look for its run with `subagents-node runs --active` before "
+            "launching it again",
             **first.details,
         ) from None
 

@@ -481,7 +481,7 @@ def test_a_launch_never_answered_says_it_may_have_been_admitted(node: NodeProces
             assert done.returncode == 4, done.stdout
             assert done.stderr.startswith("error: the node at "), done.stderr
             assert done.stderr.endswith(
-                "; the launch may have been admitted all the same: look for it with "
+                "it may have been applied all the same): look for its run with "
                 "`subagents-node runs --active` before launching it again\n"
             ), done.stderr
     finally:
