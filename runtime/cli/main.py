@@ -33,7 +33,7 @@ from subagents_node.cli.common import (
     reader_gone,
     user_errors,
 )
-from subagents_node.cli.params import RUN_ID, SECONDS, given_or_default
+from subagents_node.cli.params import RUN_ID, SECONDS, WholeRange, given_or_default
 from subagents_node.cli.terminal import say
 from subagents_node.client.paths import check_endpoint, ipc_endpoint
 from subagents_node.messages.constants import (
@@ -190,7 +190,7 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
 @click.option("--listen", multiple=True, help="Extra endpoint, e.g. tcp://127.0.0.1:7700.")
 @click.option(
     "--mailbox-limit",
-    type=click.IntRange(1, MAX_MAILBOX_LIMIT),
+    type=WholeRange(1, MAX_MAILBOX_LIMIT),
     default=1024,
     show_default=True,
     help="Max queued per actor.",

@@ -32,6 +32,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _COMPLETION_TIMEOUT_S = 0.5
 #: The longest wait any command accepts, in seconds (a day; beyond it timers overflow).
 MAX_WAIT_S = 86_400.0
+#: Numbers as the command line spells them: ASCII digits, as every SUBAGENTS_* number variable
+#: (launch/limits.py DECIMAL). int() and float() also took "1_000" and other scripts' digits:
+#: `--timeout-ms ٣` was a 3 ms deadline.
+_WHOLE = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+_DECIMAL = re.compile(r"\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*", re.ASCII)
 
 
 def shown(value: Any) -> str:
@@ -167,10 +172,9 @@ class SecondsType(click.ParamType[float]):
         if isinstance(value, float):
             number = value
         else:
-            try:
-                number = float(str(value))
-            except ValueError:
+            if not _DECIMAL.fullmatch(str(value)):
                 self.fail(f"{shown(value)} is not a number of seconds", param, ctx)
+            number = float(str(value))
         if not math.isfinite(number) or number <= 0 or number > MAX_WAIT_S:
             self.fail(
                 f"{shown(value)} is not in the range 0 < seconds <= {MAX_WAIT_S:g}", param, ctx
@@ -207,11 +211,33 @@ def given_or_default(ctx: click.Context, param: click.Parameter, value: Any) -> 
     return None
 
 
+def _check_whole(kind: click.ParamType[Any], value: Any, param: Any, ctx: Any) -> None:
+    if isinstance(value, str) and not _WHOLE.fullmatch(value):
+        kind.fail(f"{shown(value)} is not a whole number (ASCII digits)", param, ctx)
+
+
+class WholeNumber(click.types.IntParamType):
+    """click's integer, spelt in ASCII digits only."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        _check_whole(self, value, param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class WholeRange(click.IntRange):
+    """click's integer range, spelt in ASCII digits only."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        _check_whole(self, value, param, ctx)
+        return super().convert(value, param, ctx)
+
+
 RUN_ID = RunIdType()
+WHOLE = WholeNumber()
 PATH_TEXT = PathTextType()
 SESSION = SessionType()
 AGENT = AgentNameType()
 SECONDS = SecondsType()
 #: Counts that travel as signed 32-bit integers (SPEC §0.4).
-COUNT = click.IntRange(0, MAX_INT32)
-POSITIVE_COUNT = click.IntRange(1, MAX_INT32)
+COUNT = WholeRange(0, MAX_INT32)
+POSITIVE_COUNT = WholeRange(1, MAX_INT32)

@@ -529,6 +529,30 @@ def test_an_ipc_address_too_long_for_any_socket_is_a_bad_address(
     assert_one_line_error(result, 2, "bad node address", "an ipc socket path is at most 107")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--timeout", "\u0663", "ping"],
+        ["--timeout", "1_0", "ping"],
+        ["runs", "--limit", "1_0"],
+        ["capacity", "--limit", "\u0661\u0660"],
+        ["run", "--timeout-ms", "\u0663", "echo", "x"],
+        ["workflow", "--timeout-ms", "1_000", "examples/workflows/scan_and_summarize.py"],
+        ["grant", "\u0663", "--session", "s"],
+    ],
+    ids=lambda args: " ".join(args),
+)
+def test_a_number_option_is_ascii_digits_as_every_number_variable(
+    args: list[str], state_dir: Path, invoke: Callable[..., Result]
+) -> None:
+    """int() and float() took other scripts' digits and "1_000": `--timeout-ms ٣` was a 3 ms
+    deadline, `--timeout ٣` three seconds, where SUBAGENTS_TIMEOUT_MS=٣ is refused."""
+    result = invoke("--state-dir", str(state_dir), *args)
+    assert_one_line_error(result, 2, "Invalid value for")
+    assert "ASCII digits" in result.stderr or "is not a number of seconds" in result.stderr
+    assert list(state_dir.iterdir()) == []
+
+
 def test_state_dir_too_long_for_an_ipc_socket_exits_2(invoke: Callable[..., Result]) -> None:
     too_long = "/tmp/" + "d" * 120
     result = invoke("--state-dir", too_long, "status")
