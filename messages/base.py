@@ -144,7 +144,7 @@ def schema_error(type_: str, exc: ValidationError) -> BadRequest:
     MAX_ERROR_TEXT characters, and `error_count` says how many there were in all."""
     raw = exc.errors(include_url=False, include_context=False, include_input=False)
     errors = [
-        {"loc": _clip(_field(type_, e["loc"])), "msg": _clip(str(e["msg"]))}
+        {"loc": _clip(_field(type_, e["loc"])), "msg": _clip(_message(e["type"], str(e["msg"])))}
         for e in raw[:MAX_REPORTED_FIELD_ERRORS]
     ]
     first = errors[0] if errors else {"loc": "", "msg": "invalid"}
@@ -161,6 +161,15 @@ def schema_error(type_: str, exc: ValidationError) -> BadRequest:
 MAX_REPORTED_FIELD_ERRORS = 10
 #: longest field location or message a BadRequest repeats (longer ones are cut, marked by …)
 MAX_ERROR_TEXT = 160
+
+
+def _message(kind: str, message: str) -> str:
+    """pydantic's message, but for text that was not UTF-8 (bytes a shell argument or a
+    variable held, as lone surrogates): "Input should be a valid string, unable to parse raw
+    data as a unicode string" told a CLI user nothing about the byte at fault."""
+    if kind == "string_unicode":
+        return "not UTF-8 text (it holds a byte that is no UTF-8 character)"
+    return message
 
 
 def _field(type_: str, loc: tuple[int | str, ...]) -> str:

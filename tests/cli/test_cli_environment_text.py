@@ -113,3 +113,14 @@ def test_a_leftover_run_id_variable_at_depth_0_is_no_parent_for_capacity_or_stop
         for done in launched:
             if done.returncode == 0:
                 run_cli("stop", done.stdout.strip(), state_dir=node.state_dir)
+
+
+def test_an_argument_that_is_not_utf8_is_named_as_such(node: NodeProcess) -> None:
+    """A task, a reason or a message holding a byte that is no UTF-8 character was refused as
+    "Input should be a valid string, unable to parse raw data as a unicode string"."""
+    done = run_cli("reject", "--reason", "bad \udcff byte", "zzzz", state_dir=node.state_dir)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "error: invalid runs.reject request: reason: not UTF-8 text (it holds a byte that is "
+        "no UTF-8 character)\n"
+    )
