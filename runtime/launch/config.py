@@ -328,12 +328,17 @@ def _apply(
         key = str(first["loc"][0]) if first["loc"] else ""
         # A TOML user writes an array, never a "tuple": say it in the file's words.
         said = "it should be a list: [...]" if first["type"] == "tuple_type" else first["msg"]
+        # A validator's own message, not pydantic's "Value error, " before it; and the values
+        # as the list a TOML user (or the split variable) gave, not a Python tuple.
+        said = said.removeprefix("Value error, ")
+        got = layer.get(key)
+        got = list(got) if isinstance(got, tuple) else got
         raise ConfigError(
-            f"invalid value for {key!r} in {origin}: {said} (got {_shown(layer.get(key))})",
+            f"invalid value for {key!r} in {origin}: {said} (got {_shown(got)})",
             key=key,
             source=str(origin),
             reason="invalid_value",
-            value=_shown(layer.get(key)),
+            value=_shown(got),
             file=origin.where if origin.kind in ("user", "project") else "",
         ) from None
     values.update(layer)

@@ -643,6 +643,20 @@ def test_listen_endpoints_from_env_are_split_and_checked(
     assert config.settings.listen == ("tcp://127.0.0.1:7700", "ipc:///tmp/sa.sock")
 
 
+def test_a_bad_listen_endpoint_is_named_in_the_words_of_the_file_or_the_variable(
+    dirs: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """It read "Value error, bad node address '5': ... (got ('5', '6'))": pydantic's prefix and
+    a Python tuple for what the user wrote as a list (or a variable split on spaces)."""
+    _, project, env = dirs
+    with pytest.raises(ConfigError) as info:
+        load_config(env={**env, "SUBAGENTS_LISTEN": "tcp://127.0.0.1:7700 5"}, cwd=project)
+    assert info.value.message == (
+        "invalid value for 'listen' in environment variable SUBAGENTS_LISTEN: bad node address "
+        "'5': expected ipc://PATH or tcp://HOST:PORT (got ['tcp://127.0.0.1:7700', '5'])"
+    )
+
+
 def test_actor_settings_are_plain_values(dirs: tuple[Path, Path, dict[str, str]]) -> None:
     _, project, env = dirs
     settings = load_config({"reservation_ttl_s": 5.0}, env=env, cwd=project).actor_settings()
