@@ -30,7 +30,13 @@ from pydantic import ValidationError
 from subagents_node.actors.child import cgroup as cg
 from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import rows
-from subagents_node.actors.child.procfs import ProcessIdentity, identity_of, is_alive
+from subagents_node.actors.child.procfs import (
+    ProcessIdentity,
+    boot_id,
+    identity_of,
+    is_alive,
+    wall_clock,
+)
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
 from subagents_node.messages import statefiles
@@ -40,6 +46,7 @@ from subagents_node.messages.runs import (
     ChildExited,
     ChildReport,
     ChildSpec,
+    ChildStarted,
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,9 @@ REASON_SHIM_GONE_LIVE = (
     "process-tree-unverified: the shim died before its child was known to have started"
 )
 NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
+NOT_STARTED_SHIM_GONE = (
+    "no shim started the child: its shim, or the shim template forking it, was killed first"
+)
 STOPPED = cp.STOPPED
 #: How long a stopping node waits for the shims of finished children to exit.
 FINISHING_WAIT_S = 2.0
@@ -101,8 +111,10 @@ class ChildKeeper:
         soft limit on open files children start with (None: this process's)."""
         self._address = node_address
         self._cgroup_base = cgroup_base
-        self._template = ShimTemplate(open_files)
         self._watch = ShimWatch(on_shim_gone)
+        # Each shim is watched from its announcement, before its child starts, not from its
+        # first report: a child can kill its shim (its parent) before that report is sent.
+        self._template = ShimTemplate(open_files, on_start=self._watch.listen)
         self._cap_log = cap_log
         self._cap_flush = cap_flush
         self._capped: dict[str, list[Callable[[], None]]] = {}
@@ -187,6 +199,7 @@ class ChildKeeper:
             self._template.order(*order)
         except OSError as exc:
             return f"cannot start the child's shim: {exc}"
+        self._watch.expect(spec.child_id)  # no shim announced before its template ended: gone
         return None
 
     def not_launched(
@@ -324,6 +337,21 @@ class ChildKeeper:
         report = report_from_record(exit_record)
         if report is not None and (report.tree_ended or report.kind == "not_started"):
             return self.apply(db, report, now, from_shim=False)
+        if row["shim_pid"] is None:
+            # Gone before its first report (watched from its announcement, or its order lost
+            # with its template): no claim means no child, and the claim made here fences a
+            # late shim off, as at recovery; a live claimant is the shim to watch.
+            shim = self._shim_identity(row, record.record_dir)
+            if shim is None:
+                event = cp.not_started(record, NOT_STARTED_SHIM_GONE, now)
+                rows.write_settlement(db, record, event)
+                return self._ended([event])
+            if is_alive(shim):
+                self._watch.watch(child_id, shim)
+                return []
+            started = self._started_in_cgroup(db, record, shim)
+            if started is not None:  # its launch is answered now, not at the tree's end
+                return [started, *self.shim_gone(db, child_id, now)]
         if report is None:
             report = ChildReport(
                 kind="exited",
@@ -356,6 +384,25 @@ class ChildKeeper:
         return self._ended(
             [self._settle(db, record, row, report, now, unverified=unknown, reason=reason)]
         )
+
+    def _started_in_cgroup(
+        self, db: Connection, record: rows.ChildRecord, shim: ProcessIdentity
+    ) -> ChildStarted | None:
+        """A shim that died before its first report left its child in the child's cgroup:
+        the oldest process there is the child (R-RUN-5: a real pid), recorded as started."""
+        group = self._cgroup_of(record.child_id)
+        found = [] if group is None else [identity_of(pid) for pid in cg.pids_in(group)]
+        alive = [identity for identity in found if identity is not None]
+        if not alive:
+            return None
+        leader = min(alive, key=lambda identity: identity.start_time)
+        record.shim_pid, record.shim_start = shim
+        record.boot_id = boot_id()
+        record.pid, record.identity_start = leader
+        record.start_time = wall_clock(leader.start_time)
+        rows.record_started(db, record)
+        self._cap(record)
+        return cp.started_event(record)
 
     def _cgroup_of(self, child_id: str) -> str | None:
         """The cgroup this node made for `child_id`, if it still exists."""

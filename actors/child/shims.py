@@ -66,9 +66,14 @@ class ShimTemplate:
     """The pre-imported process shims are forked from; started on first use, restarted when it
     is found gone (a write to a closed pipe)."""
 
-    def __init__(self, open_files: int | None = None) -> None:
+    def __init__(
+        self, open_files: int | None = None, on_start: Callable[[int], None] | None = None
+    ) -> None:
         """`open_files`: the soft limit on open files the template, its shims and so every
-        child start with (None: this process's)."""
+        child start with (None: this process's). `on_start(fd)` is given the read end of each
+        template's announce pipe (its stdout, where each shim it forks writes its identity
+        before it starts the child: `ShimWatch.listen`), which it then owns; None: no pipe."""
+        self._on_start = on_start
         self._proc: subprocess.Popen[bytes] | None = None
         self._argv = [sys.executable, "-m", TEMPLATE_MODULE]
         if open_files is not None:
@@ -106,14 +111,28 @@ class ShimTemplate:
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                self._argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=None,
-                cwd="/",
-                close_fds=True,
-            )
+            announce_r, announce_w = -1, subprocess.DEVNULL
+            if self._on_start is not None:
+                announce_r, announce_w = os.pipe2(os.O_CLOEXEC)
+                os.set_blocking(announce_w, False)  # a shim never waits on the supervisor
+            try:
+                self._proc = subprocess.Popen(
+                    self._argv,
+                    stdin=subprocess.PIPE,
+                    stdout=announce_w,
+                    stderr=None,
+                    cwd="/",
+                    close_fds=True,
+                )
+            except BaseException:
+                if announce_r >= 0:
+                    os.close(announce_r)
+                raise
+            finally:
+                if announce_r >= 0:
+                    os.close(announce_w)  # the template and its shims hold it now
+            if self._on_start is not None:
+                self._on_start(announce_r)
             assert self._proc.stdin is not None
             # A burst of orders (a run's first group) fits in the pipe: the supervisor's write
             # returns at once instead of waiting, order by order, for the template to fork.
@@ -183,6 +202,55 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
             os.close(fd)
 
 
+class _Announces:
+    """One template's announce pipe, as the watch thread reads it: a partial line, and per key
+    the orders sent less the shims announced (either may come first; 0 is dropped)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.ended = False
+        self._partial = b""
+        self._owed: dict[str, int] = {}
+
+    def _count(self, key: str, step: int) -> None:
+        owed = self._owed.get(key, 0) + step
+        if owed:
+            self._owed[key] = owed
+        else:
+            self._owed.pop(key, None)
+
+    def expect(self, key: str) -> bool:
+        """An order was sent; True when the pipe had ended without announcing it (lost)."""
+        self._count(key, 1)
+        if self.ended and self._owed.get(key, 0) > 0:
+            self._count(key, -1)
+            return True
+        return False
+
+    def lines(self, data: bytes) -> list[tuple[str, ProcessIdentity | None]]:
+        """The announcements in `data` (identity None: the template forked no shim for it)."""
+        *whole, self._partial = (self._partial + data).split(b"\n")
+        found: list[tuple[str, ProcessIdentity | None]] = []
+        for line in whole:
+            try:
+                key, pid, start = json.loads(line)
+                identity = ProcessIdentity(int(pid), float(start)) if pid else None
+            except (ValueError, TypeError):
+                continue  # not a shim's (nothing else writes there): ignored
+            self._count(str(key), -1)
+            found.append((str(key), identity))
+        return found
+
+    def end(self) -> list[str]:
+        """The pipe ended: the keys ordered and never announced (no shim took them)."""
+        self.ended = True
+        self.fd = -1
+        lost = [key for key, owed in self._owed.items() if owed > 0]
+        for key in lost:
+            self._owed.pop(key)
+        return lost
+
+
 #: How soon a shim whose pidfd could not be opened (no descriptor left) is tried again.
 RETRY_OPEN_S = 1.0
 
@@ -199,6 +267,16 @@ class ShimWatch:
         self._on_gone = on_gone
         self._lock = threading.Lock()
         self._add: list[tuple[str, ProcessIdentity]] = []
+        #: Announce pipes (`listen`) and orders sent (`expect`) not yet handed to the thread;
+        #: an order belongs to the newest pipe (its template's), named by its generation.
+        self._listen: list[tuple[int, int]] = []
+        self._expect: list[tuple[int, str]] = []
+        self._generation = 0
+        #: The thread's own: per generation, its pipe state (`_Announces`); the live pipes by
+        #: descriptor; the shims watched, so one announced and then reported is watched once.
+        self._pipes: dict[int, _Announces] = {}
+        self._pipe_fds: dict[int, _Announces] = {}
+        self._watching: set[tuple[str, ProcessIdentity]] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
         self._count = 0  # shims the thread holds a pidfd for (read under the lock)
@@ -215,11 +293,29 @@ class ShimWatch:
             if len(self._add) >= self.WAKE_BATCH:
                 os.write(self._wake_w, b"+")
 
+    def listen(self, fd: int) -> None:
+        """A new shim template's announce pipe (its read end, now this watch's to close): each
+        shim announces itself there before it starts its child, and is watched from then on;
+        its end (EOF: the template and every shim it forked closed it) proves that an order
+        sent to it and never announced forked no shim, so no child: that child is gone."""
+        with self._lock:
+            self._generation += 1
+            if self._closed:
+                os.close(fd)
+                return
+            self._listen.append((self._generation, fd))
+
+    def expect(self, key: str) -> None:
+        """An order for `key` was written to the newest template: a shim is to announce it."""
+        with self._lock:
+            if not self._closed and self._generation:
+                self._expect.append((self._generation, key))
+
     def flush(self) -> None:
         """Hand the watches taken since the last flush to the thread: one wake-up (a thread
         woken per shim cost the supervisor more than the watch itself)."""
         with self._lock:
-            if self._add and not self._closed:
+            if (self._add or self._listen or self._expect) and not self._closed:
                 os.write(self._wake_w, b"+")
 
     @property
@@ -239,7 +335,7 @@ class ShimWatch:
     def _run(self) -> None:
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
-        fds: dict[int, str] = {}
+        fds: dict[int, tuple[str, ProcessIdentity]] = {}
         try:
             while True:
                 if self._retry:  # descriptors ran out: try those again, now and then
@@ -252,29 +348,85 @@ class ShimWatch:
                 for fd, _ in waiting:
                     if fd == self._wake_r:
                         os.read(self._wake_r, 4096)
-                        with self._lock:
-                            if self._closed:
-                                return
-                            added, self._add = self._add, []
-                            for key, identity in added:  # in the lock: `watched` counts
-                                self._open(key, identity, poller, fds)  # each one once
-                            self._count = len(fds)
+                        if not self._take(poller, fds):
+                            return
+                        continue
+                    if (pipe := self._pipe_of(fd)) is not None:
+                        if not self._take(poller, fds):  # orders sent before its end
+                            return
+                        self._announced(pipe, poller, fds)
                         continue
                     poller.unregister(fd)
                     os.close(fd)
-                    key = fds.pop(fd)
+                    key, identity = fds.pop(fd)
+                    self._watching.discard((key, identity))
                     with self._lock:
                         self._count = len(fds)
                     self._gone(key)
         finally:
             for fd in fds:
                 os.close(fd)
+            for fd in self._pipe_fds:
+                os.close(fd)
             os.close(self._wake_r)
             os.close(self._wake_w)
 
-    def _open(
-        self, key: str, identity: ProcessIdentity, poller: select.poll, fds: dict[int, str]
+    def _take(self, poller: select.poll, fds: dict[int, tuple[str, ProcessIdentity]]) -> bool:
+        """Hand what was added since to the thread (False: the watch is closed)."""
+        with self._lock:
+            if self._closed:
+                return False
+            listens, self._listen = self._listen, []
+            expects, self._expect = self._expect, []
+            added, self._add = self._add, []
+            for generation, fd in listens:
+                self._pipes[generation] = self._pipe_fds[fd] = _Announces(fd)
+                poller.register(fd, select.POLLIN)
+            for generation, key in expects:
+                pipe = self._pipes[generation]
+                if pipe.expect(key):
+                    self._gone(key)  # sent to a template that ended: no shim took it
+            for key, identity in added:  # in the lock: `watched` counts
+                self._open(key, identity, poller, fds)  # each one once
+            self._count = len(fds)
+        return True
+
+    def _pipe_of(self, fd: int) -> _Announces | None:
+        return self._pipe_fds.get(fd)
+
+    def _announced(
+        self, pipe: _Announces, poller: select.poll, fds: dict[int, tuple[str, ProcessIdentity]]
     ) -> None:
+        """Read the announce pipe: watch each shim announced; at its end, every order it never
+        announced forked no shim (and so no child): gone."""
+        try:
+            data = os.read(pipe.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            for key, identity in pipe.lines(data):
+                if identity is not None:
+                    self._open(key, identity, poller, fds)
+            with self._lock:
+                self._count = len(fds)
+            return
+        poller.unregister(pipe.fd)
+        del self._pipe_fds[pipe.fd]
+        os.close(pipe.fd)
+        for key in pipe.end():
+            self._gone(key)
+
+    def _open(
+        self,
+        key: str,
+        identity: ProcessIdentity,
+        poller: select.poll,
+        fds: dict[int, tuple[str, ProcessIdentity]],
+    ) -> None:
+        if (key, identity) in self._watching:
+            return  # watched already (announced, then reported)
         try:
             fd = os.pidfd_open(identity.pid)
         except OSError as exc:
@@ -292,7 +444,8 @@ class ShimWatch:
             else:
                 self._gone(key)
             return
-        fds[fd] = key
+        fds[fd] = (key, identity)
+        self._watching.add((key, identity))
         poller.register(fd, select.POLLIN)
 
     def _gone(self, key: str) -> None:

@@ -32,7 +32,7 @@ import msgpack
 from subagents_node.actors.child import procfs, rebind
 from subagents_node.actors.child.cgroup import template_directory
 from subagents_node.actors.child.records import SHIM_RECORD, write_atomically
-from subagents_node.actors.child.shim import Shim, _prctl
+from subagents_node.actors.child.shim import Shim, _prctl, announce
 from subagents_node.actors.child.zmtp import ReportLink
 
 #: How often the template runs a shim's paths before it forks any (CPython 3.11 specialises a
@@ -50,6 +50,7 @@ def _not_forked(order: dict[str, Any], err: OSError) -> None:
     """No shim for `order`: report its child `not_started`, from the template, and wait
     (bounded) for the supervisor to take it; otherwise the launch waited for it for good."""
     shim = Shim(order)
+    announce(str(order["child_id"]), 0, 0.0)  # no shim: the supervisor expects none
     shim._not_started(f"cannot fork the child's shim: {err.strerror or err}", record=False)
     link = ReportLink(str(order["node_address"]))
     deadline = time.monotonic() + NOT_FORKED_REPORT_S

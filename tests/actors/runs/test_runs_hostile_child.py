@@ -1,0 +1,142 @@
+"""A hostile or broken child against its shim and the shim template: whatever it kills, the
+launch is answered, the run ends, and the slot is freed only once the tree is proven gone
+(DESIGN §1, SPEC §0.4 "Proof from the parent", R-RUN-5, R-CAP-21).
+
+Real node processes (`start --detach`), real shims, template and children; every wait has a
+deadline (a pidfd, a long-poll, the client's timeout).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import termios
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import psutil
+import pytest
+
+from subagents_node.actors.child.shims import TEMPLATE_MODULE
+from subagents_node.messages.supervisor import RunView, TaskItem
+from tests.actors.runs.test_runs_cgroup import needs_cgroups
+from tests.actors.runs.test_runs_shims import wait_gone
+from tests.support.nodes import NodeProcess, new_state_dir
+from tests.support.runs import launch_context, wait_until, write_agent
+
+CHILDREN = 4
+
+
+@pytest.fixture
+def hostile() -> Iterator[Path]:
+    directory = new_state_dir()
+    agents = directory / "agents"
+    write_agent(
+        agents,
+        "shimkiller",
+        "SIGKILLs its own shim (its parent) at once, then sleeps.",
+        '["sh", "-c", "kill -9 $PPID; exec sleep 60"]',
+    )
+    write_agent(agents, "quick", "Says hi.", '["sh", "-c", "echo hi"]')
+    yield agents
+    with suppress(OSError):
+        for path in sorted(directory.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        directory.rmdir()
+
+
+@needs_cgroups
+def test_children_that_kill_their_shim_at_once_are_answered_held_and_stopped(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """A child that SIGKILLs its shim before the shim's first report was never known to the
+    node: the launch was not answered (the client gave up: "did not answer runs.launch in
+    time (is it running?)"), the run stayed `running` until the node restarted, and `stop`
+    ended nothing ("still running after 30s"). Each shim is watched from its announcement
+    now: the child, found in its cgroup, is started (a real pid), holds the slot, and `stop`
+    kills it and frees the slot."""
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    tasks = [TaskItem(agent=ctx.plan("shimkiller"), task="x") for _ in range(CHILDREN)]
+    run = client.runs.launch(ctx.launch("parallel", True, items=tasks, concurrency=CHILDREN))
+    pids = [c.pid for c in run.children]
+    try:
+        assert all(pids), run.children
+        assert client.runs.show(run.run_id).state == "running"
+        assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+        for pid in pids:
+            assert pid is not None
+            os.kill(pid, 0)  # alive: the child, not its dead shim
+
+        client.runs.stop(run.run_id)
+        for pid in pids:
+            assert pid is not None
+            wait_gone(pid)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "stopped", done
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        for pid in pids:
+            if pid is not None:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _template_of(node: NodeProcess) -> psutil.Process:
+    node_proc = psutil.Process(node.pid)
+    for proc in node_proc.children(recursive=True):
+        with suppress(psutil.Error):
+            if TEMPLATE_MODULE in proc.cmdline():
+                return proc
+    raise AssertionError("no shim template under the node")
+
+
+def _queued_bytes(pid: int) -> int:
+    """Bytes waiting in the template's order pipe (FIONREAD on its stdin, read by nobody)."""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+        return int.from_bytes(buf, "little")
+    finally:
+        os.close(fd)
+
+
+def test_an_order_a_killed_shim_template_never_read_ends_the_child_not_started(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """A child can SIGKILL the shim template (its shim's parent) while its siblings' orders
+    wait in the template's pipe: no shim ever took them, and the run waited for them for
+    good (`running`, its launch unanswered). The template's announce pipe ends with it: an
+    order it never announced forked nothing, so its child ends not-started, the launch is
+    answered, and the next launch gets a new template."""
+    node = start_node(state_dir=state_dir)
+    client = node.client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    first = client.runs.launch(ctx.single("quick", "x", True, None))  # the template starts
+    assert client.runs.wait(first.run_id, timeout=30).state == "complete"
+    template = _template_of(node)
+    template.send_signal(signal.SIGSTOP)  # it reads no order: the next one stays queued
+    try:
+        slow = node.client(timeout=30.0)
+        answers: list[RunView] = []
+        launching = threading.Thread(
+            target=lambda: answers.append(slow.runs.launch(ctx.single("quick", "x", True, None)))
+        )
+        launching.start()
+        wait_until(lambda: _queued_bytes(template.pid) > 0, what="the order in the pipe")
+        template.send_signal(signal.SIGKILL)  # dies with the order unread
+        launching.join(timeout=40)
+        assert not launching.is_alive() and answers, "the launch was never answered"
+    finally:
+        with suppress(psutil.Error):
+            template.send_signal(signal.SIGKILL)
+    run = client.runs.wait(answers[0].run_id, timeout=30)
+    assert run.state == "failed", run
+    assert run.children[0].proof_state == "not-started", run.children[0]
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    after = client.runs.launch(ctx.single("quick", "x", True, None))
+    assert client.runs.wait(after.run_id, timeout=30).state == "complete"
