@@ -47,6 +47,7 @@ from subagents_node.messages.runs import (
     ChildReport,
     ChildSpec,
     ChildStarted,
+    timeout_error,
 )
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,16 @@ class ChildKeeper:
         cap_flush: Callable[[], None] | None = None,
         cgroup_base: str = "",
         open_files: int | None = None,
+        on_escaped_deadline: Callable[[str, float], object] | None = None,
     ) -> None:
         """`cap_log(path)` keeps a log file under the node's cap (actors/child/logcap.py) and
         returns the call that stops watching it: a running child's two logs are watched;
         `cap_flush()` hands the cap's thread what changed (called by `flush`).
         `cgroup_base`: where shims make each child's cgroup ('' for none); `open_files`: the
-        soft limit on open files children start with (None: this process's)."""
+        soft limit on open files children start with (None: this process's).
+        `on_escaped_deadline(child_id, deadline_at)`: a child with a deadline lives on after
+        its shim (which enforced it) died; the caller calls `timed_out` then."""
+        self._on_escaped_deadline = on_escaped_deadline
         self._address = node_address
         self._cgroup_base = cgroup_base
         self._watch = ShimWatch(on_shim_gone)
@@ -325,6 +330,14 @@ class ChildKeeper:
 
         return send
 
+    def timed_out(self, db: Connection, child_id: str) -> Callable[[], float | None] | None:
+        """The deadline of a child whose shim died came: `stop` it as timed out (the shim's
+        own deadline would have: TERM, then KILL after the grace)."""
+        row = rows.read_row(db, child_id)
+        if row is None or row["state"] != "running":
+            return None
+        return self.stop(db, child_id, "timed_out", timeout_error(float(row["timeout_s"] or 0)))
+
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
         its exit record says what it knew, and the reported identity decides the proof."""
@@ -435,6 +448,11 @@ class ChildKeeper:
             self._escaped_cgroups[child_id] = group
         if not alive:
             return False
+        deadline_at = row["deadline_at"]
+        # Its shim kept its deadline; now nobody does: the caller is told when it is.
+        first = child_id not in self._escaped and row["end_reason"] is None
+        if first and deadline_at is not None and self._on_escaped_deadline is not None:
+            self._on_escaped_deadline(child_id, float(deadline_at))
         if self._escaped.get(child_id) != alive:  # each new set once (not each re-check)
             log.warning(
                 "the shim of child %s died; %d process(es) of its tree live on (pid %s): "

@@ -164,6 +164,14 @@ def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None
     host.advance(live)
 
 
+def escaped_deadline(host: RequestHost, child_id: str) -> None:
+    """The deadline of a child whose shim died (the shim kept it) while its tree lives on:
+    what is left is stopped as timed out, signalled once that is durable, as a stop is."""
+    send = host.keeper.timed_out(host.db, child_id)
+    if send is not None:
+        host.after_commit(functools.partial(_signal, host, child_id, send))
+
+
 def _signal(host: RequestHost, child_id: str, send: Callable[[], float | None]) -> None:
     grace = send()
     if grace is not None:  # its shim is dead: the keeper TERMed what it left

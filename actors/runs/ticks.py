@@ -101,13 +101,15 @@ class ShimGone(Tick):
 
 
 class KillEscaped(Tick):
-    """A stop's grace is over for the processes a dead shim of `child_id` left: SIGKILL."""
+    """A stop's grace is over for the processes a dead shim of `child_id` left: SIGKILL;
+    `deadline`: the child's deadline came, which its dead shim kept: stop them as timed out."""
 
-    __slots__ = ("child_id",)
+    __slots__ = ("child_id", "deadline")
     child_id: str
+    deadline: bool
 
-    def __init__(self, child_id: str) -> None:
-        init_fields(self, child_id=child_id)
+    def __init__(self, child_id: str, deadline: bool = False) -> None:
+        init_fields(self, child_id=child_id, deadline=deadline)
 
 
 class ShimNotLaunched(Tick):

@@ -40,6 +40,12 @@ def hostile() -> Iterator[Path]:
         "SIGKILLs its own shim (its parent) at once, then sleeps.",
         '["sh", "-c", "kill -9 $PPID; exec sleep 60"]',
     )
+    write_agent(
+        agents,
+        "latekiller",
+        "SIGKILLs its own shim once it has reported, then sleeps, ignoring SIGTERM.",
+        '["sh", "-c", "sleep 0.5; kill -9 $PPID; trap \'\' TERM; exec sleep 60"]',
+    )
     write_agent(agents, "quick", "Says hi.", '["sh", "-c", "echo hi"]')
     yield agents
     with suppress(OSError):
@@ -83,6 +89,29 @@ def test_children_that_kill_their_shim_at_once_are_answered_held_and_stopped(
             if pid is not None:
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_that_killed_its_shim_is_still_ended_at_its_deadline(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """The shim keeps the child's deadline; with the shim killed by its child the deadline
+    was kept by nobody: a `--timeout-ms 1500` run ran its child to its own end (60 s here) and
+    then failed "exit status is unknown". The supervisor ends what is left at the deadline
+    now (TERM, then KILL after the grace): timed out, the slot freed."""
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("latekiller", "x", True, 1500))
+    pid = run.children[0].pid
+    assert pid is not None
+    try:
+        done = client.runs.wait(run.run_id, timeout=20)
+        assert done.state == "failed" and done.children[0].state == "failed", done
+        assert "timed out after 1500 ms" in done.error, done.error
+        wait_gone(pid, timeout=5)
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _template_of(node: NodeProcess) -> psutil.Process:
