@@ -61,6 +61,8 @@ NOT_STARTED_SHIM_GONE = (
     "no shim started the child: its shim, or the shim template forking it, was killed first"
 )
 STOPPED = cp.STOPPED
+#: How long past a stop's grace a live shim may take to end its tree before it is killed.
+SHIM_OVERDUE_MARGIN_S = 3.0
 #: How long a stopping node waits for the shims of finished children to exit.
 FINISHING_WAIT_S = 2.0
 
@@ -104,16 +106,17 @@ class ChildKeeper:
         cap_flush: Callable[[], None] | None = None,
         cgroup_base: str = "",
         open_files: int | None = None,
-        on_escaped_deadline: Callable[[str, float], object] | None = None,
+        on_due: Callable[[str, float, str], object] | None = None,
     ) -> None:
         """`cap_log(path)` keeps a log file under the node's cap (actors/child/logcap.py) and
         returns the call that stops watching it: a running child's two logs are watched;
         `cap_flush()` hands the cap's thread what changed (called by `flush`).
         `cgroup_base`: where shims make each child's cgroup ('' for none); `open_files`: the
         soft limit on open files children start with (None: this process's).
-        `on_escaped_deadline(child_id, deadline_at)`: a child with a deadline lives on after
-        its shim (which enforced it) died; the caller calls `timed_out` then."""
-        self._on_escaped_deadline = on_escaped_deadline
+        `on_due(child_id, at, why)` asks for a call at `at` (the caller's clock): "deadline",
+        a child with a deadline lives on after its shim (which kept it) died: `timed_out`
+        then; "overdue", a stop signalled a live shim: `kill_overdue_shim` then."""
+        self._on_due = on_due
         self._address = node_address
         self._cgroup_base = cgroup_base
         self._watch = ShimWatch(on_shim_gone)
@@ -330,6 +333,29 @@ class ChildKeeper:
 
         return send
 
+    def overdue_in(self, db: Connection, child_id: str) -> float | None:
+        """After a stop that signalled a live shim: how long until it is overdue (its grace and
+        a margin), when a tree still running means the shim did not end it; None: no shim."""
+        row = rows.read_row(db, child_id)
+        if row is None or row["state"] != "running" or row["shim_pid"] is None:
+            return None
+        return float(row["grace_s"]) + SHIM_OVERDUE_MARGIN_S
+
+    def kill_overdue_shim(self, db: Connection, child_id: str) -> None:
+        """A stopped child still runs after the grace: its shim did not end its tree (its child
+        froze it with SIGSTOP, say). SIGKILL the shim: what it leaves is the escaped tree, which
+        the recorded stop kills at once. Its exit record says if the tree had ended after all."""
+        row = rows.read_row(db, child_id)
+        if row is None or row["state"] != "running" or row["end_reason"] is None:
+            return
+        if row["shim_pid"] is None:
+            return
+        shim = ProcessIdentity(row["shim_pid"], row["shim_start"])
+        if signal_shim(shim, signal.SIGKILL):
+            log.warning(
+                "the shim of child %s did not end its stopped tree in time: killed", child_id
+            )
+
     def timed_out(self, db: Connection, child_id: str) -> Callable[[], float | None] | None:
         """The deadline of a child whose shim died came: `stop` it as timed out (the shim's
         own deadline would have: TERM, then KILL after the grace)."""
@@ -451,8 +477,8 @@ class ChildKeeper:
         deadline_at = row["deadline_at"]
         # Its shim kept its deadline; now nobody does: the caller is told when it is.
         first = child_id not in self._escaped and row["end_reason"] is None
-        if first and deadline_at is not None and self._on_escaped_deadline is not None:
-            self._on_escaped_deadline(child_id, float(deadline_at))
+        if first and deadline_at is not None and self._on_due is not None:
+            self._on_due(child_id, float(deadline_at), "deadline")
         if self._escaped.get(child_id) != alive:  # each new set once (not each re-check)
             log.warning(
                 "the shim of child %s died; %d process(es) of its tree live on (pid %s): "
@@ -507,6 +533,9 @@ class ChildKeeper:
             self._cap(rows.ChildRecord.from_row(row))
             if row["end_reason"] is not None:
                 signal_shim(shim)  # a stop the earlier node recorded but may not have sent
+                overdue = float(row["grace_s"]) + SHIM_OVERDUE_MARGIN_S
+                if self._on_due is not None:  # a frozen shim would never end the tree
+                    self._on_due(child_id, now + overdue, "overdue")
         return events
 
     def _shim_identity(self, row: Any, record_dir: str) -> ProcessIdentity | None:

@@ -164,18 +164,26 @@ def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None
     host.advance(live)
 
 
-def escaped_deadline(host: RequestHost, child_id: str) -> None:
-    """The deadline of a child whose shim died (the shim kept it) while its tree lives on:
-    what is left is stopped as timed out, signalled once that is durable, as a stop is."""
-    send = host.keeper.timed_out(host.db, child_id)
-    if send is not None:
-        host.after_commit(functools.partial(_signal, host, child_id, send))
+def kill_escaped(host: RequestHost, child_id: str, why: str) -> None:
+    """A KillEscaped tick (ticks.py): SIGKILL what a dead shim left after a stop's grace; at
+    the deadline of a child whose dead shim kept it, stop what is left as timed out (signalled
+    once that is durable, as a stop is); a shim overdue after a stop's grace is killed."""
+    if why == "deadline":
+        send = host.keeper.timed_out(host.db, child_id)
+        if send is not None:
+            host.after_commit(functools.partial(_signal, host, child_id, send))
+    elif why == "overdue":
+        host.keeper.kill_overdue_shim(host.db, child_id)
+    else:
+        host.keeper.kill_escaped(child_id)
 
 
 def _signal(host: RequestHost, child_id: str, send: Callable[[], float | None]) -> None:
     grace = send()
     if grace is not None:  # its shim is dead: the keeper TERMed what it left
         host.after(grace, KillEscaped(child_id))
+    elif (overdue := host.keeper.overdue_in(host.db, child_id)) is not None:
+        host.after(overdue, KillEscaped(child_id, "overdue"))
 
 
 class UnrecordedStops:

@@ -170,7 +170,7 @@ class RunSupervisor(OwnerActor):
             # The node's containment: where each child's cgroup goes ('' = subreaper only).
             str(ctx.settings.get("cgroup_base") or ""),
             open_files if isinstance(open_files, int) else None,
-            lambda child_id, at: self.after(at - ctx.clock(), KillEscaped(child_id, True)),
+            lambda child_id, at, why: self.after(at - ctx.clock(), KillEscaped(child_id, why)),
         )
 
     def on_stop(self) -> None:
@@ -391,10 +391,8 @@ class RunSupervisor(OwnerActor):
                 children.apply_events(
                     self, self.keeper.shim_gone(self.db, child_id, self.ctx.clock())
                 )
-            case KillEscaped(child_id=child_id, deadline=True):
-                runrequests.escaped_deadline(self, child_id)
-            case KillEscaped(child_id=child_id):
-                self.keeper.kill_escaped(child_id)
+            case KillEscaped(child_id=child_id, why=why):
+                runrequests.kill_escaped(self, child_id, why)
             case ShimNotLaunched(child_id=child_id, error=error):
                 children.apply_events(
                     self, self.keeper.not_launched(self.db, child_id, error, self.ctx.clock())

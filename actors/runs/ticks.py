@@ -101,15 +101,17 @@ class ShimGone(Tick):
 
 
 class KillEscaped(Tick):
-    """A stop's grace is over for the processes a dead shim of `child_id` left: SIGKILL;
-    `deadline`: the child's deadline came, which its dead shim kept: stop them as timed out."""
+    """`why` "grace": a stop's grace is over for the processes a dead shim of `child_id` left:
+    SIGKILL; "deadline": the child's deadline came, which its dead shim kept: stop them as
+    timed out; "overdue": a stop's grace (and a margin) is over and its live shim has not
+    ended the tree (a child froze it, SIGSTOP): SIGKILL the shim, its death ends the rest."""
 
-    __slots__ = ("child_id", "deadline")
+    __slots__ = ("child_id", "why")
     child_id: str
-    deadline: bool
+    why: str
 
-    def __init__(self, child_id: str, deadline: bool = False) -> None:
-        init_fields(self, child_id=child_id, deadline=deadline)
+    def __init__(self, child_id: str, why: str = "grace") -> None:
+        init_fields(self, child_id=child_id, why=why)
 
 
 class ShimNotLaunched(Tick):

@@ -46,6 +46,12 @@ def hostile() -> Iterator[Path]:
         "SIGKILLs its own shim once it has reported, then sleeps, ignoring SIGTERM.",
         '["sh", "-c", "sleep 0.5; kill -9 $PPID; trap \'\' TERM; exec sleep 60"]',
     )
+    write_agent(
+        agents,
+        "shimfreezer",
+        "Freezes its own shim (SIGSTOP to its parent) once it has reported, then sleeps.",
+        '["sh", "-c", "sleep 0.5; kill -STOP $PPID; exec sleep 60"]',
+    )
     write_agent(agents, "quick", "Says hi.", '["sh", "-c", "echo hi"]')
     yield agents
     with suppress(OSError):
@@ -112,6 +118,34 @@ def test_a_child_that_killed_its_shim_is_still_ended_at_its_deadline(
     finally:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_that_froze_its_shim_is_still_stopped(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """A child that SIGSTOPs its shim made itself unstoppable: the stop's SIGTERM waited in
+    the frozen shim, the run stayed `running` ("still running after 30s") with its slot held,
+    for good. A shim that has not ended a stopped tree by the grace (and a margin) is killed
+    now, and what it leaves is killed as a dead shim's tree is: stopped, the slot freed."""
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("shimfreezer", "x", True, None))
+    pid = run.children[0].pid
+    assert pid is not None
+    shim = psutil.Process(pid).parent()
+    assert shim is not None
+    try:
+        wait_until(lambda: shim.status() == psutil.STATUS_STOPPED, what="the frozen shim")
+        client.runs.stop(run.run_id)
+        done = client.runs.wait(run.run_id, timeout=20)
+        assert done.state == "stopped", done
+        wait_gone(pid, timeout=5)
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with suppress(psutil.Error):
+            shim.kill()
 
 
 def _template_of(node: NodeProcess) -> psutil.Process:
