@@ -110,6 +110,13 @@ class ShimTemplate:
         raise OSError("the shim template cannot be started")
 
     def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and _stopped(self._proc.pid):
+            # Frozen (SIGSTOP: any child can send it, the template is its shim's parent): it
+            # forks nothing more, and every launch after it waited for good. Its orders not
+            # forked end not-started when its announce pipe ends (ShimWatch); a new one serves.
+            log.warning("the shim template (pid %d) is stopped; starting another", self._proc.pid)
+            self._proc.kill()
+            self.close()
         if self._proc is None or self._proc.poll() is not None:
             announce_r, announce_w = -1, subprocess.DEVNULL
             if self._on_start is not None:
@@ -153,6 +160,15 @@ class ShimTemplate:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _stopped(pid: int) -> bool:
+    """Is our child `pid` stopped (SIGSTOP)? Its status is left to be waited for (WNOWAIT)."""
+    try:
+        found = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return found is not None and found.si_code == os.CLD_STOPPED
 
 
 def signal_shim(identity: ProcessIdentity, signum: int = signal.SIGTERM) -> bool:

@@ -8,6 +8,7 @@ deadline (a pidfd, a long-poll, the client's timeout).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -168,6 +169,35 @@ def _queued_bytes(pid: int) -> int:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _frozen(pid: int) -> Iterator[None]:
+    """`pid` frozen in a cgroup v2 cgroup of its own (cgroup.freeze: it runs no more, and
+    is not *stopped*, which the node would see and replace); the cgroup goes afterwards."""
+    mount = next(
+        line.split(" - ")[0].split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if " - cgroup2 " in line
+    )
+    own = next(
+        x[3:] for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")
+    )
+    group = Path(os.path.normpath(mount + own)) / f"sa-test-freeze.{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "cgroup.freeze").write_text("1")
+        wait_until(lambda: "frozen 1" in (group / "cgroup.events").read_text(), what="the freeze")
+        yield
+    finally:
+        with suppress(OSError):
+            (group / "cgroup.kill").write_text("1")
+        wait_until(
+            lambda: "populated 0" in (group / "cgroup.events").read_text(), what="empty cgroup"
+        )
+        group.rmdir()
+
+
+@needs_cgroups
 def test_an_order_a_killed_shim_template_never_read_ends_the_child_not_started(
     start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
 ) -> None:
@@ -182,10 +212,9 @@ def test_an_order_a_killed_shim_template_never_read_ends_the_child_not_started(
     first = client.runs.launch(ctx.single("quick", "x", True, None))  # the template starts
     assert client.runs.wait(first.run_id, timeout=30).state == "complete"
     template = _template_of(node)
-    template.send_signal(signal.SIGSTOP)  # it reads no order: the next one stays queued
-    try:
+    answers: list[RunView] = []
+    with _frozen(template.pid):  # it reads no order: the next one stays queued
         slow = node.client(timeout=30.0)
-        answers: list[RunView] = []
         launching = threading.Thread(
             target=lambda: answers.append(slow.runs.launch(ctx.single("quick", "x", True, None)))
         )
@@ -194,12 +223,34 @@ def test_an_order_a_killed_shim_template_never_read_ends_the_child_not_started(
         template.send_signal(signal.SIGKILL)  # dies with the order unread
         launching.join(timeout=40)
         assert not launching.is_alive() and answers, "the launch was never answered"
-    finally:
-        with suppress(psutil.Error):
-            template.send_signal(signal.SIGKILL)
     run = client.runs.wait(answers[0].run_id, timeout=30)
     assert run.state == "failed", run
     assert run.children[0].proof_state == "not-started", run.children[0]
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
     after = client.runs.launch(ctx.single("quick", "x", True, None))
     assert client.runs.wait(after.run_id, timeout=30).state == "complete"
+
+
+def test_a_stopped_shim_template_is_replaced_and_launches_go_on(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """Any child can SIGSTOP the shim template (its shim's parent): it forked nothing more,
+    and every later launch on the node, of every user, went unanswered ("did not answer
+    runs.launch in time") and left a run `running` for good. A stopped template is killed
+    and replaced at the next order now."""
+    node = start_node(state_dir=state_dir)
+    client = node.client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    first = client.runs.launch(ctx.single("quick", "x", True, None))  # the template starts
+    assert client.runs.wait(first.run_id, timeout=30).state == "complete"
+    template = _template_of(node)
+    template.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: template.status() == psutil.STATUS_STOPPED, what="the frozen template")
+        run = client.runs.launch(ctx.single("quick", "x", True, None))
+        assert client.runs.wait(run.run_id, timeout=30).state == "complete"
+        assert _template_of(node).pid != template.pid
+    finally:
+        with suppress(psutil.Error):
+            template.send_signal(signal.SIGKILL)
+    wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
