@@ -18,6 +18,7 @@ and never stores argv, env or stdin (R-MISC-1).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -82,6 +83,10 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _kill(shim: ProcessIdentity) -> None:
+    signal_shim(shim, signal.SIGKILL)
+
+
 def report_from_record(record: dict[str, Any]) -> ChildReport | None:
     """An exit record read back as the report it preceded (None when it does not parse)."""
     fields = {k: v for k, v in record.items() if k in ChildReport.model_fields and k != "type"}
@@ -115,8 +120,12 @@ class ChildKeeper:
         soft limit on open files children start with (None: this process's).
         `on_due(child_id, at, why)` asks for a call at `at` (the caller's clock): "deadline",
         a child with a deadline lives on after its shim (which kept it) died: `timed_out`
-        then; "overdue", a stop signalled a live shim: `kill_overdue_shim` then."""
+        then; "overdue", a stop signalled a live shim: `kill_overdue_shim` then; "late" (no
+        child id), the earliest deadline of a running child is over with its grace and a
+        margin: `late` then (a shim a child froze never ends its tree at its deadline)."""
         self._on_due = on_due
+        #: The "late" call asked for (one at a time: the earliest deadline), or None.
+        self._late_at: float | None = None
         self._address = node_address
         self._cgroup_base = cgroup_base
         self._watch = ShimWatch(on_shim_gone)
@@ -197,7 +206,42 @@ class ChildKeeper:
         record.started_at = now
         if spec.deadline_s is not None:
             record.deadline_at = now + spec.deadline_s
+            self._arm_late(record.deadline_at + spec.grace_s + SHIM_OVERDUE_MARGIN_S)
         rows.insert_ordered(db, record)
+
+    def _arm_late(self, at: float | None) -> None:
+        if at is None or self._on_due is None:
+            return
+        if self._late_at is None or at < self._late_at:  # a later call asked stands: harmless
+            self._late_at = at
+            self._on_due("", at, "late")
+
+    def late(self, db: Connection, now: float) -> list[Callable[[], None]]:
+        """The "late" call: running children whose deadline and grace are over by a margin and
+        whose shim recorded no end were not ended by their shim (a child froze it, SIGSTOP):
+        each is recorded timed out, and the calls returned (made once that has committed)
+        SIGKILL their shims, whose death hands what is left to the dead-shim path, which kills
+        it at once. The call is asked again for the next such deadline."""
+        self._late_at = None
+        kills: list[Callable[[], None]] = []
+        upcoming: list[float] = []
+        for child_id, over_at in rows.deadlines(db):
+            if over_at + SHIM_OVERDUE_MARGIN_S > now:
+                upcoming.append(over_at + SHIM_OVERDUE_MARGIN_S)
+                continue
+            row = rows.read_row(db, child_id)
+            if row is None or row["shim_pid"] is None:
+                continue  # its first report (or its shim's death) is still to come
+            exit_record = _read_json(os.path.join(row["record_dir"] or "", EXIT_RECORD)) or {}
+            if exit_record.get("tree_ended"):
+                continue  # ended in time; its report is on its way
+            message = timeout_error(float(row["timeout_s"] or 0))
+            rows.record_end(db, child_id, "timed_out", message)
+            log.warning("child %s outlived its deadline: its shim did not end it", child_id)
+            shim = ProcessIdentity(row["shim_pid"], row["shim_start"])
+            kills.append(functools.partial(_kill, shim))
+        self._arm_late(min(upcoming, default=None))
+        return kills
 
     def launch(self, spec: ChildSpec, ends_with: ProcessIdentity | None = None) -> str | None:
         """Fork its shim (bound to `ends_with`, an embedded node, when the child must end with
@@ -510,6 +554,8 @@ class ChildKeeper:
         record, adopted (its live shim is watched; its reports, resent until acknowledged,
         do the rest), or given up as never started. One file read per child, no polling."""
         events: list[ChildEvent] = []
+        later = [over_at + SHIM_OVERDUE_MARGIN_S for _, over_at in rows.deadlines(db)]
+        self._arm_late(min(later, default=None))
         for child_id in rows.running_child_ids(db):
             row = rows.read_row(db, child_id)
             assert row is not None

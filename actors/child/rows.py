@@ -211,6 +211,16 @@ def running_child_ids(db: sqlite3.Connection) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
+def deadlines(db: sqlite3.Connection) -> list[tuple[str, float]]:
+    """Running children with a deadline and no end recorded yet: (child id, the moment their
+    deadline and grace are over)."""
+    rows = db.execute(
+        "SELECT child_id, deadline_at + grace_s FROM children WHERE state = 'running' "
+        f"AND deadline_at IS NOT NULL AND end_reason IS NULL AND {_PROBLEM} IS NULL"
+    ).fetchall()
+    return [(str(r[0]), float(r[1])) for r in rows]
+
+
 def insert_ordered(db: sqlite3.Connection, record: ChildRecord) -> None:
     """The row of a child whose shim has been ordered: running, its pid not known yet."""
     db.execute(

@@ -174,6 +174,9 @@ def kill_escaped(host: RequestHost, child_id: str, why: str) -> None:
             host.after_commit(functools.partial(_signal, host, child_id, send))
     elif why == "overdue":
         host.keeper.kill_overdue_shim(host.db, child_id)
+    elif why == "late":
+        for kill in host.keeper.late(host.db, host.clock()):
+            host.after_commit(kill)
     else:
         host.keeper.kill_escaped(child_id)
 

@@ -169,6 +169,34 @@ def _queued_bytes(pid: int) -> int:
         os.close(fd)
 
 
+def test_a_child_that_froze_its_shim_is_still_ended_at_its_deadline(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """The shim keeps the child's deadline; a child that froze its shim (SIGSTOP) ran past
+    it for as long as it liked, its run `running` and its slot held (a child that then
+    exited stayed a zombie under the frozen shim: the run never ended). A running child whose
+    deadline and grace are over by a margin, with no end recorded by its shim, is timed out
+    by the supervisor now: its shim is killed, and what it leaves with it."""
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("shimfreezer", "x", True, 1500))
+    pid = run.children[0].pid
+    assert pid is not None
+    shim = psutil.Process(pid).parent()
+    assert shim is not None
+    try:
+        done = client.runs.wait(run.run_id, timeout=20)
+        assert done.state == "failed", done
+        assert "timed out after 1500 ms" in done.error, done.error
+        wait_gone(pid, timeout=5)
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with suppress(psutil.Error):
+            shim.kill()
+
+
 @contextlib.contextmanager
 def _frozen(pid: int) -> Iterator[None]:
     """`pid` frozen in a cgroup v2 cgroup of its own (cgroup.freeze: it runs no more, and
