@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from subagents_node.actors.child import cgroup as cg
 from subagents_node.actors.child import process as cp
-from subagents_node.actors.child import rows
+from subagents_node.actors.child import procfs, rows
 from subagents_node.actors.child.procfs import (
     ProcessIdentity,
     boot_id,
@@ -432,7 +432,7 @@ class ChildKeeper:
             if is_alive(shim):
                 self._watch.watch(child_id, shim)
                 return []
-            started = self._started_in_cgroup(db, record, shim)
+            started = self._started_orphan(db, record, shim)
             if started is not None:  # its launch is answered now, not at the tree's end
                 return [started, *self.shim_gone(db, child_id, now)]
         if report is None:
@@ -468,13 +468,17 @@ class ChildKeeper:
             [self._settle(db, record, row, report, now, unverified=unknown, reason=reason)]
         )
 
-    def _started_in_cgroup(
+    def _started_orphan(
         self, db: Connection, record: rows.ChildRecord, shim: ProcessIdentity
     ) -> ChildStarted | None:
-        """A shim that died before its first report left its child in the child's cgroup:
-        the oldest process there is the child (R-RUN-5: a real pid), recorded as started."""
+        """A shim that died before its first report left its child in the child's cgroup, or
+        without one in the shim's session: the oldest process there is the child (R-RUN-5: a
+        real pid), recorded as started (it was failed "ended", its exit status unknown, and
+        its slot retained for good, while it ran on)."""
         group = self._cgroup_of(record.child_id)
         found = [] if group is None else [identity_of(pid) for pid in cg.pids_in(group)]
+        if group is None:
+            found = list(procfs.in_session(shim.pid))
         alive = [identity for identity in found if identity is not None]
         if not alive:
             return None
@@ -516,6 +520,11 @@ class ChildKeeper:
             found = (identity_of(pid) for pid in cg.pids_in(group) if pid not in known)
             alive += [identity for identity in found if identity is not None]
             self._escaped_cgroups[child_id] = group
+        elif group is None and row["shim_pid"] is not None:
+            # No cgroup: what is left in the dead shim's session is the tree (all but what
+            # left it by setsid(), which only a report can have named).
+            known = {identity.pid for identity in alive}
+            alive += [i for i in procfs.in_session(int(row["shim_pid"])) if i.pid not in known]
         if not alive:
             return False
         deadline_at = row["deadline_at"]

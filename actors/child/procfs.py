@@ -35,6 +35,7 @@ class ProcStat(NamedTuple):
     ppid: int
     pgid: int
     start_time: float
+    session: int = 0
 
 
 def stat_of(pid: int) -> ProcStat | None:
@@ -66,6 +67,7 @@ def read_stat(pid: int) -> ProcStat | None:
         ppid=int(fields[1]),
         pgid=int(fields[2]),
         start_time=int(fields[19]) / CLK_TCK,
+        session=int(fields[3]),
     )
 
 
@@ -123,6 +125,17 @@ def boot_id() -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+def in_session(sid: int) -> list[ProcessIdentity]:
+    """Every live process of session `sid` (a dead shim's: what its child left in it, which a
+    session id names for as long as one of them lives). One scan of /proc, on a shim's death."""
+    found: list[ProcessIdentity] = []
+    for name in os.listdir("/proc"):
+        stat = stat_of(int(name)) if name.isdigit() else None
+        if stat is not None and stat.session == sid and stat.state not in ("Z", "X"):
+            found.append(ProcessIdentity(int(name), stat.start_time))
+    return found
 
 
 def descendants(root: int) -> list[tuple[int, ProcStat]]:

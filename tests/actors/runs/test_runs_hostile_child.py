@@ -61,16 +61,28 @@ def hostile() -> Iterator[Path]:
         directory.rmdir()
 
 
-@needs_cgroups
+@pytest.mark.parametrize(
+    "containment",
+    [
+        pytest.param("cgroup", marks=needs_cgroups),
+        "subreaper",
+    ],
+)
 def test_children_that_kill_their_shim_at_once_are_answered_held_and_stopped(
-    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    hostile: Path,
+    containment: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A child that SIGKILLs its shim before the shim's first report was never known to the
     node: the launch was not answered (the client gave up: "did not answer runs.launch in
     time (is it running?)"), the run stayed `running` until the node restarted, and `stop`
     ended nothing ("still running after 30s"). Each shim is watched from its announcement
-    now: the child, found in its cgroup, is started (a real pid), holds the slot, and `stop`
-    kills it and frees the slot."""
+    now: the child, found in its cgroup (or, with the subreaper alone, in its dead shim's
+    session: it was failed "ended", exit unknown, its slot retained for good, while it ran
+    on), is started (a real pid), holds the slot, and `stop` kills it and frees the slot."""
+    monkeypatch.setenv("SUBAGENTS_CONTAINMENT", containment)
     client = start_node(state_dir=state_dir).client(timeout=20.0)
     ctx = launch_context(hostile, max_active_async_runs_per_session=1)
     tasks = [TaskItem(agent=ctx.plan("shimkiller"), task="x") for _ in range(CHILDREN)]
