@@ -415,6 +415,11 @@ class ChildKeeper:
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
             return []
+        if row["shim_pid"] is not None and child_id not in self._escaped:
+            live = ProcessIdentity(row["shim_pid"], row["shim_start"])
+            if is_alive(live):  # told gone by a template's end that missed its announcement
+                self._watch.watch(child_id, live)
+                return []
         record = rows.ChildRecord.from_row(row)
         exit_record = _read_json(os.path.join(record.record_dir, EXIT_RECORD)) or {}
         report = report_from_record(exit_record)

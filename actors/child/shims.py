@@ -122,6 +122,8 @@ class ShimTemplate:
             if self._on_start is not None:
                 announce_r, announce_w = os.pipe2(os.O_CLOEXEC)
                 os.set_blocking(announce_w, False)  # a shim never waits on the supervisor
+                with contextlib.suppress(OSError):  # room for a burst's announcements
+                    fcntl.fcntl(announce_r, fcntl.F_SETPIPE_SZ, ORDER_PIPE_BYTES)
             try:
                 self._proc = subprocess.Popen(
                     self._argv,

@@ -200,3 +200,37 @@ def test_no_per_child_bookkeeping_outlives_children_settled_from_records_after_a
 
     wait_until(settled, WAIT_S, "the killed shim's child to settle and be forgotten")
     assert seat.cap.watched == 0
+
+
+def test_a_live_shim_told_gone_is_watched_again_and_its_child_settles_as_reported(
+    seat: Seat,
+) -> None:
+    """A shim is watched from its announcement on the template's pipe; a template that ends
+    with an announcement it never delivered (its pipe was full) tells each order it did not
+    announce gone. A shim told gone while it lives was taken for dead: what it runs was
+    watched as a dead shim's escaped tree, and that entry outlived the child (issue 10's
+    per-child bookkeeping). It is watched again instead, and its child settles as reported."""
+    spec = seat.spec(7, ["sh", "-c", "sleep 0.5; exit 4"])
+    seat.order(spec)
+    assert seat.keeper.launch(spec) is None
+    started = None
+    while started is None or started.kind != "started":
+        assert seat.router.poll(WAIT_S * 1000), "no report from the shim in time"
+        identity, frame = seat.router.recv_multipart()
+        raw = msgpack.unpackb(frame, raw=False)
+        started = parse_request(raw["type"], raw["body"])
+        assert isinstance(started, ChildReport)
+        seat.record(seat.keeper.apply(seat.db, started, 0.0))
+        env = Envelope(type=raw["type"], body={}, id=raw["id"], sender=raw["sender"])
+        seat.router.send_multipart([identity, encode(env.reply(REPLY, {"ok": True}))])
+
+    assert seat.keeper.shim_gone(seat.db, spec.child_id, 0.0) == []
+    assert seat.keeper.bookkeeping()["escaped"] == 0
+    seat.serve(until=1)
+    assert seat.exited[spec.child_id].exit_code == 4
+
+    def settled() -> bool:
+        seat.drain_gone()
+        return seat.keeper.bookkeeping() == EMPTY
+
+    wait_until(settled, WAIT_S, "the shim to exit and be forgotten")
