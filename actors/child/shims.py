@@ -7,7 +7,9 @@ Owns two things the supervisor starts once, whatever the number of children:
   gone); the shims it forked do not.
 - `ShimWatch`: one thread that blocks in poll() on a pidfd per shim (readable when the shim
   exits, whether or not we are its parent) and tells the supervisor which shim is gone. A shim
-  that ends normally has reported `tree_ended` first; one seen gone without it died.
+  that ends normally has reported `tree_ended` first; one seen gone without it died. Each shim
+  is watched from its announcement on the template's stdout (the announce pipe), written before
+  it starts its child; the pipe's end proves an order never announced forked no shim at all.
 
 It never writes a table, never decides an outcome, and never signals a process it has not just
 verified by pid and start time (`signal_shim`).
