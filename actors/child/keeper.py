@@ -10,7 +10,8 @@ Proof of the end of a child's tree comes only from `tree_ended` (reported, or re
 exit record a shim writes before it reports); for a shim that died, from the identities of the
 processes it reported (its leader alive: `unknown`, the slot stays retained; its leader gone
 but a process it reported left, a `setsid()` daemon, alive: the child stays running, that
-process is watched and a stop ends it; all gone: `observed`).
+process is watched and a stop ends it; all gone: `observed`). The trees dead shims leave are
+orphans.py's to watch and kill; what ends a tree a frozen shim did not end, backstop.py's.
 
 It never blocks on a shim, never signals a process it has not verified by pid and start time,
 and never stores argv, env or stdin (R-MISC-1).
@@ -18,7 +19,6 @@ and never stores argv, env or stdin (R-MISC-1).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -31,6 +31,8 @@ from pydantic import ValidationError
 from subagents_node.actors.child import cgroup as cg
 from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import procfs, rows
+from subagents_node.actors.child.backstop import SHIM_OVERDUE_MARGIN_S, DeadlineBackstop
+from subagents_node.actors.child.orphans import OrphanTrees
 from subagents_node.actors.child.procfs import (
     ProcessIdentity,
     boot_id,
@@ -62,8 +64,6 @@ NOT_STARTED_SHIM_GONE = (
     "no shim started the child: its shim, or the shim template forking it, was killed first"
 )
 STOPPED = cp.STOPPED
-#: How long past a stop's grace a live shim may take to end its tree before it is killed.
-SHIM_OVERDUE_MARGIN_S = 3.0
 #: How long a stopping node waits for the shims of finished children to exit.
 FINISHING_WAIT_S = 2.0
 
@@ -81,10 +81,6 @@ def _read_json(path: str) -> dict[str, Any] | None:
         log.warning("child record %s is unreadable, taken as none: %s", path, exc)
         return None
     return data if isinstance(data, dict) else None
-
-
-def _kill(shim: ProcessIdentity) -> None:
-    signal_shim(shim, signal.SIGKILL)
 
 
 def report_from_record(record: dict[str, Any]) -> ChildReport | None:
@@ -124,8 +120,9 @@ class ChildKeeper:
         child id), the earliest deadline of a running child is over with its grace and a
         margin: `late` then (a shim a child froze never ends its tree at its deadline)."""
         self._on_due = on_due
-        #: The "late" call asked for (one at a time: the earliest deadline), or None.
-        self._late_at: float | None = None
+        #: What ends a tree its shim did not end in time (backstop.py): `late`, `overdue_in`,
+        #: `kill_overdue_shim`, called by the run supervisor when `on_due` says so.
+        self.backstop = DeadlineBackstop(on_due, _read_json)
         self._address = node_address
         self._cgroup_base = cgroup_base
         self._watch = ShimWatch(on_shim_gone)
@@ -140,10 +137,8 @@ class ChildKeeper:
         #: Whether shims fsync their exit records: as durable as the store's own commits
         #: (the supervisor sets it from its connection's `synchronous`; FULL syncs both).
         self.sync_records = True
-        #: Children whose shim died after their leader, by the processes it left alive.
-        self._escaped: dict[str, list[ProcessIdentity]] = {}
-        #: Their cgroups, when they had one (cgroup v2 containment): what a stop kills.
-        self._escaped_cgroups: dict[str, str] = {}
+        #: The trees of children whose shim died before they ended (orphans.py).
+        self._orphans = OrphanTrees(cgroup_base, self._watch, on_due)
 
     def close(self) -> None:
         """With the node: the template exits, the shims (and their children) keep running;
@@ -193,8 +188,7 @@ class ChildKeeper:
             "capped": len(self._capped),
             "finishing": len(self._finishing),
             "watched_shims": self._watch.watched,
-            "escaped": len(self._escaped),
-            "escaped_cgroups": len(self._escaped_cgroups),
+            **self._orphans.bookkeeping(),
         }
 
     # -- start ----------------------------------------------------------------------------------
@@ -206,42 +200,8 @@ class ChildKeeper:
         record.started_at = now
         if spec.deadline_s is not None:
             record.deadline_at = now + spec.deadline_s
-            self._arm_late(record.deadline_at + spec.grace_s + SHIM_OVERDUE_MARGIN_S)
+            self.backstop.arm(record.deadline_at + spec.grace_s + SHIM_OVERDUE_MARGIN_S)
         rows.insert_ordered(db, record)
-
-    def _arm_late(self, at: float | None) -> None:
-        if at is None or self._on_due is None:
-            return
-        if self._late_at is None or at < self._late_at:  # a later call asked stands: harmless
-            self._late_at = at
-            self._on_due("", at, "late")
-
-    def late(self, db: Connection, now: float) -> list[Callable[[], None]]:
-        """The "late" call: running children whose deadline and grace are over by a margin and
-        whose shim recorded no end were not ended by their shim (a child froze it, SIGSTOP):
-        each is recorded timed out, and the calls returned (made once that has committed)
-        SIGKILL their shims, whose death hands what is left to the dead-shim path, which kills
-        it at once. The call is asked again for the next such deadline."""
-        self._late_at = None
-        kills: list[Callable[[], None]] = []
-        upcoming: list[float] = []
-        for child_id, over_at in rows.deadlines(db):
-            if over_at + SHIM_OVERDUE_MARGIN_S > now:
-                upcoming.append(over_at + SHIM_OVERDUE_MARGIN_S)
-                continue
-            row = rows.read_row(db, child_id)
-            if row is None or row["shim_pid"] is None:
-                continue  # its first report (or its shim's death) is still to come
-            exit_record = _read_json(os.path.join(row["record_dir"] or "", EXIT_RECORD)) or {}
-            if exit_record.get("tree_ended"):
-                continue  # ended in time; its report is on its way
-            message = timeout_error(float(row["timeout_s"] or 0))
-            rows.record_end(db, child_id, "timed_out", message)
-            log.warning("child %s outlived its deadline: its shim did not end it", child_id)
-            shim = ProcessIdentity(row["shim_pid"], row["shim_start"])
-            kills.append(functools.partial(_kill, shim))
-        self._arm_late(min(upcoming, default=None))
-        return kills
 
     def launch(self, spec: ChildSpec, ends_with: ProcessIdentity | None = None) -> str | None:
         """Fork its shim (bound to `ends_with`, an embedded node, when the child must end with
@@ -377,29 +337,6 @@ class ChildKeeper:
 
         return send
 
-    def overdue_in(self, db: Connection, child_id: str) -> float | None:
-        """After a stop that signalled a live shim: how long until it is overdue (its grace and
-        a margin), when a tree still running means the shim did not end it; None: no shim."""
-        row = rows.read_row(db, child_id)
-        if row is None or row["state"] != "running" or row["shim_pid"] is None:
-            return None
-        return float(row["grace_s"]) + SHIM_OVERDUE_MARGIN_S
-
-    def kill_overdue_shim(self, db: Connection, child_id: str) -> None:
-        """A stopped child still runs after the grace: its shim did not end its tree (its child
-        froze it with SIGSTOP, say). SIGKILL the shim: what it leaves is the escaped tree, which
-        the recorded stop kills at once. Its exit record says if the tree had ended after all."""
-        row = rows.read_row(db, child_id)
-        if row is None or row["state"] != "running" or row["end_reason"] is None:
-            return
-        if row["shim_pid"] is None:
-            return
-        shim = ProcessIdentity(row["shim_pid"], row["shim_start"])
-        if signal_shim(shim, signal.SIGKILL):
-            log.warning(
-                "the shim of child %s did not end its stopped tree in time: killed", child_id
-            )
-
     def timed_out(self, db: Connection, child_id: str) -> Callable[[], float | None] | None:
         """The deadline of a child whose shim died came: `stop` it as timed out (the shim's
         own deadline would have: TERM, then KILL after the grace)."""
@@ -415,7 +352,7 @@ class ChildKeeper:
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
             return []
-        if row["shim_pid"] is not None and child_id not in self._escaped:
+        if row["shim_pid"] is not None and not self._orphans.holds(child_id):
             live = ProcessIdentity(row["shim_pid"], row["shim_start"])
             if is_alive(live):  # told gone by a template's end that missed its announcement
                 self._watch.watch(child_id, live)
@@ -451,22 +388,18 @@ class ChildKeeper:
             )
         # The child's cgroup, when it has one, holds its whole tree whatever the shim reported
         # (a shim killed before the leader's exit wrote no record that names it).
-        group = report.cgroup or self._cgroup_of(child_id)
+        group = report.cgroup or self._orphans.cgroup_of(child_id)
         # Never reported started: only its cgroup can say which processes to watch.
         unknown = record.pid is None or record.identity_start is None
         leader: ProcessIdentity | None = None
         if record.pid is not None and record.identity_start is not None:
             leader = ProcessIdentity(record.pid, record.identity_start)
-        if self._wait_for_escaped(
-            row, report, group, leader if leader and is_alive(leader) else None
-        ):
+        if self._orphans.wait(row, report, group, leader if leader and is_alive(leader) else None):
             # The tree lives on (its leader, or processes the shim reported or its cgroup
             # holds): the run stays running, holds its slot, and a stop kills them; their end
             # brings it back here.
             return []
-        self._escaped.pop(child_id, None)
-        if (path := self._escaped_cgroups.pop(child_id, None) or group) is not None:
-            cg.remove_when_empty(path)
+        self._orphans.forget(child_id, group)
         log.warning("the shim of child %s died before its tree ended", child_id)
         reason = REASON_SHIM_GONE_LIVE if unknown else REASON_SHIM_GONE
         return self._ended(
@@ -480,7 +413,7 @@ class ChildKeeper:
         without one in the shim's session: the oldest process there is the child (R-RUN-5: a
         real pid), recorded as started (it was failed "ended", its exit status unknown, and
         its slot retained for good, while it ran on)."""
-        group = self._cgroup_of(record.child_id)
+        group = self._orphans.cgroup_of(record.child_id)
         found = [] if group is None else [identity_of(pid) for pid in cg.pids_in(group)]
         if group is None:
             found = list(procfs.in_session(shim.pid))
@@ -496,72 +429,9 @@ class ChildKeeper:
         self._cap(record)
         return cp.started_event(record)
 
-    def _cgroup_of(self, child_id: str) -> str | None:
-        """The cgroup this node made for `child_id`, if it still exists."""
-        if not self._cgroup_base:
-            return None
-        path = cg.child_path(self._cgroup_base, child_id)
-        return path if cg.populated(path) is not None else None
-
-    def _wait_for_escaped(
-        self,
-        row: Any,
-        report: ChildReport,
-        group: str | None,
-        leader: ProcessIdentity | None = None,
-    ) -> bool:
-        """The shim died: its live `leader` (the child itself, when the shim died first) and
-        the processes it reported left (a `setsid()` daemon) are the tree now. While one of
-        them lives, watch it (its exit brings the child back here); True while there is one.
-        A stop already asked for ends them at once."""
-        child_id = str(row["child_id"])
-        recorded = [ProcessIdentity(p.pid, p.start) for p in report.descendants]
-        recorded = recorded or [ProcessIdentity(p, t) for p, t in rows.descendants_of(row)]
-        alive = [leader] if leader is not None else []
-        alive += [i for i in recorded if i not in alive and is_alive(i)]
-        if group is not None and cg.populated(group):
-            # The child's cgroup holds the whole tree: whatever it started after the report.
-            known = {identity.pid for identity in alive}
-            found = (identity_of(pid) for pid in cg.pids_in(group) if pid not in known)
-            alive += [identity for identity in found if identity is not None]
-            self._escaped_cgroups[child_id] = group
-        elif group is None and row["shim_pid"] is not None:
-            # No cgroup: what is left in the dead shim's session is the tree (all but what
-            # left it by setsid(), which only a report can have named).
-            known = {identity.pid for identity in alive}
-            alive += [i for i in procfs.in_session(int(row["shim_pid"])) if i.pid not in known]
-        if not alive:
-            return False
-        deadline_at = row["deadline_at"]
-        # Its shim kept its deadline; now nobody does: the caller is told when it is.
-        first = child_id not in self._escaped and row["end_reason"] is None
-        if first and deadline_at is not None and self._on_due is not None:
-            self._on_due(child_id, float(deadline_at), "deadline")
-        if self._escaped.get(child_id) != alive:  # each new set once (not each re-check)
-            log.warning(
-                "the shim of child %s died; %d process(es) of its tree live on (pid %s): "
-                "waiting for them",
-                child_id,
-                len(alive),
-                ", ".join(str(identity.pid) for identity in alive[:8]),
-            )
-        self._escaped[child_id] = alive
-        if row["end_reason"] is not None:
-            self.kill_escaped(child_id)  # the stop came first: its grace is over
-        self._watch.watch(child_id, alive[0])
-        return True
-
     def kill_escaped(self, child_id: str, signum: int = signal.SIGKILL) -> bool:
-        """Signal the live processes a dead shim left (verified by pid and start time); False
-        when there are none."""
-        sent = False
-        path = self._escaped_cgroups.get(child_id)
-        if path is not None and signum == signal.SIGKILL and cg.populated(path):
-            cg.kill_all(path)
-            sent = True
-        for identity in self._escaped.get(child_id, []):
-            sent = signal_shim(identity, signum) or sent
-        return sent
+        """Signal the live processes a dead shim left (orphans.py); False when there are none."""
+        return self._orphans.kill(child_id, signum)
 
     def recover(self, db: Connection, now: float) -> list[ChildEvent]:
         """After a restart: every child still recorded as running is settled from its exit
@@ -569,7 +439,7 @@ class ChildKeeper:
         do the rest), or given up as never started. One file read per child, no polling."""
         events: list[ChildEvent] = []
         later = [over_at + SHIM_OVERDUE_MARGIN_S for _, over_at in rows.deadlines(db)]
-        self._arm_late(min(later, default=None))
+        self.backstop.arm(min(later, default=None))
         for child_id in rows.running_child_ids(db):
             row = rows.read_row(db, child_id)
             assert row is not None

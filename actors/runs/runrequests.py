@@ -173,9 +173,9 @@ def kill_escaped(host: RequestHost, child_id: str, why: str) -> None:
         if send is not None:
             host.after_commit(functools.partial(_signal, host, child_id, send))
     elif why == "overdue":
-        host.keeper.kill_overdue_shim(host.db, child_id)
+        host.keeper.backstop.kill_overdue_shim(host.db, child_id)
     elif why == "late":
-        for kill in host.keeper.late(host.db, host.clock()):
+        for kill in host.keeper.backstop.late(host.db, host.clock()):
             host.after_commit(kill)
     else:
         host.keeper.kill_escaped(child_id)
@@ -185,7 +185,7 @@ def _signal(host: RequestHost, child_id: str, send: Callable[[], float | None]) 
     grace = send()
     if grace is not None:  # its shim is dead: the keeper TERMed what it left
         host.after(grace, KillEscaped(child_id))
-    elif (overdue := host.keeper.overdue_in(host.db, child_id)) is not None:
+    elif (overdue := host.keeper.backstop.overdue_in(host.db, child_id)) is not None:
         host.after(overdue, KillEscaped(child_id, "overdue"))
 
 
