@@ -36,7 +36,8 @@ Every other slot and session keeps working.
 
 The tables' SQL lives in `capacity/slots.py` and `capacity/releases.py`, the rules, as pure
 functions, in `capacity/rules.py`, and the hosts' side (an operator's release, the per-host
-counts, a session's holders, the audit) in `capacity/hosts.py`; this module sequences them.
+counts, a session's holders, the audit) in `capacity/hosts.py`, a slot lent to an unstarted
+transfer in `capacity/lending.py`; this module sequences them.
 It must never block on another actor, never call commit/BEGIN itself (the base class owns the
 transaction), and never free a slot for any other reason (R-CAP-25) than a release verdict, a
 TTL, a rollback or an operator's release.
@@ -50,7 +51,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from subagents_node.actors.capacity import hosts, releases, slots
+from subagents_node.actors.capacity import hosts, lending, releases, rules, slots
 from subagents_node.actors.capacity.rules import (
     NO_SLOT,
     foreign,
@@ -254,6 +255,12 @@ class CapacityLedger(OwnerActor):
     def transfer(self, req: Transfer) -> AcquireResult:
         """R-CAP-18..20: hand a finished source's slot to its resume, without a second charge."""
         source = slots.held_by(self.db, req.session_id, req.source_run_id)
+        # Sent again after the answer to a first transfer was lost: take its slot over
+        # (capacity/lending.py), not a second one.
+        lent = None
+        if source is None:
+            lent = lending.pending_transfer(self.db, req.session_id, req.source_run_id)
+            source = lent.prev_record if lent is not None else None
         if source is None:
             return self.acquire(
                 Acquire(
@@ -279,7 +286,7 @@ class CapacityLedger(OwnerActor):
             run_id=req.run_id,
             source_run_id=source.run_id,
             generation=hosts.fresh_generation(
-                self.db, req.session_id, req.run_id, source.generation + 1
+                self.db, req.session_id, req.run_id, (lent or source).generation + 1
             ),
             kind="runner",
             async_dir=req.async_dir,
@@ -303,6 +310,7 @@ class CapacityLedger(OwnerActor):
         since (its runner started: the same proof may match it now)."""
         record = slots.held_by(self.db, req.session_id, req.run_id)
         if record is None:
+            lending.source_reported(self.db, req, self._facts(req))
             return self._unowned(req.session_id, req.run_id)
         if foreign(record, req.host):  # a worker reports its own runs' ends, no other host's
             return Verdict(verdict="not-owned", reason=f"the slot is not {req.host!r}'s")
@@ -312,14 +320,7 @@ class CapacityLedger(OwnerActor):
                 reason=f"the run holds generation {record.generation}, "
                 f"not the reported {req.generation}",
             )
-        facts = TerminalFacts(
-            state=req.state,
-            live_process=req.live_process,
-            proof=req.proof,
-            workflow_children_proven=req.workflow_children_proven,
-            reason=req.reason,
-            reported_at=self.ctx.clock(),
-        )
+        facts = self._facts(req)
         stored = record.terminal
         if (
             stored is not None
@@ -328,13 +329,7 @@ class CapacityLedger(OwnerActor):
             and record.proof_state == proof_state(record, req.proof)
         ):
             return verdict_of(record)  # a replay, and the slot is as these facts found it
-        reported = record.model_copy(
-            update={
-                "terminal_state": req.state,
-                "proof_state": proof_state(record, req.proof),
-                "terminal": facts,
-            }
-        )
+        reported = rules.reported(record, facts)
         verdict = verdict_of(reported)
         if verdict.verdict == "releasable":
             slots.delete(self.db, reported)
@@ -398,6 +393,16 @@ class CapacityLedger(OwnerActor):
         slots.update(self.db, source)
         self._expiry.arm(source.expires_at)
         return source
+
+    def _facts(self, req: ReportTerminal) -> TerminalFacts:
+        return TerminalFacts(
+            state=req.state,
+            live_process=req.live_process,
+            proof=req.proof,
+            workflow_children_proven=req.workflow_children_proven,
+            reason=req.reason,
+            reported_at=self.ctx.clock(),
+        )
 
     def _expire(self, session_id: str, slot: int, now: float) -> None:
         """§0.4: an unstarted slot past its TTL is rolled back by its owner. Read afresh: a

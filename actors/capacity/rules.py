@@ -17,6 +17,7 @@ from subagents_node.messages.capacity import (
     RunnerProof,
     SlotHandle,
     SlotRecord,
+    TerminalFacts,
     Verdict,
 )
 
@@ -98,6 +99,17 @@ def proof_matches(record: SlotRecord, proof: RunnerProof) -> bool:
         proof.process_start_time is None
         or record.process_start_time is None
         or proof.process_start_time == record.process_start_time
+    )
+
+
+def reported(record: SlotRecord, facts: TerminalFacts) -> SlotRecord:
+    """The record once the run supervisor reported `facts` about its run (R-CAP-21/22)."""
+    return record.model_copy(
+        update={
+            "terminal_state": facts.state,
+            "proof_state": proof_state(record, facts.proof),
+            "terminal": facts,
+        }
     )
 
 

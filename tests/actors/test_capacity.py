@@ -706,9 +706,12 @@ def test_r_cap_23_reports_about_runs_without_a_slot_change_nothing(
 ) -> None:
     """R-CAP-23 (reconcile, done here when a report arrives): only a slot of the reporting
     session whose identity still matches is released; a transferred source, another
-    session's slot and a stale generation are left exactly as they were."""
+    session's slot and a stale generation are left exactly as they were (the transferred
+    source's report is kept for its slot's rollback: the next test)."""
     _finished_source(client, sid, "a")
-    assert client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    moved = client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    assert moved is not None
+    moved.mark_started(runner_id="runner-b")
     _acquire(client, f"{sid}-other", "z").mark_started(runner_id="runner-z")
     before = _state(client, sid, "a", "b", "z")
     cases = {
@@ -722,6 +725,48 @@ def test_r_cap_23_reports_about_runs_without_a_slot_change_nothing(
     stale = client.capacity.report_terminal(sid, "b", "complete", generation=0)
     assert stale.verdict == "not-owned"
     assert _state(client, sid, "a", "b", "z") == before
+
+
+@pytest.mark.parametrize(("state", "freed"), [("stopped", True), ("paused", False)])
+def test_r_cap_16_a_report_about_a_source_whose_transfer_is_unstarted_is_what_its_rollback_restores(
+    client: Client, sid: str, state: str, freed: bool
+) -> None:
+    """A paused source's slot is lent to its resume until that resume starts. A stop of the
+    source meanwhile was answered "transferred" and dropped, and the rollback (or TTL) then
+    restored the source as paused: a stopped run held the slot for good. The report is now
+    stored on the lent record, so the rollback frees a slot whose run has ended."""
+    paused = _acquire(client, sid, "a")
+    paused.mark_started(runner_id="runner-a")
+    assert client.capacity.report_terminal(sid, "a", "paused").verdict == "retained"
+    moved = client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    assert moved is not None
+    seen = client.capacity.report_terminal(sid, "a", state, proof=_observed("runner-a"))
+    assert (seen.verdict, seen.reason) == ("not-owned", "slot was transferred to b")
+    assert client.capacity.snapshot(sid).used == 1
+    assert moved.rollback() is True
+    held = client.capacity.inspect("a", sid)
+    assert client.capacity.snapshot(sid).used == (0 if freed else 1)
+    assert held.relation == ("none" if freed else "current")
+
+
+def test_r_cap_18_a_transfer_sent_again_takes_over_the_unstarted_one_it_replaces(
+    client: Client, sid: str
+) -> None:
+    """A resume sent again after its first transfer's answer was lost (that run was never
+    recorded) used to acquire a second slot for the same source; it takes the lent slot over,
+    one generation up, so the lost transfer's handle is fenced (R-CAP-4)."""
+    _finished_source(client, sid, "a")
+    lost = client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="b")
+    again = client.capacity.transfer(session_id=sid, limit=4, source_run_id="a", run_id="c")
+    assert lost is not None and again is not None
+    assert (again.slot, again.generation) == (lost.slot, lost.generation + 1)
+    assert client.capacity.snapshot(sid).used == 1
+    assert client.capacity.inspect("b", sid).relation == "none"
+    assert lost.rollback() is False
+    assert again.rollback() is True  # the source's own record comes back
+    restored = client.capacity.inspect("a", sid)
+    assert restored.relation == "current" and restored.owner is not None
+    assert restored.owner.generation == 0
 
 
 def test_r_cap_25_inspect_and_snapshot_never_free_capacity(client: Client, sid: str) -> None:

@@ -230,6 +230,15 @@ class Slot:
         )
 
 
+def _releasable(slot: Slot, state: str, live: bool, proof: str, children_proven: bool) -> bool:
+    """R-CAP-21/22 as the model predicts them for a report about `slot`'s run."""
+    ended = state in TERMINAL_STATES and not live
+    if slot.kind == "workflow":
+        return ended and children_proven
+    proven = proof in ("observed", "not-started")
+    return ended and proven and slot.runner_id == RUNNER_OK
+
+
 def _lowest_free(slots: dict[int, Slot], limit: int) -> int | None:
     if len(slots) >= limit:
         return None
@@ -261,6 +270,7 @@ class CapacityModel(RuleBasedStateMachine):
     def _pick_run(self, pick: int, weight: int) -> str:
         """Mostly a run that holds a slot (where the interesting rules apply), else any run."""
         held = [s.run_id for _, s in sorted(self.slots.items())]
+        held += [s.prev.run_id for _, s in sorted(self.slots.items()) if s.prev and weight > 2]
         pool = held if weight and held else self.runs
         return pool[pick % len(pool)]
 
@@ -271,6 +281,17 @@ class CapacityModel(RuleBasedStateMachine):
 
     def _held(self, run_id: str) -> int | None:
         return next((i for i, s in self.slots.items() if s.run_id == run_id), None)
+
+    def _lent(self, run_id: str) -> int | None:
+        """The slot an unstarted transfer took from `run_id` (its record waits as `prev`)."""
+        return next(
+            (
+                i
+                for i, s in self.slots.items()
+                if not s.started and s.prev is not None and s.prev.run_id == run_id
+            ),
+            None,
+        )
 
     def _now(self) -> float:
         return self.harness.time.now
@@ -436,6 +457,7 @@ class CapacityModel(RuleBasedStateMachine):
         source = self._pick_run(pick, weight)
         run_id = self._fresh_run()
         index = self._held(source)
+        lent = self._lent(source) if index is None else None
         used = len(self.slots)
         before = self.api.inspect(source, self.sid).owner
         outcome = self._call(
@@ -447,7 +469,23 @@ class CapacityModel(RuleBasedStateMachine):
                 ttl_s=ttl,
             )
         )
-        if index is None:  # R-CAP-20: behaves exactly like acquire(kind=runner)
+        if lent is not None:  # sent again after a lost answer: takes the lent slot over
+            slot = self.slots[lent]
+            assert slot.prev is not None
+            movable = slot.prev.reported is not None and not slot.prev.reported[1]
+            if self._expect_refusal(None if movable else CapacityNotTransferable, outcome):
+                assert (outcome.slot, outcome.generation) == (lent, slot.generation + 1)
+                assert len(self.slots) == used == self.api.snapshot(self.sid).used
+                self.slots[lent] = replace(
+                    slot,
+                    run_id=run_id,
+                    generation=slot.generation + 1,
+                    expires_at=self._now() + ttl,
+                    reported=None,
+                )
+                self.handles.append(outcome.wire)
+                event("transfer took a lent slot over")
+        elif index is None:  # R-CAP-20: behaves exactly like acquire(kind=runner)
             if self.limit == 0:
                 assert outcome is None
             elif used >= self.limit:
@@ -508,14 +546,26 @@ class CapacityModel(RuleBasedStateMachine):
         )
         if index is None:
             assert verdict.verdict != "releasable"
+            lent = self._lent(run_id)
+            if lent is not None:  # kept for that transfer's rollback
+                slot = self.slots[lent]
+                assert slot.prev is not None
+                held = self.api.inspect(slot.run_id, self.sid).owner
+                assert held is not None
+                if _releasable(slot.prev, state, live, proof, children_proven):
+                    assert held.prev_record is None  # its rollback frees the slot
+                    self.slots[lent] = replace(slot, prev=None)
+                    event("a lent slot's source ended")
+                else:
+                    assert held.prev_record is not None
+                    assert held.prev_record.terminal_state == state
+                    prev = replace(slot.prev, reported=(state, live))
+                    self.slots[lent] = replace(slot, prev=prev, prev_record=held.prev_record)
+                    event("report kept for a lent slot")
+            self._settle()
             return
         slot = self.slots[index]
-        ended = state in TERMINAL_STATES and not live
-        if slot.kind == "workflow":
-            releasable = ended and children_proven
-        else:
-            proven = proof in ("observed", "not-started")
-            releasable = ended and proven and slot.runner_id == RUNNER_OK
+        releasable = _releasable(slot, state, live, proof, children_proven)
         assert (verdict.verdict == "releasable") is releasable, verdict
         event(f"report: {verdict.verdict}")
         if releasable:
