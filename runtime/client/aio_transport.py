@@ -45,7 +45,7 @@ from subagents_node.client.curve import curve_client, default_credentials, no_ke
 from subagents_node.client.exhaustion import descriptors_needed, exhausted
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.paths import check_endpoint, ipc_path
-from subagents_node.client.reachability import check_reachable, timed_out
+from subagents_node.client.reachability import UNKNOWN_OUTCOME, check_reachable, timed_out
 from subagents_node.client.transport import endpoint_for
 from subagents_node.messages.base import Message, Request, resendable
 from subagents_node.messages.codec import Reply, encode_request
@@ -272,7 +272,7 @@ class AsyncZmqTransport:
             if not resendable(request):
                 raise NodeTimeout(
                     f"the owner serving {request.type} at {endpoint} restarted while the "
-                    "request was in flight; its outcome is unknown (it may have been applied)",
+                    f"request was in flight; {UNKNOWN_OUTCOME}",
                     address=self.address,
                     reason="owner_restarted",
                 )

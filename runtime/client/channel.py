@@ -33,7 +33,7 @@ from typing import Protocol
 import zmq
 
 from subagents_node.client.curve import HANDSHAKE_REFUSED
-from subagents_node.client.reachability import known_dead
+from subagents_node.client.reachability import UNKNOWN_OUTCOME, known_dead
 from subagents_node.messages.base import Message, Request, parse_reply, resendable
 from subagents_node.messages.codec import Reply, decode_reply, in_other_version
 from subagents_node.messages.envelope import ERROR
@@ -121,8 +121,8 @@ def gone_error(request: Request, address: str) -> SubagentsError:
             address=address,
         )
     return NodeTimeout(
-        f"the node at {address} is gone: it ended while {request.type} was in flight; its "
-        "outcome is unknown (it may have been applied)",
+        f"the node at {address} is gone: it ended while {request.type} was in flight; "
+        f"{UNKNOWN_OUTCOME}",
         address=address,
         reason="node_gone",
     )
@@ -242,8 +242,7 @@ class PendingReply:
                 if not resendable(self.request):
                     raise NodeTimeout(
                         f"the owner serving {self.request.type} at {self._channel.endpoint} "
-                        "restarted while the request was in flight; its outcome is unknown "
-                        "(it may have been applied)",
+                        f"restarted while the request was in flight; {UNKNOWN_OUTCOME}",
                         address=self._channel.address,
                         reason="owner_restarted",
                     ) from None

@@ -88,16 +88,10 @@ class Sends:
         return node_lost(err)
 
     def give_up(self) -> None:
-        """Raise the first timeout (which says the launch may have been applied all the same),
-        with where to look: its "(is it running?)" alone sent a CLI user to launch it again
-        while the first run went on (a foreground one followed by nobody), its id unprinted."""
+        """Raise the first timeout: the launch's outcome is unknown still (its message says
+        so, and where to look before launching it again: its run may exist, holding a slot)."""
         assert self._first is not None
-        first = self._first
-        raise NodeTimeout(
-            f"{first.message}: look for its run with `subagents-node runs --active` before "
-            "launching it again",
-            **first.details,
-        ) from None
+        raise self._first
 
 
 def launch(client: Client, request: Launch, next_node_s: float = NODE_BACK_S) -> RunView:

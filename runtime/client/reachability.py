@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from subagents_node.client.paths import PID_NAME, ipc_path, pid_record, read_pid_file
-from subagents_node.messages.base import Request
+from subagents_node.messages.base import Request, resendable
 from subagents_node.messages.errors import NodeNotRunning
 
 
@@ -47,14 +47,23 @@ def why_silent(address: str) -> str:
     return "is it running?"
 
 
+#: What a caller is told of a write whose answer did not come: it may have been applied, so
+#: sending it again blindly may do it twice (a second resume of a finished run is a second
+#: run, an append sent twice queues its steps twice), and where to look first.
+UNKNOWN_OUTCOME = (
+    "its outcome is unknown (it may have been applied): look at what it would have changed "
+    "(`subagents-node runs`, `subagents-node show RUN`) before sending it again"
+)
+
+
 def timed_out(address: str, request: Request) -> str:
-    """A timeout's message: what did not answer, why when that can be told, and, for any
-    request that is not read-only, that it may have taken effect all the same (a launch, say,
-    whose run may exist and hold a slot)."""
-    applied = "" if request.read_only else "; it may have been applied all the same"
+    """A timeout's message: what did not answer, why when that can be told, and, for a request
+    that is not safe to send again (neither read-only nor idempotent), that its outcome is
+    unknown (a launch, say, whose run may exist and hold a slot)."""
+    outcome = "" if resendable(request) else f"; {UNKNOWN_OUTCOME}"
     return (
         f"the node at {address} did not answer {request.type} in time "
-        f"({why_silent(address)}{applied})"
+        f"({why_silent(address)}){outcome}"
     )
 
 

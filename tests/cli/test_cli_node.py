@@ -481,8 +481,9 @@ def test_a_launch_never_answered_says_it_may_have_been_admitted(node: NodeProces
             assert done.returncode == 4, done.stdout
             assert done.stderr.startswith("error: the node at "), done.stderr
             assert done.stderr.endswith(
-                "it may have been applied all the same): look for its run with "
-                "`subagents-node runs --active` before launching it again\n"
+                "its outcome is unknown (it may have been applied): look at what it would have "
+                "changed (`subagents-node runs`, `subagents-node show RUN`) before sending it "
+                "again\n"
             ), done.stderr
     finally:
         for run in node.client().runs.list(active_only=True):

@@ -243,3 +243,41 @@ def test_a_request_the_node_carries_to_an_owner_killed_with_it_is_answered_at_on
             assert fanout_restarts(node) == 1
             # The next request goes over a fresh link, to the restarted owner.
             assert client.fanout.snapshot(budget).used == 1
+
+
+def test_a_write_that_times_out_says_its_outcome_is_unknown_and_how_to_look(
+    node: NodeProcess,
+) -> None:
+    """A write the node took but did not answer within the call's timeout (an owner busy, or
+    stuck behind another owner it waits on: a `resume` whose slot transfer waits on a stopped
+    capacity owner) was told "did not answer runs.resume in time (is it running?)", exit 4:
+    nothing said it may have been applied, so a user sent it again (a second resume is a
+    second run, an append sent twice queues its steps twice). It now says its outcome is
+    unknown and how to look first; a read that times out is told as before."""
+    transport = node.transport()
+    client = node.client(timeout=TIMEOUT_S)
+    budget = client.fanout.create(root_run_id="slow-claim", limit=10)
+    busy = transport.submit(DebugSleep(ms=3_000), "fanout")
+    claim = transport.submit(ClaimPaths(descriptor=budget, paths=["x"]))
+    read = transport.submit(ReadSnapshot(descriptor=budget))
+    with pytest.raises(NodeTimeout) as late:
+        claim.result(timeout=0.5)
+    assert "did not answer fanout.claim in time" in late.value.message
+    assert "outcome is unknown (it may have been applied)" in late.value.message
+    assert "subagents-node show RUN" in late.value.message
+    with pytest.raises(NodeTimeout) as slow:
+        read.result(timeout=0.1)
+    assert "outcome" not in slow.value.message
+    with pytest.raises(NodeTimeout):
+        busy.result(timeout=0.1)
+    wait_until(lambda: client.fanout.snapshot(budget).used == 1, what="the late claim applied")
+
+
+def test_an_async_write_that_times_out_says_its_outcome_is_unknown(node: NodeProcess) -> None:
+    async def go() -> None:
+        async with AsyncClient(node.address) as client:
+            with pytest.raises(NodeTimeout) as late:
+                await client.ask(DebugSleep(ms=500), Ack, target="session", timeout=0.05)
+            assert "outcome is unknown (it may have been applied)" in late.value.message
+
+    asyncio.run(go())
