@@ -22,6 +22,7 @@ from typing import Any
 
 from subagents_node.actors.child import rows
 from subagents_node.actors.child.procfs import ProcessIdentity
+from subagents_node.actors.child.readback import read_record
 from subagents_node.actors.child.records import EXIT_RECORD
 from subagents_node.actors.child.shims import signal_shim
 from subagents_node.messages.runs import timeout_error
@@ -36,15 +37,10 @@ Connection = Any  # sqlite3.Connection (kept loose: rows.py owns the SQL)
 
 
 class DeadlineBackstop:
-    def __init__(
-        self,
-        on_due: Callable[[str, float, str], object] | None,
-        read_record: Callable[[str], dict[str, Any] | None],
-    ) -> None:
+    def __init__(self, on_due: Callable[[str, float, str], object] | None) -> None:
         """`on_due("", at, "late")` asks for the `late` call at `at` (the keeper's caller's
-        clock); `read_record(path)` reads a child's record (None: missing or unreadable)."""
+        clock)."""
         self._on_due = on_due
-        self._read_record = read_record
         #: The "late" call asked for (one at a time: the earliest deadline), or None.
         self._late_at: float | None = None
 
@@ -72,9 +68,7 @@ class DeadlineBackstop:
             row = rows.read_row(db, child_id)
             if row is None or row["shim_pid"] is None:
                 continue  # its first report (or its shim's death) is still to come
-            exit_record = (
-                self._read_record(os.path.join(row["record_dir"] or "", EXIT_RECORD)) or {}
-            )
+            exit_record = read_record(os.path.join(row["record_dir"] or "", EXIT_RECORD)) or {}
             if exit_record.get("tree_ended"):
                 continue  # ended in time; its report is on its way
             message = timeout_error(float(row["timeout_s"] or 0))

@@ -19,14 +19,11 @@ and never stores argv, env or stdin (R-MISC-1).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 from collections.abc import Callable
 from typing import Any
-
-from pydantic import ValidationError
 
 from subagents_node.actors.child import cgroup as cg
 from subagents_node.actors.child import process as cp
@@ -40,9 +37,9 @@ from subagents_node.actors.child.procfs import (
     is_alive,
     wall_clock,
 )
+from subagents_node.actors.child.readback import read_record, report_from_record
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
-from subagents_node.messages import statefiles
 from subagents_node.messages.runs import (
     REASON_EXITED,
     ChildEvent,
@@ -68,32 +65,6 @@ STOPPED = cp.STOPPED
 FINISHING_WAIT_S = 2.0
 
 Connection = Any  # sqlite3.Connection (kept loose: rows.py owns the SQL)
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    """The record at `path`; None when missing or not parsing, as a FIFO or a link a child put
-    there is (statefiles.py): a blocking open() here wedged the supervisor for good."""
-    try:
-        data = json.loads(statefiles.read_file(path, 1 << 20))  # records are < 64 KiB
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, RecursionError) as exc:
-        log.warning("child record %s is unreadable, taken as none: %s", path, exc)
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def report_from_record(record: dict[str, Any]) -> ChildReport | None:
-    """An exit record read back as the report it preceded (None when it does not parse)."""
-    fields = {k: v for k, v in record.items() if k in ChildReport.model_fields and k != "type"}
-    kind = "tree_ended" if record.get("tree_ended") else "exited"
-    if record.get("error") and record.get("pid") is None:
-        kind = "not_started"
-    try:
-        return ChildReport.model_validate({**fields, "kind": kind, "seq": 1})
-    except ValidationError:
-        return None
-
 
 LogCap = Callable[[str], Callable[[], None]]
 
@@ -122,7 +93,7 @@ class ChildKeeper:
         self._on_due = on_due
         #: What ends a tree its shim did not end in time (backstop.py): `late`, `overdue_in`,
         #: `kill_overdue_shim`, called by the run supervisor when `on_due` says so.
-        self.backstop = DeadlineBackstop(on_due, _read_json)
+        self.backstop = DeadlineBackstop(on_due)
         self._address = node_address
         self._cgroup_base = cgroup_base
         self._watch = ShimWatch(on_shim_gone)
@@ -358,7 +329,7 @@ class ChildKeeper:
                 self._watch.watch(child_id, live)
                 return []
         record = rows.ChildRecord.from_row(row)
-        exit_record = _read_json(os.path.join(record.record_dir, EXIT_RECORD)) or {}
+        exit_record = read_record(os.path.join(record.record_dir, EXIT_RECORD)) or {}
         report = report_from_record(exit_record)
         if report is not None and (report.tree_ended or report.kind == "not_started"):
             return self.apply(db, report, now, from_shim=False)
@@ -444,7 +415,7 @@ class ChildKeeper:
             row = rows.read_row(db, child_id)
             assert row is not None
             record_dir = row["record_dir"] or ""
-            exit_record = _read_json(os.path.join(record_dir, EXIT_RECORD))
+            exit_record = read_record(os.path.join(record_dir, EXIT_RECORD))
             report = None if exit_record is None else report_from_record(exit_record)
             if report is not None and (report.tree_ended or report.kind == "not_started"):
                 events.extend(self.apply(db, report, now, from_shim=False))
@@ -478,7 +449,7 @@ class ChildKeeper:
             os.makedirs(record_dir, mode=0o700, exist_ok=True)
             if write_atomically(path, {"abandoned": True}, exclusive=True):
                 return None
-        claim = _read_json(path) or {}
+        claim = read_record(path) or {}
         if claim.get("abandoned") or "shim_pid" not in claim:
             return None
         return ProcessIdentity(int(claim["shim_pid"]), float(claim["shim_start"]))

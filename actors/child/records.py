@@ -4,7 +4,7 @@ Owns their names and the one way they are written (`write_atomically`: temp, ren
 fsync when asked, by messages/statefiles.py's rules), shared by the shim that writes them and
 the run supervisor that claims a child at recovery (link(2): exactly one of them wins).
 Standard library only, and messages/statefiles.py (the shim template imports it). It never
-reads a record: ChildKeeper does.
+reads a record: readback.py does, for the run supervisor.
 """
 
 from __future__ import annotations

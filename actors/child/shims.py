@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from subagents_node.actors.child.announces import AnnouncePipe
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive, is_alive_or_unknown
 from subagents_node.messages.runs import ChildSpec
 
@@ -222,55 +223,6 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
             os.close(fd)
 
 
-class _Announces:
-    """One template's announce pipe, as the watch thread reads it: a partial line, and per key
-    the orders sent less the shims announced (either may come first; 0 is dropped)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.ended = False
-        self._partial = b""
-        self._owed: dict[str, int] = {}
-
-    def _count(self, key: str, step: int) -> None:
-        owed = self._owed.get(key, 0) + step
-        if owed:
-            self._owed[key] = owed
-        else:
-            self._owed.pop(key, None)
-
-    def expect(self, key: str) -> bool:
-        """An order was sent; True when the pipe had ended without announcing it (lost)."""
-        self._count(key, 1)
-        if self.ended and self._owed.get(key, 0) > 0:
-            self._count(key, -1)
-            return True
-        return False
-
-    def lines(self, data: bytes) -> list[tuple[str, ProcessIdentity | None]]:
-        """The announcements in `data` (identity None: the template forked no shim for it)."""
-        *whole, self._partial = (self._partial + data).split(b"\n")
-        found: list[tuple[str, ProcessIdentity | None]] = []
-        for line in whole:
-            try:
-                key, pid, start = json.loads(line)
-                identity = ProcessIdentity(int(pid), float(start)) if pid else None
-            except (ValueError, TypeError):
-                continue  # not a shim's (nothing else writes there): ignored
-            self._count(str(key), -1)
-            found.append((str(key), identity))
-        return found
-
-    def end(self) -> list[str]:
-        """The pipe ended: the keys ordered and never announced (no shim took them)."""
-        self.ended = True
-        self.fd = -1
-        lost = [key for key, owed in self._owed.items() if owed > 0]
-        for key in lost:
-            self._owed.pop(key)
-        return lost
-
-
 #: How soon a shim whose pidfd could not be opened (no descriptor left) is tried again.
 RETRY_OPEN_S = 1.0
 
@@ -292,10 +244,10 @@ class ShimWatch:
         self._listen: list[tuple[int, int]] = []
         self._expect: list[tuple[int, str]] = []
         self._generation = 0
-        #: The thread's own: per generation, its pipe state (`_Announces`); the live pipes by
+        #: The thread's own: per generation, its pipe state (`AnnouncePipe`); the live pipes by
         #: descriptor; the shims watched, so one announced and then reported is watched once.
-        self._pipes: dict[int, _Announces] = {}
-        self._pipe_fds: dict[int, _Announces] = {}
+        self._pipes: dict[int, AnnouncePipe] = {}
+        self._pipe_fds: dict[int, AnnouncePipe] = {}
         self._watching: set[tuple[str, ProcessIdentity]] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
@@ -400,7 +352,7 @@ class ShimWatch:
             expects, self._expect = self._expect, []
             added, self._add = self._add, []
             for generation, fd in listens:
-                self._pipes[generation] = self._pipe_fds[fd] = _Announces(fd)
+                self._pipes[generation] = self._pipe_fds[fd] = AnnouncePipe(fd)
                 poller.register(fd, select.POLLIN)
             for generation, key in expects:
                 pipe = self._pipes[generation]
@@ -411,11 +363,11 @@ class ShimWatch:
             self._count = len(fds)
         return True
 
-    def _pipe_of(self, fd: int) -> _Announces | None:
+    def _pipe_of(self, fd: int) -> AnnouncePipe | None:
         return self._pipe_fds.get(fd)
 
     def _announced(
-        self, pipe: _Announces, poller: select.poll, fds: dict[int, tuple[str, ProcessIdentity]]
+        self, pipe: AnnouncePipe, poller: select.poll, fds: dict[int, tuple[str, ProcessIdentity]]
     ) -> None:
         """Read the announce pipe: watch each shim announced; at its end, every order it never
         announced forked no shim (and so no child): gone."""
