@@ -13,10 +13,8 @@ The disk is a small tmpfs the test mounts (root only; skipped otherwise) and unm
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pytest
 
 from subagents_node.actors.child import records, shims
 from tests.actors.test_child import PY, Harness, exit_record, wait_gone
+from tests.support import tmpfs
 from tests.support.runs import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -34,30 +33,14 @@ def tiny_disk(shim_harness: Harness) -> Iterator[Path]:
     disk = shim_harness.dir / "disk"
     disk.mkdir()
     try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(disk)],
-            check=True,
-            capture_output=True,
-        )
-    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here: {exc}")
-    try:
-        yield disk
+        with tmpfs.mounted(disk, "size=256k,mode=0700"):
+            yield disk
     finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
         shutil.rmtree(disk, ignore_errors=True)
 
 
 def fill(disk: Path) -> Path:
-    filler = disk / "filler"
-    with filler.open("wb", buffering=0) as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    return filler
+    return tmpfs.fill(disk / "filler")
 
 
 def test_a_child_that_ends_while_the_disk_is_full_is_reported_with_its_exit_status(

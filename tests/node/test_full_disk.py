@@ -12,10 +12,8 @@ larger the same node serves writes again; every acknowledged claim survives a no
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import MAX_INT32
 from subagents_node.messages.errors import StoreFull
 from subagents_node.messages.fanout import FanoutDescriptor
+from tests.support import tmpfs
 from tests.support.nodes import NodeProcess, run_cli, running_node
 from tests.support.runs import Gate, launch_context, stopped
 
@@ -44,29 +43,14 @@ PATH_CHARS = 500
 MAX_BATCHES = 200
 
 
-def _mount(directory: Path, size: str, remount: bool = False) -> None:
-    options = f"remount,size={size}" if remount else f"size={size},mode=0700"
-    cmd = ["mount", "-o", options, str(directory)]
-    if not remount:
-        cmd = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
 def tiny_disk() -> Iterator[Path]:
     """A 2 MiB tmpfs as a state dir (short path: ipc sockets need < 107 bytes)."""
     directory = Path(tempfile.mkdtemp(prefix="sa-full-", dir="/tmp"))
     try:
-        _mount(directory, "2m")
-    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-        directory.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {exc}")
-    try:
-        yield directory
+        with tmpfs.mounted(directory, "size=2m,mode=0700"):
+            yield directory
     finally:
-        done = subprocess.run(["umount", str(directory)], capture_output=True, check=False)
-        if done.returncode != 0:  # something still holds a file: detach it, never leave it
-            subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -86,13 +70,7 @@ def fill_with_claims(client: Client, descriptor: FanoutDescriptor) -> tuple[int,
 
 def fill_the_rest(directory: Path) -> None:
     """Whatever space is left, taken by one file, so the next block anyone needs fails."""
-    with open(directory / "filler", "wb") as filler:
-        try:
-            while True:
-                filler.write(b"\0" * 65536)
-                filler.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
+    tmpfs.fill(directory / "filler")
 
 
 def assert_no_restarts(node: NodeProcess) -> None:
@@ -126,7 +104,7 @@ def test_issue12_full_disk_writes_answer_store_full_reads_answer_and_writes_resu
         assert_no_restarts(node)
 
         # Space returns: the same node, with no restart, serves writes again.
-        _mount(tiny_disk, "64m", remount=True)
+        tmpfs.remount(tiny_disk, "size=64m")
         snapshot = client.fanout.claim(descriptor, ["after-remount"] * BATCH)
         acknowledged += BATCH
         assert snapshot.used == acknowledged
@@ -193,15 +171,7 @@ def test_doctor_on_a_full_disk_says_it_is_full_and_never_advises_moving_a_ledger
 
 def _fill(directory: Path) -> Path:
     """Write one file until the disk under `directory` is full; the file."""
-    filler = directory / "filler"
-    with filler.open("wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return filler
+    return tmpfs.fill(directory / "filler")
 
 
 def test_a_run_whose_settlement_the_full_disk_undoes_settles_once_space_returns(
@@ -286,7 +256,7 @@ def gated_node(
     """A node started with faults on the tiny disk, 16 MiB of room for a launch, a launch
     context allowing 2 background runs, and a gate its children wait at (closed after)."""
     gate = Gate(tmp_path)
-    _mount(tiny_disk, "16m", remount=True)  # room for the launch; the filler takes the rest
+    tmpfs.remount(tiny_disk, "size=16m")  # room for the launch; the filler takes the rest
     try:
         with running_node("--faults", state_dir=tiny_disk) as node:
             ctx = launch_context(agents, max_active_async_runs_per_session=2)

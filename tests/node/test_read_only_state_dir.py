@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from subagents_node.client.paths import read_pid_file
+from tests.support import tmpfs
 from tests.support.nodes import run_cli, running_node
 
 pytestmark = [
@@ -35,22 +35,12 @@ def read_only_state_dir() -> Iterator[Path]:
     """A state dir a node has served (its databases exist), then remounted read-only."""
     directory = Path(tempfile.mkdtemp(prefix="sa-ro-", dir="/tmp"))
     try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(directory)],
-            check=True,
-            capture_output=True,
-        )
-    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-        directory.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {exc}")
-    try:
-        with running_node(state_dir=directory) as node:
-            assert node.stop().returncode == 0
-        subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
-        yield directory
+        with tmpfs.mounted(directory, "size=64m,mode=0700"):
+            with running_node(state_dir=directory) as node:
+                assert node.stop().returncode == 0
+            tmpfs.remount(directory, "ro")
+            yield directory
     finally:
-        if subprocess.run(["umount", str(directory)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(directory)], capture_output=True)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -80,19 +70,9 @@ def fresh_read_only_state_dir() -> Iterator[Path]:
     """An empty state dir (no node ever served it) on a file system mounted read-only."""
     directory = Path(tempfile.mkdtemp(prefix="sa-ro-", dir="/tmp"))
     try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700,ro", "tmpfs", str(directory)],
-            check=True,
-            capture_output=True,
-        )
-    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-        directory.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {exc}")
-    try:
-        yield directory
+        with tmpfs.mounted(directory, "size=1m,mode=0700,ro"):
+            yield directory
     finally:
-        if subprocess.run(["umount", str(directory)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(directory)], capture_output=True)
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -9,7 +9,6 @@ The owners' databases live outside it and keep writing.
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from subagents_node.messages.errors import StoreFull
+from tests.support import tmpfs
 from tests.support.nodes import new_state_dir, running_node
 from tests.support.runs import launch_context, script_agents
 
@@ -32,33 +32,13 @@ def full_runs_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
     state_dir = new_state_dir()
     runs = state_dir / "runs"
     runs.mkdir(mode=0o700, parents=True, exist_ok=True)
-    options = f"{request.param},mode=0700"
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(runs)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
-        if request.param.startswith("size"):
-            _fill(runs / "filler")  # a run dir can be made; no file in it can be written
-        yield state_dir
+        with tmpfs.mounted(runs, f"{request.param},mode=0700"):
+            if request.param.startswith("size"):
+                tmpfs.fill(runs / "filler")  # a run dir can be made; no file in it can be written
+            yield state_dir
     finally:
-        umount = subprocess.run(["umount", str(runs)], capture_output=True, check=False)
-        if umount.returncode != 0:  # something still holds a file: detach it, never leave it
-            subprocess.run(["umount", "-l", str(runs)], capture_output=True, check=False)
         subprocess.run(["rm", "-rf", str(state_dir)], check=False)
-
-
-def _fill(path: Path) -> None:
-    with path.open("wb", buffering=0) as filler:
-        try:
-            while True:
-                filler.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
 
 
 def test_r_adm_2_a_launch_with_no_room_for_its_run_dir_answers_store_full(
