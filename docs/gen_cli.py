@@ -159,8 +159,10 @@ def _exit_codes() -> list[str]:
             "run stopped first (a background launch: as for 130)"
         ],
         EXIT_READER_GONE: [
-            "the reader of its output went away (`| head`): nothing more is printed (a "
-            "foreground run's is stopped first)"
+            "the reader of its output went away (`| head`), seen at the next line the "
+            "command writes: nothing more is printed (a foreground run's is stopped first "
+            "when that line is a progress line; its summary on stdout is written only once "
+            "the run has ended)"
         ],
         128 + 15: [
             "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "
