@@ -99,9 +99,13 @@ def file_error(exc: OSError) -> SubagentsError:
 
 
 class Ctx:
-    def __init__(self, state_dir: str | None, address: str | None, timeout: float) -> None:
+    def __init__(
+        self, state_dir: str | None, address: str | None, timeout: float, state_origin: str = ""
+    ) -> None:
         self.state_dir = resolve_state_dir(state_dir)
         self.explicit_state = state_dir is not None
+        #: Where the state dir came from, as `config show` says it (`--state-dir`, the variable).
+        self.state_origin = state_origin if state_dir is not None else "default"
         self.address = address
         self.timeout = timeout
 

@@ -231,7 +231,12 @@ def check_config(config: Configuration) -> Iterator[Check]:
     yield Check("config", "ok", f"valid ({files})")
     for warning in config.warnings:
         yield Check("config", "warn", warning, "fix or unset the value")
+    unused = config.unused_state_dir()
+    if unused:
+        yield Check("config state_dir", "warn", unused, "remove the key, or pass --state-dir")
     for key, value, source in config.rows():
+        if unused and key == "state_dir":
+            continue
         if source.kind != "default":  # where every value that is not a default came from
             yield Check(f"config {key}", "ok", f"{value} (from {source})")
     settings = config.settings

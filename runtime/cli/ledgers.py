@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -200,18 +200,28 @@ def config_group() -> None:
 
 @config_group.command("show")
 @json_option
+@click.pass_obj
 @user_errors
-def config_show(as_json: bool) -> None:
+def config_show(obj: Ctx, as_json: bool) -> None:
     """Print every effective setting and where its value came from."""
     config = load_config(cwd=Path.cwd(), log_warnings=False)
-    rows = config.rows()
+    # The state dir is the one this command uses, not a config file's `state_dir`, which no
+    # command reads: `config show` said `none` (or that file's path) where the runs were not.
+    rows: list[tuple[str, Any, object]] = [
+        (key, str(obj.state_dir), obj.state_origin) if key == "state_dir" else (key, value, origin)
+        for key, value, origin in config.rows()
+    ]
+    unused = config.unused_state_dir()
+    warnings = [*config.warnings, *([unused] if unused else [])]
     if as_json:
+        settings = config.settings.model_dump(mode="json")
+        settings["state_dir"] = str(obj.state_dir)
         emit(
             {
-                "settings": config.settings.model_dump(mode="json"),
+                "settings": settings,
                 "sources": {key: str(origin) for key, _, origin in rows},
                 "files": [str(f) for f in config.files],
-                "warnings": list(config.warnings),
+                "warnings": warnings,
             },
             True,
             "",
@@ -223,7 +233,7 @@ def config_show(as_json: bool) -> None:
         shown = "none" if shown is None else shown  # as docs/configuration.md writes it
         # One row per setting, whatever a (cloned repository's) subagents.toml holds.
         say(f"{key:<{width}}  {one_line(str(shown)):<24} {one_line(str(origin))}")
-    for warning in config.warnings:
+    for warning in warnings:
         say(f"warning: {one_line(warning)}", err=True)
 
 

@@ -182,7 +182,11 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
         # every agent child) is only the default. It used to win: in a child, `--state-dir X
         # stop` stopped the parent's node and left X's running (docs/api.md: state_dir first).
         address = None
-    ctx.obj = Ctx(state_dir, address, timeout)
+    given = ctx.get_parameter_source("state_dir")
+    origin = (
+        "--state-dir" if given is sources.COMMANDLINE else f"environment variable {ENV_STATE_DIR}"
+    )
+    ctx.obj = Ctx(state_dir, address, timeout, origin)
 
 
 @cli.command()

@@ -181,6 +181,18 @@ class Configuration:
         """(key, value, origin) for every key, in model order (for `config show`)."""
         return [(k, getattr(self.settings, k), self.origins[k]) for k in KEYS]
 
+    def unused_state_dir(self) -> str | None:
+        """The warning for a `state_dir` a config file sets: no command reads it (the state dir
+        is `--state-dir`, else $SUBAGENTS_STATE_DIR, else the XDG one), so showing it as the
+        effective value would send a user looking for runs in the wrong place."""
+        origin = self.origins["state_dir"]
+        if origin.kind not in ("user", "project"):
+            return None
+        return (
+            f"state_dir in {origin} is not used: the state dir is --state-dir, "
+            f"else ${ENV_STATE_DIR}, else $XDG_STATE_HOME/subagents-node"
+        )
+
     def actor_settings(self) -> dict[str, Any]:
         """The settings as plain values, for `NodeOptions.settings` / `ActorContext.settings`."""
         return self.settings.model_dump(mode="json")

@@ -321,3 +321,30 @@ def test_config_show_and_doctor_say_each_unusable_variable_once(state_dir: Path)
         done = run_cli(*args, state_dir=state_dir, env=env)
         said = done.stdout + done.stderr
         assert said.count("SUBAGENTS_MAX_DEPTH='nan'") == 1, (args, said)
+
+
+def test_config_show_names_the_state_dir_the_command_uses_not_a_files_unused_key(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """`config show` said `state_dir  none  default` under `--state-dir D`, and showed a
+    project file's `state_dir` as the effective one, though no command reads that key
+    (docs/configuration.md): a user looked for the runs where they were not."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "subagents.toml").write_text('state_dir = "elsewhere"\n', encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "SUBAGENTS_STATE_DIR"}
+    cli = (sys.executable, "-m", "subagents_node", "--state-dir", str(state_dir))
+    for args in (("config", "show"), ("config", "show", "--json"), ("doctor", "--json")):
+        done = subprocess.run(
+            [*cli, *args], capture_output=True, text=True, timeout=60, cwd=project, env=env
+        )
+        assert "elsewhere is" not in done.stdout, (args, done.stdout)
+        said = done.stdout + done.stderr
+        assert "state_dir in project config" in said and "is not used" in said, (args, said)
+        if args == ("config", "show"):
+            (line,) = [row for row in done.stdout.splitlines() if row.startswith("state_dir ")]
+            assert line.split()[1:] == [str(state_dir), "--state-dir"], line
+        elif args == ("config", "show", "--json"):
+            shown = json.loads(done.stdout)
+            assert shown["settings"]["state_dir"] == str(state_dir)
+            assert shown["sources"]["state_dir"] == "--state-dir"
