@@ -240,12 +240,13 @@ def _await_ready(
     code, _, message = line.removeprefix("error ").partition(": ")
     if code == NodeAlreadyRunning.code:  # another node claimed the state dir first
         raise NodeAlreadyRunning(message, address=str(state_dir))
-    try:  # a node that could not open its log (a read-only or full disk) wrote nothing there
-        see = f"; see {log_path}" if log_path.is_file() else ""
+    try:  # a node that could not open its log, or write to it (a read-only or full disk),
+        # wrote nothing there: pointing at an empty log sent people to read nothing.
+        see = f"; see {log_path}" if log_path.is_file() and log_path.stat().st_size else ""
     except OSError:
         see = ""
-    raise NodeError(
-        f"the detached node failed to start: {'error: ' + message if message else 'exited'}{see}",
+    raise NodeError(  # the CLI says `error: ` once, before the whole line
+        f"the detached node failed to start: {message or 'exited'}{see}",
         address=str(state_dir),
     )
 

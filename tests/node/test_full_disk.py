@@ -147,6 +147,25 @@ def test_issue12_start_on_a_full_disk_fails_fast_with_one_line_and_leaves_nothin
     assert not (tiny_disk / "node.sock").exists()
 
 
+def test_a_detached_start_on_a_full_disk_says_error_once_and_points_at_no_empty_log(
+    tiny_disk: Path,
+) -> None:
+    """The line was `error: the detached node failed to start: error: the disk under D is
+    full: ...; see D/node.log`: "error:" twice, and a node.log the full disk had kept empty."""
+    with running_node(state_dir=tiny_disk) as node:
+        assert node.stop().returncode == 0
+    (tiny_disk / "node.log").unlink(missing_ok=True)
+    fill_the_rest(tiny_disk)
+
+    done = run_cli("start", "--detach", state_dir=tiny_disk, timeout=10)
+    assert done.returncode != 0, done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: the detached node failed to start: the disk under "), line
+    assert line.count("error:") == 1, line
+    assert (tiny_disk / "node.log").stat().st_size == 0
+    assert "node.log" not in line, line
+
+
 def test_doctor_on_a_full_disk_says_it_is_full_and_never_advises_moving_a_ledger_aside(
     tiny_disk: Path,
 ) -> None:
