@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import select
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from subagents_node.messages.errors import StoreFull
-from tests.node.test_full_disk import _fill, _mount, assert_no_restarts, gated_node, tiny_disk
+from tests.node.test_full_disk import _fill, assert_no_restarts, gated_node, tiny_disk
+from tests.support import tmpfs
 from tests.support.nodes import NodeProcess, run_cli, running_node
 from tests.support.runs import launch_context, script_agents, wait_until
 
@@ -98,7 +98,7 @@ def test_prune_on_a_full_disk_frees_the_space_it_needs_to_delete_the_records(
     """Runs and store on one full disk: prune (once, or twice if the store's commit came
     before the directories were gone) removes both, with the disk still filled otherwise."""
     agents = script_agents(tmp_path / "agents")
-    _mount(tiny_disk, "16m", remount=True)  # room for the runs; the filler takes the rest
+    tmpfs.remount(tiny_disk, "size=16m")  # room for the runs; the filler takes the rest
     with running_node(state_dir=tiny_disk) as node:
         ids, dirs = _finished_runs(node, agents, 3)
         _fill(tiny_disk)
@@ -115,16 +115,11 @@ def test_prune_on_a_full_disk_frees_the_space_it_needs_to_delete_the_records(
 def runs_on_their_own_disk(tiny_disk: Path) -> Iterator[Path]:
     """The state dir's `runs/` on a tmpfs of its own: removing run directories frees nothing
     on the (full) disk of the store."""
-    _mount(tiny_disk, "16m", remount=True)
+    tmpfs.remount(tiny_disk, "size=16m")
     runs = tiny_disk / "runs"
     runs.mkdir(mode=0o700)
-    _mount(runs, "16m")
-    try:
+    with tmpfs.mounted(runs, "size=16m,mode=0700"):
         yield tiny_disk
-    finally:
-        done = subprocess.run(["umount", str(runs)], capture_output=True, check=False)
-        if done.returncode != 0:  # something still holds a file: detach it, never leave it
-            subprocess.run(["umount", "-l", str(runs)], capture_output=True, check=False)
 
 
 def test_prune_on_a_full_disk_says_it_removed_the_directories_and_kept_the_records_for_later(
