@@ -1,8 +1,8 @@
 """Bounds on what grows with use (issue 12 item 7): waiting watchers and node.log.
 
 Against real node processes: `max_watchers` long-poll watchers wait, the next one is refused
-with `Busy` at once (and a watcher that can be answered at once still is); a flood of refused
-frames rotates `node.log` at `node_log_max_bytes`, keeping `node_log_backups` old files.
+with `Busy` at once (and a watcher that can be answered at once still is); refused frames from
+many peers rotate `node.log` at `node_log_max_bytes`, keeping `node_log_backups` old files.
 """
 
 from __future__ import annotations
@@ -10,15 +10,27 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import msgpack
 import pytest
+import zmq
 
 from subagents_node.client.paths import LOG_NAME
 from subagents_node.client.transport import ZmqTransport
+from subagents_node.messages.envelope import PROTOCOL_VERSION
 from subagents_node.messages.errors import Busy
 from subagents_node.messages.supervisor import FleetEvents, WatchAll
 from tests.support.nodes import NodeProcess, RawPeer
 
 BOUND = 4
+#: Peers that each send one refused frame: about 230 KB of log lines, past two 64 KiB caps.
+PEERS = 700
+
+
+def _unknown_type(type_: str) -> bytes:
+    """A well-formed envelope of a request type no owner serves (refused, and logged)."""
+    envelope = {"v": PROTOCOL_VERSION, "id": "r-1", "type": type_, "body": {}}
+    packed: bytes = msgpack.packb(envelope, use_bin_type=True)
+    return packed
 
 
 def test_issue_12_watchers_past_max_watchers_get_busy_at_once(
@@ -54,20 +66,25 @@ def test_issue_12_watcher_slots_are_freed_when_watchers_are_answered(
 
 
 def test_issue_12_node_log_rotates_at_its_size_cap(
-    start_node: Callable[..., NodeProcess],
-    monkeypatch: pytest.MonkeyPatch,
-    raw_dealer: Callable[[str], RawPeer],
+    start_node: Callable[..., NodeProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cap = 64 << 10
     monkeypatch.setenv("SUBAGENTS_NODE_LOG_MAX_BYTES", str(cap))
     monkeypatch.setenv("SUBAGENTS_NODE_LOG_BACKUPS", "2")
     node = start_node()
-    peer = raw_dealer(node.address)
-    frames = 3000  # each refusal logs one warning line (~100 bytes): several caps' worth
-    for i in range(frames):
-        peer.send_frames(b"not msgpack %d" % i)
-    for _ in range(frames):
-        assert peer.recv_env(10) is not None
+    # One refused frame from each of many peers: each is one warning line (~330 bytes), several
+    # caps' worth in all. (From one peer, a flood is one line a second: actors/loglimit.py.)
+    zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        for i in range(PEERS):
+            peer = RawPeer(zctx, node.address)
+            try:
+                peer.send_frames(_unknown_type(f"peer-{i}." + "x" * 150))
+                assert peer.recv_env(10) is not None
+            finally:
+                peer.close()
+    finally:
+        zctx.term()
     logs = sorted(p.name for p in node.state_dir.iterdir() if p.name.startswith(LOG_NAME))
     assert logs == [LOG_NAME, f"{LOG_NAME}.1", f"{LOG_NAME}.2"]
     for name in logs:

@@ -62,12 +62,16 @@ def test_a_launch_with_no_descriptor_left_is_refused_busy_and_leaves_no_director
             )
             supervisor = next(a.pid for a in node.status().actors if a.name == "supervisor")
             assert supervisor is not None
+            # The shim template (its pipes) first, with room to start: the first launch starts
+            # it. What is left to the supervisor then is what each live child's shim takes.
+            first = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
             held = len(os.listdir(f"/proc/{supervisor}/fd"))
             before = resource.prlimit(supervisor, resource.RLIMIT_NOFILE)
             # The soft limit only: raising a hard one back needs CAP_SYS_RESOURCE.
             resource.prlimit(supervisor, resource.RLIMIT_NOFILE, (held + ROOM, before[1]))
             try:
                 runs, refusal = _launch_until_refused(client, ctx, gate)
+                runs.insert(0, first)
             finally:
                 resource.prlimit(supervisor, resource.RLIMIT_NOFILE, before)
             assert isinstance(refusal, Busy), f"refused {refusal.code}: {refusal.message}"
