@@ -9,7 +9,7 @@ it never imports anything of ours outside it.
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from subagents_node.messages.base import Message, Request, ResultType
 from subagents_node.messages.domains import (
@@ -23,12 +23,18 @@ from subagents_node.messages.domains import (
 )
 from subagents_node.messages.runs import MAX_PID
 from subagents_node.messages.supervisor import (
+    LAUNCH_ID,
     SUPERVISOR,
     WORKFLOW_KEY,
     ChainStep,
     IntercomMode,
     LaunchResult,
 )
+
+#: Its meaning on a relaunch (docs/api.md, "Launching again"): the id of the run it makes,
+#: kept when the request is sent again after its answer was lost, so that the second send is
+#: answered with the run the first one made, never a second one.
+_LAUNCH_ID_FIELD = Field(default=None, max_length=64, pattern=LAUNCH_ID)
 
 
 class Resume(Request):
@@ -67,6 +73,19 @@ class Resume(Request):
     #: relaunched; it becomes step 0 of a new background chain of these steps, with its own
     #: capacity slot and a new fan-out budget (the source keeps its own).
     attach: list[ChainStep] = Field(default_factory=list, max_length=256)
+    #: The client's id for this relaunch, as `Launch.launch_id`: sent again under it, the
+    #: resume (or attach) is answered with the run it made; another request under it is
+    #: `LaunchIdConflict`.
+    launch_id: str | None = _LAUNCH_ID_FIELD
+
+    added_later: ClassVar[tuple[str, ...]] = ("launch_id",)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> "Resume":
+        if self.launch_id is not None and self.workflow_key is not None:
+            # A workflow's resume item is launched once per key already (R-WF-4).
+            raise ValueError("a workflow resume item is sent again under its key, not a launch_id")
+        return self
 
 
 class Rerun(Request):
@@ -85,8 +104,10 @@ class Rerun(Request):
     #: As `Launch.foreground_pid`: the command that follows the rerun, whose kill -9 ends it
     #: on a node it embeds.
     foreground_pid: int | None = Field(default=None, ge=1, le=MAX_PID)
+    #: The client's id for this rerun, as `Launch.launch_id`.
+    launch_id: str | None = _LAUNCH_ID_FIELD
 
-    added_later: ClassVar[tuple[str, ...]] = ("foreground_pid",)
+    added_later: ClassVar[tuple[str, ...]] = ("foreground_pid", "launch_id")
 
 
 class AppendResult(Message):

@@ -251,7 +251,12 @@ def admit(
         # runs without bound; claimed, its tree's fan-out limit bounds them (docs/concepts.md).
         route = _decode_inherited(caller_route)
         label = _caller_path(launch, resume)
-        _expect((yield ClaimPaths(descriptor=route, paths=[label])), FanoutSnapshot)
+        # Under a launch id, found claimed when sent again (R-FAN-15), as a nested launch's.
+        route_claim = None
+        if launch.launch_id is not None:
+            route_claim = workflowkeys.claim_id(launch.launch_id, route.budget_id)
+        claim = ClaimPaths(descriptor=route, paths=[label], claim_id=route_claim)
+        _expect((yield claim), FanoutSnapshot)
     # Resumes reuse the source's claim and are not new spawns (R-FAN-23).
     requested = 0 if resume is not None else runplan.requested_spawns(launch)
     if requested:

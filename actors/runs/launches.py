@@ -286,16 +286,19 @@ class RunLaunches:
     def resume(self, request: Resume) -> Message:
         row = runstore.run_row(self._host.db, self._host.resolve(request.run_id))
         assert row is not None
-        if request.attach:  # R-RES-6: the live source is the new chain's step 0
-            chain = attach.attach_launch(row, request)
-            return self.launch(chain, lineage=rerun.Lineage(str(row["run_id"]), "attach"))
-        keyed = KeyedLaunch.of(request)  # a workflow's `resume` item, sent again (R-WF-4)
+        # A workflow's `resume` item, or a resume under a launch id, sent again (R-WF-4,
+        # docs/api.md "Launching again"): the run it made, if it made one.
+        keyed = KeyedLaunch.of(request)
         if keyed is not None:
             made = self._launched_by_key(keyed, request.workflow_token)
             if made is not None:
                 return made
+        if request.attach:  # R-RES-6: the live source is the new chain's step 0
+            chain = _under(attach.attach_launch(row, request), keyed)
+            lineage = rerun.Lineage(str(row["run_id"]), "attach")
+            return self.launch(chain, lineage=lineage, keyed=keyed)
         if row["state"] == "paused":
-            return pauses.resume_paused(self._host, row, request)
+            return pauses.resume_paused(self._host, row, request, keyed)
         taken = checkpoints.successor(self._host.db, str(row["run_id"]))
         if row["state"] == "stopped" and taken is not None:  # "was stopped" would mislead
             raise RunNotResumable(
@@ -310,13 +313,19 @@ class RunLaunches:
         checkpoints.check_deadline(plan.source_run_id, row["deadline_at"], self._host.clock())
         inherited = launch.model_copy(update={"deadline_at": row["deadline_at"]})
         lineage = rerun.Lineage(plan.source_run_id, "resume")
-        return self.launch(inherited, plan, lineage, keyed=keyed)
+        return self.launch(_under(inherited, keyed), plan, lineage, keyed=keyed)
 
     def rerun(self, request: Rerun) -> Message:
         """R-MISC-2: a finished run's child again, or a live foreground child replaced."""
         row = runstore.run_row(self._host.db, self._host.resolve(request.run_id))
         assert row is not None
-        return self.launch(rerun.rerun_launch(row, request), lineage=rerun.rerun_lineage(row))
+        keyed = KeyedLaunch.of(request)  # under a launch id, sent again: the run it made
+        if keyed is not None:
+            made = self._launched_by_key(keyed, None)
+            if made is not None:
+                return made
+        again = _under(rerun.rerun_launch(row, request), keyed)
+        return self.launch(again, lineage=rerun.rerun_lineage(row), keyed=keyed)
 
     def record_and_start(
         self,
@@ -434,3 +443,12 @@ def _launch_result(
     if on_started is not None:  # after mark_started: the relaunch owns its slot now
         on_started(view)
     return LaunchResult(run=view)
+
+
+def _under(launch: Launch, keyed: KeyedLaunch | None) -> Launch:
+    """The launch a resume, an attach or a rerun makes, under the client's launch id when it
+    sent one: the run's record then carries the request's digest (`record_and_start`), and
+    what the admission charges is found under the id when the request is sent again."""
+    if keyed is None or keyed.launch_id is None:
+        return launch
+    return launch.model_copy(update={"launch_id": keyed.launch_id})

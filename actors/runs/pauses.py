@@ -32,6 +32,7 @@ from subagents_node.actors.runs import (
 from subagents_node.actors.runs.admission import ResumePlan
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
+from subagents_node.actors.runs.workflowkeys import KeyedLaunch
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import MarkStarted, ReportedState, ReportTerminal, SlotHandle
 from subagents_node.messages.errors import SubagentsError
@@ -54,7 +55,11 @@ class PauseHost(steps.StepHost, Protocol):
     def live_run(self, run_id: str) -> LiveRun | None: ...
 
     def relaunch(
-        self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
+        self,
+        launch: Launch,
+        plan: ResumePlan,
+        on_started: Callable[[RunView], None],
+        keyed: KeyedLaunch | None = None,
     ) -> Message: ...
 
     def track(self, session_id: str, run_id: str, state: Any) -> None:
@@ -145,8 +150,11 @@ def reject(host: PauseHost, request: Reject) -> Message:
     return _view(host, run_id)
 
 
-def resume_paused(host: PauseHost, row: sqlite3.Row, request: Resume) -> Message:
-    """`resume` of an interrupt-paused run: it goes on from the interrupted step."""
+def resume_paused(
+    host: PauseHost, row: sqlite3.Row, request: Resume, keyed: KeyedLaunch | None = None
+) -> Message:
+    """`resume` of an interrupt-paused run: it goes on from the interrupted step; `keyed`, the
+    launch id it came under (or a workflow's key), names the run that goes on."""
     return continue_paused(
         host,
         row,
@@ -157,6 +165,7 @@ def resume_paused(host: PauseHost, row: sqlite3.Row, request: Resume) -> Message
         request.intercom,
         request.inherited_fanout,
         request.message,
+        keyed,
     )
 
 
@@ -170,6 +179,7 @@ def continue_paused(
     intercom: IntercomMode | None = None,
     route: str | None = None,
     message: str = "",
+    keyed: KeyedLaunch | None = None,
 ) -> Message:
     """Launch the run that goes on with paused run `row` from its pause point; `intercom`
     overrides the setting persisted with it (R-RES-7), `route` is the caller's nested-run
@@ -183,10 +193,12 @@ def continue_paused(
     launch = relaunch.as_resume(launch, env, depth, capacity_limit, route)
     if intercom is not None:
         launch = launch.model_copy(update={"intercom": intercom})
+    if keyed is not None and keyed.launch_id is not None:
+        launch = launch.model_copy(update={"launch_id": keyed.launch_id})
     moves = row["capacity"] is not None and runplan.capacity_eligible(launch)
     plan = ResumePlan(source_id, descriptor, transfer=moves)
     return host.relaunch(
-        launch, plan, lambda view: continued(host, source_id, view.run_id, moved=moves)
+        launch, plan, lambda view: continued(host, source_id, view.run_id, moved=moves), keyed
     )
 
 

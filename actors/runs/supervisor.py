@@ -80,6 +80,7 @@ from subagents_node.actors.runs.ticks import (
     TakeUp,
 )
 from subagents_node.actors.runs.watchers import DEFAULT_MAX_WATCHERS, RunWatchers, WatchTimeout
+from subagents_node.actors.runs.workflowkeys import KeyedLaunch
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     MarkStarted,
@@ -246,11 +247,15 @@ class RunSupervisor(OwnerActor):
         return list(self._live.values())
 
     def relaunch(
-        self, launch: Launch, plan: ResumePlan, on_started: Callable[[RunView], None]
+        self,
+        launch: Launch,
+        plan: ResumePlan,
+        on_started: Callable[[RunView], None],
+        keyed: KeyedLaunch | None = None,
     ) -> Message:
         """Go on with a paused run (runs/pauses.py): one continuation at a time."""
         return self._launches.launch(
-            launch, plan, on_started=on_started, continues=plan.source_run_id
+            launch, plan, on_started=on_started, continues=plan.source_run_id, keyed=keyed
         )
 
     # The handlers are bound in OwnerActor.__init__, before `_launches` exists: they delegate.

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from subagents_node.actors.owner import ReplyFn
 from subagents_node.messages.errors import LaunchIdConflict, WorkflowKeyConflict
-from subagents_node.messages.lineage import Resume
+from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.supervisor import Launch
 
 #: (parent workflow run id, workflow key): what names one child of a workflow run; a launch
@@ -61,7 +61,7 @@ class KeyedLaunch:
     joined: list[ReplyFn] = field(default_factory=list)
 
     @classmethod
-    def of(cls, request: Launch | Resume) -> KeyedLaunch | None:
+    def of(cls, request: Launch | Resume | Rerun) -> KeyedLaunch | None:
         """The request's key, None for a launch with neither a workflow key nor a launch id."""
         key = key_of(request)
         if key is None:
@@ -107,12 +107,16 @@ class KeyedLaunch:
             )
 
 
-def key_of(request: Launch | Resume) -> ChildKey | None:
-    """The key a launch is launched once under, if any (a launch id with a workflow key is
-    refused when the request is read: messages/supervisor.py)."""
+def key_of(request: Launch | Resume | Rerun) -> ChildKey | None:
+    """The key a launch (a resume, an attach, a rerun) is launched once under, if any (a launch
+    id with a workflow key is refused when the request is read: messages/supervisor.py,
+    lineage.py). A launch id names one run whichever request made it: the same id on a launch
+    and on a resume is the same key, and the second request is `LaunchIdConflict`."""
+    if isinstance(request, Rerun):
+        return None if request.launch_id is None else (BY_LAUNCH_ID, request.launch_id)
     if request.workflow_key is not None and request.parent_run_id is not None:
         return (request.parent_run_id, request.workflow_key)
-    if isinstance(request, Launch) and request.launch_id is not None:
+    if request.launch_id is not None:
         return (BY_LAUNCH_ID, request.launch_id)
     return None
 

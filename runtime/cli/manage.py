@@ -21,6 +21,7 @@ from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
 from subagents_node.client.client import Client
+from subagents_node.client.launchagain import relaunch, with_launch_id
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.environ import carried_environment
 from subagents_node.launch.launcher import LaunchContext
@@ -69,9 +70,11 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
         # Inside a run: a nested resume (R-TOP-1), allowed to a `fanout: true` agent (R-FAN-4).
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
-    request = validate_request(Resume, fields)
+    # Under a launch id, and sent again under it when its answer is lost (a slow node, a node
+    # restarted under it): one run, as `run --async` (client/launchagain.py).
+    request = with_launch_id(validate_request(Resume, fields))
     with obj.client() as client:  # a signal while it is in flight: runtime/cli/background.py
-        launch_in_background(lambda: client.ask(request, LaunchResult).run, as_json, session=False)
+        launch_in_background(lambda: relaunch(client, request), as_json, session=False)
 
 
 @click.command()
@@ -98,17 +101,19 @@ def rerun(obj: Ctx, run_id: str, task: str, child: int, as_json: bool) -> None:
     # This command follows the rerun: on a node it embeds (now, or later to take a lost
     # node's place), the rerun's children die with it, should it be killed with -9.
     fields["foreground_pid"] = os.getpid()
-    request = validate_request(Rerun, fields)
+    # One launch id for every send, on this node or on the one this command starts in its
+    # place (`reconnect`): the rerun it made, never a second one.
+    request = with_launch_id(validate_request(Rerun, fields))
 
-    def relaunch(client: Client) -> RunView:
-        return client.ask(request, LaunchResult).run
+    def rerun_once(client: Client) -> RunView:
+        return relaunch(client, request, next_node_s=0.0)
 
     def reconnect() -> contextlib.AbstractContextManager[Client]:
         # Like `run`'s follow: a node this command starts adopts the run from its shims.
         return node_client(obj, LaunchContext.from_environment(), False)
 
     taken_over = None if obj.address else reconnect  # a named node is never replaced here
-    final = launch_and_follow(obj.client(), relaunch, as_json, reconnect=taken_over)
+    final = launch_and_follow(obj.client(), rerun_once, as_json, reconnect=taken_over)
     emit(final, as_json, summary(final))
     if final.state != "complete":
         raise SystemExit(1)
@@ -161,9 +166,11 @@ def attach(
         # Inside a run: a nested attach (R-TOP-1), allowed to a `fanout: true` agent (R-FAN-4).
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
-    request = validate_request(Resume, fields)
+    # Under a launch id, and sent again under it when its answer is lost (a slow node, a node
+    # restarted under it): one run, as `run --async` (client/launchagain.py).
+    request = with_launch_id(validate_request(Resume, fields))
     with obj.client() as client:  # a signal while it is in flight: runtime/cli/background.py
-        launch_in_background(lambda: client.ask(request, LaunchResult).run, as_json, session=False)
+        launch_in_background(lambda: relaunch(client, request), as_json, session=False)
 
 
 @steps_file_command

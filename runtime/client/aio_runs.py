@@ -35,11 +35,14 @@ class AsyncRunsAPI:
         """As `RunsAPI.launch`: under a launch id, sent again under it when its answer is lost
         (client/launchagain.py); the wait for the next node (up to `next_node_s`) runs in a
         thread (an inotify wait), so the loop's other coroutines go on meanwhile."""
+        return await self._sent_again(launch, next_node_s)
+
+    async def _sent_again(self, request: launchagain.Relaunch, next_node_s: float) -> RunView:
         wait_s = checked_timeout(next_node_s, "next_node_s")
-        sends = launchagain.Sends(launch)
+        sends = launchagain.Sends(request)
         while True:
             try:
-                return await self._client.perform(run_plans.launch_plan(sends.launch))
+                return await self._client.perform(launchagain.plan_of(sends.launch))
             except BadRequest as err:
                 sends.older_node(err)
             except (NodeNotRunning, NodeTimeout) as err:
@@ -78,6 +81,22 @@ class AsyncRunsAPI:
         )
         return await client.perform(plan)
 
+    async def resume(
+        self,
+        run_id: str,
+        message: str = "",
+        depth: int = 0,
+        capacity_limit: int = 0,
+        env: Mapping[str, str] | None = None,
+        inherited_fanout: str | None = None,
+        intercom: str | None = None,
+    ) -> RunView:
+        """As `Client.runs.resume` (R-RES-1..7)."""
+        request = run_plans.resume_request(
+            run_id, message, depth, capacity_limit, env, inherited_fanout, intercom
+        )
+        return await self._sent_again(request, NODE_BACK_S)
+
     async def attach(
         self,
         run_id: str,
@@ -88,8 +107,10 @@ class AsyncRunsAPI:
         inherited_fanout: str | None = None,
     ) -> RunView:
         """As `Client.runs.attach` (R-RES-6)."""
-        plan = run_plans.attach_plan(run_id, steps, capacity_limit, depth, env, inherited_fanout)
-        return await self._client.perform(plan)
+        request = run_plans.attach_request(
+            run_id, steps, capacity_limit, depth, env, inherited_fanout
+        )
+        return await self._sent_again(request, NODE_BACK_S)
 
     async def rerun(
         self,
@@ -100,8 +121,8 @@ class AsyncRunsAPI:
         foreground_pid: int | None = None,
     ) -> RunView:
         """As `Client.runs.rerun` (R-MISC-2)."""
-        plan = run_plans.rerun_plan(run_id, task, child, env, foreground_pid)
-        return await self._client.perform(plan)
+        request = run_plans.rerun_request(run_id, task, child, env, foreground_pid)
+        return await self._sent_again(request, 0.0)
 
     async def show(self, run_id: str) -> RunView:
         return await self._client.perform(run_plans.show_plan(run_id))

@@ -1,5 +1,6 @@
 """A launch under a launch id, sent again when its answer was lost (docs/api.md, "Launching
-again"): `client.runs.launch` of the blocking client, and the decisions the asyncio client's
+again"): `client.runs.launch` of the blocking client (and its `attach` and `rerun`, and the
+command line's `resume`: a relaunch is a launch too), and the decisions the asyncio client's
 (aio_runs.py) follows too; no asyncio here, which a blocking client never loads.
 
 Owns the client's side of an idempotent `runs.launch`: each launch call gets a fresh launch id
@@ -20,14 +21,16 @@ NodeNotRunning "this client is closed" is raised at once: it is no node that wen
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from subagents_node.client.channel import is_closed_error
 from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
-from subagents_node.client.runs import launch_plan
+from subagents_node.client.plans import Plan
+from subagents_node.client.runs import launch_plan, relaunch_plan
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
+from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.supervisor import Launch, RunView
 
 if TYPE_CHECKING:
@@ -36,24 +39,39 @@ if TYPE_CHECKING:
 #: How many times one launch call sends its launch, the first send included.
 LAUNCH_SENDS = 4
 
+#: What makes a run and takes a launch id: a launch, a resume (an attach), a rerun.
+Relaunch = Launch | Resume | Rerun
+R = TypeVar("R", Launch, Resume, Rerun)
 
-def with_launch_id(launch: Launch) -> Launch:
+
+def with_launch_id(launch: R) -> R:
     """`launch` with a launch id of its own: the caller's, else a fresh one. A workflow
-    child's has none: its key makes it safe to send again. Anything but a Launch is passed
-    on as it is, for `launch_plan` to refuse in one line."""
-    if not isinstance(launch, Launch) or launch.launch_id is not None:
+    child's (or a workflow's resume item) has none: its key makes it safe to send again.
+    Anything else is passed on as it is, for `launch_plan` to refuse in one line."""
+    return cast(R, _with_launch_id(launch))
+
+
+def _with_launch_id(launch: Relaunch) -> Relaunch:
+    if not isinstance(launch, Launch | Resume | Rerun) or launch.launch_id is not None:
         return launch
-    if launch.workflow_key is not None:
+    if not isinstance(launch, Rerun) and launch.workflow_key is not None:
         return launch
     return launch.model_copy(update={"launch_id": uuid.uuid4().hex})
+
+
+def plan_of(request: Relaunch) -> Plan[RunView]:
+    """The one send of `request`: a launch's plan refuses anything but a Launch."""
+    if isinstance(request, Resume | Rerun):
+        return relaunch_plan(request)
+    return launch_plan(request)
 
 
 class Sends:
     """One launch call's sends: whether the next one goes at once, after the next node, or not
     at all (the error is raised)."""
 
-    def __init__(self, launch: Launch) -> None:
-        self.launch = with_launch_id(launch)
+    def __init__(self, launch: Relaunch) -> None:
+        self.launch = _with_launch_id(launch)
         #: The id is this client's own choice (the caller's launch carried none).
         self._ours = self.launch is not launch
         self._first: NodeTimeout | None = None
@@ -98,10 +116,19 @@ def launch(client: Client, request: Launch, next_node_s: float = NODE_BACK_S) ->
     """`client.runs.launch`: the launch's run, sent again under its launch id as needed, on
     the state dir's next node when that serves within `next_node_s` (a foreground command
     that starts that node itself waits for none: runtime/cli/following.py)."""
+    return _sent_again(client, request, next_node_s)
+
+
+def relaunch(client: Client, request: Resume | Rerun, next_node_s: float = NODE_BACK_S) -> RunView:
+    """As `launch`, for a resume, an attach or a rerun: the run it made, once."""
+    return _sent_again(client, request, next_node_s)
+
+
+def _sent_again(client: Client, request: Relaunch, next_node_s: float) -> RunView:
     sends = Sends(request)
     while True:
         try:
-            return client.perform(launch_plan(sends.launch))
+            return client.perform(plan_of(sends.launch))
         except BadRequest as err:
             sends.older_node(err)
         except (NodeNotRunning, NodeTimeout) as err:

@@ -189,15 +189,15 @@ def stop_plan(run_id: str) -> Plan[RunView]:
     return one(build(Stop, run_id=run_id), RunView)
 
 
-def attach_plan(
+def attach_request(
     run_id: str,
     steps: Sequence[ChainStep],
     capacity_limit: int = 0,
     depth: int = 0,
     env: Mapping[str, str] | None = None,
     inherited_fanout: str | None = None,
-) -> Plan[RunView]:
-    request = build(
+) -> Resume:
+    return build(
         Resume,
         run_id=run_id,
         attach=listed(steps, "steps", "ChainStep"),
@@ -206,6 +206,31 @@ def attach_plan(
         env=dict(env) if env is not None else None,
         inherited_fanout=inherited_fanout,
     )
+
+
+def resume_request(
+    run_id: str,
+    message: str = "",
+    depth: int = 0,
+    capacity_limit: int = 0,
+    env: Mapping[str, str] | None = None,
+    inherited_fanout: str | None = None,
+    intercom: str | None = None,
+) -> Resume:
+    return build(
+        Resume,
+        run_id=run_id,
+        message=message,
+        depth=depth,
+        capacity_limit=capacity_limit,
+        env=dict(env) if env is not None else None,
+        inherited_fanout=inherited_fanout,
+        intercom=intercom,
+    )
+
+
+def relaunch_plan(request: Resume | Rerun) -> Plan[RunView]:
+    """A resume, an attach or a rerun: the run it made."""
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
 
@@ -233,17 +258,15 @@ def approve_plan(
     return result.run
 
 
-def rerun_plan(
+def rerun_request(
     run_id: str,
     task: str,
     child: int = 0,
     env: Mapping[str, str] | None = None,
     foreground_pid: int | None = None,
-) -> Plan[RunView]:
+) -> Rerun:
     fields = {"run_id": run_id, "task": task, "child": child, "foreground_pid": foreground_pid}
-    request = build(Rerun, **fields, env=dict(env) if env is not None else None)
-    result: LaunchResult = yield from one(request, LaunchResult)
-    return result.run
+    return build(Rerun, **fields, env=dict(env) if env is not None else None)
 
 
 def reject_plan(run_id: str, reason: str = "") -> Plan[RunView]:
@@ -365,6 +388,28 @@ class RunsAPI:
     def stop(self, run_id: str) -> RunView:
         return self._client.perform(stop_plan(run_id))
 
+    def resume(
+        self,
+        run_id: str,
+        message: str = "",
+        depth: int = 0,
+        capacity_limit: int = 0,
+        env: Mapping[str, str] | None = None,
+        inherited_fanout: str | None = None,
+        intercom: str | None = None,
+    ) -> RunView:
+        """Resume finished or interrupt-paused background run `run_id` (R-RES-1..7): the new
+        background run, once its first children started. `message` is a follow-up to the task;
+        `intercom` ("on"/"off") overrides the source's setting; from inside a run, `depth` and
+        the caller's `inherited_fanout` make it nested (no slot, R-TOP-1). Sent under a launch
+        id, and sent again under it when its answer is lost, as `launch`: one run."""
+        from subagents_node.client.launchagain import relaunch
+
+        request = resume_request(
+            run_id, message, depth, capacity_limit, env, inherited_fanout, intercom
+        )
+        return relaunch(self._client, request)
+
     def attach(
         self,
         run_id: str,
@@ -379,9 +424,12 @@ class RunsAPI:
         its own capacity slot (under `capacity_limit`; the source keeps its slot) and a new
         fan-out budget. From inside a run (`depth` and the caller's `inherited_fanout`, its
         $SUBAGENTS_RUN_FANOUT) it is nested and takes no slot (R-TOP-1). Returns the chain's
-        run, waiting for its source."""
-        plan = attach_plan(run_id, steps, capacity_limit, depth, env, inherited_fanout)
-        return self._client.perform(plan)
+        run, waiting for its source. Sent under a launch id, and sent again under it when its
+        answer is lost, as `launch`: one chain."""
+        from subagents_node.client.launchagain import relaunch
+
+        request = attach_request(run_id, steps, capacity_limit, depth, env, inherited_fanout)
+        return relaunch(self._client, request)
 
     def rerun(
         self,
@@ -394,8 +442,13 @@ class RunsAPI:
         """Run child `child` of run `run_id` again with a new task, in the foreground
         (R-MISC-2). A live foreground run with one child is superseded: stopped and linked
         (`superseded_by` on it, `source_run_id` on the rerun). Returns once the rerun runs.
-        `foreground_pid`: the process that follows it (`Launch.foreground_pid`)."""
-        return self._client.perform(rerun_plan(run_id, task, child, env, foreground_pid))
+        `foreground_pid`: the process that follows it (`Launch.foreground_pid`). Sent under a
+        launch id, and sent again under it at once when its answer is lost to a slow node, as
+        `launch`: one rerun (a node that went is not waited for: the rerun is foreground)."""
+        from subagents_node.client.launchagain import relaunch
+
+        request = rerun_request(run_id, task, child, env, foreground_pid)
+        return relaunch(self._client, request, next_node_s=0.0)
 
     def pause(self, run_id: str) -> RunView:
         """R-RUN-2 interrupt-as-pause: the run's child tree is stopped and the run settles

@@ -30,9 +30,9 @@ from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import BadRequest, NodeTimeout
-from subagents_node.messages.lineage import Append, AppendResult, Resume
+from subagents_node.messages.lineage import Append, AppendResult
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
-from subagents_node.messages.supervisor import IntercomMode, Launch, LaunchResult, RunView
+from subagents_node.messages.supervisor import IntercomMode, Launch, RunView
 
 #: The most log bytes one `logs` call returns per stream (a model's context is not a pager).
 MAX_LOG_BYTES = 64_000
@@ -217,15 +217,14 @@ class LauncherTools:
 
     async def resume(self, run_id: str, message: str) -> ToolAnswer:
         ctx = self.context()
-        request = Resume(
-            run_id=run_id,
-            message=message,
+        run = await self.client.runs.resume(  # one run, even when its answer is lost
+            run_id,
+            message,
             depth=ctx.depth,
             capacity_limit=ctx.config.settings.max_active_async_runs_per_session,
             env=dict(self.env),
             inherited_fanout=ctx.inherited_fanout,  # inside a run: nested (R-TOP-1, R-FAN-4)
         )
-        run = (await self.client.ask(request, LaunchResult)).run
         text = f"run {run.run_id} resumes {run_id} in the background"
         return ToolAnswer(f"{fanout_line(run)}\n{text}", run_data(run))
 
