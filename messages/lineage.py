@@ -125,6 +125,12 @@ class Append(Request):
     Result: ClassVar[ResultType] = AppendResult
     run_id: RunId
     steps: list[ChainStep] = Field(min_length=1, max_length=64)
+    #: The client's id for this append (docs/api.md, "Launching again"): the same append sent
+    #: again under it (its answer lost) is answered as the first one was and queues nothing
+    #: more; another append under it, on the same chain, is refused (`BadRequest`).
+    append_id: str | None = _LAUNCH_ID_FIELD
+
+    added_later: ClassVar[tuple[str, ...]] = ("append_id",)
 
 
 REQUESTS = (Resume, Rerun, Append)

@@ -101,11 +101,14 @@ def append_pipeline(
     steps: list[ChainStep],
     paths: list[str],
     pending_after: Callable[[], int],
+    append_id: str | None = None,
+    digest: str | None = None,
 ) -> Generator[Request | Durable, Message, Message]:
     """R-APP-4: claims (reserved) -> durable append record -> commit the claims -> queue.
 
     The record is committed before the claims are: a crash in between leaves a record whose
-    reservation the recovering supervisor commits, so claims exist iff the append does.
+    reservation the recovering supervisor commits, so claims exist iff the append does. It
+    carries the client's `append_id` and the request's `digest`, if any (appends.py).
     """
     try:
         grant = yield ReservePaths(descriptor=descriptor, paths=paths, ttl_s=APPEND_TTL_S)
@@ -119,9 +122,18 @@ def append_pipeline(
     ).fetchone()
     seq = int(row[0])
     host.db.execute(
-        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state, body) "
-        "VALUES(?, ?, ?, ?, ?, 'pending', ?)",
-        (run_id, seq, host.clock(), len(steps), grant.reservation_id, appendrecovery.body(steps)),
+        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state, body, "
+        "append_id, digest) VALUES(?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+        (
+            run_id,
+            seq,
+            host.clock(),
+            len(steps),
+            grant.reservation_id,
+            appendrecovery.body(steps),
+            append_id,
+            digest,
+        ),
     )
     # Tests: die once the record is durable, before its claims' commit is sent (recovery's).
     host.after_commit(lambda: host.crash_point("append_recorded"))

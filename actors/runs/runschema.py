@@ -150,4 +150,12 @@ MIGRATIONS = (
     CREATE INDEX runs_active_by_session ON runs(session_id, created_at, run_id)
         WHERE state IN ('queued', 'running', 'paused')
     """,
+    # 11: an append's client id (`runs.append` `append_id`) and the digest of the request, so
+    # the same append sent again after a lost answer is the append made, queued once.
+    """
+    ALTER TABLE run_appends ADD COLUMN append_id TEXT;
+    ALTER TABLE run_appends ADD COLUMN digest TEXT;
+    CREATE UNIQUE INDEX run_appends_by_id ON run_appends(run_id, append_id)
+        WHERE append_id IS NOT NULL
+    """,
 )

@@ -21,13 +21,14 @@ from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
 from subagents_node.client.client import Client
+from subagents_node.client.launchagain import append as append_once
 from subagents_node.client.launchagain import relaunch, with_launch_id
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.environ import carried_environment
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.base import validate_request
 from subagents_node.messages.constants import ENV_CHILD_ID, ENV_FANOUT, ENV_RUN_ID
-from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
+from subagents_node.messages.lineage import Append, Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.supervisor import Intercom, IntercomMessage, LaunchResult, RunView
 
@@ -183,9 +184,10 @@ def append(
     """
     ctx = LaunchContext.from_environment(agents_dirs=agents_dirs)
     steps = ctx.from_file("chain", steps_file, True, None).chain
+    # Under an append id, sent again under it when its answer is lost: queued once.
+    request = validate_request(Append, {"run_id": run_id, "steps": steps})
     with obj.client() as client:
-        request = validate_request(Append, {"run_id": run_id, "steps": steps})
-        result = client.ask(request, AppendResult)
+        result = append_once(client, request)
     emit(result, as_json, result.text)
 
 

@@ -10,16 +10,20 @@ It must never build a request itself, nor import the node or the actors.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from subagents_node.client import launchagain
 from subagents_node.client import runs as run_plans
 from subagents_node.client.client import checked_timeout
+from subagents_node.client.plans import Plan
 from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
+from subagents_node.messages.lineage import AppendResult
 from subagents_node.messages.supervisor import ChainStep, FleetEvents, Launch, RunEvents, RunView
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from subagents_node.client.aio import AsyncClient
@@ -38,11 +42,16 @@ class AsyncRunsAPI:
         return await self._sent_again(launch, next_node_s)
 
     async def _sent_again(self, request: launchagain.Relaunch, next_node_s: float) -> RunView:
+        return await self._sent(request, launchagain.plan_of, next_node_s)
+
+    async def _sent(
+        self, request: launchagain.Keyed, plan: Callable[[Any], Plan[T]], next_node_s: float
+    ) -> T:
         wait_s = checked_timeout(next_node_s, "next_node_s")
         sends = launchagain.Sends(request)
         while True:
             try:
-                return await self._client.perform(launchagain.plan_of(sends.launch))
+                return await self._client.perform(plan(sends.launch))
             except BadRequest as err:
                 sends.older_node(err)
             except (NodeNotRunning, NodeTimeout) as err:
@@ -96,6 +105,11 @@ class AsyncRunsAPI:
             run_id, message, depth, capacity_limit, env, inherited_fanout, intercom
         )
         return await self._sent_again(request, NODE_BACK_S)
+
+    async def append(self, run_id: str, steps: Sequence[ChainStep]) -> AppendResult:
+        """As `Client.runs.append` (R-APP-1..6)."""
+        request = run_plans.append_request(run_id, steps)
+        return await self._sent(request, run_plans.append_plan, NODE_BACK_S)
 
     async def attach(
         self,

@@ -21,16 +21,17 @@ NodeNotRunning "this client is closed" is raised at once: it is no node that wen
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, TypeVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from subagents_node.client.channel import is_closed_error
 from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
 from subagents_node.client.plans import Plan
-from subagents_node.client.runs import launch_plan, relaunch_plan
+from subagents_node.client.runs import append_plan, launch_plan, relaunch_plan
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
-from subagents_node.messages.lineage import Rerun, Resume
+from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
 from subagents_node.messages.supervisor import Launch, RunView
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ LAUNCH_SENDS = 4
 #: What makes a run and takes a launch id: a launch, a resume (an attach), a rerun.
 Relaunch = Launch | Resume | Rerun
 R = TypeVar("R", Launch, Resume, Rerun)
+#: What is sent again under an id of its client's: those, and a chain's append (`append_id`).
+Keyed = Relaunch | Append
+T = TypeVar("T")
 
 
 def with_launch_id(launch: R) -> R:
@@ -51,7 +55,11 @@ def with_launch_id(launch: R) -> R:
     return cast(R, _with_launch_id(launch))
 
 
-def _with_launch_id(launch: Relaunch) -> Relaunch:
+def _with_launch_id(launch: Keyed) -> Keyed:
+    if isinstance(launch, Append):
+        if launch.append_id is not None:
+            return launch
+        return launch.model_copy(update={"append_id": uuid.uuid4().hex})
     if not isinstance(launch, Launch | Resume | Rerun) or launch.launch_id is not None:
         return launch
     if not isinstance(launch, Rerun) and launch.workflow_key is not None:
@@ -70,10 +78,12 @@ class Sends:
     """One launch call's sends: whether the next one goes at once, after the next node, or not
     at all (the error is raised)."""
 
-    def __init__(self, launch: Relaunch) -> None:
+    def __init__(self, launch: Keyed) -> None:
         self.launch = _with_launch_id(launch)
         #: The id is this client's own choice (the caller's launch carried none).
         self._ours = self.launch is not launch
+        #: The field the id is in.
+        self._field = "append_id" if isinstance(launch, Append) else "launch_id"
         self._first: NodeTimeout | None = None
         self._sent = 0
 
@@ -83,10 +93,10 @@ class Sends:
         launch goes once more without it (and is not sent again after that: no id). Raises
         `err` for any other refusal, and for the caller's own id (it asked for one)."""
         details = err.details
-        unknown = details.get("reason") == "schema" and details.get("field") == "launch_id"
+        unknown = details.get("reason") == "schema" and details.get("field") == self._field
         if not (self._ours and unknown and "Extra inputs" in err.message):
             raise err
-        self.launch = self.launch.model_copy(update={"launch_id": None})
+        self.launch = self.launch.model_copy(update={self._field: None})
         self._ours = False
         return True
 
@@ -98,7 +108,7 @@ class Sends:
         self._sent += 1
         if self._first is None:
             # A launch the node never got (no node ran) changed nothing: its error stands.
-            if not isinstance(err, NodeTimeout) or self.launch.launch_id is None:
+            if not isinstance(err, NodeTimeout) or getattr(self.launch, self._field) is None:
                 raise err
             self._first = err
         if self._sent >= LAUNCH_SENDS:
@@ -116,19 +126,25 @@ def launch(client: Client, request: Launch, next_node_s: float = NODE_BACK_S) ->
     """`client.runs.launch`: the launch's run, sent again under its launch id as needed, on
     the state dir's next node when that serves within `next_node_s` (a foreground command
     that starts that node itself waits for none: runtime/cli/following.py)."""
-    return _sent_again(client, request, next_node_s)
+    return _sent_again(client, Sends(request), plan_of, next_node_s)
 
 
 def relaunch(client: Client, request: Resume | Rerun, next_node_s: float = NODE_BACK_S) -> RunView:
     """As `launch`, for a resume, an attach or a rerun: the run it made, once."""
-    return _sent_again(client, request, next_node_s)
+    return _sent_again(client, Sends(request), plan_of, next_node_s)
 
 
-def _sent_again(client: Client, request: Relaunch, next_node_s: float) -> RunView:
-    sends = Sends(request)
+def append(client: Client, request: Append, next_node_s: float = NODE_BACK_S) -> AppendResult:
+    """As `launch`, for a chain's append, under its append id: queued once."""
+    return _sent_again(client, Sends(request), append_plan, next_node_s)
+
+
+def _sent_again(
+    client: Client, sends: Sends, plan: Callable[[Any], Plan[T]], next_node_s: float
+) -> T:
     while True:
         try:
-            return client.perform(plan_of(sends.launch))
+            return client.perform(plan(sends.launch))
         except BadRequest as err:
             sends.older_node(err)
         except (NodeNotRunning, NodeTimeout) as err:

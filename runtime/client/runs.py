@@ -22,7 +22,7 @@ from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.domains import MAX_DURATION_S
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
-from subagents_node.messages.lineage import Rerun, Resume
+from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
@@ -229,6 +229,14 @@ def resume_request(
     )
 
 
+def append_request(run_id: str, steps: Sequence[ChainStep]) -> Append:
+    return build(Append, run_id=run_id, steps=listed(steps, "steps", "ChainStep"))
+
+
+def append_plan(request: Append) -> Plan[AppendResult]:
+    return one(request, AppendResult)
+
+
 def relaunch_plan(request: Resume | Rerun) -> Plan[RunView]:
     """A resume, an attach or a rerun: the run it made."""
     result: LaunchResult = yield from one(request, LaunchResult)
@@ -409,6 +417,14 @@ class RunsAPI:
             run_id, message, depth, capacity_limit, env, inherited_fanout, intercom
         )
         return relaunch(self._client, request)
+
+    def append(self, run_id: str, steps: Sequence[ChainStep]) -> AppendResult:
+        """Queue `steps` on running background chain `run_id` (R-APP-1..6): their claims and
+        the append exist together or not at all. Sent under an append id, and sent again
+        under it when its answer is lost, as `launch`: queued once."""
+        from subagents_node.client.launchagain import append
+
+        return append(self._client, append_request(run_id, steps))
 
     def attach(
         self,
