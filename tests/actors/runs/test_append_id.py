@@ -35,10 +35,18 @@ def echo(ctx: LaunchContext, task: str) -> ChainStep:
     return ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task=task)])
 
 
-def gated_chain(client: Client, ctx: LaunchContext, gate: Gate) -> RunView:
-    """A background chain whose one step waits at the gate: it stays running."""
+def gated_chain(client: Client, ctx: LaunchContext, gate: Gate) -> tuple[RunView, GateChild]:
+    """A background chain whose one step waits at the gate (it stays running), and that step."""
     first = ChainStep(items=[TaskItem(agent=ctx.plan("gate"), task=str(gate.path))])
-    return client.runs.launch(ctx.launch("chain", True, chain=[first]))
+    run = client.runs.launch(ctx.launch("chain", True, chain=[first]))
+    [held] = gate.accept(1, timeout=WAIT_S)
+    return run, held
+
+
+def later(ctx: LaunchContext, run: RunView, append_id: str | None = None) -> Append:
+    """The append of one step (`echo later`) under `append_id` (a fresh one by default)."""
+    steps = [echo(ctx, "later")]
+    return Append(run_id=run.run_id, steps=steps, append_id=append_id or uuid.uuid4().hex)
 
 
 def appended(state_dir: Path, run_id: str) -> list[tuple[int, str]]:
@@ -68,9 +76,8 @@ def test_r_app_4_an_append_sent_twice_under_one_id_queues_its_steps_and_claims_o
 ) -> None:
     client = node.client(timeout=20)
     ctx = launch_context(agents)
-    run = gated_chain(client, ctx, gate)
-    [held] = gate.accept(1, timeout=WAIT_S)
-    request = Append(run_id=run.run_id, steps=[echo(ctx, "later")], append_id=uuid.uuid4().hex)
+    run, held = gated_chain(client, ctx, gate)
+    request = later(ctx, run)
 
     first = client.ask(request, AppendResult)
     second = client.ask(request, AppendResult)
@@ -86,9 +93,8 @@ def test_r_app_4_one_append_sent_twice_at_once_is_queued_once_and_both_callers_a
     node: NodeProcess, state_dir: Path, agents: Path, gate: Gate
 ) -> None:
     ctx = launch_context(agents)
-    run = gated_chain(node.client(timeout=20), ctx, gate)
-    [held] = gate.accept(1, timeout=WAIT_S)
-    request = Append(run_id=run.run_id, steps=[echo(ctx, "later")], append_id=uuid.uuid4().hex)
+    run, held = gated_chain(node.client(timeout=20), ctx, gate)
+    request = later(ctx, run)
     answers: list[AppendResult | SubagentsError] = []
 
     def send() -> None:
@@ -115,10 +121,9 @@ def test_another_append_under_a_used_append_id_is_refused_in_one_line_and_change
 ) -> None:
     client = node.client(timeout=20)
     ctx = launch_context(agents)
-    run = gated_chain(client, ctx, gate)
-    [held] = gate.accept(1, timeout=WAIT_S)
+    run, held = gated_chain(client, ctx, gate)
     used = uuid.uuid4().hex
-    client.ask(Append(run_id=run.run_id, steps=[echo(ctx, "later")], append_id=used), AppendResult)
+    client.ask(later(ctx, run, used), AppendResult)
     other = Append(run_id=run.run_id, steps=[echo(ctx, "other")], append_id=used)
 
     with pytest.raises(BadRequest) as refused:
@@ -142,9 +147,8 @@ def test_r_app_4_an_append_sent_again_after_its_node_died_once_it_was_recorded_i
     the append sent again is answered as made, with nothing queued or claimed again."""
     dying = start_node("--faults", state_dir=state_dir, kill_at="append_recorded")
     ctx = launch_context(agents)
-    run = gated_chain(dying.client(timeout=20), ctx, gate)
-    [held] = gate.accept(1, timeout=WAIT_S)
-    request = Append(run_id=run.run_id, steps=[echo(ctx, "later")], append_id=uuid.uuid4().hex)
+    run, held = gated_chain(dying.client(timeout=20), ctx, gate)
+    request = later(ctx, run)
     with pytest.raises(SubagentsError):  # the node dies before it answers
         dying.client(timeout=5).ask(request, AppendResult)
     assert dying.wait_exited(WAIT_S), "the node did not die at append_recorded"
