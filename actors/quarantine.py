@@ -48,15 +48,26 @@ def integer(
     return broken, f"{column} is not an integer{domain}"
 
 
+def none_of(expression: str, values: Sequence[str]) -> str:
+    """SQL that holds when `expression` is none of the literal `values`: `e != 'a' AND e !=
+    'b'`, which is `e NOT IN ('a', 'b')` (NULL for a NULL `e` alike), without the IN list. An
+    IN list of literals makes SQLite build a temporary b-tree of them at each execution of the
+    statement (OP_Once is per execution): with the nine lists of the children table's check, a
+    checked row read cost 19 µs in a node's store (160-240 µs in some), the comparisons 6.5 µs;
+    the run supervisor reads a child's checked row at each report of its shim."""
+    quoted = [f"'{v.replace(chr(39), chr(39) * 2)}'" for v in values]
+    return "(" + " AND ".join(f"{expression} != {q}" for q in quoted) + ")"
+
+
 def number(column: str, nullable: bool = False) -> Check:
     """`column` holds a number (a REAL or an INTEGER), or NULL when allowed."""
-    kinds = "'integer', 'real'" + (", 'null'" if nullable else "")
-    return f"typeof({column}) NOT IN ({kinds})", f"{column} is not a number"
+    kinds = ["integer", "real"] + (["null"] if nullable else [])
+    return none_of(f"typeof({column})", kinds), f"{column} is not a number"
 
 
 def text(column: str, nullable: bool = False) -> Check:
-    kinds = "'text'" + (", 'null'" if nullable else "")
-    return f"typeof({column}) NOT IN ({kinds})", f"{column} is not text"
+    kinds = ["text"] + (["null"] if nullable else [])
+    return none_of(f"typeof({column})", kinds), f"{column} is not text"
 
 
 def json(column: str, nullable: bool = False) -> Check:
@@ -68,10 +79,9 @@ def json(column: str, nullable: bool = False) -> Check:
 def one_of(column: str, values: Iterable[str], nullable: bool = False) -> Check:
     """`column` holds one of `values` (or NULL when allowed)."""
     names = sorted(values)
-    listed = ", ".join(f"'{v}'" for v in names)
     missing = "" if nullable else f"{column} IS NULL OR "
     return (
-        f"{missing}{column} NOT IN ({listed})",
+        f"{missing}{none_of(column, names)}",
         f"{column} is not one of {', '.join(names)}",
     )
 
