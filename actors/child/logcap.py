@@ -43,6 +43,7 @@ import ctypes
 import logging
 import os
 import select
+import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -237,6 +238,13 @@ class ChildLogCap:
     def _cut_if_over(self, watched: _Watched) -> None:
         try:
             with self._cutting:
+                # Most logs end under the cap (every child's two get this check as it ends):
+                # one lstat, which follows no link, says so without the open, the checks on
+                # the descriptor and the close `_cut` makes. Anything but a regular file under
+                # the cap goes that way, which refuses what is not a regular file.
+                found = os.lstat(watched.path)
+                if stat.S_ISREG(found.st_mode) and found.st_size <= self.max_bytes:
+                    return
                 self._cut(watched)
         except OSError as exc:  # the file went away or cannot be opened: nothing to cap
             log.debug("child log %s not cut: %s", watched.path, exc)
