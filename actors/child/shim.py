@@ -105,7 +105,7 @@ class Shim:
     # -- the life of the shim -------------------------------------------------------------------
 
     def run(self) -> int:
-        announce(self.facts["child_id"], self.facts["shim_pid"], self.facts["shim_start"])
+        # Its template announced it already (actors/child/template.py), right after the fork.
         os.setsid()
         _prctl()(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -439,12 +439,12 @@ class Shim:
 
 
 def announce(child_id: str, pid: int, start: float) -> None:
-    """Tell the supervisor this shim's identity (or pid 0: no shim) on the template's stdout,
-    its announce pipe (actors/child/shims.py), before the child is started: a child that
-    killed its shim (its parent: `kill -9 $PPID`) before the shim's first report used to
-    leave a run nobody watched, its launch unanswered and its stop without effect. One
-    write of a line under PIPE_BUF is atomic; a full pipe (O_NONBLOCK) or none costs the
-    line, never the shim."""
+    """Tell the supervisor a shim's identity (or pid 0: no shim) on the template's stdout, its
+    announce pipe (actors/child/shims.py); the template writes it right after each fork, so
+    before the child is started: a child that killed its shim (its parent: `kill -9 $PPID`)
+    before the shim's first report used to leave a run nobody watched, its launch unanswered
+    and its stop without effect. One write of a line under PIPE_BUF is atomic; a full pipe
+    (O_NONBLOCK) or none costs the line, never the template."""
     line = json.dumps([child_id, pid, start]) + "\n"
     with contextlib.suppress(OSError):
         os.write(1, line.encode())

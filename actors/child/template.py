@@ -3,9 +3,11 @@
 Owns the template's life: it runs a shim's paths a few times (so the code a shim runs is warm
 and shared), then reads one spawn order (a JSON line) at a time on stdin and forks a shim
 (actors/child/shim.py) for each, until stdin closes (the supervisor that started it is gone;
-the shims stay). A fork that fails (EAGAIN: the pids controller's or RLIMIT_NPROC's limit) is
-reported to the supervisor as the child's `not_started`, as its shim would have, so the launch
-is answered and the slot rolled back; the template lives on for the next order.
+the shims stay). Each fork's pid and start time go on its stdout, the announce pipe
+(actors/child/shims.py), before the shim runs a line of its own. A fork that fails (EAGAIN:
+the pids controller's or RLIMIT_NPROC's limit) is reported to the supervisor as the child's
+`not_started`, as its shim would have, so the launch is answered and the slot rolled back; the
+template lives on for the next order.
 
 Standard library, msgpack and the shim's modules only (what it imports, every shim holds); it
 never logs an order (it may hold the task, R-MISC-1) and never decides a run's outcome. Its
@@ -181,6 +183,28 @@ def serve_template(open_files: int | None = None) -> None:
                     code = Shim(json.loads(line)).run()
                 finally:
                     os._exit(code)
+            # The fork is announced here, not by the shim: a shim killed before it could say
+            # so itself (a child killing every new process of the template, the OOM killer)
+            # left its launch waiting for good. Gone already, its start is 0: seen gone.
+            announce(_child_id_of(line), pid, procfs.start_time_of(pid) or 0.0)
+
+
+#: How every order line starts (`order_of`: the child id is the spec's first field).
+_ORDER_HEAD = b'{"child_id": "'
+
+
+def _child_id_of(line: bytes) -> str:
+    """The child id of an order line, read without parsing the whole order (the template
+    makes as few objects as it can between forks: each page it writes is copied, while a
+    live shim shares it); an order of another shape is parsed."""
+    if line.startswith(_ORDER_HEAD):
+        end = line.find(b'"', len(_ORDER_HEAD))
+        if end > 0 and b"\\" not in line[:end]:
+            return line[len(_ORDER_HEAD) : end].decode()
+    try:
+        return str(json.loads(line)["child_id"])
+    except (ValueError, TypeError, KeyError):
+        return ""  # no child id: an announcement of it names nobody the supervisor expects
 
 
 def _limit_open_files(wanted: int) -> None:

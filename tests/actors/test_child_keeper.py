@@ -234,3 +234,26 @@ def test_a_live_shim_told_gone_is_watched_again_and_its_child_settles_as_reporte
         return seat.keeper.bookkeeping() == EMPTY
 
     wait_until(settled, WAIT_S, "the shim to exit and be forgotten")
+
+
+def test_a_shim_that_dies_before_announcing_itself_ends_its_child_not_started(seat: Seat) -> None:
+    """Each shim announced itself on the template's pipe, as its first act; one killed between
+    its fork and that line (a child SIGKILLing every new process of the template did it to 12
+    shims of 20; the OOM killer could) was watched by nobody: its launch waited for good and
+    its run stayed `running` until the template ended. The template announces each fork now.
+    Here the shim dies at its first line (its order has no record directory): its child ends
+    not-started, its launch answered."""
+    spec = seat.spec(5, ["/bin/sleep", "60"])
+    seat.order(spec)
+    order = order_of(spec, seat.address, sync=False)
+    del order["record_dir"]  # the shim dies as it reads its order, before a line of its own
+    seat.keeper._template.order_raw(order)
+    seat.keeper._watch.expect(spec.child_id)  # as `launch` does
+    seat.keeper.flush()
+
+    def settled() -> bool:
+        seat.drain_gone()
+        return spec.child_id in seat.exited
+
+    wait_until(settled, 10.0, "the child of the shim that died to settle")
+    assert seat.exited[spec.child_id].proof.state == "not-started", seat.exited[spec.child_id]
