@@ -21,8 +21,9 @@ class AnnouncePipe:
     """One template's announce pipe, as the watch thread reads it: a partial line, and per key
     the orders sent less the shims announced (either may come first; 0 is dropped)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, template: int = 0) -> None:
         self.fd = fd
+        self.template = template  # the template's pid (0: unknown)
         self.ended = False
         self._partial = b""
         self._owed: dict[str, int] = {}

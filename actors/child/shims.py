@@ -34,7 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 from subagents_node.actors.child.announces import AnnouncePipe
-from subagents_node.actors.child.procfs import ProcessIdentity, is_alive, is_alive_or_unknown
+from subagents_node.actors.child.procfs import (
+    ProcessIdentity,
+    is_alive,
+    is_alive_or_unknown,
+    stat_of,
+)
 from subagents_node.messages.runs import ChildSpec
 
 log = logging.getLogger(__name__)
@@ -70,10 +75,12 @@ class ShimTemplate:
     is found gone (a write to a closed pipe)."""
 
     def __init__(
-        self, open_files: int | None = None, on_start: Callable[[int], None] | None = None
+        self,
+        open_files: int | None = None,
+        on_start: Callable[[int, int], None] | None = None,
     ) -> None:
         """`open_files`: the soft limit on open files the template, its shims and so every
-        child start with (None: this process's). `on_start(fd)` is given the read end of each
+        child start with (None: this process's). `on_start(fd, pid)` is given the read end of each
         template's announce pipe (its stdout, where each shim it forks writes its identity
         before it starts the child: `ShimWatch.listen`), which it then owns; None: no pipe."""
         self._on_start = on_start
@@ -144,7 +151,7 @@ class ShimTemplate:
                 if announce_r >= 0:
                     os.close(announce_w)  # the template and its shims hold it now
             if self._on_start is not None:
-                self._on_start(announce_r)
+                self._on_start(announce_r, self._proc.pid)
             assert self._proc.stdin is not None
             # A burst of orders (a run's first group) fits in the pipe: the supervisor's write
             # returns at once instead of waiting, order by order, for the template to fork.
@@ -241,7 +248,7 @@ class ShimWatch:
         self._add: list[tuple[str, ProcessIdentity]] = []
         #: Announce pipes (`listen`) and orders sent (`expect`) not yet handed to the thread;
         #: an order belongs to the newest pipe (its template's), named by its generation.
-        self._listen: list[tuple[int, int]] = []
+        self._listen: list[tuple[int, int, int]] = []
         self._expect: list[tuple[int, str]] = []
         self._generation = 0
         #: The thread's own: per generation, its pipe state (`AnnouncePipe`); the live pipes by
@@ -265,17 +272,19 @@ class ShimWatch:
             if len(self._add) >= self.WAKE_BATCH:
                 os.write(self._wake_w, b"+")
 
-    def listen(self, fd: int) -> None:
+    def listen(self, fd: int, template: int = 0) -> None:
         """A new shim template's announce pipe (its read end, now this watch's to close): each
         shim announces itself there before it starts its child, and is watched from then on;
         its end (EOF: the template and every shim it forked closed it) proves that an order
-        sent to it and never announced forked no shim, so no child: that child is gone."""
+        sent to it and never announced forked no shim, so no child: that child is gone.
+        `template`: its pid (0: unknown); a live process announced there that is not its child
+        is ignored (a forged line)."""
         with self._lock:
             self._generation += 1
             if self._closed:
                 os.close(fd)
                 return
-            self._listen.append((self._generation, fd))
+            self._listen.append((self._generation, fd, template))
 
     def expect(self, key: str) -> None:
         """An order for `key` was written to the newest template: a shim is to announce it."""
@@ -351,8 +360,8 @@ class ShimWatch:
             listens, self._listen = self._listen, []
             expects, self._expect = self._expect, []
             added, self._add = self._add, []
-            for generation, fd in listens:
-                self._pipes[generation] = self._pipe_fds[fd] = AnnouncePipe(fd)
+            for generation, fd, template in listens:
+                self._pipes[generation] = self._pipe_fds[fd] = AnnouncePipe(fd, template)
                 poller.register(fd, select.POLLIN)
             for generation, key in expects:
                 pipe = self._pipes[generation]
@@ -380,7 +389,7 @@ class ShimWatch:
         if data:
             for key, identity in pipe.lines(data):
                 if identity is not None:
-                    self._open(key, identity, poller, fds)
+                    self._open(key, identity, poller, fds, pipe.template)
             with self._lock:
                 self._count = len(fds)
             return
@@ -396,7 +405,10 @@ class ShimWatch:
         identity: ProcessIdentity,
         poller: select.poll,
         fds: dict[int, tuple[str, ProcessIdentity]],
+        template: int = 0,
     ) -> None:
+        """Watch `identity` as `key`'s shim; `template`: the pid of the template that announced
+        it (0: it reported itself), whose child it must be while that template lives."""
         if (key, identity) in self._watching:
             return  # watched already (announced, then reported)
         try:
@@ -416,6 +428,10 @@ class ShimWatch:
             else:
                 self._gone(key)
             return
+        if template and _forged(identity, template):
+            os.close(fd)
+            log.warning("shim watch: ignored an announcement of pid %d for %s", identity.pid, key)
+            return
         fds[fd] = (key, identity)
         self._watching.add((key, identity))
         poller.register(fd, select.POLLIN)
@@ -425,3 +441,14 @@ class ShimWatch:
             self._on_gone(key)
         except Exception:
             log.exception("shim watch: reporting shim %s gone failed", key)
+
+
+def _forged(identity: ProcessIdentity, template: int) -> bool:
+    """Whether a live process announced on `template`'s pipe is not one of its shims: its
+    parent is another process while the template lives (a line a child wrote there through
+    the node's own /proc/PID/fd, to have some process of its choice watched as a shim)."""
+    shim = stat_of(identity.pid)
+    if shim is None or shim.ppid == template:
+        return False
+    parent = stat_of(template)  # a template killed since: its shims are another's children
+    return parent is not None and parent.state not in ("Z", "X")

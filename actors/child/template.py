@@ -44,6 +44,7 @@ WARM_UP_ROUNDS = 12
 #: could not fork (a node that is up answers at once; one that is not will find the child
 #: unstarted at recovery).
 NOT_FORKED_REPORT_S = 10.0
+_PR_SET_DUMPABLE = 4
 #: The fewest open files a shim is left (its report link, wake-up pipe, /proc reads, records).
 MIN_SHIM_OPEN_FILES = 64
 
@@ -149,6 +150,11 @@ def serve_template(open_files: int | None = None) -> None:
     the soft limit on open files its shims, and so their children, start with."""
     if open_files is not None:
         _limit_open_files(open_files)
+    # Not dumpable (its shims inherit it; a child's exec resets it): /proc/PID/fd of the
+    # template and of each shim is closed to a process without CAP_SYS_PTRACE, even of the
+    # same user. Any child could open the template's pipes there: read other children's
+    # orders (their tasks, environments), fork shims of its own, forge announcements.
+    _prctl()(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     try:
         _warm_up()
     except OSError as err:

@@ -74,3 +74,59 @@ def test_waiting_for_shims_works_with_descriptors_numbered_past_1024() -> None:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stderr
     assert "exited: True" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_forged_announcement_of_a_process_not_the_templates_child_is_ignored() -> None:
+    """A line on a template's announce pipe (which a child of the node's user can open through
+    the node's /proc/PID/fd) named any live process as a child's shim: that process was
+    watched, and its exit reported the child's shim gone (a child not yet claimed by its shim
+    was then given up as never started). A live process announced there must be a child of
+    that template now; the test process stands in for the template."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    from subagents_node.actors.child.procfs import identity_of
+    from subagents_node.actors.child.shims import ShimWatch
+    from tests.support.runs import wait_until
+
+    gone: list[str] = []
+    seen = threading.Event()
+
+    def on_gone(key: str) -> None:
+        gone.append(key)
+        seen.set()
+
+    watch = ShimWatch(on_gone)
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    watch.listen(read_end, os.getpid())
+    shim = subprocess.Popen(["sleep", "60"])  # the template's (our) child: a shim
+    other = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    try:
+        assert other.stdout is not None
+        stranger = int(other.stdout.readline())  # sh's child, not ours
+        shim_id, stranger_id = identity_of(shim.pid), identity_of(stranger)
+        assert shim_id is not None and stranger_id is not None
+        watch.expect("forged")
+        watch.expect("real")
+        watch.flush()
+        lines = [["forged", *stranger_id], ["real", *shim_id]]
+        os.write(write_end, "".join(json.dumps(line) + "\n" for line in lines).encode())
+        # Both lines read (one write, one read): a stranger killed before would be "gone".
+        wait_until(lambda: watch.watched >= 1, 10.0, "the announcements to be read")
+        os.kill(stranger, signal.SIGKILL)
+        other.wait(timeout=10)
+        shim.kill()
+        shim.wait(timeout=10)
+        assert seen.wait(10), "the real shim's exit was not seen"
+    finally:
+        watch.close()  # its thread has handled whatever it saw before the check below
+        os.close(write_end)
+        for proc in (shim, other):
+            proc.kill()
+            proc.wait()
+        if other.stdout is not None:
+            other.stdout.close()
+    assert gone == ["real"], gone
