@@ -1,42 +1,53 @@
 """AnnouncePipe: one shim template's announce pipe, as the shim watch's thread reads it.
 
-Each shim writes `[child_id, pid, start]` there (its stdout, the template's) before it starts
-its child (actors/child/shim.py `announce`); pid 0 is the template's word that it forked no shim
-for that order. Owns, for one template, the partial line read so far and, per child id, the
+The template writes `[child_id, pid, start]` there (its stdout) right after each fork, before
+the shim runs (actors/child/shim.py `announce`); pid 0 is its word that it forked no shim for
+that order. Owns, for one template, the partial line read so far and, per child id, the
 orders sent less the shims announced (either may come first): when the pipe ends (the template
-and every shim it forked have closed it), what was ordered and never announced forked nothing.
+and every shim it forked have closed it), what was ordered and never announced forked nothing;
+while it lives, orders it announces nothing for are how a stopped template is found.
 
 It never opens, reads or closes the descriptor itself (ShimWatch does, in its thread), never
-watches a process, and ignores a line it cannot read.
+watches or signals a process (it only reads /proc: is the template stopped, is an announced
+process its child), and ignores a line it cannot read.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
-from subagents_node.actors.child.procfs import ProcessIdentity
+from subagents_node.actors.child.procfs import ProcessIdentity, is_alive, stat_of
 
 
 class AnnouncePipe:
     """One template's announce pipe, as the watch thread reads it: a partial line, and per key
     the orders sent less the shims announced (either may come first; 0 is dropped)."""
 
-    def __init__(self, fd: int, template: int = 0) -> None:
+    def __init__(self, fd: int, template: ProcessIdentity | None = None) -> None:
         self.fd = fd
-        self.template = template  # the template's pid (0: unknown)
+        self.template = template  # the template's pid and start time (None: unknown)
         self.ended = False
         self._partial = b""
         self._owed: dict[str, int] = {}
+        #: How many keys are owed an announcement, and since when nothing came (monotonic):
+        #: orders that wait in a template that forks nothing (a child stopped it) are found.
+        self.waiting = 0
+        self.progress_at = 0.0
 
     def _count(self, key: str, step: int) -> None:
-        owed = self._owed.get(key, 0) + step
+        before = self._owed.get(key, 0)
+        owed = before + step
         if owed:
             self._owed[key] = owed
         else:
             self._owed.pop(key, None)
+        self.waiting += (owed > 0) - (before > 0)
 
     def expect(self, key: str) -> bool:
         """An order was sent; True when the pipe had ended without announcing it (lost)."""
+        if not self.waiting:
+            self.progress_at = time.monotonic()
         self._count(key, 1)
         if self.ended and self._owed.get(key, 0) > 0:
             self._count(key, -1)
@@ -45,6 +56,7 @@ class AnnouncePipe:
 
     def lines(self, data: bytes) -> list[tuple[str, ProcessIdentity | None]]:
         """The announcements in `data` (identity None: the template forked no shim for it)."""
+        self.progress_at = time.monotonic()
         *whole, self._partial = (self._partial + data).split(b"\n")
         found: list[tuple[str, ProcessIdentity | None]] = []
         for line in whole:
@@ -57,11 +69,33 @@ class AnnouncePipe:
             found.append((str(key), identity))
         return found
 
+    def stopped_template(self, after_s: float) -> ProcessIdentity | None:
+        """The template, when orders have waited `after_s` on it with nothing announced and it
+        is stopped (SIGSTOP: a child can send it, the template is its shim's parent); a slow
+        one is looked at again after as long."""
+        now = time.monotonic()
+        if not self.waiting or self.template is None or now < self.progress_at + after_s:
+            return None
+        self.progress_at = now
+        stat = stat_of(self.template.pid)
+        return self.template if stat is not None and stat.state == "T" else None
+
     def end(self) -> list[str]:
         """The pipe ended: the keys ordered and never announced (no shim took them)."""
         self.ended = True
         self.fd = -1
         lost = [key for key, owed in self._owed.items() if owed > 0]
-        for key in lost:
+        for key in lost:  # a key announced before its order was sent stays: it is not lost
             self._owed.pop(key)
+        self.waiting = 0
         return lost
+
+
+def disowned(identity: ProcessIdentity, template: ProcessIdentity) -> bool:
+    """Whether a live process announced on `template`'s pipe is not one of its shims: its
+    parent is another process while the template lives (a line a child wrote there through
+    the node's own /proc/PID/fd, to have some process of its choice watched as a shim)."""
+    shim = stat_of(identity.pid)
+    if shim is None or shim.ppid == template.pid:
+        return False
+    return is_alive(template)  # a template killed since: its shims are another's children

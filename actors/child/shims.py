@@ -8,8 +8,10 @@ Owns two things the supervisor starts once, whatever the number of children:
 - `ShimWatch`: one thread that blocks in poll() on a pidfd per shim (readable when the shim
   exits, whether or not we are its parent) and tells the supervisor which shim is gone. A shim
   that ends normally has reported `tree_ended` first; one seen gone without it died. Each shim
-  is watched from its announcement on the template's stdout (the announce pipe), written before
-  it starts its child; the pipe's end proves an order never announced forked no shim at all.
+  is watched from its announcement on the template's stdout (the announce pipe), written by the
+  template right after the fork; the pipe's end proves an order never announced forked no shim
+  at all, and orders left unannounced for a second are how a stopped template is found (and
+  ended).
 
 It never writes a table, never decides an outcome, and never signals a process it has not just
 verified by pid and start time (`signal_shim`).
@@ -33,12 +35,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from subagents_node.actors.child.announces import AnnouncePipe
+from subagents_node.actors.child.announces import AnnouncePipe, disowned
 from subagents_node.actors.child.procfs import (
     ProcessIdentity,
+    identity_of,
     is_alive,
     is_alive_or_unknown,
-    stat_of,
 )
 from subagents_node.messages.runs import ChildSpec
 
@@ -232,6 +234,9 @@ def wait_exits(shims: list[ProcessIdentity], timeout: float) -> None:
 
 #: How soon a shim whose pidfd could not be opened (no descriptor left) is tried again.
 RETRY_OPEN_S = 1.0
+#: How long orders wait on a template that announces nothing before it is looked at (a
+#: healthy one forks a thousand in about a second, and only a stopped one is ended).
+STALLED_S = 1.0
 
 
 class ShimWatch:
@@ -248,7 +253,7 @@ class ShimWatch:
         self._add: list[tuple[str, ProcessIdentity]] = []
         #: Announce pipes (`listen`) and orders sent (`expect`) not yet handed to the thread;
         #: an order belongs to the newest pipe (its template's), named by its generation.
-        self._listen: list[tuple[int, int, int]] = []
+        self._listen: list[tuple[int, int, ProcessIdentity | None]] = []
         self._expect: list[tuple[int, str]] = []
         self._generation = 0
         #: The thread's own: per generation, its pipe state (`AnnouncePipe`); the live pipes by
@@ -284,7 +289,8 @@ class ShimWatch:
             if self._closed:
                 os.close(fd)
                 return
-            self._listen.append((self._generation, fd, template))
+            found = identity_of(template) if template else None
+            self._listen.append((self._generation, fd, found))
 
     def expect(self, key: str) -> None:
         """An order for `key` was written to the newest template: a shim is to announce it."""
@@ -325,7 +331,8 @@ class ShimWatch:
                         for key, identity in again:
                             self._open(key, identity, poller, fds)
                         self._count = len(fds)
-                waiting = poller.poll(int(RETRY_OPEN_S * 1000) if self._retry else None)
+                waiting = poller.poll(self._poll_ms())
+                self._unstall()
                 for fd, _ in waiting:
                     if fd == self._wake_r:
                         os.read(self._wake_r, 4096)
@@ -351,6 +358,26 @@ class ShimWatch:
                 os.close(fd)
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+    def _poll_ms(self) -> int | None:
+        """How long the thread may wait: for good, unless descriptors ran out or orders wait
+        on a template's announcement (then until it is STALLED_S late)."""
+        due = [p.progress_at + STALLED_S for p in self._pipe_fds.values() if p.waiting]
+        if self._retry:
+            due.append(time.monotonic() + RETRY_OPEN_S)
+        if not due:
+            return None
+        return max(0, math.ceil((min(due) - time.monotonic()) * 1000))
+
+    def _unstall(self) -> None:
+        """End each template that orders waited STALLED_S on and that a child stopped
+        (announces.py `stopped_template`): its pipe ends, and the orders it never forked end
+        their children not-started (they waited for the next order, which replaces a stopped
+        template, and with no next order for good)."""
+        for pipe in self._pipe_fds.values():
+            if (template := pipe.stopped_template(STALLED_S)) is not None:
+                log.warning("the shim template (pid %d) is stopped; ending it", template.pid)
+                signal_shim(template, signal.SIGKILL)  # pid and start time checked on a pidfd
 
     def _take(self, poller: select.poll, fds: dict[int, tuple[str, ProcessIdentity]]) -> bool:
         """Hand what was added since to the thread (False: the watch is closed)."""
@@ -405,10 +432,10 @@ class ShimWatch:
         identity: ProcessIdentity,
         poller: select.poll,
         fds: dict[int, tuple[str, ProcessIdentity]],
-        template: int = 0,
+        template: ProcessIdentity | None = None,
     ) -> None:
-        """Watch `identity` as `key`'s shim; `template`: the pid of the template that announced
-        it (0: it reported itself), whose child it must be while that template lives."""
+        """Watch `identity` as `key`'s shim; `template`: the template that announced it (None:
+        it reported itself, or unknown), whose child it must be while that template lives."""
         if (key, identity) in self._watching:
             return  # watched already (announced, then reported)
         try:
@@ -428,7 +455,7 @@ class ShimWatch:
             else:
                 self._gone(key)
             return
-        if template and _forged(identity, template):
+        if template is not None and disowned(identity, template):
             os.close(fd)
             log.warning("shim watch: ignored an announcement of pid %d for %s", identity.pid, key)
             return
@@ -441,14 +468,3 @@ class ShimWatch:
             self._on_gone(key)
         except Exception:
             log.exception("shim watch: reporting shim %s gone failed", key)
-
-
-def _forged(identity: ProcessIdentity, template: int) -> bool:
-    """Whether a live process announced on `template`'s pipe is not one of its shims: its
-    parent is another process while the template lives (a line a child wrote there through
-    the node's own /proc/PID/fd, to have some process of its choice watched as a shim)."""
-    shim = stat_of(identity.pid)
-    if shim is None or shim.ppid == template:
-        return False
-    parent = stat_of(template)  # a template killed since: its shims are another's children
-    return parent is not None and parent.state not in ("Z", "X")

@@ -210,9 +210,10 @@ def test_a_child_that_froze_its_shim_is_still_ended_at_its_deadline(
 
 
 @contextlib.contextmanager
-def _frozen(pid: int) -> Iterator[None]:
+def _frozen(pid: int, thaw: bool = False) -> Iterator[None]:
     """`pid` frozen in a cgroup v2 cgroup of its own (cgroup.freeze: it runs no more, and
-    is not *stopped*, which the node would see and replace); the cgroup goes afterwards."""
+    is not *stopped*, which the node would see and replace); the cgroup goes afterwards, with
+    `pid` killed, or (`thaw`) thawed and moved back where it was."""
     mount = next(
         line.split(" - ")[0].split()[4]
         for line in Path("/proc/self/mountinfo").read_text().splitlines()
@@ -222,6 +223,9 @@ def _frozen(pid: int) -> Iterator[None]:
         x[3:] for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")
     )
     group = Path(os.path.normpath(mount + own)) / f"sa-test-freeze.{os.getpid()}"
+    was = next(
+        x[3:] for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if x.startswith("0::")
+    )
     group.mkdir()
     try:
         (group / "cgroup.procs").write_text(str(pid))
@@ -229,6 +233,10 @@ def _frozen(pid: int) -> Iterator[None]:
         wait_until(lambda: "frozen 1" in (group / "cgroup.events").read_text(), what="the freeze")
         yield
     finally:
+        if thaw:
+            with suppress(OSError):
+                (group / "cgroup.freeze").write_text("0")
+                (Path(os.path.normpath(mount + was)) / "cgroup.procs").write_text(str(pid))
         with suppress(OSError):
             (group / "cgroup.kill").write_text("1")
         wait_until(
@@ -294,3 +302,42 @@ def test_a_stopped_shim_template_is_replaced_and_launches_go_on(
         with suppress(psutil.Error):
             template.send_signal(signal.SIGKILL)
     wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+
+
+@needs_cgroups
+def test_orders_queued_in_a_shim_template_a_child_stopped_are_answered_at_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """A stopped template was replaced only at the next order: an order already waiting in its
+    pipe (a child SIGSTOPped the template, its shim's parent, just after a sibling's order was
+    written) waited for that next order, and with none, for good (its launch unanswered, the
+    run `running`). Orders that wait on a template that announces nothing are looked at after a
+    second now: a stopped template is ended, and those orders end their children not-started.
+    (The order is queued behind a cgroup freeze, the stop sent, then the freeze lifted.)"""
+    node = start_node(state_dir=state_dir)
+    client = node.client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    first = client.runs.launch(ctx.single("quick", "x", True, None))  # the template starts
+    assert client.runs.wait(first.run_id, timeout=30).state == "complete"
+    template = _template_of(node)
+    answers: list[RunView] = []
+    slow = node.client(timeout=30.0)
+    launching = threading.Thread(
+        target=lambda: answers.append(slow.runs.launch(ctx.single("quick", "x", True, None)))
+    )
+    try:
+        with _frozen(template.pid, thaw=True):  # it reads no order: the next one stays queued
+            launching.start()
+            wait_until(lambda: _queued_bytes(template.pid) > 0, what="the order in the pipe")
+            template.send_signal(signal.SIGSTOP)  # taken as the freeze is lifted, before a read
+        launching.join(timeout=20)
+        assert not launching.is_alive() and answers, "the launch was never answered"
+        run = client.runs.wait(answers[0].run_id, timeout=30)
+        assert run.state == "failed", run
+        assert run.children[0].proof_state == "not-started", run.children[0]
+        after = client.runs.launch(ctx.single("quick", "x", True, None))
+        assert client.runs.wait(after.run_id, timeout=30).state == "complete"
+    finally:
+        with suppress(psutil.Error):
+            template.send_signal(signal.SIGKILL)
+        launching.join(timeout=40)
