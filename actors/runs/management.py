@@ -9,6 +9,7 @@ a generator the supervisor drives like admission, so its fan-out calls never blo
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
 from collections.abc import Callable, Generator
@@ -23,6 +24,7 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
     AppendRejected,
     FanoutLimitExceeded,
+    InjectedFault,
     SubagentsError,
     WorkflowChildRefused,
 )
@@ -39,6 +41,8 @@ from subagents_node.messages.supervisor import ChainStep, Launch, TaskItem
 
 #: How long an append's claims are held while its record becomes durable (R-APP-4).
 APPEND_TTL_S = 300.0
+#: The fault point (nodes started with faults: tests) at which an append's record fails.
+RECORD_APPEND = "record_append"
 ACTIVE = ("queued", "running", "paused")
 
 
@@ -89,6 +93,10 @@ class AppendHost(Protocol):
     def crash_point(self, point: str) -> None:
         """Tests only: kill the process at `point` (a node started with faults)."""
 
+    @property
+    def fault_points(self) -> frozenset[str]:
+        """Tests only: steps told to fail with InjectedFault (a node started with faults)."""
+
     def extend_chain(self, run_id: str, steps: list[ChainStep]) -> str:
         """Add the committed steps to the live run; answers a bookkeeping warning ('' if
         none, R-APP-5)."""
@@ -138,10 +146,17 @@ def append_pipeline(
     # Tests: die once the record is durable, before its claims' commit is sent (recovery's).
     host.after_commit(lambda: host.crash_point("append_recorded"))
     try:
+        if RECORD_APPEND in host.fault_points:  # as a commit a full disk undid
+            raise InjectedFault(f"injected failure at {RECORD_APPEND}", point=RECORD_APPEND)
         yield Durable(request=CommitReservation(reservation_id=grant.reservation_id))
-    except SubagentsError:
+    except SubagentsError as err:
         host.db.execute("DELETE FROM run_appends WHERE run_id=? AND seq=?", (run_id, seq))
-        raise
+        # R-APP-4: a failed write leaves no claims. Its steps never ran, so its reservation
+        # is ended now (it was kept to its TTL, 300 s, counted against the whole run tree's
+        # budget); one its commit reached is committed, and the abort is refused (R-FAN-15).
+        with contextlib.suppress(SubagentsError):
+            yield abort_request(grant.reservation_id)
+        raise err
     host.db.execute(
         "UPDATE run_appends SET state='committed' WHERE run_id=? AND seq=?", (run_id, seq)
     )

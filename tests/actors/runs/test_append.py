@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.actors.runs.management import RECORD_APPEND
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import (
     AgentCommandNotFound,
     AppendRejected,
     FanoutLimitExceeded,
+    InjectedFault,
     RunCwdMissing,
     RunNotFound,
     SubagentsError,
@@ -33,7 +35,7 @@ from subagents_node.messages.fanout import FanoutDescriptor, decode_descriptor
 from subagents_node.messages.lineage import Append, AppendResult
 from subagents_node.messages.supervisor import ChainStep, RunView, TaskItem
 from subagents_node.node.node import Node
-from tests.support.manage import store_rows
+from tests.support.manage import embedded, store_rows
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
@@ -170,6 +172,28 @@ def test_r_app_4_two_appends_racing_for_a_nearly_full_budget_admit_exactly_the_o
         ("chain[1]", f"{winner}1"),
         ("chain[2]", f"{winner}2"),
     ]
+
+
+def test_r_app_4_an_append_whose_record_fails_leaves_no_claims_at_once(
+    agents: Path, gate: Gate, state_dir: Path
+) -> None:
+    """R-APP-4: "A failed write means no claims remain." An append whose record was undone (as a
+    full disk undoes the supervisor's commit) was refused, but its reservation stayed pending
+    for its TTL (300 s), its claims counted against the whole run tree's budget meanwhile: a
+    launch or append that fitted was refused RUN_FANOUT_LIMIT. It is aborted at once now."""
+    ctx = launch_context(agents, max_subagent_spawns_per_run=3)
+    with embedded(state_dir, faults=True, settings={"fault_points": [RECORD_APPEND]}) as node:
+        client = node.client()
+        run = gated_chain(client, ctx, gate)
+        budget = budget_of(run)
+        assert client.fanout.snapshot(budget).used == 1
+        with pytest.raises(InjectedFault):
+            append(client, run.run_id, echo(ctx, "a1"), echo(ctx, "a2"))
+        assert appends_of(state_dir, run.run_id) == []
+        assert client.fanout.snapshot(budget).used == 1  # was 3, for 300 s
+        assert list(reservations(state_dir, budget).values()) == ["aborted"]
+        gate.children[0].release(0)
+        assert client.runs.wait(run.run_id, timeout=20).state == "complete"
 
 
 # -- order (R-APP-3, R-APP-5, R-APP-6) -------------------------------------------------------------
