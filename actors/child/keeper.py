@@ -53,6 +53,7 @@ from subagents_node.messages.runs import (
 log = logging.getLogger(__name__)
 
 REASON_SHIM_GONE = "the shim died; every process it reported is gone"
+REASON_SHIM_GONE_EARLY = "the shim died before it reported its child; nothing of its tree lives"
 REASON_SHIM_GONE_LIVE = (
     "process-tree-unverified: the shim died before its child was known to have started"
 )
@@ -348,6 +349,20 @@ class ChildKeeper:
             started = self._started_orphan(db, record, shim)
             if started is not None:  # its launch is answered now, not at the tree's end
                 return [started, *self.shim_gone(db, child_id, now)]
+            # Nothing lives where its child would be (the child's cgroup; without one, the
+            # shim's session): the proof a reported child's dead shim gets. It was `unknown`,
+            # its slot retained for good (shims a sibling killed between claim and spawn).
+            self._orphans.forget(child_id, self._orphans.cgroup_of(child_id))  # empty: removed
+            gone = ChildReport(
+                kind="exited",
+                seq=1,
+                child_id=record.child_id,
+                run_id=record.run_id,
+                shim_pid=shim.pid,
+                shim_start=shim.start_time,
+            )
+            event = self._settle(db, record, row, gone, now, reason=REASON_SHIM_GONE_EARLY)
+            return self._ended([event])
         if report is None:
             report = ChildReport(
                 kind="exited",

@@ -10,12 +10,14 @@ Every wait has a deadline; nothing sleeps blindly.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import select
 import shutil
 import signal
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,8 @@ import zmq
 from subagents_node.actors.child import rows
 from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.child.logcap import ChildLogCap
+from subagents_node.actors.child.procfs import identity_of
+from subagents_node.actors.child.records import SHIM_RECORD
 from subagents_node.actors.child.shims import order_of
 from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
@@ -257,3 +261,27 @@ def test_a_shim_that_dies_before_announcing_itself_ends_its_child_not_started(se
 
     wait_until(settled, 10.0, "the child of the shim that died to settle")
     assert seat.exited[spec.child_id].proof.state == "not-started", seat.exited[spec.child_id]
+
+
+def test_a_shim_dead_between_its_claim_and_its_report_with_nothing_left_settles_observed(
+    seat: Seat,
+) -> None:
+    """A shim that claimed its child (shim.json) and died before it reported it (a sibling
+    killing each new shim did it to 6 children of 20) left its child failed with proof
+    `unknown`: the run's slot was retained for good, though nothing of the tree lived where the
+    child would be (its cgroup; without one, the shim's session, which the shim makes first).
+    That is the proof a reported child's dead shim gets: `observed`, exit status unknown."""
+    spec = seat.spec(6, ["/bin/sleep", "60"])
+    seat.order(spec)
+    shim = subprocess.Popen(["sleep", "60"])  # stands in for the shim: claims, then dies
+    identity = identity_of(shim.pid)
+    assert identity is not None
+    os.makedirs(spec.records, exist_ok=True)
+    claim = {"child_id": spec.child_id, "run_id": spec.run_id, "shim_pid": identity.pid}
+    claim["shim_start"] = identity.start_time
+    Path(spec.records, SHIM_RECORD).write_text(json.dumps(claim))
+    shim.kill()
+    shim.wait()
+    seat.record(seat.keeper.shim_gone(seat.db, spec.child_id, 0.0))
+    exited = seat.exited[spec.child_id]
+    assert (exited.state, exited.proof.state) == ("failed", "observed"), exited
