@@ -25,6 +25,7 @@ from subagents_node.messages.errors import (
     AppendRejected,
     FanoutLimitExceeded,
     InjectedFault,
+    OwnerUnavailable,
     SubagentsError,
     WorkflowChildRefused,
 )
@@ -154,8 +155,11 @@ def append_pipeline(
         # R-APP-4: a failed write leaves no claims. Its steps never ran, so its reservation
         # is ended now (it was kept to its TTL, 300 s, counted against the whole run tree's
         # budget); one its commit reached is committed, and the abort is refused (R-FAN-15).
-        with contextlib.suppress(SubagentsError):
-            yield abort_request(grant.reservation_id)
+        # A fan-out owner that did not answer the commit is not waited for again: the answer
+        # would be late, and the reservation still expires with its TTL.
+        if not isinstance(err, OwnerUnavailable):
+            with contextlib.suppress(SubagentsError):
+                yield abort_request(grant.reservation_id)
         raise err
     host.db.execute(
         "UPDATE run_appends SET state='committed' WHERE run_id=? AND seq=?", (run_id, seq)
