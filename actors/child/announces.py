@@ -99,3 +99,41 @@ def disowned(identity: ProcessIdentity, template: ProcessIdentity) -> bool:
     if shim is None or shim.ppid == template.pid:
         return False
     return is_alive(template)  # a template killed since: its shims are another's children
+
+
+class Unreported:
+    """The shims announced and not yet reported, oldest first (the watch thread's): one a child
+    stopped before its first report (SIGSTOP to its parent: `kill -STOP $PPID`) is found, as
+    its launch waits for that report; a slow one is looked at again after as long."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, ProcessIdentity], float] = {}
+
+    def add(self, key: str, identity: ProcessIdentity) -> None:
+        self._since[(key, identity)] = time.monotonic()
+
+    def drop(self, key: str, identity: ProcessIdentity) -> None:
+        """Reported (it is watched as such now), or gone."""
+        self._since.pop((key, identity), None)
+
+    def due(self, after_s: float) -> float | None:
+        """When the oldest is `after_s` old (monotonic), or None."""
+        oldest = next(iter(self._since.values()), None)
+        return None if oldest is None else oldest + after_s
+
+    def stopped(self, after_s: float) -> list[ProcessIdentity]:
+        """The shims `after_s` old or more that are stopped (and forgotten here: their pidfd
+        says the rest); those only slow go to the end, looked at again after as long."""
+        now = time.monotonic()
+        found: list[ProcessIdentity] = []
+        while self._since:
+            entry, since = next(iter(self._since.items()))
+            if now < since + after_s:
+                break
+            del self._since[entry]
+            stat = stat_of(entry[1].pid)
+            if stat is not None and stat.state == "T":
+                found.append(entry[1])
+            elif stat is not None:
+                self._since[entry] = now
+        return found

@@ -344,7 +344,7 @@ class ChildKeeper:
                 rows.write_settlement(db, record, event)
                 return self._ended([event])
             if is_alive(shim):
-                self._watch.watch(child_id, shim)
+                self._watch.watch(child_id, shim, reported=False)
                 return []
             started = self._started_orphan(db, record, shim)
             if started is not None:  # its launch is answered now, not at the tree's end
@@ -445,7 +445,8 @@ class ChildKeeper:
             if not is_alive(shim):
                 events.extend(self.shim_gone(db, child_id, now))
                 continue
-            self._watch.watch(child_id, shim)
+            # Known from its claim alone (it never reported): ended if a child stopped it.
+            self._watch.watch(child_id, shim, reported=row["shim_pid"] is not None)
             self._cap(rows.ChildRecord.from_row(row))
             if row["end_reason"] is not None:
                 signal_shim(shim)  # a stop the earlier node recorded but may not have sent

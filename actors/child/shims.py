@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from subagents_node.actors.child.announces import AnnouncePipe, disowned
+from subagents_node.actors.child.announces import AnnouncePipe, Unreported, disowned
 from subagents_node.actors.child.procfs import (
     ProcessIdentity,
     identity_of,
@@ -250,7 +250,7 @@ class ShimWatch:
     def __init__(self, on_gone: Callable[[str], None]) -> None:
         self._on_gone = on_gone
         self._lock = threading.Lock()
-        self._add: list[tuple[str, ProcessIdentity]] = []
+        self._add: list[tuple[str, ProcessIdentity, bool]] = []
         #: Announce pipes (`listen`) and orders sent (`expect`) not yet handed to the thread;
         #: an order belongs to the newest pipe (its template's), named by its generation.
         self._listen: list[tuple[int, int, ProcessIdentity | None]] = []
@@ -261,6 +261,7 @@ class ShimWatch:
         self._pipes: dict[int, AnnouncePipe] = {}
         self._pipe_fds: dict[int, AnnouncePipe] = {}
         self._watching: set[tuple[str, ProcessIdentity]] = set()
+        self._unreported = Unreported()  # announced shims not yet watched from a report
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
         self._count = 0  # shims the thread holds a pidfd for (read under the lock)
@@ -269,11 +270,13 @@ class ShimWatch:
         self._thread = threading.Thread(target=self._run, name="shim-watch", daemon=True)
         self._thread.start()
 
-    def watch(self, key: str, identity: ProcessIdentity) -> None:
+    def watch(self, key: str, identity: ProcessIdentity, reported: bool = True) -> None:
+        """Watch `key`'s shim; `reported`: False for one known from its claim alone (it never
+        reported), which is ended if it is found stopped (`_unstall`)."""
         with self._lock:
             if self._closed:
                 return
-            self._add.append((key, identity))
+            self._add.append((key, identity, reported))
             if len(self._add) >= self.WAKE_BATCH:
                 os.write(self._wake_w, b"+")
 
@@ -348,6 +351,7 @@ class ShimWatch:
                     os.close(fd)
                     key, identity = fds.pop(fd)
                     self._watching.discard((key, identity))
+                    self._unreported.drop(key, identity)
                     with self._lock:
                         self._count = len(fds)
                     self._gone(key)
@@ -363,6 +367,8 @@ class ShimWatch:
         """How long the thread may wait: for good, unless descriptors ran out or orders wait
         on a template's announcement (then until it is STALLED_S late)."""
         due = [p.progress_at + STALLED_S for p in self._pipe_fds.values() if p.waiting]
+        if (unreported := self._unreported.due(STALLED_S)) is not None:
+            due.append(unreported)
         if self._retry:
             due.append(time.monotonic() + RETRY_OPEN_S)
         if not due:
@@ -378,6 +384,11 @@ class ShimWatch:
             if (template := pipe.stopped_template(STALLED_S)) is not None:
                 log.warning("the shim template (pid %d) is stopped; ending it", template.pid)
                 signal_shim(template, signal.SIGKILL)  # pid and start time checked on a pidfd
+        # A shim a child stopped before its first report (the launch waits for it, and a stop
+        # signalled nobody): killed, its child is found as a dead shim's (keeper.shim_gone).
+        for shim in self._unreported.stopped(STALLED_S):
+            log.warning("the shim (pid %d) is stopped before its first report; ending it", shim.pid)
+            signal_shim(shim, signal.SIGKILL)
 
     def _take(self, poller: select.poll, fds: dict[int, tuple[str, ProcessIdentity]]) -> bool:
         """Hand what was added since to the thread (False: the watch is closed)."""
@@ -394,8 +405,8 @@ class ShimWatch:
                 pipe = self._pipes[generation]
                 if pipe.expect(key):
                     self._gone(key)  # sent to a template that ended: no shim took it
-            for key, identity in added:  # in the lock: `watched` counts
-                self._open(key, identity, poller, fds)  # each one once
+            for key, identity, reported in added:  # in the lock: `watched` counts
+                self._open(key, identity, poller, fds, unreported=not reported)  # each once
             self._count = len(fds)
         return True
 
@@ -416,7 +427,7 @@ class ShimWatch:
         if data:
             for key, identity in pipe.lines(data):
                 if identity is not None:
-                    self._open(key, identity, poller, fds, pipe.template)
+                    self._open(key, identity, poller, fds, pipe.template, unreported=True)
             with self._lock:
                 self._count = len(fds)
             return
@@ -433,10 +444,14 @@ class ShimWatch:
         poller: select.poll,
         fds: dict[int, tuple[str, ProcessIdentity]],
         template: ProcessIdentity | None = None,
+        unreported: bool = False,
     ) -> None:
         """Watch `identity` as `key`'s shim; `template`: the template that announced it (None:
-        it reported itself, or unknown), whose child it must be while that template lives."""
+        it reported itself, or unknown), whose child it must be while that template lives;
+        `unreported`: it has not reported yet (announced, or known from its claim)."""
         if (key, identity) in self._watching:
+            if not unreported:
+                self._unreported.drop(key, identity)
             return  # watched already (announced, then reported)
         try:
             fd = os.pidfd_open(identity.pid)
@@ -461,6 +476,8 @@ class ShimWatch:
             return
         fds[fd] = (key, identity)
         self._watching.add((key, identity))
+        if unreported:
+            self._unreported.add(key, identity)
         poller.register(fd, select.POLLIN)
 
     def _gone(self, key: str) -> None:

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from subagents_node.actors.child.shims import TEMPLATE_MODULE
+from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.actors.runs.test_runs_cgroup import needs_cgroups
 from tests.actors.runs.test_runs_shims import wait_gone
@@ -52,6 +53,12 @@ def hostile() -> Iterator[Path]:
         "shimfreezer",
         "Freezes its own shim (SIGSTOP to its parent) once it has reported, then sleeps.",
         '["sh", "-c", "sleep 0.5; kill -STOP $PPID; exec sleep 60"]',
+    )
+    write_agent(
+        agents,
+        "earlyfreezer",
+        "Freezes its own shim (SIGSTOP to its parent) at once, before its first report.",
+        '["sh", "-c", "kill -STOP $PPID; exec sleep 60"]',
     )
     write_agent(agents, "quick", "Says hi.", '["sh", "-c", "echo hi"]')
     yield agents
@@ -341,3 +348,59 @@ def test_orders_queued_in_a_shim_template_a_child_stopped_are_answered_at_once(
         with suppress(psutil.Error):
             template.send_signal(signal.SIGKILL)
         launching.join(timeout=40)
+
+
+def test_a_child_that_froze_its_shim_before_its_first_report_is_answered_and_stopped(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """A child that SIGSTOPs its shim at once froze it before its `started` report: the
+    launch was never answered (the client gave up after 40 s: "did not answer runs.launch in
+    time"), `stop` said "still running after 30s", and the run stayed `running` for good (the
+    child, once ended, a zombie under the frozen shim). An announced shim that has not
+    reported after a second and is stopped is killed now, and its child is found as a dead
+    shim's is: started (a real pid), held, and stopped by `stop`, the slot freed."""
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    run = client.runs.launch(ctx.single("earlyfreezer", "x", True, None))
+    pid = run.children[0].pid
+    try:
+        assert pid is not None, run.children
+        assert client.runs.show(run.run_id).state == "running"
+        assert client.capacity.snapshot(ctx.session_id, 1).used == 1
+        client.runs.stop(run.run_id)
+        wait_gone(pid, timeout=10)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "stopped", done
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        if pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_shim_frozen_before_its_first_report_is_ended_by_the_node_that_adopts_it(
+    start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
+) -> None:
+    """The node died as its child's shim was forked (`shim_launched`), and the child froze its
+    shim before the shim's first report. The restarted node knew that shim from its claim
+    alone and watched it: the run stayed `running` for good and `stop` said "still running
+    after 30s" (it signalled nobody). An adopted shim that never reported is ended too when
+    it is found stopped, and its child is handled as a dead shim's: the run is stopped."""
+    dying = start_node("--faults", state_dir=state_dir, kill_at="shim_launched")
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    with pytest.raises(SubagentsError):
+        dying.client(timeout=5).runs.launch(ctx.single("earlyfreezer", "x", True, None))
+    assert dying.wait_exited(10), "the node did not die at shim_launched"
+
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    [run] = wait_until(lambda: [r for r in client.runs.list() if r.state == "running"])
+    pid = wait_until(lambda: client.runs.show(run.run_id).children[0].pid, what="its pid")
+    try:
+        client.runs.stop(run.run_id)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "stopped", done
+        wait_gone(pid, timeout=10)
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
