@@ -46,6 +46,8 @@ _SINGLE = (str, bytes, os.PathLike, BaseModel, Mapping)
 def listed(value: Iterable[T], field: str, what: str) -> list[T]:
     """`value` as a list, else BadRequest(reason argument, field `field`): a single string,
     path, model or mapping (`write [value]`), or anything not iterable (None, a number)."""
+    if type(value) is list:  # the common case, and none of those: no ABC's check per call
+        return list(value)
     if isinstance(value, _SINGLE):
         shown = repr(value)
         hint = f": write [{shown}]" if len(shown) <= 80 else ""

@@ -58,7 +58,9 @@ DescriptorLike = FanoutDescriptor | str
 
 def as_descriptor(descriptor: DescriptorLike) -> FanoutDescriptor:
     """The model itself, or the descriptor an encoded string holds (FanoutDescriptorInvalid)."""
-    return descriptor if isinstance(descriptor, FanoutDescriptor) else decode_descriptor(descriptor)
+    if type(descriptor) is FanoutDescriptor or isinstance(descriptor, FanoutDescriptor):
+        return descriptor  # the exact type first: a model's isinstance is ABCMeta's hook
+    return decode_descriptor(descriptor)
 
 
 # -- the requests, one plan each (shared with the asyncio client, subagents_node.client.aio) --

@@ -12,7 +12,8 @@ This module owns that protocol only; it must never do I/O itself.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Generic, NamedTuple, TypeAlias, TypeVar
+from types import TracebackType
+from typing import Any, Generic, NamedTuple, NoReturn, TypeAlias, TypeVar
 
 from subagents_node.messages.base import Message, Request, validate_request
 
@@ -43,10 +44,49 @@ def build(request_class: type[Q], /, **fields: Any) -> Q:
     return request
 
 
+class One(Generator[Ask[Any], Any, R]):
+    """The plan of a single request (`one`): it yields its Ask and returns the answer it is
+    sent. Not a generator function's generator: a client sees one by its type and sends its
+    request straight away (`Client.perform`), which is most of what its API does, with none
+    of a generator's frames; `yield from` and `perform` drive it as they drive any plan."""
+
+    __slots__ = ("_step", "ask")
+
+    def __init__(self, request: Request, result: type[R], timeout: float | None = None) -> None:
+        self.ask: Ask[R] = Ask(request, result, timeout)
+        self._step = 0  # 0: not started, 1: asked, 2: done
+
+    def send(self, value: Any) -> Ask[Any]:
+        step, self._step = self._step, 2
+        if step == 0:
+            if value is not None:
+                raise TypeError("can't send non-None value to a just-started plan")
+            self._step = 1
+            return self.ask
+        if step == 1:
+            raise StopIteration(value)
+        raise StopIteration
+
+    def throw(
+        self,
+        typ: Any,
+        val: Any = None,
+        tb: TracebackType | None = None,
+    ) -> NoReturn:
+        # A plan of one request lets its request's error through, as `yield` in a generator
+        # with no handler would (the generator form raised it from its only `yield`).
+        self._step = 2
+        if isinstance(typ, BaseException):
+            raise typ
+        raise typ if val is None else val
+
+    def close(self) -> None:
+        self._step = 2
+
+
 def one(request: Request, result: type[R], timeout: float | None = None) -> Plan[R]:
     """The plan of a single request."""
-    answer: R = yield Ask(request, result, timeout)
-    return answer
+    return One(request, result, timeout)
 
 
 def perform(plan: Plan[T], ask: Callable[[Ask[Any]], Message]) -> T:
