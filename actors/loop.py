@@ -42,7 +42,14 @@ from subagents_node.actors.owner import OwnerActor
 from subagents_node.actors.peergate import PeerGate
 from subagents_node.actors.tcpbudget import Report, TcpBudget, earliest, tcp_listener
 from subagents_node.messages.base import Ack
-from subagents_node.messages.codec import MAX_FRAME_BYTES, decode, encode, encode_answer, peek_id
+from subagents_node.messages.codec import (
+    MAX_FRAME_BYTES,
+    Inbound,
+    decode_request,
+    encode,
+    encode_answer,
+    peek_id,
+)
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, Busy, MalformedFrame, SubagentsError
 from subagents_node.messages.peers import OwnerPeers
@@ -330,13 +337,13 @@ class OwnerLoop:
                 identity, None, MalformedFrame("expected exactly one frame per message"), via=via
             )
             return
-        env: Envelope | None = None
+        env: Inbound | None = None
         try:
-            env = decode(frames[1], self._max_frame)
+            env = decode_request(frames[1], self._max_frame)
             request = parse_request(env.type, env.body)
             if principal and self._gate is not None:
                 request = self._gate.admit(request, principal)
-            if isinstance(request, OwnerPeers):
+            if type(request) is OwnerPeers:  # exact: a parsed request is its model, no subclass
                 self._told(request, identity, env, via)
                 return
             owner = request.target or env.target
@@ -362,7 +369,7 @@ class OwnerLoop:
             self._refuse(identity, env.id if env else None, MalformedFrame(repr(exc)), env, via)
 
     def _told(
-        self, peers: OwnerPeers, identity: bytes, env: Envelope, via: zmq.Socket[bytes]
+        self, peers: OwnerPeers, identity: bytes, env: Inbound, via: zmq.Socket[bytes]
     ) -> None:
         """The node's `owner.peers`: the gate's new allow-list (a home's ledger owners only)."""
         if self._gate is None:
@@ -373,7 +380,7 @@ class OwnerLoop:
         self._gate.update(peers)
         self._reply_to(identity, env, via)(Ack())
 
-    def _reply_to(self, identity: bytes, env: Envelope, via: zmq.Socket[bytes]) -> ReplyFn:
+    def _reply_to(self, identity: bytes, env: Inbound, via: zmq.Socket[bytes]) -> ReplyFn:
         out = self._outbound
         sender = self.actor.name
 
@@ -387,7 +394,7 @@ class OwnerLoop:
         identity: bytes,
         corr: str | None,
         err: SubagentsError,
-        env: Envelope | None = None,
+        env: Inbound | None = None,
         via: zmq.Socket[bytes] | None = None,
     ) -> None:
         self._warnings.warn(

@@ -27,7 +27,7 @@ from subagents_node.messages import (
     session,
     supervisor,
 )
-from subagents_node.messages.base import Message, Request, schema_error
+from subagents_node.messages.base import Message, Request, schema_error, validated
 from subagents_node.messages.errors import UnknownMessageType
 
 _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
@@ -64,7 +64,8 @@ def parse_request(type_: str, body: dict[str, Any]) -> Request:
     if kind is None:
         raise UnknownMessageType(f"unknown message type {type_!r}", type=type_)
     try:
-        return kind.model_validate({**body, "type": type_})
+        # `validated`: straight to the built validator, once per request an owner reads.
+        return validated(kind, {**body, "type": type_})
     except ValidationError as exc:
         raise schema_error(type_, exc) from None
 
