@@ -192,8 +192,9 @@ class CapacityLedger(OwnerActor):
         if req.limit == 0:
             return AcquireResult(handle=None, snapshot=self._snapshot(req.session_id, 0))
         self._refuse_second_slot(req.session_id, req.run_id)
-        used = slots.used(self.db, req.session_id)  # counts unreadable slots too: fail closed
-        index = lowest_free(slots.occupied(self.db, req.session_id), req.limit)
+        # `used` counts unreadable slots too: fail closed
+        used, occupied = slots.pool(self.db, req.session_id)
+        index = lowest_free(occupied, req.limit)
         if index is None or used >= req.limit:
             raise CapacityExhausted.of(used, req.limit)
         now = self.ctx.clock()

@@ -135,6 +135,17 @@ def occupied(db: sqlite3.Connection, session_id: str) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+def pool(db: sqlite3.Connection, session_id: str) -> tuple[int, list[int]]:
+    """`used` and `occupied` of a session pool in one statement (an acquire needs both)."""
+    slots = [r[0] for r in db.execute(_POOL, (session_id,))]
+    # SQLite's integers come back as int, its reals as float, its text as str: `type(...) is
+    # int` is `typeof(slot) = 'integer'`, and ORDER BY keeps the integers ascending.
+    return len(slots), [slot for slot in slots if type(slot) is int]
+
+
+_POOL = "SELECT slot FROM capacity_slots WHERE session_id = ? ORDER BY slot"
+
+
 def used(db: sqlite3.Connection, session_id: str) -> int:
     """R-CAP-3: every occupied slot counts, including those at or above a lowered limit."""
     (count,) = db.execute(
@@ -245,7 +256,7 @@ def _row(record: SlotRecord) -> dict[str, Any]:
 
 
 def _record(row: sqlite3.Row) -> SlotRecord:
-    data = {c: row[c] for c in _COLUMNS}
+    data = dict(zip(_COLUMNS, row, strict=True))  # every row is read by _SELECT: its columns
     try:
         for column in _JSON:
             if data[column] is not None:
