@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.common import REPO, markdown_table
 from bench.spawn import bare_popen, node_process
-from subagents_node.actors.child.shims import TEMPLATE_MODULE
+from subagents_node.actors.child.shimtemplate import TEMPLATE_MODULE
 from subagents_node.client.client import Client
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 

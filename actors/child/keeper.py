@@ -39,7 +39,8 @@ from subagents_node.actors.child.procfs import (
 )
 from subagents_node.actors.child.readback import read_record, report_from_record
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
-from subagents_node.actors.child.shims import ShimTemplate, ShimWatch, signal_shim, wait_exits
+from subagents_node.actors.child.shims import ShimWatch, signal_shim, wait_exits
+from subagents_node.actors.child.shimtemplate import ShimTemplate
 from subagents_node.messages.runs import (
     REASON_EXITED,
     ChildEvent,

@@ -24,9 +24,10 @@ import msgpack
 import pytest
 import zmq
 
-from subagents_node.actors.child import procfs, records, reports, shims
+from subagents_node.actors.child import procfs, records, reports, shimtemplate
 from subagents_node.actors.child.procfs import ProcessIdentity, is_alive
-from subagents_node.actors.child.shims import ShimTemplate, signal_shim
+from subagents_node.actors.child.shims import signal_shim
+from subagents_node.actors.child.shimtemplate import ShimTemplate
 from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
 from subagents_node.messages.protocol import parse_request
@@ -413,7 +414,7 @@ def test_a_shim_whose_tree_ended_stops_retrying_after_a_bound_and_leaves_its_rec
     """Nothing to keep alive once the tree ended: the shim exits after a bounded retry, and its
     exit record (what a recovering node reads) holds the exit status and the tree's end."""
     spec = shim_harness.spec("c1", [PY, "-c", "import sys; sys.exit(6)"])
-    order = {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.5}
+    order = {**shimtemplate.order_of(spec, shim_harness.address), "give_up_s": 0.5}
     Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
     shim_harness.template.order_raw(order)
     first = shim_harness.report(ack=False)
@@ -430,7 +431,7 @@ def test_a_shim_whose_child_never_started_stops_retrying_after_the_same_bound(
     from it: with its node gone for good, such a shim retried its `not_started` forever, an
     idle process per failed spawn."""
     spec = shim_harness.spec("c1", ["/nonexistent/agent-cli"])
-    order = {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.5}
+    order = {**shimtemplate.order_of(spec, shim_harness.address), "give_up_s": 0.5}
     Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
     shim_harness.template.order_raw(order)
     first = shim_harness.report(ack=False)
@@ -535,7 +536,7 @@ def test_a_shim_whose_record_directory_was_removed_gives_up_once_its_tree_ended(
     os.mkfifo(release)
     spec = shim_harness.spec("c1", [PY, "-c", "import sys; open(sys.argv[1]).read()", str(release)])
     shim_harness.template.order_raw(
-        {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.1}
+        {**shimtemplate.order_of(spec, shim_harness.address), "give_up_s": 0.1}
     )
     started = shim_harness.until("started")
     shutil.rmtree(spec.records)

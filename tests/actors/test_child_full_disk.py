@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from subagents_node.actors.child import records, shims
+from subagents_node.actors.child import records, shimtemplate
 from tests.actors.test_child import PY, Harness, exit_record, wait_gone
 from tests.support import tmpfs
 from tests.support.runs import wait_until
@@ -54,7 +54,7 @@ def test_a_child_that_ends_while_the_disk_is_full_is_reported_with_its_exit_stat
         record_dir=str(tiny_disk / "c1"),
     )
     # A shim that has sent all it knows gives up quickly: it must not while its record is owed.
-    order = {**shims.order_of(spec, shim_harness.address), "give_up_s": 0.1}
+    order = {**shimtemplate.order_of(spec, shim_harness.address), "give_up_s": 0.1}
     shim_harness.template.order_raw(order)
     try:
         started = shim_harness.until("started")

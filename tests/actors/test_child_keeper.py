@@ -30,7 +30,7 @@ from subagents_node.actors.child.keeper import ChildKeeper
 from subagents_node.actors.child.logcap import ChildLogCap
 from subagents_node.actors.child.procfs import identity_of
 from subagents_node.actors.child.records import SHIM_RECORD
-from subagents_node.actors.child.shims import order_of
+from subagents_node.actors.child.shimtemplate import order_of
 from subagents_node.messages.codec import encode
 from subagents_node.messages.envelope import REPLY, Envelope
 from subagents_node.messages.protocol import parse_request

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from subagents_node.actors.child import rebind, shims
+from subagents_node.actors.child import rebind, shimtemplate
 from subagents_node.actors.child.procfs import ProcessIdentity, identity_of
 from subagents_node.actors.child.records import SHIM_RECORD
 from subagents_node.actors.child.shims import signal_shim
@@ -46,7 +46,7 @@ def _start(
 ) -> tuple[ChildSpec, ChildReport]:
     spec = harness.spec("c1", ["sleep", "600"])
     Path(spec.stdout_path).parent.mkdir(parents=True, exist_ok=True)
-    harness.template.order_raw(shims.order_of(spec, harness.address, ends_with=ends_with))
+    harness.template.order_raw(shimtemplate.order_of(spec, harness.address, ends_with=ends_with))
     return spec, harness.until("started")
 
 

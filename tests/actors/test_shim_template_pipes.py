@@ -27,7 +27,7 @@ SETPRIV = shutil.which("setpriv")
 SCRIPT = textwrap.dedent(
     """
     import os, select, sys
-    from subagents_node.actors.child.shims import ShimTemplate
+    from subagents_node.actors.child.shimtemplate import ShimTemplate
 
     started = []
     template = ShimTemplate(on_start=lambda fd, pid: started.append((fd, pid)))

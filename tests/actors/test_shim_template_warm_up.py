@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from subagents_node.actors.child.shims import TEMPLATE_MODULE
+from subagents_node.actors.child.shimtemplate import TEMPLATE_MODULE
 from tests.actors.test_child import Harness
 
 # The template, held before its first line until the test says go (one byte on stdin), so the

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from subagents_node.actors.child.shims import TEMPLATE_MODULE
+from subagents_node.actors.child.shimtemplate import TEMPLATE_MODULE
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.actors.runs.test_runs_cgroup import needs_cgroups
