@@ -147,8 +147,15 @@ def _exit_codes() -> list[str]:
 
     meanings: dict[int, list[str]] = {
         0: ["success"],
-        1: ["refused by a ledger, invalid input, or a run that did not complete"],
-        2: ["bad usage or an out-of-range value (click)"],
+        1: [
+            "refused by a ledger, input the command could not use (a missing or malformed "
+            "file, an unknown agent or run), or a run that did not complete"
+        ],
+        2: [
+            "bad usage: a missing or conflicting option (`start --home` without a tcp "
+            "`--listen`), or a value out of its range (`--timeout` under 0.001 s, "
+            "`--timeout-ms 0`), refused before any node is asked"
+        ],
         EXIT_TIMEOUT: ["`wait --timeout` came before every run ended"],
         EXIT_INTERRUPTED: [
             "interrupted by Ctrl-C (a foreground run is stopped first; a background launch "

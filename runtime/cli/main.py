@@ -33,7 +33,13 @@ from subagents_node.cli.common import (
     reader_gone,
     user_errors,
 )
-from subagents_node.cli.params import RUN_ID, SECONDS, WholeRange, given_or_default
+from subagents_node.cli.params import (
+    HEARTBEAT_SECONDS,
+    RUN_ID,
+    SECONDS,
+    WholeRange,
+    given_or_default,
+)
 from subagents_node.cli.terminal import say
 from subagents_node.client.paths import check_endpoint, ipc_endpoint
 from subagents_node.messages.constants import (
@@ -167,7 +173,11 @@ class LazyGroup(click.Group):
     "given here, else $SUBAGENTS_NODE, else the state dir's socket).",
 )
 @click.option(
-    "--timeout", type=SECONDS, default=10.0, show_default=True, help="Seconds to wait for a reply."
+    "--timeout",
+    type=SECONDS,
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for a reply (0.001 to 86400).",
 )
 @click.version_option(VERSION, prog_name="subagents-node")
 @click.pass_context
@@ -215,18 +225,18 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
 @click.option(
     "--heartbeat",
     "heartbeat_s",
-    type=SECONDS,
+    type=HEARTBEAT_SECONDS,
     default=1.0,
     show_default=True,
-    help="With --home: how often workers heartbeat (seconds).",
+    help="With --home: how often workers heartbeat (seconds, 0.1 to 86400).",
 )
 @click.option(
     "--heartbeat-timeout",
     "heartbeat_timeout_s",
-    type=SECONDS,
+    type=HEARTBEAT_SECONDS,
     default=5.0,
     show_default=True,
-    help="With --home: silence after which a worker is unreachable (seconds).",
+    help="With --home: silence after which a worker is unreachable (seconds, 0.1 to 86400).",
 )
 @click.option("--faults", is_flag=True, hidden=True, envvar=ENV_TEST_FAULTS)
 @click.option("--ready-fd", type=click.IntRange(0, 65535), hidden=True)
@@ -274,7 +284,7 @@ def start(
             ipc_endpoint(obj.state_dir)  # a socket no client could reach: refused before anything
             for endpoint in listen:
                 check_endpoint(endpoint)
-            fleet = fleet_options(**fleet_flags)
+            fleet = fleet_options(**fleet_flags, listen=(*config.settings.listen, *listen))
         except SubagentsError as err:
             daemon.signal_failed(ready_fd, err)
             raise

@@ -32,6 +32,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _COMPLETION_TIMEOUT_S = 0.5
 #: The longest wait any command accepts, in seconds (a day; beyond it timers overflow).
 MAX_WAIT_S = 86_400.0
+#: The shortest: a millisecond, the resolution of ZeroMQ's and the node's timers. Less rounds
+#: to no wait at all (`--timeout 1e-300` was taken, and every request then "timed out" with a
+#: message blaming a node that was fine).
+MIN_WAIT_S = 0.001
+#: The shortest heartbeat a home takes: each one is a message from every worker and a write to
+#: the home's members.db, so `--heartbeat 1e-300` would have every worker spin on its home.
+MIN_HEARTBEAT_S = 0.1
 #: Numbers as the command line spells them: ASCII digits, as every SUBAGENTS_* number variable
 #: (launch/limits.py DECIMAL). int() and float() also took "1_000" and other scripts' digits:
 #: `--timeout-ms ٣` was a 3 ms deadline.
@@ -162,9 +169,13 @@ class AgentNameType(click.ParamType[str]):
 
 
 class SecondsType(click.ParamType[float]):
-    """A positive, finite number of seconds up to a day (0, negatives, nan and inf refused)."""
+    """A finite number of seconds from `minimum` (a millisecond unless given) up to a day (0,
+    negatives, nan, inf and values too small to be a wait refused)."""
 
     name = "seconds"
+
+    def __init__(self, minimum: float = MIN_WAIT_S) -> None:
+        self.minimum = minimum
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
@@ -175,9 +186,11 @@ class SecondsType(click.ParamType[float]):
             if not _DECIMAL.fullmatch(str(value)):
                 self.fail(f"{shown(value)} is not a number of seconds", param, ctx)
             number = float(str(value))
-        if not math.isfinite(number) or number <= 0 or number > MAX_WAIT_S:
+        if not math.isfinite(number) or not self.minimum <= number <= MAX_WAIT_S:
             self.fail(
-                f"{shown(value)} is not in the range 0 < seconds <= {MAX_WAIT_S:g}", param, ctx
+                f"{shown(value)} is not in the range {self.minimum:g} <= seconds <= {MAX_WAIT_S:g}",
+                param,
+                ctx,
             )
         return number
 
@@ -238,6 +251,10 @@ PATH_TEXT = PathTextType()
 SESSION = SessionType()
 AGENT = AgentNameType()
 SECONDS = SecondsType()
+HEARTBEAT_SECONDS = SecondsType(MIN_HEARTBEAT_S)
 #: Counts that travel as signed 32-bit integers (SPEC §0.4).
 COUNT = WholeRange(0, MAX_INT32)
 POSITIVE_COUNT = WholeRange(1, MAX_INT32)
+#: A deadline in milliseconds (R-TMO-3's positive integer, within the int32 the launch carries):
+#: out of range it is a usage error (exit 2) before any node is asked, as every other value.
+TIMEOUT_MS = WholeRange(1, MAX_INT32)

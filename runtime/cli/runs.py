@@ -27,7 +27,7 @@ from subagents_node.cli.common import (
 )
 from subagents_node.cli.following import child_end, launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
-from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION, WHOLE, WholeRange
+from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION, TIMEOUT_MS, WholeRange
 from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.capacity_views import with_capacity
 from subagents_node.client.client import Client
@@ -85,7 +85,7 @@ def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
 )
 @click.option(
     "--timeout-ms",
-    type=WHOLE,  # the launcher refuses a bad one with R-TMO-3's own message
+    type=TIMEOUT_MS,  # out of range: a usage error (exit 2), as every other value
     help="Deadline in milliseconds (1..2147483647).",
 )
 @click.option(

@@ -66,10 +66,19 @@ def fleet_options(
     client_key: str | None,
     heartbeat_s: float,
     heartbeat_timeout_s: float,
+    listen: tuple[str, ...] = (),
 ) -> dict[str, object]:
-    """start's multi-host flags as NodeOptions fields, checked before anything starts."""
+    """start's multi-host flags as NodeOptions fields, checked before anything starts.
+    `listen`: every endpoint the node will listen on besides its socket (the flags' and the
+    configured ones)."""
     if home and join:
         raise click.UsageError("--home and --join exclude each other: a node is one or the other")
+    if home and not any(endpoint.startswith("tcp://") for endpoint in listen):
+        # A usage error (exit 2) like the other flag mistakes here; the node's own check of its
+        # options (runtime/node/roles.py) said it as a ConfigError, exit 1.
+        raise click.UsageError(
+            "--home needs a tcp endpoint for its workers: --listen tcp://HOST:PORT"
+        )
     worker_flags = {"--home-key": home_key, "--name": name, "--client-key": client_key}
     if not join and any(worker_flags.values()):
         used = ", ".join(flag for flag, value in worker_flags.items() if value)

@@ -26,7 +26,7 @@ from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
-from subagents_node.cli.params import PATH_TEXT, SESSION, WHOLE
+from subagents_node.cli.params import PATH_TEXT, SESSION, TIMEOUT_MS
 from subagents_node.cli.terminal import say
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
@@ -71,7 +71,7 @@ def drain_children(client: Client, run_id: str) -> None:
 )
 @click.option(
     "--timeout-ms",
-    type=WHOLE,  # the workflow launcher refuses a bad one with R-TMO-7's own message
+    type=TIMEOUT_MS,  # out of range: a usage error (exit 2), as every other value
     help="The script's wall-clock limit in milliseconds (1..2147483647).",
 )
 @click.option(

@@ -475,7 +475,7 @@ def test_a_launch_never_answered_says_it_may_have_been_admitted(node: NodeProces
     try:
         for mode in ("--async", "--foreground"):
             done = run_cli(
-                "--timeout", "0.0001", "run", mode, "--agents-dir", agents, "sleeper", "seconds=60",
+                "--timeout", "0.001", "run", mode, "--agents-dir", agents, "sleeper", "seconds=60",
                 state_dir=node.state_dir,
             )  # fmt: skip
             assert done.returncode == 4, done.stdout

@@ -293,7 +293,7 @@ def test_a_run_id_refusal_states_the_whole_rule(invoke: Invoke) -> None:
     ("args", "code", "message"),
     [
         (("no-such-agent", "x"), 1, "error: Unknown agent 'no-such-agent'."),
-        (("echo", "x", "--timeout-ms", "0"), 1, "error: timeout_ms must be a positive integer."),
+        (("echo", "x", "--timeout-ms", "0"), 2, "'--timeout-ms': 0 is not in the range 1<="),
         (("echo",), 2, "give AGENT and TASK"),
         (("echo", "x", "--parallel", "tasks.toml"), 2, "give AGENT and TASK"),
         (("--chain", "missing.toml"), 1, "error: cannot read missing.toml"),
@@ -367,5 +367,8 @@ def test_cli_user_errors_never_show_a_traceback_from_a_real_process(
         "run", "--agents-dir", str(agents), "echo", "x", "--timeout-ms", "-5", state_dir=state_dir
     )
 
-    assert done.returncode == 1
-    assert done.stderr.strip() == "error: timeout_ms must be a positive integer."
+    assert done.returncode == 2  # out of its range: a usage error (docs/cli.md, exit codes)
+    assert done.stderr.strip() == (
+        "error: Invalid value for '--timeout-ms': -5 is not in the range 1<=x<=2147483647. "
+        "(see 'subagents-node run --help')"
+    )

@@ -26,6 +26,7 @@ from subagents_node.messages.errors import (
     BadRequest,
     InjectedFault,
     IntercomOff,
+    InvalidTimeout,
     WorkflowChildRefused,
 )
 from subagents_node.messages.fanout import decode_descriptor, encode_descriptor, extend
@@ -1005,8 +1006,13 @@ def test_r_tmo_7_cli_refuses_a_non_positive_script_timeout(work: Path, state_dir
 
     done = run_cli("workflow", str(script), "--timeout-ms", "0", state_dir=state_dir)
 
-    assert done.returncode == 1
-    assert done.stderr.strip() == "error: workflow script timeout must be a positive integer."
+    # The command line refuses it as a usage error (exit 2) before the launch is built; the
+    # launch's own check (R-TMO-7's message) is for API callers.
+    assert done.returncode == 2
+    assert "'--timeout-ms': 0 is not in the range 1<=x<=2147483647" in done.stderr
+    with pytest.raises(InvalidTimeout) as caught:
+        workflow_launch(launch_context(cwd=work), script, background=False, timeout_ms=0)
+    assert caught.value.message == "workflow script timeout must be a positive integer."
 
 
 # -- output paths, without a node (R-WF-7, A-9) ------------------------------------------------

@@ -1,0 +1,88 @@
+"""Usage errors exit 2, as the exit-code table of docs/cli.md says, and change nothing.
+
+A careless user's values (a timeout of 1e-300 seconds, a deadline of 0 ms, `start --home`
+without a tcp endpoint) used to be taken, or refused with exit 1 (a ledger's refusal or a
+run that failed, to a script) after the command had gone some way. Each is a one-line usage
+error now, before any node is asked or started, and the state dir is not even created.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.nodes import new_state_dir, run_cli
+from tests.support.runs import EXAMPLE_AGENTS
+
+USAGE = 2
+
+
+@pytest.fixture
+def unused_state_dir() -> Iterator[Path]:
+    """A state dir path that does not exist: a usage error must not create it."""
+    parent = new_state_dir()
+    yield parent / "state"
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+def _usage_error(done: subprocess.CompletedProcess[str], option: str) -> None:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == USAGE, (done.returncode, done.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert option in lines[0], lines[0]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--timeout", "1e-300", "ping"],
+        ["--timeout", "1e-9", "status"],
+        ["--timeout", "0.0009", "runs"],
+        ["wait", "000000000000", "--timeout", "1e-300"],
+        ["logs", "000000000000", "-f", "--node-wait", "1e-300"],
+        ["start", "--home", "--listen", "tcp://127.0.0.1:1", "--heartbeat", "1e-300"],
+        ["start", "--home", "--listen", "tcp://127.0.0.1:1", "--heartbeat-timeout", "0.01"],
+    ],
+)
+def test_a_duration_too_small_to_be_a_wait_is_a_usage_error(
+    args: list[str], unused_state_dir: Path
+) -> None:
+    """`--timeout 1e-300` was taken: every request then timed out at once with a message
+    blaming a node that was fine (exit 4), or with no node, exit 3; a home's `--heartbeat
+    1e-300` would have had every worker spin on its home. A millisecond is the least wait
+    (a tenth of a second the least heartbeat)."""
+    option = args[-2] if args[0] != "--timeout" else "--timeout"
+    done = run_cli(*args, state_dir=unused_state_dir, timeout=30)
+    _usage_error(done, option)
+    assert not unused_state_dir.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "99999999999"])
+def test_an_out_of_range_timeout_ms_is_a_usage_error(value: str, unused_state_dir: Path) -> None:
+    """`run … --timeout-ms 0` and `workflow … --timeout-ms 0` exited 1 (the table's "refused
+    by a ledger, invalid input, or a run that did not complete"), unlike every other option
+    out of its range, which exits 2."""
+    agents = ("--agents-dir", str(EXAMPLE_AGENTS))
+    done = run_cli(
+        "run", *agents, "sleeper", "seconds=0", "--timeout-ms", value, state_dir=unused_state_dir
+    )
+    _usage_error(done, "--timeout-ms")
+    script = Path(__file__)  # any readable file: the option is refused before it is read
+    done = run_cli("workflow", str(script), "--timeout-ms", value, state_dir=unused_state_dir)
+    _usage_error(done, "--timeout-ms")
+    assert not unused_state_dir.exists()
+
+
+def test_start_home_without_a_tcp_endpoint_is_a_usage_error(unused_state_dir: Path) -> None:
+    """`start --home` without `--listen tcp://…` exited 1 (the node's own options check, a
+    ConfigError), while `--join` without `--home-key` and the other flag mistakes exit 2."""
+    done = run_cli("start", "--home", state_dir=unused_state_dir)
+    _usage_error(done, "--listen tcp://")
+    done = run_cli("start", "--home", "--listen", "ipc:///tmp/x.sock", state_dir=unused_state_dir)
+    _usage_error(done, "--listen tcp://")
+    assert not (unused_state_dir / "node.pid").exists()
