@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from subagents_node.cli.common import plural
 from subagents_node.cli.doctorstore import (
     FULL_BELOW_BYTES,
     Check,
@@ -346,7 +347,7 @@ def check_keys(state_dir: Path) -> Iterator[Check]:
             "keys again with `subagents-node keys allow`",
         )
     else:
-        yield Check("keys", "ok", f"{len(allowed)} client key(s) allowed")
+        yield Check("keys", "ok", f"{plural(len(allowed), 'client key')} allowed")
 
 
 #: The fix for a key file that cannot be used: new keys, which tcp clients must then be given.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from subagents_node.cli.common import plural
 from subagents_node.client.paths import DB_NAME, owner_db
 from subagents_node.node import owners
 
@@ -178,12 +179,12 @@ def check_outbox(state_dir: Path, now: float) -> Iterator[Check]:
     for target, count, oldest, error in owed:
         age = max(0.0, now - float(oldest))
         if age < OUTBOX_STALE_S:
-            yield Check(f"outbox {target}", "ok", f"{count} request(s) being delivered")
+            yield Check(f"outbox {target}", "ok", f"{plural(count, 'request')} being delivered")
             continue
         yield Check(
             f"outbox {target}",
             "warn",
-            f"{count} request(s) owed to {target} for {age:.0f}s, resent until it answers "
+            f"{plural(count, 'request')} owed to {target} for {age:.0f}s, resent until it answers "
             f"(last error: {error or 'none'}); the slots and counts they free stay held",
             f"check that owner {target} is running (`subagents-node status`, this doctor's "
             "owner lines); nothing else is needed: they go out as soon as it answers",

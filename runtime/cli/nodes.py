@@ -16,7 +16,7 @@ import time
 
 import click
 
-from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.client.client import Client
 from subagents_node.messages.base import validate_request
 from subagents_node.messages.errors import SubagentsError
@@ -59,8 +59,9 @@ def forget(obj: Ctx, name: str, reason: str, as_json: bool) -> None:
     emit(
         done,
         as_json,
-        f"forgot {done.name} (generation {done.generation}): released {done.slots_released} "
-        f"slot(s)" + (f": {', '.join(done.run_ids)}" if done.run_ids else ""),
+        f"forgot {done.name} (generation {done.generation}): released "
+        f"{plural(done.slots_released, 'slot')}"
+        + (f": {', '.join(done.run_ids)}" if done.run_ids else ""),
     )
 
 
@@ -100,10 +101,10 @@ def fleet_status(client: Client) -> tuple[list[str], dict[str, object]]:
     for view in listing.nodes if listing is not None else []:
         if view.role == "home":
             continue
-        slots = "?" if view.slots is None else str(view.slots)
+        slots = "? slots" if view.slots is None else plural(view.slots, "slot")
         line = (
-            f"  host {view.name}: {view.state}, {view.runs} run(s), {view.children} "
-            f"child(ren), {slots} slot(s)"
+            f"  host {view.name}: {view.state}, {plural(view.runs, 'run')}, "
+            f"{plural(view.children, 'child', 'children')}, {slots}"
         )
         entry: dict[str, object] = {"member": view.model_dump(mode="json")}
         if view.state == "up":

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from subagents_node.cli.common import Ctx
+from subagents_node.cli.common import Ctx, plural
 from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
@@ -124,7 +124,8 @@ def _hand_over(obj: Ctx, count: int) -> None:
     shims outlived the embedded one), so they stay supervised and their followers go on."""
     from subagents_node.node import daemon
 
-    runs = f"{count} run{'s' if count != 1 else ''}"
+    runs = plural(count, "run")
+    them = "it" if count == 1 else "them"  # `1 run … to supervise them` read wrong
     try:
         record = daemon.start_detached(obj.state_dir, [])
     except NodeAlreadyRunning:
@@ -133,7 +134,7 @@ def _hand_over(obj: Ctx, count: int) -> None:
         say(f"warning: {runs} left without a node: {one_line(err.message)}", err=True)
         return
     say(
-        f"{runs} still going: started a node (pid {record['pid']}) to supervise them; "
+        f"{runs} still going: started a node (pid {record['pid']}) to supervise {them}; "
         "stop it with `subagents-node stop`",
         err=True,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from subagents_node.cli.common import plural
 from subagents_node.messages.node import TcpListenerStatus
 
 #: `doctor` warns of a shed this recent.
@@ -30,7 +31,7 @@ def _ago(listener: TcpListenerStatus, now: float) -> str:
 
 def _figures(listener: TcpListenerStatus, now: float) -> str:
     return (
-        f"{listener.name} shed {listener.sheds} time(s), last {_ago(listener, now)} "
+        f"{listener.name} shed {plural(listener.sheds, 'time')}, last {_ago(listener, now)} "
         f"({listener.open}/{listener.budget} connections open)"
     )
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.background import launch_in_background
-from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import PATH_TEXT, SESSION, TIMEOUT_MS
@@ -43,7 +43,7 @@ def drain_children(client: Client, run_id: str) -> None:
     active = client.perform(every_run_plan(active_only=True, parent_run_id=run_id)).runs
     if active:
         say(
-            f"waiting for {len(active)} background child run(s) of workflow {run_id}: this "
+            f"waiting for {plural(len(active), 'background child run')} of workflow {run_id}: this "
             "command's embedded node stops when it returns (start a node to leave them running)",
             err=True,
         )

@@ -109,6 +109,7 @@ def test_a_background_run_on_a_foreground_runs_node_is_handed_to_a_node_when_tha
     _, err = first.communicate(timeout=WAIT_S)
     assert first.returncode == 0, err
     assert "1 run still going: started a node" in err
+    assert "to supervise it; stop it" in err  # one run: "them" read wrong
     with connect(f"ipc://{state_dir}/node.sock", timeout=5) as client:
         assert client.runs.show(run_id).state == "running"
         background_child.release(0)

@@ -187,7 +187,7 @@ def test_doctor_fails_a_broken_allow_list_or_key_file_naming_it(state_dir: Path)
     import zmq
 
     assert run_cli("keys", "generate", state_dir=state_dir).returncode == 0
-    assert "[ok  ] keys: 1 client key(s) allowed" in doctor(state_dir).stdout
+    assert "[ok  ] keys: 1 client key allowed" in doctor(state_dir).stdout
     keys = state_dir / "keys"
     (keys / "allowed.toml").write_text("garbage [[\n")
     public, _ = zmq.curve_keypair()
@@ -257,7 +257,7 @@ def test_doctor_warns_of_requests_owed_to_a_ledger_owner_for_long(state_dir: Pat
             (time.time() - 3600, "unavailable: capacity did not answer within 15s"),
         )
     result = doctor(state_dir)
-    assert "[warn] outbox capacity: 1 request(s) owed to capacity for 36" in result.stdout
+    assert "[warn] outbox capacity: 1 request owed to capacity for 36" in result.stdout
     assert "capacity did not answer within 15s" in result.stdout
     assert "subagents-node status" in result.stdout
 

@@ -157,7 +157,7 @@ def test_a_workflow_command_awaits_its_background_child_behind_a_page_of_other_r
         drainer.start()
         assert announced.said.wait(WAIT_S)
         assert "error" not in seen, seen["error"]
-        assert "waiting for 1 background child run(s)" in announced.getvalue()
+        assert "waiting for 1 background child run of" in announced.getvalue()
     finally:
         waiting.release(0)
         if drainer.is_alive():
