@@ -43,7 +43,12 @@ from subagents_node.client.keys import (
     write_allowed,
     write_keypair,
 )
-from subagents_node.client.paths import ensure_state_dir, ipc_endpoint, read_pid_file
+from subagents_node.client.paths import (
+    ensure_state_dir,
+    ipc_endpoint,
+    read_pid_file,
+    untrusted_state_dir,
+)
 from subagents_node.messages.base import validate_request
 from subagents_node.messages.errors import NodeAlreadyRunning
 from subagents_node.messages.keys import AllowedKeys, KeysAllow, KeysList, KeysRevoke
@@ -122,7 +127,7 @@ def generate(obj: Ctx, force: bool) -> None:
 @user_errors
 def show(obj: Ctx, as_json: bool) -> None:
     """Show the server's and this client's public keys and the allow-list."""
-    listing = _change(ensure_state_dir(obj.state_dir), KeysList())
+    listing = _change(_readable_state_dir(obj.state_dir), KeysList())
     client_path = keys_dir(obj.state_dir) / CLIENT_KEY
     client = read_keypair(client_path).public if client_path.exists() else ""
     server = listing.server_public or "(none: run `subagents-node keys generate`)"
@@ -156,6 +161,16 @@ def revoke(obj: Ctx, name_or_key: str) -> None:
     request = validate_request(KeysRevoke, {"name": name_or_key.strip()})  # '' is a BadRequest
     _change(ensure_state_dir(obj.state_dir), request)
     say(f"revoked {name_or_key}")
+
+
+def _readable_state_dir(state_dir: Path) -> Path:
+    """The state dir as a read-only command takes it: checked as `ensure_state_dir` checks it
+    (a dir others could tamper with is refused), but never created nor tightened. `keys show`
+    used to create a missing one (and chmod an existing one): a look that changed things."""
+    untrusted = untrusted_state_dir(state_dir) if state_dir.exists() else None
+    if untrusted is not None:
+        raise untrusted
+    return state_dir
 
 
 def _allowed(state_dir: Path) -> dict[str, str]:

@@ -114,3 +114,22 @@ def test_keys_generate_that_cannot_allow_its_new_client_key_writes_no_file(
 
     assert code == 1 and "the name 'local' already admits another key" in err
     assert _files(state_dir) == before
+
+
+def test_keys_show_creates_no_state_dir_and_changes_no_mode(state_dir: Path) -> None:
+    """`keys show` is a look: it used to create a missing state dir (mode 0700, empty) and
+    tighten an existing one's mode, as `keys generate` does. It shows no keys and leaves the
+    directory as it was; a dir others could write to is still refused (exit 1), unchanged."""
+    missing = state_dir / "never-made"
+    done = run_cli("keys", "show", "--json", state_dir=missing)
+    assert done.returncode == 0, done.stderr
+    assert '"server_public": ""' in done.stdout
+    assert not missing.exists()
+    state_dir.chmod(0o755)
+    assert run_cli("keys", "show", state_dir=state_dir).returncode == 0
+    assert state_dir.stat().st_mode & 0o777 == 0o755 and not any(state_dir.iterdir())
+    state_dir.chmod(0o777)
+    done = run_cli("keys", "show", state_dir=state_dir)
+    assert done.returncode == 1 and "writable by group or others" in done.stderr, done.stderr
+    assert state_dir.stat().st_mode & 0o777 == 0o777
+    state_dir.chmod(0o700)
