@@ -51,6 +51,14 @@ class WorkflowEnv:
     source_run_id: str | None = None
 
 
+def _shown_key(key: object) -> str:
+    """A runs.all entry as its errors name it: by its key (of any type), if it has one."""
+    if key is None:
+        return "runs.all entry"
+    text = repr(key)
+    return f"runs.all entry {text if len(text) <= 60 else text[:60] + '…'}"
+
+
 @dataclass(frozen=True)
 class ChildCall:
     """One `runs.run` call, validated: the key and the parameters a reuse must repeat."""
@@ -77,12 +85,17 @@ class ChildCall:
                 f"a runs.all entry is a dict of run() arguments, not {type(spec).__name__}",
                 field="spec",
             )
-        unknown = sorted(set(spec) - {f.name for f in fields(cls)} - {"async"})
+        # A dict is a runs.all entry: its errors name runs.all (they said "runs.run needs
+        # 'task'" to a script that never called runs.run), and the entry by its key.
+        entry = _shown_key(spec.get("key"))
+        known = [f.name for f in fields(cls)] + ["async"]
+        unknown = sorted(map(str, set(spec) - set(known)))
         if unknown:
             raise WorkflowCallInvalid(
-                f"unknown runs.run argument(s): {', '.join(map(str, unknown))}",
+                f"{entry}: unknown field{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, unknown))} (an entry's fields are {', '.join(known)})",
                 key=str(spec.get("key", "")),
-                field=str(unknown[0]),
+                field=unknown[0],
             )
         values = dict(spec)
         if "async" in values:
@@ -90,12 +103,12 @@ class ChildCall:
         for name in ("key",) if values.get("resume") is not None else ("key", "agent", "task"):
             if name not in values:
                 raise WorkflowCallInvalid(
-                    f"runs.run needs '{name}'", key=str(values.get("key", "")), field=name
+                    f"{entry} needs '{name}'", key=str(values.get("key", "")), field=name
                 )
-        return cls._checked(cls(**values))
+        return cls._checked(cls(**values), entry)
 
     @classmethod
-    def _checked(cls, call: ChildCall) -> ChildCall:
+    def _checked(cls, call: ChildCall, where: str = "") -> ChildCall:
         key = call.key
         if not isinstance(key, str) or not _KEY.fullmatch(key):
             raise WorkflowKeyInvalid(
@@ -125,7 +138,7 @@ class ChildCall:
         bad = [name for name, ok in problems.items() if not ok]
         if bad:
             raise WorkflowCallInvalid(
-                f"runs.run('{key}'): invalid {bad[0]}: {getattr(call, bad[0])!r}",
+                f"{where or f'runs.run({key!r})'}: invalid {bad[0]}: {getattr(call, bad[0])!r}",
                 key=key,
                 field=bad[0],
             )

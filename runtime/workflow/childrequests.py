@@ -70,7 +70,9 @@ def member_launch(
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "task"
         raise WorkflowCallInvalid(
-            f"runs.run('{step.key}'): invalid {where}: {first['msg']}", key=step.key, field=where
+            f"workflow key {step.key!r}: invalid {where}: {first['msg']}",  # run or all
+            key=step.key,
+            field=where,
         ) from None
     base = launcher.launch("single", call.async_, items=[item], timeout_ms=call.timeout_ms)
     try:  # the node refuses it after the claim, which is never refunded

@@ -249,6 +249,38 @@ def test_r_fan_16_a_group_over_the_fanout_limit_starts_nothing_and_claims_nothin
     assert [s["workflowKey"] for s in flow.result()["steps"]] == ["k0", "k1"]
 
 
+def test_a_runs_all_entry_missing_its_task_or_with_an_unknown_field_is_named_as_such(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A `runs.all` entry without a task was refused with "runs.run needs 'task'", and one
+    with a misspelt field with "unknown runs.run argument(s)": a script that called only
+    runs.all was sent looking for a runs.run call. The messages name the entry by its key."""
+    script = """
+    from subagents_node.errors import WorkflowCallInvalid
+
+    def main(runs):
+        said = []
+        for entry in ({"key": "a", "agent": "echo"}, {"agent": "echo", "task": "x"},
+                      {"key": "b", "agent": "echo", "task": "x", "taks": "y"},
+                      {"key": "c", "agent": "echo", "task": 3}):
+            try:
+                runs.all([entry])
+            except WorkflowCallInvalid as err:
+                said.append(err.message)
+        return {"said": said, "used": runs.budget().used}
+    """
+    flow = start_workflow(client, agents, work, script)
+
+    assert flow.wait().state == "complete", flow.run.error
+    said = flow.value()["said"]
+    assert said[0] == "runs.all entry 'a' needs 'task'"
+    assert said[1] == "runs.all entry needs 'key'"
+    assert said[2].startswith("runs.all entry 'b': unknown field 'taks' (an entry's fields")
+    assert said[3] == "runs.all entry 'c': invalid task: 3"
+    assert not any("runs.run" in message for message in said)
+    assert flow.value()["used"] == 0
+
+
 def test_r_wf_5_a_member_the_node_would_refuse_refuses_its_group_before_any_claim(
     client: Client, agents: Path, work: Path
 ) -> None:
@@ -277,7 +309,9 @@ def test_r_wf_5_a_member_the_node_would_refuse_refuses_its_group_before_any_clai
     value = flow.value()
     codes = [code for code, _ in value["codes"]]
     assert codes == ["workflow_call_invalid", "task_undeliverable", "workflow_call_invalid"]
-    assert value["codes"][0][1].startswith("runs.run('bad'): invalid task: ")
+    # A runs.all entry: the message names its key, not runs.run (which the script did not call).
+    assert value["codes"][0][1].startswith("workflow key 'bad': invalid task: ")
+    assert value["codes"][2][1].startswith("workflow key 'alone': invalid task: ")
     assert "NUL" in value["codes"][1][1] and "workflow key 'bad'" in value["codes"][1][1]
     assert value["used"] == 0
     assert not flow.children()
