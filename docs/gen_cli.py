@@ -166,10 +166,10 @@ def _exit_codes() -> list[str]:
             "run stopped first (a background launch: as for 130)"
         ],
         EXIT_READER_GONE: [
-            "the reader of its output went away (`| head`), seen at the next line the "
-            "command writes: nothing more is printed (a foreground run's is stopped first "
-            "when that line is a progress line; its summary on stdout is written only once "
-            "the run has ended)"
+            "the reader of its output went away (`| head`): nothing more is printed. A "
+            "foreground run's command (`run`, `rerun`, `workflow`) sees it at once when its "
+            "stdout or stderr is a pipe or socket and stops its run first, as for SIGHUP; "
+            "other commands see it at the next line they write"
         ],
         128 + 15: [
             "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "

@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import NoReturn
 
-#: What ends a foreground command besides Ctrl-C.
+from subagents_node.cli.readerwatch import ReaderWatch
+
+#: What ends a foreground command besides Ctrl-C (and its reader going away: SIGPIPE).
 END_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 #: What a write to a terminal that is gone fails with: EIO once it hung up (closed), EPIPE
@@ -35,7 +37,8 @@ GONE = (errno.EIO, errno.EPIPE)
 
 
 class Ended(Exception):
-    """SIGTERM or SIGHUP reached a command that follows a foreground run."""
+    """SIGTERM or SIGHUP reached a command that follows a foreground run (or SIGPIPE: the
+    reader of its output went away)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -55,15 +58,25 @@ class EndingSignals:
     non-interactive shell) stays ignored. Until `hold()` a first signal is only noted and a
     second one raises (it cuts a node's start short); after it, a signal raises only inside
     `raising()`. Whichever raises, every signal after it is held until the next `raising()`.
+
+    With `watch_reader`, the reader of the command's stdout or stderr going away (a pipe's or
+    socket's, runtime/cli/readerwatch.py) counts as a SIGPIPE, once, the moment it happens:
+    the follower stops its run and the command exits 141. A SIGPIPE a failed write raises is
+    not one (that write's own EPIPE is handled where it is made).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watch_reader: bool = False) -> None:
         #: The first signal received, and how many came.
         self.pending: int | None = None
         self.count = 0
         self._raising = False
         self._holding = False
         self._previous: dict[int, signal._HANDLER] = {}
+        self._watch = ReaderWatch(self._reader_gone) if watch_reader else None
+        #: The watch saw the reader go (set on its thread before it signals this one), and
+        #: the SIGPIPE that says so was taken: the next ones are writes failing.
+        self._reader_went = False
+        self._reader_taken = False
 
     def __enter__(self) -> EndingSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -71,13 +84,30 @@ class EndingSignals:
         for signum in (signal.SIGINT, *END_SIGNALS):
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+        if self._watch is not None:
+            # Python ignores SIGPIPE itself (so a write fails with EPIPE): not the user's choice.
+            self._previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, self._on_sigpipe)
+            self._watch.__enter__()
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self._watch is not None and signal.SIGPIPE in self._previous:
+            self._watch.__exit__(None, None, None)  # before its signal's handler goes
         for signum, handler in self._previous.items():
             if handler is not None:  # None: set outside Python, nothing to restore
                 signal.signal(signum, handler)
         self._previous.clear()
+
+    def _reader_gone(self) -> None:
+        """On the watch's thread: tell the main thread, as a signal (it may be blocked in a
+        wait for the node's answer, which a signal interrupts)."""
+        self._reader_went = True
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGPIPE)
+
+    def _on_sigpipe(self, signum: int, frame: FrameType | None) -> None:
+        if self._reader_went and not self._reader_taken:
+            self._reader_taken = True
+            self._on_signal(signum, frame)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.count += 1

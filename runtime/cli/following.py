@@ -2,7 +2,8 @@
 otherwise), its end, and the signals and lost nodes on the way (`run`, `workflow`, `rerun`).
 
 Owns the follow: the events shown as they come, the summary printed at the end, what Ctrl-C,
-SIGTERM and SIGHUP do at each step (runtime/cli/ending.py holds them while the node starts and
+SIGTERM, SIGHUP and the reader of its output going away (runtime/cli/readerwatch.py) do at each
+step (runtime/cli/ending.py holds them while the node starts and
 the launch is in flight; the follow then sends the stop before it writes anything, and drops a
 write that fails on a terminal that is gone), and the takeover of the state dir when the node
 followed stops under its run. It never chooses the node (runtime/cli/nodestart.py does) and
@@ -138,7 +139,7 @@ def follow(
     follow of the run in this command showed; the events after it are shown."""
     shown = Shown() if shown is None else shown
     if signals is None:
-        with EndingSignals() as own:
+        with EndingSignals(watch_reader=True) as own:
             return _follow(client, run, as_json, own, shown)
     return _follow(client, run, as_json, signals, shown)
 
@@ -288,7 +289,7 @@ def launch_and_follow(
     node stopped or killed), the run's shims outlive it and a node this command starts adopts
     them, so the follow goes on to the run's true end (`run`, `rerun` and `workflow` alike).
     """
-    with EndingSignals() as signals:
+    with EndingSignals(watch_reader=True) as signals:
         try:
             with clients as client, contextlib.ExitStack() as taken:
                 if signals.pending is None:

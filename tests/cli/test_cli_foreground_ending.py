@@ -289,3 +289,45 @@ def test_a_foreground_run_whose_reader_goes_away_stops_its_run_and_exits_141(
             proc.wait(timeout=WAIT_S)
         if run_id:
             client.runs.stop(run_id)  # a failed check must not leave the sleeper behind
+
+
+@pytest.mark.parametrize("embedded", [False, True], ids=["detached node", "embedded node"])
+def test_a_foreground_run_whose_stdout_reader_goes_away_is_stopped_at_once_not_at_its_end(
+    start_node: Callable[..., NodeProcess], state_dir: Path, embedded: bool
+) -> None:
+    """`run … | head`: a foreground run writes to stdout only its summary, at its end, so the
+    reader's going was seen only then: a 60 s run ran its 60 s for nobody, then exited 141. The
+    command now watches its stdout (POLLERR on a pipe whose reader is gone) and stops the run
+    at once, as for a hangup, then exits 141; nothing is written after."""
+    node = None if embedded else start_node(state_dir=state_dir)
+    run_id = ""
+    proc = subprocess.Popen(
+        _run_argv(state_dir, "seconds=60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        said = StderrLines(proc)
+        run_id = re.search(RUN_STARTED, said.wait_for(RUN_STARTED)).group(1)  # type: ignore[union-attr]
+        said.wait_for(r"started single \(sleeper\) pid")
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader goes; the command writes nothing to stdout till the end
+        assert proc.wait(timeout=15) == 141, said.to_end()
+        lines = said.to_end()
+        assert any(re.search(rf"stopping run {run_id}", line) for line in lines), lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=WAIT_S)
+        assert proc.stderr is not None
+        proc.stderr.close()
+        if node is not None and run_id:
+            node.client().runs.stop(run_id)  # a failed check must not leave the sleeper behind
+    if node is not None:
+        final = node.client().runs.wait(run_id, timeout=WAIT_S)
+        assert final.state == "stopped", final
+    else:  # its embedded node stopped with it, its run's tree first
+        assert node_files_left(state_dir) == []
