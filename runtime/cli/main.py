@@ -37,6 +37,7 @@ from subagents_node.cli.params import (
     HEARTBEAT_SECONDS,
     RUN_ID,
     SECONDS,
+    GivenPath,
     WholeRange,
     given_or_default,
 )
@@ -219,7 +220,7 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
 @click.option("--name", metavar="NAME", help="With --join: this worker's name (its key's name).")
 @click.option(
     "--client-key",
-    type=click.Path(dir_okay=False),
+    type=GivenPath(dir_okay=False),
     help="With --join: this worker's key file (default: the state dir's client key).",
 )
 @click.option(

@@ -19,7 +19,7 @@ from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
-from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID
+from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID, GivenPath
 from subagents_node.client.client import Client
 from subagents_node.client.launchagain import append as append_once
 from subagents_node.client.launchagain import relaunch, with_launch_id
@@ -125,7 +125,7 @@ def steps_file_command(fn: Callable[..., None]) -> click.Command:
     decorators = (
         click.command(),
         click.argument("run_id", type=RUN_ID),
-        click.argument("steps_file", type=click.Path(dir_okay=False, path_type=Path)),
+        click.argument("steps_file", type=GivenPath(dir_okay=False, path_type=Path)),
         click.option(
             "--agents-dir",
             "agents_dirs",

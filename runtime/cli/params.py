@@ -211,6 +211,17 @@ class PathTextType(click.ParamType[str]):
         return text
 
 
+class GivenPath(click.Path):
+    """click's path, where an empty or blank one is refused: click took `--cwd ""` as `.`, so
+    `--cwd "$DIR"` with DIR unset ran the agent in the working directory, and `--chain ""`
+    said "cannot read ." (exit 1)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is empty or blank: give a path", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def given_or_default(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """An option's value, where an empty one typed on the command line is refused (a
     `--state-dir "$DIR"` whose DIR is unset would otherwise quietly mean the default one, and

@@ -27,7 +27,15 @@ from subagents_node.cli.common import (
 )
 from subagents_node.cli.following import child_end, launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
-from subagents_node.cli.params import AGENT, PATH_TEXT, RUN_ID, SESSION, TIMEOUT_MS, WholeRange
+from subagents_node.cli.params import (
+    AGENT,
+    PATH_TEXT,
+    RUN_ID,
+    SESSION,
+    TIMEOUT_MS,
+    GivenPath,
+    WholeRange,
+)
 from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.capacity_views import with_capacity
 from subagents_node.client.client import Client
@@ -62,13 +70,13 @@ def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
 @click.option(
     "--parallel",
     "parallel_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=GivenPath(dir_okay=False, path_type=Path),
     help="Run the [[tasks]] of a TOML file in parallel.",
 )
 @click.option(
     "--chain",
     "chain_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=GivenPath(dir_okay=False, path_type=Path),
     help="Run the [[steps]] of a TOML file in order ({previous} = last output).",
 )
 @click.option(
@@ -91,7 +99,7 @@ def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
 @click.option(
     "--agents-dir", "agents_dirs", type=PATH_TEXT, multiple=True, help="Extra agents directory."
 )
-@click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
+@click.option("--cwd", type=GivenPath(file_okay=False, path_type=Path), help="Working dir.")
 @click.option(
     "--intercom",
     type=click.Choice(["on", "off"]),

@@ -26,7 +26,7 @@ from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
-from subagents_node.cli.params import PATH_TEXT, SESSION, TIMEOUT_MS
+from subagents_node.cli.params import PATH_TEXT, SESSION, TIMEOUT_MS, GivenPath
 from subagents_node.cli.terminal import say
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
@@ -52,7 +52,7 @@ def drain_children(client: Client, run_id: str) -> None:
 
 
 @click.command()
-@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("script", type=GivenPath(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--async/--foreground",
     "background",
@@ -84,7 +84,7 @@ def drain_children(client: Client, run_id: str) -> None:
     show_default=True,
     help="Whether the workflow's children may message their runs (R-ICB-3).",
 )
-@click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working dir.")
+@click.option("--cwd", type=GivenPath(file_okay=False, path_type=Path), help="Working dir.")
 @json_option
 @click.pass_obj
 @user_errors

@@ -86,3 +86,26 @@ def test_start_home_without_a_tcp_endpoint_is_a_usage_error(unused_state_dir: Pa
     done = run_cli("start", "--home", "--listen", "ipc:///tmp/x.sock", state_dir=unused_state_dir)
     _usage_error(done, "--listen tcp://")
     assert not (unused_state_dir / "node.pid").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--agents-dir", str(EXAMPLE_AGENTS), "sleeper", "seconds=0", "--cwd", ""],
+        ["run", "--parallel", ""],
+        ["run", "--chain", " "],
+        ["append", "000000000000", ""],
+        ["workflow", "", "--cwd", "/"],
+        ["workflow", str(Path(__file__)), "--cwd", ""],
+    ],
+)
+def test_an_empty_path_is_a_usage_error_not_the_working_directory(
+    args: list[str], unused_state_dir: Path
+) -> None:
+    """click took an empty path as `.`: `run … --cwd "$DIR"` with DIR unset ran the agent in
+    the working directory (exit 0), and `--chain ""` said "cannot read ." (exit 1). As with
+    `--state-dir ""`, an empty or blank path is refused before anything runs."""
+    done = run_cli(*args, state_dir=unused_state_dir)
+    assert done.returncode == USAGE, (done.returncode, done.stderr)
+    assert "is empty or blank: give a path" in done.stderr, done.stderr
+    assert not unused_state_dir.exists()
