@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_NAME = "subagents.toml"
 APP_DIR = "subagents-node"
+#: The shortest `reservation_ttl_s` a configuration may set, in seconds (see Settings).
+MIN_RESERVATION_TTL_S = 1.0
 
 #: The environment variable of each key (SPEC §0.1 names the first three).
 ENV_NAMES: Mapping[str, str] = {
@@ -115,8 +117,11 @@ class Settings(BaseModel):
     timeout_ms: int | None = Field(None, strict=True, ge=1, le=MAX_TIMEOUT_MS)
     #: R-CFG-8: launches at depth >= this are refused.
     max_subagent_depth: int = Field(DEFAULT_MAX_DEPTH, strict=True, ge=0, le=MAX_COUNT)
-    #: §0.4: an acquired capacity slot never started within this many seconds is freed.
-    reservation_ttl_s: float = Field(60.0, strict=True, gt=0, le=86_400)
+    #: §0.4: an acquired capacity slot never started within this many seconds is freed. At
+    #: least a second: a launch takes that long to start its child, and a TTL shorter than the
+    #: launch (`1e-300` was taken) failed every async launch with "capacity ownership changed".
+    #: (A node's own `reservation_ttl_s` setting, for tests of that expiry, may be shorter.)
+    reservation_ttl_s: float = Field(60.0, strict=True, ge=MIN_RESERVATION_TTL_S, le=86_400)
     #: Extra agent directories, searched before the project and user ones.
     agent_dirs: tuple[Path, ...] = ()
     #: Extra endpoints the node listens on besides its state dir's socket.

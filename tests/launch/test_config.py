@@ -380,6 +380,8 @@ INVALID_FILE_VALUES = [
     ("max_subagent_spawns_per_session", "-3"),
     ("max_subagent_depth", "true"),
     ("reservation_ttl_s", "0"),
+    ("reservation_ttl_s", "1e-300"),  # shorter than any launch: every async launch failed
+    ("reservation_ttl_s", "0.5"),
     ("run_retention_days", "true"),  # was 1 day
     ("run_retention_days", '"30"'),
     ("grant_authority", '"sometimes"'),
