@@ -169,7 +169,8 @@ def _exit_codes() -> list[str]:
             "the reader of its output went away (`| head`): nothing more is printed. A "
             "foreground run's command (`run`, `rerun`, `workflow`) sees it at once when its "
             "stdout or stderr is a pipe or socket and stops its run first, as for SIGHUP; "
-            "other commands see it at the next line they write"
+            "`logs -f` and `wait` end at once too (the runs go on); other commands see it at "
+            "the next line they write"
         ],
         128 + 15: [
             "a foreground run's command (or `mcp`: its agent CLI exited) got SIGTERM "

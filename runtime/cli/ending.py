@@ -73,10 +73,13 @@ class EndingSignals:
         self._holding = False
         self._previous: dict[int, signal._HANDLER] = {}
         self._watch = ReaderWatch(self._reader_gone) if watch_reader else None
-        #: The watch saw the reader go (set on its thread before it signals this one), and
-        #: the SIGPIPE that says so was taken: the next ones are writes failing.
+        #: The watch saw the reader go (set on its thread before it signals this one); the
+        #: SIGPIPE that says so was taken (the next ones are the watch's resends, or writes
+        #: failing); it raised; the follower caught what it raised (`landed`).
         self._reader_went = False
         self._reader_taken = False
+        self._reader_raised = False
+        self._reader_landed = False
 
     def __enter__(self) -> EndingSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -105,9 +108,21 @@ class EndingSignals:
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGPIPE)
 
     def _on_sigpipe(self, signum: int, frame: FrameType | None) -> None:
-        if self._reader_went and not self._reader_taken:
+        if not self._reader_went:
+            return  # a write failing: its EPIPE is handled where it was made
+        if not self._reader_taken:
             self._reader_taken = True
             self._on_signal(signum, frame)
+        elif self._reader_raised and not self._reader_landed:
+            # What it raised was lost (raised in a finalizer, where Python only prints it):
+            # the watch's resend raises it again.
+            self._act_on(signum)
+
+    def landed(self) -> None:
+        """The follower caught what a signal raised: the reader watch stops resending."""
+        self._reader_landed = True
+        if self._watch is not None:
+            self._watch.landed()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.count += 1
@@ -122,6 +137,7 @@ class EndingSignals:
         # (the run went on; the command said no run was launched).
         self._holding = True
         self._raising = False
+        self._reader_raised = self._reader_raised or signum == signal.SIGPIPE
         raise interruption(signum)
 
     @contextlib.contextmanager

@@ -160,6 +160,7 @@ def _follow(
         with signals.raising():
             return client.runs.wait(run.run_id, on_event=show, on_gap=gap, after_seq=shown.seq)
     except (KeyboardInterrupt, Ended) as exc:
+        signals.landed()
         # Every later signal is held (ending.py) until the stop is sent: it goes first, before
         # anything is written to a terminal, where a write may block (a full pipe, a paused
         # terminal) or fail (a closed one). Once sent, the shims end the children whatever
@@ -321,6 +322,7 @@ def launch_and_follow(
                     signals.hold()
                     return final
         except (KeyboardInterrupt, Ended) as exc:  # only before the launch (see above)
+            signals.landed()
             signals.pending = signals.pending or getattr(exc, "signum", signal.SIGINT)
         assert signals.pending is not None
         best_effort(lambda: say("interrupted: no run was launched", err=True), err=True)

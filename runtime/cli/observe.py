@@ -16,14 +16,24 @@ the client, so every client (the MCP server too) gets the same behaviour.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+from collections.abc import Iterator
 
 import click
 
-from subagents_node.cli.common import EXIT_TIMEOUT, Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import (
+    EXIT_READER_GONE,
+    EXIT_TIMEOUT,
+    Ctx,
+    emit,
+    json_option,
+    user_errors,
+)
 from subagents_node.cli.following import across_nodes
 from subagents_node.cli.nodestart import next_node, node_client
 from subagents_node.cli.params import RUN_ID, SECONDS
+from subagents_node.cli.readerwatch import ReaderGone, ending_when_the_reader_goes
 from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
@@ -94,10 +104,24 @@ def logs(
         )
         return next_node(obj, node_wait, gone)
 
-    with contextlib.ExitStack() as taken:
+    with contextlib.ExitStack() as taken, _quiet_when_the_reader_goes():
         client = taken.enter_context(obj.client())
         client.ping()  # with no node to ask, say so: only a follow that has begun waits
         across_nodes(client, following, f"run {run_id}", None if obj.address else reconnect, taken)
+
+
+@contextlib.contextmanager
+def _quiet_when_the_reader_goes() -> Iterator[None]:
+    """A follow (`logs -f`, `wait`) whose reader went away (`| grep -m1 ready`) ends at once,
+    exit 141, as its next write would have ended it (cli/readerwatch.py)."""
+    try:
+        with ending_when_the_reader_goes():
+            yield
+    except ReaderGone:
+        # At once, with no clean-up: the follow was cut short at any point of a request, and
+        # closing the client then could wait in zmq's term() for good (1 in 15 `wait | true`
+        # hung so). A follow holds nothing a clean-up would save; its node goes on.
+        os._exit(EXIT_READER_GONE)
 
 
 def run_end(run: RunView) -> str:
@@ -141,7 +165,7 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
     def reconnect() -> contextlib.AbstractContextManager[Client]:
         return node_client(obj, LaunchContext.from_environment(), False)
 
-    with contextlib.ExitStack() as taken:
+    with contextlib.ExitStack() as taken, _quiet_when_the_reader_goes():
         client = taken.enter_context(obj.client())
         client.ping()  # with no node to ask, say so: only a wait that has begun follows on
         what = f"run {run_ids[0]}" if len(run_ids) == 1 else "the runs waited on"

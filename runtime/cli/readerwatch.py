@@ -6,7 +6,9 @@ pipe's write end once its last reader has closed it (POLLHUP on a socket whose p
 with no write needed. The command used to learn it only at its next write, and a foreground
 run writes to stdout only its summary, at the run's end: `run … | head` ran its whole run for
 nobody. On that event the thread calls `on_gone` once (runtime/cli/ending.py signals the main
-thread, which stops the run as for SIGTERM and exits 141), and ends.
+thread, which stops the run as for SIGTERM and exits 141), and ends. A command that only
+follows (`logs -f`, `wait`) ends at once, quietly, with 141 (`ending_when_the_reader_goes`):
+`logs -f RUN | grep -m1 ready` used to wait for the run's next line, or its end.
 
 It never reads, writes or closes the descriptors it watches and never acts on a run itself. A
 terminal is not watched (its hangup is SIGHUP's), nor a file (it has no reader to lose).
@@ -14,17 +16,24 @@ terminal is not watched (its hangup is SIGHUP's), nor a file (it has no reader t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import stat
 import threading
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
 
 #: What a pipe or socket whose reader is gone reports; poll(2) reports both whether asked or not.
 _GONE = select.POLLERR | select.POLLHUP
 #: How long leaving the block waits for the thread (it wakes at once; bounded all the same).
 _JOIN_S = 5.0
+#: How often `on_gone` is called again until the block ends or `landed()` is called: Python
+#: runs a signal's handler at the main thread's next bytecode, and when that one is in a
+#: finalizer (a socket's or a future's `__del__`) the exception raised there is only printed
+#: ("Exception ignored in …") and the command went on following (1 in 15 `wait | true`).
+RESEND_S = 0.5
 
 
 def _has_reader(fd: int) -> bool:
@@ -57,6 +66,11 @@ class ReaderWatch:
         self._thread.start()
         return self
 
+    def landed(self) -> None:
+        """The main thread acted on the reader's going: `on_gone` is not called again."""
+        if self._wake is not None:
+            os.write(self._wake[1], b"x")
+
     def __exit__(
         self,
         kind: type[BaseException] | None,
@@ -83,8 +97,49 @@ class ReaderWatch:
                 if fd == wake:
                     return
                 if events & _GONE:
-                    self._on_gone()
+                    self._resend(wake)
                     return
                 if events & select.POLLNVAL:  # closed under us: nothing more to learn there
                     poller.unregister(fd)
                     left -= 1
+
+    def _resend(self, wake: int) -> None:
+        """`on_gone` now, and again every RESEND_S until the block ends or it `landed()`."""
+        waiting = select.poll()
+        waiting.register(wake, select.POLLIN)
+        self._on_gone()
+        while not waiting.poll(RESEND_S * 1000):
+            self._on_gone()
+
+
+class ReaderGone(BaseException):
+    """Raised in the main thread of a following command whose reader went away: a
+    BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way holds it."""
+
+
+@contextlib.contextmanager
+def ending_when_the_reader_goes() -> Iterator[None]:
+    """While the block runs, the reader of stdout or stderr going away raises `ReaderGone` in
+    the main thread at once (a wait for the node is cut short, as Ctrl-C cuts it). Only on the
+    main thread; a SIGPIPE that a failed write raises is left to that write's EPIPE."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    went = threading.Event()
+    main = threading.main_thread().ident or 0
+
+    def gone() -> None:
+        went.set()
+        signal.pthread_kill(main, signal.SIGPIPE)
+
+    def on_sigpipe(_signum: int, _frame: FrameType | None) -> None:
+        if went.is_set():
+            raise ReaderGone()
+
+    previous = signal.signal(signal.SIGPIPE, on_sigpipe)
+    try:
+        with ReaderWatch(gone):
+            yield
+    finally:
+        went.clear()  # first: from here no resend raises again while this one unwinds
+        signal.signal(signal.SIGPIPE, previous)

@@ -194,6 +194,38 @@ def test_logs_into_a_reader_that_goes_away_exits_141_quietly_like_a_unix_tool(
             assert proc.stderr.read() == b""
 
 
+@pytest.mark.parametrize("command", [["logs", "-f"], ["wait"]])
+def test_a_follow_whose_reader_goes_away_ends_at_once_and_leaves_the_run_going(
+    cli: Cli, client: Client, state_dir: Path, talker: Path, gate: Gate, command: list[str]
+) -> None:
+    """`logs -f RUN | grep -m1 "first line"` (or `wait RUN | …`): the reader went, and the
+    command went on following a quiet run until its next line or its end, and the pipeline
+    (a script's next step) with it. It ends at once now, quietly, with 141; the run is not
+    its to stop and goes on."""
+    run_id = started_async(cli, "talker", str(gate.path))
+    [held] = gate.accept(1)
+    with subprocess.Popen(
+        [*_CLI, "--state-dir", str(state_dir), *command, run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        cwd=REPO,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            if command[0] == "logs":
+                read_until(proc, "single stdout | first line", [])
+            proc.stdout.close()  # `grep -m1` has its line; the child says nothing more for now
+            assert proc.wait(15) == 141
+            assert proc.stderr.read() == b""
+        finally:
+            proc.kill()
+            proc.wait(WAIT_S)
+    assert client.runs.show(run_id).state == "running"
+    held.release(0)
+    assert client.runs.wait(run_id, timeout=WAIT_S).state == "complete"
+
+
 def _two_echoes(cli: Cli, node: NodeProcess) -> Path:
     path = node.state_dir / "two.toml"
     path.write_text(
