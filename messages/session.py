@@ -127,15 +127,16 @@ class GrantResult(Message):
     snapshot: SpawnSnapshot
 
     def text(self) -> str:
+        spawns = "spawn" if self.additional == 1 else "spawns"  # "1 more spawns" read wrong
         if self.entry is not None:
             head = (
-                f"Granted {self.additional} more spawns "
+                f"Granted {self.additional} more {spawns} "
                 f"(limit {self.entry.previous_limit} -> {self.entry.limit})."
             )
         elif self.outcome == "cancelled":
             head = "Spawn budget grant cancelled; nothing changed."
         else:
-            head = f"Grant {self.additional} more spawns? Confirmation required."
+            head = f"Grant {self.additional} more {spawns}? Confirmation required."
         return f"{head}\n{self.snapshot.text()}"
 
 

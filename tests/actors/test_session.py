@@ -269,6 +269,22 @@ def test_r_spn_6_grant_raises_limit_keeps_usage_and_records_history(
     assert snap.history == [result.entry]
 
 
+def test_r_spn_6_a_grant_of_one_spawn_says_one_spawn(client: Client, sid: str) -> None:
+    """`grant 1` printed "Granted 1 more spawns" (and asked "Grant 1 more spawns?")."""
+    _capped_with_usage(client, sid)
+    asked: list[str] = []
+
+    def confirm(preview: GrantResult) -> bool:
+        asked.append(preview.text().splitlines()[0])
+        return True
+
+    one = client.session.grant(sid, 1, confirm=confirm)
+    assert asked == ["Grant 1 more spawn? Confirmation required."]
+    assert one.text().splitlines()[0] == "Granted 1 more spawn (limit 10 -> 11)."
+    two = client.session.grant(sid, 2, authority="auto")
+    assert two.text().splitlines()[0] == "Granted 2 more spawns (limit 11 -> 13)."
+
+
 def test_r_spn_6_total_grants_never_exceed_the_configured_cap(client: Client, sid: str) -> None:
     _capped_with_usage(client, sid, configured=5, used=0)
     client.session.grant(sid, 5, authority="auto")
