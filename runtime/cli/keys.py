@@ -27,6 +27,7 @@ from pathlib import Path
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.params import GIVEN_TEXT
 from subagents_node.cli.terminal import say
 from subagents_node.client.keys import (
     ALLOWED,
@@ -153,7 +154,7 @@ def allow(obj: Ctx, public_key: str, name: str) -> None:
 
 
 @keys_group.command()
-@click.argument("name_or_key")
+@click.argument("name_or_key", type=GIVEN_TEXT)
 @click.pass_obj
 @user_errors
 def revoke(obj: Ctx, name_or_key: str) -> None:

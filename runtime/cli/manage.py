@@ -19,7 +19,7 @@ from subagents_node.cli.background import launch_in_background
 from subagents_node.cli.common import Ctx, emit, json_option, user_errors
 from subagents_node.cli.following import launch_and_follow, summary
 from subagents_node.cli.nodestart import node_client
-from subagents_node.cli.params import COUNT, PATH_TEXT, RUN_ID, GivenPath
+from subagents_node.cli.params import COUNT, GIVEN_TEXT, PATH_TEXT, RUN_ID, GivenPath
 from subagents_node.client.client import Client
 from subagents_node.client.launchagain import append as append_once
 from subagents_node.client.launchagain import relaunch, with_launch_id
@@ -80,7 +80,7 @@ def resume(obj: Ctx, run_id: str, message: str, intercom: str | None, as_json: b
 
 @click.command()
 @click.argument("run_id", type=RUN_ID)
-@click.option("--task", "-t", required=True, help="The new task.")
+@click.option("--task", "-t", type=GIVEN_TEXT, required=True, help="The new task.")
 @click.option(
     "--child", type=COUNT, default=0, show_default=True, help="Which child's parameters to reuse."
 )
@@ -197,7 +197,7 @@ def intercom() -> None:
 
 
 @intercom.command("send")
-@click.argument("text")
+@click.argument("text", type=GIVEN_TEXT)
 @click.option(
     "--run",
     "run_id",

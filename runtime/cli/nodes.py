@@ -17,6 +17,7 @@ import time
 import click
 
 from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
+from subagents_node.cli.params import GIVEN_TEXT
 from subagents_node.client.client import Client
 from subagents_node.messages.base import validate_request
 from subagents_node.messages.errors import SubagentsError
@@ -46,7 +47,9 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
 
 @nodes.command()
 @click.argument("name")
-@click.option("--reason", required=True, help="Why the worker is declared lost (recorded).")
+@click.option(
+    "--reason", type=GIVEN_TEXT, required=True, help="Why the worker is declared lost (recorded)."
+)
 @json_option
 @click.pass_obj
 @user_errors

@@ -211,6 +211,20 @@ class PathTextType(click.ParamType[str]):
         return text
 
 
+class GivenTextType(click.ParamType[str]):
+    """Text that must not be empty (a task, a message, a reason, a key's name): an empty one
+    was sent and came back as "invalid runs.rerun request: task: String should have at least
+    1 character" (exit 1), naming a request the user never saw."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text:
+            self.fail("is empty", param, ctx)
+        return text
+
+
 class GivenPath(click.Path):
     """click's path, where an empty or blank one is refused: click took `--cwd ""` as `.`, so
     `--cwd "$DIR"` with DIR unset ran the agent in the working directory, and `--chain ""`
@@ -262,6 +276,7 @@ PATH_TEXT = PathTextType()
 SESSION = SessionType()
 AGENT = AgentNameType()
 SECONDS = SecondsType()
+GIVEN_TEXT = GivenTextType()
 HEARTBEAT_SECONDS = SecondsType(MIN_HEARTBEAT_S)
 #: Counts that travel as signed 32-bit integers (SPEC §0.4).
 COUNT = WholeRange(0, MAX_INT32)

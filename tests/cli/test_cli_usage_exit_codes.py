@@ -109,3 +109,24 @@ def test_an_empty_path_is_a_usage_error_not_the_working_directory(
     assert done.returncode == USAGE, (done.returncode, done.stderr)
     assert "is empty or blank: give a path" in done.stderr, done.stderr
     assert not unused_state_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rerun", "000000000000", "--task", ""],
+        ["keys", "revoke", ""],
+        ["nodes", "forget", "w1", "--reason", ""],
+        ["intercom", "send", "", "--run", "000000000000"],
+    ],
+)
+def test_an_empty_text_is_a_usage_error_naming_the_option(
+    args: list[str], unused_state_dir: Path
+) -> None:
+    """An empty task, reason, message or key name went to the node (or the allow-list) and came
+    back as "invalid runs.rerun request: task: String should have at least 1 character" (exit
+    1): a request's name and field the user never typed. It is the option's usage error now."""
+    done = run_cli(*args, state_dir=unused_state_dir)
+    assert done.returncode == USAGE, (done.returncode, done.stderr)
+    assert "is empty" in done.stderr and "request" not in done.stderr, done.stderr
+    assert not unused_state_dir.exists()
