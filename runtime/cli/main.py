@@ -385,7 +385,27 @@ def status(obj: Ctx, as_json: bool) -> None:
 
 
 def main() -> None:
+    open_standard_streams()
     cli(prog_name="subagents-node")
+
+
+def open_standard_streams() -> None:
+    """A closed stdin, stdout or stderr (`runs >&-`) is /dev/null from the start. Python left
+    sys.stdout None, and `runs >&-` ended in a traceback (`'NoneType' object has no attribute
+    'isatty'`), and the next file the command opened (a node's database, a socket) took the
+    free number, where anything writing to descriptor 1 (or 2) would have written into it."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if opened != fd:  # the lowest free number: fd itself, unless a lower one was closed too
+            os.dup2(opened, fd)
+            os.close(opened)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
 
 
 if __name__ == "__main__":

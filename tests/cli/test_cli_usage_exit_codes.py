@@ -8,14 +8,15 @@ error now, before any node is asked or started, and the state dir is not even cr
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.nodes import new_state_dir, run_cli
+from tests.support.nodes import CLI, REPO, NodeProcess, new_state_dir, run_cli
 from tests.support.runs import EXAMPLE_AGENTS
 
 USAGE = 2
@@ -130,3 +131,28 @@ def test_an_empty_text_is_a_usage_error_naming_the_option(
     assert done.returncode == USAGE, (done.returncode, done.stderr)
     assert "is empty" in done.stderr and "request" not in done.stderr, done.stderr
     assert not unused_state_dir.exists()
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_closed_standard_stream_is_dev_null_not_a_traceback(
+    closed: str, start_node: Callable[..., NodeProcess]
+) -> None:
+    """`subagents-node runs >&-` (stdout closed, as some cron and daemon setups leave it) ended
+    in a Python traceback (sys.stdout was None), and a foreground `run … 2>&-` exited 1 after
+    its run completed. A closed stream is /dev/null from the start."""
+    node = start_node()
+    agents = ("--agents-dir", str(EXAMPLE_AGENTS))
+    if closed == "stdout":  # `runs` has one to list (its table asked stdout if it is a tty)
+        ran = run_cli("run", *agents, "sleeper", "seconds=0", state_dir=node.state_dir)
+        assert ran.returncode == 0, ran.stderr
+    command = ("runs",) if closed == "stdout" else ("run", *agents, "sleeper", "seconds=0")
+    done = subprocess.run(
+        ["sh", "-c", f'exec "$@" {">&-" if closed == "stdout" else "2>&-"}', "sh", *CLI,
+         "--state-dir", str(node.state_dir), *command],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    if closed == "stderr":
+        assert re.search(r"run [0-9a-f]{12} complete", done.stdout), done.stdout
