@@ -132,7 +132,11 @@ def run(
     on_host: str | None,
     as_json: bool,
 ) -> None:
-    """Launch AGENT with TASK, or a --parallel / --chain file, under the three ledgers."""
+    """Launch AGENT with TASK, or a --parallel / --chain file, under the three ledgers.
+
+    A TASK that starts with '-' goes after '--' (`run AGENT -- -TASK`); without it, the TASK is
+    read as options.
+    """
     files = [f for f in (parallel_file, chain_file) if f is not None]
     if len(files) > 1 or (files and (agent or task)) or (not files and not (agent and task)):
         raise click.UsageError("give AGENT and TASK, or exactly one of --parallel / --chain")
