@@ -94,8 +94,25 @@ def file_error(exc: OSError) -> SubagentsError:
     from subagents_node.messages.errors import BadRequest
 
     name = str(exc.filename or "")
+    if not name and exc.errno == errno.ENOENT and not _cwd_exists():
+        # os.getcwd() names no file: "No such file or directory" alone sent the user looking
+        # for a file they had given (or a traceback, from `doctor`).
+        return BadRequest(
+            "the working directory no longer exists (removed or renamed under this shell); "
+            "cd to one that does",
+            reason="cwd_gone",
+            errno=exc.errno,
+        )
     shown = f": {name[:120]}{'…' if len(name) > 120 else ''}" if name else ""
     return BadRequest(f"{exc.strerror or exc}{shown}", reason="os_error", errno=exc.errno)
+
+
+def _cwd_exists() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 class Ctx:

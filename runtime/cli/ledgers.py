@@ -263,6 +263,7 @@ def debug_run(obj: Ctx, run_id: str, limit: int | None, as_json: bool) -> None:
 )
 @json_option
 @click.pass_obj
+@user_errors
 def doctor(obj: Ctx, agents_dirs: tuple[str, ...], as_json: bool) -> None:
     """Check the state dir, store, node, config and agent files; exit 1 on any failure."""
     from subagents_node.cli.doctor import render, run_checks

@@ -9,6 +9,7 @@ error now, before any node is asked or started, and the state dir is not even cr
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -156,3 +157,27 @@ def test_a_closed_standard_stream_is_dev_null_not_a_traceback(
     assert "Traceback" not in done.stderr, done.stderr
     if closed == "stderr":
         assert re.search(r"run [0-9a-f]{12} complete", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["agents"], ["config", "show"]])
+def test_a_removed_working_directory_is_named_not_a_traceback(
+    command: list[str], unused_state_dir: Path
+) -> None:
+    """In a shell whose directory was removed, `doctor` ended in a traceback
+    (`FileNotFoundError` from Path.cwd()) and `agents`, `run`, `config show` said only
+    "error: No such file or directory", naming no file."""
+    gone = new_state_dir()
+    try:
+        done = subprocess.run(
+            ["sh", "-c", f'cd {shlex.quote(str(gone))} && rmdir "$PWD" && exec "$@"', "sh",
+             *CLI, "--state-dir", str(unused_state_dir), *command],
+            capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(gone, ignore_errors=True)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: the working directory no longer exists (removed or renamed under this shell); "
+        "cd to one that does"
+    ]
