@@ -35,6 +35,7 @@ from subagents_node.cli.params import (
     TIMEOUT_MS,
     GivenPath,
     WholeRange,
+    given_or_default,
 )
 from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.capacity_views import with_capacity
@@ -111,6 +112,7 @@ def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
     "--on",
     "on_host",
     metavar="NAME",
+    callback=given_or_default,  # `--on "$W"` with W unset ran it here, on the home itself
     help="Multi-host: run it on worker NAME of the home node this CLI talks to (its children "
     "get that worker's environment; --cwd, default this directory, must exist there).",
 )

@@ -120,6 +120,8 @@ def test_an_empty_path_is_a_usage_error_not_the_working_directory(
         ["keys", "revoke", ""],
         ["nodes", "forget", "w1", "--reason", ""],
         ["intercom", "send", "", "--run", "000000000000"],
+        # `--on "$WORKER"` with WORKER unset ran the run on the home itself (exit 0)
+        ["run", "--agents-dir", str(EXAMPLE_AGENTS), "--on", "", "sleeper", "seconds=0"],
     ],
 )
 def test_an_empty_text_is_a_usage_error_naming_the_option(
