@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from subagents_node.client import launchagain
+from subagents_node.client import launchagain, lineage
 from subagents_node.client import runs as run_plans
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan
@@ -101,15 +101,15 @@ class AsyncRunsAPI:
         intercom: str | None = None,
     ) -> RunView:
         """As `Client.runs.resume` (R-RES-1..7)."""
-        request = run_plans.resume_request(
+        request = lineage.resume_request(
             run_id, message, depth, capacity_limit, env, inherited_fanout, intercom
         )
         return await self._sent_again(request, NODE_BACK_S)
 
     async def append(self, run_id: str, steps: Sequence[ChainStep]) -> AppendResult:
         """As `Client.runs.append` (R-APP-1..6)."""
-        request = run_plans.append_request(run_id, steps)
-        return await self._sent(request, run_plans.append_plan, NODE_BACK_S)
+        request = lineage.append_request(run_id, steps)
+        return await self._sent(request, lineage.append_plan, NODE_BACK_S)
 
     async def attach(
         self,
@@ -121,7 +121,7 @@ class AsyncRunsAPI:
         inherited_fanout: str | None = None,
     ) -> RunView:
         """As `Client.runs.attach` (R-RES-6)."""
-        request = run_plans.attach_request(
+        request = lineage.attach_request(
             run_id, steps, capacity_limit, depth, env, inherited_fanout
         )
         return await self._sent_again(request, NODE_BACK_S)
@@ -135,7 +135,7 @@ class AsyncRunsAPI:
         foreground_pid: int | None = None,
     ) -> RunView:
         """As `Client.runs.rerun` (R-MISC-2)."""
-        request = run_plans.rerun_request(run_id, task, child, env, foreground_pid)
+        request = lineage.rerun_request(run_id, task, child, env, foreground_pid)
         return await self._sent_again(request, 0.0)
 
     async def show(self, run_id: str) -> RunView:

@@ -25,10 +25,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from subagents_node.client.channel import is_closed_error
+from subagents_node.client.lineage import append_plan, relaunch_plan
 from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
 from subagents_node.client.plans import Plan
-from subagents_node.client.runs import append_plan, launch_plan, relaunch_plan
+from subagents_node.client.runs import launch_plan
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume

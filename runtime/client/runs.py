@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from subagents_node.client import lineage
 from subagents_node.client.arguments import listed, plain_callback
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan, build, one
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.domains import MAX_DURATION_S
 from subagents_node.messages.errors import BadRequest, NodeTimeout, OwnerUnavailable, SubagentsError
-from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
+from subagents_node.messages.lineage import AppendResult
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import (
@@ -189,60 +190,6 @@ def stop_plan(run_id: str) -> Plan[RunView]:
     return one(build(Stop, run_id=run_id), RunView)
 
 
-def attach_request(
-    run_id: str,
-    steps: Sequence[ChainStep],
-    capacity_limit: int = 0,
-    depth: int = 0,
-    env: Mapping[str, str] | None = None,
-    inherited_fanout: str | None = None,
-) -> Resume:
-    return build(
-        Resume,
-        run_id=run_id,
-        attach=listed(steps, "steps", "ChainStep"),
-        capacity_limit=capacity_limit,
-        depth=depth,
-        env=dict(env) if env is not None else None,
-        inherited_fanout=inherited_fanout,
-    )
-
-
-def resume_request(
-    run_id: str,
-    message: str = "",
-    depth: int = 0,
-    capacity_limit: int = 0,
-    env: Mapping[str, str] | None = None,
-    inherited_fanout: str | None = None,
-    intercom: str | None = None,
-) -> Resume:
-    return build(
-        Resume,
-        run_id=run_id,
-        message=message,
-        depth=depth,
-        capacity_limit=capacity_limit,
-        env=dict(env) if env is not None else None,
-        inherited_fanout=inherited_fanout,
-        intercom=intercom,
-    )
-
-
-def append_request(run_id: str, steps: Sequence[ChainStep]) -> Append:
-    return build(Append, run_id=run_id, steps=listed(steps, "steps", "ChainStep"))
-
-
-def append_plan(request: Append) -> Plan[AppendResult]:
-    return one(request, AppendResult)
-
-
-def relaunch_plan(request: Resume | Rerun) -> Plan[RunView]:
-    """A resume, an attach or a rerun: the run it made."""
-    result: LaunchResult = yield from one(request, LaunchResult)
-    return result.run
-
-
 def pause_plan(run_id: str) -> Plan[RunView]:
     return one(build(Pause, run_id=run_id), RunView)
 
@@ -264,17 +211,6 @@ def approve_plan(
     )
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
-
-
-def rerun_request(
-    run_id: str,
-    task: str,
-    child: int = 0,
-    env: Mapping[str, str] | None = None,
-    foreground_pid: int | None = None,
-) -> Rerun:
-    fields = {"run_id": run_id, "task": task, "child": child, "foreground_pid": foreground_pid}
-    return build(Rerun, **fields, env=dict(env) if env is not None else None)
 
 
 def reject_plan(run_id: str, reason: str = "") -> Plan[RunView]:
@@ -413,7 +349,7 @@ class RunsAPI:
         id, and sent again under it when its answer is lost, as `launch`: one run."""
         from subagents_node.client.launchagain import relaunch
 
-        request = resume_request(
+        request = lineage.resume_request(
             run_id, message, depth, capacity_limit, env, inherited_fanout, intercom
         )
         return relaunch(self._client, request)
@@ -424,7 +360,7 @@ class RunsAPI:
         under it when its answer is lost, as `launch`: queued once."""
         from subagents_node.client.launchagain import append
 
-        return append(self._client, append_request(run_id, steps))
+        return append(self._client, lineage.append_request(run_id, steps))
 
     def attach(
         self,
@@ -444,7 +380,9 @@ class RunsAPI:
         answer is lost, as `launch`: one chain."""
         from subagents_node.client.launchagain import relaunch
 
-        request = attach_request(run_id, steps, capacity_limit, depth, env, inherited_fanout)
+        request = lineage.attach_request(
+            run_id, steps, capacity_limit, depth, env, inherited_fanout
+        )
         return relaunch(self._client, request)
 
     def rerun(
@@ -463,7 +401,7 @@ class RunsAPI:
         `launch`: one rerun (a node that went is not waited for: the rerun is foreground)."""
         from subagents_node.client.launchagain import relaunch
 
-        request = rerun_request(run_id, task, child, env, foreground_pid)
+        request = lineage.rerun_request(run_id, task, child, env, foreground_pid)
         return relaunch(self._client, request, next_node_s=0.0)
 
     def pause(self, run_id: str) -> RunView:

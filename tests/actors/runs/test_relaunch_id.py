@@ -24,7 +24,7 @@ import pytest
 
 from subagents_node.actors.runs.workflowkeys import run_id_of
 from subagents_node.client.client import Client
-from subagents_node.client.runs import attach_request
+from subagents_node.client.lineage import attach_request
 from subagents_node.messages.errors import LaunchIdConflict, SubagentsError
 from subagents_node.messages.fanout import encode_descriptor
 from subagents_node.messages.lineage import Rerun, Resume
