@@ -405,7 +405,11 @@ def open_standard_streams() -> None:
             os.dup2(opened, fd)
             os.close(opened)
         if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
+            stream = open(fd, "r" if fd == 0 else "w", closefd=False)  # noqa: SIM115
+            # Said on the stream, for a command that must not run without it: the MCP
+            # server talks over stdin and stdout (mcp/stdio.py `check_stdio`).
+            stream.closed_at_start = True  # type: ignore[attr-defined]
+            setattr(sys, name, stream)
 
 
 if __name__ == "__main__":

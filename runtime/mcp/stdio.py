@@ -204,9 +204,11 @@ async def answer_left(answers: Answers) -> None:
 def check_stdio() -> None:
     """Refuse to serve when stdin or stdout was closed when the process started (`mcp <&-`):
     Python then has no sys.stdin / sys.stdout, and descriptor 0 or 1 may since belong to a
-    socket of ours, which the server must never read or write as the MCP channel."""
+    socket of ours, which the server must never read or write as the MCP channel. The command
+    line puts /dev/null in its place first, and says so on the stream (`closed_at_start`,
+    cli/main.py `open_standard_streams`)."""
     for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
-        if stream is None:
+        if stream is None or getattr(stream, "closed_at_start", False):
             raise BadRequest(
                 f"{name} is closed: the MCP server talks over stdin and stdout",
                 reason="stdio_closed",
