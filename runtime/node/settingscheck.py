@@ -58,6 +58,10 @@ NODE_KEYS = (
 )
 CONFIG_KEYS = tuple(Settings.model_fields)
 KNOWN_KEYS = CONFIG_KEYS + TEST_KEYS
+#: A slot's TTL a program may set below the second a configuration may not go under
+#: (config.py `MIN_RESERVATION_TTL_S`): tests of that expiry make it expire in a fraction of a
+#: second. Above 0 and at most a day, as before that minimum.
+_PROGRAM_TTL_KEY, _MAX_TTL_S = "reservation_ttl_s", 86_400.0
 
 
 def _shown(value: object) -> str:
@@ -133,7 +137,16 @@ def _test_problem(key: str, value: object) -> str | None:
     return None if names else f"must be a list of step names, not {_shown(value)}"
 
 
+def _short_ttl(value: object) -> bool:
+    """A TTL under a configuration's minimum that a program may still set (`_PROGRAM_TTL_KEY`)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    return math.isfinite(value) and 0 < value <= _MAX_TTL_S
+
+
 def _problem(key: str, value: object) -> str | None:
+    if key == _PROGRAM_TTL_KEY and _short_ttl(value):
+        return None
     if key in CONFIG_KEYS:
         return _config_problem(key, value)
     if key in TEST_KEYS:
