@@ -21,9 +21,11 @@ import os
 import select
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
+from typing import Any
 
 #: What a pipe or socket whose reader is gone reports; poll(2) reports both whether asked or not.
 _GONE = select.POLLERR | select.POLLHUP
@@ -134,12 +136,22 @@ def ending_when_the_reader_goes() -> Iterator[None]:
 
     def on_sigpipe(_signum: int, _frame: FrameType | None) -> None:
         if went.is_set():
+            # A resend that lands while the first ReaderGone unwinds (a generator's clean-up,
+            # `follow_logs` closing its watch) would be printed as "Exception ignored in: …"
+            # on a stderr that must stay quiet: the command is ending, with nothing to say.
+            sys.unraisablehook = _say_nothing
             raise ReaderGone()
 
     previous = signal.signal(signal.SIGPIPE, on_sigpipe)
+    hook = sys.unraisablehook
     try:
         with ReaderWatch(gone):
             yield
     finally:
         went.clear()  # first: from here no resend raises again while this one unwinds
         signal.signal(signal.SIGPIPE, previous)
+        sys.unraisablehook = hook
+
+
+def _say_nothing(_unraisable: Any) -> None:
+    """`sys.unraisablehook` once the reader went: an exception nobody can catch is not shown."""
