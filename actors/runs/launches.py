@@ -287,8 +287,10 @@ class RunLaunches:
         row = runstore.run_row(self._host.db, self._host.resolve(request.run_id))
         assert row is not None
         # A workflow's `resume` item, or a resume under a launch id, sent again (R-WF-4,
-        # docs/api.md "Launching again"): the run it made, if it made one.
-        keyed = KeyedLaunch.of(request)
+        # docs/api.md "Launching again"): the run it made, if it made one. (An attach as a
+        # workflow's item is no key: attach_launch refuses it, as it always did.)
+        as_item = request.attach and request.workflow_key is not None
+        keyed = None if as_item else KeyedLaunch.of(request)
         if keyed is not None:
             made = self._launched_by_key(keyed, request.workflow_token)
             if made is not None:

@@ -25,7 +25,7 @@ import pytest
 from subagents_node.actors.runs.workflowkeys import run_id_of
 from subagents_node.client.client import Client
 from subagents_node.client.lineage import attach_request
-from subagents_node.messages.errors import LaunchIdConflict, SubagentsError
+from subagents_node.messages.errors import LaunchIdConflict, RunNotResumable, SubagentsError
 from subagents_node.messages.fanout import encode_descriptor
 from subagents_node.messages.lineage import Rerun, Resume
 from subagents_node.messages.supervisor import ChainStep, Launch, LaunchResult, RunView, TaskItem
@@ -185,6 +185,26 @@ def test_r_run_2_a_paused_runs_resume_sent_twice_under_one_launch_id_is_its_one_
     done = client.runs.wait(first.run_id, timeout=WAIT_S)
     assert (done.state, done.output) == ("complete", "slept 0 then done")
     no_slot_held(client, ctx.session_id)
+
+
+def test_r_res_6_an_attach_sent_as_a_workflows_resume_item_is_refused_as_before_any_key(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """A workflow key on an attach is no key to look a run up by: the attach is refused for
+    what it is, not answered with a workflow child or refused as one."""
+    ctx = launch_context(agents, session=new_session(), max_active_async_runs_per_session=2)
+    source = client.runs.launch(ctx.single("gate", str(gate.path), True, None))
+    [held] = gate.accept(1, timeout=WAIT_S)
+    steps = [ChainStep(items=[TaskItem(agent=ctx.plan("echo"), task="after {previous}")])]
+    item = attach_request(source.run_id, steps, capacity_limit=2).model_copy(
+        update={"parent_run_id": source.run_id, "workflow_key": "k"}
+    )
+
+    with pytest.raises(RunNotResumable, match="cannot be attached"):
+        client.ask(item, LaunchResult)
+
+    assert runs_of(client, source.session_id) == {source.run_id}
+    held.release(0)
 
 
 def test_a_launch_id_a_launch_used_is_refused_on_a_resume_and_changes_nothing(
