@@ -34,7 +34,7 @@ from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.session import GrantResult
 from tests.support.fleet import PLACES, Fleet, fleet_on
 from tests.support.nodes import REPO, NodeProcess
-from tests.support.runs import wait_until
+from tests.support.runs import stop_process, wait_until
 
 AGENTS = REPO / "examples" / "agents"
 
@@ -325,7 +325,7 @@ def test_workers_that_do_not_answer_are_reported_after_one_per_host_timeout_aske
             hosts = AsyncHosts(client, timeout_s=timeout_s)
             try:
                 for node in silent:
-                    os.kill(node.pid, signal.SIGSTOP)
+                    stop_process(node.pid)
                 began = time.monotonic()
                 parts = _parts(await hosts.runs())
                 elapsed = time.monotonic() - began

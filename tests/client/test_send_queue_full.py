@@ -26,6 +26,7 @@ from subagents_node.client.client import Client
 from subagents_node.messages.capacity import CapacitySnapshot, Snapshot
 from subagents_node.messages.errors import NodeTimeout
 from tests.support.nodes import NodeProcess
+from tests.support.runs import stop_process
 
 #: More calls than any send queue and socket buffer hold: one of them must find it full.
 MOST_CALLS = 40_000
@@ -43,7 +44,7 @@ def _owner_pid(client: Client, name: str) -> int:
 @contextlib.contextmanager
 def _stopped(pid: int) -> Iterator[None]:
     """The process stops reading anything (SIGSTOP) for the block; continued after it."""
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         yield
     finally:

@@ -25,6 +25,7 @@ from subagents_node.messages.supervisor import (
     TaskItem,
 )
 from tests.support.nodes import NodeProcess
+from tests.support.runs import stop_process
 
 
 def _owner_pid(node: NodeProcess, name: str) -> int:
@@ -45,7 +46,7 @@ def test_a_launch_behind_a_stopped_owner_is_told_the_node_runs_and_the_launch_ma
         items=[TaskItem(agent=AgentPlan(name="t", command=["/bin/true"]), task="x")],
         cwd="/",
     )
-    os.kill(supervisor, signal.SIGSTOP)
+    stop_process(supervisor)
     try:
         with Client(ZmqTransport(node.address), timeout=1.0) as client:
             with pytest.raises(NodeTimeout) as launched:

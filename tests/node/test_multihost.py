@@ -33,7 +33,7 @@ from subagents_node.messages.node import Shutdown
 from subagents_node.node.node import Node
 from tests.support.fleet import EXAMPLE_AGENTS, PLACES, Fleet, fleet_on
 from tests.support.nodes import CLI, REPO, NodeProcess, run_cli
-from tests.support.runs import wait_until
+from tests.support.runs import stop_process, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -330,7 +330,7 @@ def _cut_home(crew: Fleet) -> Callable[[], None]:
     if fabric is not None:
         fabric.link_down("home")
         return lambda: fabric.link_up("home")
-    os.kill(crew.home.pid, signal.SIGSTOP)
+    stop_process(crew.home.pid)
     return lambda: os.kill(crew.home.pid, signal.SIGCONT)
 
 
@@ -527,7 +527,7 @@ def _cut_worker(crew: Fleet, name: str) -> Callable[[], None]:
         fabric.link_down(name)
         return lambda: fabric.link_up(name)
     pid = crew.workers[name].pid
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     return lambda: os.kill(pid, signal.SIGCONT)
 
 

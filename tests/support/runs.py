@@ -261,13 +261,39 @@ def peak_overlap(run: RunView) -> int:
     return peak
 
 
+def _thread_states(pid: int) -> list[str]:
+    """The state letter of each thread of `pid` (none: the process is gone)."""
+    states = []
+    with suppress(FileNotFoundError, ProcessLookupError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with suppress(FileNotFoundError, ProcessLookupError):
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                states.append(stat.rsplit(")", 1)[1].split()[0])
+    return states
+
+
+def stop_process(pid: int, timeout: float = WAIT_S) -> None:
+    """SIGSTOP `pid` and return once every thread of it has stopped (or it is gone).
+
+    `kill` only queues the stop: one thread takes it when it is next scheduled, and until then
+    the process's other threads run on. On a loaded host that was long enough for a "silenced"
+    node to answer the request a test sent right after the kill. No event says a process that
+    is not our child stopped, so its threads' states are read until they all say so."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(
+        lambda: all(state in "TtZX" for state in _thread_states(pid)),
+        timeout,
+        what=f"process {pid} to stop",
+    )
+
+
 @contextmanager
 def stopped(pid: int) -> Iterator[None]:
     """SIGSTOP `pid` for the block: it keeps its sockets but answers nothing until SIGCONT
     after the block (even when the block killed it: a signal to a gone process is ignored).
     What a test holds an owner busy with until its event came, where a timed sleep of the
-    owner could end first on a loaded host."""
-    os.kill(pid, signal.SIGSTOP)
+    owner could end first on a loaded host. The block starts once every thread has stopped."""
+    stop_process(pid)
     try:
         yield
     finally:

@@ -41,7 +41,15 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, ledgers, wait_until, wait_view, write_agent
+from tests.support.runs import (
+    Gate,
+    launch_context,
+    ledgers,
+    stop_process,
+    wait_until,
+    wait_view,
+    write_agent,
+)
 
 LIMIT = 2
 
@@ -553,7 +561,7 @@ def test_r_run_2_a_checkpoint_deadline_due_while_an_approve_is_admitted_fires_on
         capacity = next(a.pid for a in node.owner_statuses() if a.name == "capacity")
         assert capacity is not None
         assert time.time() < deadline - 1, "the deadline passed before the approve could be sent"
-        os.kill(capacity, signal.SIGSTOP)
+        stop_process(capacity)
         waking = threading.Timer(
             deadline + 1.0 - time.time(), lambda: os.kill(capacity, signal.SIGCONT)
         )

@@ -35,7 +35,7 @@ from subagents_node.node.node import Node
 from tests.support.manage import embedded
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, wait_until, wait_view
+from tests.support.runs import Gate, launch_context, stop_process, wait_until, wait_view
 
 LIMIT = 2
 #: The run supervisor's deadline for the capacity owner's answer, and the slots' TTL.
@@ -76,7 +76,7 @@ def lose_the_transfer_answer(node: Node, client: Client, ctx: LaunchContext, run
     deadline, then the owner applies the transfer. Returns the run id the slot now names."""
     capacity = next(a.pid for a in node.owner_statuses() if a.name == "capacity")
     assert capacity is not None
-    os.kill(capacity, signal.SIGSTOP)
+    stop_process(capacity)
     try:
         with pytest.raises(OwnerUnavailable):
             resume(client, run_id)

@@ -28,7 +28,14 @@ from subagents_node.messages.supervisor import RunView, TaskItem
 from tests.support.nodes import NodeProcess
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, launch_context, read_fifo, wait_until, write_agent
+from tests.support.runs import (
+    Gate,
+    launch_context,
+    read_fifo,
+    stop_process,
+    wait_until,
+    write_agent,
+)
 
 CHILDREN = 30
 T = TypeVar("T")
@@ -376,7 +383,7 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     child_pid = run.children[0].pid
     assert child_pid is not None
     shim_pid = shim_of(run)
-    os.kill(shim_pid, signal.SIGSTOP)
+    stop_process(shim_pid)
     os.kill(child_pid, signal.SIGKILL)
     wait_gone(child_pid)  # exited (a zombie its frozen parent cannot reap)
     os.kill(shim_pid, signal.SIGKILL)
