@@ -277,7 +277,13 @@ AskingHost = HostOrHome
 
 
 class Acquire(Request):
-    """Take the lowest free slot in [0, limit) for `run_id` (R-CAP-8..12)."""
+    """Take the lowest free slot in [0, limit) for `run_id` (R-CAP-8..12).
+
+    With `acquire_id` (any id its caller picks once per acquire, a uuid) the slot's token is
+    that id, and the same acquire sent again, after its answer was lost with a restarted
+    capacity owner, is answered with the slot it took instead of being refused as the run's
+    second slot: a launch no longer fails, its slot held until its TTL, because the owner
+    died between committing the slot and answering."""
 
     type: Literal["capacity.acquire"] = "capacity.acquire"
     target: ClassVar[str] = CAPACITY
@@ -292,6 +298,12 @@ class Acquire(Request):
     ttl_s: Ttl | None = None
     #: The node the run executes on ("" = the home node); `release_host` frees by it.
     host: HostOrHome = ""
+    acquire_id: Token | None = None
+
+    added_later: ClassVar[tuple[str, ...]] = ("acquire_id",)
+
+    def resendable_as_sent(self) -> bool:
+        return self.acquire_id is not None
 
 
 class MarkStarted(Request):

@@ -65,6 +65,7 @@ from subagents_node.actors.capacity.rules import (
 )
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.deadline import EarliestDeadline
+from subagents_node.actors.faults import FaultInjection
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
@@ -121,6 +122,7 @@ class CapacityLedger(OwnerActor):
         #: The one expiry timer: never later than the earliest deadline of an unstarted slot
         #: (one armed for a grant that was then rolled back costs a tick that finds nothing).
         self._expiry = EarliestDeadline(self.after, ctx.clock, SlotsDue)
+        self._faults = FaultInjection(ctx)  # tests only: inert without faults
 
     def handlers(self) -> Mapping[type[Request], Callable[[Any], Message]]:
         handlers: dict[type[Request], Callable[[Any], Message]] = {
@@ -191,7 +193,13 @@ class CapacityLedger(OwnerActor):
         """R-CAP-8..12: nothing when unlimited, else the lowest free index below the limit."""
         if req.limit == 0:
             return AcquireResult(handle=None, snapshot=self._snapshot(req.session_id, 0))
-        self._refuse_second_slot(req.session_id, req.run_id)
+        held = slots.held_by(self.db, req.session_id, req.run_id)
+        if held is not None:
+            if req.acquire_id is not None and held.token == req.acquire_id:
+                # The same acquire sent again: its answer was lost, its slot was not.
+                snapshot = self._snapshot(req.session_id, req.limit)
+                return AcquireResult(handle=held.handle(), snapshot=snapshot)
+            raise CapacityRunAlreadyHeld.of(req.session_id, req.run_id, held.slot)
         # `used` counts unreadable slots too: fail closed
         used, occupied = slots.pool(self.db, req.session_id)
         index = lowest_free(occupied, req.limit)
@@ -202,7 +210,7 @@ class CapacityLedger(OwnerActor):
             session_id=req.session_id,
             session_key=session_key(req.session_id),
             slot=index,
-            token=uuid.uuid4().hex,
+            token=req.acquire_id or uuid.uuid4().hex,
             run_id=req.run_id,
             generation=hosts.fresh_generation(self.db, req.session_id, req.run_id, 0),
             kind=req.kind,
@@ -213,6 +221,8 @@ class CapacityLedger(OwnerActor):
         )
         slots.insert(self.db, record)
         self._expiry.arm(record.expires_at)
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("slot_acquired"))  # taken, not yet answered
         snapshot = CapacitySnapshot(used=used + 1, limit=req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 

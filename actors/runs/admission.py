@@ -31,6 +31,7 @@ import errno
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
@@ -288,6 +289,9 @@ def admit(
                     run_id=run_id,
                     kind="workflow" if launch.mode == "workflow" else "runner",  # R-TOP-4
                     async_dir=str(host.run_dir(run_id)),
+                    # Sent again (pipelines.py) when a capacity owner dies with it in flight:
+                    # the slot it took is answered, not refused as the run's second.
+                    acquire_id=uuid.uuid4().hex,
                 )
             try:
                 acquired: AcquireResult = _expect((yield take), AcquireResult)

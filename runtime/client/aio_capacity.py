@@ -120,9 +120,11 @@ class AsyncCapacityAPI:
         async_dir: str = "",
         ttl_s: float | None = None,
         host: str = "",
+        acquire_id: str | None = None,
     ) -> AsyncCapacityHandle | None:
-        """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0."""
-        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host)
+        """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0; with
+        `acquire_id`, the same acquire sent again answers the slot it took."""
+        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
         return self._granted(await self._client.perform(plan))
 
     async def transfer(

@@ -104,6 +104,7 @@ def acquire_plan(
     async_dir: str = "",
     ttl_s: float | None = None,
     host: str = "",
+    acquire_id: str | None = None,
 ) -> Plan[AcquireResult]:
     request = build(
         Acquire,
@@ -114,6 +115,7 @@ def acquire_plan(
         async_dir=async_dir,
         ttl_s=ttl_s,
         host=host,
+        acquire_id=acquire_id,
     )
     return one(request, AcquireResult)
 
@@ -352,13 +354,15 @@ class CapacityAPI:
         async_dir: str = "",
         ttl_s: float | None = None,
         host: str = "",
+        acquire_id: str | None = None,
     ) -> CapacityHandle | None:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0.
 
         `host` names the node the run executes on ("" = the home node). Raises
-        CapacityExhausted (with `.snapshot`) when the pool is full.
+        CapacityExhausted (with `.snapshot`) when the pool is full. With `acquire_id` (one
+        per acquire) the same acquire sent again answers the slot it took.
         """
-        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host)
+        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
         return self._granted(self.perform(plan))
 
     def transfer(

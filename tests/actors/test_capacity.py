@@ -208,6 +208,24 @@ def test_acquire_refuses_a_run_that_already_holds_a_slot(client: Client, sid: st
     assert _state(client, sid, "a") == before
 
 
+def test_r_cap_10_an_acquire_sent_again_under_its_id_answers_the_slot_it_took(
+    client: Client, sid: str
+) -> None:
+    """What the run supervisor sends again after its capacity owner died with the answer
+    (actors/pipelines.py): the same acquire id names the slot it took, whose token it is; a
+    second slot is never taken, and another id for the same run is still refused."""
+    first = client.capacity.acquire(session_id=sid, limit=2, run_id="a", acquire_id="acq-1")
+    assert first is not None and first.token == "acq-1"
+    again = client.capacity.acquire(session_id=sid, limit=2, run_id="a", acquire_id="acq-1")
+    assert again is not None and again.wire == first.wire
+    assert client.capacity.snapshot(sid, 2).used == 1
+    with pytest.raises(CapacityRunAlreadyHeld):
+        client.capacity.acquire(session_id=sid, limit=2, run_id="a", acquire_id="acq-2")
+    with pytest.raises(CapacityRunAlreadyHeld):
+        client.capacity.acquire(session_id=sid, limit=2, run_id="a")
+    assert client.capacity.snapshot(sid, 2).used == 1
+
+
 @pytest.mark.parametrize("limit", [-1, 2.5, "4", True, None])
 @pytest.mark.parametrize("transport", ["inproc", "zmq"])
 def test_r_cfg_1_bad_limit_is_a_schema_error_not_unlimited(

@@ -23,7 +23,7 @@ import pytest
 from subagents_node import AsyncClient
 from subagents_node.client.channel import PEER_CHECK_S
 from subagents_node.messages.base import Ack, resendable
-from subagents_node.messages.capacity import MarkStarted, Snapshot
+from subagents_node.messages.capacity import Acquire, MarkStarted, Snapshot
 from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, OwnerUnavailable
 from subagents_node.messages.fanout import (
     ClaimPaths,
@@ -72,6 +72,9 @@ def test_a_write_under_an_id_that_counts_it_once_may_be_sent_again_between_owner
     assert not ClaimPaths(descriptor=budget, paths=["a"]).resendable_as_sent()
     assert SpawnReserve(session_id="s", requested=1, reservation_id="r1").resendable_as_sent()
     assert not SpawnReserve(session_id="s", requested=1).resendable_as_sent()
+    take = Acquire(session_id="s", limit=1, run_id="r", acquire_id="a1")
+    assert take.resendable_as_sent()
+    assert not take.model_copy(update={"acquire_id": None}).resendable_as_sent()
     assert Ping().resendable_as_sent() and not DebugSleep(ms=1).resendable_as_sent()
 
 

@@ -284,6 +284,28 @@ def test_r_spn_5_a_session_owner_killed_after_counting_a_launch_is_asked_again_a
         one_run_charged_once(client, launch, run)
 
 
+def test_r_cap_11_a_capacity_owner_killed_after_taking_a_slot_is_asked_again_and_holds_one(
+    state_dir: Path, agents: Path
+) -> None:
+    """The capacity owner alone is killed (and restarted by the node) after it committed a
+    launch's slot and before it answered. The launch failed ("capacity restarted with
+    capacity.acquire in flight"), and the slot it had taken stayed held until its TTL, which
+    the restarted owner re-arms in full: with a limit of one, the session could launch nothing
+    for a minute or more (found by a soak that killed an owner every 40 s: never). The run
+    supervisor sends the acquire again under its id now, which is answered with the slot
+    taken, and the launch goes on holding that one slot."""
+    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:slot_acquired"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        launch = capped_launch(agents)
+        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
+        [capacity] = [a for a in node.owner_statuses() if a.name == "capacity"]
+        assert capacity.restarts == 1, "the capacity owner was not killed"
+        [holder] = client.capacity.holders(launch.session_id).holders
+        assert holder.owner is not None and holder.owner.run_id == run.run_id
+        one_run_charged_once(client, launch, run)
+
+
 def test_a_ledger_owner_restarted_mid_admission_is_noticed_in_a_second_not_at_the_deadline(
     state_dir: Path, agents: Path
 ) -> None:
