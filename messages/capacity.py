@@ -343,9 +343,19 @@ class Rollback(Request):
     handle: SlotHandle
     host: AskingHost = ""
 
+    def resendable_as_sent(self) -> bool:
+        """The handle fences it (token, run, generation): sent again after its answer was lost,
+        one that was applied finds its record gone or restored and changes nothing (it
+        answers `rolled_back` false), so the slot is freed once either way."""
+        return True
+
 
 class Transfer(Request):
-    """Move a finished source run's slot to its resume (R-CAP-18..20, A-2 resolved)."""
+    """Move a finished source run's slot to its resume (R-CAP-18..20, A-2 resolved).
+
+    With `transfer_id` (one per transfer, a uuid) it may be sent again after its answer was
+    lost with a restarted capacity owner: the slot it lent to `run_id` is answered again (or,
+    where the source held none, the slot acquired under that id)."""
 
     type: Literal["capacity.transfer"] = "capacity.transfer"
     target: ClassVar[str] = CAPACITY
@@ -360,6 +370,12 @@ class Transfer(Request):
     #: Where the resume executes ("" = home), not where the source ran: the slot moves with
     #: the run that now holds it.
     host: HostOrHome = ""
+    transfer_id: Token | None = None
+
+    added_later: ClassVar[tuple[str, ...]] = ("transfer_id",)
+
+    def resendable_as_sent(self) -> bool:
+        return self.transfer_id is not None
 
 
 class ReportTerminal(Request):

@@ -227,6 +227,11 @@ class CreateBudget(Request):
     #: one is a schema error (one error, however many elements it has).
     limit: ShallowValue = None
 
+    def resendable_as_sent(self) -> bool:
+        """Sent again after its answer was lost, it makes a second budget (each has a fresh
+        id): the first, never named to anyone, stays empty and counts nothing."""
+        return True
+
 
 class ValidateDescriptor(Request):
     """Check a descriptor against its owner's manifest (R-FAN-3); answers it normalized."""

@@ -272,6 +272,10 @@ class CapacityLedger(OwnerActor):
         if source is None:
             lent = lending.pending_transfer(self.db, req.session_id, req.source_run_id)
             source = lent.prev_record if lent is not None else None
+            if lent is not None and req.transfer_id is not None and lent.run_id == req.run_id:
+                # This very transfer sent again (its answer was lost, the lent slot was not).
+                snapshot = self._snapshot(req.session_id, req.limit)
+                return AcquireResult(handle=lent.handle(), snapshot=snapshot)
         if source is None:
             return self.acquire(
                 Acquire(
@@ -282,6 +286,7 @@ class CapacityLedger(OwnerActor):
                     async_dir=req.async_dir,
                     ttl_s=req.ttl_s,
                     host=req.host,
+                    acquire_id=req.transfer_id,
                 )
             )
         self._refuse_second_slot(req.session_id, req.run_id)
@@ -308,6 +313,8 @@ class CapacityLedger(OwnerActor):
         )
         slots.update(self.db, record)
         self._expiry.arm(record.expires_at)
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("slot_transferred"))  # lent, not yet answered
         snapshot = self._snapshot(req.session_id, req.limit)
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 

@@ -126,7 +126,18 @@ class FanoutBudget(OwnerActor):
             (budget_id, req.root_run_id, limit, now),
         )
         self._compaction.budget_created(now)
+        if self._faults.live and self._first_budget_of(req.root_run_id):
+            # Tests: die once the root's first budget is made, before the answer (the same
+            # create sent again makes the root's second one, and lives).
+            crash = self._faults.crash
+            self.after_commit(lambda: crash("budget_created"))
         return FanoutDescriptor(root_run_id=req.root_run_id, budget_id=budget_id, limit=limit)
+
+    def _first_budget_of(self, root_run_id: str) -> bool:
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM fanout_budgets WHERE root_run_id=?", (root_run_id,)
+        ).fetchone()
+        return int(row[0]) == 1
 
     def validate(self, req: ValidateDescriptor) -> FanoutDescriptor:
         self._manifest(req.descriptor)

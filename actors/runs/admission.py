@@ -281,6 +281,7 @@ def admit(
                     source_run_id=resume.source_run_id,
                     run_id=run_id,
                     async_dir=str(host.run_dir(run_id)),
+                    transfer_id=uuid.uuid4().hex,  # sent again as Acquire's id is, below
                 )
             else:
                 take = Acquire(

@@ -136,9 +136,13 @@ class AsyncCapacityAPI:
         async_dir: str = "",
         ttl_s: float | None = None,
         host: str = "",
+        transfer_id: str | None = None,
     ) -> AsyncCapacityHandle | None:
-        """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one."""
-        plan = cap.transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s, host)
+        """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one; with
+        `transfer_id`, the same transfer sent again answers the slot it moved."""
+        plan = cap.transfer_plan(
+            session_id, limit, source_run_id, run_id, async_dir, ttl_s, host, transfer_id
+        )
         return self._granted(await self._client.perform(plan))
 
     async def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:

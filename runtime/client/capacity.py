@@ -128,6 +128,7 @@ def transfer_plan(
     async_dir: str = "",
     ttl_s: float | None = None,
     host: str = "",
+    transfer_id: str | None = None,
 ) -> Plan[AcquireResult]:
     request = build(
         Transfer,
@@ -138,6 +139,7 @@ def transfer_plan(
         async_dir=async_dir,
         ttl_s=ttl_s,
         host=host,
+        transfer_id=transfer_id,
     )
     return one(request, AcquireResult)
 
@@ -374,13 +376,17 @@ class CapacityAPI:
         async_dir: str = "",
         ttl_s: float | None = None,
         host: str = "",
+        transfer_id: str | None = None,
     ) -> CapacityHandle | None:
         """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one.
 
         The slot then names `host`, where the resume executes. Raises
-        CapacityNotTransferable while the source may still be running.
+        CapacityNotTransferable while the source may still be running. With `transfer_id`
+        (one per transfer) the same transfer sent again answers the slot it moved.
         """
-        plan = transfer_plan(session_id, limit, source_run_id, run_id, async_dir, ttl_s, host)
+        plan = transfer_plan(
+            session_id, limit, source_run_id, run_id, async_dir, ttl_s, host, transfer_id
+        )
         return self._granted(self.perform(plan))
 
     def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:

@@ -226,6 +226,23 @@ def test_r_cap_10_an_acquire_sent_again_under_its_id_answers_the_slot_it_took(
     assert client.capacity.snapshot(sid, 2).used == 1
 
 
+def test_r_cap_18_a_transfer_sent_again_under_its_id_answers_the_slot_it_lent(
+    client: Client, sid: str
+) -> None:
+    """The same transfer sent again (the run supervisor's, after its capacity owner died with
+    the answer) answers the slot it lent to the resume, one generation as before; a source
+    that held no slot is acquired under the transfer's id, and answered the same way."""
+    _finished_source(client, sid, "src")
+    moved = client.capacity.transfer(sid, 2, "src", "res", transfer_id="t-1")
+    again = client.capacity.transfer(sid, 2, "src", "res", transfer_id="t-1")
+    assert moved is not None and again is not None and again.wire == moved.wire
+    assert client.capacity.snapshot(sid, 2).used == 1
+    fresh = client.capacity.transfer(sid, 2, "none", "new", transfer_id="t-2")
+    twice = client.capacity.transfer(sid, 2, "none", "new", transfer_id="t-2")
+    assert fresh is not None and twice is not None and twice.wire == fresh.wire
+    assert client.capacity.snapshot(sid, 2).used == 2
+
+
 @pytest.mark.parametrize("limit", [-1, 2.5, "4", True, None])
 @pytest.mark.parametrize("transport", ["inproc", "zmq"])
 def test_r_cfg_1_bad_limit_is_a_schema_error_not_unlimited(

@@ -23,10 +23,18 @@ import pytest
 from subagents_node import AsyncClient
 from subagents_node.client.channel import PEER_CHECK_S
 from subagents_node.messages.base import Ack, resendable
-from subagents_node.messages.capacity import Acquire, MarkStarted, Snapshot
+from subagents_node.messages.capacity import (
+    Acquire,
+    MarkStarted,
+    Rollback,
+    SlotHandle,
+    Snapshot,
+    Transfer,
+)
 from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, OwnerUnavailable
 from subagents_node.messages.fanout import (
     ClaimPaths,
+    CreateBudget,
     FanoutDescriptor,
     ReadSnapshot,
     ValidateDescriptor,
@@ -75,6 +83,12 @@ def test_a_write_under_an_id_that_counts_it_once_may_be_sent_again_between_owner
     take = Acquire(session_id="s", limit=1, run_id="r", acquire_id="a1")
     assert take.resendable_as_sent()
     assert not take.model_copy(update={"acquire_id": None}).resendable_as_sent()
+    move = Transfer(session_id="s", limit=1, source_run_id="a", run_id="b", transfer_id="t")
+    assert move.resendable_as_sent()
+    assert not move.model_copy(update={"transfer_id": None}).resendable_as_sent()
+    assert CreateBudget(root_run_id="r", limit=4).resendable_as_sent()  # a second, empty one
+    handle = SlotHandle(session_id="s", slot=0, token="t", run_id="r", generation=0, kind="runner")
+    assert Rollback(handle=handle).resendable_as_sent()  # fenced by its handle
     assert Ping().resendable_as_sent() and not DebugSleep(ms=1).resendable_as_sent()
 
 

@@ -306,6 +306,23 @@ def test_r_cap_11_a_capacity_owner_killed_after_taking_a_slot_is_asked_again_and
         one_run_charged_once(client, launch, run)
 
 
+def test_r_fan_2_a_fanout_owner_killed_after_making_a_launchs_budget_is_asked_again(
+    state_dir: Path, agents: Path
+) -> None:
+    """The fan-out owner alone is killed after it committed a new launch's budget and before
+    it answered: the launch failed ("fanout restarted with fanout.create in flight"). The run
+    supervisor asks again now (a second budget; the first, named to no one, counts nothing)
+    and the launch goes on."""
+    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:budget_created"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        launch = capped_launch(agents)
+        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
+        [fanout] = [a for a in node.owner_statuses() if a.name == "fanout"]
+        assert fanout.restarts == 1, "the fan-out owner was not killed"
+        one_run_charged_once(client, launch, run)
+
+
 def test_a_ledger_owner_restarted_mid_admission_is_noticed_in_a_second_not_at_the_deadline(
     state_dir: Path, agents: Path
 ) -> None:

@@ -132,3 +132,29 @@ def test_r_cap_25_a_paused_run_stopped_while_its_lost_transfer_waits_for_its_ttl
     assert client.runs.stop(run.run_id).state == "stopped"
     settled_and_freed(client, ctx, lost)
     assert client.capacity.inspect(run.run_id, ctx.session_id).relation == "none"
+
+
+def test_r_cap_18_a_capacity_owner_killed_after_lending_the_slot_is_asked_again_and_lends_one(
+    state_dir: Path, ctx: LaunchContext, gate: Gate
+) -> None:
+    """The capacity owner alone is killed (and restarted by the node) after it committed a
+    resume's transfer and before it answered. The resume failed ("capacity restarted with
+    capacity.transfer in flight") and its slot sat lent to a run that would never exist until
+    its TTL gave it back. The run supervisor sends the transfer again under its id now: the
+    slot it lent is answered, and the resume runs on that one slot."""
+    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:slot_transferred"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        run = paused_run(client, ctx, gate)
+        again = resume(client, run.run_id)  # sent once: the client does not resend
+        [capacity] = [a for a in node.owner_statuses() if a.name == "capacity"]
+        assert capacity.restarts == 1, "the capacity owner was not killed"
+        [child] = gate.accept(1)
+        assert used(client, ctx) == 1
+        held = client.capacity.inspect(again.run_id, ctx.session_id)
+        assert held.relation == "current" and held.owner is not None
+        assert held.owner.source_run_id == run.run_id
+        child.release()
+        assert client.runs.wait(again.run_id, timeout=20).state == "complete"
+        assert client.runs.show(run.run_id).state == "stopped"  # continued
+        wait_until(lambda: used(client, ctx) == 0, what="the slot to be freed", timeout=20)
