@@ -264,7 +264,8 @@ class ClaimPaths(Request):
     added_later: ClassVar[tuple[str, ...]] = ("claim_id",)
 
     def resendable_as_sent(self) -> bool:
-        return self.claim_id is not None
+        # An empty batch writes nothing (it validates the descriptor, R-FAN-13).
+        return self.claim_id is not None or not self.paths
 
     def to_body(self) -> dict[str, Any]:
         """`Message.to_body`, with the descriptor's dump made once per descriptor (a client

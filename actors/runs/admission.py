@@ -313,9 +313,13 @@ def admit(
         # An empty batch claims nothing but still validates the descriptor (R-FAN-13).
         claim_id = None
         if launch.launch_id is not None and paths and _inherits_budget(launch):
-            # Found claimed when sent again (R-FAN-15). A budget this admission made is new
-            # each attempt: nothing else counts on it, so its claim needs no id (and no row).
+            # Found claimed when sent again (R-FAN-15), also by the next node.
             claim_id = workflowkeys.claim_id(launch.launch_id, descriptor.budget_id)
+        elif paths:
+            # A budget this admission made is new each attempt, but the claim on it is still
+            # sent again when the fan-out owner dies with it in flight (pipelines.py): under
+            # an id it counts once.
+            claim_id = uuid.uuid4().hex
         fanout: FanoutSnapshot = _expect(
             (yield ClaimPaths(descriptor=descriptor, paths=paths, claim_id=claim_id)),
             FanoutSnapshot,

@@ -130,7 +130,7 @@ def run_id_of(launch_id: str) -> str:
 def claim_id(launch_id: str, budget_id: str) -> str:
     """The id of a launch id's fan-out claim (fanout.claim `claim_id`) on the inherited budget
     `budget_id` (its caller's): the attempt sent again finds its first claim. A top-level
-    launch's budget is new each attempt and its claim takes no id (admission.py)."""
+    launch's budget is new each attempt and its claim takes a fresh id (admission.py)."""
     return _digest("launch-claim", launch_id, budget_id)
 
 

@@ -78,6 +78,7 @@ def test_a_write_under_an_id_that_counts_it_once_may_be_sent_again_between_owner
     budget = FanoutDescriptor(budget_id="b", limit=4, root_run_id="r")
     assert ClaimPaths(descriptor=budget, paths=["a"], claim_id="c1").resendable_as_sent()
     assert not ClaimPaths(descriptor=budget, paths=["a"]).resendable_as_sent()
+    assert ClaimPaths(descriptor=budget, paths=[]).resendable_as_sent()  # writes nothing
     assert SpawnReserve(session_id="s", requested=1, reservation_id="r1").resendable_as_sent()
     assert not SpawnReserve(session_id="s", requested=1).resendable_as_sent()
     take = Acquire(session_id="s", limit=1, run_id="r", acquire_id="a1")

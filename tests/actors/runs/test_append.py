@@ -80,8 +80,24 @@ def appends_of(state_dir: Path, run_id: str) -> list[tuple[str, int, str]]:
     ]
 
 
+def launch_claim(state_dir: Path, budget: FanoutDescriptor) -> str:
+    """The id of the chain's own launch claim: the first reservation on the budget its
+    admission made (a top-level launch claims its paths under an id, stored as a reservation
+    committed at once: actors/runs/admission.py)."""
+    [(first,)] = store_rows(
+        state_dir,
+        "SELECT reservation_id FROM fanout_reservations WHERE budget_id=? "
+        "ORDER BY created_at, rowid LIMIT 1",
+        budget.budget_id,
+        owner="fanout",
+    )
+    return str(first)
+
+
 def reserved_claims(state_dir: Path, budget: FanoutDescriptor) -> dict[str, list[str]]:
-    """The budget's claims made through reservations, by reservation id, in claim order."""
+    """The budget's claims made through reservations after its launch's own, by reservation
+    id, in claim order."""
+    launched = launch_claim(state_dir, budget)
     claims: dict[str, list[str]] = {}
     for reservation, path in store_rows(
         state_dir,
@@ -90,18 +106,21 @@ def reserved_claims(state_dir: Path, budget: FanoutDescriptor) -> dict[str, list
         budget.budget_id,
         owner="fanout",
     ):
-        claims.setdefault(str(reservation), []).append(str(path))
+        if str(reservation) != launched:
+            claims.setdefault(str(reservation), []).append(str(path))
     return claims
 
 
 def reservations(state_dir: Path, budget: FanoutDescriptor) -> dict[str, str]:
+    """The budget's reservations but its launch's own claim (the appends')."""
+    launched = launch_claim(state_dir, budget)
     rows = store_rows(
         state_dir,
         "SELECT reservation_id, state FROM fanout_reservations WHERE budget_id=?",
         budget.budget_id,
         owner="fanout",
     )
-    return {str(r[0]): str(r[1]) for r in rows}
+    return {str(r[0]): str(r[1]) for r in rows if str(r[0]) != launched}
 
 
 def chain_facts(client: Client, run: RunView) -> tuple[object, ...]:

@@ -323,6 +323,26 @@ def test_r_fan_2_a_fanout_owner_killed_after_making_a_launchs_budget_is_asked_ag
         one_run_charged_once(client, launch, run)
 
 
+def test_r_fan_15_a_fanout_owner_killed_after_a_top_level_launchs_claim_is_asked_again(
+    state_dir: Path, agents: Path
+) -> None:
+    """A top-level launch claims its paths on the budget its admission made. That claim took
+    no id, so a fan-out owner killed after committing it and before answering failed the launch
+    ("fanout restarted with fanout.claim in flight": a soak's resume met the same with its
+    empty batch). It is made under an id now, sent again, counted once, and the launch goes
+    on."""
+    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:claim_recorded"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        launch = capped_launch(agents)
+        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
+        [fanout] = [a for a in node.owner_statuses() if a.name == "fanout"]
+        assert fanout.restarts == 1, "the fan-out owner was not killed"
+        budget = decode_descriptor(run.fanout_descriptor)
+        assert client.fanout.snapshot(budget).used == 1
+        one_run_charged_once(client, launch, run)
+
+
 def test_a_ledger_owner_restarted_mid_admission_is_noticed_in_a_second_not_at_the_deadline(
     state_dir: Path, agents: Path
 ) -> None:
