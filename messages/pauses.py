@@ -9,6 +9,8 @@ checkpoints.py. Like every module in messages/, it never imports anything of our
 
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from subagents_node.messages.base import Request, ResultType
 from subagents_node.messages.domains import (
     Count,
@@ -18,7 +20,7 @@ from subagents_node.messages.domains import (
     RunId,
     ShortText,
 )
-from subagents_node.messages.supervisor import SUPERVISOR, LaunchResult, RunView
+from subagents_node.messages.supervisor import LAUNCH_ID, SUPERVISOR, LaunchResult, RunView
 
 
 class Pause(Request):
@@ -49,6 +51,13 @@ class Approve(Request):
     #: R-RES-3); at depth > 0 it is refused without one (R-FAN-4). The relaunch runs on its
     #: source's budget (R-RES-4) and claims one path on this route (`resume[RUN]`).
     inherited_fanout: EncodedDescriptor | None = None
+    #: The client's id for this approval (docs/api.md, "Launching again"): the same approve
+    #: sent again under it (its answer lost) is answered with the run that went on, never
+    #: refused as "not waiting at a checkpoint"; another approve of the run under it is
+    #: refused (`BadRequest`). Scoped to the run, as an append id is to its chain.
+    approve_id: str | None = Field(default=None, max_length=64, pattern=LAUNCH_ID)
+
+    added_later: ClassVar[tuple[str, ...]] = ("approve_id",)
 
 
 class Reject(Request):

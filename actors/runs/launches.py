@@ -121,6 +121,10 @@ class RunLaunches:
                 return made
         return self.launch(request, keyed=keyed)
 
+    def launched_by_key(self, keyed: KeyedLaunch) -> Message | None:
+        """A client's launch id's run (`_launched_by_key`): an approve's continuation too."""
+        return self._launched_by_key(keyed, None)
+
     def _launched_by_key(self, keyed: KeyedLaunch, token: str | None) -> Message | None:
         """R-WF-4: the answer to a launch whose key launched already (sent again after its node
         was lost, or its client's wait ended, before it was answered): that run, once it runs

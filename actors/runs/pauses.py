@@ -30,12 +30,13 @@ from subagents_node.actors.runs import (
     steps,
 )
 from subagents_node.actors.runs.admission import ResumePlan
+from subagents_node.actors.runs.approvals import Approval
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.recovery import read_recovery
 from subagents_node.actors.runs.workflowkeys import KeyedLaunch
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import MarkStarted, ReportedState, ReportTerminal, SlotHandle
-from subagents_node.messages.errors import SubagentsError
+from subagents_node.messages.errors import LaunchIdConflict, SubagentsError
 from subagents_node.messages.lineage import Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
 from subagents_node.messages.supervisor import (
@@ -79,6 +80,12 @@ class PauseHost(steps.StepHost, Protocol):
     def continuing(self, run_id: str) -> str | None:
         """The run being admitted to go on with paused run `run_id`, if any."""
 
+    def after_commit(self, effect: Callable[[], None]) -> None: ...
+
+    def launched_by_key(self, keyed: KeyedLaunch) -> Message | None:
+        """The answer to a launch under `keyed` that launched already (or is being admitted),
+        None when it launched nothing (runs/launches.py)."""
+
 
 def _view(host: PauseHost, run_id: str) -> RunView:
     view = runstore.view(host.db, run_id)
@@ -108,11 +115,29 @@ def _at_checkpoint(live: LiveRun | None) -> bool:
 
 def approve(host: PauseHost, request: Approve) -> Message:
     run_id = host.resolve(request.run_id)
+    # Under an approve id, sent again after its answer was lost: the run that went on.
+    approval = Approval.of(run_id, request)
+    made = approval.made(host.db) if approval is not None else None
+    if made is not None:
+        return made
     live = host.live_run(run_id)
     if _at_checkpoint(live):
-        assert live is not None
+        assert live is not None and live.checkpoint is not None
+        step = live.absolute_step(live.checkpoint)
         steps.approve(host, live)
+        if approval is not None:
+            approval.record(host.db, step, host.clock())
+        # Tests: die once the decision is durable, before it is answered.
+        host.after_commit(lambda: host.crash_point("approve_recorded"))
         return LaunchResult(run=_view(host, run_id))
+    keyed = approval.keyed() if approval is not None else None
+    if approval is not None and keyed is not None:
+        try:
+            going = host.launched_by_key(keyed)
+        except LaunchIdConflict:
+            raise approval.conflict() from None
+        if going is not None:
+            return going
     row = _row(host, run_id)
     checkpoints.waiting_checkpoint(host.db, row)
     # A node restart ended the execution that paused: a new run goes on after the checkpoint.
@@ -125,6 +150,7 @@ def approve(host: PauseHost, request: Approve) -> Message:
         request.capacity_limit,
         request.env,
         route=request.inherited_fanout,
+        keyed=keyed,
     )
 
 

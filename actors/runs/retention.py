@@ -2,15 +2,15 @@
 
 Owns the retention rule and its timer for the run supervisor. A run is prunable when it is
 terminal, ended before the cutoff, is not live in the supervisor, and has no sub-run that is
-still going. Pruning deletes its rows (`runs`, `run_children`, `run_events`, `run_appends`, and
-its `children` rows, which the supervisor owns too), inside the supervisor's transaction, and
-hands its directory under the runs root to be removed at once, not after that commit: on a full
-disk the commit fails, and only the space the directories free lets it succeed. A crash or a
-full disk in between leaves a terminal run's record without its directory (shown with no
-directory; `logs` says it was pruned); the next prune deletes the record. A `runs.prune` is
-answered once the group has committed, or once a full disk has undone it: then with the
-directories removed and the records kept (`records_kept`), never `store_full` ("changed
-nothing"), since something did change.
+still going. Pruning deletes its rows (`runs`, `run_children`, `run_events`, `run_appends`,
+`run_approvals`, and its `children` rows, which the supervisor owns too), inside the
+supervisor's transaction, and hands its directory under the runs root to be removed at once,
+not after that commit: on a full disk the commit fails, and only the space the directories
+free lets it succeed. A crash or a full disk in between leaves a terminal run's record without
+its directory (shown with no directory; `logs` says it was pruned); the next prune deletes the
+record. A `runs.prune` is answered once the group has committed, or once a full disk has undone
+it: then with the directories removed and the records kept (`records_kept`), never
+`store_full` ("changed nothing"), since something did change.
 
 The directories are removed by one thread of their own (`DirectoryRemover`), in the order they
 were pruned: removing a thousand run directories took seconds, and the supervisor would answer
@@ -166,7 +166,7 @@ class RunRetention:
         marks = ", ".join("?" * len(ids))
         db.execute("SAVEPOINT prune_rows")
         try:
-            for table in ("run_events", "run_children", "run_appends"):
+            for table in ("run_events", "run_children", "run_appends", "run_approvals"):
                 db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", ids)
             if db.execute("SELECT 1 FROM sqlite_master WHERE name='children'").fetchone():
                 db.execute(f"DELETE FROM children WHERE run_id IN ({marks})", ids)

@@ -158,4 +158,17 @@ MIGRATIONS = (
     CREATE UNIQUE INDEX run_appends_by_id ON run_appends(run_id, append_id)
         WHERE append_id IS NOT NULL
     """,
+    # 12: a checkpoint approval's client id (`runs.approve` `approve_id`) and the digest of the
+    # request, written with the decision, so the same approve sent again after a lost answer
+    # is answered with the run that went on (actors/runs/approvals.py).
+    """
+    CREATE TABLE run_approvals (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        approve_id TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (run_id, approve_id)
+    )
+    """,
 )

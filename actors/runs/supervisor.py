@@ -258,6 +258,9 @@ class RunSupervisor(OwnerActor):
             launch, plan, on_started=on_started, continues=plan.source_run_id, keyed=keyed
         )
 
+    def launched_by_key(self, keyed: KeyedLaunch) -> Message | None:
+        return self._launches.launched_by_key(keyed)
+
     # The handlers are bound in OwnerActor.__init__, before `_launches` exists: they delegate.
     def _launch_request(self, request: Launch) -> Message:
         return self._launches.launch_request(request)

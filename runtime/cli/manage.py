@@ -22,6 +22,7 @@ from subagents_node.cli.nodestart import node_client
 from subagents_node.cli.params import COUNT, GIVEN_TEXT, PATH_TEXT, RUN_ID, GivenPath
 from subagents_node.client.client import Client
 from subagents_node.client.launchagain import append as append_once
+from subagents_node.client.launchagain import approve as approve_once
 from subagents_node.client.launchagain import relaunch, with_launch_id
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.launch.environ import carried_environment
@@ -30,7 +31,7 @@ from subagents_node.messages.base import validate_request
 from subagents_node.messages.constants import ENV_CHILD_ID, ENV_FANOUT, ENV_RUN_ID
 from subagents_node.messages.lineage import Append, Rerun, Resume
 from subagents_node.messages.pauses import Approve, Pause, Reject
-from subagents_node.messages.supervisor import Intercom, IntercomMessage, LaunchResult, RunView
+from subagents_node.messages.supervisor import Intercom, IntercomMessage, RunView
 
 
 @click.command()
@@ -249,7 +250,9 @@ def approve(obj: Ctx, run_id: str, as_json: bool) -> None:
     Prints the id of the run that goes on: RUN_ID itself, or, when a node restart ended the
     paused execution, a new run that continues after the checkpoint with its slot. Run inside
     a run (by a `fanout: true` agent), that new run is a nested resume: it takes no slot, and
-    RUN_ID's slot is freed instead of moved (R-TOP-1, R-RES-3).
+    RUN_ID's slot is freed instead of moved (R-TOP-1, R-RES-3). Should the node be lost
+    before it answers, the approve is sent again to the next node, and the run that went on
+    is printed (never "not waiting at a checkpoint").
     """
     fields = {
         "run_id": run_id,
@@ -259,8 +262,11 @@ def approve(obj: Ctx, run_id: str, as_json: bool) -> None:
         # A relaunch inside a run is a nested resume (R-TOP-1), allowed to `fanout: true` agents.
         "inherited_fanout": os.environ.get(ENV_FANOUT, "").strip() or None,
     }
+    # Under an approve id, sent again under it when its answer is lost (a slow node, a node
+    # restarted under it): the run that went on, never "not waiting at a checkpoint".
+    request = with_launch_id(validate_request(Approve, fields))
     with obj.client() as client:
-        run = client.ask(validate_request(Approve, fields), LaunchResult).run
+        run = approve_once(client, request)
     emit(run, as_json, run.run_id)
 
 

@@ -170,9 +170,10 @@ class AsyncRunsAPI:
         env: dict[str, str] | None = None,
         inherited_fanout: str | None = None,
     ) -> RunView:
-        """The run that goes on past the checkpoint `run_id` waits at (RunsAPI.approve)."""
-        plan = run_plans.approve_plan(run_id, depth, capacity_limit, env, inherited_fanout)
-        return await self._client.perform(plan)
+        """The run that goes on past the checkpoint `run_id` waits at (RunsAPI.approve):
+        under an approve id, sent again under it when its answer is lost."""
+        request = run_plans.approve_request(run_id, depth, capacity_limit, env, inherited_fanout)
+        return await self._sent(request, run_plans.approve_plan, NODE_BACK_S)
 
     async def reject(self, run_id: str, reason: str = "") -> RunView:
         """The run waiting at a checkpoint ends `rejected` (RunsAPI.reject)."""

@@ -1,6 +1,7 @@
 """A launch under a launch id, sent again when its answer was lost (docs/api.md, "Launching
 again"): `client.runs.launch` of the blocking client (and its `attach` and `rerun`, and the
-command line's `resume`: a relaunch is a launch too), and the decisions the asyncio client's
+command line's `resume`: a relaunch is a launch too; an append and an approve, under their
+append and approve ids, alike), and the decisions the asyncio client's
 (aio_runs.py) follows too; no asyncio here, which a blocking client never loads.
 
 Owns the client's side of an idempotent `runs.launch`: each launch call gets a fresh launch id
@@ -29,10 +30,11 @@ from subagents_node.client.lineage import append_plan, relaunch_plan
 from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
 from subagents_node.client.plans import Plan
-from subagents_node.client.runs import launch_plan
+from subagents_node.client.runs import approve_plan, launch_plan
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
+from subagents_node.messages.pauses import Approve
 from subagents_node.messages.supervisor import Launch, RunView
 
 if TYPE_CHECKING:
@@ -43,9 +45,12 @@ LAUNCH_SENDS = 4
 
 #: What makes a run and takes a launch id: a launch, a resume (an attach), a rerun.
 Relaunch = Launch | Resume | Rerun
-R = TypeVar("R", Launch, Resume, Rerun)
-#: What is sent again under an id of its client's: those, and a chain's append (`append_id`).
-Keyed = Relaunch | Append
+R = TypeVar("R", Launch, Resume, Rerun, Approve)
+#: What is sent again under an id of its client's: those, a chain's append (`append_id`) and
+#: a checkpoint's approval (`approve_id`).
+Keyed = Relaunch | Append | Approve
+#: The field each of those carries its id in.
+_ID_FIELD = {Append: "append_id", Approve: "approve_id"}
 T = TypeVar("T")
 
 
@@ -57,10 +62,11 @@ def with_launch_id(launch: R) -> R:
 
 
 def _with_launch_id(launch: Keyed) -> Keyed:
-    if isinstance(launch, Append):
-        if launch.append_id is not None:
+    field = _ID_FIELD.get(type(launch))
+    if field is not None:
+        if getattr(launch, field) is not None:
             return launch
-        return launch.model_copy(update={"append_id": uuid.uuid4().hex})
+        return launch.model_copy(update={field: uuid.uuid4().hex})
     if not isinstance(launch, Launch | Resume | Rerun) or launch.launch_id is not None:
         return launch
     if not isinstance(launch, Rerun) and launch.workflow_key is not None:
@@ -84,7 +90,7 @@ class Sends:
         #: The id is this client's own choice (the caller's launch carried none).
         self._ours = self.launch is not launch
         #: The field the id is in.
-        self._field = "append_id" if isinstance(launch, Append) else "launch_id"
+        self._field = _ID_FIELD.get(type(launch), "launch_id")
         self._first: NodeTimeout | None = None
         self._sent = 0
 
@@ -138,6 +144,12 @@ def relaunch(client: Client, request: Resume | Rerun, next_node_s: float = NODE_
 def append(client: Client, request: Append, next_node_s: float = NODE_BACK_S) -> AppendResult:
     """As `launch`, for a chain's append, under its append id: queued once."""
     return _sent_again(client, Sends(request), append_plan, next_node_s)
+
+
+def approve(client: Client, request: Approve, next_node_s: float = NODE_BACK_S) -> RunView:
+    """As `launch`, for a checkpoint's approval, under its approve id: the run that went on
+    past the checkpoint, however many sends it took."""
+    return _sent_again(client, Sends(request), approve_plan, next_node_s)
 
 
 def _sent_again(

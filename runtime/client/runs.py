@@ -194,14 +194,14 @@ def pause_plan(run_id: str) -> Plan[RunView]:
     return one(build(Pause, run_id=run_id), RunView)
 
 
-def approve_plan(
+def approve_request(
     run_id: str,
     depth: int = 0,
     capacity_limit: int = 0,
     env: dict[str, str] | None = None,
     inherited_fanout: str | None = None,
-) -> Plan[RunView]:
-    request = build(
+) -> Approve:
+    return build(
         Approve,
         run_id=run_id,
         depth=depth,
@@ -209,6 +209,10 @@ def approve_plan(
         env=env,
         inherited_fanout=inherited_fanout,
     )
+
+
+def approve_plan(request: Approve) -> Plan[RunView]:
+    """An approve's one send: the run that goes on past the checkpoint."""
     result: LaunchResult = yield from one(request, LaunchResult)
     return result.run
 
@@ -420,9 +424,13 @@ class RunsAPI:
         """A run waiting at a checkpoint goes on. Returns the run that continues: the same
         one, or (after a node restart ended the paused execution) a new run that takes its
         slot over, launched with `depth`, `capacity_limit`, `env` and the caller's
-        `inherited_fanout` like a resume (from inside a run: nested, no slot, R-TOP-1)."""
-        plan = approve_plan(run_id, depth, capacity_limit, env, inherited_fanout)
-        return self._client.perform(plan)
+        `inherited_fanout` like a resume (from inside a run: nested, no slot, R-TOP-1). Sent
+        under an approve id, and sent again under it when its answer is lost, as `launch`:
+        answered with the run that went on, never refused as already approved."""
+        from subagents_node.client.launchagain import approve
+
+        request = approve_request(run_id, depth, capacity_limit, env, inherited_fanout)
+        return approve(self._client, request)
 
     def reject(self, run_id: str, reason: str = "") -> RunView:
         """A run waiting at a checkpoint ends `rejected`, with `reason` in its error."""

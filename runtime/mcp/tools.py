@@ -30,7 +30,6 @@ from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import BadRequest, NodeTimeout
-from subagents_node.messages.lineage import Append, AppendResult
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import IntercomMode, Launch, RunView
 
@@ -293,7 +292,8 @@ class LauncherTools:
             .from_mapping("chain", {"steps": list(steps)}, True, None, path="steps")
             .chain
         )
-        result = await self.client.ask(Append(run_id=run_id, steps=chain), AppendResult)
+        # Under an append id, sent again under it when its answer is lost: queued once.
+        result = await self.client.runs.append(run_id, chain)
         return ToolAnswer(result.text, result.model_dump(mode="json"))
 
     # -- helpers -------------------------------------------------------------------------------
