@@ -142,7 +142,7 @@ def run_end(run: RunView) -> str:
 @click.pass_obj
 @user_errors
 def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
-    """Block until every RUN_ID has ended; print each end.
+    """Block until every RUN_ID has ended; print each end (a run named twice, once).
 
     Exit 0 if all completed, 1 if any failed, was stopped or was rejected, 124 if the timeout
     came first. If the state dir's node stops or is killed meanwhile, the wait starts one,
@@ -168,6 +168,9 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
     with contextlib.ExitStack() as taken, _quiet_when_the_reader_goes():
         client = taken.enter_context(obj.client())
         client.ping()  # with no node to ask, say so: only a wait that has begun follows on
+        # One run named twice (the same id, or a prefix and the id) is waited on and printed
+        # once, where it was first named.
+        run_ids = tuple(dict.fromkeys(client.runs.show(run_id).run_id for run_id in run_ids))
         what = f"run {run_ids[0]}" if len(run_ids) == 1 else "the runs waited on"
         _, views = across_nodes(client, waiting, what, None if obj.address else reconnect, taken)
     pending = [v for v in views if v.state not in TERMINAL_RUN_STATES]

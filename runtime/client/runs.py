@@ -280,14 +280,21 @@ class RunsAPI:
 
         Returns the latest view of each run, in the order given: a view that is not terminal
         means the deadline came first (nothing is raised for that). `on_end` sees each run
-        once it has ended, in the order given. Unknown or ambiguous ids raise before any wait.
+        once it has ended, in the order given, and once only: a run named twice (the same id,
+        or a prefix of it) is waited on once, and its view is given for both. Unknown or
+        ambiguous ids raise before any wait.
         """
         if timeout is not None:
             timeout = checked_timeout(timeout, forever=True)
         plain_callback(on_end, "on_end")
         deadline = None if timeout is None else time.monotonic() + timeout
         views = [self.show(run_id) for run_id in listed(run_ids, "run_ids", "run ids")]
+        first: dict[str, int] = {}
         for i, view in enumerate(views):
+            named = first.setdefault(view.run_id, i)
+            if named != i:  # named again (the same id, or a prefix of it): waited on once
+                views[i] = views[named]
+                continue
             seq = 0
             while view.state not in TERMINAL_RUN_STATES:
                 wait_s = WATCH_WAIT_S

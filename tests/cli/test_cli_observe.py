@@ -8,6 +8,7 @@ has a deadline and waits on an event (a gate socket, a pipe, the node's long-pol
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -244,6 +245,31 @@ def test_wait_exits_0_when_every_run_completed_and_prints_each_end(
     result = cli("wait", first, second)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [f"run {first} complete", f"run {second} complete"]
+
+
+def test_wait_on_a_run_named_twice_prints_its_end_once_in_the_order_first_named(
+    cli: Cli, node: NodeProcess
+) -> None:
+    """`wait R R` (or `wait R PREFIX-OF-R`) printed R's end twice, and listed it twice in
+    --json: one run named twice is one run."""
+    first, second = started_async(cli, "echo", "a"), started_async(cli, "echo", "b")
+    result = cli("wait", first, second, first[:8], first)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"run {first} complete", f"run {second} complete"]
+    listed = json.loads(cli("wait", second, second, "--json").stdout)["runs"]
+    assert [run["run_id"] for run in listed] == [second]
+
+
+def test_settle_waits_on_a_run_named_twice_once_and_gives_its_view_for_both(
+    cli: Cli, client: Client
+) -> None:
+    run_id = started_async(cli, "echo", "a")
+    ends: list[str] = []
+    views = client.runs.settle(
+        [run_id, run_id[:8]], timeout=WAIT_S, on_end=lambda view: ends.append(view.run_id)
+    )
+    assert [v.run_id for v in views] == [run_id, run_id]
+    assert ends == [run_id]
 
 
 def test_wait_exits_1_when_a_run_failed(cli: Cli, node: NodeProcess) -> None:
