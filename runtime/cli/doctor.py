@@ -17,7 +17,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from subagents_node.cli.common import plural
@@ -42,6 +42,7 @@ from subagents_node.client.paths import (
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.launch.agents import Agent, discover_agents
 from subagents_node.launch.config import Configuration, load_config
+from subagents_node.launch.envnames import unknown_warnings
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.node import ClusterStatus, ContainmentStatus, QuarantinedRecord
 from subagents_node.node.descriptors import descriptor_warnings
@@ -369,8 +370,15 @@ def run_checks(
     else:
         checks += check_config(config)
         agents_dirs = (*agents_dirs, *(str(d) for d in config.settings.agent_dirs))
+    checks += check_environment(os.environ)
     checks += check_agents(cwd, agents_dirs)
     return checks
+
+
+def check_environment(env: Mapping[str, str]) -> list[Check]:
+    """A `SUBAGENTS_*` variable nothing reads: a typo of a setting's name, ignored."""
+    fix = "correct its name (docs/configuration.md lists them) or unset it"
+    return [Check("environment", "warn", warning, fix) for warning in unknown_warnings(env)]
 
 
 _MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}

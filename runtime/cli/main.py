@@ -41,7 +41,7 @@ from subagents_node.cli.params import (
     WholeRange,
     given_or_default,
 )
-from subagents_node.cli.terminal import say
+from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.paths import check_endpoint, ipc_endpoint
 from subagents_node.messages.constants import (
     ENV_NODE,
@@ -198,6 +198,17 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
         "--state-dir" if given is sources.COMMANDLINE else f"environment variable {ENV_STATE_DIR}"
     )
     ctx.obj = Ctx(state_dir, address, timeout, origin)
+    if ctx.invoked_subcommand != "doctor":  # doctor reports them among its checks
+        _warn_unknown_variables()
+
+
+def _warn_unknown_variables() -> None:
+    """A `SUBAGENTS_*` variable nothing reads (a typo of a setting's name) is said, one line
+    each, on stderr: ignored in silence, the setting it meant kept its default."""
+    from subagents_node.launch.envnames import unknown_warnings
+
+    for warning in unknown_warnings(os.environ):
+        say(f"warning: {one_line(warning)}", err=True)
 
 
 @cli.command()

@@ -169,6 +169,11 @@ def serve(
         child_open_files=child_open_files,
         **fleet,  # type: ignore[arg-type]
     )
+    if log_to_file:  # said on the terminal by `start` (cli/main.py); kept in node.log too
+        from subagents_node.launch.envnames import unknown_warnings
+
+        for warning in unknown_warnings(os.environ):
+            logging.getLogger(__name__).warning("%s", warning)
     hard = low_hard_limit()
     if hard is not None:  # where the node's log says it, beside the crashes it explains
         logging.getLogger(__name__).warning("%s; %s", low_limit_warning(hard), DESCRIPTOR_FIX)

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from subagents_node.client.files import shown_path
 from subagents_node.client.paths import check_endpoint
+from subagents_node.launch.envnames import ENV_NAMES
 from subagents_node.launch.limits import (
     DECIMAL,
     DEFAULT_MAX_DEPTH,
@@ -69,27 +70,6 @@ CONFIG_NAME = "subagents.toml"
 APP_DIR = "subagents-node"
 #: The shortest `reservation_ttl_s` a configuration may set, in seconds (see Settings).
 MIN_RESERVATION_TTL_S = 1.0
-
-#: The environment variable of each key (SPEC §0.1 names the first three).
-ENV_NAMES: Mapping[str, str] = {
-    "max_subagent_spawns_per_run": "SUBAGENTS_MAX_SPAWNS_PER_RUN",
-    "max_subagent_spawns_per_session": "SUBAGENTS_MAX_SPAWNS_PER_SESSION",
-    "max_subagent_depth": ENV_MAX_DEPTH,
-    "max_active_async_runs_per_session": "SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION",
-    "timeout_ms": "SUBAGENTS_TIMEOUT_MS",
-    "reservation_ttl_s": "SUBAGENTS_RESERVATION_TTL_S",
-    "agent_dirs": "SUBAGENTS_AGENT_DIRS",
-    "listen": "SUBAGENTS_LISTEN",
-    "grant_authority": "SUBAGENTS_GRANT_AUTHORITY",
-    "state_dir": ENV_STATE_DIR,
-    "max_watchers": "SUBAGENTS_MAX_WATCHERS",
-    "child_log_max_bytes": "SUBAGENTS_CHILD_LOG_MAX_BYTES",
-    "node_log_max_bytes": "SUBAGENTS_NODE_LOG_MAX_BYTES",
-    "node_log_backups": "SUBAGENTS_NODE_LOG_BACKUPS",
-    "run_retention_days": "SUBAGENTS_RUN_RETENTION_DAYS",
-    "containment": "SUBAGENTS_CONTAINMENT",
-}
-
 
 #: The spec-named variables resolved leniently: each key's resolver and the smallest value it
 #: takes from the environment (anything else falls through, R-CFG-3/4/8).
