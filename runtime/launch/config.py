@@ -68,7 +68,10 @@ log = logging.getLogger(__name__)
 
 CONFIG_NAME = "subagents.toml"
 APP_DIR = "subagents-node"
-#: The shortest `reservation_ttl_s` a configuration may set, in seconds (see Settings).
+#: The shortest `reservation_ttl_s` a configuration (file, variable, override) may set, in
+#: seconds: a launch takes that long to start its child, and a TTL shorter than the launch
+#: (`1e-300` was taken) failed every async launch with "capacity ownership changed". The
+#: model (`Settings`) allows less: a program's node settings are checked against it alone.
 MIN_RESERVATION_TTL_S = 1.0
 
 #: The spec-named variables resolved leniently: each key's resolver and the smallest value it
@@ -97,11 +100,10 @@ class Settings(BaseModel):
     timeout_ms: int | None = Field(None, strict=True, ge=1, le=MAX_TIMEOUT_MS)
     #: R-CFG-8: launches at depth >= this are refused.
     max_subagent_depth: int = Field(DEFAULT_MAX_DEPTH, strict=True, ge=0, le=MAX_COUNT)
-    #: §0.4: an acquired capacity slot never started within this many seconds is freed. At
-    #: least a second: a launch takes that long to start its child, and a TTL shorter than the
-    #: launch (`1e-300` was taken) failed every async launch with "capacity ownership changed".
-    #: (A node's own `reservation_ttl_s` setting, for tests of that expiry, may be shorter.)
-    reservation_ttl_s: float = Field(60.0, strict=True, ge=MIN_RESERVATION_TTL_S, le=86_400)
+    #: §0.4: an acquired capacity slot never started within this many seconds is freed. The
+    #: domain is any time above 0 (a program's node settings, for tests of that expiry, make it
+    #: a fraction of a second); a configuration's floor, a second, is the loader's (`_floor`).
+    reservation_ttl_s: float = Field(60.0, strict=True, gt=0, le=86_400)
     #: Extra agent directories, searched before the project and user ones.
     agent_dirs: tuple[Path, ...] = ()
     #: Extra endpoints the node listens on besides its state dir's socket.
@@ -318,6 +320,7 @@ def _apply(
                 file=origin.where if origin.kind in ("user", "project") else "",
             )
     try:
+        _floor(layer)
         Settings.model_validate({**values, **layer})
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
@@ -340,6 +343,25 @@ def _apply(
         ) from None
     values.update(layer)
     origins.update({key: origin for key in layer})
+
+
+def _floor(layer: Mapping[str, Any]) -> None:
+    """A configuration's `reservation_ttl_s` is at least MIN_RESERVATION_TTL_S (a number
+    under it fails as the model's own bounds do; anything else is the model's to judge)."""
+    ttl = layer.get("reservation_ttl_s")
+    if isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl < MIN_RESERVATION_TTL_S:
+        floor = f"{MIN_RESERVATION_TTL_S:g}"
+        raise ValidationError.from_exception_data(
+            "Settings",
+            [
+                {
+                    "type": "greater_than_equal",
+                    "loc": ("reservation_ttl_s",),
+                    "input": ttl,
+                    "ctx": {"ge": floor},
+                }
+            ],
+        )
 
 
 def _apply_env(

@@ -5,7 +5,8 @@ Owns which keys a node's settings may hold and the check of their values:
 
 - the configuration keys (runtime/launch/config.py `Settings`), each validated by that model's
   own field definition, so a domain is stated once and a program's `Node.embedded(settings=...)`
-  gets exactly what `subagents.toml` gets;
+  gets what `subagents.toml` gets, without the configuration loader's own floors (a
+  `reservation_ttl_s` under a second, for tests of a slot's expiry, is a program's to set);
 - the node's test-only keys (`TEST_KEYS`: fault injection, a shorter owner-to-owner call
   timeout and a home's shorter wait for its workers), each with its domain here.
 
@@ -58,10 +59,6 @@ NODE_KEYS = (
 )
 CONFIG_KEYS = tuple(Settings.model_fields)
 KNOWN_KEYS = CONFIG_KEYS + TEST_KEYS
-#: A slot's TTL a program may set below the second a configuration may not go under
-#: (config.py `MIN_RESERVATION_TTL_S`): tests of that expiry make it expire in a fraction of a
-#: second. Above 0 and at most a day, as before that minimum.
-_PROGRAM_TTL_KEY, _MAX_TTL_S = "reservation_ttl_s", 86_400.0
 
 
 def _shown(value: object) -> str:
@@ -137,16 +134,7 @@ def _test_problem(key: str, value: object) -> str | None:
     return None if names else f"must be a list of step names, not {_shown(value)}"
 
 
-def _short_ttl(value: object) -> bool:
-    """A TTL under a configuration's minimum that a program may still set (`_PROGRAM_TTL_KEY`)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    return math.isfinite(value) and 0 < value <= _MAX_TTL_S
-
-
 def _problem(key: str, value: object) -> str | None:
-    if key == _PROGRAM_TTL_KEY and _short_ttl(value):
-        return None
     if key in CONFIG_KEYS:
         return _config_problem(key, value)
     if key in TEST_KEYS:

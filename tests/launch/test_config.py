@@ -553,6 +553,27 @@ def test_an_invalid_non_spec_variable_is_an_error_naming_the_key_and_the_variabl
     assert info.value.key == key and var in info.value.message
 
 
+@pytest.mark.parametrize("raw", ["1e-300", "0.5", "0", "-1"])
+def test_a_configurations_reservation_ttl_under_a_second_is_an_error_from_the_loader(
+    dirs: tuple[Path, Path, dict[str, str]], raw: str
+) -> None:
+    """A TTL shorter than a launch failed every async launch ("capacity ownership changed").
+    The floor is the loader's (the model allows any time above 0, for a program's node
+    settings): a variable or an override under it is the same one-line error as before."""
+    _, project, env = dirs
+    var = "SUBAGENTS_RESERVATION_TTL_S"
+    with pytest.raises(ConfigError) as info:
+        load_config(env={**env, var: raw}, cwd=project)
+    assert info.value.key == "reservation_ttl_s"
+    assert info.value.message == (
+        f"invalid value for 'reservation_ttl_s' in environment variable {var}: Input should "
+        f"be greater than or equal to 1 (got {float(raw)!r})"
+    )
+    with pytest.raises(ConfigError, match="greater than or equal to 1"):
+        load_config({"reservation_ttl_s": float(raw)}, env=env, cwd=project)
+    assert load_config(env={**env, var: "1"}, cwd=project).settings.reservation_ttl_s == 1.0
+
+
 @pytest.mark.parametrize(
     ("var", "raw", "key", "expected"),
     [

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from subagents_node.launch.config import load_config
+from subagents_node.launch.config import Settings, load_config
 from subagents_node.messages.errors import BadRequest, NodeAlreadyRunning, NodeNotRunning
 from subagents_node.node.node import Node
 from subagents_node.node.options import NodeOptions
@@ -121,6 +121,22 @@ def test_the_settings_start_passes_are_accepted_and_a_short_reservation_ttl_take
         assert owner is not None and owner.expires_at is not None
         assert owner.expires_at - owner.reserved_at == pytest.approx(0.3)
         wait_until(lambda: client.capacity.snapshot("s", 1).used == 0, what="the slot expired")
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 86_401])
+def test_a_programs_reservation_ttl_is_checked_against_the_models_domain_above_0(
+    ttl: float,
+) -> None:
+    """The model said "at least 1 s" (a configuration's floor), and the node's check made a
+    special case to let a program's 0.3 through: its refusal still read "must be a number
+    from 1 to 86400, not 0" while 0.3 was taken. The model's domain is above 0 (at most a
+    day); the floor is the configuration loader's (tests/launch/test_config.py)."""
+    with pytest.raises(BadRequest) as refused:
+        Node(NodeOptions(settings={"reservation_ttl_s": ttl}))
+    assert refused.value.message == (
+        f"NodeOptions.settings.reservation_ttl_s must be a number above 0, at most 86400, not {ttl}"
+    )
+    assert Settings(reservation_ttl_s=0.3).reservation_ttl_s == 0.3
 
 
 def test_a_setting_that_reaches_the_owners_unchecked_is_served_as_its_default_not_a_crash() -> None:
