@@ -80,9 +80,11 @@ def check_role(opts: NodeOptions) -> dict[str, str]:
 
 
 def listen_endpoints(opts: NodeOptions, state_dir: Path) -> list[str]:
-    """Where the node listens: the state dir's ipc socket (unless turned off), then `listen`."""
+    """Where the node listens: the state dir's ipc socket (unless turned off), then `listen`,
+    each once (the same endpoint from `SUBAGENTS_LISTEN` and `--listen`, or a flag given twice,
+    failed the start with "Address already in use": the node's own second bind)."""
     endpoints = [ipc_endpoint(state_dir)] if opts.ipc else []
-    for endpoint in opts.listen:
+    for endpoint in dict.fromkeys(opts.listen):
         check_endpoint(endpoint)
         remote = endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint)
         if remote and not opts.home:
