@@ -15,7 +15,7 @@ import re
 
 import click
 
-from subagents_node.cli.common import Ctx, emit, json_option, user_errors
+from subagents_node.cli.common import Ctx, emit, json_option, plural, user_errors
 from subagents_node.messages.retention import Prune, PruneResult
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
@@ -64,20 +64,21 @@ def prune(obj: Ctx, older_than: float | None, dry_run: bool, as_json: bool) -> N
     with obj.client() as client:
         result = client.ask(Prune(older_than_s=older_than, dry_run=dry_run), PruneResult)
     verb = "would prune" if dry_run else "pruned"
-    lines = [f"{verb} {len(result.pruned)} finished runs"] + [f"  {r}" for r in result.pruned]
+    pruned = plural(len(result.pruned), "finished run")
+    lines = [f"{verb} {pruned}"] + [f"  {r}" for r in result.pruned]
     if result.records_kept and not result.pruned:
         lines = []  # the one line below says what was done
     if result.orphans:
         lines.append(
-            f"{'would remove' if dry_run else 'removed'} {len(result.orphans)} run "
-            "directories that had no record"
+            f"{'would remove' if dry_run else 'removed'} "
+            f"{plural(len(result.orphans), 'run directory', 'run directories')} that had no record"
         )
         lines += [f"  {name}" for name in result.orphans]
     if result.records_kept:
         lines.append(
-            f"the disk is full: removed the directories of {len(result.records_kept)} finished "
-            "runs; their records stay (shown with no directory) until prune runs again with "
-            "space"
+            "the disk is full: removed the directories of "
+            f"{plural(len(result.records_kept), 'finished run')}; their records stay (shown with "
+            "no directory) until prune runs again with space"
         )
         lines += [f"  {r}" for r in result.records_kept]
     if result.more:

@@ -137,6 +137,20 @@ def test_issue_12_cli_prune_against_a_node(node_process: NodeProcess) -> None:
         assert "Traceback" not in refused.stderr
 
 
+def test_prune_counts_one_finished_run_in_the_singular(
+    node_process: NodeProcess, agents: Path
+) -> None:
+    """It said "would prune 1 finished runs"."""
+    client = node_process.client(timeout=20)
+    run = client.runs.launch(launch_context(agents).single("echo", "x", True, None))
+    assert client.runs.wait(run.run_id, timeout=30).state == "complete"
+
+    done = run_cli("prune", "--older-than", "0", "--dry-run", state_dir=node_process.state_dir)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["would prune 1 finished run", f"  {run.run_id}"]
+
+
 @pytest.fixture
 def node_process(start_node: object) -> NodeProcess:
     assert callable(start_node)
