@@ -202,6 +202,18 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
         _warn_unknown_variables()
 
 
+def _given_flags(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The command's options among `names` given on the command line (not defaulted), each
+    as its flag (`--heartbeat`)."""
+    ctx = click.get_current_context()
+    given = []
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if param.name in names and source is click.core.ParameterSource.COMMANDLINE:
+            given.append(param.opts[0])
+    return tuple(given)
+
+
 def _warn_unknown_variables() -> None:
     """A `SUBAGENTS_*` variable nothing reads (a typo of a setting's name) is said, one line
     each, on stderr: ignored in silence, the setting it meant kept its default."""
@@ -296,7 +308,11 @@ def start(
             ipc_endpoint(obj.state_dir)  # a socket no client could reach: refused before anything
             for endpoint in listen:
                 check_endpoint(endpoint)
-            fleet = fleet_options(**fleet_flags, listen=(*config.settings.listen, *listen))
+            fleet = fleet_options(
+                **fleet_flags,
+                listen=(*config.settings.listen, *listen),
+                given=_given_flags(("heartbeat_s", "heartbeat_timeout_s")),
+            )
         except SubagentsError as err:
             daemon.signal_failed(ready_fd, err)
             raise

@@ -67,10 +67,12 @@ def fleet_options(
     heartbeat_s: float,
     heartbeat_timeout_s: float,
     listen: tuple[str, ...] = (),
+    given: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """start's multi-host flags as NodeOptions fields, checked before anything starts.
     `listen`: every endpoint the node will listen on besides its socket (the flags' and the
-    configured ones)."""
+    configured ones); `given`: the home's flags (`--heartbeat`, `--heartbeat-timeout`) given
+    on the command line rather than defaulted."""
     if home and join:
         raise click.UsageError("--home and --join exclude each other: a node is one or the other")
     if home and not any(endpoint.startswith("tcp://") for endpoint in listen):
@@ -85,6 +87,8 @@ def fleet_options(
         raise click.UsageError(f"{used}: only with --join (a worker's flags)")
     if join and not (home_key and name):
         raise click.UsageError("--join needs --home-key KEY and --name NAME")
+    if given and not home:  # a worker's heartbeat is the home's: the flags did nothing here
+        raise click.UsageError(f"{', '.join(given)}: only with --home (a home's flags)")
     if heartbeat_timeout_s <= heartbeat_s:
         raise click.UsageError("--heartbeat-timeout must be longer than --heartbeat")
     if join:

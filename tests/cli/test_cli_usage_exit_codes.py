@@ -91,6 +91,30 @@ def test_start_home_without_a_tcp_endpoint_is_a_usage_error(unused_state_dir: Pa
 
 
 @pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--heartbeat", "2"], "--heartbeat: only with --home"),
+        (["--heartbeat", "10"], "--heartbeat: only with --home"),  # not "timeout must be longer"
+        (["--heartbeat-timeout", "9"], "--heartbeat-timeout: only with --home"),
+        (
+            ["--join", "tcp://127.0.0.1:1", "--home-key", "k", "--name", "w", "--heartbeat", "2"],
+            "--heartbeat: only with --home",
+        ),
+    ],
+)
+def test_a_homes_heartbeat_flag_on_another_node_is_a_usage_error(
+    args: list[str], said: str, unused_state_dir: Path
+) -> None:
+    """`start --heartbeat 2` without --home started a node that ignored it (a worker beats at
+    its home's rate), while `--name` without --join was refused; `--heartbeat 10` alone said
+    "--heartbeat-timeout must be longer than --heartbeat", of flags the node would not use."""
+    # In the foreground: a start that is not refused serves until this timeout kills it.
+    done = run_cli("start", *args, state_dir=unused_state_dir, timeout=15)
+    _usage_error(done, said)
+    assert not (unused_state_dir / "node.pid").exists()
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["run", "--agents-dir", str(EXAMPLE_AGENTS), "sleeper", "seconds=0", "--cwd", ""],
