@@ -87,6 +87,9 @@ def logs(
             click.echo(f"{line.child} {line.stream} | {line.text}")
 
     if not follow:
+        waits = click.get_current_context().get_parameter_source("node_wait")
+        if waits is click.core.ParameterSource.COMMANDLINE:  # it would have waited for nothing
+            raise click.UsageError("--node-wait: only with -f (a follow waits for a next node)")
         with obj.client() as client:
             for line in client.runs.logs(run_id, child=child):
                 show(line)

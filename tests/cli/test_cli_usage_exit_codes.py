@@ -90,6 +90,13 @@ def test_start_home_without_a_tcp_endpoint_is_a_usage_error(unused_state_dir: Pa
     assert not (unused_state_dir / "node.pid").exists()
 
 
+def test_logs_node_wait_without_follow_is_a_usage_error(unused_state_dir: Path) -> None:
+    """`logs RUN --node-wait 60` printed the logs once and ignored the wait it was given."""
+    done = run_cli("logs", "000000000000", "--node-wait", "60", state_dir=unused_state_dir)
+    _usage_error(done, "--node-wait: only with -f")
+    assert not unused_state_dir.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
