@@ -44,6 +44,7 @@ from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
+from subagents_node.messages.delivery import check_working_directory
 from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
@@ -142,6 +143,11 @@ def run(
     files = [f for f in (parallel_file, chain_file) if f is not None]
     if len(files) > 1 or (files and (agent or task)) or (not files and not (agent and task)):
         raise click.UsageError("give AGENT and TASK, or exactly one of --parallel / --chain")
+    if cwd is not None and not on_host:
+        # Said first: the project's agents are looked up under it, and an agent found only
+        # there was "Unknown agent 'X'. Available agents: none." (on a worker, --on, it must
+        # exist there, not here).
+        check_working_directory(cwd.absolute())
     ctx = LaunchContext.from_environment(cwd=cwd, agents_dirs=agents_dirs, session_id=session)
     launch: Launch
     if parallel_file is not None:

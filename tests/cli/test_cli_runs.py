@@ -372,3 +372,19 @@ def test_cli_user_errors_never_show_a_traceback_from_a_real_process(
         "error: Invalid value for '--timeout-ms': -5 is not in the range 1<=x<=2147483647. "
         "(see 'subagents-node run --help')"
     )
+
+
+def test_run_with_a_missing_cwd_says_so_not_that_its_project_agent_is_unknown(
+    state_dir: Path,
+) -> None:
+    """The project's agents are looked up under --cwd: with a --cwd that does not exist, an
+    agent found only there was "Unknown agent 'echo'. Available agents: none.", which sent the
+    user to look at the agent file instead of at the directory named."""
+    project = state_dir / "project"
+    write_agent(project / ".subagents" / "agents", "echo", "says it", ECHO_COMMAND)
+    missing = project / "gone"
+
+    done = run_cli("run", "--cwd", str(missing), "echo", "hi", state_dir=state_dir)
+
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"error: working directory does not exist: {missing}"
