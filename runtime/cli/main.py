@@ -14,6 +14,7 @@ import errno
 import functools
 import gc
 import importlib
+import json
 import os
 import sys
 import time
@@ -113,6 +114,9 @@ class LazyGroup(click.Group):
         argv = list(sys.argv[1:] if args is None else args)
         as_json = "--json" in argv
         try:
+            # What the root callback is told (its `ctx.obj` until it makes the Ctx): how a
+            # warning it says before the command runs is written (`_warn_unknown_variables`).
+            extra.setdefault("obj", {"json": as_json})
             outcome = super().main(argv, prog_name, complete_var, False, **extra)
         except NoArgsIsHelpError as err:
             # `subagents-node`, or a family such as `config`, alone: its help, as click shows
@@ -197,9 +201,10 @@ def cli(ctx: click.Context, state_dir: str | None, address: str | None, timeout:
     origin = (
         "--state-dir" if given is sources.COMMANDLINE else f"environment variable {ENV_STATE_DIR}"
     )
+    as_json = isinstance(ctx.obj, dict) and bool(ctx.obj.get("json"))
     ctx.obj = Ctx(state_dir, address, timeout, origin)
     if ctx.invoked_subcommand != "doctor":  # doctor reports them among its checks
-        _warn_unknown_variables()
+        _warn_unknown_variables(as_json)
 
 
 def _given_flags(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -214,13 +219,20 @@ def _given_flags(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(given)
 
 
-def _warn_unknown_variables() -> None:
+def _warn_unknown_variables(as_json: bool) -> None:
     """A `SUBAGENTS_*` variable nothing reads (a typo of a setting's name) is said, one line
-    each, on stderr: ignored in silence, the setting it meant kept its default."""
-    from subagents_node.launch.envnames import unknown_warnings
+    each, on stderr: ignored in silence, the setting it meant kept its default. With --json,
+    each line is an object, `{"warning": {code, message, details}}`, as an error's is."""
+    from subagents_node.launch.envnames import unknown_variables, unknown_warning
 
-    for warning in unknown_warnings(os.environ):
-        say(f"warning: {one_line(warning)}", err=True)
+    for name, closest in unknown_variables(os.environ):
+        message = unknown_warning(name, closest)
+        if as_json:
+            details = {"variable": name, "closest": closest}
+            payload = {"code": "unknown_variable", "message": message, "details": details}
+            say(json.dumps({"warning": payload}, sort_keys=True), err=True)
+        else:
+            say(f"warning: {one_line(message)}", err=True)
 
 
 @cli.command()

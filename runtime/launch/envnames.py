@@ -66,14 +66,24 @@ def unknown_names(env: Mapping[str, str]) -> list[str]:
     )
 
 
-def unknown_warnings(env: Mapping[str, str]) -> list[str]:
-    """One line per unknown `SUBAGENTS_*` variable in `env`: its name (never its value) and
-    the known name closest to it, if one is close."""
+def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Each unknown `SUBAGENTS_*` name in `env` (cut to a readable length) and the known name
+    closest to it (None when none is close)."""
     known = sorted(known_names())
-    lines = []
+    found = []
     for name in unknown_names(env):
         close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else "no setting has this name"
         shown = name if len(name) <= _SHOWN_CHARS else f"{name[: _SHOWN_CHARS - 1]}…"
-        lines.append(f"unknown environment variable {shown} is ignored ({hint})")
-    return lines
+        found.append((shown, close[0] if close else None))
+    return found
+
+
+def unknown_warning(name: str, closest: str | None) -> str:
+    """The warning for unknown variable `name`: its name (never its value) and the hint."""
+    hint = f"did you mean {closest}?" if closest else "no setting has this name"
+    return f"unknown environment variable {name} is ignored ({hint})"
+
+
+def unknown_warnings(env: Mapping[str, str]) -> list[str]:
+    """One line per unknown `SUBAGENTS_*` variable in `env` (`unknown_warning`)."""
+    return [unknown_warning(name, closest) for name, closest in unknown_variables(env)]

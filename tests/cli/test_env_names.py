@@ -33,11 +33,29 @@ def typo_env(**more: str) -> dict[str, str]:
 def test_a_misspelt_setting_variable_is_named_with_the_closest_known_name_on_stderr(
     state_dir: Path,
 ) -> None:
-    done = run_cli("config", "show", "--json", state_dir=state_dir, env=typo_env())
+    done = run_cli("config", "show", state_dir=state_dir, env=typo_env())
 
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [TYPO_WARNING]
     assert SECRET not in done.stdout + done.stderr
+    assert "max_subagent_spawns_per_run        64" in done.stdout
+
+
+def test_with_json_the_warning_is_an_object_as_an_error_is(state_dir: Path) -> None:
+    done = run_cli("config", "show", "--json", state_dir=state_dir, env=typo_env())
+
+    assert done.returncode == 0, done.stderr
+    [line] = done.stderr.splitlines()
+    assert json.loads(line) == {
+        "warning": {
+            "code": "unknown_variable",
+            "message": TYPO_WARNING.removeprefix("warning: "),
+            "details": {
+                "variable": "SUBAGENTS_MAX_SPAWN_PER_RUN",
+                "closest": "SUBAGENTS_MAX_SPAWNS_PER_RUN",
+            },
+        }
+    }
     assert json.loads(done.stdout)["settings"]["max_subagent_spawns_per_run"] == 64
 
 
