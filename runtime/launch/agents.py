@@ -365,7 +365,8 @@ def _bad_directory(path: Path, reason: str) -> AgentInvalid:
     directory); its path shown at most 160 characters long."""
     shown = shown_path(path)
     return AgentInvalid(
-        f"Invalid agents directory {shown} (--agents-dir or agent_dirs): {reason}",
+        f"Invalid agents directory {shown} "
+        f"(--agents-dir, SUBAGENTS_AGENT_DIRS or agent_dirs): {reason}",
         path=shown,
         reason=reason,
     )

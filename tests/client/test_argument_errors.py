@@ -303,7 +303,8 @@ def test_an_agents_dir_or_config_home_the_system_refuses_is_a_typed_error_not_an
         LaunchContext.from_environment(cwd=tmp_path, agents_dirs=[long_name])
     assert bad_dir.value.message.startswith(f"Invalid agents directory {long_name[:100]}")
     assert bad_dir.value.message.endswith(
-        "(--agents-dir or agent_dirs): agents directory is not usable: File name too long"
+        "(--agents-dir, SUBAGENTS_AGENT_DIRS or agent_dirs): agents directory is not usable: "
+        "File name too long"
     )
     with pytest.raises(ConfigError) as bad_home:
         LaunchContext.from_environment(cwd=tmp_path, env={"XDG_CONFIG_HOME": long_name})

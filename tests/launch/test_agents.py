@@ -335,8 +335,8 @@ def test_an_explicit_agents_dir_that_does_not_exist_is_an_error(dirs: dict[str, 
         discover_agents(dirs["cwd"], [dirs["cwd"] / "nope"])
     # It names a directory, not an "agent file" (docs/agents.md: an explicit directory).
     assert refused.value.message == (
-        f"Invalid agents directory {dirs['cwd'] / 'nope'} (--agents-dir or agent_dirs): "
-        "agents directory does not exist"
+        f"Invalid agents directory {dirs['cwd'] / 'nope'} "
+        "(--agents-dir, SUBAGENTS_AGENT_DIRS or agent_dirs): agents directory does not exist"
     )
     assert refused.value.reason == "agents directory does not exist"
 
