@@ -70,6 +70,17 @@ def pause_record(db: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
     return data
 
 
+def rejected(db: sqlite3.Connection, run_id: str) -> bool:
+    """Whether the run's last checkpoint decision rejected it (it ends, or ended, `rejected`:
+    a reject sent again is answered with it, R-RUN-3 makes that state final)."""
+    row = db.execute(
+        "SELECT kind FROM run_events WHERE run_id=? AND kind IN (?, ?, ?, ?) "
+        "ORDER BY seq DESC LIMIT 1",
+        (run_id, PAUSING, PAUSED, APPROVED, REJECTED),
+    ).fetchone()
+    return row is not None and row[0] == REJECTED
+
+
 def successor(db: sqlite3.Connection, run_id: str) -> str | None:
     """The run that went on with `run_id` and took its slot over. A relaunch that failed or
     was stopped does not count: one that failed at admission gave the slot back (R-RES-5),

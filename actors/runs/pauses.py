@@ -156,6 +156,10 @@ def approve(host: PauseHost, request: Approve) -> Message:
 
 def reject(host: PauseHost, request: Reject) -> Message:
     run_id = host.resolve(request.run_id)
+    if checkpoints.rejected(host.db, run_id):
+        # Rejected already (this reject's answer was lost, or another's came first): the run
+        # as it is, not "is rejected, not waiting at a checkpoint" to a caller left guessing.
+        return _view(host, run_id)
     live = host.live_run(run_id)
     if _at_checkpoint(live):
         assert live is not None

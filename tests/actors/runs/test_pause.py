@@ -124,6 +124,25 @@ def test_r_run_2_checkpoint_rejected_ends_the_run_rejected_and_frees_its_slot(
         client.runs.approve(run.run_id)  # decided already
 
 
+def test_r_run_2_a_reject_sent_again_is_answered_with_the_rejected_run(
+    client: Client, ctx: LaunchContext
+) -> None:
+    """A reject whose answer was lost, sent again, was refused ("Run 'R' is rejected, not
+    waiting at a checkpoint.", or "is paused, not waiting ..." while the rejection settled):
+    the caller, and `reject` at the command line, reported a failure for what was done."""
+    run = checkpoint_chain(client, ctx)
+    paused(client, run.run_id)
+
+    client.runs.reject(run.run_id, reason="one is wrong")
+    again = client.runs.reject(run.run_id, reason="one is wrong")
+    done = client.runs.wait(run.run_id, timeout=20)
+    after = client.runs.reject(run.run_id)
+
+    assert again.run_id == after.run_id == run.run_id
+    assert (after.state, after.error) == ("rejected", "Checkpoint rejected: one is wrong")
+    assert done.state == "rejected"
+
+
 def test_r_run_2_approve_of_a_run_that_waits_at_no_checkpoint_is_refused(
     client: Client, ctx: LaunchContext, gate: Gate
 ) -> None:
