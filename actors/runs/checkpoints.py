@@ -42,11 +42,24 @@ def check_pausable(row: sqlite3.Row, live: LiveRun | None) -> None:
     end; a resume relaunches in the background, R-RES-3)."""
     run_id = str(row["run_id"])
     if live is None or live.stop_state is not None or live.settling or row["state"] != "running":
-        raise refuse(run_id, f"is {row['state']}; only a running run can be paused.", "state")
+        # A live run on its way out still reads `running`: "is running; only a running run
+        # can be paused" contradicted itself.
+        ending = live is not None and row["state"] == "running"
+        state = "ending" if ending else str(row["state"])
+        raise refuse(run_id, f"is {state}; only a running run can be paused.", "state")
     if not row["background"]:
         raise refuse(run_id, "runs in the foreground; only background runs pause.", "foreground")
     if row["mode"] == "workflow":
         raise refuse(run_id, "is a workflow; stop it instead.", "workflow")
+
+
+def pausing(db: sqlite3.Connection, row: sqlite3.Row, live: LiveRun | None) -> bool:
+    """Whether an interrupt-pause of the run was asked for already: its children are being
+    stopped (it still reads `running`), or it settled `paused` by one (a pause sent again)."""
+    if live is not None and live.stop_state == "paused":
+        return True
+    record = pause_record(db, str(row["run_id"])) if row["state"] == "paused" else None
+    return row["state"] == "paused" and record is not None and record.get("kind") == "interrupt"
 
 
 def pause_point(live: LiveRun) -> int:

@@ -103,7 +103,12 @@ def pause(host: PauseHost, request: Pause) -> Message:
     """Interrupt-as-pause: answered at once; the run settles `paused` once its tree ended."""
     run_id = host.resolve(request.run_id)
     live = host.live_run(run_id)
-    checkpoints.check_pausable(_row(host, run_id), live)
+    row = _row(host, run_id)
+    if checkpoints.pausing(host.db, row, live):
+        # Asked for already (this pause's answer was lost, or another's came first): the run
+        # as it is, pausing or paused, as the first pause was answered.
+        return _view(host, run_id)
+    checkpoints.check_pausable(row, live)
     assert live is not None
     steps.pause(host, live)
     return _view(host, run_id)

@@ -457,6 +457,44 @@ def test_r_run_2_a_stop_that_comes_while_a_run_pauses_ends_it_stopped_and_frees_
         resume(client, run.run_id)
 
 
+def test_r_run_2_a_pause_sent_again_is_answered_and_a_run_on_its_way_out_is_said_to_be_ending(
+    client: Client, agents: Path, gate: Gate
+) -> None:
+    """A pause sent again while the run paused was refused with "Run 'R' is running; only a
+    running run can be paused." (it still reads `running` while its children stop), and so was
+    one once it had settled `paused`. Now both are answered with the run; a pause of a run
+    being stopped says it is ending."""
+    write_agent(
+        agents, "slow", "Ends when the gate says.", '["{python}", "{agent_dir}/slow.py", "{task}"]'
+    )
+    (agents / "slow.py").write_text(_SLOW_TO_END)
+    ctx = launch_context(agents, max_active_async_runs_per_session=LIMIT)
+    chain = [step(ctx, "slow", str(gate.path))]
+    run = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    gate.accept(1)  # started, its TERM handler set
+    client.runs.pause(run.run_id)
+    [ending] = gate.accept(1)  # it got the TERM: the run is pausing
+
+    assert client.runs.pause(run.run_id).state == "running"  # pausing: answered, not refused
+    ending.release(0)
+    settled = paused(client, run.run_id)
+    assert client.runs.pause(run.run_id).state == settled.state == "paused"
+
+    other = client.runs.launch(ctx.launch("chain", True, chain=chain, timeout_ms=600_000))
+    gate.accept(1)
+    client.runs.stop(other.run_id)
+    [stopping] = gate.accept(1)
+    with pytest.raises(PauseRefused) as refused:
+        client.runs.pause(other.run_id)
+    assert refused.value.message == (
+        f"Run '{other.run_id}' is ending; only a running run can be paused."
+    )
+    stopping.release(0)
+    assert client.runs.wait(other.run_id, timeout=20).state == "stopped"
+    client.runs.stop(run.run_id)
+    wait_until(lambda: used(client, ctx) == 0, what="release")
+
+
 @pytest.mark.parametrize("then", ["stop", "resume"])
 def test_r_run_2_a_chain_attached_to_a_paused_run_does_not_take_its_place(
     client: Client, ctx: LaunchContext, gate: Gate, then: str
