@@ -69,12 +69,14 @@ def unknown_names(env: Mapping[str, str]) -> list[str]:
 def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """Each unknown `SUBAGENTS_*` name in `env` (cut to a readable length) and the known name
     closest to it (None when none is close)."""
-    known = sorted(known_names())
+    # Compared without the prefix they all share: with it, any name looked close to some
+    # known one (`SUBAGENTS_FOO`, "did you mean SUBAGENTS_NODE?").
+    known = {name.removeprefix(PREFIX): name for name in sorted(known_names())}
     found = []
     for name in unknown_names(env):
-        close = difflib.get_close_matches(name, known, n=1)
+        close = difflib.get_close_matches(name.removeprefix(PREFIX), list(known), n=1)
         shown = name if len(name) <= _SHOWN_CHARS else f"{name[: _SHOWN_CHARS - 1]}…"
-        found.append((shown, close[0] if close else None))
+        found.append((shown, known[close[0]] if close else None))
     return found
 
 

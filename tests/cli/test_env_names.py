@@ -71,6 +71,16 @@ def test_every_known_variable_and_the_tests_own_pass_without_a_word(state_dir: P
     assert "unknown environment variable" not in done.stderr
 
 
+def test_a_name_close_to_none_gets_no_guess() -> None:
+    """The shared prefix made any name look close: `SUBAGENTS_FOO` got "did you mean
+    SUBAGENTS_NODE?"."""
+    assert unknown_warnings({"SUBAGENTS_FOO": "1", "SUBAGENTS_MAX_DEPHT": "3"}) == [
+        "unknown environment variable SUBAGENTS_FOO is ignored (no setting has this name)",
+        "unknown environment variable SUBAGENTS_MAX_DEPHT is ignored "
+        "(did you mean SUBAGENTS_MAX_DEPTH?)",
+    ]
+
+
 def test_every_variable_the_docs_name_is_known() -> None:
     """A documented variable must never be called unknown (`_SUBAGENTS_NODE_COMPLETE`, click's
     completion variable, has another prefix)."""
