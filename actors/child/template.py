@@ -7,7 +7,8 @@ the shims stay). Each fork's pid and start time go on its stdout, the announce p
 (actors/child/shims.py), before the shim runs a line of its own. A fork that fails (EAGAIN:
 the pids controller's or RLIMIT_NPROC's limit) is reported to the supervisor as the child's
 `not_started`, as its shim would have, so the launch is answered and the slot rolled back; the
-template lives on for the next order.
+template lives on for the next order. A shim a child stopped is continued by the template's one
+other thread (actors/child/shimstops.py).
 
 Standard library, msgpack and the shim's modules only (what it imports, every shim holds); it
 never logs an order (it may hold the task, R-MISC-1) and never decides a run's outcome. Its
@@ -35,6 +36,7 @@ from subagents_node.actors.child import procfs, rebind
 from subagents_node.actors.child.cgroup import template_directory
 from subagents_node.actors.child.records import SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shim import Shim, _prctl, announce
+from subagents_node.actors.child.shimstops import StoppedShims
 from subagents_node.actors.child.zmtp import ReportLink
 
 #: How often the template runs a shim's paths before it forks any (CPython 3.11 specialises a
@@ -162,6 +164,10 @@ def serve_template(open_files: int | None = None) -> None:
         # directory to warm up in (none, full, read-only) serves cold rather than not at all.
         print(f"shim template: no warm-up ({err}); shims start cold", file=sys.stderr, flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are reaped by the kernel
+    # A shim a child stopped (SIGSTOP to its parent) is continued (shimstops.py): stopped, it
+    # reaped nothing and reported nothing, and the run of a child that then exited never ended.
+    stops = StoppedShims()
+    stops.start()
     # Everything imported so far is shared with every shim: keep the collector off those
     # pages (a collection would touch, and so copy, each of them in every shim).
     gc.freeze()
@@ -193,6 +199,7 @@ def serve_template(open_files: int | None = None) -> None:
             # so itself (a child killing every new process of the template, the OOM killer)
             # left its launch waiting for good. Gone already, its start is 0: seen gone.
             _announce_fork(line, pid)
+            stops.forked()
 
 
 #: How every order line starts (`order_of`: the child id is the spec's first field).

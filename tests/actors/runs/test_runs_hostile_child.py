@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import termios
@@ -30,6 +31,9 @@ from tests.support.nodes import NodeProcess, new_state_dir
 from tests.support.runs import launch_context, wait_until, write_agent
 
 CHILDREN = 4
+#: Stop the shim's template (its parent's parent: field 4 of the shim's stat), then the shim,
+#: then kill the template: the shim stays stopped, an orphan nobody continues.
+_FREEZE_FOR_GOOD = "read -r _ _ _ T _ < /proc/$PPID/stat; kill -STOP $T $PPID; kill -KILL $T"
 
 
 @pytest.fixture
@@ -48,18 +52,23 @@ def hostile() -> Iterator[Path]:
         "SIGKILLs its own shim once it has reported, then sleeps, ignoring SIGTERM.",
         '["sh", "-c", "sleep 0.5; kill -9 $PPID; trap \'\' TERM; exec sleep 60"]',
     )
+    # The template continues a shim a child stopped (shimstops.py); these stop the template
+    # first and then kill it, so nothing continues the shim: what the node's backstops are for
+    # (a shim whose template is gone, as after a node restart, stays stopped).
     write_agent(
         agents,
         "shimfreezer",
-        "Freezes its own shim (SIGSTOP to its parent) once it has reported, then sleeps.",
-        '["sh", "-c", "sleep 0.5; kill -STOP $PPID; exec sleep 60"]',
+        "Freezes its own shim for good once it has reported (its template stopped, then "
+        "killed), then sleeps.",
+        f'["sh", "-c", "sleep 0.5; {_FREEZE_FOR_GOOD}; exec sleep 60"]',
     )
     write_agent(
         agents,
         "earlyfreezer",
-        "Freezes its own shim (SIGSTOP to its parent) at once, before its first report.",
-        '["sh", "-c", "kill -STOP $PPID; exec sleep 60"]',
+        "Freezes its own shim for good at once, before its first report, then sleeps.",
+        f'["sh", "-c", "{_FREEZE_FOR_GOOD}; exec sleep 60"]',
     )
+    write_agent(agents, "sh", "Runs its task with sh.", '["sh", "-c", "{task}"]')
     write_agent(agents, "quick", "Says hi.", '["sh", "-c", "echo hi"]')
     yield agents
     with suppress(OSError):
@@ -404,3 +413,71 @@ def test_a_shim_frozen_before_its_first_report_is_ended_by_the_node_that_adopts_
     finally:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _release(fifo: Path) -> None:
+    """Let the child waiting on `fifo` go (its `read x < fifo` opened it: bounded wait)."""
+
+    def opened() -> int | None:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            return None
+
+    fd = wait_until(opened, what="the child waiting on its fifo")
+    try:
+        os.write(fd, b"go\n")
+    finally:
+        os.close(fd)
+
+
+#: A process the child left behind (a `setsid` daemon, waited for: the tree lives on) freezes
+#: the shim, its parent once the child exited, and then exits. (TERM ignored: the TERM the
+#: shim sends the child's group as the child exits may come before the `setsid`.)
+_LEFT_BEHIND = (
+    "trap '' TERM; setsid sh -c"
+    " 'read x < {fifo}; read -r _ _ _ P _ < /proc/$$/stat; kill -STOP $P; exit 0' & exit 0"
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "leader_first"),
+    [
+        pytest.param("read x < {fifo}; kill -STOP $PPID; exit 0", False, id="the-child-itself"),
+        pytest.param(_LEFT_BEHIND, True, id="a-process-it-left"),
+    ],
+)
+def test_a_child_that_froze_its_shim_and_exited_ends_its_run_with_its_exit_status(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    hostile: Path,
+    script: str,
+    leader_first: bool,
+) -> None:
+    """A child that SIGSTOPped its shim after the shim's first report and then exited stayed a
+    zombie under the frozen shim (as did a process it left behind): no exit record, no report,
+    and a run with no deadline stayed `running`, its slot held, for good. The shim template,
+    every shim's parent, is told of the stop now and continues the shim, which reaps the tree
+    and reports its real end: complete, exit 0, the slot freed (the proof is still the
+    parent's: SPEC §0.4, R-RUN-5)."""
+    client = start_node(state_dir=state_dir).client(timeout=20.0)
+    ctx = launch_context(hostile, max_active_async_runs_per_session=1)
+    fifo = hostile.parent / "go.fifo"
+    os.mkfifo(fifo)
+    run = client.runs.launch(ctx.single("sh", script.format(fifo=fifo), True, None))
+    pid = run.children[0].pid  # the launch is answered once the shim reported the child
+    assert pid is not None
+    claim = json.loads((Path(run.run_dir) / "child-0" / "shim.json").read_text())
+    shim = psutil.Process(int(claim["shim_pid"]))
+    try:
+        if leader_first:
+            wait_gone(pid)  # what it left is the shim's child now
+        _release(fifo)
+        done = client.runs.wait(run.run_id, timeout=20)
+        assert done.state == "complete", done
+        assert done.children[0].exit_code == 0, done.children[0]
+        assert done.children[0].proof_state == "observed", done.children[0]
+        wait_until(lambda: client.capacity.snapshot(ctx.session_id, 1).used == 0, what="release")
+    finally:
+        with suppress(psutil.Error):
+            shim.kill()
