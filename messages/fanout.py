@@ -278,7 +278,13 @@ class ClaimPaths(Request):
 
 class ReservePaths(Request):
     """Hold claims for `ttl_s` (two-phase claim-with-commit, R-FAN-14): they count as used
-    until committed (then permanent), aborted or expired (then freed)."""
+    until committed (then permanent), aborted or expired (then freed).
+
+    With `reservation_id` (any id its caller picks once per reservation, a uuid) the
+    reservation is made at most once and its caller knows its id before any answer: sent again
+    (its first answer was lost with its owner) it is answered with the same grant while it is
+    pending, and refused once it ended or for other paths; and a caller that never got an
+    answer can still end it (`AbortReservation`). Without one, the id is the owner's."""
 
     type: Literal["fanout.reserve"] = "fanout.reserve"
     target: ClassVar[str] = FANOUT
@@ -287,6 +293,12 @@ class ReservePaths(Request):
     descriptor: FanoutDescriptor
     paths: list[ClaimPath] = Field(max_length=MAX_PATHS)
     ttl_s: Annotated[DomainTtl, Field(le=MAX_TTL_S)]
+    reservation_id: Token | None = None
+
+    added_later: ClassVar[tuple[str, ...]] = ("reservation_id",)
+
+    def resendable_as_sent(self) -> bool:
+        return self.reservation_id is not None
 
 
 class CommitReservation(Request):
@@ -307,6 +319,8 @@ class AbortReservation(Request):
     type: Literal["fanout.abort"] = "fanout.abort"
     target: ClassVar[str] = FANOUT
     Result: ClassVar[ResultType] = FanoutSnapshot
+    #: pending -> aborted once; a second abort changes nothing (a committed one is refused).
+    idempotent: ClassVar[bool] = True
 
     reservation_id: Token
 

@@ -4,7 +4,8 @@ Owns the tables `fanout_budgets` (the manifest and its running `used` count), `f
 (one row per claim, kept until a reservation that holds it ends without commit or its budget has
 been idle for the retention period: compaction.py) and `fanout_reservations` (two-phase claims:
 pending → committed | aborted | expired; a claim made with its caller's id is one committed at
-once, so that batch sent again claims nothing more), plus one timer that fires at the earliest
+once, so that batch sent again claims nothing more, and a reservation under its caller's id is
+answered again with its grant), plus one timer that fires at the earliest
 pending deadline and the compaction's own.
 
 Decisions are serialized by the actor (R-FAN-13's budget-wide exclusion, no lock files) and a
@@ -207,7 +208,11 @@ class FanoutBudget(OwnerActor):
         now = self.ctx.clock()
         self._expire_due(now)
         before = self._manifest(req.descriptor)
-        reservation_id = uuid.uuid4().hex
+        if req.reservation_id is not None:
+            made = self._reserved_before(req, req.reservation_id)
+            if made is not None:
+                return made
+        reservation_id = req.reservation_id or uuid.uuid4().hex
         expires_at = now + req.ttl_s
         self.db.execute(
             "INSERT INTO fanout_reservations"
@@ -217,12 +222,53 @@ class FanoutBudget(OwnerActor):
         )
         after = self._admit(req.descriptor, req.paths, reservation_id) if req.paths else before
         self._expiry.arm(expires_at)
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("reserve_recorded"))  # recorded, not yet answered
         return ReservationGrant(
             reservation_id=reservation_id,
             budget_id=req.descriptor.budget_id,
             claims=len(req.paths),
             expires_at=expires_at,
             snapshot=after,
+        )
+
+    def _reserved_before(self, req: ReservePaths, reservation_id: str) -> ReservationGrant | None:
+        """The grant of a reservation made under its caller's id already (sent again: its
+        answer was lost with its owner), while it is pending and holds these paths; None when
+        the id is new. Anything else under that id is refused: it reserves nothing more."""
+        row = self.db.execute(
+            f"SELECT budget_id, claims, state, expires_at, {schema.RESERVATION_PROBLEM} "
+            "FROM fanout_reservations WHERE reservation_id = ?",
+            (reservation_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        if row[4] is not None:
+            raise self._refused(schema.RESERVATIONS, reservation_id, str(row[4]))
+        budget_id, state = str(row[0]), str(row[2])
+        another = BadRequest(
+            f"reservation id {reservation_id} was used for another reservation; pick a new id "
+            "per reservation",
+            reason="reservation_id",
+            field="reservation_id",
+        )
+        if budget_id != req.descriptor.budget_id:
+            raise another
+        if state == "committed":
+            raise self._committed(reservation_id, budget_id)
+        if state != "pending":  # aborted or expired: its claims are gone
+            raise self._ended(reservation_id, budget_id, state)
+        held = [str(path) for (path,) in self.db.execute(schema.CLAIM_PATHS, (reservation_id,))]
+        if held != [qualify(req.descriptor.parent_path, p) for p in req.paths]:
+            raise another
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("reserve_repeated"))  # answered again, not yet sent
+        return ReservationGrant(
+            reservation_id=reservation_id,
+            budget_id=budget_id,
+            claims=int(row[1]),
+            expires_at=float(row[3]),
+            snapshot=self._snapshot_of(budget_id),
         )
 
     def commit(self, req: CommitReservation) -> FanoutSnapshot:
@@ -237,6 +283,8 @@ class FanoutBudget(OwnerActor):
                 "WHERE reservation_id = ?",
                 (now, req.reservation_id),
             )
+            crash = self._faults.crash
+            self.after_commit(lambda: crash("commit_recorded"))  # committed, not yet answered
         return self._snapshot_of(budget_id)
 
     def abort(self, req: AbortReservation) -> FanoutSnapshot:
@@ -244,13 +292,7 @@ class FanoutBudget(OwnerActor):
         self._expire_due(now)
         budget_id, state = self._reservation(req.reservation_id)
         if state == "committed":
-            raise FanoutReservationCommitted(
-                f"Run fan-out reservation {req.reservation_id} is already committed; "
-                "its claims are permanent.",
-                reservation_id=req.reservation_id,
-                budget_id=budget_id,
-                snapshot=self._snapshot_of(budget_id).model_dump(),
-            )
+            raise self._committed(req.reservation_id, budget_id)
         if state == "pending" and not self._settle(req.reservation_id, "aborted", now):
             raise RecordQuarantined.of(
                 self.name,
@@ -444,6 +486,15 @@ class FanoutBudget(OwnerActor):
         """Quarantine the record and the refusal of the request that needed it."""
         self.quarantine(table, key, reason)
         return RecordQuarantined.of(self.name, table, key, reason)
+
+    def _committed(self, reservation_id: str, budget_id: str) -> FanoutReservationCommitted:
+        return FanoutReservationCommitted(
+            f"Run fan-out reservation {reservation_id} is already committed; its claims are "
+            "permanent.",
+            reservation_id=reservation_id,
+            budget_id=budget_id,
+            snapshot=self._snapshot_of(budget_id).model_dump(),
+        )
 
     def _ended(self, reservation_id: str, budget_id: str, state: str) -> FanoutReservationExpired:
         why = "expired" if state == "expired" else "was aborted"

@@ -102,6 +102,10 @@ class AppendHost(Protocol):
         """Add the committed steps to the live run; answers a bookkeeping warning ('' if
         none, R-APP-5)."""
 
+    def owe(self, request: Request, run_id: str) -> None:
+        """Put `request` in the outbox, in the current transaction: sent once it commits, and
+        again until its owner answers."""
+
 
 def append_pipeline(
     host: AppendHost,
@@ -119,12 +123,24 @@ def append_pipeline(
     reservation the recovering supervisor commits, so claims exist iff the append does. It
     carries the client's `append_id` and the request's `digest`, if any (appends.py).
     """
+    # Ours, not the owner's: a reserve whose answer was lost with its owner is sent again
+    # under it (pipelines.py), and one that stays unanswered can still be ended.
+    reservation_id = uuid.uuid4().hex
     try:
-        grant = yield ReservePaths(descriptor=descriptor, paths=paths, ttl_s=APPEND_TTL_S)
+        grant = yield ReservePaths(
+            descriptor=descriptor, paths=paths, ttl_s=APPEND_TTL_S, reservation_id=reservation_id
+        )
     except FanoutLimitExceeded as err:
         raise FanoutLimitExceeded(
             f"Failed to append step to chain run {run_id}: {err.message}", **err.details
         ) from None
+    except OwnerUnavailable:
+        # The owner may have recorded it and died before its answer (or is still to read it):
+        # its claims held the whole run tree's budget for the TTL (300 s). The abort is owed
+        # until the owner answers (R-APP-4: no append, no claims); unknown there, it was never
+        # made.
+        host.owe(abort_request(reservation_id), run_id)
+        raise
     assert isinstance(grant, ReservationGrant)
     row = host.db.execute(
         "SELECT COALESCE(MAX(seq), 0) + 1 FROM run_appends WHERE run_id=?", (run_id,)
@@ -155,9 +171,11 @@ def append_pipeline(
         # R-APP-4: a failed write leaves no claims. Its steps never ran, so its reservation
         # is ended now (it was kept to its TTL, 300 s, counted against the whole run tree's
         # budget); one its commit reached is committed, and the abort is refused (R-FAN-15).
-        # A fan-out owner that did not answer the commit is not waited for again: the answer
-        # would be late, and the reservation still expires with its TTL.
-        if not isinstance(err, OwnerUnavailable):
+        # A fan-out owner that did not answer the commit (sent again already) is not waited
+        # for here: the abort is owed through the outbox, sent until that owner answers.
+        if isinstance(err, OwnerUnavailable):
+            host.owe(abort_request(grant.reservation_id), run_id)
+        else:
             with contextlib.suppress(SubagentsError):
                 yield abort_request(grant.reservation_id)
         raise err

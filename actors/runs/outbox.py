@@ -44,6 +44,7 @@ from subagents_node.actors.runs.ticks import Outbound, OutboxRetry
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import (
     Busy,
+    FanoutReservationUnknown,
     Internal,
     MembershipRefused,
     OwnerUnavailable,
@@ -51,6 +52,7 @@ from subagents_node.messages.errors import (
     SubagentsError,
     UnknownTarget,
 )
+from subagents_node.messages.fanout import AbortReservation
 from subagents_node.messages.protocol import parse_request
 
 log = logging.getLogger(__name__)
@@ -162,7 +164,10 @@ class Outbox:
                 self._retry_later(key, request, outcome, INTERNAL_RETRY_S)
                 return
         self._internal.pop(key.seq, None)
-        if isinstance(outcome, SubagentsError):
+        if isinstance(outcome, FanoutReservationUnknown) and isinstance(request, AbortReservation):
+            # The abort of a reservation whose answer was lost: it was never made.
+            log.info("outbox: %s #%d: nothing was reserved; dropped", request.type, key.seq)
+        elif isinstance(outcome, SubagentsError):
             log.error(
                 "outbox: %s refused %s #%d for good (%s: %s); dropped",
                 key.target,

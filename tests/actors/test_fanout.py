@@ -44,6 +44,8 @@ from subagents_node.messages.fanout import (
     FanoutDescriptor,
     FanoutRejection,
     FanoutSnapshot,
+    ReservationGrant,
+    ReservePaths,
     decode_descriptor,
     encode_descriptor,
     extend,
@@ -577,6 +579,36 @@ def test_r_fan_14_an_unknown_reservation_is_refused(fanout: FanoutAPI) -> None:
         with pytest.raises(FanoutReservationUnknown) as caught:
             call("no-such-reservation")
         assert caught.value.reservation_id == "no-such-reservation"
+
+
+def test_r_fan_14_a_reservation_sent_again_under_its_callers_id_is_made_once(
+    shared: Node, fanout: FanoutAPI
+) -> None:
+    """A reserve whose answer was lost with its owner is sent again (actors/pipelines.py) under
+    the id its caller picked: it holds nothing more and answers the same grant, full budget or
+    not; once it ended, or for other paths, the id reserves nothing (an append's reserve was
+    not resendable, and a reservation whose answer was lost held its claims for its TTL)."""
+    client = shared.client()
+    desc = fanout.create("r1", 2)
+    other = fanout.create("r2", 2)
+    rid = uuid.uuid4().hex
+    ask = ReservePaths(descriptor=desc, paths=["a", "b"], ttl_s=60, reservation_id=rid)
+    assert ask.resendable_as_sent()
+    assert not ReservePaths(descriptor=desc, paths=["a"], ttl_s=60).resendable_as_sent()
+    first = client.ask(ask, ReservationGrant)
+    assert (first.reservation_id, first.snapshot.used) == (rid, 2)
+    again = client.ask(ask, ReservationGrant)
+    assert (again.reservation_id, again.claims, again.expires_at) == (rid, 2, first.expires_at)
+    for budget, paths in ((desc, ["a"]), (desc, ["a", "c"]), (other, ["a", "b"])):
+        with pytest.raises(BadRequest, match=f"reservation id {rid} was used for another"):
+            client.ask(
+                ReservePaths(descriptor=budget, paths=paths, ttl_s=60, reservation_id=rid),
+                ReservationGrant,
+            )
+    assert fanout.abort(rid).used == 0
+    with pytest.raises(FanoutReservationExpired):
+        client.ask(ask, ReservationGrant)
+    assert (fanout.snapshot(desc).used, fanout.snapshot(other).used) == (0, 0)
 
 
 def test_r_fan_14_a_reservation_block_commits_on_success_and_aborts_on_error(

@@ -26,6 +26,7 @@ from subagents_node.messages.errors import (
     AppendRejected,
     FanoutLimitExceeded,
     InjectedFault,
+    OwnerUnavailable,
     RunCwdMissing,
     RunNotFound,
     SubagentsError,
@@ -41,7 +42,7 @@ from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
 from tests.support.run_fixtures import gate as gate
-from tests.support.runs import Gate, events_of, launch_context
+from tests.support.runs import Gate, events_of, launch_context, wait_until
 
 
 def echo(ctx: LaunchContext, *tasks: str) -> ChainStep:
@@ -213,6 +214,63 @@ def test_r_app_4_an_append_whose_record_fails_leaves_no_claims_at_once(
         assert list(reservations(state_dir, budget).values()) == ["aborted"]
         gate.children[0].release(0)
         assert client.runs.wait(run.run_id, timeout=20).state == "complete"
+
+
+def test_r_app_4_an_append_whose_reservation_answer_died_with_the_fanout_owner_is_made_once(
+    agents: Path, gate: Gate, state_dir: Path
+) -> None:
+    """The fan-out owner was killed (kill -9) after it recorded an append's reservation and
+    before it answered: the append failed "fanout restarted with fanout.reserve in flight",
+    and the reservation it never learnt the id of stayed pending for its TTL (300 s), its
+    claims counting against the whole run tree's budget (3/3 used: a launch or an append that
+    fitted was refused RUN_FANOUT_LIMIT). The supervisor picks the reservation's id now, so the
+    reserve is sent again to the restarted owner, which answers the same reservation: the
+    append is made once, and its claims are exactly its own."""
+    ctx = launch_context(agents, max_subagent_spawns_per_run=4)
+    settings = {"fault_kill_points": ["owner:reserve_recorded"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        run = gated_chain(client, ctx, gate)
+        budget = budget_of(run)
+        restarts = next(a.restarts for a in node.owner_statuses() if a.name == "fanout")
+        made = append(client, run.run_id, echo(ctx, "a1"), echo(ctx, "a2"))
+        assert made.steps == 2
+        assert next(a.restarts for a in node.owner_statuses() if a.name == "fanout") > restarts
+        [(reservation, steps, state)] = appends_of(state_dir, run.run_id)
+        assert (steps, state) == (2, "committed")
+        assert reservations(state_dir, budget) == {reservation: "committed"}
+        assert client.fanout.snapshot(budget).used == 3  # 1 + the append's 2, nothing held
+        gate.children[0].release(0)
+        done = client.runs.wait(run.run_id, timeout=30)
+        assert done.state == "complete", done
+        assert [c.output for c in done.children[1:]] == ["a1", "a2"]
+
+
+def test_r_app_4_an_append_the_fanout_owner_never_answered_leaves_no_claims_once_it_is_back(
+    agents: Path, gate: Gate, state_dir: Path
+) -> None:
+    """The same, with the reserve lost each time it is sent (the owner killed again at each
+    resend: it recorded the reservation, then never answered): the append fails "unavailable",
+    and its reservation held 2 of the budget's 3 claims for its TTL (300 s). Its abort is
+    owed through the supervisor's outbox now, sent until the owner answers: once it is back,
+    the reservation is aborted and the claims are free (R-APP-4: no append, no claims)."""
+    ctx = launch_context(agents, max_subagent_spawns_per_run=3)
+    settings = {"fault_kill_points": ["owner:reserve_recorded", "owner:reserve_repeated"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        run = gated_chain(client, ctx, gate)
+        budget = budget_of(run)
+        with pytest.raises(OwnerUnavailable):
+            append(client, run.run_id, echo(ctx, "a1"), echo(ctx, "a2"))
+        assert appends_of(state_dir, run.run_id) == []
+        wait_until(
+            lambda: list(reservations(state_dir, budget).values()) == ["aborted"],
+            what="the reservation aborted",
+        )
+        assert client.fanout.snapshot(budget).used == 1  # was 3, for 300 s
+        assert next(a.state for a in node.owner_statuses() if a.name == "fanout") == "running"
+        gate.children[0].release(0)
+        assert client.runs.wait(run.run_id, timeout=30).state == "complete"
 
 
 # -- order (R-APP-3, R-APP-5, R-APP-6) -------------------------------------------------------------
