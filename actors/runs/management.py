@@ -44,6 +44,9 @@ from subagents_node.messages.supervisor import ChainStep, Launch, TaskItem
 APPEND_TTL_S = 300.0
 #: The fault point (nodes started with faults: tests) at which an append's record fails.
 RECORD_APPEND = "record_append"
+#: An append's row while its reserve is out: its reservation id, nothing more (no steps, no
+#: append id: it is no append until the grant comes and it becomes 'pending').
+RESERVING = "reserving"
 ACTIVE = ("queued", "running", "paused")
 
 
@@ -124,41 +127,46 @@ def append_pipeline(
     carries the client's `append_id` and the request's `digest`, if any (appends.py).
     """
     # Ours, not the owner's: a reserve whose answer was lost with its owner is sent again
-    # under it (pipelines.py), and one that stays unanswered can still be ended.
+    # under it (pipelines.py), and one that stays unanswered can still be ended. It is
+    # recorded ('reserving') before the reserve is sent: a node that dies before the append is
+    # recorded leaves its restart the id to abort (the reservation held its claims for its
+    # TTL, 300 s, counted against the whole run tree's budget).
     reservation_id = uuid.uuid4().hex
-    try:
-        grant = yield ReservePaths(
-            descriptor=descriptor, paths=paths, ttl_s=APPEND_TTL_S, reservation_id=reservation_id
-        )
-    except FanoutLimitExceeded as err:
-        raise FanoutLimitExceeded(
-            f"Failed to append step to chain run {run_id}: {err.message}", **err.details
-        ) from None
-    except OwnerUnavailable:
-        # The owner may have recorded it and died before its answer (or is still to read it):
-        # its claims held the whole run tree's budget for the TTL (300 s). The abort is owed
-        # until the owner answers (R-APP-4: no append, no claims); unknown there, it was never
-        # made.
-        host.owe(abort_request(reservation_id), run_id)
-        raise
-    assert isinstance(grant, ReservationGrant)
     row = host.db.execute(
         "SELECT COALESCE(MAX(seq), 0) + 1 FROM run_appends WHERE run_id=?", (run_id,)
     ).fetchone()
     seq = int(row[0])
     host.db.execute(
-        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state, body, "
-        "append_id, digest) VALUES(?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-        (
-            run_id,
-            seq,
-            host.clock(),
-            len(steps),
-            grant.reservation_id,
-            appendrecovery.body(steps),
-            append_id,
-            digest,
-        ),
+        "INSERT INTO run_appends(run_id, seq, created_at, steps, reservation_id, state) "
+        f"VALUES(?, ?, ?, ?, ?, '{RESERVING}')",
+        (run_id, seq, host.clock(), len(steps), reservation_id),
+    )
+    try:
+        grant = yield Durable(
+            request=ReservePaths(
+                descriptor=descriptor,
+                paths=paths,
+                ttl_s=APPEND_TTL_S,
+                reservation_id=reservation_id,
+            )
+        )
+    except SubagentsError as err:
+        host.db.execute("DELETE FROM run_appends WHERE run_id=? AND seq=?", (run_id, seq))
+        if isinstance(err, FanoutLimitExceeded):
+            raise FanoutLimitExceeded(
+                f"Failed to append step to chain run {run_id}: {err.message}", **err.details
+            ) from None
+        if isinstance(err, OwnerUnavailable):
+            # The owner may have recorded it and died before its answer (or is still to read
+            # it): the abort is owed until the owner answers (R-APP-4: no append, no claims);
+            # unknown there, it was never made.
+            host.owe(abort_request(reservation_id), run_id)
+        raise
+    assert isinstance(grant, ReservationGrant)
+    host.db.execute(
+        "UPDATE run_appends SET state='pending', body=?, append_id=?, digest=? "
+        "WHERE run_id=? AND seq=?",
+        (appendrecovery.body(steps), append_id, digest, run_id, seq),
     )
     # Tests: die once the record is durable, before its claims' commit is sent (recovery's).
     host.after_commit(lambda: host.crash_point("append_recorded"))
@@ -191,6 +199,21 @@ def append_pipeline(
     if warning:
         text += f" Bookkeeping warning: {warning}"
     return AppendResult(run_id=run_id, steps=len(steps), pending_appends=pending, text=text)
+
+
+def reserving_appends(db: sqlite3.Connection) -> list[tuple[str, int, str]]:
+    """Appends whose reserve was sent (or about to be) and never answered before the node
+    died: never recorded, never answered as made (crash recovery aborts their reservation)."""
+    rows = db.execute(
+        f"SELECT run_id, seq, reservation_id FROM run_appends WHERE state='{RESERVING}'"
+    ).fetchall()
+    return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+
+def drop_reserving(db: sqlite3.Connection, run_id: str, seq: int) -> None:
+    db.execute(
+        f"DELETE FROM run_appends WHERE run_id=? AND seq=? AND state='{RESERVING}'", (run_id, seq)
+    )
 
 
 def uncommitted_appends(db: sqlite3.Connection) -> list[tuple[str, int, str]]:

@@ -47,7 +47,7 @@ from subagents_node.actors.runs.ticks import RunDeadline
 from subagents_node.messages.base import Request
 from subagents_node.messages.capacity import MarkStarted, MarkWorkflowStarted
 from subagents_node.messages.errors import CapacityOwnershipChanged, RecordQuarantined
-from subagents_node.messages.fanout import CommitReservation
+from subagents_node.messages.fanout import AbortReservation, CommitReservation
 from subagents_node.messages.node import QuarantinedRecord
 
 
@@ -99,6 +99,11 @@ class RunRestart:
         self._outbox.resend_all()  # sent after that commit, oldest first, ahead of new rows
         # PRAGMA synchronous: 2 is FULL (power-loss safe), so the exit records are synced too.
         host.keeper.sync_records = int(db.execute("PRAGMA synchronous").fetchone()[0]) >= 2
+        for run_id, seq, reservation in management.reserving_appends(db):
+            # Its reserve went unanswered with the node: no append was made (nor answered as
+            # made), so its reservation, if the fan-out owner recorded it, is aborted.
+            management.drop_reserving(db, run_id, seq)
+            self._outbox.put(AbortReservation(reservation_id=reservation), run_id)
         for run_id, seq, reservation in management.uncommitted_appends(db):
             # R-APP-4 after a crash: the record is durable, so its claims must be too. Owed
             # through the outbox: a commit lost to a restarting fan-out owner is sent again.

@@ -273,6 +273,31 @@ def test_r_app_4_an_append_the_fanout_owner_never_answered_leaves_no_claims_once
         assert client.runs.wait(run.run_id, timeout=30).state == "complete"
 
 
+def test_r_app_4_an_append_whose_node_died_with_its_reserve_out_leaves_no_claims_after_restart(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, gate: Gate
+) -> None:
+    """The whole node was killed (kill -9) after the fan-out owner recorded an append's
+    reservation and before its answer: the append was never recorded nor answered, and the
+    restarted node knew nothing of the reservation, which held 2 of the budget's 3 claims for
+    its TTL (300 s). Its id is recorded before the reserve is sent now, and the restarted
+    node aborts it (R-APP-4: no append, no claims)."""
+    ctx = launch_context(agents, max_subagent_spawns_per_run=3)
+    dying = start_node("--faults", state_dir=state_dir, kill_at="reserve_recorded")
+    run = gated_chain(dying.client(), ctx, gate)
+    budget = budget_of(run)
+    with pytest.raises(SubagentsError):
+        append(dying.client(timeout=5), run.run_id, echo(ctx, "a1"), echo(ctx, "a2"))
+    assert dying.wait_exited(10), "the node did not die at reserve_recorded"
+    client = start_node(state_dir=state_dir).client()
+    wait_until(
+        lambda: list(reservations(state_dir, budget).values()) == ["aborted"],
+        what="the reservation aborted",
+    )
+    assert client.fanout.snapshot(budget).used == 1  # was 3, for 300 s
+    assert appends_of(state_dir, run.run_id) == []
+    gate.children[0].release(0)
+
+
 # -- order (R-APP-3, R-APP-5, R-APP-6) -------------------------------------------------------------
 
 
