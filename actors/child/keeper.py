@@ -446,6 +446,10 @@ class ChildKeeper:
             if not is_alive(shim):
                 events.extend(self.shim_gone(db, child_id, now))
                 continue
+            if (found := procfs.stat_of(shim.pid)) is not None and found.state == "T":
+                # Stopped by its child while no template was its parent to continue it
+                # (shimstops.py): with a tree that ended meanwhile, its run never ended.
+                signal_shim(shim, signal.SIGCONT)  # pid and start time checked on a pidfd
             # Known from its claim alone (it never reported): ended if a child stopped it.
             self._watch.watch(child_id, shim, reported=row["shim_pid"] is not None)
             self._cap(rows.ChildRecord.from_row(row))
