@@ -40,7 +40,7 @@ K = TypeVar("K", bound=Hashable)
 MAX_RESENDS = 2
 
 
-def _lost(outcome: Outcome) -> bool:
+def unanswered(outcome: Outcome) -> bool:
     """Whether `outcome` says the request went unanswered (OwnerLinks: its deadline passed,
     the owner killed or restarting with it in flight), not that its owner refused it or is
     `failed`."""
@@ -101,7 +101,7 @@ class Pipelines(Generic[K]):
         sent, resends = self._in_flight.pop(key, (None, 0))
         # Lost first: a request's own check runs only for one that went unanswered.
         if (
-            _lost(outcome)
+            unanswered(outcome)
             and sent is not None
             and resends < MAX_RESENDS
             and sent.resendable_as_sent()

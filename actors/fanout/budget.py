@@ -167,7 +167,10 @@ class FanoutBudget(OwnerActor):
         if req.claim_id is not None:
             return self._claim_once(req, req.claim_id)
         # _admit checks the manifest itself: the common claim reads nothing before it writes.
-        return self._admit(req.descriptor, req.paths, reservation_id=None)
+        snapshot = self._admit(req.descriptor, req.paths, reservation_id=None)
+        crash = self._faults.crash
+        self.after_commit(lambda: crash("plain_claim_recorded"))  # recorded, not yet answered
+        return snapshot
 
     def _claim_once(self, req: ClaimPaths, claim_id: str) -> FanoutSnapshot:
         """A batch with its caller's id, made at most once: stored as a reservation committed

@@ -20,7 +20,7 @@ from subagents_node.actors.context import Cancel
 from subagents_node.actors.owner import ReplyFn
 from subagents_node.actors.runs import runplan, runstore
 from subagents_node.messages.capacity import ReportedState, SlotHandle
-from subagents_node.messages.fanout import FanoutDescriptor, encode_descriptor
+from subagents_node.messages.fanout import ClaimPaths, FanoutDescriptor, encode_descriptor
 from subagents_node.messages.supervisor import ChainStep, Launch, Snapshots
 
 
@@ -75,6 +75,10 @@ class LiveRun:
     dynamic: dict[int, ChainStep] = field(default_factory=dict)
     expanding: bool = False
     expansion: list[runplan.ChildPlan] = field(default_factory=list)
+    #: The batch claim out for the expansion (under its own claim id: sent again, when its
+    #: answer is lost with the fan-out owner, it is counted once), and how often it was resent.
+    expand_claim: ClaimPaths | None = None
+    expand_resends: int = 0
     checkpoint: int | None = None
     #: Intercom messages this run holds (runrequests.intercom), counted once from the store
     #: on the first one this process takes, then kept here.

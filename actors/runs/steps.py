@@ -15,10 +15,12 @@ It never blocks on another owner: the claim is a call whose answer is an `Answer
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import uuid
 from typing import Any, Protocol
 
-from subagents_node.actors.pipelines import Durable
+from subagents_node.actors.pipelines import MAX_RESENDS, Durable, unanswered
 from subagents_node.actors.runs import checkpoints, expansion, runstore
 from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.actors.runs.ticks import CallKey, Expand
@@ -26,6 +28,8 @@ from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import ReportedState, ReportTerminal, RunnerProof, SlotHandle
 from subagents_node.messages.errors import SubagentsError
 from subagents_node.messages.fanout import ClaimPaths, FanoutSnapshot
+
+log = logging.getLogger(__name__)
 
 
 class StepHost(Protocol):
@@ -77,14 +81,27 @@ def open_dynamic(host: StepHost, live: LiveRun, group: int) -> bool:
     host.record_event(live.run_id, expansion.EXPANDING, {"step": absolute, "items": len(plans)})
     host.crash_point("expand_claim")
     # Sent once the event is durable: a node that dies after the claim knows it expanded.
-    claim = ClaimPaths(descriptor=live.descriptor, paths=[p.label for p in plans])
+    # Under an id of its own: a batch whose answer was lost with its fan-out owner (killed, and
+    # back within a second) is sent again and counted once; it failed the step and the run.
+    claim = ClaimPaths(
+        descriptor=live.descriptor, paths=[p.label for p in plans], claim_id=uuid.uuid4().hex
+    )
+    live.expand_claim, live.expand_resends = claim, 0
     host.call(Expand(live.run_id, group), Durable(request=claim))
     return True
 
 
 def expanded(host: StepHost, live: LiveRun, group: int, outcome: Message | SubagentsError) -> None:
     """The batch claim's answer: every item's child becomes pending and the step starts, or
-    the rejection fails the step and the run (nothing of the batch started)."""
+    the rejection fails the step and the run (nothing of the batch started). One lost with its
+    owner is sent again first (MAX_RESENDS)."""
+    claim = live.expand_claim
+    if claim is not None and unanswered(outcome) and live.expand_resends < MAX_RESENDS:
+        live.expand_resends += 1
+        log.warning("%s to %s went unanswered; sending it again", claim.type, claim.target)
+        host.call(Expand(live.run_id, group), claim)
+        return
+    live.expand_claim = None
     plans, live.expansion, live.expanding = live.expansion, [], False
     absolute = live.absolute_step(group)
     if isinstance(outcome, SubagentsError):

@@ -22,9 +22,9 @@ from subagents_node.actors.runs.liverun import LiveRun
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.domains import MAX_TASK_CHARS
-from subagents_node.messages.fanout import decode_descriptor
+from subagents_node.messages.fanout import decode_descriptor, encode_descriptor
 from subagents_node.messages.supervisor import ChainStep, RunView, TaskItem
-from tests.support.manage import store_rows
+from tests.support.manage import embedded, store_rows
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
@@ -293,3 +293,30 @@ def test_r_fan_21_an_item_over_the_task_limit_fails_the_step_before_the_batch_is
     )
     assert claimed_paths(state_dir, done) == ["chain[0]"]
     assert [c.label for c in done.children] == ["chain[0]"]
+
+
+def test_r_fan_21_an_expansion_whose_claim_answer_died_with_the_fanout_owner_is_claimed_once(
+    agents: Path, state_dir: Path
+) -> None:
+    """The fan-out owner was killed (kill -9) after it recorded an expand step's batch claim
+    and before it answered: the step was rejected "fanout restarted with fanout.claim in
+    flight" and the run failed, its claims spent (R-FAN-15), for an owner back within a
+    second. The batch goes under a claim id of its own now and is sent again to the restarted
+    owner, which counts it once: the step expands and the run completes. (The run is launched
+    on a budget of its caller's, under a launch id, so its own static claim has an id too and
+    is sent again the same way.)"""
+    items = ITEMS[:3]
+    ctx = launch_context(agents)
+    settings = {"fault_kill_points": ["owner:claim_recorded", "owner:plain_claim_recorded"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        budget = client.fanout.create(root_run_id="caller", limit=10)
+        launch = ctx.launch("chain", True, chain=expanding_chain(ctx, "\n".join(items)))
+        launch = launch.model_copy(
+            update={"inherited_fanout": encode_descriptor(budget), "launch_id": "expand-once"}
+        )
+        done = client.runs.wait(client.runs.launch(launch).run_id, timeout=60)
+        assert done.state == "complete", done.error
+        assert [c.output for c in done.children[1:]] == [f"got {i}" for i in items]
+        assert client.fanout.snapshot(budget).used == 4  # chain[0] and the 3 items, once
+        assert next(a.restarts for a in node.owner_statuses() if a.name == "fanout") >= 2
