@@ -31,26 +31,21 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from subagents_node.actors import quarantine
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.deadline import EarliestDeadline
-from subagents_node.actors.fanout import schema
+from subagents_node.actors.fanout import refusals, schema
 from subagents_node.actors.fanout.compaction import ClaimCompaction, CompactionDue
 from subagents_node.actors.faults import FaultInjection
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.owner import OwnerActor
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.errors import (
-    BadRequest,
     FanoutBudgetUnavailable,
     FanoutDescriptorMismatch,
-    FanoutLimitExceeded,
     FanoutLimitInvalid,
-    FanoutReservationCommitted,
-    FanoutReservationExpired,
-    FanoutReservationUnknown,
     RecordQuarantined,
     SubagentsError,
 )
@@ -64,7 +59,6 @@ from subagents_node.messages.fanout import (
     CommitReservation,
     CreateBudget,
     FanoutDescriptor,
-    FanoutRejection,
     FanoutSnapshot,
     ReadSnapshot,
     ReadSnapshots,
@@ -192,11 +186,7 @@ class FanoutBudget(OwnerActor):
             if made != (descriptor.budget_id, len(qualified), "committed") or (
                 held and held != qualified
             ):
-                raise BadRequest(
-                    f"claim id {claim_id} was used for another claim; pick a new id per batch",
-                    reason="claim_id",
-                    field="claim_id",
-                )
+                raise refusals.reused_id("claim", claim_id)
             return self._manifest(descriptor)
         self._manifest(descriptor)  # an unknown budget is refused before anything is written
         now = self.ctx.clock()
@@ -249,18 +239,13 @@ class FanoutBudget(OwnerActor):
         if row[4] is not None:
             raise self._refused(schema.RESERVATIONS, reservation_id, str(row[4]))
         budget_id, state = str(row[0]), str(row[2])
-        another = BadRequest(
-            f"reservation id {reservation_id} was used for another reservation; pick a new id "
-            "per reservation",
-            reason="reservation_id",
-            field="reservation_id",
-        )
+        another = refusals.reused_id("reservation", reservation_id)
         if budget_id != req.descriptor.budget_id:
             raise another
         if state == "committed":
-            raise self._committed(reservation_id, budget_id)
+            raise refusals.committed(reservation_id, budget_id, self._snapshot_of(budget_id))
         if state != "pending":  # aborted or expired: its claims are gone
-            raise self._ended(reservation_id, budget_id, state)
+            raise refusals.ended(reservation_id, budget_id, state, self._snapshot_of(budget_id))
         held = [str(path) for (path,) in self.db.execute(schema.CLAIM_PATHS, (reservation_id,))]
         if held != [qualify(req.descriptor.parent_path, p) for p in req.paths]:
             raise another
@@ -279,7 +264,7 @@ class FanoutBudget(OwnerActor):
         self._expire_due(now)
         budget_id, state = self._reservation(req.reservation_id)
         if state in ("aborted", "expired"):
-            raise self._ended(req.reservation_id, budget_id, state)
+            raise refusals.ended(req.reservation_id, budget_id, state, self._snapshot_of(budget_id))
         if state == "pending":
             self.db.execute(
                 "UPDATE fanout_reservations SET state = 'committed', settled_at = ? "
@@ -295,7 +280,7 @@ class FanoutBudget(OwnerActor):
         self._expire_due(now)
         budget_id, state = self._reservation(req.reservation_id)
         if state == "committed":
-            raise self._committed(req.reservation_id, budget_id)
+            raise refusals.committed(req.reservation_id, budget_id, self._snapshot_of(budget_id))
         if state == "pending" and not self._settle(req.reservation_id, "aborted", now):
             raise RecordQuarantined.of(
                 self.name,
@@ -422,7 +407,7 @@ class FanoutBudget(OwnerActor):
         if row is None:
             # Refused: the manifest names the reason (unknown, quarantined, mismatched), else
             # the batch does not fit.
-            self._refuse_batch(qualified, self._manifest(descriptor))
+            refusals.refuse_batch(qualified, self._manifest(descriptor))
         first, compacted, used, limit = row
         now = self.ctx.clock()
         if compacted is not None:
@@ -443,23 +428,6 @@ class FanoutBudget(OwnerActor):
             self.db.executemany(schema.INSERT_CLAIM, rows)
         return FanoutSnapshot.of(int(used), int(limit))
 
-    @staticmethod
-    def _refuse_batch(qualified: Sequence[str], before: FanoutSnapshot) -> NoReturn:
-        """R-FAN-16: the rejection of a batch larger than the room left (numbers before it)."""
-        n = len(qualified)
-        if n <= before.remaining:  # ADMIT and the manifest disagree: a bug, never a refusal
-            raise RuntimeError(f"a batch of {n} was not admitted with {before.remaining} left")
-        index = before.remaining if before.remaining < n else 0
-        raise FanoutLimitExceeded.of(
-            FanoutRejection(
-                path=qualified[index],
-                requested=n,
-                used=before.used,
-                limit=before.limit,
-                remaining=before.remaining,
-            )
-        )
-
     def _snapshot_of(self, budget_id: str) -> FanoutSnapshot:
         used, limit, problem = self.db.execute(
             f"SELECT used, claim_limit, {schema.BUDGET_PROBLEM} FROM fanout_budgets "
@@ -477,10 +445,7 @@ class FanoutBudget(OwnerActor):
             (reservation_id,),
         ).fetchone()
         if row is None:
-            raise FanoutReservationUnknown(
-                f"Run fan-out reservation {reservation_id} is unknown.",
-                reservation_id=reservation_id,
-            )
+            raise refusals.unknown(reservation_id)
         if row[2] is not None:
             raise self._refused(schema.RESERVATIONS, reservation_id, str(row[2]))
         return str(row[0]), str(row[1])
@@ -489,23 +454,3 @@ class FanoutBudget(OwnerActor):
         """Quarantine the record and the refusal of the request that needed it."""
         self.quarantine(table, key, reason)
         return RecordQuarantined.of(self.name, table, key, reason)
-
-    def _committed(self, reservation_id: str, budget_id: str) -> FanoutReservationCommitted:
-        return FanoutReservationCommitted(
-            f"Run fan-out reservation {reservation_id} is already committed; its claims are "
-            "permanent.",
-            reservation_id=reservation_id,
-            budget_id=budget_id,
-            snapshot=self._snapshot_of(budget_id).model_dump(),
-        )
-
-    def _ended(self, reservation_id: str, budget_id: str, state: str) -> FanoutReservationExpired:
-        why = "expired" if state == "expired" else "was aborted"
-        return FanoutReservationExpired(
-            f"Run fan-out reservation {reservation_id} {why}; its claims were released and "
-            "nothing was committed.",
-            reservation_id=reservation_id,
-            budget_id=budget_id,
-            state=state,
-            snapshot=self._snapshot_of(budget_id).model_dump(),
-        )
