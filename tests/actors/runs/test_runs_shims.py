@@ -383,7 +383,12 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     child_pid = run.children[0].pid
     assert child_pid is not None
     shim_pid = shim_of(run)
+    # Its template would continue it (actors/child/shimstops.py): stopped first and killed once
+    # the shim is stopped, it leaves the shim stopped, an orphan nobody continues.
+    template_pid = int(Path(f"/proc/{shim_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    stop_process(template_pid)
     stop_process(shim_pid)
+    os.kill(template_pid, signal.SIGKILL)
     os.kill(child_pid, signal.SIGKILL)
     wait_gone(child_pid)  # exited (a zombie its frozen parent cannot reap)
     os.kill(shim_pid, signal.SIGKILL)
