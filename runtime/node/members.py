@@ -97,6 +97,9 @@ class Members:
         self._db.execute(_SCHEMA)
         self.placed = PlacedRuns(self._db)
         self._beats: dict[str, _Beat] = {}
+        #: When this home started: until one heartbeat timeout has passed, a worker not heard
+        #: from yet may still be alive (its beats were in the memory of the home before).
+        self._started = time.monotonic()
         #: name -> 'member' | 'forgotten', mirrored from the table (this class is its only
         #: writer): the gateway asks about every tcp request, so without a query each time.
         self._states: dict[str, str] = {
@@ -231,6 +234,7 @@ class Members:
             )
         if row["state"] == "forgotten":
             return int(row["generation"]), float(row["forgotten_at"])
+        self._check_gone(request.name)
         generation, now = int(row["generation"]) + 1, time.time()
         # Its placements go with it: whoever joins under this name next is no heir to them.
         self._db.execute("BEGIN IMMEDIATE")
@@ -249,6 +253,29 @@ class Members:
         self._states[request.name] = "forgotten"
         self._beats.pop(request.name, None)
         return generation, now
+
+    def _check_gone(self, name: str) -> None:
+        """Refuse to forget a worker that may be alive: forgetting frees its slots, and its
+        node would go on running their children (fenced, it learns nothing of the release),
+        so a session would run past its limit. A worker is taken as gone once it left (a
+        clean stop) or has been silent for the heartbeat timeout, as a new join takes it."""
+        silent = self._silent(name)
+        if self._alive(name):
+            why = f"it is up (last heartbeat {silent:.1f}s ago)"
+        elif name not in self._beats and time.monotonic() - self._started <= self.timeout_s:
+            why = (
+                f"this home started {time.monotonic() - self._started:.1f}s ago and has not "
+                "heard from it yet"
+            )
+        else:
+            return
+        raise MembershipRefused(
+            f"worker {name!r} is not lost: {why}, and its runs' children may be running; "
+            f"nothing was released. Stop it (`subagents-node stop` on it: a clean stop leaves "
+            f"at once), or forget it once it has been silent for {self.timeout_s:g}s",
+            name=name,
+            reason="alive",
+        )
 
     def listing(self, home_endpoint: str) -> MemberListing:
         nodes = [

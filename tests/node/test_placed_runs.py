@@ -17,7 +17,7 @@ from subagents_node.actors.outcomes import Outcome
 from subagents_node.client.keys import Keypair
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import BadRequest, StoreError
-from subagents_node.messages.members import MemberForget, MemberJoin
+from subagents_node.messages.members import MemberForget, MemberJoin, MemberLeave
 from subagents_node.messages.supervisor import AgentPlan, Launch, Show, Stop, TaskItem, Watch
 from subagents_node.node.home import HomeService
 from subagents_node.node.members import DB_NAME, Members
@@ -115,6 +115,8 @@ def test_a_forgotten_worker_loses_its_placements_and_rejoining_under_its_name_in
     members.join(MemberJoin(name="w2", instance="i1"), "w2")
     members.placed.record("w1", "w2", "cccccccccccc")
     members.placed.record("w2", "w1", "dddddddddddd")
+    # Only a worker that is gone may be forgotten: this one stopped cleanly.
+    members.leave(MemberLeave(name="w1", instance="i1", generation=1), "w1")
     members.forget(MemberForget(name="w1", reason="host lost"))
     assert not members.placed.placed_by("w1", "w2", "cccccccccccc")
     assert members.placed.placed_by("w2", "w1", "dddddddddddd")  # others keep theirs
