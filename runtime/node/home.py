@@ -205,6 +205,11 @@ class HomeService:
         with self._lock:
             return self._members.unreachable(name)
 
+    def awaited_s(self, name: str) -> float:
+        """How long a request for worker `name` may wait for its first heartbeat (0: none)."""
+        with self._lock:
+            return self._members.awaited_s(name)
+
     def serve(self, request: Request, principal: str | None, reply: ReplyFn) -> None:
         """node.members.*, answered through `reply` (at once, or once capacity answered)."""
         try:

@@ -17,7 +17,8 @@ worker the home cannot reach now is refused before anything is sent. The one exc
 long poll (`runs.watch`), which waits anyway: one for a member that is unreachable is held for
 as long as it asked to wait and sent the moment the worker is linked again (its next
 heartbeat), else answered `host_unreachable`, so a follower rides out a partition without
-asking in a loop.
+asking in a loop. A worker not heard from yet since the home started (or since it joined) is
+not known to be away: any request for it is held so, until its first heartbeat is due.
 
 A request that was sent and timed out may still be applied: a worker stopped (SIGSTOP, a
 swapping host) or cut off finds it in its socket when it resumes. So a request that changes
@@ -96,6 +97,9 @@ class Reachability(Protocol):
     def unreachable(self, name: str) -> SubagentsError | None:
         """Why a request cannot be carried to worker `name` now (None: it can)."""
 
+    def awaited_s(self, name: str) -> float:
+        """How long a request for worker `name` may wait for its first heartbeat (0: none)."""
+
 
 class _Late:
     """A request given up on that its worker may still apply: what its late answer needs."""
@@ -142,9 +146,11 @@ class HostCalls:
         timeout_s: float = HOST_CALL_TIMEOUT_S,
         limit: int = MAX_IN_FLIGHT,
         late_limit: int = MAX_LATE,
+        awaited: Callable[[str], float] = lambda name: 0.0,
     ) -> None:
         self._node_id = node_id
         self._check = check
+        self._awaited = awaited
         self._worker_via = worker_via
         self._timeout_s = timeout_s
         self._limit = limit
@@ -169,7 +175,7 @@ class HostCalls:
         timeout_s = settings.get("host_call_timeout_s")
         if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool):
             timeout_s = HOST_CALL_TIMEOUT_S
-        return cls(node_id, home.unreachable, timeout_s=float(timeout_s))
+        return cls(node_id, home.unreachable, timeout_s=float(timeout_s), awaited=home.awaited_s)
 
     def linked(self, name: str, routing_id: bytes) -> list[Outbound]:
         """Worker `name`'s home link answered a heartbeat on this connection: the long polls
@@ -195,6 +201,11 @@ class HostCalls:
                 host=host,
             )
         hold_s = _hold_s(request) if _unreachable(refusal) else None
+        if hold_s is None and _unreachable(refusal):
+            # Not heard from yet since this home started (or since it joined): any request
+            # waits for its first beat, as a follower would; a launch sent again after the
+            # home was restarted must reach the worker that may hold its first send's run.
+            hold_s = self._awaited(host) or None
         if refusal is not None and hold_s is None:
             raise refusal
         if len(self._calls) >= self._limit:
@@ -217,7 +228,8 @@ class HostCalls:
         call = self._calls[call_id]
         request = call.request
         body = request.body
-        if call.held is not None:  # the worker answers by the time the client was promised
+        if call.held is not None and request.type in HELD_WHILE_UNREACHABLE:
+            # The worker answers the long poll by the time the client was promised.
             body = {**body, "wait_s": max(0.0, call.deadline - time.monotonic())}
         call.held = None
         self._arm(call_id, self._timeout_s)

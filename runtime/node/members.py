@@ -65,7 +65,7 @@ class _Beat:
     restart every worker is `unreachable` until it beats again). Slotted, not a dataclass
     (~1 ms of every node's start). `left`: the worker said it stopped (it is not alive)."""
 
-    __slots__ = ("at", "children", "left", "monotonic", "runs")
+    __slots__ = ("at", "children", "joined", "left", "monotonic", "runs")
 
     def __init__(self, at: float, monotonic: float, runs: int = 0, children: int = 0) -> None:
         self.at = at  # time.time()
@@ -73,6 +73,8 @@ class _Beat:
         self.runs = runs
         self.children = children
         self.left = False
+        #: The worker's join, not a heartbeat yet: its home link is not known to the gateway.
+        self.joined = False
 
 
 class Members:
@@ -141,6 +143,22 @@ class Members:
             )
         return None
 
+    def awaited_s(self, name: str) -> float:
+        """How long a request for member `name` may wait for its first heartbeat (0: none
+        is awaited). A worker's first beat is due within the heartbeat timeout of this home's
+        start (its beats were in the memory of the home before) or of its join (its link is
+        known once it beats): until then it is not yet heard from, not gone."""
+        if self._states.get(name) != "member":
+            return 0.0
+        beat = self._beats.get(name)
+        if beat is None:
+            since = self._started
+        elif beat.joined and not beat.left:
+            since = beat.monotonic
+        else:
+            return 0.0
+        return max(0.0, self.timeout_s - (time.monotonic() - since))
+
     # -- join, heartbeat -----------------------------------------------------------------------
 
     def join(self, request: MemberJoin, principal: str) -> Membership:
@@ -177,7 +195,8 @@ class Members:
             (request.name, generation, request.instance, now),
         )
         self._states[request.name] = "member"
-        self._beats[request.name] = _Beat(now, time.monotonic())
+        beat = self._beats[request.name] = _Beat(now, time.monotonic())
+        beat.joined = True
         return self._membership(request.name, generation)
 
     def heartbeat(self, request: MemberHeartbeat, principal: str) -> Membership:

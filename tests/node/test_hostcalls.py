@@ -216,3 +216,35 @@ def test_launches_kept_for_a_late_answer_are_bounded_oldest_first() -> None:
     for corr in ids:
         calls.answer(Envelope(type=REPLY, body={}, corr=corr), "w1")
     assert settled == ["new"]
+
+
+def test_any_request_for_a_worker_not_heard_from_since_the_home_started_waits_for_its_beat() -> (
+    None
+):
+    """A home just restarted has not heard from its workers yet: a launch for one used to be
+    refused at once ("nothing was sent"), even the launch a client sent again after the home
+    it first went to was killed, whose first send that worker may hold. It waits for the
+    worker's first heartbeat instead, and goes out unchanged (no long poll's `wait_s`)."""
+    calls = HostCalls("home-node", _away, awaited=lambda name: 3.0)
+    request = _launch()
+    assert calls.send(request, 0, b"client-1") is None  # held: nothing sent, nothing answered
+    assert 2.0 < (calls.next_deadline() or 0.0) <= 3.0
+    ((via, peer, frame),) = calls.linked("w1", b"conn-w1")
+    onward = decode(frame)
+    assert (via, peer, onward.type, onward.body) == (1, b"conn-w1", "runs.launch", request.body)
+    assert (calls.next_deadline() or 0.0) > 3.0  # now the worker's own answer is awaited
+    answer = Envelope(type=REPLY, body={"run_id": "r1"}, corr=onward.id, sender="w1-node")
+    assert calls.answer(answer, "w1") is not None
+
+
+def test_a_worker_joined_but_not_linked_yet_is_awaited_and_one_that_stays_silent_refused() -> None:
+    calls = HostCalls("home-node", _up, awaited=lambda name: 2.0)
+    assert calls.send(_request(), 0, b"c") is None  # up (it joined), its link comes next
+    late = HostCalls("home-node", _away, awaited=lambda name: 1e-9)  # its first beat is due
+    request = _launch()
+    assert late.send(request, 0, b"client-1") is None
+    ((_via, client, frame),) = late.expire()
+    err = decode(frame)
+    assert (client, err.type, err.corr) == (b"client-1", ERROR, request.id)
+    assert err.body["details"]["reason"] == "host_unreachable"  # nothing was sent
+    assert late.linked("w1", b"conn-w1") == []
