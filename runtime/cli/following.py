@@ -31,7 +31,12 @@ from subagents_node.cli.terminal import cell, one_line, say
 from subagents_node.client.client import Client
 from subagents_node.client.launchagain import with_launch_id
 from subagents_node.client.nodewait import node_lost
-from subagents_node.messages.errors import NodeNotRunning, NodeTimeout, SubagentsError
+from subagents_node.messages.errors import (
+    ConfigError,
+    NodeNotRunning,
+    NodeTimeout,
+    SubagentsError,
+)
 from subagents_node.messages.supervisor import ChildView, Launch, RunEvent, RunView
 
 
@@ -250,6 +255,23 @@ def across_nodes(
     raise AssertionError("unreachable: the last takeover re-raises")
 
 
+def _left_running(err: NodeNotRunning | NodeTimeout | ConfigError, run_id: str) -> SubagentsError:
+    """`err`, saying that the run goes on, when the node it followed went and no node of
+    this command may take its place (a named node, a home following its worker's run, a
+    home's or a worker's state dir, which only a node in that role serves): its children
+    outlive that node, and the run was not stopped, so it must not look ended."""
+    if isinstance(err, ConfigError):
+        if err.details.get("reason") != "fleet_role":
+            return err
+    elif not node_lost(err):
+        return err
+    return type(err)(
+        f"{err.message}. Run {run_id} goes on (its children outlive the node; it was not "
+        f"stopped): follow it again with `subagents-node wait {run_id}` once the node is back",
+        **err.details,
+    )
+
+
 #: Starts a foreground command's run on the node's client: a launch, a rerun.
 Start = Callable[[Client], RunView]
 
@@ -309,14 +331,17 @@ def launch_and_follow(
                     def following(on: Client) -> RunView:
                         return follow(on, started, as_json, signals, shown)
 
-                    client, final = across_nodes(
-                        client,
-                        following,
-                        f"run {started.run_id}",
-                        reconnect,
-                        taken,
-                        signals.holding,  # the run goes on: so does the follow
-                    )
+                    try:
+                        client, final = across_nodes(
+                            client,
+                            following,
+                            f"run {started.run_id}",
+                            reconnect,
+                            taken,
+                            signals.holding,  # the run goes on: so does the follow
+                        )
+                    except (NodeNotRunning, NodeTimeout, ConfigError) as err:
+                        raise _left_running(err, started.run_id) from None
                     if then is not None:
                         then(client, final)
                     signals.hold()

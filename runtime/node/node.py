@@ -131,6 +131,7 @@ class Node:
             pidfile.refuse_if_running(self.state_dir, self.options.ipc)
             pidfile.refuse_served_sockets(endpoints[1:] if self.options.ipc else endpoints)
             roles.refuse_taken_ports(self._owner_tcp)
+            roles.refuse_role_change(self.options, self.state_dir)
         except BaseException:
             self._claim.release()
             raise

@@ -5,12 +5,15 @@ not both; that a home has a tcp endpoint for its workers and a fixed port under 
 ledger owners' own ports fit; that a worker names its home's tcp endpoint, key and its own
 name; and where the node listens (only a home listens on tcp beyond loopback; an extra ipc
 path never replaces a file or the state dir's own sockets). Owns the table
-of those owners and their port offsets. It never binds, forks or connects: a failed check is a
-typed error (`ConfigError`, `BadAddress`) raised before the node takes its state dir.
+of those owners and their port offsets, and the check that a state dir a home or a worker
+served last is served in that role again (its address book says which). It never binds,
+forks or connects: a failed check is a typed error (`ConfigError`, `BadAddress`) raised
+before the node serves its state dir.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -18,7 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from subagents_node.client.keys import check_name
-from subagents_node.client.paths import check_endpoint, ipc_endpoint, ipc_path, is_loopback_tcp
+from subagents_node.client.paths import (
+    ADDRESS_BOOK_NAME,
+    check_endpoint,
+    ipc_endpoint,
+    ipc_path,
+    is_loopback_tcp,
+)
+from subagents_node.messages import statefiles
 from subagents_node.messages.errors import BadAddress, ConfigError
 from subagents_node.messages.members import HOME_NAME
 
@@ -166,3 +176,52 @@ def refuse_taken_ports(owner_tcp: dict[str, str]) -> None:
                     f"+ {HOME_OWNER_PORTS[name]}): {err.strerror or err}",
                     address=endpoint,
                 ) from None
+
+
+def last_role(state_dir: Path) -> str:
+    """The role of the node that served `state_dir` last, as its address book (left in place
+    by a stop and by a kill) says: "home", "worker", or "" (alone, or no readable book)."""
+    try:
+        book = json.loads(statefiles.read_file(state_dir / ADDRESS_BOOK_NAME))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(book, dict):
+        return ""
+    if "home" in book:
+        return "home"
+    owners = book.get("owners")
+    if isinstance(owners, dict) and any(
+        isinstance(owner, dict) and owner.get("state") == "remote" for owner in owners.values()
+    ):
+        return "worker"
+    return ""
+
+
+def refuse_role_change(opts: NodeOptions, state_dir: Path) -> None:
+    """A state dir a home served last is served by a home again, one a worker served by a
+    worker again. A node started there without the role (a plain `start`, or the node a
+    foreground `run` starts when the one it followed went) used to take it over: on a home's
+    dir, every worker was cut off while it ran; on a worker's, it adopted the worker's runs,
+    found no capacity slot for them in its own empty ledger and stopped them, while the
+    home kept their slots held."""
+    role = last_role(state_dir)
+    if role == "home" and not opts.home:
+        raise ConfigError(
+            f"{state_dir} was last served by a home node (its workers' ledgers are here): "
+            "start it as a home again (`subagents-node start --home --listen tcp://HOST:PORT`, "
+            "the port its workers join); a node in another role would leave every worker "
+            "unreachable",
+            key="home",
+            source="state_dir",
+            reason="fleet_role",
+        )
+    if role == "worker" and not opts.join:
+        raise ConfigError(
+            f"{state_dir} was last served by a worker node (its runs' capacity slots are on "
+            "its home): start it as that worker again (`subagents-node start --join "
+            "tcp://HOME:PORT --home-key KEY --name NAME`); a node in another role would stop "
+            "its runs, finding no slot for them",
+            key="join",
+            source="state_dir",
+            reason="fleet_role",
+        )
