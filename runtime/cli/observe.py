@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import click
 
@@ -38,6 +38,7 @@ from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.client import Client
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import NODE_BACK_S
+from subagents_node.messages.errors import NodeTimeout, SubagentsError
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import RunView
 
@@ -149,7 +150,8 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
 
     Exit 0 if all completed, 1 if any failed, was stopped or was rejected, 124 if the timeout
     came first. If the state dir's node stops or is killed meanwhile, the wait starts one,
-    which adopts the runs, and goes on (each end is printed once).
+    which adopts the runs, and goes on (each end is printed once). On a home node, a run may
+    be on any of its hosts.
     """
     settled: list[RunView] = []  # the runs ended so far, in the order given (settle's order)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -163,7 +165,7 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
         # Taken over on the next node: the runs not yet ended, with what is left of the timeout.
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         done, rest = settled[:], run_ids[len(settled) :]
-        return done + client.runs.settle(rest, timeout=left, on_end=ended)
+        return done + _settled_where_they_run(client, rest, left, ended)
 
     def reconnect() -> contextlib.AbstractContextManager[Client]:
         return node_client(obj, LaunchContext.from_environment(), False)
@@ -186,6 +188,45 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
         raise SystemExit(EXIT_TIMEOUT)
     if any(v.state != "complete" for v in views):
         raise SystemExit(1)
+
+
+def _settled_where_they_run(
+    client: Client, run_ids: Sequence[str], timeout: float | None, on_end: Callable[[RunView], None]
+) -> list[RunView]:
+    """`runs.settle` of `run_ids`, each where it runs: on a home, a worker's run through the
+    home, which carries its watches (a partition is waited out, as `run --on` does), the
+    home's own there; on any other node, that node's. A home's `wait` of a worker's run used
+    to say "Run not found" while `runs` on it listed the run."""
+    if not run_ids or client.hosts.listing() is None:
+        return client.runs.settle(run_ids, timeout=timeout, on_end=on_end)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    found = [client.hosts.find(run_id) for run_id in run_ids]  # an unknown id: before any wait
+    views: list[RunView] = []
+    for i, (on_host, view) in enumerate(found):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            if on_host is client:
+                end = client.runs.settle([view.run_id], timeout=left)[0]
+            else:
+                end = on_host.runs.wait(view.run_id, timeout=left, on_gap=_gap(view))
+        except NodeTimeout:
+            if deadline is None or time.monotonic() < deadline:
+                raise
+            end = on_host.runs.show(view.run_id)
+        views.append(end)
+        if end.state not in TERMINAL_RUN_STATES:  # the deadline came first
+            return views + [later for _, later in found[i + 1 :]]
+        on_end(end)
+    return views
+
+
+def _gap(view: RunView) -> Callable[[SubagentsError], None]:
+    def said(err: SubagentsError) -> None:
+        say(
+            f"{one_line(err.message)}; still waiting for run {view.run_id} on {view.host}", err=True
+        )
+
+    return said
 
 
 COMMANDS = (logs, wait)

@@ -144,3 +144,28 @@ def test_a_worker_reports_every_active_run_to_its_home_beyond_the_first_page_of_
         remove_copies(worker.state_dir, run_id)
         client.runs.stop(run_id)
         wait_until(lambda: client.runs.show(run_id).state == "stopped", what=f"{run_id} stopped")
+
+
+def test_wait_on_a_home_waits_for_a_workers_run_and_its_own_in_the_order_given(
+    crew: Fleet,
+) -> None:
+    """`wait RUN` on the home used to say "Run not found" for a run on a worker, which `runs`
+    on the same home listed (and which a foreground `run --on` whose home went told the user
+    to wait for)."""
+    session = _session()
+    env = {**os.environ, "SUBAGENTS_MAX_ACTIVE_ASYNC_RUNS_PER_SESSION": str(LIMIT)}
+    args = ("run", "--async", "--session", session, "--agents-dir", str(EXAMPLE_AGENTS))
+    on_w1 = _launched(
+        crew.cli(crew.home, *args[:2], "--on", "w1", *args[2:], "sleeper", "seconds=1")
+    )
+    here = run_cli(*args, "sleeper", "seconds=0", state_dir=crew.home.state_dir, env=env)
+    at_home = _launched((here.returncode, here.stdout, here.stderr))
+
+    code, out, err = crew.cli(crew.home, "wait", on_w1, at_home)
+    assert code == 0, err
+    assert out.splitlines() == [f"run {on_w1} complete", f"run {at_home} complete"]
+
+    longer = _placed_on(crew, "w2", session)
+    code, out, err = crew.cli(crew.home, "wait", "--timeout", "0.5", longer)
+    assert code == 124 and out.strip() == f"run {longer} still running", (out, err)
+    _stop_on_home(crew, [longer], session)
