@@ -57,17 +57,23 @@ class AddressBook:
         return endpoint
 
     def write(
-        self, owners: dict[str, dict[str, object]], home: dict[str, object] | None = None
+        self,
+        owners: dict[str, dict[str, object]],
+        home: dict[str, object] | None = None,
+        worker: dict[str, object] | None = None,
     ) -> None:
         """Rewrite the file: `owners` as the owners' supervisor lists them, the home's owners
-        added as `remote`, and `home` (a home's word to its workers) when given. A write that
-        fails is skipped: the next change writes the whole book again."""
+        added as `remote`, `home` (a home's word to its workers) and `worker` (a worker's name
+        and home, which its next start must keep: runtime/node/roles.py) when given. A write
+        that fails is skipped: the next change writes the whole book again."""
         for name in self._remote:
             owners[name] = {"endpoint": self.route(name), "pid": None, "state": "remote"}
         node = {"endpoint": self._node_address(), "pid": os.getpid(), "node_id": self._node_id}
         book: dict[str, object] = {"node": node, "owners": owners}
         if home is not None:
             book["home"] = home
+        if worker is not None:
+            book["worker"] = worker
         # A fresh temp file (messages/statefiles.py): a fixed `addressbook.json.tmp` that
         # someone made a symlink had the book written through it, over a file elsewhere.
         with suppress(OSError):

@@ -306,7 +306,11 @@ class Node:
                 "owners": dict(self._owner_tcp),
             }
             self._home.tell_owners()  # an owner (re)started: it admits nobody until told
-        self._book.write(owners_book, home)
+        opts = self.options
+        worker: dict[str, object] | None = (
+            {"name": opts.name, "home": opts.join} if opts.join else None
+        )
+        self._book.write(owners_book, home, worker)
 
     def stop(self) -> None:
         if self._stopped:

@@ -178,15 +178,19 @@ def refuse_taken_ports(owner_tcp: dict[str, str]) -> None:
                 ) from None
 
 
-def last_role(state_dir: Path) -> str:
-    """The role of the node that served `state_dir` last, as its address book (left in place
-    by a stop and by a kill) says: "home", "worker", or "" (alone, or no readable book)."""
+def _last_book(state_dir: Path) -> dict[str, object]:
+    """The address book the node that served `state_dir` last left ({}: none readable)."""
     try:
         book = json.loads(statefiles.read_file(state_dir / ADDRESS_BOOK_NAME))
     except (OSError, ValueError):
-        return ""
-    if not isinstance(book, dict):
-        return ""
+        return {}
+    return book if isinstance(book, dict) else {}
+
+
+def last_role(state_dir: Path) -> str:
+    """The role of the node that served `state_dir` last, as its address book (left in place
+    by a stop and by a kill) says: "home", "worker", or "" (alone, or no readable book)."""
+    book = _last_book(state_dir)
     if "home" in book:
         return "home"
     owners = book.get("owners")
@@ -215,6 +219,8 @@ def refuse_role_change(opts: NodeOptions, state_dir: Path) -> None:
             source="state_dir",
             reason="fleet_role",
         )
+    if role == "worker" and opts.join:
+        _refuse_another_worker(opts, state_dir)
     if role == "worker" and not opts.join:
         raise ConfigError(
             f"{state_dir} was last served by a worker node (its runs' capacity slots are on "
@@ -225,3 +231,25 @@ def refuse_role_change(opts: NodeOptions, state_dir: Path) -> None:
             source="state_dir",
             reason="fleet_role",
         )
+
+
+def _refuse_another_worker(opts: NodeOptions, state_dir: Path) -> None:
+    """A worker's dir is served by that worker again, under its name (its home's key may
+    change: a home may get a new key). Its runs' slots are held on the home under that name,
+    so a start under another name used to find no slot for them and stop them, "lost while
+    the node was down", while the home kept the old name's slots held for good."""
+    last = _last_book(state_dir).get("worker")
+    if not isinstance(last, dict):
+        return  # a book of an earlier release: nothing to hold the start to
+    name = last.get("name")
+    if not isinstance(name, str) or not name or name == opts.name:
+        return
+    raise ConfigError(
+        f"{state_dir} was last served as worker {name!r}, not {opts.name!r}: its runs' "
+        "capacity slots are held on its home "
+        "under that name; start it as that worker again (to make it another worker, wait "
+        "until its runs have ended, stop it and remove its addressbook.json first)",
+        key="name",
+        source="state_dir",
+        reason="fleet_role",
+    )

@@ -104,3 +104,38 @@ def test_a_killed_homes_dir_is_served_only_by_a_home_again(crew: Fleet) -> None:
     assert code == 1 and "was last served by a home node" in err, err
     crew.home.start()  # as a home: its worker heartbeats it again
     wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 back with its home")
+
+
+def test_a_workers_dir_started_under_another_name_is_refused_and_its_run_goes_on(
+    crew: Fleet,
+) -> None:
+    """Started under a new name (its key allowed as that name), a worker's dir used to adopt
+    its runs, find no slot for them under the new name and stop them ("Its capacity slot was
+    lost while the node was down"), while the home held their slots under the old name."""
+    w1 = crew.workers["w1"]
+    session = f"rn-{uuid.uuid4().hex[:8]}"
+    code, out, err = crew.run_background(w1, session, "seconds=60", limit=3)
+    assert code == 0, err
+    run_id = out.strip().splitlines()[0]
+    code, _, err = crew.cli(w1, "stop")
+    assert code == 0, err
+    for args in (("keys", "revoke", "w1"), ("keys", "allow", "--name", "w5", "--")):
+        extra = (crew.public_key(w1.state_dir),) if args[1] == "allow" else ()
+        code, _, err = crew.cli(crew.home, *args, *extra)
+        assert code == 0, err
+
+    code, _, err = crew.cli(w1, "start", "--detach", *crew.worker_args("w5"))
+    assert code == 1 and "was last served as worker 'w1', not 'w5'" in err, err
+    assert crew.client(crew.home).capacity.snapshot(session, 3).used == 1
+    # Back under its name (its key allowed as w1 again), it adopts the run, still running.
+    for args in (("keys", "revoke", "w5"), ("keys", "allow", "--name", "w1", "--")):
+        extra = (crew.public_key(w1.state_dir),) if args[1] == "allow" else ()
+        code, _, err = crew.cli(crew.home, *args, *extra)
+        assert code == 0, err
+    w1.start()
+    assert crew.client(w1).runs.show(run_id).state == "running"
+    crew.client(w1).runs.stop(run_id)
+    wait_until(
+        lambda: crew.client(crew.home).capacity.snapshot(session, 3).used == 0,
+        what="its slot released by its proven end",
+    )
