@@ -63,6 +63,9 @@ def test_r_cap_1_forgetting_a_worker_that_is_up_is_refused_and_keeps_its_running
     assert code == 0, err
     assert f"released 1 slot: {run_id}" in out
     assert _used(crew, session, 1) == 0
+    # Started again, it joins again and stops the run it adopts: its slot was released.
+    w1.start()
+    wait_until(lambda: crew.client(w1).runs.show(run_id).state != "running", what="its end")
 
 
 @pytest.fixture
@@ -78,8 +81,9 @@ def test_a_home_just_restarted_refuses_to_forget_a_worker_it_has_not_heard_from_
     crew = patient_crew
     session = f"fr-{uuid.uuid4().hex[:8]}"
     w1 = crew.workers["w1"]
-    code, _, err = crew.run_background(w1, session, "seconds=60", limit=2)
+    code, out, err = crew.run_background(w1, session, "seconds=60", limit=2)
     assert code == 0, err
+    run_id = out.strip().splitlines()[0]
     os.kill(w1.pid, signal.SIGSTOP)  # alive, but it cannot beat to the new home yet
     try:
         crew.close_client(crew.home)
@@ -95,3 +99,4 @@ def test_a_home_just_restarted_refuses_to_forget_a_worker_it_has_not_heard_from_
     finally:
         os.kill(w1.pid, signal.SIGCONT)
     wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 heartbeating the new home")
+    crew.client(w1).runs.stop(run_id)

@@ -92,6 +92,7 @@ def test_a_launch_sent_again_to_a_restarted_home_reaches_its_worker_and_finds_it
     assert found.run_id == first.run_id  # the one run its first send made, not a second
     runs = crew.client(w1).runs.list(session_id=session)
     assert [r.run_id for r in runs] == [first.run_id]
+    crew.client(w1).runs.stop(first.run_id)
 
 
 def test_run_on_a_worker_right_after_the_home_restarted_waits_for_its_first_heartbeat(
