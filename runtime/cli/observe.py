@@ -175,7 +175,7 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
         client.ping()  # with no node to ask, say so: only a wait that has begun follows on
         # One run named twice (the same id, or a prefix and the id) is waited on and printed
         # once, where it was first named.
-        run_ids = tuple(dict.fromkeys(client.runs.show(run_id).run_id for run_id in run_ids))
+        run_ids = tuple(dict.fromkeys(_full_ids(client, run_ids)))
         what = f"run {run_ids[0]}" if len(run_ids) == 1 else "the runs waited on"
         _, views = across_nodes(client, waiting, what, None if obj.address else reconnect, taken)
     pending = [v for v in views if v.state not in TERMINAL_RUN_STATES]
@@ -188,6 +188,14 @@ def wait(obj: Ctx, run_ids: tuple[str, ...], timeout: float | None, as_json: boo
         raise SystemExit(EXIT_TIMEOUT)
     if any(v.state != "complete" for v in views):
         raise SystemExit(1)
+
+
+def _full_ids(client: Client, run_ids: Sequence[str]) -> list[str]:
+    """Each run's full id (an id or a unique prefix), found where it runs: on a home, over its
+    hosts too (a worker's run is not the home's own to show)."""
+    if client.hosts.listing() is None:
+        return [client.runs.show(run_id).run_id for run_id in run_ids]
+    return [client.hosts.find(run_id)[1].run_id for run_id in run_ids]
 
 
 def _settled_where_they_run(
