@@ -16,12 +16,13 @@ went: the launch ends at once with the client's own NodeNotRunning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import PIPE
 from typing import TypeVar
@@ -93,6 +94,25 @@ def sent_to_a_dying_node(
         dying.client(timeout=10).ask(launch, LaunchResult)
     assert dying.wait_exited(WAIT_S), f"the node did not die at {point}"
     return start_node(state_dir=state_dir).client(timeout=20)
+
+
+@contextlib.contextmanager
+def launched_past_a_killed_owner(
+    state_dir: Path, agents: Path, point: str, call_timeout_s: float = 2.0
+) -> Iterator[tuple[Client, Launch, RunView]]:
+    """A capped launch, sent once (the client does not resend), on an embedded node whose owner
+    is killed alone (and restarted by the node) at `point` ("OWNER:POINT"): after it committed
+    its part of the launch and before it answered. Yields the client, the launch and its run,
+    once the node says that owner was restarted exactly once."""
+    owner, _, at = point.partition(":")
+    settings = {"owner_call_timeout_s": call_timeout_s, "fault_kill_points": [f"owner:{at}"]}
+    with embedded(state_dir, faults=True, settings=settings) as node:
+        client = node.client(timeout=30)
+        launch = capped_launch(agents)
+        run = client.ask(launch, LaunchResult).run
+        [killed] = [a for a in node.owner_statuses() if a.name == owner]
+        assert killed.restarts == 1, f"the {owner} owner was not killed at {at}"
+        yield client, launch, run
 
 
 def one_run_charged_once(client: Client, launch: Launch, run: RunView) -> None:
@@ -294,13 +314,8 @@ def test_r_cap_11_a_capacity_owner_killed_after_taking_a_slot_is_asked_again_and
     for a minute or more (found by a soak that killed an owner every 40 s: never). The run
     supervisor sends the acquire again under its id now, which is answered with the slot
     taken, and the launch goes on holding that one slot."""
-    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:slot_acquired"]}
-    with embedded(state_dir, faults=True, settings=settings) as node:
-        client = node.client(timeout=30)
-        launch = capped_launch(agents)
-        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
-        [capacity] = [a for a in node.owner_statuses() if a.name == "capacity"]
-        assert capacity.restarts == 1, "the capacity owner was not killed"
+    with launched_past_a_killed_owner(state_dir, agents, "capacity:slot_acquired") as launched:
+        client, launch, run = launched
         [holder] = client.capacity.holders(launch.session_id).holders
         assert holder.owner is not None and holder.owner.run_id == run.run_id
         one_run_charged_once(client, launch, run)
@@ -313,14 +328,8 @@ def test_r_fan_2_a_fanout_owner_killed_after_making_a_launchs_budget_is_asked_ag
     it answered: the launch failed ("fanout restarted with fanout.create in flight"). The run
     supervisor asks again now (a second budget; the first, named to no one, counts nothing)
     and the launch goes on."""
-    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:budget_created"]}
-    with embedded(state_dir, faults=True, settings=settings) as node:
-        client = node.client(timeout=30)
-        launch = capped_launch(agents)
-        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
-        [fanout] = [a for a in node.owner_statuses() if a.name == "fanout"]
-        assert fanout.restarts == 1, "the fan-out owner was not killed"
-        one_run_charged_once(client, launch, run)
+    with launched_past_a_killed_owner(state_dir, agents, "fanout:budget_created") as launched:
+        one_run_charged_once(*launched)
 
 
 def test_r_fan_15_a_fanout_owner_killed_after_a_top_level_launchs_claim_is_asked_again(
@@ -331,16 +340,10 @@ def test_r_fan_15_a_fanout_owner_killed_after_a_top_level_launchs_claim_is_asked
     ("fanout restarted with fanout.claim in flight": a soak's resume met the same with its
     empty batch). It is made under an id now, sent again, counted once, and the launch goes
     on."""
-    settings = {"owner_call_timeout_s": 2.0, "fault_kill_points": ["owner:claim_recorded"]}
-    with embedded(state_dir, faults=True, settings=settings) as node:
-        client = node.client(timeout=30)
-        launch = capped_launch(agents)
-        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
-        [fanout] = [a for a in node.owner_statuses() if a.name == "fanout"]
-        assert fanout.restarts == 1, "the fan-out owner was not killed"
-        budget = decode_descriptor(run.fanout_descriptor)
-        assert client.fanout.snapshot(budget).used == 1
-        one_run_charged_once(client, launch, run)
+    with launched_past_a_killed_owner(state_dir, agents, "fanout:claim_recorded") as launched:
+        client, _, run = launched
+        assert client.fanout.snapshot(decode_descriptor(run.fanout_descriptor)).used == 1
+        one_run_charged_once(*launched)
 
 
 def test_a_ledger_owner_restarted_mid_admission_is_noticed_in_a_second_not_at_the_deadline(
@@ -350,14 +353,9 @@ def test_a_ledger_owner_restarted_mid_admission_is_noticed_in_a_second_not_at_th
     supervisor sees the session owner's socket file replaced (its successor bound a new one)
     within a second, sends its request again, and the launch is answered in time. Before, it
     waited out the deadline (15 s by default) whatever had happened to the owner."""
-    settings = {"owner_call_timeout_s": 60.0, "fault_kill_points": ["owner:spawn_reserved"]}
-    with embedded(state_dir, faults=True, settings=settings) as node:
-        client = node.client(timeout=20)
-        launch = capped_launch(agents)
-        run = client.ask(launch, LaunchResult).run  # sent once: the client does not resend
-        [session] = [a for a in node.owner_statuses() if a.name == "session"]
-        assert session.restarts == 1, "the session owner was not killed"
-        one_run_charged_once(client, launch, run)
+    point = "session:spawn_reserved"
+    with launched_past_a_killed_owner(state_dir, agents, point, call_timeout_s=60.0) as launched:
+        one_run_charged_once(*launched)
 
 
 @pytest.mark.slow
