@@ -31,9 +31,11 @@ from tests.support.nodes import NodeProcess, new_state_dir
 from tests.support.runs import launch_context, wait_until, write_agent
 
 CHILDREN = 4
-#: Stop the shim's template (its parent's parent: field 4 of the shim's stat), then the shim,
-#: then kill the template: the shim stays stopped, an orphan nobody continues.
-_FREEZE_FOR_GOOD = "read -r _ _ _ T _ < /proc/$PPID/stat; kill -STOP $T $PPID; kill -KILL $T"
+#: Kill the shim's template (its parent's parent: field 4 of the shim's stat), then stop the
+#: shim: it stays stopped, an orphan nobody continues. (Stopping the template first raced: a
+#: SIGSTOP is taken by one thread when it is next scheduled, and until then the template's
+#: stop-watching thread could still continue the shim. A SIGKILL ends every thread at once.)
+_FREEZE_FOR_GOOD = "read -r _ _ _ T _ < /proc/$PPID/stat; kill -KILL $T; kill -STOP $PPID"
 
 
 @pytest.fixture
@@ -52,14 +54,14 @@ def hostile() -> Iterator[Path]:
         "SIGKILLs its own shim once it has reported, then sleeps, ignoring SIGTERM.",
         '["sh", "-c", "sleep 0.5; kill -9 $PPID; trap \'\' TERM; exec sleep 60"]',
     )
-    # The template continues a shim a child stopped (shimstops.py); these stop the template
-    # first and then kill it, so nothing continues the shim: what the node's backstops are for
+    # The template continues a shim a child stopped (shimstops.py); these kill the template
+    # first, so nothing continues the shim: what the node's backstops are for
     # (a shim whose template is gone, as after a node restart, stays stopped).
     write_agent(
         agents,
         "shimfreezer",
-        "Freezes its own shim for good once it has reported (its template stopped, then "
-        "killed), then sleeps.",
+        "Freezes its own shim for good once it has reported (its template killed first), "
+        "then sleeps.",
         f'["sh", "-c", "sleep 0.5; {_FREEZE_FOR_GOOD}; exec sleep 60"]',
     )
     write_agent(
@@ -486,8 +488,8 @@ def test_a_child_that_froze_its_shim_and_exited_ends_its_run_with_its_exit_statu
 def test_a_shim_frozen_where_nothing_continued_it_is_continued_by_the_node_that_adopts_it(
     start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
 ) -> None:
-    """A child stopped its template and then its shim, killed the template (so no parent was
-    left to continue the shim) and exited: a zombie under a stopped shim, its run `running`,
+    """A child killed its template (so no parent was left to continue the shim), stopped its
+    shim and exited: a zombie under a stopped shim, its run `running`,
     and a restarted node only watched that shim, so the run stayed `running` for good. The
     node that adopts a stopped shim continues it: it reaps the child and reports its real end
     (complete, exit 0)."""
