@@ -88,6 +88,22 @@ def lose_the_transfer_answer(node: Node, client: Client, ctx: LaunchContext, run
     return found.owner.run_id
 
 
+def resumed_on_the_lent_slot(
+    client: Client, ctx: LaunchContext, gate: Gate, source: str, again: RunView
+) -> None:
+    """The resume `again` of `source` runs on one slot, lent by `source`; once it completes,
+    the source is `stopped` (continued) and every slot is freed."""
+    [child] = gate.accept(1)
+    assert used(client, ctx) == 1  # was 2: a second slot for one paused run
+    held = client.capacity.inspect(again.run_id, ctx.session_id)
+    assert held.relation == "current" and held.owner is not None
+    assert held.owner.source_run_id == source
+    child.release()
+    assert client.runs.wait(again.run_id, timeout=20).state == "complete"
+    assert client.runs.show(source).state == "stopped"  # continued
+    wait_until(lambda: used(client, ctx) == 0, what="every slot to be freed", timeout=20)
+
+
 def settled_and_freed(client: Client, ctx: LaunchContext, lost: str) -> None:
     """Every slot is freed, the lost transfer's included (gone by its TTL, or taken over)."""
     wait_until(lambda: used(client, ctx) == 0, what="every slot to be freed", timeout=20)
@@ -108,15 +124,7 @@ def test_r_cap_18_a_resume_sent_again_after_its_transfer_answer_was_lost_takes_t
 
     again = resume(client, run.run_id)
     assert again.run_id != lost
-    [child] = gate.accept(1)
-    assert used(client, ctx) == 1  # was 2: a second slot for one paused run
-    held = client.capacity.inspect(again.run_id, ctx.session_id)
-    assert held.relation == "current" and held.owner is not None
-    assert held.owner.source_run_id == run.run_id
-
-    child.release()
-    assert client.runs.wait(again.run_id, timeout=20).state == "complete"
-    assert client.runs.show(run.run_id).state == "stopped"  # continued
+    resumed_on_the_lent_slot(client, ctx, gate, run.run_id, again)
     settled_and_freed(client, ctx, lost)
 
 
@@ -149,12 +157,4 @@ def test_r_cap_18_a_capacity_owner_killed_after_lending_the_slot_is_asked_again_
         again = resume(client, run.run_id)  # sent once: the client does not resend
         [capacity] = [a for a in node.owner_statuses() if a.name == "capacity"]
         assert capacity.restarts == 1, "the capacity owner was not killed"
-        [child] = gate.accept(1)
-        assert used(client, ctx) == 1
-        held = client.capacity.inspect(again.run_id, ctx.session_id)
-        assert held.relation == "current" and held.owner is not None
-        assert held.owner.source_run_id == run.run_id
-        child.release()
-        assert client.runs.wait(again.run_id, timeout=20).state == "complete"
-        assert client.runs.show(run.run_id).state == "stopped"  # continued
-        wait_until(lambda: used(client, ctx) == 0, what="the slot to be freed", timeout=20)
+        resumed_on_the_lent_slot(client, ctx, gate, run.run_id, again)
