@@ -1,8 +1,9 @@
 """Configuration: the settings a node and a launch run with, and where each value came from.
 
-Owns the `Settings` model (DESIGN §6), the layered loader, and this process's depth
-(`current_depth`). The spec's lenient rules are pure functions in runtime.limits, re-exported
-here. It never talks to a node and never writes a file.
+Owns the `Settings` model (DESIGN §6) and the layered loader. The spec's lenient rules are
+pure functions in limits.py, and a variable's text is converted (and this process's depth,
+`current_depth`, read) in envvalues.py; both are re-exported here. It never talks to a
+node and never writes a file.
 
 Sources, lowest to highest: defaults; the user file `$XDG_CONFIG_HOME/subagents-node/
 subagents.toml`; the project file `./subagents.toml`; `SUBAGENTS_*` environment variables;
@@ -40,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from subagents_node.client.files import shown_path
 from subagents_node.client.paths import check_endpoint
 from subagents_node.launch.envnames import ENV_NAMES
+from subagents_node.launch.envvalues import current_depth, parse_env_value
 from subagents_node.launch.limits import (
-    DECIMAL,
     DEFAULT_MAX_DEPTH,
     DEFAULT_SPAWNS_PER_RUN,
     DEFAULT_TIMEOUT_MS,
@@ -378,7 +379,7 @@ def _apply_env(
             continue
         lenient = _LENIENT.get(key)
         if lenient is None:
-            strict[key] = _parse_env(key, raw, cwd)
+            strict[key] = parse_env_value(key, raw, cwd)
             continue
         resolve, floor = lenient
         number = parse_env_int(raw)
@@ -396,42 +397,6 @@ def _apply_env(
         _apply(values, origins, {key: value}, Origin("env", ENV_NAMES[key]))
 
 
-#: The number variables `_parse_env` converts, by type (each spelled as limits.DECIMAL allows).
-_FLOAT_KEYS = frozenset({"reservation_ttl_s", "run_retention_days"})
-_INT_KEYS = frozenset(
-    {
-        "timeout_ms",
-        "max_active_async_runs_per_session",
-        "max_watchers",
-        "child_log_max_bytes",
-        "node_log_max_bytes",
-        "node_log_backups",
-    }
-)
-
-
-def _parse_env(key: str, raw: str, cwd: Path) -> Any:
-    """Turn a variable's text into the key's type; what cannot be converted stays text so
-    validation reports it with the variable's name."""
-    text = raw.strip()
-    if key == "agent_dirs":
-        return tuple(str(cwd / Path(p).expanduser()) for p in raw.split(os.pathsep) if p.strip())
-    if key == "listen":
-        return tuple(part for part in text.replace(",", " ").split() if part)
-    if key == "state_dir":
-        return str(cwd / Path(text).expanduser())
-    convert = float if key in _FLOAT_KEYS else int if key in _INT_KEYS else None
-    # Plain ASCII decimal only, as for every other number variable (limits.py): int() and
-    # float() also take "1_000" and other scripts' digits ("١٢٣" was 123). What does not
-    # convert stays text: validation names the variable and says what it should be.
-    if convert is not None and DECIMAL.fullmatch(text):
-        try:
-            return convert(text)
-        except ValueError:
-            return text
-    return text
-
-
 def _anchor(layer: Mapping[str, Any], base: Path) -> dict[str, Any]:
     """Anchor relative paths at `base`; values of the wrong type are left for validation."""
     out = dict(layer)
@@ -442,32 +407,6 @@ def _anchor(layer: Mapping[str, Any], base: Path) -> dict[str, Any]:
         elif isinstance(value, list | tuple) and all(isinstance(v, str | Path) for v in value):
             out[key] = tuple(str(base / Path(v).expanduser()) for v in value)
     return out
-
-
-#: Depths travel as signed 32-bit integers like every count (SPEC §0.4).
-MAX_DEPTH_VALUE = 2_147_483_647
-
-
-def current_depth(env: Mapping[str, str] | None = None) -> int:
-    """R-CFG-8: this process's depth from SUBAGENTS_DEPTH (unset or empty: 0).
-
-    The node sets it for every child; a value that is not a non-negative integer means the
-    environment was tampered with, so it is an error rather than a silent depth 0.
-    """
-    raw = (os.environ if env is None else env).get(ENV_DEPTH)
-    if raw is None or not raw.strip():
-        return 0
-    number = parse_env_int(raw)
-    if number is None or not 0 <= number <= MAX_DEPTH_VALUE:
-        raise ConfigError(
-            f"invalid value for 'depth' in environment variable {ENV_DEPTH}: "
-            f"expected an integer from 0 to {MAX_DEPTH_VALUE} (got {raw[:40]!r})",
-            key="depth",
-            source=f"environment variable {ENV_DEPTH}",
-            reason="invalid_value",
-            value=repr(raw),
-        )
-    return number
 
 
 __all__ = [
