@@ -294,23 +294,7 @@ class CapacityLedger(OwnerActor):
         if refusal is not None:
             raise CapacityNotTransferable.of(req.source_run_id, refusal)
         now = self.ctx.clock()
-        record = SlotRecord(
-            session_id=source.session_id,
-            session_key=source.session_key,
-            slot=source.slot,
-            token=source.token,
-            run_id=req.run_id,
-            source_run_id=source.run_id,
-            generation=hosts.fresh_generation(
-                self.db, req.session_id, req.run_id, (lent or source).generation + 1
-            ),
-            kind="runner",
-            async_dir=req.async_dir,
-            host=req.host,  # the resume's node, where it is launched, not the source's
-            reserved_at=now,
-            expires_at=now + self._ttl(req.ttl_s),
-            prev_record=source,
-        )
+        record = lending.lent_record(self.db, req, source, lent, now, now + self._ttl(req.ttl_s))
         slots.update(self.db, record)
         self._expiry.arm(record.expires_at)
         crash = self._faults.crash
