@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from subagents_node.messages import (
     capacity,
     capacity_holders,
+    capacity_hosts,
     fanout,
     keys,
     lineage,
@@ -34,6 +35,7 @@ _PROTOCOLS: tuple[tuple[type[Request], ...], ...] = (
     node.REQUESTS,
     capacity.REQUESTS,
     capacity_holders.REQUESTS,
+    capacity_hosts.REQUESTS,
     fanout.REQUESTS,
     session.REQUESTS,
     supervisor.REQUESTS,

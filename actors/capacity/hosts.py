@@ -24,18 +24,17 @@ from collections.abc import Callable
 
 from subagents_node.actors.capacity import releases, slots
 from subagents_node.actors.capacity.rules import verdict_of
-from subagents_node.messages.capacity import (
-    MAX_LISTED,
+from subagents_node.messages.capacity import MAX_LISTED, Inspection
+from subagents_node.messages.capacity_holders import Holders, SessionSlots
+from subagents_node.messages.capacity_hosts import (
     HostReleased,
     HostSlotCount,
     HostSlots,
-    Inspection,
     ListReleases,
     OperatorReleases,
     ReleaseHost,
     SlotsByHost,
 )
-from subagents_node.messages.capacity_holders import Holders, SessionSlots
 
 log = logging.getLogger(__name__)
 

@@ -73,15 +73,10 @@ from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
     CapacitySnapshot,
-    HostReleased,
-    HostSlots,
     Inspect,
     Inspection,
-    ListReleases,
     MarkStarted,
     MarkWorkflowStarted,
-    OperatorReleases,
-    ReleaseHost,
     ReportTerminal,
     Rollback,
     RollbackResult,
@@ -93,6 +88,13 @@ from subagents_node.messages.capacity import (
     Verdict,
 )
 from subagents_node.messages.capacity_holders import Holders
+from subagents_node.messages.capacity_hosts import (
+    HostReleased,
+    HostSlots,
+    ListReleases,
+    OperatorReleases,
+    ReleaseHost,
+)
 from subagents_node.messages.errors import (
     CapacityExhausted,
     CapacityNotTransferable,

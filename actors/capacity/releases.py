@@ -19,7 +19,8 @@ import sqlite3
 from pydantic import ValidationError
 
 from subagents_node.actors.quarantine import reason_of
-from subagents_node.messages.capacity import OPERATOR_PROOF, OperatorRelease, SlotRecord
+from subagents_node.messages.capacity import OPERATOR_PROOF, SlotRecord
+from subagents_node.messages.capacity_hosts import OperatorRelease
 
 TABLE = "capacity_operator_releases"
 

@@ -18,16 +18,14 @@ from subagents_node.client import capacity as cap
 from subagents_node.messages.capacity import (
     AcquireResult,
     CapacitySnapshot,
-    HostReleased,
     Inspection,
-    OperatorReleases,
     ReportedState,
     RunnerProof,
     SlotHandle,
     SlotKind,
-    SlotsByHost,
     Verdict,
 )
+from subagents_node.messages.capacity_hosts import HostReleased, OperatorReleases, SlotsByHost
 from subagents_node.messages.errors import SubagentsError
 
 if TYPE_CHECKING:

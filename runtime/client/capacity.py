@@ -34,15 +34,10 @@ from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
     CapacitySnapshot,
-    HostReleased,
-    HostSlots,
     Inspect,
     Inspection,
-    ListReleases,
     MarkStarted,
     MarkWorkflowStarted,
-    OperatorReleases,
-    ReleaseHost,
     ReportedState,
     ReportTerminal,
     Rollback,
@@ -50,12 +45,19 @@ from subagents_node.messages.capacity import (
     RunnerProof,
     SlotHandle,
     SlotKind,
-    SlotsByHost,
     Snapshot,
     Transfer,
     Verdict,
 )
 from subagents_node.messages.capacity_holders import Holders, SessionSlots
+from subagents_node.messages.capacity_hosts import (
+    HostReleased,
+    HostSlots,
+    ListReleases,
+    OperatorReleases,
+    ReleaseHost,
+    SlotsByHost,
+)
 from subagents_node.messages.errors import BadRequest, SubagentsError
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ from typing import Any
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
 from subagents_node.actors.peergate import stamp_host
 from subagents_node.messages.base import Ack, Message, Request
-from subagents_node.messages.capacity import CAPACITY, HostSlots, ReleaseHost
+from subagents_node.messages.capacity import CAPACITY
+from subagents_node.messages.capacity_hosts import HostSlots, ReleaseHost
 from subagents_node.messages.envelope import ERROR, REPLY
 from subagents_node.messages.errors import (
     BadRequest,

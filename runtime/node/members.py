@@ -24,7 +24,7 @@ from pathlib import Path
 
 from subagents_node.actors.peergate import fenced_error
 from subagents_node.messages.base import Message
-from subagents_node.messages.capacity import HostReleased, SlotsByHost
+from subagents_node.messages.capacity_hosts import HostReleased, SlotsByHost
 from subagents_node.messages.errors import (
     MembershipRefused,
     OwnerUnavailable,

@@ -27,7 +27,8 @@ import zmq
 from subagents_node import Client, Node
 from subagents_node.actors.capacity.ledger import CapacityLedger
 from subagents_node.actors.context import ActorContext
-from subagents_node.messages.capacity import MAX_LISTED, HostSlotCount, RunnerProof
+from subagents_node.messages.capacity import MAX_LISTED, RunnerProof
+from subagents_node.messages.capacity_hosts import HostSlotCount
 from subagents_node.messages.codec import decode, encode
 from subagents_node.messages.envelope import ERROR, Envelope
 from subagents_node.messages.errors import BadRequest, CapacityOwnershipChanged, Internal

@@ -20,7 +20,7 @@ from subagents_node.client.keys import (
     read_keypair,
 )
 from subagents_node.client.transport import ZmqTransport
-from subagents_node.messages.capacity import HostSlotCount
+from subagents_node.messages.capacity_hosts import HostSlotCount
 from subagents_node.messages.errors import BadRequest
 from tests.support.nodes import NodeProcess
 

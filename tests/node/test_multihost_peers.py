@@ -29,9 +29,7 @@ from subagents_node.messages.base import Ack
 from subagents_node.messages.capacity import (
     Acquire,
     AcquireResult,
-    HostReleased,
     MarkStarted,
-    ReleaseHost,
     ReportTerminal,
     Rollback,
     RollbackResult,
@@ -39,6 +37,7 @@ from subagents_node.messages.capacity import (
     SlotHandle,
     Verdict,
 )
+from subagents_node.messages.capacity_hosts import HostReleased, ReleaseHost
 from subagents_node.messages.errors import (
     BadRequest,
     CapacityOwnershipChanged,
