@@ -11,7 +11,9 @@ A tcp endpoint is another host's (a worker node's links to its home's owners): i
 is a CURVE client with the given credentials and exchanges ZMTP heartbeats, so a dead link is
 dropped in seconds (what was in flight on it is answered `OwnerUnavailable` at its deadline).
 Whether to send to a home that is known to be unreachable is the caller's decision (the
-worker's forwarder fails such requests closed before they reach the links).
+worker's forwarder fails such requests closed before they reach the links); what is in flight
+to it when its caller learns it is unreachable is answered at once (`other_host_lost`:
+reason `home_unreachable_in_flight`, outcome unknown), not at its deadline.
 
 Replies from the owners of this node are read strictly (one release: an unknown field is a
 bug). Replies for the targets another host answers (`other_host`: a worker's links to its
@@ -162,6 +164,8 @@ class OwnerLinks:
         self._next_peer_check = 0.0
         #: Peers whose process ended, told by another thread (`peer_ended`): no lock needed.
         self._ended: collections.deque[str] = collections.deque()
+        #: Why the other host became unreachable, told by another thread (`other_host_lost`).
+        self._hosts_lost: collections.deque[str] = collections.deque()
 
     def watch_with(
         self,
@@ -312,9 +316,21 @@ class OwnerLinks:
         caller wakes that thread)."""
         self._ended.append(endpoint)
 
+    def other_host_lost(self, why: str) -> None:
+        """Any thread: the other host these links reach (a worker's home) is unreachable, as
+        the worker's home link says (`why`). What waits on it is answered at the links' own
+        thread's next `take_ended` or `expire`, outcome unknown (the caller wakes that thread):
+        its answer may never come, and the caller is not kept waiting for the deadline."""
+        self._hosts_lost.append(why)
+
     def take_ended(self) -> None:
-        """Answer what waits on each peer told ended, and drop its link: call it before sending
-        (a request sent on the old link after its owner died would be lost as well)."""
+        """Answer what waits on each peer told ended (or on the other host told lost), and drop
+        its link: call it before sending (a request sent on the old link after its owner died
+        would be lost as well)."""
+        if self._hosts_lost:
+            why = self._hosts_lost.pop()  # the latest word; the rest say the same
+            self._hosts_lost.clear()
+            self._lost({w.endpoint for w in self._waiting.values() if w.tolerant}, "", why)
         if not self._ended:  # the common case, on every turn of the loop
             return
         # As many as are there now: another thread may append meanwhile (the next turn's).
@@ -363,21 +379,33 @@ class OwnerLinks:
         if replaced:
             self._lost(replaced, "restarted")
 
-    def _lost(self, endpoints: set[str], how: str) -> None:
-        """Answer every request waiting on `endpoints` (their owner `how`: it will never
-        answer them) and drop those links: a fresh one carries the next request."""
+    def _lost(self, endpoints: set[str], how: str, home_lost: str = "") -> None:
+        """Answer every request waiting on `endpoints` (their owner `how`, or the home that
+        serves them unreachable, `home_lost` saying why: it will not answer them) and drop
+        those links: a fresh one carries the next request. A late answer is then dropped."""
         for corr, waiting in list(self._waiting.items()):
             if waiting.endpoint not in endpoints:
                 continue
             del self._waiting[corr]
-            waiting.reply(
-                OwnerUnavailable(
-                    f"{waiting.target} {how} with {waiting.request.type} in flight",
+            kind = waiting.request.type
+            if home_lost:
+                lost = OwnerUnavailable(
+                    f"{waiting.target} is on the home node, which this worker cannot reach now "
+                    f"({home_lost}), and {kind} was in flight: its outcome is unknown (it may "
+                    "have been applied); look before sending it again once the home is back",
+                    owner=waiting.target,
+                    state="unknown",
+                    reason="home_unreachable_in_flight",
+                    outcome="unknown",
+                )
+            else:
+                lost = OwnerUnavailable(
+                    f"{waiting.target} {how} with {kind} in flight",
                     owner=waiting.target,
                     state="unknown",
                     reason="timeout",
                 )
-            )
+            waiting.reply(lost)
         for endpoint in endpoints:
             self._renew(endpoint)
 

@@ -174,8 +174,9 @@ class OwnerUnavailable(SubagentsError):
     """The owner that serves this request is not serving: it is restarting, or it crashed more
     often than its restart-intensity limit allows and the node marked it `failed`. Nothing was
     applied, unless `details["outcome"] == "unknown"`: a worker did not answer its home in
-    time (reason `host_timeout`) a request it may still apply (a launch, a stop). The other
-    owners keep serving; `status` and `doctor` say why."""
+    time (reason `host_timeout`) a request it may still apply (a launch, a stop), or a worker's
+    home became unreachable with the request in flight (reason `home_unreachable_in_flight`).
+    The other owners keep serving; `status` and `doctor` say why."""
 
     code = "unavailable"
 

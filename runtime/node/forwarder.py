@@ -9,8 +9,10 @@ the gateway's thread. Replies go back through each request's reply function.
 On a worker node (DESIGN §1 "Multi-host") the ledger owners are the home's: requests for
 them go over one CURVE link to the home, with their own (shorter) timeout, and while the
 worker's home link says the home is unreachable they fail closed at once with
-`OwnerUnavailable` (reason `home_unreachable`) instead of waiting. Their replies are read as a
-client reads a node's (a home one release newer may add fields: actors/links.py `other_host`).
+`OwnerUnavailable` (reason `home_unreachable`) instead of waiting; those in flight when the
+link turns unreachable are answered at once (`home_lost`: reason `home_unreachable_in_flight`,
+outcome unknown). Their replies are read as a client reads a node's (a home one release newer
+may add fields: actors/links.py `other_host`).
 
 It never decides anything about a request; an owner that does not answer in time, or whose
 process the node reaped with the request in flight (`owner_ended`), is answered
@@ -91,6 +93,15 @@ class Forwarder:
         """Any thread (the node's, when it reaps an owner): what this forwarder has in flight
         to `endpoint` is answered now, not at its deadline."""
         self._links.peer_ended(endpoint)
+        with self._lock:
+            if not self._stopping:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\x01")
+
+    def home_lost(self, why: str) -> None:
+        """Any thread (the home link's, when it turns unreachable): what this forwarder has in
+        flight to the home is answered now, outcome unknown, not at its deadline."""
+        self._links.other_host_lost(why)
         with self._lock:
             if not self._stopping:
                 with contextlib.suppress(BlockingIOError):

@@ -146,6 +146,13 @@ class Gateway:
             self._relay.links.peer_ended(endpoint)
             self._wake()
 
+    def home_lost(self, why: str) -> None:
+        """What the relay has in flight to this worker's home is answered now (outcome
+        unknown): the home link says the home is unreachable."""
+        if self._relay is not None and not self._stopping:
+            self._relay.links.other_host_lost(why)
+            self._wake()
+
     def _wake(self) -> None:
         # A full pipe means a wake-up is already pending.
         with contextlib.suppress(BlockingIOError):

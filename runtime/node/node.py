@@ -270,6 +270,8 @@ class Node:
                 restrict_socket(path)  # DESIGN §3: sockets 0600 (the dir is 0700 as well)
         self._write_pid_file()
         self._owners_changed()
+        for links in (self._forwarder, self._gateway):
+            self._join.when_lost(links.home_lost)
         self._join.start(self._zctx)
 
     def _reread_keys(self) -> None:
