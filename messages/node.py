@@ -83,6 +83,8 @@ class ClusterStatus(Message):
     last_heartbeat_ok: float | None = None
     #: home: the server public key workers pass as --home-key
     public_key: str = ""
+    #: worker: unreachable because the home refused its key at the handshake (revoked?)
+    key_refused: bool = False
 
     def describe(self) -> str:
         if self.role == "home":

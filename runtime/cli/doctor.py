@@ -197,6 +197,16 @@ def check_fleet(cluster: ClusterStatus) -> Check:
             "the home's operator forgot this worker; restart it with `subagents-node start "
             "--join ...` to join again",
         )
+    if cluster.key_refused:
+        return Check(
+            "fleet",
+            "fail",
+            cluster.describe(),
+            "the home refused this worker's key: its operator revoked it or allows it under "
+            "another name (`subagents-node keys show` on the home); admissions fail closed "
+            "until the key is allowed again (`keys allow --name NAME -- KEY` on the home), and "
+            "the worker then heartbeats again by itself",
+        )
     return Check(
         "fleet",
         "warn",

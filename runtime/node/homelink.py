@@ -39,7 +39,7 @@ import zmq
 
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.client.channel import DEALER_OPTIONS
-from subagents_node.client.curve import curve_client
+from subagents_node.client.curve import HANDSHAKE_REFUSED, curve_client
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import validated_reply
@@ -79,6 +79,11 @@ COUNTS_EVERY_S = 5.0
 LEAVE_TIMEOUT_S = 1.0
 #: Frames read per wake-up before queued answers are sent again.
 _RECV_BATCH = 256
+#: Why a worker whose key the home refused at the handshake is unreachable (`status`, `doctor`).
+KEY_REFUSED = (
+    "the home refused this worker's key at the handshake: revoked, or no longer allowed "
+    "under this name?"
+)
 
 #: Sends one frame to the home on the link's connection (from any thread).
 SendFn = Callable[[bytes], None]
@@ -121,6 +126,13 @@ class HomeLink:
         self.membership: Membership | None = None
         self.state = "joining"  # joined | unreachable | fenced
         self.reason = ""
+        #: Unreachable because the home refused this worker's key at a fresh connection's
+        #: handshake (a revoke): the home drops an established connection's frames silently,
+        #: which alone would read as a network fault.
+        self.key_refused = False
+        #: The current connection's handshake events (its monitor), and whether it was refused.
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._sock_refused = False
         self.last_ok: float | None = None
         self._counts_asked = float("-inf")
         self._counted: tuple[int, int] = (0, 0)
@@ -175,6 +187,7 @@ class HomeLink:
             reason=self.reason,
             generation=member.generation if member else 0,
             last_heartbeat_ok=self.last_ok,
+            key_refused=self.key_refused,
         )
 
     # -- any thread ------------------------------------------------------------------------
@@ -193,23 +206,53 @@ class HomeLink:
 
     # -- the link's thread -------------------------------------------------------------------
 
-    def _open(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+    def _open(self, zctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller) -> zmq.Socket[bytes]:
+        """A fresh connection to the home, polled, with its handshake events watched."""
         sock = zctx.socket(zmq.DEALER)
         for option, value in DEALER_OPTIONS:
             sock.setsockopt(option, value)
         ipv6_for(sock, self.home)  # the home may be at an IPv6 address
         curve_client(sock, self._credentials)
+        self._monitor = sock.get_monitor_socket(HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._sock_refused = False
         sock.connect(self.home)
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         return sock
+
+    def _close(self, sock: zmq.Socket[bytes], poller: zmq.Poller | None) -> None:
+        monitor, self._monitor = self._monitor, None
+        if poller is not None:
+            poller.unregister(sock)
+            if monitor is not None:
+                poller.unregister(monitor)
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def _handshakes(self) -> None:
+        """Read the connection's handshake events: a refusal (the home's ZAP denied this key)
+        makes the link unreachable for that reason at once, not a silent heartbeat's."""
+        # Here, not at the top: zmq.utils.monitor imports zmq.asyncio (all of asyncio).
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self._monitor is not None:
+            try:
+                event = int(recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"])
+            except zmq.Again:
+                return
+            if event & HANDSHAKE_REFUSED:
+                self._sock_refused = True
+                self._set("unreachable", KEY_REFUSED, key_refused=True)
 
     def _run(self) -> None:
         member = self.membership
         if member is None:
             return
         zctx = self._zctx or zmq.Context.instance()
-        sock = self._open(zctx)
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        sock = self._open(zctx, poller)
         poller.register(self._wake_r, zmq.POLLIN)
         # The first beat goes out at once: it is what tells the home which connection
         # reaches this worker.
@@ -219,14 +262,18 @@ class HomeLink:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if beat is not None and now >= beat[1]:
-                    self._set("unreachable", f"no answer to a heartbeat in {member.heartbeat_s}s")
+                    if self._sock_refused:
+                        self._set("unreachable", KEY_REFUSED, key_refused=True)
+                    else:
+                        silent = f"no answer to a heartbeat in {member.heartbeat_s}s"
+                        self._set("unreachable", silent)
                     # The next beat goes out on a fresh connection: one that stalled in a
                     # partition would otherwise wait out TCP's retransmission backoff after
-                    # the link is back.
-                    poller.unregister(sock)
-                    sock.close(linger=0)
-                    sock = self._open(zctx)
-                    poller.register(sock, zmq.POLLIN)
+                    # the link is back; and a home that revoked this worker's key drops an
+                    # established connection's frames unread, but refuses a new one's
+                    # handshake, which says why (`_handshakes`).
+                    self._close(sock, poller)
+                    sock = self._open(zctx, poller)
                     beat = None
                 if beat is None and now >= next_beat:
                     beat = (self._send_beat(sock, member), now + member.heartbeat_s)
@@ -235,6 +282,8 @@ class HomeLink:
                 events = dict(poller.poll(max(0, int((wake_at - time.monotonic()) * 1000)) + 1))
                 if self._wake_r in events:
                     self._drain_wake()
+                if self._monitor is not None and events.get(self._monitor):
+                    self._handshakes()
                 if events.get(sock):
                     for env in self._receive(sock):
                         if beat is not None and env.corr == beat[0]:
@@ -250,7 +299,7 @@ class HomeLink:
                 self._leave(sock, member)
         finally:
             self._flush(sock)
-            sock.close(linger=0)
+            self._close(sock, None)
 
     def _send_beat(self, sock: zmq.Socket[bytes], member: Membership) -> str:
         now = time.monotonic()
@@ -357,8 +406,8 @@ class HomeLink:
             while os.read(self._wake_r, 4096):
                 pass
 
-    def _set(self, state: str, reason: str) -> None:
-        if state != self.state:
+    def _set(self, state: str, reason: str, key_refused: bool = False) -> None:
+        if state != self.state or key_refused != self.key_refused:
             log.warning("home %s: %s -> %s %s", self.home, self.state, state, reason)
-        self.state, self.reason = state, reason
+        self.state, self.reason, self.key_refused = state, reason, key_refused
         self._on_state(state, reason)
