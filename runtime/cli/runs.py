@@ -41,11 +41,12 @@ from subagents_node.cli.terminal import one_line, say
 from subagents_node.client.capacity_views import with_capacity
 from subagents_node.client.client import Client
 from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
+from subagents_node.launch.agents import PROJECT_AGENTS_DIR
 from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
 from subagents_node.messages.delivery import check_working_directory
-from subagents_node.messages.errors import OwnerUnavailable
+from subagents_node.messages.errors import AgentNotFound, OwnerUnavailable
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -115,7 +116,8 @@ def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
     metavar="NAME",
     callback=given_or_default,  # `--on "$W"` with W unset ran it here, on the home itself
     help="Multi-host: run it on worker NAME of the home node this CLI talks to (its children "
-    "get that worker's environment; --cwd, default this directory, must exist there).",
+    "get that worker's environment; --cwd, default this directory, must exist there; the "
+    "agent is looked up here, not on NAME).",
 )
 @json_option
 @click.pass_obj
@@ -150,13 +152,20 @@ def run(
         check_working_directory(cwd.absolute())
     ctx = LaunchContext.from_environment(cwd=cwd, agents_dirs=agents_dirs, session_id=session)
     launch: Launch
-    if parallel_file is not None:
-        launch = ctx.from_file("parallel", parallel_file, bool(background), timeout_ms, intercom)
-    elif chain_file is not None:
-        launch = ctx.from_file("chain", chain_file, bool(background), timeout_ms, intercom)
-    else:
-        assert agent is not None and task is not None
-        launch = ctx.single(agent, task, background, timeout_ms, intercom)
+    try:
+        if parallel_file is not None:
+            launch = ctx.from_file(
+                "parallel", parallel_file, bool(background), timeout_ms, intercom
+            )
+        elif chain_file is not None:
+            launch = ctx.from_file("chain", chain_file, bool(background), timeout_ms, intercom)
+        else:
+            assert agent is not None and task is not None
+            launch = ctx.single(agent, task, background, timeout_ms, intercom)
+    except AgentNotFound as err:
+        if on_host:
+            raise _not_found_here(err, on_host, cwd) from None
+        raise
     if on_host:
         # This host's environment means nothing on the worker: its node's own is the base.
         launch = launch.model_copy(update={"env": None})
@@ -173,6 +182,25 @@ def run(
     emit(final, as_json, summary(final))
     if final.state != "complete":
         raise SystemExit(1)
+
+
+def _not_found_here(err: AgentNotFound, host: str, cwd: Path | None) -> AgentNotFound:
+    """An agent unknown to a `run --on HOST`: the agents are looked up where this command runs
+    (the run carries their definitions to the worker), which said nothing of it, and a --cwd
+    that exists only on the worker was not searched here at all."""
+    where = ""
+    if cwd is not None and not cwd.absolute().is_dir():
+        where = (
+            f" --cwd {cwd} does not exist on this host, so its {PROJECT_AGENTS_DIR}/ was not"
+            " searched."
+        )
+    return AgentNotFound(
+        f"{err.message} Agents are looked up on this host, not on worker {host} (the run"
+        f" carries their definitions there).{where} Name this host's copy of the agent's"
+        f" directory with --agents-dir DIR, or run the command on {host} itself.",
+        **err.details,
+        host=host,
+    )
 
 
 @click.command("runs")

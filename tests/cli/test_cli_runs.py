@@ -388,3 +388,23 @@ def test_run_with_a_missing_cwd_says_so_not_that_its_project_agent_is_unknown(
 
     assert done.returncode == 1
     assert done.stderr.strip() == f"error: working directory does not exist: {missing}"
+
+
+def test_run_on_a_worker_with_a_cwd_only_there_says_agents_are_looked_up_here(
+    state_dir: Path,
+) -> None:
+    """`run --on NAME --cwd DIR` where DIR exists only on the worker: the agents are looked up
+    where the command runs (the launch carries their definitions), so an agent found only
+    under DIR/.subagents/agents/ on the worker was "Unknown agent 'echo'. Available agents:
+    none.", as if the worker did not have it. The message now says where agents were looked
+    up, that DIR was not searched here, and how to name the agent (no node is asked)."""
+    missing = state_dir / "only-on-the-worker"
+
+    done = run_cli("run", "--on", "w1", "--cwd", str(missing), "echo", "hi", state_dir=state_dir)
+
+    assert done.returncode == 1
+    message = done.stderr.strip()
+    assert message.startswith("error: Unknown agent 'echo'."), message
+    assert "looked up on this host, not on worker w1" in message, message
+    assert f"--cwd {missing} does not exist on this host" in message, message
+    assert "--agents-dir" in message and message.count("\n") == 0, message
