@@ -32,6 +32,7 @@ from subagents_node.cli.doctorstore import (
 )
 from subagents_node.cli.tcpsheds import shed_checks
 from subagents_node.client.client import Client
+from subagents_node.client.fleetrole import last_role, start_advice
 from subagents_node.client.paths import (
     DB_NAME,
     OWNER_SOCKETS,
@@ -147,7 +148,10 @@ def check_node(state_dir: Path, address: str | None, version: str) -> Iterator[C
             "node",
             "warn",
             f"not reachable at {endpoint}: {err.message}",
-            "start one: subagents-node start --detach",
+            # A home's or a worker's dir is started in its role again (a plain start is refused).
+            start_advice(endpoint)
+            if last_role(state_dir)
+            else "start one: subagents-node start --detach",
         )
         return
     finally:

@@ -33,6 +33,7 @@ from typing import Protocol
 import zmq
 
 from subagents_node.client.curve import HANDSHAKE_REFUSED
+from subagents_node.client.fleetrole import start_advice
 from subagents_node.client.reachability import UNKNOWN_OUTCOME, known_dead
 from subagents_node.messages.base import Message, Request, parse_reply, resendable
 from subagents_node.messages.codec import Reply, decode_reply, in_other_version
@@ -117,7 +118,7 @@ def gone_error(request: Request, address: str) -> SubagentsError:
     if resendable(request):
         return NodeNotRunning(
             f"no node is running at {address}: the node that served it is gone (it ended "
-            f"while {request.type} was in flight); start one with `subagents-node start`",
+            f"while {request.type} was in flight); {start_advice(address)}",
             address=address,
         )
     return NodeTimeout(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from subagents_node.client.fleetrole import start_advice
 from subagents_node.client.paths import PID_NAME, ipc_path, pid_record, read_pid_file
 from subagents_node.messages.base import Request, resendable
 from subagents_node.messages.errors import NodeNotRunning
@@ -79,7 +80,7 @@ def check_reachable(address: str, stale: bool = False) -> None:
     if not path.exists():
         raise NodeNotRunning(
             f"no node is running at {address} (socket {path} does not exist); "
-            "start one with `subagents-node start`",
+            f"{start_advice(address)}",
             address=address,
         )
     if not path.is_socket():  # a directory, a file, a device: nothing will ever answer there
@@ -89,6 +90,6 @@ def check_reachable(address: str, stale: bool = False) -> None:
     if stale and _stale(path):
         raise NodeNotRunning(
             f"no node is running at {address}: the node that served it is gone "
-            "(stale socket); start one with `subagents-node start`",
+            f"(stale socket); {start_advice(address)}",
             address=address,
         )

@@ -13,22 +13,20 @@ before the node serves its state dir.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from subagents_node.client.fleetrole import last_book, last_role
 from subagents_node.client.keys import check_name
 from subagents_node.client.paths import (
-    ADDRESS_BOOK_NAME,
     check_endpoint,
     ipc_endpoint,
     ipc_path,
     is_loopback_tcp,
 )
-from subagents_node.messages import statefiles
 from subagents_node.messages.errors import BadAddress, ConfigError
 from subagents_node.messages.members import HOME_NAME
 
@@ -178,29 +176,6 @@ def refuse_taken_ports(owner_tcp: dict[str, str]) -> None:
                 ) from None
 
 
-def _last_book(state_dir: Path) -> dict[str, object]:
-    """The address book the node that served `state_dir` last left ({}: none readable)."""
-    try:
-        book = json.loads(statefiles.read_file(state_dir / ADDRESS_BOOK_NAME))
-    except (OSError, ValueError):
-        return {}
-    return book if isinstance(book, dict) else {}
-
-
-def last_role(state_dir: Path) -> str:
-    """The role of the node that served `state_dir` last, as its address book (left in place
-    by a stop and by a kill) says: "home", "worker", or "" (alone, or no readable book)."""
-    book = _last_book(state_dir)
-    if "home" in book:
-        return "home"
-    owners = book.get("owners")
-    if isinstance(owners, dict) and any(
-        isinstance(owner, dict) and owner.get("state") == "remote" for owner in owners.values()
-    ):
-        return "worker"
-    return ""
-
-
 def refuse_role_change(opts: NodeOptions, state_dir: Path) -> None:
     """A state dir a home served last is served by a home again, one a worker served by a
     worker again. A node started there without the role (a plain `start`, or the node a
@@ -238,7 +213,7 @@ def _refuse_another_worker(opts: NodeOptions, state_dir: Path) -> None:
     change: a home may get a new key). Its runs' slots are held on the home under that name,
     so a start under another name used to find no slot for them and stop them, "lost while
     the node was down", while the home kept the old name's slots held for good."""
-    last = _last_book(state_dir).get("worker")
+    last = last_book(state_dir).get("worker")
     if not isinstance(last, dict):
         return  # a book of an earlier release: nothing to hold the start to
     name = last.get("name")
