@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 from subagents_node.cli.common import plural
+from subagents_node.client.fleetrole import last_role
 from subagents_node.client.paths import DB_NAME, owner_db
 from subagents_node.node import owners
+from subagents_node.node.roles import REMOTE_OWNERS
 
 Level = Literal["ok", "warn", "fail"]
 #: Less room than this on the state dir's file system is a full disk: a commit of the node's
@@ -68,8 +70,13 @@ def check_store(state_dir: Path) -> Iterator[Check]:
         return
     for name, path in present.items():
         yield from _check_db(f"store {path.stem}", path, owners.families_of(name))
+    # A worker's ledgers are its home's (DESIGN §1 "Multi-host"): their files are never here,
+    # and "start the node once" was advice for a dir whose node had started many times.
+    remote = REMOTE_OWNERS if last_role(state_dir) == "worker" else frozenset()
     for name, path in files.items():
-        if name not in present:
+        if name in remote and name not in present:
+            yield Check(f"store {path.stem}", "ok", "kept on the home (a worker's state dir)")
+        elif name not in present:
             yield Check(
                 f"store {path.stem}", "warn", f"{path} does not exist yet", "start the node once"
             )
