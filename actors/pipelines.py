@@ -42,11 +42,11 @@ MAX_RESENDS = 2
 
 def unanswered(outcome: Outcome) -> bool:
     """Whether `outcome` says the request went unanswered (OwnerLinks: its deadline passed,
-    the owner killed or restarting with it in flight, or a worker's home unreachable with it in
-    flight, outcome unknown), not that its owner refused it or is `failed`."""
-    if not isinstance(outcome, OwnerUnavailable):
-        return False
-    return outcome.details.get("reason") in ("timeout", "home_unreachable_in_flight")
+    the owner killed or restarting with it in flight), not that its owner refused it or is
+    `failed`. One lost with a worker's home (`home_unreachable_in_flight`) is not sent again:
+    while the home is unreachable the resend is refused as "not sent", and that answer would
+    hide that the first send may have been applied (its outcome is unknown)."""
+    return isinstance(outcome, OwnerUnavailable) and outcome.details.get("reason") == "timeout"
 
 
 class Durable:
