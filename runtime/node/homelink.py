@@ -39,7 +39,7 @@ import zmq
 
 from subagents_node.actors.ipv6 import ipv6_for
 from subagents_node.client.channel import DEALER_OPTIONS
-from subagents_node.client.curve import HANDSHAKE_REFUSED, curve_client
+from subagents_node.client.curve import curve_client
 from subagents_node.client.keys import ClientCredentials
 from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.base import validated_reply
@@ -213,7 +213,7 @@ class HomeLink:
             sock.setsockopt(option, value)
         ipv6_for(sock, self.home)  # the home may be at an IPv6 address
         curve_client(sock, self._credentials)
-        self._monitor = sock.get_monitor_socket(HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         self._sock_refused = False
         sock.connect(self.home)
         poller.register(sock, zmq.POLLIN)
@@ -242,7 +242,7 @@ class HomeLink:
                 event = int(recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"])
             except zmq.Again:
                 return
-            if event & HANDSHAKE_REFUSED:
+            if event & zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self._sock_refused = True
                 self._set("unreachable", KEY_REFUSED, key_refused=True)
 
