@@ -46,7 +46,12 @@ from subagents_node.launch.config import load_config
 from subagents_node.launch.launcher import LaunchContext, agent_catalog
 from subagents_node.messages.capacity import CapacitySnapshot
 from subagents_node.messages.delivery import check_working_directory
-from subagents_node.messages.errors import AgentNotFound, OwnerUnavailable
+from subagents_node.messages.errors import (
+    AgentCommandNotFound,
+    AgentNotFound,
+    OwnerUnavailable,
+    RunCwdMissing,
+)
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.session import SpawnSnapshot
 from subagents_node.messages.supervisor import (
@@ -58,11 +63,15 @@ from subagents_node.messages.supervisor import (
 
 @contextlib.contextmanager
 def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
-    """A client for worker `host` of the home node this CLI talks to (no node is started)."""
+    """A client for worker `host` of the home node this CLI talks to (no node is started).
+    A launch the worker refuses for a directory or a command missing there says it was the
+    worker's: the same path may well exist on this host."""
     with obj.client() as home:
         client = home.on(host)
     try:
         yield client
+    except (RunCwdMissing, AgentCommandNotFound) as err:
+        raise type(err)(f"{err.message} (on worker {host})", **err.details) from None
     finally:
         client.close()
 
