@@ -71,7 +71,8 @@ def hosted_client(obj: Ctx, host: str) -> Iterator[Client]:
     try:
         yield client
     except (RunCwdMissing, AgentCommandNotFound) as err:
-        raise type(err)(f"{err.message} (on worker {host})", **err.details) from None
+        said, end = (err.message[:-1], ".") if err.message.endswith(".") else (err.message, "")
+        raise type(err)(f"{said} (on worker {host}){end}", **err.details) from None
     finally:
         client.close()
 
