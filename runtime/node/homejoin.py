@@ -39,8 +39,9 @@ class HomeJoin:
         self._dispatcher = dispatcher
         self._node_id = node_id
         self._state: tuple[str, str] = ("joined", "")
-        #: Told (from the link's thread) when the home turns unreachable or fences this worker:
-        #: what is in flight to the home is answered then, not at its deadline.
+        #: Told (from the link's thread) when the home is lost (silent for the membership's
+        #: timeout, or refusing this worker): what is in flight to it is answered then, not at
+        #: its deadline.
         self._on_lost: list[Callable[[str], None]] = []
 
     def join(self, state_dir: Path, home_key: str, name: str, client_key: str) -> None:
@@ -54,6 +55,7 @@ class HomeJoin:
             self._on_state,
             counts=self._worker_counts,
             serve=HomeAsks(self._dispatcher, self._node_id),
+            on_lost=self._lost,
         )
         self.link = link
         try:
@@ -77,19 +79,20 @@ class HomeJoin:
         return self._state
 
     def when_lost(self, lost: Callable[[str], None]) -> None:
-        """Call `lost(why)` each time the link stops being joined (before `start`)."""
+        """Call `lost(why)` each time the link finds the home lost (before `start`)."""
         self._on_lost.append(lost)
 
     def _on_state(self, state: str, reason: str) -> None:
         """The home link's thread says how the home is; the forwarder and the gateway's relay
-        read it (one tuple, replaced whole: no lock needed). When it stops being joined, what
-        they have in flight to the home is failed at once: the home will not answer it (or,
-        fenced, must not be trusted to), and a caller should not wait out its deadline."""
-        was = self._state[0]
+        read it (one tuple, replaced whole: no lock needed)."""
         self._state = (state, reason)
-        if was == "joined" and state != "joined":
-            for lost in self._on_lost:
-                lost(reason)
+
+    def _lost(self, why: str) -> None:
+        """The home link's thread: the home is lost (silent for the membership's timeout, or
+        refusing this worker). What the forwarder and the relay have in flight to it is failed
+        now: the home will not answer it, and a caller should not wait out its deadline."""
+        for lost in self._on_lost:
+            lost(why)
 
     def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
         """What this worker runs, for the home: every active run and their running children,

@@ -111,6 +111,7 @@ class HomeLink:
         on_state: Callable[[str, str], None],
         counts: CountsFn = _no_counts,
         serve: ServeFn = _refuse_all,
+        on_lost: Callable[[str], None] = lambda why: None,
     ) -> None:
         self.home = home
         self.name = name
@@ -119,6 +120,13 @@ class HomeLink:
         self._sender = f"worker-{name}"
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._on_state = on_state
+        #: Told once per outage that the home is lost (silent for the membership's timeout, or
+        #: refusing this worker), so that what is in flight to it is answered: not at the first
+        #: missed beat, which a busy home's late answer makes too (admissions then only fail
+        #: closed for a moment, and what is in flight is still answered).
+        self._on_lost = on_lost
+        self._lost_told = False
+        self._last_ok_at = time.monotonic()
         self._counts = counts
         self._serve = serve
         self._stop = threading.Event()
@@ -159,6 +167,7 @@ class HomeLink:
         assert isinstance(result, Membership)
         self.membership = result
         self.state, self.last_ok = "joined", time.time()
+        self._last_ok_at = time.monotonic()
         log.info("joined home %s as %s (generation %d)", self.home, self.name, result.generation)
         return result
 
@@ -275,6 +284,7 @@ class HomeLink:
                     self._close(sock, poller)
                     sock = self._open(zctx, poller)
                     beat = None
+                self._lost_if_silent(member)
                 if beat is None and now >= next_beat:
                     beat = (self._send_beat(sock, member), now + member.heartbeat_s)
                     next_beat = now + member.heartbeat_s
@@ -389,6 +399,7 @@ class HomeLink:
             return None
         self.membership = renewed
         self.last_ok = time.time()
+        self._last_ok_at = time.monotonic()
         self._set("joined", "")
         return renewed
 
@@ -411,3 +422,19 @@ class HomeLink:
             log.warning("home %s: %s -> %s %s", self.home, self.state, state, reason)
         self.state, self.reason, self.key_refused = state, reason, key_refused
         self._on_state(state, reason)
+        if state == "joined":
+            self._lost_told = False
+        elif state == "fenced" or key_refused:
+            self._lost(reason)
+
+    def _lost_if_silent(self, member: Membership) -> None:
+        """The home silent for the membership's timeout (as long as the home waits before it
+        calls this worker unreachable): it is lost, not slow."""
+        silent = time.monotonic() - self._last_ok_at
+        if self.state == "unreachable" and silent >= member.timeout_s:
+            self._lost(f"no answer from the home for {silent:.1f}s")
+
+    def _lost(self, why: str) -> None:
+        if not self._lost_told:
+            self._lost_told = True
+            self._on_lost(why)

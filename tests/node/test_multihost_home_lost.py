@@ -1,10 +1,11 @@
 """A worker's request in flight to its home when the home is killed (DESIGN §1 "Multi-host";
-actors/links.py `other_host_lost`): it is answered as soon as the worker's home link says the
-home is unreachable, once, with `unavailable` (reason `home_unreachable_in_flight`, outcome
-unknown).
+actors/links.py `other_host_lost`): it is answered as soon as the worker's home link finds the
+home lost (silent for the membership's heartbeat timeout), once, with `unavailable` (reason
+`home_unreachable_in_flight`, outcome unknown). A home that only misses a beat or two (busy,
+or stopped a moment) is not lost: what is in flight to it is answered by the home.
 
 It used to wait out the worker's whole remote timeout (5 s) and then be answered `timeout`,
-although the link had said seconds before that the home was gone (after one missed beat).
+although the link had said seconds before that the home was gone.
 
 Real nodes on loopback: a home and one worker, each a process with its own state dir and
 keys; the home's fan-out owner is held (SIGSTOP) so that a claim stays in flight, and the home
@@ -28,7 +29,7 @@ from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.messages.fanout import ClaimPaths
 from tests.support.fleet import Fleet, fleet
 from tests.support.nodes import RawPeer, error_of
-from tests.support.runs import stop_process, wait_until
+from tests.support.runs import stop_process, stopped, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +96,37 @@ def test_a_claim_in_flight_when_the_home_is_killed_is_answered_once_as_soon_as_t
         what="w1 sees its home back",
     )
     assert crew.client(w1).fanout.claim(descriptor, ["c"]).used == 2
+
+
+def test_a_home_that_misses_a_beat_but_comes_back_still_answers_what_was_in_flight() -> None:
+    # A timeout far above the beat: the worker sees its home unreachable (one missed beat)
+    # long before it would call it lost.
+    with fleet(("w1",), heartbeat=(0.2, 4.0)) as crew:
+        w1 = crew.workers["w1"]
+        descriptor = crew.client(w1).fanout.create(f"slow-{uuid.uuid4().hex}", 10)
+        fanout_pid = _owner_pid(crew, "fanout")
+        zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        peer = RawPeer(zctx, w1.address)
+        try:
+            with stopped(fanout_pid):
+                claim = ClaimPaths(descriptor=descriptor, paths=["a"])
+                sent = peer.send_env(
+                    Envelope(type=claim.type, body=claim.to_body(), target="fanout")
+                )
+                assert peer.ping().type != "error"  # the claim is in flight
+                with stopped(crew.home.pid):
+                    wait_until(
+                        lambda: (c := w1.status().cluster) is not None and c.state == "unreachable",
+                        what="w1 sees its home miss a beat",
+                    )
+                wait_until(
+                    lambda: (c := w1.status().cluster) is not None and c.state == "joined",
+                    what="w1 sees its home answer again",
+                )
+            reply = peer.recv_env(timeout=3 * REMOTE_TIMEOUT_S)
+            assert reply is not None and reply.corr == sent, "the claim went unanswered"
+            assert reply.type != "error", reply.body
+            assert crew.client(w1).fanout.snapshot(descriptor).used == 1
+        finally:
+            peer.close()
+            zctx.term()
