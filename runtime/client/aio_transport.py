@@ -15,7 +15,10 @@ fresh sockets, leaving the parent's untouched. A call's deadline bounds its send
 queue kept full by an owner that stopped reading is a NodeTimeout with nothing sent
 (`unsent_error`), never a send that waits until the owner reads again. Closing (`shut`) is done
 at once, with no await a cancel could cut short; `aclose` then waits for the reader tasks to
-end, and a cancel of the task running it is that task's own, raised (never swallowed).
+end, and a cancel of the task running it is that task's own, raised (never swallowed). A
+transport dropped without `aclose()` is collected while its loop runs (its reader tasks hold
+its sockets and table, never the transport), and its sockets are closed and its readers
+ended then (`_released`), as a sync client's are.
 
 It must never import the node or the actors (child agents import the client), and never block
 the event loop.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import weakref
 from pathlib import Path
 
 import zmq
@@ -90,6 +94,18 @@ class AsyncZmqTransport:
         self._endpoints: dict[str, str] = {}
         #: The loop the sockets and reader tasks belong to (set by the first call).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._collected = self._on_collection()
+
+    def _on_collection(self) -> weakref.finalize[..., AsyncZmqTransport]:
+        """What closes this process's sockets and ends their reader tasks once the transport
+        is collected without `aclose()` (`await AsyncClient(address).ping()`, a client
+        dropped): each reader task held the transport, so neither was ever collected while
+        the loop ran, and every such client kept its sockets (three descriptors) and a task
+        for good. The finalizer holds the very dicts (they are emptied, never replaced). Not
+        at exit: the loop's own end cancels the tasks and pyzmq closes the sockets."""
+        collected = weakref.finalize(self, _released, os.getpid(), self._socks, self._readers)
+        collected.atexit = False
+        return collected
 
     def __reduce__(self) -> tuple[type[AsyncZmqTransport], tuple[object, ...]]:
         """The address, host and keys: another process opens sockets of its own."""
@@ -150,6 +166,8 @@ class AsyncZmqTransport:
         self._parents = (self._socks, self._readers, self._waiting, self._loop, self._parents)
         self._socks, self._readers, self._waiting, self._peers = {}, {}, {}, {}
         self._loop = None
+        self._collected.detach()  # the parent's sockets are never closed from the child
+        self._collected = self._on_collection()
         if self._sender == f"client-{self._pid}":
             self._sender = f"client-{os.getpid()}"
         self._pid = os.getpid()
@@ -157,17 +175,20 @@ class AsyncZmqTransport:
     def _drop_connections(self, error: NodeNotRunning) -> list[asyncio.Task[None]]:
         """Close every socket, cancel its reader and fail its waiting calls with `error` (all
         of one loop); the reader tasks, whose end may be awaited (on their loop)."""
-        readers, self._readers = self._readers, {}
-        for reader in readers.values():
+        # Emptied in place, not replaced: the finalizer (`_on_collection`) holds these dicts.
+        readers = list(self._readers.values())
+        self._readers.clear()
+        for reader in readers:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
                 reader.cancel()
         with contextlib.suppress(RuntimeError):
             self._fail_waiting(error)
         self._waiting.clear()
-        socks, self._socks = self._socks, {}
-        for sock in socks.values():
+        socks = list(self._socks.values())
+        self._socks.clear()
+        for sock in socks:
             sock.close(linger=0)
-        return list(readers.values())
+        return readers
 
     def _socket(self, target: str) -> zmq.asyncio.Socket:
         if self._closed:
@@ -218,26 +239,9 @@ class AsyncZmqTransport:
                 self._peers[endpoint] = PeerFile(str(path))
         reader = self._readers.get(endpoint)
         if reader is None or reader.done():
-            self._readers[endpoint] = asyncio.get_running_loop().create_task(self._read(sock))
+            reading = _read(sock, self._waiting, self.address)  # holds no `self`: _released
+            self._readers[endpoint] = asyncio.get_running_loop().create_task(reading)
         return sock
-
-    async def _read(self, sock: zmq.asyncio.Socket) -> None:
-        """File each reply under its correlation id; replies nobody waits for are dropped."""
-        while True:
-            try:
-                frame = await sock.recv()
-            except zmq.ZMQError as exc:  # the socket is unusable: fail every waiting call now
-                if sock.closed:  # dropped on purpose: the calls waiting now are not its
-                    return
-                why = f"the connection to {self.address} failed: {exc}"
-                self._fail_waiting(NodeNotRunning(why, address=self.address))
-                return
-            reply = read_reply(frame)
-            if reply is None or reply.corr is None:
-                continue
-            waiter = self._waiting.get(reply.corr)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(reply)
 
     async def call(self, request: Request, timeout: float, target: str = "") -> Message:
         """Send `request` and await its outcome. If its owner restarts while it is in flight,
@@ -338,12 +342,7 @@ class AsyncZmqTransport:
                 raise gone_error(request, self.address)
 
     def _fail_waiting(self, error: NodeNotRunning) -> None:
-        """Every waiting call raises `error`, each an instance of its own (one exception
-        raised in many tasks would gather all their tracebacks)."""
-        for waiter in self._waiting.values():
-            if not waiter.done():
-                waiter.set_exception(NodeNotRunning(error.message, **error.details))
-        self._waiting.clear()
+        _fail_waiting(self._waiting, error)
 
     def shut(self) -> list[asyncio.Task[None]]:
         """Close now, with nothing awaited (so no cancel can leave it half done): every later
@@ -355,6 +354,64 @@ class AsyncZmqTransport:
 
     async def aclose(self) -> None:
         await readers_ended(self.shut())
+
+
+async def _read(
+    sock: zmq.asyncio.Socket, waiting: dict[str, asyncio.Future[Reply]], address: str
+) -> None:
+    """File each reply under its correlation id in `waiting`; replies nobody waits for are
+    dropped. It holds no transport, so a transport dropped without `aclose()` is collected."""
+    while True:
+        try:
+            frame = await sock.recv()
+        except zmq.ZMQError as exc:  # the socket is unusable: fail every waiting call now
+            if sock.closed:  # dropped on purpose: the calls waiting now are not its
+                return
+            why = f"the connection to {address} failed: {exc}"
+            _fail_waiting(waiting, NodeNotRunning(why, address=address))
+            return
+        reply = read_reply(frame)
+        if reply is None or reply.corr is None:
+            continue
+        waiter = waiting.get(reply.corr)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(reply)
+
+
+def _fail_waiting(waiting: dict[str, asyncio.Future[Reply]], error: NodeNotRunning) -> None:
+    """Every waiting call raises `error`, each an instance of its own (one exception raised in
+    many tasks would gather all their tracebacks)."""
+    for waiter in waiting.values():
+        if not waiter.done():
+            waiter.set_exception(NodeNotRunning(error.message, **error.details))
+    waiting.clear()
+
+
+def _released(
+    pid: int, socks: dict[str, zmq.asyncio.Socket], readers: dict[str, asyncio.Task[None]]
+) -> None:
+    """A transport collected without `aclose()`: its reader tasks cancelled and its sockets
+    closed, on their loop's thread when that loop runs (a collection may happen on any
+    thread; a socket is not thread-safe), else here (its loop is idle or closed). Never in a
+    forked child: the parent's sockets are the parent's."""
+    if os.getpid() != pid or not (socks or readers):
+        return
+
+    def shut() -> None:
+        for reader in list(readers.values()):
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
+                reader.cancel()
+        readers.clear()
+        for sock in list(socks.values()):
+            sock.close(linger=0)
+        socks.clear()
+
+    loop = next((reader.get_loop() for reader in readers.values()), None)
+    if loop is not None and loop.is_running():
+        with contextlib.suppress(RuntimeError):  # it closed meanwhile: closed here, below
+            loop.call_soon_threadsafe(shut)
+            return
+    shut()
 
 
 async def readers_ended(readers: list[asyncio.Task[None]]) -> None:

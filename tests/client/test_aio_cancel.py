@@ -15,6 +15,7 @@ and a forked child's client opens connections of its own. Real node, real socket
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
@@ -244,3 +245,35 @@ def test_a_forked_child_using_its_parents_async_client_gets_answers_of_its_own(
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
         f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
     )
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_async_clients_dropped_without_aclose_while_their_loop_runs_release_their_sockets(
+    node: NodeProcess,
+) -> None:
+    """Each reader task held its transport, so an AsyncClient dropped without `aclose()`
+    (`await AsyncClient(address).ping()` in a service that runs for days) was never collected
+    while its loop ran: every one kept its DEALER (three descriptors) and a pending task for
+    good, and a few hundred such one-liners ran the process out of descriptors. A sync
+    `Client` dropped so releases its sockets when collected; so does an AsyncClient now."""
+
+    async def go() -> tuple[int, int, int, int]:
+        await AsyncClient(node.address).ping()  # the process's zmq context, once
+        gc.collect()
+        fds, tasks = _open_descriptors(), len(asyncio.all_tasks())
+        for _ in range(60):
+            await AsyncClient(node.address).ping()
+        gc.collect()  # each client is in a reference cycle (its owner APIs): collect them
+        deadline = time.monotonic() + 10
+        # zmq_close is asynchronous (libzmq's reaper thread frees the descriptors a moment
+        # later), and the close itself is a callback on this loop: let both happen, bounded.
+        while _open_descriptors() - fds > 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return fds, _open_descriptors(), tasks, len(asyncio.all_tasks())
+
+    fds_before, fds_after, tasks_before, tasks_after = asyncio.run(go())
+    assert tasks_after == tasks_before, f"{tasks_after - tasks_before} reader tasks left"
+    assert fds_after - fds_before <= 6, f"{fds_after - fds_before} descriptors kept"
