@@ -214,6 +214,20 @@ def check_working_directory(path: Path) -> None:
         raise RunCwdMissing(f"working directory does not exist: {path}", cwd=str(path))
 
 
+def check_launch_directory(cwd: str) -> None:
+    """RunCwdMissing unless a launch's working directory is absolute. A relative one was read
+    from the run supervisor's own directory (`/`), not the caller's: `cwd="."` ran the
+    children in `/`, and `cwd="src"` was checked as `src/src`. An item's own cwd may be
+    relative: it is under the launch's."""
+    if not Path(cwd).is_absolute():
+        raise RunCwdMissing(
+            "working directory is not usable: it is a relative path, and the node's own "
+            f"directory is not yours; give it absolute: {cwd[:512]}",
+            cwd=cwd[:512],
+            field="cwd",
+        )
+
+
 def check_command(agent: AgentLike, environ: Mapping[str, str] | None = None) -> str:
     """The agent's argv[0] resolved, or AgentCommandNotFound (checked before admission)."""
     env_in = os.environ if environ is None else environ

@@ -55,6 +55,7 @@ from subagents_node.messages.capacity import (
 from subagents_node.messages.delivery import (
     argv_task_problem,
     check_command,
+    check_launch_directory,
     check_working_directory,
 )
 from subagents_node.messages.domains import MAX_TASK_CHARS
@@ -153,8 +154,9 @@ def check_items(launch: Launch, labelled: list[tuple[str, TaskItem]]) -> None:
     task within the task limit, and a task exec(2) accepts in argv. An expansion's items share
     their template's directory and agent, so each distinct one is checked once."""
     items = [item for _, item in labelled]
+    check_launch_directory(launch.cwd)  # absolute: the node's own directory is not the caller's
     for cwd in dict.fromkeys([launch.cwd, *(i.cwd for i in items if i.cwd)]):
-        check_working_directory(Path(launch.cwd, cwd) if cwd else Path(launch.cwd))
+        check_working_directory(Path(launch.cwd, cwd))  # an item's own cwd: under the launch's
     for agent in {id(item.agent): item.agent for item in items}.values():
         check_command(agent, launch.env)  # AgentCommandNotFound before any charge
     for label, item in labelled:

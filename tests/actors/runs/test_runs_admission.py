@@ -314,6 +314,12 @@ BAD_INPUT = {
         lambda ctx: ctx.single("no-such-agent", "x", True, None),
     ),
     "missing cwd": BadInput(RunCwdMissing, "working directory does not exist: ", _missing_cwd),
+    # Read from the run supervisor's directory (`/`): its children ran in `/`, not the caller's.
+    "relative launch cwd": BadInput(
+        RunCwdMissing,
+        "working directory is not usable: it is a relative path, and the node's own directory",
+        lambda ctx: ctx.single("echo", "x", True, None).model_copy(update={"cwd": "."}),
+    ),
     "command not found": BadInput(
         AgentCommandNotFound,
         "Agent 'ghost': command '/no/such/program' not found",
