@@ -10,6 +10,7 @@ It must never build a request itself, nor import the node or the actors.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -55,11 +56,21 @@ class AsyncRunsAPI:
             except BadRequest as err:
                 sends.older_node(err)
             except (NodeNotRunning, NodeTimeout) as err:
-                if sends.again_after_node(err):
-                    address, timeout = self._client.address, self._client.timeout
-                    back = launchagain.served_again_at
-                    if not await asyncio.to_thread(back, address, timeout, wait_s):
-                        sends.give_up()
+                if sends.again_after_node(err) and not await self._served_again(wait_s):
+                    sends.give_up()
+
+    async def _served_again(self, wait_s: float) -> bool:
+        """Whether the state dir's next node serves within `wait_s`, waited for in a thread
+        (an inotify wait). A cancel ends that thread's wait too (closing the pipe it selects
+        on): left to run, it kept `asyncio.run` from returning for up to `wait_s` (30 s) after
+        the launch was cancelled, or the program interrupted."""
+        address, timeout = self._client.address, self._client.timeout
+        stop, stopping = os.pipe()
+        try:
+            back = launchagain.served_again_at
+            return await asyncio.to_thread(back, address, timeout, wait_s, stop)
+        finally:
+            os.close(stopping)  # the thread closes `stop` itself, once its wait has ended
 
     async def watch(
         self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S

@@ -21,6 +21,7 @@ NodeNotRunning "this client is closed" is raised at once: it is no node that wen
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -165,12 +166,19 @@ def _sent_again(
                 sends.give_up()
 
 
-def served_again_at(address: str, timeout: float, wait_s: float = NODE_BACK_S) -> bool:
+def served_again_at(
+    address: str, timeout: float, wait_s: float = NODE_BACK_S, stop: int | None = None
+) -> bool:
     """`served_again` for an asyncio client (aio_runs.py): asked with a blocking client of its
-    own, in a worker thread, away from the loop's sockets."""
+    own, in a worker thread, away from the loop's sockets. It closes `stop` (the read end of a
+    pipe whose write end its caller closes to end the wait: a cancel) when it returns."""
     from subagents_node.client.client import connect
 
-    if ipc_path(address) is None:  # a tcp address may name any host's node: none is waited for
-        return False
-    with connect(address, timeout) as client:
-        return served_again(client, wait_s)
+    try:
+        if ipc_path(address) is None:  # a tcp address may name any host's node: none is waited
+            return False
+        with connect(address, timeout) as client:
+            return served_again(client, wait_s, stop)
+    finally:
+        if stop is not None:
+            os.close(stop)

@@ -27,11 +27,19 @@ from subagents_node.messages.errors import NodeNotRunning, NodeTimeout
 T = TypeVar("T")
 
 
-def wait_for_node(state_dir: Path, answering: Callable[[], T | None], wait_s: float) -> T | None:
+def wait_for_node(
+    state_dir: Path, answering: Callable[[], T | None], wait_s: float, stop: int | None = None
+) -> T | None:
     """What `answering` gives once it gives something (a node answered it); None if nothing
-    did within `wait_s` seconds."""
+    did within `wait_s` seconds, or once descriptor `stop` is readable (its caller gave up:
+    an asyncio launch cancelled while a thread of its waits here)."""
     deadline = time.monotonic() + wait_s
     with DirectoryWatch(state_dir) as watch:
+        # poll, not select: a process with over 1024 descriptors open gets higher numbers
+        poller = select.poll()
+        for fd in (watch.fileno(), stop):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
         while True:
             found = answering()
             if found is not None:
@@ -41,14 +49,18 @@ def wait_for_node(state_dir: Path, answering: Callable[[], T | None], wait_s: fl
                 return None
             while PID_NAME not in watch.read():
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([watch], [], [], left)[0]:
+                ready = {fd for fd, _ in poller.poll(left * 1000)} if left > 0 else set()
+                if stop is not None and stop in ready:
+                    return None
+                if not ready:
                     break
 
 
-def served_again(client: Client, wait_s: float) -> bool:
+def served_again(client: Client, wait_s: float, stop: int | None = None) -> bool:
     """Whether the node `client` talks to over ipc serves again within `wait_s` seconds after
     it stopped or was killed (the next node on its state dir: ZeroMQ reconnects the client to
-    the same socket path). Always False over tcp: the address may name any host's node."""
+    the same socket path). Always False over tcp: the address may name any host's node. False
+    at once when descriptor `stop` is readable (`wait_for_node`)."""
     sock = ipc_path(str(getattr(client.transport, "address", "")))
     if sock is None:
         return False
@@ -62,7 +74,7 @@ def served_again(client: Client, wait_s: float) -> bool:
             return None
         return True
 
-    return wait_for_node(sock.parent, answering, wait_s) is not None
+    return wait_for_node(sock.parent, answering, wait_s, stop) is not None
 
 
 #: How a request in flight ends when its node goes (client/channel.py): a node that was killed

@@ -412,6 +412,38 @@ def test_the_asyncio_client_sends_a_launch_again_on_the_next_node_once(
     assert client.session.spawn_snapshot(launch.session_id).used == 1
 
 
+@pytest.mark.slow
+def test_an_asyncio_launch_cancelled_while_it_waits_for_the_next_node_lets_asyncio_run_end(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path
+) -> None:
+    """The wait for the next node runs in a thread (`asyncio.to_thread`); a cancel ended the
+    launch at once but not that thread, and `asyncio.run` waits for its executor's threads as
+    it ends: a program whose launch was cancelled (or that was interrupted) could not end for
+    up to NODE_BACK_S (30 s) more. The cancel now ends the thread's wait too."""
+    dying = start_node("--faults", state_dir=state_dir, kill_at="answer_launch")
+
+    async def cancelled_in_the_wait() -> None:
+        client = AsyncClient(dying.address, timeout=10)
+        launching = asyncio.create_task(client.runs.launch(capped_launch(agents)))
+        deadline = time.monotonic() + WAIT_S  # every wait below is bounded
+        while client.transport.outstanding == 0 and time.monotonic() < deadline:  # sent
+            await asyncio.sleep(0.01)
+        # Its answer lost with the node: the call leaves the table and, in the same step,
+        # the launch starts its wait for the next node.
+        while client.transport.outstanding == 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not launching.done(), launching
+        launching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await launching
+
+    began = time.monotonic()
+    asyncio.run(cancelled_in_the_wait())
+    took = time.monotonic() - began
+    assert dying.wait_exited(WAIT_S), "the node did not die at answer_launch"
+    assert took < NODE_BACK_S / 2, f"asyncio.run ended {took:.1f} s after the launch began"
+
+
 T = TypeVar("T")
 CLOSED = "this client is closed"
 
