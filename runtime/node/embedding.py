@@ -16,6 +16,7 @@ block that leaves it ends nothing: the node, its runs and its directory are the 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -71,7 +72,9 @@ class Embedding(AbstractContextManager["Node"]):
             )
         self._entered = True
         self._block = embedded(*self._args)
-        return self._block.__enter__()
+        node = self._block.__enter__()
+        atexit.register(self._at_exit)
+        return node
 
     def __exit__(
         self,
@@ -79,8 +82,17 @@ class Embedding(AbstractContextManager["Node"]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        atexit.unregister(self._at_exit)
         block, self._block = self._block, None
         return None if block is None else block.__exit__(kind, exc, tb)
+
+    def _at_exit(self) -> None:
+        """The process ends with the block still open (`Node.embedded().__enter__()` kept in a
+        global, a `with` in a generator never finished): it is left now, while the node's
+        threads still run. Left to the collector, the block ended during the interpreter's
+        finalization, asking a node whose threads no longer ran: the process never exited.
+        (In a forked child, leaving it stops nothing: the node is the parent's.)"""
+        self.__exit__(None, None, None)
 
 
 @contextmanager

@@ -9,6 +9,7 @@ import os
 import select
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from contextlib import suppress
@@ -21,6 +22,7 @@ from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 from subagents_node.node import embedding
 from subagents_node.node.claim import PREVIOUS_OWNERS_EXIT_S
 from subagents_node.node.node import Node
+from tests.support.descriptors import run_python
 from tests.support.nodes import new_state_dir
 
 
@@ -170,3 +172,34 @@ def test_a_program_embedding_a_node_keeps_its_signals_for_its_own_threads() -> N
                 thread.name
             )
         assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == main_before
+
+
+NEVER_LEFT = """
+from subagents_node.node.node import Node
+from tests.node.test_embedded import _sleeper
+block = Node.embedded()  # kept, entered, never left: the program just ends
+node = block.__enter__()
+run = node.client().runs.launch(_sleeper("s-never-left"))
+print(node.state_dir, run.children[0].pid, flush=True)
+"""
+
+
+def test_a_program_that_ends_inside_a_temporary_embedded_block_exits_and_cleans_up() -> None:
+    """`Node.embedded().__enter__()` kept in a global (or a `with` in a generator never
+    finished), then the program ends: the block was left by the collector during the
+    interpreter's finalization, when the node's threads no longer ran, and its end asked that
+    node for its runs: the process never exited. It is left at exit now, as a `with` would."""
+    began = time.monotonic()
+    try:
+        done = run_python(NEVER_LEFT, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the program never exited")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - began < 30
+    directory, pid = done.stdout.split()
+    try:
+        assert _gone_within(int(pid), 5.0), "the child outlived its temporary node"
+        assert not Path(directory).exists()
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
