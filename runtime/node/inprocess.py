@@ -32,8 +32,10 @@ class _Box:
         self.value: Message | SubagentsError | None = None
 
     def set(self, value: Message | SubagentsError) -> None:
-        self.value = value
-        self._event.set()
+        """The first outcome wins: a close's `closed_error`, or the owner's reply."""
+        if not self._event.is_set():
+            self.value = value
+            self._event.set()
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
@@ -48,6 +50,10 @@ class InProcessTransport:
         #: The node's own tcp keys (a tcp `address`), for the socket a forked child calls over.
         self._credentials = credentials
         self._closed = False
+        #: The calls waiting now, each ended by `close()` at once (a set: any thread may call).
+        self._waiting: set[_Box] = set()
+        #: Reentrant: a signal handler's close() may run while its thread holds it.
+        self._lock = threading.RLock()
         self._pid = os.getpid()
         #: In a forked child: the socket transport its calls go through instead.
         self._forked: Transport | None = None
@@ -60,13 +66,19 @@ class InProcessTransport:
                 self._forked = ZmqTransport(self.address, credentials=self._credentials)
             return self._forked.call(request, timeout, target)
         box = _Box()
-        self._dispatcher.dispatch(request, target or request.target, box.set)
-        if not box.wait(timeout):
-            raise NodeTimeout(
-                f"no reply to {request.type} within {timeout:g}s",
-                address=self.address,
-                timeout_s=timeout,
-            )
+        with self._lock:
+            self._waiting.add(box)
+        try:
+            self._dispatcher.dispatch(request, target or request.target, box.set)
+            if not box.wait(timeout):
+                raise NodeTimeout(
+                    f"no reply to {request.type} within {timeout:g}s",
+                    address=self.address,
+                    timeout_s=timeout,
+                )
+        finally:
+            with self._lock:
+                self._waiting.discard(box)
         assert box.value is not None
         if isinstance(box.value, SubagentsError):
             raise box.value
@@ -79,6 +91,13 @@ class InProcessTransport:
         return (ZmqTransport, (self.address,))
 
     def close(self) -> None:
+        """Every later call and every call waiting now raise `closed_error`, at once (a call
+        in flight as its node stopped waited for the owners' stop, then said `OwnerUnavailable`
+        "abandoned: the caller stopped"), as calls of a closed socket client do."""
         self._closed = True
+        with self._lock:
+            waiting, self._waiting = self._waiting, set()
+        for box in waiting:
+            box.set(closed_error(self.address))
         if self._forked is not None and os.getpid() != self._pid:
             self._forked.close()

@@ -10,6 +10,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from contextlib import suppress
@@ -17,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from subagents_node.messages.base import Ack
 from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning
+from subagents_node.messages.node import DebugSleep
 from subagents_node.messages.supervisor import AgentPlan, Launch, TaskItem
 from subagents_node.node import embedding
 from subagents_node.node.claim import PREVIOUS_OWNERS_EXIT_S
 from subagents_node.node.node import Node
 from tests.support.descriptors import run_python
 from tests.support.nodes import new_state_dir
+from tests.support.runs import wait_until
 
 
 def _sleeper(session: str) -> Launch:
@@ -203,3 +207,38 @@ def test_a_program_that_ends_inside_a_temporary_embedded_block_exits_and_cleans_
     finally:
         with suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
+
+
+def _waiting_in_event(thread: threading.Thread) -> bool:
+    """Whether `thread` waits in a `threading` wait now (its call dispatched, its reply not in):
+    nothing announces it, so its stack is read."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    return (
+        frame is not None
+        and frame.f_code.co_name == "wait"
+        and "threading" in frame.f_code.co_filename
+    )
+
+
+def test_a_call_in_flight_as_an_embedded_block_ends_says_its_client_is_closed() -> None:
+    """The node closes the clients it gave out as it stops, and their calls raise
+    NodeNotRunning ("this client is closed"); a call already waiting went on waiting for the
+    owners' stop, then was answered as if nothing happened, or `OwnerUnavailable` "abandoned:
+    the caller stopped" (it was the node that stopped). It ends at once now, as a socket
+    client's call does when that client is closed."""
+    outcome: list[object] = []
+    with Node.embedded(faults=True) as node:
+        client = node.client()
+
+        def call() -> None:
+            try:
+                outcome.append(client.ask(DebugSleep(ms=3000), Ack, timeout=20, target="capacity"))
+            except BaseException as err:
+                outcome.append(err)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        wait_until(lambda: _waiting_in_event(caller), 10, "the call to wait for its reply")
+    caller.join(20)
+    assert len(outcome) == 1 and isinstance(outcome[0], NodeNotRunning), outcome
+    assert str(outcome[0]) == "this client is closed"
