@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from subagents_node.client import launchagain, lineage
 from subagents_node.client import runs as run_plans
+from subagents_node.client.channel import closed_error
 from subagents_node.client.client import checked_timeout
 from subagents_node.client.plans import Plan
 from subagents_node.client.runs import WATCH_WAIT_S, OnEvent, OnGap
@@ -57,20 +58,25 @@ class AsyncRunsAPI:
                 sends.older_node(err)
             except (NodeNotRunning, NodeTimeout) as err:
                 if sends.again_after_node(err) and not await self._served_again(wait_s):
+                    if self._client.transport.closed:  # closed meanwhile: no node was waited for
+                        raise closed_error(self._client.address) from None
                     sends.give_up()
 
     async def _served_again(self, wait_s: float) -> bool:
         """Whether the state dir's next node serves within `wait_s`, waited for in a thread
-        (an inotify wait). A cancel ends that thread's wait too (closing the pipe it selects
-        on): left to run, it kept `asyncio.run` from returning for up to `wait_s` (30 s) after
-        the launch was cancelled, or the program interrupted."""
-        address, timeout = self._client.address, self._client.timeout
+        (an inotify wait). A cancel, or the client's close, ends that thread's wait too (closing
+        the pipe it polls): left to run, it kept `asyncio.run` from returning for up to `wait_s`
+        (30 s) after the launch was cancelled (or the program interrupted), and a client closed
+        meanwhile raised its launch's NodeTimeout 30 s later, not "this client is closed"."""
+        client = self._client
         stop, stopping = os.pipe()
+        client.transport.ends_with_close(stopping)
         try:
             back = launchagain.served_again_at
-            return await asyncio.to_thread(back, address, timeout, wait_s, stop)
+            return await asyncio.to_thread(back, client.address, client.timeout, wait_s, stop)
         finally:
-            os.close(stopping)  # the thread closes `stop` itself, once its wait has ended
+            if client.transport.release(stopping):
+                os.close(stopping)  # the thread closes `stop` itself, once its wait has ended
 
     async def watch(
         self, run_id: str, after_seq: int = 0, wait_s: float = WATCH_WAIT_S

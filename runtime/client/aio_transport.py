@@ -89,6 +89,9 @@ class AsyncZmqTransport:
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._closed = False
+        #: Write ends of the pipes a wait in a thread of this client's polls (aio_runs.py: the
+        #: next node's): closed by `shut`, so that wait ends with the client, not 30 s later.
+        self._stops: set[int] = set()
         #: ipc only: each socket's peer file as it was when the socket connected
         self._peers: dict[str, PeerFile] = {}
         self._endpoints: dict[str, str] = {}
@@ -344,12 +347,37 @@ class AsyncZmqTransport:
     def _fail_waiting(self, error: NodeNotRunning) -> None:
         _fail_waiting(self._waiting, error)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def ends_with_close(self, stopping: int) -> None:
+        """Close descriptor `stopping` when this client closes (at once if it is closed), unless
+        `release` takes it back first: both on the loop's thread, so exactly one closes it."""
+        self._stops.add(stopping)
+        if self._closed:
+            self._close_stops()
+
+    def release(self, stopping: int) -> bool:
+        """Take `stopping` back: True when it is the caller's to close (not closed yet)."""
+        if stopping not in self._stops:
+            return False
+        self._stops.discard(stopping)
+        return True
+
+    def _close_stops(self) -> None:
+        stops = list(self._stops)
+        self._stops.clear()
+        for fd in stops:
+            os.close(fd)
+
     def shut(self) -> list[asyncio.Task[None]]:
         """Close now, with nothing awaited (so no cancel can leave it half done): every later
         call and every call waiting now raise `closed_error`, the sockets are closed and their
         reader tasks cancelled. Returns those tasks, whose end the caller awaits."""
         self._bind_loop()  # from another running loop: refused; after a closed one: dropped
         self._closed = True
+        self._close_stops()
         return self._drop_connections(closed_error(self.address))
 
     async def aclose(self) -> None:

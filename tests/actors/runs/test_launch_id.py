@@ -413,16 +413,19 @@ def test_the_asyncio_client_sends_a_launch_again_on_the_next_node_once(
 
 
 @pytest.mark.slow
-def test_an_asyncio_launch_cancelled_while_it_waits_for_the_next_node_lets_asyncio_run_end(
-    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path
+@pytest.mark.parametrize("ended_by", ["cancel", "aclose"])
+def test_an_asyncio_launch_ended_while_it_waits_for_the_next_node_ends_at_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path, ended_by: str
 ) -> None:
-    """The wait for the next node runs in a thread (`asyncio.to_thread`); a cancel ended the
+    """The wait for the next node runs in a thread (`asyncio.to_thread`). A cancel ended the
     launch at once but not that thread, and `asyncio.run` waits for its executor's threads as
     it ends: a program whose launch was cancelled (or that was interrupted) could not end for
-    up to NODE_BACK_S (30 s) more. The cancel now ends the thread's wait too."""
+    up to NODE_BACK_S (30 s) more. A client closed meanwhile (`aclose`) made the launch wait
+    those 30 s, then raise its NodeTimeout, not "this client is closed" at once (docs/api.md,
+    "Launching again"). Either now ends the thread's wait too."""
     dying = start_node("--faults", state_dir=state_dir, kill_at="answer_launch")
 
-    async def cancelled_in_the_wait() -> None:
+    async def ended_in_the_wait() -> None:
         client = AsyncClient(dying.address, timeout=10)
         launching = asyncio.create_task(client.runs.launch(capped_launch(agents)))
         deadline = time.monotonic() + WAIT_S  # every wait below is bounded
@@ -433,12 +436,19 @@ def test_an_asyncio_launch_cancelled_while_it_waits_for_the_next_node_lets_async
         while client.transport.outstanding == 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert not launching.done(), launching
-        launching.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await launching
+        began = time.monotonic()
+        if ended_by == "cancel":
+            launching.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await launching
+        else:
+            await client.aclose()
+            with pytest.raises(NodeNotRunning, match=CLOSED):
+                await launching
+        assert time.monotonic() - began < 5, "the launch went on waiting for the next node"
 
     began = time.monotonic()
-    asyncio.run(cancelled_in_the_wait())
+    asyncio.run(ended_in_the_wait())
     took = time.monotonic() - began
     assert dying.wait_exited(WAIT_S), "the node did not die at answer_launch"
     assert took < NODE_BACK_S / 2, f"asyncio.run ended {took:.1f} s after the launch began"
