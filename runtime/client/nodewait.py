@@ -12,13 +12,14 @@ waited for and its NodeNotRunning is raised at once.
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from subagents_node.client.channel import is_closed_error
+from subagents_node.client.channel import closed_error, is_closed_error
 from subagents_node.client.client import Client
 from subagents_node.client.inotify import DirectoryWatch
 from subagents_node.client.paths import PID_NAME, ipc_path
@@ -60,10 +61,13 @@ def served_again(client: Client, wait_s: float, stop: int | None = None) -> bool
     """Whether the node `client` talks to over ipc serves again within `wait_s` seconds after
     it stopped or was killed (the next node on its state dir: ZeroMQ reconnects the client to
     the same socket path). Always False over tcp: the address may name any host's node. False
-    at once when descriptor `stop` is readable (`wait_for_node`)."""
+    at once when descriptor `stop` is readable (`wait_for_node`); the client's closed error
+    at once when it is closed meanwhile (from another thread, a signal handler)."""
     sock = ipc_path(str(getattr(client.transport, "address", "")))
     if sock is None:
         return False
+    if stop is None and hasattr(client.transport, "ends_with_close"):
+        return _until_closed(client, wait_s)
 
     def answering() -> bool | None:
         try:
@@ -75,6 +79,24 @@ def served_again(client: Client, wait_s: float, stop: int | None = None) -> bool
         return True
 
     return wait_for_node(sock.parent, answering, wait_s, stop) is not None
+
+
+def _until_closed(client: Client, wait_s: float) -> bool:
+    """`served_again`, its wait ended by the client's close (a pipe whose write end the
+    transport closes then); the close's error raised. Before, a close from another thread
+    left the wait to run out (30 s), although a closed client waits for no node."""
+    transport = client.transport
+    stop, stopping = os.pipe()
+    transport.ends_with_close(stopping)  # type: ignore[attr-defined]  # ZmqTransport's
+    try:
+        served = served_again(client, wait_s, stop)
+    finally:
+        os.close(stop)
+        if transport.release(stopping):  # type: ignore[attr-defined]
+            os.close(stopping)
+    if not served and getattr(transport, "closed", False):
+        raise closed_error(transport.address)
+    return served
 
 
 #: How a request in flight ends when its node goes (client/channel.py): a node that was killed

@@ -130,9 +130,33 @@ class ZmqTransport:
         #: its thread holds it (client/thread_channels.py).
         self._lock = threading.RLock()
         self._closed = False
+        #: Write ends of the pipes a wait of this client's polls (nodewait.py: the next node's):
+        #: closed by `close()`, so that wait ends with the client, not 30 s later.
+        self._stops: set[int] = set()
         self._endpoints: dict[str, str] = {}
         self._generation = 0
         self._collected = self._on_collection()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def ends_with_close(self, stopping: int) -> None:
+        """Close descriptor `stopping` when this client closes (at once if it is closed),
+        unless `release` takes it back first: exactly one of them closes it."""
+        with self._lock:
+            if not self._closed:
+                self._stops.add(stopping)
+                return
+        os.close(stopping)
+
+    def release(self, stopping: int) -> bool:
+        """Take `stopping` back: True when it is the caller's to close (not closed yet)."""
+        with self._lock:
+            if stopping not in self._stops:
+                return False
+            self._stops.discard(stopping)
+            return True
 
     def _on_collection(self) -> weakref.finalize[..., ZmqTransport]:
         """What releases this process's sockets and context once the transport is collected
@@ -330,6 +354,9 @@ class ZmqTransport:
                 return
             self._closed = True
             threads = list(self._threads)
+            stops, self._stops = self._stops, set()
+        for stopping in stops:  # a wait for the next node polls its other end: it ends now
+            os.close(stopping)
         self._collected.detach()
         end = self._zctx.term if self._own_context else None
         here = threading.get_ident()

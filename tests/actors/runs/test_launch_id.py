@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -452,6 +453,46 @@ def test_an_asyncio_launch_ended_while_it_waits_for_the_next_node_ends_at_once(
     took = time.monotonic() - began
     assert dying.wait_exited(WAIT_S), "the node did not die at answer_launch"
     assert took < NODE_BACK_S / 2, f"asyncio.run ended {took:.1f} s after the launch began"
+
+
+def _in_function(thread: threading.Thread, name: str) -> bool:
+    """Whether `thread` is inside a call of function `name` now (read from its stack: nothing
+    announces it)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.slow
+def test_a_launch_whose_client_is_closed_while_it_waits_for_the_next_node_says_so_at_once(
+    start_node: Callable[..., NodeProcess], state_dir: Path, agents: Path
+) -> None:
+    """docs/api.md, "Launching again": a client closed meanwhile waits for no node. A close
+    from another thread (or a signal handler) while the launch waited for the state dir's next
+    node left that wait to run out: 30 s (NODE_BACK_S), then "this client is closed"."""
+    dying = start_node("--faults", state_dir=state_dir, kill_at="answer_launch")
+    client = Client(ZmqTransport(dying.address), timeout=10)
+    outcome: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            client.runs.launch(capped_launch(agents))
+        except BaseException as err:
+            outcome.append(err)
+
+    launching = threading.Thread(target=launch)
+    launching.start()
+    assert dying.wait_exited(WAIT_S), "the node did not die at answer_launch"
+    wait_until(lambda: _in_function(launching, "wait_for_node"), WAIT_S, "the wait for a node")
+    began = time.monotonic()
+    client.close()
+    launching.join(WAIT_S)
+    assert time.monotonic() - began < 5, "the launch went on waiting for the next node"
+    assert len(outcome) == 1 and isinstance(outcome[0], NodeNotRunning), outcome
+    assert str(outcome[0]) == CLOSED
 
 
 T = TypeVar("T")
