@@ -115,6 +115,9 @@ class Node:
                 state_dir=str(self.state_dir),
             )
         self._pid = os.getpid()
+        # Its endpoints checked before the state dir is made: a `listen` it cannot use left a
+        # new, empty state dir behind (docs/api.md: nothing is created for a bad option).
+        roles.listen_endpoints(self.options, Path(os.path.abspath(self.state_dir)))
         ensure_state_dir(self.state_dir)
         self.state_dir = self.state_dir.resolve()
         self._owner_tcp = roles.check_role(self.options)

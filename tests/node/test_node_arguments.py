@@ -21,7 +21,12 @@ import psutil
 import pytest
 
 from subagents_node.launch.config import Settings, load_config
-from subagents_node.messages.errors import BadRequest, NodeAlreadyRunning, NodeNotRunning
+from subagents_node.messages.errors import (
+    BadAddress,
+    BadRequest,
+    NodeAlreadyRunning,
+    NodeNotRunning,
+)
 from subagents_node.node.node import Node
 from subagents_node.node.options import NodeOptions
 from tests.support.nodes import new_state_dir
@@ -96,6 +101,24 @@ def test_a_careless_option_is_a_one_line_bad_request_naming_it_and_changes_nothi
         Node(NodeOptions(**options))
     assert _entries(work) == [] and _entries(temporary) == []  # nothing created
     assert stat.S_IMODE(work.stat().st_mode) == 0o755
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children  # no fork
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://127.0.0.1:0", "tcp://127.0.0.1:99999", "tcp://10.0.0.1:7700"]
+)
+def test_a_listen_endpoint_the_node_cannot_use_is_refused_before_its_state_dir_is_made(
+    endpoint: str, tmp_path: Path
+) -> None:
+    """A bad `listen` (port 0, out of range, beyond loopback without `home`) was refused with
+    `BadAddress` only after `start()` had made the named state dir: an empty directory was
+    left behind, where nothing is created for a bad option."""
+    state_dir = tmp_path / "state"
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(BadAddress) as refused, Node.embedded(state_dir, listen=[endpoint]):
+        pytest.fail("the block ran")
+    assert refused.value.details["address"] == endpoint
+    assert not state_dir.exists(), "the state dir was made for a node that never started"
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children  # no fork
 
 
