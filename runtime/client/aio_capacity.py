@@ -10,11 +10,13 @@ It must never build a request itself, nor import the node or the actors.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from subagents_node.client import capacity as cap
+from subagents_node.client.slotcalls import SlotCall
 from subagents_node.messages.capacity import (
     AcquireResult,
     CapacitySnapshot,
@@ -122,8 +124,8 @@ class AsyncCapacityAPI:
     ) -> AsyncCapacityHandle | None:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0; with
         `acquire_id`, the same acquire sent again answers the slot it took."""
-        plan = cap.acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
-        return self._granted(await self._client.perform(plan))
+        call = cap.acquire_call(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
+        return self._granted(await self._taken(call))
 
     async def transfer(
         self,
@@ -138,10 +140,10 @@ class AsyncCapacityAPI:
     ) -> AsyncCapacityHandle | None:
         """R-CAP-18..20: move the source's slot to `run_id`, else acquire a fresh one; with
         `transfer_id`, the same transfer sent again answers the slot it moved."""
-        plan = cap.transfer_plan(
+        call = cap.transfer_call(
             session_id, limit, source_run_id, run_id, async_dir, ttl_s, host, transfer_id
         )
-        return self._granted(await self._client.perform(plan))
+        return self._granted(await self._taken(call))
 
     async def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
         return await self._client.perform(cap.snapshot_plan(session_id, limit))
@@ -188,6 +190,15 @@ class AsyncCapacityAPI:
 
     def handle(self, wire: SlotHandle | dict[str, Any]) -> AsyncCapacityHandle:
         return AsyncCapacityHandle(self._client, cap.as_slot_handle(wire))
+
+    async def _taken(self, call: SlotCall) -> AcquireResult:
+        """`call`'s answer; cancelled (`wait_for` ran out, the task was cancelled), its slot is
+        given back first, shielded: cancelled again, the give back goes on by itself."""
+        try:
+            return await self._client.perform(call.plan())
+        except asyncio.CancelledError:
+            await asyncio.shield(self._client.perform(call.give_back_plan()))
+            raise
 
     def _granted(self, result: AcquireResult) -> AsyncCapacityHandle | None:
         if result.handle is None:

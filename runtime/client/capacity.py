@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from pydantic import ValidationError
 
 from subagents_node.client.plans import Plan, build, one
+from subagents_node.client.slotcalls import SlotCall
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
@@ -98,7 +99,7 @@ def rollback_plan(wire: SlotHandle) -> Plan[RollbackResult]:
     return one(build(Rollback, handle=wire), RollbackResult)
 
 
-def acquire_plan(
+def acquire_call(
     session_id: str,
     limit: int,
     run_id: str,
@@ -107,22 +108,20 @@ def acquire_plan(
     ttl_s: float | None = None,
     host: str = "",
     acquire_id: str | None = None,
-) -> Plan[AcquireResult]:
-    request = build(
-        Acquire,
-        session_id=session_id,
-        limit=limit,
-        run_id=run_id,
-        kind=kind,
-        async_dir=async_dir,
-        ttl_s=ttl_s,
-        host=host,
-        acquire_id=acquire_id,
-    )
-    return one(request, AcquireResult)
+) -> SlotCall:
+    fields = {
+        "session_id": session_id,
+        "limit": limit,
+        "run_id": run_id,
+        "kind": kind,
+        "async_dir": async_dir,
+        "ttl_s": ttl_s,
+        "host": host,
+    }
+    return SlotCall(Acquire, fields, acquire_id)
 
 
-def transfer_plan(
+def transfer_call(
     session_id: str,
     limit: int,
     source_run_id: str,
@@ -131,19 +130,17 @@ def transfer_plan(
     ttl_s: float | None = None,
     host: str = "",
     transfer_id: str | None = None,
-) -> Plan[AcquireResult]:
-    request = build(
-        Transfer,
-        session_id=session_id,
-        limit=limit,
-        source_run_id=source_run_id,
-        run_id=run_id,
-        async_dir=async_dir,
-        ttl_s=ttl_s,
-        host=host,
-        transfer_id=transfer_id,
-    )
-    return one(request, AcquireResult)
+) -> SlotCall:
+    fields = {
+        "session_id": session_id,
+        "limit": limit,
+        "source_run_id": source_run_id,
+        "run_id": run_id,
+        "async_dir": async_dir,
+        "ttl_s": ttl_s,
+        "host": host,
+    }
+    return SlotCall(Transfer, fields, transfer_id)
 
 
 def snapshot_plan(
@@ -364,10 +361,12 @@ class CapacityAPI:
 
         `host` names the node the run executes on ("" = the home node). Raises
         CapacityExhausted (with `.snapshot`) when the pool is full. With `acquire_id` (one
-        per acquire) the same acquire sent again answers the slot it took.
+        per acquire) the same acquire sent again answers the slot it took; without, the
+        client gives it one (client/slotcalls.py): a call that times out is asked again
+        under it, and one cut short (Ctrl-C) gives back the slot it took.
         """
-        plan = acquire_plan(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
-        return self._granted(self.perform(plan))
+        call = acquire_call(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
+        return self._granted(self._taken(call))
 
     def transfer(
         self,
@@ -386,10 +385,10 @@ class CapacityAPI:
         CapacityNotTransferable while the source may still be running. With `transfer_id`
         (one per transfer) the same transfer sent again answers the slot it moved.
         """
-        plan = transfer_plan(
+        call = transfer_call(
             session_id, limit, source_run_id, run_id, async_dir, ttl_s, host, transfer_id
         )
-        return self._granted(self.perform(plan))
+        return self._granted(self._taken(call))
 
     def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
         """R-CAP-26: `{used, limit}` of the session pool; limit 0 means unlimited."""
@@ -448,6 +447,15 @@ class CapacityAPI:
     def handle(self, wire: SlotHandle | dict[str, Any]) -> CapacityHandle:
         """A handle rebuilt from its wire form, e.g. one passed in from another process."""
         return CapacityHandle(self, as_slot_handle(wire))
+
+    def _taken(self, call: SlotCall) -> AcquireResult:
+        """`call`'s answer; cut short by its caller (Ctrl-C), its slot is given back first."""
+        try:
+            return self.perform(call.plan())
+        except BaseException as err:
+            if not isinstance(err, Exception):
+                self.perform(call.give_back_plan())
+            raise
 
     def _granted(self, result: AcquireResult) -> CapacityHandle | None:
         if result.handle is None:

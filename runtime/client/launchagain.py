@@ -32,6 +32,7 @@ from subagents_node.client.nodewait import node_lost, served_again
 from subagents_node.client.paths import ipc_path
 from subagents_node.client.plans import Plan
 from subagents_node.client.runs import approve_plan, launch_plan
+from subagents_node.client.slotcalls import unknown_field
 from subagents_node.messages.constants import NODE_BACK_S
 from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.lineage import Append, AppendResult, Rerun, Resume
@@ -100,9 +101,7 @@ class Sends:
         chose (a strict node refuses a field it does not know, and changes nothing): then the
         launch goes once more without it (and is not sent again after that: no id). Raises
         `err` for any other refusal, and for the caller's own id (it asked for one)."""
-        details = err.details
-        unknown = details.get("reason") == "schema" and details.get("field") == self._field
-        if not (self._ours and unknown and "Extra inputs" in err.message):
+        if not (self._ours and unknown_field(err, self._field)):
             raise err
         self.launch = self.launch.model_copy(update={self._field: None})
         self._ours = False
