@@ -41,6 +41,7 @@ from subagents_node.actors.child.readback import read_record, report_from_record
 from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
 from subagents_node.actors.child.shims import ShimWatch, signal_shim, wait_exits
 from subagents_node.actors.child.shimtemplate import ShimTemplate
+from subagents_node.actors.child.strays import StrayShims
 from subagents_node.messages.runs import (
     REASON_EXITED,
     ChildEvent,
@@ -63,6 +64,8 @@ NOT_STARTED_SHIM_GONE = (
     "no shim started the child: its shim, or the shim template forking it, was killed first"
 )
 STOPPED = cp.STOPPED
+#: The key `on_shim_gone` is called with when a shim template ended (no child id is empty).
+TEMPLATE_GONE = ""
 #: How long a stopping node waits for the shims of finished children to exit.
 FINISHING_WAIT_S = 2.0
 
@@ -98,7 +101,7 @@ class ChildKeeper:
         self.backstop = DeadlineBackstop(on_due)
         self._address = node_address
         self._cgroup_base = cgroup_base
-        self._watch = ShimWatch(on_shim_gone)
+        self._watch = ShimWatch(on_shim_gone, on_template_gone=lambda: on_shim_gone(TEMPLATE_GONE))
         # Each shim is watched from its announcement, before its child starts, not from its
         # first report: a child can kill its shim (its parent) before that report is sent.
         self._template = ShimTemplate(open_files, on_start=self._watch.listen)
@@ -112,11 +115,16 @@ class ChildKeeper:
         self.sync_records = True
         #: The trees of children whose shim died before they ended (orphans.py).
         self._orphans = OrphanTrees(cgroup_base, self._watch, on_due)
+        #: Live shims no template is the parent of (adopted, or their template died): a stop
+        #: is told to nobody, so their trees are watched and a stopped one continued (strays.py).
+        self.strays = StrayShims(cgroup_base, self._watch, on_due)
+        self._closing = False
 
     def close(self) -> None:
         """With the node: the template exits, the shims (and their children) keep running;
         shims whose tree ended are given a moment to exit, so a program that embedded the
         node leaves no process of a finished child behind."""
+        self._closing = True  # its template's end is no template gone
         self._template.close()
         self._watch.close()
         for child_id in list(self._capped):
@@ -140,6 +148,7 @@ class ChildKeeper:
         for event in events:
             if isinstance(event, ChildExited):
                 self._uncap(event.child_id)
+                self.strays.forget(event.child_id)
         return events
 
     def flush(self) -> None:
@@ -162,6 +171,7 @@ class ChildKeeper:
             "finishing": len(self._finishing),
             "watched_shims": self._watch.watched,
             **self._orphans.bookkeeping(),
+            **self.strays.bookkeeping(),
         }
 
     # -- start ----------------------------------------------------------------------------------
@@ -238,6 +248,7 @@ class ChildKeeper:
             rows.record_started(db, record)
             shim = ProcessIdentity(report.shim_pid, report.shim_start)
             self._watch.watch(record.child_id, shim)
+            self.strays.reported(db, record.child_id, self._template.pid, now)
             self._cap(record)
             if row["end_reason"] is not None:
                 signal_shim(shim)  # stopped before its start was known
@@ -253,6 +264,7 @@ class ChildKeeper:
         elif report.exit_code is not None or report.signal is not None:
             left = [(p.pid, p.start) for p in report.descendants]
             rows.record_exit(db, record.child_id, report.exit_code, report.signal, left)
+            self.strays.left(db, record.child_id, now)  # what it left is its tree now
         return self._ended(events)
 
     def _settle(
@@ -320,7 +332,12 @@ class ChildKeeper:
 
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
-        its exit record says what it knew, and the reported identity decides the proof."""
+        its exit record says what it knew, and the reported identity decides the proof.
+        TEMPLATE_GONE: a shim template ended (its shims' stops are told to nobody now)."""
+        if child_id == TEMPLATE_GONE:
+            if not self._closing:  # the template a closing keeper closed is no stray maker
+                self.strays.template_gone(db, self._template.pid, now, self._orphans.holds)
+            return []
         self._finishing.pop(child_id, None)
         row = rows.read_row(db, child_id)
         if row is None or row["state"] != "running":
@@ -329,7 +346,9 @@ class ChildKeeper:
             live = ProcessIdentity(row["shim_pid"], row["shim_start"])
             if is_alive(live):  # told gone by a template's end that missed its announcement
                 self._watch.watch(child_id, live)
+                self.strays.look(row, now)  # or a process of a stray shim's tree exited
                 return []
+        self.strays.forget(child_id)
         record = rows.ChildRecord.from_row(row)
         exit_record = read_record(os.path.join(record.record_dir, EXIT_RECORD)) or {}
         report = report_from_record(exit_record)
@@ -452,6 +471,7 @@ class ChildKeeper:
                 signal_shim(shim, signal.SIGCONT)  # pid and start time checked on a pidfd
             # Known from its claim alone (it never reported): ended if a child stopped it.
             self._watch.watch(child_id, shim, reported=row["shim_pid"] is not None)
+            self.strays.adopt(row, now)  # no template of ours is its parent: stops unseen
             self._cap(rows.ChildRecord.from_row(row))
             if row["end_reason"] is not None:
                 signal_shim(shim)  # a stop the earlier node recorded but may not have sent

@@ -99,8 +99,13 @@ class ShimWatch:
     #: Watches taken before the thread is woken anyway (a batch never waits long).
     WAKE_BATCH = 64
 
-    def __init__(self, on_gone: Callable[[str], None]) -> None:
+    def __init__(
+        self, on_gone: Callable[[str], None], on_template_gone: Callable[[], None] | None = None
+    ) -> None:
+        """`on_template_gone()` runs on the thread when a template's announce pipe ends (the
+        template is gone, and with it what continued its shims when a child stopped them)."""
         self._on_gone = on_gone
+        self._on_template_gone = on_template_gone
         self._lock = threading.Lock()
         self._add: list[tuple[str, ProcessIdentity, bool]] = []
         #: Announce pipes (`listen`) and orders sent (`expect`) not yet handed to the thread;
@@ -288,6 +293,11 @@ class ShimWatch:
         os.close(pipe.fd)
         for key in pipe.end():
             self._gone(key)
+        if self._on_template_gone is not None:
+            try:
+                self._on_template_gone()
+            except Exception:
+                log.exception("shim watch: reporting a shim template gone failed")
 
     def _open(
         self,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from subagents_node.actors.child.keeper import ChildKeeper
+from subagents_node.actors.child.strays import DUE_STOPPED
 from subagents_node.actors.context import Cancel
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.runs import checkpoints, pauses, runplan, runstore
@@ -177,6 +178,8 @@ def kill_escaped(host: RequestHost, child_id: str, why: str) -> None:
     elif why == "late":
         for kill in host.keeper.backstop.late(host.db, host.clock()):
             host.after_commit(kill)
+    elif why == DUE_STOPPED:  # a stray shim's tree ended and it has not reported
+        host.keeper.strays.look_again(host.db, child_id)
     else:
         host.keeper.kill_escaped(child_id)
 

@@ -104,7 +104,9 @@ class KillEscaped(Tick):
     """`why` "grace": a stop's grace is over for the processes a dead shim of `child_id` left:
     SIGKILL; "deadline": the child's deadline came, which its dead shim kept: stop them as
     timed out; "overdue": a stop's grace (and a margin) is over and its live shim has not
-    ended the tree (a child froze it, SIGSTOP): SIGKILL the shim, its death ends the rest."""
+    ended the tree (a child froze it, SIGSTOP): SIGKILL the shim, its death ends the rest;
+    "stopped": the tree of a shim with no template parent ended and the shim has not
+    reported: SIGCONT it if it is stopped (strays.py)."""
 
     __slots__ = ("child_id", "why")
     child_id: str

@@ -39,7 +39,15 @@ from tests.support.nodes import short_dir
 from tests.support.runs import wait_until
 
 WAIT_S = 30.0
-EMPTY = {"capped": 0, "finishing": 0, "watched_shims": 0, "escaped": 0, "escaped_cgroups": 0}
+EMPTY = {
+    "capped": 0,
+    "finishing": 0,
+    "watched_shims": 0,
+    "escaped": 0,
+    "escaped_cgroups": 0,
+    "stray_shims": 0,
+    "unreported_strays": 0,
+}
 
 
 class Seat:

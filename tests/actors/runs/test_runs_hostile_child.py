@@ -488,29 +488,29 @@ def test_a_child_that_froze_its_shim_and_exited_ends_its_run_with_its_exit_statu
 def test_a_shim_frozen_where_nothing_continued_it_is_continued_by_the_node_that_adopts_it(
     start_node: Callable[..., NodeProcess], state_dir: Path, hostile: Path
 ) -> None:
-    """A child killed its template (so no parent was left to continue the shim), stopped its
-    shim and exited: a zombie under a stopped shim, its run `running`,
-    and a restarted node only watched that shim, so the run stayed `running` for good. The
-    node that adopts a stopped shim continues it: it reaps the child and reports its real end
-    (complete, exit 0)."""
+    """The node stopped (its template with it, so no parent was left to continue the shim);
+    then the child stopped its shim and exited: a zombie under a stopped shim, its run
+    `running`, and the restarted node only watched that shim, so the run stayed `running` for
+    good. The node that adopts a stopped shim continues it: it reaps the child and reports its
+    real end (complete, exit 0). (A running node continues such a shim itself:
+    test_runs_orphan_shims.py.)"""
     first = start_node(state_dir=state_dir)
     ctx = launch_context(hostile, max_active_async_runs_per_session=1)
     fifo = hostile.parent / "go.fifo"
     os.mkfifo(fifo)
-    script = f"read x < {fifo}; {_FREEZE_FOR_GOOD}; exit 0"
+    script = f"read x < {fifo}; kill -STOP $PPID; exit 0"
     run = first.client(timeout=20.0).runs.launch(ctx.single("sh", script, True, None))
     pid = run.children[0].pid
     assert pid is not None
     shim = psutil.Process(pid).parent()
     assert shim is not None
     try:
+        first.stop()  # its template exits with it; the shim and its child live on
         _release(fifo)
         wait_gone(pid)  # a zombie under its stopped shim
         # Its SIGSTOP is taken when the shim is next scheduled: on a loaded host, after the
         # child is seen gone (the shim showed `running` here in CI).
         wait_until(lambda: shim.status() == psutil.STATUS_STOPPED, what="the stopped shim")
-        assert first.client().runs.show(run.run_id).state == "running"
-        first.stop()
         client = start_node(state_dir=state_dir).client(timeout=20.0)
         done = client.runs.wait(run.run_id, timeout=20)
         assert done.state == "complete", done

@@ -391,7 +391,10 @@ def test_r_run_5_a_shim_killed_after_its_child_is_gone_settles_from_the_reported
     os.kill(template_pid, signal.SIGKILL)
     os.kill(child_pid, signal.SIGKILL)
     wait_gone(child_pid)  # exited (a zombie its frozen parent cannot reap)
-    os.kill(shim_pid, signal.SIGKILL)
+    # The node may continue the shim first (its template is gone: actors/child/strays.py): it
+    # then reaps the child and reports the SIGKILL itself, the same end.
+    with suppress(ProcessLookupError):
+        os.kill(shim_pid, signal.SIGKILL)
     done = client.runs.wait(run.run_id, timeout=30)
     assert done.state == "failed" and done.children[0].proof_state == "observed"
     assert done.children[0].exit_code is None
