@@ -94,8 +94,9 @@ class RunSettler:
             "UPDATE run_children SET state='stopped' WHERE run_id=? AND state='pending'",
             (live.run_id,),
         )
+        ended_at = now if state == "paused" else _ended_at(db, live, now)
         runstore.update_run(
-            db, live.run_id, state=state, ended_at=now, error=live.error, output=live.output()
+            db, live.run_id, state=state, ended_at=ended_at, error=live.error, output=live.output()
         )
         if state == "paused":
             steps.settle_paused(host, live)
@@ -174,3 +175,19 @@ class RunSettler:
         self._host.report_terminal(
             settlement.workflow_rereport(row, verdict, proofs, self._host.clock())
         )
+
+
+def _ended_at(db: sqlite3.Connection, live: LiveRun, now: float) -> float:
+    """When the run ended: now, unless a node restart adopted it (it starts no child then) and
+    every child of it has ended: then when the last of them did. Children that ended while no
+    node ran were settled from their exit records (their own end times) by the next node; the
+    run ended with them, not when that node came up (its duration left the downtime out)."""
+    if live.launch is not None:
+        return now
+    total, ended, latest = db.execute(
+        "SELECT COUNT(*), COUNT(ended_at), MAX(ended_at) FROM run_children WHERE run_id=?",
+        (live.run_id,),
+    ).fetchone()
+    if not total or ended < total or latest is None or latest > now:
+        return now  # a child the restart settled without an end of its own: ended now
+    return float(latest)
