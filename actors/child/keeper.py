@@ -64,8 +64,9 @@ NOT_STARTED_SHIM_GONE = (
     "no shim started the child: its shim, or the shim template forking it, was killed first"
 )
 STOPPED = cp.STOPPED
-#: The key `on_shim_gone` is called with when a shim template ended (no child id is empty).
-TEMPLATE_GONE = ""
+#: The key `on_shim_gone` is called with, followed by its pid, when a shim template ended (no
+#: child id has a colon: `{run id}-{index}`).
+TEMPLATE_GONE = "template-gone:"
 #: How long a stopping node waits for the shims of finished children to exit.
 FINISHING_WAIT_S = 2.0
 
@@ -101,7 +102,9 @@ class ChildKeeper:
         self.backstop = DeadlineBackstop(on_due)
         self._address = node_address
         self._cgroup_base = cgroup_base
-        self._watch = ShimWatch(on_shim_gone, on_template_gone=lambda: on_shim_gone(TEMPLATE_GONE))
+        self._watch = ShimWatch(
+            on_shim_gone, on_template_gone=lambda pid: on_shim_gone(f"{TEMPLATE_GONE}{pid}")
+        )
         # Each shim is watched from its announcement, before its child starts, not from its
         # first report: a child can kill its shim (its parent) before that report is sent.
         self._template = ShimTemplate(open_files, on_start=self._watch.listen)
@@ -333,10 +336,11 @@ class ChildKeeper:
     def shim_gone(self, db: Connection, child_id: str, now: float) -> list[ChildEvent]:
         """The shim exited. Normally it reported `tree_ended` first (nothing to do); otherwise
         its exit record says what it knew, and the reported identity decides the proof.
-        TEMPLATE_GONE: a shim template ended (its shims' stops are told to nobody now)."""
-        if child_id == TEMPLATE_GONE:
+        TEMPLATE_GONE and a pid: that shim template ended (its shims' stops are told to nobody)."""
+        if child_id.startswith(TEMPLATE_GONE):
             if not self._closing:  # the template a closing keeper closed is no stray maker
-                self.strays.template_gone(db, self._template.pid, now, self._orphans.holds)
+                ended = int(child_id[len(TEMPLATE_GONE) :] or 0)
+                self.strays.template_gone(db, ended, self._template.pid, now, self._orphans.holds)
             return []
         self._finishing.pop(child_id, None)
         row = rows.read_row(db, child_id)

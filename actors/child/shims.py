@@ -100,10 +100,11 @@ class ShimWatch:
     WAKE_BATCH = 64
 
     def __init__(
-        self, on_gone: Callable[[str], None], on_template_gone: Callable[[], None] | None = None
+        self, on_gone: Callable[[str], None], on_template_gone: Callable[[int], None] | None = None
     ) -> None:
-        """`on_template_gone()` runs on the thread when a template's announce pipe ends (the
-        template is gone, and with it what continued its shims when a child stopped them)."""
+        """`on_template_gone(pid)` runs on the thread when a template's announce pipe ends (the
+        template, `pid` (0: unknown), is gone or exiting, and with it what continued its shims
+        when a child stopped them)."""
         self._on_gone = on_gone
         self._on_template_gone = on_template_gone
         self._lock = threading.Lock()
@@ -295,7 +296,7 @@ class ShimWatch:
             self._gone(key)
         if self._on_template_gone is not None:
             try:
-                self._on_template_gone()
+                self._on_template_gone(0 if pipe.template is None else pipe.template.pid)
             except Exception:
                 log.exception("shim watch: reporting a shim template gone failed")
 

@@ -61,8 +61,9 @@ class StrayShims:
         self._on_due = on_due
         #: Children whose live shim has no template parent, by that shim.
         self._shims: dict[str, ProcessIdentity] = {}
-        #: Children running unreported when a template ended: strays, if that was theirs.
-        self._unreported: set[str] = set()
+        #: Children running unreported when a template ended, with its pid: strays, if that
+        #: was theirs (or no template serving now is their shim's parent).
+        self._unreported: dict[str, int] = {}
 
     def bookkeeping(self) -> dict[str, int]:
         return {"stray_shims": len(self._shims), "unreported_strays": len(self._unreported)}
@@ -79,36 +80,45 @@ class StrayShims:
         self.look(row, now)
 
     def template_gone(
-        self, db: Connection, template: int | None, now: float, skip: Callable[[str], bool]
+        self,
+        db: Connection,
+        ended: int,
+        serving: int | None,
+        now: float,
+        skip: Callable[[str], bool],
     ) -> None:
-        """A shim template ended (a child killed it; `template`: the pid of the one serving
-        now, if any): the live shims that are no child of it are strays from now. One stat
-        read per running child, once per template's death; `skip(child_id)`: its shim died."""
+        """Shim template `ended` (its pid; 0: unknown) ended, a child killed or stopped it
+        (`serving`: the pid of the template serving orders now, if any): the live shims that
+        are its children (it may still be exiting: its pipe ends before its children are
+        reparented) or no child of the one serving are strays from now. One stat read per
+        running child, once per template's end; `skip(child_id)`: its shim died."""
         for child_id in rows.running_child_ids(db):
             row = rows.read_row(db, child_id)
             if row is None or child_id in self._shims or skip(child_id):
                 continue
             if row["shim_pid"] is None:  # not reported yet: looked at with its first report
-                self._unreported.add(child_id)
+                self._unreported[child_id] = ended
             else:
-                self._adopt_if_stray(row, template, now)
+                self._adopt_if_stray(row, ended, serving, now)
 
-    def reported(self, db: Connection, child_id: str, template: int | None, now: float) -> None:
+    def reported(self, db: Connection, child_id: str, serving: int | None, now: float) -> None:
         """`child_id`'s shim reported its start (its row holds it now)."""
         if self._unreported and child_id in self._unreported:
-            self._unreported.discard(child_id)  # running when a template ended
-            self._adopt_if_stray(rows.read_row(db, child_id), template, now)
+            ended = self._unreported.pop(child_id)  # running when a template ended
+            self._adopt_if_stray(rows.read_row(db, child_id), ended, serving, now)
 
-    def _adopt_if_stray(self, row: Any, template: int | None, now: float) -> None:
+    def _adopt_if_stray(self, row: Any, ended: int, serving: int | None, now: float) -> None:
         shim = ProcessIdentity(int(row["shim_pid"]), float(row["shim_start"]))
         found = procfs.stat_of(shim.pid)
-        if found is not None and found.ppid != template and is_alive(shim):
+        if found is None or not is_alive(shim):
+            return  # gone: the watch tells its death
+        if found.ppid == ended or found.ppid != serving:
             self.adopt(row, now)
 
     def forget(self, child_id: str) -> None:
         """The child settled, or its shim died (orphans.py has its tree then)."""
         self._shims.pop(child_id, None)
-        self._unreported.discard(child_id)
+        self._unreported.pop(child_id, None)
 
     def left(self, db: Connection, child_id: str, now: float) -> None:
         """A stray shim reported its leader's exit and what it left (its tree now)."""
