@@ -6,7 +6,8 @@ not an interpreter start, and the order's shape (`order_of`). It exits when its 
 (the supervisor is gone); the shims it forked do not. Its stdout is the announce pipe each
 fork is announced on (read by `ShimWatch`, shims.py). A template found gone (a write to a
 closed pipe) or stopped (SIGSTOP, from any of its shims' children) is replaced at the next
-order.
+order; a stopped one is ended at once (`_end_when_stopped`), so the shims it forked, which it
+no longer continues when a child stops them, are the supervisor's strays (strays.py).
 
 It never reads the announce pipe, never waits on a shim and never writes a table.
 """
@@ -18,8 +19,10 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +137,7 @@ class ShimTemplate:
             finally:
                 if announce_r >= 0:
                     os.close(announce_w)  # the template and its shims hold it now
+            _end_when_stopped(self._proc.pid)
             if self._on_start is not None:
                 self._on_start(announce_r, self._proc.pid)
             assert self._proc.stdin is not None
@@ -165,3 +169,30 @@ def _stopped(pid: int) -> bool:
     except ChildProcessError:
         return False
     return found is not None and found.si_code == os.CLD_STOPPED
+
+
+def _end_when_stopped(pid: int) -> None:
+    """SIGKILL our template `pid` as soon as it stops. A stopped template forks nothing and no
+    longer continues the shims a child stops (shimstops.py): a child that stopped the template,
+    then its own shim, and exited left its run `running` for good when no order came after.
+    Its end is an event (its announce pipe ends: the watch then treats its shims as strays).
+    One thread per template, blocked in waitid on a pidfd of our unreaped child (no pid
+    reuse); WNOWAIT: the reap stays Popen's, and the thread ends with the template (or with
+    ECHILD, once Popen reaped it)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # no descriptor left: a stopped template is ended at the next order, as before
+
+    def wait() -> None:
+        try:
+            found = os.waitid(os.P_PIDFD, fd, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+            if found is not None and found.si_code == os.CLD_STOPPED:
+                log.warning("the shim template (pid %d) is stopped; ending it", pid)
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass  # reaped already (ECHILD)
+        finally:
+            os.close(fd)
+
+    threading.Thread(target=wait, name="template-stop", daemon=True).start()

@@ -29,6 +29,8 @@ _STOP_AND_EXIT = "read x < {fifo}; kill -STOP $PPID; exit 0"
 #: The same, once it has killed its template (its parent's parent: field 4 of the shim's
 #: stat; a SIGKILL ends the template's stop-watching thread with it).
 _KILL_TEMPLATE_FIRST = "read -r _ _ _ T _ < /proc/$PPID/stat; kill -KILL $T; " + _STOP_AND_EXIT
+#: The same, once it has stopped its template: a stopped template continues nobody either.
+_STOP_TEMPLATE_FIRST = "read -r _ _ _ T _ < /proc/$PPID/stat; kill -STOP $T; " + _STOP_AND_EXIT
 #: A process the child left behind (a `setsid` daemon, which the shim waits for) stops the
 #: shim, its parent once the child exited, and exits. (TERM ignored: the TERM the shim sends
 #: the child's group as the child exits may come before the `setsid`.)
@@ -56,6 +58,7 @@ def agents() -> Iterator[Path]:
         pytest.param(_STOP_AND_EXIT, True, id="node-restarted"),
         pytest.param(_LEFT_BEHIND, True, id="node-restarted-a-process-it-left"),
         pytest.param(_KILL_TEMPLATE_FIRST, False, id="template-killed"),
+        pytest.param(_STOP_TEMPLATE_FIRST, False, id="template-stopped"),
     ],
 )
 def test_a_shim_stopped_after_its_template_went_is_continued_when_its_child_exits(
@@ -65,13 +68,15 @@ def test_a_shim_stopped_after_its_template_went_is_continued_when_its_child_exit
     script: str,
     restart: bool,
 ) -> None:
-    """Once its template was gone (the node restarted, or the child killed it), a shim that
-    its child SIGSTOPped later was seen by nobody: the child exited 0, a zombie under the
-    stopped shim, no exit record, no report, and the run stayed `running`, its slot held,
-    until a `stop`, a deadline or the next restart. The run supervisor now watches the tree
-    of a shim that has no template parent; once the tree is gone and the shim has not
-    reported, a stopped shim is continued: it reaps the child and reports its real end
-    (complete, exit 0, proof observed), and the slot is freed."""
+    """Once its template was gone (the node restarted, or the child killed or stopped it), a
+    shim that its child SIGSTOPped later was seen by nobody: the child exited 0, a zombie
+    under the stopped shim, no exit record, no report, and the run stayed `running`, its slot
+    held, until a `stop`, a deadline or the next restart (or, for a stopped template, the
+    next launch on the node, which replaced it). A stopped template is ended at once now,
+    and the run supervisor watches the tree of a shim that has no template parent; once the
+    tree is gone and the shim has not reported, a stopped shim is continued: it reaps the
+    child and reports its real end (complete, exit 0, proof observed), and the slot is
+    freed."""
     first = start_node(state_dir=state_dir)
     ctx = launch_context(agents, max_active_async_runs_per_session=1)
     fifo = agents.parent / "go.fifo"
@@ -89,7 +94,7 @@ def test_a_shim_stopped_after_its_template_went_is_continued_when_its_child_exit
             wait_until(lambda: client.runs.show(run.run_id).children[0].pid == pid, what="adopted")
         else:
             client = first.client(timeout=20.0)
-            wait_until(lambda: _orphan(shim), what="its template killed")
+            wait_until(lambda: _unserved(shim), what="its template killed or stopped")
         _release(fifo)
         wait_gone(pid)  # a zombie under its stopped shim, unless it was continued already
         done = client.runs.wait(run.run_id, timeout=15)
@@ -102,10 +107,13 @@ def test_a_shim_stopped_after_its_template_went_is_continued_when_its_child_exit
             shim.kill()
 
 
-def _orphan(shim: psutil.Process) -> bool:
-    """The shim's parent is no longer a shim template (the child killed it)."""
+def _unserved(shim: psutil.Process) -> bool:
+    """The shim's parent is no longer a running shim template (the child killed or stopped
+    it; a stopped one is ended at once)."""
     try:
         parent = shim.parent()
-        return parent is None or "subagents_node.actors.child.template" not in parent.cmdline()
+        if parent is None or "subagents_node.actors.child.template" not in parent.cmdline():
+            return True
+        return parent.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE)
     except psutil.Error:
-        return False
+        return True
