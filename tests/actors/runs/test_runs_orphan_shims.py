@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.actors.runs.test_runs_cgroup import needs_cgroups
 from tests.actors.runs.test_runs_hostile_child import _release
 from tests.actors.runs.test_runs_shims import wait_gone
 from tests.support.nodes import NodeProcess, new_state_dir
@@ -52,6 +53,7 @@ def agents() -> Iterator[Path]:
         directory.rmdir()
 
 
+@pytest.mark.parametrize("containment", [pytest.param("cgroup", marks=needs_cgroups), "subreaper"])
 @pytest.mark.parametrize(
     ("script", "restart"),
     [
@@ -67,6 +69,8 @@ def test_a_shim_stopped_after_its_template_went_is_continued_when_its_child_exit
     agents: Path,
     script: str,
     restart: bool,
+    containment: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Once its template was gone (the node restarted, or the child killed or stopped it), a
     shim that its child SIGSTOPped later was seen by nobody: the child exited 0, a zombie
@@ -77,6 +81,7 @@ def test_a_shim_stopped_after_its_template_went_is_continued_when_its_child_exit
     tree is gone and the shim has not reported, a stopped shim is continued: it reaps the
     child and reports its real end (complete, exit 0, proof observed), and the slot is
     freed."""
+    monkeypatch.setenv("SUBAGENTS_CONTAINMENT", containment)
     first = start_node(state_dir=state_dir)
     ctx = launch_context(agents, max_active_async_runs_per_session=1)
     fifo = agents.parent / "go.fifo"
