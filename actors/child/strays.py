@@ -7,15 +7,16 @@ killed the template) has no parent we control, so a stop is told to nobody: a pi
 readable for a stop. Its child then exited a zombie under it, and its run stayed `running`,
 its slot held, until a stop, a deadline or the next restart.
 
-Owns, for each such shim's child, the shim's identity. What wakes it is the end of its tree,
-which a pidfd does tell: it watches the first live process of the tree (the leader; then those
-the shim reported left, what the child's cgroup holds, or without one what lives in the shim's
-session) through the keeper's shim watch, whose exit brings the child back here. Once nothing
-of the tree lives and the shim has not reported its end, a stopped shim is continued at once,
-and looked at once more CONTINUE_GRACE_S later (a SIGSTOP sent just before the child exited is
-taken when the shim is next scheduled): it then reaps the tree and reports its real end (the
-proof stays the parent's, SPEC §0.4). No polling: one look per exit of a watched process, and
-one more after the tree's end.
+Owns, for each such shim's child, the shim's identity. What wakes it is the end of a process
+of its tree, which a pidfd does tell: it watches the first live process of the tree (the
+leader; then those the shim reported left, what the child's cgroup holds, or without one what
+lives in the shim's session) through the keeper's shim watch, whose exit brings the child back
+here. Once nothing of the tree is known to live and the shim has not reported its end, a
+stopped shim is continued at once, and looked at once more CONTINUE_GRACE_S later (a SIGSTOP
+sent just before the child exited is taken when the shim is next scheduled): it then reaps
+the tree and reports its real end (the proof stays the parent's, SPEC §0.4), and what it
+reports it left is watched in turn. No polling: one look per exit of a watched process or
+report of the leader's exit, and one more after the tree's end.
 
 It never writes a row, never decides an outcome, never kills, and never signals a process it
 has not verified by pid and start time (`signal_shim`).
@@ -128,7 +129,8 @@ class StrayShims:
     def look(self, row: Any, now: float) -> None:
         """A process of the tree of `row`'s stray shim exited (or it was just adopted): watch
         the next one alive; with none left, continue the shim if it is stopped, and look again
-        after CONTINUE_GRACE_S."""
+        after CONTINUE_GRACE_S (a stop sent just before is taken when the shim next runs). A
+        shim stopped while its tree lives is left to the backstops (a stop, its deadline)."""
         child_id = str(row["child_id"])
         shim = self._shims.get(child_id)
         if shim is None:
@@ -163,7 +165,9 @@ class StrayShims:
 
     def _first_alive(self, row: Any, shim: ProcessIdentity) -> ProcessIdentity | None:
         """The first live process of the tree: its leader, a process the shim reported left,
-        one in the child's cgroup, or (without one) in the shim's session (the shim aside)."""
+        one in the child's cgroup, or (without one, once the shim reported its leader's exit:
+        before, its report names what it left, and one scan of /proc per child's end would
+        cost the supervisor more) in the shim's session (the shim aside)."""
         if row["pid"] is not None and row["identity_start"] is not None:
             leader = ProcessIdentity(int(row["pid"]), float(row["identity_start"]))
             if is_alive(leader):
@@ -177,6 +181,8 @@ class StrayShims:
                 if pid != shim.pid and (found := identity_of(pid)) is not None:
                     return found
             return None
+        if row["exit_code"] is None and row["signal"] is None:
+            return None  # the leader's exit is not reported yet: that report brings it back
         for found in procfs.in_session(shim.pid):
             if found.pid != shim.pid:
                 return found
