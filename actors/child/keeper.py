@@ -25,20 +25,19 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from subagents_node.actors.child import cgroup as cg
 from subagents_node.actors.child import process as cp
 from subagents_node.actors.child import procfs, rows
 from subagents_node.actors.child.backstop import SHIM_OVERDUE_MARGIN_S, DeadlineBackstop
+from subagents_node.actors.child.claims import claimed_shim
 from subagents_node.actors.child.orphans import OrphanTrees
 from subagents_node.actors.child.procfs import (
     ProcessIdentity,
     boot_id,
-    identity_of,
     is_alive,
     wall_clock,
 )
 from subagents_node.actors.child.readback import read_record, report_from_record
-from subagents_node.actors.child.records import EXIT_RECORD, SHIM_RECORD, write_atomically
+from subagents_node.actors.child.records import EXIT_RECORD
 from subagents_node.actors.child.shims import ShimWatch, signal_shim, wait_exits
 from subagents_node.actors.child.shimtemplate import ShimTemplate
 from subagents_node.actors.child.strays import StrayShims
@@ -54,16 +53,6 @@ from subagents_node.messages.runs import (
 
 log = logging.getLogger(__name__)
 
-REASON_SHIM_GONE = "the shim died; every process it reported is gone"
-REASON_SHIM_GONE_EARLY = "the shim died before it reported its child; nothing of its tree lives"
-REASON_SHIM_GONE_LIVE = (
-    "process-tree-unverified: the shim died before its child was known to have started"
-)
-NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
-NOT_STARTED_SHIM_GONE = (
-    "no shim started the child: its shim, or the shim template forking it, was killed first"
-)
-STOPPED = cp.STOPPED
 #: The key `on_shim_gone` is called with, followed by its pid, when a shim template ended (no
 #: child id has a colon: `{run id}-{index}`).
 TEMPLATE_GONE = "template-gone:"
@@ -362,9 +351,9 @@ class ChildKeeper:
             # Gone before its first report (watched from its announcement, or its order lost
             # with its template): no claim means no child, and the claim made here fences a
             # late shim off, as at recovery; a live claimant is the shim to watch.
-            shim = self._shim_identity(row, record.record_dir)
+            shim = claimed_shim(row, record.record_dir)
             if shim is None:
-                event = cp.not_started(record, NOT_STARTED_SHIM_GONE, now)
+                event = cp.not_started(record, cp.NOT_STARTED_SHIM_GONE, now)
                 rows.write_settlement(db, record, event)
                 return self._ended([event])
             if is_alive(shim):
@@ -385,7 +374,7 @@ class ChildKeeper:
                 shim_pid=shim.pid,
                 shim_start=shim.start_time,
             )
-            event = self._settle(db, record, row, gone, now, reason=REASON_SHIM_GONE_EARLY)
+            event = self._settle(db, record, row, gone, now, reason=cp.REASON_SHIM_GONE_EARLY)
             return self._ended([event])
         if report is None:
             report = ChildReport(
@@ -411,7 +400,7 @@ class ChildKeeper:
             return []
         self._orphans.forget(child_id, group)
         log.warning("the shim of child %s died before its tree ended", child_id)
-        reason = REASON_SHIM_GONE_LIVE if unknown else REASON_SHIM_GONE
+        reason = cp.REASON_SHIM_GONE_LIVE if unknown else cp.REASON_SHIM_GONE
         return self._ended(
             [self._settle(db, record, row, report, now, unverified=unknown, reason=reason)]
         )
@@ -423,14 +412,9 @@ class ChildKeeper:
         without one in the shim's session: the oldest process there is the child (R-RUN-5: a
         real pid), recorded as started (it was failed "ended", its exit status unknown, and
         its slot retained for good, while it ran on)."""
-        group = self._orphans.cgroup_of(record.child_id)
-        found = [] if group is None else [identity_of(pid) for pid in cg.pids_in(group)]
-        if group is None:
-            found = list(procfs.in_session(shim.pid))
-        alive = [identity for identity in found if identity is not None]
-        if not alive:
+        leader = self._orphans.leader_left(record.child_id, shim.pid)
+        if leader is None:
             return None
-        leader = min(alive, key=lambda identity: identity.start_time)
         record.shim_pid, record.shim_start = shim
         record.boot_id = boot_id()
         record.pid, record.identity_start = leader
@@ -459,10 +443,10 @@ class ChildKeeper:
             if report is not None and (report.tree_ended or report.kind == "not_started"):
                 events.extend(self.apply(db, report, now, from_shim=False))
                 continue
-            shim = self._shim_identity(row, record_dir)
+            shim = claimed_shim(row, record_dir)
             if shim is None:
                 record = rows.ChildRecord.from_row(row)
-                event = cp.not_started(record, NOT_STARTED_BY_RESTART, now)
+                event = cp.not_started(record, cp.NOT_STARTED_BY_RESTART, now)
                 rows.write_settlement(db, record, event)
                 events.append(event)
                 continue
@@ -483,18 +467,3 @@ class ChildKeeper:
                 if self._on_due is not None:  # a frozen shim would never end the tree
                     self._on_due(child_id, now + overdue, "overdue")
         return events
-
-    def _shim_identity(self, row: Any, record_dir: str) -> ProcessIdentity | None:
-        """The shim's identity, from the row or its own record; None when it never claimed
-        the child, which recovery then claims itself (link(2)), so no late shim starts it."""
-        if row["shim_pid"] is not None:
-            return ProcessIdentity(row["shim_pid"], row["shim_start"])
-        path = os.path.join(record_dir, SHIM_RECORD)
-        if record_dir:
-            os.makedirs(record_dir, mode=0o700, exist_ok=True)
-            if write_atomically(path, {"abandoned": True}, exclusive=True):
-                return None
-        claim = read_record(path) or {}
-        if claim.get("abandoned") or "shim_pid" not in claim:
-            return None
-        return ProcessIdentity(int(claim["shim_pid"]), float(claim["shim_start"]))

@@ -59,6 +59,16 @@ class OrphanTrees:
         path = cg.child_path(self._cgroup_base, child_id)
         return path if cg.populated(path) is not None else None
 
+    def leader_left(self, child_id: str, shim_pid: int) -> ProcessIdentity | None:
+        """The child a shim that died before its first report left: the oldest live process
+        in the child's cgroup, or without one in the shim's session; None when none lives."""
+        group = self.cgroup_of(child_id)
+        found = [] if group is None else [identity_of(pid) for pid in cg.pids_in(group)]
+        if group is None:
+            found = list(procfs.in_session(shim_pid))
+        alive = [identity for identity in found if identity is not None]
+        return min(alive, key=lambda identity: identity.start_time) if alive else None
+
     def wait(
         self,
         row: Any,

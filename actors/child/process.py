@@ -31,6 +31,16 @@ from subagents_node.messages.runs import (
 )
 
 STOPPED = "Stopped by request."
+#: Why a child whose shim died settles as it does (the keeper's shim_gone and recovery).
+REASON_SHIM_GONE = "the shim died; every process it reported is gone"
+REASON_SHIM_GONE_EARLY = "the shim died before it reported its child; nothing of its tree lives"
+REASON_SHIM_GONE_LIVE = (
+    "process-tree-unverified: the shim died before its child was known to have started"
+)
+NOT_STARTED_BY_RESTART = "the node stopped before the child's shim started it"
+NOT_STARTED_SHIM_GONE = (
+    "no shim started the child: its shim, or the shim template forking it, was killed first"
+)
 #: A foreground command that embedded its node was killed (-9) without stopping its run: the
 #: shims, bound to that node at spawn, stopped each tree as its stop would have.
 NODE_GONE = "Stopped: the foreground command that ran it (and its embedded node) was killed."
