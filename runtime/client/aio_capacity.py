@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from subagents_node.client import capacity as cap
-from subagents_node.client.slotcalls import SlotCall
+from subagents_node.client.slotcalls import A, OnceCall
 from subagents_node.messages.capacity import (
     AcquireResult,
     CapacitySnapshot,
@@ -105,6 +105,17 @@ class AsyncCapacityHandle:
         return f"AsyncCapacityHandle({self.wire!r}, started={self.started})"
 
 
+async def performed_async(client: AsyncClient, call: OnceCall[A]) -> A:
+    """The asyncio client's call (client/slotcalls.py): its answer; cancelled (`wait_for` ran
+    out, the task was cancelled), what it took is given back first, shielded: cancelled again,
+    the give back goes on by itself."""
+    try:
+        return await client.perform(call.plan())
+    except asyncio.CancelledError:
+        await asyncio.shield(client.perform(call.give_back_plan()))
+        raise
+
+
 class AsyncCapacityAPI:
     """`client.capacity` of an AsyncClient: the active async capacity ledger (SPEC §4)."""
 
@@ -125,7 +136,7 @@ class AsyncCapacityAPI:
         """R-CAP-8..12: a handle on the lowest free slot, or None when `limit` is 0; with
         `acquire_id`, the same acquire sent again answers the slot it took."""
         call = cap.acquire_call(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
-        return self._granted(await self._taken(call))
+        return self._granted(await performed_async(self._client, call))
 
     async def transfer(
         self,
@@ -143,7 +154,7 @@ class AsyncCapacityAPI:
         call = cap.transfer_call(
             session_id, limit, source_run_id, run_id, async_dir, ttl_s, host, transfer_id
         )
-        return self._granted(await self._taken(call))
+        return self._granted(await performed_async(self._client, call))
 
     async def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
         return await self._client.perform(cap.snapshot_plan(session_id, limit))
@@ -190,15 +201,6 @@ class AsyncCapacityAPI:
 
     def handle(self, wire: SlotHandle | dict[str, Any]) -> AsyncCapacityHandle:
         return AsyncCapacityHandle(self._client, cap.as_slot_handle(wire))
-
-    async def _taken(self, call: SlotCall) -> AcquireResult:
-        """`call`'s answer; cancelled (`wait_for` ran out, the task was cancelled), its slot is
-        given back first, shielded: cancelled again, the give back goes on by itself."""
-        try:
-            return await self._client.perform(call.plan())
-        except asyncio.CancelledError:
-            await asyncio.shield(self._client.perform(call.give_back_plan()))
-            raise
 
     def _granted(self, result: AcquireResult) -> AsyncCapacityHandle | None:
         if result.handle is None:

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from subagents_node.client import fanout as fan
+from subagents_node.client.aio_capacity import performed_async
 from subagents_node.client.fanout import DescriptorLike
 from subagents_node.messages.fanout import (
     BudgetReading,
@@ -86,7 +87,7 @@ class AsyncFanoutAPI:
     async def reserve(
         self, descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
     ) -> AsyncReservation:
-        grant = await self._client.perform(fan.reserve_plan(descriptor, paths, ttl_s))
+        grant = await performed_async(self._client, fan.reserve_call(descriptor, paths, ttl_s))
         return AsyncReservation(self._client, grant)
 
     async def commit(self, reservation_id: str) -> FanoutSnapshot:

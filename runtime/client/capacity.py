@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from pydantic import ValidationError
 
 from subagents_node.client.plans import Plan, build, one
-from subagents_node.client.slotcalls import SlotCall
+from subagents_node.client.slotcalls import SlotCall, performed
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
@@ -366,7 +366,7 @@ class CapacityAPI:
         under it, and one cut short (Ctrl-C) gives back the slot it took.
         """
         call = acquire_call(session_id, limit, run_id, kind, async_dir, ttl_s, host, acquire_id)
-        return self._granted(self._taken(call))
+        return self._granted(performed(self.perform, call))
 
     def transfer(
         self,
@@ -388,7 +388,7 @@ class CapacityAPI:
         call = transfer_call(
             session_id, limit, source_run_id, run_id, async_dir, ttl_s, host, transfer_id
         )
-        return self._granted(self._taken(call))
+        return self._granted(performed(self.perform, call))
 
     def snapshot(self, session_id: str, limit: int = 0) -> CapacitySnapshot:
         """R-CAP-26: `{used, limit}` of the session pool; limit 0 means unlimited."""
@@ -447,15 +447,6 @@ class CapacityAPI:
     def handle(self, wire: SlotHandle | dict[str, Any]) -> CapacityHandle:
         """A handle rebuilt from its wire form, e.g. one passed in from another process."""
         return CapacityHandle(self, as_slot_handle(wire))
-
-    def _taken(self, call: SlotCall) -> AcquireResult:
-        """`call`'s answer; cut short by its caller (Ctrl-C), its slot is given back first."""
-        try:
-            return self.perform(call.plan())
-        except BaseException as err:
-            if not isinstance(err, Exception):
-                self.perform(call.give_back_plan())
-            raise
 
     def _granted(self, result: AcquireResult) -> CapacityHandle | None:
         if result.handle is None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from subagents_node.client.arguments import listed
 from subagents_node.client.plans import Plan, build, one
+from subagents_node.client.slotcalls import ReserveCall, performed
 from subagents_node.messages.base import Message
 from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import FanoutError
@@ -43,7 +44,6 @@ from subagents_node.messages.fanout import (
     ReadSnapshot,
     ReadSnapshots,
     ReservationGrant,
-    ReservePaths,
     ValidateDescriptor,
     decode_descriptor,
 )
@@ -94,13 +94,10 @@ def claim_plan(
     return one(request, FanoutSnapshot)
 
 
-def reserve_plan(
-    descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
-) -> Plan[ReservationGrant]:
-    request = build(
-        ReservePaths, descriptor=as_descriptor(descriptor), paths=path_list(paths), ttl_s=ttl_s
-    )
-    return one(request, ReservationGrant)
+def reserve_call(descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float) -> ReserveCall:
+    """A reservation under an id of the client's own (client/slotcalls.py)."""
+    fields = {"descriptor": as_descriptor(descriptor), "paths": path_list(paths), "ttl_s": ttl_s}
+    return ReserveCall(fields, None)
 
 
 def commit_plan(reservation_id: str) -> Plan[FanoutSnapshot]:
@@ -219,8 +216,11 @@ class FanoutAPI:
     def reserve(
         self, descriptor: DescriptorLike, paths: Iterable[str], ttl_s: float
     ) -> Reservation:
-        """Hold claims for at most `ttl_s` seconds until `commit()` or `abort()`."""
-        return Reservation(self, self._client.perform(reserve_plan(descriptor, paths, ttl_s)))
+        """Hold claims for at most `ttl_s` seconds until `commit()` or `abort()`. Made under
+        an id of the client's own: a reserve that timed out is asked again under it, and one
+        cut short (Ctrl-C) is aborted (client/slotcalls.py)."""
+        call = reserve_call(descriptor, paths, ttl_s)
+        return Reservation(self, performed(self._client.perform, call))
 
     def commit(self, reservation_id: str) -> FanoutSnapshot:
         return self._client.perform(commit_plan(reservation_id))

@@ -37,8 +37,8 @@ SESSION = "slot-calls"
 LIMIT = 1
 
 
-def capacity_pid(client: Client) -> int:
-    [pid] = [a.pid for a in client.status().actors if a.name == "capacity"]
+def owner_pid(client: Client, name: str = "capacity") -> int:
+    [pid] = [a.pid for a in client.status().actors if a.name == name]
     assert pid is not None
     return pid
 
@@ -70,7 +70,7 @@ def test_an_acquire_interrupted_in_flight_gives_its_slot_back_at_once(node: Node
     """Before, the slot the interrupted acquire took stayed held for its TTL: the session's
     only slot, refused to every other run for 60 s."""
     with connect(node.address, timeout=20) as client:
-        owner = capacity_pid(client)
+        owner = owner_pid(client)
         assert used(client) == 0  # connected to the owner before it is stopped
         stop_process(owner)
         with pytest.raises(KeyboardInterrupt), interrupted_after(0.3, owner):
@@ -85,7 +85,7 @@ def test_an_async_acquire_cancelled_in_flight_gives_its_slot_back(node: NodeProc
     """`asyncio.wait_for` runs out while the acquire waits for its answer: the cancelled call
     gives back the slot the owner takes once it is continued."""
     with connect(node.address, timeout=20) as sync:
-        owner = capacity_pid(sync)
+        owner = owner_pid(sync)
 
         async def go() -> None:
             async with AsyncClient(node.address, timeout=20) as client:
@@ -110,7 +110,7 @@ def test_an_acquire_that_timed_out_is_asked_again_under_its_id_and_answered_with
 ) -> None:
     """Before, the caller got `NodeTimeout` while the slot its acquire took stayed held."""
     with connect(node.address, timeout=1.0) as client:
-        owner = capacity_pid(client)
+        owner = owner_pid(client)
         assert used(client) == 0  # connected to the owner before it is stopped
         stop_process(owner)
         later = threading.Timer(1.4, os.kill, (owner, signal.SIGCONT))
@@ -124,6 +124,21 @@ def test_an_acquire_that_timed_out_is_asked_again_under_its_id_and_answered_with
         assert used(client) == 1  # one slot: the second send answered the first one's
         assert handle.rollback()
         assert used(client) == 0
+
+
+def test_a_reserve_interrupted_in_flight_is_aborted_at_once(node: NodeProcess) -> None:
+    """Before, the interrupted reservation's claims counted against the run tree's budget
+    until its `ttl_s` ran out."""
+    with connect(node.address, timeout=20) as client:
+        budget = client.fanout.create("slot-calls-root", 4)
+        owner = owner_pid(client, "fanout")
+        assert client.fanout.snapshot(budget).used == 0  # connected before it is stopped
+        stop_process(owner)
+        with pytest.raises(KeyboardInterrupt), interrupted_after(0.3, owner):
+            client.fanout.reserve(budget, ["a", "b"], ttl_s=600)
+        assert client.fanout.snapshot(budget).used == 0
+        reservation = client.fanout.reserve(budget, ["c"], ttl_s=600)
+        assert reservation.commit().used == 1
 
 
 # -- the plans, without a node: what is sent after which answer --------------------------------
