@@ -380,7 +380,7 @@ class OwnerSupervisor:
         if self._stopping:
             return
         how = _how(status)
-        cause = abort_cause(status)
+        cause = "" if status is None else abort_cause(status)
         owner.out_of_descriptors = bool(cause)
         owner.reason = owner.reason or f"the process {how}{cause}"
         log.error("owner %s (pid %d) %s; restarting it", owner.spec.name, pid, how)
@@ -427,10 +427,12 @@ class OwnerSupervisor:
         owner.ready.set()
         self._on_change()
 
-    def _reap(self, owner: _Owner) -> int:
-        """Collect the owner's exit (its wait status) and forget its process."""
+    def _reap(self, owner: _Owner) -> int | None:
+        """Collect the owner's exit (its wait status) and forget its process. None: another
+        waiter of this process collected it first (a program that embeds the node and reaps
+        every child, or ignores SIGCHLD): how it ended is not known."""
         pid = owner.pid
-        status = 0
+        status: int | None = None
         if pid is None:
             return status
         with contextlib.suppress(ChildProcessError):
@@ -448,7 +450,9 @@ class OwnerSupervisor:
         return status
 
 
-def _how(status: int) -> str:
+def _how(status: int | None) -> str:
+    if status is None:  # said "exited with status 0" (hunt-15): a clean exit nobody saw
+        return "ended (its exit status was collected by another waiter of this process)"
     if os.WIFSIGNALED(status):
         return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exited with status {os.waitstatus_to_exitcode(status)}"

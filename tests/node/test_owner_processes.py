@@ -26,9 +26,10 @@ from subagents_node.client.transport import ZmqTransport
 from subagents_node.messages.errors import OwnerUnavailable
 from subagents_node.node.node import Node
 from subagents_node.node.options import NodeOptions
+from tests.support.descriptors import run_python
 from tests.support.manage import store_rows
 from tests.support.nodes import NodeProcess, new_state_dir, run_cli, running_node
-from tests.support.runs import wait_until
+from tests.support.runs import WAIT_S, wait_until
 from tests.support.storms import Storm
 
 pytestmark = pytest.mark.processes
@@ -305,3 +306,30 @@ def test_an_owner_is_never_shown_running_without_a_process() -> None:
         shutil.rmtree(state_dir, ignore_errors=True)
     assert ("running", None) not in seen
     assert ("restarting", None) in seen  # the window was read: the test can see the fault
+
+
+def test_an_owner_reaped_by_the_embedding_program_is_not_said_to_have_exited_with_status_0() -> (
+    None
+):
+    """A program that embeds the node and ignores SIGCHLD (or reaps every child itself) takes
+    an owner's exit status before the node can: the node's log said "owner capacity (pid N)
+    exited with status 0" of an owner killed with -9. It now says the status went elsewhere."""
+    script = f"""
+import logging, os, signal, sys, tempfile
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child at once
+logging.basicConfig(stream=sys.stdout, level=logging.ERROR, format="%(message)s")
+from subagents_node.node.node import Node
+from tests.support.runs import WAIT_S, wait_until
+with Node.embedded(state_dir=tempfile.mkdtemp(dir="/tmp", prefix="sa-reaped-")) as node:
+    [capacity] = [a for a in node.owner_statuses() if a.name == "capacity"]
+    os.kill(capacity.pid, signal.SIGKILL)
+    restarted = lambda: [a.restarts for a in node.owner_statuses() if a.name == "capacity"]
+    wait_until(lambda: restarted() == [1], {WAIT_S}, what="the capacity owner's restart")
+    print("served", node.client().capacity.snapshot("s", 1).used)
+"""
+    done = run_python(script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "served 0" in done.stdout
+    said = [line for line in done.stdout.splitlines() if line.startswith("owner capacity")]
+    assert said and "exit status was collected by another waiter" in said[0], done.stdout
+    assert "exited with status 0" not in done.stdout
