@@ -134,8 +134,11 @@ def test_a_write_in_flight_when_its_owner_is_killed_is_an_unknown_outcome_at_onc
     assert "outcome is unknown" in lost.value.message
     assert waited < PEER_CHECK_S + 5, f"waited {waited:.1f} s for a reply that cannot come"
     assert claim.resent == 0, "a claim is never sent twice"
-    # It was never applied (it died in the owner's queue) and the owner serves again.
-    assert client.fanout.snapshot(budget).used == 0
+    # Applied at most once, which is why its outcome is unknown: it usually dies in the
+    # killed owner's queue, but on a loaded host libzmq may not yet have written it to that
+    # owner's connection, and then sends it on the one to the restarted owner (a connecting
+    # socket keeps its queue across reconnects). The owner serves again either way.
+    assert client.fanout.snapshot(budget).used in (0, 1)
     assert client.fanout.claim(budget, ["x"]).used == 1
     with pytest.raises(NodeTimeout):
         busy.result(timeout=TIMEOUT_S)
@@ -179,7 +182,8 @@ def test_the_async_client_resends_a_read_and_refuses_to_resend_a_write(
     assert getattr(snapshot, "used", None) == 1
     assert isinstance(lost, NodeTimeout) and lost.details.get("reason") == "owner_restarted"
     assert waited < TIMEOUT_S / 3
-    assert client.fanout.snapshot(budget).used == 1  # the claim was never applied
+    # The lost claim applied at most once (see the sync test: libzmq may carry it over).
+    assert client.fanout.snapshot(budget).used in (1, 2)
 
 
 #: A reply the client waits for this long after its node was killed was waited for in vain:
