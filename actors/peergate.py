@@ -23,6 +23,7 @@ import zmq
 from subagents_node.actors import zap
 from subagents_node.messages.base import Request
 from subagents_node.messages.errors import BadRequest, MembershipRefused
+from subagents_node.messages.members import FENCED_FORGOTTEN
 from subagents_node.messages.peers import OwnerPeers
 from subagents_node.messages.protocol import local_only
 
@@ -43,6 +44,11 @@ def fenced_error(name: str, reason: str) -> MembershipRefused:
         "until it joins again (restart it with `subagents-node start --join ...`)",
         name=name,
         reason="fenced",
+        # Why it is fenced: a worker told it was forgotten stops the runs whose slots the
+        # home released (runtime/node/homelink.py); one a newer start fenced ("superseded")
+        # leaves them to that start.
+        cause=FENCED_FORGOTTEN,
+        forget_reason=reason,
     )
 
 

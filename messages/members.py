@@ -27,6 +27,12 @@ ONE_PROTOCOL = (
     "upgrade the home and its workers alike "
     '(docs/operations.md, "Upgrading a home and its workers")'
 )
+#: Why a worker is fenced, in the `cause` detail of its `membership_refused` (`fenced`): the
+#: operator forgot it (`nodes forget`: its slots were released, so it stops the runs that held
+#: them), or a newer start of it joined since (that start owns its runs: it stops nothing). A
+#: home of an older release sends no cause: the worker then stops nothing, as before.
+FENCED_FORGOTTEN = "forgotten"
+FENCED_SUPERSEDED = "superseded"
 #: Types that name the tcp peer that sent them: refused on ipc.
 PEER_ONLY_TYPES = ("node.members.join", "node.members.heartbeat", "node.members.leave")
 

@@ -23,6 +23,7 @@ from subagents_node.messages.domains import (
     FsPath,
     NonEmptyFsPath,
     NonEmptyLabel,
+    NonEmptyShortText,
     PositiveCount,
     RunId,
     Seq,
@@ -351,6 +352,19 @@ class Stop(Request):
     run_id: RunId
 
 
+class StopReleased(Request):
+    """Stop every live run of this node that holds a capacity slot, with `reason`: its home
+    forgot this worker while it was cut off, and released those slots (R-CAP-1: the home's
+    ledger is the truth), so none of their children may go on (runtime/node/homejoin.py sends
+    it when the link is told so). The node's own act: refused from every tcp peer."""
+
+    type: Literal["runs.stop_released"] = "runs.stop_released"
+    target: ClassVar[str] = SUPERVISOR
+    Result: ClassVar[ResultType] = RunList
+    local_only: ClassVar[bool] = True
+    reason: NonEmptyShortText
+
+
 #: The most events one `runs.watch` answer carries (RunEvents.more: the rest follow).
 MAX_WATCH_EVENTS = 1000
 
@@ -397,5 +411,6 @@ REQUESTS = (
     Show,
     ListRuns,
     Stop,
+    StopReleased,
     Intercom,
 )

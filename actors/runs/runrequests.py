@@ -1,4 +1,5 @@
-"""The requests that read or stop one run: `runs.show`, `runs.list`, `runs.stop`, `runs.intercom`.
+"""The requests that read or stop runs: `runs.show`, `runs.list`, `runs.stop`, `runs.intercom`,
+`runs.stop_released` (a forgotten worker's slot-holding runs).
 
 Owns how a request names a run (`resolve`: a unique prefix of its id; ambiguous or unknown ids
 are refused; `refusing_unreadable`: a run it cannot read is reported as it is refused), the
@@ -40,6 +41,7 @@ from subagents_node.messages.supervisor import (
     RunList,
     Show,
     Stop,
+    StopReleased,
 )
 
 
@@ -141,6 +143,22 @@ def stop(host: RequestHost, request: Stop) -> Message:
     view = runstore.view(host.db, run_id)
     assert view is not None
     return view
+
+
+def stop_released(host: RequestHost, request: StopReleased) -> Message:
+    """Stop every live run that holds a capacity slot (and what it launched, R-WF-10): its home
+    forgot this worker while it was cut off and released those slots, so their children would
+    run past their sessions' limits (R-CAP-1). Each ends `stopped` with the reason as its error,
+    so `runs show` says why; a run stopping already, or settling, is left to end as it does."""
+    stopped: list[str] = []
+    for live in host.live_runs():
+        if live.handle is None or live.stop_state is not None or live.settling:
+            continue
+        stop_live(host, live, "stopped", request.reason)
+        live.error = live.error or request.reason  # a full disk's undo restores it (begun)
+        stopped.append(live.run_id)
+    views = runstore.readable_views(host.db, stopped, host.quarantine_unreadable)
+    return RunList(runs=views, last_seq=runstore.last_event_seq(host.db))
 
 
 def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None:

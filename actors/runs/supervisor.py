@@ -104,6 +104,7 @@ from subagents_node.messages.supervisor import (
     Show,
     Snapshots,
     Stop,
+    StopReleased,
     Watch,
     WatchAll,
 )
@@ -193,6 +194,7 @@ class RunSupervisor(OwnerActor):
             Show: partial(runrequests.show, self),
             ListRuns: partial(runrequests.list_runs, self),
             Stop: partial(runrequests.stop, self),
+            StopReleased: partial(runrequests.stop_released, self),
             Resume: self._resume,
             Rerun: self._rerun,
             Append: self._append,

@@ -55,8 +55,10 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
 @user_errors
 def forget(obj: Ctx, name: str, reason: str, as_json: bool) -> None:
     """Declare worker NAME lost: release its capacity slots with an `operator` proof and fence
-    it (refused until it joins again). Its children, if any still run, are not stopped.
-    Refused for a worker that is up (stop it first): only a silent or stopped one is lost."""
+    it (refused until it joins again). Refused for a worker that is up (stop it first): only
+    a silent or stopped one is lost. A worker that was only cut off is told at its next
+    heartbeat, and stops the runs whose slots were released (`stopped`, saying why); until
+    then its children run on."""
     request = validate_request(MemberForget, {"name": name, "reason": reason})
     with obj.client() as client:
         done = client.ask(request, MemberForgotten)

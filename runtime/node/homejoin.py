@@ -11,6 +11,7 @@ the worker serves the home (runtime/node/homeasks.py) and never writes the addre
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,18 @@ from subagents_node.client.keys import client_credentials
 from subagents_node.client.listing import Listing, every_run_plan
 from subagents_node.client.plans import Ask, Plan
 from subagents_node.messages.errors import SubagentsError
-from subagents_node.messages.supervisor import RunList
+from subagents_node.messages.supervisor import RunList, StopReleased
 from subagents_node.node.dispatch import Dispatcher
 from subagents_node.node.homeasks import HomeAsks
 from subagents_node.node.homelink import HomeLink
+
+log = logging.getLogger(__name__)
+
+#: The error a run of a forgotten worker ends `stopped` with (`runs.stop_released`).
+FORGOTTEN_STOP = (
+    "Stopped: this worker was forgotten by its home {home} (`nodes forget`{why}) while it was "
+    "cut off; its capacity slots were released there, so its children could not go on."
+)
 
 
 class HomeJoin:
@@ -56,6 +65,7 @@ class HomeJoin:
             counts=self._worker_counts,
             serve=HomeAsks(self._dispatcher, self._node_id),
             on_lost=self._lost,
+            on_forgotten=self._forgotten,
         )
         self.link = link
         try:
@@ -93,6 +103,27 @@ class HomeJoin:
         now: the home will not answer it, and a caller should not wait out its deadline."""
         for lost in self._on_lost:
             lost(why)
+
+    def _forgotten(self, forget_reason: str) -> None:
+        """The home link's thread: the operator forgot this worker while it was cut off, and
+        the home released the slots of its runs (R-CAP-1: the home's ledger is the truth).
+        Their children must not run on past their sessions' limits: the run supervisor stops
+        every run that holds a slot, saying why. The worker stays fenced until it is started
+        again with --join."""
+        why = f": {forget_reason}" if forget_reason else ""
+        request = StopReleased(reason=FORGOTTEN_STOP.format(home=self.home, why=why))
+
+        def answered(outcome: Outcome) -> None:
+            if isinstance(outcome, RunList):
+                ids = ", ".join(view.run_id for view in outcome.runs) or "none"
+                log.warning("forgotten by the home: stopped its slot-holding runs: %s", ids)
+            else:
+                log.error("forgotten by the home: its runs were not stopped: %s", outcome)
+
+        try:
+            self._dispatcher.dispatch(request, "", answered)
+        except SubagentsError as exc:  # the node is stopping: its runs are adopted at a start
+            log.error("forgotten by the home: its runs were not stopped: %s", exc.message)
 
     def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
         """What this worker runs, for the home: every active run and their running children,

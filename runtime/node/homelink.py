@@ -10,6 +10,9 @@ connections they opened, so a worker needs no listener of its own. The heartbeat
 runs and children this worker has (asked of its own run supervisor). A heartbeat refused as
 `fenced` (the operator forgot this worker, or a newer start of it joined) leaves the worker
 fenced: it stops forwarding and serving for good, until it is started again with `--join`.
+Forgotten (the refusal's `cause`), the home released its runs' slots: the link says so
+(`on_forgotten`), and the node stops those runs; fenced by a newer start, it stops nothing
+(that start owns the runs now).
 When the node stops cleanly while joined, the link tells the home it leaves (best effort, for
 at most `LEAVE_TIMEOUT_S`), so a stop then a start of the worker (an upgrade) joins at once
 instead of being refused as a live member until the heartbeat timeout has passed.
@@ -59,6 +62,7 @@ from subagents_node.messages.errors import (
     UnsupportedProtocol,
 )
 from subagents_node.messages.members import (
+    FENCED_FORGOTTEN,
     ONE_PROTOCOL,
     MemberHeartbeat,
     MemberJoin,
@@ -112,6 +116,7 @@ class HomeLink:
         counts: CountsFn = _no_counts,
         serve: ServeFn = _refuse_all,
         on_lost: Callable[[str], None] = lambda why: None,
+        on_forgotten: Callable[[str], None] = lambda why: None,
     ) -> None:
         self.home = home
         self.name = name
@@ -126,6 +131,9 @@ class HomeLink:
         #: closed for a moment, and what is in flight is still answered).
         self._on_lost = on_lost
         self._lost_told = False
+        #: Told once, when a heartbeat's refusal says the operator forgot this worker (not a
+        #: newer start of it): the home released its runs' slots, so they must stop.
+        self._on_forgotten = on_forgotten
         self._last_ok_at = time.monotonic()
         self._counts = counts
         self._serve = serve
@@ -389,6 +397,8 @@ class HomeLink:
             if isinstance(err, MembershipRefused):
                 self._set("fenced", err.message)
                 log.error("home %s fenced this worker: %s", self.home, err.message)
+                if err.details.get("cause") == FENCED_FORGOTTEN:
+                    self._on_forgotten(str(err.details.get("forget_reason") or ""))
             else:
                 self._set("unreachable", err.message)
             return None

@@ -5,8 +5,11 @@ each worker last beat and what it said it runs. A worker is identified by the na
 key has on the home's allow-list: it joins as that name and no other, so a worker can speak
 only for itself. Every join and every forget makes the worker's generation grow, so a
 heartbeat of an earlier incarnation is refused (`fenced`), and a forgotten worker is refused
-everything but a new join. A worker that stops cleanly leaves: its last beat is marked left,
-so it is no longer alive and its next start joins at once; its membership row is unchanged.
+everything but a new join. The refusal says why (its `cause`): `forgotten` for a process that
+was current when a forget released its slots (even once a newer start joined since), so it
+stops those runs; `superseded` for one a newer start replaced without a forget (it stops none).
+A worker that stops cleanly leaves: its last beat is marked left, so it is no longer alive and
+its next start joins at once; its membership row is unchanged.
 Beside the members, the same database holds which runs each worker placed through the home
 (`self.placed`, runtime/node/placed.py): forgetting a worker drops them with it, atomically.
 
@@ -32,6 +35,7 @@ from subagents_node.messages.errors import (
     UnknownTarget,
 )
 from subagents_node.messages.members import (
+    FENCED_SUPERSEDED,
     HOME_NAME,
     MemberForget,
     MemberForgotten,
@@ -58,6 +62,12 @@ CREATE TABLE IF NOT EXISTS members (
     forget_reason TEXT NOT NULL DEFAULT ''
 )
 """
+#: The generation the worker's last forget gave it (0: never forgotten). It outlives a later
+#: join: a process of an older generation than this had its runs' slots released, even once a
+#: newer start joined, so its refusal says `forgotten` (it stops those runs), not `superseded`.
+_FORGOTTEN_GENERATION = (
+    "ALTER TABLE members ADD COLUMN forgotten_generation INTEGER NOT NULL DEFAULT 0"
+)
 
 
 class _Beat:
@@ -97,6 +107,9 @@ class Members:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        columns = {str(c["name"]) for c in self._db.execute("PRAGMA table_info(members)")}
+        if "forgotten_generation" not in columns:  # a members.db of an earlier release
+            self._db.execute(_FORGOTTEN_GENERATION)
         self.placed = PlacedRuns(self._db)
         self._beats: dict[str, _Beat] = {}
         #: When this home started: until one heartbeat timeout has passed, a worker not heard
@@ -227,6 +240,10 @@ class Members:
             )
         if row["state"] == "forgotten":
             raise fenced_error(request.name, row["forget_reason"])
+        if request.generation < int(row["forgotten_generation"]):
+            # Forgotten since this process joined (a newer start joined after that): its
+            # runs' slots were released all the same.
+            raise fenced_error(request.name, "forgotten since, then another start of it joined")
         if int(row["generation"]) != request.generation or row["instance"] != request.instance:
             raise MembershipRefused(
                 f"worker {request.name!r} generation {request.generation} is not the current "
@@ -234,6 +251,7 @@ class Members:
                 "fenced",
                 name=request.name,
                 reason="fenced",
+                cause=FENCED_SUPERSEDED,
             )
         return int(row["generation"])
 
@@ -260,8 +278,8 @@ class Members:
         try:
             self._db.execute(
                 "UPDATE members SET generation=?, state='forgotten', forgotten_at=?, "
-                "forget_reason=? WHERE name=?",
-                (generation, now, request.reason, request.name),
+                "forget_reason=?, forgotten_generation=? WHERE name=?",
+                (generation, now, request.reason, generation, request.name),
             )
             self.placed.drop_worker(request.name)
             self._db.execute("COMMIT")

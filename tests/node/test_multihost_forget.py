@@ -6,20 +6,28 @@ the session admitted others in their place, past its limit (R-CAP-1). Now the ho
 forget a worker that may be alive and releases nothing; once the worker stopped cleanly (or
 has been silent for the heartbeat timeout) it may be forgotten.
 
+A worker that was only cut off (silent for the timeout, then back) and forgotten meanwhile was
+told it is fenced, and its children ran on with the slots the home had released: the session
+ran past its limit until the worker was restarted. Now a worker told it was forgotten stops
+the runs that held those slots, saying why; one fenced by a newer start of itself stops none.
+
 Real nodes on loopback, started, stopped and asked through the real CLI and sockets.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from subagents_node.client.keys import keys_dir
 from tests.support.fleet import Fleet, fleet
-from tests.support.runs import wait_until
+from tests.support.nodes import NodeProcess, new_state_dir
+from tests.support.runs import events_of, process_gone, stop_process, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +108,118 @@ def test_a_home_just_restarted_refuses_to_forget_a_worker_it_has_not_heard_from_
         os.kill(w1.pid, signal.SIGCONT)
     wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 heartbeating the new home")
     crew.client(w1).runs.stop(run_id)
+
+
+def test_r_cap_1_a_worker_forgotten_while_cut_off_stops_its_runs_when_the_partition_heals(
+    crew: Fleet,
+) -> None:
+    """Used to: the worker, continued, was told it is fenced, and its run went on `running`
+    (its child with it) while the home had released its slot, so the session (limit 1) could
+    admit a second run elsewhere, past its limit, until the worker was restarted."""
+    session = f"fc-{uuid.uuid4().hex[:8]}"
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
+    assert code == 0, err
+    run_id = out.strip().splitlines()[0]
+    child = wait_until(
+        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
+        what="its child's pid",
+    )
+    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    stop_process(w1.pid)  # cut off: its node beats no more; its run supervisor and child run on
+    try:
+        wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
+        code, out, err = crew.cli(crew.home, "nodes", "forget", "w1", "--reason", "cut off")
+        assert code == 0, err
+        assert f"released 1 slot: {run_id}" in out, out
+        assert _used(crew, session, 1) == 0  # the home may grant that slot to another run
+        assert not process_gone(child)  # still running while its node is stopped
+    finally:
+        os.kill(w1.pid, signal.SIGCONT)
+    # The partition heals: the worker is told it was forgotten, and stops the run.
+    view = wait_until(
+        lambda: (v := crew.client(w1).runs.show(run_id)).state != "running" and v,
+        what="the forgotten worker's run to end",
+    )
+    assert view.state == "stopped", view
+    assert "forgotten by its home" in view.error, view.error
+    assert "capacity slots were released there" in view.error, view.error
+    assert "cut off" in view.error, view.error
+    wait_until(lambda: process_gone(child), what="its child to be gone")
+    status = crew.client(w1).status()
+    assert status.cluster is not None and status.cluster.state == "fenced", status.cluster
+
+
+def test_a_worker_fenced_by_a_newer_start_of_itself_stops_none_of_its_runs(crew: Fleet) -> None:
+    """Only a worker the operator forgot stops its runs (their slots were released): one fenced
+    because a newer start of it joined while it was cut off stops nothing (that start owns the
+    name and the home still holds the runs' slots)."""
+    session = f"fs-{uuid.uuid4().hex[:8]}"
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=120", limit=2)
+    assert code == 0, err
+    run_id = out.strip().splitlines()[0]
+    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    stop_process(w1.pid)
+    try:
+        wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
+        # Another start of w1 (the same key, another state dir) joins in its place.
+        again = new_state_dir()
+        shutil.copytree(keys_dir(w1.state_dir), keys_dir(again), dirs_exist_ok=True)
+        newer = crew.workers["w1-newer"] = NodeProcess(again, crew.worker_args("w1"))
+        newer.start()
+        wait_until(lambda: crew.nodes()["w1"].state == "up", what="the newer w1 up")
+    finally:
+        os.kill(w1.pid, signal.SIGCONT)
+
+    def fenced() -> bool:
+        cluster = crew.client(w1).status().cluster
+        return cluster is not None and cluster.state == "fenced"
+
+    wait_until(fenced, what="the older w1 fenced")
+    cluster = crew.client(w1).status().cluster
+    assert cluster is not None and "another start of it joined" in cluster.reason, cluster
+    assert crew.client(w1).runs.show(run_id).state == "running"
+    assert not any(e.kind == "run.stopping" for e in events_of(crew.client(w1), run_id))
+    assert _used(crew, session, 2) == 1  # the home holds its slot still
+    # Its own operator may still stop it (on its own ipc socket): no child is left behind.
+    child = next(c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid)
+    crew.client(w1).runs.stop(run_id)
+    wait_until(lambda: process_gone(child), what="its child to be gone")
+
+
+def test_a_worker_forgotten_while_cut_off_stops_its_runs_even_once_a_newer_start_joined(
+    crew: Fleet,
+) -> None:
+    """Forgotten, then replaced by a newer start of it (another state dir), the cut-off
+    process's runs had their slots released all the same: it stops them when it heals, though
+    the home's row now names the newer start (its refusal would otherwise read `superseded`)."""
+    session = f"fn-{uuid.uuid4().hex[:8]}"
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
+    assert code == 0, err
+    run_id = out.strip().splitlines()[0]
+    child = wait_until(
+        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
+        what="its child's pid",
+    )
+    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    stop_process(w1.pid)
+    try:
+        wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
+        code, out, err = crew.cli(crew.home, "nodes", "forget", "w1", "--reason", "cut off")
+        assert code == 0 and f"released 1 slot: {run_id}" in out, (out, err)
+        again = new_state_dir()
+        shutil.copytree(keys_dir(w1.state_dir), keys_dir(again), dirs_exist_ok=True)
+        newer = crew.workers["w1-newer"] = NodeProcess(again, crew.worker_args("w1"))
+        newer.start()
+        wait_until(lambda: crew.nodes()["w1"].state == "up", what="the newer w1 up")
+    finally:
+        os.kill(w1.pid, signal.SIGCONT)
+    view = wait_until(
+        lambda: (v := crew.client(w1).runs.show(run_id)).state != "running" and v,
+        what="the forgotten process's run to end",
+    )
+    assert view.state == "stopped" and "forgotten by its home" in view.error, view
+    wait_until(lambda: process_gone(child), what="its child to be gone")
+    assert crew.nodes()["w1"].state == "up"  # the newer start is untouched
