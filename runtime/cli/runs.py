@@ -49,6 +49,7 @@ from subagents_node.messages.delivery import check_working_directory
 from subagents_node.messages.errors import (
     AgentCommandNotFound,
     AgentNotFound,
+    MembershipRefused,
     OwnerUnavailable,
     RunCwdMissing,
 )
@@ -274,7 +275,9 @@ def show(obj: Ctx, run_id: str, as_json: bool) -> None:
         try:
             ledgers: tuple[SpawnSnapshot, CapacitySnapshot] | None = session_status(client, found)
             unknown = ""
-        except OwnerUnavailable as err:  # a worker cut off from its home still shows its run
+        # A worker cut off from its home, or fenced by it (forgotten: its runs stopped, and
+        # `show` is where the reason is read), still shows its own run.
+        except (OwnerUnavailable, MembershipRefused) as err:
             ledgers, unknown = None, err.message
         live = client.perform(live_fanout_plan([found]))  # R-FAN-26
     found, recorded = live.runs[0], live.recorded.get(found.run_id, "")

@@ -148,6 +148,11 @@ def test_r_cap_1_a_worker_forgotten_while_cut_off_stops_its_runs_when_the_partit
     wait_until(lambda: process_gone(child), what="its child to be gone")
     status = crew.client(w1).status()
     assert status.cluster is not None and status.cluster.state == "fenced", status.cluster
+    # `show` on the fenced worker shows the run and why (it used to fail on the home's ledgers).
+    code, out, err = crew.cli(w1, "show", run_id)
+    assert code == 0, err
+    assert "Spawn budget and active async capacity: unknown" in out, out
+    assert "stopped" in out and "forgotten by its home" in out, out
 
 
 def test_a_worker_fenced_by_a_newer_start_of_itself_stops_none_of_its_runs(crew: Fleet) -> None:
