@@ -3,8 +3,10 @@
 Owns, for the node's lifetime, the worker's link to its home (runtime/node/homelink.py: joined
 at start, a refusal being the start's failure, started once the node serves, stopped with it),
 the CURVE keys the worker's links to the home's owners offer, the link's latest state (read by
-the forwarder and the gateway's relay) and the route to each of the home's owners. On a node
-that joins no home it holds no link: the state stays `joined` and every route is the home's.
+the forwarder and the gateway's relay) and the route to each of the home's owners; told that the
+operator forgot this worker, the ask that its run supervisor stop the runs whose slots the home
+released (asked again until it is taken). On a node that joins no home it holds no link: the
+state stays `joined` and every route is the home's.
 It never forwards a request itself (runtime/node/forwarder.py, relay.py), never decides what
 the worker serves the home (runtime/node/homeasks.py) and never writes the address book.
 """
@@ -12,6 +14,7 @@ the worker serves the home (runtime/node/homeasks.py) and never writes the addre
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,9 @@ from subagents_node.node.homelink import HomeLink
 
 log = logging.getLogger(__name__)
 
+#: How long after a refused `runs.stop_released` it is asked again, and at most how often.
+STOP_RETRY_S = 0.5
+STOP_ATTEMPTS = 120
 #: The error a run of a forgotten worker ends `stopped` with (`runs.stop_released`).
 FORGOTTEN_STOP = (
     "Stopped: this worker was forgotten by its home {home} (`nodes forget`{why}) while it was "
@@ -52,6 +58,9 @@ class HomeJoin:
         #: timeout, or refusing this worker): what is in flight to it is answered then, not at
         #: its deadline.
         self._on_lost: list[Callable[[str], None]] = []
+        #: The next ask to stop a forgotten worker's runs, when the last was not taken.
+        self._retry: threading.Timer | None = None
+        self._stopping = False
 
     def join(self, state_dir: Path, home_key: str, name: str, client_key: str) -> None:
         """A worker's first step: join its home (a refusal is this start's failure)."""
@@ -81,6 +90,9 @@ class HomeJoin:
             self.link.start(zctx)
 
     def stop(self) -> None:
+        self._stopping = True
+        if self._retry is not None:
+            self._retry.cancel()
         if self.link is not None:
             self.link.stop()
 
@@ -111,19 +123,36 @@ class HomeJoin:
         every run that holds a slot, saying why. The worker stays fenced until it is started
         again with --join."""
         why = f": {forget_reason}" if forget_reason else ""
-        request = StopReleased(reason=FORGOTTEN_STOP.format(home=self.home, why=why))
+        self._stop_released(StopReleased(reason=FORGOTTEN_STOP.format(home=self.home, why=why)))
+
+    def _stop_released(self, request: StopReleased, attempt: int = 1) -> None:
+        """Ask the run supervisor to stop the runs (any thread); asked again while it does not
+        take it (it restarted with the request in flight: nothing else would ask again, and the
+        request is idempotent: a run stopping already is left as it is)."""
+        if self._stopping:
+            return
 
         def answered(outcome: Outcome) -> None:
             if isinstance(outcome, RunList):
                 ids = ", ".join(view.run_id for view in outcome.runs) or "none"
                 log.warning("forgotten by the home: stopped its slot-holding runs: %s", ids)
             else:
-                log.error("forgotten by the home: its runs were not stopped: %s", outcome)
+                self._stop_again(request, attempt, str(outcome))
 
         try:
             self._dispatcher.dispatch(request, "", answered)
-        except SubagentsError as exc:  # the node is stopping: its runs are adopted at a start
-            log.error("forgotten by the home: its runs were not stopped: %s", exc.message)
+        except SubagentsError as exc:
+            self._stop_again(request, attempt, exc.message)
+
+    def _stop_again(self, request: StopReleased, attempt: int, why: str) -> None:
+        if self._stopping or attempt >= STOP_ATTEMPTS:  # a start adopts them (and fails them)
+            log.error("forgotten by the home: its runs were not stopped: %s", why)
+            return
+        log.warning("forgotten by the home: its runs are not stopped yet (%s); asking again", why)
+        timer = threading.Timer(STOP_RETRY_S, self._stop_released, (request, attempt + 1))
+        timer.daemon = True
+        self._retry = timer
+        timer.start()
 
     def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
         """What this worker runs, for the home: every active run and their running children,

@@ -228,3 +228,45 @@ def test_a_worker_forgotten_while_cut_off_stops_its_runs_even_once_a_newer_start
     assert view.state == "stopped" and "forgotten by its home" in view.error, view
     wait_until(lambda: process_gone(child), what="its child to be gone")
     assert crew.nodes()["w1"].state == "up"  # the newer start is untouched
+
+
+def test_a_forgotten_workers_stop_survives_its_run_supervisor_dying_with_the_stop_in_flight(
+    crew: Fleet,
+) -> None:
+    """Used to: the worker asked its run supervisor once; a supervisor killed with that ask in
+    flight answered it with an error, and its runs (restarted, adopted) went on for good."""
+    session = f"fk-{uuid.uuid4().hex[:8]}"
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
+    assert code == 0, err
+    run_id = out.strip().splitlines()[0]
+    child = wait_until(
+        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
+        what="its child's pid",
+    )
+    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    supervisor = next(a.pid for a in crew.client(w1).status().actors if a.name == "supervisor")
+    assert supervisor is not None
+    stop_process(supervisor)
+    stop_process(w1.pid)
+    try:
+        wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
+        code, out, err = crew.cli(crew.home, "nodes", "forget", "w1", "--reason", "cut off")
+        assert code == 0 and f"released 1 slot: {run_id}" in out, (out, err)
+    finally:
+        os.kill(w1.pid, signal.SIGCONT)
+
+    def fenced() -> bool:
+        cluster = crew.client(w1).status().cluster
+        return cluster is not None and cluster.state == "fenced"
+
+    try:
+        wait_until(fenced, what="w1 told it was forgotten")  # its ask waits on the supervisor
+    finally:
+        os.kill(supervisor, signal.SIGKILL)  # dies with the ask in flight; it is restarted
+    view = wait_until(
+        lambda: (v := crew.client(w1).runs.show(run_id)).state != "running" and v,
+        what="the forgotten worker's run to end",
+    )
+    assert view.state == "stopped" and "forgotten by its home" in view.error, view
+    wait_until(lambda: process_gone(child), what="its child to be gone")
