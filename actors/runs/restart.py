@@ -220,6 +220,8 @@ def _adopt_stopping(db: sqlite3.Connection, live: LiveRun) -> None:
     live.stop_state = state  # a stop that came while it paused wins over the pause
     if state == "failed":
         live.error = live.error or str(data.get("reason") or "")
+    elif data.get("error"):  # a stop that says why (a forgotten worker's: runs.stop_released)
+        live.error = live.error or str(data["error"])
 
 
 def _discard(send: Callable[[], float | None]) -> None:

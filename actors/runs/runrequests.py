@@ -154,24 +154,31 @@ def stop_released(host: RequestHost, request: StopReleased) -> Message:
     for live in host.live_runs():
         if live.handle is None or live.stop_state is not None or live.settling:
             continue
-        stop_live(host, live, "stopped", request.reason)
-        live.error = live.error or request.reason  # a full disk's undo restores it (begun)
+        stop_live(host, live, "stopped", request.reason, keep_reason=True)
         stopped.append(live.run_id)
     views = runstore.readable_views(host.db, stopped, host.quarantine_unreadable)
     return RunList(runs=views, last_seq=runstore.last_event_seq(host.db))
 
 
-def stop_live(host: RequestHost, live: LiveRun, state: str, reason: str) -> None:
-    """Stop a live run's children and what it launched; it settles `state` once none runs.
+def stop_live(
+    host: RequestHost, live: LiveRun, state: str, reason: str, keep_reason: bool = False
+) -> None:
+    """Stop a live run's children and what it launched; it settles `state` once none runs,
+    with `reason` as its error if it fails (or `keep_reason`: a stop that must say why).
     Its children are signalled only once the stop has committed: a full disk that undoes it
     undoes it in memory too (`UnrecordedStops`), so `store_full` means nothing changed."""
     host.unrecorded_stops.begun(live)
     live.stop_state = state
-    live.error = live.error or (reason if state == "failed" else "")
+    kept = state == "failed" or keep_reason
+    live.error = live.error or (reason if kept else "")
     live.queue.clear()
-    # The state it is to end in goes with the reason: a node restarted during the stop's grace
-    # finishes the stop it finds here (runs/restart.py), instead of failing the run.
-    host.record_event(live.run_id, STOPPING, {"reason": reason, "state": state})
+    # The state it is to end in goes with the reason (and whether it is the run's error): a
+    # node restarted during the stop's grace finishes the stop it finds here (runs/restart.py),
+    # instead of failing the run or ending it without saying why.
+    data: dict[str, Any] = {"reason": reason, "state": state}
+    if keep_reason:
+        data["error"] = reason
+    host.record_event(live.run_id, STOPPING, data)
     for child_id in list(live.running):
         send = host.keeper.stop(host.db, child_id, "stopped", reason)
         if send is not None:  # signalled once the stop is durable, never before

@@ -30,7 +30,13 @@ from subagents_node.messages.capacity import Inspection
 from subagents_node.messages.errors import CapacityExhausted, RunNotResumable, SubagentsError
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.lineage import Resume
-from subagents_node.messages.supervisor import LaunchResult, RunView, TaskItem
+from subagents_node.messages.supervisor import (
+    LaunchResult,
+    RunList,
+    RunView,
+    StopReleased,
+    TaskItem,
+)
 from subagents_node.node.node import Node
 from tests.support.nodes import REPO, NodeProcess, new_state_dir
 from tests.support.run_fixtures import agents as agents
@@ -193,6 +199,31 @@ def test_a_stop_in_its_grace_when_the_node_dies_ends_the_run_stopped_after_resta
     with pytest.raises(RunNotResumable) as refused:
         client.ask(Resume(run_id=run.run_id, capacity_limit=0), LaunchResult)
     assert refused.value.details["reason"] == "stopped"
+
+
+def test_a_forgotten_workers_stop_in_its_grace_when_the_node_dies_still_says_why_after_restart(
+    start_node: Callable[..., NodeProcess], state_dir: Path, tmp_path: Path
+) -> None:
+    """`runs.stop_released` (a worker its home forgot stops the runs whose slots were
+    released) ends them `stopped` with its reason as their error. A node killed in the stop's
+    grace used to finish the stop after its restart without it: the run ended `stopped` with
+    no error, and nothing said why."""
+    stubborn = write_agent(
+        tmp_path / "agents", "stubborn", "ignores TERM", '["sh", "-c", "trap \'\' TERM; sleep 60"]'
+    )
+    first_node = start_node(state_dir=state_dir)
+    client = first_node.client()
+    ctx = launch_context(stubborn.parent, max_active_async_runs_per_session=1)  # a slot
+    run = client.runs.launch(ctx.single("stubborn", "x", True, None))
+    wait_view(client, run.run_id, lambda v: v.children[0].pid is not None)
+    why = "Stopped: this worker was forgotten by its home."
+    stopping = client.ask(StopReleased(reason=why), RunList)
+    assert [v.run_id for v in stopping.runs] == [run.run_id]
+    first_node.kill()  # well inside the stop's 2 s grace: the child still runs
+
+    client = start_node(state_dir=state_dir).client()
+    done = client.runs.wait(run.run_id, timeout=30)
+    assert (done.state, done.error) == ("stopped", why)
 
 
 def test_an_exit_record_whose_report_never_reached_the_store_settles_its_run_after_restart(
