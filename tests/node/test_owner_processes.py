@@ -315,12 +315,12 @@ def test_an_owner_reaped_by_the_embedding_program_is_not_said_to_have_exited_wit
     an owner's exit status before the node can: the node's log said "owner capacity (pid N)
     exited with status 0" of an owner killed with -9. It now says the status went elsewhere."""
     script = f"""
-import logging, os, signal, sys, tempfile
+import logging, os, signal, sys
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child at once
 logging.basicConfig(stream=sys.stdout, level=logging.ERROR, format="%(message)s")
 from subagents_node.node.node import Node
 from tests.support.runs import WAIT_S, wait_until
-with Node.embedded(state_dir=tempfile.mkdtemp(dir="/tmp", prefix="sa-reaped-")) as node:
+with Node.embedded() as node:  # its own temporary state dir, removed afterwards
     [capacity] = [a for a in node.owner_statuses() if a.name == "capacity"]
     os.kill(capacity.pid, signal.SIGKILL)
     restarted = lambda: [a.restarts for a in node.owner_statuses() if a.name == "capacity"]
