@@ -42,6 +42,21 @@ def _used(crew: Fleet, session: str, limit: int) -> int:
     return crew.client(crew.home).capacity.snapshot(session, limit).used
 
 
+def _running_on_w1(crew: Fleet, session: str) -> tuple[str, int]:
+    """A background run of one long child on w1 (the session's limit 1), with w1 up: the run's
+    id and its child's pid."""
+    w1 = crew.workers["w1"]
+    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
+    assert code == 0, err
+    run_id = out.strip().splitlines()[0]
+    child = wait_until(
+        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
+        what="its child's pid",
+    )
+    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    return run_id, child
+
+
 def test_r_cap_1_forgetting_a_worker_that_is_up_is_refused_and_keeps_its_running_childs_slot(
     crew: Fleet,
 ) -> None:
@@ -118,14 +133,7 @@ def test_r_cap_1_a_worker_forgotten_while_cut_off_stops_its_runs_when_the_partit
     admit a second run elsewhere, past its limit, until the worker was restarted."""
     session = f"fc-{uuid.uuid4().hex[:8]}"
     w1 = crew.workers["w1"]
-    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
-    assert code == 0, err
-    run_id = out.strip().splitlines()[0]
-    child = wait_until(
-        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
-        what="its child's pid",
-    )
-    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    run_id, child = _running_on_w1(crew, session)
     stop_process(w1.pid)  # cut off: its node beats no more; its run supervisor and child run on
     try:
         wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
@@ -201,14 +209,7 @@ def test_a_worker_forgotten_while_cut_off_stops_its_runs_even_once_a_newer_start
     the home's row now names the newer start (its refusal would otherwise read `superseded`)."""
     session = f"fn-{uuid.uuid4().hex[:8]}"
     w1 = crew.workers["w1"]
-    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
-    assert code == 0, err
-    run_id = out.strip().splitlines()[0]
-    child = wait_until(
-        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
-        what="its child's pid",
-    )
-    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    run_id, child = _running_on_w1(crew, session)
     stop_process(w1.pid)
     try:
         wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
@@ -237,14 +238,7 @@ def test_a_forgotten_workers_stop_survives_its_run_supervisor_dying_with_the_sto
     flight answered it with an error, and its runs (restarted, adopted) went on for good."""
     session = f"fk-{uuid.uuid4().hex[:8]}"
     w1 = crew.workers["w1"]
-    code, out, err = crew.run_background(w1, session, "seconds=120", limit=1)
-    assert code == 0, err
-    run_id = out.strip().splitlines()[0]
-    child = wait_until(
-        lambda: next((c.pid for c in crew.client(w1).runs.show(run_id).children if c.pid), None),
-        what="its child's pid",
-    )
-    wait_until(lambda: crew.nodes()["w1"].state == "up", what="w1 up")
+    run_id, child = _running_on_w1(crew, session)
     supervisor = next(a.pid for a in crew.client(w1).status().actors if a.name == "supervisor")
     assert supervisor is not None
     stop_process(supervisor)
