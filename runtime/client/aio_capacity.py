@@ -10,13 +10,12 @@ It must never build a request itself, nor import the node or the actors.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from subagents_node.client import capacity as cap
-from subagents_node.client.slotcalls import A, OnceCall
+from subagents_node.client.aio_slotcalls import performed_async
 from subagents_node.messages.capacity import (
     AcquireResult,
     CapacitySnapshot,
@@ -103,17 +102,6 @@ class AsyncCapacityHandle:
 
     def __repr__(self) -> str:
         return f"AsyncCapacityHandle({self.wire!r}, started={self.started})"
-
-
-async def performed_async(client: AsyncClient, call: OnceCall[A]) -> A:
-    """The asyncio client's call (client/slotcalls.py): its answer; cancelled (`wait_for` ran
-    out, the task was cancelled), what it took is given back first, shielded: cancelled again,
-    the give back goes on by itself."""
-    try:
-        return await client.perform(call.plan())
-    except asyncio.CancelledError:
-        await asyncio.shield(client.perform(call.give_back_plan()))
-        raise
 
 
 class AsyncCapacityAPI:

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from subagents_node.client import fanout as fan
-from subagents_node.client.aio_capacity import performed_async
+from subagents_node.client.aio_slotcalls import performed_async
 from subagents_node.client.fanout import DescriptorLike
 from subagents_node.messages.fanout import (
     BudgetReading,

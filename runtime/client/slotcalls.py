@@ -32,6 +32,7 @@ to the TTL. It does no I/O itself: the calls are plans (client/plans.py).
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any, Generic, Protocol, TypeVar
 
 from subagents_node.client.plans import Ask, Plan, build
@@ -69,7 +70,7 @@ def unknown_field(err: BadRequest, field: str) -> bool:
     return named and "Extra inputs" in err.message
 
 
-class OnceCall(Generic[A]):
+class OnceCall(ABC, Generic[A]):
     """One call: its request under its id, sent as `plan()` says; `give_back_plan()` (each
     kind's) undoes what it took when its caller cut it short."""
 
@@ -125,8 +126,9 @@ class OnceCall(Generic[A]):
             # Refused (nothing was taken), or no answer: the TTL frees what this could not.
             return
 
+    @abstractmethod
     def _undo(self, call_id: str) -> Plan[None]:
-        raise NotImplementedError
+        """The requests that undo what the call under `call_id` took (each kind's own)."""
 
 
 class SlotCall(OnceCall[AcquireResult]):
