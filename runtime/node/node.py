@@ -29,6 +29,7 @@ import time
 import uuid
 from contextlib import AbstractContextManager, suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -42,26 +43,25 @@ from subagents_node.messages.errors import BadAddress, NodeAlreadyRunning, NodeN
 from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.node import ActorStatus, ContainmentStatus, TcpListenerStatus
 from subagents_node.messages.statefiles import restrict_socket
-from subagents_node.node import embedding, noderequests, owners, ownerspecs, pidfile, roles
+from subagents_node.node import noderequests, owners, ownerspecs, pidfile, roles
 from subagents_node.node.addressbook import AddressBook
 from subagents_node.node.claim import StateDirClaim
 from subagents_node.node.containment import resolve_containment
 from subagents_node.node.curve import CurveGuard
 from subagents_node.node.dispatch import Dispatcher
-from subagents_node.node.forwarder import Forwarder
-from subagents_node.node.gateway import Gateway
-from subagents_node.node.home import HomeService
 from subagents_node.node.homejoin import HomeJoin
 from subagents_node.node.homelink import HomeLink
-from subagents_node.node.hostcalls import HostCalls
-from subagents_node.node.inprocess import InProcessTransport
 from subagents_node.node.optioncheck import check_options, check_transport
 from subagents_node.node.options import NodeOptions
 from subagents_node.node.ownerpeers import OwnerPeerTable
 from subagents_node.node.ownerproc import OwnerSpec, retire_v1_state
 from subagents_node.node.ownersup import OwnerSupervisor
-from subagents_node.node.relay import Relay
 from subagents_node.node.signalmask import threads_started_here_block_signals
+
+if TYPE_CHECKING:
+    from subagents_node.node.forwarder import Forwarder
+    from subagents_node.node.gateway import Gateway
+    from subagents_node.node.home import HomeService
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +198,8 @@ class Node:
         tcp = bool(self._owner_tcp) or any(e.startswith("tcp://") for e in endpoints)
         self._curve = CurveGuard(self.state_dir, listens_on_tcp=tcp, on_reread=self._reread_keys)
         if self.options.home:
+            from subagents_node.node.home import HomeService
+
             self._home = HomeService(
                 self.state_dir,
                 self.node_id,
@@ -223,6 +225,13 @@ class Node:
         # The run supervisor first: it recovers its runs before it is ready, the ledgers have
         # less to do.
         self._owners.start(self._zctx, first=owners.RUNS)
+        # The node's own serving code loads once its owners are forked: none of them runs it,
+        # and each would hold it in its resident size (runtime/node/ownersup.py forks them).
+        from subagents_node.node.forwarder import Forwarder
+        from subagents_node.node.gateway import Gateway
+        from subagents_node.node.hostcalls import HostCalls
+        from subagents_node.node.relay import Relay
+
         self._forwarder = Forwarder(
             self._zctx,
             self.node_id,
@@ -384,6 +393,8 @@ class Node:
         tcp = self._curve is not None and self.address.startswith("tcp://")
         own = self._curve.own_credentials() if tcp and self._curve is not None else None
         if check_transport(transport) == "inproc":
+            from subagents_node.node.inprocess import InProcessTransport
+
             client = Client(InProcessTransport(self.dispatcher, self.address, own), timeout)
         else:
             client = Client(ZmqTransport(self.address, credentials=own), timeout)
@@ -399,6 +410,8 @@ class Node:
         Without `state_dir`, state lives in a fresh temporary directory removed afterwards,
         once every run still going in it was stopped (runtime/node/embedding.py).
         """
+        from subagents_node.node import embedding  # shutil, tempfile: never in an owner
+
         return embedding.Embedding(cls, NodeOptions, state_dir, options)
 
     # -- the node's own protocol (runtime/node/noderequests.py) --------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from subagents_node.actors.outcomes import ReplyFn
 from subagents_node.actors.owner import Outcome
@@ -35,11 +35,14 @@ from subagents_node.messages.node import (
     Shutdown,
     TcpListenerStatus,
 )
-from subagents_node.node.curve import CurveGuard
-from subagents_node.node.gateway import Gateway
-from subagents_node.node.home import HomeService
-from subagents_node.node.homelink import HomeLink
-from subagents_node.node.ownersup import OwnerSupervisor
+
+if TYPE_CHECKING:  # types only: the node imports this module before it forks its owners, and
+    # its gateway and home service load after (runtime/node/node.py)
+    from subagents_node.node.curve import CurveGuard
+    from subagents_node.node.gateway import Gateway
+    from subagents_node.node.home import HomeService
+    from subagents_node.node.homelink import HomeLink
+    from subagents_node.node.ownersup import OwnerSupervisor
 
 
 class NodeHost(Protocol):

@@ -13,6 +13,8 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,14 +127,38 @@ def test_design_3_every_socket_in_the_state_dir_is_0600_a_restarted_owners_too(
 def test_the_owners_inherit_no_library_only_the_node_or_other_processes_use() -> None:
     """Each owner is forked after the node's imports and holds every page of them in its own
     resident size, so a library no owner uses (psutil: the node's pid file and `stop`;
-    asyncio and ssl: the async client) must load after the first forks, or not at all. Its
-    C extension mapped in an owner says it was loaded before. (A restarted owner is forked
-    later and may inherit psutil: a fresh node's owners are checked.)"""
+    asyncio and ssl: the async client; bz2 and lzma, which shutil loads: an embedded node's
+    temporary state dir, and the run supervisor's own removal of run directories) must load
+    after the first forks, or not at all. Its C extension mapped in an owner says it was
+    loaded before. (A restarted owner is forked later and may inherit psutil: a fresh node's
+    owners are checked.)"""
+    libs = ("_psutil_linux", "_asyncio", "_ssl")
     with running_node() as fresh:
         for name, pid in owner_pids(fresh).items():
             maps = Path(f"/proc/{pid}/maps").read_text()
-            loaded = [lib for lib in ("_psutil_linux", "_asyncio", "_ssl") if lib in maps]
+            theirs = () if name == "supervisor" else ("_bz2", "_lzma")
+            loaded = [lib for lib in (*libs, *theirs) if lib in maps]
             assert loaded == [], f"the {name} owner holds {loaded}"
+
+
+def test_the_nodes_serving_code_loads_after_its_owners_are_forked() -> None:
+    """What `start` has imported when the node forks its owners is in each owner's resident
+    size: the gateway, the forwarder, the relay, the host calls, a home's service and the
+    embedding load once the owners are forked (runtime/node/node.py), never before."""
+    probe = (
+        "import sys, subagents_node.cli.serve, subagents_node.node.node, "
+        "subagents_node.node.ownersup, subagents_node.node.noderequests; "
+        "print(' '.join(sorted(m for m in sys.modules if m in set(sys.argv[1:]))))"
+    )
+    later = [
+        f"subagents_node.node.{name}"
+        for name in ("gateway", "forwarder", "relay", "hostcalls", "home", "embedding")
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *later], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == []
 
 
 def test_the_node_writes_psutils_create_time_in_its_pid_file_without_loading_psutil() -> None:
