@@ -57,6 +57,16 @@ def _running_on_w1(crew: Fleet, session: str) -> tuple[str, int]:
     return run_id, child
 
 
+def _a_newer_start_of_w1_joins(crew: Fleet) -> None:
+    """Another start of w1 (the same key, another state dir) joins in its place; returns once
+    the home has it `up`."""
+    again = new_state_dir()
+    shutil.copytree(keys_dir(crew.workers["w1"].state_dir), keys_dir(again), dirs_exist_ok=True)
+    newer = crew.workers["w1-newer"] = NodeProcess(again, crew.worker_args("w1"))
+    newer.start()
+    wait_until(lambda: crew.nodes()["w1"].state == "up", what="the newer w1 up")
+
+
 def test_r_cap_1_forgetting_a_worker_that_is_up_is_refused_and_keeps_its_running_childs_slot(
     crew: Fleet,
 ) -> None:
@@ -176,12 +186,7 @@ def test_a_worker_fenced_by_a_newer_start_of_itself_stops_none_of_its_runs(crew:
     stop_process(w1.pid)
     try:
         wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
-        # Another start of w1 (the same key, another state dir) joins in its place.
-        again = new_state_dir()
-        shutil.copytree(keys_dir(w1.state_dir), keys_dir(again), dirs_exist_ok=True)
-        newer = crew.workers["w1-newer"] = NodeProcess(again, crew.worker_args("w1"))
-        newer.start()
-        wait_until(lambda: crew.nodes()["w1"].state == "up", what="the newer w1 up")
+        _a_newer_start_of_w1_joins(crew)
     finally:
         os.kill(w1.pid, signal.SIGCONT)
 
@@ -215,11 +220,7 @@ def test_a_worker_forgotten_while_cut_off_stops_its_runs_even_once_a_newer_start
         wait_until(lambda: crew.nodes()["w1"].state == "unreachable", what="w1 silent")
         code, out, err = crew.cli(crew.home, "nodes", "forget", "w1", "--reason", "cut off")
         assert code == 0 and f"released 1 slot: {run_id}" in out, (out, err)
-        again = new_state_dir()
-        shutil.copytree(keys_dir(w1.state_dir), keys_dir(again), dirs_exist_ok=True)
-        newer = crew.workers["w1-newer"] = NodeProcess(again, crew.worker_args("w1"))
-        newer.start()
-        wait_until(lambda: crew.nodes()["w1"].state == "up", what="the newer w1 up")
+        _a_newer_start_of_w1_joins(crew)
     finally:
         os.kill(w1.pid, signal.SIGCONT)
     view = wait_until(
