@@ -5,10 +5,12 @@ at start, a refusal being the start's failure, started once the node serves, sto
 the CURVE keys the worker's links to the home's owners offer, the link's latest state (read by
 the forwarder and the gateway's relay) and the route to each of the home's owners; told that the
 operator forgot this worker, the ask that its run supervisor stop the runs whose slots the home
-released (asked again until it is taken). On a node that joins no home it holds no link: the
-state stays `joined` and every route is the home's.
+released, pending until the supervisor answers it (sent when it is ready, and again each time it
+becomes ready: no timer). On a node that joins no home it holds no link: the state stays
+`joined` and every route is the home's.
 It never forwards a request itself (runtime/node/forwarder.py, relay.py), never decides what
-the worker serves the home (runtime/node/homeasks.py) and never writes the address book.
+the worker serves the home (runtime/node/homeasks.py), never writes the address book, and never
+asks the run supervisor for a stop once the node stops.
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ from subagents_node.node.homelink import HomeLink
 
 log = logging.getLogger(__name__)
 
-#: How long after a refused `runs.stop_released` it is asked again, and at most how often.
-STOP_RETRY_S = 0.5
-STOP_ATTEMPTS = 120
 #: The error a run of a forgotten worker ends `stopped` with (`runs.stop_released`).
 FORGOTTEN_STOP = (
     "Stopped: this worker was forgotten by its home {home} (`nodes forget`{why}) while it was "
@@ -58,8 +57,15 @@ class HomeJoin:
         #: timeout, or refusing this worker): what is in flight to it is answered then, not at
         #: its deadline.
         self._on_lost: list[Callable[[str], None]] = []
-        #: The next ask to stop a forgotten worker's runs, when the last was not taken.
-        self._retry: threading.Timer | None = None
+        #: A forgotten worker's stop (`runs.stop_released`) until its run supervisor answers
+        #: it with its RunList; whether it is in flight, whether that supervisor is ready now,
+        #: and how often it became ready (an answer tells whether it did while in flight).
+        #: Written from the link's, the owners' and the forwarder's threads: under the lock.
+        self._lock = threading.Lock()
+        self._pending: StopReleased | None = None
+        self._in_flight = False
+        self._ready = False
+        self._readied = 0
         self._stopping = False
 
     def join(self, state_dir: Path, home_key: str, name: str, client_key: str) -> None:
@@ -90,9 +96,8 @@ class HomeJoin:
             self.link.start(zctx)
 
     def stop(self) -> None:
-        self._stopping = True
-        if self._retry is not None:
-            self._retry.cancel()
+        with self._lock:
+            self._stopping = True  # no stop is asked of the run supervisor from now on
         if self.link is not None:
             self.link.stop()
 
@@ -116,6 +121,18 @@ class HomeJoin:
         for lost in self._on_lost:
             lost(why)
 
+    def runs_ready(self, ready: bool) -> None:
+        """The node's word (from the thread that supervises the owners, at each change, and
+        the node's own once it serves) on whether its run supervisor is ready (`running`).
+        Becoming ready is the event that sends a forgotten worker's pending stop again."""
+        with self._lock:
+            became = ready and not self._ready
+            self._ready = ready
+            if became:
+                self._readied += 1
+        if became:
+            self._send_stop()
+
     def _forgotten(self, forget_reason: str) -> None:
         """The home link's thread: the operator forgot this worker while it was cut off, and
         the home released the slots of its runs (R-CAP-1: the home's ledger is the truth).
@@ -123,36 +140,47 @@ class HomeJoin:
         every run that holds a slot, saying why. The worker stays fenced until it is started
         again with --join."""
         why = f": {forget_reason}" if forget_reason else ""
-        self._stop_released(StopReleased(reason=FORGOTTEN_STOP.format(home=self.home, why=why)))
+        with self._lock:
+            self._pending = StopReleased(reason=FORGOTTEN_STOP.format(home=self.home, why=why))
+        self._send_stop()
 
-    def _stop_released(self, request: StopReleased, attempt: int = 1) -> None:
-        """Ask the run supervisor to stop the runs (any thread); asked again while it does not
-        take it (it restarted with the request in flight: nothing else would ask again, and the
-        request is idempotent: a run stopping already is left as it is)."""
-        if self._stopping:
-            return
+    def _send_stop(self) -> None:
+        """Ask the run supervisor to stop the runs (any thread), if a stop is pending, none is
+        in flight, the supervisor is ready and the node is not stopping. Asked again only on
+        an event: the supervisor becoming ready (`runs_ready`), or an answer that is not its
+        RunList when it became ready meanwhile. A supervisor that restarted with the ask in
+        flight, or that was not ready, is asked once it is; the ask is idempotent (a run
+        stopping already is left as it is)."""
+        with self._lock:
+            request = self._pending
+            if self._stopping or request is None or self._in_flight or not self._ready:
+                return
+            self._in_flight = True
+            sent_at = self._readied
 
         def answered(outcome: Outcome) -> None:
+            with self._lock:
+                self._in_flight = False
+                if isinstance(outcome, RunList):
+                    self._pending = None
+                again = self._readied != sent_at  # it became ready since: that event passed
             if isinstance(outcome, RunList):
                 ids = ", ".join(view.run_id for view in outcome.runs) or "none"
                 log.warning("forgotten by the home: stopped its slot-holding runs: %s", ids)
-            else:
-                self._stop_again(request, attempt, str(outcome))
+                return
+            log.warning(
+                "forgotten by the home: its runs are not stopped yet (%s); asked again once "
+                "its run supervisor is ready",
+                outcome,
+            )
+            if again:
+                self._send_stop()
 
+        log.info("forgotten by the home: asking its run supervisor to stop its slot-holding runs")
         try:
             self._dispatcher.dispatch(request, "", answered)
         except SubagentsError as exc:
-            self._stop_again(request, attempt, exc.message)
-
-    def _stop_again(self, request: StopReleased, attempt: int, why: str) -> None:
-        if self._stopping or attempt >= STOP_ATTEMPTS:  # a start adopts them (and fails them)
-            log.error("forgotten by the home: its runs were not stopped: %s", why)
-            return
-        log.warning("forgotten by the home: its runs are not stopped yet (%s); asking again", why)
-        timer = threading.Timer(STOP_RETRY_S, self._stop_released, (request, attempt + 1))
-        timer.daemon = True
-        self._retry = timer
-        timer.start()
+            answered(exc)
 
     def _worker_counts(self, done: Callable[[tuple[int, int]], None]) -> None:
         """What this worker runs, for the home: every active run and their running children,

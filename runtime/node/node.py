@@ -302,8 +302,9 @@ class Node:
                 links.owner_ended(endpoint)
 
     def _owners_changed(self) -> None:
-        """An owner started, restarted or failed: rewrite the address book; when no owner at
-        all can serve any more, the node stops (non-zero) so a service manager restarts it."""
+        """An owner started, restarted or failed: rewrite the address book, and tell the home
+        join whether the run supervisor is ready; when no owner at all can serve any more, the
+        node stops (non-zero) so a service manager restarts it."""
         if self._owners is None:
             return
         if self._owners.all_failed() and not self._stop_requested.is_set():
@@ -311,6 +312,9 @@ class Node:
         if not self.started_at or self._book is None:
             return
         owners_book = self._owners.book()
+        # A forgotten worker's pending stop of its runs is sent (again) when its run
+        # supervisor becomes ready (runtime/node/homejoin.py): this is that event.
+        self._join.runs_ready(owners_book.get(owners.RUNS, {}).get("state") == "running")
         home: dict[str, object] | None = None
         if self._home is not None and self._curve is not None:
             # What a worker needs: where the home's owners answer over tcp, and its key.

@@ -236,7 +236,10 @@ def test_a_forgotten_workers_stop_survives_its_run_supervisor_dying_with_the_sto
     crew: Fleet,
 ) -> None:
     """Used to: the worker asked its run supervisor once; a supervisor killed with that ask in
-    flight answered it with an error, and its runs (restarted, adopted) went on for good."""
+    flight answered it with an error, and its runs (restarted, adopted) went on for good. Then
+    it was asked again every 0.5 s, at most 120 times (a blind poll that gave up after 60 s).
+    Now the pending stop is sent again when the restarted supervisor is ready (the node's
+    owner supervision says so), and only then: twice in all, the second after the restart."""
     session = f"fk-{uuid.uuid4().hex[:8]}"
     w1 = crew.workers["w1"]
     run_id, child = _running_on_w1(crew, session)
@@ -265,3 +268,9 @@ def test_a_forgotten_workers_stop_survives_its_run_supervisor_dying_with_the_sto
     )
     assert view.state == "stopped" and "forgotten by its home" in view.error, view
     wait_until(lambda: process_gone(child), what="its child to be gone")
+    log = w1.log()
+    asked = "forgotten by the home: asking its run supervisor to stop its slot-holding runs"
+    killed = f"owner supervisor (pid {supervisor}) was killed by SIGKILL; restarting it"
+    assert log.count(asked) == 2, log  # before the kill, and once it was ready again: no poll
+    assert log.index(killed) < log.rindex(asked), log
+    assert "asked again once its run supervisor is ready" in log, log
