@@ -25,7 +25,7 @@ from subagents_node.actors.context import Cancel
 from subagents_node.actors.inbox import Tick
 from subagents_node.actors.runs import checkpoints, pauses, runplan, runstore
 from subagents_node.actors.runs.liverun import LiveRun
-from subagents_node.actors.runs.ticks import KillEscaped
+from subagents_node.actors.runs.ticks import KillEscaped, StopReleasedAgain
 from subagents_node.messages.base import Message
 from subagents_node.messages.errors import (
     IntercomOff,
@@ -149,11 +149,15 @@ def stop_released(host: RequestHost, request: StopReleased) -> Message:
     """Stop every live run that holds a capacity slot (and what it launched, R-WF-10): its home
     forgot this worker while it was cut off and released those slots, so their children would
     run past their sessions' limits (R-CAP-1). Each ends `stopped` with the reason as its error,
-    so `runs show` says why; a run stopping already, or settling, is left to end as it does."""
+    so `runs show` says why; a run stopping already, or settling, is left to end as it does.
+    A full disk that undoes it is no reason for the runs to go on: the supervisor does it again
+    itself once there may be room (`UnrecordedStops.undo`, RunSupervisor.group_undone)."""
     stopped: list[str] = []
     for live in host.live_runs():
         if live.handle is None or live.stop_state is not None or live.settling:
             continue
+        if not stopped:
+            host.unrecorded_stops.released(request.reason)
         stop_live(host, live, "stopped", request.reason, keep_reason=True)
         stopped.append(live.run_id)
     views = runstore.readable_views(host.db, stopped, host.quarantine_unreadable)
@@ -220,26 +224,54 @@ def _signal(host: RequestHost, child_id: str, send: Callable[[], float | None]) 
 class UnrecordedStops:
     """The stops begun in the open group, until it commits. Their signals wait for that commit
     (after-commit effects); a full disk that undoes the group drops those signals and, here,
-    what the stops had changed in memory, so a stop asked again later is a stop again."""
+    what the stops had changed in memory, so a stop asked again later is a stop again. A
+    forgotten worker's stop (`runs.stop_released`) that it undid is done again by the
+    supervisor itself (`undo` returns the tick for it): nobody else would ask it again."""
 
     def __init__(self, after_commit: Callable[[Callable[[], None]], None]) -> None:
         self._after_commit = after_commit
         self._begun: list[tuple[LiveRun, str | None, str, list[runplan.ChildPlan]]] = []
+        #: The reason of the `runs.stop_released` begun in the open group ("": none), and the
+        #: serial of the latest StopReleasedAgain (an older one does nothing).
+        self._released = ""
+        self._serial = 0
+
+    def _first_of_group(self) -> None:
+        if not self._begun and not self._released:
+            self._after_commit(self._committed)
+
+    def _committed(self) -> None:
+        self._begun.clear()
+        self._released = ""
 
     def begun(self, live: LiveRun) -> None:
         if any(known is live for known, *_ in self._begun):
             return  # the first snapshot of the group is the one to go back to
-        if not self._begun:
-            self._after_commit(self._begun.clear)
+        self._first_of_group()
         self._begun.append((live, live.stop_state, live.error, list(live.queue)))
 
-    def undo(self) -> None:
-        """The group was undone: the runs are as the store still says, not stopping."""
+    def released(self, reason: str) -> None:
+        """A forgotten worker's stop, with `reason`, is begun in the open group."""
+        self._first_of_group()
+        self._released = reason
+
+    def undo(self) -> StopReleasedAgain | None:
+        """The group was undone: the runs are as the store still says, not stopping. Returns
+        the tick that does an undone `runs.stop_released` again (None: none was undone)."""
         begun, self._begun = self._begun, []
+        released, self._released = self._released, ""
         for live, stop_state, error, queue in reversed(begun):
             live.stop_state, live.error = stop_state, error
             live.queue.clear()
             live.queue.extend(queue)
+        if not released:
+            return None
+        self._serial += 1
+        return StopReleasedAgain(released, self._serial)
+
+    def latest(self, again: StopReleasedAgain) -> bool:
+        """Whether `again` is the latest: an older one was superseded by a later undo."""
+        return again.serial == self._serial
 
 
 #: The most intercom messages one run keeps (each at most 4,000 characters): a flood of them

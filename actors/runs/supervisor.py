@@ -76,6 +76,7 @@ from subagents_node.actors.runs.ticks import (
     Settle,
     ShimGone,
     ShimNotLaunched,
+    StopReleasedAgain,
     Superseded,
     TakeUp,
 )
@@ -323,8 +324,10 @@ class RunSupervisor(OwnerActor):
         (their slot is rolled back, their caller told `store_full`), runs whose settlement was
         undone settle again, and children whose start was undone start again (a chain's next
         step). Stops it undid signalled nobody: the runs are not stopping. In a tick of its own:
-        its writes need a group of their own."""
-        self.unrecorded_stops.undo()
+        its writes need a group of their own; so is an undone `runs.stop_released`, done again."""
+        again = self.unrecorded_stops.undo()
+        if again is not None:  # its node asks again only at a restart: done here once there's room
+            self.after(STORE_FULL_RETRY_S, again)
         self._retention.undone()  # prunes: their directories went, their records stay
         keys = tuple(self._pipelines.dropped())
         settling = tuple(r for r, live in self._live.items() if live.settling or live.unstarted)
@@ -418,6 +421,8 @@ class RunSupervisor(OwnerActor):
                         children.take_up(self, live)
             case Superseded(run_id=run_id):
                 self._launches.stop_superseded(run_id)
+            case StopReleasedAgain(reason=reason) if self.unrecorded_stops.latest(tick):
+                runrequests.stop_released(self, StopReleased(reason=reason))
             case RunDeadline(run_id=run_id):
                 live = self._live.get(run_id)
                 if live is None:  # a paused run that holds no process (pauses.expire_parked)

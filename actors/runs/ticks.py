@@ -170,6 +170,20 @@ class OutboxRetry(Tick):
         init_fields(self, target=target)
 
 
+class StopReleasedAgain(Tick):
+    """A full disk undid a forgotten worker's stop (`runs.stop_released`, with `reason`): the
+    supervisor does it again itself, since its node asks it again only when the supervisor
+    becomes ready (a restart), and a full disk is none. Only the latest (`serial`) acts: one
+    the owner runs again after its own full-disk failure is stale by then."""
+
+    __slots__ = ("reason", "serial")
+    reason: str
+    serial: int
+
+    def __init__(self, reason: str, serial: int) -> None:
+        init_fields(self, reason=reason, serial=serial)
+
+
 class TakeUp(Tick):
     """A full disk undid a group (OwnerActor.group_undone): the launches in `keys` waited for
     an after-commit send that was dropped, and the runs in `run_ids` had their settlement
