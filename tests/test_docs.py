@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -599,3 +599,161 @@ def test_async_client_has_the_sync_clients_methods_with_the_same_parameters() ->
             if shape != other:
                 wrong.append(f"{async_name}.{name}: {other} != {sync_name}'s {shape}")
     assert not wrong, wrong
+
+
+# -- the README quotes bench/results.md: its ranges hold the latest figures --------------------
+
+
+def _bench_row(section: str, *first: str) -> list[str]:
+    """The cells of the first table row of bench/results.md's `section` (its `<!-- bench:NAME
+    -->` part) whose leading cells are `first`."""
+    text = (REPO / "bench" / "results.md").read_text(encoding="utf-8")
+    part = text.split(f"<!-- bench:{section} -->", 1)[1].split("<!-- bench:", 1)[0]
+    for line in part.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if line.startswith("|") and cells[: len(first)] == list(first):
+            return cells
+    raise AssertionError(f"bench/results.md {section}: no row {first}")
+
+
+def _figure(cell: str) -> float:
+    """`1,304.9`, `1.81x`, `0.58 s`, `0.14 / 0.21 ms` (the last figure) as a number."""
+    return float(re.findall(r"[\d,]*\.?\d+", cell)[-1].replace(",", ""))
+
+
+def _claims(paths: str, column: int) -> list[float]:
+    return [_figure(_bench_row("claims", "ours", paths, "8")[column])]
+
+
+#: a README phrase (a regex whose two groups are a range's ends) and the latest figures of
+#: bench/results.md that range quotes
+README_FIGURES: list[tuple[str, Callable[[], list[float]]]] = [
+    (
+        r"file-lock design grows ~([\d.]+)-([\d.]+)x",
+        lambda: [_figure(_bench_row("claims", "10,000 ÷ 0")[3])],
+    ),
+    (r"single-path claims run at ([\d.]+)-([\d.]+)x", lambda: _claims("1", 11)),
+    (r"4-path batches at ([\d.]+)-([\d.]+)x", lambda: _claims("4", 11)),
+    (r"reaches only ([\d.]+)-([\d.]+)x of a bare pyzmq echo", lambda: _claims("1", 10)),
+    (r"with a p99 ([\d.]+)-([\d.]+)x the echo's", lambda: _claims("1", 12) + _claims("4", 12)),
+    (r"([\d.]+)-([\d.]+) µs of owner CPU", lambda: _claims("1", 13)),
+    (r"([\d.]+)-([\d.]+) µs in the client", lambda: _claims("1", 14)),
+    (
+        r"the echo costs ([\d.]+)-([\d.]+) µs in all",
+        lambda: [sum(_figure(c) for c in _bench_row("claims", "floor", "-", "8")[13:15])],
+    ),
+    (
+        r"Acquire \+ rollback\s+cycles run at ([\d.]+)-([\d.]+)x",
+        lambda: [
+            _figure(_bench_row("claims", s, "ours")[-1])
+            for s in ("one shared session, limit 64", "a session per client")
+        ],
+    ),
+    (
+        r"first claim in ([\d.]+)-([\d.]+) ms on a\s+quiet machine",
+        lambda: [
+            _figure(_bench_row("claims", f"`{cmd}`, {cache}")[1])
+            for cmd in ("start", "start --detach")
+            for cache in ("bytecode cached", "no bytecode cache")
+        ],
+    ),
+    (
+        r"hold ([\d.]+)-([\d.]+) MiB of RSS summed",
+        lambda: [_figure(_bench_row("claims", "sum")[1])],
+    ),
+    (r"([\d.]+)-([\d.]+) MiB PSS\)", lambda: [_figure(_bench_row("claims", "sum")[2])]),
+    (
+        r"1,000 sleepers settle in ([\d.]+)-([\d.]+)x",
+        lambda: [_figure(_bench_row("scale", "launch to all settled")[3])],
+    ),
+    (
+        r"`ping`\s+p99 of ([\d.]+)-([\d.]+) ms",
+        lambda: [_figure(_bench_row("scale", "ping p50 / p99 (200 while they run)")[1])],
+    ),
+    (
+        r"200 `/bin/true` take ([\d.]+)-([\d.]+)x",
+        lambda: [
+            _figure(_bench_row("scale", "200 /bin/true launched and settled (median of 3)")[3])
+        ],
+    ),
+    (
+        r"([\d.]+)-([\d.]+) ms of machine CPU per child",
+        lambda: [
+            _figure(
+                _bench_row(
+                    "scale", "/bin/true: machine CPU per child (every process and the kernel)"
+                )[1]
+            )
+        ],
+    ),
+    (
+        r"per child against ([\d.]+)-([\d.]+) ms",
+        lambda: [
+            _figure(
+                _bench_row(
+                    "scale", "/bin/true: machine CPU per child (every process and the kernel)"
+                )[2]
+            )
+        ],
+    ),
+    (
+        r"the shim template take ([\d.]+)-([\d.]+) ms",
+        lambda: [_figure(_bench_row("scale", "node + template CPU per child")[1])],
+    ),
+    (
+        r"back in ([\d.]+)-([\d.]+) s",
+        lambda: [
+            _figure(_bench_row("adoption", how)[1])
+            for how in (
+                "`stop`, then `start --detach`",
+                "kill -9 of the node, then `start --detach`",
+            )
+        ],
+    ),
+    (
+        r"s, ([\d.]+)-([\d.]+)x its start with nothing to\s+adopt",
+        lambda: [
+            _figure(_bench_row("adoption", how)[3])
+            for how in (
+                "`stop`, then `start --detach`",
+                "kill -9 of the node, then `start --detach`",
+            )
+        ],
+    ),
+    (
+        r"bare `Popen` loop's\s+time \(([\d.]+)-([\d.]+)x\)",
+        lambda: [_figure(_bench_row("multihost", "launch to all started")[3])],
+    ),
+    (r"has ([\d.]+)-([\d.]+)x the p50", lambda: [_figure(_bench_row("multihost", "p50 (µs)")[3])]),
+    (
+        r"costs the\s+home ([\d.]+)-([\d.]+)x its CPU",
+        lambda: [_figure(_bench_row("multihost", "home CPU per admission (µs)")[3])],
+    ),
+]
+
+
+def _holds(low: str, high: str, figure: float) -> bool:
+    """`figure` rounds into `low`-`high` at the precision the README writes them with."""
+    below, above = (10.0 ** -len(end.partition(".")[2]) / 2 for end in (low, high))
+    return float(low) - below <= figure <= float(high) + above
+
+
+def test_the_readmes_benchmark_ranges_hold_bench_results_latest_figures() -> None:
+    """The README quotes bench/results.md as ranges over several runs; a range the latest
+    results fall outside is false (it said the file-lock ledger grows ~60-100x from 0 to 10,000
+    prior claims when results.md had 134x; adoption 1.6-1.7x for 1.7x and 1.8x; a `ping` p99
+    of 0.3-5 ms for 0.21 ms; 54-56 MiB PSS for 56.8)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    wrong = []
+    for phrase, latest in README_FIGURES:
+        found = re.search(phrase, readme)
+        if found is None:
+            wrong.append(f"the README lost the phrase {phrase!r} (update README_FIGURES)")
+            continue
+        low, high = found.groups()
+        wrong += [
+            f"README {found.group(0)!r} does not hold bench/results.md's {figure}"
+            for figure in latest()
+            if not _holds(low, high, figure)
+        ]
+    assert not wrong, "\n".join(wrong)
