@@ -18,7 +18,6 @@ from subagents_node.client.listing import MAX_LISTED, every_run_plan
 from subagents_node.launch.config import current_depth, load_config
 from subagents_node.messages.capacity import Inspection
 from subagents_node.messages.errors import RunNotFound
-from subagents_node.messages.members import HOME_NAME
 from subagents_node.messages.supervisor import RunView
 
 if TYPE_CHECKING:
@@ -108,7 +107,9 @@ def capacity(obj: Ctx, session: str | None, limit: int | None, as_json: bool) ->
     for run, inspection in holders:
         lines.append(f"  {run.run_id} {run.state:<8} {_held(inspection)}")
     for owner, inspection in elsewhere:
-        lines.append(f"  {owner.run_id} on {owner.host or HOME_NAME} {_held(inspection)}")
+        # a worker's slot names its host; "on home" would say a fleet where there may be none
+        where = f" on {owner.host}" if owner.host else ""
+        lines.append(f"  {owner.run_id}{where} {_held(inspection)}")
     if cut:
         lines.append(f"  (only the newest {MAX_LISTED} active runs were listed)")
     if pool.cut:

@@ -170,3 +170,20 @@ def test_r_sts_1_a_pool_that_cannot_be_read_keeps_the_recorded_figure_marked_and
         [row] = [line for line in frame if run.run_id in line]
         assert f"1/3 ({RECORDED})" in row, row
     assert f"capacity ({RECORDED}): not read live: {why}" in frame
+
+
+def test_capacity_names_a_slot_no_run_of_this_node_holds_without_a_host_on_a_plain_node(
+    client: Client, cli: Cli
+) -> None:
+    """A slot held outside this node's runs (a program's acquire through the API) used to be
+    listed `RUN on home slot 0 ...` on a node that is no home: a multi-host word on a node
+    with no workers. Only a worker's slot names its host ("on w1")."""
+    handle = client.capacity.acquire("api-held", 2, "api-run", ttl_s=600)
+    assert handle is not None
+    try:
+        done = cli("capacity", "--session", "api-held", "--limit", "2")
+        assert done.exit_code == 0, done.output
+        [line] = [row for row in done.stdout.splitlines() if "api-run" in row]
+        assert line.split()[:3] == ["api-run", "slot", "0,"], line
+    finally:
+        handle.rollback()
