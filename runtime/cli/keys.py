@@ -149,8 +149,14 @@ def allow(obj: Ctx, public_key: str, name: str) -> None:
     A z85 key may start with '-': in scripts, put it after '--' (keys allow --name NAME -- KEY).
     """
     request = KeysAllow(name=check_name(name), public_key=check_public_key(public_key))
-    _change(ensure_state_dir(obj.state_dir), request)
-    say(f"allowed {name}")
+    state_dir = ensure_state_dir(obj.state_dir)
+    # A key has one name: allowed under another, it moves here. Say so, or the old name
+    # (a worker's, `local`) is gone from the list with nothing said.
+    before = _change(state_dir, KeysList()).clients
+    _change(state_dir, request)
+    moved = sorted(n for n, k in before.items() if k == request.public_key and n != request.name)
+    renamed = f" (no longer as {', '.join(moved)}: a key has one name)" if moved else ""
+    say(f"allowed {name}{renamed}")
 
 
 @keys_group.command()

@@ -133,3 +133,24 @@ def test_keys_show_creates_no_state_dir_and_changes_no_mode(state_dir: Path) -> 
     assert done.returncode == 1 and "writable by group or others" in done.stderr, done.stderr
     assert state_dir.stat().st_mode & 0o777 == 0o777
     state_dir.chmod(0o700)
+
+
+def test_keys_allow_of_a_key_allowed_under_another_name_says_the_old_name_is_gone(
+    state_dir: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    """A key has one name: allowed again as NAME, it leaves its old name. The command used to
+    print only `allowed NAME`, so an operator who allowed `local`'s key for a CI job (or a
+    worker's under a second name) lost the old entry with nothing said. With a node serving
+    the state dir and without one alike."""
+    assert _generate(state_dir)[0] == 0
+    key = Keypair.generate().public
+    assert run_cli("keys", "allow", "--name", "a", "--", key, state_dir=state_dir).returncode == 0
+    moved = run_cli("keys", "allow", "--name", "b", "--", key, state_dir=state_dir)
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.strip() == "allowed b (no longer as a: a key has one name)"
+    assert "a" not in read_allowed(keys_dir(state_dir) / ALLOWED)
+    start_node(state_dir=state_dir)
+    again = run_cli("keys", "allow", "--name", "c", "--", key, state_dir=state_dir)
+    assert again.stdout.strip() == "allowed c (no longer as b: a key has one name)"
+    same = run_cli("keys", "allow", "--name", "c", "--", key, state_dir=state_dir)
+    assert same.stdout.strip() == "allowed c"
