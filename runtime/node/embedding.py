@@ -17,6 +17,7 @@ block that leaves it ends nothing: the node, its runs and its directory are the 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import shutil
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
@@ -106,10 +107,16 @@ def embedded(
     made; the node is stopped however the block ends (its runs first, when the directory is
     temporary)."""
     check_state_dir(state_dir)
-    try:
-        check_options(options_class(state_dir=None, **options))
-    except TypeError as exc:  # an unknown option: say which, as for any argument
-        raise BadRequest(f"Node.embedded(): {exc}"[:200], reason="argument") from None
+    known = {f.name for f in dataclasses.fields(cast(Any, options_class))} - {"state_dir"}
+    unknown = sorted(set(options) - known)
+    if unknown:  # named, as any argument is (TypeError's text named it, in no field)
+        raise BadRequest(
+            f"Node.embedded(): {unknown[0][:80]!r} is not an option of NodeOptions "
+            f"(known: {', '.join(sorted(known))})",
+            reason="argument",
+            field=unknown[0][:80],
+        )
+    check_options(options_class(state_dir=None, **options))
     # Should this process die with -9 (nothing stops its runs then), the children nobody would
     # adopt die with it: every one in a temporary dir; a foreground command's own run in a
     # named one (actors/runs/binding.py). A program may say otherwise.

@@ -186,10 +186,14 @@ def test_a_setting_that_reaches_the_owners_unchecked_is_served_as_its_default_no
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def test_an_unknown_embedded_option_is_a_bad_request() -> None:
+def test_an_unknown_embedded_option_is_a_bad_request_naming_it() -> None:
+    """api.md: an unknown option name is a BadRequest whose `details["field"]` names it, as
+    for any option; it used to carry no field (the message was TypeError's text)."""
     with pytest.raises(BadRequest, match="bogus") as refused, Node.embedded(bogus=1):
         pytest.fail("the block ran")
     assert refused.value.details["reason"] == "argument"
+    assert refused.value.details["field"] == "bogus"
+    assert "mailbox_limit" in refused.value.message  # the known ones are listed
 
 
 def test_a_node_starts_once_and_a_client_of_a_stopped_node_is_refused() -> None:
