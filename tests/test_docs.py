@@ -757,3 +757,28 @@ def test_the_readmes_benchmark_ranges_hold_bench_results_latest_figures() -> Non
             if not _holds(low, high, figure)
         ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_readmes_layout_names_the_folders_and_files_there_are() -> None:
+    """README's layout block names each package folder of actors/ and runtime/, and every
+    folder or module it names exists (it named `actors/fanout.py` after the fan-out owner
+    became the package `actors/fanout/`, and left out `runtime/mcp/`)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("\nfolder ", 1)[1].split("```", 1)[0].splitlines()[1:]
+    named: set[str] = set()
+    top = ""
+    for line in block:
+        if line[:1].strip():
+            top = line.split()[0]
+            named.add(top)
+        for token in re.findall(r"[\w]+(?:/|\.py)(?=[\s,)]|$)", line[:28] + " " + line[57:]):
+            if token != top:
+                named.add(top + token)
+    missing = sorted(n for n in named if not (REPO / n).exists())
+    assert not missing, f"the README's layout names what is not there: {missing}"
+    packages = {
+        f"{p.parent.relative_to(REPO).as_posix()}/"
+        for root in ("actors", "runtime")
+        for p in (REPO / root).glob("*/__init__.py")
+    }
+    assert not sorted(packages - named), f"packages the layout leaves out: {packages - named}"
