@@ -782,3 +782,18 @@ def test_the_readmes_layout_names_the_folders_and_files_there_are() -> None:
         for p in (REPO / root).glob("*/__init__.py")
     }
     assert not sorted(packages - named), f"packages the layout leaves out: {packages - named}"
+
+
+def test_every_module_path_the_docs_name_exists() -> None:
+    """A `dir/module.py` in the docs is a file of the repository (`client/…`, `node/…` and
+    `cli/…` are under runtime/, as the layout says), so a reader who looks it up finds it."""
+    named = {
+        path
+        for page in PAGES
+        for path in re.findall(r"`((?:[a-z_]+/)+[a-z_0-9]+\.py)`", page.read_text("utf-8"))
+    }
+    assert len(named) > 50, "the docs stopped naming modules? (the pattern lost them)"
+    missing = sorted(
+        p for p in named if not (REPO / p).exists() and not (REPO / "runtime" / p).exists()
+    )
+    assert not missing, f"modules the docs name that are not there: {missing}"
