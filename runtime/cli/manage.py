@@ -194,7 +194,10 @@ def append(
 
 @click.group()
 def intercom() -> None:
-    """Messages from a child to the run that launched it (R-ICB)."""
+    """Messages from a child to the run that launched it (R-ICB).
+
+    The run keeps them: `show RUN --json` lists its latest 100 (`intercom`), and its
+    events.jsonl has every one (`intercom` events)."""
 
 
 @intercom.command("send")
