@@ -721,7 +721,7 @@ README_FIGURES: list[tuple[str, Callable[[], list[float]]]] = [
         ],
     ),
     (
-        r"bare `Popen` loop's\s+time \(([\d.]+)-([\d.]+)x\)",
+        r"started in ([\d.]+)-([\d.]+)x a bare `Popen`",
         lambda: [_figure(_bench_row("multihost", "launch to all started")[3])],
     ),
     (r"has ([\d.]+)-([\d.]+)x the p50", lambda: [_figure(_bench_row("multihost", "p50 (µs)")[3])]),
