@@ -30,9 +30,10 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
     stop, resume, rerun, attach, append, pause, approve, reject) for agent CLIs such as Claude
     Code, Codex CLI and Gemini CLI. TERM, HUP or INT stop its foreground runs, then end it.
 
-    It uses the node at --address / $SUBAGENTS_NODE (an agent child inherits its run tree's
-    budget, depth and session), else the state dir's node, else an embedded node that lives
-    as long as the server. See docs/mcp.md.
+    It uses the node at --address, else that of a --state-dir given here, else the one at
+    $SUBAGENTS_NODE (an agent child inherits its run tree's budget, depth and session), else
+    the state dir's node, else an embedded node that lives as long as the server. See
+    docs/mcp.md.
     """
     from subagents_node.launch.environ import carried_environment
     from subagents_node.mcp.endsignals import EndSignals
