@@ -149,7 +149,9 @@ def _exit_codes() -> list[str]:
         0: ["success"],
         1: [
             "refused by a ledger, input the command could not use (a missing or malformed "
-            "file, an unknown agent or run), or a run that did not complete"
+            "file, an unknown agent or run), any other error not listed here (a node that "
+            "already serves the state dir, `Busy`, `StoreFull`, an owner `unavailable`), or a "
+            "run that did not complete"
         ],
         2: [
             "bad usage: a missing or conflicting option (`start --home` without a tcp "
