@@ -1,4 +1,5 @@
-"""One timer thread per node: runs callbacks at deadlines (reservation and slot TTL expiry).
+"""One timer thread per owner process: runs callbacks at deadlines (reservation and slot TTL
+expiry).
 
 Owns the heap of pending callbacks. Waits on a condition until the earliest deadline or a new
 timer, so it never polls. Callbacks must be quick (they only `tell` an actor). What it keeps is
