@@ -288,12 +288,37 @@ class Rollback(Request):
 
     handle: SlotHandle
     host: AskingHost = ""
+    #: The handle fences it, so an admission that could not send it owes it through its
+    #: outbox (actors/runs/outbox.py) until the capacity owner answers.
+    idempotent: ClassVar[bool] = True
 
     def resendable_as_sent(self) -> bool:
         """The handle fences it (token, run, generation): sent again after its answer was lost,
         one that was applied finds its record gone or restored and changes nothing (it
         answers `rolled_back` false), so the slot is freed once either way."""
         return True
+
+
+class RollbackAcquire(Request):
+    """Undo the grant an acquire made under `acquire_id`, for a caller that never learned its
+    handle: its answer was lost (a worker's home went down, or the link to it was lost, after
+    the capacity owner committed the slot and before its answer arrived), so the caller gave
+    the acquire up and owes it back. The slot `run_id` holds in the session is freed when its
+    token is `acquire_id` (the id is the grant's token, `Acquire`) and it is unstarted
+    (R-CAP-15); otherwise (no such grant: the acquire was never applied, or was rolled back or
+    expired since; another grant; a started slot, R-CAP-17) it answers `rolled_back` false and
+    changes nothing. So it is idempotent, and a run supervisor owes it through its outbox until
+    the capacity owner answers."""
+
+    type: Literal["capacity.rollback_acquire"] = "capacity.rollback_acquire"
+    target: ClassVar[str] = CAPACITY
+    Result: ClassVar[ResultType] = RollbackResult
+    idempotent: ClassVar[bool] = True
+
+    session_id: SessionId
+    run_id: RunId
+    acquire_id: Token
+    host: AskingHost = ""
 
 
 class Transfer(Request):
@@ -374,6 +399,7 @@ class Snapshot(Request):
 
 
 REQUESTS: tuple[type[Request], ...] = (
-    *(Acquire, MarkStarted, MarkWorkflowStarted, Rollback, Transfer, ReportTerminal),
+    *(Acquire, MarkStarted, MarkWorkflowStarted, Rollback, RollbackAcquire, Transfer),
+    ReportTerminal,
     *(Inspect, Snapshot),
 )

@@ -10,6 +10,8 @@ record appear together or not at all (R-CAP-11).
 What it decides, and from what:
 - acquire / transfer / rollback / mark_started follow R-CAP-8..20, fenced by the handle's
   (token, run id, generation) and kind (R-CAP-4); a stale handle is refused and changes nothing.
+  `rollback_acquire` undoes the unstarted grant an acquire made under its id (the grant's
+  token) for a caller whose answer was lost: no handle, the id fences it.
 - Release verdicts (R-CAP-21/22) are computed from the facts the run supervisor reports in
   `capacity.report_terminal`; the ledger never reads run directories, status files or another
   owner's tables. A releasable verdict deletes the slot at once, which is R-CAP-23's reconcile
@@ -79,6 +81,7 @@ from subagents_node.messages.capacity import (
     MarkWorkflowStarted,
     ReportTerminal,
     Rollback,
+    RollbackAcquire,
     RollbackResult,
     SlotHandle,
     SlotRecord,
@@ -132,6 +135,7 @@ class CapacityLedger(OwnerActor):
             MarkStarted: self.mark_started,
             MarkWorkflowStarted: self.mark_workflow_started,
             Rollback: self.rollback,
+            RollbackAcquire: self.rollback_acquire,
             Transfer: self.transfer,
             ReportTerminal: self.report_terminal,
             Inspect: self.inspect,
@@ -259,6 +263,18 @@ class CapacityLedger(OwnerActor):
         """R-CAP-15..17: undo an unstarted grant; otherwise false, and nothing changed."""
         record = slots.load(self.db, req.handle.session_id, req.handle.slot)
         if record is None or mismatch(record, req.handle) or record.started:
+            return RollbackResult(rolled_back=False)
+        if foreign(record, req.host):
+            return RollbackResult(rolled_back=False)
+        restored = self._undo(record)
+        return RollbackResult(rolled_back=True, handle=restored.handle() if restored else None)
+
+    def rollback_acquire(self, req: RollbackAcquire) -> RollbackResult:
+        """An acquire its caller gave up without its handle: the run's unstarted grant whose
+        token is that acquire's id, undone (R-CAP-15); no other grant of the run, and never a
+        started one (R-CAP-17): false, and nothing changed."""
+        record = slots.held_by(self.db, req.session_id, req.run_id)
+        if record is None or record.token != req.acquire_id or record.started:
             return RollbackResult(rolled_back=False)
         if foreign(record, req.host):
             return RollbackResult(rolled_back=False)

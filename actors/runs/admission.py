@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from subagents_node.actors.outcomes import store_full
 from subagents_node.actors.pipelines import Durable
 from subagents_node.actors.records import Record, init_fields
-from subagents_node.actors.runs import runplan, workflowkeys
+from subagents_node.actors.runs import owedslots, runplan, workflowkeys
 from subagents_node.messages.base import Message, Request
 from subagents_node.messages.capacity import (
     Acquire,
@@ -107,6 +107,9 @@ class AdmissionHost(Protocol):
 
     def crash_point(self, point: str) -> None:
         """Tests only: kill the process at `point` (a node started with faults)."""
+
+    def owe(self, request: Request, run_id: str) -> None:
+        """Durable with the current transaction, sent until its owner answers (outbox.py)."""
 
     def check_workflow_child(self, launch: Launch) -> None:
         """R-FAN-24: refuse internal workflow fields not backed by the workflow's token."""
@@ -297,12 +300,18 @@ def admit(
                     acquire_id=uuid.uuid4().hex,
                 )
             try:
-                acquired: AcquireResult = _expect((yield take), AcquireResult)
-            except CapacityRunAlreadyHeld:
-                if launch.launch_id is None:
-                    raise
-                yield from _free_first_attempt(launch.session_id, run_id)
-                acquired = _expect((yield take), AcquireResult)
+                try:
+                    acquired: AcquireResult = _expect((yield take), AcquireResult)
+                except CapacityRunAlreadyHeld:
+                    if launch.launch_id is None:
+                        raise
+                    yield from _free_first_attempt(launch.session_id, run_id)
+                    acquired = _expect((yield take), AcquireResult)
+            except SubagentsError as err:
+                # Its answer lost (a worker's home gone with it in flight): the slot it may
+                # have taken is owed back (owedslots.py), not left to its TTL.
+                owedslots.give_up(host, take, err)
+                raise
             handle, capacity = acquired.handle, acquired.snapshot
 
         _inject(host, "resolve_budget")
@@ -375,7 +384,15 @@ def admit(
             try:
                 yield Rollback(handle=handle)  # R-ADM-2 / R-ADM-3
             except SubagentsError as err:
-                log.error("rollback of run %s's capacity slot failed: %s", run_id, err.message)
+                # Not sent (a worker's home unreachable), or its answer lost: owed until the
+                # capacity owner answers, so the slot is freed once it can be, not at its TTL.
+                # The handle fences it (R-CAP-4, R-CAP-17): a second one changes nothing.
+                log.warning(
+                    "rollback of run %s's capacity slot failed (%s); owed until answered",
+                    run_id,
+                    err.message,
+                )
+                host.owe(Rollback(handle=handle), run_id)
 
 
 def _free_first_attempt(session_id: str, run_id: str) -> Generator[Request, Message, None]:
