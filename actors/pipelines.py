@@ -25,7 +25,16 @@ from typing import Any, Generic, TypeVar
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.outcomes import Outcome, ReplyFn, store_full
 from subagents_node.messages.base import Message, Request
-from subagents_node.messages.errors import Internal, OwnerUnavailable, SubagentsError
+from subagents_node.messages.errors import (
+    Busy,
+    Internal,
+    MembershipRefused,
+    NodeError,
+    OwnerUnavailable,
+    StoreError,
+    SubagentsError,
+    UnknownTarget,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,37 @@ def unanswered(outcome: Outcome) -> bool:
     while the home is unreachable the resend is refused as "not sent", and that answer would
     hide that the first send may have been applied (its outcome is unknown)."""
     return isinstance(outcome, OwnerUnavailable) and outcome.details.get("reason") == "timeout"
+
+
+#: Failures that say a send was not applied but nothing of an earlier one: no owner's verdict
+#: on the request (not sent: a worker's home unreachable, or fenced; a full mailbox; a store
+#: that failed the group; an owner that failed on it, or is gone).
+_NOT_A_VERDICT: tuple[type[SubagentsError], ...] = (
+    OwnerUnavailable,
+    Busy,
+    MembershipRefused,
+    StoreError,
+    UnknownTarget,
+    Internal,
+    NodeError,
+)
+
+
+def lost_then_refused(sent: Request, error: SubagentsError) -> SubagentsError:
+    """The answer to a request sent again after a send of it went unanswered: a refusal that
+    is not its owner's verdict says nothing of that first send, which may have been applied
+    (it may still be, were it waiting in a queue). So the outcome is unknown, not what the
+    refusal says (e.g. "was not sent (nothing was applied)", with the home unreachable)."""
+    if not isinstance(error, _NOT_A_VERDICT) or error.details.get("outcome") == "unknown":
+        return error
+    return OwnerUnavailable(
+        f"{sent.type} to {sent.target} went unanswered, and sending it again failed "
+        f"({error.message}): its outcome is unknown (it may have been applied)",
+        owner=sent.target,
+        state="unknown",
+        reason="timeout",
+        outcome="unknown",
+    )
 
 
 class Durable:
@@ -96,7 +136,9 @@ class Pipelines(Generic[K]):
         sent again, at most MAX_RESENDS times, when it is safe to send twice
         (`resendable_as_sent`: a read, or a write under an id that makes it count once); the
         pipeline never sees the lost send. Before, a session owner killed after counting a
-        launch's spawns failed that launch, and the spawns stayed counted."""
+        launch's spawns failed that launch, and the spawns stayed counted. A resend refused
+        without its owner's verdict (`lost_then_refused`) is answered outcome unknown: the
+        first send may have been applied."""
         if key not in self._running:
             self._in_flight.pop(key, None)
             return False
@@ -112,6 +154,8 @@ class Pipelines(Generic[K]):
             self._send(key, sent, resends + 1)
             return True
         if isinstance(outcome, SubagentsError):
+            if resends and sent is not None:
+                outcome = lost_then_refused(sent, outcome)
             self._step(key, None, outcome)
         else:
             self._step(key, outcome, None)
@@ -141,7 +185,7 @@ class Pipelines(Generic[K]):
         except SubagentsError as err:  # Busy, or the target is gone: nothing was queued
             self._in_flight.pop(key, None)
             if key in self._running:
-                self._step(key, None, err)
+                self._step(key, None, lost_then_refused(request, err) if resends else err)
             else:
                 log.error("%s to %s failed: %s", request.type, request.target, err.message)
 

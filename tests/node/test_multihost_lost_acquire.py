@@ -9,8 +9,12 @@ could not be sent. Either way the slot stayed held on the home until its TTL (60
 again from the home's restart), and the session's launches were refused at a limit of 1 all
 that while. Now the worker owes that rollback in its outbox (by the acquire's id, or by the
 handle it holds) and sends it until the home answers, so the slot is free seconds after the
-home is back. And an acquire whose answer was lost with the home's capacity owner alone is
-sent again under its id and answered with the same grant: the run that holds it keeps it.
+home is back. The same holds for an acquire that went unanswered and whose resend was then
+refused "not sent" (the home unreachable): that refusal was the launch's answer ("nothing was
+applied"), while the first send, still queued, was applied once the home came back; the
+launch's outcome is unknown now. And an acquire whose answer was lost with the home's capacity
+owner alone is sent again under its id and answered with the same grant: the run that holds it
+keeps it.
 
 Real nodes, on loopback and (as root) each on its own host of a network namespace fabric: a
 home and one worker, each a process with its own state dir and keys. The home dies at its
@@ -27,6 +31,7 @@ import sqlite3
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -36,7 +41,7 @@ from subagents_node.messages.constants import ENV_TEST_KILL_AT
 from subagents_node.messages.errors import OwnerUnavailable, SubagentsError
 from subagents_node.messages.supervisor import AgentPlan, Launch, RunView, TaskItem
 from tests.support.fleet import PLACES, Fleet, fleet, fleet_on
-from tests.support.runs import stop_process, wait_until
+from tests.support.runs import stop_process, stopped, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -113,38 +118,50 @@ def _owner_pid(crew: Fleet, name: str) -> int:
     return actor.pid
 
 
+def _connects_to(pid: int, owner_pid: int) -> Callable[[], bool]:
+    """Whether process `pid` has a tcp connection to a port `owner_pid` listens on: a worker's
+    link to a home owner opens with its first request to that owner."""
+    listening = {
+        c.laddr.port
+        for c in psutil.Process(owner_pid).net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    return lambda: any(
+        c.raddr and c.raddr.port in listening for c in psutil.Process(pid).net_connections("tcp")
+    )
+
+
+def _launching(
+    crew: Fleet, session_id: str, outcome: list[RunView | SubagentsError]
+) -> threading.Thread:
+    """w1's launch, in a thread of its own: its view or its error lands in `outcome`."""
+
+    def launch() -> None:
+        try:
+            outcome.append(
+                crew.client(crew.workers["w1"], timeout=60.0).runs.launch(_launch(session_id))
+            )
+        except SubagentsError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    return thread
+
+
 def test_a_slot_whose_rollback_could_not_reach_the_lost_home_is_given_back() -> None:
     with fleet(("w1",), heartbeat=(0.2, 1.5)) as crew:
         w1 = crew.workers["w1"]
         session_id = f"cut-{uuid.uuid4().hex[:8]}"
         fanout_pid = _owner_pid(crew, "fanout")
-        fanout_ports = {
-            c.laddr.port
-            for c in psutil.Process(fanout_pid).net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN
-        }
-
-        def budget_sent() -> bool:
-            """w1 opened its link to the home's fan-out owner: it has its slot and asks for
-            the launch's budget (its first request to that owner)."""
-            return any(
-                c.raddr and c.raddr.port in fanout_ports
-                for c in psutil.Process(w1.pid).net_connections("tcp")
-            )
-
+        # w1's first request to the home's fan-out owner: the launch's budget, once it holds
+        # its slot.
+        budget_sent = _connects_to(w1.pid, fanout_pid)
         assert not budget_sent()
         outcome: list[RunView | SubagentsError] = []
-
-        def launch() -> None:
-            try:
-                outcome.append(crew.client(w1).runs.launch(_launch(session_id)))
-            except SubagentsError as err:
-                outcome.append(err)
-
         stop_process(fanout_pid)  # the budget request waits there, unanswered
-        launching = threading.Thread(target=launch)
-        launching.start()
         try:
+            launching = _launching(crew, session_id, outcome)
             wait_until(budget_sent, what="w1's launch past its acquire")
             assert crew.client(crew.home).capacity.snapshot(session_id, 1).used == 1
             crew.close_client(crew.home)
@@ -158,6 +175,42 @@ def test_a_slot_whose_rollback_could_not_reach_the_lost_home_is_given_back() -> 
         assert isinstance(err, OwnerUnavailable), err
         assert err.details.get("reason") == "home_unreachable_in_flight", err.to_wire()
         _home_back(crew)
+        _given_back(crew, session_id)
+
+
+def test_an_acquire_that_went_unanswered_and_could_not_be_sent_again_is_given_back() -> None:
+    """The first acquire waits on w1's link to the home's stopped capacity owner past the
+    worker's remote timeout (5 s); its resend then finds the home unreachable and is refused
+    "not sent (nothing was applied)". That refusal was the launch's answer, although the first
+    acquire was still queued and was applied once the home came back: the slot stayed held
+    until its TTL. Now the launch's outcome is unknown and the slot is owed back."""
+    # A long heartbeat timeout: the home is unreachable (admissions fail closed) but never
+    # lost, so what is queued to it stays queued.
+    with fleet(("w1",), heartbeat=(0.2, 60.0)) as crew:
+        w1 = crew.workers["w1"]
+        session_id = f"again-{uuid.uuid4().hex[:8]}"
+        capacity_pid = _owner_pid(crew, "capacity")
+        sent_to = _connects_to(w1.pid, capacity_pid)
+        assert not sent_to()
+        outcome: list[RunView | SubagentsError] = []
+        stop_process(capacity_pid)  # the acquire waits on w1's side (handshake pending)
+        try:
+            launching = _launching(crew, session_id, outcome)
+            wait_until(sent_to, what="w1's acquire on its way to the home")
+            with stopped(crew.home.pid):
+                wait_until(
+                    lambda: (c := w1.status().cluster) is not None and c.state == "unreachable",
+                    what="w1 sees its home unreachable",
+                )
+                launching.join(30.0)
+        finally:
+            os.kill(capacity_pid, signal.SIGCONT)
+        assert not launching.is_alive(), "the launch went unanswered"
+        err = outcome[0]
+        assert isinstance(err, OwnerUnavailable), err
+        assert err.details.get("outcome") == "unknown", err.to_wire()
+        assert "its outcome is unknown" in err.message, err.message
+        _joined(crew)
         _given_back(crew, session_id)
 
 
