@@ -310,8 +310,7 @@ def admit(
             except SubagentsError as err:
                 # Its answer lost (a worker's home gone with it in flight): the slot it may
                 # have taken is owed back (owedslots.py), not left to its TTL.
-                owedslots.give_up(host, take, err)
-                raise
+                raise owedslots.give_up(host, take, err) from None
             handle, capacity = acquired.handle, acquired.snapshot
 
         _inject(host, "resolve_budget")

@@ -51,18 +51,21 @@ def outcome_unknown(err: SubagentsError) -> bool:
     return err.details.get("outcome") == "unknown" or err.details.get("reason") == "timeout"
 
 
-def give_up(host: Owes, take: Request, err: SubagentsError) -> None:
+def give_up(host: Owes, take: Request, err: SubagentsError) -> SubagentsError:
     """The admission's `take` (an acquire or a transfer) failed with `err`: when it may have
-    taken a slot, that grant's rollback is owed (in the current transaction)."""
+    taken a slot, that grant's rollback is owed (in the current transaction). What the launch
+    answers: for an acquire so owed, that the run was not launched and its slot is given back
+    (its outcome is known: no run; "look before sending it again" would send the user to look
+    for a run that cannot exist), else `err` as it is."""
     if not outcome_unknown(err):
-        return
+        return err
     if isinstance(take, Acquire) and take.acquire_id is not None:
         grant, session_id, run_id = take.acquire_id, take.session_id, take.run_id
     elif isinstance(take, Transfer) and take.transfer_id is not None:
         # Its token only when it acquired (its source held no slot): see above.
         grant, session_id, run_id = take.transfer_id, take.session_id, take.run_id
     else:
-        return
+        return err
     log.warning(
         "run %s: %s's outcome is unknown (%s); the rollback of what it took is owed",
         run_id,
@@ -70,3 +73,17 @@ def give_up(host: Owes, take: Request, err: SubagentsError) -> None:
         err.message,
     )
     host.owe(RollbackAcquire(session_id=session_id, run_id=run_id, acquire_id=grant), run_id)
+    if not isinstance(take, Acquire):
+        return err
+    details = {k: v for k, v in err.details.items() if k != "outcome"}
+    if details.get("reason") == "home_unreachable_in_flight":
+        why, who = "this worker lost its home with it in flight", "the home"
+    else:
+        why, who = "no answer in time", "the capacity owner"
+    return OwnerUnavailable(
+        f"The run was not launched: its {take.type} went unanswered ({why}); the slot it may "
+        f"have taken is given back as soon as {who} answers again; launch again then",
+        **details,
+        launched=False,
+        cause=err.message,
+    )

@@ -106,7 +106,11 @@ def test_a_slot_the_home_took_for_a_launch_whose_answer_it_never_sent_is_given_b
             crew.client(crew.workers["w1"]).runs.launch(_launch(session_id))
         err = lost.value
         assert err.details.get("reason") == "home_unreachable_in_flight", err.to_wire()
-        assert err.details.get("outcome") == "unknown", err.to_wire()
+        # Its outcome is known: no run (not "look before sending it again").
+        assert err.details.get("launched") is False, err.to_wire()
+        assert "outcome" not in err.details, err.to_wire()
+        assert err.message.startswith("The run was not launched"), err.message
+        assert "given back as soon as the home answers again" in err.message
         assert crew.home.wait_exited(10.0)
         _home_back(crew)
         _given_back(crew, session_id)
@@ -208,8 +212,10 @@ def test_an_acquire_that_went_unanswered_and_could_not_be_sent_again_is_given_ba
         assert not launching.is_alive(), "the launch went unanswered"
         err = outcome[0]
         assert isinstance(err, OwnerUnavailable), err
-        assert err.details.get("outcome") == "unknown", err.to_wire()
-        assert "its outcome is unknown" in err.message, err.message
+        # Not "not sent (nothing was applied)": the first send was applied when the home came
+        # back, and its slot is given back.
+        assert err.details.get("launched") is False, err.to_wire()
+        assert err.message.startswith("The run was not launched"), err.message
         _joined(crew)
         _given_back(crew, session_id)
 
