@@ -2,16 +2,18 @@
 
 Owns table `capacity_slots` (one row per occupied slot, keyed by session id and slot index;
 released slots are deleted, so no query grows with history), the audit table
-`capacity_operator_releases` (one row per slot an operator freed) and the TTL timers of
-unstarted slots. Serializing every request in this one actor is R-CAP-5's slot exclusion; each
-request's insert or update is one statement in the owner's transaction, so a slot and its owner
-record appear together or not at all (R-CAP-11).
+`capacity_operator_releases` (one row per slot an operator freed), the acquire ids callers
+gave up (`capacity_given_up`, capacity/givenup.py) and the TTL timers of unstarted slots.
+Serializing every request in this one actor is R-CAP-5's slot exclusion; each request's insert
+or update is one statement in the owner's transaction, so a slot and its owner record appear
+together or not at all (R-CAP-11).
 
 What it decides, and from what:
 - acquire / transfer / rollback / mark_started follow R-CAP-8..20, fenced by the handle's
   (token, run id, generation) and kind (R-CAP-4); a stale handle is refused and changes nothing.
   `rollback_acquire` undoes the unstarted grant an acquire made under its id (the grant's
-  token) for a caller whose answer was lost: no handle, the id fences it.
+  token) for a caller whose answer was lost: no handle, the id fences it; the id is kept, so
+  the acquire arriving after its rollback is refused instead of taking a slot.
 - Release verdicts (R-CAP-21/22) are computed from the facts the run supervisor reports in
   `capacity.report_terminal`; the ledger never reads run directories, status files or another
   owner's tables. A releasable verdict deletes the slot at once, which is R-CAP-23's reconcile
@@ -53,7 +55,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from subagents_node.actors.capacity import hosts, lending, releases, rules, slots
+from subagents_node.actors.capacity import givenup, hosts, lending, releases, rules, slots
 from subagents_node.actors.capacity.rules import (
     NO_SLOT,
     foreign,
@@ -120,7 +122,10 @@ class SlotsDue(Tick):
 
 class CapacityLedger(OwnerActor):
     name = "capacity"
-    MIGRATIONS: ClassVar[Sequence[str]] = (slots.SCHEMA_V1, slots.HOST_COLUMN, releases.SCHEMA_V1)
+    MIGRATIONS: ClassVar[Sequence[str]] = (
+        *(slots.SCHEMA_V1, slots.HOST_COLUMN, releases.SCHEMA_V1),
+        givenup.SCHEMA_V1,
+    )
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
@@ -206,6 +211,7 @@ class CapacityLedger(OwnerActor):
                 snapshot = self._snapshot(req.session_id, req.limit)
                 return AcquireResult(handle=held.handle(), snapshot=snapshot)
             raise CapacityRunAlreadyHeld.of(req.session_id, req.run_id, held.slot)
+        givenup.refuse(self.db, req)  # its caller gave it up before it arrived
         # `used` counts unreadable slots too: fail closed
         used, occupied = slots.pool(self.db, req.session_id)
         index = lowest_free(occupied, req.limit)
@@ -273,6 +279,8 @@ class CapacityLedger(OwnerActor):
         """An acquire its caller gave up without its handle: the run's unstarted grant whose
         token is that acquire's id, undone (R-CAP-15); no other grant of the run, and never a
         started one (R-CAP-17): false, and nothing changed."""
+        # Remembered first: the acquire may still arrive (givenup.py), and is refused then.
+        givenup.record(self.db, req.acquire_id, req.session_id, req.run_id, self.ctx.clock())
         record = slots.held_by(self.db, req.session_id, req.run_id)
         if record is None or record.token != req.acquire_id or record.started:
             return RollbackResult(rolled_back=False)

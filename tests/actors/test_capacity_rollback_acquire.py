@@ -20,6 +20,7 @@ import pytest
 
 from subagents_node import Client, Node
 from subagents_node.messages.capacity import RollbackAcquire, RollbackResult
+from subagents_node.messages.errors import BadRequest
 from tests.support.nodes import short_dir
 
 
@@ -85,3 +86,25 @@ def test_r_cap_17_a_started_grant_is_never_given_up(client: Client, sid: str) ->
     found = client.capacity.inspect("a", sid)
     assert found.owner is not None and found.owner.started
     assert client.capacity.snapshot(sid, 1).used == 1
+
+
+def test_r_cap_11_an_acquire_that_arrives_after_it_was_given_up_takes_no_slot(
+    client: Client, sid: str
+) -> None:
+    """The acquire may still be on its way when its rollback is applied (sent on a connection
+    the worker dropped when it lost its home, which the kernel retransmits once a partition
+    heals, while the rollback went over the next connection). Before, it then took a slot
+    that no run would ever hold, until its TTL; now it is refused and takes nothing, and so is
+    a second copy of one that was applied and given up."""
+    assert not _given_up(client, sid, "a", "acq-late")
+    with pytest.raises(BadRequest) as late:
+        client.capacity.acquire(session_id=sid, limit=1, run_id="a", acquire_id="acq-late")
+    assert late.value.details["reason"] == "acquire_given_up"
+    assert client.capacity.snapshot(sid, 1).used == 0
+    handle = client.capacity.acquire(session_id=sid, limit=1, run_id="b", acquire_id="acq-b")
+    assert handle is not None and _given_up(client, sid, "b", "acq-b")
+    with pytest.raises(BadRequest):
+        client.capacity.acquire(session_id=sid, limit=1, run_id="b", acquire_id="acq-b")
+    assert client.capacity.snapshot(sid, 1).used == 0
+    # The run may acquire again under a new id (a launch sent again under its launch id).
+    assert client.capacity.acquire(session_id=sid, limit=1, run_id="a", acquire_id="acq-2")
