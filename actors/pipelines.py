@@ -77,7 +77,9 @@ def lost_then_refused(sent: Request, error: SubagentsError) -> SubagentsError:
     is not its owner's verdict says nothing of that first send, which may have been applied
     (it may still be, were it waiting in a queue). So the outcome is unknown, not what the
     refusal says (e.g. "was not sent (nothing was applied)", with the home unreachable)."""
-    if not isinstance(error, _NOT_A_VERDICT) or error.details.get("outcome") == "unknown":
+    if sent.read_only or not isinstance(error, _NOT_A_VERDICT):
+        return error  # a read changes nothing; an owner's verdict stands
+    if error.details.get("outcome") == "unknown":
         return error
     return OwnerUnavailable(
         f"{sent.type} to {sent.target} went unanswered, and sending it again failed "

@@ -11,7 +11,7 @@ slot on the home. It is not sent again: its caller gets the outcome-unknown answ
 from __future__ import annotations
 
 from subagents_node.actors.pipelines import lost_then_refused, unanswered
-from subagents_node.messages.capacity import Acquire
+from subagents_node.messages.capacity import Acquire, Snapshot
 from subagents_node.messages.errors import (
     Busy,
     CapacityExhausted,
@@ -57,3 +57,5 @@ def test_a_resend_refused_without_a_verdict_leaves_the_first_sends_outcome_unkno
         assert lost_then_refused(acquire, refusal).details["outcome"] == "unknown"
     verdict = CapacityExhausted.of(1, 1)
     assert lost_then_refused(acquire, verdict) is verdict
+    # A read changes nothing: its refusal stands as it is.
+    assert lost_then_refused(Snapshot(session_id="s"), not_sent) is not_sent
