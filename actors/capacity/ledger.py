@@ -39,7 +39,8 @@ so it is never handed out, and a request that names it is refused with `RecordQu
 Every other slot and session keeps working.
 
 The tables' SQL lives in `capacity/slots.py` and `capacity/releases.py`, the rules, as pure
-functions, in `capacity/rules.py`, and the hosts' side (an operator's release, the per-host
+functions, in `capacity/rules.py`, a terminal report's verdict and `inspect` in
+`capacity/terminal.py`, and the hosts' side (an operator's release, the per-host
 counts, a session's holders, the audit) in `capacity/hosts.py`, a slot lent to an unstarted
 transfer in `capacity/lending.py`; this module sequences them.
 It must never block on another actor, never call commit/BEGIN itself (the base class owns the
@@ -55,17 +56,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from subagents_node.actors.capacity import givenup, hosts, lending, releases, rules, slots
+from subagents_node.actors.capacity import givenup, hosts, lending, releases, slots, terminal
 from subagents_node.actors.capacity.rules import (
-    NO_SLOT,
     foreign,
     lowest_free,
     mismatch,
-    proof_state,
     session_key,
     started,
     transfer_refusal,
-    verdict_of,
 )
 from subagents_node.actors.context import ActorContext
 from subagents_node.actors.deadline import EarliestDeadline
@@ -88,7 +86,6 @@ from subagents_node.messages.capacity import (
     SlotHandle,
     SlotRecord,
     Snapshot,
-    TerminalFacts,
     Transfer,
     Verdict,
 )
@@ -329,54 +326,13 @@ class CapacityLedger(OwnerActor):
         return AcquireResult(handle=record.handle(), snapshot=snapshot)
 
     def report_terminal(self, req: ReportTerminal) -> Verdict:
-        """Store the run supervisor's facts about a run and apply R-CAP-21/22 at once.
-
-        Idempotent (the supervisor's outbox resends a report until it is answered, so one may
-        arrive twice): a second copy of a report that released the slot finds no slot and
-        changes nothing (`not-owned`, or `transferred`); one that retained it finds the same
-        facts stored and changes nothing either, not even their time, unless the slot changed
-        since (its runner started: the same proof may match it now)."""
-        record = slots.held_by(self.db, req.session_id, req.run_id)
-        if record is None:
-            lending.source_reported(self.db, req, self._facts(req))
-            return self._unowned(req.session_id, req.run_id)
-        if foreign(record, req.host):  # a worker reports its own runs' ends, no other host's
-            return Verdict(verdict="not-owned", reason=f"the slot is not {req.host!r}'s")
-        if req.generation is not None and req.generation != record.generation:
-            return Verdict(
-                verdict="not-owned",
-                reason=f"the run holds generation {record.generation}, "
-                f"not the reported {req.generation}",
-            )
-        facts = self._facts(req)
-        stored = record.terminal
-        if (
-            stored is not None
-            and stored.model_copy(update={"reported_at": 0.0})
-            == facts.model_copy(update={"reported_at": 0.0})
-            and record.proof_state == proof_state(record, req.proof)
-        ):
-            return verdict_of(record)  # a replay, and the slot is as these facts found it
-        reported = rules.reported(record, facts)
-        verdict = verdict_of(reported)
-        if verdict.verdict == "releasable":
-            slots.delete(self.db, reported)
-            log.debug("capacity: released slot %d of %s: %s", record.slot, record.run_id, verdict)
-        else:
-            slots.update(self.db, reported)
-        return verdict
+        """R-CAP-21/22: the run supervisor's facts stored, the verdict applied at once
+        (capacity/terminal.py; idempotent: the supervisor's outbox may send one twice)."""
+        return terminal.report(self.db, req, self.ctx.clock())
 
     def inspect(self, req: Inspect) -> Inspection:
-        """R-CAP-27: the slot the run owns, else the slot it was transferred from, else none."""
-        owner = slots.find_owner(self.db, req.run_id, req.session_id)
-        if owner is not None:
-            return Inspection(relation="current", owner=owner, verdict=verdict_of(owner))
-        successor = slots.find_successor(self.db, req.run_id, req.session_id)
-        if successor is not None:
-            return Inspection(
-                relation="source", owner=successor, verdict=_transferred_to(successor.run_id)
-            )
-        return Inspection(relation="none", verdict=Verdict(verdict="not-owned", reason=NO_SLOT))
+        """R-CAP-27 (capacity/terminal.py)."""
+        return terminal.inspect(self.db, req)
 
     def snapshot(self, req: Snapshot) -> CapacitySnapshot:
         """R-CAP-26. Nothing to reconcile first: releasable slots were freed when reported."""
@@ -422,16 +378,6 @@ class CapacityLedger(OwnerActor):
         self._expiry.arm(source.expires_at)
         return source
 
-    def _facts(self, req: ReportTerminal) -> TerminalFacts:
-        return TerminalFacts(
-            state=req.state,
-            live_process=req.live_process,
-            proof=req.proof,
-            workflow_children_proven=req.workflow_children_proven,
-            reason=req.reason,
-            reported_at=self.ctx.clock(),
-        )
-
     def _expire(self, session_id: str, slot: int, now: float) -> None:
         """§0.4: an unstarted slot past its TTL is rolled back by its owner. Read afresh: a
         slot another expiry of this tick restored is judged by its own deadline."""
@@ -448,21 +394,6 @@ class CapacityLedger(OwnerActor):
         )
         self._undo(record)
 
-    def _unowned(self, session_id: str, run_id: str) -> Verdict:
-        """The verdict for a report about a run that owns no slot in the session."""
-        successor = slots.find_successor(self.db, run_id, session_id)
-        if successor is not None:
-            return _transferred_to(successor.run_id)
-        elsewhere = slots.find_owner(self.db, run_id, None)
-        if elsewhere is not None:
-            # R-CAP-21 rule 3, A-21: a report never frees a slot owned in another session.
-            return Verdict(
-                verdict="retained",
-                reason=f"status session {session_id} does not match owner session "
-                f"{elsewhere.session_id}",
-            )
-        return Verdict(verdict="not-owned", reason=NO_SLOT)
-
     def _ttl(self, ttl_s: float | None) -> float:
         if ttl_s is not None:
             return ttl_s
@@ -475,7 +406,3 @@ class CapacityLedger(OwnerActor):
 
     def _snapshot(self, session_id: str, limit: int) -> CapacitySnapshot:
         return CapacitySnapshot(used=slots.used(self.db, session_id), limit=limit)
-
-
-def _transferred_to(run_id: str) -> Verdict:
-    return Verdict(verdict="not-owned", reason=f"slot was transferred to {run_id}")
