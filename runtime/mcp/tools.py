@@ -28,6 +28,7 @@ from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
 from subagents_node.launch.agents import discover_agents
 from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages import statefiles
 from subagents_node.messages.constants import ENV_FANOUT
 from subagents_node.messages.errors import BadRequest, NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
@@ -337,18 +338,23 @@ class LauncherTools:
 
 
 def read_tail(path: str, limit: int) -> tuple[str, bool]:
-    """The last `limit` bytes of a log file, and whether anything before them was left out."""
+    """The last `limit` bytes of a log file, and whether anything before them was left out.
+
+    The log is opened as the CLI's `logs` opens it (messages/statefiles.py): a regular file,
+    never through a symlink. A plain open() of a FIFO a child put in its log's place waited for
+    a writer on the event loop, and every call of the server waited with it; a symlink showed
+    whatever file it named."""
     if not path:
         return "", False
     try:
-        with open(path, "rb") as log:
+        with open(statefiles.open_file(path), "rb") as log:
             size = log.seek(0, os.SEEK_END)
             log.seek(max(0, size - limit))
             data = log.read(limit)
     except FileNotFoundError:
         return "", False  # the child has not written (or started) yet
     except OSError as exc:
-        return f"(cannot read {path}: {exc.strerror})", False
+        return f"(cannot read {path}: {exc.strerror or exc})", False
     return data.decode("utf-8", "replace"), size > limit
 
 

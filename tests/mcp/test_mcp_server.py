@@ -25,7 +25,7 @@ from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.errors import FanoutLimitExceeded
 from subagents_node.messages.inert import printable
 from tests.support.nodes import REPO, NodeProcess
-from tests.support.runs import wait_view
+from tests.support.runs import read_fifo, wait_view
 
 AGENTS = REPO / "examples" / "agents"
 TOOLS = {
@@ -594,3 +594,62 @@ def test_r_run_2_checkpoint_approve_reject_and_pause_through_the_tools(node: Nod
     assert data(out["approved"])["state"] == "complete"
     assert data(out["rejected"])["state"] == "rejected"
     assert data(out["stop"])["state"] == "stopped"
+
+
+#: An agent that puts a FIFO in place of its stdout log and a symlink to another file in place
+#: of its stderr log (a prompt-injected child can: the logs are in its run's directory), says
+#: so on the FIFO named by its task, then sleeps until it is stopped.
+LOG_SWAPPER = """---
+name: logswap
+description: replaces its own logs with a FIFO and a symlink
+command: ["/bin/sh", "{agent_dir}/logswap.sh", "{task}"]
+---
+x
+"""
+LOG_SWAPPER_SH = """d="$SUBAGENTS_CHILD_DIR/.."
+for f in "$d"/*-0.stdout.log; do rm -f "$f"; mkfifo "$f"; done
+for f in "$d"/*-0.stderr.log; do rm -f "$f"; ln -s "$2" "$f"; done
+echo ok > "$1"
+exec sleep 60
+"""
+
+
+def test_logs_of_a_child_whose_log_is_a_fifo_or_a_symlink_answers_and_never_wedges_the_server(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """`logs` opened each log with a plain open(): a FIFO a child put in its log's place made
+    it wait for a writer on the server's event loop, so neither it nor any other call (a ping,
+    `status`, `stop`) was answered until the child ended; a symlink showed the file it named.
+    Now each is read as the CLI's `logs` reads it: a regular file, never through a link."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a log\n")
+    (agents / "logswap.md").write_text(LOG_SWAPPER)
+    (agents / "logswap.sh").write_text(LOG_SWAPPER_SH.replace("$2", str(secret)))
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    env = server_env(SUBAGENTS_NODE=node.address)
+
+    async def go() -> tuple[CallToolResult, CallToolResult, CallToolResult]:
+        async with mcp_session(env, "--agents-dir", str(agents)) as session:
+            started = await session.call_tool(
+                "run", {"agent": "logswap", "task": str(ready), "background": True}
+            )
+            assert started.structured_content is not None, text_of(started)
+            run_id = started.structured_content["run_id"]
+            await anyio.to_thread.run_sync(read_fifo, ready)
+            with anyio.fail_after(20):  # it waited for the child's end (60 s) before
+                logs = await session.call_tool("logs", {"run_id": run_id})
+                status = await session.call_tool("status", {})
+            stopped = await session.call_tool("stop", {"run_id": run_id})
+            return logs, status, stopped
+
+    logs, status, stopped = asyncio.run(go())
+    assert not logs.is_error, text_of(logs)
+    assert "not a log" not in text_of(logs)  # the link is not followed
+    assert logs.structured_content is not None
+    (child,) = logs.structured_content["children"]
+    assert child["stdout"].startswith("(cannot read ") and "FIFO" in child["stdout"]
+    assert child["stderr"].startswith("(cannot read ") and "not a log" not in child["stderr"]
+    assert not status.is_error and not stopped.is_error
