@@ -27,18 +27,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import runpy
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from subagents_node.client.client import Client, connect
+from subagents_node.client.nodewait import across_lost_nodes
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages.constants import (
     ENV_CHILD_DIR,
@@ -48,11 +50,12 @@ from subagents_node.messages.constants import (
     ENV_RUN_ID,
     ENV_SESSION,
     ENV_WORKFLOW_TOKEN,
+    NODE_BACK_S,
 )
 from subagents_node.messages.errors import SubagentsError, WorkflowHostError
 from subagents_node.messages.fanout import decode_descriptor
 from subagents_node.messages.supervisor import IntercomMode
-from subagents_node.workflow.api import WorkflowEnv, WorkflowRuns
+from subagents_node.workflow.api import MAX_NODE_LOSSES, WorkflowEnv, WorkflowRuns
 from subagents_node.workflow.calls import to_jsonable
 from subagents_node.workflow.launch import RESULT_FILE
 from subagents_node.workflow.limits import RECORD_MAX_BYTES, check_value
@@ -78,6 +81,7 @@ _REQUIRED = (
     ENV_WORKFLOW_TOKEN,
     ENV_CHILD_DIR,
 )
+T = TypeVar("T")
 #: The event the supervisor records when a run is told to stop (actors.supervisor).
 _STOP_EVENT = "run.stopping"
 
@@ -272,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workflow host: {err.message}", file=sys.stderr)
         return 2
     with connect(os.environ[ENV_NODE]) as client:
-        with contextlib.suppress(SubagentsError):
-            env = _with_mode(env, client)
         try:
+            # Read from the node, waiting for the next one if it is stopped or killed as the
+            # host starts (an upgrade right after a `resume`): a host that went on without
+            # knowing it resumes its source ran the source's finished keys again and claimed
+            # them a second time. Without a node in time it fails; nothing is guessed.
+            env = _across_lost_nodes(client, functools.partial(_with_mode, env, client))
             launcher = LaunchContext.from_environment(
                 cwd=env.cwd,
                 env=os.environ,
@@ -282,13 +289,20 @@ def main(argv: list[str] | None = None) -> int:
                 session_id=env.session_id,
             )
             # A resumed workflow must know what its source did, or it would run it again.
-            prior = prior_steps(client, env.source_run_id)
+            source = env.source_run_id
+            prior = _across_lost_nodes(client, functools.partial(prior_steps, client, source))
         except SubagentsError as err:
             print(f"workflow host: {err.message}", file=sys.stderr)
             return 2
         host = Host(client, launcher, env, args.script.resolve(), prior)
         host.execute()
         return host.finish(sys.stdout, sys.stderr)
+
+
+def _across_lost_nodes(client: Client, read: Callable[[], T]) -> T:
+    """`read()` (a read, safe to make twice), made again on the state dir's next node each time
+    the node is lost under it, as the script's own calls are (workflow/api.py)."""
+    return across_lost_nodes(client, read, NODE_BACK_S, MAX_NODE_LOSSES)
 
 
 def _with_mode(env: WorkflowEnv, client: Client) -> WorkflowEnv:

@@ -23,6 +23,7 @@ snapshot with a deadline.
 from __future__ import annotations
 
 import textwrap
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -329,3 +330,84 @@ def test_r_wf_4_one_key_launched_twice_at_once_is_one_run(
     first, second = result["value"]
     [child] = client.runs.list(parent_run_id=run_id, limit=1000)
     assert first == second == child.run_id
+
+
+#: Fails once (until MARK exists) after its first child, so that a resume has a finished key
+#: to reuse and a new one to launch.
+_FAILS_ONCE = """\
+from pathlib import Path
+
+
+def main(runs):
+    first = runs.run("a", "echo", "first")
+    if not Path({mark!r}).exists():
+        raise RuntimeError("the first attempt fails")
+    return [first.run_id, runs.run("b", "echo", "second").state]
+"""
+
+
+def _workflow_host_pid(script: Path) -> int | None:
+    """The pid of the workflow host running `script` (from /proc), if one runs."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"subagents_node.workflow.host" in argv and str(script).encode() in argv:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_r_fan_23_a_resumed_workflow_whose_node_is_lost_as_its_host_starts_reuses_its_source(
+    start_node: Callable[..., NodeProcess],
+    state_dir: Path,
+    agents: Path,
+) -> None:
+    """The node that starts a resumed workflow's host is killed before the host asked it what
+    run it serves (an upgrade right after `resume`). The host took the failed read for "not a
+    resume": it ran the key its source had finished again and claimed it a second time (budget
+    3 for 2 keys; R-FAN-23, R-RES-4: nothing claimed twice). It now waits for the next node,
+    as the script's own calls do, and reuses the source's finished key."""
+    mark = state_dir / "second-attempt"
+    first = start_node(state_dir=state_dir)
+    script_text = _FAILS_ONCE.format(mark=str(mark))
+    source_id = launch_workflow(
+        first.client(timeout=20), agents, state_dir, script_text=script_text
+    )
+    assert first.client(timeout=20).runs.wait(source_id, timeout=WAIT_S).state == "failed"
+    mark.write_text("")
+    _stop(first)
+    dying = start_node("--faults", state_dir=state_dir, kill_at="answer_launch")
+    resumed: list[str] = []
+    # The resume's answer is lost with the node: its client sends it again to the next node.
+    sender = threading.Thread(
+        target=lambda: resumed.append(dying.client(timeout=20).runs.resume(source_id).run_id)
+    )
+    sender.start()
+    assert dying.wait_exited(WAIT_S), "the node did not die at answer_launch"
+    host = wait_until(lambda: _workflow_host_pid(state_dir / "loop.py"), what="the host")
+    wait_until(
+        lambda: process_gone(host) or watches_inotify(host),
+        timeout=WAIT_S,
+        what="the host to wait for the next node",
+    )
+    client = start_node(state_dir=state_dir).client(timeout=20)
+    sender.join(WAIT_S)
+    [run_id] = resumed
+
+    run = client.runs.wait(run_id, timeout=WAIT_S)
+    assert run.state == "complete", run.error
+    assert run.source_run_id == source_id
+    result = workflow_result(run)
+    assert result is not None, run
+    first_event = result["trace"][0]
+    assert (first_event["event"], first_event["key"]) == ("reused", "a"), result
+    children = [
+        *client.runs.list(parent_run_id=source_id, limit=1000),
+        *client.runs.list(parent_run_id=run_id, limit=1000),
+    ]
+    assert Counter(child.workflow_key for child in children) == Counter(["a", "b"])
+    assert client.fanout.snapshot(decode_descriptor(run.fanout_descriptor)).used == 2
