@@ -51,8 +51,9 @@ def mcp_command(obj: Ctx, agents_dirs: tuple[str, ...], session: str | None) -> 
             address, obj.timeout, carried_environment(os.environ), signals, agents_dirs, session
         )
     if signum is not None:
-        # Ended by TERM, HUP or INT after its calls were cancelled (a foreground run stopped):
-        # 128 + the signal, as a foreground `subagents-node run` ends.
+        # Ended by TERM, HUP or INT (or PIPE: the client stopped reading stdout) after its
+        # calls were cancelled (a foreground run stopped): 128 + the signal, as a foreground
+        # `subagents-node run` ends.
         raise SystemExit(128 + signum)
 
 

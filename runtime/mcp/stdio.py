@@ -15,6 +15,8 @@ closes stdin to end a server sends SIGTERM soon after anyway). SIGTERM, SIGHUP a
 cancel the server's calls (a foreground run's call stops its run, see tools.py) and then end
 it; the caller exits 128 + the signal, as the CLI does for a foreground run. A call cut short
 either way is answered (`Connection closed`), unless the client no longer reads stdout.
+A client that no longer reads stdout ends the server at the next answer: its calls are
+cancelled as a signal's are, and the caller exits 141 (128 + SIGPIPE).
 
 It must never write to stdout itself (every frame goes through the SDK's writer, so frames
 never interleave) nor decide anything about the tools.
@@ -23,6 +25,8 @@ never interleave) nor decide anything about the tools.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
 from collections.abc import Callable
 from types import TracebackType
@@ -224,22 +228,41 @@ async def serve_stdio(server: MCPServer[Any], signals: EndSignals) -> int | None
     # Only the process's own stdin is read from its descriptor; a stand-in (click's test
     # runner) is left to the SDK, which reads whatever sys.stdin is.
     lines = FdLines(0) if _on_fd(sys.stdin, 0) else None
-    async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
-        answers = Answers(write)
-        try:
-            async with anyio.create_task_group() as tg:
-                sink, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-                tg.start_soon(forward_requests, read, sink, write, answers)
-                tg.start_soon(_watch_signals, signals, tg.cancel_scope, ended, answers.ending)
-                options = lowlevel.create_initialization_options()
-                await lowlevel.run(checked, answers, options)
-                tg.cancel_scope.cancel()
-            await answer_left(answers)
-        finally:
-            if lines is not None:  # else the SDK's reader keeps the transport open until EOF
-                lines.close()
-            await write.aclose()
+    try:
+        async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
+            answers = Answers(write)
+            try:
+                async with anyio.create_task_group() as tg:
+                    sink, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+                    tg.start_soon(forward_requests, read, sink, write, answers)
+                    tg.start_soon(_watch_signals, signals, tg.cancel_scope, ended, answers.ending)
+                    options = lowlevel.create_initialization_options()
+                    await lowlevel.run(checked, answers, options)
+                    tg.cancel_scope.cancel()
+                await answer_left(answers)
+            finally:
+                if lines is not None:  # else the SDK's reader keeps the transport open until EOF
+                    lines.close()
+                await write.aclose()
+    except* BrokenPipeError:
+        # The client stopped reading stdout (it closed its end, or died): the SDK's writer
+        # failed, and the transport ended with it, cancelling every call (a foreground run's
+        # call stops its run). Nothing more can reach the client: the server ends as a Unix
+        # tool whose reader went away (141), where the error used to reach stderr as an
+        # 80-line traceback and the server exit 1.
+        _reader_gone()
+        ended[:] = [signal.SIGPIPE]
     return ended[0] if ended else None
+
+
+def _reader_gone() -> None:
+    """Stdout becomes /dev/null: the interpreter's last flush of what the SDK's writer held
+    has nothing left to fail on (as the CLI's `reader_gone`)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
 
 
 def _on_fd(stream: Any, fd: int) -> bool:

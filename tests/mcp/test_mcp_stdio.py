@@ -443,6 +443,44 @@ def test_a_signal_that_ends_the_server_stops_its_foreground_run_first(
     assert final.state == "stopped"
 
 
+def test_a_client_that_stops_reading_stdout_ends_the_server_as_sigpipe_without_a_traceback(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """A client that closes its end of the server's stdout (it died, or gave up) while a
+    foreground run is followed: the SDK's writer failed with EPIPE at the next answer, the
+    error reached stderr as an 80-line traceback and the server exited 1. It now ends as a Unix
+    tool whose reader went away (141), quietly, its foreground run stopped."""
+    env = {**os.environ, "SUBAGENTS_NODE": node.address}
+    args = [sys.executable, "-m", "subagents_node", "mcp", "--agents-dir", str(AGENTS)]
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "wb") as stderr:
+        proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=REPO
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 0
+        long = call_frame(1, "run", agent="sleeper", task="seconds=60")
+        for frame in (INITIALIZED, long):
+            proc.stdin.write(json.dumps(frame).encode() + b"\n")
+        proc.stdin.flush()
+        run = first_running_run(node)
+        proc.stdout.close()  # the client reads no more
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode())
+        proc.stdin.write(b"\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=ANSWER_S) == 128 + signal.SIGPIPE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=ANSWER_S)
+        proc.stdin.close()
+    assert "Traceback" not in errors.read_text(), errors.read_text()
+    assert node.client().runs.wait(run.run_id, timeout=ANSWER_S).state == "stopped"
+
+
 def test_a_second_signal_while_the_server_ends_never_leaves_its_embedded_node_behind(
     state_dir: Path,
 ) -> None:
