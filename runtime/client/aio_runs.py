@@ -62,6 +62,13 @@ class AsyncRunsAPI:
                         raise closed_error(self._client.address) from None
                     sends.give_up()
 
+    async def served_again(self, wait_s: float = NODE_BACK_S) -> bool:
+        """Whether the state dir's next node serves within `wait_s` seconds, after the node
+        was lost under a call (`nodewait.node_lost`): for a caller that follows a run across
+        it (the MCP server's foreground run, whose shims outlive the node). Always False over
+        tcp; a cancel ends the wait at once."""
+        return await self._served_again(checked_timeout(wait_s, "wait_s"))
+
     async def _served_again(self, wait_s: float) -> bool:
         """Whether the state dir's next node serves within `wait_s`, waited for in a thread
         (an inotify wait). A cancel, or the client's close, ends that thread's wait too (closing

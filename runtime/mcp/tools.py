@@ -25,17 +25,20 @@ import anyio
 
 from subagents_node.client.aio import AsyncClient
 from subagents_node.client.fanout_views import RECORDED, live_fanout_plan
+from subagents_node.client.nodewait import node_lost
 from subagents_node.launch.agents import discover_agents
 from subagents_node.launch.config import current_depth
 from subagents_node.launch.launcher import LaunchContext
 from subagents_node.messages import statefiles
 from subagents_node.messages.constants import ENV_FANOUT
-from subagents_node.messages.errors import BadRequest, NodeTimeout
+from subagents_node.messages.errors import BadRequest, NodeNotRunning, NodeTimeout
 from subagents_node.messages.runs import TERMINAL_RUN_STATES
 from subagents_node.messages.supervisor import IntercomMode, Launch, RunView
 
 #: The most log bytes one `logs` call returns per stream (a model's context is not a pager).
 MAX_LOG_BYTES = 64_000
+#: How many lost nodes a foreground run's call follows its run across (as a workflow's calls).
+MAX_NODE_LOSSES = 3
 #: How long `stop` waits for the run's process groups to end before answering.
 STOP_WAIT_S = 30.0
 
@@ -132,7 +135,7 @@ class LauncherTools:
             )
             return ToolAnswer(f"{fanout_line(started)}\n{text}", run_data(started))
         try:
-            final = await self.client.runs.wait(started.run_id)
+            final = await self._follow(started.run_id)
         except anyio.get_cancelled_exc_class():
             # The MCP client gave up on a foreground run (its user interrupted it): stop the
             # run, as Ctrl-C does for the CLI, instead of leaving it running unowned.
@@ -254,7 +257,7 @@ class LauncherTools:
                 run_id, task, child, dict(self.env), foreground_pid=os.getpid()
             )
         try:
-            final = await self.client.runs.wait(started.run_id)
+            final = await self._follow(started.run_id)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # as for a foreground run (see `run`)
                 await self.client.runs.stop(started.run_id)
@@ -298,6 +301,27 @@ class LauncherTools:
         return ToolAnswer(result.text, result.model_dump(mode="json"))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    async def _follow(self, run_id: str) -> RunView:
+        """A foreground run's end, followed on the state dir's next node when its node is lost
+        (stopped, as an upgrade does, or killed): the run's shims outlive the node and the next
+        one adopts it, as a foreground `subagents-node run` follows on. The call used to end at
+        once with "no node is running", which named no run: the run went on unfollowed, its
+        output and id lost to the model. Without a next node in time, the error names it."""
+        losses = 0
+        while True:
+            try:
+                return await self.client.runs.wait(run_id)
+            except (NodeNotRunning, NodeTimeout) as err:
+                if not node_lost(err):
+                    raise
+                if losses == MAX_NODE_LOSSES or not await self.client.runs.served_again():
+                    raise type(err)(
+                        f"{err.message.rstrip('.')}; run {run_id} goes on without its node "
+                        "(the next node on the state dir adopts it): wait for it once one serves",
+                        **{**err.details, "run_id": run_id},
+                    ) from None
+                losses += 1
 
     async def _live(self, run: RunView) -> tuple[RunView, str]:
         """R-FAN-26: `run` with its tree's fan-out as the budget's owner has it now (the run's

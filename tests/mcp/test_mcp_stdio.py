@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +29,7 @@ from subagents_node.client.client import Client, connect
 from subagents_node.mcp.frames import MAX_DEPTH, MAX_ID_SHOWN, MAX_LINE_BYTES
 from subagents_node.mcp.stdio import EOF_GRACE_S
 from subagents_node.messages.supervisor import RunView
+from tests.support.foreground import watches_inotify
 from tests.support.nodes import REPO, NodeProcess, node_files_left
 from tests.support.runs import wait_until, wait_view
 
@@ -479,6 +480,30 @@ def test_a_client_that_stops_reading_stdout_ends_the_server_as_sigpipe_without_a
         proc.stdin.close()
     assert "Traceback" not in errors.read_text(), errors.read_text()
     assert node.client().runs.wait(run.run_id, timeout=ANSWER_S).state == "stopped"
+
+
+def test_a_foreground_run_whose_node_is_killed_is_followed_on_the_next_node_to_its_end(
+    node: NodeProcess, start_node: Callable[..., NodeProcess]
+) -> None:
+    """kill -9 of the (detached) node while a foreground `run` call follows its run: the call
+    ended at once with "no node is running", naming no run, while the run went on under its
+    shims, its output and id lost to the model. The call now waits for the state dir's next
+    node, as a foreground `subagents-node run` follows on, and answers with the run's end."""
+    with raw_server(node) as server:
+        server.initialize()
+        server.send(call_frame(1, "run", agent="sleeper", task="seconds=2"))
+        run = first_running_run(node)
+        node.kill()
+        wait_until(  # the call waits for the next node (or, as it did, answered at once)
+            lambda: watches_inotify(server.proc.pid) or not server.answers.empty(),
+            timeout=ANSWER_S,
+            what="the server to learn its node is gone",
+        )
+        start_node(state_dir=node.state_dir)
+        answer = server.answer()
+    assert answer["id"] == 1 and not answer["result"]["isError"], answer
+    data = answer["result"]["structuredContent"]
+    assert (data["run_id"], data["state"], data["output"]) == (run.run_id, "complete", "slept 2")
 
 
 def test_a_second_signal_while_the_server_ends_never_leaves_its_embedded_node_behind(
