@@ -25,9 +25,11 @@ admits nothing once the script has ended.
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import dataclasses
 import functools
+import io
 import os
 import runpy
 import signal
@@ -108,14 +110,29 @@ def workflow_env(environ: Mapping[str, str], cwd: Path, intercom: IntercomMode) 
     )
 
 
-class ConsoleWriter:
-    """sys.stdout while the script runs: complete lines become the workflow's console lines."""
+class ConsoleWriter(io.TextIOBase):
+    """sys.stdout while the script runs: complete lines become the workflow's console lines.
+
+    A text stream as sys.stdout is one (io.TextIOBase: `isatty()`, `writelines`, `closed`,
+    `encoding`, and `buffer` for bytes, read as UTF-8 with U+FFFD for what is not): a script
+    or a library that asked it for more than `write` (`rich`, `tqdm`, `sys.stdout.buffer`)
+    failed with AttributeError before."""
+
+    encoding = "utf-8"
+    errors = "replace"
 
     def __init__(self, runs: WorkflowRuns) -> None:
+        super().__init__()
         self._runs = runs
         self._partial = ""
+        self.buffer = _ConsoleBytes(self)
+
+    def writable(self) -> bool:
+        return True
 
     def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()
         for line in lines:
@@ -125,9 +142,35 @@ class ConsoleWriter:
         return len(text)
 
     def flush(self) -> None:
+        self.buffer.drain()
         if self._partial:
             self._runs.console(self._partial)
             self._partial = ""
+
+
+class _ConsoleBytes(io.BufferedIOBase):
+    """`sys.stdout.buffer` of the console: bytes decoded as UTF-8 (a character split across
+    writes is kept whole; bytes that are no UTF-8 become U+FFFD), then written as text."""
+
+    def __init__(self, text: ConsoleWriter) -> None:
+        super().__init__()
+        self._text = text
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        self._text.write(self._decoder.decode(chunk))
+        return len(chunk)
+
+    def drain(self) -> None:
+        """Whatever a split character left undecoded, as U+FFFD (the console is flushed)."""
+        rest = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        if rest:
+            self._text.write(rest)
 
 
 def run_script(path: Path, runs: WorkflowRuns) -> Any:

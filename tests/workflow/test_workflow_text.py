@@ -69,3 +69,31 @@ def test_a_lone_surrogate_in_a_scripts_exception_fails_it_with_one_line_and_its_
     assert result["error"] == "ValueError: bad \ufffd value"
     assert "Traceback" in str(result["traceback"])
     assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "failed"
+
+
+_ASKS_STDOUT = """
+import sys
+
+def main(runs):
+    facts = [sys.stdout.isatty(), sys.stdout.encoding, sys.stdout.writable()]
+    sys.stdout.writelines(["first\\n", "second\\n"])
+    sys.stdout.buffer.write("caf\\u00e9\\n".encode()[:4])  # a character split across writes
+    sys.stdout.buffer.write("caf\\u00e9\\n".encode()[4:] + b"raw \\xff\\n")
+    sys.stdout.flush()
+    return facts
+"""
+
+
+def test_a_script_may_use_its_stdout_as_a_text_stream_bytes_included(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """sys.stdout while a script runs is the workflow's console. It only had write() and
+    flush(): `isatty()`, `encoding`, `writelines` and `sys.stdout.buffer` (what `rich`, `tqdm`
+    or a script printing bytes asks for) failed the workflow with AttributeError. Bytes are
+    read as UTF-8, with U+FFFD for what is not."""
+    run = run_workflow(client, agents, work, _ASKS_STDOUT)
+
+    assert run.state == "complete", run.error
+    result = result_of(run)
+    assert result["value"] == [False, "utf-8", True]
+    assert result["console"] == ["first", "second", "caf\u00e9", "raw \ufffd"]
