@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO, TypeVar
@@ -338,8 +338,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"workflow host: {err.message}", file=sys.stderr)
             return 2
         host = Host(client, launcher, env, args.script.resolve(), prior)
-        host.execute()
-        return host.finish(sys.stdout, sys.stderr)
+        # The host's own copies of its stdout and stderr (the run's output and error): a
+        # script that closed descriptor 1 or 2 (or pointed it elsewhere) made the summary's
+        # print fail, and a complete workflow's run ended `failed` ("exited with code 1").
+        with _own_stream(sys.stdout) as out, _own_stream(sys.stderr) as errors:
+            host.execute()
+            return host.finish(out, errors)
+
+
+@contextlib.contextmanager
+def _own_stream(stream: TextIO) -> Iterator[TextIO]:
+    """A text stream on a duplicate of `stream`'s descriptor, as `stream` writes."""
+    stream.flush()
+    fd = os.dup(stream.fileno())
+    with open(fd, "w", encoding=stream.encoding, errors=stream.errors) as own:
+        yield own
 
 
 def _across_lost_nodes(client: Client, read: Callable[[], T]) -> T:

@@ -97,3 +97,28 @@ def test_a_script_may_use_its_stdout_as_a_text_stream_bytes_included(
     result = result_of(run)
     assert result["value"] == [False, "utf-8", True]
     assert result["console"] == ["first", "second", "caf\u00e9", "raw \ufffd"]
+
+
+_CLOSES_ITS_STREAMS = """
+import os
+
+def main(runs):
+    runs.run("one", "echo", "hi")
+    os.close(1)
+    os.close(2)
+    return "the script's value"
+"""
+
+
+def test_a_script_that_closes_descriptors_1_and_2_still_completes_with_its_summary(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """The host printed its summary (the run's output) on descriptor 1: a script that closed it
+    (or 2) made that print fail with a traceback nobody saw, and the complete workflow's run
+    ended `failed` with "External CLI exited with code 1", although its result.json said
+    complete. The host now writes through copies of both it made before the script ran."""
+    run = run_workflow(client, agents, work, _CLOSES_ITS_STREAMS)
+
+    assert run.state == "complete", run.error
+    assert result_of(run)["value"] == "the script's value"
+    assert "the script's value" in run.output
