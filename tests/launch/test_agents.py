@@ -301,6 +301,23 @@ def test_the_first_explicit_agents_dir_wins_over_later_ones(dirs: dict[str, Path
     )
 
 
+def test_an_agents_dir_named_twice_is_searched_once_where_it_ranks_highest(
+    dirs: dict[str, Path],
+) -> None:
+    """An MCP call naming one directory 20,000 times (`agents_dirs`) read its agents 20,000
+    times, 14 s on the server's event loop with every other call waiting, and listed each
+    broken file once per mention. Searched once, it ranks where it was first named."""
+    agent_file(dirs["explicit"], "a", simple("a", description="first"))
+    agent_file(dirs["explicit"], "broken", "name: broken\ncommand: [x]")  # no description
+    agent_file(dirs["explicit2"], "a", simple("a", description="second"))
+    again = [dirs["explicit"], dirs["explicit2"], *[dirs["explicit"]] * 500]
+    catalog = discover_agents(dirs["cwd"], again)
+    assert catalog.get("a").description == "first"
+    assert [Path(p.path).name for p in catalog.problems] == ["broken.md"]
+    assert [d.path for d in catalog.directories][:2] == [dirs["explicit"], dirs["explicit2"]]
+    assert len(catalog.directories) == 4  # and the project's and the user's
+
+
 def test_r_agt_1_chain_files_are_not_agents_and_subdirectories_are_searched(
     dirs: dict[str, Path],
 ) -> None:
