@@ -3,7 +3,8 @@
 Owns the shapes of the workflow host's files in the workflow's run dir (SPEC R-RUN-4 status,
 R-RUN-7 result with per-child entries, R-WF-11 steps) and of its text (R-WF-9: the one-line
 summary of a background workflow, the full display text of a foreground one). Every file is
-written atomically (a temp file, then rename), as UTF-8: a lone surrogate, which a script's
+written atomically (a temp file of a fresh name, never opened through what a child put
+there, then rename), as UTF-8: a lone surrogate, which a script's
 str may hold (`"\\ud83d"`, half of an emoji) and UTF-8 cannot, is written as U+FFFD, as a
 decoder shows bytes that are not UTF-8 (`scalar_text`). It never decides an outcome and never
 talks to a node; it formats what the host hands it.
@@ -11,13 +12,14 @@ talks to a node; it formats what the host hands it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from subagents_node.workflow.api import Step, WorkflowRuns, to_jsonable
 
@@ -198,24 +200,42 @@ def result_document(
     return data
 
 
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[TextIO]:
+    """A text stream whose content replaces `path` once the block ends without an error. It
+    writes a temp file of a fresh random name beside `path`, created with O_EXCL and
+    O_NOFOLLOW (as messages/statefiles.replace_file does): the fixed `.NAME.tmp` it used was
+    opened through whatever was there, and a FIFO a child put in its place (the workflow's run
+    dir is the children's too) made the host wait for a reader for good, at its next status
+    write; a symlink wrote through it. A failed write leaves no temp file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(6).hex()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with open(fd, "w", encoding="utf-8") as fh:
+            yield fh
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Atomic replace-write (R-RUN-4); raises OSError for the caller to report."""
-    tmp = path.with_name(f".{path.name}.tmp")
     encoder = json.JSONEncoder(indent=2, ensure_ascii=False)
-    with tmp.open("w", encoding="utf-8") as fh:  # streamed: no whole-document string in memory
+    with _replacing(path) as fh:  # streamed: no whole-document string in memory
         for chunk in encoder.iterencode(data):
             fh.write(scalar_text(chunk))
         fh.write("\n")
-    tmp.replace(path)
 
 
 def write_aggregate(path: Path, text: str) -> str | None:
     """R-WF-9: the aggregate file; on failure the `Output file error` text, else None."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(scalar_text(text.rstrip("\n")) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        with _replacing(path) as fh:
+            fh.write(scalar_text(text.rstrip("\n")) + "\n")
     except OSError as exc:
         return f"Output file error: {path}\n{exc.strerror or exc}"
     return None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from subagents_node.client.client import Client
 from subagents_node.client.listing import every_run_plan
+from subagents_node.messages import statefiles
 from subagents_node.messages.supervisor import RunView
 from subagents_node.workflow.report import STATUS_FILE
 
@@ -61,7 +62,10 @@ def admitted_keys(run_dir: Path) -> set[str]:
     """The keys a workflow's host recorded as admitted in its status.json (its own file, in
     its run dir); none when the host left none."""
     try:
-        doc = json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+        # A regular file only, never through a symlink (messages/statefiles.py): a FIFO a
+        # child of the source put in its place made the resumed host wait for a writer for
+        # good, its run `running` with its slot held.
+        doc = json.loads(statefiles.read_file(run_dir / STATUS_FILE).decode("utf-8"))
     except (OSError, ValueError):
         return set()
     steps = doc.get("steps") if isinstance(doc, dict) else None

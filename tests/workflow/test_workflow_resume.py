@@ -377,3 +377,70 @@ def test_r_wf_5_a_resume_finds_every_finished_key_of_a_source_with_more_children
     assert sorted(prior.runs) == keys
     assert {k: r.output for k, r in prior.runs.items()} == {k: k for k in keys}
     assert {r.parent_run_id for r in prior.runs.values()} == {source.run_id}
+
+
+def test_a_fifo_in_place_of_a_sources_status_json_never_wedges_the_resumed_host(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """The resumed host reads its source's status.json (the keys it admitted). A FIFO a child
+    of the source put there made that read wait for a writer for good: the resumed workflow
+    stayed `running`, holding its slot. It is now read as a regular file only, and a file it
+    cannot read counts as none."""
+    script = """
+    def main(runs):
+        return runs.run("first", "echo", "hi").run_id
+    """
+    flow, _ = launch_workflow(client, agents, work, script, background=False)
+    source = client.runs.wait(flow.run_id, timeout=WAIT_S)
+    assert source.state == "complete", source.error
+    status = Path(source.run_dir) / "status.json"
+    status.unlink()
+    os.mkfifo(status)
+
+    request = Resume(run_id=flow.run_id, capacity_limit=LIMIT, env=dict(os.environ))
+    resumed = client.ask(request, LaunchResult).run
+    done = client.runs.wait(resumed.run_id, timeout=WAIT_S)
+
+    assert done.state == "complete", done.error
+    assert value_of(done)["value"] == value_of(source)["value"]  # its child reused
+
+
+def test_a_fifo_or_symlink_at_a_hosts_temp_file_names_never_wedges_it_nor_is_written_through(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """The host wrote status.json, result.json and the aggregate through fixed temp names
+    (`.status.json.tmp`) in dirs its children write to: a FIFO a child put at one made the
+    host wait for a reader for good at its next status write, the workflow wedged with its
+    budget claimed; a symlink there was written through. Temp files now get fresh names
+    (O_EXCL, O_NOFOLLOW), and what was planted is left as it was."""
+    victim = work / "victim.txt"
+    victim.write_text("untouched\n")
+    script = f"""
+    import os
+
+    def main(runs):
+        runs.run("first", "echo", "hi")
+        run_dir = os.path.dirname(os.environ["SUBAGENTS_CHILD_DIR"])
+        os.mkfifo(os.path.join(run_dir, ".status.json.tmp"))
+        os.symlink({str(victim)!r}, os.path.join(run_dir, ".result.json.tmp"))
+        os.mkfifo({str(work / ".report.md.tmp")!r})
+        return runs.run("second", "echo", "there").state
+    """
+    aggregate = work / "report.md"
+    path = work / "workflow.py"
+    path.write_text(textwrap.dedent(script))
+    ctx = launch_context(agents, session=new_session(), cwd=work)
+    launch = workflow_launch(
+        ctx, path, background=False, output=str(aggregate), agents_dirs=(str(agents),)
+    )
+    done = client.runs.wait(client.runs.launch(launch).run_id, timeout=WAIT_S)
+
+    assert done.state == "complete", done.error
+    assert value_of(done)["value"] == "complete"
+    assert victim.read_text() == "untouched\n"
+    assert "Workflow completed with 2 child run(s)." in aggregate.read_text()
+    run_dir = Path(done.run_dir)
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")) == [
+        ".result.json.tmp",
+        ".status.json.tmp",
+    ]
