@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.messages import statefiles
 from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import WORKFLOW_RESULT_FILE
 from subagents_node.messages.errors import BadRequest, InvalidTimeout
@@ -86,7 +87,10 @@ def _check_aggregate(path: Path) -> None:
 def workflow_result(run: RunView) -> dict[str, Any] | None:
     """The host's result.json (R-RUN-7), or None when it left none (killed, never started)."""
     try:
-        data = json.loads((Path(run.run_dir) / RESULT_FILE).read_text(encoding="utf-8"))
+        # A regular file only, never through a symlink (messages/statefiles.py): a host killed
+        # before it wrote one leaves whatever a child put there, and a FIFO made the foreground
+        # `workflow` command wait for a writer for good after its run ended.
+        data = json.loads(statefiles.read_file(Path(run.run_dir) / RESULT_FILE).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -1243,3 +1243,24 @@ def test_r_wf_3_children_inherit_the_workflows_defaults_run_foreground_and_take_
         assert budget.budget_id == workflow_budget.budget_id
         assert budget.parent_path.endswith(f"workflow[{key}]"), budget.parent_path
     assert flow.fanout_used() == 2  # workflow[here] and workflow[away], nothing more
+
+
+def test_cli_workflow_whose_host_died_leaving_a_fifo_as_result_json_ends_and_says_so(
+    agents: Path, work: Path, state_dir: Path
+) -> None:
+    """The foreground `workflow` command reads the host's result.json once the run ended. A
+    host killed before writing it leaves whatever a child put there: a FIFO made the command
+    wait for a writer for good, its run long over. It is read as a regular file only."""
+    script = work / "dies.py"
+    script.write_text(
+        "import os\n\n"
+        "def main(runs):\n"
+        "    run_dir = os.path.dirname(os.environ['SUBAGENTS_CHILD_DIR'])\n"
+        "    os.mkfifo(os.path.join(run_dir, 'result.json'))\n"
+        "    os._exit(9)\n"
+    )
+
+    done = run_cli("workflow", str(script), "--agents-dir", str(agents), state_dir=state_dir)
+
+    assert done.returncode == 1, done.stderr
+    assert "result: none (the host wrote none)" in done.stdout
