@@ -33,6 +33,7 @@ import io
 import os
 import runpy
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -175,6 +176,10 @@ class _ConsoleBytes(io.BufferedIOBase):
 
 def run_script(path: Path, runs: WorkflowRuns) -> Any:
     """Execute the script with `runs`, `emit` and `console` in its globals; call `main(runs)`."""
+    # Checked again here, not only when the workflow was launched: a resume runs the script
+    # found at its path now, and runpy opening a FIFO put there waited for a writer for good.
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise TypeError(f"the workflow script {path} is not a regular file")
     sys.path.insert(0, str(path.parent))  # the script may import its neighbours
     writer = ConsoleWriter(runs)
     try:

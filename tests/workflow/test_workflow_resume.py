@@ -444,3 +444,28 @@ def test_a_fifo_or_symlink_at_a_hosts_temp_file_names_never_wedges_it_nor_is_wri
         ".result.json.tmp",
         ".status.json.tmp",
     ]
+
+
+def test_a_resume_whose_script_became_a_fifo_fails_in_one_line_instead_of_hanging(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A resume runs the script found at its path now. One replaced by a FIFO (the launch's
+    own check is not made again) made runpy wait for a writer for good: the resumed workflow
+    stayed `running`, holding its slot. The host now refuses anything but a regular file."""
+    script = """
+    def main(runs):
+        return runs.run("first", "echo", "hi").run_id
+    """
+    flow, _ = launch_workflow(client, agents, work, script, background=False)
+    assert client.runs.wait(flow.run_id, timeout=WAIT_S).state == "complete"
+    (work / "workflow.py").unlink()
+    os.mkfifo(work / "workflow.py")
+
+    request = Resume(run_id=flow.run_id, capacity_limit=LIMIT, env=dict(os.environ))
+    resumed = client.ask(request, LaunchResult).run
+    done = client.runs.wait(resumed.run_id, timeout=WAIT_S)
+
+    assert done.state == "failed"
+    assert (
+        done.error == f"TypeError: the workflow script {work / 'workflow.py'} is not a regular file"
+    )
