@@ -69,7 +69,7 @@ from subagents_node.workflow.calls import (
     to_jsonable,
 )
 from subagents_node.workflow.childrequests import member_launch, resume_request
-from subagents_node.workflow.limits import ConsoleLines, check_emit, json_size
+from subagents_node.workflow.limits import ConsoleLines, check_batch, check_emit, json_size
 from subagents_node.workflow.outputs import check_collisions, resolve_output
 from subagents_node.workflow.stop import WorkflowStopped
 
@@ -329,6 +329,7 @@ class WorkflowRuns:
         # (R-FAN-23), which would let a script relaunch children without bound.
         launched = [*(step for step, _ in group.members), *group.resumes]
         paths = [f"workflow[{s.key}]" for s in launched if s.key not in group.claimed]
+        check_batch(len(paths))
         if paths:
             # One id for the batch: sent again after a lost node, it is not charged twice.
             claim = self._client.fanout.claim

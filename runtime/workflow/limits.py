@@ -1,6 +1,7 @@
 """How large a workflow's record may grow: its return value, its emits and its console lines.
 
-Owns the one size limit of what a script leaves in `result.json` and in its text (R-RUN-7,
+Owns the largest batch one admission group may claim (`check_batch`) and the one size
+limit of what a script leaves in `result.json` and in its text (R-RUN-7,
 R-WF-9): the return value and the emitted values together are each at most
 `RECORD_MAX_BYTES` as UTF-8 JSON, over it is a `WorkflowResultTooLarge` naming the size and
 the limit (data cut short would be wrong data); console lines are text, so, like a child's
@@ -14,7 +15,8 @@ import json
 from typing import Any
 
 from subagents_node.messages.codec import MAX_FRAME_BYTES
-from subagents_node.messages.errors import WorkflowResultTooLarge
+from subagents_node.messages.errors import WorkflowCallInvalid, WorkflowResultTooLarge
+from subagents_node.messages.fanout import MAX_PATHS
 
 #: The node's own frame cap: a value a client could not even be sent in one request is no
 #: result to keep. The record is held in memory, written twice in the text (`summary` and
@@ -29,6 +31,21 @@ CONSOLE_CUT_LINE = (
 def json_size(data: Any) -> int:
     """Bytes of `data` (already JSON data) as compact UTF-8 JSON."""
     return len(json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+def check_batch(new_keys: int) -> None:
+    """One admission group's claim (one fan-out claim request) names at most MAX_PATHS paths,
+    or WorkflowCallInvalid. Past it, the owner's request schema refused the claim, and the
+    script read an internal "invalid fanout.claim request: paths: List should have at most …"
+    (after every entry's launch was built)."""
+    if new_keys > MAX_PATHS:
+        raise WorkflowCallInvalid(
+            f"runs.all admits at most {MAX_PATHS:,} new keys in one batch (one fan-out claim), "
+            f"not {new_keys:,}; split the batch",
+            field="specs",
+            requested=new_keys,
+            limit=MAX_PATHS,
+        )
 
 
 def check_value(data: Any) -> None:

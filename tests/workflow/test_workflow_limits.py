@@ -153,3 +153,31 @@ def test_console_output_past_the_record_limit_is_cut_with_one_marker_line(
         f"[subagents-node: {dropped} bytes of console output were dropped here "
         f"(the console limit is {RECORD_MAX_BYTES} bytes)]"
     )
+
+
+_OVER_ONE_CLAIM = """
+def main(runs):
+    batch = [{"key": f"k{i}", "agent": "echo", "task": "x"} for i in range(10_001)]
+    try:
+        runs.all(batch)
+    except Exception as exc:
+        return [type(exc).__name__, exc.message, runs.budget().used]
+"""
+
+
+def test_a_batch_over_one_claims_path_cap_is_refused_naming_the_cap_not_the_owners_schema(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A `runs.all` of more new keys than one fan-out claim carries (10,000) was sent to the
+    budget's owner, whose request schema refused it: the script read `BadRequest: invalid
+    fanout.claim request: paths: List should have at most 10000 items after validation, not
+    10001`. It is the script's mistake, named as such, and nothing is claimed."""
+    run = run_workflow(client, agents, work, _OVER_ONE_CLAIM)
+
+    assert run.state == "complete", run.error
+    assert result_of(run)["value"] == [
+        "WorkflowCallInvalid",
+        "runs.all admits at most 10,000 new keys in one batch (one fan-out claim), not 10,001; "
+        "split the batch",
+        0,
+    ]
