@@ -201,16 +201,17 @@ def result_document(
 
 
 @contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[TextIO]:
+def _replacing(path: Path, mode: int = 0o600) -> Iterator[TextIO]:
     """A text stream whose content replaces `path` once the block ends without an error. It
     writes a temp file of a fresh random name beside `path`, created with O_EXCL and
     O_NOFOLLOW (as messages/statefiles.replace_file does): the fixed `.NAME.tmp` it used was
     opened through whatever was there, and a FIFO a child put in its place (the workflow's run
     dir is the children's too) made the host wait for a reader for good, at its next status
-    write; a symlink wrote through it. A failed write leaves no temp file."""
+    write; a symlink wrote through it. A failed write leaves no temp file. `mode` is the new
+    file's, less the umask."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(6).hex()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
+    fd = os.open(tmp, flags, mode)
     try:
         with open(fd, "w", encoding="utf-8") as fh:
             yield fh
@@ -234,7 +235,7 @@ def write_aggregate(path: Path, text: str) -> str | None:
     """R-WF-9: the aggregate file; on failure the `Output file error` text, else None."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _replacing(path) as fh:
+        with _replacing(path, 0o666) as fh:  # the user's file: as any file they make
             fh.write(scalar_text(text.rstrip("\n")) + "\n")
     except OSError as exc:
         return f"Output file error: {path}\n{exc.strerror or exc}"

@@ -790,6 +790,10 @@ def test_r_wf_9_a_foreground_workflow_returns_its_value_emits_and_console_and_wr
     # The full display text is the run's output and the aggregate file (R-WF-9, foreground).
     aggregate = (work / "out" / "report.md").read_text()
     assert aggregate.strip() == done.output.strip() == result["summary"].strip()
+    # The user's own file: made as any file they make (0666 less the umask), not 0600.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (work / "out" / "report.md").stat().st_mode & 0o777 == 0o666 & ~umask
     assert done.output.startswith("Workflow completed with 1 child run(s).")
     for line in ('Return: {"greeting": "hello", "success": true}', "  console line"):
         assert line in done.output.splitlines()
