@@ -29,6 +29,7 @@ import codecs
 import contextlib
 import dataclasses
 import functools
+import inspect
 import io
 import os
 import runpy
@@ -192,7 +193,16 @@ def run_script(path: Path, runs: WorkflowRuns) -> Any:
             entry = namespace.get("main")
             if not callable(entry):
                 raise TypeError(f"the workflow script {path} must define main(runs)")
-            return entry(runs)
+            value = entry(runs)
+            if inspect.iscoroutine(value):
+                # `async def main` ran nothing: the workflow "completed" with the coroutine's
+                # repr as its value (and Python's "never awaited" warning on stderr).
+                value.close()
+                raise TypeError(
+                    "main(runs) is an async function: the workflow API is synchronous; "
+                    "define it with `def` (runs.all runs children side by side)"
+                )
+            return value
     finally:
         writer.flush()
 

@@ -122,3 +122,25 @@ def test_a_script_that_closes_descriptors_1_and_2_still_completes_with_its_summa
     assert run.state == "complete", run.error
     assert result_of(run)["value"] == "the script's value"
     assert "the script's value" in run.output
+
+
+_ASYNC_MAIN = """
+async def main(runs):
+    return runs.run("one", "echo", "hi").state
+"""
+
+
+def test_an_async_main_fails_the_workflow_saying_the_api_is_synchronous(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """`async def main(runs)` ran nothing: calling it made a coroutine, which the host took for
+    the value, so the workflow "completed" with 0 children and `Return: "<coroutine object main
+    at 0x…>"` (and a "never awaited" warning on stderr)."""
+    run = run_workflow(client, agents, work, _ASYNC_MAIN)
+
+    assert run.state == "failed"
+    assert run.error == (
+        "TypeError: main(runs) is an async function: the workflow API is synchronous; "
+        "define it with `def` (runs.all runs children side by side)"
+    )
+    assert result_of(run)["steps"] == []
