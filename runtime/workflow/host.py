@@ -283,7 +283,10 @@ class Host:
                 outcome.state = "complete"
             else:
                 outcome.state, outcome.error = "failed", f"SystemExit: {exc.code}"
-        except (Exception, KeyboardInterrupt) as exc:  # a script's own `raise KeyboardInterrupt`
+        except BaseException as exc:  # KeyboardInterrupt, GeneratorExit, asyncio's CancelledError…
+            # Any other BaseException a script raises fails it as an exception does: one not
+            # caught here ended the host with its traceback as the run's error, no result.json
+            # and a status.json left `running`.
             outcome.state, outcome.error = "failed", _error_text(exc)
             outcome.traceback = "".join(traceback.format_exception(exc))
         finally:

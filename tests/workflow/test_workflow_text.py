@@ -144,3 +144,30 @@ def test_an_async_main_fails_the_workflow_saying_the_api_is_synchronous(
         "define it with `def` (runs.all runs children side by side)"
     )
     assert result_of(run)["steps"] == []
+
+
+_RAISES_A_BASE_EXCEPTION = """
+import asyncio
+
+def main(runs):
+    runs.run("one", "echo", "hi")
+    emit("kept")
+    raise asyncio.CancelledError("a task of the script's was cancelled")
+"""
+
+
+def test_a_script_raising_a_base_exception_fails_in_one_line_with_its_files(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A BaseException that is no Exception (asyncio's CancelledError, GeneratorExit, a class of
+    the script's own) went past the host's handler: the run's error was the host's traceback,
+    there was no result.json (the script's emits and trace lost) and status.json still said
+    `running`."""
+    run = run_workflow(client, agents, work, _RAISES_A_BASE_EXCEPTION)
+
+    assert run.state == "failed"
+    assert run.error == "CancelledError: a task of the script's was cancelled"
+    result = result_of(run)
+    assert result["emits"] == ["kept"]
+    assert [step["workflowKey"] for step in result["steps"]] == ["one"]
+    assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "failed"
