@@ -208,8 +208,18 @@ def run_script(path: Path, runs: WorkflowRuns) -> Any:
 
 
 def _error_text(exc: BaseException) -> str:
-    message = exc.message if isinstance(exc, SubagentsError) else str(exc)
+    message = exc.message if isinstance(exc, SubagentsError) else _shown(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _shown(value: object) -> str:
+    """str(value), or what Python's own traceback shows when that raises: a script's exception
+    (or `sys.exit` argument) whose __str__ raised ended the host with its traceback as the
+    run's error, and no result.json."""
+    try:
+        return str(value)
+    except Exception:
+        return "<exception str() failed>"
 
 
 def _stop_reason(client: Client, run_id: str) -> tuple[str, str]:
@@ -282,7 +292,7 @@ class Host:
             if exc.code in (None, 0):
                 outcome.state = "complete"
             else:
-                outcome.state, outcome.error = "failed", f"SystemExit: {exc.code}"
+                outcome.state, outcome.error = "failed", f"SystemExit: {_shown(exc.code)}"
         except BaseException as exc:  # KeyboardInterrupt, GeneratorExit, asyncio's CancelledError…
             # Any other BaseException a script raises fails it as an exception does: one not
             # caught here ended the host with its traceback as the run's error, no result.json

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from subagents_node.client.client import Client
 from subagents_node.workflow.report import STATUS_FILE
 from tests.support.run_fixtures import agents as agents
@@ -170,4 +172,35 @@ def test_a_script_raising_a_base_exception_fails_in_one_line_with_its_files(
     result = result_of(run)
     assert result["emits"] == ["kept"]
     assert [step["workflowKey"] for step in result["steps"]] == ["one"]
+    assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "failed"
+
+
+_UNPRINTABLE = """
+import sys
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text for you")
+
+def main(runs):
+    emit("kept")
+    if {exit!r}:
+        sys.exit(Unprintable())
+    raise Unprintable()
+"""
+
+
+@pytest.mark.parametrize("exits", [False, True], ids=["raised", "sys.exit"])
+def test_an_exception_whose_str_raises_fails_the_script_in_one_line_with_its_files(
+    client: Client, agents: Path, work: Path, exits: bool
+) -> None:
+    """The host wrote the run's error as `Type: str(exc)` (or `SystemExit: {code}`): an
+    exception of the script's whose __str__ raised ended the host with its own traceback as
+    the run's error, no result.json and status.json left `running`."""
+    run = run_workflow(client, agents, work, _UNPRINTABLE.format(exit=exits))
+
+    assert run.state == "failed"
+    expected = "SystemExit: " if exits else "Unprintable: "
+    assert run.error == expected + "<exception str() failed>", run.error
+    assert result_of(run)["emits"] == ["kept"]
     assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "failed"
