@@ -36,12 +36,13 @@ import runpy
 import signal
 import stat
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 from subagents_node.client.client import Client, connect
 from subagents_node.client.nodewait import across_lost_nodes
@@ -397,5 +398,21 @@ def _with_mode(env: WorkflowEnv, client: Client) -> WorkflowEnv:
     return dataclasses.replace(env, background=run.background, source_run_id=source)
 
 
+def _exit(code: int) -> NoReturn:
+    """End the host with `code` once the script settled and its files are written. Threads
+    the script left running are not waited for (their calls already raise WorkflowSettled):
+    the interpreter's exit joined them, so a thread still sleeping kept a complete workflow
+    `running` until it was stopped or its deadline failed it (a background one, with no
+    deadline, for good, with its slot). A thread awaiting a foreground child holds the runs'
+    lock, which the files' writing takes: the host has waited for that child by now."""
+    main_thread = threading.main_thread()
+    if not any(t is not main_thread and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -13,15 +13,18 @@ Real host processes under an embedded node; every wait is on the run's end.
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from subagents_node.client.client import Client
+from subagents_node.workflow.launch import workflow_launch
 from subagents_node.workflow.report import STATUS_FILE
 from tests.support.run_fixtures import agents as agents
 from tests.support.run_fixtures import client as client
 from tests.support.run_fixtures import embedded_run_node as embedded_run_node
+from tests.support.runs import Gate, launch_context, new_session
 from tests.workflow.test_workflow_limits import result_of, run_workflow
 from tests.workflow.test_workflow_limits import work as work
 
@@ -204,3 +207,71 @@ def test_an_exception_whose_str_raises_fails_the_script_in_one_line_with_its_fil
     assert run.error == expected + "<exception str() failed>", run.error
     assert result_of(run)["emits"] == ["kept"]
     assert _utf8_json(Path(run.run_dir) / STATUS_FILE)["state"] == "failed"
+
+
+_LEAVES_A_THREAD = """
+import threading
+import time
+
+def main(runs):
+    threading.Thread(target=time.sleep, args=(600,), name="left behind").start()
+    return "done"
+"""
+
+
+def test_a_thread_the_script_leaves_running_does_not_keep_the_workflow_running(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """The host wrote its files once `main` returned, then the interpreter's exit joined every
+    thread the script left: one still sleeping kept the complete workflow `running` until it
+    was stopped or its deadline failed it (a background workflow, with no deadline, for good,
+    holding its slot). The host now ends without waiting for such threads."""
+    run = run_workflow(client, agents, work, _LEAVES_A_THREAD)
+
+    assert run.state == "complete", run.error
+    assert result_of(run)["value"] == "done"
+
+
+_AWAITS_IN_A_THREAD = """
+import threading
+
+def main(runs):
+    started = threading.Event()
+    def late():
+        started.set()
+        runs.run("late", "gate", {gate!r})
+    threading.Thread(target=late).start()
+    started.wait()
+    while runs.steps.get("late") is None or runs.steps["late"].run_id is None:
+        threading.Event().wait(0.01)  # until the child runs: the script's own wait
+    return "done"
+"""
+
+
+def test_a_foreground_child_a_left_thread_awaits_ends_before_its_workflow(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """A thread the script left behind that awaits a foreground child: the host, which no
+    longer waits for the threads a script leaves, still ends only once that child has, and its
+    result has the child's end (no foreground member outlives its workflow)."""
+    gate = Gate(work)
+    try:
+        path = work / "workflow.py"
+        path.write_text(textwrap.dedent(_AWAITS_IN_A_THREAD.format(gate=str(gate.path))))
+        ctx = launch_context(agents, session=new_session(), cwd=work)
+        launch = workflow_launch(ctx, path, background=False, agents_dirs=(str(agents),))
+        run_id = client.runs.launch(launch).run_id
+        [child] = gate.accept(1, timeout=60)
+        assert client.runs.show(run_id).state == "running"  # main returned; the child awaited
+        child.release(0)
+        run = client.runs.wait(run_id, timeout=60)
+    finally:
+        gate.close()
+
+    assert run.state == "complete", run.error
+    [late] = client.runs.list(parent_run_id=run_id)
+    assert late.state == "complete"
+    assert late.ended_at is not None and run.ended_at is not None
+    assert late.ended_at <= run.ended_at
+    [entry] = result_of(run)["results"]
+    assert (entry["workflowKey"], entry["state"]) == ("late", "complete")
