@@ -10,6 +10,7 @@ or touches a file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -186,8 +187,13 @@ class Step:
 
 
 def to_jsonable(value: Any, _within: frozenset[int] = frozenset()) -> Any:
-    """A script's value (or an emit) as JSON data; anything else becomes its repr. A value
-    that contains itself is a ValueError (JSON has no cycles), never a RecursionError."""
+    """A script's value (or an emit) as JSON data; anything else becomes its repr (a float JSON
+    cannot hold, NaN or an infinity, included: `'nan'`, `'inf'`). A value that contains itself
+    is a ValueError (JSON has no cycles), never a RecursionError."""
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or infinity: written as json writes them (`NaN`), result.json and
+        # `workflow --json` were no JSON for a strict reader (JavaScript's JSON.parse threw).
+        return repr(value)
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, ChildResult):

@@ -275,3 +275,29 @@ def test_a_foreground_child_a_left_thread_awaits_ends_before_its_workflow(
     assert late.ended_at <= run.ended_at
     [entry] = result_of(run)["results"]
     assert (entry["workflowKey"], entry["state"]) == ("late", "complete")
+
+
+_NOT_FINITE = """
+def main(runs):
+    emit(float("inf"))
+    return {"x": float("nan"), "y": [float("-inf"), 1.5]}
+"""
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is no JSON (RFC 8259)")
+
+
+def test_a_float_json_cannot_hold_is_kept_as_its_repr_so_result_json_stays_json(
+    client: Client, agents: Path, work: Path
+) -> None:
+    """NaN and the infinities were written as Python's json writes them (`NaN`, `-Infinity`):
+    result.json (and `workflow --json`) were no JSON for a strict reader (JavaScript's
+    JSON.parse threw). Like anything else JSON cannot hold, they are kept as their repr."""
+    run = run_workflow(client, agents, work, _NOT_FINITE)
+
+    assert run.state == "complete", run.error
+    text = (Path(run.run_dir) / "result.json").read_text(encoding="utf-8")
+    result = json.loads(text, parse_constant=_no_constant)
+    assert result["value"] == {"x": "nan", "y": ["-inf", 1.5]}
+    assert result["emits"] == ["inf"]
