@@ -34,11 +34,14 @@ from subagents_node.mcp.stdio import serve_stdio
 from subagents_node.mcp.tools import MAX_LOG_BYTES, LauncherTools, ToolAnswer
 from subagents_node.messages.base import schema_error
 from subagents_node.messages.constants import VERSION
-from subagents_node.messages.errors import NodeNotRunning, SubagentsError
+from subagents_node.messages.errors import NodeAlreadyRunning, NodeNotRunning, SubagentsError
 from subagents_node.messages.inert import printable
 
 P = ParamSpec("P")
 
+#: How long a server whose embedded node lost the state dir to another process's node waits
+#: for that node to serve (as cli/nodestart.py's RACE_WAIT_S).
+RACE_WAIT_S = 20.0
 #: The `wait` tool's default: under the shortest default tool timeout of the agent CLIs (Codex
 #: CLI's 60 s), so a plain `wait` answers "still running" instead of being abandoned.
 WAIT_DEFAULT_S = 50.0
@@ -355,8 +358,34 @@ def node_address(address: str | None, state_dir: Path, timeout: float) -> Iterat
     from subagents_node.node.node import Node
 
     settings = LaunchContext.from_environment().config.actor_settings()
-    with Node.embedded(state_dir=state_dir, settings=settings) as node:
-        yield node.address
+    with contextlib.ExitStack() as stack:
+        try:
+            node = stack.enter_context(Node.embedded(state_dir=state_dir, settings=settings))
+        except NodeAlreadyRunning:
+            # Another process's node won the state dir meanwhile (servers an agent CLI started
+            # at once, a `start`): use it once it serves, as a launching command does
+            # (cli/nodestart.py). The server used to exit 1 with "another node is starting".
+            if not _winner_serves(target, state_dir, timeout):
+                raise
+        else:
+            yield node.address
+            return
+    yield target
+
+
+def _winner_serves(address: str, state_dir: Path, timeout: float) -> bool:
+    """Whether the node another process started on `state_dir` serves within RACE_WAIT_S."""
+    from subagents_node.client.nodewait import wait_for_node
+
+    def answering() -> bool | None:
+        with connect(address, timeout=timeout) as probe:
+            try:
+                probe.ping(timeout=min(timeout, 2.0))
+            except NodeNotRunning:
+                return None
+        return True
+
+    return wait_for_node(state_dir, answering, RACE_WAIT_S) is not None
 
 
 def serve(

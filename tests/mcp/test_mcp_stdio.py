@@ -29,6 +29,7 @@ from subagents_node.client.client import Client, connect
 from subagents_node.mcp.frames import MAX_DEPTH, MAX_ID_SHOWN, MAX_LINE_BYTES
 from subagents_node.mcp.stdio import EOF_GRACE_S
 from subagents_node.messages.supervisor import RunView
+from subagents_node.node.claim import StateDirClaim
 from tests.support.foreground import watches_inotify
 from tests.support.nodes import REPO, NodeProcess, node_files_left
 from tests.support.runs import wait_until, wait_view
@@ -556,6 +557,36 @@ def test_a_foreground_run_cancelled_while_its_launch_is_on_its_way_is_stopped(
         assert server.answer()["id"] == 2  # the cancelled call itself is never answered
         final = node.client().runs.wait(first_run(node), timeout=ANSWER_S)
         assert final.state == "stopped"
+
+
+def test_a_server_whose_embedded_node_loses_the_state_dir_uses_the_node_that_won_it(
+    state_dir: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    """Servers an agent CLI starts at once on a state dir with no node each try to embed one;
+    the kernel lets one claim the dir. The others exited 1 at once ("another node is starting
+    or stopping for …; retry in a moment"), leaving that session without tools. A server that
+    loses the race now waits for the winner to serve and uses it, as a launching command does.
+    The test holds the state dir's claim itself (a node starting), then starts a node."""
+    claim = StateDirClaim(state_dir)
+    claim.take()
+    with server_process(state_dir, subprocess.PIPE) as proc:
+        try:
+            wait_until(
+                lambda: proc.poll() is not None or watches_inotify(proc.pid),
+                timeout=ANSWER_S,
+                what="the server to wait for the node that holds the state dir",
+            )
+            assert proc.poll() is None, "the server gave up on the node starting"
+        finally:
+            claim.release()
+        node = start_node(state_dir=state_dir)
+        server = RawServer(proc)
+        server.initialize()
+        server.send(call_frame(1, "run", agent="sleeper", task="seconds=0"))
+        answer = server.answer()
+    assert not answer["result"]["isError"], answer
+    ran = answer["result"]["structuredContent"]["run_id"]
+    assert node.client().runs.show(ran).state == "complete"  # on the node that won
 
 
 @pytest.mark.parametrize("closed", ["<&-", ">&-"], ids=["stdin", "stdout"])
