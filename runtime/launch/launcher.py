@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,13 +121,19 @@ def _working_directory(cwd: str | os.PathLike[str] | None) -> Path:
             field="cwd",
         )
     try:
-        os.stat(where)
+        found = os.stat(where)
     except (FileNotFoundError, NotADirectoryError):
-        pass  # no such directory (yet): the launch's own check says so
+        return where  # no such directory (yet): the launch's own check says so
     except OSError as exc:  # ENAMETOOLONG, EACCES, ELOOP: every later look at it would fail
         raise RunCwdMissing(
             f"working directory is not usable: {exc.strerror}: {shown}", cwd=shown, field="cwd"
         ) from None
+    if not stat.S_ISDIR(found.st_mode):
+        # A file there: the look for its subagents.toml said "cannot read FILE/subagents.toml:
+        # Not a directory", a config error about a config file nobody named.
+        raise RunCwdMissing(
+            f"working directory is not a directory: {shown}", cwd=shown, field="cwd"
+        )
     return where
 
 

@@ -293,6 +293,17 @@ def test_a_launch_context_cwd_in_a_symlink_loop_is_refused_naming_it(tmp_path: P
     assert "a symbolic link loop" in refused.message
 
 
+def test_a_launch_context_cwd_that_is_a_file_is_refused_as_no_directory(tmp_path: Path) -> None:
+    """A file given as the working directory (an MCP `run` with `cwd` naming one, `run --cwd
+    FILE`) was refused as `cannot read FILE/subagents.toml: Not a directory`, a config error
+    about a config file nobody named."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("")
+    refused = _refused(lambda: LaunchContext.from_environment(cwd=afile), "cwd")
+    assert isinstance(refused, RunCwdMissing)
+    assert refused.message == f"working directory is not a directory: {afile}"
+
+
 def test_an_agents_dir_or_config_home_the_system_refuses_is_a_typed_error_not_an_oserror(
     tmp_path: Path,
 ) -> None:
