@@ -229,7 +229,8 @@ class Acquire(Request):
     that id, and the same acquire sent again, after its answer was lost with a restarted
     capacity owner, is answered with the slot it took instead of being refused as the run's
     second slot: a launch no longer fails, its slot held until its TTL, because the owner
-    died between committing the slot and answering."""
+    died between committing the slot and answering. An id that already names another run's
+    slot in the session is refused (BadRequest, field `acquire_id`) and takes nothing."""
 
     type: Literal["capacity.acquire"] = "capacity.acquire"
     target: ClassVar[str] = CAPACITY

@@ -98,6 +98,7 @@ from subagents_node.messages.capacity_hosts import (
     ReleaseHost,
 )
 from subagents_node.messages.errors import (
+    BadRequest,
     CapacityExhausted,
     CapacityNotTransferable,
     CapacityOwnershipChanged,
@@ -208,6 +209,10 @@ class CapacityLedger(OwnerActor):
                 snapshot = self._snapshot(req.session_id, req.limit)
                 return AcquireResult(handle=held.handle(), snapshot=snapshot)
             raise CapacityRunAlreadyHeld.of(req.session_id, req.run_id, held.slot)
+        if req.acquire_id is not None:
+            taken_by = slots.token_run(self.db, req.session_id, req.acquire_id)
+            if taken_by is not None:  # another run's slot (this run holds none): a reused id
+                raise reused_acquire_id(req.acquire_id, taken_by)
         givenup.refuse(self.db, req)  # its caller gave it up before it arrived
         # `used` counts unreadable slots too: fail closed
         used, occupied = slots.pool(self.db, req.session_id)
@@ -406,3 +411,16 @@ class CapacityLedger(OwnerActor):
 
     def _snapshot(self, session_id: str, limit: int) -> CapacitySnapshot:
         return CapacitySnapshot(used=slots.used(self.db, session_id), limit=limit)
+
+
+def reused_acquire_id(acquire_id: str, run_id: str) -> BadRequest:
+    """An acquire id that already names another run's slot in the session: refused, and
+    nothing is taken (as a reused claim or reservation id is, actors/fanout/refusals.py). Taken,
+    the two slots carried one token, and the id no longer named one acquire."""
+    return BadRequest(
+        f"acquire id {acquire_id} was used for another acquire (the slot of run {run_id}); "
+        "pick a new id per acquire",
+        reason="acquire_id",
+        field="acquire_id",
+        run_id=run_id,
+    )

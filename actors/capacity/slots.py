@@ -102,6 +102,16 @@ def held_by(db: sqlite3.Connection, session_id: str, run_id: str) -> SlotRecord 
     return _first(row)
 
 
+def token_run(db: sqlite3.Connection, session_id: str, token: str) -> str | None:
+    """The run whose slot in the session carries `token` (an acquire's id), if one does. A scan
+    of the session's own slots (at most its limit), by the primary key's prefix."""
+    row = db.execute(
+        "SELECT run_id FROM capacity_slots WHERE session_id = ? AND token = ? LIMIT 1",
+        (session_id, token),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def find_owner(db: sqlite3.Connection, run_id: str, session_id: str | None) -> SlotRecord | None:
     """The first slot owned by `run_id`, in the given session or in any."""
     if session_id is None:

@@ -226,6 +226,27 @@ def test_r_cap_10_an_acquire_sent_again_under_its_id_answers_the_slot_it_took(
     assert client.capacity.snapshot(sid, 2).used == 1
 
 
+def test_r_cap_10_an_acquire_id_that_names_another_runs_slot_is_refused_and_takes_nothing(
+    client: Client, sid: str
+) -> None:
+    """An acquire id is one acquire's: reused for another run of the session while the first
+    run's slot carries it, it is a BadRequest naming the field, and no slot is taken (it took a
+    second slot under the same token, so the id named two grants). Once that slot is gone the
+    id names nothing, and another run may use it."""
+    first = client.capacity.acquire(session_id=sid, limit=3, run_id="a", acquire_id="acq-r")
+    assert first is not None
+    with pytest.raises(BadRequest) as caught:
+        client.capacity.acquire(session_id=sid, limit=3, run_id="b", acquire_id="acq-r")
+    assert caught.value.details["field"] == "acquire_id"
+    assert caught.value.details["run_id"] == "a"
+    assert client.capacity.snapshot(sid, 3).used == 1
+    assert client.capacity.inspect("b", sid).relation == "none"
+    first.rollback()
+    again = client.capacity.acquire(session_id=sid, limit=3, run_id="b", acquire_id="acq-r")
+    assert again is not None and again.token == "acq-r"
+    assert client.capacity.snapshot(sid, 3).used == 1
+
+
 def test_r_cap_18_a_transfer_sent_again_under_its_id_answers_the_slot_it_lent(
     client: Client, sid: str
 ) -> None:
