@@ -37,6 +37,9 @@ from subagents_node.messages.supervisor import IntercomMode, Launch, RunView
 
 #: The most log bytes one `logs` call returns per stream (a model's context is not a pager).
 MAX_LOG_BYTES = 64_000
+#: The most log bytes one `logs` answer holds over every child: a run of hundreds of children
+#: (an expand step) answered tens of MB. Children past it are left out whole, and named.
+MAX_LOGS_TOTAL = 256_000
 #: How many lost nodes a foreground run's call follows its run across (as a workflow's calls).
 MAX_NODE_LOSSES = 3
 #: How long `stop` waits for the run's process groups to end before answering.
@@ -186,18 +189,38 @@ class LauncherTools:
             children = [children[child]]
         sections: list[str] = []
         data: list[dict[str, Any]] = []
+        left_out: list[int] = []
+        room = MAX_LOGS_TOTAL
         for view in children:
+            if left_out:  # the children after one left out are left out too: a range to ask
+                left_out.append(view.index)
+                continue
             entry: dict[str, Any] = {"index": view.index, "label": view.label, "state": view.state}
+            shown: list[str] = []
+            size = 0
             for stream, path in (("stdout", view.stdout_path), ("stderr", view.stderr_path)):
                 text, cut = read_tail(path, max_bytes)
+                size += len(text.encode("utf-8", "replace"))
                 entry[stream] = text
                 entry[f"{stream}_truncated"] = cut
                 head = f"== child {view.index} {view.label} ({view.agent}) {stream}"
                 head += f" (last {max_bytes} bytes)" if cut else ""
-                sections.append(f"{head} ==\n{text.rstrip()}" if text else f"{head} == (empty)")
+                shown.append(f"{head} ==\n{text.rstrip()}" if text else f"{head} == (empty)")
+            if data and size > room:  # the first child is always shown (2 x MAX_LOG_BYTES fit)
+                left_out.append(view.index)
+                continue
+            room -= size
+            sections.extend(shown)
             data.append(entry)
+        if left_out:
+            sections.append(
+                f"== children {left_out[0]} to {left_out[-1]} left out: an answer holds at most "
+                f"{MAX_LOGS_TOTAL} bytes of logs; ask for one with child=INDEX, or a smaller "
+                "max_bytes =="
+            )
         header = f"run {run.run_id} {run.state}"
-        return ToolAnswer("\n".join([header, *sections]), {"run_id": run.run_id, "children": data})
+        answer = {"run_id": run.run_id, "children": data, "left_out": left_out}
+        return ToolAnswer("\n".join([header, *sections]), answer)
 
     async def wait(self, run_id: str, timeout_s: float) -> ToolAnswer:
         try:

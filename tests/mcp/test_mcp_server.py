@@ -22,6 +22,7 @@ from mcp.types import CallToolResult, TextContent
 
 from subagents_node import AsyncClient
 from subagents_node.launch.launcher import LaunchContext
+from subagents_node.mcp.tools import MAX_LOGS_TOTAL
 from subagents_node.messages.errors import FanoutLimitExceeded
 from subagents_node.messages.inert import printable
 from tests.support.nodes import REPO, NodeProcess
@@ -190,6 +191,46 @@ def test_logs_cut_to_max_bytes_says_how_many_bytes_it_shows(node: NodeProcess) -
     assert "{max_bytes}" not in text_of(logs)
     assert logs.structured_content is not None
     assert logs.structured_content["children"][0]["stdout_truncated"]
+
+
+def test_logs_of_many_loud_children_stay_under_the_answers_cap_and_name_those_left_out(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """docs/mcp.md: one `logs` answer holds at most MAX_LOGS_TOTAL bytes of logs. Ten children
+    of 60,000 bytes each answered 600,000 (and an expand step's hundreds, tens of MB): now the
+    children past the cap are left out whole, named in a last line and in `left_out`, and one
+    of them is still had with `child`."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "loud.py").write_text("import sys\nsys.stdout.write('x' * 60_000)\n")
+    (agents / "loud.md").write_text(
+        "---\nname: loud\ndescription: prints 60,000 bytes\n"
+        'command: ["{python}", "{agent_dir}/loud.py", "{task}"]\n---\nBody.\n'
+    )
+    env = server_env(SUBAGENTS_STATE_DIR=str(state_dir))
+    tasks = [{"agent": "loud", "task": str(i)} for i in range(10)]
+
+    async def go() -> tuple[CallToolResult, CallToolResult]:
+        async with mcp_session(env, "--agents-dir", str(agents)) as session:
+            ran = await session.call_tool("run", {"tasks": tasks})
+            assert ran.structured_content is not None, text_of(ran)
+            run_id = ran.structured_content["run_id"]
+            every = await session.call_tool("logs", {"run_id": run_id, "max_bytes": 64_000})
+            last = await session.call_tool("logs", {"run_id": run_id, "child": 9})
+            return every, last
+
+    every, last = asyncio.run(go())
+    assert not every.is_error, text_of(every)
+    assert every.structured_content is not None
+    shown = every.structured_content["children"]
+    left_out = every.structured_content["left_out"]
+    assert sum(len(c["stdout"]) + len(c["stderr"]) for c in shown) <= MAX_LOGS_TOTAL
+    assert len(text_of(every)) < MAX_LOGS_TOTAL + 10_000  # the text, labels included
+    assert [c["index"] for c in shown] + left_out == list(range(10))
+    assert left_out and all(len(c["stdout"]) == 60_000 for c in shown)  # whole, or left out
+    assert f"children {left_out[0]} to 9 left out" in text_of(every)
+    assert last.structured_content is not None, text_of(last)
+    assert last.structured_content["children"][0]["stdout"] == "x" * 16_000  # the default tail
 
 
 def test_r_fan_25_every_run_result_carries_the_budget_after_its_claims_in_text_and_data(
